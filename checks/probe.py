@@ -1,0 +1,155 @@
+"""The probe API shared by the host side and the in-environment side.
+
+Standard library only: this module is imported inside cell images and on the lent GPU host,
+and also by the host-side planner, which must not need torch.
+
+A probe is a module in ``checks/probes/`` that defines:
+
+- ``SPEC: ProbeSpec``: metadata;
+- ``variants(host: HostView) -> list[Variant]`` (optional): the variants to run on a host;
+  the default is one variant per world size in ``SPEC.ranks``;
+- ``run(ctx: RankContext) -> dict``: runs in every rank process and returns an outcome
+  (build it with :func:`outcome`); module-level code must not import torch or the libraries under
+  test, only ``run`` (and what it calls) may;
+- ``combine(outcomes: list[dict]) -> dict`` (optional): merges the per-rank outcomes; the default
+  is :func:`combine_worst`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Status vocabulary (contract, DESIGN.md §3). Ordered from best to worst for combine_worst.
+STATUSES: tuple[str, ...] = ("pass", "partial", "skip", "fail", "crash", "hang", "not-run", "unavailable")
+RUN_STATUSES = frozenset({"pass", "partial", "fail", "skip"})  # what a probe itself may return
+
+RESULT_MARKER = "@@STACKPROBE-RESULT@@"  # prefix of the one line of JSON the worker prints
+SCHEMA = "stackprobe.result/1"
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    id: str
+    title: str
+    feature: str  # the question a user asks that this probe answers
+    ranks: tuple[int, ...] = (1,)  # world sizes it runs with by default
+    share_gpu: bool = False  # ranks may share one GPU when the host has fewer GPUs than ranks
+    requires: tuple[str, ...] = ()  # importable modules the environment must have, else `skip`
+    needs_gpu: bool = True
+    timeout_s: float = 300.0  # per variant, enforced by the host-side watchdog
+
+
+@dataclass(frozen=True)
+class HostView:
+    """What variant planning may know about the host (a subset of the host facts)."""
+
+    gpu_count: int = 0
+    compute_capability: str | None = None  # e.g. "9.0"
+    gpu_name: str | None = None
+    target_archs: tuple[str, ...] = ("12.0a", "12.0f")  # cross-compile targets asked by the user
+
+
+@dataclass(frozen=True)
+class Variant:
+    probe_id: str
+    ranks: int = 1
+    params: tuple[tuple[str, str], ...] = ()  # ordered (name, value) pairs
+    share_gpu: bool = False  # this variant places several ranks on one GPU
+    skip_reason: str | None = None  # planned as `skip` without launching (e.g. too few GPUs)
+
+    @property
+    def key(self) -> str:
+        """Stable, human-readable variant id, e.g. ``ranks=2,algo=allreduce:tree,mode=graph``."""
+        parts = [f"ranks={self.ranks}"]
+        if self.share_gpu:
+            parts.append("gpus=shared")
+        parts.extend(f"{k}={v}" for k, v in self.params)
+        return ",".join(parts)
+
+    def param(self, name: str, default: str | None = None) -> str | None:
+        return dict(self.params).get(name, default)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "probe_id": self.probe_id,
+            "ranks": self.ranks,
+            "params": [list(p) for p in self.params],
+            "share_gpu": self.share_gpu,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Variant:
+        return cls(
+            probe_id=str(data["probe_id"]),
+            ranks=int(data.get("ranks", 1)),
+            params=tuple((str(k), str(v)) for k, v in data.get("params", [])),
+            share_gpu=bool(data.get("share_gpu", False)),
+        )
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Everything a rank process knows; built by the rank launcher from its environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device_index: int | None  # CUDA device for this rank, None without a GPU
+    variant: Variant
+    workdir: Path  # private scratch directory of this variant (removed afterwards)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+    def param(self, name: str, default: str | None = None) -> str | None:
+        return self.variant.param(name, default)
+
+    def log(self, message: str) -> None:
+        """Progress lines go to stderr (stdout belongs to the result protocol)."""
+        os.write(2, f"[rank {self.rank}] {message}\n".encode())
+
+
+def outcome(
+    status: str,
+    note: str = "",
+    reason_code: str = "",
+    metrics: dict[str, Any] | None = None,
+    evidence: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    if status not in RUN_STATUSES:
+        raise ValueError(f"a probe may return {sorted(RUN_STATUSES)}, not {status!r}")
+    if status == "partial" and not note:
+        raise ValueError("a partial outcome needs a note naming the limitation")
+    return {
+        "status": status,
+        "note": note,
+        "reason_code": reason_code,
+        "metrics": metrics or {},
+        "evidence": evidence or {},
+    }
+
+
+def combine_worst(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Default merge: the worst rank's outcome wins; metrics of rank 0, evidence per rank."""
+    if not outcomes:
+        return outcome("fail", note="no rank reported an outcome", reason_code="no-result")
+    worst = max(outcomes, key=lambda o: STATUSES.index(o.get("status", "fail")))
+    merged = dict(worst)
+    merged["metrics"] = {**outcomes[0].get("metrics", {}), **worst.get("metrics", {})}
+    return merged
+
+
+def default_variants(spec: ProbeSpec, host: HostView) -> list[Variant]:
+    """One variant per world size; too few GPUs means `skip` unless ranks may share a GPU."""
+    out: list[Variant] = []
+    for n in spec.ranks:
+        if spec.needs_gpu and host.gpu_count == 0:
+            out.append(Variant(spec.id, n, skip_reason="no GPU on this host"))
+        elif spec.needs_gpu and n > host.gpu_count and not spec.share_gpu:
+            out.append(Variant(spec.id, n, skip_reason=f"needs {n} GPUs, host has {host.gpu_count}"))
+        else:
+            out.append(Variant(spec.id, n, share_gpu=spec.needs_gpu and n > host.gpu_count))
+    return out
