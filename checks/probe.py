@@ -13,6 +13,12 @@ A probe is a module in ``checks/probes/`` that defines:
   test, only ``run`` (and what it calls) may;
 - ``combine(outcomes: list[dict]) -> dict`` (optional): merges the per-rank outcomes; the default
   is :func:`combine_worst`.
+
+The rank launcher (``checks.worker``) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT,
+and exports every variant param named ``env.NAME`` as the environment variable NAME of each rank
+(an empty value unsets it), so a variant such as ``env.NCCL_ALGO=Tree`` is applied before any library
+reads its environment. ``run`` should not tear down its process group: the rank records its outcome
+first and then tears down (which may hang after graph capture; the launcher ends such ranks).
 """
 
 from __future__ import annotations
@@ -106,6 +112,26 @@ class RankContext:
 
     def param(self, name: str, default: str | None = None) -> str | None:
         return self.variant.param(name, default)
+
+    def init_process_group(self, backend: str | None = None, timeout_s: float = 120.0) -> Any:
+        """Join this rank to torch.distributed (nccl with a GPU, else gloo) and return the module.
+
+        Imports torch here, never at module level. Sets the rank's CUDA device first."""
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        if self.device_index is not None:
+            torch.cuda.set_device(self.device_index)
+        dist.init_process_group(
+            backend or ("nccl" if self.device_index is not None else "gloo"),
+            init_method=f"tcp://{self.master_addr}:{self.master_port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        return dist
 
     def log(self, message: str) -> None:
         """Progress lines go to stderr (stdout belongs to the result protocol)."""

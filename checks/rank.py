@@ -1,0 +1,117 @@
+"""One rank of a probe variant: ``python -m checks.rank``, started by ``checks.worker``.
+
+In-environment side: standard library plus the libraries the probe imports. The rank writes its
+outcome to ``<workdir>/rank-<i>.json`` (atomically) *before* any teardown, because tearing down a
+process group can hang after graph capture although the collective was correct; the launcher ends
+ranks that are still tearing down once every outcome has arrived.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from checks.probe import RUN_STATUSES, RankContext, Variant, outcome
+from checks.registry import ProbeLocation, load
+
+# Environment the launcher sets for every rank (besides RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*).
+ENV_LOCATION = "STACKPROBE_PROBE_LOCATION"
+ENV_PROBE = "STACKPROBE_PROBE"
+ENV_VARIANT = "STACKPROBE_VARIANT"
+ENV_WORKDIR = "STACKPROBE_WORKDIR"
+ENV_DEVICE = "STACKPROBE_DEVICE"
+
+TRACEBACK_TAIL_CHARS = 4000
+
+
+def outcome_path(workdir: Path, rank: int) -> Path:
+    return workdir / f"rank-{rank}.json"
+
+
+def log_path(workdir: Path, rank: int) -> Path:
+    return workdir / f"rank-{rank}.log"
+
+
+def write_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def context_from_env(env: dict[str, str]) -> RankContext:
+    device = env.get(ENV_DEVICE, "")
+    return RankContext(
+        rank=int(env["RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
+        device_index=int(device) if device else None,
+        variant=Variant.from_json(json.loads(env[ENV_VARIANT])),
+        workdir=Path(env[ENV_WORKDIR]),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env.get("MASTER_PORT", "0")),
+        env=dict(env),
+    )
+
+
+def _checked(result: Any) -> dict[str, Any]:
+    """A probe must return an outcome(); anything else is a probe bug, reported as `fail`."""
+    if not isinstance(result, dict) or result.get("status") not in RUN_STATUSES:
+        shown = repr(result)[:200]
+        return outcome("fail", note=f"probe returned {shown}, not an outcome()", reason_code="probe-bug")
+    return result
+
+
+def run_probe(ctx: RankContext, location: ProbeLocation) -> dict[str, Any]:
+    try:
+        module = load(location)
+        return _checked(module.run(ctx))
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt from a probe are failures too
+        tb = traceback.format_exc()
+        last = f"{type(exc).__name__}: {exc}".strip()
+        return outcome("fail", note=last[:500], evidence={"traceback": tb[-TRACEBACK_TAIL_CHARS:]})
+
+
+def _teardown() -> None:
+    """Best effort; may hang (NCCL after graph capture), which the launcher's grace kill covers."""
+    dist_mod = sys.modules.get("torch.distributed")
+    try:
+        if dist_mod is not None and dist_mod.is_available() and dist_mod.is_initialized():
+            dist_mod.destroy_process_group()
+    except Exception:
+        pass
+
+
+def main() -> None:
+    faulthandler.enable()  # a segfault or abort leaves the Python stack in the rank log
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the watchdog asks for stacks before killing
+    env = dict(os.environ)
+    ctx = context_from_env(env)
+    location = ProbeLocation.from_arg(env[ENV_PROBE], env[ENV_LOCATION])
+    result = run_probe(ctx, location)
+    if ctx.rank == 0:
+        from checks.envinfo import runtime_versions
+
+        try:
+            runtime = runtime_versions()
+        except Exception:
+            runtime = {}
+        if runtime:
+            result.setdefault("evidence", {})["runtime"] = runtime
+    write_atomic(outcome_path(ctx.workdir, ctx.rank), result)
+    _teardown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter shutdown: library atexit hooks can hang after a correct result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Finding probe modules. Standard library only: used by the in-environment worker and by the host.
+
+Probes are the modules of the ``checks.probes`` package whose names do not start with ``_``, plus
+the ``*.py`` files of every directory named in ``STACKPROBE_PROBE_PATH`` (``os.pathsep``-separated).
+The extra path keeps test probes out of the shipped suite.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import pkgutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from checks.probe import ProbeSpec
+
+PROBE_PATH_ENV = "STACKPROBE_PROBE_PATH"
+_EXTRA_PREFIX = "stackprobe_extra_probes."
+
+
+class ProbeNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class ProbeLocation:
+    """Where a probe's code lives: a module name in ``checks.probes`` or a file on the extra path."""
+
+    probe_id: str
+    module: str  # importable name, or "" for a file on the extra path
+    file: str = ""
+
+    def to_arg(self) -> str:
+        return f"file:{self.file}" if self.file else f"module:{self.module}"
+
+    @classmethod
+    def from_arg(cls, probe_id: str, arg: str) -> ProbeLocation:
+        kind, _, value = arg.partition(":")
+        return cls(probe_id, module=value) if kind == "module" else cls(probe_id, module="", file=value)
+
+
+def extra_dirs(env: dict[str, str] | None = None) -> list[Path]:
+    raw = (os.environ if env is None else env).get(PROBE_PATH_ENV, "")
+    return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+def _load_file(path: Path) -> ModuleType:
+    name = _EXTRA_PREFIX + path.stem
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ProbeNotFound(f"cannot load probe file {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load(location: ProbeLocation) -> ModuleType:
+    if location.file:
+        return _load_file(Path(location.file))
+    return importlib.import_module(location.module)
+
+
+def _candidates(env: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """(module name, file) pairs, shipped probes first, in a stable order."""
+    import checks.probes as pkg
+
+    out: list[tuple[str, str]] = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            out.append((f"checks.probes.{info.name}", ""))
+    for d in extra_dirs(env):
+        for f in sorted(d.glob("*.py")) if d.is_dir() else []:
+            if not f.name.startswith("_"):
+                out.append(("", str(f.resolve())))
+    return out
+
+
+def discover(env: dict[str, str] | None = None) -> dict[str, tuple[ProbeLocation, ModuleType]]:
+    """Every probe by id. A module without a SPEC is not a probe; a duplicate id is an error."""
+    found: dict[str, tuple[ProbeLocation, ModuleType]] = {}
+    for module_name, file in _candidates(env):
+        mod = load(ProbeLocation("", module_name, file))
+        spec = getattr(mod, "SPEC", None)
+        if not isinstance(spec, ProbeSpec):
+            continue
+        if spec.id in found:
+            other = found[spec.id][0]
+            raise ProbeNotFound(
+                f"probe id {spec.id!r} defined twice: {other.module or other.file} and {module_name or file}"
+            )
+        found[spec.id] = (ProbeLocation(spec.id, module_name, file), mod)
+    return found
+
+
+def find(probe_id: str, env: dict[str, str] | None = None) -> tuple[ProbeLocation, ModuleType]:
+    probes = discover(env)
+    if probe_id not in probes:
+        import difflib
+
+        close = difflib.get_close_matches(probe_id, list(probes), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(probes)) or 'none'}"
+        raise ProbeNotFound(f"unknown probe {probe_id!r}{hint}")
+    return probes[probe_id]

@@ -1,0 +1,345 @@
+"""Runs one probe variant inside an environment and prints one result line.
+
+    python -m checks.worker --probe ID --variant JSON [--gpus N] [--timeout S] [--workdir DIR]
+    python -m checks.worker --inspect
+
+In-environment side: standard library only (the ranks import the libraries under test). Stdout
+carries exactly one line, ``RESULT_MARKER + json``; everything else goes to stderr or to rank logs.
+The host-side watchdog is the hard limit; ``--timeout`` here is the soft one that collects stacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from checks import envinfo, rank
+from checks.probe import RESULT_MARKER, Variant, combine_worst, outcome
+from checks.registry import ProbeLocation, ProbeNotFound, find
+
+LOG_TAIL_BYTES = 3000
+ENV_PARAM_PREFIX = "env."  # a variant param "env.NCCL_ALGO=Tree" is exported to the ranks; "" unsets it
+DEFAULT_GRACE_S = 3.0  # after every outcome arrived: time allowed for teardown before ranks are killed
+PEER_GRACE_S = 5.0  # after a rank died without an outcome: time the others get before they are ended
+STACK_DUMP_WAIT_S = 1.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def module_available(name: str) -> bool:
+    """Whether `name` can be imported, without importing it (a dotted name is looked up on disk)."""
+    top, _, rest = name.partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        return False
+    if not rest:
+        return True
+    paths = list(spec.submodule_search_locations or [])
+    for part in rest.split("."):
+        nxt = []
+        for p in paths:
+            base = Path(p) / part
+            if base.is_dir():
+                nxt.append(str(base))
+            elif any(Path(p).glob(f"{part}.py")) or any(Path(p).glob(f"{part}.*.so")):
+                return part == rest.split(".")[-1]
+        if not nxt:
+            return False
+        paths = nxt
+    return True
+
+
+def device_for(rank_index: int, gpus: int, share_gpu: bool) -> int | None:
+    """Rank i uses GPU i; ranks sharing GPUs wrap around. CUDA_VISIBLE_DEVICES is never narrowed per
+    rank, since peer access and IPC need every device visible in every rank."""
+    if gpus == 0:
+        return None
+    return rank_index % gpus if share_gpu else rank_index
+
+
+def rank_env(base: dict[str, str], variant: Variant, location: ProbeLocation, workdir: Path, rank_index: int,
+             port: int, device: int | None) -> dict[str, str]:
+    env = dict(base)
+    for name, value in variant.params:
+        if name.startswith(ENV_PARAM_PREFIX):
+            var = name[len(ENV_PARAM_PREFIX):]
+            if value == "":
+                env.pop(var, None)
+            else:
+                env[var] = value
+    env.update(
+        {
+            "RANK": str(rank_index),
+            "LOCAL_RANK": str(rank_index),
+            "WORLD_SIZE": str(variant.ranks),
+            "LOCAL_WORLD_SIZE": str(variant.ranks),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            rank.ENV_PROBE: location.probe_id,
+            rank.ENV_LOCATION: location.to_arg(),
+            rank.ENV_VARIANT: json.dumps(variant.to_json()),
+            rank.ENV_WORKDIR: str(workdir),
+            rank.ENV_DEVICE: "" if device is None else str(device),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+@dataclass
+class RankState:
+    index: int
+    proc: subprocess.Popen[bytes]
+    outcome: dict[str, Any] | None = None
+    ended_at: float | None = None  # when it exited without an outcome
+    stopped: str = ""  # why the launcher ended it, if it did
+
+    @property
+    def reported(self) -> bool:
+        return self.outcome is not None
+
+
+@dataclass
+class LaunchResult:
+    outcomes: list[dict[str, Any]]
+    complete: bool  # every rank reported
+    hang: bool
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    log_tails: dict[str, str] = field(default_factory=dict)
+
+
+def _read_outcome(workdir: Path, index: int) -> dict[str, Any] | None:
+    path = rank.outcome_path(workdir, index)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return outcome("fail", note=f"rank {index} wrote an unreadable outcome: {exc}", reason_code="harness-error")
+
+
+def _kill(states: list[RankState], why: str, sig: int = signal.SIGKILL) -> None:
+    for s in states:
+        if s.proc.poll() is None:
+            s.stopped = s.stopped or why
+            with contextlib.suppress(ProcessLookupError):
+                s.proc.send_signal(sig)
+
+
+def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, timeout_s: float,
+           grace_s: float = DEFAULT_GRACE_S, peer_grace_s: float = PEER_GRACE_S) -> LaunchResult:
+    port = free_port()
+    states: list[RankState] = []
+    for i in range(variant.ranks):
+        env = rank_env(dict(os.environ), variant, location, workdir, i, port, device_for(i, gpus, variant.share_gpu))
+        with open(rank.log_path(workdir, i), "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "checks.rank"], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT)
+        states.append(RankState(i, proc))
+
+    deadline = time.monotonic() + timeout_s
+    hang = False
+    while True:
+        now = time.monotonic()
+        for s in states:
+            if s.outcome is None:
+                s.outcome = _read_outcome(workdir, s.index)
+            if s.outcome is None and s.ended_at is None and s.proc.poll() is not None:
+                s.outcome = _read_outcome(workdir, s.index)  # it may have written just before exiting
+                if s.outcome is None:
+                    s.ended_at = now
+        waiting = [s for s in states if s.outcome is None and s.ended_at is None]
+        if not waiting:
+            break
+        dead = [s.ended_at for s in states if s.ended_at is not None]
+        if dead and now - min(dead) > peer_grace_s:
+            _kill(waiting, f"ended {peer_grace_s:.0f}s after a peer rank died without reporting")
+            break
+        if now > deadline:
+            hang = True
+            _kill(waiting, "", signal.SIGUSR1)  # faulthandler writes every thread's stack to the log
+            time.sleep(STACK_DUMP_WAIT_S)
+            _kill(waiting, f"watchdog: no outcome after {timeout_s:.0f}s")
+            break
+        time.sleep(0.02)
+
+    # Every outcome is in (or never will be): allow a short teardown, then end whatever is left.
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and any(s.proc.poll() is None for s in states):
+        time.sleep(0.02)
+    _kill(states, f"still running {grace_s:.0f}s after reporting (teardown hang)")
+    for s in states:
+        s.proc.wait()
+
+    outcomes: list[dict[str, Any]] = []
+    ranks: list[dict[str, Any]] = []
+    tails: dict[str, str] = {}
+    for s in states:
+        code = s.proc.returncode
+        info: dict[str, Any] = {"rank": s.index, "exit": signal_name(code) if code < 0 else code}
+        if s.stopped:
+            info["stopped"] = s.stopped
+        if s.outcome is not None:
+            info["status"] = s.outcome.get("status")
+            outcomes.append(s.outcome)
+        elif s.ended_at is not None:
+            if code < 0:
+                made = outcome("fail", note=f"rank {s.index} killed by {signal_name(code)}",
+                               evidence={"signal": signal_name(code)})
+                made["status"] = "crash"  # outcome() only allows what a probe may return
+            else:
+                made = outcome("fail", note=f"rank {s.index} exited with code {code} without reporting",
+                               evidence={"exit_code": code})
+            info["status"] = made["status"]
+            outcomes.append(made)
+        if s.outcome is None or s.outcome.get("status") not in ("pass", "skip"):
+            text = tail(rank.log_path(workdir, s.index))
+            if text.strip():
+                tails[f"rank{s.index}"] = text
+        ranks.append(info)
+    return LaunchResult(outcomes, complete=all(s.outcome is not None for s in states), hang=hang, ranks=ranks,
+                        log_tails=tails)
+
+
+def merge(module: ModuleType, result: LaunchResult) -> dict[str, Any]:
+    if result.hang:
+        silent = [r["rank"] for r in result.ranks if "status" not in r]
+        merged = outcome("fail", note=f"watchdog fired; ranks without an outcome: {silent}", reason_code="hang")
+        merged["status"] = "hang"
+    elif result.complete and hasattr(module, "combine"):
+        merged = module.combine(result.outcomes)
+    else:
+        merged = combine_worst(result.outcomes)
+    merged = dict(merged)
+    evidence = dict(merged.get("evidence") or {})
+    evidence["ranks"] = result.ranks
+    if result.log_tails:
+        evidence["log_tail"] = result.log_tails
+    runtime = next((o.get("evidence", {}).get("runtime") for o in result.outcomes if o.get("evidence", {})
+                    .get("runtime")), None)
+    if runtime:
+        evidence["runtime"] = runtime
+    merged["evidence"] = evidence
+    return merged
+
+
+def skip_reason(module: ModuleType, variant: Variant, gpus: int) -> tuple[str, str] | None:
+    """(reason_code, note) when the variant cannot run here; checked before any rank is launched."""
+    spec = module.SPEC
+    missing = [m for m in spec.requires if not module_available(m)]
+    if missing:
+        return "missing-package", f"{', '.join(missing)} not installed in this environment"
+    if variant.skip_reason:
+        return "not-applicable", variant.skip_reason
+    if spec.needs_gpu and gpus == 0:
+        return "no-gpu", "no GPU on this host"
+    if spec.needs_gpu and variant.ranks > gpus and not variant.share_gpu:
+        return "too-few-gpus", f"needs {variant.ranks} GPUs, host has {gpus}"
+    return None
+
+
+def run_variant(probe_id: str, variant: Variant, gpus: int | None = None, timeout_s: float | None = None,
+                workdir: Path | None = None, keep_workdir: bool = False) -> dict[str, Any]:
+    started = time.monotonic()
+    location, module = find(probe_id)
+    gpus = envinfo.gpu_count_hint() if gpus is None else gpus
+    skipped = skip_reason(module, variant, gpus)
+    if skipped:
+        result = outcome("skip", note=skipped[1], reason_code=skipped[0])
+    else:
+        own = workdir is None
+        wd = Path(tempfile.mkdtemp(prefix=f"stackprobe-{probe_id}-")) if own else workdir
+        wd.mkdir(parents=True, exist_ok=True)
+        try:
+            launched = launch(location, variant, wd, gpus, timeout_s or module.SPEC.timeout_s)
+            result = merge(module, launched)
+        finally:
+            if own and not keep_workdir:
+                shutil.rmtree(wd, ignore_errors=True)
+    result.setdefault("evidence", {})["env"] = envinfo.versions()
+    result["evidence"]["gpus_visible"] = gpus
+    result["duration_s"] = round(time.monotonic() - started, 3)
+    return result
+
+
+def emit(payload: dict[str, Any]) -> None:
+    sys.stdout.write(RESULT_MARKER + json.dumps(payload, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m checks.worker", description=__doc__.split("\n")[0])
+    p.add_argument("--inspect", action="store_true", help="print the environment's versions and GPU facts")
+    p.add_argument("--probe", help="probe id")
+    p.add_argument("--variant", help="Variant.to_json() as JSON (default: one rank, no params)")
+    p.add_argument("--gpus", type=int, help="GPUs visible here (default: ask nvidia-smi)")
+    p.add_argument("--timeout", type=float, help="soft timeout in seconds (default: the probe's)")
+    p.add_argument("--workdir", type=Path, help="scratch directory (default: a fresh temporary one)")
+    p.add_argument("--keep-workdir", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.inspect:
+        emit(envinfo.inspect_runtime())
+        return 0
+    if not args.probe:
+        print("checks.worker: give --probe ID (or --inspect)", file=sys.stderr)
+        return 2
+    try:
+        variant = Variant.from_json(json.loads(args.variant)) if args.variant else Variant(args.probe)
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"checks.worker: --variant is not a Variant JSON object: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = run_variant(args.probe, variant, args.gpus, args.timeout, args.workdir, args.keep_workdir)
+    except ProbeNotFound as exc:
+        print(f"checks.worker: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the harness itself failed: still one parseable line for the host
+        result = outcome("fail", note=f"harness error: {type(exc).__name__}: {exc}", reason_code="harness-error",
+                         evidence={"traceback": traceback.format_exc()[-rank.TRACEBACK_TAIL_CHARS:]})
+    emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

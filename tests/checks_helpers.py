@@ -1,0 +1,58 @@
+"""Helpers shared by the checks tests: run the real worker, find leftover processes by an env token."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from checks.probe import RESULT_MARKER
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "probes_fixtures"
+TOKEN_VAR = "STACKPROBE_TEST_TOKEN"
+
+
+def fixture_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["STACKPROBE_PROBE_PATH"] = str(FIXTURES)
+    env["PYTHONPATH"] = str(ROOT)
+    env[TOKEN_VAR] = uuid.uuid4().hex
+    env.update(extra)
+    return env
+
+
+def pids_with_env(needle: str) -> list[int]:
+    """Live processes whose environment contains `needle` (e.g. a per-test token)."""
+    found = []
+    raw = needle.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if raw in f.read():
+                    with open(f"/proc/{entry}/stat") as s:
+                        if s.read().split(") ", 1)[1].startswith("Z"):
+                            continue  # a zombie holds nothing and will be reaped by its parent
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def run_worker(probe_id: str, ranks: int = 1, params: list[list[str]] | None = None, timeout: float = 120,
+               env: dict[str, str] | None = None, extra_args: list[str] | None = None) -> tuple[dict[str, Any], str]:
+    env = env or fixture_env()
+    variant = {"probe_id": probe_id, "ranks": ranks, "params": params or [], "share_gpu": False}
+    cmd = [sys.executable, "-m", "checks.worker", "--probe", probe_id, "--variant", json.dumps(variant)]
+    proc = subprocess.run(cmd + (extra_args or []), capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER)]
+    assert proc.returncode == 0, proc.stderr
+    assert len(lines) == 1, f"expected one result line, got stdout={proc.stdout[:500]!r}"
+    return json.loads(lines[0][len(RESULT_MARKER):]), env[TOKEN_VAR]

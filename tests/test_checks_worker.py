@@ -1,0 +1,133 @@
+"""The in-environment worker and rank launcher, run for real: subprocess ranks, gloo collectives."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from checks.probe import RESULT_MARKER, Variant
+from checks.worker import device_for, module_available, rank_env
+from tests.checks_helpers import ROOT, fixture_env, pids_with_env, run_worker
+
+
+def test_gloo_allreduce_two_and_three_ranks_with_env_param() -> None:
+    for ranks in (2, 3):
+        result, token = run_worker("t-gloo-allreduce", ranks, params=[["env.STACKPROBE_TEST_ENV", "hello"]])
+        assert result["status"] == "pass", result
+        assert result["metrics"]["sum"] == ranks * (ranks + 1) / 2
+        assert result["evidence"]["env_probe"] == "hello"  # variant env param reached the rank
+        assert [r["status"] for r in result["evidence"]["ranks"]] == ["pass"] * ranks
+        assert result["evidence"]["runtime"]["torch"].startswith("2.")
+        assert result["evidence"]["env"]["python"] == sys.version.split()[0]
+        assert pids_with_env(token) == []
+
+
+def test_probe_exception_is_fail_with_traceback() -> None:
+    result, _ = run_worker("t-raise")
+    assert result["status"] == "fail"
+    assert "No supported CUDA architectures found for major versions [9, 10]" in result["note"]
+    assert "t_raise.py" in result["evidence"]["traceback"]
+
+
+def test_segfault_is_crash_with_signal_and_python_stack() -> None:
+    result, token = run_worker("t-segv")
+    assert result["status"] == "crash"
+    assert "SIGSEGV" in result["note"]
+    assert "t_segv.py" in result["evidence"]["log_tail"]["rank0"]  # faulthandler's stack
+    assert pids_with_env(token) == []
+
+
+def test_abort_is_crash_and_keeps_the_runtime_message() -> None:
+    result, _ = run_worker("t-abort")
+    assert result["status"] == "crash" and "SIGABRT" in result["note"]
+    assert "illegal memory access" in result["evidence"]["log_tail"]["rank0"]
+
+
+def test_exit_without_report_is_fail_with_code() -> None:
+    result, _ = run_worker("t-exit", ranks=2)
+    assert result["status"] == "fail"
+    assert "exited with code 7" in result["note"]
+
+
+def test_hang_fires_soft_watchdog_collects_stacks_and_kills_ranks() -> None:
+    result, token = run_worker("t-hang", ranks=2, extra_args=["--timeout", "2"])
+    assert result["status"] == "hang"
+    assert result["duration_s"] < 10
+    assert all("watchdog" in r["stopped"] for r in result["evidence"]["ranks"])
+    assert "sleep_forever" in result["evidence"]["log_tail"]["rank1"]  # SIGUSR1 stack dump
+    assert pids_with_env(token) == []
+
+
+def test_teardown_hang_keeps_the_correct_result() -> None:
+    result, token = run_worker("t-teardown-hang", ranks=2)
+    assert result["status"] == "pass"
+    assert all("teardown" in r.get("stopped", "") for r in result["evidence"]["ranks"])
+    assert pids_with_env(token) == []
+
+
+def test_peer_crash_is_crash_not_hang() -> None:
+    result, token = run_worker("t-peer-crash", ranks=2)
+    assert result["status"] == "crash" and "rank 1" in result["note"]
+    assert pids_with_env(token) == []
+
+
+def test_huge_output_does_not_block_and_is_not_kept() -> None:
+    result, _ = run_worker("t-noisy", ranks=2)
+    assert result["status"] == "pass"
+    assert len(json.dumps(result)) < 20_000
+
+
+def test_skips_without_launching() -> None:
+    missing, _ = run_worker("t-missing")
+    assert missing["status"] == "skip" and "stackprobe_no_such_module" in missing["note"]
+    assert "ranks" not in missing["evidence"]
+    gpu, _ = run_worker("t-gpu", extra_args=["--gpus", "0"])
+    assert gpu["status"] == "skip" and gpu["note"] == "no GPU on this host"
+    few, _ = run_worker("t-gpu", ranks=2, extra_args=["--gpus", "1"])
+    assert few["status"] == "skip" and few["note"] == "needs 2 GPUs, host has 1"
+
+
+def test_unknown_probe_suggests_and_exits_2() -> None:
+    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--probe", "t-trival"], capture_output=True,
+                          text=True, env=fixture_env(), cwd=ROOT)
+    assert proc.returncode == 2
+    assert "did you mean 't-trivial'" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_inspect_prints_versions() -> None:
+    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--inspect"], capture_output=True, text=True,
+                          env=fixture_env(), cwd=ROOT, timeout=120)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER)]
+    info = json.loads(line[0][len(RESULT_MARKER):])
+    assert info["versions"]["torch"].startswith("2.11.0")
+    assert info["versions"]["torch_cuda"]  # read from torch/version.py without importing
+    assert info["gpus"] == [] and info["cuda_available"] is False
+
+
+def test_device_assignment() -> None:
+    assert [device_for(i, 2, False) for i in range(2)] == [0, 1]
+    assert [device_for(i, 1, True) for i in range(3)] == [0, 0, 0]
+    assert [device_for(i, 2, True) for i in range(4)] == [0, 1, 0, 1]
+    assert device_for(0, 0, False) is None
+
+
+def test_rank_env_exports_and_unsets_variant_env() -> None:
+    from checks.registry import ProbeLocation
+
+    v = Variant("x", 2, params=(("env.NCCL_ALGO", "Tree"), ("env.NCCL_DEBUG", ""), ("mode", "graph")))
+    env = rank_env({"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0,1"}, v, ProbeLocation("x", "m"),
+                   ROOT, 1, 1234, 1)
+    assert env["NCCL_ALGO"] == "Tree" and "NCCL_DEBUG" not in env and "mode" not in env
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["MASTER_PORT"] == "1234"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"  # never narrowed per rank
+    assert env["STACKPROBE_DEVICE"] == "1"
+
+
+@pytest.mark.parametrize(("name", "present"), [("json", True), ("json.decoder", True), ("json.nope", False),
+                                                ("stackprobe_absent", False), ("torch.distributed", True)])
+def test_module_available_without_import(name: str, present: bool) -> None:
+    assert module_available(name) is present
