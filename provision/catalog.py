@@ -1,0 +1,122 @@
+"""The catalog: publication facts (which builds exist where), loaded once from catalog.yaml."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from packaging.version import Version
+
+CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
+
+
+@dataclass(frozen=True)
+class CudaFact:
+    version: str
+    variant: str  # wheel label, e.g. cu130
+    toolkit: str  # registry cuda-toolkit release for a registry-free CUDA_HOME
+    sm120: bool
+    source: str
+
+    @property
+    def major(self) -> int:
+        return int(self.version.split(".")[0])
+
+
+@dataclass(frozen=True)
+class TorchRelease:
+    version: str
+    variants: tuple[str, ...]
+    registry: str  # CUDA variant of the registry's default wheel
+    source: str
+
+
+@dataclass(frozen=True)
+class KernelRelease:
+    version: str
+    package: str
+    registry_cuda: str
+    torch: str  # torch release whose C++ ABI the wheel links
+    variants: tuple[str, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class JitCacheRange:
+    until: Version
+    variants: tuple[str, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    torch: str
+    sgl_kernel: str
+    flashinfer: str
+
+
+@dataclass(frozen=True)
+class Catalog:
+    cuda: dict[str, CudaFact]
+    torch_stable_index: str
+    torch_nightly_index: str
+    torch_index_source: str
+    torch_latest_stable: str
+    nightly_variants: tuple[str, ...]
+    nightly_series: str
+    nightly_source: str
+    torch: dict[str, TorchRelease]
+    kernel_github_wheel: str
+    kernel_github_source: str
+    kernels: dict[str, KernelRelease]
+    flashinfer_package: str
+    flashinfer_first_wheel: Version
+    flashinfer_first_wheel_source: str
+    jit_cache_index: str
+    jit_cache: tuple[JitCacheRange, ...]
+    presets: dict[str, Preset]
+    presets_source: str
+
+    def cuda_by_variant(self, variant: str) -> CudaFact | None:
+        return next((c for c in self.cuda.values() if c.variant == variant), None)
+
+
+def parse(raw: dict) -> Catalog:
+    t, k, f, s = raw["torch"], raw["sgl_kernel"], raw["flashinfer"], raw["sglang"]
+    return Catalog(
+        cuda={
+            v: CudaFact(v, d["variant"], d["toolkit"], bool(d["sm120"]), d["source"]) for v, d in raw["cuda"].items()
+        },
+        torch_stable_index=t["stable_index"],
+        torch_nightly_index=t["nightly_index"],
+        torch_index_source=t["index_source"],
+        torch_latest_stable=t["latest_stable"],
+        nightly_variants=tuple(t["nightly"]["variants"]),
+        nightly_series=t["nightly"]["series"],
+        nightly_source=t["nightly"]["source"],
+        torch={v: TorchRelease(v, tuple(d["variants"]), d["registry"], d["source"]) for v, d in t["releases"].items()},
+        kernel_github_wheel=k["github_wheel"],
+        kernel_github_source=k["github_source"],
+        kernels={
+            v: KernelRelease(v, d["package"], d["registry_cuda"], d["torch"], tuple(d["variants"]), d["source"])
+            for v, d in k["releases"].items()
+        },
+        flashinfer_package=f["package"],
+        flashinfer_first_wheel=Version(f["first_wheel"]),
+        flashinfer_first_wheel_source=f["first_wheel_source"],
+        jit_cache_index=f["jit_cache_index"],
+        jit_cache=tuple(JitCacheRange(Version(r["until"]), tuple(r["variants"]), r["source"]) for r in f["jit_cache"]),
+        presets={
+            f"sglang-{v}": Preset(f"sglang-{v}", d["torch"], d["sgl_kernel"], d["flashinfer"])
+            for v, d in s["releases"].items()
+        },
+        presets_source=s["source"],
+    )
+
+
+@functools.cache
+def load(path: Path = CATALOG_PATH) -> Catalog:
+    return parse(yaml.safe_load(path.read_text()))

@@ -1,0 +1,30 @@
+"""Selection of cells by CUDA prefix, torch channel or version, and id glob."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+
+from provision.errors import InputError
+from provision.resolve import Resolved
+
+
+def cuda_matches(cuda: str, want: str) -> bool:
+    """`13` selects every 13.x; `12.8` selects 12.8 only."""
+    return cuda == want or cuda.startswith(want + ".")
+
+
+def select(cells: Sequence[Resolved], cuda: str | None = None, torch: str | None = None,
+           only: Sequence[str] | str | None = None) -> list[Resolved]:
+    globs = [only] if isinstance(only, str) else list(only or [])
+    out = [
+        r for r in cells
+        if (cuda is None or cuda_matches(r.cell.cuda, cuda))
+        and (torch is None or torch in (r.cell.torch, r.versions.get("torch"), r.cell_id.split("-")[1][5:]))
+        and (not globs or any(fnmatch.fnmatchcase(r.cell_id, g) for g in globs))
+    ]
+    if not out:
+        asked = " ".join(f"--{k} {v}" for k, v in (("cuda", cuda), ("torch", torch)) if v)
+        asked += "".join(f" --only '{g}'" for g in globs)
+        raise InputError(f"no cell matches {asked.strip()}; run 'provision plan' to list the cell ids")
+    return out
