@@ -106,11 +106,27 @@ def cpu_group() -> Any:
 
 
 def gather_objects(value: Any, group: Any = None) -> list[Any]:
+    """Every rank's JSON-able ``value``, in rank order. Unlike ``all_gather_object`` this needs no
+    numpy (cell images may lack it): JSON bytes travel as uint8 tensors."""
+    import json
+
+    import torch
     import torch.distributed as dist
 
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, value, group=group)
-    return out
+    world = dist.get_world_size(group)
+    on_gpu = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    data = json.dumps(value).encode()
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    longest = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(max(longest, 1), dtype=torch.uint8, device=device)
+    if data:
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    bufs = [torch.empty_like(buf) for _ in range(world)]
+    dist.all_gather(bufs, buf, group=group)
+    return [json.loads(bytes(b[: int(s.item())].cpu().tolist())) for b, s in zip(bufs, sizes, strict=True)]
 
 
 def agree(ok: bool, group: Any = None) -> bool:
@@ -238,6 +254,57 @@ def capture(step: Callable[[], Any], calls: int, warmup: int = 3, pool: Any = No
             step()
     torch.cuda.synchronize()
     return graph
+
+
+class Hung(Exception):
+    """Device work did not finish in time (typically a collective whose peer never arrived)."""
+
+
+def wait_device(deadline_s: float) -> None:
+    """Like ``torch.cuda.synchronize`` but gives up, so the rank can still report which step hung."""
+    import time
+
+    import torch
+
+    done = torch.cuda.Event()
+    done.record()
+    end = time.monotonic() + deadline_s
+    while not done.query():
+        if time.monotonic() > end:
+            raise Hung(f"device work not finished after {deadline_s:.0f} s")
+        time.sleep(0.0005)
+
+
+# --------------------------------------------------------------------------------------------------
+# Symmetric memory (torch.distributed._symmetric_memory)
+
+
+def symm_rendezvous(tensor: Any, group: Any) -> tuple[Any, bool]:
+    """Rendezvous a symmetric tensor over ``group``; the one place that knows torch < 2.11 needs
+    ``enable_symm_mem_for_group`` first. Returns the handle and whether that call was made."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    enabled_here = False
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    is_enabled = getattr(symm_mem, "is_symm_mem_enabled_for_group", None)
+    if enable is not None and (is_enabled is None or not is_enabled(group.group_name)):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated (a no-op need) on newer torch
+            enable(group.group_name)
+        enabled_here = True
+    return symm_mem.rendezvous(tensor, group), enabled_here
+
+
+def symm_op(name: str) -> Any:
+    """``torch.ops.symm_mem.<name>`` or None when this torch does not have it."""
+    import torch
+
+    try:
+        return getattr(torch.ops.symm_mem, name)
+    except (AttributeError, RuntimeError):
+        return None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ CUDA graph, each checked exactly. Per-op results tell the two known failure mech
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -237,23 +236,6 @@ def build_cases(rank: int, world: int, device: Any) -> list[OpCase]:
     ]
 
 
-class Hung(Exception):
-    pass
-
-
-def wait_device(deadline_s: float) -> None:
-    """Like synchronize, but gives up: a collective whose peer never arrives spins forever."""
-    import torch
-
-    done = torch.cuda.Event()
-    done.record()
-    end = time.monotonic() + deadline_s
-    while not done.query():
-        if time.monotonic() > end:
-            raise Hung(f"device work not finished after {deadline_s:.0f} s")
-        time.sleep(0.001)
-
-
 def _failure(exc: BaseException) -> dict[str, str]:
     text = _dist.error_tail(exc)
     return {"verdict": "error", "code": _dist.classify_error(text), "error": text}
@@ -271,8 +253,8 @@ def run_eager(case: OpCase, seed: int) -> dict[str, str]:
     try:
         case.load(seed)
         case.step()
-        wait_device(OP_DEADLINE_S)
-    except Hung as exc:
+        _dist.wait_device(OP_DEADLINE_S)
+    except _dist.Hung as exc:
         return {"verdict": "hang", "code": "nccl-op-hang", "error": str(exc)}
     except Exception as exc:
         return _failure(exc)
@@ -295,8 +277,8 @@ def run_graph(case: OpCase, warmup: int, seeds: tuple[int, ...], gloo: Any) -> d
         try:
             case.load(seed)  # fresh inputs per replay: a stale result from the previous replay is caught
             graph.replay()
-            wait_device(OP_DEADLINE_S)
-        except Hung as exc:
+            _dist.wait_device(OP_DEADLINE_S)
+        except _dist.Hung as exc:
             return {"verdict": "hang", "code": "nccl-op-hang", "error": str(exc)}
         except Exception as exc:
             return _failure(exc)

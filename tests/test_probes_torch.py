@@ -1,0 +1,430 @@
+"""The torch/NCCL probes on CPU: helper math, exact checks, verdict logic, variant planning, skip paths,
+and the cross-rank helpers with real gloo ranks. The GPU paths themselves run on the lent H200."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from checks.probe import RESULT_MARKER, HostView, RankContext, Variant  # noqa: E402
+from checks.probes import _dist, ar_latency, nccl_graphs, symm_mem  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- integer-valued data -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_pattern_sum_is_exact_in_bf16(world: int) -> None:
+    shape = (3, 7168)
+    ref = sum(_dist.pattern(shape, r, 5, dtype=torch.int64) for r in range(world))
+    got = _dist.pattern_sum(shape, world, 5)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.to(torch.int64), ref)  # bf16 holds every such sum exactly
+    one = _dist.pattern(shape, 1, 5, dtype=torch.int64)
+    assert int(one.min()) == -4 and int(one.max()) == 4
+
+
+def test_pattern_differs_per_rank_and_seed() -> None:
+    a = _dist.pattern((64,), 0, 1)
+    assert not torch.equal(a, _dist.pattern((64,), 1, 1))
+    assert not torch.equal(a, _dist.pattern((64,), 0, 2))
+    assert not torch.equal(_dist.pattern_sum((64,), 2, 1), torch.zeros(64, dtype=torch.bfloat16))
+
+
+# --- exact check and no-op detection -----------------------------------------------------------------
+
+
+def test_check_exact_verdicts() -> None:
+    shape = (2, 64)
+    ref = _dist.pattern_sum(shape, 2, 3)
+    own = _dist.pattern(shape, 0, 3)
+    prior = _dist.filled(shape)
+    assert _dist.check_exact(ref.clone(), ref).verdict == "exact"
+    noop = _dist.check_exact(prior.to(torch.bfloat16), ref, prior=prior, own_input=own)
+    assert (noop.verdict, noop.detail) == ("no-op", "output equals its prior contents")
+    assert _dist.check_exact(own.clone(), ref, prior=prior, own_input=own).detail == "output equals its own input"
+    assert _dist.check_exact(torch.zeros(shape), ref).verdict == "zero"
+    off = ref.clone()
+    off[0, 0] += 1
+    wrong = _dist.check_exact(off, ref)
+    assert (wrong.verdict, wrong.mismatches, wrong.max_abs_err) == ("wrong", 1, 1.0)
+    assert _dist.check_exact(off, ref, atol=1.0).verdict == "close"  # the tolerance is a second, named level
+    assert not _dist.check_exact(off, ref, atol=1.0).ok
+    nan = ref.clone().float()
+    nan[1, 1] = math.nan
+    assert _dist.check_exact(nan, ref).verdict == "wrong"
+    assert _dist.check_exact(ref[:1], ref).verdict == "wrong"
+
+
+def test_equal_to_own_input_is_not_a_noop_when_that_is_the_answer() -> None:
+    ref = _dist.pattern((16,), 0, 1)
+    assert _dist.check_exact(ref.clone(), ref, own_input=ref).verdict == "exact"
+
+
+# --- timing math --------------------------------------------------------------------------------------
+
+
+def test_percentile_and_median() -> None:
+    vals = [float(x) for x in range(1, 101)]
+    assert _dist.percentile(vals, 99) == 99.0
+    assert _dist.percentile(vals, 100) == 100.0
+    assert _dist.percentile([5.0], 99) == 5.0
+    assert _dist.median([3.0, 1.0, 2.0]) == 2.0
+    assert _dist.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    with pytest.raises(ValueError):
+        _dist.median([])
+
+
+def test_aggregate_takes_slowest_rank_per_replay_and_scales_to_one_call() -> None:
+    # ms per replay of a 10-call graph; rank 1 is the slow one in replays 0 and 2, rank 0 in 1.
+    t = _dist.aggregate([[1.0, 3.0, 1.0, 1.0], [2.0, 1.0, 4.0, 1.0]], calls_per_replay=10)
+    assert t.per_replay_us == [200.0, 300.0, 400.0, 100.0]
+    assert t.median_us == 250.0
+    assert t.p99_us == 400.0
+    assert t.min_us == 100.0
+    assert (t.replays, t.calls_per_replay) == (4, 10)
+    assert "per_replay_us" not in t.to_json() and len(t.to_json(True)["per_replay_us"]) == 4
+
+
+@pytest.mark.parametrize("bad", [[], [[1.0], [1.0, 2.0]], [[], []]])
+def test_aggregate_rejects_inconsistent_input(bad: list[list[float]]) -> None:
+    with pytest.raises(ValueError):
+        _dist.aggregate(bad, 5)
+
+
+def test_time_replays_on_cpu_uses_the_host_clock() -> None:
+    import time
+
+    calls: list[str] = []
+    times = _dist.time_replays(lambda: (calls.append("r"), time.sleep(0.01)), 3, barrier=lambda: calls.append("b"))
+    assert calls == ["b", "r"] * 3  # the barrier precedes every replay and is not timed inside it
+    assert len(times) == 3 and all(9.0 <= x < 200.0 for x in times)
+
+
+# --- cross-rank helpers with real gloo ranks ----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_GLOO_RANK = r"""
+import json, os, sys, time
+from pathlib import Path
+from checks.probe import RankContext, Variant
+from checks.probes import _dist
+import torch, torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+ctx = RankContext(rank, world, rank, None, Variant("t", world), Path(sys.argv[1]))
+_dist.init_dist(ctx, "gloo")
+x = _dist.pattern((4096,), rank, 7, dtype=torch.float32)
+dist.all_reduce(x)
+exact = _dist.check_exact(x, _dist.pattern_sum((4096,), world, 7, dtype=torch.float32)).verdict
+agree_all = _dist.agree(True)
+agree_one = _dist.agree(rank != 1)
+# rank 1 is 20 ms slower per replay: the aggregate must show the slow rank, identically everywhere
+timing = _dist.timed_across_ranks(lambda: time.sleep(0.005 + 0.02 * (rank == 1)), 5, 1,
+                                  barrier=lambda: dist.barrier())
+Path(sys.argv[1], f"out{rank}.json").write_text(json.dumps(
+    {"exact": exact, "agree_all": agree_all, "agree_one": agree_one, "timing": timing.to_json(True)}))
+"""
+
+
+def test_gloo_ranks_check_agree_and_aggregate_timing(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(_GLOO_RANK)
+    world = 2
+    port = _free_port()
+    procs = []
+    for r in range(world):
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            PYTHONPATH=str(ROOT),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+        )
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out.decode()[-2000:]
+    results = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(world)]
+    for res in results:
+        assert res["exact"] == "exact"
+        assert res["agree_all"] is True and res["agree_one"] is False
+        assert 24.0 * 1000 <= res["timing"]["median_us"] < 200.0 * 1000  # >= 25 ms: the slow rank's time
+    assert results[0]["timing"] == results[1]["timing"]
+
+
+# --- NCCL logs and errors -----------------------------------------------------------------------------
+
+NCCL_LOG = """\
+h:1:1 [0] NCCL INFO NCCL version 2.28.9+cuda13.0
+h:1:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+h:1:9 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+h:1:9 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via SHM/direct/direct
+h:1:9 [0] NCCL INFO AllReduce: 57344 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}
+h:1:9 [0] NCCL INFO AllReduce: 57344 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..1} comm 0x55
+h:1:9 [0] NCCL INFO AllGather: 57344 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}
+h:1:9 [0] NCCL WARN No algorithm/protocol available for function AllGather with datatype ncclBfloat16.
+"""
+
+
+def test_parse_nccl_log() -> None:
+    parsed = _dist.parse_nccl_log(NCCL_LOG)
+    assert parsed["transports"] == ["P2P/CUMEM/read", "SHM/direct/direct"]
+    assert parsed["nccl_version"] == "2.28.9+cuda13.0"
+    assert parsed["algorithms"] == {"AllReduce": ["RING/LL", "TREE/LL"], "AllGather": ["RING/LL"]}
+
+
+def test_read_nccl_logs_picks_this_process_files(tmp_path: Path) -> None:
+    (tmp_path / "nccl.h.123.log").write_text(NCCL_LOG)
+    (tmp_path / "nccl.h.456.log").write_text("x [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/Socket/0\n")
+    mine = _dist.read_nccl_logs(tmp_path, pid=123)
+    assert mine["transports"] == ["P2P/CUMEM/read", "SHM/direct/direct"]
+    assert mine["warnings"] and "No algorithm/protocol available" in mine["warnings"][0]
+    assert _dist.read_nccl_logs(tmp_path / "missing", pid=1)["transports"] == []
+    env = _dist.nccl_debug_env(tmp_path)
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"].endswith("nccl.%h.%p.log")
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        (
+            "DistBackendError: NCCL error in: ..., invalid usage (run with NCCL_DEBUG=WARN for details), NCCL "
+            "version 2.28.9\nLast error:\nNo algorithm/protocol available for function AllGather with datatype "
+            "ncclBfloat16. NCCL_ALGO was set to Tree.",
+            "nccl-algo-unavailable",
+        ),
+        ("RuntimeError: CUDA error: operation not permitted when stream is capturing", "nccl-capture-failed"),
+        ("RuntimeError: CUDA error: operation failed due to a previous error during capture", "nccl-capture-failed"),
+        ("DistBackendError: NCCL error ... invalid usage", "nccl-invalid-usage"),
+        ("RuntimeError: something else", "error"),
+    ],
+)
+def test_classify_error(text: str, code: str) -> None:
+    assert _dist.classify_error(text) == code
+
+
+def test_error_tail_drops_cpp_frames() -> None:
+    exc = RuntimeError("boom\nframe #0: c10::Error\nframe #1: foo\nException raised from x\nlast line")
+    assert _dist.error_tail(exc) == "RuntimeError: boom\nlast line"
+
+
+# --- multicast stays off ------------------------------------------------------------------------------
+
+
+def test_keep_multicast_off_sets_defaults_and_never_unsets() -> None:
+    env: dict[str, str] = {"NCCL_NVLS_ENABLE": "0"}
+    got = _dist.keep_multicast_off(env)
+    assert got == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    opted_in: dict[str, str] = {_dist.ALLOW_MULTICAST_ENV: "1"}
+    assert _dist.keep_multicast_off(opted_in) == {k: "" for k in _dist.MULTICAST_OFF}
+
+
+# --- nccl-graphs ---------------------------------------------------------------------------------------
+
+
+def test_nccl_graphs_variants() -> None:
+    two = nccl_graphs.variants(HostView(gpu_count=2))
+    assert len(two) == 16 and len({v.key for v in two}) == 16
+    assert all(v.skip_reason is None and v.ranks == 2 for v in two)
+    assert "ranks=2,algo=allreduce:tree,warmup=no,runtime_connect=0" in {v.key for v in two}
+    one = nccl_graphs.variants(HostView(gpu_count=1))
+    assert len(one) == 16 and all("NCCL refuses two ranks on one GPU" in (v.skip_reason or "") for v in one)
+    eight = nccl_graphs.variants(HostView(gpu_count=8))
+    assert sorted({v.ranks for v in eight}) == [2, 8] and len(eight) == 32
+
+
+def test_nccl_env() -> None:
+    assert nccl_graphs.nccl_env("default", "default") == ({}, ["NCCL_ALGO", "NCCL_RUNTIME_CONNECT"])
+    assert nccl_graphs.nccl_env("allreduce:tree", "0") == (
+        {"NCCL_ALGO": "allreduce:tree", "NCCL_RUNTIME_CONNECT": "0"},
+        [],
+    )
+
+
+OK = {"verdict": "ok"}
+NO_ALGO = {"verdict": "error", "code": "nccl-algo-unavailable", "error": "No algorithm/protocol available"}
+CAPTURE = {
+    "verdict": "error",
+    "code": "nccl-capture-failed",
+    "error": "operation not permitted when stream is capturing",
+}
+
+
+def _ops(**classes: dict[str, dict[str, str]]) -> dict[str, dict[str, dict[str, str]]]:
+    base = {op: {"eager": OK, "graph": OK} for op in nccl_graphs.OPS}
+    base.update(classes)
+    return base
+
+
+def test_nccl_graphs_global_tree_is_a_configuration_problem() -> None:
+    per_op = _ops(**{op: {"eager": NO_ALGO, "graph": NO_ALGO} for op in ("all_gather", "reduce_scatter", "broadcast")})
+    out = nccl_graphs.verdict(per_op, "Tree")
+    assert out["status"] == "partial" and out["reason_code"] == "nccl-algo-unavailable"
+    assert "fail eagerly too" in out["note"] and out["metrics"] == {"ops_ok": 1, "ops_total": 4}
+
+
+def test_nccl_graphs_capture_only_failure_is_named() -> None:
+    per_op = _ops(all_reduce={"graph": CAPTURE, "eager_after": OK})
+    out = nccl_graphs.verdict(per_op, "Tree")
+    assert out["status"] == "fail" and out["reason_code"] == "nccl-capture-failed"
+    assert out["evidence"]["op_classes"]["all_reduce"] == "capture-only"
+
+
+def test_nccl_graphs_pass_wrong_and_hang() -> None:
+    assert nccl_graphs.verdict(_ops(), "Ring")["status"] == "pass"
+    wrong = nccl_graphs.verdict(_ops(broadcast={"eager": OK, "graph": {"verdict": "no-op"}}), "Ring")
+    assert (wrong["status"], wrong["reason_code"]) == ("fail", "nccl-wrong-result")
+    hung = nccl_graphs.verdict(_ops(all_gather={"eager": {"verdict": "hang"}}), "Ring")
+    assert (hung["status"], hung["reason_code"]) == ("fail", "nccl-op-hang")
+
+
+def test_nccl_graphs_merge_keeps_the_worst_rank() -> None:
+    r0 = {"all_reduce": {"graph": OK}}
+    r1 = {"all_reduce": {"graph": CAPTURE}}
+    assert nccl_graphs.merge_rank_results([r0, r1])["all_reduce"]["graph"] == CAPTURE
+    assert nccl_graphs.merge_rank_results([r1, r0])["all_reduce"]["graph"] == CAPTURE
+
+
+# --- symm-mem ------------------------------------------------------------------------------------------
+
+
+def test_symm_mem_variants() -> None:
+    keys = [(v.key, v.skip_reason) for v in symm_mem.variants(HostView(gpu_count=2))]
+    assert keys == [
+        ("ranks=2", None),
+        ("ranks=4", "needs 4 GPUs, host has 2"),
+        ("ranks=8", "needs 8 GPUs, host has 2"),
+        ("ranks=2,gpus=shared", None),
+    ]
+    assert all(v.skip_reason for v in symm_mem.variants(HostView(gpu_count=0)))
+
+
+def _symm_facts(**over: object) -> dict[str, object]:
+    facts: dict[str, object] = {
+        "rendezvous": OK,
+        "p2p_read": OK,
+        "ops": {op: {"eager": OK, "graph": OK} for op in symm_mem.P2P_OPS},
+        "multimem": {"verdict": "refused", "error": "multimem_all_reduce_: multicast support is required."},
+        "multicast_ptr": 0,
+        "multicast_reason": "symm-mem-multicast-disabled",
+    }
+    facts.update(over)
+    return facts
+
+
+def test_symm_mem_verdicts() -> None:
+    out = symm_mem.verdict(_symm_facts())
+    assert (out["status"], out["reason_code"]) == ("partial", "symm-mem-multicast-disabled")
+    assert out["metrics"]["ops_exact"] == 4
+    bad_graph = _symm_facts(
+        ops={
+            "one_shot": {"eager": OK, "graph": {"verdict": "error", "error": "x"}},
+            "two_shot": {"eager": OK, "graph": OK},
+        }
+    )
+    assert symm_mem.verdict(bad_graph)["reason_code"] == "symm-mem-capture-failed"
+    noop = _symm_facts(ops={"one_shot": {"eager": {"verdict": "no-op"}}, "two_shot": {"eager": OK}})
+    assert symm_mem.verdict(noop)["reason_code"] == "symm-mem-wrong-result"
+    rdv = symm_mem.verdict(_symm_facts(rendezvous={"verdict": "error", "error": "x"}, peer_access=False))
+    assert (rdv["status"], rdv["reason_code"]) == ("fail", "symm-mem-no-p2p")
+    assert symm_mem.verdict(_symm_facts(multimem={"verdict": "ok"}, multicast_ptr=1))["status"] == "pass"
+    assert symm_mem.multicast_reason(True, False) == ""
+    assert symm_mem.multicast_reason(False, False) == "symm-mem-no-multicast"
+    assert symm_mem.multicast_reason(True, True) == "symm-mem-multicast-disabled"
+
+
+# --- ar-latency ----------------------------------------------------------------------------------------
+
+
+def test_ar_latency_variants_and_sizes() -> None:
+    vs = ar_latency.variants(HostView(gpu_count=2))
+    runnable = [v.key for v in vs if v.skip_reason is None]
+    assert runnable == [f"ranks=2,backend={b}" for b in ar_latency.BACKENDS]
+    assert len(vs) == 3 * len(ar_latency.BACKENDS)
+    sizes = ar_latency.sizes_bytes()
+    assert sizes[0] == 14336 and 1835008 in sizes and sizes[-1] == 4 * 1835008  # 14 KiB .. 1.75 MiB, 4x verify
+
+
+def test_expected_after_in_place_calls_is_exact_in_bf16() -> None:
+    assert ar_latency.expected_after(20, 2, in_place=False) == 1
+    for world in (2, 4, 8):
+        factor = ar_latency.expected_after(20, world, in_place=True)
+        s = _dist.pattern_sum((4096,), world, 2, dtype=torch.float64) * factor
+        assert torch.equal(s.to(torch.bfloat16).double(), s)  # power-of-two worlds stay exact
+
+
+def _timed(us: float) -> dict[str, object]:
+    return {"verdict": "ok", "timing": {"median_us": us, "p99_us": us * 1.5}}
+
+
+def test_ar_latency_summarize() -> None:
+    res = ar_latency.summarize(
+        "symm-mem-one-shot", {14336: _timed(5.0), 28672: _timed(6.0)}, {14336: _timed(10.0), 28672: _timed(12.0)}
+    )
+    assert res["status"] == "pass"
+    assert res["metrics"]["latency_us"] == {"14336": 5.0, "28672": 6.0}
+    assert res["metrics"]["ratio_vs_nccl"] == {"14336": 0.5, "28672": 0.5}
+    assert res["metrics"]["p99_us"]["14336"] == 7.5
+    wrong = ar_latency.summarize("x", {14336: {"verdict": "no-op", "detail": "d"}}, None)
+    assert (wrong["status"], wrong["reason_code"], wrong["metrics"]["latency_us"]) == ("fail", "ar-wrong-result", {})
+    part = ar_latency.summarize("x", {14336: _timed(5.0), 28672: {"verdict": "error", "error": "too big"}}, None)
+    assert (part["status"], part["reason_code"]) == ("partial", "ar-size-unsupported")
+    assert "ratio_vs_nccl" not in part["metrics"]
+
+
+# --- skip paths ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", [nccl_graphs, symm_mem, ar_latency])
+def test_run_without_a_gpu_skips_before_touching_torch_distributed(module: object, tmp_path: Path) -> None:
+    ctx = RankContext(0, 2, 0, None, Variant(module.SPEC.id, 2), tmp_path)  # type: ignore[attr-defined]
+    out = module.run(ctx)  # type: ignore[attr-defined]
+    assert out["status"] == "skip" and out["reason_code"] == "no-gpu"
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("probe", "params"),
+    [
+        ("nccl-graphs", [["algo", "Tree"], ["warmup", "no"], ["runtime_connect", "default"]]),
+        ("symm-mem", []),
+        ("ar-latency", [["backend", "nccl"]]),
+    ],
+)
+def test_worker_reports_skip_for_gpu_probes_on_a_host_without_gpus(probe: str, params: list[list[str]]) -> None:
+    variant = json.dumps({"probe_id": probe, "ranks": 2, "params": params})
+    proc = subprocess.run(
+        [sys.executable, "-m", "checks.worker", "--probe", probe, "--variant", variant, "--gpus", "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER))
+    result = json.loads(line[len(RESULT_MARKER) :])
+    assert result["status"] == "skip" and result["reason_code"] == "no-gpu"
