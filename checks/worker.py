@@ -220,13 +220,14 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
             info["status"] = s.outcome.get("status")
             outcomes.append(s.outcome)
         elif s.ended_at is not None:
+            own_log = tail(rank.log_path(workdir, s.index))
             if code < 0:
                 made = outcome("fail", note=f"rank {s.index} killed by {signal_name(code)}",
-                               evidence={"signal": signal_name(code)})
+                               evidence={"signal": signal_name(code), "rank_log": own_log})
                 made["status"] = "crash"  # outcome() only allows what a probe may return
             else:
                 made = outcome("fail", note=f"rank {s.index} exited with code {code} without reporting",
-                               evidence={"exit_code": code})
+                               evidence={"exit_code": code, "rank_log": own_log})
             info["status"] = made["status"]
             outcomes.append(made)
         if s.outcome is None or s.outcome.get("status") not in ("pass", "skip"):

@@ -15,7 +15,8 @@ SPEC = ProbeSpec(id="t-orphan", title="orphan", feature="cleanup", ranks=(1,), n
 def run(ctx: RankContext) -> dict:
     code = "import os,time; os.setsid(); time.sleep(3600)"
     # Double fork: the intermediate child exits at once, so the sleeper is re-parented to init.
-    launcher = (f"import subprocess,sys; p=subprocess.Popen([sys.executable,'-c',{code!r}]); print(p.pid)")
+    launcher = (f"import subprocess,sys; p=subprocess.Popen([sys.executable,'-c',{code!r}],"
+                f" stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)")
     pid = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True).stdout.strip()
     pidfile = os.environ.get("STACKPROBE_TEST_PIDFILE")
     if pidfile:

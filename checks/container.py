@@ -1,0 +1,159 @@
+"""The docker executor: one container per variant, through the Docker SDK (host side).
+
+The container gets every GPU when the host has any, the host IPC namespace (NCCL and CUDA IPC need
+shared memory and fd passing between ranks), unlimited memlock, the checks code mounted read-only,
+no privileges, no Docker socket and no network (ranks talk over loopback). It is removed afterwards,
+also at the timeout and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks import classify
+from checks.executor import CODE_ROOT, ExecutorError, hard_timeout, parse_result_text, probe_path_dirs, worker_args
+from checks.isolate import ProcessOutcome
+from checks.probe import Variant
+from checks.reasons import Catalogue
+from checks.registry import PROBE_PATH_ENV
+
+MOUNT_ROOT = "/opt/stackprobe"
+LABEL = "stackprobe.run"
+TAIL_LINES = 200
+
+
+def client() -> Any:
+    """A Docker SDK client, or ExecutorError with one line saying why not."""
+    try:
+        import docker
+
+        c = docker.from_env(timeout=120)
+        c.ping()
+        return c
+    except Exception as exc:
+        msg = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise ExecutorError(f"Docker is not reachable ({msg}); start dockerd or use --local") from None
+
+
+def exit_to_returncode(code: int) -> int:
+    """Docker reports death by signal N as exit status 128+N; map it back to -N like subprocess does."""
+    return -(code - 128) if 128 < code < 128 + 65 else code
+
+
+@dataclass
+class DockerExecutor:
+    image: str
+    python: str = "python3"
+    gpus_on_host: int = 0
+    run_label: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    name: str = "docker"
+    _client: Any = None
+
+    @property
+    def docker(self) -> Any:
+        if self._client is None:
+            self._client = client()
+        return self._client
+
+    def _config(self, command: list[str]) -> dict[str, Any]:
+        from docker.types import DeviceRequest, Ulimit
+
+        volumes = {str(CODE_ROOT / "checks"): {"bind": f"{MOUNT_ROOT}/checks", "mode": "ro"}}
+        extra = []
+        for i, d in enumerate(probe_path_dirs()):
+            target = f"{MOUNT_ROOT}/extra-probes-{i}"
+            volumes[str(d.resolve())] = {"bind": target, "mode": "ro"}
+            extra.append(target)
+        env = {"PYTHONPATH": MOUNT_ROOT, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+        if extra:
+            env[PROBE_PATH_ENV] = ":".join(extra)
+        cfg: dict[str, Any] = {
+            "image": self.image,
+            "command": command,
+            "detach": True,
+            "environment": env,
+            "volumes": volumes,
+            "working_dir": "/tmp",
+            "ipc_mode": "host",
+            "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1), Ulimit(name="stack", soft=67108864,
+                                                                          hard=67108864)],
+            "privileged": False,
+            "network_mode": "none",
+            "labels": {LABEL: self.run_label},
+            "name": f"stackprobe-{self.run_label}-{uuid.uuid4().hex[:8]}",
+        }
+        if self.gpus_on_host:
+            cfg["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        return cfg
+
+    def _run(self, command: list[str], timeout_s: float) -> ProcessOutcome:
+        import docker.errors
+        import requests.exceptions
+
+        started = time.monotonic()
+        try:
+            ctr = self.docker.containers.run(**self._config(command))
+        except docker.errors.ImageNotFound:
+            raise ExecutorError(f"image {self.image} not found: run `provision build` first") from None
+        except docker.errors.APIError as exc:
+            raise ExecutorError(f"cannot start a container from {self.image}: {exc.explanation or exc}") from None
+        timed_out = False
+        code: int | None = None
+        try:
+            try:
+                code = int(ctr.wait(timeout=timeout_s).get("StatusCode", -1))
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                timed_out = True
+                ctr.kill()
+            out = ctr.logs(stdout=True, stderr=False, tail=TAIL_LINES).decode(errors="replace")
+            err = ctr.logs(stdout=False, stderr=True, tail=TAIL_LINES).decode(errors="replace")
+            oom = False
+            if not timed_out:
+                ctr.reload()
+                oom = bool(ctr.attrs.get("State", {}).get("OOMKilled"))
+        finally:
+            with contextlib.suppress(docker.errors.APIError):
+                ctr.remove(force=True)
+        result, result_error = parse_result_text(out)
+        if oom:
+            err += "\ncontainer OOMKilled: host memory exhausted"
+        return ProcessOutcome(
+            returncode=None if timed_out else exit_to_returncode(code if code is not None else -1),
+            timed_out=timed_out,
+            result=result,
+            result_error=result_error,
+            stdout_tail=out[-4000:],
+            stderr_tail=err[-4000:],
+            duration_s=round(time.monotonic() - started, 3),
+            leftovers=0,
+        )
+
+    def inspect(self) -> dict[str, Any]:
+        p = self._run([self.python, "-m", "checks.worker", "--inspect"], 300)
+        if p.result is None:
+            last = (p.stderr_tail.strip().splitlines() or ["no output"])[-1]
+            raise ExecutorError(f"image {self.image}: environment inspection failed: {p.result_error or last}")
+        return p.result
+
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> dict[str, Any]:
+        p = self._run([self.python, *worker_args(variant, gpus, timeout_s)], hard_timeout(timeout_s))
+        result = classify.from_process(p, catalogue, hard_timeout(timeout_s))
+        ev = result.setdefault("evidence", {})
+        ev["image"] = self.image
+        ev["command"] = f"docker run {self.image} {self.python} -m checks.worker --probe {variant.probe_id}"
+        return result
+
+    def leftovers(self) -> list[str]:
+        """Containers of this executor that still exist (should always be none)."""
+        return [c.name for c in self.docker.containers.list(all=True, filters={"label": f"{LABEL}={self.run_label}"})]
+
+
+def image_digest(image: str) -> str | None:
+    try:
+        return str(client().images.get(image).id)
+    except Exception:
+        return None

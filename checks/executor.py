@@ -1,0 +1,101 @@
+"""Where a variant runs: the Executor protocol and the local executor (a given Python interpreter).
+
+Both executors run the same in-environment worker (``python -m checks.worker``) and turn whatever
+comes back into a verdict with :mod:`checks.classify`. The docker executor is in checks/container.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from checks import classify, isolate
+from checks.probe import RESULT_MARKER, Variant
+from checks.reasons import Catalogue
+from checks.registry import PROBE_PATH_ENV
+
+CODE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds the `checks` package
+HARD_TIMEOUT_MARGIN_S = 30.0  # the worker's own watchdog fires first and collects stacks
+
+
+class ExecutorError(RuntimeError):
+    """The executor cannot run at all (no interpreter, no Docker): bad environment, exit 2."""
+
+
+def worker_args(variant: Variant, gpus: int, timeout_s: float) -> list[str]:
+    return ["-m", "checks.worker", "--probe", variant.probe_id, "--variant", json.dumps(variant.to_json()),
+            "--gpus", str(gpus), "--timeout", f"{timeout_s:g}"]
+
+
+def hard_timeout(timeout_s: float) -> float:
+    return timeout_s + HARD_TIMEOUT_MARGIN_S
+
+
+class Executor(Protocol):
+    name: str
+
+    def inspect(self) -> dict[str, Any]:
+        """`python -m checks.worker --inspect` in the environment: versions and GPU facts."""
+        ...
+
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> dict[str, Any]:
+        """Run one variant isolated; always returns a result dict (never raises for a probe's failure)."""
+        ...
+
+
+def parse_result_text(text: str) -> tuple[dict[str, Any] | None, str]:
+    lines = [ln for ln in text.splitlines() if ln.startswith(RESULT_MARKER)]
+    if not lines:
+        return None, ""
+    try:
+        data = json.loads(lines[-1][len(RESULT_MARKER):])
+    except ValueError as exc:
+        return None, f"invalid JSON after the result marker: {exc}"
+    return (data, "") if isinstance(data, dict) else (None, "the result line is not a JSON object")
+
+
+@dataclass(frozen=True)
+class LocalExecutor:
+    python: str = sys.executable
+    name: str = "local"
+
+    def __post_init__(self) -> None:
+        resolved = shutil.which(self.python) if os.sep not in self.python else self.python
+        if not resolved or not os.access(resolved, os.X_OK):
+            raise ExecutorError(f"--python {self.python}: no such executable interpreter")
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("VIRTUAL_ENV", None)  # the interpreter chosen, not the venv stackprobe itself runs in
+        return env
+
+    def inspect(self) -> dict[str, Any]:
+        try:
+            proc = subprocess.run([self.python, "-m", "checks.worker", "--inspect"], capture_output=True, text=True,
+                                  env=self.env(), timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ExecutorError(f"--python {self.python}: cannot inspect the environment ({exc})") from None
+        data, err = parse_result_text(proc.stdout)
+        if data is None:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ExecutorError(f"--python {self.python}: environment inspection failed: {err or last}")
+        return data
+
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> dict[str, Any]:
+        cmd = [self.python, *worker_args(variant, gpus, timeout_s)]
+        p = isolate.run_isolated(cmd, self.env(), hard_timeout(timeout_s))
+        result = classify.from_process(p, catalogue, hard_timeout(timeout_s))
+        result.setdefault("evidence", {})["command"] = " ".join(cmd[:3] + [variant.probe_id])
+        return result
+
+
+def probe_path_dirs() -> list[Path]:
+    return [Path(p) for p in os.environ.get(PROBE_PATH_ENV, "").split(os.pathsep) if p]
