@@ -218,7 +218,7 @@ def test_read_nccl_logs_picks_this_process_files(tmp_path: Path) -> None:
         ("RuntimeError: CUDA error: operation not permitted when stream is capturing", "nccl-capture-failed"),
         ("RuntimeError: CUDA error: operation failed due to a previous error during capture", "nccl-capture-failed"),
         ("DistBackendError: NCCL error ... invalid usage", "nccl-invalid-usage"),
-        ("RuntimeError: something else", "error"),
+        ("RuntimeError: something else", "nccl-error"),
     ],
 )
 def test_classify_error(text: str, code: str) -> None:
@@ -428,3 +428,20 @@ def test_worker_reports_skip_for_gpu_probes_on_a_host_without_gpus(probe: str, p
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER))
     result = json.loads(line[len(RESULT_MARKER) :])
     assert result["status"] == "skip" and result["reason_code"] == "no-gpu"
+
+
+def test_every_reason_code_the_probes_set_is_in_the_catalogue() -> None:
+    import re
+
+    from checks import reasons
+
+    catalogue = reasons.load()
+    sources = [Path(m.__file__).read_text() for m in (_dist, nccl_graphs, symm_mem, ar_latency)]
+    codes = set()
+    for src in sources:
+        codes |= set(re.findall(r'"((?:nccl|symm-mem|ar)-[a-z0-9-]+)"', src))
+    codes -= {m.SPEC.id for m in (nccl_graphs, symm_mem, ar_latency)} | set(ar_latency.BACKENDS)  # not codes
+    codes |= {"missing-package", "no-gpu", "too-few-gpus", "nccl-algo-unavailable", "nccl-error"}
+    assert len(codes) > 15
+    missing = sorted(c for c in codes if catalogue.get(c) is None)
+    assert not missing, f"add these to checks/reasons.yaml: {missing}"

@@ -417,7 +417,7 @@ def stream_barrier(device: Any, group: Any = None) -> Callable[[], None]:
     import torch
     import torch.distributed as dist
 
-    flag = torch.ones(1, device=device, dtype=torch.float32)
+    flag = torch.zeros(1, device=device, dtype=torch.float32)  # zeros: repeated sums stay zero
 
     def barrier() -> None:
         dist.all_reduce(flag, group=group)
@@ -504,4 +504,4 @@ def classify_error(text: str) -> str:
     for code, pat in NCCL_ERROR_CODES:
         if pat.search(text):
             return code
-    return "error"
+    return "nccl-error"

@@ -298,7 +298,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     multicast_env = _dist.keep_multicast_off()
     name = ctx.param("backend", "nccl") or "nccl"
     if name == "flashinfer-custom-ar" and importlib.util.find_spec("flashinfer") is None:
-        return outcome("skip", "flashinfer is not installed in this environment", "package-absent")
+        return outcome("skip", "flashinfer is not installed in this environment", "missing-package")
 
     import torch
 
@@ -334,8 +334,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
         ok, err = False, _dist.error_tail(exc)
     if not _dist.agree(ok, gloo):
         why = err if not ok else "a peer rank failed to set the backend up"
-        code = "package-absent" if "No module named" in why else "ar-backend-failed"
-        return outcome("skip" if code == "package-absent" else "fail", f"{name}: {why[:300]}", code, evidence=evidence)
+        code = "missing-package" if "No module named" in why else "ar-backend-failed"
+        return outcome("skip" if code == "missing-package" else "fail", f"{name}: {why[:300]}", code, evidence=evidence)
     evidence.update(backend.evidence())
     nccl = None
     if name != "nccl":

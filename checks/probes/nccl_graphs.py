@@ -151,7 +151,7 @@ def verdict(per_op: dict[str, dict[str, dict[str, str]]], algo: str) -> dict[str
         )
     first = next(iter(per_op.get(sorted(bad)[0], {}).values()), {})
     return outcome(
-        "fail", f"{names}: {first.get('error', 'failed')[:300]}", first.get("code", "error"), metrics, evidence
+        "fail", f"{names}: {first.get('error', 'failed')[:300]}", first.get("code") or "nccl-error", metrics, evidence
     )
 
 

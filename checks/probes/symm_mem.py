@@ -310,20 +310,20 @@ def run(ctx: RankContext) -> dict[str, Any]:
             facts["backend"] = f"? {_dist.error_tail(exc, 120)}"
 
     numel = max(TOKENS) * _dist.HIDDEN
+    rendezvous: dict[str, Any] = {"verdict": "ok"}
     try:
         buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=device)
         handle, enabled_here = _dist.symm_rendezvous(buf, group)
-        facts["rendezvous"] = {"verdict": "ok"}
         facts["enable_symm_mem_for_group_called"] = enabled_here
         facts["multicast_ptr"] = int(getattr(handle, "multicast_ptr", 0) or 0)
         facts["signal_pad_size"] = int(getattr(handle, "signal_pad_size", 0) or 0)
     except Exception as exc:
-        facts["rendezvous"] = _err(exc)
-        everyone = _dist.gather_objects(facts["rendezvous"], gloo)
-        facts["rendezvous"] = next((r for r in everyone if r["verdict"] != "ok"), facts["rendezvous"])
+        rendezvous = _err(exc)
+    # Every rank takes part in this one exchange whatever happened, so nobody waits on a missing peer.
+    everyone = _dist.gather_objects(rendezvous, gloo)
+    facts["rendezvous"] = next((r for r in everyone if r["verdict"] != "ok"), rendezvous)
+    if facts["rendezvous"]["verdict"] != "ok":
         return verdict(facts)
-    ok_everywhere = _dist.agree(True, gloo)
-    assert ok_everywhere
     disabled = multicast_env.get("TORCH_SYMM_MEM_DISABLE_MULTICAST", "") not in ("", "0")
     facts["multicast_reason"] = multicast_reason(facts.get("device_multicast_support"), disabled)
 
