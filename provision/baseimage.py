@@ -15,6 +15,9 @@ from pathlib import Path
 
 DEFAULT_TAG = "stackprobe/base:bookworm"
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
+# The base of registry-free cell images: nvcc needs a host compiler, and flashinfer's JIT needs one too.
+DEV_TAG = "stackprobe/base-dev:bookworm"
+DEV_PACKAGES = PACKAGES + ("gcc", "g++", "libc6-dev", "make")
 
 
 class BaseImageError(RuntimeError):
@@ -39,20 +42,21 @@ def image_exists(tag: str, docker: str = "docker") -> bool:
     return subprocess.run([docker, "image", "inspect", tag], capture_output=True).returncode == 0
 
 
-def ensure_base(tag: str = DEFAULT_TAG, suite: str = "bookworm", docker: str = "docker") -> str:
+def ensure_base(tag: str = DEFAULT_TAG, suite: str = "bookworm", docker: str = "docker",
+                packages: tuple[str, ...] = PACKAGES) -> str:
     """Return `tag`, creating it with debootstrap if it does not exist yet (about 40 s)."""
     if image_exists(tag, docker):
         return tag
     if shutil.which("debootstrap") is None:
         raise BaseImageError("debootstrap not found: apt-get install -y debootstrap")
-    lock_path = Path(tempfile.gettempdir()) / "stackprobe-baseimage.lock"
+    lock_path = Path(tempfile.gettempdir()) / f"stackprobe-baseimage-{re.sub(r'[^A-Za-z0-9]', '_', tag)}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers build it once
         if image_exists(tag, docker):
             return tag
         with tempfile.TemporaryDirectory(prefix="stackprobe-rootfs-") as root:
             cmd = [
-                "debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+                "debootstrap", "--variant=minbase", f"--include={','.join(packages)}",
                 suite, root, apt_mirror(),
             ]
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -65,3 +69,12 @@ def ensure_base(tag: str = DEFAULT_TAG, suite: str = "bookworm", docker: str = "
             if imp.returncode != 0:
                 raise BaseImageError(f"docker import failed: {imp.stderr.strip()}")
     return tag
+
+
+def ensure_dev(docker: str = "docker") -> str:
+    """The registry-free base for cell images: the plain base plus a C/C++ toolchain."""
+    return ensure_base(DEV_TAG, docker=docker, packages=DEV_PACKAGES)
+
+
+def ensure_all(docker: str = "docker") -> list[str]:
+    return [ensure_base(docker=docker), ensure_dev(docker=docker)]

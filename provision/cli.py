@@ -29,6 +29,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("lock", help="write envs/<cell>/ (requirements.in, uv lock with hashes, cell.json)")
     _common(p)
     p.add_argument("--envs", default=None, help="output folder (default: envs/ of the project)")
+    p.add_argument("--refresh", action="store_true", help="re-resolve even when the inputs did not change")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("build", help="lock, render and build the selected cells as Docker images")
     _common(p)
@@ -72,7 +73,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from provision.lock import ENVS, lock_cells
 
     cells = plan(_matrix(args), args.cuda, args.torch, args.only, offline=args.offline)
-    results = lock_cells(cells, Path(args.envs) if args.envs else ENVS, echo=not args.json)
+    results = lock_cells(cells, Path(args.envs) if args.envs else ENVS, echo=not args.json, refresh=args.refresh)
     if args.json:
         print(json.dumps(results, indent=1))
     return 1 if any(r["status"] == "failed" for r in results) else 0

@@ -36,7 +36,7 @@ class Source:
 
 
 def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str, loader: yaml.SafeLoader) -> Any:
-    lines[path] = node.start_mark.line + 1
+    lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
         for k, v in node.value:

@@ -1,0 +1,342 @@
+"""`provision build`: lock, render, build with the docker CLI (BuildKit when it can), self-check, record.
+
+Side effects live here: docker subprocesses and the files under envs/ and dockerfiles/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from provision.errors import InputError
+from provision.lock import ENVS, LockError, lock_cell, uv_version, write_json_atomically
+from provision.render import DOCKERFILES, Base, load_cell, render
+from provision.resolve import RESOLVED, Resolved
+from provision.verify import mismatches
+
+SELFCHECK = Path(__file__).with_name("selfcheck.py")
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+LOGS = Path(__file__).resolve().parent.parent / ".cache" / "build-logs"
+
+
+def docker_cli() -> str:
+    """Debian's CLI speaks BuildKit with DOCKER_BUILDKIT=1; a newer CLI without buildx does not."""
+    return "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else (shutil.which("docker") or "docker")
+
+
+@dataclass
+class Docker:
+    """The docker CLI; counts build invocations so callers can prove a no-op."""
+
+    cli: str = field(default_factory=docker_cli)
+    builds: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([self.cli, *args], capture_output=True, text=True, **kw)
+
+    def check_daemon(self) -> None:
+        if shutil.which(self.cli) is None and not os.path.exists(self.cli):
+            raise InputError("docker CLI not found: install Docker (Debian: apt-get install docker.io)")
+        proc = self.run("info", "--format", "{{.ServerVersion}}")
+        if proc.returncode != 0:
+            err = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
+            hint = "run as a member of the docker group" if "permission denied" in err else "start dockerd"
+            raise InputError(f"cannot talk to the Docker daemon ({err}): {hint}, or use --dry-run")
+
+    def buildkit(self) -> bool:
+        """BuildKit is reachable through this CLI (DOCKER_BUILDKIT=1 build with --secret)."""
+        proc = self.run("build", "--help", env=dict(os.environ, DOCKER_BUILDKIT="1"))
+        return "--secret" in proc.stdout
+
+    def image_id(self, ref: str) -> str | None:
+        proc = self.run("image", "inspect", "--format", "{{.Id}}", ref)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    def build(self, dockerfile: Path, context: Path, tag: str, buildkit: bool, log: Path,
+              on_line: Callable[[str], None]) -> int:
+        with self._lock:
+            self.builds += 1
+        cmd = [self.cli, "build", "-f", str(dockerfile), "-t", tag]
+        env = dict(os.environ, DOCKER_BUILDKIT="1" if buildkit else "0")
+        if buildkit:
+            cmd += ["--progress=plain"]
+            if CA_BUNDLE.exists():
+                cmd += ["--secret", f"id=cacert,src={CA_BUNDLE}"]
+        cmd.append(str(context))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                if line.strip():
+                    on_line(line.strip())
+            return proc.wait()
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    matrix: Path
+    cuda: str | None = None
+    torch: str | None = None
+    only: tuple[str, ...] = ()
+    offline: bool = False
+    dry_run: bool = False
+    jobs: int = 1
+    base: str = "auto"
+    base_image: str | None = None
+    envs: Path = ENVS
+    dockerfiles: Path = DOCKERFILES
+    json: bool = False
+    toolkit: bool = True  # registry-free base: add the CUDA toolkit from wheels (nvcc for JIT)
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace, matrix: Path) -> BuildOptions:
+        if a.jobs < 1:
+            raise InputError("--jobs must be 1 or more")
+        if a.base_image and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$", a.base_image):
+            raise InputError(f"--base-image '{a.base_image}' is not an image reference")
+        return cls(matrix, a.cuda, a.torch, tuple(a.only or ()), a.offline, a.dry_run, a.jobs, a.base, a.base_image,
+                   Path(a.envs) if a.envs else ENVS, Path(a.dockerfiles) if a.dockerfiles else DOCKERFILES, a.json)
+
+
+def nvidia_image(cell: dict[str, Any]) -> str:
+    toolkit = cell["toolkit"].split("==")[-1]
+    return f"nvidia/cuda:{toolkit}-devel-ubuntu24.04"
+
+
+def choose_base(cell: dict[str, Any], opts: BuildOptions, docker: Docker | None) -> Base:
+    """--base-image wins; auto takes nvidia/cuda when that image is present locally, else the registry-free base."""
+    if opts.base_image:
+        return Base("nvidia", opts.base_image)
+    nv = nvidia_image(cell)
+    if opts.base == "nvidia" or (opts.base == "auto" and docker is not None and docker.image_id(nv)):
+        return Base("nvidia", nv)
+    from provision.baseimage import DEFAULT_TAG, DEV_TAG
+
+    if opts.toolkit:
+        return Base("registry-free", DEV_TAG)
+    return Base("registry-free-notoolkit", DEFAULT_TAG)
+
+
+def image_tag(cell_id: str, digest: str) -> str:
+    repo = re.sub(r"[^a-z0-9._-]+", "-", cell_id.lower()).strip("-._")
+    return f"stackprobe/{repo}:{digest}"
+
+
+def build_hash(dockerfile: str, folder: Path, base_id: str, build_args: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for part in (dockerfile, base_id, json.dumps(build_args, sort_keys=True), SELFCHECK.read_text()):
+        h.update(part.encode() + b"\0")
+    for name in ("toolkit.lock", "torch.lock", "requirements.lock"):
+        p = folder / name
+        h.update(name.encode() + b"\0" + (p.read_bytes() if p.exists() else b"") + b"\0")
+    return h.hexdigest()[:12]
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, tmp.with_name(path.name))
+
+
+def selfcheck(docker: Docker, tag: str, compile_test: bool) -> dict[str, Any]:
+    args = ["run", "--rm", "--network", "none", "-v", f"{SELFCHECK}:/opt/stackprobe-selfcheck.py:ro",
+            "--entrypoint", "/opt/venv/bin/python", tag, "/opt/stackprobe-selfcheck.py"]
+    proc = docker.run(*args, *(["--compile"] if compile_test else []))
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"self-check exited {proc.returncode}: {tail}"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": f"self-check printed no JSON: {proc.stdout[-200:]!r}"}
+
+
+def _versions(facts: dict[str, Any]) -> dict[str, str | None]:
+    t = facts.get("torch") or {}
+    return {"torch": t.get("version"), "torch_cuda": t.get("cuda"),
+            "sgl_kernel": (facts.get("sgl_kernel") or {}).get("version"),
+            "flashinfer": (facts.get("flashinfer") or {}).get("version"),
+            "nccl": t.get("nccl"), "python": facts.get("python")}
+
+
+def _record(folder: Path, **kw: Any) -> dict[str, Any]:
+    rec = {"cell_id": folder.name, "status": kw.pop("status"), "tag": kw.pop("tag", None),
+           "image_id": kw.pop("image_id", None), "reason": kw.pop("reason", ""),
+           "selfcheck": kw.pop("selfcheck", {}), "versions": kw.pop("versions", {}),
+           "built_at": datetime.now(UTC).isoformat(timespec="seconds"), **kw}
+    write_json_atomically(folder / "build.json", rec)
+    return rec
+
+
+def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
+                 report: Callable[[str, str], None] = lambda cid, msg: None) -> list[dict[str, Any]]:
+    """Build every locked cell folder; one failure never stops the others."""
+    buildkit = docker.buildkit()
+    base_ids: dict[str, str] = {}
+    base_lock = threading.Lock()
+
+    def base_id(base: Base) -> str:
+        with base_lock:
+            if base.image not in base_ids:
+                if base.kind.startswith("registry-free"):
+                    from provision.baseimage import ensure_base, ensure_dev
+
+                    report("base", f"making {base.image} (debootstrap, once)")
+                    (ensure_dev if base.kind == "registry-free" else ensure_base)(docker=docker.cli)
+                bid = docker.image_id(base.image)
+                if bid is None:
+                    raise InputError(f"base image {base.image} is not present locally and no registry is used: "
+                                     "docker load it, or pass --base registry-free")
+                base_ids[base.image] = bid
+            return base_ids[base.image]
+
+    def one(folder: Path) -> dict[str, Any]:
+        cell = load_cell(folder)
+        cid = cell["cell_id"]
+        try:
+            base = choose_base(cell, opts, docker)
+            text = render(cell, base, buildkit=buildkit)
+            dockerfile = opts.dockerfiles / f"{cid}.Dockerfile"
+            write_text_atomically(dockerfile, text)
+            digest = build_hash(text, folder, base_id(base), {})
+            tag = image_tag(cid, digest)
+            prev = _previous(folder)
+            if prev.get("tag") == tag and prev.get("status") in ("built", "skipped-unchanged") and docker.image_id(tag):
+                report(cid, "unchanged, not rebuilt")
+                keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id")}
+                return _record(folder, status="skipped-unchanged", tag=tag, **keep)
+            report(cid, f"building {tag}")
+            log = LOGS / f"{cid}.log"
+            t0 = time.monotonic()
+            rc = docker.build(dockerfile, folder, tag, buildkit, log, lambda line: report(cid, line[:100]))
+            if rc != 0:
+                tail = _log_tail(log)
+                reason = f"docker build exited {rc}: {tail} (log: {log})"
+                return _record(folder, status="failed", tag=tag, reason=reason)
+            report(cid, "self-check")
+            facts = selfcheck(docker, tag, compile_test=base.kind == "registry-free")
+            problems = [facts["error"]] if "error" in facts else mismatches(
+                cell["expected"], facts, compiled_toolkit=base.kind == "registry-free")
+            if problems:
+                docker.run("image", "rm", "--no-prune", tag)  # never leave a wrong image under a valid tag
+                return _record(folder, status="failed", tag=tag, reason="self-check: " + "; ".join(problems),
+                               selfcheck=facts, versions=_versions(facts))
+            return _record(folder, status="built", tag=tag, image_id=docker.image_id(tag), selfcheck=facts,
+                           versions=_versions(facts), build_s=round(time.monotonic() - t0, 1), base=base.image)
+        except InputError:
+            raise
+        except Exception as e:  # one broken cell must not stop the others
+            return _record(folder, status="failed", reason=f"{type(e).__name__}: {e}")
+
+    with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+        return list(pool.map(one, folders))
+
+
+def _previous(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / "build.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _log_tail(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    errs = [ln for ln in lines if "error" in ln.lower()]
+    return (errs or lines or [""])[-1][:300]
+
+
+def lock_for_build(cells: Sequence[Resolved], opts: BuildOptions) -> tuple[list[Path], list[dict[str, Any]]]:
+    uv = uv_version()
+    folders, failed = [], []
+    for r in cells:
+        if r.status != RESOLVED:
+            continue
+        try:
+            lock_cell(r, opts.envs, uv)
+            folders.append(opts.envs / r.cell_id)
+        except LockError as e:
+            failed.append({"cell_id": r.cell_id, "status": "failed", "reason": f"lock: uv: {e.args[1]}"})
+    return folders, failed
+
+
+def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_out: bool) -> None:
+    by_id = {r["cell_id"]: r for r in results}
+    rows = []
+    for c in cells:
+        r = by_id.get(c.cell_id)
+        if r is None:
+            rows.append((c.cell_id, c.status, "", c.reason))
+        else:
+            rows.append((c.cell_id, r["status"], r.get("tag") or "", r.get("reason") or ""))
+    if json_out:
+        keys = ("cell_id", "status", "tag", "reason")
+        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="provision build")
+    for col in ("cell", "status", "image", "reason"):
+        table.add_column(col, overflow="fold")
+    colour = {"built": "green", "skipped-unchanged": "green", "failed": "red", "would-build": "cyan"}
+    for cid, status, tag, reason in rows:
+        table.add_row(cid, f"[{colour.get(status, 'yellow')}]{status}[/]", tag, reason)
+    Console(width=200).print(table)
+
+
+def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
+    from provision.api import plan
+    from provision.planview import plan_lines
+
+    cells = plan(opts.matrix, opts.cuda, opts.torch, opts.only or None, offline=opts.offline)
+    if not opts.json:
+        print("\n".join(plan_lines(cells)), flush=True)
+    docker = docker or Docker()
+    if not opts.dry_run:
+        docker.check_daemon()
+    folders, results = lock_for_build(cells, opts)
+    if opts.dry_run:
+        for f in folders:
+            cell = load_cell(f)
+            base = choose_base(cell, opts, None)
+            text = render(cell, base, buildkit=True)
+            write_text_atomically(opts.dockerfiles / f"{f.name}.Dockerfile", text)
+            results.append({"cell_id": f.name, "status": "would-build",
+                            "reason": f"FROM {base.image}; dockerfiles/{f.name}.Dockerfile"})
+        summary(cells, results, opts.json)
+        return 0
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=True)
+    lock = threading.Lock()
+
+    def report(cid: str, msg: str) -> None:
+        if opts.json:
+            return
+        with lock:
+            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{escape(cid)}[/] {escape(msg)}", highlight=False)
+
+    results += build_locked(folders, opts, docker, report)
+    summary(cells, results, opts.json)
+    return 1 if any(r["status"] == "failed" for r in results) else 0

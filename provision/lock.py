@@ -1,0 +1,287 @@
+"""`provision lock`: uv-compiled, hash-pinned environments per cell, written atomically to envs/<cell>/.
+
+Each cell folder holds requirements.in, requirements.lock (every package, hashes), torch.lock (the subset
+torch needs, installed as its own image layer so cells with the same torch share it), toolkit.lock (the
+registry CUDA toolkit wheels for the registry-free base) and cell.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
+
+ENVS = Path(__file__).resolve().parent.parent / "envs"
+# One lock serves both bases: Debian 12's Python 3.11 and Ubuntu 24.04's 3.12 (markers pick per version).
+PYTHON_FLOOR = "3.11"
+TOOLKIT_EXTRAS = "nvcc,cudart,cccl,crt,nvvm,culibos"
+_HEAD = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(?:==|@)")
+
+
+class LockError(RuntimeError):
+    pass
+
+
+def uv_bin() -> str:
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin  # the `uv` package in our own dependencies
+
+        return find_uv_bin()
+    except Exception:
+        return "uv"
+
+
+def uv_version() -> str:
+    out = subprocess.run([uv_bin(), "--version"], capture_output=True, text=True).stdout.split()
+    return out[1] if len(out) > 1 else "unknown"
+
+
+def toolkit_requirement(toolkit: str) -> str:
+    return f"cuda-toolkit[{TOOLKIT_EXTRAS}]=={toolkit}"
+
+
+def compile_args(r: Resolved) -> list[str]:
+    args = ["--universal", "--python-version", PYTHON_FLOOR, "--generate-hashes", "--no-header"]
+    for url in r.indexes:
+        args += ["--index", url]
+    if r.prerelease:
+        args += ["--prerelease", "allow"]
+    return args
+
+
+def requirements_in(r: Resolved) -> str:
+    head = f"# {r.cell_id}: written by `provision lock` from the matrix and provision/catalog.yaml\n"
+    return head + "".join(f"{s.requirement}\n" for s in r.sources)
+
+
+def classify_uv_error(stderr: str) -> str:
+    """unreachable (network) or unavailable (the index answered: nothing fits)."""
+    net = ("dns error", "Failed to fetch", "error sending request", "Connect", "timed out", "certificate")
+    return UNREACHABLE if any(n in stderr for n in net) else UNAVAILABLE
+
+
+def _last_lines(text: str, n: int = 3) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("warning:")]
+    return " | ".join(lines[-n:])
+
+
+def uv_compile(req_text: str, args: Sequence[str]) -> str:
+    """The lock text, or LockError(status, message)."""
+    with tempfile.TemporaryDirectory(prefix="stackprobe-lock-") as d:
+        src, out = Path(d) / "requirements.in", Path(d) / "out.lock"
+        src.write_text(req_text)
+        env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1")
+        proc = subprocess.run([uv_bin(), "pip", "compile", str(src), "-o", str(out), "--quiet", *args],
+                              capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise LockError(classify_uv_error(proc.stderr), _last_lines(proc.stderr))
+        return out.read_text()
+
+
+def parse_blocks(lock: str) -> list[tuple[str, str, set[str]]]:
+    """(name, block text, names it is needed by) for each entry of a uv requirements lock."""
+    blocks: list[tuple[str, str, set[str]]] = []
+    cur: list[str] = []
+    for line in lock.splitlines(keepends=True):
+        if line.strip() and not line.startswith((" ", "#", "\t")):
+            if cur:
+                blocks.append(_block(cur))
+            cur = [line]
+        elif cur:
+            cur.append(line)
+    if cur:
+        blocks.append(_block(cur))
+    return blocks
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _block(lines: list[str]) -> tuple[str, str, set[str]]:
+    m = _HEAD.match(lines[0])
+    name = _norm(m.group(1)) if m else lines[0].split()[0]
+    via: set[str] = set()
+    in_via = False
+    for ln in lines[1:]:
+        s = ln.strip()
+        if s.startswith("# via"):
+            rest = s[len("# via"):].strip()
+            in_via = True
+            if rest:
+                via.add(_norm(rest.split()[0]))
+        elif in_via and s.startswith("#   "):
+            via.add(_norm(s[4:].split()[0]))
+        elif in_via and s.startswith("#") and len(s) > 1:
+            via.add(_norm(s[1:].split()[0]))
+    text = "".join(ln for ln in lines if not ln.strip().startswith("#"))
+    return name, text, via
+
+
+def closure_subset(lock: str, root: str) -> str:
+    """The entries of `lock` that `root` needs, transitively, read from uv's `# via` annotations."""
+    blocks = parse_blocks(lock)
+    keep = {_norm(root)}
+    changed = True
+    while changed:
+        changed = False
+        for name, _text, via in blocks:
+            if name not in keep and via & keep:
+                keep.add(name)
+                changed = True
+    return "".join(text for name, text, _ in blocks if name in keep)
+
+
+def pinned(lock: str, package: str) -> str | None:
+    """Exact version of a package in a lock (first entry), or None."""
+    for name, text, _ in parse_blocks(lock):
+        if name == _norm(package):
+            m = re.search(r"==\s*([^\s;\\]+)", text.splitlines()[0])
+            if m:
+                return m.group(1)
+            m = re.search(r"-(\d[^-]*)-cp", text.splitlines()[0])  # a direct wheel URL
+            return m.group(1) if m else None
+    return None
+
+
+def inputs_hash(r: Resolved, uv: str) -> str:
+    payload = json.dumps([requirements_in(r), compile_args(r), toolkit_requirement(r.toolkit), uv])
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+_toolkit_cache: dict[str, str] = {}
+
+
+def toolkit_lock(toolkit: str) -> str:
+    if toolkit not in _toolkit_cache:
+        args = ["--universal", "--python-version", PYTHON_FLOOR, "--generate-hashes", "--no-header"]
+        _toolkit_cache[toolkit] = uv_compile(toolkit_requirement(toolkit) + "\n", args)
+    return _toolkit_cache[toolkit]
+
+
+def write_dir_atomically(target: Path, files: dict[str, str], keep: Sequence[str] = ("build.json",)) -> None:
+    """Replace folder `target` with exactly `files` (plus the `keep` files already there), never half-written."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        for name in keep:
+            if (target / name).exists():
+                shutil.copy2(target / name, tmp / name)
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_json_atomically(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def cell_json(r: Resolved, lock: str, uv: str, ihash: str) -> dict[str, Any]:
+    exact = {
+        "torch": pinned(lock, "torch") or r.versions.get("torch", ""),
+        "sgl_kernel": pinned(lock, "sglang-kernel") or pinned(lock, "sgl-kernel") or "none",
+        "flashinfer": pinned(lock, "flashinfer-python") or "none",
+        "nccl": pinned(lock, "nvidia-nccl-cu13") or pinned(lock, "nvidia-nccl-cu12") or "",
+    }
+    return {
+        "cell_id": r.cell_id,
+        "cell": {"cuda": r.cell.cuda, "torch": r.cell.torch, "sgl_kernel": r.cell.sgl_kernel,
+                 "flashinfer": r.cell.flashinfer, "jit_cache": r.cell.jit_cache, "preset": r.cell.preset},
+        "expected": {"cuda": r.cell.cuda, "torch_cuda": r.versions["torch_cuda"], **exact},
+        "sources": {s.package: s.where for s in r.sources},
+        "indexes": list(r.indexes),
+        "prerelease": r.prerelease,
+        "toolkit": toolkit_requirement(r.toolkit),
+        "python": f">={PYTHON_FLOOR}",
+        "uv": uv,
+        "inputs_hash": ihash,
+    }
+
+
+def lock_cell(r: Resolved, envs: Path, uv: str, refresh: bool = False) -> dict[str, Any]:
+    """Lock one resolved cell; reuses the existing lock when its inputs did not change."""
+    folder = envs / r.cell_id
+    ihash = inputs_hash(r, uv)
+    meta_path = folder / "cell.json"
+    if not refresh and meta_path.exists() and (folder / "requirements.lock").exists():
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            meta = {}
+        if meta.get("inputs_hash") == ihash:
+            return {"cell_id": r.cell_id, "status": "unchanged", "path": str(folder)}
+    lock = uv_compile(requirements_in(r), compile_args(r))
+    files = {
+        "requirements.in": requirements_in(r),
+        "requirements.lock": lock,
+        "torch.lock": closure_subset(lock, "torch"),
+        "toolkit.lock": toolkit_lock(r.toolkit),
+        "cell.json": json.dumps(cell_json(r, lock, uv, ihash), indent=1, sort_keys=True) + "\n",
+    }
+    write_dir_atomically(folder, files)
+    return {"cell_id": r.cell_id, "status": "locked", "path": str(folder)}
+
+
+def lock_cells(cells: Sequence[Resolved], envs: Path = ENVS, echo: bool = True,
+               refresh: bool = False) -> list[dict[str, Any]]:
+    uv = uv_version()
+    out = []
+    for r in cells:
+        if r.status != RESOLVED:
+            res = {"cell_id": r.cell_id, "status": r.status, "reason": r.reason}
+        else:
+            try:
+                res = lock_cell(r, envs, uv, refresh)
+            except LockError as e:
+                status, msg = e.args
+                res = {"cell_id": r.cell_id, "status": "failed", "reason": f"uv: {msg}", "kind": status}
+        out.append(res)
+        if echo:
+            print(f"{res['cell_id']}: {res['status']}" + (f" ({res['reason']})" if res.get("reason") else ""),
+                  file=sys.stdout, flush=True)
+    return out
+
+
+def live_check(cells: Sequence[Resolved]) -> list[Resolved]:
+    """Resolve each resolved cell with uv: the final judge of what is published where."""
+    out = []
+    for r in cells:
+        if r.status != RESOLVED:
+            out.append(r)
+            continue
+        try:
+            uv_compile(requirements_in(r), compile_args(r))
+            out.append(r)
+        except LockError as e:
+            status, msg = e.args
+            out.append(replace(r, status=status, reason=f"uv could not resolve it: {msg}"))
+    return out

@@ -1,0 +1,145 @@
+"""Matrix model: expansion, selection, validation errors (golden files under tests/golden/provision/)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from provision.api import DEFAULT_MATRIX, plan, plan_cells
+from provision.catalog import load as load_catalog
+from provision.cli import main
+from provision.errors import InputError
+from provision.matrix import load
+from provision.planview import plan_lines
+from provision.resolve import cell_id
+
+GOLDEN = Path(__file__).parent / "golden" / "provision"
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("STACKPROBE_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"golden file {path} missing: run with STACKPROBE_UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text()
+
+
+def ids(path: Path) -> list[str]:
+    cat = load_catalog()
+    return [cell_id(c, cat) + (f"  preset={c.preset}" if c.preset else "") for c in load(path, cat).cells]
+
+
+def test_default_matrix_expansion_golden() -> None:
+    cells = ids(DEFAULT_MATRIX)
+    assert len(cells) == 18
+    check_golden("default-cells.txt", "\n".join(cells) + "\n")
+
+
+def test_github_actions_semantics_golden() -> None:
+    cells = ids(GOLDEN / "semantics.yaml")
+    # 8 combinations - 3 excluded = 5 originals; include adds 2 (the duplicate preset entry adds nothing)
+    assert len(cells) == 7
+    assert sum(c.startswith("cu130") and "-jitcache" in c for c in cells) == 3  # attached to originals only
+    assert "cu130-torchnightly-sglnone-fi0.6.17" in cells
+    check_golden("semantics-cells.txt", "\n".join(cells) + "\n")
+
+
+def test_default_plan_offline_golden() -> None:
+    check_golden("default-plan-offline.txt", "\n".join(plan_lines(plan(DEFAULT_MATRIX, offline=True))) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        ({"cuda": "13"}, {"cu130"}),
+        ({"cuda": "12.8"}, {"cu128"}),
+        ({"cuda": "12"}, {"cu128"}),
+    ],
+)
+def test_select_by_cuda_prefix(kw: dict[str, str], expected: set[str]) -> None:
+    cells = plan(DEFAULT_MATRIX, offline=True, **kw)
+    assert {c.cell_id.split("-")[0] for c in cells} == expected
+
+
+def test_select_by_torch_and_glob() -> None:
+    nightly = plan(DEFAULT_MATRIX, torch="nightly", offline=True)
+    assert nightly and all("torchnightly" in c.cell_id for c in nightly)
+    exact = plan(DEFAULT_MATRIX, torch="2.9.1", offline=True)
+    assert {c.cell_id for c in exact} == {f"cu{x}-torch2.9.1-sgl0.4.1-fi0.6.1{y}" for x in ("128", "130") for y in "67"}
+    globbed = plan(DEFAULT_MATRIX, only=["*fi0.6.8.post1", "cu128-*-fi0.6.16"], offline=True)
+    assert [c.cell_id for c in globbed] == [
+        "cu128-torch2.9.1-sgl0.4.1-fi0.6.16", "cu128-torch2.11.0-sgl0.4.2-fi0.6.16",
+        "cu128-torchnightly-sgl0.4.1-fi0.6.16", "cu128-torchnightly-sgl0.4.2-fi0.6.16",
+        "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1",
+    ]
+
+
+def test_empty_selection_is_bad_input() -> None:
+    with pytest.raises(InputError, match="no cell matches --cuda 12.9"):
+        plan(DEFAULT_MATRIX, cuda="12.9", offline=True)
+
+
+def test_plan_cells_interface() -> None:
+    cells = plan_cells(DEFAULT_MATRIX, cuda="13", only="*fi0.6.8.post1")
+    assert len(cells) == 1
+    c = cells[0]
+    assert (c.cell_id, c.status, c.cuda) == ("cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1", "resolved", "13.0")
+    assert c.versions["torch"] == "2.11.0" and c.versions["sgl_kernel"] == "0.4.2"
+
+
+BAD = [
+    ("matrix: [", "not valid YAML", 1),
+    ("", "the file is empty", None),
+    ("matrx: {}", "unknown key 'matrx'; allowed: matrix, description (did you mean 'matrix'?)", 1),
+    ("matrix:\n  cuda: ['12.8']\n  torch: [stable]\n  sgl_kernel: [none]\n", "missing axis 'flashinfer'", 1),
+    ("matrix:\n  cuda: ['12.7']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
+     "matrix.cuda[0]: unknown CUDA version '12.7'; allowed: 12.6, 12.8, 12.9, 13.0, 13.2 (did you mean '12.9'?)", 2),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stabel]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
+     "unknown torch channel 'stabel'; use stable, nightly or an exact version (did you mean 'stable'?)", 3),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: ['0.4.2; rm -rf /']\n  flashinfer: [none]\n",
+     "matrix.sgl_kernel[0]: '0.4.2; rm -rf /' has characters other than", 4),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: ['$(id)']\n",
+     "has characters other than", 5),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [zero.six]\n",
+     "'zero.six' is not a flashinfer version", 5),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n"
+     "  include:\n    - {cuda: '13.0', flashnifer: '0.6.17'}\n",
+     "matrix.include[0].flashnifer: unknown key 'flashnifer'", 7),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n"
+     "  include:\n    - {cuda: '13.0', torch: nightly}\n",
+     "matrix.include[0]: this entry matches no cell, so it adds one, but it lacks sgl_kernel, flashinfer", 7),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n"
+     "  exclude:\n    - {cuda: '12.8'}\n",
+     "is not a value of the cuda axis (13.0), so this exclude matches nothing", 7),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n"
+     "  include:\n    - {preset: sglang-0.5.99, cuda: '13.0'}\n", "unknown preset 'sglang-0.5.99'", 7),
+    ("matrix:\n  cuda: ['13.0', '13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
+     "duplicate value '13.0'", 2),
+    ("matrix:\n  cuda: []\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n", "empty list", 2),
+    ("matrix:\n  cuda: ['13.0']\n  cuda: ['12.8']\n", "duplicate key 'cuda'", 3),
+    ("matrix:\n  cuda: [{a: 1}]\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
+     "expected a version string, got dict", 2),
+]
+
+
+@pytest.mark.parametrize(("text", "message", "line"), BAD)
+def test_bad_matrix_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str,
+                                    line: int | None) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--matrix", str(f), "--offline"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert message in err
+    assert str(f) + (f":{line}" if line else "") in err
+
+
+def test_missing_matrix_file(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--matrix", "/nonexistent/m.yaml"])
+    assert exc.value.code == 2
+    assert "file not found" in capsys.readouterr().err
