@@ -21,7 +21,7 @@ from checks.probe import Variant
 from checks.reasons import Catalogue
 from checks.registry import PROBE_PATH_ENV
 
-MOUNT_ROOT = "/opt/stackprobe"
+MOUNT_ROOT = "/opt/stackprobe-code"  # apart from /opt/stackprobe, where cell images keep their locks
 LABEL = "stackprobe.run"
 TAIL_LINES = 200
 

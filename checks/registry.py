@@ -86,7 +86,11 @@ def discover(env: dict[str, str] | None = None) -> dict[str, tuple[ProbeLocation
     """Every probe by id. A module without a SPEC is not a probe; a duplicate id is an error."""
     found: dict[str, tuple[ProbeLocation, ModuleType]] = {}
     for module_name, file in _candidates(env):
-        mod = load(ProbeLocation("", module_name, file))
+        try:
+            mod = load(ProbeLocation("", module_name, file))
+        except Exception as exc:  # one line naming the module; the probe must be fixed before any run
+            raise ProbeNotFound(f"{module_name or file}: cannot import probe module ({type(exc).__name__}: "
+                                f"{exc})") from None
         spec = getattr(mod, "SPEC", None)
         if not isinstance(spec, ProbeSpec):
             continue

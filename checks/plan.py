@@ -1,0 +1,145 @@
+"""What a `checks run` will do: cells x probes x variants, and which are decided without running (pure)."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from checks.probe import HostView, ProbeSpec, Variant, default_variants
+
+
+@dataclass(frozen=True)
+class CellTarget:
+    """A cell as the checks see it: its versions and where it runs (an image, or a local interpreter)."""
+
+    cell_id: str
+    status: str  # resolved | unavailable | unreachable | local
+    reason: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
+    image_status: str = ""  # built | failed | missing | local
+    image_reason: str = ""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A verdict reached without running anything."""
+
+    status: str
+    reason_code: str
+    note: str
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    cell: CellTarget
+    spec: ProbeSpec
+    variant: Variant
+    timeout_s: float
+    preset: Preset | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.cell.cell_id, self.spec.id, self.variant.key)
+
+
+def skip_code(reason: str) -> str:
+    if reason.startswith("no GPU"):
+        return "no-gpu"
+    if re.match(r"needs \d+ GPUs", reason):
+        return "too-few-gpus"
+    return "not-applicable"
+
+
+def cell_preset(cell: CellTarget) -> Preset | None:
+    if cell.status == "unavailable":
+        return Preset("unavailable", "cell-unavailable", cell.reason)
+    if cell.status == "unreachable":
+        return Preset("not-run", "cell-unreachable", cell.reason)
+    if cell.image_status == "failed":
+        return Preset("not-run", "image-failed", cell.image_reason or "the image failed to build")
+    if cell.image_status == "missing":
+        return Preset("not-run", "image-missing", cell.image_reason or "the image was never built")
+    return None
+
+
+def variants_for(module: ModuleType, host: HostView) -> list[Variant]:
+    spec: ProbeSpec = module.SPEC
+    planner = getattr(module, "variants", None)
+    return list(planner(host)) if planner else default_variants(spec, host)
+
+
+def plan_work(cells: list[CellTarget], probes: dict[str, ModuleType], host: HostView,
+              timeout_scale: float = 1.0) -> list[WorkItem]:
+    items: list[WorkItem] = []
+    planned: dict[str, list[Variant] | Exception] = {}
+    for pid in sorted(probes):
+        try:
+            planned[pid] = variants_for(probes[pid], host)
+        except Exception as exc:  # a probe's planner bug must not stop the run
+            planned[pid] = exc
+    for cell in cells:
+        preset = cell_preset(cell)
+        for pid in sorted(probes):
+            spec: ProbeSpec = probes[pid].SPEC
+            variants = planned[pid]
+            if isinstance(variants, Exception):
+                items.append(WorkItem(cell, spec, Variant(pid), spec.timeout_s * timeout_scale,
+                                      Preset("fail", "probe-bug", f"variants() raised {variants!r}"[:300])))
+                continue
+            for v in variants:
+                p = preset or (Preset("skip", skip_code(v.skip_reason), v.skip_reason) if v.skip_reason else None)
+                items.append(WorkItem(cell, spec, v, spec.timeout_s * timeout_scale, p))
+    return items
+
+
+def select_cells(cells: list[CellTarget], only: list[str]) -> list[CellTarget]:
+    if not only:
+        return cells
+    return [c for c in cells if any(fnmatch.fnmatchcase(c.cell_id, g) for g in only)]
+
+
+def matches_cuda(cell_cuda: str, wanted: str) -> bool:
+    """`--cuda 13` selects every 13.x cell; `--cuda 12.8` exactly 12.8."""
+    return cell_cuda == wanted or cell_cuda.startswith(wanted + ".")
+
+
+def local_cell_id(versions: dict[str, Any]) -> str:
+    """A readable id for an existing environment, in the order of provisioned cell ids."""
+    cuda = versions.get("torch_cuda")
+    parts = ["local", f"cu{str(cuda).replace('.', '')}" if cuda else "nocuda"]
+    torch = versions.get("torch")
+    parts.append(f"torch{str(torch).split('+')[0]}" if torch else "notorch")
+    parts.append(f"sgl{versions['sgl_kernel']}" if versions.get("sgl_kernel") else "sglnone")
+    parts.append(f"fi{versions['flashinfer']}" if versions.get("flashinfer") else "finone")
+    return "-".join(parts)
+
+
+def image_state(envs_dir: Path, cell_id: str) -> tuple[str, str | None, str]:
+    """(built | failed | missing, image tag, reason) from envs/<cell>/build.json written by `provision build`."""
+    path = envs_dir / cell_id / "build.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return "missing", None, f"no {path}: run `provision build --only {cell_id}`"
+    except (OSError, ValueError) as exc:
+        return "missing", None, f"{path} unreadable ({exc}): rerun `provision build --only {cell_id}`"
+    status = str(data.get("status", ""))
+    if status in ("built", "skipped-unchanged") and data.get("tag"):
+        return "built", str(data["tag"]), ""
+    return "failed", data.get("tag"), str(data.get("reason") or f"build status {status!r}")
+
+
+def summary_counts(items: list[WorkItem]) -> dict[str, Counter[str]]:
+    """Per cell: how many variants run, and how many are decided in advance, by reason."""
+    out: dict[str, Counter[str]] = {}
+    for it in items:
+        c = out.setdefault(it.cell.cell_id, Counter())
+        c["run" if it.preset is None else f"{it.preset.status}: {it.preset.note}"] += 1
+    return out

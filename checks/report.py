@@ -1,0 +1,263 @@
+"""`checks report`: the compatibility table (Markdown and a self-contained HTML page) from recorded results.
+
+Building the model is a pure function of the results and manifests; rendering is Jinja2. Same
+results, same bytes: nothing depends on the clock, the order of files on disk or the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from checks.probe import STATUSES
+from checks.store import iter_runs, read_file, read_manifest
+
+TEMPLATES = Path(__file__).with_name("templates")
+MARK = {"pass": "✅", "partial": "🟡", "fail": "❌", "crash": "💥", "hang": "⏳", "skip": "➖", "not-run": "⏸️",
+        "unavailable": "🚫"}
+VERSION_COLUMNS = (("cuda", "CUDA"), ("torch", "torch"), ("sgl_kernel", "sgl-kernel"), ("flashinfer", "flashinfer"))
+NOTE_LIMIT = 300
+
+
+@dataclass
+class Footnote:
+    number: int
+    status: str
+    reason_code: str
+    message: str
+    note: str
+    remediation: str
+    where: list[str] = field(default_factory=list)  # "cell / probe / variant"
+
+
+@dataclass
+class TableCell:
+    counts: list[tuple[str, int]]  # (status, n), best first
+    worst: str
+    notes: list[int]
+    headline: str
+    title: str  # a plain-text summary for HTML tooltips
+
+
+@dataclass
+class HostSection:
+    host_id: str
+    facts: dict[str, Any]
+    runs: list[dict[str, str]]  # run_id, date, path (relative to the output)
+    probes: list[dict[str, str]]  # id, title, feature
+    rows: list[dict[str, Any]]  # cell_id, versions, cells (probe id -> TableCell or None)
+    footnotes: list[Footnote]
+    warnings: list[str]
+
+
+def _clean(text: Any, limit: int = NOTE_LIMIT) -> str:
+    s = " ".join(str(text or "").split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def headline(metrics: dict[str, Any]) -> str:
+    """The key measurement of a passing variant: the probe's own `headline`, else a latency ratio to NCCL,
+    else a latency range."""
+    if isinstance(metrics.get("headline"), str):
+        return _clean(metrics["headline"], 80)
+    ratio = metrics.get("ratio_vs_nccl")
+    if isinstance(ratio, dict) and ratio:
+        vals = sorted(float(v) for v in ratio.values() if isinstance(v, int | float))
+        if vals:
+            return f"{vals[0]:.2f}–{vals[-1]:.2f}× NCCL time" if len(vals) > 1 else f"{vals[0]:.2f}× NCCL time"
+    lat = metrics.get("latency_us")
+    if isinstance(lat, dict) and lat:
+        vals = sorted(float(v) for v in lat.values() if isinstance(v, int | float))
+        if vals:
+            return f"{vals[0]:.1f}–{vals[-1]:.1f} µs"
+    return ""
+
+
+def header(facts: dict[str, Any]) -> dict[str, Any]:
+    """The host facts a section header shows, every key present (missing facts read '-')."""
+    peer = facts.get("peer_access") or []
+    mc = [m for m in facts.get("multicast") or [] if m is not None]
+    return {
+        "gpu_name": facts.get("gpu_name"),
+        "gpu_count": int(facts.get("gpu_count") or 0),
+        "compute_capability": facts.get("compute_capability"),
+        "driver": facts.get("driver"),
+        "driver_cuda": facts.get("driver_cuda"),
+        "interconnect": facts.get("interconnect"),
+        "nccl": facts.get("nccl"),
+        "peer_access": ("all pairs" if all(all(r) for r in peer) else "not all pairs") if len(peer) > 1 else
+                       ("single GPU" if peer else None),
+        "multicast": ("yes" if all(mc) else "no") if mc else None,
+    }
+
+
+def latest_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each (cell, probe, variant), the result of the newest run (run ids sort by time)."""
+    best: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in sorted(results, key=lambda r: (r["run_id"], r["started_at"])):
+        best[(r["cell_id"], r["probe_id"], r["variant"])] = r
+    return [best[k] for k in sorted(best)]
+
+
+def _versions(cell_id: str, manifests: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, str]:
+    for m in reversed(manifests):  # newest manifest that knows the cell
+        cell = (m.get("cells") or {}).get(cell_id)
+        if cell and cell.get("versions"):
+            v = {k: str(x) for k, x in cell["versions"].items()}
+            if "cuda" not in v and v.get("torch_cuda"):
+                v["cuda"] = v["torch_cuda"]
+            return v
+    env = next((r["evidence"].get("env") for r in results if r["cell_id"] == cell_id and r["evidence"].get("env")),
+               None) or {}
+    return {"cuda": str(env.get("torch_cuda", "")), "torch": str(env.get("torch", "")),
+            "sgl_kernel": str(env.get("sgl_kernel", "")), "flashinfer": str(env.get("flashinfer", ""))}
+
+
+def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_info: dict[str, dict[str, str]],
+               catalogue_messages: dict[str, str]) -> HostSection:
+    all_results: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    manifests: list[dict[str, Any]] = []
+    run_rows = []
+    for run_id, path in runs:
+        res, warn = read_file(path)
+        warnings.extend(warn)
+        all_results.extend(res)
+        m, why = read_manifest(path.with_name(f"{run_id}.manifest.json"))
+        if m is not None:
+            manifests.append(m)
+        elif why:
+            warnings.append(why)
+        if res:
+            date = min(r["started_at"] for r in res)[:10]
+            run_rows.append({"run_id": run_id, "date": date, "path": os.path.relpath(path, out_dir)})
+    results = latest_results(all_results)
+    facts = header(dict(manifests[-1].get("facts") or {}) if manifests else {})
+    probe_ids = sorted({r["probe_id"] for r in results})
+    cell_ids = sorted({r["cell_id"] for r in results})
+    by_pair: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        by_pair[(r["cell_id"], r["probe_id"])].append(r)
+
+    footnotes: list[Footnote] = []
+    index: dict[tuple[str, str, str, str], Footnote] = {}
+    rows = []
+    for cell_id in cell_ids:
+        cells: dict[str, TableCell | None] = {}
+        for pid in probe_ids:
+            rs = by_pair.get((cell_id, pid))
+            if not rs:
+                cells[pid] = None
+                continue
+            counts = Counter(r["status"] for r in rs)
+            ordered = sorted(counts.items(), key=lambda kv: STATUSES.index(kv[0]) if kv[0] in STATUSES else 99)
+            notes: list[int] = []
+            for r in rs:
+                if r["status"] == "pass":
+                    continue
+                key = (r["status"], r["reason_code"], _clean(r["note"]), _clean(r["remediation"]))
+                if key not in index:
+                    message = _clean(catalogue_messages.get(r["reason_code"], ""))
+                    fn = Footnote(len(footnotes) + 1, r["status"], r["reason_code"], message,
+                                  "" if key[2].rstrip(".") == message.rstrip(".") else key[2], key[3])
+                    index[key] = fn
+                    footnotes.append(fn)
+                fn = index[key]
+                fn.where.append(f"{cell_id} / {pid} / {r['variant']}")
+                if fn.number not in notes:
+                    notes.append(fn.number)
+            heads = sorted({h for r in rs if r["status"] == "pass" and (h := headline(r.get("metrics") or {}))})
+            title = ", ".join(f"{n} {s}" for s, n in ordered)
+            cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), "; ".join(heads[:2]), title)
+        rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells})
+    probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
+    return HostSection(host_id, facts, run_rows, probes, rows, footnotes, warnings)
+
+
+def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str, str]] | None = None,
+                catalogue_messages: dict[str, str] | None = None) -> tuple[list[HostSection], list[str]]:
+    per_host: dict[str, list[tuple[str, Path]]] = defaultdict(list)
+    for host, run_id, path in iter_runs(results_dir):
+        per_host[host].append((run_id, path))
+    sections = [build_host(h, runs, out_dir, probe_info or {}, catalogue_messages or {})
+                for h, runs in sorted(per_host.items())]
+    warnings = [w for s in sections for w in s.warnings]
+    return [s for s in sections if s.rows], warnings
+
+
+def _probe_info() -> dict[str, dict[str, str]]:
+    try:
+        from checks.registry import discover
+
+        return {pid: {"title": m.SPEC.title, "feature": m.SPEC.feature} for pid, (_, m) in discover().items()}
+    except Exception:
+        return {}  # a broken probe module must not stop the report; ids stand in for titles
+
+
+def _catalogue_messages() -> dict[str, str]:
+    from checks.reasons import default
+
+    return {r.code: r.message for r in default().reasons}
+
+
+def _md_escape(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["md"] = _md_escape
+    env.globals["MARK"] = MARK
+    env.globals["VERSION_COLUMNS"] = VERSION_COLUMNS
+    return env
+
+
+def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
+    env = environment()
+    if kind == "html":
+        env.autoescape = True
+    sm12 = any(str(s.facts.get("compute_capability") or "").startswith("12.") for s in sections)
+    return env.get_template(f"compatibility.{kind}.j2").render(
+        sections=sections, statuses=[s for s in STATUSES], measured_sm12=sm12, results_rel=results_rel)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None) -> int:
+    if not results_dir.is_dir():
+        print(f"checks report: no results directory {results_dir} (run `checks run` first)", file=sys.stderr)
+        return 2
+    html = html or out.with_suffix(".html")
+    sections, warnings = build_model(results_dir, out.parent, _probe_info(), _catalogue_messages())
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if not sections:
+        print(f"checks report: no valid results under {results_dir}", file=sys.stderr)
+        return 2
+    rel = os.path.relpath(results_dir, out.parent)
+    md = render(sections, "md", rel)
+    page = render(sections, "html", os.path.relpath(results_dir, html.parent))
+    if check:
+        stale = [str(p) for p, text in ((out, md), (html, page)) if not p.exists() or p.read_text() != text]
+        if stale:
+            print(f"checks report: stale: {', '.join(stale)}; run `checks report` and commit", file=sys.stderr)
+            return 1
+        print(f"up to date: {out}, {html}", file=sys.stderr)
+        return 0
+    _write_atomic(out, md)
+    _write_atomic(html, page)
+    print(f"wrote {out} and {html} ({len(sections)} host(s))", file=sys.stderr)
+    return 0

@@ -1,0 +1,201 @@
+"""The results store: ``results/<host_id>/<run_id>.jsonl`` plus ``<run_id>.manifest.json`` (host side).
+
+Each result is one line, written with a single ``write`` under an exclusive ``flock``, then flushed and
+fsynced, so a runner killed with SIGKILL leaves only whole lines; a torn last line (power loss) is cut
+off by the next writer before it appends. One run at a time per results host folder (a run lock),
+since two runs on the same GPUs would distort each other's numbers.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from checks.probe import SCHEMA
+
+RESULT_FIELDS = ("schema", "run_id", "host_id", "cell_id", "probe_id", "variant", "status", "reason_code", "note",
+                 "remediation", "metrics", "evidence", "started_at", "duration_s")
+
+
+class StoreBusy(RuntimeError):
+    pass
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    now = now or datetime.now(UTC)
+    return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _cut_torn_tail(fd: int) -> None:
+    """Drop an unterminated last line (from a crash mid-write) so the next line starts clean."""
+    size = os.lseek(fd, 0, os.SEEK_END)
+    if size == 0:
+        return
+    os.lseek(fd, size - 1, os.SEEK_SET)
+    if os.read(fd, 1) == b"\n":
+        return
+    pos, chunk = size, 4096
+    while pos > 0:
+        start = max(0, pos - chunk)
+        os.lseek(fd, start, os.SEEK_SET)
+        data = os.read(fd, pos - start)
+        i = data.rfind(b"\n")
+        if i >= 0:
+            os.ftruncate(fd, start + i + 1)
+            return
+        pos = start
+    os.ftruncate(fd, 0)
+
+
+@dataclass
+class RunStore:
+    root: Path
+    host_id: str
+    run_id: str
+
+    @property
+    def folder(self) -> Path:
+        return self.root / self.host_id
+
+    @property
+    def results_path(self) -> Path:
+        return self.folder / f"{self.run_id}.jsonl"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.folder / f"{self.run_id}.manifest.json"
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        write_json_atomic(self.manifest_path, manifest)
+
+    def append(self, result: dict[str, Any]) -> None:
+        line = (json.dumps(result, sort_keys=True, default=str, separators=(",", ":")) + "\n").encode()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.results_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            _cut_torn_tail(fd)
+            view = memoryview(line)
+            while view:  # a regular file takes it in one write; loop only for the pathological case
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def recorded(self) -> set[tuple[str, str, str]]:
+        if not self.results_path.exists():
+            return set()
+        results, _ = read_file(self.results_path)
+        return {(r["cell_id"], r["probe_id"], r["variant"]) for r in results}
+
+
+class RunLock:
+    """Exclusive lock on a host's results folder for the duration of a run."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / ".run.lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreBusy(f"another `checks run` (pid {holder}) is writing to {self.path.parent}; "
+                            "wait for it to finish") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def latest_run(folder: Path) -> str | None:
+    runs = sorted(p.name[: -len(".jsonl")] for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+    return runs[-1] if runs else None
+
+
+def validate(obj: Any) -> str | None:
+    """Why a parsed line is not a ProbeResult, or None."""
+    if not isinstance(obj, dict):
+        return "not a JSON object"
+    missing = [f for f in RESULT_FIELDS if f not in obj]
+    if missing:
+        return f"missing field(s) {', '.join(missing)}"
+    if obj["schema"] != SCHEMA:
+        return f"schema {obj['schema']!r}, expected {SCHEMA!r}"
+    return None
+
+
+def read_file(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Valid results of one JSONL file and a warning (file:line: why) for each line that is not."""
+    results: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            if not raw.endswith(b"\n"):
+                warnings.append(f"{path}:{n}: unterminated last line (a run was interrupted mid-write); skipped")
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError as exc:
+                warnings.append(f"{path}:{n}: not valid JSON ({exc.msg}); skipped")
+                continue
+            why = validate(obj)
+            if why:
+                warnings.append(f"{path}:{n}: {why}; skipped")
+                continue
+            results.append(obj)
+    return results, warnings
+
+
+def iter_runs(root: Path) -> Iterator[tuple[str, str, Path]]:
+    """(host_id, run_id, jsonl path) for every run under a results directory, sorted."""
+    if not root.is_dir():
+        return
+    for host in sorted(p for p in root.iterdir() if p.is_dir()):
+        for f in sorted(host.glob("*.jsonl")):
+            yield host.name, f.name[: -len(".jsonl")], f
+
+
+def read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, f"{path}: missing (host facts unknown)"
+    except (OSError, ValueError) as exc:
+        return None, f"{path}: unreadable ({exc})"
+    return (data, None) if isinstance(data, dict) else (None, f"{path}: not a JSON object")
