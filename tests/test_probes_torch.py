@@ -445,3 +445,11 @@ def test_every_reason_code_the_probes_set_is_in_the_catalogue() -> None:
     assert len(codes) > 15
     missing = sorted(c for c in codes if catalogue.get(c) is None)
     assert not missing, f"add these to checks/reasons.yaml: {missing}"
+
+
+def test_worst_verdict() -> None:
+    assert _dist.worst_verdict(["ok", "ok"]) == "ok"
+    assert _dist.worst_verdict(["ok", "no-op", "error"]) == "no-op"
+    assert _dist.worst_verdict(["wrong", "hang"]) == "hang"
+    assert _dist.worst_verdict(["ok", "something-new"]) == "something-new"
+    assert _dist.worst_verdict([]) == "ok"

@@ -129,6 +129,15 @@ def gather_objects(value: Any, group: Any = None) -> list[Any]:
     return [json.loads(bytes(b[: int(s.item())].cpu().tolist())) for b, s in zip(bufs, sizes, strict=True)]
 
 
+VERDICT_ORDER = ("ok", "close", "error", "zero", "no-op", "wrong", "hang")
+
+
+def worst_verdict(verdicts: Sequence[str]) -> str:
+    """The most serious of several ranks' verdicts (unknown words rank as errors)."""
+    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
+    return max(verdicts, key=lambda v: rank.get(v, rank["error"]), default="ok")
+
+
 def agree(ok: bool, group: Any = None) -> bool:
     """True only if every rank says True (a verdict must not differ between ranks)."""
     return all(gather_objects(bool(ok), group))

@@ -299,8 +299,9 @@ def exercise(cases: list[OpCase], warm: bool, gloo: Any, log: Callable[[str], No
         if not warm:
             modes["eager_after"] = run_eager(case, 4)
         log(f"{case.name}: " + ", ".join(f"{m}={r['verdict']}" for m, r in modes.items()))
-        if any(r["verdict"] == "hang" for r in modes.values()):
-            break  # the stream is stuck behind the hung collective; nothing later can run
+        # Decided together: a rank that stopped alone would leave its peers waiting in the next exchange.
+        if not _dist.agree(all(r["verdict"] != "hang" for r in modes.values()), gloo):
+            break  # a stream is stuck behind the hung collective; nothing later can run
     return results
 
 

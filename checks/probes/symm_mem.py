@@ -140,12 +140,15 @@ StepBuilder = Callable[[Any, Any, Any], Callable[[], None]]
 def exercise_op(
     builder: StepBuilder, buf: Any, rank: int, world: int, device: Any, gloo: Any
 ) -> dict[str, dict[str, Any]]:
-    """Eager then captured, per size; the first size that fails decides the mode's verdict."""
+    """Eager then captured, per size; the first size that fails on any rank decides the mode's verdict.
+
+    Every exchange below is reached by every rank in the same order, whatever fails locally."""
     import torch
 
     results: dict[str, dict[str, Any]] = {}
     for mode in ("eager", "graph"):
         res: dict[str, Any] = {"verdict": "ok"}
+        everyone = ["ok"]
         for tokens in TOKENS:
             shape = (tokens, _dist.HIDDEN)
             inp = buf[: tokens * _dist.HIDDEN].view(shape)  # a view of the symmetric buffer, as the ops need
@@ -170,6 +173,7 @@ def exercise_op(
                     if res["verdict"] == "ok":
                         res = {"verdict": "error", "error": "a peer rank failed to capture"}
                     res["tokens"] = tokens
+                    everyone = ["error"]
                     break
             try:
                 for seed in seeds:
@@ -186,12 +190,15 @@ def exercise_op(
                 res = {"verdict": "hang", "error": str(exc)}
             except Exception as exc:
                 res = _err(exc)
-            if res["verdict"] != "ok":
-                res["tokens"] = tokens
+            everyone = _dist.gather_objects(res["verdict"], gloo)
+            if _dist.worst_verdict(everyone) != "ok":
+                res = dict(res, tokens=tokens)
+                if res["verdict"] == "ok":
+                    res = {"verdict": _dist.worst_verdict(everyone), "error": "failed on a peer rank", "tokens": tokens}
                 break
         results[mode] = res
-        if res["verdict"] == "hang":
-            break
+        if "hang" in everyone:
+            break  # a stream is stuck; nothing later can run
     return results
 
 
