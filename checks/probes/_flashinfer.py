@@ -43,6 +43,13 @@ RESULT_PREFIX = "@@FI-JIT@@ "
 _TAIL = 3000
 
 
+def prepare_env() -> None:
+    """Point flashinfer's JIT cache at ``STACKPROBE_JIT_CACHE`` (reused across runs); call before importing it."""
+    cache = os.environ.get("STACKPROBE_JIT_CACHE")
+    if cache:
+        os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", cache)
+
+
 def version() -> str | None:
     try:
         import importlib.metadata as md
@@ -59,8 +66,9 @@ def version() -> str | None:
 
 def nvcc_version(cuda_home: str) -> str | None:
     try:
-        text = subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--version"], capture_output=True,
-                              text=True, timeout=30).stdout
+        text = subprocess.run(
+            [os.path.join(cuda_home, "bin", "nvcc"), "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r"release\s+([\d.]+)", text)
@@ -352,6 +360,38 @@ def moe_dispatch(mod: Any, **kwargs: Any) -> tuple[list[Any], int]:
     """``moe_a2a_dispatch`` returns 2 values in early versions and 3 (with EPLB stats) later."""
     res = mod.moe_a2a_dispatch(**kwargs)
     return list(res[0]), int(res[1])
+
+
+def moe_alltoall_object(
+    rank: int,
+    ep: int,
+    max_tokens: int,
+    top_k: int,
+    num_experts: int,
+    dispatch_bytes: int,
+    combine_bytes: int,
+    group: Any,
+) -> Any:
+    """``MoeAlltoAll`` across processes, its memory handles exchanged through torch.distributed."""
+    mod = moe_a2a()
+    from flashinfer.comm.mapping import Mapping
+    from flashinfer.comm.mnnvl import MnnvlConfig
+
+    try:
+        from flashinfer.comm.comm_backend import TorchDistBackend
+    except ImportError:
+        from flashinfer.comm.mnnvl import TorchDistBackend  # type: ignore[no-redef]
+
+    mapping = Mapping(world_size=ep, rank=rank, gpus_per_node=ep, tp_size=ep, moe_ep_size=ep)
+    size = mod.moe_a2a_get_workspace_size_per_rank(ep, max_tokens, dispatch_bytes, combine_bytes)
+    return mod.MoeAlltoAll(
+        mapping,
+        max_tokens,
+        top_k,
+        num_experts,
+        workspace_size_per_rank=size,
+        mnnvl_config=MnnvlConfig(comm_backend=TorchDistBackend(group)),
+    )
 
 
 def _main(argv: list[str]) -> int:

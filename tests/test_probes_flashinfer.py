@@ -1,0 +1,299 @@
+"""The flashinfer-side probes on a machine without a GPU: planning, pure checks, real fatbin reads, real
+classification of flashinfer's own gate error, and (slow) a real JIT cross-compile for sm_120a."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checks.probe import HostView, Variant
+from checks.probes import _fatbin, custom_ar, ep_a2a, fi_fusion, fi_jit
+from checks.probes import _flashinfer as fi
+
+ROOT = Path(__file__).resolve().parents[1]
+NVCC = "/usr/local/cuda/bin/nvcc"
+FLASHINFER = "0.6.18"
+
+
+def test_probe_modules_import_without_torch() -> None:
+    code = (
+        "import sys; import checks.probes.inventory, checks.probes.fi_jit, checks.probes.fi_fusion, "
+        "checks.probes.custom_ar, checks.probes.ep_a2a; "
+        "print(sorted(m for m in ('torch', 'flashinfer', 'sgl_kernel') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --- planning ------------------------------------------------------------------------------------------
+def test_fi_jit_plans_every_module_and_arch_and_skips_local_without_gpu() -> None:
+    vs = fi_jit.plan(HostView(gpu_count=0))
+    assert len(vs) == len(fi.COMM_MODULES) * 3
+    local = [v for v in vs if v.param("arch") == "local"]
+    assert local and all(v.skip_reason for v in local)
+    assert all(v.skip_reason is None for v in vs if v.param("arch") != "local")
+    keys = {v.key for v in vs}
+    assert "ranks=1,module=vllm_comm,arch=12.0f" in keys
+
+
+def test_fi_jit_filter_keeps_only_named_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(fi_jit.ONLY_ENV, "vllm_comm@12.0a, trtllm_comm@local")
+    vs = fi_jit.variants(HostView(gpu_count=1, compute_capability="9.0"))
+    assert [(v.param("module"), v.param("arch"), v.skip_reason) for v in vs] == [
+        ("vllm_comm", "12.0a", None),
+        ("trtllm_comm", "local", None),
+    ]
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 8])
+def test_multi_rank_probes_give_every_variant_a_plan(gpus: int) -> None:
+    host = HostView(gpu_count=gpus)
+    for mod in (fi_fusion, custom_ar, ep_a2a):
+        vs = mod.variants(host)
+        assert vs, mod.__name__
+        for v in vs:
+            assert isinstance(v, Variant) and v.probe_id == mod.SPEC.id
+            separate_gpus = not v.share_gpu and v.param("mode") != "sim"
+            if gpus == 0:
+                assert v.skip_reason, v.key
+            elif separate_gpus and v.ranks > gpus:
+                assert v.skip_reason and f"host has {gpus}" in v.skip_reason, v.key
+            else:
+                assert v.skip_reason is None, v.key
+    shared = [v for v in fi_fusion.variants(HostView(gpu_count=1)) if v.share_gpu]
+    assert [v.key for v in shared] == ["ranks=2,gpus=shared,placement=1gpu"]
+
+
+# --- fi-jit verdicts on recorded build results -----------------------------------------------------------
+LINK_FAIL = {
+    "stage": "link",
+    "flashinfer": FLASHINFER,
+    "compile_s": 8.1,
+    "error": "FAILED: [code=1] vllm_comm.so\n/usr/bin/ld: cannot find -lcuda: No such file or directory\n"
+    "collect2: error: ld returned 1 exit status\n",
+}
+GATE = {"stage": "spec", "error": "RuntimeError: No supported CUDA architectures found for major versions [9, 10]."}
+
+
+def test_link_failure_after_compile_is_partial_with_targets() -> None:
+    o = fi_jit.verdict("vllm_comm", "12.0a", LINK_FAIL, ["sm_120a"])
+    assert o["status"] == "partial" and o["reason_code"] == "fi-link-no-libcuda"
+    assert "sm_120a" in o["note"] and o["metrics"]["compile_s"] == 8.1
+
+
+def test_gate_is_fail_with_its_code() -> None:
+    o = fi_jit.verdict("trtllm_comm", "12.0a", GATE, [])
+    assert (o["status"], o["reason_code"]) == ("fail", "fi-arch-gate")
+    assert "No supported CUDA architectures" in o["note"]
+
+
+def test_absent_module_is_skip_and_wrong_arch_output_is_fail() -> None:
+    assert fi_jit.verdict("pcie_ipc", "12.0a", {"stage": "absent", "flashinfer": "0.6.18"}, [])["status"] == "skip"
+    o = fi_jit.verdict("vllm_comm", "12.0a", {"stage": "done"}, ["sm_90a"])
+    assert (o["status"], o["reason_code"]) == ("fail", "fi-wrong-arch")
+    assert fi_jit.verdict("vllm_comm", "12.0a", {"stage": "done"}, ["sm_120a"])["status"] == "pass"
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("RuntimeError: No supported CUDA architectures found for major versions [9, 10].", "fi-arch-gate"),
+        ("RuntimeError: SM 12.x requires CUDA >= 12.9", "fi-nvcc-too-old"),
+        ("nvcc fatal   : Unsupported gpu architecture 'compute_120f'", "nvcc-unsupported-arch"),
+        ("/usr/bin/ld: cannot find -lcuda: No such file or directory", "fi-link-no-libcuda"),
+        ("foo.cu(12): error: identifier \"x\" is undefined", "fi-nvcc-error"),
+        ("something else entirely", "fi-jit-error"),
+    ],
+)
+def test_jit_error_classification(text: str, code: str) -> None:
+    assert fi.classify_jit_error(text) == code
+
+
+def test_probe_reason_codes_are_in_the_catalogue() -> None:
+    from checks import reasons
+
+    cat = reasons.load()
+    used = {"arch-not-compiled", "fi-module-absent", "fi-wrong-arch", "fi-workspace-failed", "fi-fusion-noop",
+            "fi-fusion-wrong", "fi-fusion-graph-failed", "fi-fusion-error", "custom-ar-silent-noop",
+            "custom-ar-init-failed", "custom-ar-error", "custom-ar-wrong", "custom-ar-graph-failed",
+            "custom-ar-graph-wrong", "ep-a2a-wrong", "ep-a2a-error", "ep-a2a-workspace-failed", "too-few-sms",
+            "missing-package", "probe-bug"}
+    used |= {code for code, _ in fi.JIT_SIGNATURES} | {"fi-jit-error"}
+    missing = sorted(c for c in used if cat.get(c) is None)
+    assert not missing, missing
+
+
+# --- fatbin headers, from real nvcc output --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def objects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    if not os.access(NVCC, os.X_OK):
+        pytest.skip("no nvcc at /usr/local/cuda")
+    d = tmp_path_factory.mktemp("fatbin")
+    src = d / "k.cu"
+    src.write_text("__global__ void k(int* p) { *p = 1; }\n")
+    flags = {
+        "sm_90a": "-gencode=arch=compute_90a,code=sm_90a",
+        "sm_120f": "-gencode=arch=compute_120f,code=sm_120f",
+        "compute_90": "-gencode=arch=compute_90,code=compute_90",
+        "sm_120": "-gencode=arch=compute_120,code=sm_120",
+    }
+    out = {}
+    for name, flag in flags.items():
+        obj = d / f"{name}.o"
+        subprocess.run([NVCC, "-c", str(src), flag, "-o", str(obj)], check=True, capture_output=True)
+        out[name] = str(obj)
+    return out
+
+
+def test_fatbin_reads_targets_nvcc_wrote(objects: dict[str, str]) -> None:
+    for name, path in objects.items():
+        assert list(_fatbin.entries(path)) == [name], name
+    assert _fatbin.archs(objects.values()) == ["sm_90a", "compute_90", "sm_120", "sm_120f"]
+
+
+def test_fatbin_on_a_file_without_cuda_code(tmp_path: Path) -> None:
+    f = tmp_path / "plain.bin"
+    f.write_bytes(b"\x7fELF" + b"\0" * 100)
+    assert not _fatbin.entries(str(f))
+    empty = tmp_path / "empty.so"
+    empty.write_bytes(b"")
+    assert _fatbin.archs([str(empty), str(tmp_path / "missing.so")]) == []
+
+
+@pytest.mark.parametrize(
+    ("targets", "cap", "ok"),
+    [
+        (["sm_90"], "9.0", True),
+        (["sm_80"], "9.0", False),
+        (["sm_90a"], "9.0", True),
+        (["sm_90a"], "12.0", False),
+        (["compute_90"], "12.0", True),
+        (["compute_90a"], "12.0", False),
+        (["sm_120f"], "12.1", True),
+        (["sm_120a", "sm_121a"], "12.0", True),
+        (["sm_100", "sm_100a"], "12.0", False),
+        ([], "9.0", False),
+    ],
+)
+def test_runs_on(targets: list[str], cap: str, ok: bool) -> None:
+    assert _fatbin.runs_on(targets, cap) is ok
+
+
+# --- numeric checks, on CPU tensors -----------------------------------------------------------------------
+def test_ep_routing_two_distinct_experts_and_exact_checks() -> None:
+    torch = pytest.importorskip("torch")
+    ep, tpr, hidden = 4, 5, 16
+    route = ep_a2a.routing(ep, tpr)
+    assert all(len(set(c)) == 2 and all(0 <= e < ep * ep_a2a.EXPERTS_PER_RANK for e in c) for c in route)
+    # Build what a correct dispatch delivers to each rank, then check it and a corrupted copy.
+    for rank in range(ep):
+        ids = torch.zeros(ep, tpr, 1, dtype=torch.int32)
+        hid = torch.zeros(ep, tpr, hidden, dtype=torch.bfloat16)
+        for src in range(ep):
+            got = [g for g in range(src * tpr, (src + 1) * tpr) if rank in ep_a2a.targets(route[g])][::-1]
+            for j, g in enumerate(got):
+                ids[src, j, 0] = g + 1
+                hid[src, j] = ep_a2a.hidden_rows(torch.tensor([g]), hidden, "cpu")[0]
+        assert ep_a2a.check_dispatch(ids, hid, rank, ep, tpr, route) == ""
+        if int(ids[0, 0, 0]):
+            bad = hid.clone()
+            bad[0, 0, 0] += 1
+            assert "hidden rows differ" in ep_a2a.check_dispatch(ids, bad, rank, ep, tpr, route)
+    ref = ep_a2a.combine_reference(1, tpr, hidden, route, "cpu")
+    g = tpr  # first token of rank 1
+    scale = sum(t + 1 for t in ep_a2a.targets(route[g]))
+    assert torch.equal(ref[0], (ep_a2a.hidden_rows(torch.tensor([g]), hidden, "cpu")[0].float() * scale).bfloat16())
+
+
+def test_fusion_reference_and_untouched_output() -> None:
+    torch = pytest.importorskip("torch")
+    from checks.probes import _dist
+
+    shape = (4, fi_fusion.HIDDEN)
+    total = _dist.pattern_sum(shape, 2, 0)
+    residual = _dist.pattern(shape, 0, 1000)
+    gamma = (1 + torch.arange(fi_fusion.HIDDEN) % 3).bfloat16()
+    res_out, norm = fi_fusion.reference(total, residual, gamma)
+    assert torch.equal(res_out.float(), total.float() + residual.float())  # integers: exact in bf16
+    good = fi_fusion.norm_check(norm, norm)
+    assert good["within_1ulp"] and good["exact_fraction"] == 1.0
+    untouched = fi_fusion.norm_check(torch.full(shape, _dist.SENTINEL).bfloat16(), norm)
+    assert untouched["untouched"] and not untouched["within_1ulp"]
+
+
+# --- real runs through the worker, without a GPU ----------------------------------------------------------
+def _worker(python: str, probe: str, variant: dict, env: dict[str, str], timeout: float = 900) -> dict:
+    proc = subprocess.run(
+        [python, "-m", "checks.worker", "--probe", probe, "--variant", json.dumps(variant), "--gpus", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@STACKPROBE-RESULT@@")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(lines[-1].split("@@STACKPROBE-RESULT@@", 1)[1])
+
+
+def test_inventory_reports_torch_archs_from_the_binary_without_gpu() -> None:
+    pytest.importorskip("torch")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    r = _worker(sys.executable, "inventory", {"probe_id": "inventory", "ranks": 1}, env, timeout=300)
+    assert r["status"] == "pass", r
+    archs = r["evidence"]["torch_binary_archs"]["lib/libtorch_cuda.so"]
+    assert "sm_90" in archs and any(a.startswith("sm_120") for a in archs)
+    assert "gpus" not in r["evidence"]
+
+
+@pytest.fixture(scope="module")
+def fi_python() -> str:
+    """A venv with torch (from the uv cache) and flashinfer with the few packages its import needs."""
+    if not os.access(NVCC, os.X_OK) or shutil.which("uv") is None:
+        pytest.skip("needs nvcc at /usr/local/cuda and uv")
+    venv = ROOT / ".cache" / f"fi-venv-{FLASHINFER}"
+    python = venv / "bin" / "python"
+    marker = venv / ".ready"
+    if not marker.exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run(["uv", "venv", "-q", str(venv), "--python", sys.executable], check=True)
+        env = {**os.environ, "VIRTUAL_ENV": str(venv)}
+        pip = ["uv", "pip", "install", "-q"]
+        subprocess.run([*pip, "torch==2.11.0", "numpy", "nvidia-ml-py", "tqdm", "requests", "packaging", "ninja"],
+                       check=True, env=env)
+        subprocess.run([*pip, "--no-deps", f"flashinfer-python=={FLASHINFER}", "apache-tvm-ffi==0.1.15.post2"],
+                       check=True, env=env)
+        marker.write_text("ok\n")
+    return str(python)
+
+
+def _fi_env(tmp_path: Path, python: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env.update({"CUDA_VISIBLE_DEVICES": "", "STACKPROBE_JIT_CACHE": str(tmp_path / "jit"),
+                "PATH": f"{Path(python).parent}{os.pathsep}{env['PATH']}", "PYTHONPATH": str(ROOT)})
+    return env
+
+
+@pytest.mark.slow
+def test_fi_jit_real_gate_refusal(fi_python: str, tmp_path: Path) -> None:
+    """flashinfer's own trtllm gate, raised by the real generator for an architecture it excludes."""
+    variant = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", "trtllm_comm"], ["arch", "8.0"]]}
+    r = _worker(fi_python, "fi-jit", variant, _fi_env(tmp_path, fi_python), timeout=300)
+    assert (r["status"], r["reason_code"]) == ("fail", "fi-arch-gate"), r
+    assert r["evidence"]["flashinfer"] == FLASHINFER
+
+
+@pytest.mark.slow
+def test_fi_jit_real_cross_compile_for_sm120a(fi_python: str, tmp_path: Path) -> None:
+    """The smallest comm module, really compiled for sm_120a with the host's nvcc 13.0 (about 15 s)."""
+    variant = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", "vllm_comm"], ["arch", "12.0a"]]}
+    r = _worker(fi_python, "fi-jit", variant, _fi_env(tmp_path, fi_python))
+    stubs = Path("/usr/local/cuda/lib64/stubs/libcuda.so").exists()
+    assert r["status"] == ("pass" if stubs else "partial"), r
+    if not stubs:
+        assert r["reason_code"] == "fi-link-no-libcuda"
+    assert r["evidence"]["targets_in_output"] == ["sm_120a"]
+    assert any("compute_120a" in g for g in r["evidence"]["gencode"])
+    assert r["metrics"]["compile_s"] > 0
