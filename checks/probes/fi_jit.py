@@ -118,12 +118,21 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
         evidence["error_lines"] = fi.error_lines(err)
         evidence["error_tail"] = err[-1500:]
     if stage == "absent":
-        return outcome("skip", note=f"flashinfer {result.get('flashinfer')} has no {module} module",
-                       reason_code="fi-module-absent", evidence=evidence)
+        return outcome(
+            "skip",
+            note=f"flashinfer {result.get('flashinfer')} has no {module} module",
+            reason_code="fi-module-absent",
+            evidence=evidence,
+        )
     if stage == "done":
         if arch != LOCAL and targets and _expected_sass(arch) not in targets:
-            return outcome("fail", note=f"built, but the library holds {targets}, not {_expected_sass(arch)}",
-                           reason_code="fi-wrong-arch", metrics=metrics, evidence=evidence)
+            return outcome(
+                "fail",
+                note=f"built, but the library holds {targets}, not {_expected_sass(arch)}",
+                reason_code="fi-wrong-arch",
+                metrics=metrics,
+                evidence=evidence,
+            )
         return outcome("pass", metrics=metrics, evidence=evidence)
     code = fi.classify_jit_error(err)
     first = (fi.error_lines(err) or [err.strip().splitlines()[-1] if err.strip() else stage])[0][:300]
@@ -132,12 +141,21 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
             "partial",
             note=f"every object compiled for {', '.join(targets) or arch}; the final link failed: this toolkit "
             "has no libcuda.so stub (lib64/stubs), which a GPU host's driver provides",
-            reason_code=code, metrics=metrics, evidence=evidence,
+            reason_code=code,
+            metrics=metrics,
+            evidence=evidence,
         )
-    where = {"spec": "refused before compiling", "compile": "compile failed", "link": "link failed",
-             "import": "import flashinfer failed", "timeout": "timed out", "crash": "builder crashed"}.get(stage, stage)
-    return outcome("fail", note=f"{module} for {arch}: {where}: {first}", reason_code=code,
-                   metrics=metrics, evidence=evidence)
+    where = {
+        "spec": "refused before compiling",
+        "compile": "compile failed",
+        "link": "link failed",
+        "import": "import flashinfer failed",
+        "timeout": "timed out",
+        "crash": "builder crashed",
+    }.get(stage, stage)
+    return outcome(
+        "fail", note=f"{module} for {arch}: {where}: {first}", reason_code=code, metrics=metrics, evidence=evidence
+    )
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -147,8 +165,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
         return outcome("fail", note=f"unknown module {module!r}", reason_code="probe-bug")
     cuda_home = _cuda_home()
     if cuda_home is None:
-        return outcome("skip", note="no nvcc in this environment: flashinfer cannot JIT anything here",
-                       reason_code="fi-no-nvcc")
+        return outcome(
+            "skip", note="no nvcc in this environment: flashinfer cannot JIT anything here", reason_code="fi-no-nvcc"
+        )
     cache = os.environ.get(CACHE_ENV) or str(ctx.workdir / "jit-cache")
     os.makedirs(cache, exist_ok=True)
     env = build_env(arch, cuda_home, cache)

@@ -85,8 +85,15 @@ def _gpu_facts(torch: Any) -> dict[str, Any]:
     gpus = []
     for i in range(n):
         p = torch.cuda.get_device_properties(i)
-        gpus.append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}",
-                     "sm_count": p.multi_processor_count, "memory_gib": round(p.total_memory / 2**30, 1)})
+        gpus.append(
+            {
+                "index": i,
+                "name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "sm_count": p.multi_processor_count,
+                "memory_gib": round(p.total_memory / 2**30, 1),
+            }
+        )
     peer = [[i == j or bool(torch.cuda.can_device_access_peer(i, j)) for j in range(n)] for i in range(n)]
     return {"gpus": gpus, "peer_access": peer, "multicast": [_multicast(i) for i in range(n)]}
 
@@ -119,8 +126,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if sgl_bins:
         evidence["sgl_kernel_binary_archs"] = sgl_bins
     if importlib.util.find_spec("torch") is None:
-        return outcome("skip", note="torch is not installed in this environment", reason_code="no-torch",
-                       evidence=evidence)
+        return outcome(
+            "skip", note="torch is not installed in this environment", reason_code="no-torch", evidence=evidence
+        )
     import torch
 
     versions["torch_runtime"] = torch.__version__
@@ -152,6 +160,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
             if not any(fits.values()):
                 problems.append(f"no sgl-kernel library has code for compute capability {cap}")
     if problems:
-        return outcome("fail", note="; ".join(problems), reason_code="arch-not-compiled", metrics=metrics,
-                       evidence=evidence)
+        return outcome(
+            "fail", note="; ".join(problems), reason_code="arch-not-compiled", metrics=metrics, evidence=evidence
+        )
     return outcome("pass", metrics=metrics, evidence=evidence)
