@@ -1,0 +1,84 @@
+"""Resolution: every reason a cell cannot exist, and reachability as a separate status."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from provision.api import DEFAULT_MATRIX, resolve_all
+from provision.catalog import load as load_catalog
+from provision.matrix import Cell
+from provision.planview import plan_json, plan_lines
+from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, resolve
+from test_provision_matrix import GOLDEN, check_golden
+
+
+def test_reasons_golden() -> None:
+    cells = resolve_all(GOLDEN / "reasons.yaml", offline=True)
+    check_golden("reasons-plan.txt", "\n".join(plan_lines(cells)) + "\n")
+    by_id = {c.cell_id: c for c in cells}
+    assert by_id["cu126-torch2.15.0-sglnone-finone"].status == UNAVAILABLE
+    assert "no SM120 code" in by_id["cu126-torch2.15.0-sglnone-finone"].reason
+    assert "has no CUDA 12.8 build" in by_id["cu128-torch2.15.0-sglnone-fi0.6.17"].reason
+    assert "newest release with cu128: 2.11.0" in by_id["cu128-torch2.15.0-sglnone-fi0.6.17"].reason
+    assert "nightly has no cu128 builds" in by_id["cu128-torchnightly-sglnone-fi0.6.17"].reason
+    assert "torch 2.11.0's C++ ABI" in by_id["cu130-torch2.9.1-sgl0.4.2-finone"].reason
+    assert "only as a CUDA 13.0 build" in by_id["cu129-torch2.13.0-sgl0.4.7-finone"].reason
+    assert "not published for cu128" in by_id["cu128-torch2.11.0-sglnone-fi0.7.2-jitcache"].reason
+    assert by_id["cu128-torch2.11.0-sglnone-fi0.6.18-jitcache"].status == RESOLVED
+    assert "no installable wheel" in by_id["cu130-torch2.11.0-sgl0.4.2-fi0.4.1"].reason
+    assert "not in the catalog" in by_id["cu130-torch2.10.1-sglnone-finone"].reason
+    assert "sgl-kernel 0.9.9 is not in the catalog" in by_id["cu130-torch2.15.0-sgl0.9.9-finone"].reason
+    assert "cannot load with torch nightly" in by_id["cu130-torchnightly-sgl0.4.2-finone"].reason
+    assert by_id["cu128-torch2.9.1-sgl0.4.1-fi0.6.7.post2"].status == RESOLVED  # SGLang 0.5.10 preset
+
+
+def test_plan_json_roundtrip_fields() -> None:
+    data = plan_json(resolve_all(DEFAULT_MATRIX, offline=True))
+    real = next(d for d in data if d["cell_id"] == "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1")
+    assert real["requirements"] == ["torch==2.11.0", "sglang-kernel==0.4.2", "flashinfer-python==0.6.8.post1"]
+    assert set(real["sources"].values()) == {"registry"}
+
+
+def test_unreachable_differs_from_unpublished() -> None:
+    cat = load_catalog()
+    cell = Cell("12.8", "stable", "0.4.2", "none")
+    down = resolve(cell, cat, lambda host: "DNS: Name or service not known")
+    assert down.status == UNREACHABLE and "download.pytorch.org" in down.reason
+    up = resolve(cell, cat, lambda host: None)
+    assert up.status == RESOLVED
+    assert [s.requirement.split(" @ ")[0] for s in up.sources] == ["torch==2.11.0+cu128", "sglang-kernel"]
+    assert up.indexes == ("https://download.pytorch.org/whl/cu128",)
+    # a registry-only cell never asks the network
+    reg = resolve(Cell("13.0", "stable", "0.4.2", "0.6.17"), cat, lambda host: 1 / 0)  # type: ignore[arg-type]
+    assert reg.status == RESOLVED and reg.indexes == ()
+    # unpublished stays unavailable whatever the network says
+    assert resolve(Cell("12.8", "nightly", "none", "none"), cat, lambda h: None).status == UNAVAILABLE
+
+
+def test_catalog_facts_all_have_sources() -> None:
+    cat = load_catalog()
+    assert all(c.source for c in cat.cuda.values())
+    assert all(t.source for t in cat.torch.values())
+    assert all(k.source for k in cat.kernels.values())
+    assert all(r.source for r in cat.jit_cache)
+
+
+def test_stable_follows_kernel_abi() -> None:
+    cat = load_catalog()
+    assert resolve(Cell("12.8", "stable", "0.4.1", "none"), cat).versions["torch"] == "2.9.1"
+    assert resolve(Cell("13.0", "stable", "0.4.2", "none"), cat).versions["torch"] == "2.11.0"
+    newest = resolve(Cell("13.0", "stable", "none", "none"), cat)
+    assert newest.versions["torch"] == cat.torch_latest_stable
+
+
+def test_wrong_catalog_fact_changes_resolution() -> None:
+    """The self-check test builds on this: a false 'registry is cu128' fact makes a registry cell."""
+    cat = load_catalog()
+    lying = replace(cat, torch=dict(cat.torch, **{"2.11.0": replace(cat.torch["2.11.0"], registry="cu128")}))
+    r = resolve(Cell("12.8", "2.11.0", "none", "none"), lying)
+    assert r.status == RESOLVED and r.sources[0].requirement == "torch==2.11.0" and r.indexes == ()
+
+
+def test_golden_dir_exists() -> None:
+    assert Path(GOLDEN).is_dir()
