@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_provision_matrix import GOLDEN, check_golden
 
 from provision.build import image_tag
 from provision.render import Base, render
-from test_provision_matrix import GOLDEN, check_golden
 
 CASES = [
     ("cell-registry.json", Base("registry-free", "stackprobe/base-dev:bookworm"), True, "registry-free.Dockerfile"),
@@ -40,4 +40,5 @@ def test_nightly_render_passes_index_and_prerelease() -> None:
 def test_image_tag_is_a_valid_reference() -> None:
     assert image_tag("cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1", "0123456789ab") == \
         "stackprobe/cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1:0123456789ab"
-    assert image_tag("cu130-torch2.9.1+cu130-sglnone-fiNONE", "abc") == "stackprobe/cu130-torch2.9.1-cu130-sglnone-finone:abc"
+    assert image_tag("cu130-torch2.9.1+cu130-sglnone-fiNONE", "abc") == \
+        "stackprobe/cu130-torch2.9.1-cu130-sglnone-finone:abc"

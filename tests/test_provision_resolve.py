@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from test_provision_matrix import GOLDEN, check_golden
+
 from provision.api import DEFAULT_MATRIX, resolve_all
 from provision.catalog import load as load_catalog
 from provision.matrix import Cell
 from provision.planview import plan_json, plan_lines
 from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, resolve
-from test_provision_matrix import GOLDEN, check_golden
 
 
 def test_reasons_golden() -> None:
