@@ -87,9 +87,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table("id", "feature", "ranks", "gpu", "needs", title=f"{len(rows)} probes")
+    t = Table("id", "title", "ranks", "gpu", "needs", title=f"{len(rows)} probes")
     for r in rows:
-        t.add_row(r["id"], r["feature"], ",".join(map(str, r["ranks"])) + (" (may share)" if r["share_gpu"] else ""),
+        t.add_row(r["id"], r["title"], ",".join(map(str, r["ranks"])) + (" (may share)" if r["share_gpu"] else ""),
                   "yes" if r["needs_gpu"] else "no", ", ".join(r["requires"]) or "-")
     Console(highlight=False).print(t)
     return 0

@@ -1,0 +1,116 @@
+"""`checks run / list` end to end in local mode: real worker processes, real store, real signals."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checks.store import read_file
+from tests.checks_helpers import ROOT, TOKEN_VAR, fixture_env, pids_with_env
+
+
+def checks(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "checks.cli", *args], capture_output=True, text=True,
+                          env=env or fixture_env(), cwd=ROOT, timeout=timeout)
+
+
+def _jsonl(results: Path) -> list[Path]:
+    return sorted(results.glob("*/*.jsonl"))
+
+
+def test_run_local_records_results_and_manifest(tmp_path: Path) -> None:
+    p = checks("run", "--local", "--probe", "t-trivial", "--probe", "t-gpu", "--probe", "t-missing", "--json",
+               "--results", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "plan 1 cell(s) x 3 probe(s) = 5 variant(s)" in p.stderr
+    assert "2 decided without running, skip: no GPU on this host" in p.stderr
+    printed = json.loads(p.stdout)
+    [path] = _jsonl(tmp_path)
+    stored, warnings = read_file(path)
+    assert warnings == [] and stored == printed
+    by = {(r["probe_id"], r["variant"]): r for r in stored}
+    assert by[("t-trivial", "ranks=2")]["status"] == "pass"
+    assert by[("t-gpu", "ranks=1")]["status"] == "skip" and by[("t-gpu", "ranks=1")]["reason_code"] == "no-gpu"
+    assert by[("t-missing", "ranks=1")]["status"] == "skip"
+    assert by[("t-missing", "ranks=1")]["reason_code"] == "missing-package"
+    r = stored[0]
+    assert r["cell_id"].startswith("local-cu") and r["host_id"] == path.parent.name
+    manifest = json.loads(path.with_name(path.name.replace(".jsonl", ".manifest.json")).read_text())
+    assert manifest["facts"]["host_id"] == r["host_id"] and manifest["executor"] == "local"
+    assert manifest["cells"][r["cell_id"]]["versions"]["torch"].startswith("2.11.0")
+
+
+def test_resume_skips_recorded_variants(tmp_path: Path) -> None:
+    assert checks("run", "--local", "--probe", "t-trivial", "--results", str(tmp_path)).returncode == 0
+    p = checks("run", "--local", "--resume", "--probe", "t-trivial", "--probe", "t-raise", "--results", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "resumed: 2 variant(s)" in p.stderr
+    [path] = _jsonl(tmp_path)
+    stored, _ = read_file(path)
+    assert sorted((r["probe_id"], r["variant"]) for r in stored) == [
+        ("t-raise", "ranks=1"), ("t-trivial", "ranks=1"), ("t-trivial", "ranks=2")]
+
+
+def test_ctrl_c_exits_130_keeps_finished_results_and_leaves_nothing(tmp_path: Path) -> None:
+    env = fixture_env()
+    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--local", "--probe", "t-trivial",
+                             "--probe", "t-zz-slow", "--results", str(tmp_path)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        files = _jsonl(tmp_path)
+        if files and len(read_file(files[0])[0]) == 2 and len(pids_with_env(env[TOKEN_VAR])) > 1:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # the slow probe's worker is now running
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    stored, warnings = read_file(_jsonl(tmp_path)[0])
+    assert warnings == [] and [r["probe_id"] for r in stored] == ["t-trivial", "t-trivial"]
+    assert pids_with_env(env[TOKEN_VAR]) == []
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["run", "--local", "--probe", "t-trivail"], "unknown probe 't-trivail'; did you mean 't-trivial'?"),
+    (["run", "--local"], "choose probes with --all or --probe"),
+    (["run", "--local", "--all", "--probe", "t-trivial"], "not both"),
+    (["run", "--local", "--probe", "t-trivial", "--only", "cu999-*"], "does not match --cuda/--only"),
+    (["run", "--local", "--probe", "t-trivial", "--cuda", "11"], "does not match --cuda/--only"),
+    (["run", "--local", "--python", "/nonexistent/python", "--probe", "t-trivial"], "/nonexistent/python"),
+    (["run", "--local", "--probe", "t-trivial", "--timeout-scale", "0"], "--timeout-scale must be > 0"),
+    (["run", "--bogus"], "unrecognized arguments: --bogus"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:
+    p = checks(*args, "--results", str(tmp_path)) if args[0] == "run" and "--bogus" not in args else checks(*args)
+    assert p.returncode == 2, p.stderr
+    assert needle in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+    assert not list(tmp_path.glob("*/*.jsonl"))
+
+
+def test_docker_mode_without_docker_is_exit_2(tmp_path: Path) -> None:
+    envs = tmp_path / "envs" / "cu130-torch2.11.0-sgl0.4.2-fi0.6.17"
+    envs.mkdir(parents=True)
+    (envs / "build.json").write_text(json.dumps({"status": "built", "tag": "stackprobe-test/none:1"}))
+    env = fixture_env(DOCKER_HOST="unix:///nonexistent/docker.sock")
+    p = checks("run", "--probe", "t-trivial", "--only", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17", "--envs",
+               str(tmp_path / "envs"), "--results", str(tmp_path / "res"), env=env)
+    assert p.returncode == 2, p.stderr
+    assert "Docker is not reachable" in p.stderr and "--local" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_list_json_has_the_fixture_probes() -> None:
+    p = checks("list", "--json")
+    rows = {r["id"]: r for r in json.loads(p.stdout)}
+    assert rows["t-gloo-allreduce"]["ranks"] == [2, 3] and rows["t-gloo-allreduce"]["needs_gpu"] is False
+    assert rows["t-gpu"]["requires"] == ["torch"]

@@ -1,0 +1,117 @@
+"""The results store under real concurrency and a real SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checks.probe import SCHEMA
+from checks.store import RunLock, RunStore, StoreBusy, latest_run, new_run_id, read_file
+from tests.checks_helpers import ROOT
+
+
+def _result(i: int, run_id: str = "r1", pad: int = 0) -> dict:
+    return {"schema": SCHEMA, "run_id": run_id, "host_id": "h", "cell_id": "c", "probe_id": "p",
+            "variant": f"ranks=1,i={i}", "status": "pass", "reason_code": "", "note": "x" * pad, "remediation": "",
+            "metrics": {}, "evidence": {}, "started_at": "2026-11-29T00:00:00Z", "duration_s": 0.1}
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from checks.store import RunStore
+from tests.test_checks_store import _result
+store = RunStore(Path(sys.argv[1]), "h", sys.argv[2])
+for i in range(int(sys.argv[3])):
+    store.append(_result(i, sys.argv[2], pad=int(sys.argv[4])))
+    if i == 5:
+        print("going", flush=True)
+"""
+
+
+def _writer(tmp: Path, run_id: str, n: int, pad: int) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(tmp), run_id, str(n), str(pad)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_append_and_read_back(tmp_path: Path) -> None:
+    store = RunStore(tmp_path, "h", "r1")
+    for i in range(3):
+        store.append(_result(i))
+    results, warnings = read_file(store.results_path)
+    assert [r["variant"] for r in results] == [f"ranks=1,i={i}" for i in range(3)]
+    assert warnings == []
+    assert store.recorded() == {("c", "p", f"ranks=1,i={i}") for i in range(3)}
+
+
+def test_kill_9_mid_run_leaves_only_whole_lines(tmp_path: Path) -> None:
+    proc = _writer(tmp_path, "r1", 100000, 20000)  # 20 KB lines: many writes are in flight at any time
+    assert proc.stdout is not None and proc.stdout.readline() == "going\n"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    path = tmp_path / "h" / "r1.jsonl"
+    results, warnings = read_file(path)
+    assert len(results) > 5 and warnings == []
+    assert path.read_bytes().endswith(b"\n")
+    assert [r["variant"] for r in results] == [f"ranks=1,i={i}" for i in range(len(results))]
+
+
+def test_torn_last_line_is_cut_before_the_next_append(tmp_path: Path) -> None:
+    store = RunStore(tmp_path, "h", "r1")
+    store.append(_result(0))
+    with open(store.results_path, "ab") as f:
+        f.write(b'{"schema": "stackprobe.res')  # what a power cut mid-write could leave
+    _, warnings = read_file(store.results_path)
+    assert any(":2: unterminated" in w for w in warnings)
+    store.append(_result(1))
+    results, warnings = read_file(store.results_path)
+    assert [r["variant"] for r in results] == ["ranks=1,i=0", "ranks=1,i=1"] and warnings == []
+
+
+def test_concurrent_writers_never_interleave(tmp_path: Path) -> None:
+    procs = [_writer(tmp_path, "shared", 300, 5000) for _ in range(3)]
+    for p in procs:
+        p.wait()
+    results, warnings = read_file(tmp_path / "h" / "shared.jsonl")
+    assert warnings == [] and len(results) == 900
+
+
+def test_corrupt_lines_are_reported_with_file_and_line(tmp_path: Path) -> None:
+    store = RunStore(tmp_path, "h", "r1")
+    store.append(_result(0))
+    with open(store.results_path, "a") as f:
+        f.write("garbage\n")
+        f.write(json.dumps({"schema": "other/9"}) + "\n")
+    store.append(_result(1))
+    results, warnings = read_file(store.results_path)
+    assert len(results) == 2
+    assert f"{store.results_path}:2: not valid JSON" in warnings[0]
+    assert f"{store.results_path}:3: missing field(s)" in warnings[1]
+
+
+def test_run_lock_is_exclusive(tmp_path: Path) -> None:
+    with RunLock(tmp_path):
+        holder = subprocess.run([sys.executable, "-c", "from pathlib import Path; from checks.store import RunLock\n"
+                                 f"with RunLock(Path({str(tmp_path)!r})): pass"], cwd=ROOT, capture_output=True,
+                                text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert holder.returncode != 0 and "StoreBusy" in holder.stderr and str(os.getpid()) in holder.stderr
+        with pytest.raises(StoreBusy), RunLock(tmp_path):
+            pass  # flock is per open file description: a second open in this process is refused too
+    with RunLock(tmp_path):
+        pass  # released
+
+
+def test_run_ids_sort_by_time(tmp_path: Path) -> None:
+    a, b = new_run_id(), new_run_id()
+    assert len(a) == len(b) == len("20261129T135438Z-c7fd")
+    (tmp_path / f"{a}.jsonl").touch()
+    (tmp_path / "20990101T000000Z-0000.jsonl").touch()
+    assert latest_run(tmp_path) == "20990101T000000Z-0000"
