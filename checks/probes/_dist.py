@@ -37,6 +37,7 @@ ALLOW_MULTICAST_ENV = "STACKPROBE_ALLOW_MULTICAST"
 SENTINEL = 111.0  # exactly representable in bf16, outside every possible sum of -4..4 inputs over <= 27 ranks
 HIDDEN = 7168  # DeepSeek-V3 / Kimi hidden size: the decode allreduce the research measures
 ERROR_TAIL_CHARS = 600
+WARMUP_DEADLINE_S = 60.0
 
 
 def keep_multicast_off(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -256,7 +257,7 @@ def capture(step: Callable[[], Any], calls: int, warmup: int = 3, pool: Any = No
             for _ in range(warmup):
                 step()
         torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
+        wait_device(WARMUP_DEADLINE_S)  # a warm-up collective whose peer never arrives must not block forever
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         for _ in range(calls):
