@@ -107,7 +107,7 @@ def test_absent_module_is_skip_and_wrong_arch_output_is_fail() -> None:
         ("RuntimeError: SM 12.x requires CUDA >= 12.9", "fi-nvcc-too-old"),
         ("nvcc fatal   : Unsupported gpu architecture 'compute_120f'", "nvcc-unsupported-arch"),
         ("/usr/bin/ld: cannot find -lcuda: No such file or directory", "fi-link-no-libcuda"),
-        ("foo.cu(12): error: identifier \"x\" is undefined", "fi-nvcc-error"),
+        ('foo.cu(12): error: identifier "x" is undefined', "fi-nvcc-error"),
         ("something else entirely", "fi-jit-error"),
     ],
 )
@@ -119,11 +119,28 @@ def test_probe_reason_codes_are_in_the_catalogue() -> None:
     from checks import reasons
 
     cat = reasons.load()
-    used = {"arch-not-compiled", "fi-module-absent", "fi-wrong-arch", "fi-workspace-failed", "fi-fusion-noop",
-            "fi-fusion-wrong", "fi-fusion-graph-failed", "fi-fusion-error", "custom-ar-silent-noop",
-            "custom-ar-init-failed", "custom-ar-error", "custom-ar-wrong", "custom-ar-graph-failed",
-            "custom-ar-graph-wrong", "ep-a2a-wrong", "ep-a2a-error", "ep-a2a-workspace-failed", "too-few-sms",
-            "missing-package", "probe-bug"}
+    used = {
+        "arch-not-compiled",
+        "fi-module-absent",
+        "fi-wrong-arch",
+        "fi-workspace-failed",
+        "fi-fusion-noop",
+        "fi-fusion-wrong",
+        "fi-fusion-graph-failed",
+        "fi-fusion-error",
+        "custom-ar-silent-noop",
+        "custom-ar-init-failed",
+        "custom-ar-error",
+        "custom-ar-wrong",
+        "custom-ar-graph-failed",
+        "custom-ar-graph-wrong",
+        "ep-a2a-wrong",
+        "ep-a2a-error",
+        "ep-a2a-workspace-failed",
+        "too-few-sms",
+        "missing-package",
+        "probe-bug",
+    }
     used |= {code for code, _ in fi.JIT_SIGNATURES} | {"fi-jit-error"}
     missing = sorted(c for c in used if cat.get(c) is None)
     assert not missing, missing
@@ -231,7 +248,11 @@ def test_fusion_reference_and_untouched_output() -> None:
 def _worker(python: str, probe: str, variant: dict, env: dict[str, str], timeout: float = 900) -> dict:
     proc = subprocess.run(
         [python, "-m", "checks.worker", "--probe", probe, "--variant", json.dumps(variant), "--gpus", "0"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@STACKPROBE-RESULT@@")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -261,18 +282,28 @@ def fi_python() -> str:
         subprocess.run(["uv", "venv", "-q", str(venv), "--python", sys.executable], check=True)
         env = {**os.environ, "VIRTUAL_ENV": str(venv)}
         pip = ["uv", "pip", "install", "-q"]
-        subprocess.run([*pip, "torch==2.11.0", "numpy", "nvidia-ml-py", "tqdm", "requests", "packaging", "ninja"],
-                       check=True, env=env)
-        subprocess.run([*pip, "--no-deps", f"flashinfer-python=={FLASHINFER}", "apache-tvm-ffi==0.1.15.post2"],
-                       check=True, env=env)
+        subprocess.run(
+            [*pip, "torch==2.11.0", "numpy", "nvidia-ml-py", "tqdm", "requests", "packaging", "ninja"],
+            check=True,
+            env=env,
+        )
+        subprocess.run(
+            [*pip, "--no-deps", f"flashinfer-python=={FLASHINFER}", "apache-tvm-ffi==0.1.15.post2"], check=True, env=env
+        )
         marker.write_text("ok\n")
     return str(python)
 
 
 def _fi_env(tmp_path: Path, python: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
-    env.update({"CUDA_VISIBLE_DEVICES": "", "STACKPROBE_JIT_CACHE": str(tmp_path / "jit"),
-                "PATH": f"{Path(python).parent}{os.pathsep}{env['PATH']}", "PYTHONPATH": str(ROOT)})
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": "",
+            "STACKPROBE_JIT_CACHE": str(tmp_path / "jit"),
+            "PATH": f"{Path(python).parent}{os.pathsep}{env['PATH']}",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     return env
 
 

@@ -110,6 +110,7 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
         "arch": arch,
         "flashinfer": result.get("flashinfer"),
         "nvcc": result.get("nvcc"),
+        "local_capability": result.get("local_capability"),
         "gencode": result.get("gencode", []),
         "stage": stage,
         "targets_in_output": targets,
@@ -129,6 +130,15 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
             return outcome(
                 "fail",
                 note=f"built, but the library holds {targets}, not {_expected_sass(arch)}",
+                reason_code="fi-wrong-arch",
+                metrics=metrics,
+                evidence=evidence,
+            )
+        local = result.get("local_capability")
+        if arch == LOCAL and local and targets and not _fatbin.runs_on(targets, local):
+            return outcome(
+                "fail",
+                note=f"built, but the library holds {targets}: nothing runs on {local}",
                 reason_code="fi-wrong-arch",
                 metrics=metrics,
                 evidence=evidence,
@@ -168,10 +178,20 @@ def run(ctx: RankContext) -> dict[str, Any]:
         return outcome(
             "skip", note="no nvcc in this environment: flashinfer cannot JIT anything here", reason_code="fi-no-nvcc"
         )
+    local_cc = None
+    if arch == LOCAL:
+        import torch
+
+        if not torch.cuda.is_available():
+            return outcome("skip", note="no GPU visible: nothing local to compile for", reason_code="no-gpu")
+        major, minor = torch.cuda.get_device_capability(0)
+        local_cc = f"{major}.{minor}"
     cache = os.environ.get(CACHE_ENV) or str(ctx.workdir / "jit-cache")
     os.makedirs(cache, exist_ok=True)
     env = build_env(arch, cuda_home, cache)
     ctx.log(f"building {module} for {arch} with {cuda_home}/bin/nvcc, cache {cache}")
     result = fi.run_build_subprocess(module, env, timeout_s=SPEC.timeout_s - 60)
     result["nvcc"] = fi.nvcc_version(cuda_home)
+    if local_cc:
+        result["local_capability"] = local_cc
     return verdict(module, arch, result, _objects_targets(result))
