@@ -50,6 +50,10 @@ class DockerExecutor:
     python: str = "python3"
     gpus_on_host: int = 0
     run_label: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    memlock_unlimited: bool = True
+    memlock_note: str = "unlimited"
+    last_container: str = ""
+    use_init: bool = True  # PID 1 ignores default-action signals; an init makes a crash look like one
     name: str = "docker"
     _client: Any = None
 
@@ -79,9 +83,9 @@ class DockerExecutor:
             "volumes": volumes,
             "working_dir": "/tmp",
             "ipc_mode": "host",
-            "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1), Ulimit(name="stack", soft=67108864,
-                                                                          hard=67108864)],
+            "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1)] if self.memlock_unlimited else [],
             "privileged": False,
+            "init": self.use_init,
             "network_mode": "none",
             "labels": {LABEL: self.run_label},
             "name": f"stackprobe-{self.run_label}-{uuid.uuid4().hex[:8]}",
@@ -90,13 +94,43 @@ class DockerExecutor:
             cfg["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
         return cfg
 
+    def _start(self, command: list[str]) -> Any:
+        """Create, then start; a container that fails to start is removed, not left behind."""
+        cfg = self._config(command)
+        cfg.pop("detach")
+        ctr = self.docker.containers.create(**cfg)
+        self.last_container = cfg["name"]
+        try:
+            ctr.start()
+        except BaseException:
+            ctr.remove(force=True)
+            raise
+        return ctr
+
+    def _start_degrading(self, command: list[str]) -> Any:
+        import docker.errors
+
+        while True:
+            try:
+                return self._start(command)
+            except docker.errors.APIError as exc:
+                # A daemon that itself runs under a memlock cap cannot raise it for containers; NCCL and
+                # CUDA IPC then work with the cap. Recorded in the results as evidence.memlock.
+                if self.memlock_unlimited and "rlimit" in str(exc):
+                    self.memlock_unlimited = False
+                    self.memlock_note = f"not raised: the Docker daemon refused ({str(exc)[-120:]})"
+                elif self.use_init and "init" in str(exc):
+                    self.use_init = False  # no docker-init on this host: the worker runs as PID 1
+                else:
+                    raise
+
     def _run(self, command: list[str], timeout_s: float) -> ProcessOutcome:
         import docker.errors
         import requests.exceptions
 
         started = time.monotonic()
         try:
-            ctr = self.docker.containers.run(**self._config(command))
+            ctr = self._start_degrading(command)
         except docker.errors.ImageNotFound:
             raise ExecutorError(f"image {self.image} not found: run `provision build` first") from None
         except docker.errors.APIError as exc:
@@ -144,6 +178,8 @@ class DockerExecutor:
         result = classify.from_process(p, catalogue, hard_timeout(timeout_s))
         ev = result.setdefault("evidence", {})
         ev["image"] = self.image
+        ev["memlock"] = self.memlock_note
+        ev["container"] = self.last_container
         ev["command"] = f"docker run {self.image} {self.python} -m checks.worker --probe {variant.probe_id}"
         return result
 

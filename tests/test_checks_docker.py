@@ -1,0 +1,125 @@
+"""The worker inside a real container: an image built here FROM the registry-free base, with a venv that
+holds nothing GPU-related, so GPU probes must `skip` honestly. Nothing may be left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checks import reasons
+from checks.container import DockerExecutor, client
+from checks.probe import Variant
+from checks.store import read_file
+from tests.checks_helpers import FIXTURES, ROOT, fixture_env
+
+pytestmark = pytest.mark.docker
+TAG = "stackprobe-checks-test/venv:1"
+CAT = reasons.default()
+
+
+@pytest.fixture(scope="module")
+def venv_image(base_image: str, docker_available: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    ctx = tmp_path_factory.mktemp("ctx")
+    (ctx / "Dockerfile").write_text(f"FROM {base_image}\nRUN python3 -m venv /opt/venv\nENV PATH=/opt/venv/bin:$PATH\n")
+    proc = subprocess.run([docker_available, "build", "-q", "-t", TAG, str(ctx)], capture_output=True, text=True,
+                          env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    return TAG
+
+
+@pytest.fixture
+def executor(venv_image: str, monkeypatch: pytest.MonkeyPatch) -> DockerExecutor:
+    monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
+    ex = DockerExecutor(image=venv_image)
+    yield ex
+    assert ex.leftovers() == []
+
+
+def test_trivial_probe_runs_two_ranks_in_a_container(executor: DockerExecutor) -> None:
+    r = executor.run(Variant("t-trivial", 2), 0, 60, CAT)
+    assert r["status"] == "pass", r
+    assert [x["status"] for x in r["evidence"]["ranks"]] == ["pass", "pass"]
+    assert r["evidence"]["env"]["python"].startswith("3.11")  # Debian bookworm's, not the host's venv
+    assert "torch" not in r["evidence"]["env"]
+    assert r["evidence"]["image"] == TAG
+
+
+def test_gpu_and_torch_probes_skip_honestly(executor: DockerExecutor) -> None:
+    gloo = executor.run(Variant("t-gloo-allreduce", 2), 0, 60, CAT)
+    assert gloo["status"] == "skip" and gloo["reason_code"] == "missing-package"
+    assert "torch" in gloo["note"]
+    gpu = executor.run(Variant("t-gpu"), 0, 60, CAT)
+    assert gpu["status"] == "skip"  # torch is missing, checked before the GPU
+    assert gpu["remediation"]
+
+
+def test_checks_code_is_mounted_read_only(executor: DockerExecutor) -> None:
+    p = executor._run(["python3", "-c", "open('/opt/stackprobe-code/checks/x', 'w')"], 60)
+    assert p.returncode == 1 and "Read-only file system" in p.stderr_tail
+
+
+def test_hang_in_container_is_killed_and_removed(executor: DockerExecutor) -> None:
+    r = executor.run(Variant("t-hang", 2), 0, 2, CAT)
+    assert r["status"] == "hang"
+    assert "sleep_forever" in json.dumps(r["evidence"])  # the stacks came back
+
+
+def test_host_timeout_kills_container(executor: DockerExecutor) -> None:
+    p = executor._run(["sleep", "600"], 3)
+    assert p.timed_out and p.duration_s < 30
+
+
+def test_segfault_in_container_is_crash(executor: DockerExecutor) -> None:
+    r = executor.run(Variant("t-segv"), 0, 30, CAT)
+    assert r["status"] == "crash" and "SIGSEGV" in r["note"]
+    p = executor._run(["python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"], 30)
+    assert p.signal_name == "SIGSEGV"
+
+
+def test_inspect_in_container(executor: DockerExecutor) -> None:
+    info = executor.inspect()
+    assert info["versions"]["python"].startswith("3.11")
+    assert info["gpus"] == [] and "torch is not installed" in info["torch_error"]
+
+
+def test_checks_run_docker_mode_end_to_end(venv_image: str, tmp_path: Path) -> None:
+    """Cells from provision.api: an unavailable one, one whose build failed, one whose build.json names an
+    image. The image here is the small test image, so its results describe that image (evidence.env)."""
+    from provision.api import plan_cells
+
+    cells = plan_cells()
+    unavailable = next(c for c in cells if c.status == "unavailable")
+    resolved = [c for c in cells if c.status == "resolved"][:2]
+    assert len(resolved) == 2
+    envs = tmp_path / "envs"
+    for c, body in zip(resolved, ({"status": "built", "tag": venv_image},
+                                  {"status": "failed", "tag": None, "reason": "uv: no solution"}), strict=True):
+        (envs / c.cell_id).mkdir(parents=True)
+        (envs / c.cell_id / "build.json").write_text(json.dumps(body))
+    only = [a for c in (unavailable, *resolved) for a in ("--only", c.cell_id)]
+    p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--probe", "t-trivial", "--probe", "t-gpu",
+                        *only, "--envs", str(envs), "--results", str(tmp_path / "res"), "--json"],
+                       capture_output=True, text=True, env=fixture_env(), cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr
+    [path] = sorted((tmp_path / "res").glob("*/*.jsonl"))
+    stored, warnings = read_file(path)
+    assert warnings == []
+    by = {(r["cell_id"], r["probe_id"], r["variant"]): r for r in stored}
+    built, failed = resolved
+    assert by[(built.cell_id, "t-trivial", "ranks=2")]["status"] == "pass"
+    assert by[(built.cell_id, "t-trivial", "ranks=1")]["evidence"]["image"] == venv_image
+    assert by[(built.cell_id, "t-gpu", "ranks=1")]["status"] == "skip"
+    assert {r["status"] for k, r in by.items() if k[0] == failed.cell_id} == {"not-run"}
+    assert by[(failed.cell_id, "t-trivial", "ranks=1")]["note"] == "uv: no solution"
+    assert by[(failed.cell_id, "t-trivial", "ranks=1")]["reason_code"] == "image-failed"
+    un = by[(unavailable.cell_id, "t-trivial", "ranks=1")]
+    assert un["status"] == "unavailable" and un["note"] == unavailable.reason
+    names = {r["evidence"]["container"] for r in stored if "container" in r["evidence"]}
+    assert len(names) == 2  # one container per variant that ran (t-gpu is decided without running)
+    existing = {c.name for c in client().containers.list(all=True)}
+    assert not names & existing
