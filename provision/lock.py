@@ -74,9 +74,13 @@ def classify_uv_error(stderr: str) -> str:
     return UNREACHABLE if any(n in stderr for n in net) else UNAVAILABLE
 
 
-def _last_lines(text: str, n: int = 3) -> str:
+def _last_lines(text: str) -> str:
+    """uv's first error line and its deepest cause: what failed, and why."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("warning:")]
-    return " | ".join(lines[-n:])
+    if not lines:
+        return "no output"
+    first = next((ln for ln in lines if ln.startswith("error:")), lines[0])
+    return first if lines[-1] == first else f"{first} ({lines[-1]})"
 
 
 def uv_compile(req_text: str, args: Sequence[str]) -> str:
@@ -85,8 +89,9 @@ def uv_compile(req_text: str, args: Sequence[str]) -> str:
         src, out = Path(d) / "requirements.in", Path(d) / "out.lock"
         src.write_text(req_text)
         env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1")
-        proc = subprocess.run([uv_bin(), "pip", "compile", str(src), "-o", str(out), "--quiet", *args],
-                              capture_output=True, text=True, env=env)
+        # relative names, so the lock (and so the image hash) does not carry a temporary path
+        proc = subprocess.run([uv_bin(), "pip", "compile", src.name, "-o", out.name, "--quiet", *args],
+                              capture_output=True, text=True, env=env, cwd=d)
         if proc.returncode != 0:
             raise LockError(classify_uv_error(proc.stderr), _last_lines(proc.stderr))
         return out.read_text()
@@ -262,8 +267,8 @@ def lock_cells(cells: Sequence[Resolved], envs: Path = ENVS, echo: bool = True,
             try:
                 res = lock_cell(r, envs, uv, refresh)
             except LockError as e:
-                status, msg = e.args
-                res = {"cell_id": r.cell_id, "status": "failed", "reason": f"uv: {msg}", "kind": status}
+                status, msg = e.args  # uv judged: unreachable index, or nothing published that fits
+                res = {"cell_id": r.cell_id, "status": status, "reason": f"uv: {msg}"}
         out.append(res)
         if echo:
             print(f"{res['cell_id']}: {res['status']}" + (f" ({res['reason']})" if res.get("reason") else ""),

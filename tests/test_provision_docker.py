@@ -1,0 +1,130 @@
+"""Real builds on the real dockerd: a registry-only CUDA 13.0 cell, its self-check, a no-op rebuild,
+the CA bundle kept out of the image, and a mislabelled cell that the self-check rejects.
+
+Each test is one sequence of steps so pytest-xdist never builds the same image twice at once.
+Images are removed at the end unless STACKPROBE_KEEP_IMAGES=1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import docker_cli
+
+from provision.build import CA_BUNDLE, BuildOptions, Docker, build_cells, build_locked
+from provision.catalog import load as load_catalog
+from provision.cli import main
+from provision.lock import lock_cell, uv_version
+from provision.matrix import Cell
+from provision.resolve import RESOLVED, resolve
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+KEEP = os.environ.get("STACKPROBE_KEEP_IMAGES") == "1"
+REAL = "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1"
+
+
+def _rm(tag: str | None) -> None:
+    if tag and not KEEP:
+        subprocess.run([docker_cli(), "image", "rm", "-f", tag], capture_output=True)
+
+
+def _labels(tag: str) -> dict[str, str]:
+    out = subprocess.run([docker_cli(), "image", "inspect", "--format", "{{json .Config.Labels}}", tag],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, base_image: str) -> None:
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text("matrix:\n  cuda: ['13.0']\n  torch: ['2.11.0']\n  sgl_kernel: ['0.4.2']\n"
+                      "  flashinfer: ['0.6.8.post1']\n")
+    opts = BuildOptions(matrix, envs=tmp_path / "envs", dockerfiles=tmp_path / "df", json=True, base="registry-free")
+    docker = Docker(cli=docker_cli())
+    tag = None
+    try:
+        assert build_cells(opts, docker) == 0
+        rec = json.loads((tmp_path / "envs" / REAL / "build.json").read_text())
+        tag = rec["tag"]
+        assert rec["status"] == "built", rec["reason"]
+        assert docker.builds == 1
+        assert rec["versions"]["torch"] == "2.11.0+cu130" and rec["versions"]["torch_cuda"] == "13.0"
+        assert rec["versions"]["sgl_kernel"] == "0.4.2" and rec["versions"]["flashinfer"] == "0.6.8.post1"
+        assert rec["versions"]["nccl"].startswith("2.")
+        sc = rec["selfcheck"]
+        assert sc["toolkit"]["nvcc"] == "13.0" and sc["toolkit"]["compile_sm_120a"] == "ok"
+        assert "sm_120" in sc["torch"]["archs"]["sass"] and "sm_120" in sc["sgl_kernel"]["archs"]["sass"]
+        assert sc["sgl_kernel"]["cudart_major"] == ["13"]
+        assert _labels(tag)["org.stackprobe.cell"] == REAL and _labels(tag)["org.stackprobe.torch"] == "2.11.0"
+        assert (tmp_path / "df" / f"{REAL}.Dockerfile").read_text().startswith("# Rendered by")
+
+        # the CA bundle reached the build as a secret: no layer, no history entry, no file holds it
+        history = subprocess.run([docker_cli(), "history", "--no-trunc", "--format", "{{.CreatedBy}}", tag],
+                                 capture_output=True, text=True, check=True).stdout
+        assert "ca-certificates.crt" not in history and "BEGIN CERTIFICATE" not in history
+        host = CA_BUNDLE.read_bytes()
+        finder = (
+            "import os,sys,hashlib\n"
+            f"n={len(host)};h='{hashlib.sha256(host).hexdigest()}'\n"
+            "for r,ds,fs in os.walk('/'):\n"
+            "  ds[:]=[d for d in ds if r!='/' or d not in ('proc','sys','dev')]\n"
+            "  for f in fs:\n"
+            "    p=os.path.join(r,f)\n"
+            "    try:\n"
+            "      if os.path.isfile(p) and not os.path.islink(p) and os.path.getsize(p)==n and "
+            "hashlib.sha256(open(p,'rb').read()).hexdigest()==h: print(p)\n"
+            "    except OSError: pass\n"
+            "print('secrets', os.path.exists('/run/secrets/cacert'))\n"
+        )
+        found = subprocess.run([docker_cli(), "run", "--rm", "--network", "none", "--entrypoint", "python3", tag,
+                                "-c", finder], capture_output=True, text=True, check=True).stdout.split("\n")
+        assert found[0] == "secrets False", found
+
+        # second build: nothing changed, so no build is invoked and the record says so
+        again = Docker(cli=docker_cli())
+        assert build_cells(opts, again) == 0
+        assert again.builds == 0
+        rec2 = json.loads((tmp_path / "envs" / REAL / "build.json").read_text())
+        assert rec2["status"] == "skipped-unchanged" and rec2["tag"] == tag
+        assert rec2["versions"] == rec["versions"]
+    finally:
+        _rm(tag)
+
+
+def test_mislabelled_cell_is_rejected_by_the_selfcheck(tmp_path: Path, base_image: str) -> None:
+    """A catalog that wrongly says the registry's torch 2.11.0 is a CUDA 12.8 build: the cell resolves, the
+    image builds, and the self-check fails it because the torch inside is CUDA 13.0."""
+    cat = load_catalog()
+    lying = replace(cat, torch=dict(cat.torch, **{"2.11.0": replace(cat.torch["2.11.0"], registry="cu128")}))
+    r = resolve(Cell("12.8", "2.11.0", "none", "none"), lying)
+    assert r.status == RESOLVED and r.indexes == ()
+    envs = tmp_path / "envs"
+    lock_cell(r, envs, uv_version())
+    opts = BuildOptions(tmp_path / "unused.yaml", envs=envs, dockerfiles=tmp_path / "df", toolkit=False)
+    docker = Docker(cli=docker_cli())
+    rec = build_locked([envs / r.cell_id], opts, docker)[0]
+    try:
+        assert docker.builds == 1
+        assert rec["status"] == "failed"
+        assert "self-check: torch.version.cuda is 13.0, the cell is CUDA 12.8" in rec["reason"]
+        assert rec["versions"]["torch_cuda"] == "13.0"
+        assert docker.image_id(rec["tag"]) is None  # the wrong image does not keep a valid tag
+        on_disk = json.loads((envs / r.cell_id / "build.json").read_text())
+        assert on_disk["status"] == "failed" and on_disk["reason"] == rec["reason"]
+    finally:
+        _rm(rec.get("tag"))
+
+
+def test_no_daemon_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch, docker_available: str) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--only", REAL, "--offline", "--json"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("provision: cannot talk to the Docker daemon") and err.count("\n") == 1, err

@@ -1,0 +1,111 @@
+"""Locking: real uv resolution against the registry, the torch layer subset, atomic writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from provision.api import resolve_all
+from provision.cli import main
+from provision.lock import closure_subset, parse_blocks, pinned, write_dir_atomically
+
+SAMPLE = """\
+filelock==3.20.0 \\
+    --hash=sha256:aa
+    # via torch
+flashinfer-python==0.6.17 \\
+    --hash=sha256:bb
+    # via -r requirements.in
+numpy==2.4.6 ; python_full_version < '3.12' \\
+    --hash=sha256:cc
+    # via
+    #   flashinfer-python
+    #   torch
+nvidia-cublas==13.1.0.3 ; sys_platform == 'linux' \\
+    --hash=sha256:dd
+    # via
+    #   cuda-toolkit
+cuda-toolkit==13.0.2 ; sys_platform == 'linux' \\
+    --hash=sha256:ee
+    # via torch
+tabulate==0.10.0 \\
+    --hash=sha256:ff
+    # via flashinfer-python
+torch==2.11.0 \\
+    --hash=sha256:00
+    # via
+    #   -r requirements.in
+    #   flashinfer-python
+"""
+
+
+def test_closure_subset_follows_via_annotations() -> None:
+    sub = closure_subset(SAMPLE, "torch")
+    names = [b[0] for b in parse_blocks(sub)]
+    assert names == ["filelock", "numpy", "nvidia-cublas", "cuda-toolkit", "torch"]
+    assert "tabulate" not in sub and "flashinfer" not in sub
+    assert "--hash=sha256:dd" in sub and "# via" not in sub
+    assert pinned(SAMPLE, "torch") == "2.11.0" and pinned(SAMPLE, "Flashinfer_Python") == "0.6.17"
+
+
+def test_write_dir_atomically_replaces_and_keeps_build_json(tmp_path: Path) -> None:
+    target = tmp_path / "cell"
+    write_dir_atomically(target, {"a": "1", "b": "2"})
+    (target / "build.json").write_text("{}")
+    write_dir_atomically(target, {"a": "3"})
+    assert sorted(p.name for p in target.iterdir()) == ["a", "build.json"]
+    assert (target / "a").read_text() == "3"
+    assert [p.name for p in tmp_path.iterdir()] == ["cell"]  # no temp folder left
+
+
+def test_lock_registry_cell_for_real(tmp_path: Path) -> None:
+    """The registry alone resolves the CUDA 12.8 cell (torch 2.9.1 there is a cu128 build)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["lock", "--only", "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "--envs", str(tmp_path), "--json", "--offline"])
+    assert exc.value.code == 0
+    folder = tmp_path / "cu128-torch2.9.1-sgl0.4.1-fi0.6.17"
+    lock = (folder / "requirements.lock").read_text()
+    assert pinned(lock, "torch") == "2.9.1" and pinned(lock, "sglang-kernel") == "0.4.1"
+    assert pinned(lock, "nvidia-nccl-cu12") and "--hash=sha256:" in lock
+    assert pinned((folder / "torch.lock").read_text(), "flashinfer-python") is None
+    assert pinned((folder / "toolkit.lock").read_text(), "nvidia-cuda-nvcc-cu12", ) is not None
+    cell = json.loads((folder / "cell.json").read_text())
+    assert cell["expected"] == {"cuda": "12.8", "torch_cuda": "cu128", "torch": "2.9.1", "sgl_kernel": "0.4.1",
+                                "flashinfer": "0.6.17", "nccl": pinned(lock, "nvidia-nccl-cu12")}
+    before = (folder / "requirements.lock").stat().st_mtime_ns
+    main_again = ["lock", "--only", "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "--envs", str(tmp_path), "--offline"]
+    with pytest.raises(SystemExit):
+        main(main_again)
+    assert (folder / "requirements.lock").stat().st_mtime_ns == before  # unchanged inputs: not re-resolved
+
+
+def test_dry_run_renders_without_docker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: ['0.4.2']\n"
+                      "  flashinfer: ['0.6.17']\n  include:\n    - {cuda: '12.8', torch: nightly, sgl_kernel: none,"
+                      " flashinfer: none}\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["build", "--dry-run", "--matrix", str(matrix), "--envs", str(tmp_path / "e"),
+              "--dockerfiles", str(tmp_path / "d"), "--json", "--offline"])
+    assert exc.value.code == 0
+    rows = {r["cell_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["cu130-torch2.11.0-sgl0.4.2-fi0.6.17"]["status"] == "would-build"
+    assert rows["cu128-torchnightly-sglnone-finone"]["status"] == "unavailable"
+    assert (tmp_path / "d" / "cu130-torch2.11.0-sgl0.4.2-fi0.6.17.Dockerfile").exists()
+    assert (tmp_path / "e" / "cu130-torch2.11.0-sgl0.4.2-fi0.6.17" / "requirements.lock").exists()
+    assert [c.cell_id for c in resolve_all(matrix, offline=True)] == list(rows)
+
+
+def test_live_check_tells_unpublished_from_unreachable() -> None:
+    from provision.catalog import load as load_catalog
+    from provision.lock import live_check
+    from provision.matrix import Cell
+    from provision.resolve import UNAVAILABLE, resolve
+
+    cat = load_catalog()
+    ghost = resolve(Cell("13.0", "stable", "none", "0.6.99"), cat, lambda h: None)  # no such flashinfer
+    ghost = type(ghost)(**{**ghost.__dict__, "sources": ghost.sources[1:], "indexes": ()})  # registry only
+    (checked,) = live_check([ghost])
+    assert checked.status == UNAVAILABLE and "flashinfer-python" in checked.reason
