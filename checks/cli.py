@@ -217,11 +217,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "executor": "local" if args.local else "docker", "facts": facts,
                     "cells": {c.cell_id: {"status": c.status, "reason": c.reason, "versions": c.versions,
                                           "image": c.image, "image_status": c.image_status} for c in cells},
-                    "probes": sorted(probes), "argv": sys.argv[1:]}
+                    "probes": {pid: {"title": m.SPEC.title, "feature": m.SPEC.feature} for pid, m in probes.items()},
+                    "argv": sys.argv[1:]}
         if args.resume and store.manifest_path.exists():
             old = json.loads(store.manifest_path.read_text())
             manifest["cells"] = {**old.get("cells", {}), **manifest["cells"]}
-            manifest["probes"] = sorted(set(old.get("probes", [])) | set(manifest["probes"]))
+            old_probes = old.get("probes") if isinstance(old.get("probes"), dict) else {}
+            manifest["probes"] = {**old_probes, **manifest["probes"]}
         store.write_manifest(manifest)
         con.print(f"[bold]results[/] {store.results_path}")
         report = _execute_with_progress(con, items, executors, store, catalogue, gpus, args.resume)

@@ -138,6 +138,10 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             date = min(r["started_at"] for r in res)[:10]
             run_rows.append({"run_id": run_id, "date": date, "path": os.path.relpath(path, out_dir)})
     results = latest_results(all_results)
+    probe_info = dict(probe_info)
+    for m in manifests:  # what each run recorded about its probes; newer runs win
+        for pid, info in (m.get("probes") or {}).items() if isinstance(m.get("probes"), dict) else []:
+            probe_info[pid] = {"title": str(info.get("title", pid)), "feature": str(info.get("feature", ""))}
     facts = header(dict(manifests[-1].get("facts") or {}) if manifests else {})
     probe_ids = sorted({r["probe_id"] for r in results})
     cell_ids = sorted({r["cell_id"] for r in results})
@@ -191,15 +195,6 @@ def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str
     return [s for s in sections if s.rows], warnings
 
 
-def _probe_info() -> dict[str, dict[str, str]]:
-    try:
-        from checks.registry import discover
-
-        return {pid: {"title": m.SPEC.title, "feature": m.SPEC.feature} for pid, (_, m) in discover().items()}
-    except Exception:
-        return {}  # a broken probe module must not stop the report; ids stand in for titles
-
-
 def _catalogue_messages() -> dict[str, str]:
     from checks.reasons import default
 
@@ -241,7 +236,7 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
         print(f"checks report: no results directory {results_dir} (run `checks run` first)", file=sys.stderr)
         return 2
     html = html or out.with_suffix(".html")
-    sections, warnings = build_model(results_dir, out.parent, _probe_info(), _catalogue_messages())
+    sections, warnings = build_model(results_dir, out.parent, {}, _catalogue_messages())
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if not sections:

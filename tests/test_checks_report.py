@@ -1,0 +1,110 @@
+"""`checks report` against recorded results: golden bytes, determinism, --check, corrupt lines.
+
+Regenerate the goldens after an intended change with STACKPROBE_UPDATE_GOLDEN=1."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from checks.report import generate, headline
+from tests.checks_helpers import ROOT
+
+GOLDEN = ROOT / "tests" / "golden" / "checks"
+UPDATE = os.environ.get("STACKPROBE_UPDATE_GOLDEN") == "1"
+
+
+def _layout(tmp: Path) -> tuple[Path, Path]:
+    """results/ beside docs/, as in the repository, so links in the page are stable."""
+    shutil.copytree(GOLDEN / "results", tmp / "results")
+    return tmp / "results", tmp / "docs" / "compatibility.md"
+
+
+def test_report_matches_golden(tmp_path: Path) -> None:
+    results, out = _layout(tmp_path)
+    assert generate(results, out, None, check=False) == 0
+    for name in ("compatibility.md", "compatibility.html"):
+        got = (out.parent / name).read_text()
+        if UPDATE:
+            (GOLDEN / name).write_text(got)
+        assert got == (GOLDEN / name).read_text(), f"{name} differs from the golden (STACKPROBE_UPDATE_GOLDEN=1)"
+
+
+def test_report_content_says_what_matters(tmp_path: Path) -> None:
+    results, out = _layout(tmp_path)
+    generate(results, out, None, check=False)
+    md = out.read_text()
+    assert "No Blackwell (SM12x) GPU has been measured" in md
+    assert "## NVIDIA H200 ×1 — host `h200x1-3f9a2c1d`" in md
+    assert "| NVIDIA H200 | 9.0 | 1 | 580.159.04 (13.0) |" in md
+    assert "(../results/h200x1-3f9a2c1d/20261129T100000Z-a1b2.jsonl)" in md  # link to the raw results
+    assert "0.41–0.88× NCCL time" in md  # a key measurement in a passing cell
+    assert "exact; 7168 bf16" in md and "⏳" not in md.split("Notes:")[-1]  # the newer run's pass replaced the hang
+    assert "`fi-arch-gate`" in md and "flashinfer >= 0.6.17" in md
+    assert "🚫" in md and "torch nightly has no cu128 builds" in md
+    html = out.with_suffix(".html").read_text()
+    assert '<td class="fail"' in html and "<style>" in html and "http" not in html  # self-contained
+
+
+def test_same_results_same_bytes_whatever_the_file_order(tmp_path: Path) -> None:
+    a_res, a_out = _layout(tmp_path / "a")
+    b_res = tmp_path / "b" / "results"
+    files = sorted(p for p in (GOLDEN / "results").rglob("*") if p.is_file())
+    random.Random(7).shuffle(files)  # created in another order: another directory order on disk
+    for f in files:
+        dest = b_res / f.relative_to(GOLDEN / "results")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest)
+    b_out = tmp_path / "b" / "docs" / "compatibility.md"
+    generate(a_res, a_out, None, check=False)
+    generate(b_res, b_out, None, check=False)
+    assert a_out.read_bytes() == b_out.read_bytes()
+    assert a_out.with_suffix(".html").read_bytes() == b_out.with_suffix(".html").read_bytes()
+
+
+def test_check_exits_1_when_stale_and_0_when_fresh(tmp_path: Path) -> None:
+    results, out = _layout(tmp_path)
+    cmd = [sys.executable, "-m", "checks.cli", "report", "--results", str(results), "--out", str(out)]
+    p = subprocess.run([*cmd, "--check"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 1 and "stale" in p.stderr and not out.exists()
+    assert subprocess.run(cmd, capture_output=True, cwd=ROOT).returncode == 0
+    assert subprocess.run([*cmd, "--check"], capture_output=True, cwd=ROOT).returncode == 0
+    path = next(results.glob("cpu-*/*.jsonl"))
+    lines = path.read_text().splitlines(keepends=True)
+    newer = next(ln for ln in lines if '"status": "pass"' in ln).replace('"status": "pass"', '"status": "fail"')
+    path.write_text("".join(lines) + newer)  # the same variant measured again, later in the run: now failing
+    assert subprocess.run([*cmd, "--check"], capture_output=True, cwd=ROOT).returncode == 1
+
+
+def test_corrupt_line_is_warned_with_file_and_line_and_the_rest_reported(tmp_path: Path) -> None:
+    results, out = _layout(tmp_path)
+    path = next(results.glob("cpu-*/*.jsonl"))
+    lines = path.read_text().splitlines(keepends=True)
+    lines.insert(2, "{this is not json\n")
+    path.write_text("".join(lines))
+    p = subprocess.run([sys.executable, "-m", "checks.cli", "report", "--results", str(results), "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0
+    assert f"warning: {path}:3: not valid JSON" in p.stderr
+    assert "`fi-arch-gate`" in out.read_text()
+
+
+def test_no_results_is_exit_2(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "checks.cli", "report", "--results", str(tmp_path / "none")],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    (tmp_path / "empty").mkdir()
+    p = subprocess.run([sys.executable, "-m", "checks.cli", "report", "--results", str(tmp_path / "empty"),
+                        "--out", str(tmp_path / "o.md")], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "no valid results" in p.stderr and not (tmp_path / "o.md").exists()
+
+
+def test_headline_choices() -> None:
+    assert headline({"headline": "fast"}) == "fast"
+    assert headline({"ratio_vs_nccl": {"a": 0.5}}) == "0.50× NCCL time"
+    assert headline({"latency_us": {"a": 3.0, "b": 12.25}}) == "3.0–12.2 µs"
+    assert headline({"other": 1}) == ""
