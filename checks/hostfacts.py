@@ -82,7 +82,8 @@ def interconnect(topo: str | None, count: int) -> str:
         return f"NVLink ({nvlink[0]})"
     if nvlink:
         return "mixed NVLink/PCIe"
-    return f"PCIe ({sorted(set(links))[0] if links else 'unknown'})"
+    worst = next((k for k in ("SYS", "NODE", "PHB", "PXB", "PIX") if k in links), "unknown")
+    return f"PCIe (worst path {worst})"
 
 
 def slug(text: str) -> str:
