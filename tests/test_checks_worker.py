@@ -13,8 +13,9 @@ from checks.worker import device_for, module_available, rank_env
 from tests.checks_helpers import ROOT, fixture_env, pids_with_env, run_worker
 
 
-def test_gloo_allreduce_two_and_three_ranks_with_env_param() -> None:
-    for ranks in (2, 3):
+def test_gloo_allreduce_three_ranks_with_env_param() -> None:
+    # Two-rank gloo runs in test_teardown_hang_keeps_the_correct_result; each torch import costs seconds.
+    for ranks in (3,):
         result, token = run_worker("t-gloo-allreduce", ranks, params=[["env.STACKPROBE_TEST_ENV", "hello"]])
         assert result["status"] == "pass", result
         assert result["metrics"]["sum"] == ranks * (ranks + 1) / 2
