@@ -113,6 +113,30 @@ def error_lines(text: str, limit: int = 6) -> list[str]:
     return keep[:limit]
 
 
+def api_surface() -> dict[str, bool]:
+    """Which of the comm entry points the probes use this flashinfer has (import only; no GPU needed)."""
+    names = {
+        "unified_fusion": ("flashinfer.comm", "create_allreduce_fusion_workspace"),
+        "legacy_fusion": ("flashinfer.comm", "trtllm_create_ipc_workspace_for_all_reduce_fusion"),
+        "vllm_custom_ar": ("flashinfer.comm", "vllm_init_custom_ar"),
+        "ipc_shared_buffer": ("flashinfer.comm", "create_shared_buffer"),
+        "moe_a2a": ("flashinfer.comm.trtllm_moe_alltoall", "MoeAlltoAll"),
+        "moe_a2a_functional": ("flashinfer.comm.trtllm_moe_alltoall", "moe_a2a_dispatch"),
+        "pcie_ipc": ("flashinfer.comm", "PcieIpcAllReduceWorkspace"),
+        "torch_dist_backend": ("flashinfer.comm.comm_backend", "TorchDistBackend"),
+        "torch_dist_backend_mnnvl": ("flashinfer.comm.mnnvl", "TorchDistBackend"),  # before comm_backend.py
+    }
+    out: dict[str, bool] = {}
+    for key, (mod_name, attr) in names.items():
+        try:
+            out[key] = hasattr(importlib.import_module(mod_name), attr)
+        except Exception:
+            out[key] = False
+    for module in JIT_GENERATORS:
+        out[f"jit_{module}"] = jit_generator(module) is not None
+    return out
+
+
 # --- one JIT build, in this process (called in a fresh interpreter by fi-jit) -------------------------
 def _ninja_targets(ninja_file: str) -> tuple[list[str], list[str]]:
     """(object targets, final targets) of a flashinfer build.ninja."""

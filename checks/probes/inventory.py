@@ -125,6 +125,13 @@ def run(ctx: RankContext) -> dict[str, Any]:
     evidence["torch_binary_archs"] = torch_bins
     if sgl_bins:
         evidence["sgl_kernel_binary_archs"] = sgl_bins
+    if importlib.util.find_spec("flashinfer") is not None and importlib.util.find_spec("torch") is not None:
+        from checks.probes._flashinfer import api_surface
+
+        try:
+            evidence["flashinfer_api"] = api_surface()
+        except Exception as exc:  # a flashinfer that fails to import is itself a finding
+            evidence["flashinfer_import_error"] = f"{type(exc).__name__}: {exc}"[:300]
     if importlib.util.find_spec("torch") is None:
         return outcome(
             "skip", note="torch is not installed in this environment", reason_code="no-torch", evidence=evidence
