@@ -128,7 +128,7 @@ def choose_base(cell: dict[str, Any], opts: BuildOptions, docker: Docker | None)
         return Base("nvidia", nv)
     from provision.baseimage import DEFAULT_TAG, DEV_TAG
 
-    if opts.toolkit:
+    if opts.toolkit and cell.get("wheel_nvcc", True):
         return Base("registry-free", DEV_TAG)
     return Base("registry-free-notoolkit", DEFAULT_TAG)
 
@@ -238,8 +238,13 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
                 docker.run("image", "rm", "--no-prune", tag)  # never leave a wrong image under a valid tag
                 return _record(folder, status="failed", tag=tag, reason="self-check: " + "; ".join(problems),
                                selfcheck=facts, versions=_versions(facts))
+            note = ""
+            if base.kind == "registry-free-notoolkit" and opts.toolkit:
+                note = (f"no nvcc in this image: the registry's CUDA {cell['expected']['cuda']} nvcc wheel has only "
+                        "ptxas; build with --base nvidia (nvidia/cuda devel image) for JIT compiles")
             return _record(folder, status="built", tag=tag, image_id=docker.image_id(tag), selfcheck=facts,
-                           versions=_versions(facts), build_s=round(time.monotonic() - t0, 1), base=base.image)
+                           versions=_versions(facts), build_s=round(time.monotonic() - t0, 1), base=base.image,
+                           note=note)
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
@@ -261,6 +266,10 @@ def _log_tail(log: Path) -> str:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
+    # BuildKit: "#8 ERROR: executor failed ..." follows the step's own last output line, the useful one
+    for i in range(len(lines) - 1, 0, -1):
+        if re.match(r"^#\d+ ERROR", lines[i]):
+            return re.sub(r"^#\d+ [\d.]+ ", "", lines[i - 1])[:300]
     errs = [ln for ln in lines if "error" in ln.lower()]
     return (errs or lines or [""])[-1][:300]
 

@@ -19,6 +19,7 @@ class CudaFact:
     toolkit: str  # registry cuda-toolkit release for a registry-free CUDA_HOME
     sm120: bool
     source: str
+    wheel_nvcc: bool = True  # the registry's nvcc wheel of that release has the nvcc driver
 
     @property
     def major(self) -> int:
@@ -88,7 +89,8 @@ def parse(raw: dict) -> Catalog:
     t, k, f, s = raw["torch"], raw["sgl_kernel"], raw["flashinfer"], raw["sglang"]
     return Catalog(
         cuda={
-            v: CudaFact(v, d["variant"], d["toolkit"], bool(d["sm120"]), d["source"]) for v, d in raw["cuda"].items()
+            v: CudaFact(v, d["variant"], d["toolkit"], bool(d["sm120"]), d["source"], bool(d["wheel_nvcc"]))
+            for v, d in raw["cuda"].items()
         },
         torch_stable_index=t["stable_index"],
         torch_nightly_index=t["nightly_index"],

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from provision.catalog import load as load_catalog
 from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
 
 ENVS = Path(__file__).resolve().parent.parent / "envs"
@@ -79,8 +80,8 @@ def _last_lines(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("warning:")]
     if not lines:
         return "no output"
-    first = next((ln for ln in lines if ln.startswith("error:")), lines[0])
-    return first if lines[-1] == first else f"{first} ({lines[-1]})"
+    parts = [p for p in re.split(r"\s*(?:cause:|Caused by:)\s*", " ".join(lines)) if p]  # uv wraps long causes
+    return parts[0] if len(parts) == 1 else f"{parts[0]} ({parts[-1]})"
 
 
 def uv_compile(req_text: str, args: Sequence[str]) -> str:
@@ -88,7 +89,7 @@ def uv_compile(req_text: str, args: Sequence[str]) -> str:
     with tempfile.TemporaryDirectory(prefix="stackprobe-lock-") as d:
         src, out = Path(d) / "requirements.in", Path(d) / "out.lock"
         src.write_text(req_text)
-        env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1")
+        env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1", NO_COLOR="1", COLUMNS="1000")
         # relative names, so the lock (and so the image hash) does not carry a temporary path
         proc = subprocess.run([uv_bin(), "pip", "compile", src.name, "-o", out.name, "--quiet", *args],
                               capture_output=True, text=True, env=env, cwd=d)
@@ -226,6 +227,7 @@ def cell_json(r: Resolved, lock: str, uv: str, ihash: str) -> dict[str, Any]:
         "indexes": list(r.indexes),
         "prerelease": r.prerelease,
         "toolkit": toolkit_requirement(r.toolkit),
+        "wheel_nvcc": load_catalog().cuda[r.cell.cuda].wheel_nvcc,
         "python": f">={PYTHON_FLOOR}",
         "uv": uv,
         "inputs_hash": ihash,

@@ -29,9 +29,16 @@ KEEP = os.environ.get("STACKPROBE_KEEP_IMAGES") == "1"
 REAL = "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1"
 
 
-def _rm(tag: str | None) -> None:
-    if tag and not KEEP:
-        subprocess.run([docker_cli(), "image", "rm", "-f", tag], capture_output=True)
+def _tags(cell: str) -> set[str]:
+    out = subprocess.run([docker_cli(), "images", "--filter", f"label=org.stackprobe.cell={cell}", "--format",
+                          "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout
+    return set(out.split())
+
+
+def _rm(tag: str | None, keep: set[str] = frozenset()) -> None:
+    """Remove an image the test made; one that existed before (a user's `provision build`) stays."""
+    if tag and not KEEP and tag not in keep:
+        subprocess.run([docker_cli(), "image", "rm", tag], capture_output=True)
 
 
 def _labels(tag: str) -> dict[str, str]:
@@ -47,6 +54,7 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
     opts = BuildOptions(matrix, envs=tmp_path / "envs", dockerfiles=tmp_path / "df", json=True, base="registry-free")
     docker = Docker(cli=docker_cli())
     tag = None
+    before = _tags(REAL)
     try:
         assert build_cells(opts, docker) == 0
         rec = json.loads((tmp_path / "envs" / REAL / "build.json").read_text())
@@ -93,7 +101,7 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
         assert rec2["status"] == "skipped-unchanged" and rec2["tag"] == tag
         assert rec2["versions"] == rec["versions"]
     finally:
-        _rm(tag)
+        _rm(tag, before)
 
 
 def test_mislabelled_cell_is_rejected_by_the_selfcheck(tmp_path: Path, base_image: str) -> None:
