@@ -328,3 +328,37 @@ def test_fi_jit_real_cross_compile_for_sm120a(fi_python: str, tmp_path: Path) ->
     assert r["evidence"]["targets_in_output"] == ["sm_120a"]
     assert any("compute_120a" in g for g in r["evidence"]["gencode"])
     assert r["metrics"]["compile_s"] > 0
+
+
+def _stop_worker(rank: int, world: int, init_file: str, queue: object) -> None:
+    import torch.distributed as dist
+
+    from checks.probe import outcome
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    first = fi.stop_together(None)
+    local = outcome("partial", note="graph failed on rank 1", reason_code="x") if rank == 1 else None
+    if rank == 2:
+        local = outcome("fail", note="rank 2 broke", reason_code="y")
+    second = fi.stop_together(local)
+    queue.put((rank, first, second))  # type: ignore[attr-defined]
+    dist.destroy_process_group()
+
+
+def test_stop_together_gives_every_rank_the_worst_early_verdict(tmp_path: Path) -> None:
+    """Real gloo ranks: nobody stops when all go on; when two stop, all three stop with the worst."""
+    pytest.importorskip("torch")
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_stop_worker, args=(r, 3, str(tmp_path / "init"), queue)) for r in range(3)]
+    for p in procs:
+        p.start()
+    got = sorted(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for _rank, first, second in got:
+        assert first is None
+        assert (second["status"], second["reason_code"], second["note"]) == ("fail", "y", "rank 2 broke")

@@ -31,6 +31,7 @@ IMPLS = ("flashinfer", "sgl_kernel")
 MODES = ("topology", "forced")
 TOKENS = (1, 8, 32, 128)  # x 7168 bf16: 14 KiB .. 1.75 MiB
 LATENCY_TOKENS = (1, 16, 128)
+GRAPH_SHAPES = ((8, 7168), (128, 7168))
 K_CALLS = 20
 REPLAYS = 30
 
@@ -110,30 +111,36 @@ def _make(impl: str, rank: int, group: Any, device: Any, full_nvlink: bool) -> A
     return _SglAR(rank, group, device, full_nvlink)
 
 
-def _graph_check(ar: Any, rank: int, world: int, device: Any) -> dict[str, Any]:
-    """Capture two allreduces on two buffers, register, refill, replay, check both exactly."""
+def _graph_capture(ar: Any, rank: int, device: Any) -> tuple[Any, list[Any], list[Any]]:
+    """Capture two allreduces on two buffers (recorded for registration after the capture)."""
     import torch
 
-    shapes = [(8, _dist.HIDDEN), (128, _dist.HIDDEN)]
-    inps = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in shapes]
+    inps = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in GRAPH_SHAPES]
     outs = [torch.empty_like(x) for x in inps]
     for i, x in enumerate(inps):
-        x.copy_(_dist.pattern(shapes[i], rank, 200 + i, device))
+        x.copy_(_dist.pattern(GRAPH_SHAPES[i], rank, 200 + i, device))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for x, o in zip(inps, outs, strict=True):
             ar.all_reduce_graph(x, o)
+    return graph, inps, outs
+
+
+def _graph_replay(ar: Any, captured: tuple[Any, list[Any], list[Any]], rank: int, world: int, device: Any) -> dict:
+    """Register the captured buffers on every rank, refill, replay, check both exactly."""
+    graph, inps, outs = captured
     registered = ar.register_graph_buffers()
     for i, (x, o) in enumerate(zip(inps, outs, strict=True)):
-        x.copy_(_dist.pattern(shapes[i], rank, 300 + i, device))
+        x.copy_(_dist.pattern(GRAPH_SHAPES[i], rank, 300 + i, device))
         o.fill_(_dist.SENTINEL)
     _dist.wait_device(30)
     graph.replay()
     _dist.wait_device(60)
     checks = {}
     for i, (x, o) in enumerate(zip(inps, outs, strict=True)):
-        ref = _dist.pattern_sum(shapes[i], world, 300 + i, device)
-        checks[str(shapes[i][0])] = _dist.check_exact(o, ref, prior=_dist.filled(shapes[i]), own_input=x).to_json()
+        ref = _dist.pattern_sum(GRAPH_SHAPES[i], world, 300 + i, device)
+        prior = _dist.filled(GRAPH_SHAPES[i])
+        checks[str(GRAPH_SHAPES[i][0])] = _dist.check_exact(o, ref, prior=prior, own_input=x).to_json()
     return {"registered_buffers": registered, "checks": checks}
 
 
@@ -152,9 +159,15 @@ def _latency(ar: Any, device: Any, group: Any) -> dict[str, dict[str, float]]:
         x = torch.ones((tokens, _dist.HIDDEN), dtype=torch.bfloat16, device=device)
         y = torch.empty_like(x)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(K_CALLS):
-                ar.all_reduce_graph(x, y)
+        failed = None
+        try:
+            with torch.cuda.graph(g):
+                for _ in range(K_CALLS):
+                    ar.all_reduce_graph(x, y)
+        except Exception as exc:
+            failed = _dist.error_tail(exc)
+        if not _dist.agree(failed is None, group):
+            raise RuntimeError(f"capture for timing failed on a rank: {failed or 'a peer'}")
         ar.register_graph_buffers()
         for _ in range(3):
             g.replay()
@@ -197,16 +210,20 @@ def run(ctx: RankContext) -> dict[str, Any]:
         "devices": devices,
         "flashinfer": fi.version(),
     }
+    early: dict[str, Any] | None = None
     try:
         ar = _make(impl, ctx.rank, group, device, full_nvlink)
     except Exception as exc:
         err = _dist.error_tail(exc)
-        return outcome(
+        early = outcome(
             "fail",
-            note=f"init failed: {err.splitlines()[-1][:300]}",
+            note=f"rank {ctx.rank}: init failed: {err.splitlines()[-1][:300]}",
             reason_code="custom-ar-init-failed",
             evidence={**evidence, "error": err},
         )
+    stop = fi.stop_together(early, group)
+    if stop:
+        return stop
     eager: dict[str, Any] = {}
     import torch
 
@@ -223,39 +240,57 @@ def run(ctx: RankContext) -> dict[str, Any]:
             ).to_json()
     except Exception as exc:
         err = _dist.error_tail(exc)
-        return outcome(
+        early = outcome(
             "fail",
-            note=f"eager call failed: {err.splitlines()[-1][:300]}",
+            note=f"rank {ctx.rank}: eager call failed: {err.splitlines()[-1][:300]}",
             reason_code="custom-ar-error",
             evidence={**evidence, "eager": eager, "error": err},
         )
     evidence["eager"] = eager
     verdicts = {c["verdict"] for c in eager.values()}
-    if verdicts & {"no-op", "zero"} or any("prior" in c["detail"] for c in eager.values()):
+    if early is None and verdicts & {"no-op", "zero"}:
         note = (
             f"kernel launched nothing at {ctx.world_size} ranks with full_nvlink={full_nvlink}: outputs kept "
             "their prior contents, no error raised"
         )
-        return outcome("fail", note=note, reason_code="custom-ar-silent-noop", evidence=evidence)
-    if verdicts != {"exact"}:
-        return outcome(
+        early = outcome("fail", note=note, reason_code="custom-ar-silent-noop", evidence=evidence)
+    elif early is None and verdicts != {"exact"}:
+        early = outcome(
             "fail", note="eager results differ from the exact sum", reason_code="custom-ar-wrong", evidence=evidence
         )
+    stop = fi.stop_together(early, group)
+    if stop:
+        return stop
+    captured = None
     try:
-        g = _graph_check(ar, ctx.rank, ctx.world_size, device)
+        captured = _graph_capture(ar, ctx.rank, device)
+    except Exception as exc:
+        err = _dist.error_tail(exc)
+        early = outcome(
+            "partial",
+            note=f"eager exact; rank {ctx.rank}: graph capture failed: {err.splitlines()[-1][:250]}",
+            reason_code="custom-ar-graph-failed",
+            evidence={**evidence, "error": err},
+        )
+    stop = fi.stop_together(early, group)
+    if stop:
+        return stop
+    try:
+        g = _graph_replay(ar, captured, ctx.rank, ctx.world_size, device)
     except Exception as exc:
         err = _dist.error_tail(exc)
         return outcome(
             "partial",
-            note=f"eager exact; graph capture/registration failed: {err.splitlines()[-1][:250]}",
+            note=f"eager exact; graph registration/replay failed: {err.splitlines()[-1][:250]}",
             reason_code="custom-ar-graph-failed",
             evidence={**evidence, "error": err},
         )
     evidence["graph"] = g
-    if {c["verdict"] for c in g["checks"].values()} != {"exact"}:
+    graph_ok = {c["verdict"] for c in g["checks"].values()} == {"exact"}
+    if not _dist.agree(graph_ok, group):
         return outcome(
             "partial",
-            note="eager exact; graph replay not exact",
+            note="eager exact; graph replay not exact on at least one rank",
             reason_code="custom-ar-graph-wrong",
             evidence=evidence,
         )

@@ -196,6 +196,7 @@ def run_gpus(ctx: RankContext) -> dict[str, Any]:
     route = routing(ep, tpr)
     evidence: dict[str, Any] = {"ep": ep, "tokens_per_rank": tpr, "hidden": hidden, "flashinfer": fi.version()}
     metrics: dict[str, Any] = {}
+    early: dict[str, Any] | None = None
     try:
         a2a = fi.moe_alltoall_object(
             r, ep, tpr, TOP_K, ep * EXPERTS_PER_RANK, hidden * 2 + 4, hidden * 2, dist.group.WORLD
@@ -203,25 +204,42 @@ def run_gpus(ctx: RankContext) -> dict[str, Any]:
         metrics["workspace_bytes_per_rank"] = int(a2a.workspace_size_per_rank)
     except Exception as exc:
         err = _dist.error_tail(exc)
-        return outcome(
+        early = outcome(
             "fail",
-            note=f"MoeAlltoAll creation failed: {err.splitlines()[-1][:300]}",
+            note=f"rank {r}: MoeAlltoAll creation failed: {err.splitlines()[-1][:300]}",
             reason_code="ep-a2a-workspace-failed",
             evidence={**evidence, "error": err},
         )
+    stop = fi.stop_together(early)
+    if stop:
+        return stop
     experts, hid, ids = _inputs(r, tpr, hidden, route, device)
+    recv: list[Any] = []
     try:
         recv = a2a.dispatch(experts, [hid, ids], tpr)
         _dist.wait_device(60)
         problem = check_dispatch(recv[1], recv[0], r, ep, tpr, route)
         if problem:
-            return outcome(
+            early = outcome(
                 "fail",
                 note=f"dispatch routed wrongly: {problem}",
                 reason_code="ep-a2a-wrong",
                 metrics=metrics,
                 evidence=evidence,
             )
+    except Exception as exc:
+        err = _dist.error_tail(exc)
+        early = outcome(
+            "fail",
+            note=f"rank {r}: dispatch failed: {err.splitlines()[-1][:300]}",
+            reason_code="ep-a2a-error",
+            metrics=metrics,
+            evidence={**evidence, "error": err},
+        )
+    stop = fi.stop_together(early)  # combine is collective: all ranks go on or none
+    if stop:
+        return stop
+    try:
         payload = (recv[0].float() * (r + 1)).to(torch.bfloat16).contiguous()
         combined = a2a.combine(payload, tpr)
         _dist.wait_device(60)
@@ -229,7 +247,7 @@ def run_gpus(ctx: RankContext) -> dict[str, Any]:
         err = _dist.error_tail(exc)
         return outcome(
             "fail",
-            note=f"dispatch/combine failed: {err.splitlines()[-1][:300]}",
+            note=f"rank {r}: combine failed: {err.splitlines()[-1][:300]}",
             reason_code="ep-a2a-error",
             metrics=metrics,
             evidence={**evidence, "error": err},

@@ -143,6 +143,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         "multicast_env": _dist.keep_multicast_off(),
     }
     metrics: dict[str, Any] = {}
+    early: dict[str, Any] | None = None
     try:
         fusion = fi.Fusion()
         evidence["api"] = fusion.api
@@ -151,13 +152,16 @@ def run(ctx: RankContext) -> dict[str, Any]:
     except Exception as exc:
         err = _dist.error_tail(exc)
         code = fi.classify_jit_error(err) if "architectures" in err or "nvcc" in err else "fi-workspace-failed"
-        return outcome(
+        early = outcome(
             "fail",
-            note=f"workspace creation failed: {err.splitlines()[-1][:300]}",
+            note=f"rank {ctx.rank}: workspace creation failed: {err.splitlines()[-1][:300]}",
             reason_code=code,
             metrics=metrics,
             evidence={**evidence, "error": err},
         )
+    stop = fi.stop_together(early)
+    if stop:
+        return stop
     ctx.log(f"workspace ready ({metrics['workspace_bytes']} bytes, api {fusion.api})")
 
     def step(case: _Case) -> None:
@@ -176,26 +180,30 @@ def run(ctx: RankContext) -> dict[str, Any]:
             eager[str(tokens)] = case.check()
     except Exception as exc:
         err = _dist.error_tail(exc)
-        return outcome(
+        early = outcome(
             "fail",
-            note=f"eager call failed: {err.splitlines()[-1][:300]}",
+            note=f"rank {ctx.rank}: eager call failed: {err.splitlines()[-1][:300]}",
             reason_code="fi-fusion-error",
             metrics=metrics,
             evidence={**evidence, "eager": eager, "error": err},
         )
     evidence["eager"] = eager
-    metrics["norm_exact_fraction"] = min(r["norm"]["exact_fraction"] for r in eager.values())
-    metrics["norm_max_abs_err"] = max(r["norm"]["max_abs_err"] for r in eager.values())
-    bad = _first_bad(eager)
-    if bad:
-        key, r = bad
-        return outcome(
-            "fail",
-            note=f"eager result wrong at {key} tokens: {r['residual']['detail'] or r['norm']}",
-            reason_code=_failure_code(r),
-            metrics=metrics,
-            evidence=evidence,
-        )
+    if early is None:
+        metrics["norm_exact_fraction"] = min(r["norm"]["exact_fraction"] for r in eager.values())
+        metrics["norm_max_abs_err"] = max(r["norm"]["max_abs_err"] for r in eager.values())
+        bad = _first_bad(eager)
+        if bad:
+            key, r = bad
+            early = outcome(
+                "fail",
+                note=f"rank {ctx.rank}: eager result wrong at {key} tokens: {r['residual']['detail'] or r['norm']}",
+                reason_code=_failure_code(r),
+                metrics=metrics,
+                evidence=evidence,
+            )
+    stop = fi.stop_together(early)
+    if stop:
+        return stop
 
     graph: dict[str, dict[str, Any]] = {}
     try:
@@ -210,13 +218,17 @@ def run(ctx: RankContext) -> dict[str, Any]:
             graph[str(tokens)] = case.check()
     except Exception as exc:
         err = _dist.error_tail(exc)
-        return outcome(
+        early = outcome(
             "partial",
-            note=f"eager exact at 1..128 tokens; graph capture/replay failed: {err.splitlines()[-1][:250]}",
+            note=f"eager exact at 1..128 tokens; rank {ctx.rank}: graph capture/replay failed: "
+            f"{err.splitlines()[-1][:250]}",
             reason_code="fi-fusion-graph-failed",
             metrics=metrics,
             evidence={**evidence, "graph": graph, "error": err},
         )
+    stop = fi.stop_together(early)
+    if stop:
+        return stop
     evidence["graph"] = graph
     bad = _first_bad(graph)
     if bad:
