@@ -108,6 +108,11 @@ def test_absent_module_is_skip_and_wrong_arch_output_is_fail() -> None:
         ("nvcc fatal   : Unsupported gpu architecture 'compute_120f'", "nvcc-unsupported-arch"),
         ("/usr/bin/ld: cannot find -lcuda: No such file or directory", "fi-link-no-libcuda"),
         ('foo.cu(12): error: identifier "x" is undefined', "fi-nvcc-error"),
+        (
+            "csrc/nv_internal/include/tensorrt_llm/common/cudaUtils.h:19:10: fatal error: cublasLt.h: No such file "
+            "or directory",
+            "fi-missing-header",
+        ),
         ("something else entirely", "fi-jit-error"),
     ],
 )

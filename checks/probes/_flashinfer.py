@@ -95,6 +95,7 @@ JIT_SIGNATURES: tuple[tuple[str, str], ...] = (
     ("fi-nvcc-too-old", r"SM 12\.x requires CUDA >= 12\.9"),
     ("nvcc-unsupported-arch", r"Unsupported gpu architecture|not defined for option 'gpu-name'"),
     ("fi-link-no-libcuda", r"cannot find -lcuda"),
+    ("fi-missing-header", r"fatal error: [\w./+-]+\.h(?:pp)?: No such file or directory"),
     ("fi-no-nvcc", r"Could not find nvcc|nvcc: not found|No such file or directory: '[^']*nvcc'"),
     ("fi-nvcc-error", r"error: |\berror\b.*\.cu\(|ptxas (fatal|error)"),
 )
