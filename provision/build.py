@@ -296,7 +296,7 @@ def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_o
         if r is None:
             rows.append((c.cell_id, c.status, "", c.reason))
         else:
-            rows.append((c.cell_id, r["status"], r.get("tag") or "", r.get("reason") or ""))
+            rows.append((c.cell_id, r["status"], r.get("tag") or "", r.get("reason") or r.get("note") or ""))
     if json_out:
         keys = ("cell_id", "status", "tag", "reason")
         print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=1))

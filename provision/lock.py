@@ -165,7 +165,8 @@ def pinned(lock: str, package: str) -> str | None:
 
 
 def inputs_hash(r: Resolved, uv: str) -> str:
-    payload = json.dumps([requirements_in(r), compile_args(r), toolkit_requirement(r.toolkit), uv])
+    wheel_nvcc = load_catalog().cuda[r.cell.cuda].wheel_nvcc
+    payload = json.dumps([requirements_in(r), compile_args(r), toolkit_requirement(r.toolkit), uv, wheel_nvcc])
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
