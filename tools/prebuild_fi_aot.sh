@@ -24,11 +24,22 @@ fi
 STUB="$(mktemp -d)"
 trap 'rm -rf "$STUB"' EXIT
 echo "" | gcc -shared -x c - -o "$STUB/libcuda.so" -Wl,-soname,libcuda.so.1
+# moe_a2a includes cublasLt.h; an nvcc-only toolkit lacks it. Borrow just the cuBLAS headers from the
+# venv's nvidia-cublas wheel (not its cuda_runtime headers, which must stay the toolkit's own).
+EXTRA=()
+if [ ! -e /usr/local/cuda/include/cublasLt.h ]; then
+    inc=$(ls -d "$VENV"/lib/python3*/site-packages/nvidia/cu13/include 2>/dev/null | head -1)
+    if [ -n "$inc" ]; then
+        mkdir -p "$STUB/include"
+        for h in "$inc"/cublas*.h; do ln -s "$PWD/$h" "$STUB/include/"; done
+        EXTRA=(NVCC_APPEND_FLAGS="-I$STUB/include" CPATH="$STUB/include")
+    fi
+fi
 CACHE=".cache/fi-aot-${FLASHINFER}"
 mkdir -p .whl/aot
 for m in ${MODULES[@]}; do
     out=$(env -u VIRTUAL_ENV PATH="$PWD/$VENV/bin:/usr/local/cuda/bin:$PATH" PYTHONPATH="$PWD" CUDA_HOME=/usr/local/cuda \
-        FLASHINFER_CUDA_ARCH_LIST="$ARCH" FLASHINFER_WORKSPACE_BASE="$PWD/$CACHE" LIBRARY_PATH="$STUB" \
+        FLASHINFER_CUDA_ARCH_LIST="$ARCH" FLASHINFER_WORKSPACE_BASE="$PWD/$CACHE" LIBRARY_PATH="$STUB" "${EXTRA[@]}" \
         "$VENV/bin/python" -m checks.probes._flashinfer jit "$m" | grep '^@@FI-JIT@@' | cut -c11-)
     lib=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r.get("library","") if r["ok"] else "")')
     [ -n "$lib" ] || { echo "$m: build failed: $out" >&2; exit 1; }
