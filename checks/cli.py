@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -266,7 +267,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     return generate(args.results, args.out, args.html, args.check, repo=REPO)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM/SIGHUP clean up like Ctrl-C: workers and containers are ended
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
     try:
         args = parser().parse_args(argv)
         return {"list": cmd_list, "run": cmd_run, "report": cmd_report}[args.cmd](args)

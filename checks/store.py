@@ -114,24 +114,21 @@ class RunStore:
 
 
 class RunLock:
-    """Exclusive lock on a host's results folder for the duration of a run."""
+    """Exclusive lock on a host's results folder for the duration of a run (flock on the folder itself,
+    so no lock file lands among the results)."""
 
     def __init__(self, folder: Path) -> None:
-        self.path = folder / ".run.lock"
+        self.folder = folder
         self.fd: int | None = None
 
     def __enter__(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise StoreBusy(f"another `checks run` (pid {holder}) is writing to {self.path.parent}; "
-                            "wait for it to finish") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+            raise StoreBusy(f"another `checks run` is writing to {self.folder}; wait for it to finish") from None
         self.fd = fd
         return self
 

@@ -36,6 +36,7 @@ LOG_TAIL_BYTES = 3000
 ENV_PARAM_PREFIX = "env."  # a variant param "env.NCCL_ALGO=Tree" is exported to the ranks; "" unsets it
 DEFAULT_GRACE_S = 3.0  # after every outcome arrived: time allowed for teardown before ranks are killed
 PEER_GRACE_S = 5.0  # after a rank died without an outcome: time the others get before they are ended
+FAILED_PEER_GRACE_S = 10.0  # after a rank reported a failure: time the silent others get to report
 STACK_DUMP_WAIT_S = 1.0
 
 
@@ -129,6 +130,7 @@ class RankState:
     proc: subprocess.Popen[bytes]
     outcome: dict[str, Any] | None = None
     ended_at: float | None = None  # when it exited without an outcome
+    reported_at: float | None = None
     stopped: str = ""  # why the launcher ended it, if it did
 
     @property
@@ -164,7 +166,8 @@ def _kill(states: list[RankState], why: str, sig: int = signal.SIGKILL) -> None:
 
 
 def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, timeout_s: float,
-           grace_s: float = DEFAULT_GRACE_S, peer_grace_s: float = PEER_GRACE_S) -> LaunchResult:
+           grace_s: float = DEFAULT_GRACE_S, peer_grace_s: float = PEER_GRACE_S,
+           failed_grace_s: float = FAILED_PEER_GRACE_S) -> LaunchResult:
     port = free_port()
     states: list[RankState] = []
     for i in range(variant.ranks):
@@ -181,6 +184,8 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
         for s in states:
             if s.outcome is None:
                 s.outcome = _read_outcome(workdir, s.index)
+                if s.outcome is not None:
+                    s.reported_at = now
             if s.outcome is None and s.ended_at is None and s.proc.poll() is not None:
                 s.outcome = _read_outcome(workdir, s.index)  # it may have written just before exiting
                 if s.outcome is None:
@@ -191,6 +196,12 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
         dead = [s.ended_at for s in states if s.ended_at is not None]
         if dead and now - min(dead) > peer_grace_s:
             _kill(waiting, f"ended {peer_grace_s:.0f}s after a peer rank died without reporting")
+            break
+        failed = [s.reported_at for s in states if s.reported_at is not None and s.outcome
+                  and s.outcome.get("status") not in ("pass", "partial", "skip")]
+        if failed and now - min(failed) > failed_grace_s:
+            # The others usually wait in a collective for the rank that gave up; the verdict is already `fail`.
+            _kill(waiting, f"ended {failed_grace_s:.0f}s after a peer rank reported a failure")
             break
         if now > deadline:
             hang = True
@@ -218,6 +229,8 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
             info["stopped"] = s.stopped
         if s.outcome is not None:
             info["status"] = s.outcome.get("status")
+            if info["status"] not in ("pass", "skip") and s.outcome.get("note"):
+                info["note"] = str(s.outcome["note"])[:300]
             outcomes.append(s.outcome)
         elif s.ended_at is not None:
             own_log = tail(rank.log_path(workdir, s.index))

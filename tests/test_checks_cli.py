@@ -57,7 +57,8 @@ def test_resume_skips_recorded_variants(tmp_path: Path) -> None:
         ("t-raise", "ranks=1"), ("t-trivial", "ranks=1"), ("t-trivial", "ranks=2")]
 
 
-def test_ctrl_c_exits_130_keeps_finished_results_and_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_exits_130_keeps_finished_results_and_leaves_nothing(tmp_path: Path, sig: int) -> None:
     env = fixture_env()
     proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--local", "--probe", "t-trivial",
                              "--probe", "t-zz-slow", "--results", str(tmp_path)], cwd=ROOT, env=env,
@@ -69,7 +70,7 @@ def test_ctrl_c_exits_130_keeps_finished_results_and_leaves_nothing(tmp_path: Pa
             break
         time.sleep(0.2)
     time.sleep(1.0)  # the slow probe's worker is now running
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "interrupted" in err

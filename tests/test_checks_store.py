@@ -102,11 +102,12 @@ def test_run_lock_is_exclusive(tmp_path: Path) -> None:
         holder = subprocess.run([sys.executable, "-c", "from pathlib import Path; from checks.store import RunLock\n"
                                  f"with RunLock(Path({str(tmp_path)!r})): pass"], cwd=ROOT, capture_output=True,
                                 text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert holder.returncode != 0 and "StoreBusy" in holder.stderr and str(os.getpid()) in holder.stderr
+        assert holder.returncode != 0 and "StoreBusy" in holder.stderr and "another `checks run`" in holder.stderr
         with pytest.raises(StoreBusy), RunLock(tmp_path):
             pass  # flock is per open file description: a second open in this process is refused too
     with RunLock(tmp_path):
         pass  # released
+    assert list(tmp_path.iterdir()) == []  # no lock file among the results
 
 
 def test_run_ids_sort_by_time(tmp_path: Path) -> None:

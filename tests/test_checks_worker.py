@@ -75,6 +75,16 @@ def test_peer_crash_is_crash_not_hang() -> None:
     assert pids_with_env(token) == []
 
 
+def test_one_rank_failing_ends_the_waiting_others_as_fail() -> None:
+    result, token = run_worker("t-one-fails", ranks=2)
+    assert result["status"] == "fail" and "Connection refused" in result["note"]
+    assert result["duration_s"] < 60
+    ranks = result["evidence"]["ranks"]
+    assert ranks[1]["note"].startswith("RuntimeError: Connection refused")
+    assert "reported a failure" in ranks[0]["stopped"]
+    assert pids_with_env(token) == []
+
+
 def test_huge_output_does_not_block_and_is_not_kept() -> None:
     result, _ = run_worker("t-noisy", ranks=2)
     assert result["status"] == "pass"
