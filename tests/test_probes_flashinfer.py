@@ -3,6 +3,7 @@ classification of flashinfer's own gate error, and (slow) a real JIT cross-compi
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -282,6 +283,14 @@ def fi_python() -> str:
     venv = ROOT / ".cache" / f"fi-venv-{FLASHINFER}"
     python = venv / "bin" / "python"
     marker = venv / ".ready"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".fi-venv-{FLASHINFER}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # xdist workers share this venv; one builds it
+        _build_venv(venv, marker)
+    return str(python)
+
+
+def _build_venv(venv: Path, marker: Path) -> None:
     if not marker.exists():
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run(["uv", "venv", "-q", str(venv), "--python", sys.executable], check=True)
@@ -296,7 +305,6 @@ def fi_python() -> str:
             [*pip, "--no-deps", f"flashinfer-python=={FLASHINFER}", "apache-tvm-ffi==0.1.15.post2"], check=True, env=env
         )
         marker.write_text("ok\n")
-    return str(python)
 
 
 def _fi_env(tmp_path: Path, python: str) -> dict[str, str]:
