@@ -86,6 +86,11 @@ def interconnect(topo: str | None, count: int) -> str:
     return f"PCIe (worst path {worst})"
 
 
+def strip_ansi(text: str) -> str:
+    """nvidia-smi underlines the topology header with terminal escapes even when piped."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
 def slug(text: str) -> str:
     s = re.sub(r"^nvidia\s+", "", text.strip(), flags=re.I)
     return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-") or "gpu"
@@ -113,7 +118,7 @@ def collect(inspect: dict[str, Any] | None = None, env: dict[str, str] | None = 
         gpus = parse_gpu_csv(q or "")
         banner = _run([smi]) or ""
         facts["driver_cuda"] = parse_driver_cuda(banner)
-        facts["topology"] = (_run([smi, "topo", "-m"]) or "").rstrip() or None
+        facts["topology"] = strip_ansi(_run([smi, "topo", "-m"]) or "").rstrip() or None
         facts["nvidia_smi"] = smi
     inspect = inspect or {}
     seen = {g.get("index"): g for g in inspect.get("gpus") or []}

@@ -72,7 +72,7 @@ def module_available(name: str) -> bool:
 def device_for(rank_index: int, gpus: int, share_gpu: bool) -> int | None:
     """Rank i uses GPU i; ranks sharing GPUs wrap around. CUDA_VISIBLE_DEVICES is never narrowed per
     rank, since peer access and IPC need every device visible in every rank."""
-    if gpus == 0:
+    if gpus == 0 or (rank_index >= gpus and not share_gpu):
         return None
     return rank_index % gpus if share_gpu else rank_index
 
@@ -302,7 +302,9 @@ def run_variant(probe_id: str, variant: Variant, gpus: int | None = None, timeou
         wd = Path(tempfile.mkdtemp(prefix=f"stackprobe-{probe_id}-")) if own else workdir
         wd.mkdir(parents=True, exist_ok=True)
         try:
-            launched = launch(location, variant, wd, gpus, timeout_s or module.SPEC.timeout_s)
+            # A probe that needs no GPU gets no device (ranks may outnumber GPUs); all GPUs stay visible.
+            launched = launch(location, variant, wd, gpus if module.SPEC.needs_gpu else 0,
+                              timeout_s or module.SPEC.timeout_s)
             result = merge(module, launched)
         finally:
             if own and not keep_workdir:

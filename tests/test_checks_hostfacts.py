@@ -20,6 +20,9 @@ GPU1\tNODE\t X \tSYS\tSYS\t0-31
 GPU2\tSYS\tSYS\t X \tNODE\t32-63
 GPU3\tSYS\tSYS\tNODE\t X \t32-63
 """
+# Recorded on the lent H200 machine (2026-11-29), escapes included.
+QUERY_H200 = "0, NVIDIA H200, 00000000:00:06.0, 9.0, 143771, 580.159.04, 345, 1980, 3201, 700.00, Enabled\n"
+TOPO_H200 = "\t\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\nGPU0\t X \t0-15\t0\t\tN/A\n"
 BANNER = """+-----------------------------------------------------------------------------------------+
 | NVIDIA-SMI 580.159.04             Driver Version: 580.159.04     CUDA Version: 13.0     |
 +-----------------------------------------+------------------------+----------------------+
@@ -40,6 +43,14 @@ def test_parse_not_supported_fields() -> None:
           "[N/A], [N/A], [N/A], Disabled\n"
     [g] = hostfacts.parse_gpu_csv(row)
     assert g["compute_capability"] == "12.0" and g["clocks_sm_mhz"] is None and g["power_limit_w"] is None
+
+
+def test_recorded_h200() -> None:
+    [g] = hostfacts.parse_gpu_csv(QUERY_H200)
+    assert g["name"] == "NVIDIA H200" and g["compute_capability"] == "9.0" and g["driver"] == "580.159.04"
+    assert hostfacts.strip_ansi(TOPO_H200).startswith("\tGPU0\tCPU Affinity")
+    assert hostfacts.interconnect(TOPO_H200, 1) == "single GPU"
+    assert hostfacts.host_id([g], "x").startswith("h200x1-")
 
 
 def test_driver_cuda_and_interconnect() -> None:

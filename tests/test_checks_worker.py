@@ -16,7 +16,11 @@ from tests.checks_helpers import ROOT, fixture_env, pids_with_env, run_worker
 def test_gloo_allreduce_three_ranks_with_env_param() -> None:
     # Two-rank gloo runs in test_teardown_hang_keeps_the_correct_result; each torch import costs seconds.
     for ranks in (3,):
-        result, token = run_worker("t-gloo-allreduce", ranks, params=[["env.STACKPROBE_TEST_ENV", "hello"]])
+        # --gpus 1: a probe that needs no GPU must get no device even on a GPU host (found on the H200:
+        # rank 1 was given device 1 of 1 and failed with "invalid device ordinal").
+        result, token = run_worker("t-gloo-allreduce", ranks, params=[["env.STACKPROBE_TEST_ENV", "hello"]],
+                                   extra_args=["--gpus", "1"])
+        assert result["evidence"]["device"] is None
         assert result["status"] == "pass", result
         assert result["metrics"]["sum"] == ranks * (ranks + 1) / 2
         assert result["evidence"]["env_probe"] == "hello"  # variant env param reached the rank
@@ -124,6 +128,7 @@ def test_device_assignment() -> None:
     assert [device_for(i, 1, True) for i in range(3)] == [0, 0, 0]
     assert [device_for(i, 2, True) for i in range(4)] == [0, 1, 0, 1]
     assert device_for(0, 0, False) is None
+    assert device_for(1, 1, False) is None  # never an ordinal that does not exist
 
 
 def test_rank_env_exports_and_unsets_variant_env() -> None:
