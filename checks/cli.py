@@ -181,12 +181,12 @@ def _summary(con: Any, results: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     order = ["pass", "partial", "fail", "crash", "hang", "skip", "not-run", "unavailable"]
-    t = Table("cell", "probe", *order, title="summary")
+    t = Table("cell", "probe", "verdicts", title="summary")
     per: dict[tuple[str, str], Counter[str]] = {}
     for r in results:
         per.setdefault((r["cell_id"], r["probe_id"]), Counter())[r["status"]] += 1
     for (cell, probe), c in sorted(per.items()):
-        t.add_row(cell, probe, *[f"[{STATUS_STYLE[s]}]{c[s]}[/]" if c[s] else "" for s in order])
+        t.add_row(cell, probe, ", ".join(f"[{STATUS_STYLE[s]}]{c[s]} {s}[/]" for s in order if c[s]))
     con.print(t)
 
 

@@ -53,6 +53,7 @@ class DockerExecutor:
     memlock_unlimited: bool = True
     memlock_note: str = "unlimited"
     last_container: str = ""
+    image_id: str | None = None
     use_init: bool = True  # PID 1 ignores default-action signals; an init makes a crash look like one
     name: str = "docker"
     _client: Any = None
@@ -178,10 +179,19 @@ class DockerExecutor:
         result = classify.from_process(p, catalogue, hard_timeout(timeout_s))
         ev = result.setdefault("evidence", {})
         ev["image"] = self.image
+        ev["image_id"] = self._image_id()
         ev["memlock"] = self.memlock_note
         ev["container"] = self.last_container
         ev["command"] = f"docker run {self.image} {self.python} -m checks.worker --probe {variant.probe_id}"
         return result
+
+    def _image_id(self) -> str | None:
+        if self.image_id is None:
+            try:
+                self.image_id = str(self.docker.images.get(self.image).id)
+            except Exception:
+                self.image_id = ""
+        return self.image_id or None
 
     def leftovers(self) -> list[str]:
         """Containers of this executor that still exist (should always be none)."""

@@ -46,7 +46,7 @@ def test_trivial_probe_runs_two_ranks_in_a_container(executor: DockerExecutor) -
     assert [x["status"] for x in r["evidence"]["ranks"]] == ["pass", "pass"]
     assert r["evidence"]["env"]["python"].startswith("3.11")  # Debian bookworm's, not the host's venv
     assert "torch" not in r["evidence"]["env"]
-    assert r["evidence"]["image"] == TAG
+    assert r["evidence"]["image"] == TAG and r["evidence"]["image_id"].startswith("sha256:")
 
 
 def test_gpu_and_torch_probes_skip_honestly(executor: DockerExecutor) -> None:
