@@ -160,7 +160,10 @@ def _docker_cells(args: argparse.Namespace, gpus: int) -> tuple[list[CellTarget]
         for c in runnable:
             executors[c.cell_id] = DockerExecutor(image=str(c.image), gpus_on_host=gpus, _client=docker)
         if gpus:
-            inspect = executors[runnable[0].cell_id].inspect()
+            try:
+                inspect = executors[runnable[0].cell_id].inspect()
+            except ExecutorError as exc:  # one broken image must not stop the run; its variants say why
+                print(f"warning: peer access and multicast unknown: {exc}", file=sys.stderr)
     return cells, executors, inspect
 
 

@@ -135,7 +135,9 @@ class DockerExecutor:
         except docker.errors.ImageNotFound:
             raise ExecutorError(f"image {self.image} not found: run `provision build` first") from None
         except docker.errors.APIError as exc:
-            raise ExecutorError(f"cannot start a container from {self.image}: {exc.explanation or exc}") from None
+            why = str(exc.explanation or exc)
+            hint = "; install the NVIDIA container toolkit for GPU access" if "device driver" in why else ""
+            raise ExecutorError(f"cannot start a container from {self.image}: {why}{hint}") from None
         timed_out = False
         code: int | None = None
         try:
