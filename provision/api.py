@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 from provision import reach
 from provision.catalog import Catalog
@@ -33,8 +34,6 @@ def resolve_all(matrix_path: str | Path = DEFAULT_MATRIX, *, offline: bool = Fal
     static = [resolve(c, cat) for c in matrix.cells]
     if offline:
         return static
-    from urllib.parse import urlparse
-
     hosts = {urlparse(s.where).hostname or "" for r in static for s in r.sources if s.where != "registry"}
     status = reach.check({h for h in hosts if h})
     return [resolve(c, cat, lambda h: status.get(h)) for c in matrix.cells]
