@@ -82,15 +82,21 @@ def _candidates(env: dict[str, str] | None = None) -> list[tuple[str, str]]:
     return out
 
 
-def discover(env: dict[str, str] | None = None) -> dict[str, tuple[ProbeLocation, ModuleType]]:
-    """Every probe by id. A module without a SPEC is not a probe; a duplicate id is an error."""
+def discover(env: dict[str, str] | None = None, strict: bool = True,
+             broken: dict[str, str] | None = None) -> dict[str, tuple[ProbeLocation, ModuleType]]:
+    """Every probe by id. A module without a SPEC is not a probe; a duplicate id is an error. A module that
+    fails to import is an error when `strict`, else it is left out and noted in `broken`."""
     found: dict[str, tuple[ProbeLocation, ModuleType]] = {}
     for module_name, file in _candidates(env):
         try:
             mod = load(ProbeLocation("", module_name, file))
         except Exception as exc:  # one line naming the module; the probe must be fixed before any run
-            raise ProbeNotFound(f"{module_name or file}: cannot import probe module ({type(exc).__name__}: "
-                                f"{exc})") from None
+            why = f"{module_name or file}: cannot import probe module ({type(exc).__name__}: {exc})"
+            if strict:
+                raise ProbeNotFound(why) from None
+            if broken is not None:
+                broken[module_name or file] = why
+            continue
         spec = getattr(mod, "SPEC", None)
         if not isinstance(spec, ProbeSpec):
             continue
@@ -104,11 +110,28 @@ def discover(env: dict[str, str] | None = None) -> dict[str, tuple[ProbeLocation
 
 
 def find(probe_id: str, env: dict[str, str] | None = None) -> tuple[ProbeLocation, ModuleType]:
-    probes = discover(env)
+    """One probe. The module named like the id (dashes as underscores) is tried first, so a broken
+    unrelated probe module cannot stop this one from running."""
+    guess = probe_id.replace("-", "_")
+    for module_name, file in _candidates(env):
+        stem = module_name.rsplit(".", 1)[-1] if module_name else Path(file).stem
+        if stem != guess:
+            continue
+        try:
+            mod = load(ProbeLocation("", module_name, file))
+        except Exception:
+            break  # reported by the full search below
+        spec = getattr(mod, "SPEC", None)
+        if isinstance(spec, ProbeSpec) and spec.id == probe_id:
+            return ProbeLocation(probe_id, module_name, file), mod
+    broken: dict[str, str] = {}
+    probes = discover(env, strict=False, broken=broken)
     if probe_id not in probes:
         import difflib
 
         close = difflib.get_close_matches(probe_id, list(probes), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(probes)) or 'none'}"
+        if broken:
+            hint += "; not importable here: " + "; ".join(sorted(broken.values()))
         raise ProbeNotFound(f"unknown probe {probe_id!r}{hint}")
     return probes[probe_id]

@@ -113,6 +113,17 @@ def test_unknown_probe_suggests_and_exits_2() -> None:
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+def test_a_broken_probe_module_does_not_stop_the_others(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "t_broken.py").write_text("import stackprobe_module_that_is_not_there\n")
+    env = fixture_env()
+    env["STACKPROBE_PROBE_PATH"] += ":" + str(tmp_path)
+    result, _ = run_worker("t-trivial", env=env)
+    assert result["status"] == "pass"
+    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--probe", "t-nope"], capture_output=True,
+                          text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 2 and "t_broken.py: cannot import probe module" in proc.stderr
+
+
 def test_inspect_prints_versions() -> None:
     proc = subprocess.run([sys.executable, "-m", "checks.worker", "--inspect"], capture_output=True, text=True,
                           env=fixture_env(), cwd=ROOT, timeout=120)
