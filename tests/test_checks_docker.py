@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,27 @@ def test_checks_run_docker_mode_end_to_end(venv_image: str, tmp_path: Path) -> N
     assert len(names) == 2  # one container per variant that ran (t-gpu is decided without running)
     existing = {c.name for c in client().containers.list(all=True)}
     assert not names & existing
+
+
+def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tmp_path: Path) -> None:
+    from provision.api import plan_cells
+
+    cell = next(c for c in plan_cells() if c.status == "resolved")
+    (tmp_path / "envs" / cell.cell_id).mkdir(parents=True)
+    (tmp_path / "envs" / cell.cell_id / "build.json").write_text(json.dumps({"status": "built", "tag": venv_image}))
+    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--probe", "t-zz-slow", "--only", cell.cell_id,
+                             "--envs", str(tmp_path / "envs"), "--results", str(tmp_path / "res")],
+                            env=fixture_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def slow_containers() -> list[str]:
+        return [c.name for c in client().containers.list(all=True, filters={"ancestor": venv_image})
+                if "t-zz-slow" in " ".join(c.attrs.get("Args") or [])]
+
+    deadline = time.monotonic() + 120
+    while not slow_containers() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert slow_containers(), "the slow probe's container never started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert slow_containers() == []
