@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from checks.probe import SCHEMA
+from checks.probe import SCHEMA, STATUSES
 
 RESULT_FIELDS = ("schema", "run_id", "host_id", "cell_id", "probe_id", "variant", "status", "reason_code", "note",
                  "remediation", "metrics", "evidence", "started_at", "duration_s")
@@ -152,6 +152,12 @@ def validate(obj: Any) -> str | None:
         return f"missing field(s) {', '.join(missing)}"
     if obj["schema"] != SCHEMA:
         return f"schema {obj['schema']!r}, expected {SCHEMA!r}"
+    if obj["status"] not in STATUSES:
+        return f"unknown status {obj['status']!r}"
+    if not all(isinstance(obj[k], str) for k in ("run_id", "host_id", "cell_id", "probe_id", "variant", "started_at")):
+        return "an id field is not a string"
+    if not isinstance(obj["metrics"], dict) or not isinstance(obj["evidence"], dict):
+        return "metrics and evidence must be objects"
     return None
 
 

@@ -90,9 +90,11 @@ def test_corrupt_lines_are_reported_with_file_and_line(tmp_path: Path) -> None:
     with open(store.results_path, "a") as f:
         f.write("garbage\n")
         f.write(json.dumps({"schema": "other/9"}) + "\n")
+        f.write(json.dumps({**_result(9), "status": "great"}) + "\n")
     store.append(_result(1))
     results, warnings = read_file(store.results_path)
     assert len(results) == 2
+    assert f"{store.results_path}:4: unknown status 'great'" in warnings[2]
     assert f"{store.results_path}:2: not valid JSON" in warnings[0]
     assert f"{store.results_path}:3: missing field(s)" in warnings[1]
 
