@@ -24,6 +24,7 @@ SPEC = ProbeSpec(
     feature="Does the vLLM-style custom allreduce give exact results eagerly and in CUDA graphs with the "
     "topology's full_nvlink and with it forced, does it silently do nothing, and how fast is it against NCCL?",
     ranks=(2, 4, 8),
+    requires=("torch",),  # plus flashinfer or sgl_kernel, per variant: checked in run()
     timeout_s=600.0,
 )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,13 @@ def _expected_sass(arch: str) -> str:
     return f"sm_{int(major) * 10 + int(minor)}{suffix}"
 
 
+def _headline(lines: list[str]) -> str:
+    """The first error line from its error keyword on (compiler lines start with long paths)."""
+    line = lines[0]
+    m = re.search(r"(?:fatal )?error\b.*|\w*Error\b.*", line)
+    return (m.group(0) if m else line)[:300]
+
+
 def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) -> dict[str, Any]:
     """Map one build result to an outcome; pure, so it is tested on recorded results."""
     stage = result.get("stage", "")
@@ -145,7 +153,7 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
             )
         return outcome("pass", metrics=metrics, evidence=evidence)
     code = fi.classify_jit_error(err)
-    first = (fi.error_lines(err) or [err.strip().splitlines()[-1] if err.strip() else stage])[0][:300]
+    first = _headline(fi.error_lines(err) or [err.strip().splitlines()[-1] if err.strip() else stage])
     if stage == "link" and code == "fi-link-no-libcuda":
         return outcome(
             "partial",
