@@ -136,6 +136,9 @@ def inspect_runtime() -> dict[str, Any]:
     if importlib.util.find_spec("torch") is None:
         info["torch_error"] = "torch is not installed in this environment"
         return info
+    if gpu_count_hint() == 0:  # nothing torch could add but its import time (seconds)
+        info["cuda_available"] = False
+        return info
     try:
         import torch
     except Exception as exc:
