@@ -23,6 +23,7 @@ GPU_FIELDS = ("index", "name", "pci.bus_id", "compute_cap", "memory.total", "dri
               "clocks.max.sm", "clocks.mem", "power.limit", "persistence_mode")
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "FLASHINFER_", "NVSHMEM_", "SGLANG_", "NVIDIA_", "OMP_",
                 "GLOO_", "TRITON_")
+NOISE = ("NVIDIA_REQUIRE_",)  # container images' driver-branch lists: kilobytes, no information about the run
 SECRET = re.compile(r"(SECRET|TOKEN|PASSW|PASSWD|PWD|KEY|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT)", re.I)
 
 
@@ -105,7 +106,8 @@ def host_id(gpus: list[dict[str, Any]], hostname: str) -> str:
 
 def safe_env(env: dict[str, str]) -> dict[str, str]:
     """The environment variables that shape GPU communication, minus anything that looks like a secret."""
-    return {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES) and not SECRET.search(k)}
+    return {k: v for k, v in sorted(env.items())
+            if k.startswith(ENV_PREFIXES) and not SECRET.search(k) and not k.startswith(NOISE)}
 
 
 def collect(inspect: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def write(host, run, facts, cells, results):
 H = "h200x1-3f9a2c1d"
 FACTS_H = {"host_id": H, "gpu_count": 1, "gpu_name": "NVIDIA H200", "compute_capability": "9.0",
            "driver": "580.159.04", "driver_cuda": "13.0", "interconnect": "single GPU", "nccl": "2.28.9",
-           "peer_access": [[True]], "multicast": [True]}
+           "peer_access": [[True]], "multicast": [False]}
 LOCAL = "local-cu130-torch2.11.0-sglnone-fi0.6.18"
 CELLS_H = {LOCAL: {"status": "local", "versions": {"torch": "2.11.0+cu130", "torch_cuda": "13.0",
                                                    "flashinfer": "0.6.18", "nccl": "2.28.9"}}}
