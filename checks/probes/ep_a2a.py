@@ -14,7 +14,6 @@ The workspace size per rank is recorded.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome
@@ -268,5 +267,5 @@ def run_gpus(ctx: RankContext) -> dict[str, Any]:
 def run(ctx: RankContext) -> dict[str, Any]:
     fi.prepare_env()
     if ctx.param("mode") == "sim":
-        return run_sim(dataclasses.replace(ctx))
+        return run_sim(ctx)
     return run_gpus(ctx)
