@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from checks.lifetime import die_with_parent
 from checks.probe import RESULT_MARKER
 
 TOKEN_ENV = "STACKPROBE_RUN_TOKEN"
@@ -129,7 +130,7 @@ def run_isolated(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: str
     started = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
         if on_start:
             on_start(proc)
         timed_out = interrupted = False

@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from checks import envinfo, rank
+from checks.lifetime import die_with_parent
 from checks.probe import RESULT_MARKER, Variant, combine_worst, outcome
 from checks.registry import ProbeLocation, ProbeNotFound, find
 
@@ -174,7 +175,7 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
         env = rank_env(dict(os.environ), variant, location, workdir, i, port, device_for(i, gpus, variant.share_gpu))
         with open(rank.log_path(workdir, i), "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "checks.rank"], env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT)
+                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         states.append(RankState(i, proc))
 
     deadline = time.monotonic() + timeout_s

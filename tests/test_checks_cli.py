@@ -115,3 +115,25 @@ def test_list_json_has_the_fixture_probes() -> None:
     rows = {r["id"]: r for r in json.loads(p.stdout)}
     assert rows["t-gloo-allreduce"]["ranks"] == [2, 3] and rows["t-gloo-allreduce"]["needs_gpu"] is False
     assert rows["t-gpu"]["requires"] == ["torch"]
+
+
+def test_kill_9_of_the_runner_leaves_valid_lines_and_no_processes(tmp_path: Path) -> None:
+    env = fixture_env()
+    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--local", "--probe", "t-trivial",
+                             "--probe", "t-zz-slow", "--results", str(tmp_path)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        files = _jsonl(tmp_path)
+        if files and len(read_file(files[0])[0]) == 2 and len(pids_with_env(env[TOKEN_VAR])) > 1:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # the slow probe's worker and rank are running
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    stored, warnings = read_file(_jsonl(tmp_path)[0])
+    assert warnings == [] and [r["probe_id"] for r in stored] == ["t-trivial", "t-trivial"]
+    deadline = time.monotonic() + 10
+    while pids_with_env(env[TOKEN_VAR]) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the worker, then its rank, are killed as their parents die
+    assert pids_with_env(env[TOKEN_VAR]) == []
