@@ -103,6 +103,16 @@ def test_no_results_is_exit_2(tmp_path: Path) -> None:
     assert p.returncode == 2 and "no valid results" in p.stderr and not (tmp_path / "o.md").exists()
 
 
+def test_html_escapes_what_probes_wrote(tmp_path: Path) -> None:
+    results, out = _layout(tmp_path)
+    path = next(results.glob("cpu-*/*.jsonl"))
+    text = path.read_text().replace("RuntimeError: No supported", "<script>alert(1)</script> No supported")
+    path.write_text(text)
+    generate(results, out, None, check=False)
+    html = out.with_suffix(".html").read_text()
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
 def test_headline_choices() -> None:
     assert headline({"headline": "fast"}) == "fast"
     assert headline({"ratio_vs_nccl": {"a": 0.5}}) == "0.50× NCCL time"
