@@ -7,7 +7,6 @@ a live runtime knows: the GPUs it sees, peer access between them, multicast supp
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import importlib.util
 import os
 import platform
@@ -30,6 +29,8 @@ _IMPORT_NAMES = {"torch": "torch", "flashinfer": "flashinfer", "sgl_kernel": "sg
 
 
 def _dist_version(names: tuple[str, ...]) -> tuple[str, str] | None:
+    import importlib.metadata as md  # costs ~70 ms at import; ranks never need it
+
     for name in names:
         try:
             return name, md.version(name)
