@@ -133,18 +133,27 @@ def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tm
     cell = next(c for c in plan_cells() if c.status == "resolved")
     (tmp_path / "envs" / cell.cell_id).mkdir(parents=True)
     (tmp_path / "envs" / cell.cell_id / "build.json").write_text(json.dumps({"status": "built", "tag": venv_image}))
+
+    def all_slow() -> set[str]:
+        return {c.name for c in client().containers.list(all=True, filters={"ancestor": venv_image})
+                if "t-zz-slow" in " ".join(c.attrs.get("Args") or [])}
+
+    others = all_slow()  # a concurrent test's containers are not this run's
+
     proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--probe", "t-zz-slow", "--only", cell.cell_id,
                              "--envs", str(tmp_path / "envs"), "--results", str(tmp_path / "res")],
                             env=fixture_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def slow_containers() -> list[str]:
-        return [c.name for c in client().containers.list(all=True, filters={"ancestor": venv_image})
-                if "t-zz-slow" in " ".join(c.attrs.get("Args") or [])]
+        return sorted(all_slow() - others)
 
     deadline = time.monotonic() + 120
-    while not slow_containers() and time.monotonic() < deadline:
+    while not slow_containers() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert slow_containers(), "the slow probe's container never started"
+    if not slow_containers():
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        pytest.fail(f"the slow probe's container never started (runner exit {proc.returncode}): {err[-2000:]}")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
