@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.probe import RankContext
+from checks.probe import RankContext, outcome
 
 # NVLink multicast can take a shared host's GPUs out of service; these stay set in every rank.
 # A user who wants multicast probed on their own NVSwitch machine opts in explicitly.
@@ -59,6 +59,17 @@ def error_tail(exc: BaseException, limit: int = ERROR_TAIL_CHARS) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(noise)]
     text = "\n".join(lines)
     return text[-limit:]
+
+
+def gpu_precheck(ctx: RankContext, shared: bool = False) -> dict[str, Any] | None:
+    """A `skip` outcome when this rank has no GPU, or too few are visible for one GPU per rank."""
+    import torch
+
+    if not torch.cuda.is_available() or ctx.device_index is None:
+        return outcome("skip", "no CUDA device in this rank", "no-gpu")
+    if not shared and torch.cuda.device_count() < ctx.world_size:
+        return outcome("skip", f"needs {ctx.world_size} GPUs, {torch.cuda.device_count()} visible", "too-few-gpus")
+    return None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -319,10 +319,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
     import torch
 
-    if not torch.cuda.is_available() or ctx.device_index is None:
-        return outcome("skip", "no CUDA device in this rank", "no-gpu")
-    if torch.cuda.device_count() < ctx.world_size:
-        return outcome("skip", f"needs {ctx.world_size} GPUs, {torch.cuda.device_count()} visible", "too-few-gpus")
+    if (skipped := _dist.gpu_precheck(ctx)) is not None:
+        return skipped
 
     device = _dist.init_dist(ctx, "nccl")
     gloo = _dist.cpu_group()

@@ -271,10 +271,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
     import torch
 
-    if not torch.cuda.is_available() or ctx.device_index is None:
-        return outcome("skip", "no CUDA device in this rank", "no-gpu")
-    if not shared and torch.cuda.device_count() < ctx.world_size:
-        return outcome("skip", f"needs {ctx.world_size} GPUs, {torch.cuda.device_count()} visible", "too-few-gpus")
+    if (skipped := _dist.gpu_precheck(ctx, shared)) is not None:
+        return skipped
     try:
         import torch.distributed._symmetric_memory as symm_mem
     except ImportError as exc:
