@@ -84,11 +84,14 @@ def _last_lines(text: str) -> str:
     return parts[0] if len(parts) == 1 else f"{parts[0]} ({parts[-1]})"
 
 
-def uv_compile(req_text: str, args: Sequence[str]) -> str:
+def uv_compile(req_text: str, args: Sequence[str], overrides: Sequence[str] = ()) -> str:
     """The lock text, or LockError(status, message)."""
     with tempfile.TemporaryDirectory(prefix="stackprobe-lock-") as d:
         src, out = Path(d) / "requirements.in", Path(d) / "out.lock"
         src.write_text(req_text)
+        if overrides:
+            (Path(d) / "overrides.txt").write_text("".join(f"{o}\n" for o in overrides))
+            args = [*args, "--overrides", "overrides.txt"]
         env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1", NO_COLOR="1", COLUMNS="1000")
         # relative names, so the lock (and so the image hash) does not carry a temporary path
         proc = subprocess.run([uv_bin(), "pip", "compile", src.name, "-o", out.name, "--quiet", *args],
@@ -166,7 +169,10 @@ def pinned(lock: str, package: str) -> str | None:
 
 def inputs_hash(r: Resolved, uv: str) -> str:
     wheel_nvcc = load_catalog().cuda[r.cell.cuda].wheel_nvcc
-    payload = json.dumps([requirements_in(r), compile_args(r), toolkit_requirement(r.toolkit), uv, wheel_nvcc])
+    parts: list[Any] = [requirements_in(r), compile_args(r), toolkit_requirement(r.toolkit), uv, wheel_nvcc]
+    if r.overrides or r.expect:  # only cells that have them, so every other cell keeps its lock
+        parts += [list(r.overrides), list(r.expect)]
+    payload = json.dumps(parts)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -219,7 +225,7 @@ def cell_json(r: Resolved, lock: str, uv: str, ihash: str) -> dict[str, Any]:
         "flashinfer": pinned(lock, "flashinfer-python") or "none",
         "nccl": pinned(lock, "nvidia-nccl-cu13") or pinned(lock, "nvidia-nccl-cu12") or "",
     }
-    return {
+    out: dict[str, Any] = {
         "cell_id": r.cell_id,
         "cell": {"cuda": r.cell.cuda, "torch": r.cell.torch, "sgl_kernel": r.cell.sgl_kernel,
                  "flashinfer": r.cell.flashinfer, "jit_cache": r.cell.jit_cache, "preset": r.cell.preset},
@@ -233,6 +239,11 @@ def cell_json(r: Resolved, lock: str, uv: str, ihash: str) -> dict[str, Any]:
         "uv": uv,
         "inputs_hash": ihash,
     }
+    if r.expect:  # informational: what a probe is expected to find; the probe's result is the verdict
+        out["expect"] = list(r.expect)
+    if r.overrides:
+        out["overrides"] = list(r.overrides)
+    return out
 
 
 def lock_cell(r: Resolved, envs: Path, uv: str, refresh: bool = False) -> dict[str, Any]:
@@ -247,7 +258,7 @@ def lock_cell(r: Resolved, envs: Path, uv: str, refresh: bool = False) -> dict[s
             meta = {}
         if meta.get("inputs_hash") == ihash:
             return {"cell_id": r.cell_id, "status": "unchanged", "path": str(folder)}
-    lock = uv_compile(requirements_in(r), compile_args(r))
+    lock = uv_compile(requirements_in(r), compile_args(r), r.overrides)
     files = {
         "requirements.in": requirements_in(r),
         "requirements.lock": lock,
@@ -287,7 +298,7 @@ def live_check(cells: Sequence[Resolved]) -> list[Resolved]:
             out.append(r)
             continue
         try:
-            uv_compile(requirements_in(r), compile_args(r))
+            uv_compile(requirements_in(r), compile_args(r), r.overrides)
             out.append(r)
         except LockError as e:
             status, msg = e.args

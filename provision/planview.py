@@ -20,9 +20,14 @@ def plan_json(cells: Sequence[Resolved]) -> list[dict[str, Any]]:
             "sources": {s.package: s.where for s in r.sources},
             "requirements": [s.requirement for s in r.sources],
             "notes": list(r.notes),
+            "expect": list(r.expect),
         }
         for r in cells
     ]
+
+
+def _expect(r: Resolved) -> str:
+    return "".join(f"; note: {e}" for e in r.expect)
 
 
 def plan_lines(cells: Sequence[Resolved]) -> list[str]:
@@ -32,9 +37,9 @@ def plan_lines(cells: Sequence[Resolved]) -> list[str]:
         if r.status == "resolved":
             where = ", ".join(f"{s.requirement.split(' @ ')[0]} ({'registry' if s.where == 'registry' else s.where})"
                               for s in r.sources)
-            lines.append(f"{r.cell_id:<{width}}  resolved     {where}")
+            lines.append(f"{r.cell_id:<{width}}  resolved     {where}{_expect(r)}")
         else:
-            lines.append(f"{r.cell_id:<{width}}  {r.status:<11}  {r.reason}")
+            lines.append(f"{r.cell_id:<{width}}  {r.status:<11}  {r.reason}{_expect(r)}")
     counts = Counter(r.status for r in cells)
     lines.append(f"{len(cells)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     return lines

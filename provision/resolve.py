@@ -40,6 +40,11 @@ class Resolved:
     prerelease: bool = False
     toolkit: str = ""  # registry cuda-toolkit version for the registry-free base
     notes: tuple[str, ...] = ()
+    # What a probe is expected to find, from known facts: shown to people, never a status.
+    expect: tuple[str, ...] = ()
+    # Requirement lines that replace every declared requirement on their package when locking (how a
+    # package installed with --no-deps keeps its own pins out of the resolution).
+    overrides: tuple[str, ...] = ()
 
     @property
     def cuda(self) -> str:
@@ -96,23 +101,34 @@ def _torch(cell: Cell, catalog: Catalog) -> tuple[Source, str]:
                        f"[{rel.source}]")
 
 
-def _kernel(cell: Cell, catalog: Catalog, torch_version: str) -> Source | None:
+def kernel_expectation(package: str, version: str, torch: str, source: str) -> str:
+    return (f"expect `import sgl_kernel` to fail: {package} {version} links torch {torch}'s C++ ABI "
+            f"(libc10/libtorch) and this cell has torch nightly; the inventory probe checks it [{source}]")
+
+
+def _kernel(cell: Cell, catalog: Catalog, torch_version: str) -> tuple[Source | None, tuple[str, ...]]:
+    """The kernel's source and what the probes are expected to find about it."""
     if cell.sgl_kernel == "none":
-        return None
+        return None, ()
     k = catalog.kernels.get(cell.sgl_kernel)
     if k is None:
         raise _Unavailable(f"sgl-kernel {cell.sgl_kernel} is not in the catalog (known: {', '.join(catalog.kernels)}); "
                            "add its CUDA build and torch pairing to provision/catalog.yaml")
-    if torch_version != k.torch:
-        what = "torch nightly" if torch_version == "nightly" else f"torch {torch_version}"
+    expect: tuple[str, ...] = ()
+    if torch_version == "nightly":
+        # Installable (the kernel goes in with --no-deps, torch from the nightly index); whether it loads
+        # with a nightly ABI is a probe's finding, so the known pairing is only an expectation.
+        expect = (kernel_expectation(k.package, k.version, k.torch, k.source),)
+    elif torch_version != k.torch:
         raise _Unavailable(
             f"{k.package} {k.version} is built against torch {k.torch}'s C++ ABI (it links libc10/libtorch), "
-            f"so it cannot load with {what}: use torch {k.torch} (or 'stable'), or sgl_kernel: none [{k.source}]")
+            f"so it cannot load with torch {torch_version}: use torch {k.torch} (or 'stable'), or sgl_kernel: none "
+            f"[{k.source}]")
     cuda = catalog.cuda[cell.cuda]
     reg = catalog.cuda[k.registry_cuda]
     if reg.major == cuda.major:
         note = "" if reg.version == cuda.version else f"registry wheel is a CUDA {reg.version} build (same major)"
-        return Source(k.package, f"{k.package}=={k.version}", "registry", note)
+        return Source(k.package, f"{k.package}=={k.version}", "registry", note), expect
     same_major = [v for v in k.variants if (c := catalog.cuda_by_variant(v)) and c.major == cuda.major]
     if not same_major:
         raise _Unavailable(f"{k.package} {k.version} is published only as a CUDA {k.registry_cuda} build; "
@@ -120,7 +136,7 @@ def _kernel(cell: Cell, catalog: Catalog, torch_version: str) -> Source | None:
     variant = cuda.variant if cuda.variant in same_major else same_major[0]
     dist = k.package.replace("-", "_")
     url = catalog.kernel_github_wheel.format(version=k.version, dist=dist, variant=variant)
-    return Source(k.package, f"{k.package} @ {url}", url, f"+{variant} wheel [{catalog.kernel_github_source}]")
+    return Source(k.package, f"{k.package} @ {url}", url, f"+{variant} wheel [{catalog.kernel_github_source}]"), expect
 
 
 def _flashinfer(cell: Cell, catalog: Catalog) -> list[Source]:
@@ -157,7 +173,7 @@ def resolve(cell: Cell, catalog: Catalog, reach: Reach | None = None) -> Resolve
             raise _Unavailable(f"CUDA {cell.cuda} builds stop at sm_90 (no SM120 code); use CUDA 12.8 or newer "
                                f"[{cuda.source}]")
         torch_src, torch_version = _torch(cell, catalog)
-        kernel = _kernel(cell, catalog, torch_version)
+        kernel, expect = _kernel(cell, catalog, torch_version)
         fi = _flashinfer(cell, catalog)
     except _Unavailable as e:
         return Resolved(cell, cid, UNAVAILABLE, str(e), asked)
@@ -165,7 +181,10 @@ def resolve(cell: Cell, catalog: Catalog, reach: Reach | None = None) -> Resolve
     versions = dict(asked, torch_cuda=cuda.variant)
     indexes = tuple(dict.fromkeys(s.where for s in sources if s.where != "registry" and " @ " not in s.requirement))
     notes = tuple(f"{s.package}: {s.note}" for s in sources if s.note)
-    base = Resolved(cell, cid, RESOLVED, "", versions, sources, indexes, cell.torch == "nightly", cuda.toolkit, notes)
+    # A kernel pinned to a torch release (0.4.7+ declare torch==X) must not veto the nightly torch.
+    overrides = ("torch",) if kernel is not None and torch_version == "nightly" else ()
+    base = Resolved(cell, cid, RESOLVED, "", versions, sources, indexes, cell.torch == "nightly", cuda.toolkit, notes,
+                    expect, overrides)
     if reach is None:
         return base
     for s in sources:
@@ -177,5 +196,5 @@ def resolve(cell: Cell, catalog: Catalog, reach: Reach | None = None) -> Resolve
             return Resolved(cell, cid, UNREACHABLE,
                             f"{s.package} comes from {s.where}, which this machine cannot reach ({why}); "
                             "it is published there, so build this cell where that host is reachable",
-                            versions, sources, indexes, base.prerelease, cuda.toolkit, notes)
+                            versions, sources, indexes, base.prerelease, cuda.toolkit, notes, expect, overrides)
     return base

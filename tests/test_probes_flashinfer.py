@@ -275,6 +275,67 @@ def test_inventory_reports_torch_archs_from_the_binary_without_gpu() -> None:
     assert "gpus" not in r["evidence"]
 
 
+# sgl_kernel's own loader wraps the dynamic loader's error in a report of this shape (sgl_kernel/load_utils.py)
+SGL_REPORT = """
+[sgl_kernel] CRITICAL: Could not load any common_ops library!
+
+Attempted locations:
+1. Architecture-specific pattern: /opt/venv/lib/python3.12/site-packages/sgl_kernel/sm100/common_ops.* - found files: []
+
+Error details from previous import attempts:
+- ImportError: /opt/venv/sgl_kernel/sm100/common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEa
+- ModuleNotFoundError: No module named 'common_ops'
+"""
+
+
+def test_inventory_names_the_loader_line_of_an_sgl_kernel_import_failure() -> None:
+    from checks.probes import inventory
+
+    line = inventory.import_error_line(SGL_REPORT)
+    assert line.endswith("common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEa")
+    assert inventory.sgl_kernel_import_reason(SGL_REPORT) == "abi-mismatch"
+    assert inventory.sgl_kernel_import_reason("ModuleNotFoundError: No module named 'sgl_kernel'") == "import-error"
+
+
+def _standin_sgl_kernel(root: Path, c_source: str, link: list[str]) -> Path:
+    """A package named sgl_kernel whose import dlopens a real shared object, as sgl-kernel's does; the
+    loader's error is real, only the package is ours (the real wheels are several hundred MB)."""
+    pkg = root / "site" / "sgl_kernel"
+    pkg.mkdir(parents=True)
+    (root / "ops.c").write_text(c_source)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(pkg / "common_ops.abi3.so"), str(root / "ops.c"), *link],
+                   check=True, cwd=root)
+    (pkg / "__init__.py").write_text("from sgl_kernel import common_ops  # noqa\n")
+    return root / "site"
+
+
+@pytest.mark.parametrize("case", ["undefined-symbol", "no-driver"])
+def test_inventory_imports_sgl_kernel_and_fails_on_a_loader_error(tmp_path: Path, case: str) -> None:
+    pytest.importorskip("torch")
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    if case == "undefined-symbol":  # what a kernel built against another torch's C++ ABI hits
+        site = _standin_sgl_kernel(tmp_path, "void _ZN3c1014gone_in_nightlyEv(void);\n"
+                                   "void f(void) { _ZN3c1014gone_in_nightlyEv(); }\n", [])
+    else:  # a kernel that links the driver, on a host without one
+        drv = tmp_path / "drv"
+        drv.mkdir()
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(drv / "libcuda.so.1"),
+                        "-x", "c", "-"], input="void cuInit(void) {}\n", text=True, check=True)
+        site = _standin_sgl_kernel(tmp_path, "void cuInit(void);\nvoid f(void) { cuInit(); }\n",
+                                   [f"-L{drv}", "-l:libcuda.so.1"])
+        (drv / "libcuda.so.1").unlink()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+    r = _worker(sys.executable, "inventory", {"probe_id": "inventory", "ranks": 1}, env, timeout=300)
+    if case == "undefined-symbol":
+        assert r["status"] == "fail" and r["reason_code"] == "abi-mismatch", r
+        assert "undefined symbol: _ZN3c1014gone_in_nightlyEv" in r["note"]
+        assert "undefined symbol" in r["evidence"]["sgl_kernel_import"]
+    else:  # no driver: the loader stops before any symbol, so nothing is judged about the kernel
+        assert r["status"] == "pass", r
+        assert "import sgl_kernel not judged" in r["note"] and "libcuda.so.1" in r["evidence"]["sgl_kernel_import"]
+
+
 @pytest.fixture(scope="module")
 def fi_python() -> str:
     """A venv with torch (from the uv cache) and flashinfer with the few packages its import needs."""

@@ -98,6 +98,34 @@ def test_dry_run_renders_without_docker(tmp_path: Path, capsys: pytest.CaptureFi
     assert [c.cell_id for c in resolve_all(matrix, offline=True)] == list(rows)
 
 
+def test_overrides_keep_a_kernels_torch_pin_out_of_the_lock() -> None:
+    """Real uv against the registry: sglang-kernel 0.4.7 declares torch==2.13.0, which --no-deps ignores at
+    install; the override makes the lock agree, so a nightly torch is not refused by that pin."""
+    from provision.lock import LockError, uv_compile
+
+    req = "torch>=2.14\nsglang-kernel==0.4.7\n"
+    args = ["--python-version", "3.11", "--no-header"]
+    with pytest.raises(LockError) as exc:
+        uv_compile(req, args)
+    assert exc.value.args[0] == "unavailable" and "torch==2.13.0" in exc.value.args[1]
+    lock = uv_compile(req, args, ("torch",))
+    assert pinned(lock, "sglang-kernel") == "0.4.7" and pinned(lock, "torch") not in (None, "2.13.0")
+
+
+def test_cell_json_carries_the_expectation_only_where_there_is_one() -> None:
+    from provision.catalog import load as load_catalog
+    from provision.lock import cell_json
+    from provision.matrix import Cell
+    from provision.resolve import resolve
+
+    cat = load_catalog()
+    nightly = cell_json(resolve(Cell("13.0", "nightly", "0.4.2", "0.6.17"), cat), SAMPLE, "0.13.9", "h")
+    assert nightly["overrides"] == ["torch"]
+    assert "expect `import sgl_kernel` to fail" in nightly["expect"][0]
+    paired = cell_json(resolve(Cell("13.0", "stable", "0.4.2", "0.6.17"), cat), SAMPLE, "0.13.9", "h")
+    assert "expect" not in paired and "overrides" not in paired
+
+
 def test_live_check_tells_unpublished_from_unreachable() -> None:
     from provision.catalog import load as load_catalog
     from provision.lock import live_check

@@ -30,7 +30,8 @@ def test_reasons_golden() -> None:
     assert "no installable wheel" in by_id["cu130-torch2.11.0-sgl0.4.2-fi0.4.1"].reason
     assert "not in the catalog" in by_id["cu130-torch2.10.1-sglnone-finone"].reason
     assert "sgl-kernel 0.9.9 is not in the catalog" in by_id["cu130-torch2.15.0-sgl0.9.9-finone"].reason
-    assert "cannot load with torch nightly" in by_id["cu130-torchnightly-sgl0.4.2-finone"].reason
+    nightly_kernel = by_id["cu130-torchnightly-sgl0.4.2-finone"]  # installable: the ABI pairing is no status
+    assert nightly_kernel.status == RESOLVED and nightly_kernel.reason == ""
     assert by_id["cu128-torch2.9.1-sgl0.4.1-fi0.6.7.post2"].status == RESOLVED  # SGLang 0.5.10 preset
 
 
@@ -55,6 +56,32 @@ def test_unreachable_differs_from_unpublished() -> None:
     assert reg.status == RESOLVED and reg.indexes == ()
     # unpublished stays unavailable whatever the network says
     assert resolve(Cell("12.8", "nightly", "none", "none"), cat, lambda h: None).status == UNAVAILABLE
+
+
+def test_nightly_with_kernel_is_installable_and_expects_the_import_to_fail() -> None:
+    """A known ABI pairing predicts an import failure; it is carried as an expectation, never as the status."""
+    cat = load_catalog()
+    cell = Cell("13.0", "nightly", "0.4.2", "0.6.17")
+    up = resolve(cell, cat, lambda h: None)
+    assert up.status == RESOLVED and up.reason == ""
+    assert [s.package for s in up.sources] == ["torch", "sglang-kernel", "flashinfer-python"]
+    assert up.indexes == ("https://download.pytorch.org/whl/nightly/cu130",) and up.prerelease
+    (expect,) = up.expect
+    assert "import sgl_kernel" in expect and "torch 2.11.0's C++ ABI" in expect and "inventory" in expect
+    assert up.overrides == ("torch",)  # the kernel's own torch pin (0.4.7+) must not veto the nightly
+    down = resolve(cell, cat, lambda h: "DNS: Name or service not known")
+    assert down.status == UNREACHABLE and down.expect == up.expect
+    line = plan_lines([down])[0]
+    assert " unreachable " in line and "note: expect `import sgl_kernel` to fail" in line
+    assert plan_json([down])[0]["expect"] == [expect]
+    # what cannot be installed stays unavailable, with no expectation attached
+    no_wheels = resolve(Cell("12.8", "nightly", "0.4.2", "none"), cat, lambda h: None)
+    assert no_wheels.status == UNAVAILABLE and no_wheels.expect == ()
+    # an exact torch release against the kernel's pairing is still refused by the resolver (unchanged here)
+    assert resolve(Cell("13.0", "2.9.1", "0.4.2", "none"), cat).status == UNAVAILABLE
+    # matching cells carry no expectation and no override
+    paired = resolve(Cell("13.0", "stable", "0.4.2", "none"), cat)
+    assert paired.expect == () and paired.overrides == ()
 
 
 def test_catalog_facts_all_have_sources() -> None:

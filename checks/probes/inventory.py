@@ -4,7 +4,8 @@ Versions (torch and its CUDA, NCCL, sgl-kernel, flashinfer, nvcc), the GPU archi
 torch and sgl-kernel read from the binaries themselves (``torch.cuda.get_arch_list()`` is empty without a
 GPU), whether the local GPU's architecture is among them, the peer-access matrix and multicast support
 (read from the device attribute only; nothing is created). Without a GPU the GPU fields are absent and the
-rest is still reported.
+rest is still reported. When sgl-kernel is installed it is imported for real (that loads its ops against
+this torch's C++ ABI): a failed import fails the probe with the loader's error.
 """
 
 from __future__ import annotations
@@ -109,6 +110,34 @@ def _multicast(index: int) -> bool | None:
         return None
 
 
+# The dynamic loader names a missing driver library before it resolves any symbol, so on a host without
+# the CUDA driver an import failure says nothing about the kernel's fit with torch.
+_NO_DRIVER = "libcuda.so.1"
+
+
+def import_error_line(message: str) -> str:
+    """The line of an import failure that says why: sgl_kernel wraps the loader's error in a long report."""
+    lines = [ln.strip(" -") for ln in message.splitlines() if ln.strip(" -")]
+    for key in ("undefined symbol", "cannot open shared object", "No module named"):
+        hit = next((ln for ln in lines if key in ln), None)
+        if hit:
+            return hit[:400]
+    return (lines[-1] if lines else message)[:400]
+
+
+def import_sgl_kernel() -> str | None:
+    """Import sgl_kernel for real (it dlopens its ops against this torch): None, or why it failed."""
+    try:
+        import sgl_kernel  # noqa: F401, PLC0415 - the library under test; the import is the check
+    except Exception as exc:  # a failed import is the finding
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def sgl_kernel_import_reason(error: str) -> str:
+    return "abi-mismatch" if "undefined symbol" in error else "import-error"
+
+
 def run(ctx: RankContext) -> dict[str, Any]:
     versions: dict[str, Any] = _dist_versions()
     evidence: dict[str, Any] = {}
@@ -141,8 +170,17 @@ def run(ctx: RankContext) -> dict[str, Any]:
     versions["torch_runtime"] = torch.__version__
     versions["torch_cuda"] = torch.version.cuda
     evidence["torch_arch_list"] = list(torch.cuda.get_arch_list())
+    sgl_error = None
+    if "sgl_kernel" in versions or importlib.util.find_spec("sgl_kernel") is not None:
+        sgl_error = import_sgl_kernel()
+        evidence["sgl_kernel_import"] = "ok" if sgl_error is None else sgl_error[:4000]
     if not torch.cuda.is_available():
         note = "no GPU visible: versions and compiled architectures only; GPU fields absent"
+        if sgl_error is not None and _NO_DRIVER in sgl_error:
+            note += f"; import sgl_kernel not judged: {_NO_DRIVER} (the CUDA driver) is absent here"
+        elif sgl_error is not None:
+            return outcome("fail", note=f"import sgl_kernel failed: {import_error_line(sgl_error)}",
+                           reason_code=sgl_kernel_import_reason(sgl_error), metrics=metrics, evidence=evidence)
         return outcome("pass", note=note, metrics=metrics, evidence=evidence)
     try:
         nccl = torch.cuda.nccl.version()
@@ -156,6 +194,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
     metrics["gpus"] = n
     metrics["peer_pairs"] = sum(facts["peer_access"][i][j] for i in range(n) for j in range(n) if i != j)
     problems: list[str] = []
+    if sgl_error is not None:
+        problems.append(f"import sgl_kernel failed: {import_error_line(sgl_error)}")
     if cap:
         torch_targets = sorted({t for ts in torch_bins.values() for t in ts}) or list(evidence["torch_arch_list"])
         evidence["torch_runs_on_gpu"] = _fatbin.runs_on(torch_targets, cap)
@@ -167,7 +207,6 @@ def run(ctx: RankContext) -> dict[str, Any]:
             if not any(fits.values()):
                 problems.append(f"no sgl-kernel library has code for compute capability {cap}")
     if problems:
-        return outcome(
-            "fail", note="; ".join(problems), reason_code="arch-not-compiled", metrics=metrics, evidence=evidence
-        )
+        code = sgl_kernel_import_reason(sgl_error) if sgl_error is not None else "arch-not-compiled"
+        return outcome("fail", note="; ".join(problems), reason_code=code, metrics=metrics, evidence=evidence)
     return outcome("pass", metrics=metrics, evidence=evidence)
