@@ -101,9 +101,9 @@ def _torch(cell: Cell, catalog: Catalog) -> tuple[Source, str]:
                        f"[{rel.source}]")
 
 
-def kernel_expectation(package: str, version: str, torch: str, source: str) -> str:
+def kernel_expectation(package: str, version: str, torch: str, source: str, cell_torch: str = "nightly") -> str:
     return (f"expect `import sgl_kernel` to fail: {package} {version} links torch {torch}'s C++ ABI "
-            f"(libc10/libtorch) and this cell has torch nightly; the inventory probe checks it [{source}]")
+            f"(libc10/libtorch) and this cell has torch {cell_torch}; the inventory probe checks it [{source}]")
 
 
 def _kernel(cell: Cell, catalog: Catalog, torch_version: str) -> tuple[Source | None, tuple[str, ...]]:
@@ -115,15 +115,10 @@ def _kernel(cell: Cell, catalog: Catalog, torch_version: str) -> tuple[Source | 
         raise _Unavailable(f"sgl-kernel {cell.sgl_kernel} is not in the catalog (known: {', '.join(catalog.kernels)}); "
                            "add its CUDA build and torch pairing to provision/catalog.yaml")
     expect: tuple[str, ...] = ()
-    if torch_version == "nightly":
-        # Installable (the kernel goes in with --no-deps, torch from the nightly index); whether it loads
-        # with a nightly ABI is a probe's finding, so the known pairing is only an expectation.
-        expect = (kernel_expectation(k.package, k.version, k.torch, k.source),)
-    elif torch_version != k.torch:
-        raise _Unavailable(
-            f"{k.package} {k.version} is built against torch {k.torch}'s C++ ABI (it links libc10/libtorch), "
-            f"so it cannot load with torch {torch_version}: use torch {k.torch} (or 'stable'), or sgl_kernel: none "
-            f"[{k.source}]")
+    if torch_version != k.torch:
+        # Installable (the kernel goes in with --no-deps, torch pinned by the cell); whether it loads with
+        # another torch's C++ ABI is a probe's finding, so the known pairing is only an expectation.
+        expect = (kernel_expectation(k.package, k.version, k.torch, k.source, torch_version),)
     cuda = catalog.cuda[cell.cuda]
     reg = catalog.cuda[k.registry_cuda]
     if reg.major == cuda.major:
@@ -181,8 +176,8 @@ def resolve(cell: Cell, catalog: Catalog, reach: Reach | None = None) -> Resolve
     versions = dict(asked, torch_cuda=cuda.variant)
     indexes = tuple(dict.fromkeys(s.where for s in sources if s.where != "registry" and " @ " not in s.requirement))
     notes = tuple(f"{s.package}: {s.note}" for s in sources if s.note)
-    # A kernel pinned to a torch release (0.4.7+ declare torch==X) must not veto the nightly torch.
-    overrides = ("torch",) if kernel is not None and torch_version == "nightly" else ()
+    # A kernel pinned to a torch release (0.4.7+ declare torch==X) must not veto the cell's torch.
+    overrides = ("torch",) if expect else ()
     base = Resolved(cell, cid, RESOLVED, "", versions, sources, indexes, cell.torch == "nightly", cuda.toolkit, notes,
                     expect, overrides)
     if reach is None:

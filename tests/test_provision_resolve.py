@@ -23,7 +23,8 @@ def test_reasons_golden() -> None:
     assert "has no CUDA 12.8 build" in by_id["cu128-torch2.15.0-sglnone-fi0.6.17"].reason
     assert "newest release with cu128: 2.11.0" in by_id["cu128-torch2.15.0-sglnone-fi0.6.17"].reason
     assert "nightly has no cu128 builds" in by_id["cu128-torchnightly-sglnone-fi0.6.17"].reason
-    assert "torch 2.11.0's C++ ABI" in by_id["cu130-torch2.9.1-sgl0.4.2-finone"].reason
+    other_torch = by_id["cu130-torch2.9.1-sgl0.4.2-finone"]  # installable: the ABI pairing is an expectation
+    assert other_torch.status == RESOLVED and "torch 2.11.0's C++ ABI" in other_torch.expect[0]
     assert "only as a CUDA 13.0 build" in by_id["cu129-torch2.13.0-sgl0.4.7-finone"].reason
     assert "not published for cu128" in by_id["cu128-torch2.11.0-sglnone-fi0.7.2-jitcache"].reason
     assert by_id["cu128-torch2.11.0-sglnone-fi0.6.18-jitcache"].status == RESOLVED
@@ -58,7 +59,7 @@ def test_unreachable_differs_from_unpublished() -> None:
     assert resolve(Cell("12.8", "nightly", "none", "none"), cat, lambda h: None).status == UNAVAILABLE
 
 
-def test_nightly_with_kernel_is_installable_and_expects_the_import_to_fail() -> None:
+def test_kernel_with_another_torch_is_installable_and_expects_the_import_to_fail() -> None:
     """A known ABI pairing predicts an import failure; it is carried as an expectation, never as the status."""
     cat = load_catalog()
     cell = Cell("13.0", "nightly", "0.4.2", "0.6.17")
@@ -77,8 +78,11 @@ def test_nightly_with_kernel_is_installable_and_expects_the_import_to_fail() -> 
     # what cannot be installed stays unavailable, with no expectation attached
     no_wheels = resolve(Cell("12.8", "nightly", "0.4.2", "none"), cat, lambda h: None)
     assert no_wheels.status == UNAVAILABLE and no_wheels.expect == ()
-    # an exact torch release against the kernel's pairing is still refused by the resolver (unchanged here)
-    assert resolve(Cell("13.0", "2.9.1", "0.4.2", "none"), cat).status == UNAVAILABLE
+    # an exact torch release against the kernel's pairing is installable too: the same expectation, no veto
+    other = resolve(Cell("13.0", "2.9.1", "0.4.2", "none"), cat)
+    assert other.status == RESOLVED and other.overrides == ("torch",)
+    (other_expect,) = other.expect
+    assert "torch 2.11.0's C++ ABI" in other_expect and "this cell has torch 2.9.1" in other_expect
     # matching cells carry no expectation and no override
     paired = resolve(Cell("13.0", "stable", "0.4.2", "none"), cat)
     assert paired.expect == () and paired.overrides == ()
