@@ -26,7 +26,7 @@ from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
 ENVS = Path(__file__).resolve().parent.parent / "envs"
 # One lock serves both bases: Debian 12's Python 3.11 and Ubuntu 24.04's 3.12 (markers pick per version).
 PYTHON_FLOOR = "3.11"
-TOOLKIT_EXTRAS = "nvcc,cudart,cccl,crt,nvvm,culibos"
+TOOLKIT_EXTRAS = "nvcc,cudart,cccl,crt,nvvm,culibos,cublas"  # cublas: headers that flashinfer moe_a2a includes
 _HEAD = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(?:==|@)")
 
 
