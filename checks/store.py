@@ -1,9 +1,11 @@
 """The results store: ``results/<host_id>/<run_id>.jsonl`` plus ``<run_id>.manifest.json`` (host side).
 
-Each result is one line, written with a single ``write`` under an exclusive ``flock``, then flushed and
-fsynced, so a runner killed with SIGKILL leaves only whole lines; a torn last line (power loss) is cut
-off by the next writer before it appends. One run at a time per results host folder (a run lock),
-since two runs on the same GPUs would distort each other's numbers.
+Each append writes the whole file anew (its whole lines plus the new one) to a temporary file, fsyncs it
+and renames it over the old one, under an exclusive ``flock`` on the current file. A rename is atomic and
+a ``write`` interrupted by SIGKILL can stop part-way, so this is what makes a killed runner leave only whole
+lines; a torn last line from an older writer (power loss) is dropped by the next append. One run at a
+time per results host folder (a run lock), since two runs on the same GPUs would distort each other's
+numbers.
 """
 
 from __future__ import annotations
@@ -49,25 +51,14 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
-def _cut_torn_tail(fd: int) -> None:
-    """Drop an unterminated last line (from a crash mid-write) so the next line starts clean."""
-    size = os.lseek(fd, 0, os.SEEK_END)
-    if size == 0:
-        return
-    os.lseek(fd, size - 1, os.SEEK_SET)
-    if os.read(fd, 1) == b"\n":
-        return
-    pos, chunk = size, 4096
-    while pos > 0:
-        start = max(0, pos - chunk)
-        os.lseek(fd, start, os.SEEK_SET)
-        data = os.read(fd, pos - start)
-        i = data.rfind(b"\n")
-        if i >= 0:
-            os.ftruncate(fd, start + i + 1)
-            return
-        pos = start
-    os.ftruncate(fd, 0)
+def _whole_lines(fd: int) -> bytes:
+    """The file's content up to its last newline: an unterminated last line (a crash mid-write) is dropped."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    return data[: data.rfind(b"\n") + 1]
 
 
 @dataclass
@@ -94,17 +85,32 @@ class RunStore:
     def append(self, result: dict[str, Any]) -> None:
         line = (json.dumps(result, sort_keys=True, default=str, separators=(",", ":")) + "\n").encode()
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.results_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            _cut_torn_tail(fd)
-            view = memoryview(line)
-            while view:  # a regular file takes it in one write; loop only for the pathological case
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)  # closing releases the lock
+        path = self.results_path
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_ino != os.stat(path).st_ino:
+                    continue  # another writer renamed a new file in while we waited: lock that one
+                tmp_fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{path.name}.", suffix=".tmp")
+                try:
+                    with os.fdopen(tmp_fd, "wb") as f:
+                        f.write(_whole_lines(fd))
+                        f.write(line)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, path)
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
+                dir_fd = os.open(self.folder, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)  # the rename itself survives a power cut
+                finally:
+                    os.close(dir_fd)
+                return
+            finally:
+                os.close(fd)  # closing releases the lock
 
     def recorded(self) -> set[tuple[str, str, str]]:
         if not self.results_path.exists():
