@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from checks import reasons
-from checks.container import DockerExecutor, client
+from checks.container import LABEL, DockerExecutor, client
 from checks.probe import Variant
 from checks.store import read_file
 from tests.checks_helpers import FIXTURES, ROOT, fixture_env
@@ -135,7 +135,9 @@ def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tm
     (tmp_path / "envs" / cell.cell_id / "build.json").write_text(json.dumps({"status": "built", "tag": venv_image}))
 
     def all_slow() -> set[str]:
-        return {c.name for c in client().containers.list(all=True, filters={"ancestor": venv_image})
+        # by the executor's label, not `ancestor`: another xdist worker may re-tag venv_image meanwhile, and
+        # `ancestor` resolves the tag to whatever image it names now
+        return {c.name for c in client().containers.list(all=True, filters={"label": LABEL})
                 if "t-zz-slow" in " ".join(c.attrs.get("Args") or [])}
 
     others = all_slow()  # a concurrent test's containers are not this run's
