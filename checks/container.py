@@ -197,7 +197,9 @@ class DockerExecutor:
 
     def leftovers(self) -> list[str]:
         """Containers of this executor that still exist (should always be none)."""
-        return [c.name for c in self.docker.containers.list(all=True, filters={"label": f"{LABEL}={self.run_label}"})]
+        # one list call: containers.list() inspects each one and fails on any that vanishes meanwhile
+        found = self.docker.api.containers(all=True, filters={"label": f"{LABEL}={self.run_label}"})
+        return [n.lstrip("/") for c in found for n in c["Names"]]
 
 
 def image_digest(image: str) -> str | None:

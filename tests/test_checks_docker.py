@@ -123,7 +123,7 @@ def test_checks_run_docker_mode_end_to_end(venv_image: str, tmp_path: Path) -> N
     assert un["status"] == "unavailable" and un["note"] == unavailable.reason
     names = {r["evidence"]["container"] for r in stored if "container" in r["evidence"]}
     assert len(names) == 2  # one container per variant that ran (t-gpu is decided without running)
-    existing = {c.name for c in client().containers.list(all=True)}
+    existing = {n.lstrip("/") for c in client().api.containers(all=True) for n in c["Names"]}  # no inspect race
     assert not names & existing
 
 
@@ -137,8 +137,9 @@ def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tm
     def all_slow() -> set[str]:
         # by the executor's label, not `ancestor`: another xdist worker may re-tag venv_image meanwhile, and
         # `ancestor` resolves the tag to whatever image it names now
-        return {c.name for c in client().containers.list(all=True, filters={"label": LABEL})
-                if "t-zz-slow" in " ".join(c.attrs.get("Args") or [])}
+        # one list call, no per-container inspect: another worker's container may vanish in between
+        return {c["Id"] for c in client().api.containers(all=True, filters={"label": LABEL})
+                if "t-zz-slow" in c.get("Command", "")}
 
     others = all_slow()  # a concurrent test's containers are not this run's
 
@@ -155,7 +156,9 @@ def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tm
     if not slow_containers():
         proc.kill()
         _, err = proc.communicate(timeout=30)
-        pytest.fail(f"the slow probe's container never started (runner exit {proc.returncode}): {err[-2000:]}")
+        recorded = [p.read_text()[-1500:] for p in (tmp_path / "res").rglob("*.jsonl")]
+        pytest.fail(f"the slow probe's container never started (runner exit {proc.returncode}): {err[-1500:]} "
+                    f"recorded: {recorded}")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
