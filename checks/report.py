@@ -63,7 +63,7 @@ def _clean(text: Any, limit: int = NOTE_LIMIT) -> str:
 
 def headline(metrics: dict[str, Any]) -> str:
     """The key measurement of a passing variant: the probe's own `headline`, else a latency ratio to NCCL,
-    else a latency range."""
+    else a latency range, else an all-to-all workspace size or a compile time."""
     if isinstance(metrics.get("headline"), str):
         return _clean(metrics["headline"], 80)
     ratio = metrics.get("ratio_vs_nccl")
@@ -76,6 +76,12 @@ def headline(metrics: dict[str, Any]) -> str:
         vals = sorted(float(v) for v in lat.values() if isinstance(v, int | float))
         if vals:
             return f"{vals[0]:.1f}–{vals[-1]:.1f} µs"
+    ws = metrics.get("workspace_bytes_per_rank")
+    if isinstance(ws, int | float) and not isinstance(ws, bool):
+        return f"{ws / 2**20:.1f} MiB workspace/rank"
+    compile_s = metrics.get("compile_s")
+    if isinstance(compile_s, int | float) and not isinstance(compile_s, bool):
+        return f"compiled in {compile_s:.0f} s"
     return ""
 
 

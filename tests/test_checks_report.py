@@ -117,4 +117,7 @@ def test_headline_choices() -> None:
     assert headline({"headline": "fast"}) == "fast"
     assert headline({"ratio_vs_nccl": {"a": 0.5}}) == "0.50× NCCL time"
     assert headline({"latency_us": {"a": 3.0, "b": 12.25}}) == "3.0–12.2 µs"
+    assert headline({"workspace_bytes_per_rank": 29387136, "sm_count": 132}) == "28.0 MiB workspace/rank"
+    assert headline({"compile_s": 290.8, "objects": 3}) == "compiled in 291 s"
+    assert headline({"compile_s": True}) == ""  # a flag is not a measurement
     assert headline({"other": 1}) == ""
