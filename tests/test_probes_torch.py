@@ -140,6 +140,9 @@ timing = _dist.timed_across_ranks(lambda: time.sleep(0.005 + 0.02 * (rank == 1))
                                   barrier=lambda: dist.barrier())
 Path(sys.argv[1], f"out{rank}.json").write_text(json.dumps(
     {"exact": exact, "agree_all": agree_all, "agree_one": agree_one, "timing": timing.to_json(True)}))
+# leave as the rank launcher makes ranks leave: interpreter teardown with live gloo threads can abort
+# ("terminate called without an active exception") after the work is done
+os._exit(0)
 """
 
 
