@@ -1,16 +1,21 @@
-"""How far are the ar-latency probe's NCCL numbers from a second, independent measurement on the same host?
+"""How far are the ar-latency probe's NCCL numbers from independent measurements on the same host?
 
     python benchmarks/bench_latency_crosscheck.py [--gpus N] [--json OUT]
 
 1. The probe: ``python -m checks.worker --probe ar-latency`` with backend ``nccl`` (CUDA events per replay of
    a 20-call graph after an on-stream barrier, slowest rank, median over replays).
-2. The second measurement: nccl-tests' ``all_reduce_perf`` when it is on PATH; otherwise a plain
-   torch.distributed loop timed the way nccl-tests times ``-G``: N all_reduce calls captured in one graph
-   (thread-local capture mode), the graph replayed G times back to back, host wall clock after a
-   synchronize, divided by N*G, averaged over ranks. Different clock, statistic, capture mode and batch.
+2. nccl-tests' ``all_reduce_perf`` (the field's reference), when it is on PATH or in ``.whl/bin``
+   (tools/build_nccl_tests.sh builds it): one process driving all GPUs, ``-n`` calls captured in a graph
+   (``-G``), the graph launched back to back, host clock, averaged over GPUs. It runs with the NCCL and
+   CUDA runtime of the Python under test, so both sides use the same library.
+3. A plain torch.distributed loop in the style of nccl-tests ``-G``: N calls captured in one graph, the
+   graph replayed G times back to back, timed twice over the same span: by the host clock after a
+   synchronize, and by CUDA events around the whole batch. Comparing the two tells a clock effect
+   from a difference in what runs.
 
-Prints, per size, both numbers and their ratio; the target is every size within 10%. Exits 2 with one
-line when the host has fewer than two GPUs.
+Prints, per size, every number and the probe's ratio to the reference (nccl-tests when present, else
+the loop's host clock); the target is every size within 10%. Exits 2 with one line when the host has
+fewer than two GPUs.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -61,35 +67,31 @@ def probe_numbers(ranks: int, gpus: int) -> dict[int, float]:
 # --- second measurement: nccl-tests if present --------------------------------------------------------
 
 
-def nccl_tests_numbers(binary: str, ranks: int) -> dict[int, float]:
+def nccl_tests_binary() -> str | None:
+    local = ROOT / ".whl" / "bin" / "all_reduce_perf"
+    return shutil.which("all_reduce_perf") or (str(local) if os.access(local, os.X_OK) else None)
+
+
+def torch_library_path() -> str:
+    """NCCL and CUDA runtime directories of the Python under test (pip's nvidia-* wheels)."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    dirs = [d for d in sorted(site.glob("nvidia/*/lib")) if any(d.glob("lib*.so*"))]
+    return os.pathsep.join([*map(str, dirs), os.environ.get("LD_LIBRARY_PATH", "")]).strip(os.pathsep)
+
+
+def nccl_tests_numbers(binary: str, ranks: int, graph_launches: int) -> dict[int, float]:
     lo, hi = TOKENS[0] * HIDDEN * 2, TOKENS[-1] * HIDDEN * 2
-    cmd = [
-        binary,
-        "-g",
-        str(ranks),
-        "-d",
-        "bfloat16",
-        "-b",
-        str(lo),
-        "-e",
-        str(hi),
-        "-f",
-        "2",
-        "-w",
-        "20",
-        "-n",
-        "50",
-        "-G",
-        "20",
-        "-c",
-        "1",
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
+    cmd = [binary, "-g", str(ranks), "-d", "bfloat16", "-b", str(lo), "-e", str(hi), "-f", "2"]
+    cmd += ["-w", "20", "-n", str(LOOP_CALLS), "-G", str(graph_launches), "-c", "1"]
+    env = dict(os.environ, LD_LIBRARY_PATH=torch_library_path())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     numbers: dict[int, float] = {}
-    for ln in out.splitlines():
+    for ln in proc.stdout.splitlines():
         parts = ln.split()
         if len(parts) > 6 and parts[0].isdigit():
             numbers[int(parts[0])] = float(parts[5])  # out-of-place time, us
+    if not numbers:
+        raise SystemExit(f"bench: all_reduce_perf gave no numbers (exit {proc.returncode}): {proc.stderr[-800:]}")
     return numbers
 
 
@@ -120,20 +122,26 @@ def _rank_main() -> None:
         torch.cuda.synchronize()
         dist.barrier()
         torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
+        start.record()
         for _ in range(LOOP_REPLAYS):
             graph.replay()
+        end.record()
         torch.cuda.synchronize()
-        per_call_us = (time.perf_counter() - t0) * 1e6 / (LOOP_CALLS * LOOP_REPLAYS)
-        mean = torch.tensor([per_call_us], dtype=torch.float64, device="cuda")
+        calls = LOOP_CALLS * LOOP_REPLAYS
+        host_us = (time.perf_counter() - t0) * 1e6 / calls
+        event_us = start.elapsed_time(end) * 1e3 / calls
+        mean = torch.tensor([host_us, event_us], dtype=torch.float64, device="cuda")
         dist.all_reduce(mean)
-        results[tokens * HIDDEN * 2] = float(mean.item()) / world
+        results[tokens * HIDDEN * 2] = [float(v) / world for v in mean.tolist()]
     if rank == 0:
         print(json.dumps(results), flush=True)
     os._exit(0)  # skip teardown: destroy_process_group can hang after graph capture
 
 
-def loop_numbers(ranks: int) -> dict[int, float]:
+def loop_numbers(ranks: int) -> dict[int, list[float]]:
+    """Per size: [host-clock us, CUDA-event us] per call, averaged over ranks."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -149,7 +157,7 @@ def loop_numbers(ranks: int) -> dict[int, float]:
     for p, (_, err) in zip(procs, outs, strict=True):
         if p.returncode != 0:
             raise SystemExit(f"bench: a loop rank failed (exit {p.returncode}): {err[-800:]}")
-    return {int(k): float(v) for k, v in json.loads(outs[0][0].strip().splitlines()[-1]).items()}
+    return {int(k): v for k, v in json.loads(outs[0][0].strip().splitlines()[-1]).items()}
 
 
 def main() -> int:
@@ -167,27 +175,37 @@ def main() -> int:
         return 2
     ranks = 2 if gpus < 4 else (4 if gpus < 8 else 8)
     t0 = time.monotonic()
-    probe = probe_numbers(ranks, gpus)
-    t_probe = time.monotonic() - t0
-    binary = shutil.which("all_reduce_perf")
+    columns: dict[str, dict[int, float]] = {"probe": probe_numbers(ranks, gpus)}
+    timings = {"probe": time.monotonic() - t0}
+    binary = nccl_tests_binary()
+    if binary:
+        t0 = time.monotonic()
+        columns[f"nccl-tests -G{LOOP_REPLAYS}"] = nccl_tests_numbers(binary, ranks, LOOP_REPLAYS)
+        timings["nccl-tests"] = time.monotonic() - t0
     t0 = time.monotonic()
-    other = nccl_tests_numbers(binary, ranks) if binary else loop_numbers(ranks)
-    t_other = time.monotonic() - t0
-    method = "nccl-tests all_reduce_perf -G 20" if binary else f"torch loop: {LOOP_CALLS}-call graph x {LOOP_REPLAYS}"
-    print(f"ranks={ranks}  probe: {t_probe:.1f}s  second measurement ({method}): {t_other:.1f}s")
-    print(f"{'bytes':>9} {'probe_us':>9} {'other_us':>9} {'ratio':>6}  within {TARGET:.0%}")
+    loop = loop_numbers(ranks)
+    timings["loop"] = time.monotonic() - t0
+    columns["loop host"] = {k: v[0] for k, v in loop.items()}
+    columns["loop events"] = {k: v[1] for k, v in loop.items()}
+    reference = next(name for name in columns if name != "probe")
+    print(f"ranks={ranks}  " + "  ".join(f"{k}: {v:.1f}s" for k, v in timings.items()))
+    print(f"graphs of {LOOP_CALLS} calls x {LOOP_REPLAYS} launches outside the probe; reference: {reference}")
+    names = list(columns)
+    print(f"{'bytes':>9} " + " ".join(f"{n:>18}" for n in names) + f" {'probe/ref':>9}  within {TARGET:.0%}")
     rows = []
-    for size in sorted(probe):
-        if size not in other:
+    for size in sorted(columns["probe"]):
+        if not all(size in col for col in columns.values()):
             continue
-        ratio = probe[size] / other[size]
+        ratio = columns["probe"][size] / columns[reference][size]
         ok = abs(ratio - 1.0) <= TARGET
-        rows.append({"bytes": size, "probe_us": probe[size], "other_us": other[size], "ratio": ratio, "ok": ok})
-        print(f"{size:>9} {probe[size]:>9.2f} {other[size]:>9.2f} {ratio:>6.3f}  {'yes' if ok else 'NO'}")
+        rows.append({"bytes": size, **{n: columns[n][size] for n in names}, "ratio": ratio, "ok": ok})
+        cells = " ".join(f"{columns[n][size]:>18.2f}" for n in names)
+        print(f"{size:>9} {cells} {ratio:>9.3f}  {'yes' if ok else 'NO'}")
     inside = sum(r["ok"] for r in rows)
-    print(f"{inside}/{len(rows)} sizes within {TARGET:.0%} (target: all)")
+    print(f"{inside}/{len(rows)} sizes within {TARGET:.0%} of {reference} (target: all)")
     if args.json:
-        args.json.write_text(json.dumps({"ranks": ranks, "method": method, "rows": rows}, indent=1))
+        payload = {"ranks": ranks, "reference": reference, "calls_per_graph": LOOP_CALLS, "rows": rows}
+        args.json.write_text(json.dumps(payload, indent=1))
     return 0
 
 

@@ -108,6 +108,7 @@ def test_absent_module_is_skip_and_wrong_arch_output_is_fail() -> None:
         ("RuntimeError: SM 12.x requires CUDA >= 12.9", "fi-nvcc-too-old"),
         ("nvcc fatal   : Unsupported gpu architecture 'compute_120f'", "nvcc-unsupported-arch"),
         ("/usr/bin/ld: cannot find -lcuda: No such file or directory", "fi-link-no-libcuda"),
+        ("OSError: vllm_comm.so: undefined symbol: cuPointerGetAttribute", "fi-link-unresolved"),
         ('foo.cu(12): error: identifier "x" is undefined', "fi-nvcc-error"),
         (
             "csrc/nv_internal/include/tensorrt_llm/common/cudaUtils.h:19:10: fatal error: cublasLt.h: No such file "
@@ -390,18 +391,93 @@ def test_fi_jit_real_gate_refusal(fi_python: str, tmp_path: Path) -> None:
     assert r["evidence"]["flashinfer"] == FLASHINFER
 
 
+def _stub(directory: Path, symbols: list[str]) -> Path:
+    """A link-time libcuda.so with the driver's soname exporting ``symbols``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    src = directory / "stub.c"
+    src.write_text("".join(f"void {name}(void){{}}\n" for name in symbols))
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(directory / "libcuda.so"), str(src)],
+        check=True,
+    )
+    return directory
+
+
+def _driver_api() -> list[str]:
+    import re
+
+    text = (Path(NVCC).parents[1] / "include" / "cuda.h").read_text(errors="replace")
+    return sorted(set(re.findall(r"\bcu[A-Z][A-Za-z0-9_]*\b", text)))
+
+
 @pytest.mark.slow
 def test_fi_jit_real_cross_compile_for_sm120a(fi_python: str, tmp_path: Path) -> None:
-    """The smallest comm module, really compiled for sm_120a with the host's nvcc 13.0 (about 15 s)."""
+    """The smallest comm module, really compiled for sm_120a with the host's nvcc 13.0 (about 15 s), then
+    linked three ways: without a libcuda stub (partial), against a stub that lacks the driver function
+    vllm_comm calls (the linker drops libcuda.so.1: fail), and against a driver-API stub (pass)."""
+    if Path("/usr/local/cuda/lib64/stubs/libcuda.so").exists() or shutil.which("gcc") is None:
+        pytest.skip("needs a toolkit without its own libcuda stub (it is searched before LIBRARY_PATH) and gcc")
     variant = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", "vllm_comm"], ["arch", "12.0a"]]}
-    r = _worker(fi_python, "fi-jit", variant, _fi_env(tmp_path, fi_python))
-    stubs = Path("/usr/local/cuda/lib64/stubs/libcuda.so").exists()
-    assert r["status"] == ("pass" if stubs else "partial"), r
-    if not stubs:
-        assert r["reason_code"] == "fi-link-no-libcuda"
+    env = _fi_env(tmp_path, fi_python)
+    r = _worker(fi_python, "fi-jit", variant, env)
+    assert (r["status"], r["reason_code"]) == ("partial", "fi-link-no-libcuda"), r
     assert r["evidence"]["targets_in_output"] == ["sm_120a"]
     assert any("compute_120a" in g for g in r["evidence"]["gencode"])
     assert r["metrics"]["compile_s"] > 0
+
+    env["LIBRARY_PATH"] = str(_stub(tmp_path / "one", ["cuGetErrorString"]))
+    r = _worker(fi_python, "fi-jit", variant, env)
+    assert (r["status"], r["reason_code"]) == ("fail", "fi-link-unresolved"), r
+    assert "cuPointerGetAttribute" in r["note"] and "libcuda.so.1" not in r["evidence"]["needed"]
+
+    for so in (tmp_path / "jit").rglob("vllm_comm.so"):
+        so.unlink()  # ninja does not see a new stub; relink from the same objects
+    env["LIBRARY_PATH"] = str(_stub(tmp_path / "full", _driver_api()))
+    r = _worker(fi_python, "fi-jit", variant, env)
+    assert r["status"] == "pass", r
+    assert "libcuda.so.1" in r["evidence"]["needed"] and "cuPointerGetAttribute" in r["evidence"]["driver_calls"]
+    assert r["evidence"]["targets_in_output"] == ["sm_120a"]
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build small shared objects")
+def test_elf_linkage_tells_a_kept_libcuda_dependency_from_a_dropped_one(tmp_path: Path) -> None:
+    from checks.probes import _elf
+
+    src = tmp_path / "mod.c"
+    src.write_text(
+        "extern int cuPointerGetAttribute(void*, int, unsigned long long);\n"
+        "extern int cudaGetDevice(int*);\n"
+        "__attribute__((weak)) extern int cuWeakOne(void);\n"
+        "int f(void) { int d; cudaGetDevice(&d); return cuPointerGetAttribute(0, 0, 0) + (cuWeakOne ? 1 : 0); }\n"
+    )
+    one = _stub(tmp_path / "one", ["cuGetErrorString"])
+    full = _stub(tmp_path / "full", ["cuGetErrorString", "cuPointerGetAttribute"])
+
+    def build(stub: Path, name: str) -> Path:
+        out = tmp_path / name
+        cmd = ["gcc", "-shared", "-fPIC", "-Wl,--as-needed", "-o", str(out), str(src), f"-L{stub}", "-lcuda"]
+        subprocess.run(cmd, check=True)
+        return out
+
+    dropped = _elf.linkage(str(build(one, "dropped.so")))
+    kept = _elf.linkage(str(build(full, "kept.so")))
+    assert dropped is not None and kept is not None
+    assert "libcuda.so.1" not in dropped.needed and "libcuda.so.1" in kept.needed
+    assert dropped.driver_calls() == ("cuPointerGetAttribute",)  # the runtime's cudaGetDevice and weak refs aside
+    assert dropped.unresolved_driver_calls() == ("cuPointerGetAttribute",)
+    assert kept.unresolved_driver_calls() == ()
+    assert "cudaGetDevice" in dropped.undefined and "cuWeakOne" not in dropped.undefined
+    assert _elf.linkage(str(src)) is None  # not ELF
+
+
+def test_unresolved_driver_calls_and_load_failure_are_fail() -> None:
+    done = {"stage": "done", "unresolved_driver_calls": ["cuPointerGetAttribute"], "needed": ["libc.so.6"]}
+    o = fi_jit.verdict("vllm_comm", "12.0a", done, ["sm_120a"])
+    assert (o["status"], o["reason_code"]) == ("fail", "fi-link-unresolved") and "cuPointerGetAttribute" in o["note"]
+    load = {"stage": "load", "error": "RuntimeError: vllm_comm.so: undefined symbol: cuPointerGetAttribute"}
+    o = fi_jit.verdict("vllm_comm", "local", load, ["sm_90a"])
+    assert (o["status"], o["reason_code"]) == ("fail", "fi-link-unresolved")
+    assert o["note"].startswith("vllm_comm for local: built but failed to load")
 
 
 def _stop_worker(rank: int, world: int, init_file: str, queue: object) -> None:

@@ -41,6 +41,9 @@ if [ ! -e /usr/local/cuda/include/cublasLt.h ]; then
 fi
 CACHE=".cache/fi-aot-${FLASHINFER}"
 mkdir -p .whl/aot
+# Relink from the cached objects every time: ninja does not see a changed stub, and a module linked
+# against an older stub would keep its missing libcuda.so.1 dependency.
+find "$CACHE" -path '*/cached_ops/*' -name '*.so' -delete 2>/dev/null || true
 for m in ${MODULES[@]}; do
     out=$(env -u VIRTUAL_ENV PATH="$PWD/$VENV/bin:/usr/local/cuda/bin:$PATH" PYTHONPATH="$PWD" CUDA_HOME=/usr/local/cuda \
         FLASHINFER_CUDA_ARCH_LIST="$ARCH" FLASHINFER_WORKSPACE_BASE="$PWD/$CACHE" LIBRARY_PATH="$STUB" "${EXTRA[@]}" \

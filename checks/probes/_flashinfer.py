@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+from checks.probes import _elf
+
 # JIT generators by module, newest location first. A module missing from a version is reported as absent.
 JIT_GENERATORS: dict[str, tuple[tuple[str, str], ...]] = {
     "vllm_comm": (
@@ -95,6 +97,7 @@ JIT_SIGNATURES: tuple[tuple[str, str], ...] = (
     ("fi-nvcc-too-old", r"SM 12\.x requires CUDA >= 12\.9"),
     ("nvcc-unsupported-arch", r"Unsupported gpu architecture|not defined for option 'gpu-name'"),
     ("fi-link-no-libcuda", r"cannot find -lcuda"),
+    ("fi-link-unresolved", r"undefined symbol: cu[A-Z]\w*"),
     ("fi-missing-header", r"fatal error: [\w./+-]+\.h(?:pp)?: No such file or directory"),
     ("fi-no-nvcc", r"Could not find nvcc|nvcc: not found|No such file or directory: '[^']*nvcc'"),
     ("fi-nvcc-error", r"error: |\berror\b.*\.cu\(|ptxas (fatal|error)"),
@@ -161,8 +164,9 @@ def _ninja(build_dir: str, targets: list[str]) -> tuple[int, str]:
     return proc.returncode, (proc.stdout + proc.stderr)
 
 
-def build_module(module: str) -> dict[str, Any]:
-    """Build one comm module for the architectures flashinfer resolved at import; compile and link apart."""
+def build_module(module: str, load: bool = False) -> dict[str, Any]:
+    """Build one comm module for the architectures flashinfer resolved at import; compile and link apart,
+    then read what the library needs at load time and, with ``load`` (a GPU is visible), load it."""
     out: dict[str, Any] = {"module": module, "flashinfer": version()}
     t0 = time.monotonic()
     try:
@@ -199,16 +203,42 @@ def build_module(module: str) -> dict[str, Any]:
     out["link_s"] = round(time.monotonic() - t1, 1)
     if rc != 0:
         return {**out, "stage": "link", "ok": False, "error": log[-_TAIL:]}
-    out["library"] = str(spec.get_library_path()) if hasattr(spec, "get_library_path") else ""
+    # The JIT output itself: get_library_path() answers with an AOT artifact when one is installed.
+    jit_lib = getattr(spec, "jit_library_path", None)
+    if jit_lib is None and hasattr(spec, "get_library_path"):
+        jit_lib = spec.get_library_path()
+    out["library"] = str(jit_lib or "")
     out["library_bytes"] = os.path.getsize(out["library"]) if out["library"] and os.path.exists(out["library"]) else 0
+    if out["library_bytes"]:
+        linked = _elf.linkage(out["library"])
+        if linked is not None:
+            out["needed"] = list(linked.needed)
+            out["driver_calls"] = list(linked.driver_calls())
+            out["unresolved_driver_calls"] = list(linked.unresolved_driver_calls())
+    if load:
+        # flashinfer's own loader, after CUDA is up (libcuda is then loaded, privately, by the runtime):
+        # exactly the state a probe or a server loads the module in. Ninja has nothing left to do.
+        t2 = time.monotonic()
+        try:
+            import torch
+
+            torch.zeros(1, device="cuda")
+            if "so_path" in inspect.signature(spec.load).parameters:
+                spec.load(jit_lib)
+            else:
+                spec.build_and_load()
+        except Exception as exc:
+            return {**out, "stage": "load", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
+        out["load_s"] = round(time.monotonic() - t2, 1)
+        out["loaded"] = True
     return {**out, "stage": "done", "ok": True}
 
 
 def run_build_subprocess(
-    module: str, env: dict[str, str], timeout_s: float, python: str | None = None
+    module: str, env: dict[str, str], timeout_s: float, python: str | None = None, load: bool = False
 ) -> dict[str, Any]:
     """Run :func:`build_module` in a fresh interpreter with ``env``; a timeout or crash is a result too."""
-    cmd = [python or sys.executable, "-m", "checks.probes._flashinfer", "jit", module]
+    cmd = [python or sys.executable, "-m", "checks.probes._flashinfer", "jit", module, *(["--load"] if load else [])]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
@@ -433,11 +463,11 @@ def moe_alltoall_object(
 
 
 def _main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "jit" and argv[1] in JIT_GENERATORS:
-        result = build_module(argv[1])
+    if len(argv) in (2, 3) and argv[0] == "jit" and argv[1] in JIT_GENERATORS and argv[2:] in ([], ["--load"]):
+        result = build_module(argv[1], load=argv[2:] == ["--load"])
         sys.stdout.write(RESULT_PREFIX + json.dumps(result, default=str) + "\n")
         return 0
-    sys.stderr.write("usage: python -m checks.probes._flashinfer jit {" + ",".join(JIT_GENERATORS) + "}\n")
+    sys.stderr.write("usage: python -m checks.probes._flashinfer jit {" + ",".join(JIT_GENERATORS) + "} [--load]\n")
     return 2
 
 

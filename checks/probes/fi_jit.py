@@ -5,7 +5,9 @@ the environment's own nvcc, in a fresh interpreter (flashinfer fixes its arch li
 lets flashinfer pick the architecture of the visible GPU itself, the path a user takes; any other value is
 passed as ``FLASHINFER_CUDA_ARCH_LIST`` (no GPU needed). Compile and link are reported apart: a toolkit
 without a ``libcuda.so`` stub compiles every object but cannot link, which is ``partial``. The objects
-are then read back to prove they hold code for the requested architecture.
+are then read back to prove they hold code for the requested architecture, and the library's dynamic
+dependencies to prove it can load: driver calls (``cu*``) need a ``libcuda.so.1`` dependency, which the
+linker drops when the link stub does not export them. For ``arch=local`` the module is also loaded.
 
 Planning filter: ``STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a,trtllm_comm@local"`` keeps only those pairs
 (CI compiles the smallest module for one arch). JIT cache: ``STACKPROBE_JIT_CACHE`` (reused between runs),
@@ -133,7 +135,21 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
             reason_code="fi-module-absent",
             evidence=evidence,
         )
+    for key in ("needed", "driver_calls", "loaded"):
+        if key in result:
+            evidence[key] = result[key]
     if stage == "done":
+        unresolved = result.get("unresolved_driver_calls") or []
+        if unresolved:
+            return outcome(
+                "fail",
+                note=f"built, but it calls {len(unresolved)} CUDA driver function(s) ({', '.join(unresolved[:3])}) "
+                "with no libcuda.so.1 dependency: it will not load where libcuda is loaded privately, as the "
+                "CUDA runtime does (the link-time libcuda stub lacks those symbols)",
+                reason_code="fi-link-unresolved",
+                metrics=metrics,
+                evidence=evidence,
+            )
         if arch != LOCAL and targets and _expected_sass(arch) not in targets:
             return outcome(
                 "fail",
@@ -167,6 +183,7 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
         "spec": "refused before compiling",
         "compile": "compile failed",
         "link": "link failed",
+        "load": "built but failed to load",
         "import": "import flashinfer failed",
         "timeout": "timed out",
         "crash": "builder crashed",
@@ -198,7 +215,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     os.makedirs(cache, exist_ok=True)
     env = build_env(arch, cuda_home, cache)
     ctx.log(f"building {module} for {arch} with {cuda_home}/bin/nvcc, cache {cache}")
-    result = fi.run_build_subprocess(module, env, timeout_s=SPEC.timeout_s - 60)
+    result = fi.run_build_subprocess(module, env, timeout_s=SPEC.timeout_s - 60, load=arch == LOCAL)
     result["nvcc"] = fi.nvcc_version(cuda_home)
     if local_cc:
         result["local_capability"] = local_cc

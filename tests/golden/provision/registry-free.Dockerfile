@@ -5,7 +5,9 @@ ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_
     UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=0
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; python3 -m venv /opt/uv && /opt/uv/bin/pip install --quiet uv==0.13.9
 # CUDA toolkit from the registry's wheels (nvcc, headers with CCCL, nvvm, cudart) assembled into CUDA_HOME,
-# plus a libcuda stub so JIT modules link without a driver (the driver's libcuda is used at run time).
+# plus a libcuda stub so JIT modules link without a driver (the driver's libcuda is used at run time). The
+# stub exports every driver function in cuda.h: one that lacks a called function lets the linker drop the
+# libcuda.so.1 dependency, and the module then fails to load on the GPU host (undefined symbol).
 COPY toolkit.lock /opt/stackprobe/toolkit.lock
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /usr/bin/python3 --target /opt/cuda-wheels --no-deps --require-hashes \
         -r /opt/stackprobe/toolkit.lock \
@@ -14,7 +16,8 @@ RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [
     && rm -rf /usr/local/cuda/.metadata /usr/local/cuda/__pycache__ \
     && cd /usr/local/cuda && { [ -e lib64 ] || ln -s lib lib64; } \
     && for f in lib/lib*.so.[0-9]*; do b="${f%%.so.*}.so"; [ -e "$b" ] || ln -s "$(basename "$f")" "$b"; done \
-    && mkdir -p lib/stubs && echo 'void cuGetErrorString(void){}' > /tmp/stub.c \
+    && mkdir -p lib/stubs && grep -ohE '\bcu[A-Z][A-Za-z0-9_]*\b' include/cuda.h | sort -u \
+        | sed 's/.*/void &(void){}/' > /tmp/stub.c && test -s /tmp/stub.c \
     && gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o lib/stubs/libcuda.so /tmp/stub.c && rm /tmp/stub.c \
     && /usr/local/cuda/bin/nvcc --version
 ENV CUDA_HOME=/usr/local/cuda VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH
