@@ -2,20 +2,22 @@
 
     python benchmarks/bench_latency_crosscheck.py [--gpus N] [--json OUT]
 
-1. The probe: ``python -m checks.worker --probe ar-latency`` with backend ``nccl`` (CUDA events per replay of
-   a 20-call graph after an on-stream barrier, slowest rank, median over replays).
-2. nccl-tests' ``all_reduce_perf`` (the field's reference), when it is on PATH or in ``.whl/bin``
-   (tools/build_nccl_tests.sh builds it): one process driving all GPUs, ``-n`` calls captured in a graph
-   (``-G``), the graph launched back to back, host clock, averaged over GPUs. It runs with the NCCL and
-   CUDA runtime of the Python under test, so both sides use the same library.
-3. A plain torch.distributed loop in the style of nccl-tests ``-G``: N calls captured in one graph, the
-   graph replayed G times back to back, timed twice over the same span: by the host clock after a
-   synchronize, and by CUDA events around the whole batch. Comparing the two tells a clock effect
-   from a difference in what runs.
+The probe's ``nccl-direct`` variant gives two columns from one run (CUDA events per replay of a 20-call
+graph after an on-stream barrier, slowest rank, median over replays): NCCL called directly, as serving
+engines capture it, and NCCL through torch.distributed, its baseline in the same processes. Each is
+compared with a measurement made by other code with the same graph size (20 calls):
 
-Prints, per size, every number and the probe's ratio to the reference (nccl-tests when present, else
-the loop's host clock); the target is every size within 10%. Exits 2 with one line when the host has
-fewer than two GPUs.
+* NCCL direct against nccl-tests' ``all_reduce_perf`` (the field's reference; tools/build_nccl_tests.sh
+  builds it): one process driving all GPUs, ``-n 20 -G 20``, host clock over back-to-back graph launches,
+  run with the NCCL and CUDA runtime of the Python under test.
+* torch NCCL against a plain torch.distributed loop in two processes: 20 all_reduce calls captured in one
+  graph, replayed 20 times back to back, timed by the host clock after a synchronize (and by CUDA events
+  over the same span, printed beside it).
+
+The graph size must match: torch.distributed's per-call cost grows with the calls in a graph (about 13.5
+us per call at 20 and 19.3 at 50 on 2x H200, where direct NCCL stays at 7.4-7.7;
+benchmarks/bench_latency_factors.py). The target is every size within 10% in both comparisons. Exits 2
+with one line when the host has fewer than two GPUs.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from checks.probe import RESULT_MARKER  # noqa: E402
+from checks.probes.ar_latency import CALLS_PER_GRAPH  # noqa: E402
 
 TARGET = 0.10
 HIDDEN = 7168
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-LOOP_CALLS = 50  # per graph
+LOOP_CALLS = CALLS_PER_GRAPH  # the probe's graph size: torch's per-call cost depends on it
 LOOP_REPLAYS = 20
 
 
@@ -51,8 +54,9 @@ def gpu_count() -> int:
     return sum(1 for ln in out.stdout.splitlines() if ln.startswith("GPU "))
 
 
-def probe_numbers(ranks: int, gpus: int) -> dict[int, float]:
-    variant = json.dumps({"probe_id": "ar-latency", "ranks": ranks, "params": [["backend", "nccl"]]})
+def probe_numbers(ranks: int, gpus: int) -> tuple[dict[int, float], dict[int, float]]:
+    """(NCCL direct, NCCL through torch.distributed) per size from one run of the nccl-direct variant."""
+    variant = json.dumps({"probe_id": "ar-latency", "ranks": ranks, "params": [["backend", "nccl-direct"]]})
     cmd = [sys.executable, "-m", "checks.worker", "--probe", "ar-latency", "--variant", variant, "--gpus", str(gpus)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER)), None)
@@ -61,7 +65,10 @@ def probe_numbers(ranks: int, gpus: int) -> dict[int, float]:
     result = json.loads(line[len(RESULT_MARKER) :])
     if result["status"] != "pass":
         raise SystemExit(f"bench: the probe's NCCL variant is {result['status']}: {result.get('note', '')[:300]}")
-    return {int(k): float(v) for k, v in result["metrics"]["latency_us"].items()}
+    metrics = result["metrics"]
+    if "nccl_latency_us" not in metrics:
+        raise SystemExit("bench: the probe result has no torch NCCL baseline")
+    return tuple({int(k): float(v) for k, v in metrics[key].items()} for key in ("latency_us", "nccl_latency_us"))
 
 
 # --- second measurement: nccl-tests if present --------------------------------------------------------
@@ -174,37 +181,42 @@ def main() -> int:
         print("bench_latency_crosscheck: needs at least 2 GPUs (NCCL allreduce between GPUs)", file=sys.stderr)
         return 2
     ranks = 2 if gpus < 4 else (4 if gpus < 8 else 8)
+    timings: dict[str, float] = {}
     t0 = time.monotonic()
-    columns: dict[str, dict[int, float]] = {"probe": probe_numbers(ranks, gpus)}
-    timings = {"probe": time.monotonic() - t0}
+    direct, via_torch = probe_numbers(ranks, gpus)
+    timings["probe"] = time.monotonic() - t0
+    pairs: list[tuple[str, dict[int, float], str, dict[int, float]]] = []
     binary = nccl_tests_binary()
     if binary:
         t0 = time.monotonic()
-        columns[f"nccl-tests -G{LOOP_REPLAYS}"] = nccl_tests_numbers(binary, ranks, LOOP_REPLAYS)
+        reference = nccl_tests_numbers(binary, ranks, LOOP_REPLAYS)
         timings["nccl-tests"] = time.monotonic() - t0
+        pairs.append(("probe NCCL direct", direct, f"nccl-tests -n{LOOP_CALLS} -G{LOOP_REPLAYS}", reference))
+    else:
+        print("bench: no all_reduce_perf (tools/build_nccl_tests.sh builds it): NCCL direct not cross-checked")
     t0 = time.monotonic()
     loop = loop_numbers(ranks)
     timings["loop"] = time.monotonic() - t0
-    columns["loop host"] = {k: v[0] for k, v in loop.items()}
-    columns["loop events"] = {k: v[1] for k, v in loop.items()}
-    reference = next(name for name in columns if name != "probe")
+    loop_host = {k: v[0] for k, v in loop.items()}
+    pairs.append(("probe torch NCCL", via_torch, f"torch loop {LOOP_CALLS}x{LOOP_REPLAYS} host", loop_host))
     print(f"ranks={ranks}  " + "  ".join(f"{k}: {v:.1f}s" for k, v in timings.items()))
-    print(f"graphs of {LOOP_CALLS} calls x {LOOP_REPLAYS} launches outside the probe; reference: {reference}")
-    names = list(columns)
-    print(f"{'bytes':>9} " + " ".join(f"{n:>18}" for n in names) + f" {'probe/ref':>9}  within {TARGET:.0%}")
-    rows = []
-    for size in sorted(columns["probe"]):
-        if not all(size in col for col in columns.values()):
-            continue
-        ratio = columns["probe"][size] / columns[reference][size]
-        ok = abs(ratio - 1.0) <= TARGET
-        rows.append({"bytes": size, **{n: columns[n][size] for n in names}, "ratio": ratio, "ok": ok})
-        cells = " ".join(f"{columns[n][size]:>18.2f}" for n in names)
-        print(f"{size:>9} {cells} {ratio:>9.3f}  {'yes' if ok else 'NO'}")
-    inside = sum(r["ok"] for r in rows)
-    print(f"{inside}/{len(rows)} sizes within {TARGET:.0%} of {reference} (target: all)")
+    report: dict[str, list[dict[str, object]]] = {}
+    inside = total = 0
+    for probe_name, probe, ref_name, ref in pairs:
+        print(f"\n{'bytes':>9} {probe_name:>18} {ref_name:>26} {'ratio':>6}  within {TARGET:.0%}")
+        rows = report.setdefault(f"{probe_name} vs {ref_name}", [])
+        for size in sorted(probe):
+            if size not in ref:
+                continue
+            ratio = probe[size] / ref[size]
+            ok = abs(ratio - 1.0) <= TARGET
+            inside, total = inside + ok, total + 1
+            rows.append({"bytes": size, "probe_us": probe[size], "other_us": ref[size], "ratio": ratio, "ok": ok})
+            print(f"{size:>9} {probe[size]:>18.2f} {ref[size]:>26.2f} {ratio:>6.3f}  {'yes' if ok else 'NO'}")
+    print(f"\nloop timed by CUDA events over the same span (us): {', '.join(f'{v[1]:.2f}' for v in loop.values())}")
+    print(f"{inside}/{total} comparisons within {TARGET:.0%} (target: all)")
     if args.json:
-        payload = {"ranks": ranks, "reference": reference, "calls_per_graph": LOOP_CALLS, "rows": rows}
+        payload = {"ranks": ranks, "calls_per_graph": LOOP_CALLS, "comparisons": report, "loop": loop}
         args.json.write_text(json.dumps(payload, indent=1))
     return 0
 

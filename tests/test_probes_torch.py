@@ -391,6 +391,10 @@ def test_ar_latency_summarize() -> None:
     assert res["metrics"]["latency_us"] == {"14336": 5.0, "28672": 6.0}
     assert res["metrics"]["ratio_vs_nccl"] == {"14336": 0.5, "28672": 0.5}
     assert res["metrics"]["p99_us"]["14336"] == 7.5
+    assert "ratio_vs_nccl_direct" not in res["metrics"]
+    res = ar_latency.summarize("nccl", {14336: _timed(14.0)}, None, {14336: _timed(7.0), 28672: _timed(8.0)})
+    assert res["metrics"]["ratio_vs_nccl_direct"] == {"14336": 2.0} and "ratio_vs_nccl" not in res["metrics"]
+    assert res["metrics"]["nccl_direct_latency_us"] == {"14336": 7.0, "28672": 8.0}
     wrong = ar_latency.summarize("x", {14336: {"verdict": "no-op", "detail": "d"}}, None)
     assert (wrong["status"], wrong["reason_code"], wrong["metrics"]["latency_us"]) == ("fail", "ar-wrong-result", {})
     part = ar_latency.summarize("x", {14336: _timed(5.0), 28672: {"verdict": "error", "error": "too big"}}, None)

@@ -28,7 +28,7 @@ SPEC = ProbeSpec(
     timeout_s=300.0,
 )
 
-BACKENDS = ("nccl", "symm-mem-one-shot", "symm-mem-two-shot", "flashinfer-custom-ar")
+BACKENDS = ("nccl", "nccl-direct", "symm-mem-one-shot", "symm-mem-two-shot", "flashinfer-custom-ar")
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # 14 KiB .. 1.75 MiB, then 3.5 and 7 MiB (4x verify)
 CALLS_PER_GRAPH = 20
 REPLAYS = 40
@@ -100,6 +100,36 @@ class Nccl(Backend):
         import torch.distributed as dist
 
         return lambda: dist.all_reduce(inp, group=self.group)
+
+
+class NcclDirect(Backend):
+    """NCCL called through ctypes on torch's stream, as serving engines capture it (see _nccl)."""
+
+    name = "nccl-direct"
+    in_place = True
+
+    def __init__(self, rank: int, world: int, device: Any, gloo: Any) -> None:
+        self.rank, self.world, self.device, self.gloo = rank, world, device, gloo
+        self.comm: Any = None
+        self.buf: Any = None
+
+    def prepare(self, max_numel: int) -> None:
+        import torch
+
+        from checks.probes import _nccl
+
+        self.comm = _nccl.DirectComm(self.rank, self.world, self.gloo)
+        self.buf = torch.empty(max_numel, device=self.device, dtype=torch.bfloat16)
+
+    def buffers(self, numel: int) -> tuple[Any, Any]:
+        view = self.buf[:numel]
+        return view, view
+
+    def step(self, inp: Any, out: Any) -> Callable[[], None]:
+        return lambda: self.comm.all_reduce_bf16(inp)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"nccl_direct_library": self.comm.path, "nccl_direct_version": self.comm.version}
 
 
 class SymmMem(Backend):
@@ -183,9 +213,11 @@ class FlashinferCustomAR(Backend):
         return {"flashinfer": self.fi.version(), "full_nvlink": self.full_nvlink}
 
 
-def make_backend(name: str, rank: int, device: Any, group: Any) -> Backend:
+def make_backend(name: str, rank: int, world: int, device: Any, group: Any, gloo: Any) -> Backend:
     if name == "nccl":
         return Nccl(device, group)
+    if name == "nccl-direct":
+        return NcclDirect(rank, world, device, gloo)
     if name.startswith("symm-mem-"):
         return SymmMem(device, group, name[len("symm-mem-") :])
     if name == "flashinfer-custom-ar":
@@ -256,16 +288,22 @@ def _own(numel: int, rank: int, seed: int) -> Any:
 
 
 def summarize(
-    backend: str, results: dict[int, dict[str, Any]], nccl: dict[int, dict[str, Any]] | None
+    backend: str,
+    results: dict[int, dict[str, Any]],
+    nccl: dict[int, dict[str, Any]] | None,
+    direct: dict[int, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Metrics and the verdict from per-size results (pure)."""
+    """Metrics and the verdict from per-size results (pure). ``nccl`` and ``direct`` are the baselines
+    measured in the same processes: NCCL through torch.distributed and NCCL called directly."""
     lat = {str(b): r["timing"]["median_us"] for b, r in results.items() if r.get("verdict") == "ok"}
     p99 = {str(b): r["timing"]["p99_us"] for b, r in results.items() if r.get("verdict") == "ok"}
     metrics: dict[str, Any] = {"latency_us": lat, "p99_us": p99}
-    if nccl is not None:
-        base = {str(b): r["timing"]["median_us"] for b, r in nccl.items() if r.get("verdict") == "ok"}
-        metrics["nccl_latency_us"] = base
-        metrics["ratio_vs_nccl"] = {k: round(v / base[k], 4) for k, v in lat.items() if base.get(k)}
+    for key, baseline in (("nccl", nccl), ("nccl_direct", direct)):
+        if baseline is None:
+            continue
+        base = {str(b): r["timing"]["median_us"] for b, r in baseline.items() if r.get("verdict") == "ok"}
+        metrics[f"{key}_latency_us"] = base
+        metrics[f"ratio_vs_{key}"] = {k: round(v / base[k], 4) for k, v in lat.items() if base.get(k)}
     evidence = {"per_size": {str(b): r for b, r in results.items()}}
     bad = {b: r for b, r in results.items() if r.get("verdict") != "ok"}
     if not bad:
@@ -334,7 +372,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     }
     ok, err = True, ""
     try:
-        backend = make_backend(name, ctx.rank, device, group)
+        backend = make_backend(name, ctx.rank, ctx.world_size, device, group, gloo)
         backend.prepare(max_numel)
     except Exception as exc:
         ok, err = False, _dist.error_tail(exc)
@@ -347,18 +385,39 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if name != "nccl":
         nccl = Nccl(device, group)
         nccl.prepare(max_numel)
+    direct: Backend | None = None
+    if name != "nccl-direct":
+        # A baseline only: a host where it cannot be set up still times the backend against torch's NCCL.
+        candidate = NcclDirect(ctx.rank, ctx.world_size, device, gloo)
+        try:
+            candidate.prepare(max_numel)
+            ok, err = True, ""
+        except Exception as exc:
+            ok, err = False, _dist.error_tail(exc)
+        if _dist.agree(ok, gloo):
+            direct = candidate
+            evidence.update(candidate.evidence())
+        else:
+            evidence["nccl_direct_error"] = err or "a peer rank failed to set it up"
     results: dict[int, dict[str, Any]] = {}
     baseline: dict[int, dict[str, Any]] = {}
+    direct_baseline: dict[int, dict[str, Any]] = {}
     for numel in (t * _dist.HIDDEN for t in TOKENS):
         nbytes = numel * 2
         if nccl is not None:
             baseline[nbytes] = measure(nccl, numel, ctx.rank, ctx.world_size, device, gloo, barrier)
+        if direct is not None:
+            direct_baseline[nbytes] = measure(direct, numel, ctx.rank, ctx.world_size, device, gloo, barrier)
         results[nbytes] = measure(backend, numel, ctx.rank, ctx.world_size, device, gloo, barrier)
         ctx.log(f"{name} {nbytes} B: {results[nbytes].get('verdict')} {results[nbytes].get('timing', {})}")
         if results[nbytes].get("verdict") in ("hang", "wrong", "no-op", "zero"):
             break  # a hung stream blocks everything after it; a wrong backend is not timed further
-    result = summarize(name, results, baseline if nccl is not None else None)
+    result = summarize(
+        name, results, baseline if nccl is not None else None, direct_baseline if direct is not None else None
+    )
     result["evidence"].update(evidence)
     if baseline:
         result["evidence"]["nccl_per_size"] = {str(b): r for b, r in baseline.items()}
+    if direct_baseline:
+        result["evidence"]["nccl_direct_per_size"] = {str(b): r for b, r in direct_baseline.items()}
     return result

@@ -1,0 +1,85 @@
+"""NCCL called directly through ctypes, on torch's streams: the path serving engines take in CUDA graphs.
+
+SGLang and vLLM capture their NCCL allreduce through a thin ctypes wrapper (pynccl) rather than
+torch.distributed. On the 2x H200 the two differ: torch.distributed adds about 6 us per call to a
+20-call graph and about 12 us to a 50-call one, while direct calls stay at nccl-tests' numbers
+(benchmarks/bench_latency_factors.py). ar-latency measures both, so a custom allreduce is also compared
+with the NCCL a server would actually run.
+
+The communicator is separate from torch's but uses the very library torch loaded (found in
+``/proc/self/maps``), so versions cannot differ. In-environment side: stdlib and torch only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+_BFLOAT16 = 9  # ncclDataType_t
+_SUM = 0  # ncclRedOp_t
+
+
+class _UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+def loaded_library() -> str:
+    """Path of the libnccl this process already mapped (torch's), else the loader's default name."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if line.strip() else ""
+                if os.path.basename(path).startswith("libnccl.so"):
+                    return path
+    except OSError:
+        pass
+    return "libnccl.so.2"
+
+
+class DirectComm:
+    """One NCCL communicator over the ranks of ``gloo`` (used only to pass the unique id)."""
+
+    def __init__(self, rank: int, world: int, gloo: Any) -> None:
+        import torch.distributed as dist
+
+        self.path = loaded_library()
+        self.lib = ctypes.CDLL(self.path)
+        self.lib.ncclGetErrorString.restype = ctypes.c_char_p
+        self.lib.ncclAllReduce.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+        uid = _UniqueId()
+        if rank == 0:
+            self._check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+        ids: list[Any] = [None] * world
+        # .internal would stop at the first NUL byte; copy all 128.
+        dist.all_gather_object(ids, ctypes.string_at(ctypes.addressof(uid), 128), group=gloo)
+        ctypes.memmove(ctypes.addressof(uid), ids[0], 128)
+        self.comm = ctypes.c_void_p()
+        self._check(self.lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank), "ncclCommInitRank")
+        version = ctypes.c_int()
+        self._check(self.lib.ncclGetVersion(ctypes.byref(version)), "ncclGetVersion")
+        self.version = version.value
+
+    def _check(self, code: int, what: str) -> None:
+        if code != 0:
+            text = self.lib.ncclGetErrorString(code).decode(errors="replace")
+            raise RuntimeError(f"{what} returned {code}: {text}")
+
+    def all_reduce_bf16(self, tensor: Any) -> None:
+        """In-place sum on the current torch stream (the capture stream while a graph is captured)."""
+        import torch
+
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if tensor.dtype != torch.bfloat16:
+            raise TypeError(f"all_reduce_bf16 got {tensor.dtype}")
+        ptr = tensor.data_ptr()
+        code = self.lib.ncclAllReduce(ptr, ptr, tensor.numel(), _BFLOAT16, _SUM, self.comm, stream)
+        self._check(code, "ncclAllReduce")
