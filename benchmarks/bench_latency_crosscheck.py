@@ -2,22 +2,22 @@
 
     python benchmarks/bench_latency_crosscheck.py [--gpus N] [--json OUT]
 
-The probe's ``nccl-direct`` variant gives two columns from one run (CUDA events per replay of a 20-call
-graph after an on-stream barrier, slowest rank, median over replays): NCCL called directly, as serving
-engines capture it, and NCCL through torch.distributed, its baseline in the same processes. Each is
-compared with a measurement made by other code with the same graph size (20 calls):
+The probe's ``nccl-direct`` variant gives two columns from one run (20 calls per graph replayed on a side
+stream, CUDA events per replay after an on-stream barrier, slowest rank, median over replays): NCCL called
+directly through ctypes, as serving engines capture it, and NCCL through torch.distributed, its baseline
+in the same processes. Each is compared with a measurement made by other code:
 
 * NCCL direct against nccl-tests' ``all_reduce_perf`` (the field's reference; tools/build_nccl_tests.sh
   builds it): one process driving all GPUs, ``-n 20 -G 20``, host clock over back-to-back graph launches,
   run with the NCCL and CUDA runtime of the Python under test.
 * torch NCCL against a plain torch.distributed loop in two processes: 20 all_reduce calls captured in one
-  graph, replayed 20 times back to back, timed by the host clock after a synchronize (and by CUDA events
-  over the same span, printed beside it).
+  graph, replayed 20 times back to back on a side stream, timed by the host clock after a synchronize (and
+  by CUDA events over the same span, printed beside it).
 
-The graph size must match: torch.distributed's per-call cost grows with the calls in a graph (about 13.5
-us per call at 20 and 19.3 at 50 on 2x H200, where direct NCCL stays at 7.4-7.7;
-benchmarks/bench_latency_factors.py). The target is every size within 10% in both comparisons. Exits 2
-with one line when the host has fewer than two GPUs.
+Where the graph is replayed matters: on the legacy default stream every NCCL call costs about 5 us more
+at 20 calls per graph and 10 us at 50 on 2x H200 (benchmarks/bench_latency_factors.py), so both sides
+use a side stream. The target is every size within 10% in both comparisons. Exits 2 with one line when
+the host has fewer than two GPUs.
 """
 
 from __future__ import annotations
@@ -111,8 +111,9 @@ def _rank_main() -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
+    torch.cuda.set_stream(torch.cuda.Stream())  # as the probe: not the legacy default stream
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
-    results: dict[int, float] = {}
+    results: dict[int, list[float]] = {}
     for tokens in TOKENS:
         x = torch.zeros(tokens * HIDDEN, dtype=torch.bfloat16, device="cuda")
         side = torch.cuda.Stream()

@@ -13,8 +13,15 @@ disagreeing at decode sizes. Two ranks, one GPU each, every number a per-call ti
   (the probe's method). Ranks are combined by the max.
 * ``raw``: libnccl and libcudart through ctypes in two processes, no torch in the path: the same
   graphs and the same three timings, in thread-local capture mode.
+* ``mixed``: torch loaded with its communicator up, NCCL called directly (checks/probes/_nccl.py) and
+  through torch.distributed, captured by torch.cuda.graph or by the runtime API on a torch side stream, and
+  replayed on that side stream or on the legacy default stream.
 * ``nccl-tests``: all_reduce_perf in one process driving both GPUs (``-g 2``), and one process with a
   thread per GPU (``-t 2``), graph-launched, when the binary is available (tools/build_nccl_tests.sh).
+
+On 2x H200 (benchmarks/results/h200x2-20261129/) the replay stream alone explains the spread: on the
+legacy default stream every NCCL call costs about 5 us more with 20 calls per graph and about 10 us more
+with 50; on a side stream every method gives nccl-tests' 7.4-7.7 us at 14 KiB. ``--only`` picks kinds.
 
 Exits 2 with one line when the host has fewer than two GPUs.
 """
@@ -128,6 +135,96 @@ def torch_rank() -> dict[str, dict[str, float]]:
                     results[f"torch K={calls} {mode} {buf}|{size}"] = t
                     del graph
     return results
+
+
+def mixed_rank() -> dict[str, dict[str, float]]:
+    """torch loaded and its communicator up; NCCL called directly (checks/probes/_nccl.py). The same
+    calls captured by torch.cuda.graph, and by the CUDA runtime API on a torch stream (instantiated with
+    no flags, and with auto-free-on-launch as torch does): tells torch's graph wrapper from torch's presence."""
+    import torch
+    import torch.distributed as dist
+
+    from checks.probes import _nccl
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    gloo = dist.new_group(backend="gloo")
+    comm = _nccl.DirectComm(rank, world, gloo)
+    rt = ctypes.CDLL(_loaded("libcudart.so"))
+    big = torch.zeros(max(SIZES) // 2, dtype=torch.bfloat16, device=dev)
+    flag = torch.zeros(1, dtype=torch.bfloat16, device=dev)
+    results: dict[str, dict[str, float]] = {}
+
+    def timings(replay: Callable[[], Any], calls: int) -> dict[str, float]:
+        return _three_timings(
+            replay,
+            lambda: comm.all_reduce_bf16(flag),
+            lambda: torch.cuda.Event(enable_timing=True),
+            lambda ev: ev.record(),
+            lambda a, b: a.elapsed_time(b),
+            torch.cuda.synchronize,
+            calls,
+        )
+
+    for size in SIZES:
+        x = big[: size // 2]
+        for calls in CALLS:
+            print(f"mixed rank {rank}: {size} K={calls}", file=sys.stderr, flush=True)
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    comm.all_reduce_bf16(x)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=stream):
+                    for _ in range(calls):
+                        comm.all_reduce_bf16(x)
+                torch.cuda.synchronize()
+                results[f"direct in torch.cuda.graph K={calls}|{size}"] = timings(graph.replay, calls)
+                tgraph = torch.cuda.CUDAGraph()
+                for _ in range(3):
+                    dist.all_reduce(x)
+                torch.cuda.synchronize()
+                with torch.cuda.graph(tgraph, stream=stream):
+                    for _ in range(calls):
+                        dist.all_reduce(x)
+                torch.cuda.synchronize()
+                results[f"torch.dist in torch.cuda.graph K={calls}|{size}"] = timings(tgraph.replay, calls)
+            # The same two graphs replayed on the legacy default stream, where torch runs by default.
+            legacy = torch.cuda.default_stream()
+            with torch.cuda.stream(legacy):
+                torch.cuda.synchronize()
+                results[f"direct, replayed on default stream K={calls}|{size}"] = timings(graph.replay, calls)
+                results[f"torch.dist, replayed on default stream K={calls}|{size}"] = timings(tgraph.replay, calls)
+            with torch.cuda.stream(stream):
+                for flags in (0, 1):  # 1 = cudaGraphInstantiateFlagAutoFreeOnLaunch
+                    handle = ctypes.c_void_p(stream.cuda_stream)
+                    if rt.cudaStreamBeginCapture(handle, 1) != 0:
+                        raise RuntimeError("cudaStreamBeginCapture failed")
+                    for _ in range(calls):
+                        comm.all_reduce_bf16(x)
+                    g, exe = ctypes.c_void_p(), ctypes.c_void_p()
+                    if rt.cudaStreamEndCapture(handle, ctypes.byref(g)) != 0:
+                        raise RuntimeError("cudaStreamEndCapture failed")
+                    if rt.cudaGraphInstantiate(ctypes.byref(exe), g, ctypes.c_ulonglong(flags)) != 0:
+                        raise RuntimeError("cudaGraphInstantiate failed")
+                    torch.cuda.synchronize()
+                    results[f"direct in runtime graph flags={flags} K={calls}|{size}"] = timings(
+                        lambda exe=exe, handle=handle: rt.cudaGraphLaunch(exe, handle), calls
+                    )
+            del graph, tgraph
+    return results
+
+
+def _loaded(prefix: str) -> str:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1] if line.strip() else ""
+            if os.path.basename(path).startswith(prefix):
+                return path
+    return prefix + ".13"
 
 
 # --- raw NCCL ranks (ctypes) ---------------------------------------------------------------------------
@@ -272,19 +369,21 @@ def nccl_tests(binary: str, world: int, threads: bool, calls: int) -> dict[int, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rank", choices=("torch", "raw"), help=argparse.SUPPRESS)
+    parser.add_argument("--rank", choices=("torch", "raw", "mixed"), help=argparse.SUPPRESS)
+    parser.add_argument("--only", help="comma-separated kinds to run: raw, torch, mixed, nccl-tests")
     parser.add_argument("--id-file", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args()
     if args.rank:
-        res = torch_rank() if args.rank == "torch" else raw_rank(args.id_file)
+        res = {"torch": torch_rank, "mixed": mixed_rank}[args.rank]() if args.rank != "raw" else raw_rank(args.id_file)
         print(json.dumps(res), flush=True)
         os._exit(0)  # skip teardown: destroy_process_group can hang after graph capture
     if gpu_count() < 2:
         print("bench_latency_factors: needs at least 2 GPUs", file=sys.stderr)
         return 2
     rows: dict[str, dict[int, float]] = {}
-    for kind in ("raw", "torch"):
+    kinds = args.only.split(",") if args.only else ["raw", "torch", "mixed", "nccl-tests"]
+    for kind in (k for k in ("raw", "torch", "mixed") if k in kinds):
         print(f"{kind} ranks ...", flush=True)
         try:
             measured = run_ranks(kind, 2)
@@ -296,7 +395,7 @@ def main() -> int:
             for method, value in timing.items():
                 rows.setdefault(f"{name} {method}", {})[int(size)] = value
     binary = nccl_tests_binary()
-    if binary:
+    if binary and "nccl-tests" in kinds:
         for threads in (False, True):
             for calls in CALLS:
                 print(f"nccl-tests threads={threads} K={calls} ...", flush=True)

@@ -62,19 +62,15 @@ def _clean(text: Any, limit: int = NOTE_LIMIT) -> str:
 
 
 def headline(metrics: dict[str, Any]) -> str:
-    """The key measurement of a passing variant: the probe's own `headline`, else a latency ratio to NCCL
-    (called directly when measured, else through torch.distributed),
+    """The key measurement of a passing variant: the probe's own `headline`, else a latency ratio to NCCL,
     else a latency range, else an all-to-all workspace size or a compile time."""
     if isinstance(metrics.get("headline"), str):
         return _clean(metrics["headline"], 80)
-    # NCCL called directly is what a server captures; torch.distributed's NCCL adds its own overhead.
-    for key, label in (("ratio_vs_nccl_direct", "NCCL-direct time"), ("ratio_vs_nccl", "torch-NCCL time")):
-        ratio = metrics.get(key)
-        if isinstance(ratio, dict) and ratio:
-            vals = sorted(float(v) for v in ratio.values() if isinstance(v, int | float))
-            if vals:
-                span = f"{vals[0]:.2f}–{vals[-1]:.2f}" if len(vals) > 1 else f"{vals[0]:.2f}"
-                return f"{span}× {label}"
+    ratio = metrics.get("ratio_vs_nccl")
+    if isinstance(ratio, dict) and ratio:
+        vals = sorted(float(v) for v in ratio.values() if isinstance(v, int | float))
+        if vals:
+            return f"{vals[0]:.2f}–{vals[-1]:.2f}× NCCL time" if len(vals) > 1 else f"{vals[0]:.2f}× NCCL time"
     lat = metrics.get("latency_us")
     if isinstance(lat, dict) and lat:
         vals = sorted(float(v) for v in lat.values() if isinstance(v, int | float))
@@ -87,6 +83,32 @@ def headline(metrics: dict[str, Any]) -> str:
     if isinstance(compile_s, int | float) and not isinstance(compile_s, bool):
         return f"compiled in {compile_s:.0f} s"
     return ""
+
+
+MAX_HEADLINES = 5
+
+
+def _variant_label(variant: str, drop: set[str]) -> str:
+    """``ranks=2,backend=nccl`` -> ``nccl`` (a lone parameter loses its key); ``drop`` keys are omitted."""
+    parts = [p for p in variant.split(",") if p and p.split("=", 1)[0] not in drop]
+    if len(parts) == 1 and "=" in parts[0]:
+        return parts[0].split("=", 1)[1]
+    return ",".join(parts)
+
+
+def labelled_headlines(heads: list[tuple[str, str]]) -> str:
+    """Passing variants' headlines in variant order, each named by what tells it apart (one alone needs no
+    name); ranks are left out when every variant has the same count."""
+    if not heads:
+        return ""
+    if len(heads) == 1:
+        return heads[0][1]
+    ordered = sorted(heads)
+    ranks = {p for v, _ in ordered for p in v.split(",") if p.startswith("ranks=")}
+    drop = {"ranks"} if len(ranks) <= 1 else set()
+    shown = [f"{_variant_label(v, drop) or v}: {h}" for v, h in ordered[:MAX_HEADLINES]]
+    more = len(ordered) - MAX_HEADLINES
+    return "; ".join(shown) + (f"; +{more} more" if more > 0 else "")
 
 
 def header(facts: dict[str, Any]) -> dict[str, Any]:
@@ -186,9 +208,9 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
                 fn.where.append(f"{cell_id} / {pid} / {r['variant']}")
                 if fn.number not in notes:
                     notes.append(fn.number)
-            heads = sorted({h for r in rs if r["status"] == "pass" and (h := headline(r.get("metrics") or {}))})
+            heads = [(r["variant"], h) for r in rs if r["status"] == "pass" and (h := headline(r.get("metrics") or {}))]
             title = ", ".join(f"{n} {s}" for s, n in ordered)
-            cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), "; ".join(heads[:2]), title)
+            cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title)
         rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
     return HostSection(host_id, facts, run_rows, probes, rows, footnotes, warnings)

@@ -42,7 +42,7 @@ def test_report_content_says_what_matters(tmp_path: Path) -> None:
     assert "## NVIDIA H200 ×1 — host `h200x1-3f9a2c1d`" in md
     assert "| NVIDIA H200 | 9.0 | 1 | 580.159.04 (13.0) |" in md
     assert "(../results/h200x1-3f9a2c1d/20261129T100000Z-a1b2.jsonl)" in md  # link to the raw results
-    assert "0.41–0.88× torch-NCCL time" in md  # a key measurement in a passing cell
+    assert "0.41–0.88× NCCL time" in md  # a key measurement in a passing cell
     assert "exact; 7168 bf16" in md and "⏳" not in md.split("Notes:")[-1]  # the newer run's pass replaced the hang
     assert "`fi-arch-gate`" in md and "flashinfer >= 0.6.17" in md
     assert "🚫" in md and "torch nightly has no cu128 builds" in md
@@ -115,11 +115,22 @@ def test_html_escapes_what_probes_wrote(tmp_path: Path) -> None:
 
 def test_headline_choices() -> None:
     assert headline({"headline": "fast"}) == "fast"
-    assert headline({"ratio_vs_nccl": {"a": 0.5}}) == "0.50× torch-NCCL time"
-    both = {"ratio_vs_nccl": {"a": 0.5}, "ratio_vs_nccl_direct": {"a": 0.9, "b": 1.25}}
-    assert headline(both) == "0.90–1.25× NCCL-direct time"
+    assert headline({"ratio_vs_nccl": {"a": 0.5}}) == "0.50× NCCL time"
     assert headline({"latency_us": {"a": 3.0, "b": 12.25}}) == "3.0–12.2 µs"
     assert headline({"workspace_bytes_per_rank": 29387136, "sm_count": 132}) == "28.0 MiB workspace/rank"
     assert headline({"compile_s": 290.8, "objects": 3}) == "compiled in 291 s"
     assert headline({"compile_s": True}) == ""  # a flag is not a measurement
+
+
+def test_cell_headlines_name_their_variant_in_order() -> None:
+    from checks.report import MAX_HEADLINES, labelled_headlines
+
+    assert labelled_headlines([]) == ""
+    assert labelled_headlines([("ranks=2,backend=nccl", "7.1–42.0 µs")]) == "7.1–42.0 µs"
+    two = [("ranks=2,backend=symm", "0.87× NCCL time"), ("ranks=2,backend=nccl", "7.1–42.0 µs")]
+    assert labelled_headlines(two) == "nccl: 7.1–42.0 µs; symm: 0.87× NCCL time"
+    mixed = [("ranks=1,mode=sim,ep=2", "1.8 MiB"), ("ranks=2,mode=gpus", "3.7 MiB")]
+    assert labelled_headlines(mixed) == "ranks=1,mode=sim,ep=2: 1.8 MiB; ranks=2,mode=gpus: 3.7 MiB"
+    many = [(f"ranks=2,backend=b{i}", f"{i} µs") for i in range(MAX_HEADLINES + 2)]
+    assert labelled_headlines(many).endswith("; +2 more") and "b0: 0 µs" in labelled_headlines(many)
     assert headline({"other": 1}) == ""

@@ -1,10 +1,9 @@
 """NCCL called directly through ctypes, on torch's streams: the path serving engines take in CUDA graphs.
 
 SGLang and vLLM capture their NCCL allreduce through a thin ctypes wrapper (pynccl) rather than
-torch.distributed. On the 2x H200 the two differ: torch.distributed adds about 6 us per call to a
-20-call graph and about 12 us to a 50-call one, while direct calls stay at nccl-tests' numbers
-(benchmarks/bench_latency_factors.py). ar-latency measures both, so a custom allreduce is also compared
-with the NCCL a server would actually run.
+torch.distributed. ar-latency measures this path as its own backend, beside torch.distributed's; on the
+2x H200 the two are equal inside a graph (7.5 us per call at 14 KiB on a side stream), and both match
+nccl-tests (benchmarks/bench_latency_factors.py).
 
 The communicator is separate from torch's but uses the very library torch loaded (found in
 ``/proc/self/maps``), so versions cannot differ. In-environment side: stdlib and torch only.
@@ -15,6 +14,8 @@ from __future__ import annotations
 import ctypes
 import os
 from typing import Any
+
+from checks.probes import _dist
 
 _BFLOAT16 = 9  # ncclDataType_t
 _SUM = 0  # ncclRedOp_t
@@ -41,8 +42,6 @@ class DirectComm:
     """One NCCL communicator over the ranks of ``gloo`` (used only to pass the unique id)."""
 
     def __init__(self, rank: int, world: int, gloo: Any) -> None:
-        import torch.distributed as dist
-
         self.path = loaded_library()
         self.lib = ctypes.CDLL(self.path)
         self.lib.ncclGetErrorString.restype = ctypes.c_char_p
@@ -58,10 +57,10 @@ class DirectComm:
         uid = _UniqueId()
         if rank == 0:
             self._check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
-        ids: list[Any] = [None] * world
-        # .internal would stop at the first NUL byte; copy all 128.
-        dist.all_gather_object(ids, ctypes.string_at(ctypes.addressof(uid), 128), group=gloo)
-        ctypes.memmove(ctypes.addressof(uid), ids[0], 128)
+        # .internal would stop at the first NUL byte: send all 128 as hex (images may lack numpy, which
+        # all_gather_object needs).
+        ids = _dist.gather_objects(ctypes.string_at(ctypes.addressof(uid), 128).hex(), gloo)
+        ctypes.memmove(ctypes.addressof(uid), bytes.fromhex(ids[0]), 128)
         self.comm = ctypes.c_void_p()
         self._check(self.lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank), "ncclCommInitRank")
         version = ctypes.c_int()
