@@ -152,7 +152,7 @@ def mixed_rank() -> dict[str, dict[str, float]]:
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
     gloo = dist.new_group(backend="gloo")
     comm = _nccl.DirectComm(rank, world, gloo)
-    rt = ctypes.CDLL(_loaded("libcudart.so"))
+    rt = ctypes.CDLL(_nccl.loaded_library("libcudart.so"))
     big = torch.zeros(max(SIZES) // 2, dtype=torch.bfloat16, device=dev)
     flag = torch.zeros(1, dtype=torch.bfloat16, device=dev)
     results: dict[str, dict[str, float]] = {}
@@ -216,15 +216,6 @@ def mixed_rank() -> dict[str, dict[str, float]]:
                     )
             del graph, tgraph
     return results
-
-
-def _loaded(prefix: str) -> str:
-    with open("/proc/self/maps") as f:
-        for line in f:
-            path = line.split()[-1] if line.strip() else ""
-            if os.path.basename(path).startswith(prefix):
-                return path
-    return prefix + ".13"
 
 
 # --- raw NCCL ranks (ctypes) ---------------------------------------------------------------------------

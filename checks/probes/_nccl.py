@@ -25,17 +25,17 @@ class _UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
 
-def loaded_library() -> str:
-    """Path of the libnccl this process already mapped (torch's), else the loader's default name."""
+def loaded_library(prefix: str = "libnccl.so") -> str:
+    """Path of the library this process already mapped under ``prefix`` (torch's), else ``prefix.2``."""
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 path = line.split()[-1] if line.strip() else ""
-                if os.path.basename(path).startswith("libnccl.so"):
+                if os.path.basename(path).startswith(prefix):
                     return path
     except OSError:
         pass
-    return "libnccl.so.2"
+    return prefix + ".2"
 
 
 class DirectComm:

@@ -232,14 +232,9 @@ def make_backend(name: str, rank: int, world: int, device: Any, group: Any, gloo
 def measure(
     backend: Backend, numel: int, rank: int, world: int, device: Any, gloo: Any, barrier: Callable[[], None]
 ) -> dict[str, Any]:
-    """Capture K calls, check the graph exactly on two inputs, then time it, all on a side stream. Never raises.
-
-    Not on the legacy default stream: a graph replayed there costs every NCCL call about 5 us more at
-    20 calls per graph and 10 us at 50 on 2x H200 (direct NCCL and torch.distributed alike;
-    benchmarks/bench_latency_factors.py), which would measure the stream, not the backend."""
-    import torch
-
-    with torch.cuda.stream(torch.cuda.Stream(device=device)):
+    """Capture K calls, check the graph exactly on two inputs, then time it, all on a side stream
+    (see ``_dist.side_stream``). Never raises."""
+    with _dist.side_stream(device):
         return _measure(backend, numel, rank, world, device, gloo, barrier)
 
 

@@ -146,7 +146,13 @@ def _graph_replay(ar: Any, captured: tuple[Any, list[Any], list[Any]], rank: int
 
 
 def _latency(ar: Any, device: Any, group: Any) -> dict[str, dict[str, float]]:
-    """Median/p99 per call of K graph-captured calls, slowest rank per replay; custom AR and NCCL alike."""
+    """Median/p99 per call of K graph-captured calls, slowest rank per replay; custom AR and NCCL alike,
+    both on a side stream (see ``_dist.side_stream``)."""
+    with _dist.side_stream(device):
+        return _timed_latency(ar, device, group)
+
+
+def _timed_latency(ar: Any, device: Any, group: Any) -> dict[str, dict[str, float]]:
     import torch
     import torch.distributed as dist
 
