@@ -61,12 +61,20 @@ def _clean(text: Any, limit: int = NOTE_LIMIT) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def headline(metrics: dict[str, Any]) -> str:
     """The key measurement of a passing variant: the probe's own `headline`, else a latency ratio to NCCL,
     else a latency range, else an all-to-all workspace size or a compile time."""
     if isinstance(metrics.get("headline"), str):
         return _clean(metrics["headline"], 80)
     ratio = metrics.get("ratio_vs_nccl")
+    lat, base = metrics.get("latency_us"), metrics.get("nccl_latency_us")
+    if not ratio and isinstance(lat, dict) and isinstance(base, dict):  # probes that store both sides only
+        ratio = {k: float(v) / float(base[k]) for k, v in lat.items() if _number(v) and _number(base.get(k))
+                 and float(base[k]) > 0}
     if isinstance(ratio, dict) and ratio:
         vals = sorted(float(v) for v in ratio.values() if isinstance(v, int | float))
         if vals:

@@ -120,6 +120,8 @@ def test_headline_choices() -> None:
     assert headline({"workspace_bytes_per_rank": 29387136, "sm_count": 132}) == "28.0 MiB workspace/rank"
     assert headline({"compile_s": 290.8, "objects": 3}) == "compiled in 291 s"
     assert headline({"compile_s": True}) == ""  # a flag is not a measurement
+    both_sides = {"latency_us": {"a": 4.0, "b": 9.0, "c": 1.0}, "nccl_latency_us": {"a": 8.0, "b": 10.0, "c": 0}}
+    assert headline(both_sides) == "0.50–0.90× NCCL time"  # derived where the probe stored both sides
 
 
 def test_cell_headlines_name_their_variant_in_order() -> None:
