@@ -89,6 +89,21 @@ def _three_timings(
     return out
 
 
+def _torch_timings(replay: Callable[[], Any], barrier: Callable[[], Any], calls: int) -> dict[str, float]:
+    """:func:`_three_timings` with torch's CUDA events on the current stream."""
+    import torch
+
+    return _three_timings(
+        replay,
+        barrier,
+        lambda: torch.cuda.Event(enable_timing=True),
+        lambda ev: ev.record(),
+        lambda a, b: a.elapsed_time(b),
+        torch.cuda.synchronize,
+        calls,
+    )
+
+
 # --- torch ranks ---------------------------------------------------------------------------------------
 
 
@@ -123,15 +138,7 @@ def torch_rank() -> dict[str, dict[str, float]]:
                     torch.cuda.synchronize()
                     dist.barrier()
                     torch.cuda.synchronize()
-                    t = _three_timings(
-                        graph.replay,
-                        lambda: dist.all_reduce(flag),
-                        lambda: torch.cuda.Event(enable_timing=True),
-                        lambda ev: ev.record(),
-                        lambda a, b: a.elapsed_time(b),
-                        torch.cuda.synchronize,
-                        calls,
-                    )
+                    t = _torch_timings(graph.replay, lambda: dist.all_reduce(flag), calls)
                     results[f"torch K={calls} {mode} {buf}|{size}"] = t
                     del graph
     return results
@@ -158,15 +165,7 @@ def mixed_rank() -> dict[str, dict[str, float]]:
     results: dict[str, dict[str, float]] = {}
 
     def timings(replay: Callable[[], Any], calls: int) -> dict[str, float]:
-        return _three_timings(
-            replay,
-            lambda: comm.all_reduce_bf16(flag),
-            lambda: torch.cuda.Event(enable_timing=True),
-            lambda ev: ev.record(),
-            lambda a, b: a.elapsed_time(b),
-            torch.cuda.synchronize,
-            calls,
-        )
+        return _torch_timings(replay, lambda: comm.all_reduce_bf16(flag), calls)
 
     for size in SIZES:
         x = big[: size // 2]
