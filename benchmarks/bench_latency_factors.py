@@ -159,7 +159,7 @@ def mixed_rank() -> dict[str, dict[str, float]]:
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
     gloo = dist.new_group(backend="gloo")
     comm = _nccl.DirectComm(rank, world, gloo)
-    rt = ctypes.CDLL(_nccl.loaded_library("libcudart.so"))
+    rt = ctypes.CDLL(_nccl.loaded_library("libcudart.so", "libcudart.so.13"))
     big = torch.zeros(max(SIZES) // 2, dtype=torch.bfloat16, device=dev)
     flag = torch.zeros(1, dtype=torch.bfloat16, device=dev)
     results: dict[str, dict[str, float]] = {}
@@ -167,29 +167,27 @@ def mixed_rank() -> dict[str, dict[str, float]]:
     def timings(replay: Callable[[], Any], calls: int) -> dict[str, float]:
         return _torch_timings(replay, lambda: comm.all_reduce_bf16(flag), calls)
 
+    def captured(step: Callable[[], Any], calls: int, stream: Any) -> Any:
+        """Three eager warm-up calls, then ``calls`` steps captured by torch.cuda.graph on ``stream``."""
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                step()
+        torch.cuda.synchronize()
+        return graph
+
     for size in SIZES:
         x = big[: size // 2]
         for calls in CALLS:
             print(f"mixed rank {rank}: {size} K={calls}", file=sys.stderr, flush=True)
             stream = torch.cuda.Stream()
             with torch.cuda.stream(stream):
-                for _ in range(3):
-                    comm.all_reduce_bf16(x)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=stream):
-                    for _ in range(calls):
-                        comm.all_reduce_bf16(x)
-                torch.cuda.synchronize()
+                graph = captured(lambda x=x: comm.all_reduce_bf16(x), calls, stream)
                 results[f"direct in torch.cuda.graph K={calls}|{size}"] = timings(graph.replay, calls)
-                tgraph = torch.cuda.CUDAGraph()
-                for _ in range(3):
-                    dist.all_reduce(x)
-                torch.cuda.synchronize()
-                with torch.cuda.graph(tgraph, stream=stream):
-                    for _ in range(calls):
-                        dist.all_reduce(x)
-                torch.cuda.synchronize()
+                tgraph = captured(lambda x=x: dist.all_reduce(x), calls, stream)
                 results[f"torch.dist in torch.cuda.graph K={calls}|{size}"] = timings(tgraph.replay, calls)
             # The same two graphs replayed on the legacy default stream, where torch runs by default.
             legacy = torch.cuda.default_stream()

@@ -85,10 +85,10 @@ def headline(metrics: dict[str, Any]) -> str:
         if vals:
             return f"{vals[0]:.1f}–{vals[-1]:.1f} µs"
     ws = metrics.get("workspace_bytes_per_rank")
-    if isinstance(ws, int | float) and not isinstance(ws, bool):
+    if _number(ws):
         return f"{ws / 2**20:.1f} MiB workspace/rank"
     compile_s = metrics.get("compile_s")
-    if isinstance(compile_s, int | float) and not isinstance(compile_s, bool):
+    if _number(compile_s):
         return f"compiled in {compile_s:.0f} s"
     return ""
 

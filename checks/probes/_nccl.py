@@ -25,8 +25,8 @@ class _UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
 
-def loaded_library(prefix: str = "libnccl.so") -> str:
-    """Path of the library this process already mapped under ``prefix`` (torch's), else ``prefix.2``."""
+def loaded_library(prefix: str = "libnccl.so", default: str = "libnccl.so.2") -> str:
+    """Path of the library this process already mapped under ``prefix`` (torch's), else ``default``."""
     try:
         with open("/proc/self/maps") as f:
             for line in f:
@@ -35,7 +35,7 @@ def loaded_library(prefix: str = "libnccl.so") -> str:
                     return path
     except OSError:
         pass
-    return prefix + ".2"
+    return default
 
 
 class DirectComm:
