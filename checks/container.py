@@ -96,17 +96,27 @@ class DockerExecutor:
         return cfg
 
     def _start(self, command: list[str]) -> Any:
-        """Create, then start; a container that fails to start is removed, not left behind."""
+        """Create, then start; a container that fails to start is removed, not left behind.
+
+        The name is chosen before ``create`` and the removal goes by name: a Ctrl-C that lands while the
+        daemon's reply to ``create`` is in flight leaves a container this process never got a handle to."""
         cfg = self._config(command)
         cfg.pop("detach")
-        ctr = self.docker.containers.create(**cfg)
         self.last_container = cfg["name"]
         try:
+            ctr = self.docker.containers.create(**cfg)
             ctr.start()
         except BaseException:
-            ctr.remove(force=True)
+            self._remove(cfg["name"])
             raise
         return ctr
+
+    def _remove(self, name: str) -> None:
+        import docker.errors
+
+        if name:
+            with contextlib.suppress(docker.errors.APIError):  # NotFound included: already gone
+                self.docker.api.remove_container(name, force=True)
 
     def _start_degrading(self, command: list[str]) -> Any:
         import docker.errors
@@ -130,17 +140,18 @@ class DockerExecutor:
         import requests.exceptions
 
         started = time.monotonic()
-        try:
-            ctr = self._start_degrading(command)
-        except docker.errors.ImageNotFound:
-            raise ExecutorError(f"image {self.image} not found: run `provision build` first") from None
-        except docker.errors.APIError as exc:
-            why = str(exc.explanation or exc)
-            hint = "; install the NVIDIA container toolkit for GPU access" if "device driver" in why else ""
-            raise ExecutorError(f"cannot start a container from {self.image}: {why}{hint}") from None
         timed_out = False
         code: int | None = None
+        self.last_container = ""
         try:
+            try:
+                ctr = self._start_degrading(command)
+            except docker.errors.ImageNotFound:
+                raise ExecutorError(f"image {self.image} not found: run `provision build` first") from None
+            except docker.errors.APIError as exc:
+                why = str(exc.explanation or exc)
+                hint = "; install the NVIDIA container toolkit for GPU access" if "device driver" in why else ""
+                raise ExecutorError(f"cannot start a container from {self.image}: {why}{hint}") from None
             try:
                 code = int(ctr.wait(timeout=timeout_s).get("StatusCode", -1))
             except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
@@ -153,8 +164,8 @@ class DockerExecutor:
                 ctr.reload()
                 oom = bool(ctr.attrs.get("State", {}).get("OOMKilled"))
         finally:
-            with contextlib.suppress(docker.errors.APIError):
-                ctr.remove(force=True)
+            # by name, so that no moment between create and this point leaves a container behind
+            self._remove(self.last_container)
         result, result_error = parse_result_text(out)
         if oom:
             err += "\ncontainer OOMKilled: host memory exhausted"

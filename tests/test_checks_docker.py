@@ -163,3 +163,22 @@ def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tm
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert slow_containers() == []
+
+
+def test_interrupt_before_create_returns_leaves_no_container(venv_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C can land after the daemon created the container but before the SDK handed it back; the
+    executor removes it by the name it chose, though it never held a handle."""
+    from docker.models.containers import ContainerCollection
+
+    real_create = ContainerCollection.create
+
+    def create_then_interrupt(self: ContainerCollection, *args: object, **cfg: object) -> object:
+        real_create(self, *args, **cfg)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ContainerCollection, "create", create_then_interrupt)
+    ex = DockerExecutor(image=venv_image)
+    with pytest.raises(KeyboardInterrupt):
+        ex._run(["python3", "-c", "pass"], 30)
+    assert ex.last_container.startswith("stackprobe-")
+    assert ex.leftovers() == []
