@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,14 +48,6 @@ class WorkItem:
         return (self.cell.cell_id, self.spec.id, self.variant.key)
 
 
-def skip_code(reason: str) -> str:
-    if reason.startswith("no GPU"):
-        return "no-gpu"
-    if re.match(r"needs \d+ GPUs", reason):
-        return "too-few-gpus"
-    return "not-applicable"
-
-
 def cell_preset(cell: CellTarget) -> Preset | None:
     if cell.status == "unavailable":
         return Preset("unavailable", "cell-unavailable", cell.reason)
@@ -94,7 +85,7 @@ def plan_work(cells: list[CellTarget], probes: dict[str, ModuleType], host: Host
                                       Preset("fail", "probe-bug", f"variants() raised {variants!r}"[:300])))
                 continue
             for v in variants:
-                p = preset or (Preset("skip", skip_code(v.skip_reason), v.skip_reason) if v.skip_reason else None)
+                p = preset or (Preset("skip", v.skip.code, v.skip.note) if v.skip else None)
                 items.append(WorkItem(cell, spec, v, spec.timeout_s * timeout_scale, p))
     return items
 

@@ -59,12 +59,30 @@ class HostView:
 
 
 @dataclass(frozen=True)
+class Skip:
+    """Why a variant is decided as `skip` without launching: a reason code and a note, as data."""
+
+    code: str  # e.g. no-gpu, too-few-gpus, not-applicable
+    note: str
+
+
+def gpu_shortfall(host: HostView, ranks: int, why: str = "") -> Skip | None:
+    """The skip for a variant of ``ranks`` ranks, each on its own GPU, on this host (None: it fits).
+    ``why`` says why the ranks cannot share a GPU, where that is not obvious."""
+    if host.gpu_count == 0:
+        return Skip("no-gpu", "no GPU on this host")
+    if ranks > host.gpu_count:
+        return Skip("too-few-gpus", f"needs {ranks} GPUs{f' ({why})' if why else ''}, host has {host.gpu_count}")
+    return None
+
+
+@dataclass(frozen=True)
 class Variant:
     probe_id: str
     ranks: int = 1
     params: tuple[tuple[str, str], ...] = ()  # ordered (name, value) pairs
     share_gpu: bool = False  # this variant places several ranks on one GPU
-    skip_reason: str | None = None  # planned as `skip` without launching (e.g. too few GPUs)
+    skip: Skip | None = None  # planned as `skip` without launching (e.g. too few GPUs)
 
     @property
     def key(self) -> str:
@@ -172,10 +190,9 @@ def default_variants(spec: ProbeSpec, host: HostView) -> list[Variant]:
     """One variant per world size; too few GPUs means `skip` unless ranks may share a GPU."""
     out: list[Variant] = []
     for n in spec.ranks:
-        if spec.needs_gpu and host.gpu_count == 0:
-            out.append(Variant(spec.id, n, skip_reason="no GPU on this host"))
-        elif spec.needs_gpu and n > host.gpu_count and not spec.share_gpu:
-            out.append(Variant(spec.id, n, skip_reason=f"needs {n} GPUs, host has {host.gpu_count}"))
+        short = gpu_shortfall(host, n) if spec.needs_gpu else None
+        if short and (short.code == "no-gpu" or not spec.share_gpu):
+            out.append(Variant(spec.id, n, skip=short))
         else:
             out.append(Variant(spec.id, n, share_gpu=spec.needs_gpu and n > host.gpu_count))
     return out

@@ -281,8 +281,8 @@ def skip_reason(module: ModuleType, variant: Variant, gpus: int) -> tuple[str, s
     missing = [m for m in spec.requires if not module_available(m)]
     if missing:
         return "missing-package", f"{', '.join(missing)} not installed in this environment"
-    if variant.skip_reason:
-        return "not-applicable", variant.skip_reason
+    if variant.skip:
+        return variant.skip.code, variant.skip.note
     if spec.needs_gpu and gpus == 0:
         return "no-gpu", "no GPU on this host"
     if spec.needs_gpu and variant.ranks > gpus and not variant.share_gpu:

@@ -37,8 +37,8 @@ def test_fi_jit_plans_every_module_and_arch_and_skips_local_without_gpu() -> Non
     vs = fi_jit.plan(HostView(gpu_count=0))
     assert len(vs) == len(fi.COMM_MODULES) * 3
     local = [v for v in vs if v.param("arch") == "local"]
-    assert local and all(v.skip_reason for v in local)
-    assert all(v.skip_reason is None for v in vs if v.param("arch") != "local")
+    assert local and all(v.skip for v in local)
+    assert all(v.skip is None for v in vs if v.param("arch") != "local")
     keys = {v.key for v in vs}
     assert "ranks=1,module=vllm_comm,arch=12.0f" in keys
 
@@ -46,7 +46,7 @@ def test_fi_jit_plans_every_module_and_arch_and_skips_local_without_gpu() -> Non
 def test_fi_jit_filter_keeps_only_named_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(fi_jit.ONLY_ENV, "vllm_comm@12.0a, trtllm_comm@local")
     vs = fi_jit.variants(HostView(gpu_count=1, compute_capability="9.0"))
-    assert [(v.param("module"), v.param("arch"), v.skip_reason) for v in vs] == [
+    assert [(v.param("module"), v.param("arch"), v.skip) for v in vs] == [
         ("vllm_comm", "12.0a", None),
         ("trtllm_comm", "local", None),
     ]
@@ -62,11 +62,11 @@ def test_multi_rank_probes_give_every_variant_a_plan(gpus: int) -> None:
             assert isinstance(v, Variant) and v.probe_id == mod.SPEC.id
             separate_gpus = not v.share_gpu and v.param("mode") != "sim"
             if gpus == 0:
-                assert v.skip_reason, v.key
+                assert v.skip, v.key
             elif separate_gpus and v.ranks > gpus:
-                assert v.skip_reason and f"host has {gpus}" in v.skip_reason, v.key
+                assert v.skip and f"host has {gpus}" in v.skip.note, v.key
             else:
-                assert v.skip_reason is None, v.key
+                assert v.skip is None, v.key
     shared = [v for v in fi_fusion.variants(HostView(gpu_count=1)) if v.share_gpu]
     assert [v.key for v in shared] == ["ranks=2,gpus=shared,placement=1gpu"]
 

@@ -251,10 +251,10 @@ def test_keep_multicast_off_sets_defaults_and_never_unsets() -> None:
 def test_nccl_graphs_variants() -> None:
     two = nccl_graphs.variants(HostView(gpu_count=2))
     assert len(two) == 16 and len({v.key for v in two}) == 16
-    assert all(v.skip_reason is None and v.ranks == 2 for v in two)
+    assert all(v.skip is None and v.ranks == 2 for v in two)
     assert "ranks=2,algo=allreduce:tree,warmup=no,runtime_connect=0" in {v.key for v in two}
     one = nccl_graphs.variants(HostView(gpu_count=1))
-    assert len(one) == 16 and all("NCCL refuses two ranks on one GPU" in (v.skip_reason or "") for v in one)
+    assert len(one) == 16 and all("NCCL refuses two ranks on one GPU" in (v.skip.note if v.skip else "") for v in one)
     eight = nccl_graphs.variants(HostView(gpu_count=8))
     assert sorted({v.ranks for v in eight}) == [2, 8] and len(eight) == 32
 
@@ -315,14 +315,14 @@ def test_nccl_graphs_merge_keeps_the_worst_rank() -> None:
 
 
 def test_symm_mem_variants() -> None:
-    keys = [(v.key, v.skip_reason) for v in symm_mem.variants(HostView(gpu_count=2))]
+    keys = [(v.key, v.skip.note if v.skip else None) for v in symm_mem.variants(HostView(gpu_count=2))]
     assert keys == [
         ("ranks=2", None),
         ("ranks=4", "needs 4 GPUs, host has 2"),
         ("ranks=8", "needs 8 GPUs, host has 2"),
         ("ranks=2,gpus=shared", None),
     ]
-    assert all(v.skip_reason for v in symm_mem.variants(HostView(gpu_count=0)))
+    assert all(v.skip for v in symm_mem.variants(HostView(gpu_count=0)))
 
 
 def _symm_facts(**over: object) -> dict[str, object]:
@@ -364,7 +364,7 @@ def test_symm_mem_verdicts() -> None:
 
 def test_ar_latency_variants_and_sizes() -> None:
     vs = ar_latency.variants(HostView(gpu_count=2))
-    runnable = [v.key for v in vs if v.skip_reason is None]
+    runnable = [v.key for v in vs if v.skip is None]
     assert runnable == [f"ranks=2,backend={b}" for b in ar_latency.BACKENDS]
     assert len(vs) == 3 * len(ar_latency.BACKENDS)
     sizes = ar_latency.sizes_bytes()

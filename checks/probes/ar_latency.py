@@ -14,7 +14,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
 from checks.probes import _dist
 
 SPEC = ProbeSpec(
@@ -38,11 +38,9 @@ OP_DEADLINE_S = 30.0
 def variants(host: HostView) -> list[Variant]:
     out: list[Variant] = []
     for n in SPEC.ranks:
-        skip = None
-        if host.gpu_count < n:
-            skip = "no GPU on this host" if host.gpu_count == 0 else f"needs {n} GPUs, host has {host.gpu_count}"
+        skip = gpu_shortfall(host, n)
         for backend in BACKENDS:
-            out.append(Variant(SPEC.id, n, params=(("backend", backend),), skip_reason=skip))
+            out.append(Variant(SPEC.id, n, params=(("backend", backend),), skip=skip))
     return out
 
 

@@ -14,7 +14,7 @@ import contextlib
 import importlib.util
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
 from checks.probes import _dist
 from checks.probes import _flashinfer as fi
 
@@ -43,12 +43,7 @@ def variants(host: HostView) -> list[Variant]:
         for impl in IMPLS:
             for mode in MODES:
                 params = (("impl", impl), ("full_nvlink", mode))
-                skip = None
-                if host.gpu_count == 0:
-                    skip = "no GPU on this host"
-                elif n > host.gpu_count:
-                    skip = f"needs {n} GPUs, host has {host.gpu_count}"
-                out.append(Variant(SPEC.id, n, params=params, skip_reason=skip))
+                out.append(Variant(SPEC.id, n, params=params, skip=gpu_shortfall(host, n)))
     return out
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
 from checks.probes import _dist
 from checks.probes import _flashinfer as fi
 
@@ -40,15 +40,9 @@ SIM_HIDDEN = 7168
 def variants(host: HostView) -> list[Variant]:
     out: list[Variant] = []
     for ep in SPEC.ranks:
-        skip = None if host.gpu_count else "no GPU on this host"
-        out.append(Variant(SPEC.id, 1, params=(("mode", "sim"), ("ep", str(ep))), skip_reason=skip))
+        out.append(Variant(SPEC.id, 1, params=(("mode", "sim"), ("ep", str(ep))), skip=gpu_shortfall(host, 1)))
     for n in SPEC.ranks:
-        skip = None
-        if host.gpu_count == 0:
-            skip = "no GPU on this host"
-        elif n > host.gpu_count:
-            skip = f"needs {n} GPUs, host has {host.gpu_count}"
-        out.append(Variant(SPEC.id, n, params=(("mode", "gpus"),), skip_reason=skip))
+        out.append(Variant(SPEC.id, n, params=(("mode", "gpus"),), skip=gpu_shortfall(host, n)))
     return out
 
 

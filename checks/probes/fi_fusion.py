@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
 from checks.probes import _dist
 from checks.probes import _flashinfer as fi
 
@@ -43,12 +43,7 @@ EPS = 1e-6
 def variants(host: HostView) -> list[Variant]:
     out: list[Variant] = []
     for n in SPEC.ranks:
-        if host.gpu_count == 0:
-            out.append(Variant(SPEC.id, n, skip_reason="no GPU on this host"))
-        elif n > host.gpu_count:
-            out.append(Variant(SPEC.id, n, skip_reason=f"needs {n} GPUs, host has {host.gpu_count}"))
-        else:
-            out.append(Variant(SPEC.id, n))
+        out.append(Variant(SPEC.id, n, skip=gpu_shortfall(host, n)))
     if host.gpu_count:
         out.append(Variant(SPEC.id, 2, params=(("placement", "1gpu"),), share_gpu=True))
     return out

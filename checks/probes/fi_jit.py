@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Skip, Variant, outcome
 from checks.probes import _fatbin
 from checks.probes import _flashinfer as fi
 
@@ -52,8 +52,8 @@ def plan(host: HostView, modules: tuple[str, ...] = fi.COMM_MODULES, only: str =
                 continue
             params = (("module", module), ("arch", arch))
             no_gpu = arch == LOCAL and not host.gpu_count
-            skip = "no GPU on this host: only cross-compile targets run" if no_gpu else None
-            out.append(Variant(SPEC.id, 1, params=params, skip_reason=skip))
+            skip = Skip("no-gpu", "no GPU on this host: only cross-compile targets run") if no_gpu else None
+            out.append(Variant(SPEC.id, 1, params=params, skip=skip))
     return out
 
 

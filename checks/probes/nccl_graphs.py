@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
 from checks.probes import _dist
 
 SPEC = ProbeSpec(
@@ -47,14 +47,12 @@ def variants(host: HostView) -> list[Variant]:
     worlds = [2] + ([host.gpu_count] if host.gpu_count > 2 else [])
     out: list[Variant] = []
     for n in worlds:
-        skip = None
-        if host.gpu_count < n:
-            skip = f"needs {n} GPUs (NCCL refuses two ranks on one GPU), host has {host.gpu_count}"
+        skip = gpu_shortfall(host, n, "NCCL refuses two ranks on one GPU")
         for algo in ALGOS:
             for warm in WARMUPS:
                 for rc in RUNTIME_CONNECT:
                     params = (("algo", algo), ("warmup", warm), ("runtime_connect", rc))
-                    out.append(Variant(SPEC.id, n, params=params, skip_reason=skip))
+                    out.append(Variant(SPEC.id, n, params=params, skip=skip))
     return out
 
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
 from checks.probes import _dist
 
 SPEC = ProbeSpec(
@@ -39,16 +39,8 @@ P2P_OPS = ("one_shot", "two_shot")
 def variants(host: HostView) -> list[Variant]:
     out: list[Variant] = []
     for n in SPEC.ranks:
-        if host.gpu_count == 0:
-            out.append(Variant(SPEC.id, n, skip_reason="no GPU on this host"))
-        elif n > host.gpu_count:
-            out.append(Variant(SPEC.id, n, skip_reason=f"needs {n} GPUs, host has {host.gpu_count}"))
-        else:
-            out.append(Variant(SPEC.id, n))
-    if host.gpu_count >= 1:
-        out.append(Variant(SPEC.id, 2, share_gpu=True))
-    else:
-        out.append(Variant(SPEC.id, 2, share_gpu=True, skip_reason="no GPU on this host"))
+        out.append(Variant(SPEC.id, n, skip=gpu_shortfall(host, n)))
+    out.append(Variant(SPEC.id, 2, share_gpu=True, skip=gpu_shortfall(host, 1)))
     return out
 
 
