@@ -48,7 +48,7 @@ def bench_local(python: str, repeat: int) -> None:
 
     def one(ranks: int) -> None:
         r = ex.run(Variant("t-trivial", ranks), 0, 60, cat)
-        assert r["status"] == "pass", r
+        assert r.status == "pass", r
 
     base = _median(bare, repeat)
     for ranks in (1, 2):
@@ -70,7 +70,7 @@ def bench_docker(image: str, repeat: int) -> None:
 
     def one() -> None:
         r = ex.run(Variant("t-trivial", 2), 0, 60, cat)
-        assert r["status"] == "pass", r
+        assert r.status == "pass", r
 
     base = _median(bare, repeat)
     total = _median(one, repeat)

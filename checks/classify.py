@@ -2,92 +2,84 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from checks.isolate import ProcessOutcome
-from checks.probe import STATUSES
 from checks.reasons import GENERIC, Catalogue, last_error_line
+from checks.result import ResultError, Verdict
+from checks.status import ORDER, Status
 
-CLASSIFIED = frozenset({"fail", "crash", "partial", "skip", "hang", "not-run", "unavailable"})
+CLASSIFIED = frozenset(ORDER) - {Status.PASS}  # every verdict but pass gets a reason
 
 
-def _texts(result: dict[str, Any], stderr: str) -> list[str]:
+def _texts(v: Verdict, stderr: str) -> list[str]:
     """Text to match, most telling first. A crash is judged only by its own rank's output: the others
     usually just report that their peer vanished."""
-    ev = result.get("evidence") or {}
-    texts = [str(result.get("note", "")), str(ev.get("traceback", "")), str(ev.get("rank_log", "")), stderr]
-    if result.get("status") != "crash":
-        texts.extend(str(v) for _, v in sorted((ev.get("log_tail") or {}).items()))
+    ev = v.evidence
+    texts = [v.note, str(ev.get("traceback", "")), str(ev.get("rank_log", "")), stderr]
+    if v.status is not Status.CRASH:
+        texts.extend(str(t) for _, t in sorted((ev.get("log_tail") or {}).items()))
     return texts
 
 
-def annotate(result: dict[str, Any], catalogue: Catalogue, stderr: str = "", fallback: str = GENERIC) -> dict[str, Any]:
+def annotate(v: Verdict, catalogue: Catalogue, stderr: str = "", fallback: str = GENERIC) -> Verdict:
     """Fill reason_code (matched when the probe set none), the reason's message and remediation.
     `fallback` is the code of a failure nothing in the catalogue recognises."""
-    out = dict(result)
-    out["evidence"] = dict(out.get("evidence") or {})
-    status = out.get("status")
-    code = out.get("reason_code") or ""
-    if status not in CLASSIFIED:
-        return out
-    texts = _texts(out, stderr)
-    if not code and status in ("fail", "crash"):
+    if v.status not in CLASSIFIED:
+        return v
+    texts = _texts(v, stderr)
+    code, note = v.reason_code, v.note
+    if not code and v.status in (Status.FAIL, Status.CRASH):
         for text in texts:  # earlier texts win; within one text, catalogue order
             hit = catalogue.match([text])
             if hit:
                 code = hit.code
                 break
         else:
-            code = "signal" if status == "crash" else fallback
-            if not out.get("note"):
-                out["note"] = last_error_line(texts) or "failed without an error message"
+            code = "signal" if v.status is Status.CRASH else fallback
+            note = note or last_error_line(texts) or "failed without an error message"
+    evidence, remediation = dict(v.evidence), v.remediation
     reason = catalogue.get(code) if code else None
     if reason is not None:
-        out["evidence"]["reason"] = reason.message
-        out["remediation"] = out.get("remediation") or reason.remediation
+        evidence["reason"] = reason.message
+        remediation = remediation or reason.remediation
     if code == fallback:
-        out["note"] = out.get("note") or last_error_line(texts)
-    out["reason_code"] = code
-    out.setdefault("remediation", "")
-    return out
+        note = note or last_error_line(texts)
+    return v.replace(reason_code=code, note=note, remediation=remediation, evidence=evidence)
 
 
-def from_process(p: ProcessOutcome, catalogue: Catalogue, timeout_s: float) -> dict[str, Any]:
+def decided(status: Status, reason_code: str, note: str, catalogue: Catalogue) -> Verdict:
+    """A verdict reached without running anything (a planned skip, an image that did not build)."""
+    return annotate(Verdict(status, reason_code, note), catalogue)
+
+
+def from_process(p: ProcessOutcome, catalogue: Catalogue, timeout_s: float) -> Verdict:
     """The verdict for one isolated worker run, whatever happened to it."""
     tails = {"stdout_tail": p.stdout_tail[-1500:], "stderr_tail": p.stderr_tail[-1500:]}
+    fallback = GENERIC
     if p.timed_out:
-        result = {"status": "hang", "reason_code": "hang",
-                  "note": f"host watchdog: no result within {timeout_s:.0f}s; the process group was killed",
-                  "evidence": dict(tails)}
+        v = Verdict(Status.HANG, "hang", f"host watchdog: no result within {timeout_s:.0f}s; the process group "
+                    "was killed", evidence=tails)
     elif p.result is not None:
-        result = dict(p.result)
-        if result.get("status") not in STATUSES:
-            result = {"status": "fail", "reason_code": "bad-result",
-                      "note": f"the worker returned status {result.get('status')!r}", "evidence": dict(tails)}
+        try:
+            v = Verdict.from_outcome(p.result)
+        except ResultError:
+            v = Verdict(Status.FAIL, "bad-result", f"the worker returned status {p.result.get('status')!r}",
+                        evidence=tails)
+        else:
+            if "duration_s" in p.result:  # the worker's own clock; the verdict's duration is the host's
+                v = v.with_evidence(worker_duration_s=v.duration_s)
     elif p.returncode is not None and p.returncode < 0:
         sig = p.signal_name
-        result = {"status": "crash", "reason_code": "killed" if sig == "SIGKILL" else "",
-                  "note": f"worker killed by {sig}", "evidence": {**tails, "signal": sig}}
+        v = Verdict(Status.CRASH, "killed" if sig == "SIGKILL" else "", f"worker killed by {sig}",
+                    evidence={**tails, "signal": sig})
     elif p.result_error:
-        result = {"status": "fail", "reason_code": "bad-result", "note": p.result_error, "evidence": dict(tails)}
+        v = Verdict(Status.FAIL, "bad-result", p.result_error, evidence=tails)
     elif p.returncode:
-        result = {"status": "fail", "reason_code": "",
-                  "note": last_error_line([p.stderr_tail]) or f"worker exited with code {p.returncode}",
-                  "evidence": {**tails, "exit_code": p.returncode}}
-        return _finish(annotate(result, catalogue, p.stderr_tail, fallback="nonzero-exit"), p)
+        v = Verdict(Status.FAIL, "", last_error_line([p.stderr_tail]) or f"worker exited with code {p.returncode}",
+                    evidence={**tails, "exit_code": p.returncode})
+        fallback = "nonzero-exit"
     else:
-        result = {"status": "fail", "reason_code": "no-result",
-                  "note": "the worker exited without a result line on stdout", "evidence": dict(tails)}
-    return _finish(annotate(result, catalogue, p.stderr_tail), p)
-
-
-def _finish(result: dict[str, Any], p: ProcessOutcome) -> dict[str, Any]:
-    result.setdefault("metrics", {})
-    result.setdefault("note", "")
-    result["evidence"] = dict(result.get("evidence") or {})
+        v = Verdict(Status.FAIL, "no-result", "the worker exited without a result line on stdout", evidence=tails)
+    v = annotate(v, catalogue, p.stderr_tail, fallback=fallback)
     if p.leftovers:
-        result["evidence"]["leftover_processes_killed"] = p.leftovers
-    if "duration_s" in result:
-        result["evidence"]["worker_duration_s"] = result.pop("duration_s")
-    result["duration_s"] = p.duration_s
-    return result
+        v = v.with_evidence(leftover_processes_killed=p.leftovers)
+    return v.replace(duration_s=p.duration_s)

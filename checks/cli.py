@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, NoReturn
 
-from checks import hostfacts, reasons, registry
+from checks import hostfacts, provenance, reasons, registry
 from checks.executor import Executor, ExecutorError, LocalExecutor
 from checks.plan import (
     CellTarget,
@@ -23,12 +23,15 @@ from checks.plan import (
     select_cells,
     summary_counts,
 )
+from checks.provenance import Provenance
+from checks.result import ProbeResult
+from checks.status import ORDER, Status
 from checks.store import RunLock, RunStore, StoreBusy, latest_run, new_run_id
 
 REPO = Path(__file__).resolve().parent.parent
-MANIFEST_SCHEMA = "stackprobe.manifest/1"
-STATUS_STYLE = {"pass": "green", "partial": "yellow", "skip": "dim", "fail": "red", "crash": "bold red",
-                "hang": "magenta", "not-run": "cyan", "unavailable": "blue"}
+MANIFEST_SCHEMA = "stackprobe.manifest/2"  # 2: `code`, the checkout and probe hashes the run used
+STATUS_STYLE = {Status.PASS: "green", Status.PARTIAL: "yellow", Status.SKIP: "dim", Status.FAIL: "red",
+                Status.CRASH: "bold red", Status.HANG: "magenta", Status.NOT_RUN: "cyan", Status.UNAVAILABLE: "blue"}
 
 
 class UsageError(Exception):
@@ -180,16 +183,15 @@ def _print_plan(con: Any, facts: dict[str, Any], items: list[WorkItem], probes: 
             con.print(f"    {n} decided without running, {why}")
 
 
-def _summary(con: Any, results: list[dict[str, Any]]) -> None:
+def _summary(con: Any, results: list[ProbeResult]) -> None:
     from rich.table import Table
 
-    order = ["pass", "partial", "fail", "crash", "hang", "skip", "not-run", "unavailable"]
     t = Table("cell", "probe", "verdicts", title="summary")
-    per: dict[tuple[str, str], Counter[str]] = {}
+    per: dict[tuple[str, str], Counter[Status]] = {}
     for r in results:
-        per.setdefault((r["cell_id"], r["probe_id"]), Counter())[r["status"]] += 1
+        per.setdefault((r.cell_id, r.probe_id), Counter())[r.verdict.status] += 1
     for (cell, probe), c in sorted(per.items()):
-        t.add_row(cell, probe, ", ".join(f"[{STATUS_STYLE[s]}]{c[s]} {s}[/]" for s in order if c[s]))
+        t.add_row(cell, probe, ", ".join(f"[{STATUS_STYLE[s]}]{c[s]} {s}[/]" for s in ORDER if c[s]))
     con.print(t)
 
 
@@ -214,6 +216,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     folder = args.results / host_id
     run_id = (latest_run(folder) if args.resume else None) or new_run_id()
     store = RunStore(args.results, host_id, run_id)
+    code = provenance.checkout()
+    hashes = provenance.probe_hashes(probes)
     with RunLock(folder):
         from checks.runner import now_iso
 
@@ -222,7 +226,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     "cells": {c.cell_id: {"status": c.status, "reason": c.reason, "versions": c.versions,
                                           "image": c.image, "image_status": c.image_status} for c in cells},
                     "probes": {pid: {"title": m.SPEC.title, "feature": m.SPEC.feature} for pid, m in probes.items()},
-                    "argv": sys.argv[1:]}
+                    "code": code.to_json(hashes), "argv": sys.argv[1:]}
         if args.resume and store.manifest_path.exists():
             old = json.loads(store.manifest_path.read_text())
             manifest["cells"] = {**old.get("cells", {}), **manifest["cells"]}
@@ -230,17 +234,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             manifest["probes"] = {**old_probes, **manifest["probes"]}
         store.write_manifest(manifest)
         con.print(f"[bold]results[/] {store.results_path}")
-        report = _execute_with_progress(con, items, executors, store, catalogue, gpus, args.resume)
+        codes = {pid: code.for_probe(h) for pid, h in hashes.items()}
+        report = _execute_with_progress(con, items, executors, store, catalogue, gpus, codes, args.resume)
     if report.resumed:
         con.print(f"resumed: {report.resumed} variant(s) already recorded were not run again")
     _summary(con, report.results)
     if args.json:
-        print(json.dumps(report.results, indent=2, sort_keys=True))
+        print(json.dumps([r.to_json() for r in report.results], indent=2, sort_keys=True))
     return 130 if report.interrupted else 0
 
 
 def _execute_with_progress(con: Any, items: list[WorkItem], executors: dict[str, Executor], store: RunStore,
-                           catalogue: reasons.Catalogue, gpus: int, resume: bool) -> Any:
+                           catalogue: reasons.Catalogue, gpus: int, codes: dict[str, Provenance], resume: bool) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from checks.runner import execute
@@ -252,13 +257,14 @@ def _execute_with_progress(con: Any, items: list[WorkItem], executors: dict[str,
         def started(item: WorkItem) -> None:
             progress.update(task, description=f"{item.cell.cell_id} {item.spec.id} {item.variant.key}")
 
-        def finished(item: WorkItem, result: dict[str, Any]) -> None:
-            style = STATUS_STYLE.get(result["status"], "")
-            progress.console.print(f"[{style}]{result['status']:>11}[/] {item.cell.cell_id} {item.spec.id} "
-                                   f"{item.variant.key} ({result['duration_s']:.1f}s) {result['reason_code']}")
+        def finished(item: WorkItem, result: ProbeResult) -> None:
+            v = result.verdict
+            progress.console.print(f"[{STATUS_STYLE[v.status]}]{v.status:>11}[/] {item.cell.cell_id} {item.spec.id} "
+                                   f"{item.variant.key} ({v.duration_s:.1f}s) {v.reason_code}")
             progress.advance(task)
 
-        report = execute(items, executors, store, catalogue, gpus, resume, on_result=finished, on_start=started)
+        report = execute(items, executors, store, catalogue, gpus, codes, resume, on_result=finished,
+                         on_start=started)
         progress.update(task, completed=len(items))
     return report
 

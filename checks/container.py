@@ -20,6 +20,7 @@ from checks.isolate import ProcessOutcome
 from checks.probe import Variant
 from checks.reasons import Catalogue
 from checks.registry import PROBE_PATH_ENV
+from checks.result import Verdict
 
 MOUNT_ROOT = "/opt/stackprobe-code"  # apart from /opt/stackprobe, where cell images keep their locks
 LABEL = "stackprobe.run"
@@ -187,16 +188,12 @@ class DockerExecutor:
             raise ExecutorError(f"image {self.image}: environment inspection failed: {p.result_error or last}")
         return p.result
 
-    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> dict[str, Any]:
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> Verdict:
         p = self._run([self.python, *worker_args(variant, gpus, timeout_s)], hard_timeout(timeout_s))
-        result = classify.from_process(p, catalogue, hard_timeout(timeout_s))
-        ev = result.setdefault("evidence", {})
-        ev["image"] = self.image
-        ev["image_id"] = self._image_id()
-        ev["memlock"] = self.memlock_note
-        ev["container"] = self.last_container
-        ev["command"] = f"docker run {self.image} {self.python} -m checks.worker --probe {variant.probe_id}"
-        return result
+        verdict = classify.from_process(p, catalogue, hard_timeout(timeout_s))
+        return verdict.with_evidence(
+            image=self.image, image_id=self._image_id(), memlock=self.memlock_note, container=self.last_container,
+            command=f"docker run {self.image} {self.python} -m checks.worker --probe {variant.probe_id}")
 
     def _image_id(self) -> str | None:
         if self.image_id is None:

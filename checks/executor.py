@@ -19,6 +19,7 @@ from checks import classify, isolate
 from checks.probe import RESULT_MARKER, Variant
 from checks.reasons import Catalogue
 from checks.registry import PROBE_PATH_ENV
+from checks.result import Verdict
 
 CODE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds the `checks` package
 HARD_TIMEOUT_MARGIN_S = 30.0  # the worker's own watchdog fires first and collects stacks
@@ -44,8 +45,8 @@ class Executor(Protocol):
         """`python -m checks.worker --inspect` in the environment: versions and GPU facts."""
         ...
 
-    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> dict[str, Any]:
-        """Run one variant isolated; always returns a result dict (never raises for a probe's failure)."""
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> Verdict:
+        """Run one variant isolated; always returns a verdict (never raises for a probe's failure)."""
         ...
 
 
@@ -89,12 +90,11 @@ class LocalExecutor:
             raise ExecutorError(f"--python {self.python}: environment inspection failed: {err or last}")
         return data
 
-    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> dict[str, Any]:
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> Verdict:
         cmd = [self.python, *worker_args(variant, gpus, timeout_s)]
         p = isolate.run_isolated(cmd, self.env(), hard_timeout(timeout_s))
-        result = classify.from_process(p, catalogue, hard_timeout(timeout_s))
-        result.setdefault("evidence", {})["command"] = " ".join(cmd[:3] + [variant.probe_id])
-        return result
+        verdict = classify.from_process(p, catalogue, hard_timeout(timeout_s))
+        return verdict.with_evidence(command=" ".join(cmd[:3] + [variant.probe_id]))
 
 
 def probe_path_dirs() -> list[Path]:

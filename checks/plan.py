@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from checks.probe import HostView, ProbeSpec, Variant, default_variants
+from checks.status import Status
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class CellTarget:
 class Preset:
     """A verdict reached without running anything."""
 
-    status: str
+    status: Status
     reason_code: str
     note: str
 
@@ -50,13 +51,13 @@ class WorkItem:
 
 def cell_preset(cell: CellTarget) -> Preset | None:
     if cell.status == "unavailable":
-        return Preset("unavailable", "cell-unavailable", cell.reason)
+        return Preset(Status.UNAVAILABLE, "cell-unavailable", cell.reason)
     if cell.status == "unreachable":
-        return Preset("not-run", "cell-unreachable", cell.reason)
+        return Preset(Status.NOT_RUN, "cell-unreachable", cell.reason)
     if cell.image_status == "failed":
-        return Preset("not-run", "image-failed", cell.image_reason or "the image failed to build")
+        return Preset(Status.NOT_RUN, "image-failed", cell.image_reason or "the image failed to build")
     if cell.image_status == "missing":
-        return Preset("not-run", "image-missing", cell.image_reason or "the image was never built")
+        return Preset(Status.NOT_RUN, "image-missing", cell.image_reason or "the image was never built")
     return None
 
 
@@ -82,10 +83,10 @@ def plan_work(cells: list[CellTarget], probes: dict[str, ModuleType], host: Host
             variants = planned[pid]
             if isinstance(variants, Exception):
                 items.append(WorkItem(cell, spec, Variant(pid), spec.timeout_s * timeout_scale,
-                                      Preset("fail", "probe-bug", f"variants() raised {variants!r}"[:300])))
+                                      Preset(Status.FAIL, "probe-bug", f"variants() raised {variants!r}"[:300])))
                 continue
             for v in variants:
-                p = preset or (Preset("skip", v.skip.code, v.skip.note) if v.skip else None)
+                p = preset or (Preset(Status.SKIP, v.skip.code, v.skip.note) if v.skip else None)
                 items.append(WorkItem(cell, spec, v, spec.timeout_s * timeout_scale, p))
     return items
 

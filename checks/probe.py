@@ -28,12 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Status vocabulary (contract, DESIGN.md §3). Ordered from best to worst for combine_worst.
-STATUSES: tuple[str, ...] = ("pass", "partial", "skip", "fail", "crash", "hang", "not-run", "unavailable")
-RUN_STATUSES = frozenset({"pass", "partial", "fail", "skip"})  # what a probe itself may return
+from checks.status import ORDER, RUN_STATUSES, Status, worst
+from checks.status import parse as status_of
+
+# The verdict vocabulary lives in checks.status; these names stay for the probes that import them.
+STATUSES: tuple[Status, ...] = ORDER  # best to worst; RUN_STATUSES: what a probe itself may return
 
 RESULT_MARKER = "@@STACKPROBE-RESULT@@"  # prefix of the one line of JSON the worker prints
-SCHEMA = "stackprobe.result/1"
 
 
 @dataclass(frozen=True)
@@ -163,12 +164,13 @@ def outcome(
     metrics: dict[str, Any] | None = None,
     evidence: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    if status not in RUN_STATUSES:
-        raise ValueError(f"a probe may return {sorted(RUN_STATUSES)}, not {status!r}")
-    if status == "partial" and not note:
+    parsed = status_of(status)
+    if parsed not in RUN_STATUSES:
+        raise ValueError(f"a probe may return {sorted(s.value for s in RUN_STATUSES)}, not {status!r}")
+    if parsed is Status.PARTIAL and not note:
         raise ValueError("a partial outcome needs a note naming the limitation")
     return {
-        "status": status,
+        "status": parsed.value,
         "note": note,
         "reason_code": reason_code,
         "metrics": metrics or {},
@@ -180,9 +182,10 @@ def combine_worst(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
     """Default merge: the worst rank's outcome wins; metrics of rank 0, evidence per rank."""
     if not outcomes:
         return outcome("fail", note="no rank reported an outcome", reason_code="no-result")
-    worst = max(outcomes, key=lambda o: STATUSES.index(o.get("status", "fail")))
-    merged = dict(worst)
-    merged["metrics"] = {**outcomes[0].get("metrics", {}), **worst.get("metrics", {})}
+    verdict = worst(o.get("status", "fail") for o in outcomes)
+    chosen = next(o for o in outcomes if (status_of(o.get("status", "fail")) or Status.FAIL) is verdict)
+    merged = dict(chosen)
+    merged["metrics"] = {**outcomes[0].get("metrics", {}), **chosen.get("metrics", {})}
     return merged
 
 

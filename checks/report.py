@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from checks.probe import STATUSES
+from checks.result import ProbeResult
+from checks.status import ORDER, Status
 from checks.store import iter_runs, read_file, read_manifest
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -65,7 +67,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def headline(metrics: dict[str, Any]) -> str:
+def headline(metrics: Mapping[str, Any]) -> str:
     """The key measurement of a passing variant: the probe's own `headline`, else a latency ratio to NCCL,
     else a latency range, else an all-to-all workspace size or a compile time."""
     if isinstance(metrics.get("headline"), str):
@@ -137,15 +139,15 @@ def header(facts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def latest_results(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def latest_results(results: list[ProbeResult]) -> list[ProbeResult]:
     """For each (cell, probe, variant), the result of the newest run (run ids sort by time)."""
-    best: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for r in sorted(results, key=lambda r: (r["run_id"], r["started_at"])):
-        best[(r["cell_id"], r["probe_id"], r["variant"])] = r
+    best: dict[tuple[str, str, str], ProbeResult] = {}
+    for r in sorted(results, key=lambda r: (r.run_id, r.started_at)):
+        best[r.key] = r
     return [best[k] for k in sorted(best)]
 
 
-def _versions(cell_id: str, manifests: list[dict[str, Any]], results: list[dict[str, Any]]) -> dict[str, str]:
+def _versions(cell_id: str, manifests: list[dict[str, Any]], results: list[ProbeResult]) -> dict[str, str]:
     for m in reversed(manifests):  # newest manifest that knows the cell
         cell = (m.get("cells") or {}).get(cell_id)
         if cell and cell.get("versions"):
@@ -153,15 +155,15 @@ def _versions(cell_id: str, manifests: list[dict[str, Any]], results: list[dict[
             if "cuda" not in v and v.get("torch_cuda"):
                 v["cuda"] = v["torch_cuda"]
             return v
-    env = next((r["evidence"].get("env") for r in results if r["cell_id"] == cell_id and r["evidence"].get("env")),
-               None) or {}
+    env = next((r.verdict.evidence.get("env") for r in results
+                if r.cell_id == cell_id and r.verdict.evidence.get("env")), None) or {}
     return {"cuda": str(env.get("torch_cuda", "")), "torch": str(env.get("torch", "")),
             "sgl_kernel": str(env.get("sgl_kernel", "")), "flashinfer": str(env.get("flashinfer", ""))}
 
 
 def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_info: dict[str, dict[str, str]],
                catalogue_messages: dict[str, str]) -> HostSection:
-    all_results: list[dict[str, Any]] = []
+    all_results: list[ProbeResult] = []
     warnings: list[str] = []
     manifests: list[dict[str, Any]] = []
     run_rows = []
@@ -175,7 +177,7 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
         elif why:
             warnings.append(why)
         if res:
-            date = min(r["started_at"] for r in res)[:10]
+            date = min(r.started_at for r in res)[:10]
             run_rows.append({"run_id": run_id, "date": date, "path": os.path.relpath(path, out_dir)})
     results = latest_results(all_results)
     probe_info = dict(probe_info)
@@ -183,11 +185,11 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
         for pid, info in (m.get("probes") or {}).items() if isinstance(m.get("probes"), dict) else []:
             probe_info[pid] = {"title": str(info.get("title", pid)), "feature": str(info.get("feature", ""))}
     facts = header(dict(manifests[-1].get("facts") or {}) if manifests else {})
-    probe_ids = sorted({r["probe_id"] for r in results})
-    cell_ids = sorted({r["cell_id"] for r in results})
-    by_pair: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    probe_ids = sorted({r.probe_id for r in results})
+    cell_ids = sorted({r.cell_id for r in results})
+    by_pair: dict[tuple[str, str], list[ProbeResult]] = defaultdict(list)
     for r in results:
-        by_pair[(r["cell_id"], r["probe_id"])].append(r)
+        by_pair[(r.cell_id, r.probe_id)].append(r)
 
     footnotes: list[Footnote] = []
     index: dict[tuple[str, str, str, str], Footnote] = {}
@@ -199,24 +201,26 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             if not rs:
                 cells[pid] = None
                 continue
-            counts = Counter(r["status"] for r in rs)
-            ordered = sorted(counts.items(), key=lambda kv: STATUSES.index(kv[0]) if kv[0] in STATUSES else 99)
+            counts = Counter(r.verdict.status for r in rs)
+            ordered = sorted(counts.items(), key=lambda kv: kv[0].severity)
             notes: list[int] = []
             for r in rs:
-                if r["status"] == "pass":
+                v = r.verdict
+                if v.status is Status.PASS:
                     continue
-                key = (r["status"], r["reason_code"], _clean(r["note"]), _clean(r["remediation"]))
+                key = (v.status, v.reason_code, _clean(v.note), _clean(v.remediation))
                 if key not in index:
-                    message = _clean(catalogue_messages.get(r["reason_code"], ""))
-                    fn = Footnote(len(footnotes) + 1, r["status"], r["reason_code"], message,
+                    message = _clean(catalogue_messages.get(v.reason_code, ""))
+                    fn = Footnote(len(footnotes) + 1, v.status, v.reason_code, message,
                                   "" if key[2].rstrip(".") == message.rstrip(".") else key[2], key[3])
                     index[key] = fn
                     footnotes.append(fn)
                 fn = index[key]
-                fn.where.append(f"{cell_id} / {pid} / {r['variant']}")
+                fn.where.append(f"{cell_id} / {pid} / {r.variant}")
                 if fn.number not in notes:
                     notes.append(fn.number)
-            heads = [(r["variant"], h) for r in rs if r["status"] == "pass" and (h := headline(r.get("metrics") or {}))]
+            heads = [(r.variant, h) for r in rs
+                     if r.verdict.status is Status.PASS and (h := headline(r.verdict.metrics))]
             title = ", ".join(f"{n} {s}" for s, n in ordered)
             cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title)
         rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells})
@@ -261,7 +265,7 @@ def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
         env.autoescape = True
     sm12 = any(str(s.facts.get("compute_capability") or "").startswith("12.") for s in sections)
     return env.get_template(f"compatibility.{kind}.j2").render(
-        sections=sections, statuses=[s for s in STATUSES], measured_sm12=sm12, results_rel=results_rel)
+        sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel)
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from checks import classify
 from checks.executor import Executor, ExecutorError
 from checks.plan import WorkItem
-from checks.probe import SCHEMA
+from checks.provenance import Provenance
 from checks.reasons import Catalogue
+from checks.result import ProbeResult, Verdict
+from checks.status import Status
 from checks.store import RunStore
 
 
 @dataclass
 class RunReport:
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[ProbeResult] = field(default_factory=list)
     resumed: int = 0  # variants skipped because --resume found them recorded
     interrupted: bool = False
 
@@ -27,37 +28,23 @@ def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def assemble(item: WorkItem, outcome: dict[str, Any], run_id: str, host_id: str, started_at: str) -> dict[str, Any]:
-    """A ProbeResult (DESIGN.md contract) from one outcome."""
-    return {
-        "schema": SCHEMA,
-        "run_id": run_id,
-        "host_id": host_id,
-        "cell_id": item.cell.cell_id,
-        "probe_id": item.spec.id,
-        "variant": item.variant.key,
-        "status": outcome.get("status", "fail"),
-        "reason_code": outcome.get("reason_code", "") or "",
-        "note": outcome.get("note", "") or "",
-        "remediation": outcome.get("remediation", "") or "",
-        "metrics": outcome.get("metrics") or {},
-        "evidence": outcome.get("evidence") or {},
-        "started_at": started_at,
-        "duration_s": outcome.get("duration_s", 0.0),
-    }
+def assemble(item: WorkItem, verdict: Verdict, run_id: str, host_id: str, started_at: str,
+             code: Provenance | None) -> ProbeResult:
+    return ProbeResult(run_id, host_id, item.cell.cell_id, item.spec.id, item.variant.key, verdict, started_at, code)
 
 
-def preset_outcome(item: WorkItem, catalogue: Catalogue) -> dict[str, Any]:
+def preset_verdict(item: WorkItem, catalogue: Catalogue) -> Verdict:
     assert item.preset is not None
     p = item.preset
-    return classify.annotate({"status": p.status, "reason_code": p.reason_code, "note": p.note, "metrics": {},
-                              "evidence": {}, "duration_s": 0.0}, catalogue)
+    return classify.decided(p.status, p.reason_code, p.note, catalogue)
 
 
 def execute(items: list[WorkItem], executors: dict[str, Executor], store: RunStore, catalogue: Catalogue,
-            gpus: int, resume: bool = False, on_result: Callable[[WorkItem, dict[str, Any]], None] | None = None,
+            gpus: int, codes: Mapping[str, Provenance], resume: bool = False,
+            on_result: Callable[[WorkItem, ProbeResult], None] | None = None,
             on_start: Callable[[WorkItem], None] | None = None) -> RunReport:
-    """Run every item not yet recorded. Ctrl-C stops after cleanup; what finished stays in the store."""
+    """Run every item not yet recorded. Ctrl-C stops after cleanup; what finished stays in the store.
+    ``codes``: the code each probe id runs with, recorded in its results."""
     report = RunReport()
     done = store.recorded() if resume else set()
     broken: dict[str, str] = {}  # cell -> why its executor cannot start (e.g. image vanished)
@@ -70,18 +57,16 @@ def execute(items: list[WorkItem], executors: dict[str, Executor], store: RunSto
                 on_start(item)
             started = now_iso()
             if item.preset is not None:
-                outcome = preset_outcome(item, catalogue)
+                verdict = preset_verdict(item, catalogue)
             elif item.cell.cell_id in broken:
-                outcome = classify.annotate({"status": "not-run", "reason_code": "image-missing",
-                                             "note": broken[item.cell.cell_id]}, catalogue)
+                verdict = classify.decided(Status.NOT_RUN, "image-missing", broken[item.cell.cell_id], catalogue)
             else:
                 try:
-                    outcome = executors[item.cell.cell_id].run(item.variant, gpus, item.timeout_s, catalogue)
+                    verdict = executors[item.cell.cell_id].run(item.variant, gpus, item.timeout_s, catalogue)
                 except ExecutorError as exc:
                     broken[item.cell.cell_id] = str(exc)
-                    outcome = classify.annotate({"status": "not-run", "reason_code": "image-missing",
-                                                 "note": str(exc)}, catalogue)
-            result = assemble(item, outcome, store.run_id, store.host_id, started)
+                    verdict = classify.decided(Status.NOT_RUN, "image-missing", str(exc), catalogue)
+            result = assemble(item, verdict, store.run_id, store.host_id, started, codes.get(item.spec.id))
             store.append(result)
             report.results.append(result)
             if on_result:

@@ -21,10 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from checks.probe import SCHEMA, STATUSES
-
-RESULT_FIELDS = ("schema", "run_id", "host_id", "cell_id", "probe_id", "variant", "status", "reason_code", "note",
-                 "remediation", "metrics", "evidence", "started_at", "duration_s")
+from checks.result import ProbeResult, ResultError
 
 
 class StoreBusy(RuntimeError):
@@ -82,8 +79,8 @@ class RunStore:
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         write_json_atomic(self.manifest_path, manifest)
 
-    def append(self, result: dict[str, Any]) -> None:
-        line = (json.dumps(result, sort_keys=True, default=str, separators=(",", ":")) + "\n").encode()
+    def append(self, result: ProbeResult) -> None:
+        line = (json.dumps(result.to_json(), sort_keys=True, default=str, separators=(",", ":")) + "\n").encode()
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.results_path
         while True:
@@ -116,7 +113,7 @@ class RunStore:
         if not self.results_path.exists():
             return set()
         results, _ = read_file(self.results_path)
-        return {(r["cell_id"], r["probe_id"], r["variant"]) for r in results}
+        return {r.key for r in results}
 
 
 class RunLock:
@@ -149,27 +146,9 @@ def latest_run(folder: Path) -> str | None:
     return runs[-1] if runs else None
 
 
-def validate(obj: Any) -> str | None:
-    """Why a parsed line is not a ProbeResult, or None."""
-    if not isinstance(obj, dict):
-        return "not a JSON object"
-    missing = [f for f in RESULT_FIELDS if f not in obj]
-    if missing:
-        return f"missing field(s) {', '.join(missing)}"
-    if obj["schema"] != SCHEMA:
-        return f"schema {obj['schema']!r}, expected {SCHEMA!r}"
-    if obj["status"] not in STATUSES:
-        return f"unknown status {obj['status']!r}"
-    if not all(isinstance(obj[k], str) for k in ("run_id", "host_id", "cell_id", "probe_id", "variant", "started_at")):
-        return "an id field is not a string"
-    if not isinstance(obj["metrics"], dict) or not isinstance(obj["evidence"], dict):
-        return "metrics and evidence must be objects"
-    return None
-
-
-def read_file(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Valid results of one JSONL file and a warning (file:line: why) for each line that is not."""
-    results: list[dict[str, Any]] = []
+def read_file(path: Path) -> tuple[list[ProbeResult], list[str]]:
+    """Valid results of one JSONL file (either schema) and a warning (file:line: why) for each line that is not."""
+    results: list[ProbeResult] = []
     warnings: list[str] = []
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
@@ -183,11 +162,10 @@ def read_file(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
             except ValueError as exc:
                 warnings.append(f"{path}:{n}: not valid JSON ({exc.msg}); skipped")
                 continue
-            why = validate(obj)
-            if why:
-                warnings.append(f"{path}:{n}: {why}; skipped")
-                continue
-            results.append(obj)
+            try:
+                results.append(ProbeResult.from_json(obj))
+            except ResultError as exc:
+                warnings.append(f"{path}:{n}: {exc}; skipped")
     return results, warnings
 
 

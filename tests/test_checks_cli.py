@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from checks.provenance import Provenance, probe_hash
 from checks.store import read_file
-from tests.checks_helpers import ROOT, TOKEN_VAR, fixture_env, pids_with_env
+from tests.checks_helpers import FIXTURES, ROOT, TOKEN_VAR, fixture_env, pids_with_env
 
 
 def checks(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -33,17 +34,25 @@ def test_run_local_records_results_and_manifest(tmp_path: Path) -> None:
     printed = json.loads(p.stdout)
     [path] = _jsonl(tmp_path)
     stored, warnings = read_file(path)
-    assert warnings == [] and stored == printed
-    by = {(r["probe_id"], r["variant"]): r for r in stored}
-    assert by[("t-trivial", "ranks=2")]["status"] == "pass"
-    assert by[("t-gpu", "ranks=1")]["status"] == "skip" and by[("t-gpu", "ranks=1")]["reason_code"] == "no-gpu"
-    assert by[("t-missing", "ranks=1")]["status"] == "skip"
-    assert by[("t-missing", "ranks=1")]["reason_code"] == "missing-package"
+    assert warnings == [] and [r.to_json() for r in stored] == printed
+    by = {(r.probe_id, r.variant): r.verdict for r in stored}
+    assert by[("t-trivial", "ranks=2")].status == "pass"
+    assert by[("t-gpu", "ranks=1")].status == "skip" and by[("t-gpu", "ranks=1")].reason_code == "no-gpu"
+    assert by[("t-missing", "ranks=1")].status == "skip"
+    assert by[("t-missing", "ranks=1")].reason_code == "missing-package"
     r = stored[0]
-    assert r["cell_id"].startswith("local-cu") and r["host_id"] == path.parent.name
+    assert r.cell_id.startswith("local-cu") and r.host_id == path.parent.name
     manifest = json.loads(path.with_name(path.name.replace(".jsonl", ".manifest.json")).read_text())
-    assert manifest["facts"]["host_id"] == r["host_id"] and manifest["executor"] == "local"
-    assert manifest["cells"][r["cell_id"]]["versions"]["torch"].startswith("2.11.0")
+    assert manifest["facts"]["host_id"] == r.host_id and manifest["executor"] == "local"
+    assert manifest["cells"][r.cell_id]["versions"]["torch"].startswith("2.11.0")
+    code = manifest["code"]  # the code that made these results, in the manifest and in every result
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert code["commit"] == head and isinstance(code["dirty"], bool) and code["version"] == "0.1.0"
+    assert code["probe_hashes"]["t-trivial"] == probe_hash(FIXTURES / "t_trivial.py")
+    assert sorted(code["probe_hashes"]) == ["t-gpu", "t-missing", "t-trivial"]
+    for res in stored:
+        assert res.code == Provenance(code["version"], head, code["dirty"], code["probe_hashes"][res.probe_id])
+        assert printed[0]["code"]["commit"] == head
 
 
 def test_resume_skips_recorded_variants(tmp_path: Path) -> None:
@@ -53,7 +62,7 @@ def test_resume_skips_recorded_variants(tmp_path: Path) -> None:
     assert "resumed: 2 variant(s)" in p.stderr
     [path] = _jsonl(tmp_path)
     stored, _ = read_file(path)
-    assert sorted((r["probe_id"], r["variant"]) for r in stored) == [
+    assert sorted((r.probe_id, r.variant) for r in stored) == [
         ("t-raise", "ranks=1"), ("t-trivial", "ranks=1"), ("t-trivial", "ranks=2")]
 
 
@@ -75,7 +84,7 @@ def test_interrupt_exits_130_keeps_finished_results_and_leaves_nothing(tmp_path:
     assert proc.returncode == 130, err
     assert "interrupted" in err
     stored, warnings = read_file(_jsonl(tmp_path)[0])
-    assert warnings == [] and [r["probe_id"] for r in stored] == ["t-trivial", "t-trivial"]
+    assert warnings == [] and [r.probe_id for r in stored] == ["t-trivial", "t-trivial"]
     assert pids_with_env(env[TOKEN_VAR]) == []
 
 
@@ -132,7 +141,7 @@ def test_kill_9_of_the_runner_leaves_valid_lines_and_no_processes(tmp_path: Path
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     stored, warnings = read_file(_jsonl(tmp_path)[0])
-    assert warnings == [] and [r["probe_id"] for r in stored] == ["t-trivial", "t-trivial"]
+    assert warnings == [] and [r.probe_id for r in stored] == ["t-trivial", "t-trivial"]
     deadline = time.monotonic() + 10
     while pids_with_env(env[TOKEN_VAR]) and time.monotonic() < deadline:
         time.sleep(0.1)  # the worker, then its rank, are killed as their parents die

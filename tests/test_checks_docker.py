@@ -44,20 +44,20 @@ def executor(venv_image: str, monkeypatch: pytest.MonkeyPatch) -> DockerExecutor
 
 def test_trivial_probe_runs_two_ranks_in_a_container(executor: DockerExecutor) -> None:
     r = executor.run(Variant("t-trivial", 2), 0, 60, CAT)
-    assert r["status"] == "pass", r
-    assert [x["status"] for x in r["evidence"]["ranks"]] == ["pass", "pass"]
-    assert r["evidence"]["env"]["python"].startswith("3.11")  # Debian bookworm's, not the host's venv
-    assert "torch" not in r["evidence"]["env"]
-    assert r["evidence"]["image"] == TAG and r["evidence"]["image_id"].startswith("sha256:")
+    assert r.status == "pass", r
+    assert [x["status"] for x in r.evidence["ranks"]] == ["pass", "pass"]
+    assert r.evidence["env"]["python"].startswith("3.11")  # Debian bookworm's, not the host's venv
+    assert "torch" not in r.evidence["env"]
+    assert r.evidence["image"] == TAG and r.evidence["image_id"].startswith("sha256:")
 
 
 def test_gpu_and_torch_probes_skip_honestly(executor: DockerExecutor) -> None:
     gloo = executor.run(Variant("t-gloo-allreduce", 2), 0, 60, CAT)
-    assert gloo["status"] == "skip" and gloo["reason_code"] == "missing-package"
-    assert "torch" in gloo["note"]
+    assert gloo.status == "skip" and gloo.reason_code == "missing-package"
+    assert "torch" in gloo.note
     gpu = executor.run(Variant("t-gpu"), 0, 60, CAT)
-    assert gpu["status"] == "skip"  # torch is missing, checked before the GPU
-    assert gpu["remediation"]
+    assert gpu.status == "skip"  # torch is missing, checked before the GPU
+    assert gpu.remediation
 
 
 def test_checks_code_is_mounted_read_only(executor: DockerExecutor) -> None:
@@ -67,8 +67,8 @@ def test_checks_code_is_mounted_read_only(executor: DockerExecutor) -> None:
 
 def test_hang_in_container_is_killed_and_removed(executor: DockerExecutor) -> None:
     r = executor.run(Variant("t-hang", 2), 0, 2, CAT)
-    assert r["status"] == "hang"
-    assert "sleep_forever" in json.dumps(r["evidence"])  # the stacks came back
+    assert r.status == "hang"
+    assert "sleep_forever" in json.dumps(r.evidence)  # the stacks came back
 
 
 def test_host_timeout_kills_container(executor: DockerExecutor) -> None:
@@ -78,7 +78,7 @@ def test_host_timeout_kills_container(executor: DockerExecutor) -> None:
 
 def test_segfault_in_container_is_crash(executor: DockerExecutor) -> None:
     r = executor.run(Variant("t-segv"), 0, 30, CAT)
-    assert r["status"] == "crash" and "SIGSEGV" in r["note"]
+    assert r.status == "crash" and "SIGSEGV" in r.note
     p = executor._run(["python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"], 30)
     assert p.signal_name == "SIGSEGV"
 
@@ -111,17 +111,17 @@ def test_checks_run_docker_mode_end_to_end(venv_image: str, tmp_path: Path) -> N
     [path] = sorted((tmp_path / "res").glob("*/*.jsonl"))
     stored, warnings = read_file(path)
     assert warnings == []
-    by = {(r["cell_id"], r["probe_id"], r["variant"]): r for r in stored}
+    by = {r.key: r for r in stored}
     built, failed = resolved
-    assert by[(built.cell_id, "t-trivial", "ranks=2")]["status"] == "pass"
-    assert by[(built.cell_id, "t-trivial", "ranks=1")]["evidence"]["image"] == venv_image
-    assert by[(built.cell_id, "t-gpu", "ranks=1")]["status"] == "skip"
-    assert {r["status"] for k, r in by.items() if k[0] == failed.cell_id} == {"not-run"}
-    assert by[(failed.cell_id, "t-trivial", "ranks=1")]["note"] == "uv: no solution"
-    assert by[(failed.cell_id, "t-trivial", "ranks=1")]["reason_code"] == "image-failed"
+    assert by[(built.cell_id, "t-trivial", "ranks=2")].verdict.status == "pass"
+    assert by[(built.cell_id, "t-trivial", "ranks=1")].verdict.evidence["image"] == venv_image
+    assert by[(built.cell_id, "t-gpu", "ranks=1")].verdict.status == "skip"
+    assert {r.verdict.status for k, r in by.items() if k[0] == failed.cell_id} == {"not-run"}
+    assert by[(failed.cell_id, "t-trivial", "ranks=1")].verdict.note == "uv: no solution"
+    assert by[(failed.cell_id, "t-trivial", "ranks=1")].verdict.reason_code == "image-failed"
     un = by[(unavailable.cell_id, "t-trivial", "ranks=1")]
-    assert un["status"] == "unavailable" and un["note"] == unavailable.reason
-    names = {r["evidence"]["container"] for r in stored if "container" in r["evidence"]}
+    assert un.verdict.status == "unavailable" and un.verdict.note == unavailable.reason
+    names = {r.verdict.evidence["container"] for r in stored if "container" in r.verdict.evidence}
     assert len(names) == 2  # one container per variant that ran (t-gpu is decided without running)
     existing = {n.lstrip("/") for c in client().api.containers(all=True) for n in c["Names"]}  # no inspect race
     assert not names & existing

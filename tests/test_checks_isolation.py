@@ -12,6 +12,8 @@ import pytest
 from checks import classify, isolate, reasons
 from checks.executor import LocalExecutor
 from checks.probe import RESULT_MARKER, Variant
+from checks.result import Verdict
+from checks.status import Status
 from tests.checks_helpers import fixture_env
 
 CAT = reasons.default()
@@ -32,7 +34,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _py(code: str, timeout: float = 30) -> tuple[isolate.ProcessOutcome, dict]:
+def _py(code: str, timeout: float = 30) -> tuple[isolate.ProcessOutcome, Verdict]:
     p = isolate.run_isolated([sys.executable, "-c", code], dict(os.environ), timeout)
     return p, classify.from_process(p, CAT, timeout)
 
@@ -41,9 +43,9 @@ def test_orphan_grandchild_in_own_session_is_killed(tmp_path: Path, monkeypatch:
     pidfile = tmp_path / "pid"
     monkeypatch.setenv("STACKPROBE_TEST_PIDFILE", str(pidfile))
     result = LocalExecutor().run(Variant("t-orphan"), 0, 30, CAT)
-    assert result["status"] == "pass"
+    assert result.status == "pass"
     pid = int(pidfile.read_text())
-    assert result["evidence"]["leftover_processes_killed"] >= 1
+    assert result.evidence["leftover_processes_killed"] >= 1
     assert not _alive(pid)
 
 
@@ -56,15 +58,15 @@ def test_host_watchdog_kills_whole_group_as_hang() -> None:
     p = isolate.run_isolated(cmd, env, 4)
     result = classify.from_process(p, CAT, 4)
     assert time.monotonic() - t0 < 15
-    assert result["status"] == "hang" and result["reason_code"] == "hang"
-    assert "host watchdog" in result["note"]
-    assert result["remediation"]
+    assert result.status == "hang" and result.reason_code == "hang"
+    assert "host watchdog" in result.note
+    assert result.remediation
 
 
 def test_worker_level_hang_through_executor() -> None:
     result = LocalExecutor().run(Variant("t-hang", 2), 0, 2, CAT)
-    assert result["status"] == "hang"
-    assert "stack" in result["remediation"]
+    assert result.status == "hang"
+    assert "stack" in result.remediation
 
 
 def test_fork_storm_in_new_sessions_is_swept() -> None:
@@ -93,34 +95,34 @@ def test_fork_storm_in_new_sessions_is_swept() -> None:
 
 def test_segfault_of_the_worker_itself_is_crash_with_signal_name() -> None:
     _, result = _py("import ctypes; ctypes.string_at(0)")
-    assert result["status"] == "crash"
-    assert result["note"] == "worker killed by SIGSEGV"
-    assert result["reason_code"] == "signal"
+    assert result.status == "crash"
+    assert result.note == "worker killed by SIGSEGV"
+    assert result.reason_code == "signal"
 
 
 def test_sigkill_without_timeout_points_to_oom_killer() -> None:
     _, result = _py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
-    assert result["status"] == "crash" and result["reason_code"] == "killed"
-    assert "dmesg" in result["remediation"]
+    assert result.status == "crash" and result.reason_code == "killed"
+    assert "dmesg" in result.remediation
 
 
 def test_abort_with_cuda_message_is_classified() -> None:
     code = ("import os, sys; sys.stderr.write(\"terminate called after throwing an instance of 'c10::Error'\\n"
             "  what():  CUDA error: an illegal memory access was encountered\\n\"); sys.stderr.flush(); os.abort()")
     _, result = _py(code)
-    assert result["status"] == "crash"
-    assert result["reason_code"] == "cuda-illegal-access"
+    assert result.status == "crash"
+    assert result.reason_code == "cuda-illegal-access"
 
 
 def test_garbage_on_stdout_is_no_result() -> None:
     _, result = _py("print('hello, this is not a result'); print('@@ nope')")
-    assert result["status"] == "fail" and result["reason_code"] == "no-result"
-    assert "not a result" in result["evidence"]["stdout_tail"]
+    assert result.status == "fail" and result.reason_code == "no-result"
+    assert "not a result" in result.evidence["stdout_tail"]
 
 
 def test_broken_result_line_is_bad_result() -> None:
     _, result = _py(f"print({RESULT_MARKER!r} + '{{not json')")
-    assert result["status"] == "fail" and result["reason_code"] == "bad-result"
+    assert result.status == "fail" and result.reason_code == "bad-result"
 
 
 def test_nonzero_exit_is_classified_from_stderr() -> None:
@@ -129,15 +131,15 @@ def test_nonzero_exit_is_classified_from_stderr() -> None:
             " invalid usage of NCCL library.\\nLast error:\\nNo algorithm/protocol available for function AllGather"
             " with datatype ncclInt8. NCCL_ALGO was set to Tree.\\n'); sys.exit(3)")
     _, result = _py(code)
-    assert result["status"] == "fail" and result["reason_code"] == "nccl-algo-unavailable"
-    assert "allreduce:tree" in result["remediation"]
+    assert result.status == "fail" and result.reason_code == "nccl-algo-unavailable"
+    assert "allreduce:tree" in result.remediation
 
 
 def test_nonzero_exit_unknown_keeps_last_error_line() -> None:
     _, result = _py("import sys; sys.stderr.write('starting\\nValueError: the flux capacitor broke\\nbye\\n');"
                     " sys.exit(4)")
-    assert result["reason_code"] == "nonzero-exit"
-    assert result["note"] == "ValueError: the flux capacitor broke"
+    assert result.reason_code == "nonzero-exit"
+    assert result.note == "ValueError: the flux capacitor broke"
 
 
 def test_hundreds_of_megabytes_on_stdout_and_stderr_do_not_block() -> None:
@@ -145,31 +147,31 @@ def test_hundreds_of_megabytes_on_stdout_and_stderr_do_not_block() -> None:
             "    os.write(2, block)\n"
             f"os.write(1, ({RESULT_MARKER!r} + '{{\"status\": \"pass\"}}\\n').encode())\n")
     p, result = _py(code, timeout=60)
-    assert p.result == {"status": "pass"} and result["status"] == "pass"
+    assert p.result == {"status": "pass"} and result.status == "pass"
     assert len(p.stdout_tail) <= isolate.TAIL_BYTES and len(p.stderr_tail) <= isolate.TAIL_BYTES
 
 
 def test_noisy_probe_through_executor_passes() -> None:
     result = LocalExecutor().run(Variant("t-noisy", 2), 0, 60, CAT)
-    assert result["status"] == "pass"
+    assert result.status == "pass"
 
 
 def test_probe_failure_gets_catalogue_reason_through_executor() -> None:
     result = LocalExecutor().run(Variant("t-raise"), 0, 30, CAT)
-    assert result["status"] == "fail" and result["reason_code"] == "fi-arch-gate"
-    assert "0.6.17" in result["remediation"]
-    assert result["evidence"]["reason"].startswith("flashinfer")
+    assert result.status == "fail" and result.reason_code == "fi-arch-gate"
+    assert "0.6.17" in result.remediation
+    assert result.evidence["reason"].startswith("flashinfer")
 
 
 def test_rank_crash_through_executor_is_signal_not_peer_died() -> None:
     result = LocalExecutor().run(Variant("t-peer-crash", 2), 0, 60, CAT)
-    assert result["status"] == "crash" and result["reason_code"] == "signal"
+    assert result.status == "crash" and result.reason_code == "signal"
 
 
 def test_probe_reason_code_is_kept_and_filled() -> None:
-    r = classify.annotate({"status": "skip", "note": "", "reason_code": "too-few-gpus"}, CAT)
-    assert r["reason_code"] == "too-few-gpus" and r["remediation"] == "run on a host with more GPUs"
-    r = classify.annotate({"status": "fail", "note": "No algorithm/protocol available", "reason_code": "mine"}, CAT)
-    assert r["reason_code"] == "mine" and r["remediation"] == ""
-    r = classify.annotate({"status": "pass", "note": "", "reason_code": ""}, CAT)
-    assert r["reason_code"] == ""
+    r = classify.annotate(Verdict(Status.SKIP, "too-few-gpus"), CAT)
+    assert r.reason_code == "too-few-gpus" and r.remediation == "run on a host with more GPUs"
+    r = classify.annotate(Verdict(Status.FAIL, "mine", "No algorithm/protocol available"), CAT)
+    assert r.reason_code == "mine" and r.remediation == ""
+    r = classify.annotate(Verdict(Status.PASS), CAT)
+    assert r.reason_code == ""

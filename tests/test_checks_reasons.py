@@ -8,6 +8,8 @@ import pytest
 
 from checks import reasons
 from checks.classify import annotate
+from checks.result import Verdict
+from checks.status import Status
 
 CAT = reasons.default()
 
@@ -58,11 +60,11 @@ def test_recorded_signature(text: str, code: str) -> None:
 
 
 def test_unknown_failure_gets_generic_code_and_last_error_line() -> None:
-    r = annotate({"status": "fail", "note": "", "reason_code": "",
-                  "evidence": {"traceback": "Traceback ...\n  File x\nZeroDivisionError: boom\n\n"}}, CAT)
-    assert r["reason_code"] == reasons.GENERIC
-    assert r["note"] == "ZeroDivisionError: boom"
-    assert r["remediation"].startswith("read the log tail")
+    r = annotate(Verdict(Status.FAIL, evidence={"traceback": "Traceback ...\n  File x\nZeroDivisionError: boom\n\n"}),
+                 CAT)
+    assert r.reason_code == reasons.GENERIC
+    assert r.note == "ZeroDivisionError: boom"
+    assert r.remediation.startswith("read the log tail")
 
 
 def test_every_code_has_message_and_remediation_and_unique_code() -> None:

@@ -12,15 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from checks.probe import SCHEMA
+from checks.provenance import Provenance
+from checks.result import SCHEMA_V1, ProbeResult, Verdict
+from checks.status import Status
 from checks.store import RunLock, RunStore, StoreBusy, latest_run, new_run_id, read_file
 from tests.checks_helpers import ROOT
 
+CODE = Provenance("0.1.0", "9d3983a5" * 5, False, "0123456789abcdef")
 
-def _result(i: int, run_id: str = "r1", pad: int = 0) -> dict:
-    return {"schema": SCHEMA, "run_id": run_id, "host_id": "h", "cell_id": "c", "probe_id": "p",
-            "variant": f"ranks=1,i={i}", "status": "pass", "reason_code": "", "note": "x" * pad, "remediation": "",
-            "metrics": {}, "evidence": {}, "started_at": "2026-11-29T00:00:00Z", "duration_s": 0.1}
+
+def _result(i: int, run_id: str = "r1", pad: int = 0) -> ProbeResult:
+    return ProbeResult(run_id, "h", "c", "p", f"ranks=1,i={i}", Verdict(Status.PASS, note="x" * pad, duration_s=0.1),
+                       "2026-11-29T00:00:00Z", CODE)
 
 
 WRITER = """
@@ -46,7 +49,7 @@ def test_append_and_read_back(tmp_path: Path) -> None:
     for i in range(3):
         store.append(_result(i))
     results, warnings = read_file(store.results_path)
-    assert [r["variant"] for r in results] == [f"ranks=1,i={i}" for i in range(3)]
+    assert [r.variant for r in results] == [f"ranks=1,i={i}" for i in range(3)]
     assert warnings == []
     assert store.recorded() == {("c", "p", f"ranks=1,i={i}") for i in range(3)}
 
@@ -61,7 +64,7 @@ def test_kill_9_mid_run_leaves_only_whole_lines(tmp_path: Path) -> None:
     results, warnings = read_file(path)
     assert len(results) > 5 and warnings == []
     assert path.read_bytes().endswith(b"\n")
-    assert [r["variant"] for r in results] == [f"ranks=1,i={i}" for i in range(len(results))]
+    assert [r.variant for r in results] == [f"ranks=1,i={i}" for i in range(len(results))]
 
 
 def test_torn_last_line_is_cut_before_the_next_append(tmp_path: Path) -> None:
@@ -73,7 +76,7 @@ def test_torn_last_line_is_cut_before_the_next_append(tmp_path: Path) -> None:
     assert any(":2: unterminated" in w for w in warnings)
     store.append(_result(1))
     results, warnings = read_file(store.results_path)
-    assert [r["variant"] for r in results] == ["ranks=1,i=0", "ranks=1,i=1"] and warnings == []
+    assert [r.variant for r in results] == ["ranks=1,i=0", "ranks=1,i=1"] and warnings == []
 
 
 def test_concurrent_writers_never_interleave(tmp_path: Path) -> None:
@@ -90,13 +93,30 @@ def test_corrupt_lines_are_reported_with_file_and_line(tmp_path: Path) -> None:
     with open(store.results_path, "a") as f:
         f.write("garbage\n")
         f.write(json.dumps({"schema": "other/9"}) + "\n")
-        f.write(json.dumps({**_result(9), "status": "great"}) + "\n")
+        f.write(json.dumps({**_result(9).to_json(), "status": "great"}) + "\n")
     store.append(_result(1))
     results, warnings = read_file(store.results_path)
     assert len(results) == 2
     assert f"{store.results_path}:4: unknown status 'great'" in warnings[2]
     assert f"{store.results_path}:2: not valid JSON" in warnings[0]
     assert f"{store.results_path}:3: missing field(s)" in warnings[1]
+
+
+def test_results_record_their_code_and_old_lines_still_read(tmp_path: Path) -> None:
+    store = RunStore(tmp_path, "h", "r1")
+    store.append(_result(0))
+    line = json.loads(store.results_path.read_text())
+    assert line["schema"] == "stackprobe.result/2"
+    assert line["code"] == {"version": "0.1.0", "commit": "9d3983a5" * 5, "dirty": False,
+                            "probe_hash": "0123456789abcdef"}
+    old = {k: v for k, v in line.items() if k != "code"} | {"schema": SCHEMA_V1, "variant": "ranks=1,i=1"}
+    unnamed = {k: v for k, v in line.items() if k != "code"} | {"variant": "ranks=1,i=2"}
+    with open(store.results_path, "a") as f:
+        f.write(json.dumps(old) + "\n" + json.dumps(unnamed) + "\n")
+    results, warnings = read_file(store.results_path)
+    assert [(r.variant, r.code) for r in results] == [("ranks=1,i=0", CODE), ("ranks=1,i=1", None)]
+    assert results[0] == _result(0)  # what was written reads back as the same value
+    assert len(warnings) == 1 and ":3: schema stackprobe.result/2 needs code" in warnings[0]
 
 
 def test_run_lock_is_exclusive(tmp_path: Path) -> None:

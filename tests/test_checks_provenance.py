@@ -1,0 +1,94 @@
+"""Which code made a result: probe source hashes through real imports, and git state of real checkouts."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+from checks import provenance
+from checks.provenance import Provenance, checkout, helper_imports, probe_hash, probe_sources
+from tests.checks_helpers import ROOT
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_helper_imports_reads_every_import_form() -> None:
+    src = ("import os\nimport checks.probes._a\nfrom checks.probes import _b, inventory\n"
+           "from checks.probes._c import thing\nfrom checks.probe import outcome\nfrom . import _d\n"
+           "def run():\n    from checks.probes import _e as e\n")
+    assert helper_imports(src) == {"_a", "_b", "_c", "_e"}  # a relative import outside checks/probes names no helper
+    assert helper_imports(src, in_helpers=True) == {"_a", "_b", "_c", "_d", "_e"}
+
+
+def _helpers(tmp: Path) -> tuple[Path, Path]:
+    helpers = tmp / "checks" / "probes"
+    helpers.mkdir(parents=True)
+    (helpers / "_a.py").write_text("from . import _b\n")
+    (helpers / "_b.py").write_text("from checks.probes._c import x\n")
+    (helpers / "_c.py").write_text("x = 1\n")
+    (helpers / "_unused.py").write_text("y = 2\n")
+    probe = helpers / "myprobe.py"
+    probe.write_text("from checks.probes import _a\n")
+    return helpers, probe
+
+
+def test_probe_hash_follows_helpers_transitively(tmp_path: Path) -> None:
+    helpers, probe = _helpers(tmp_path)
+    assert [p.name for p in probe_sources(probe, helpers)] == ["myprobe.py", "_a.py", "_b.py", "_c.py"]
+    before = probe_hash(probe, helpers)
+    (helpers / "_unused.py").write_text("y = 3\n")
+    assert probe_hash(probe, helpers) == before  # a helper the probe does not import changes nothing
+    (helpers / "_c.py").write_text("x = 2\n")
+    changed = probe_hash(probe, helpers)
+    assert changed != before  # two imports away
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(tmp_path / "checks", moved / "checks")
+    assert probe_hash(moved / "checks" / "probes" / "myprobe.py", moved / "checks" / "probes") == changed
+
+
+def test_real_probe_hash_covers_the_helpers_it_imports() -> None:
+    fi_jit = ROOT / "checks" / "probes" / "fi_jit.py"
+    names = {p.name for p in probe_sources(fi_jit)}
+    imported = helper_imports(fi_jit.read_text())
+    assert imported and {f"{n}.py" for n in imported} <= names
+    assert len(probe_hash(fi_jit)) == provenance.HASH_CHARS
+
+
+def test_checkout_of_this_repository() -> None:
+    c = checkout(ROOT)
+    assert c.commit == _git(ROOT, "rev-parse", "HEAD").strip()
+    assert isinstance(c.dirty, bool)
+    assert c.version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def test_checkout_dirty_flag_and_no_checkout(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "checks").mkdir(parents=True)
+    (repo / "checks" / "probe.py").write_text("a = 1\n")
+    (repo / "README.md").write_text("x\n")
+    _git(tmp_path, "init", "-q", str(repo))
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    assert checkout(repo).dirty is False and len(checkout(repo).commit) == 40
+    (repo / "README.md").write_text("y\n")
+    assert checkout(repo).dirty is False  # only the checks/ tree makes verdicts
+    (repo / "checks" / "new_probe.py").write_text("b = 2\n")
+    assert checkout(repo).dirty is True  # an untracked probe counts
+    (repo / "checks" / "new_probe.py").unlink()
+    (repo / "checks" / "probe.py").write_text("a = 2\n")
+    assert checkout(repo).dirty is True
+    assert checkout(repo / "checks").commit == "unknown"  # inside a checkout, not its top: not this code's commit
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert (checkout(plain).commit, checkout(plain).dirty) == ("unknown", None)
+
+
+def test_provenance_json_round_trip() -> None:
+    p = Provenance("0.1.0", "abc", None, "0123456789abcdef")
+    assert Provenance.from_json(p.to_json()) == p
+    assert Provenance.from_json({"version": "0.1.0", "commit": "abc", "dirty": "yes", "probe_hash": "x"}) is None
+    assert Provenance.from_json(None) is None
