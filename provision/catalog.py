@@ -57,6 +57,7 @@ class Preset:
     torch: str
     sgl_kernel: str
     flashinfer: str
+    version: str = ""  # the SGLang release
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Catalog:
     torch_stable_index: str
     torch_nightly_index: str
     torch_index_source: str
-    torch_latest_stable: str
+    torch_latest_stable: str  # the newest torch release (newest.releases.torch)
     nightly_variants: tuple[str, ...]
     nightly_series: str
     nightly_source: str
@@ -80,6 +81,8 @@ class Catalog:
     jit_cache: tuple[JitCacheRange, ...]
     presets: dict[str, Preset]
     presets_source: str
+    newest: dict[str, str]  # package -> newest release when the catalog was last checked
+    newest_source: str
 
     def cuda_by_variant(self, variant: str) -> CudaFact | None:
         return next((c for c in self.cuda.values() if c.variant == variant), None)
@@ -95,7 +98,7 @@ def parse(raw: dict) -> Catalog:
         torch_stable_index=t["stable_index"],
         torch_nightly_index=t["nightly_index"],
         torch_index_source=t["index_source"],
-        torch_latest_stable=t["latest_stable"],
+        torch_latest_stable=raw["newest"]["releases"]["torch"],
         nightly_variants=tuple(t["nightly"]["variants"]),
         nightly_series=t["nightly"]["series"],
         nightly_source=t["nightly"]["source"],
@@ -112,10 +115,12 @@ def parse(raw: dict) -> Catalog:
         jit_cache_index=f["jit_cache_index"],
         jit_cache=tuple(JitCacheRange(Version(r["until"]), tuple(r["variants"]), r["source"]) for r in f["jit_cache"]),
         presets={
-            f"sglang-{v}": Preset(f"sglang-{v}", d["torch"], d["sgl_kernel"], d["flashinfer"])
+            f"sglang-{v}": Preset(f"sglang-{v}", d["torch"], d["sgl_kernel"], d["flashinfer"], v)
             for v, d in s["releases"].items()
         },
         presets_source=s["source"],
+        newest=dict(raw["newest"]["releases"]),
+        newest_source=raw["newest"]["source"],
     )
 
 

@@ -1,4 +1,7 @@
-"""`provision` command line: plan, lock, build, base. Exit 0 ok, 1 a cell failed, 2 bad input, 130 Ctrl-C."""
+"""`provision` command line: plan, lock, build, base, catalog check.
+
+Exit 0 ok, 1 a cell failed (catalog check: a fact drifted), 2 bad input or unreachable index, 130 Ctrl-C.
+"""
 
 from __future__ import annotations
 
@@ -43,6 +46,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("base", help="make the registry-free base images (debootstrap + docker import)")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("catalog", help="the catalog of publication facts")
+    csub = p.add_subparsers(dest="catalog_cmd", required=True)
+    p = csub.add_parser("check", help="re-read from the package index every catalog fact it can confirm; "
+                                      "exit 1 when one drifted")
+    p.add_argument("--json", action="store_true", help="one JSON object: index, checked, drift, unchecked")
+    p.add_argument("--catalog", default=None, help="catalog file (default: provision/catalog.yaml)")
+    p.add_argument("--index", default=None, help="simple-API index URL (default: the one uv is configured with)")
     return ap
 
 
@@ -97,10 +107,30 @@ def cmd_base(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_catalog(args: argparse.Namespace) -> int:
+    import yaml
+
+    from provision import catalogcheck, registry
+    from provision.catalog import CATALOG_PATH, load
+
+    path = Path(args.catalog) if args.catalog else CATALOG_PATH
+    try:
+        catalog = load(path)
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
+        raise InputError(f"cannot read the catalog: {type(e).__name__}: {e}", file=str(path)) from None
+    outcome = catalogcheck.compare(catalog, registry.read(catalogcheck.wants(catalog), args.index))
+    if args.json:
+        print(json.dumps(catalogcheck.outcome_json(outcome), indent=1))
+    else:
+        print("\n".join(catalogcheck.outcome_lines(outcome)))
+    return 1 if outcome.drift else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        handler = {"plan": cmd_plan, "lock": cmd_lock, "build": cmd_build, "base": cmd_base}[args.cmd]
+        handler = {"plan": cmd_plan, "lock": cmd_lock, "build": cmd_build, "base": cmd_base,
+                   "catalog": cmd_catalog}[args.cmd]
         code = handler(args)
     except InputError as e:
         print(f"provision: {e.one_line()}", file=sys.stderr)

@@ -1,0 +1,62 @@
+"""`provision catalog check` against the real package index configured here (uv's default index).
+
+A small catalog: two SGLang releases, two sgl-kernel releases (a CUDA 13 one with a torch pin in its wheel, a
+CUDA 12.9 one without), two torch releases and one newest-release fact, with four facts deliberately wrong. The
+check must report exactly those four, with the index's values, and leave the true ones alone. Released
+wheels do not change, so the values asserted here stay true; only the newest release moves, and is asserted
+as a lower bound. Skips only when the index cannot be reached (exit 2 saying so).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.version import Version
+
+from provision.catalog import CATALOG_PATH
+from provision.cli import main
+
+
+def _subset(tmp_path: Path) -> Path:
+    raw = yaml.safe_load(CATALOG_PATH.read_text())
+    sglang, kernels, torch = raw["sglang"]["releases"], raw["sgl_kernel"]["releases"], raw["torch"]["releases"]
+    raw["sglang"]["releases"] = {"0.5.23": sglang["0.5.23"], "0.5.21": {**sglang["0.5.21"], "flashinfer": "0.6.17"}}
+    raw["sgl_kernel"]["releases"] = {"0.4.10": kernels["0.4.10"],
+                                     "0.4.1": {**kernels["0.4.1"], "registry_cuda": "13.0"}}
+    raw["torch"]["releases"] = {"2.14.1": torch["2.14.1"], "2.15.0": {**torch["2.15.0"], "registry": "cu130"}}
+    raw["newest"]["releases"] = {"torch": "2.0.0"}
+    path = tmp_path / "subset.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_catalog_check_on_the_real_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as e:
+        main(["catalog", "check", "--json", "--catalog", str(_subset(tmp_path))])
+    out, err = capsys.readouterr()
+    if e.value.code == 2 and "index unreachable" in err:
+        pytest.skip(err.strip())
+    assert e.value.code == 1, err
+    report = json.loads(out)
+    got = {d["key"]: (d["recorded"], d["registry"]) for d in report["drift"]}
+    newest = got.pop("newest.torch")
+    assert newest[0] == "2.0.0" and Version(newest[1]) >= Version("2.15.0")
+    assert got == {
+        "sglang.releases[0.5.21].flashinfer": ("0.6.17", "0.6.18"),
+        "sgl_kernel.releases[0.4.1].registry_cuda": ("13.0", "12.9"),
+        "torch.releases[2.15.0].registry": ("cu130", "cu132"),
+    }
+    evidence = {d["key"]: d["evidence"] for d in report["drift"]}
+    assert evidence["torch.releases[2.15.0].registry"].endswith("manylinux_2_28_x86_64.whl torch/version.py")
+    assert "METADATA Requires-Dist" in evidence["sglang.releases[0.5.21].flashinfer"]
+    assert "libcudart.so.12" in evidence["sgl_kernel.releases[0.4.1].registry_cuda"]
+    # 1 newest + 2x3 pins + 2 kernel CUDA + 1 kernel torch (0.4.10's wheel pins torch 2.14.1) + 2 torch builds.
+    assert report["checked"] == 12
+    assert report["unchecked"] == ["sgl_kernel.releases[0.4.1].torch: the wheel declares no torch and no "
+                                   "catalogued SGLang release pins sglang-kernel 0.4.1"]
+    assert time.monotonic() - started < 60  # budget ~30 s; reads only byte ranges of the wheels
