@@ -16,6 +16,8 @@ from typing import Any
 
 import jinja2
 
+from checks.freshness import Refresh, refresh_list, staleness
+from checks.provenance import current_probe_hashes
 from checks.result import ProbeResult
 from checks.status import ORDER, Status
 from checks.store import iter_runs, read_file, read_manifest
@@ -25,6 +27,7 @@ MARK = {"pass": "✅", "partial": "🟡", "fail": "❌", "crash": "💥", "hang"
         "unavailable": "🚫"}
 VERSION_COLUMNS = (("cuda", "CUDA"), ("torch", "torch"), ("sgl_kernel", "sgl-kernel"), ("flashinfer", "flashinfer"))
 NOTE_LIMIT = 300
+STALE_MARK = "↻"  # the verdict was made by other probe code than this checkout's
 
 
 @dataclass
@@ -45,6 +48,8 @@ class TableCell:
     notes: list[int]
     headline: str
     title: str  # a plain-text summary for HTML tooltips
+    stale: bool = False  # a verdict here was made by other probe code than this checkout's (STALE_MARK)
+    cached: str = ""  # e.g. "cached" or "1 of 2 cached": results reused a compile instead of compiling
 
 
 @dataclass
@@ -56,6 +61,7 @@ class HostSection:
     rows: list[dict[str, Any]]  # cell_id, versions, cells (probe id -> TableCell or None)
     footnotes: list[Footnote]
     warnings: list[str]
+    refresh: list[Refresh] = field(default_factory=list)  # how to rerun the stale verdicts
 
 
 def _clean(text: Any, limit: int = NOTE_LIMIT) -> str:
@@ -161,8 +167,15 @@ def _versions(cell_id: str, manifests: list[dict[str, Any]], results: list[Probe
             "sgl_kernel": str(env.get("sgl_kernel", "")), "flashinfer": str(env.get("flashinfer", ""))}
 
 
+def cached_label(results: list[ProbeResult]) -> str:
+    """Whether the probe reused built objects instead of building them (``metrics["cached"]``)."""
+    n = sum(1 for r in results if r.verdict.metrics.get("cached") is True)
+    return "" if not n else "cached" if n == len(results) else f"{n} of {len(results)} cached"
+
+
 def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_info: dict[str, dict[str, str]],
-               catalogue_messages: dict[str, str]) -> HostSection:
+               catalogue_messages: dict[str, str], current: Mapping[str, str]) -> HostSection:
+    """One host's section. ``current``: probe id -> hash of that probe's source in this checkout."""
     all_results: list[ProbeResult] = []
     warnings: list[str] = []
     manifests: list[dict[str, Any]] = []
@@ -180,6 +193,8 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             date = min(r.started_at for r in res)[:10]
             run_rows.append({"run_id": run_id, "date": date, "path": os.path.relpath(path, out_dir)})
     results = latest_results(all_results)
+    stale = {r.key: why for r in results if (why := staleness(r, current))}
+    local_runs = frozenset(str(m.get("run_id")) for m in manifests if m.get("executor") == "local")
     probe_info = dict(probe_info)
     for m in manifests:  # what each run recorded about its probes; newer runs win
         for pid, info in (m.get("probes") or {}).items() if isinstance(m.get("probes"), dict) else []:
@@ -222,18 +237,28 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             heads = [(r.variant, h) for r in rs
                      if r.verdict.status is Status.PASS and (h := headline(r.verdict.metrics))]
             title = ", ".join(f"{n} {s}" for s, n in ordered)
-            cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title)
+            is_stale = any(r.key in stale for r in rs)
+            if is_stale:
+                title += "; made by other probe code than this checkout's"
+            cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title,
+                                   is_stale, cached_label(rs))
         rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
-    return HostSection(host_id, facts, run_rows, probes, rows, footnotes, warnings)
+    refresh = refresh_list([(r, stale[r.key]) for r in results if r.key in stale], local_runs)
+    return HostSection(host_id, facts, run_rows, probes, rows, footnotes, warnings, refresh)
 
 
 def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str, str]] | None = None,
-                catalogue_messages: dict[str, str] | None = None) -> tuple[list[HostSection], list[str]]:
+                catalogue_messages: dict[str, str] | None = None,
+                current: Mapping[str, str] | None = None) -> tuple[list[HostSection], list[str]]:
+    """Every host's section. ``current``: probe id -> source hash now (default: this checkout's probes);
+    verdicts made by other hashes, or recording none, are marked stale."""
+    if current is None:
+        current = current_probe_hashes()
     per_host: dict[str, list[tuple[str, Path]]] = defaultdict(list)
     for host, run_id, path in iter_runs(results_dir):
         per_host[host].append((run_id, path))
-    sections = [build_host(h, runs, out_dir, probe_info or {}, catalogue_messages or {})
+    sections = [build_host(h, runs, out_dir, probe_info or {}, catalogue_messages or {}, current)
                 for h, runs in sorted(per_host.items())]
     warnings = [w for s in sections for w in s.warnings]
     return [s for s in sections if s.rows], warnings
@@ -256,6 +281,7 @@ def environment() -> jinja2.Environment:
     env.filters["md"] = _md_escape
     env.globals["MARK"] = MARK
     env.globals["VERSION_COLUMNS"] = VERSION_COLUMNS
+    env.globals["STALE_MARK"] = STALE_MARK
     return env
 
 
@@ -264,8 +290,10 @@ def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
     if kind == "html":
         env.autoescape = True
     sm12 = any(str(s.facts.get("compute_capability") or "").startswith("12.") for s in sections)
+    cells = [c for s in sections for row in s.rows for c in row["cells"].values() if c]
     return env.get_template(f"compatibility.{kind}.j2").render(
-        sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel)
+        sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel,
+        any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells))
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -275,12 +303,15 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None) -> int:
+def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
+             current: Mapping[str, str] | None = None) -> int:
+    """Write (or with ``check``, compare) the Markdown and HTML table. ``current``: probe id -> source hash
+    that verdicts must have been made by (default: this checkout's probes)."""
     if not results_dir.is_dir():
         print(f"checks report: no results directory {results_dir} (run `checks run` first)", file=sys.stderr)
         return 2
     html = html or out.with_suffix(".html")
-    sections, warnings = build_model(results_dir, out.parent, {}, _catalogue_messages())
+    sections, warnings = build_model(results_dir, out.parent, {}, _catalogue_messages(), current)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if not sections:

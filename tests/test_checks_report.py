@@ -16,6 +16,10 @@ from tests.checks_helpers import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "checks"
 UPDATE = os.environ.get("STACKPROBE_UPDATE_GOLDEN") == "1"
+# The probe sources "now" for the goldens: fi-fusion and nccl-graphs as the recorded runs had them, fi-jit
+# changed since (see make_recorded.HASHES); the first H200 run recorded no code at all.
+CURRENT = {"ar-latency": "1b2c3d4e5f607182", "fi-fusion": "5d1e0c4b7a2f9e31", "fi-jit": "e2f81c0a5b9d7364",
+           "inventory": "9a8b7c6d5e4f3021", "nccl-graphs": "c47b1e0d9a3f6e25", "symm-mem": "6e5d4c3b2a190817"}
 
 
 def _layout(tmp: Path) -> tuple[Path, Path]:
@@ -26,7 +30,7 @@ def _layout(tmp: Path) -> tuple[Path, Path]:
 
 def test_report_matches_golden(tmp_path: Path) -> None:
     results, out = _layout(tmp_path)
-    assert generate(results, out, None, check=False) == 0
+    assert generate(results, out, None, check=False, current=CURRENT) == 0
     for name in ("compatibility.md", "compatibility.html"):
         got = (out.parent / name).read_text()
         if UPDATE:
@@ -36,7 +40,7 @@ def test_report_matches_golden(tmp_path: Path) -> None:
 
 def test_report_content_says_what_matters(tmp_path: Path) -> None:
     results, out = _layout(tmp_path)
-    generate(results, out, None, check=False)
+    generate(results, out, None, check=False, current=CURRENT)
     md = out.read_text()
     assert "No Blackwell (SM12x) GPU has been measured" in md
     assert "## NVIDIA H200 ×1 — host `h200x1-3f9a2c1d`" in md
@@ -48,6 +52,57 @@ def test_report_content_says_what_matters(tmp_path: Path) -> None:
     assert "🚫" in md and "torch nightly has no cu128 builds" in md
     html = out.with_suffix(".html").read_text()
     assert '<td class="fail"' in html and "<style>" in html and "http" not in html  # self-contained
+
+
+def _row(md: str, cell: str) -> list[str]:
+    return next(ln for ln in md.splitlines() if ln.startswith(f"| `{cell}` |")).split(" | ")
+
+
+def test_report_marks_stale_verdicts_and_says_how_to_refresh(tmp_path: Path) -> None:
+    results, out = _layout(tmp_path)
+    generate(results, out, None, check=False, current=CURRENT)
+    md = out.read_text()
+    h200, cpu = md.split("## NVIDIA H200")[1], md.split("## No GPU")[1].split("## NVIDIA H200")[0]
+    # H200: the first run recorded no code; fi-fusion was re-measured by today's probe source.
+    assert "| flashinfer | ar-latency | fi-fusion | inventory | nccl-graphs | symm-mem |" in h200
+    local = _row(h200, "local-cu130-torch2.11.0-sglnone-fi0.6.18")
+    assert [("↻" in c) for c in local[5:10]] == [True, False, True, True, True]
+    assert ("- ar-latency, inventory, nccl-graphs, symm-mem (6 variants, in the environment of "
+            "`local-cu130-torch2.11.0-sglnone-fi0.6.18`; recorded before results named the code that made them): "
+            "`checks run --local --probe ar-latency --probe inventory --probe nccl-graphs --probe symm-mem`") in h200
+    # No GPU: fi-jit's source changed since the run; nccl-graphs did not; a cell that could not be provisioned
+    # or built is not a verdict of the probe and needs no rerun of it.
+    a, b = "cu130-torch2.11.0-sgl0.4.2-fi0.6.16", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17"
+    assert "↻" in _row(cpu, a)[5] and "↻" not in _row(cpu, a)[6]
+    assert "↻" in _row(cpu, b)[5]
+    assert not any("↻" in c for c in _row(cpu, "cu128-torch2.9.1-sgl0.4.1-fi0.6.17")[5:])  # not-run, crash
+    assert not any("↻" in c for c in _row(cpu, "cu128-torchnightly-sgl0.4.1-fi0.6.16")[5:])  # unavailable
+    assert (f"- fi-jit (4 variants on 2 cells; the probe's source changed since): "
+            f"`checks run --only {a} --only {b} --probe fi-jit`") in cpu
+    assert "↻: made by other\nprobe code than this checkout's" in md
+    html = out.with_suffix(".html").read_text()
+    assert f"<code>checks run --only {a} --only {b} --probe fi-jit</code>" in html
+    # The same results against the fi-jit source they were made by: nothing on that host is stale.
+    generate(results, out, None, check=False, current={**CURRENT, "fi-jit": "0a6c3e9f2b7d4e18"})
+    cpu = out.read_text().split("## No GPU")[1].split("## NVIDIA H200")[0]
+    assert "↻" not in cpu and "checks run" not in cpu
+
+
+def test_refresh_command_names_exactly_what_to_rerun() -> None:
+    from checks.freshness import command
+
+    assert command(("fi-jit",), ("c1", "c2"), local=False) == "checks run --only c1 --only c2 --probe fi-jit"
+    assert command(("a", "b"), ("local-x",), local=True) == "checks run --local --probe a --probe b"
+
+
+def test_cached_builds_are_shown_as_cached(tmp_path: Path) -> None:
+    results, out = _layout(tmp_path)
+    generate(results, out, None, check=False, current=CURRENT)
+    md = out.read_text()
+    assert "✅1 ❌1 ↻ *(1 of 2 cached)*" in _row(md, "cu130-torch2.11.0-sgl0.4.2-fi0.6.16")[5]
+    assert "cached" not in _row(md, "cu130-torch2.11.0-sgl0.4.2-fi0.6.17")[5]
+    assert "*cached*:\nthe probe reused objects" in md
+    assert "<i>(1 of 2 cached)</i>" in out.with_suffix(".html").read_text()
 
 
 def test_same_results_same_bytes_whatever_the_file_order(tmp_path: Path) -> None:

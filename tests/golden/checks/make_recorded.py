@@ -1,7 +1,9 @@
 """Writes the recorded results the report goldens are made from (run once; the output is committed).
 
-The values are transcribed from real runs and real failure signatures (research/probes.md §2-8): an H200
-with torch 2.11.0+cu130 / NCCL 2.28.9, and the no-GPU development box cross-compiling for sm_120."""
+The values are transcribed from real runs and the real failure signatures they printed: an H200 with
+torch 2.11.0+cu130 / NCCL 2.28.9, and the no-GPU development box cross-compiling for sm_120. The first
+H200 run predates results naming their code (schema 1); the later runs record it (schema 2), with the
+probe hashes in HASHES, which the golden test compares against its own "current" hashes."""
 
 from __future__ import annotations
 
@@ -9,14 +11,19 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "results"
-SCHEMA = "stackprobe.result/1"
+COMMIT = "9d3983a5" * 5
+HASHES = {"fi-fusion": "5d1e0c4b7a2f9e31", "fi-jit": "0a6c3e9f2b7d4e18", "nccl-graphs": "c47b1e0d9a3f6e25"}
 
 
 def res(run, host, cell, probe, variant, status, code="", note="", rem="", metrics=None, t="2026-11-29T10:00:00Z",
         d=1.0):
-    return {"schema": SCHEMA, "run_id": run, "host_id": host, "cell_id": cell, "probe_id": probe, "variant": variant,
-            "status": status, "reason_code": code, "note": note, "remediation": rem, "metrics": metrics or {},
-            "evidence": {"env": {"python": "3.12.3"}}, "started_at": t, "duration_s": d}
+    out = {"schema": "stackprobe.result/1", "run_id": run, "host_id": host, "cell_id": cell, "probe_id": probe,
+           "variant": variant, "status": status, "reason_code": code, "note": note, "remediation": rem,
+           "metrics": metrics or {}, "evidence": {"env": {"python": "3.12.3"}}, "started_at": t, "duration_s": d}
+    if run != r1:
+        out["schema"] = "stackprobe.result/2"
+        out["code"] = {"version": "0.1.0", "commit": COMMIT, "dirty": False, "probe_hash": HASHES[probe]}
+    return out
 
 
 PROBES = {
@@ -35,13 +42,17 @@ PROBES = {
 }
 
 
-def write(host, run, facts, cells, results):
+def write(host, run, facts, cells, results, executor):
     d = HERE / host
     d.mkdir(parents=True, exist_ok=True)
     (d / f"{run}.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in results))
     probes = {p: PROBES[p] for p in sorted({r["probe_id"] for r in results})}
     manifest = {"schema": "stackprobe.manifest/1", "run_id": run, "host_id": host, "facts": facts, "cells": cells,
-                "probes": probes}
+                "probes": probes, "executor": executor}
+    if run != r1:
+        manifest["schema"] = "stackprobe.manifest/2"
+        manifest["code"] = {"version": "0.1.0", "commit": COMMIT, "dirty": False,
+                            "probe_hashes": {p: HASHES[p] for p in probes}}
     (d / f"{run}.manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
@@ -102,7 +113,8 @@ UNAV = ("torch nightly has no cu128 builds (nightly variants: cu126, cu130, cu13
         "nightly", "see the reason; pick versions that upstream publishes together")
 results_c = [
     res(r3, C, A, "fi-jit", "ranks=1,module=trtllm_comm,arch=12.0f", "fail", "fi-arch-gate", *GATE, d=3.1),
-    res(r3, C, A, "fi-jit", "ranks=1,module=vllm_comm,arch=12.0f", "pass", metrics={"compile_s": 151.0}, d=152.0),
+    res(r3, C, A, "fi-jit", "ranks=1,module=vllm_comm,arch=12.0f", "pass", metrics={"cached": True, "link_s": 1.2},
+        d=2.0),
     res(r3, C, B, "fi-jit", "ranks=1,module=trtllm_comm,arch=12.0f", "partial", "fi-link-no-libcuda", *LINK,
         metrics={"compile_s": 262.4}, d=263.0),
     res(r3, C, B, "fi-jit", "ranks=1,module=vllm_comm,arch=12.0f", "pass", metrics={"compile_s": 149.2}, d=150.0),
@@ -118,6 +130,6 @@ results_c = [
 ]
 
 if __name__ == "__main__":
-    write(H, r1, FACTS_H, CELLS_H, results_h)
-    write(H, r2, FACTS_H, CELLS_H, results_h2)
-    write(C, r3, FACTS_C, CELLS_C, results_c)
+    write(H, r1, FACTS_H, CELLS_H, results_h, "local")
+    write(H, r2, FACTS_H, CELLS_H, results_h2, "local")
+    write(C, r3, FACTS_C, CELLS_C, results_c, "docker")

@@ -1,0 +1,73 @@
+"""Whether a recorded verdict was made by the probe code of this checkout, and how to refresh it (pure).
+
+A verdict is *stale* when the hash of its probe's source recorded with it differs from the hash of the
+probe's source now (the probe or a helper it imports changed since), or when it records no code at all
+(results written before results named their code). Verdicts decided without running a probe (``not-run``:
+the image did not build; ``unavailable``: the cell cannot be provisioned) are never stale for this reason.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from checks.result import ProbeResult
+from checks.status import Status
+
+UNRECORDED = "unrecorded"
+CHANGED = "changed"
+NOT_BY_PROBE = frozenset({Status.NOT_RUN, Status.UNAVAILABLE})
+WHY = {
+    frozenset({UNRECORDED}): "recorded before results named the code that made them",
+    frozenset({CHANGED}): "the probe's source changed since",
+    frozenset({UNRECORDED, CHANGED}): "made by older or unrecorded probe code",
+}
+
+
+def staleness(result: ProbeResult, current: Mapping[str, str]) -> str:
+    """"" when ``result`` was made by the current source of its probe (``current``: probe id -> hash),
+    else UNRECORDED or CHANGED."""
+    if result.verdict.status in NOT_BY_PROBE:
+        return ""
+    if result.code is None:
+        return UNRECORDED
+    return "" if current.get(result.probe_id) == result.code.probe_hash else CHANGED
+
+
+@dataclass(frozen=True)
+class Refresh:
+    """Probes whose verdicts on some cells are stale, for the same reason, and the command that reruns them."""
+
+    probes: tuple[str, ...]
+    cells: tuple[str, ...]
+    variants: int
+    why: str
+    command: str
+    local: bool  # made with --local: the command reruns them in the environment the cell names
+
+
+def command(probes: tuple[str, ...], cells: tuple[str, ...], local: bool) -> str:
+    """`checks run` for exactly these probes on these cells (a local cell is the environment it ran in).
+    Probes are named one by one, never as --all, so the table does not change when a probe is added."""
+    picks = " ".join(f"--probe {p}" for p in probes)
+    if local:
+        return f"checks run --local {picks}"
+    return " ".join(["checks run", *(f"--only {c}" for c in cells), picks])
+
+
+def refresh_list(stale: list[tuple[ProbeResult, str]], local_runs: frozenset[str]) -> list[Refresh]:
+    """Group stale results (with their staleness) by executor, cells and reason, one command per group.
+    ``local_runs``: run ids made with ``--local`` (the others ran in cell images)."""
+    per_probe: dict[tuple[bool, str], list[tuple[ProbeResult, str]]] = defaultdict(list)
+    for r, why in stale:
+        per_probe[(r.run_id in local_runs, r.probe_id)].append((r, why))
+    groups: dict[tuple[bool, tuple[str, ...], str], list[tuple[str, int]]] = defaultdict(list)
+    for (local, pid), rs in sorted(per_probe.items()):
+        cells = tuple(sorted({r.cell_id for r, _ in rs}))
+        groups[(local, cells, WHY[frozenset(w for _, w in rs)])].append((pid, len(rs)))
+    out = []
+    for (local, cells, why), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[1][0][0])):
+        probes = tuple(p for p, _ in members)
+        out.append(Refresh(probes, cells, sum(n for _, n in members), why, command(probes, cells, local), local))
+    return out
