@@ -8,10 +8,11 @@ import os
 import signal
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from checks import hostfacts, provenance, reasons, registry
+from checks import hostfacts, manifest, provenance, reasons, registry
 from checks.executor import Executor, ExecutorError, LocalExecutor
 from checks.plan import (
     CellTarget,
@@ -25,11 +26,11 @@ from checks.plan import (
 )
 from checks.provenance import Provenance
 from checks.result import ProbeResult
+from checks.runner import RunReport, execute, now_iso
 from checks.status import ORDER, Status
-from checks.store import RunLock, RunStore, StoreBusy, latest_run, new_run_id
+from checks.store import RunLock, RunStore, StoreBusy, latest_run, new_run_id, read_manifest
 
 REPO = Path(__file__).resolve().parent.parent
-MANIFEST_SCHEMA = "stackprobe.manifest/2"  # 2: `code`, the checkout and probe hashes the run used
 STATUS_STYLE = {Status.PASS: "green", Status.PARTIAL: "yellow", Status.SKIP: "dim", Status.FAIL: "red",
                 Status.CRASH: "bold red", Status.HANG: "magenta", Status.NOT_RUN: "cyan", Status.UNAVAILABLE: "blue"}
 
@@ -122,7 +123,17 @@ def _select_probes(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _local_cells(args: argparse.Namespace) -> tuple[list[CellTarget], dict[str, Executor], dict[str, Any]]:
+@dataclass(frozen=True)
+class Targets:
+    """Where the selected cells run: the cells, an executor for each runnable one, and what one environment
+    reported about the GPUs (peer access, multicast), when one could be asked."""
+
+    cells: list[CellTarget]
+    executors: dict[str, Executor]
+    inspect: dict[str, Any] | None
+
+
+def local_targets(args: argparse.Namespace) -> Targets:
     ex = LocalExecutor(args.python)
     inspect = ex.inspect()
     versions = {k: str(v) for k, v in (inspect.get("versions") or {}).items() if isinstance(v, str | int | float)}
@@ -133,10 +144,10 @@ def _local_cells(args: argparse.Namespace) -> tuple[list[CellTarget], dict[str, 
     cells = select_cells(cells, args.only)
     if not cells:
         raise UsageError(f"checks run: the local environment ({cell.cell_id}) does not match --cuda/--only")
-    return cells, {cell.cell_id: ex}, inspect
+    return Targets(cells, {cell.cell_id: ex}, inspect)
 
 
-def _docker_cells(args: argparse.Namespace, gpus: int) -> tuple[list[CellTarget], dict[str, Executor], dict | None]:
+def docker_targets(args: argparse.Namespace, gpus: int) -> Targets:
     from provision.api import plan_cells
     from provision.errors import InputError
 
@@ -167,7 +178,22 @@ def _docker_cells(args: argparse.Namespace, gpus: int) -> tuple[list[CellTarget]
                 inspect = executors[runnable[0].cell_id].inspect()
             except ExecutorError as exc:  # one broken image must not stop the run; its variants say why
                 print(f"warning: peer access and multicast unknown: {exc}", file=sys.stderr)
-    return cells, executors, inspect
+    return Targets(cells, executors, inspect)
+
+
+def host_and_targets(args: argparse.Namespace) -> tuple[dict[str, Any], Targets, int]:
+    """The host facts, the targets, and the GPU count nvidia-smi reports (what the workers are told)."""
+    smi_facts = hostfacts.collect()
+    gpus = int(smi_facts["gpu_count"])
+    targets = local_targets(args) if args.local else docker_targets(args, gpus)
+    facts = hostfacts.collect(targets.inspect) if targets.inspect else smi_facts
+    return facts, targets, gpus
+
+
+def open_run(args: argparse.Namespace, host_id: str) -> RunStore:
+    """The store of a new run, or with --resume of the host's latest run."""
+    folder = args.results / host_id
+    return RunStore(args.results, host_id, (latest_run(folder) if args.resume else None) or new_run_id())
 
 
 def _print_plan(con: Any, facts: dict[str, Any], items: list[WorkItem], probes: dict[str, Any]) -> None:
@@ -202,53 +228,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     con = _console()
     probes = _select_probes(args)
     catalogue = reasons.default()
-    smi_facts = hostfacts.collect()
-    gpus = int(smi_facts["gpu_count"])
-    if args.local:
-        cells, executors, inspect = _local_cells(args)
-    else:
-        cells, executors, inspect = _docker_cells(args, gpus)
-    facts = hostfacts.collect(inspect) if inspect else smi_facts
-    items = plan_work(cells, probes, hostfacts.host_view(facts, archs), args.timeout_scale)
+    facts, targets, gpus = host_and_targets(args)
+    items = plan_work(targets.cells, probes, hostfacts.host_view(facts, archs), args.timeout_scale)
     _print_plan(con, facts, items, probes)
-
-    host_id = facts["host_id"]
-    folder = args.results / host_id
-    run_id = (latest_run(folder) if args.resume else None) or new_run_id()
-    store = RunStore(args.results, host_id, run_id)
     code = provenance.checkout()
     hashes = provenance.probe_hashes(probes)
-    with RunLock(folder):
-        from checks.runner import now_iso
-
-        manifest = {"schema": MANIFEST_SCHEMA, "run_id": run_id, "host_id": host_id, "written_at": now_iso(),
-                    "executor": "local" if args.local else "docker", "facts": facts,
-                    "cells": {c.cell_id: {"status": c.status, "reason": c.reason, "versions": c.versions,
-                                          "image": c.image, "image_status": c.image_status} for c in cells},
-                    "probes": {pid: {"title": m.SPEC.title, "feature": m.SPEC.feature} for pid, m in probes.items()},
-                    "code": code.to_json(hashes), "argv": sys.argv[1:]}
-        if args.resume and store.manifest_path.exists():
-            old = json.loads(store.manifest_path.read_text())
-            manifest["cells"] = {**old.get("cells", {}), **manifest["cells"]}
-            old_probes = old.get("probes") if isinstance(old.get("probes"), dict) else {}
-            manifest["probes"] = {**old_probes, **manifest["probes"]}
-        store.write_manifest(manifest)
+    store = open_run(args, facts["host_id"])
+    with RunLock(store.folder):
+        new = manifest.build(store.run_id, store.host_id, now_iso(), "local" if args.local else "docker", facts,
+                             targets.cells, probes, code, hashes, args.argv)
+        old = read_manifest(store.manifest_path)[0] if args.resume else None
+        store.write_manifest(manifest.merge(old, new))
         con.print(f"[bold]results[/] {store.results_path}")
         codes = {pid: code.for_probe(h) for pid, h in hashes.items()}
-        report = _execute_with_progress(con, items, executors, store, catalogue, gpus, codes, args.resume)
+        report = _execute_with_progress(con, items, targets.executors, store, catalogue, gpus, codes, args.resume)
+    return _finish_run(con, report, args.json)
+
+
+def _finish_run(con: Any, report: RunReport, as_json: bool) -> int:
     if report.resumed:
         con.print(f"resumed: {report.resumed} variant(s) already recorded were not run again")
     _summary(con, report.results)
-    if args.json:
+    if as_json:
         print(json.dumps([r.to_json() for r in report.results], indent=2, sort_keys=True))
     return 130 if report.interrupted else 0
 
 
 def _execute_with_progress(con: Any, items: list[WorkItem], executors: dict[str, Executor], store: RunStore,
-                           catalogue: reasons.Catalogue, gpus: int, codes: dict[str, Provenance], resume: bool) -> Any:
+                           catalogue: reasons.Catalogue, gpus: int, codes: dict[str, Provenance],
+                           resume: bool) -> RunReport:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from checks.runner import execute
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=con, transient=False) as progress:
@@ -281,10 +290,13 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    """The command line; returns the exit code. SIGTERM and SIGHUP act as Ctrl-C while it runs; the handlers
+    it replaced are restored on return, so it can be called in-process."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         args = parser().parse_args(argv)
+        args.argv = argv
         return {"list": cmd_list, "run": cmd_run, "report": cmd_report}[args.cmd](args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -296,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from checks.cli import main
 from checks.provenance import Provenance, probe_hash
 from checks.store import read_file
 from tests.checks_helpers import FIXTURES, ROOT, TOKEN_VAR, fixture_env, pids_with_env
@@ -53,6 +54,48 @@ def test_run_local_records_results_and_manifest(tmp_path: Path) -> None:
     for res in stored:
         assert res.code == Provenance(code["version"], head, code["dirty"], code["probe_hashes"][res.probe_id])
         assert printed[0]["code"]["commit"] == head
+
+
+FRESH = '''"""Passes; its source is edited by the test to show a verdict going stale."""
+
+from checks.probe import ProbeSpec, RankContext, outcome
+
+SPEC = ProbeSpec(id="t-fresh", title="fresh", feature="provenance", ranks=(1,), needs_gpu=False, timeout_s=60)
+
+
+def run(ctx: RankContext) -> dict:
+    return outcome("pass")
+'''
+
+
+def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_an_edit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    probes, results, out = tmp_path / "probes", tmp_path / "results", tmp_path / "docs" / "compatibility.md"
+    probes.mkdir()
+    (probes / "t_fresh.py").write_text(FRESH)
+    monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(probes))
+    handler = signal.getsignal(signal.SIGTERM)
+    argv = ["run", "--local", "--probe", "t-fresh", "--results", str(results), "--json"]
+    assert main(argv) == 0
+    assert signal.getsignal(signal.SIGTERM) is handler  # main's Ctrl-C handlers do not outlive it
+    [printed] = json.loads(capsys.readouterr().out)
+    made_by = probe_hash(probes / "t_fresh.py")
+    assert printed["status"] == "pass" and printed["code"]["probe_hash"] == made_by
+    [path] = _jsonl(results)
+    manifest = json.loads(path.with_name(path.name.replace(".jsonl", ".manifest.json")).read_text())
+    assert manifest["argv"] == argv  # what main was given, not the interpreter's command line
+    assert manifest["code"]["probe_hashes"] == {"t-fresh": made_by}
+
+    assert main(["report", "--results", str(results), "--out", str(out)]) == 0
+    assert "`local-" in out.read_text() and "↻" not in out.read_text()
+    (probes / "t_fresh.py").write_text(FRESH.replace('outcome("pass")', 'outcome("pass", note="")'))
+    capsys.readouterr()
+    assert main(["report", "--results", str(results), "--out", str(out), "--check"]) == 1
+    assert "stale" in capsys.readouterr().err
+    assert main(["report", "--results", str(results), "--out", str(out)]) == 0
+    md = out.read_text()
+    assert "✅ ↻ |" in md
+    assert "the probe's source changed since): `checks run --local --probe t-fresh`" in md
 
 
 def test_resume_skips_recorded_variants(tmp_path: Path) -> None:
@@ -99,11 +142,13 @@ def test_interrupt_exits_130_keeps_finished_results_and_leaves_nothing(tmp_path:
     (["run", "--bogus"], "unrecognized arguments: --bogus"),
     (["frobnicate"], "invalid choice"),
 ])
-def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:
-    p = checks(*args, "--results", str(tmp_path)) if args[0] == "run" and "--bogus" not in args else checks(*args)
-    assert p.returncode == 2, p.stderr
-    assert needle in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], needle: str, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
+    assert main([*args, "--results", str(tmp_path)] if args[0] == "run" and "--bogus" not in args else args) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not list(tmp_path.glob("*/*.jsonl"))
 
 
