@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from checks import atomic
 from checks.probe import RUN_STATUSES, RankContext, Variant, outcome
 from checks.registry import ProbeLocation, load
 
@@ -36,15 +37,6 @@ def outcome_path(workdir: Path, rank: int) -> Path:
 
 def log_path(workdir: Path, rank: int) -> Path:
     return workdir / f"rank-{rank}.log"
-
-
-def write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def context_from_env(env: dict[str, str]) -> RankContext:
@@ -106,7 +98,7 @@ def main() -> None:
             runtime = {}
         if runtime:
             result.setdefault("evidence", {})["runtime"] = runtime
-    write_atomic(outcome_path(ctx.workdir, ctx.rank), result)
+    atomic.write_json(outcome_path(ctx.workdir, ctx.rank), result, indent=None)
     _teardown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -16,6 +16,7 @@ from typing import Any
 
 import jinja2
 
+from checks import atomic
 from checks.freshness import Refresh, refresh_list, staleness
 from checks.provenance import current_probe_hashes
 from checks.result import ProbeResult
@@ -296,13 +297,6 @@ def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
         any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells))
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
              current: Mapping[str, str] | None = None) -> int:
     """Write (or with ``check``, compare) the Markdown and HTML table. ``current``: probe id -> source hash
@@ -327,7 +321,7 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
             return 1
         print(f"up to date: {out}, {html}", file=sys.stderr)
         return 0
-    _write_atomic(out, md)
-    _write_atomic(html, page)
+    atomic.write_text(out, md)
+    atomic.write_text(html, page)
     print(f"wrote {out} and {html} ({len(sections)} host(s))", file=sys.stderr)
     return 0

@@ -14,13 +14,13 @@ import fcntl
 import json
 import os
 import secrets
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from checks import atomic
 from checks.result import ProbeResult, ResultError
 
 
@@ -31,21 +31,6 @@ class StoreBusy(RuntimeError):
 def new_run_id(now: datetime | None = None) -> str:
     now = now or datetime.now(UTC)
     return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _whole_lines(fd: int) -> bytes:
@@ -77,7 +62,7 @@ class RunStore:
         return self.folder / f"{self.run_id}.manifest.json"
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        write_json_atomic(self.manifest_path, manifest)
+        atomic.write_json(self.manifest_path, manifest)
 
     def append(self, result: ProbeResult) -> None:
         line = (json.dumps(result.to_json(), sort_keys=True, default=str, separators=(",", ":")) + "\n").encode()
@@ -89,22 +74,7 @@ class RunStore:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_ino != os.stat(path).st_ino:
                     continue  # another writer renamed a new file in while we waited: lock that one
-                tmp_fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{path.name}.", suffix=".tmp")
-                try:
-                    with os.fdopen(tmp_fd, "wb") as f:
-                        f.write(_whole_lines(fd))
-                        f.write(line)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, path)
-                except BaseException:
-                    Path(tmp).unlink(missing_ok=True)
-                    raise
-                dir_fd = os.open(self.folder, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)  # the rename itself survives a power cut
-                finally:
-                    os.close(dir_fd)
+                atomic.write_bytes(path, _whole_lines(fd) + line)
                 return
             finally:
                 os.close(fd)  # closing releases the lock

@@ -21,8 +21,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from checks import atomic
 from provision.errors import InputError
-from provision.lock import ENVS, LockError, lock_cell, uv_version, write_json_atomically
+from provision.lock import ENVS, LockError, lock_cell, uv_version
 from provision.render import DOCKERFILES, Base, load_cell, render
 from provision.resolve import RESOLVED, Resolved
 from provision.verify import mismatches
@@ -148,13 +149,6 @@ def build_hash(dockerfile: str, folder: Path, base_id: str, build_args: dict[str
     return h.hexdigest()[:12]
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, tmp.with_name(path.name))
-
-
 def selfcheck(docker: Docker, tag: str, compile_test: bool) -> dict[str, Any]:
     args = ["run", "--rm", "--network", "none", "-v", f"{SELFCHECK}:/opt/stackprobe-selfcheck.py:ro",
             "--entrypoint", "/opt/venv/bin/python", tag, "/opt/stackprobe-selfcheck.py"]
@@ -181,7 +175,7 @@ def _record(folder: Path, **kw: Any) -> dict[str, Any]:
            "image_id": kw.pop("image_id", None), "reason": kw.pop("reason", ""),
            "selfcheck": kw.pop("selfcheck", {}), "versions": kw.pop("versions", {}),
            "built_at": datetime.now(UTC).isoformat(timespec="seconds"), **kw}
-    write_json_atomically(folder / "build.json", rec)
+    atomic.write_json(folder / "build.json", rec, indent=1)
     return rec
 
 
@@ -214,7 +208,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             base = choose_base(cell, opts, docker)
             text = render(cell, base, buildkit=buildkit)
             dockerfile = opts.dockerfiles / f"{cid}.Dockerfile"
-            write_text_atomically(dockerfile, text)
+            atomic.write_text(dockerfile, text)
             digest = build_hash(text, folder, base_id(base), {})
             tag = image_tag(cid, digest)
             prev = _previous(folder)
@@ -329,7 +323,7 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
             cell = load_cell(f)
             base = choose_base(cell, opts, None)
             text = render(cell, base, buildkit=True)
-            write_text_atomically(opts.dockerfiles / f"{f.name}.Dockerfile", text)
+            atomic.write_text(opts.dockerfiles / f"{f.name}.Dockerfile", text)
             results.append({"cell_id": f.name, "status": "would-build",
                             "reason": f"FROM {base.image}; dockerfiles/{f.name}.Dockerfile"})
         summary(cells, results, opts.json)

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from checks import atomic
 from provision.catalog import load as load_catalog
 from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
 
@@ -186,36 +187,10 @@ def toolkit_lock(toolkit: str) -> str:
     return _toolkit_cache[toolkit]
 
 
-def write_dir_atomically(target: Path, files: dict[str, str], keep: Sequence[str] = ("build.json",)) -> None:
-    """Replace folder `target` with exactly `files` (plus the `keep` files already there), never half-written."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    tmp.chmod(0o755)
-    try:
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-        for name in keep:
-            if (target / name).exists():
-                shutil.copy2(target / name, tmp / name)
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def write_json_atomically(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+def write_dir_atomically(target: Path, files: dict[str, str]) -> None:
+    """Replace folder `target` with exactly `files`, never half-written. The cell's build record survives a
+    relock: it names the image built from these locks, and the build hash decides whether it is still current."""
+    atomic.replace_dir(target, files, keep=("build.json",))
 
 
 def cell_json(r: Resolved, lock: str, uv: str, ihash: str) -> dict[str, Any]:
