@@ -1,4 +1,4 @@
-"""The reason catalogue against the real failure signatures recorded in research/probes.md §2-8."""
+"""The reason catalogue against failure signatures recorded from real runs, as the libraries printed them."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Conventions the probes rely on:
   collective).
 - Outputs are pre-filled with a sentinel that no correct result can contain, so a kernel that did
   nothing is told apart from one that computed the wrong numbers.
-- Timings follow research §7: K calls captured in one graph, R replays timed with CUDA events after
+- Timings as serving runs the collectives: K calls captured in one graph, R replays timed with CUDA events after
   an on-stream barrier, the slowest rank per replay, then median and p99 divided by K.
 """
 

@@ -1,4 +1,4 @@
-"""Allreduce latency at decode sizes, against NCCL on the same host (research §7).
+"""Allreduce latency at decode sizes, against NCCL on the same host (docs/probes.md, ar-latency).
 
 One variant per backend. Each size is measured the way serving runs it: K calls captured in one CUDA
 graph after an eager warm-up, R replays timed with CUDA events after an on-stream barrier, the

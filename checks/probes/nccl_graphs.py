@@ -1,4 +1,4 @@
-"""NCCL algorithms under CUDA graphs (research §4).
+"""NCCL algorithms under CUDA graphs (docs/probes.md, nccl-graphs).
 
 Each variant is one fresh set of rank processes with one NCCL configuration (NCCL reads its
 environment when the communicator is created). Four collectives are run eagerly and captured in a

@@ -1,6 +1,6 @@
 """torch symmetric memory: rendezvous, peer reads, one-shot / two-shot allreduce eager and captured,
 and the multicast (multimem) ops, which must be refused where multicast is absent or disabled
-(research §5).
+(docs/probes.md, symm-mem, says how to read each verdict).
 
 PyTorch core has no compute-capability allow-list here: the P2P ops need only peer access. The
 framework wrappers (SGLang, vLLM) additionally demand multicast, so a pass on the P2P ops with a
