@@ -32,6 +32,7 @@ from checks import envinfo, rank
 from checks.lifetime import die_with_parent
 from checks.probe import RESULT_MARKER, Variant, combine_worst, outcome
 from checks.registry import ProbeLocation, ProbeNotFound, find
+from checks.status import GOOD, Status
 
 LOG_TAIL_BYTES = 3000
 ENV_PARAM_PREFIX = "env."  # a variant param "env.NCCL_ALGO=Tree" is exported to the ranks; "" unsets it
@@ -199,7 +200,7 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
             _kill(waiting, f"ended {peer_grace_s:.0f}s after a peer rank died without reporting")
             break
         failed = [s.reported_at for s in states if s.reported_at is not None and s.outcome
-                  and s.outcome.get("status") not in ("pass", "partial", "skip")]
+                  and s.outcome.get("status") not in GOOD]
         if failed and now - min(failed) > failed_grace_s:
             # The others usually wait in a collective for the rank that gave up; the verdict is already `fail`.
             _kill(waiting, f"ended {failed_grace_s:.0f}s after a peer rank reported a failure")
@@ -230,7 +231,7 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
             info["stopped"] = s.stopped
         if s.outcome is not None:
             info["status"] = s.outcome.get("status")
-            if info["status"] not in ("pass", "skip") and s.outcome.get("note"):
+            if info["status"] not in (Status.PASS, Status.SKIP) and s.outcome.get("note"):
                 info["note"] = str(s.outcome["note"])[:300]
             outcomes.append(s.outcome)
         elif s.ended_at is not None:
@@ -238,13 +239,13 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
             if code < 0:
                 made = outcome("fail", note=f"rank {s.index} killed by {signal_name(code)}",
                                evidence={"signal": signal_name(code), "rank_log": own_log})
-                made["status"] = "crash"  # outcome() only allows what a probe may return
+                made["status"] = Status.CRASH.value  # outcome() only allows what a probe may return
             else:
                 made = outcome("fail", note=f"rank {s.index} exited with code {code} without reporting",
                                evidence={"exit_code": code, "rank_log": own_log})
             info["status"] = made["status"]
             outcomes.append(made)
-        if s.outcome is None or s.outcome.get("status") not in ("pass", "skip"):
+        if s.outcome is None or s.outcome.get("status") not in (Status.PASS, Status.SKIP):
             text = tail(rank.log_path(workdir, s.index))
             if text.strip():
                 tails[f"rank{s.index}"] = text
@@ -257,7 +258,7 @@ def merge(module: ModuleType, result: LaunchResult) -> dict[str, Any]:
     if result.hang:
         silent = [r["rank"] for r in result.ranks if "status" not in r]
         merged = outcome("fail", note=f"watchdog fired; ranks without an outcome: {silent}", reason_code="hang")
-        merged["status"] = "hang"
+        merged["status"] = Status.HANG.value
     elif result.complete and hasattr(module, "combine"):
         merged = module.combine(result.outcomes)
     else:
