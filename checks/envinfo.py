@@ -16,27 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-# Distribution names under which each library is published, newest spelling first.
-_DISTS: dict[str, tuple[str, ...]] = {
-    "torch": ("torch",),
-    "flashinfer": ("flashinfer-python", "flashinfer"),
-    "flashinfer_jit_cache": ("flashinfer-jit-cache",),
-    "sgl_kernel": ("sglang-kernel", "sgl-kernel"),
-    "triton": ("triton", "pytorch-triton"),
-    "nccl": ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"),
-}
-_IMPORT_NAMES = {"torch": "torch", "flashinfer": "flashinfer", "sgl_kernel": "sgl_kernel", "triton": "triton"}
-
-
-def _dist_version(names: tuple[str, ...]) -> tuple[str, str] | None:
-    import importlib.metadata as md  # costs ~70 ms at import; ranks never need it
-
-    for name in names:
-        try:
-            return name, md.version(name)
-        except md.PackageNotFoundError:
-            continue
-    return None
+from checks import dists
 
 
 def torch_cuda_version() -> str | None:
@@ -74,14 +54,13 @@ def nvcc_version() -> str | None:
 def versions() -> dict[str, Any]:
     """Versions of python and of each library under test that is importable here; cheap."""
     out: dict[str, Any] = {"python": platform.python_version()}
-    for key, dists in _DISTS.items():
-        import_name = _IMPORT_NAMES.get(key)
-        if import_name and importlib.util.find_spec(import_name) is None:
-            continue
-        found = _dist_version(dists)
+    for lib in dists.LIBRARIES:
+        if lib.module and importlib.util.find_spec(lib.module) is None:
+            continue  # metadata left behind by a removed package is not a library this environment has
+        found = dists.installed(lib.key)
         if found:
-            out[key] = found[1]
-            if key == "nccl":
+            out[lib.key] = found[1]
+            if lib.key == "nccl":
                 out["nccl_package"] = found[0]
     cuda = torch_cuda_version() if "torch" in out else None
     if cuda:

@@ -26,9 +26,11 @@ from provision.errors import InputError
 from provision.lock import ENVS, LockError, lock_cell, uv_version
 from provision.render import DOCKERFILES, Base, load_cell, render
 from provision.resolve import RESOLVED, Resolved
+from provision.selfcheck import SHARED as SELFCHECK_SHARED
 from provision.verify import mismatches
 
 SELFCHECK = Path(__file__).with_name("selfcheck.py")
+SELFCHECK_ROOT = "/opt/stackprobe-code"  # in the image: the self-check beside the checks/ modules it imports
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 LOGS = Path(__file__).resolve().parent.parent / ".cache" / "build-logs"
 
@@ -141,7 +143,7 @@ def image_tag(cell_id: str, digest: str) -> str:
 
 def build_hash(dockerfile: str, folder: Path, base_id: str, build_args: dict[str, str]) -> str:
     h = hashlib.sha256()
-    for part in (dockerfile, base_id, json.dumps(build_args, sort_keys=True), SELFCHECK.read_text()):
+    for part in (dockerfile, base_id, json.dumps(build_args, sort_keys=True), *_selfcheck_texts()):
         h.update(part.encode() + b"\0")
     for name in ("toolkit.lock", "torch.lock", "requirements.lock"):
         p = folder / name
@@ -149,9 +151,21 @@ def build_hash(dockerfile: str, folder: Path, base_id: str, build_args: dict[str
     return h.hexdigest()[:12]
 
 
+def _selfcheck_files() -> list[tuple[Path, str]]:
+    """(host path, image path) of the self-check and each module it shares with the probes."""
+    root = SELFCHECK.parent.parent
+    return [(SELFCHECK, f"{SELFCHECK_ROOT}/selfcheck.py"),
+            *((root / rel, f"{SELFCHECK_ROOT}/{rel}") for rel in SELFCHECK_SHARED)]
+
+
+def _selfcheck_texts() -> list[str]:
+    return [host.read_text() for host, _ in _selfcheck_files()]
+
+
 def selfcheck(docker: Docker, tag: str, compile_test: bool) -> dict[str, Any]:
-    args = ["run", "--rm", "--network", "none", "-v", f"{SELFCHECK}:/opt/stackprobe-selfcheck.py:ro",
-            "--entrypoint", "/opt/venv/bin/python", tag, "/opt/stackprobe-selfcheck.py"]
+    mounts = [arg for host, inside in _selfcheck_files() for arg in ("-v", f"{host}:{inside}:ro")]
+    args = ["run", "--rm", "--network", "none", *mounts,
+            "--entrypoint", "/opt/venv/bin/python", tag, f"{SELFCHECK_ROOT}/selfcheck.py"]
     proc = docker.run(*args, *(["--compile"] if compile_test else []))
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]

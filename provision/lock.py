@@ -20,6 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import Requirement
+from packaging.version import InvalidVersion, Version
+
 from checks import atomic
 from provision.catalog import load as load_catalog
 from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
@@ -56,6 +59,35 @@ def toolkit_requirement(toolkit: str) -> str:
     return f"cuda-toolkit[{TOOLKIT_EXTRAS}]=={toolkit}"
 
 
+def guards(r: Resolved) -> tuple[str, ...]:
+    """Constraints every lock of a cell carries; each binds only when its package is in the lock.
+
+    cuda-python 12.6.x and older ship cuda/bindings/ themselves. In a CUDA 13 cell torch takes
+    cuda-bindings 13.x; when no cuda-python 13 release matches the cuda-bindings the resolver chose first,
+    it falls back to such an old cuda-python (a plain install of torch 2.11.0 with flashinfer-python 0.6.18
+    takes cuda-python 12.6.2.post1 beside cuda-bindings 13.5.0), whose files overwrite cuda-bindings' and
+    `import flashinfer` fails (cuda.bindings.runtime has no cudaLibrary_t). With the constraint the
+    resolver pairs cuda-python with a cuda-bindings of its major instead.
+    """
+    major = int(r.cell.cuda.split(".")[0])
+    return (f"cuda-python>={major}",) if major >= 13 else ()
+
+
+def guard_violations(lock: str, constraints: Sequence[str]) -> list[str]:
+    """The pins of a lock that break a guard, e.g. ["cuda-python==12.6.2.post1 (needs cuda-python>=13)"]."""
+    out = []
+    for text in constraints:
+        req = Requirement(text)
+        version = pinned(lock, req.name)
+        try:
+            ok = version is None or Version(version) in req.specifier
+        except InvalidVersion:
+            ok = False
+        if not ok:
+            out.append(f"{req.name}=={version} (needs {text})")
+    return out
+
+
 def compile_args(r: Resolved) -> list[str]:
     args = ["--universal", "--python-version", PYTHON_FLOOR, "--generate-hashes", "--no-header"]
     for url in r.indexes:
@@ -85,7 +117,8 @@ def _last_lines(text: str) -> str:
     return parts[0] if len(parts) == 1 else f"{parts[0]} ({parts[-1]})"
 
 
-def uv_compile(req_text: str, args: Sequence[str], overrides: Sequence[str] = ()) -> str:
+def uv_compile(req_text: str, args: Sequence[str], overrides: Sequence[str] = (),
+               constraints: Sequence[str] = ()) -> str:
     """The lock text, or LockError(status, message)."""
     with tempfile.TemporaryDirectory(prefix="stackprobe-lock-") as d:
         src, out = Path(d) / "requirements.in", Path(d) / "out.lock"
@@ -93,6 +126,9 @@ def uv_compile(req_text: str, args: Sequence[str], overrides: Sequence[str] = ()
         if overrides:
             (Path(d) / "overrides.txt").write_text("".join(f"{o}\n" for o in overrides))
             args = [*args, "--overrides", "overrides.txt"]
+        if constraints:
+            (Path(d) / "constraints.txt").write_text("".join(f"{c}\n" for c in constraints))
+            args = [*args, "--constraints", "constraints.txt"]
         env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_NO_PROGRESS="1", NO_COLOR="1", COLUMNS="1000")
         # relative names, so the lock (and so the image hash) does not carry a temporary path
         proc = subprocess.run([uv_bin(), "pip", "compile", src.name, "-o", out.name, "--quiet", *args],
@@ -231,9 +267,12 @@ def lock_cell(r: Resolved, envs: Path, uv: str, refresh: bool = False) -> dict[s
             meta = json.loads(meta_path.read_text())
         except (OSError, ValueError):
             meta = {}
-        if meta.get("inputs_hash") == ihash:
+        # The guards are not in the inputs hash: they only narrow the resolution, so a lock that already
+        # satisfies them is the one uv gives with them, and the committed locks stay as they are.
+        if meta.get("inputs_hash") == ihash and not guard_violations(
+                (folder / "requirements.lock").read_text(), guards(r)):
             return {"cell_id": r.cell_id, "status": "unchanged", "path": str(folder)}
-    lock = uv_compile(requirements_in(r), compile_args(r), r.overrides)
+    lock = uv_compile(requirements_in(r), compile_args(r), r.overrides, guards(r))
     files = {
         "requirements.in": requirements_in(r),
         "requirements.lock": lock,
@@ -273,7 +312,7 @@ def live_check(cells: Sequence[Resolved]) -> list[Resolved]:
             out.append(r)
             continue
         try:
-            uv_compile(requirements_in(r), compile_args(r), r.overrides)
+            uv_compile(requirements_in(r), compile_args(r), r.overrides, guards(r))
             out.append(r)
         except LockError as e:
             status, msg = e.args

@@ -1,102 +1,53 @@
 """Self-check that runs inside a freshly built cell image: what is really installed there.
 
-Standard library only: this file is mounted read-only into the container and run with the cell's
-Python (`python selfcheck.py [--compile]`); it prints one JSON object on stdout. The host compares it
-with what the cell asked for (provision/verify.py). No GPU is needed: compiled GPU architectures are
-read from the CUDA fatbin headers inside the shared objects, not from `torch.cuda`.
+Standard library only: `provision build` mounts this file read-only into the container beside the
+repository's `checks/` package (whose ELF, fatbin and distribution-table modules it shares with the
+probes) and runs it with the cell's Python (`python selfcheck.py [--compile]`); it prints one JSON object
+on stdout. The host compares it with what the cell asked for (provision/verify.py). No GPU is needed:
+compiled GPU architectures are read from the CUDA fatbin headers inside the shared objects, not from
+`torch.cuda`, and keep their a/f suffix (``sm_120a`` runs only on 12.0, ``sm_120`` on every 12.x).
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import json
-import mmap
 import os
 import re
-import struct
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-FATBIN_MAGIC = 0xBA55ED50
-_KIND = {1: "ptx", 2: "elf"}
+try:
+    from checks import dists
+    from checks.probes import _elf, _fatbin
+except ModuleNotFoundError:  # run as a script from a checkout: the repository root holds checks/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from checks import dists
+    from checks.probes import _elf, _fatbin
 
-
-def elf_section(data: bytes | mmap.mmap, name: bytes) -> tuple[int, int] | None:
-    """(offset, size) of a section of a 64-bit little-endian ELF file, or None."""
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        return None
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    if shoff == 0 or shnum == 0:
-        return None
-    strtab_off, = struct.unpack_from("<Q", data, shoff + shstrndx * shentsize + 0x18)
-    for i in range(shnum):
-        base = shoff + i * shentsize
-        name_off, = struct.unpack_from("<I", data, base)
-        off, size = struct.unpack_from("<QQ", data, base + 0x18)
-        start = strtab_off + name_off
-        end = data.find(b"\0", start)
-        if data[start:end] == name:
-            return off, size
-    return None
+# What `provision build` mounts next to this file inside the image, and hashes into the image tag.
+SHARED = ("checks/__init__.py", "checks/dists.py", "checks/probes/__init__.py", "checks/probes/_elf.py",
+          "checks/probes/_fatbin.py")
 
 
 def fatbin_archs(path: str | os.PathLike[str]) -> dict[str, list[str]]:
-    """GPU code in a shared object: {"sass": ["sm_90", ...], "ptx": ["compute_120", ...]}.
-
-    A fatbin is a header (magic, version, header size, payload size) followed by entries, each with
-    its own header: kind (1 PTX, 2 ELF/SASS) at byte 0, header size at 4, payload size at 8, and
-    the SM number at 28. The layout is undocumented but stable across CUDA 11-13; the unit tests
-    check it against binaries that nvcc builds for known architectures.
-    """
-    sass: set[int] = set()
-    ptx: set[int] = set()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        sec = elf_section(mm, b".nv_fatbin")
-        start, end = (sec[0], sec[0] + sec[1]) if sec else (0, len(mm))
-        magic = struct.pack("<I", FATBIN_MAGIC)
-        pos = mm.find(magic, start, end)
-        while pos != -1 and pos + 16 <= end:
-            _, _ver, hsize, fsize = struct.unpack_from("<IHHQ", mm, pos)
-            entry, stop = pos + hsize, min(pos + hsize + fsize, end)
-            while entry + 32 <= stop:
-                kind, _ev, ehsize, payload = struct.unpack_from("<HHIQ", mm, entry)
-                arch, = struct.unpack_from("<I", mm, entry + 28)
-                if ehsize < 32 or kind not in _KIND:
-                    break
-                (ptx if kind == 1 else sass).add(arch)
-                entry += ehsize + payload
-            pos = mm.find(magic, max(stop, pos + 4), end)
-    return {"sass": [f"sm_{a}" for a in sorted(sass)], "ptx": [f"compute_{a}" for a in sorted(ptx)]}
+    """GPU code in a shared object: {"sass": ["sm_90a", ...], "ptx": ["compute_120", ...]}."""
+    return _fatbin.by_kind(_fatbin.archs([path]))
 
 
-def _dist_version(*names: str) -> str | None:
-    for n in names:
-        try:
-            return md.version(n)
-        except md.PackageNotFoundError:
-            continue
-    return None
-
-
-def _module_dir(dist: str) -> Path | None:
-    try:
-        files = md.files(dist) or []
-    except md.PackageNotFoundError:
-        return None
-    for f in files:
-        if f.name.endswith(".so"):
-            return Path(str(f.locate())).parent
-    return None
+def _dist_version(key: str) -> str | None:
+    found = dists.installed(key)
+    return found[1] if found else None
 
 
 def _needed_cudart(path: Path) -> str | None:
-    """CUDA runtime major a shared object links against (libcudart.so.<major>)."""
-    m = re.search(rb"libcudart\.so\.(\d+)", path.read_bytes()[:4_000_000])
-    return m.group(1).decode() if m else None
+    """CUDA runtime major a shared object links against (its DT_NEEDED libcudart.so.<major>)."""
+    lib = _elf.linkage(str(path))
+    majors = [n.rsplit(".", 1)[1] for n in (lib.needed if lib else ()) if re.fullmatch(r"libcudart\.so\.\d+", n)]
+    return majors[0] if majors else None
 
 
 def torch_facts() -> dict[str, Any]:
@@ -116,11 +67,11 @@ def torch_facts() -> dict[str, Any]:
 
 
 def kernel_facts() -> dict[str, Any]:
-    version = _dist_version("sglang-kernel", "sgl-kernel")
-    if version is None:
+    found = dists.installed("sgl_kernel")
+    if found is None:
         return {}
+    dist, version = found
     out: dict[str, Any] = {"version": version}
-    dist = "sglang-kernel" if _dist_version("sglang-kernel") else "sgl-kernel"
     sass: set[str] = set()
     cudart: set[str] = set()
     try:
@@ -134,7 +85,7 @@ def kernel_facts() -> dict[str, Any]:
             major = _needed_cudart(p)
             if major:
                 cudart.add(major)
-    out["archs"] = {"sass": sorted(sass, key=lambda s: int(s[3:]))}
+    out["archs"] = {"sass": _fatbin.by_kind(sass)["sass"]}
     out["cudart_major"] = sorted(cudart)
     return out
 
@@ -166,7 +117,7 @@ def collect(compile_test: bool = False) -> dict[str, Any]:
         "python": ".".join(map(str, sys.version_info[:3])),
         "torch": torch_facts(),
         "sgl_kernel": kernel_facts(),
-        "flashinfer": {"version": v} if (v := _dist_version("flashinfer-python")) else {},
+        "flashinfer": {"version": v} if (v := _dist_version("flashinfer")) else {},
         "toolkit": toolkit_facts(compile_test),
     }
 

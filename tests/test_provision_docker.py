@@ -66,7 +66,8 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
         assert rec["versions"]["nccl"].startswith("2.")
         sc = rec["selfcheck"]
         assert sc["toolkit"]["nvcc"] == "13.0" and sc["toolkit"]["compile_sm_120a"] == "ok"
-        assert "sm_120" in sc["torch"]["archs"]["sass"] and "sm_120" in sc["sgl_kernel"]["archs"]["sass"]
+        # the a/f suffix survives: sgl-kernel 0.4.2 carries arch-specific sm_120a SASS, torch plain sm_120 too
+        assert "sm_120" in sc["torch"]["archs"]["sass"] and "sm_120a" in sc["sgl_kernel"]["archs"]["sass"]
         assert sc["sgl_kernel"]["cudart_major"] == ["13"]
         assert _labels(tag)["org.stackprobe.cell"] == REAL and _labels(tag)["org.stackprobe.torch"] == "2.11.0"
         assert (tmp_path / "df" / f"{REAL}.Dockerfile").read_text().startswith("# Rendered by")

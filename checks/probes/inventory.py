@@ -5,20 +5,24 @@ torch and sgl-kernel read from the binaries themselves (``torch.cuda.get_arch_li
 GPU), whether the local GPU's architecture is among them, the peer-access matrix and multicast support
 (read from the device attribute only; nothing is created). Without a GPU the GPU fields are absent and the
 rest is still reported. When sgl-kernel is installed it is imported for real (that loads its ops against
-this torch's C++ ABI): a failed import fails the probe with the loader's error.
+this torch's C++ ABI): a failed import fails the probe with the loader's error. Its binaries are judged
+too (checks/probes/_torch_abi.py): torch C++ symbols its libraries import that this torch does not export
+fail it as abi-mismatch, CUDA libraries of another CUDA major than torch's as cuda-major-mismatch, with or
+without a GPU. Where the import stops at the missing CUDA driver, the cell passes only when those binary
+checks proved the fit, and the note says what was proven.
 """
 
 from __future__ import annotations
 
 import glob
-import importlib.metadata as md
 import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
+from checks import dists
 from checks.probe import ProbeSpec, RankContext, outcome
-from checks.probes import _fatbin
+from checks.probes import _fatbin, _torch_abi
 
 SPEC = ProbeSpec(
     id="inventory",
@@ -30,27 +34,11 @@ SPEC = ProbeSpec(
     timeout_s=180.0,
 )
 
-_DISTS = {
-    "torch": ("torch",),
-    "flashinfer": ("flashinfer-python", "flashinfer"),
-    "flashinfer_jit_cache": ("flashinfer-jit-cache",),
-    "flashinfer_cubin": ("flashinfer-cubin",),
-    "sgl_kernel": ("sglang-kernel", "sgl-kernel"),
-    "nccl_wheel": ("nvidia-nccl-cu13", "nvidia-nccl-cu12"),
-    "triton": ("triton", "pytorch-triton"),
-}
 
 
 def _dist_versions() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, names in _DISTS.items():
-        for name in names:
-            try:
-                out[key] = md.version(name)
-                break
-            except md.PackageNotFoundError:
-                continue
-    return out
+    """Installed version of every library in the shared table (``nccl``: the wheel's, until torch says)."""
+    return {lib.key: found[1] for lib in dists.LIBRARIES if (found := dists.installed(lib.key))}
 
 
 def _package_dir(name: str) -> Path | None:
@@ -60,17 +48,22 @@ def _package_dir(name: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def binary_archs(package: str, patterns: tuple[str, ...]) -> dict[str, list[str]]:
-    """Targets per shared library of a package, e.g. {"lib/libtorch_cuda.so": ["sm_90", ...]}."""
+def package_files(package: str, patterns: tuple[str, ...]) -> dict[str, str]:
+    """Files of an installed package matching glob patterns: path relative to the package -> path."""
     root = _package_dir(package)
     if root is None:
         return {}
+    return {os.path.relpath(path, root): path for pattern in patterns
+            for path in sorted(glob.glob(str(root / pattern), recursive=True))}
+
+
+def binary_archs(package: str, patterns: tuple[str, ...]) -> dict[str, list[str]]:
+    """Targets per shared library of a package, e.g. {"lib/libtorch_cuda.so": ["sm_90a", ...]}."""
     out: dict[str, list[str]] = {}
-    for pattern in patterns:
-        for path in sorted(glob.glob(str(root / pattern), recursive=True)):
-            targets = _fatbin.archs([path])
-            if targets:
-                out[os.path.relpath(path, root)] = targets
+    for rel, path in package_files(package, patterns).items():
+        targets = _fatbin.archs([path])
+        if targets:
+            out[rel] = targets
     return out
 
 
@@ -110,19 +103,8 @@ def _multicast(index: int) -> bool | None:
         return None
 
 
-# The dynamic loader names a missing driver library before it resolves any symbol, so on a host without
-# the CUDA driver an import failure says nothing about the kernel's fit with torch.
-_NO_DRIVER = "libcuda.so.1"
-
-
-def import_error_line(message: str) -> str:
-    """The line of an import failure that says why: sgl_kernel wraps the loader's error in a long report."""
-    lines = [ln.strip(" -") for ln in message.splitlines() if ln.strip(" -")]
-    for key in ("undefined symbol", "cannot open shared object", "No module named"):
-        hit = next((ln for ln in lines if key in ln), None)
-        if hit:
-            return hit[:400]
-    return (lines[-1] if lines else message)[:400]
+import_error_line = _torch_abi.import_error_line
+sgl_kernel_import_reason = _torch_abi.failure_reason
 
 
 def import_sgl_kernel() -> str | None:
@@ -134,8 +116,25 @@ def import_sgl_kernel() -> str | None:
     return None
 
 
-def sgl_kernel_import_reason(error: str) -> str:
-    return "abi-mismatch" if "undefined symbol" in error else "import-error"
+def judge_sgl_kernel(torch: Any, evidence: dict[str, Any]) -> _torch_abi.Judgement | None:
+    """Import sgl_kernel, read its binaries against this torch's libraries, and judge the pair."""
+    error = import_sgl_kernel()
+    evidence["sgl_kernel_import"] = "ok" if error is None else error[:4000]
+    extensions = package_files("sgl_kernel", ("**/*.so",))
+    fit = None
+    if extensions:
+        fit = _torch_abi.read_fit(extensions, package_files("torch", ("lib/*.so", "lib/*.so.*")).values(),
+                                  torch.version.cuda)
+        evidence["sgl_kernel_abi"] = fit.evidence()
+    unfound: tuple[str, ...] = ()
+    if error is not None and _torch_abi.needs_driver(error) and fit is not None:
+        unfound = _torch_abi.not_found(fit)
+        evidence["sgl_kernel_abi"]["libraries_not_found"] = list(unfound)
+    found = dists.installed("sgl_kernel")
+    built_for = dists.requires(found[0], "torch") if found else None
+    if built_for is not None:
+        evidence["sgl_kernel_built_for_torch"] = built_for or "any"
+    return _torch_abi.judge(fit, error, unfound, built_for or None, torch.__version__)
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -170,18 +169,15 @@ def run(ctx: RankContext) -> dict[str, Any]:
     versions["torch_runtime"] = torch.__version__
     versions["torch_cuda"] = torch.version.cuda
     evidence["torch_arch_list"] = list(torch.cuda.get_arch_list())
-    sgl_error = None
+    sgl = None
     if "sgl_kernel" in versions or importlib.util.find_spec("sgl_kernel") is not None:
-        sgl_error = import_sgl_kernel()
-        evidence["sgl_kernel_import"] = "ok" if sgl_error is None else sgl_error[:4000]
+        sgl = judge_sgl_kernel(torch, evidence)
     if not torch.cuda.is_available():
         note = "no GPU visible: versions and compiled architectures only; GPU fields absent"
-        if sgl_error is not None and _NO_DRIVER in sgl_error:
-            note += f"; import sgl_kernel not judged: {_NO_DRIVER} (the CUDA driver) is absent here"
-        elif sgl_error is not None:
-            return outcome("fail", note=f"import sgl_kernel failed: {import_error_line(sgl_error)}",
-                           reason_code=sgl_kernel_import_reason(sgl_error), metrics=metrics, evidence=evidence)
-        return outcome("pass", note=note, metrics=metrics, evidence=evidence)
+        if sgl is not None and sgl.status != "pass":
+            return outcome(sgl.status, note=sgl.note, reason_code=sgl.reason_code, metrics=metrics,
+                           evidence=evidence)
+        return outcome("pass", note=f"{note}; {sgl.note}" if sgl else note, metrics=metrics, evidence=evidence)
     try:
         nccl = torch.cuda.nccl.version()
         versions["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
@@ -194,8 +190,10 @@ def run(ctx: RankContext) -> dict[str, Any]:
     metrics["gpus"] = n
     metrics["peer_pairs"] = sum(facts["peer_access"][i][j] for i in range(n) for j in range(n) if i != j)
     problems: list[str] = []
-    if sgl_error is not None:
-        problems.append(f"import sgl_kernel failed: {import_error_line(sgl_error)}")
+    code = "arch-not-compiled"
+    if sgl is not None and sgl.status != "pass":  # with a driver present, a skip cannot arise; a fail is one
+        problems.append(sgl.note)
+        code = sgl.reason_code
     if cap:
         torch_targets = sorted({t for ts in torch_bins.values() for t in ts}) or list(evidence["torch_arch_list"])
         evidence["torch_runs_on_gpu"] = _fatbin.runs_on(torch_targets, cap)
@@ -207,6 +205,5 @@ def run(ctx: RankContext) -> dict[str, Any]:
             if not any(fits.values()):
                 problems.append(f"no sgl-kernel library has code for compute capability {cap}")
     if problems:
-        code = sgl_kernel_import_reason(sgl_error) if sgl_error is not None else "arch-not-compiled"
         return outcome("fail", note="; ".join(problems), reason_code=code, metrics=metrics, evidence=evidence)
     return outcome("pass", metrics=metrics, evidence=evidence)

@@ -1,0 +1,97 @@
+"""The inventory probe end to end, without a GPU, on stand-in torch and sgl_kernel packages whose import
+fails in the real dynamic loader: what it says about a kernel library it could not load."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from elf_helpers import BAR, TORCH_SRC, build_ext, build_so, build_stub
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build small shared objects")
+ROOT = Path(__file__).resolve().parents[1]
+
+STANDIN_TORCH = """
+import ctypes, os
+# like torch, load the core library globally before anything imports an extension
+ctypes.CDLL(os.path.join(os.path.dirname(__file__), "lib", "libc10.so"), mode=ctypes.RTLD_GLOBAL)
+__version__ = "2.11.0+cu130"
+class version:
+    cuda = "13.0"
+class cuda:
+    @staticmethod
+    def is_available(): return False
+    @staticmethod
+    def get_arch_list(): return []
+"""
+
+
+def _site(tmp_path: Path, calls: list[str], stubs: list[Path] = (), extra: str = "",
+          requires: str | None = None) -> Path:
+    site = tmp_path / "site"
+    (site / "torch" / "lib").mkdir(parents=True)
+    build_so(site / "torch" / "lib" / "libc10.so", TORCH_SRC, soname="libc10.so")
+    (site / "torch" / "__init__.py").write_text(STANDIN_TORCH)
+    pkg = site / "sgl_kernel"
+    pkg.mkdir()
+    build_ext(pkg / "common_ops.abi3.so", calls, stubs, extra)
+    (pkg / "__init__.py").write_text("from sgl_kernel import common_ops  # noqa\n")
+    info = site / "sglang_kernel-0.4.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-kernel\nVersion: 0.4.1\n"
+                                   + (f"Requires-Dist: torch{requires}\n" if requires else ""))
+    return site
+
+
+def _inventory(site: Path) -> dict:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--probe", "inventory"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@STACKPROBE-RESULT@@")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(lines[-1].split("@@STACKPROBE-RESULT@@", 1)[1])
+
+
+def test_inventory_fails_a_kernel_it_could_not_import_for_lack_of_a_driver_when_symbols_are_missing(
+        tmp_path: Path) -> None:
+    driver = build_stub(tmp_path / "drv", "libcuda.so.1")
+    site = _site(tmp_path, ["c10::foo();", "c10::bar();"], [driver], requires="==2.9.1")
+    driver.unlink()  # the GPU-less host: the loader stops here before resolving any symbol
+    r = _inventory(site)
+    assert "libcuda.so.1" in r["evidence"]["sgl_kernel_import"]
+    assert (r["status"], r["reason_code"]) == ("fail", "abi-mismatch"), r
+    assert BAR in r["note"] and "torch==2.9.1" in r["note"]
+    assert r["evidence"]["sgl_kernel_abi"]["missing_examples"] == [BAR]
+
+
+def test_inventory_passes_a_driverless_kernel_only_on_proof(tmp_path: Path) -> None:
+    driver = build_stub(tmp_path / "drv", "libcuda.so.1")
+    site = _site(tmp_path, ["c10::foo();"], [driver])
+    driver.unlink()
+    r = _inventory(site)
+    assert (r["status"], r["reason_code"]) == ("pass", ""), r
+    assert "judged from its binaries: all 1 torch C++ symbols" in r["note"]
+    assert r["evidence"]["sgl_kernel_abi"]["libraries_not_found"] == []
+
+
+def test_inventory_names_a_cuda_major_mismatch(tmp_path: Path) -> None:
+    nvrtc = build_stub(tmp_path / "cu12", "libnvrtc.so.12")
+    site = _site(tmp_path, ["c10::foo();"], [nvrtc])
+    nvrtc.unlink()  # a CUDA 13 cell has no libnvrtc.so.12
+    r = _inventory(site)
+    assert "libnvrtc.so.12: cannot open shared object file" in r["evidence"]["sgl_kernel_import"]
+    assert (r["status"], r["reason_code"]) == ("fail", "cuda-major-mismatch"), r
+    assert "libnvrtc.so.12" in r["note"] and "CUDA 13.0" in r["note"]
+
+
+def test_inventory_tells_a_missing_driver_function_from_a_torch_abi_break(tmp_path: Path) -> None:
+    site = _site(tmp_path, ["c10::foo();"], extra='extern "C" int cuStreamWriteValue32(void); '
+                 "int d() { return cuStreamWriteValue32(); }")
+    r = _inventory(site)
+    assert "undefined symbol: cuStreamWriteValue32" in r["evidence"]["sgl_kernel_import"]
+    assert (r["status"], r["reason_code"]) == ("fail", "driver-symbol-unresolved"), r
