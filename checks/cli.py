@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from checks import hostfacts, manifest, provenance, reasons, registry
+from checks import gpuarch, hostfacts, manifest, provenance, reasons, registry
 from checks.executor import Executor, ExecutorError, LocalExecutor
 from checks.plan import (
     CellTarget,
@@ -224,7 +224,10 @@ def _summary(con: Any, results: list[ProbeResult]) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.timeout_scale <= 0:
         raise UsageError("checks run: --timeout-scale must be > 0")
-    archs = tuple(a.strip() for a in args.target_arch.split(",") if a.strip())
+    try:
+        archs = gpuarch.parse_targets(args.target_arch)
+    except gpuarch.TargetError as exc:
+        raise UsageError(f"checks run: --target-arch: {exc}") from None
     con = _console()
     probes = _select_probes(args)
     catalogue = reasons.default()

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from checks import dists
+from checks import dists, toolkit
 
 
 def torch_cuda_version() -> str | None:
@@ -32,23 +32,9 @@ def torch_cuda_version() -> str | None:
     return m.group(1) if m else None
 
 
-def nvcc_path() -> str | None:
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
-            return os.path.join(home, "bin", "nvcc")
-    return shutil.which("nvcc")
-
-
 def nvcc_version() -> str | None:
-    nvcc = nvcc_path()
-    if nvcc is None:
-        return None
-    try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"release\s+([\d.]+)", out)
-    return m.group(1) if m else None
+    """The version of the nvcc a JIT build here would run (found as flashinfer finds it), or None."""
+    return toolkit.resolve().version
 
 
 def versions() -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from checks.probe import HostView, ProbeSpec, Variant, default_variants
 from checks.status import Status
+from provision import cellid
 
 
 @dataclass(frozen=True)
@@ -103,14 +104,8 @@ def matches_cuda(cell_cuda: str, wanted: str) -> bool:
 
 
 def local_cell_id(versions: dict[str, Any]) -> str:
-    """A readable id for an existing environment, in the order of provisioned cell ids."""
-    cuda = versions.get("torch_cuda")
-    parts = ["local", f"cu{str(cuda).replace('.', '')}" if cuda else "nocuda"]
-    torch = versions.get("torch")
-    parts.append(f"torch{str(torch).split('+')[0]}" if torch else "notorch")
-    parts.append(f"sgl{versions['sgl_kernel']}" if versions.get("sgl_kernel") else "sglnone")
-    parts.append(f"fi{versions['flashinfer']}" if versions.get("flashinfer") else "finone")
-    return "-".join(parts)
+    """A readable id for an existing environment, in the order of provisioned cell ids, plus its nvcc."""
+    return str(cellid.local(versions))
 
 
 def image_state(envs_dir: Path, cell_id: str) -> tuple[str, str | None, str]:

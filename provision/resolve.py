@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 from packaging.version import Version
 
 from provision.catalog import Catalog
+from provision.cellid import CellId
 from provision.matrix import Cell
 
 RESOLVED, UNAVAILABLE, UNREACHABLE = "resolved", "unavailable", "unreachable"
@@ -70,9 +71,7 @@ def torch_label(cell: Cell, catalog: Catalog) -> str:
 
 def cell_id(cell: Cell, catalog: Catalog) -> str:
     variant = catalog.cuda[cell.cuda].variant
-    sgl = "none" if cell.sgl_kernel == "none" else cell.sgl_kernel
-    out = f"{variant}-torch{torch_label(cell, catalog)}-sgl{sgl}-fi{cell.flashinfer}"
-    return out + ("-jitcache" if cell.jit_cache else "")
+    return str(CellId(variant, torch_label(cell, catalog), cell.sgl_kernel, cell.flashinfer, cell.jit_cache))
 
 
 def _torch(cell: Cell, catalog: Catalog) -> tuple[Source, str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from checks.probe import HostView, Variant
-from checks.probes import _fatbin, custom_ar, ep_a2a, fi_fusion, fi_jit
+from checks.probes import _fatbin, _fi_build, custom_ar, ep_a2a, fi_fusion, fi_jit
 from checks.probes import _flashinfer as fi
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ FLASHINFER = "0.6.18"
 def test_probe_modules_import_without_torch() -> None:
     code = (
         "import sys; import checks.probes.inventory, checks.probes.fi_jit, checks.probes.fi_fusion, "
-        "checks.probes.custom_ar, checks.probes.ep_a2a; "
+        "checks.probes.custom_ar, checks.probes.ep_a2a, checks.probes._fi_build, checks.toolkit; "
         "print(sorted(m for m in ('torch', 'flashinfer', 'sgl_kernel') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -108,6 +108,9 @@ def test_absent_module_is_skip_and_wrong_arch_output_is_fail() -> None:
         ("RuntimeError: SM 12.x requires CUDA >= 12.9", "fi-nvcc-too-old"),
         ("nvcc fatal   : Unsupported gpu architecture 'compute_120f'", "nvcc-unsupported-arch"),
         ("/usr/bin/ld: cannot find -lcuda: No such file or directory", "fi-link-no-libcuda"),
+        ("/usr/bin/ld: cannot find -lcuda", "fi-link-no-libcuda"),
+        # flashinfer 0.6.18 with no CUDA_HOME and nvcc found as /usr/local/bin/nvcc links -L/usr/local/lib64
+        ("/usr/bin/ld: cannot find -lcudart: No such file or directory", "fi-link-missing-lib"),
         ("OSError: vllm_comm.so: undefined symbol: cuPointerGetAttribute", "fi-link-unresolved"),
         ('foo.cu(12): error: identifier "x" is undefined', "fi-nvcc-error"),
         (
@@ -119,7 +122,7 @@ def test_absent_module_is_skip_and_wrong_arch_output_is_fail() -> None:
     ],
 )
 def test_jit_error_classification(text: str, code: str) -> None:
-    assert fi.classify_jit_error(text) == code
+    assert _fi_build.classify_jit_error(text) == code
 
 
 def test_probe_reason_codes_are_in_the_catalogue() -> None:
@@ -130,6 +133,7 @@ def test_probe_reason_codes_are_in_the_catalogue() -> None:
         "arch-not-compiled",
         "fi-module-absent",
         "fi-wrong-arch",
+        "fi-arch-unverified",
         "fi-workspace-failed",
         "fi-fusion-noop",
         "fi-fusion-wrong",
@@ -148,7 +152,7 @@ def test_probe_reason_codes_are_in_the_catalogue() -> None:
         "missing-package",
         "probe-bug",
     }
-    used |= {code for code, _ in fi.JIT_SIGNATURES} | {"fi-jit-error"}
+    used |= {code for code, _ in _fi_build.JIT_SIGNATURES} | {"fi-jit-error"}
     missing = sorted(c for c in used if cat.get(c) is None)
     assert not missing, missing
 
@@ -377,6 +381,9 @@ def _fi_env(tmp_path: Path, python: str) -> dict[str, str]:
             "STACKPROBE_JIT_CACHE": str(tmp_path / "jit"),
             "PATH": f"{Path(python).parent}{os.pathsep}{env['PATH']}",
             "PYTHONPATH": str(ROOT),
+            # As the images set it. Without it flashinfer takes the home of the first nvcc on PATH: here a
+            # wrapper in /usr/local/bin, so it links -L/usr/local/lib64 and finds no libcudart.
+            "CUDA_HOME": str(Path(NVCC).parents[1]),
         }
     )
     return env
@@ -389,6 +396,20 @@ def test_fi_jit_real_gate_refusal(fi_python: str, tmp_path: Path) -> None:
     r = _worker(fi_python, "fi-jit", variant, _fi_env(tmp_path, fi_python), timeout=300)
     assert (r["status"], r["reason_code"]) == ("fail", "fi-arch-gate"), r
     assert r["evidence"]["flashinfer"] == FLASHINFER
+
+
+@pytest.mark.slow
+def test_fi_jit_real_cuda_home_without_nvcc(fi_python: str, tmp_path: Path) -> None:
+    """CUDA_HOME at a directory laid out like the nvidia-cuda-nvcc-cu12 wheel (ptxas, no nvcc): flashinfer
+    itself fails to compile there, and so does fi-jit (it used to compile with /usr/local/cuda instead)."""
+    wheel = tmp_path / "cuda_nvcc"
+    (wheel / "bin").mkdir(parents=True)
+    shutil.copy(Path(NVCC).with_name("ptxas"), wheel / "bin" / "ptxas")
+    variant = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", "vllm_comm"], ["arch", "12.0a"]]}
+    r = _worker(fi_python, "fi-jit", variant, {**_fi_env(tmp_path, fi_python), "CUDA_HOME": str(wheel)}, timeout=300)
+    assert (r["status"], r["reason_code"]) == ("fail", "fi-no-nvcc"), r
+    assert f"{wheel}/bin/nvcc: not found" in r["note"]
+    assert r["evidence"]["flashinfer_cuda_home"] == str(wheel) == r["evidence"]["toolkit"]["cuda_home"]
 
 
 def _stub(directory: Path, symbols: list[str]) -> Path:
@@ -437,6 +458,22 @@ def test_fi_jit_real_cross_compile_for_sm120a(fi_python: str, tmp_path: Path) ->
     assert r["status"] == "pass", r
     assert "libcuda.so.1" in r["evidence"]["needed"] and "cuPointerGetAttribute" in r["evidence"]["driver_calls"]
     assert r["evidence"]["targets_in_output"] == ["sm_120a"]
+
+
+@pytest.mark.slow
+def test_fi_jit_real_arch_12_0_is_sm_120f_and_a_rerun_is_cached(fi_python: str, tmp_path: Path) -> None:
+    """flashinfer 0.6.18 turns FLASHINFER_CUDA_ARCH_LIST=12.0 into sm_120f with nvcc 13.0: a pass (it was
+    failed as fi-wrong-arch); the second run compiles nothing and says so."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc for the libcuda stub")
+    variant = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", "vllm_comm"], ["arch", "12.0"]]}
+    env = {**_fi_env(tmp_path, fi_python), "LIBRARY_PATH": str(_stub(tmp_path / "full", _driver_api()))}
+    r = _worker(fi_python, "fi-jit", variant, env)
+    assert r["status"] == "pass", r
+    assert r["evidence"]["targets_in_output"] == ["sm_120f"] and "cached" not in r["metrics"]
+    again = _worker(fi_python, "fi-jit", variant, env)
+    assert again["status"] == "pass" and again["metrics"]["cached"] is True, again
+    assert again["evidence"]["cached_from"]["toolkit"]["version"] == "13.0"
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build small shared objects")

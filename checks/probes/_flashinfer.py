@@ -1,26 +1,17 @@
 """One adapter over the flashinfer versions the matrix holds: where each comm module's JIT generator
 lives, the fused allreduce API (legacy ``trtllm_ar`` vs unified ``allreduce.py``), the vLLM-style custom
 allreduce, and the MoE all-to-all. Probes call these functions and never touch flashinfer names directly.
+Building a JIT module is ``checks.probes._fi_build``.
 
 In-environment side: standard library at import time; flashinfer and torch are imported inside functions.
-Run as ``python -m checks.probes._flashinfer jit MODULE`` it builds one JIT module in this fresh
-interpreter (flashinfer fixes its target architectures when it is imported, so every (module, arch) pair
-needs its own process) and prints one JSON line.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import os
-import re
-import subprocess
-import sys
-import time
 from typing import Any
-
-from checks.probes import _elf
 
 # JIT generators by module, newest location first. A module missing from a version is reported as absent.
 JIT_GENERATORS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -40,9 +31,6 @@ JIT_GENERATORS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 # Smallest first: vllm_comm is one .cu file (about 15 s for one arch on 2 cores), trtllm_comm three.
 COMM_MODULES: tuple[str, ...] = tuple(JIT_GENERATORS)
-
-RESULT_PREFIX = "@@FI-JIT@@ "
-_TAIL = 3000
 
 
 def prepare_env() -> None:
@@ -66,17 +54,6 @@ def version() -> str | None:
     return None
 
 
-def nvcc_version(cuda_home: str) -> str | None:
-    try:
-        text = subprocess.run(
-            [os.path.join(cuda_home, "bin", "nvcc"), "--version"], capture_output=True, text=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"release\s+([\d.]+)", text)
-    return m.group(1) if m else None
-
-
 def jit_generator(module: str) -> Any | None:
     """The generator function for a comm module in the installed flashinfer, or None when it lacks it."""
     for mod_name, attr in JIT_GENERATORS[module]:
@@ -88,33 +65,6 @@ def jit_generator(module: str) -> Any | None:
         if gen is not None:
             return gen
     return None
-
-
-# --- error classification ---------------------------------------------------------------------------
-# (reason_code, regex) in priority order; the first that matches names the failure.
-JIT_SIGNATURES: tuple[tuple[str, str], ...] = (
-    ("fi-arch-gate", r"No supported CUDA architectures found for major versions"),
-    ("fi-nvcc-too-old", r"SM 12\.x requires CUDA >= 12\.9"),
-    ("nvcc-unsupported-arch", r"Unsupported gpu architecture|not defined for option 'gpu-name'"),
-    ("fi-link-no-libcuda", r"cannot find -lcuda"),
-    ("fi-link-unresolved", r"undefined symbol: cu[A-Z]\w*"),
-    ("fi-missing-header", r"fatal error: [\w./+-]+\.h(?:pp)?: No such file or directory"),
-    ("fi-no-nvcc", r"Could not find nvcc|nvcc: not found|No such file or directory: '[^']*nvcc'"),
-    ("fi-nvcc-error", r"error: |\berror\b.*\.cu\(|ptxas (fatal|error)"),
-)
-
-
-def classify_jit_error(text: str) -> str:
-    for code, pattern in JIT_SIGNATURES:
-        if re.search(pattern, text):
-            return code
-    return "fi-jit-error"
-
-
-def error_lines(text: str, limit: int = 6) -> list[str]:
-    """The lines of a build log a person needs to read first."""
-    keep = [ln.strip() for ln in text.splitlines() if re.search(r"error|Error|fatal|cannot find|FAILED", ln)]
-    return keep[:limit]
 
 
 def api_surface() -> dict[str, bool]:
@@ -139,123 +89,6 @@ def api_surface() -> dict[str, bool]:
     for module in JIT_GENERATORS:
         out[f"jit_{module}"] = jit_generator(module) is not None
     return out
-
-
-# --- one JIT build, in this process (called in a fresh interpreter by fi-jit) -------------------------
-def _ninja_targets(ninja_file: str) -> tuple[list[str], list[str]]:
-    """(object targets, final targets) of a flashinfer build.ninja."""
-    objs: list[str] = []
-    finals: list[str] = []
-    with open(ninja_file) as f:
-        for line in f:
-            m = re.match(r"build (\S+): (\S+)", line)
-            if m is None:
-                continue
-            (objs if m.group(2) in ("compile", "cuda_compile") else finals).append(m.group(1))
-    return objs, finals
-
-
-def _ninja(build_dir: str, targets: list[str]) -> tuple[int, str]:
-    cmd = [os.environ.get("STACKPROBE_NINJA", "ninja"), "-C", build_dir, *targets]
-    jobs = os.environ.get("MAX_JOBS")
-    if jobs:
-        cmd[1:1] = ["-j", jobs]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    return proc.returncode, (proc.stdout + proc.stderr)
-
-
-def build_module(module: str, load: bool = False) -> dict[str, Any]:
-    """Build one comm module for the architectures flashinfer resolved at import; compile and link apart,
-    then read what the library needs at load time and, with ``load`` (a GPU is visible), load it."""
-    out: dict[str, Any] = {"module": module, "flashinfer": version()}
-    t0 = time.monotonic()
-    try:
-        import flashinfer  # noqa: F401  (fixes the compilation context from the environment)
-    except Exception as exc:
-        return {**out, "stage": "import", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
-    gen = jit_generator(module)
-    if gen is None:
-        return {**out, "stage": "absent", "ok": False, "error": f"this flashinfer has no {module} JIT module"}
-    try:
-        spec = gen()  # arch gates raise here
-    except Exception as exc:
-        return {**out, "stage": "spec", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
-    out["name"] = getattr(spec, "name", module)
-    if not hasattr(spec, "write_ninja") or not hasattr(spec, "ninja_path"):
-        # Old JitSpec without a ninja file of its own: one step, told apart by the error text afterwards.
-        try:
-            spec.build_and_load()
-        except Exception as exc:
-            return {**out, "stage": "build", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
-        return {**out, "stage": "done", "ok": True, "compile_s": round(time.monotonic() - t0, 1)}
-    out["build_dir"] = str(spec.build_dir)
-    spec.write_ninja()
-    objs, finals = _ninja_targets(str(spec.ninja_path))
-    with open(spec.ninja_path) as f:
-        out["gencode"] = sorted(set(re.findall(r"-gencode=\S+", f.read())))
-    rc, log = _ninja(str(spec.build_dir), objs)
-    out["compile_s"] = round(time.monotonic() - t0, 1)
-    out["objects"] = len(objs)
-    if rc != 0:
-        return {**out, "stage": "compile", "ok": False, "error": log[-_TAIL:]}
-    t1 = time.monotonic()
-    rc, log = _ninja(str(spec.build_dir), finals)
-    out["link_s"] = round(time.monotonic() - t1, 1)
-    if rc != 0:
-        return {**out, "stage": "link", "ok": False, "error": log[-_TAIL:]}
-    # The JIT output itself: get_library_path() answers with an AOT artifact when one is installed.
-    jit_lib = getattr(spec, "jit_library_path", None)
-    if jit_lib is None and hasattr(spec, "get_library_path"):
-        jit_lib = spec.get_library_path()
-    out["library"] = str(jit_lib or "")
-    out["library_bytes"] = os.path.getsize(out["library"]) if out["library"] and os.path.exists(out["library"]) else 0
-    if out["library_bytes"]:
-        linked = _elf.linkage(out["library"])
-        if linked is not None:
-            out["needed"] = list(linked.needed)
-            out["driver_calls"] = list(linked.driver_calls())
-            out["unresolved_driver_calls"] = list(linked.unresolved_driver_calls())
-    if load:
-        # flashinfer's own loader, after CUDA is up (libcuda is then loaded, privately, by the runtime):
-        # exactly the state a probe or a server loads the module in. Ninja has nothing left to do.
-        t2 = time.monotonic()
-        try:
-            import torch
-
-            torch.zeros(1, device="cuda")
-            if "so_path" in inspect.signature(spec.load).parameters:
-                spec.load(jit_lib)
-            else:
-                spec.build_and_load()
-        except Exception as exc:
-            return {**out, "stage": "load", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
-        out["load_s"] = round(time.monotonic() - t2, 1)
-        out["loaded"] = True
-    return {**out, "stage": "done", "ok": True}
-
-
-def run_build_subprocess(
-    module: str, env: dict[str, str], timeout_s: float, python: str | None = None, load: bool = False
-) -> dict[str, Any]:
-    """Run :func:`build_module` in a fresh interpreter with ``env``; a timeout or crash is a result too."""
-    cmd = [python or sys.executable, "-m", "checks.probes._flashinfer", "jit", module, *(["--load"] if load else [])]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stderr or b"")[-_TAIL:]
-        text = tail.decode(errors="replace") if isinstance(tail, bytes) else str(tail)
-        return {"module": module, "stage": "timeout", "ok": False, "error": f"no result in {timeout_s:.0f} s\n{text}"}
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            result = json.loads(line[len(RESULT_PREFIX) :])
-            result["log_tail"] = proc.stderr[-1500:]
-            return result
-    return {
-        "module": module,
-        "stage": "crash",
-        "ok": False,
-        "error": f"builder exited {proc.returncode} without a result\n{(proc.stdout + proc.stderr)[-_TAIL:]}",
-    }
 
 
 def stop_together(local: dict[str, Any] | None, group: Any = None) -> dict[str, Any] | None:
@@ -460,16 +293,3 @@ def moe_alltoall_object(
         workspace_size_per_rank=size,
         mnnvl_config=MnnvlConfig(comm_backend=TorchDistBackend(group)),
     )
-
-
-def _main(argv: list[str]) -> int:
-    if len(argv) in (2, 3) and argv[0] == "jit" and argv[1] in JIT_GENERATORS and argv[2:] in ([], ["--load"]):
-        result = build_module(argv[1], load=argv[2:] == ["--load"])
-        sys.stdout.write(RESULT_PREFIX + json.dumps(result, default=str) + "\n")
-        return 0
-    sys.stderr.write("usage: python -m checks.probes._flashinfer jit {" + ",".join(JIT_GENERATORS) + "} [--load]\n")
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

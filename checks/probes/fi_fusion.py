@@ -21,6 +21,7 @@ from typing import Any
 from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
 from checks.probes import _dist
 from checks.probes import _flashinfer as fi
+from checks.probes._fi_build import classify_jit_error
 
 SPEC = ProbeSpec(
     id="fi-fusion",
@@ -146,7 +147,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         metrics["workspace_bytes"] = fusion.workspace_bytes()
     except Exception as exc:
         err = _dist.error_tail(exc)
-        code = fi.classify_jit_error(err) if "architectures" in err or "nvcc" in err else "fi-workspace-failed"
+        code = classify_jit_error(err) if "architectures" in err or "nvcc" in err else "fi-workspace-failed"
         early = outcome(
             "fail",
             note=f"rank {ctx.rank}: workspace creation failed: {err.splitlines()[-1][:300]}",

@@ -1,13 +1,22 @@
 """fi-jit: does each flashinfer comm module compile for this GPU, and cross-compile for a target arch?
 
-Each variant builds one JIT module (vllm_comm, trtllm_comm, moe_a2a, pcie_ipc) for one architecture with
-the environment's own nvcc, in a fresh interpreter (flashinfer fixes its arch list at import). ``arch=local``
-lets flashinfer pick the architecture of the visible GPU itself, the path a user takes; any other value is
-passed as ``FLASHINFER_CUDA_ARCH_LIST`` (no GPU needed). Compile and link are reported apart: a toolkit
-without a ``libcuda.so`` stub compiles every object but cannot link, which is ``partial``. The objects
-are then read back to prove they hold code for the requested architecture, and the library's dynamic
-dependencies to prove it can load: driver calls (``cu*``) need a ``libcuda.so.1`` dependency, which the
-linker drops when the link stub does not export them. For ``arch=local`` the module is also loaded.
+Each variant builds one JIT module (vllm_comm, trtllm_comm, moe_a2a, pcie_ipc) for one architecture in a
+fresh interpreter (flashinfer fixes its arch list and toolkit at import), with the toolkit flashinfer
+itself finds in this environment (``CUDA_HOME``, ``CUDA_PATH``, ``PATH``, ``/usr/local/cuda``:
+``checks.toolkit``): the environment is passed on untouched, so a ``CUDA_HOME`` without nvcc, or an older
+nvcc first on ``PATH``, fails here as it fails for flashinfer. Every result records that toolkit (path,
+version, how it was found) and flags an nvcc whose CUDA major differs from torch's.
+
+``arch=local`` lets flashinfer pick the architecture of the visible GPU itself, the path a user takes; any
+other value is passed as ``FLASHINFER_CUDA_ARCH_LIST`` (no GPU needed), which flashinfer may normalise
+(``12.0`` becomes ``sm_120f``: ``checks.gpuarch.flashinfer_sass``). Compile and link are reported apart: a
+toolkit without a ``libcuda.so`` stub compiles every object but cannot link, which is ``partial``. A pass
+needs proof: the built code is read back and must hold SASS for the requested architecture (output whose
+architectures cannot be read is ``partial``), and the library's dynamic dependencies must let it load:
+driver calls (``cu*``) need a ``libcuda.so.1`` dependency, which the linker drops when the link stub does
+not export them. For ``arch=local`` the module is also loaded. When ninja finds everything up to date
+nothing is compiled: the result says ``cached`` (metrics) and which build made the objects (evidence
+``cached_from``).
 
 Planning filter: ``STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a,trtllm_comm@local"`` keeps only those pairs
 (CI compiles the smallest module for one arch). JIT cache: ``STACKPROBE_JIT_CACHE`` (reused between runs),
@@ -19,12 +28,13 @@ from __future__ import annotations
 import glob
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
+from checks import gpuarch, toolkit
+from checks.envinfo import torch_cuda_version
 from checks.probe import HostView, ProbeSpec, RankContext, Skip, Variant, outcome
-from checks.probes import _fatbin
+from checks.probes import _fatbin, _fi_build
 from checks.probes import _flashinfer as fi
 
 SPEC = ProbeSpec(
@@ -65,21 +75,11 @@ def _repo_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def _cuda_home() -> str | None:
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
-            return home
-    import shutil
-
-    nvcc = shutil.which("nvcc")
-    return str(Path(nvcc).resolve().parents[1]) if nvcc else None
-
-
-def build_env(arch: str, cuda_home: str, cache: str) -> dict[str, str]:
+def build_env(arch: str, cache: str) -> dict[str, str]:
+    """The builder's environment: this one, with only the arch, the JIT cache and this code's path set.
+    CUDA_HOME, CUDA_PATH and PATH stay as they are: which toolkit flashinfer finds is part of the answer."""
     env = dict(os.environ)
-    env["CUDA_HOME"] = cuda_home
     env["FLASHINFER_WORKSPACE_BASE"] = cache
-    env["PATH"] = os.pathsep.join([os.path.join(cuda_home, "bin"), os.path.dirname(sys.executable), env["PATH"]])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_repo_root(), env.get("PYTHONPATH", "")) if p)
     if arch == LOCAL:
         env.pop("FLASHINFER_CUDA_ARCH_LIST", None)  # flashinfer's own detection is what is under test
@@ -96,11 +96,9 @@ def _objects_targets(result: dict[str, Any]) -> list[str]:
     return _fatbin.archs(glob.glob(os.path.join(build_dir, "*.o"))) if build_dir else []
 
 
-def _expected_sass(arch: str) -> str:
-    """``12.0a`` -> ``sm_120a``; ``9.0`` -> ``sm_90``."""
-    base, suffix = (arch[:-1], arch[-1]) if arch[-1] in "af" else (arch, "")
-    major, minor = base.split(".")
-    return f"sm_{int(major) * 10 + int(minor)}{suffix}"
+def expected_sass(arch: str) -> frozenset[str]:
+    """SASS that proves a build for ``arch``: ``12.0a`` -> sm_120a; ``12.0`` -> sm_120, sm_120a or sm_120f."""
+    return gpuarch.flashinfer_sass(gpuarch.parse_target(arch))
 
 
 def _headline(lines: list[str]) -> str:
@@ -110,87 +108,122 @@ def _headline(lines: list[str]) -> str:
     return (m.group(0) if m else line)[:300]
 
 
+def _toolkit(result: dict[str, Any]) -> toolkit.Toolkit | None:
+    raw = result.get("toolkit")
+    return toolkit.from_dict(raw) if isinstance(raw, dict) else None
+
+
+# Failures where which toolkit flashinfer found is the first thing to look at.
+_TOOLKIT_CODES = frozenset(
+    {"fi-no-nvcc", "fi-nvcc-too-old", "nvcc-unsupported-arch", "fi-nvcc-error", "fi-link-missing-lib"}
+)
+
+
+def _proof(arch: str, result: dict[str, Any], targets: list[str]) -> tuple[str, str, str] | None:
+    """Why a finished build does not prove the requested architecture: (status, reason, note), or None."""
+    where = result.get("library") or result.get("build_dir") or "the build"
+    if arch == LOCAL:
+        local = result.get("local_capability")
+        if not local:
+            return "partial", "fi-arch-unverified", "built, but the local GPU's compute capability is unknown"
+        if not targets:
+            return "partial", "fi-arch-unverified", f"built, but no CUDA code could be read from {where}"
+        if not _fatbin.runs_on(targets, local):
+            return "fail", "fi-wrong-arch", f"built, but the library holds {targets}: nothing runs on {local}"
+        return None
+    want = expected_sass(arch)
+    named = " or ".join(sorted(want))
+    if not targets:
+        return "partial", "fi-arch-unverified", f"built, but no CUDA code could be read from {where}: {named} unproven"
+    if not want & set(targets):
+        return "fail", "fi-wrong-arch", f"built, but the library holds {targets}, not {named}"
+    return None
+
+
 def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) -> dict[str, Any]:
     """Map one build result to an outcome; pure, so it is tested on recorded results."""
     stage = result.get("stage", "")
     err = str(result.get("error", ""))
-    metrics = {k: result[k] for k in ("compile_s", "link_s", "library_bytes", "objects") if k in result}
+    cached = bool(result.get("cached"))
+    keys = ("link_s", "library_bytes", "objects") if cached else ("compile_s", "link_s", "library_bytes", "objects")
+    metrics: dict[str, Any] = {k: result[k] for k in keys if k in result}
+    tk = _toolkit(result)
     evidence: dict[str, Any] = {
         "module": module,
         "arch": arch,
         "flashinfer": result.get("flashinfer"),
-        "nvcc": result.get("nvcc"),
+        "nvcc": tk.version if tk else result.get("nvcc"),
+        "toolkit": result.get("toolkit"),
         "local_capability": result.get("local_capability"),
         "gencode": result.get("gencode", []),
         "stage": stage,
         "targets_in_output": targets,
     }
+    for key in ("toolkit_rule", "flashinfer_cuda_home", "flashinfer_cuda_home_error", "torch_cuda", "one_step"):
+        if key in result:
+            evidence[key] = result[key]
+    warning = toolkit.major_mismatch(tk, result.get("torch_cuda")) if tk else ""
+    if warning:
+        evidence["toolkit_warning"] = warning
+    if cached:
+        metrics["cached"] = True  # nothing was compiled in this run; compile_s would time nothing
+        evidence["cached_from"] = result.get("cached_from")
     if err:
-        evidence["error_lines"] = fi.error_lines(err)
+        evidence["error_lines"] = _fi_build.error_lines(err)
         evidence["error_tail"] = err[-1500:]
+
+    def done(status: str, note: str = "", reason_code: str = "") -> dict[str, Any]:
+        if cached:
+            origin = result.get("cached_from") or {}
+            stamp = origin.get("built_at") or origin.get("objects_written_at") or "an unrecorded time"
+            note = "; ".join(p for p in (note, f"cached: ninja found every object up to date (built {stamp})") if p)
+        note = "; ".join(p for p in (note, warning) if p)
+        return outcome(status, note=note, reason_code=reason_code, metrics=metrics, evidence=evidence)
+
     if stage == "absent":
-        return outcome(
-            "skip",
-            note=f"flashinfer {result.get('flashinfer')} has no {module} module",
-            reason_code="fi-module-absent",
-            evidence=evidence,
-        )
+        return done("skip", f"flashinfer {result.get('flashinfer')} has no {module} module", "fi-module-absent")
     for key in ("needed", "driver_calls", "loaded"):
         if key in result:
             evidence[key] = result[key]
     if stage == "done":
         unresolved = result.get("unresolved_driver_calls") or []
         if unresolved:
-            return outcome(
+            return done(
                 "fail",
-                note=f"built, but it calls {len(unresolved)} CUDA driver function(s) ({', '.join(unresolved[:3])}) "
+                f"built, but it calls {len(unresolved)} CUDA driver function(s) ({', '.join(unresolved[:3])}) "
                 "with no libcuda.so.1 dependency: it will not load where libcuda is loaded privately, as the "
                 "CUDA runtime does (the link-time libcuda stub lacks those symbols)",
-                reason_code="fi-link-unresolved",
-                metrics=metrics,
-                evidence=evidence,
+                "fi-link-unresolved",
             )
-        if arch != LOCAL and targets and _expected_sass(arch) not in targets:
-            return outcome(
-                "fail",
-                note=f"built, but the library holds {targets}, not {_expected_sass(arch)}",
-                reason_code="fi-wrong-arch",
-                metrics=metrics,
-                evidence=evidence,
-            )
-        local = result.get("local_capability")
-        if arch == LOCAL and local and targets and not _fatbin.runs_on(targets, local):
-            return outcome(
-                "fail",
-                note=f"built, but the library holds {targets}: nothing runs on {local}",
-                reason_code="fi-wrong-arch",
-                metrics=metrics,
-                evidence=evidence,
-            )
-        return outcome("pass", metrics=metrics, evidence=evidence)
-    code = fi.classify_jit_error(err)
-    first = _headline(fi.error_lines(err) or [err.strip().splitlines()[-1] if err.strip() else stage])
+        unproven = _proof(arch, result, targets)
+        if unproven:
+            return done(unproven[0], unproven[2], unproven[1])
+        return done("pass")
+    code = _fi_build.classify_jit_error(err)
+    named = _fi_build.signature_line(err)
+    last = err.strip().splitlines()[-1] if err.strip() else stage
+    first = _headline([named] if named else _fi_build.error_lines(err) or [last])
     if stage == "link" and code == "fi-link-no-libcuda":
-        return outcome(
+        return done(
             "partial",
-            note=f"every object compiled for {', '.join(targets) or arch}; the final link failed: this toolkit "
+            f"every object compiled for {', '.join(targets) or arch}; the final link failed: this toolkit "
             "has no libcuda.so stub (lib64/stubs), which a GPU host's driver provides",
-            reason_code=code,
-            metrics=metrics,
-            evidence=evidence,
+            code,
         )
     where = {
         "spec": "refused before compiling",
         "compile": "compile failed",
         "link": "link failed",
+        "build": "build failed",
         "load": "built but failed to load",
         "import": "import flashinfer failed",
         "timeout": "timed out",
         "crash": "builder crashed",
     }.get(stage, stage)
-    return outcome(
-        "fail", note=f"{module} for {arch}: {where}: {first}", reason_code=code, metrics=metrics, evidence=evidence
-    )
+    note = f"{module} for {arch}: {where}: {first}"
+    if tk and code in _TOOLKIT_CODES:
+        note += f" [nvcc: {tk.describe()}]"
+    return done("fail", note, code)
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -198,10 +231,20 @@ def run(ctx: RankContext) -> dict[str, Any]:
     arch = ctx.param("arch") or LOCAL
     if module not in fi.JIT_GENERATORS:
         return outcome("fail", note=f"unknown module {module!r}", reason_code="probe-bug")
-    cuda_home = _cuda_home()
-    if cuda_home is None:
+    if arch != LOCAL:
+        try:
+            arch = str(gpuarch.parse_target(arch))
+        except gpuarch.TargetError as exc:
+            return outcome("fail", note=f"arch: {exc}", reason_code="probe-bug")
+    cache = os.environ.get(CACHE_ENV) or str(ctx.workdir / "jit-cache")
+    env = build_env(arch, cache)
+    tk = toolkit.resolve(env, flashinfer=True)
+    if not tk.found:
         return outcome(
-            "skip", note="no nvcc in this environment: flashinfer cannot JIT anything here", reason_code="fi-no-nvcc"
+            "skip",
+            note="no nvcc in this environment: flashinfer cannot JIT anything here",
+            reason_code="fi-no-nvcc",
+            evidence={"toolkit": tk.as_dict()},
         )
     local_cc = None
     if arch == LOCAL:
@@ -211,12 +254,13 @@ def run(ctx: RankContext) -> dict[str, Any]:
             return outcome("skip", note="no GPU visible: nothing local to compile for", reason_code="no-gpu")
         major, minor = torch.cuda.get_device_capability(0)
         local_cc = f"{major}.{minor}"
-    cache = os.environ.get(CACHE_ENV) or str(ctx.workdir / "jit-cache")
     os.makedirs(cache, exist_ok=True)
-    env = build_env(arch, cuda_home, cache)
-    ctx.log(f"building {module} for {arch} with {cuda_home}/bin/nvcc, cache {cache}")
-    result = fi.run_build_subprocess(module, env, timeout_s=SPEC.timeout_s - 60, load=arch == LOCAL)
-    result["nvcc"] = fi.nvcc_version(cuda_home)
+    ctx.log(f"building {module} for {arch} with {tk.describe()}, cache {cache}")
+    result = _fi_build.run_build_subprocess(module, env, timeout_s=SPEC.timeout_s - 60, load=arch == LOCAL)
+    result.setdefault("toolkit", tk.as_dict())  # a builder that died early still says which toolkit it had
+    torch_cuda = torch_cuda_version()
+    if torch_cuda:
+        result["torch_cuda"] = torch_cuda
     if local_cc:
         result["local_capability"] = local_cc
     return verdict(module, arch, result, _objects_targets(result))

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from checks import dists
+from checks import dists, toolkit
 from checks.probe import ProbeSpec, RankContext, outcome
 from checks.probes import _fatbin, _torch_abi
 
@@ -65,13 +65,6 @@ def binary_archs(package: str, patterns: tuple[str, ...]) -> dict[str, list[str]
         if targets:
             out[rel] = targets
     return out
-
-
-def _cuda_home() -> str | None:
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
-            return home
-    return None
 
 
 def _gpu_facts(torch: Any) -> dict[str, Any]:
@@ -141,12 +134,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
     versions: dict[str, Any] = _dist_versions()
     evidence: dict[str, Any] = {}
     metrics: dict[str, Any] = {}
-    home = _cuda_home()
-    if home:
-        from checks.probes._flashinfer import nvcc_version
-
-        versions["nvcc"] = nvcc_version(home)
-        evidence["cuda_home"] = home
+    tk = toolkit.resolve()
+    if tk.found:
+        versions["nvcc"] = tk.version
+        evidence["cuda_home"] = tk.cuda_home
+        evidence["toolkit"] = tk.as_dict()
     evidence["versions"] = versions
     torch_bins = binary_archs("torch", ("lib/libtorch_cuda.so", "lib/libtorch_cuda_linalg.so"))
     sgl_bins = binary_archs("sgl_kernel", ("**/*.so",))

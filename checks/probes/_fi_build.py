@@ -1,0 +1,290 @@
+"""Build one flashinfer JIT comm module and say exactly what happened: which nvcc compiled it, for which
+architectures, whether ninja compiled anything or found it all up to date, and what the library needs to load.
+
+Run as ``python -m checks.probes._fi_build MODULE [--load]``: flashinfer fixes its target architectures
+(``FLASHINFER_CUDA_ARCH_LIST``) and its toolkit when it is imported, so every (module, arch, toolkit)
+needs a fresh interpreter. It prints one line, ``RESULT_PREFIX`` + JSON. Compile and link run as two ninja
+steps so a link failure is told from a compile failure.
+
+In-environment side: standard library at import time; flashinfer and torch are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from checks import toolkit
+from checks.probes import _elf
+from checks.probes._flashinfer import JIT_GENERATORS, jit_generator, version
+
+RESULT_PREFIX = "@@FI-JIT@@ "
+RECORD = "stackprobe-build.json"  # written next to the objects of each build that compiled them
+_TAIL = 3000
+_UP_TO_DATE = "ninja: no work to do."
+
+# --- error classification ---------------------------------------------------------------------------
+# (reason_code, regex) in priority order; the first that matches names the failure.
+JIT_SIGNATURES: tuple[tuple[str, str], ...] = (
+    ("fi-arch-gate", r"No supported CUDA architectures found for major versions"),
+    ("fi-nvcc-too-old", r"SM 12\.x requires CUDA >= 12\.9"),
+    ("nvcc-unsupported-arch", r"Unsupported gpu architecture|not defined for option 'gpu-name'"),
+    ("fi-link-no-libcuda", r"cannot find -lcuda\b"),
+    ("fi-link-missing-lib", r"cannot find -l[\w.+-]+"),  # e.g. -lcudart: CUDA_HOME is not a toolkit root
+    ("fi-link-unresolved", r"undefined symbol: cu[A-Z]\w*"),
+    ("fi-missing-header", r"fatal error: [\w./+-]+\.h(?:pp)?: No such file or directory"),
+    ("fi-no-nvcc", r"Could not find nvcc|nvcc: not found|No such file or directory: '[^']*nvcc'"),
+    ("fi-nvcc-error", r"error: |\berror\b.*\.cu\(|ptxas (fatal|error)"),
+)
+
+
+def classify_jit_error(text: str) -> str:
+    for code, pattern in JIT_SIGNATURES:
+        if re.search(pattern, text):
+            return code
+    return "fi-jit-error"
+
+
+def signature_line(text: str) -> str | None:
+    """The log line that named the failure (``/bin/sh: 1: .../nvcc: not found`` rather than ninja's FAILED)."""
+    for _code, pattern in JIT_SIGNATURES:
+        for line in text.splitlines():
+            if re.search(pattern, line):
+                return line.strip()
+    return None
+
+
+def error_lines(text: str, limit: int = 6) -> list[str]:
+    """The lines of a build log a person needs to read first."""
+    keep = [ln.strip() for ln in text.splitlines() if re.search(r"error|Error|fatal|cannot find|FAILED", ln)]
+    return keep[:limit]
+
+
+# --- ninja ------------------------------------------------------------------------------------------
+def ninja_targets(text: str) -> tuple[list[str], list[str]]:
+    """(object targets, final targets) of a flashinfer build.ninja."""
+    objs: list[str] = []
+    finals: list[str] = []
+    for line in text.splitlines():
+        m = re.match(r"build (\S+): (\S+)", line)
+        if m is None:
+            continue
+        (objs if m.group(2) in ("compile", "cuda_compile") else finals).append(m.group(1))
+    return objs, finals
+
+
+def ninja_toolkit(text: str) -> dict[str, str]:
+    """The ``cuda_home`` and ``nvcc`` a flashinfer build.ninja compiles with (``$cuda_home`` expanded)."""
+    found = dict(re.findall(r"^(cuda_home|nvcc) = (.*)$", text, re.M))
+    if "nvcc" in found and "cuda_home" in found:
+        found["nvcc"] = found["nvcc"].replace("$cuda_home", found["cuda_home"])
+    return found
+
+
+def up_to_date(log: str) -> bool:
+    """Whether a ninja step ran nothing because every output was newer than its inputs and command."""
+    return _UP_TO_DATE in log
+
+
+def _ninja_binary() -> str:
+    """This interpreter's own ninja (the environment's ``ninja`` package) before any on PATH."""
+    bindir = os.path.dirname(sys.executable)
+    return os.environ.get("STACKPROBE_NINJA") or shutil.which("ninja", path=f"{bindir}{os.pathsep}"
+                                                               f"{os.environ.get('PATH', '')}") or "ninja"
+
+
+def _ninja(build_dir: str, targets: list[str]) -> tuple[int, str]:
+    cmd = [_ninja_binary(), "-C", build_dir, *targets]
+    jobs = os.environ.get("MAX_JOBS")
+    if jobs:
+        cmd[1:1] = ["-j", jobs]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as exc:
+        return 127, f"ninja: {exc}"
+    return proc.returncode, (proc.stdout + proc.stderr)
+
+
+# --- provenance of cached objects ---------------------------------------------------------------------
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def write_record(build_dir: str, record: dict[str, Any]) -> None:
+    # A read-only cache still builds; its next hit is then reported without a record.
+    with contextlib.suppress(OSError):
+        Path(build_dir, RECORD).write_text(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_record(build_dir: str, objects: list[str]) -> dict[str, Any]:
+    """What built the objects ninja found up to date: the record of that build, or, when it was built
+    outside this builder, only when the newest object was written."""
+    try:
+        return dict(json.loads(Path(build_dir, RECORD).read_text()))
+    except (OSError, ValueError):
+        pass
+    stamps = [os.path.getmtime(p) for p in (os.path.join(build_dir, o) for o in objects) if os.path.exists(p)]
+    return {"record": "none (built outside stackprobe)", "objects_written_at": _iso(max(stamps)) if stamps else None}
+
+
+# --- one build, in this process -------------------------------------------------------------------------
+def _flashinfer_cuda_home() -> dict[str, str]:
+    """The toolkit flashinfer itself resolved (its answer, next to our reading of its rule)."""
+    try:
+        from flashinfer.jit import cpp_ext
+
+        return {"flashinfer_cuda_home": str(cpp_ext.get_cuda_path())}
+    except Exception as exc:  # older layouts, or no toolkit at all: flashinfer's own error is the fact
+        return {"flashinfer_cuda_home_error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _toolkit_used(mirror: toolkit.Toolkit, ninja: dict[str, str]) -> dict[str, Any]:
+    """The toolkit that compiled: build.ninja's nvcc when it differs from the one our rule found."""
+    if not ninja.get("nvcc") or ninja["nvcc"] == mirror.nvcc:
+        return {"toolkit": mirror.as_dict()}
+    used = toolkit.with_version(toolkit.Toolkit(ninja["nvcc"], ninja.get("cuda_home", ""), "build.ninja"))
+    return {"toolkit": used.as_dict(), "toolkit_rule": mirror.as_dict()}
+
+
+def _library(spec: Any) -> str:
+    """The JIT output itself: get_library_path() answers with an AOT artifact when one is installed."""
+    lib = getattr(spec, "jit_library_path", None)
+    if lib is None and hasattr(spec, "get_library_path"):
+        lib = spec.get_library_path()
+    return str(lib or "")
+
+
+def _linkage(out: dict[str, Any]) -> None:
+    lib = out.get("library") or ""
+    out["library_bytes"] = os.path.getsize(lib) if lib and os.path.exists(lib) else 0
+    if out["library_bytes"]:
+        linked = _elf.linkage(lib)
+        if linked is not None:
+            out["needed"] = list(linked.needed)
+            out["driver_calls"] = list(linked.driver_calls())
+            out["unresolved_driver_calls"] = list(linked.unresolved_driver_calls())
+
+
+def build_module(module: str, load: bool = False) -> dict[str, Any]:
+    """Build one comm module for the architectures flashinfer resolved at import; compile and link apart,
+    then read what the library needs at load time and, with ``load`` (a GPU is visible), load it."""
+    out: dict[str, Any] = {"module": module, "flashinfer": version()}
+    mirror = toolkit.resolve(flashinfer=True)
+    out["toolkit"] = mirror.as_dict()
+    t0 = time.monotonic()
+    try:
+        import flashinfer  # noqa: F401  (fixes the compilation context from the environment)
+    except Exception as exc:
+        return {**out, "stage": "import", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
+    out.update(_flashinfer_cuda_home())
+    gen = jit_generator(module)
+    if gen is None:
+        return {**out, "stage": "absent", "ok": False, "error": f"this flashinfer has no {module} JIT module"}
+    try:
+        spec = gen()  # arch gates raise here
+    except Exception as exc:
+        return {**out, "stage": "spec", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
+    out["name"] = getattr(spec, "name", module)
+    if not hasattr(spec, "write_ninja") or not hasattr(spec, "ninja_path"):
+        # A JitSpec without a ninja file of its own: flashinfer builds in one step, and whether it compiled
+        # anything is unknown. The library is still read back, so a pass needs its code like any other.
+        try:
+            spec.build_and_load()
+        except Exception as exc:
+            return {**out, "stage": "build", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
+        out.update({"compile_s": round(time.monotonic() - t0, 1), "library": _library(spec), "one_step": True})
+        build_dir = getattr(spec, "build_dir", None)
+        if build_dir is not None:
+            out["build_dir"] = str(build_dir)
+        _linkage(out)
+        return {**out, "stage": "done", "ok": True}
+    spec.write_ninja()
+    ninja_path = Path(spec.ninja_path)
+    build_dir = str(getattr(spec, "build_dir", None) or ninja_path.parent)  # 0.5.x has no build_dir
+    out["build_dir"] = build_dir
+    text = ninja_path.read_text()
+    objs, finals = ninja_targets(text)
+    out["gencode"] = sorted(set(re.findall(r"-gencode=\S+", text)))
+    out.update(_toolkit_used(mirror, ninja_toolkit(text)))
+    rc, log = _ninja(build_dir, objs)
+    out["compile_s"] = round(time.monotonic() - t0, 1)
+    out["objects"] = len(objs)
+    if rc != 0:
+        return {**out, "stage": "compile", "ok": False, "error": log[-_TAIL:]}
+    out["cached"] = up_to_date(log)
+    if out["cached"]:
+        out["cached_from"] = read_record(build_dir, objs)
+    else:
+        write_record(build_dir, {"built_at": _iso(time.time()), "module": module, "flashinfer": out["flashinfer"],
+                                 "toolkit": out["toolkit"], "gencode": out["gencode"]})
+    t1 = time.monotonic()
+    rc, log = _ninja(build_dir, finals)
+    out["link_s"] = round(time.monotonic() - t1, 1)
+    out["link_cached"] = up_to_date(log)
+    if rc != 0:
+        return {**out, "stage": "link", "ok": False, "error": log[-_TAIL:]}
+    out["library"] = _library(spec)
+    _linkage(out)
+    if load:
+        # flashinfer's own loader, after CUDA is up (libcuda is then loaded, privately, by the runtime):
+        # exactly the state a probe or a server loads the module in. Ninja has nothing left to do.
+        t2 = time.monotonic()
+        try:
+            import torch
+
+            torch.zeros(1, device="cuda")
+            if "so_path" in inspect.signature(spec.load).parameters:
+                spec.load(out["library"])
+            else:
+                spec.build_and_load()
+        except Exception as exc:
+            return {**out, "stage": "load", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
+        out["load_s"] = round(time.monotonic() - t2, 1)
+        out["loaded"] = True
+    return {**out, "stage": "done", "ok": True}
+
+
+def run_build_subprocess(
+    module: str, env: dict[str, str], timeout_s: float, python: str | None = None, load: bool = False
+) -> dict[str, Any]:
+    """Run :func:`build_module` in a fresh interpreter with ``env``; a timeout or crash is a result too."""
+    cmd = [python or sys.executable, "-m", "checks.probes._fi_build", module, *(["--load"] if load else [])]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"")[-_TAIL:]
+        text = tail.decode(errors="replace") if isinstance(tail, bytes) else str(tail)
+        return {"module": module, "stage": "timeout", "ok": False, "error": f"no result in {timeout_s:.0f} s\n{text}"}
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX) :])
+            result["log_tail"] = proc.stderr[-1500:]
+            return result
+    return {
+        "module": module,
+        "stage": "crash",
+        "ok": False,
+        "error": f"builder exited {proc.returncode} without a result\n{(proc.stdout + proc.stderr)[-_TAIL:]}",
+    }
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) in (1, 2) and argv[0] in JIT_GENERATORS and argv[1:] in ([], ["--load"]):
+        result = build_module(argv[0], load=argv[1:] == ["--load"])
+        sys.stdout.write(RESULT_PREFIX + json.dumps(result, default=str) + "\n")
+        return 0
+    sys.stderr.write("usage: python -m checks.probes._fi_build {" + ",".join(JIT_GENERATORS) + "} [--load]\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,46 @@
+"""Cell ids: one module builds and reads them; a --local cell names its toolkit."""
+
+from __future__ import annotations
+
+import pytest
+
+from checks.plan import local_cell_id
+from provision import cellid
+from provision.cellid import CellId
+
+ENV = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "flashinfer": "0.6.18", "python": "3.11.9"}
+
+
+@pytest.mark.parametrize(
+    ("versions", "want"),
+    [
+        ({**ENV, "nvcc": "13.0"}, "local-cu130-torch2.11.0-sglnone-fi0.6.18-nvcc13.0"),
+        ({**ENV, "nvcc": "12.8"}, "local-cu130-torch2.11.0-sglnone-fi0.6.18-nvcc12.8"),
+        (ENV, "local-cu130-torch2.11.0-sglnone-fi0.6.18-nonvcc"),
+        ({"python": "3.12.1"}, "local-nocuda-notorch-sglnone-finone-nonvcc"),
+    ],
+)
+def test_local_cells_with_another_toolkit_are_other_rows(versions: dict[str, str], want: str) -> None:
+    assert local_cell_id(versions) == want
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1",
+        "cu128-torchnightly-sglnone-fi0.6.17",
+        "cu130-torch2.13.0-sgl0.4.7-fi0.6.18-jitcache",
+        "local-cu130-torch2.11.0-sglnone-fi0.6.18-nvcc13.0",
+        "local-cu130-torch2.11.0-sglnone-fi0.6.18-nonvcc",
+        "local-nocuda-notorch-sglnone-finone",  # before local ids named their toolkit
+    ],
+)
+def test_ids_read_back_into_the_parts_they_were_made_from(text: str) -> None:
+    parsed = cellid.parse(text)
+    assert parsed is not None and str(parsed) == text
+
+
+def test_parts_of_a_local_id() -> None:
+    parsed = cellid.parse("local-cu130-torch2.11.0-sglnone-fi0.6.18-nvcc12.8")
+    assert parsed == CellId("cu130", "2.11.0", "none", "0.6.18", local=True, nvcc="12.8")
+    assert cellid.parse("results-2026") is None

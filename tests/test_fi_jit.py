@@ -1,0 +1,265 @@
+"""fi-jit verdicts: the toolkit flashinfer would use (not one fi-jit picks), targets as flashinfer normalises
+them, and no pass without the requested architecture in the built code; cache hits recorded as such.
+
+Verdicts are checked on recorded build results, and end to end through the worker with a stand-in
+flashinfer package (no torch here): it finds its toolkit, normalises FLASHINFER_CUDA_ARCH_LIST and writes
+a build.ninja the way flashinfer 0.6.18 does, and the host's real nvcc 13.0 compiles a one-kernel module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checks.probes import fi_jit
+
+ROOT = Path(__file__).resolve().parents[1]
+NVCC = "/usr/local/cuda/bin/nvcc"
+TK13 = {"nvcc": NVCC, "cuda_home": "/usr/local/cuda", "found_by": "CUDA_HOME", "version": "13.0", "error": ""}
+
+
+def _done(**kw: object) -> dict:
+    return {"stage": "done", "flashinfer": "0.6.18", "toolkit": TK13, "compile_s": 14.2, "link_s": 0.4, **kw}
+
+
+# --- item 2: targets as flashinfer normalises them -------------------------------------------------------
+@pytest.mark.parametrize(
+    ("arch", "targets", "status"),
+    [
+        ("9.0a", ["sm_90a"], "pass"),
+        ("10.0a", ["sm_100a"], "pass"),
+        ("12.0", ["sm_120f"], "pass"),  # flashinfer >= 0.6.7 with nvcc >= 12.9 (recorded: 0.6.18, nvcc 13.0)
+        ("12.0", ["sm_120"], "pass"),  # flashinfer <= 0.6.6 passes it unchanged
+        ("12.0a", ["sm_120a"], "pass"),
+        ("12.0f", ["sm_120f"], "pass"),
+        ("12.0a", ["sm_120f"], "fail"),
+        ("12.0f", ["sm_120a"], "fail"),
+        ("12.0", ["sm_90a"], "fail"),
+        ("10.0a", ["sm_100f"], "fail"),
+    ],
+)
+def test_requested_arch_as_flashinfer_normalises_it(arch: str, targets: list[str], status: str) -> None:
+    o = fi_jit.verdict("vllm_comm", arch, _done(), targets)
+    assert o["status"] == status, o
+    if status == "fail":
+        assert o["reason_code"] == "fi-wrong-arch" and str(targets) in o["note"]
+
+
+# --- item 3: no pass without proof; cache hits -------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["12.0a", "local"])
+def test_unreadable_output_is_not_a_pass(arch: str) -> None:
+    result = _done(library="/cache/vllm_comm/vllm_comm.so", local_capability="9.0")
+    o = fi_jit.verdict("vllm_comm", arch, result, [])
+    assert (o["status"], o["reason_code"]) == ("partial", "fi-arch-unverified"), o
+    assert "/cache/vllm_comm/vllm_comm.so" in o["note"]
+
+
+def test_one_step_build_without_readable_output_is_not_a_pass() -> None:
+    o = fi_jit.verdict("vllm_comm", "12.0a", {"stage": "done", "one_step": True, "compile_s": 3.0}, [])
+    assert o["status"] == "partial" and o["evidence"]["one_step"] is True
+
+
+def test_a_cache_hit_is_recorded_with_the_build_it_came_from() -> None:
+    origin = {"built_at": "2026-11-30T18:20:01Z", "toolkit": TK13, "flashinfer": "0.6.18", "module": "vllm_comm"}
+    result = _done(cached=True, cached_from=origin, compile_s=0.1)
+    o = fi_jit.verdict("vllm_comm", "12.0a", result, ["sm_120a"])
+    assert o["status"] == "pass" and o["metrics"]["cached"] is True
+    assert "compile_s" not in o["metrics"]  # 0.1 s of ninja checking timestamps is no compile time
+    assert o["evidence"]["cached_from"] == origin and "cached" in o["note"] and "2026-11-30T18:20:01Z" in o["note"]
+    fresh = fi_jit.verdict("vllm_comm", "12.0a", _done(cached=False), ["sm_120a"])
+    assert "cached" not in fresh["metrics"] and fresh["metrics"]["compile_s"] == 14.2
+
+
+# --- item 1: the toolkit in every result ------------------------------------------------------------------
+def test_every_result_names_its_toolkit_and_flags_another_cuda_major() -> None:
+    tk128 = {"nvcc": "/opt/cu128/bin/nvcc", "cuda_home": "/opt/cu128", "found_by": "PATH", "version": "12.8",
+             "error": ""}
+    o = fi_jit.verdict("vllm_comm", "12.0a", _done(toolkit=tk128, torch_cuda="13.0"), ["sm_120a"])
+    assert o["evidence"]["toolkit"] == tk128 and o["evidence"]["nvcc"] == "12.8"
+    assert "CUDA 12 but torch is built with CUDA 13.0" in o["evidence"]["toolkit_warning"]
+    assert "CUDA 12 but torch" in o["note"]
+    gate = {"stage": "import", "toolkit": tk128, "error": "RuntimeError: SM 12.x requires CUDA >= 12.9"}
+    o = fi_jit.verdict("vllm_comm", "12.0", gate, [])
+    assert (o["status"], o["reason_code"]) == ("fail", "fi-nvcc-too-old")
+    assert "/opt/cu128/bin/nvcc (from PATH; nvcc 12.8)" in o["note"]
+
+
+# --- end to end through the worker, with a stand-in flashinfer ---------------------------------------------
+STANDIN_CPP_EXT = '''
+import os, re, subprocess
+
+def get_cuda_path():
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home is not None:
+        return home
+    found = subprocess.run(["which", "nvcc"], capture_output=True, text=True)
+    if found.returncode == 0:
+        return os.path.dirname(os.path.dirname(found.stdout.strip()))
+    if not os.path.exists("/usr/local/cuda"):
+        raise RuntimeError("Could not find nvcc and default cuda_home='/usr/local/cuda' doesn't exist")
+    return "/usr/local/cuda"
+
+def cuda_version():
+    try:
+        text = subprocess.check_output([os.path.join(get_cuda_path(), "bin/nvcc"), "--version"], text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return (13, 0)  # flashinfer falls back to torch.version.cuda; the stand-in's torch would be cu130
+    m = re.search(r"release (\\d+)\\.(\\d+),", text)
+    return (int(m.group(1)), int(m.group(2)))
+'''
+STANDIN_ENV = '''
+import os
+from flashinfer.jit.cpp_ext import cuda_version
+
+def _normalise(item):
+    major, minor = item.split(".")
+    if minor[-1].isalpha():
+        return major + minor
+    if major == "12":
+        if cuda_version() < (12, 9):
+            raise RuntimeError("SM 12.x requires CUDA >= 12.9")
+        return "120f" if minor == "0" else f"12{minor}a"
+    return major + minor + ("a" if int(major) >= 9 else "")
+
+ARCHS = sorted(_normalise(a) for a in os.environ["FLASHINFER_CUDA_ARCH_LIST"].split(" "))
+JIT_DIR = os.path.join(os.environ["FLASHINFER_WORKSPACE_BASE"], ".cache", "flashinfer", "_".join(ARCHS), "cached_ops")
+'''
+STANDIN_COMM = '''
+import os
+import subprocess
+from pathlib import Path
+from flashinfer.jit import env
+from flashinfer.jit.cpp_ext import get_cuda_path
+
+KERNEL = "__global__ void k(int* p) { *p = 1; }\\n"
+COMPILE = "$nvcc -c $in -o $out {gencode} -Xcompiler -fPIC"
+if os.environ.get("STANDIN_NO_DEVICE_CODE"):  # output with no fat binary to read back
+    KERNEL, COMPILE = "int f() { return 1; }\\n", "c++ -x c++ -fPIC -c $in -o $out"
+
+def _write_if_different(path, text):  # as flashinfer does, so an unchanged module stays up to date
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+class JitSpec:
+    def __init__(self, name):
+        self.name = name
+
+    @property
+    def build_dir(self):
+        return Path(env.JIT_DIR) / self.name
+
+    @property
+    def ninja_path(self):
+        return self.build_dir / "build.ninja"
+
+    @property
+    def jit_library_path(self):
+        return self.build_dir / f"{self.name}.so"
+
+    def write_ninja(self):
+        d = self.build_dir
+        d.mkdir(parents=True, exist_ok=True)
+        _write_if_different(d / "k.cu", KERNEL)
+        gencode = " ".join(f"-gencode=arch=compute_{a},code=sm_{a}" for a in env.ARCHS)
+        nvcc = os.environ.get("FLASHINFER_NVCC", "$cuda_home/bin/nvcc")
+        _write_if_different(d / "build.ninja",
+            f"cuda_home = {get_cuda_path()}\\nnvcc = {nvcc}\\n"
+            f"rule cuda_compile\\n  command = {COMPILE.format(gencode=gencode)}\\n"
+            "rule link\\n  command = c++ -shared $in -o $out\\n"
+            f"build {d}/k.cuda.o: cuda_compile {d}/k.cu\\n"
+            f"build {self.jit_library_path}: link {d}/k.cuda.o\\n"
+        )
+
+class OneStepSpec(JitSpec):  # a JitSpec without a ninja file of its own: build_and_load does it all
+    def __getattribute__(self, name):
+        if name in ("write_ninja", "ninja_path"):
+            raise AttributeError(name)
+        return object.__getattribute__(self, name)
+    def build_and_load(self):
+        JitSpec.write_ninja(self)
+        subprocess.run(["ninja", "-C", str(self.build_dir)], check=True, capture_output=True)
+
+def gen_vllm_comm_module():
+    return (OneStepSpec if os.environ.get("STANDIN_ONE_STEP") else JitSpec)("vllm_comm")
+'''
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not os.access(NVCC, os.X_OK):
+        pytest.skip("needs nvcc at /usr/local/cuda")
+    site = tmp_path_factory.mktemp("standin")
+    pkg = site / "flashinfer"
+    (pkg / "jit").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from flashinfer.jit import env  # fixes the arch list at import\n")
+    (pkg / "jit" / "__init__.py").write_text("")
+    (pkg / "jit" / "cpp_ext.py").write_text(STANDIN_CPP_EXT)
+    (pkg / "jit" / "env.py").write_text(STANDIN_ENV)
+    (pkg / "jit" / "comm.py").write_text(STANDIN_COMM)
+    meta = site / "flashinfer_python-0.6.18.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.6.18\n")
+    return site
+
+
+def _fi_jit(site: Path, arch: str, cache: Path, **env: str) -> dict:
+    base = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "VIRTUAL_ENV")}
+    bindir = str(Path(sys.executable).parent)  # ninja from this venv
+    run_env = {**base, "PATH": f"{bindir}{os.pathsep}{base['PATH']}", "CUDA_VISIBLE_DEVICES": "",
+               "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "STACKPROBE_JIT_CACHE": str(cache), **env}
+    variant = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", "vllm_comm"], ["arch", arch]]}
+    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--probe", "fi-jit", "--variant",
+                           json.dumps(variant), "--gpus", "0"], cwd=ROOT, env=run_env, capture_output=True,
+                          text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@STACKPROBE-RESULT@@")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(lines[-1].split("@@STACKPROBE-RESULT@@", 1)[1])
+
+
+def test_a_cuda_home_without_nvcc_fails_as_it_does_for_flashinfer(standin: Path, tmp_path: Path) -> None:
+    wheel = tmp_path / "cuda_nvcc"  # the registry's nvidia-cuda-nvcc-cu12 layout: ptxas and nvvm, no nvcc
+    (wheel / "bin").mkdir(parents=True)
+    (wheel / "bin" / "ptxas").write_bytes(Path(NVCC).with_name("ptxas").read_bytes())
+    r = _fi_jit(standin, "12.0a", tmp_path / "jit", CUDA_HOME=str(wheel))
+    assert (r["status"], r["reason_code"]) == ("fail", "fi-no-nvcc"), r
+    tk = r["evidence"]["toolkit"]
+    assert (tk["nvcc"], tk["found_by"], tk["version"]) == (f"{wheel}/bin/nvcc", "CUDA_HOME", None)
+    assert f"{wheel}/bin/nvcc" in r["note"]
+
+
+def test_an_older_nvcc_first_on_path_is_the_one_used(standin: Path, tmp_path: Path) -> None:
+    old = tmp_path / "cu128" / "bin"
+    old.mkdir(parents=True)
+    (old / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    (old / "nvcc").chmod(0o755)
+    r = _fi_jit(standin, "12.0", tmp_path / "jit", PATH=f"{old}{os.pathsep}{Path(sys.executable).parent}"
+                f"{os.pathsep}{os.environ['PATH']}")
+    assert (r["status"], r["reason_code"]) == ("fail", "fi-nvcc-too-old"), r
+    assert (r["evidence"]["toolkit"]["found_by"], r["evidence"]["toolkit"]["version"]) == ("PATH", "12.8")
+
+
+def test_arch_12_0_passes_with_flashinfers_sm_120f_and_a_rerun_is_a_cache_hit(standin: Path, tmp_path: Path) -> None:
+    first = _fi_jit(standin, "12.0", tmp_path / "jit", CUDA_HOME="/usr/local/cuda")
+    assert first["status"] == "pass", first
+    assert first["evidence"]["targets_in_output"] == ["sm_120f"]
+    assert first["evidence"]["toolkit"]["version"] == "13.0" and "cached" not in first["metrics"]
+    again = _fi_jit(standin, "12.0", tmp_path / "jit", CUDA_HOME="/usr/local/cuda")
+    assert again["status"] == "pass" and again["metrics"]["cached"] is True, again
+    assert again["evidence"]["cached_from"]["toolkit"]["nvcc"] == NVCC
+    assert again["evidence"]["cached_from"]["built_at"] in again["note"]
+
+
+def test_output_without_cuda_code_does_not_pass(standin: Path, tmp_path: Path) -> None:
+    r = _fi_jit(standin, "12.0a", tmp_path / "jit", CUDA_HOME="/usr/local/cuda", STANDIN_NO_DEVICE_CODE="1")
+    assert (r["status"], r["reason_code"]) == ("partial", "fi-arch-unverified"), r
+
+
+def test_a_one_step_build_is_read_back_too(standin: Path, tmp_path: Path) -> None:
+    r = _fi_jit(standin, "12.0a", tmp_path / "jit", CUDA_HOME="/usr/local/cuda", STANDIN_ONE_STEP="1")
+    assert r["status"] == "pass", r
+    assert r["evidence"]["targets_in_output"] == ["sm_120a"] and r["evidence"]["one_step"] is True
