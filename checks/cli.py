@@ -84,7 +84,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for pid, (loc, mod) in sorted(probes.items()):
         s = mod.SPEC
         rows.append({"id": pid, "title": s.title, "feature": s.feature, "ranks": list(s.ranks),
-                     "share_gpu": s.share_gpu, "requires": list(s.requires), "needs_gpu": s.needs_gpu,
+                     "min_ranks": s.min_ranks, "distinct_gpus": s.distinct_gpus,
+                     "requires": list(s.requires), "needs_gpu": s.needs_gpu,
                      "timeout_s": s.timeout_s, "source": loc.module or loc.file})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -94,7 +95,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     t = Table("id", "title", "ranks", "gpu", "needs", title=f"{len(rows)} probes")
     for r in rows:
-        t.add_row(r["id"], r["title"], ",".join(map(str, r["ranks"])) + (" (may share)" if r["share_gpu"] else ""),
+        t.add_row(r["id"], r["title"], ",".join(map(str, r["ranks"])) + ("" if r["distinct_gpus"] else " (may share)"),
                   "yes" if r["needs_gpu"] else "no", ", ".join(r["requires"]) or "-")
     Console(highlight=False).print(t)
     return 0

@@ -43,10 +43,33 @@ class ProbeSpec:
     title: str
     feature: str  # the question a user asks that this probe answers
     ranks: tuple[int, ...] = (1,)  # world sizes it runs with by default
-    share_gpu: bool = False  # ranks may share one GPU when the host has fewer GPUs than ranks
+    # The fewest ranks that test the feature at all: over one rank an allreduce returns its input, so a
+    # one-rank collective would pass having tested nothing. The worker refuses a variant with fewer.
+    min_ranks: int = 1
+    # (param, value, min_ranks): variants with that param value need another minimum (e.g. a mode that
+    # simulates all its ranks in one process).
+    min_ranks_by_param: tuple[tuple[str, str, int], ...] = ()
+    # Every rank needs a GPU of its own (NCCL refuses two ranks on one device; a latency of ranks
+    # time-slicing one GPU means nothing). False: ranks may share a GPU, and Variant.share_gpu says
+    # whether a variant does. The worker refuses a sharing variant of a probe whose ranks need their own.
+    distinct_gpus: bool = True
     requires: tuple[str, ...] = ()  # importable modules the environment must have, else `skip`
     needs_gpu: bool = True
     timeout_s: float = 300.0  # per variant, enforced by the host-side watchdog
+
+    def __post_init__(self) -> None:
+        floors = [self.min_ranks, *(n for _, _, n in self.min_ranks_by_param)]
+        if min(floors) < 1:
+            raise ValueError(f"{self.id}: a minimum rank count is at least 1")
+        if any(n < self.min_ranks for n in self.ranks):
+            raise ValueError(f"{self.id}: default world sizes {self.ranks} go below min_ranks={self.min_ranks}")
+
+    def min_ranks_for(self, variant: Variant) -> int:
+        """The fewest ranks ``variant`` can test the feature with."""
+        for name, value, n in self.min_ranks_by_param:
+            if variant.param(name) == value:
+                return n
+        return self.min_ranks
 
 
 @dataclass(frozen=True)
@@ -194,7 +217,7 @@ def default_variants(spec: ProbeSpec, host: HostView) -> list[Variant]:
     out: list[Variant] = []
     for n in spec.ranks:
         short = gpu_shortfall(host, n) if spec.needs_gpu else None
-        if short and (short.code == "no-gpu" or not spec.share_gpu):
+        if short and (short.code == "no-gpu" or spec.distinct_gpus):
             out.append(Variant(spec.id, n, skip=short))
         else:
             out.append(Variant(spec.id, n, share_gpu=spec.needs_gpu and n > host.gpu_count))

@@ -277,24 +277,41 @@ def merge(module: ModuleType, result: LaunchResult) -> dict[str, Any]:
 
 
 def skip_reason(module: ModuleType, variant: Variant, gpus: int) -> tuple[str, str] | None:
-    """(reason_code, note) when the variant cannot run here; checked before any rank is launched."""
+    """(reason_code, note) when the variant cannot run here; checked before any rank is launched.
+
+    The planner never makes a variant the probe cannot test, but a worker run by hand can be given one.
+    Too few ranks and ranks sharing a GPU the probe needs to itself are refused as `skip`, the verdict for
+    "not tested here" (like too few GPUs): not `pass`, since a one-rank allreduce returns its input and
+    would pass having tested nothing; and not `fail`, which would blame the stack for a variant that never
+    reached the feature."""
     spec = module.SPEC
+    least = spec.min_ranks_for(variant)
+    if variant.ranks < least:
+        return "too-few-ranks", (f"{spec.id} needs at least {least} ranks to test anything (over one rank a "
+                                 f"collective returns its input); this variant has {variant.ranks}")
     missing = [m for m in spec.requires if not module_available(m)]
     if missing:
         return "missing-package", f"{', '.join(missing)} not installed in this environment"
     if variant.skip:
         return variant.skip.code, variant.skip.note
-    if spec.needs_gpu and gpus == 0:
+    if not spec.needs_gpu:
+        return None
+    if gpus == 0:
         return "no-gpu", "no GPU on this host"
-    if spec.needs_gpu and variant.ranks > gpus and not variant.share_gpu:
+    if variant.share_gpu and spec.distinct_gpus:
+        return "not-applicable", f"{spec.id} needs a GPU per rank; this variant puts ranks on shared GPUs"
+    if variant.ranks > gpus and not variant.share_gpu:
         return "too-few-gpus", f"needs {variant.ranks} GPUs, host has {gpus}"
     return None
 
 
-def run_variant(probe_id: str, variant: Variant, gpus: int | None = None, timeout_s: float | None = None,
-                workdir: Path | None = None, keep_workdir: bool = False) -> dict[str, Any]:
+def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None = None,
+                timeout_s: float | None = None, workdir: Path | None = None,
+                keep_workdir: bool = False) -> dict[str, Any]:
+    """Run one variant (default: the probe's smallest default world size, no params) and merge its ranks."""
     started = time.monotonic()
     location, module = find(probe_id)
+    variant = variant or Variant(probe_id, min(module.SPEC.ranks))
     gpus = envinfo.gpu_count_hint() if gpus is None else gpus
     skipped = skip_reason(module, variant, gpus)
     if skipped:
@@ -326,7 +343,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m checks.worker", description=__doc__.split("\n")[0])
     p.add_argument("--inspect", action="store_true", help="print the environment's versions and GPU facts")
     p.add_argument("--probe", help="probe id")
-    p.add_argument("--variant", help="Variant.to_json() as JSON (default: one rank, no params)")
+    p.add_argument("--variant", help="Variant.to_json() as JSON (default: the probe's smallest default world "
+                   "size, no params)")
     p.add_argument("--gpus", type=int, help="GPUs visible here (default: ask nvidia-smi)")
     p.add_argument("--timeout", type=float, help="soft timeout in seconds (default: the probe's)")
     p.add_argument("--workdir", type=Path, help="scratch directory (default: a fresh temporary one)")
@@ -343,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         print("checks.worker: give --probe ID (or --inspect)", file=sys.stderr)
         return 2
     try:
-        variant = Variant.from_json(json.loads(args.variant)) if args.variant else Variant(args.probe)
+        variant = Variant.from_json(json.loads(args.variant)) if args.variant else None
     except (ValueError, KeyError, TypeError) as exc:
         print(f"checks.worker: --variant is not a Variant JSON object: {exc}", file=sys.stderr)
         return 2

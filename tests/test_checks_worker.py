@@ -105,6 +105,40 @@ def test_skips_without_launching() -> None:
     assert few["status"] == "skip" and few["note"] == "needs 2 GPUs, host has 1"
 
 
+def _worker_result(probe: str, variant: dict | None, *args: str) -> dict:
+    cmd = [sys.executable, "-m", "checks.worker", "--probe", probe, *args]
+    if variant is not None:
+        cmd += ["--variant", json.dumps(variant)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=fixture_env(), cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER))
+    return json.loads(line[len(RESULT_MARKER):])
+
+
+def test_too_few_ranks_is_refused_not_passed() -> None:
+    # Over one rank the gloo all_reduce returns its input, which equals the expected sum: it would pass.
+    result, _ = run_worker("t-gloo-allreduce", ranks=1)
+    assert (result["status"], result["reason_code"]) == ("skip", "too-few-ranks")
+    assert "needs at least 2 ranks" in result["note"] and "this variant has 1" in result["note"]
+    assert "ranks" not in result["evidence"]  # nothing was launched
+
+
+def test_without_a_variant_the_worker_runs_the_smallest_default_world_size() -> None:
+    result = _worker_result("t-gloo-allreduce", None)
+    assert result["status"] == "pass"
+    assert [r["rank"] for r in result["evidence"]["ranks"]] == [0, 1]
+
+
+def test_ranks_sharing_a_gpu_are_refused_for_a_probe_that_needs_one_each() -> None:
+    variant = {"probe_id": "t-gpu", "ranks": 2, "params": [], "share_gpu": True}
+    result = _worker_result("t-gpu", variant, "--gpus", "1")
+    assert (result["status"], result["reason_code"]) == ("skip", "not-applicable")
+    assert result["note"] == "t-gpu needs a GPU per rank; this variant puts ranks on shared GPUs"
+    assert "ranks" not in result["evidence"]
+    shared = {"probe_id": "t-gpu-shared", "ranks": 2, "params": [], "share_gpu": True}
+    assert _worker_result("t-gpu-shared", shared, "--gpus", "0")["reason_code"] == "no-gpu"  # allowed to share
+
+
 def test_unknown_probe_suggests_and_exits_2() -> None:
     proc = subprocess.run([sys.executable, "-m", "checks.worker", "--probe", "t-trival"], capture_output=True,
                           text=True, env=fixture_env(), cwd=ROOT)

@@ -241,17 +241,17 @@ def test_ep_routing_two_distinct_experts_and_exact_checks() -> None:
 
 def test_fusion_reference_and_untouched_output() -> None:
     torch = pytest.importorskip("torch")
-    from checks.probes import _dist
+    from checks.probes import _data
 
     shape = (4, fi_fusion.HIDDEN)
-    total = _dist.pattern_sum(shape, 2, 0)
-    residual = _dist.pattern(shape, 0, 1000)
+    total = _data.pattern_sum(shape, 2, 0)
+    residual = _data.pattern(shape, 0, 1000)
     gamma = (1 + torch.arange(fi_fusion.HIDDEN) % 3).bfloat16()
     res_out, norm = fi_fusion.reference(total, residual, gamma)
     assert torch.equal(res_out.float(), total.float() + residual.float())  # integers: exact in bf16
     good = fi_fusion.norm_check(norm, norm)
     assert good["within_1ulp"] and good["exact_fraction"] == 1.0
-    untouched = fi_fusion.norm_check(torch.full(shape, _dist.SENTINEL).bfloat16(), norm)
+    untouched = fi_fusion.norm_check(torch.full(shape, _data.SENTINEL).bfloat16(), norm)
     assert untouched["untouched"] and not untouched["within_1ulp"]
 
 
@@ -521,13 +521,14 @@ def _stop_worker(rank: int, world: int, init_file: str, queue: object) -> None:
     import torch.distributed as dist
 
     from checks.probe import outcome
+    from checks.probes._lockstep import stop_together
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    first = fi.stop_together(None)
+    first = stop_together(None)
     local = outcome("partial", note="graph failed on rank 1", reason_code="x") if rank == 1 else None
     if rank == 2:
         local = outcome("fail", note="rank 2 broke", reason_code="y")
-    second = fi.stop_together(local)
+    second = stop_together(local)
     queue.put((rank, first, second))  # type: ignore[attr-defined]
     dist.destroy_process_group()
 

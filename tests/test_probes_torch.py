@@ -1,8 +1,11 @@
 """The torch/NCCL probes on CPU: helper math, exact checks, verdict logic, variant planning, skip paths,
-and the cross-rank helpers with real gloo ranks. The GPU paths themselves run on the lent H200."""
+and the cross-rank helpers with real gloo ranks. The GPU paths themselves run on the lent H200.
+
+Verdict logic, planning and log parsing are pure and run without torch; tests that need torch are marked."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -10,66 +13,90 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from checks.probe import RESULT_MARKER, HostView, RankContext, Variant  # noqa: E402
-from checks.probes import _dist, ar_latency, nccl_graphs, symm_mem  # noqa: E402
+from checks.probe import RESULT_MARKER, HostView, RankContext, Variant
+from checks.probes import (
+    _data,
+    _dist,
+    _errors,
+    _nccllog,
+    _timing,
+    ar_latency,
+    custom_ar,
+    ep_a2a,
+    fi_fusion,
+    nccl_graphs,
+    symm_mem,
+)
+from checks.worker import skip_reason
 
 ROOT = Path(__file__).resolve().parent.parent
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+COLLECTIVE_PROBES = (nccl_graphs, symm_mem, ar_latency, custom_ar, fi_fusion, ep_a2a)
 
 
 # --- integer-valued data -----------------------------------------------------------------------------
 
 
+@needs_torch
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_pattern_sum_is_exact_in_bf16(world: int) -> None:
+    import torch
+
     shape = (3, 7168)
-    ref = sum(_dist.pattern(shape, r, 5, dtype=torch.int64) for r in range(world))
-    got = _dist.pattern_sum(shape, world, 5)
+    ref = sum(_data.pattern(shape, r, 5, dtype=torch.int64) for r in range(world))
+    got = _data.pattern_sum(shape, world, 5)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got.to(torch.int64), ref)  # bf16 holds every such sum exactly
-    one = _dist.pattern(shape, 1, 5, dtype=torch.int64)
+    one = _data.pattern(shape, 1, 5, dtype=torch.int64)
     assert int(one.min()) == -4 and int(one.max()) == 4
 
 
+@needs_torch
 def test_pattern_differs_per_rank_and_seed() -> None:
-    a = _dist.pattern((64,), 0, 1)
-    assert not torch.equal(a, _dist.pattern((64,), 1, 1))
-    assert not torch.equal(a, _dist.pattern((64,), 0, 2))
-    assert not torch.equal(_dist.pattern_sum((64,), 2, 1), torch.zeros(64, dtype=torch.bfloat16))
+    import torch
+
+    a = _data.pattern((64,), 0, 1)
+    assert not torch.equal(a, _data.pattern((64,), 1, 1))
+    assert not torch.equal(a, _data.pattern((64,), 0, 2))
+    assert not torch.equal(_data.pattern_sum((64,), 2, 1), torch.zeros(64, dtype=torch.bfloat16))
 
 
 # --- exact check and no-op detection -----------------------------------------------------------------
 
 
+@needs_torch
 def test_check_exact_verdicts() -> None:
+    import torch
+
     shape = (2, 64)
-    ref = _dist.pattern_sum(shape, 2, 3)
-    own = _dist.pattern(shape, 0, 3)
-    prior = _dist.filled(shape)
-    assert _dist.check_exact(ref.clone(), ref).verdict == "exact"
-    noop = _dist.check_exact(prior.to(torch.bfloat16), ref, prior=prior, own_input=own)
+    ref = _data.pattern_sum(shape, 2, 3)
+    own = _data.pattern(shape, 0, 3)
+    prior = _data.filled(shape)
+    assert _data.check_exact(ref.clone(), ref).verdict == "exact"
+    noop = _data.check_exact(prior.to(torch.bfloat16), ref, prior=prior, own_input=own)
     assert (noop.verdict, noop.detail) == ("no-op", "output equals its prior contents")
-    assert _dist.check_exact(own.clone(), ref, prior=prior, own_input=own).detail == "output equals its own input"
-    assert _dist.check_exact(torch.zeros(shape), ref).verdict == "zero"
+    assert _data.check_exact(own.clone(), ref, prior=prior, own_input=own).detail == "output equals its own input"
+    assert _data.check_exact(torch.zeros(shape), ref).verdict == "zero"
     off = ref.clone()
     off[0, 0] += 1
-    wrong = _dist.check_exact(off, ref)
+    wrong = _data.check_exact(off, ref)
     assert (wrong.verdict, wrong.mismatches, wrong.max_abs_err) == ("wrong", 1, 1.0)
-    assert _dist.check_exact(off, ref, atol=1.0).verdict == "close"  # the tolerance is a second, named level
-    assert not _dist.check_exact(off, ref, atol=1.0).ok
+    assert _data.check_exact(off, ref, atol=1.0).verdict == "close"  # the tolerance is a second, named level
+    assert not _data.check_exact(off, ref, atol=1.0).ok
     nan = ref.clone().float()
     nan[1, 1] = math.nan
-    assert _dist.check_exact(nan, ref).verdict == "wrong"
-    assert _dist.check_exact(ref[:1], ref).verdict == "wrong"
+    assert _data.check_exact(nan, ref).verdict == "wrong"
+    assert _data.check_exact(ref[:1], ref).verdict == "wrong"
 
 
+@needs_torch
 def test_equal_to_own_input_is_not_a_noop_when_that_is_the_answer() -> None:
-    ref = _dist.pattern((16,), 0, 1)
-    assert _dist.check_exact(ref.clone(), ref, own_input=ref).verdict == "exact"
+    ref = _data.pattern((16,), 0, 1)
+    assert _data.check_exact(ref.clone(), ref, own_input=ref).verdict == "exact"
 
 
 # --- timing math --------------------------------------------------------------------------------------
@@ -77,18 +104,18 @@ def test_equal_to_own_input_is_not_a_noop_when_that_is_the_answer() -> None:
 
 def test_percentile_and_median() -> None:
     vals = [float(x) for x in range(1, 101)]
-    assert _dist.percentile(vals, 99) == 99.0
-    assert _dist.percentile(vals, 100) == 100.0
-    assert _dist.percentile([5.0], 99) == 5.0
-    assert _dist.median([3.0, 1.0, 2.0]) == 2.0
-    assert _dist.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    assert _timing.percentile(vals, 99) == 99.0
+    assert _timing.percentile(vals, 100) == 100.0
+    assert _timing.percentile([5.0], 99) == 5.0
+    assert _timing.median([3.0, 1.0, 2.0]) == 2.0
+    assert _timing.median([4.0, 1.0, 2.0, 3.0]) == 2.5
     with pytest.raises(ValueError):
-        _dist.median([])
+        _timing.median([])
 
 
 def test_aggregate_takes_slowest_rank_per_replay_and_scales_to_one_call() -> None:
     # ms per replay of a 10-call graph; rank 1 is the slow one in replays 0 and 2, rank 0 in 1.
-    t = _dist.aggregate([[1.0, 3.0, 1.0, 1.0], [2.0, 1.0, 4.0, 1.0]], calls_per_replay=10)
+    t = _timing.aggregate([[1.0, 3.0, 1.0, 1.0], [2.0, 1.0, 4.0, 1.0]], calls_per_replay=10)
     assert t.per_replay_us == [200.0, 300.0, 400.0, 100.0]
     assert t.median_us == 250.0
     assert t.p99_us == 400.0
@@ -100,14 +127,15 @@ def test_aggregate_takes_slowest_rank_per_replay_and_scales_to_one_call() -> Non
 @pytest.mark.parametrize("bad", [[], [[1.0], [1.0, 2.0]], [[], []]])
 def test_aggregate_rejects_inconsistent_input(bad: list[list[float]]) -> None:
     with pytest.raises(ValueError):
-        _dist.aggregate(bad, 5)
+        _timing.aggregate(bad, 5)
 
 
+@needs_torch
 def test_time_replays_on_cpu_uses_the_host_clock() -> None:
     import time
 
     calls: list[str] = []
-    times = _dist.time_replays(lambda: (calls.append("r"), time.sleep(0.01)), 3, barrier=lambda: calls.append("b"))
+    times = _timing.time_replays(lambda: (calls.append("r"), time.sleep(0.01)), 3, barrier=lambda: calls.append("b"))
     assert calls == ["b", "r"] * 3  # the barrier precedes every replay and is not timed inside it
     assert len(times) == 3 and all(9.0 <= x < 200.0 for x in times)
 
@@ -125,28 +153,55 @@ _GLOO_RANK = r"""
 import json, os, sys, time
 from pathlib import Path
 from checks.probe import RankContext, Variant
-from checks.probes import _dist
+from checks.probes import _data, _dist, _timing
 import torch, torch.distributed as dist
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 ctx = RankContext(rank, world, rank, None, Variant("t", world), Path(sys.argv[1]))
 _dist.init_dist(ctx, "gloo")
-x = _dist.pattern((4096,), rank, 7, dtype=torch.float32)
+x = _data.pattern((4096,), rank, 7, dtype=torch.float32)
 dist.all_reduce(x)
-exact = _dist.check_exact(x, _dist.pattern_sum((4096,), world, 7, dtype=torch.float32)).verdict
+exact = _data.check_exact(x, _data.pattern_sum((4096,), world, 7, dtype=torch.float32)).verdict
 agree_all = _dist.agree(True)
 agree_one = _dist.agree(rank != 1)
 # rank 1 is 20 ms slower per replay: the aggregate must show the slow rank, identically everywhere
-timing = _dist.timed_across_ranks(lambda: time.sleep(0.005 + 0.02 * (rank == 1)), 5, 1,
+timing = _timing.timed_across_ranks(lambda: time.sleep(0.005 + 0.02 * (rank == 1)), 5, 1,
                                   barrier=lambda: dist.barrier())
+# lockstep: a step that fails on one rank stops every rank with the worst early outcome
+from checks.probe import outcome
+from checks.probes._lockstep import Lockstep, Stopped
+lock = Lockstep(rank, None, {"base": 1})
+steps = {}
+with lock.step("first", "c-first"):
+    pass
+steps["first"] = "went on"
+try:
+    with lock.step("second", lambda err: "code-" + err.split(":")[0], status="partial", prefix="eager ok; ",
+                   extra={"x": rank}):
+        if rank == 1:
+            raise ValueError("boom\nlast words")
+    steps["second"] = "went on"
+except Stopped as stop:
+    steps["second"] = stop.outcome
+try:
+    with lock.step("third", "c-third", status="partial") as found:
+        if rank == 0:
+            raise RuntimeError("partial trouble")
+        found.early = outcome("fail", "rank 1 wrong", "c-wrong")
+    steps["third"] = "went on"
+except Stopped as stop:
+    steps["third"] = stop.outcome
+steps["finish"] = lock.finish(outcome("partial", "rank 0 slow", "p") if rank == 0 else outcome("pass"))
 Path(sys.argv[1], f"out{rank}.json").write_text(json.dumps(
-    {"exact": exact, "agree_all": agree_all, "agree_one": agree_one, "timing": timing.to_json(True)}))
+    {"exact": exact, "agree_all": agree_all, "agree_one": agree_one, "timing": timing.to_json(True),
+     "steps": steps}))
 # leave as the rank launcher makes ranks leave: interpreter teardown with live gloo threads can abort
 # ("terminate called without an active exception") after the work is done
 os._exit(0)
 """
 
 
-def test_gloo_ranks_check_agree_and_aggregate_timing(tmp_path: Path) -> None:
+@needs_torch
+def test_gloo_ranks_check_agree_aggregate_timing_and_stop_together(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(_GLOO_RANK)
     world = 2
@@ -174,7 +229,17 @@ def test_gloo_ranks_check_agree_and_aggregate_timing(tmp_path: Path) -> None:
         assert res["exact"] == "exact"
         assert res["agree_all"] is True and res["agree_one"] is False
         assert 24.0 * 1000 <= res["timing"]["median_us"] < 200.0 * 1000  # >= 25 ms: the slow rank's time
+        steps = res["steps"]
+        assert steps["first"] == "went on"
+        second = steps["second"]  # rank 1's exception, on both ranks
+        assert (second["status"], second["reason_code"]) == ("partial", "code-ValueError")
+        assert second["note"] == "eager ok; rank 1: second failed: last words"
+        assert second["evidence"] == {"base": 1, "x": 1, "error": "ValueError: boom\nlast words"}
+        third = steps["third"]  # rank 1's `fail` beats rank 0's `partial`
+        assert (third["status"], third["reason_code"], third["note"]) == ("fail", "c-wrong", "rank 1 wrong")
+        assert (steps["finish"]["status"], steps["finish"]["note"]) == ("partial", "rank 0 slow")
     assert results[0]["timing"] == results[1]["timing"]
+    assert results[0]["steps"] == results[1]["steps"]
 
 
 # --- NCCL logs and errors -----------------------------------------------------------------------------
@@ -192,7 +257,7 @@ h:1:9 [0] NCCL WARN No algorithm/protocol available for function AllGather with 
 
 
 def test_parse_nccl_log() -> None:
-    parsed = _dist.parse_nccl_log(NCCL_LOG)
+    parsed = _nccllog.parse_nccl_log(NCCL_LOG)
     assert parsed["transports"] == ["P2P/CUMEM/read", "SHM/direct/direct"]
     assert parsed["nccl_version"] == "2.28.9+cuda13.0"
     assert parsed["algorithms"] == {"AllReduce": ["RING/LL", "TREE/LL"], "AllGather": ["RING/LL"]}
@@ -201,11 +266,11 @@ def test_parse_nccl_log() -> None:
 def test_read_nccl_logs_picks_this_process_files(tmp_path: Path) -> None:
     (tmp_path / "nccl.h.123.log").write_text(NCCL_LOG)
     (tmp_path / "nccl.h.456.log").write_text("x [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/Socket/0\n")
-    mine = _dist.read_nccl_logs(tmp_path, pid=123)
+    mine = _nccllog.read_nccl_logs(tmp_path, pid=123)
     assert mine["transports"] == ["P2P/CUMEM/read", "SHM/direct/direct"]
     assert mine["warnings"] and "No algorithm/protocol available" in mine["warnings"][0]
-    assert _dist.read_nccl_logs(tmp_path / "missing", pid=1)["transports"] == []
-    env = _dist.nccl_debug_env(tmp_path)
+    assert _nccllog.read_nccl_logs(tmp_path / "missing", pid=1)["transports"] == []
+    env = _nccllog.nccl_debug_env(tmp_path)
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"].endswith("nccl.%h.%p.log")
 
 
@@ -225,12 +290,12 @@ def test_read_nccl_logs_picks_this_process_files(tmp_path: Path) -> None:
     ],
 )
 def test_classify_error(text: str, code: str) -> None:
-    assert _dist.classify_error(text) == code
+    assert _nccllog.classify_error(text) == code
 
 
 def test_error_tail_drops_cpp_frames() -> None:
     exc = RuntimeError("boom\nframe #0: c10::Error\nframe #1: foo\nException raised from x\nlast line")
-    assert _dist.error_tail(exc) == "RuntimeError: boom\nlast line"
+    assert _errors.error_tail(exc) == "RuntimeError: boom\nlast line"
 
 
 # --- multicast stays off ------------------------------------------------------------------------------
@@ -359,6 +424,57 @@ def test_symm_mem_verdicts() -> None:
     assert symm_mem.multicast_reason(True, True) == "symm-mem-multicast-disabled"
 
 
+def test_symm_mem_multimem_missing_or_unjudged_is_never_a_pass() -> None:
+    """Every multimem result word is named: a torch without the op is `partial`, a hang a failure, and a word
+    the verdict does not know a probe bug (each of these read as `pass` before)."""
+    missing = symm_mem.verdict(_symm_facts(multimem={"verdict": "missing"}))
+    assert (missing["status"], missing["reason_code"]) == ("partial", "symm-mem-op-missing")
+    assert "multimem_all_reduce_" in missing["note"]
+    hung = symm_mem.verdict(_symm_facts(multimem={"verdict": "hang", "error": "device work not finished after 30 s"}))
+    assert (hung["status"], hung["reason_code"]) == ("fail", "symm-mem-multimem-failed")
+    for odd in ({}, {"verdict": "maybe"}):
+        out = symm_mem.verdict(_symm_facts(multimem=odd))
+        assert (out["status"], out["reason_code"]) == ("fail", "probe-bug")
+
+
+def test_symm_mem_group_multimem_result_is_the_worst_rank() -> None:
+    refused = {"verdict": "refused", "error": REFUSAL}
+    assert symm_mem.worst_multimem([{"verdict": "ok"}, refused]) == refused
+    assert symm_mem.worst_multimem([refused, {"verdict": "missing"}]) == {"verdict": "missing"}
+    assert symm_mem.worst_multimem([refused, {"verdict": "error", "error": "x"}])["verdict"] == "error"
+    assert symm_mem.worst_multimem([{"verdict": "ok"}, {"verdict": "new-word"}])["verdict"] == "new-word"
+
+
+# torch's own refusal, as recorded on 2x H200 (torch 2.11, TORCH_SYMM_MEM_DISABLE_MULTICAST=1)
+REFUSAL = "RuntimeError: multimem_all_reduce_: multicast support is required."
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    ("text", "multicast", "expected"),
+    [
+        (REFUSAL, False, "refused"),
+        # the same words while the rendezvous gave a multicast address: torch and the handle disagree
+        (REFUSAL, True, "error"),
+        # flashinfer's words for a GPU without multicast: mentions multicast, but is not torch refusing this op
+        ("RuntimeError: [SymmDeviceMemory] Device does not support multicasting.", False, "error"),
+        ("RuntimeError: multimem_all_reduce_: input must be allocated with empty_strided_p2p().", False, "error"),
+    ],
+)
+def test_only_torchs_own_refusal_without_multicast_counts_as_refused(
+    monkeypatch: pytest.MonkeyPatch, text: str, multicast: bool, expected: str
+) -> None:
+    import torch
+
+    def raising(*_args: object) -> None:
+        raise RuntimeError(text.removeprefix("RuntimeError: "))
+
+    monkeypatch.setattr(torch.ops.symm_mem, "multimem_all_reduce_", raising)
+    buf = torch.zeros(16 * 7168, dtype=torch.bfloat16)
+    got = symm_mem.try_multimem(buf, "group", 0, 2, "cpu", multicast)
+    assert got == {"verdict": expected, "error": text}
+
+
 # --- ar-latency ----------------------------------------------------------------------------------------
 
 
@@ -371,11 +487,14 @@ def test_ar_latency_variants_and_sizes() -> None:
     assert sizes[0] == 14336 and 1835008 in sizes and sizes[-1] == 4 * 1835008  # 14 KiB .. 1.75 MiB, 4x verify
 
 
+@needs_torch
 def test_expected_after_in_place_calls_is_exact_in_bf16() -> None:
+    import torch
+
     assert ar_latency.expected_after(20, 2, in_place=False) == 1
     for world in (2, 4, 8):
         factor = ar_latency.expected_after(20, world, in_place=True)
-        s = _dist.pattern_sum((4096,), world, 2, dtype=torch.float64) * factor
+        s = _data.pattern_sum((4096,), world, 2, dtype=torch.float64) * factor
         assert torch.equal(s.to(torch.bfloat16).double(), s)  # power-of-two worlds stay exact
 
 
@@ -401,14 +520,18 @@ def test_ar_latency_summarize() -> None:
 # --- skip paths ----------------------------------------------------------------------------------------
 
 
+@needs_torch
 @pytest.mark.parametrize("module", [nccl_graphs, symm_mem, ar_latency])
 def test_run_without_a_gpu_skips_before_touching_torch_distributed(module: object, tmp_path: Path) -> None:
+    import torch
+
     ctx = RankContext(0, 2, 0, None, Variant(module.SPEC.id, 2), tmp_path)  # type: ignore[attr-defined]
     out = module.run(ctx)  # type: ignore[attr-defined]
     assert out["status"] == "skip" and out["reason_code"] == "no-gpu"
     assert not torch.distributed.is_initialized()
 
 
+@needs_torch
 @pytest.mark.parametrize(
     ("probe", "params"),
     [
@@ -439,13 +562,15 @@ def test_every_reason_code_the_probes_set_is_in_the_catalogue() -> None:
     from checks import reasons
 
     catalogue = reasons.load()
-    sources = [Path(m.__file__).read_text() for m in (_dist, nccl_graphs, symm_mem, ar_latency)]
+    probes = (nccl_graphs, symm_mem, ar_latency, custom_ar)
+    sources = [Path(m.__file__).read_text() for m in (_dist, _nccllog, *probes)]
     codes = set()
     for src in sources:
-        codes |= set(re.findall(r'"((?:nccl|symm-mem|ar)-[a-z0-9-]+)"', src))
-    codes -= {m.SPEC.id for m in (nccl_graphs, symm_mem, ar_latency)} | set(ar_latency.BACKENDS)  # not codes
-    codes |= {"missing-package", "no-gpu", "too-few-gpus", "nccl-algo-unavailable", "nccl-error"}
-    assert len(codes) > 15
+        codes |= set(re.findall(r'"((?:nccl|symm-mem|ar|custom-ar)-[a-z0-9-]+)"', src))
+    codes -= {m.SPEC.id for m in probes} | set(ar_latency.BACKENDS)  # not codes
+    codes |= {"missing-package", "no-gpu", "too-few-gpus", "too-few-ranks", "not-applicable", "probe-bug"}
+    assert {"nccl-algo-unavailable", "nccl-error", "custom-ar-timing-failed", "symm-mem-op-missing"} <= codes
+    assert len(codes) > 20
     missing = sorted(c for c in codes if catalogue.get(c) is None)
     assert not missing, f"add these to checks/reasons.yaml: {missing}"
 
@@ -474,6 +599,7 @@ os._exit(0)
 """
 
 
+@needs_torch
 def test_direct_nccl_uses_torchs_library_and_fails_clearly_without_a_gpu(tmp_path: Path) -> None:
     """The ctypes communicator binds the libnccl torch mapped; where NCCL cannot start, the error names the
     call and NCCL's own text instead of crashing the rank."""
@@ -488,3 +614,249 @@ def test_direct_nccl_uses_torchs_library_and_fails_clearly_without_a_gpu(tmp_pat
         assert out["version"] >= 21800, out
     else:
         assert out["error"].startswith("ncclCommInitRank returned "), out
+
+
+# --- custom-ar: the timed graph's output and timing failures -----------------------------------------------
+
+EXACT = {"verdict": "exact", "mismatches": 0, "numel": 7168, "max_abs_err": 0.0, "detail": ""}
+NOOP = {"verdict": "no-op", "mismatches": 7168, "numel": 7168, "max_abs_err": 107.0,
+        "detail": "output equals its prior contents"}
+
+
+def _sized(check: dict[str, object], us: float) -> dict[str, object]:
+    return {"check": check, "latency_us": us, "latency_p99_us": us + 1, "nccl_latency_us": 2 * us,
+            "nccl_latency_p99_us": 2 * us + 1}
+
+
+def test_custom_ar_timed_output_is_checked_and_timing_failure_is_partial() -> None:
+    evidence = {"impl": "flashinfer"}
+    ok = custom_ar.latency_outcome({"sizes": {"14336": _sized(EXACT, 4.3), "229376": _sized(EXACT, 6.0)}}, evidence)
+    assert ok["status"] == "pass"
+    assert ok["metrics"]["latency_us"] == {"14336": 4.3, "229376": 6.0}
+    assert ok["metrics"]["nccl_latency_us"] == {"14336": 8.6, "229376": 12.0}
+    assert ok["evidence"]["timed_output"]["14336"]["verdict"] == "exact"
+
+    noop = custom_ar.latency_outcome({"sizes": {"14336": _sized(EXACT, 4.3), "229376": _sized(NOOP, 1.0)}}, evidence)
+    assert (noop["status"], noop["reason_code"]) == ("partial", "custom-ar-graph-wrong")
+    assert "no-op output at 229376 bytes" in noop["note"]
+    assert noop["metrics"]["latency_us"] == {"14336": 4.3}  # never the speed of a kernel that did nothing
+
+    err = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    failed = custom_ar.latency_outcome({"error": err}, evidence)
+    assert (failed["status"], failed["reason_code"]) == ("partial", "custom-ar-timing-failed")
+    assert failed["note"].endswith("timing failed: " + err) and failed["metrics"] == {}
+    assert failed["evidence"]["timing_error"] == err
+
+    nothing = custom_ar.latency_outcome({"sizes": {}}, evidence)
+    assert nothing["status"] == "partial"
+
+
+def test_custom_ar_eager_outcome() -> None:
+    assert custom_ar.eager_outcome({"14336": EXACT}, 2, True, {}) is None
+    silent = custom_ar.eager_outcome({"14336": EXACT, "229376": NOOP}, 4, False, {})
+    assert silent is not None and (silent["status"], silent["reason_code"]) == ("fail", "custom-ar-silent-noop")
+    assert "full_nvlink=False" in silent["note"]
+    wrong = custom_ar.eager_outcome({"14336": dict(EXACT, verdict="wrong")}, 2, True, {})
+    assert wrong is not None and wrong["reason_code"] == "custom-ar-wrong"
+
+
+# --- how many ranks, and on which GPUs: declared in ProbeSpec, enforced by the worker -------------------
+
+
+@pytest.mark.parametrize("module", COLLECTIVE_PROBES, ids=lambda m: m.SPEC.id)
+def test_a_one_rank_collective_variant_is_refused_before_launch(module: ModuleType) -> None:
+    """By hand a worker can be given one rank; over one rank an allreduce returns its input, so it would pass."""
+    params = (("mode", "gpus"),) if module is ep_a2a else ()
+    variant = Variant(module.SPEC.id, 1, params=params)
+    got = skip_reason(module, variant, gpus=8)
+    assert got is not None and got[0] == "too-few-ranks", got
+    assert "needs at least 2 ranks" in got[1] and "this variant has 1" in got[1]
+
+
+def test_ep_a2a_simulated_ranks_run_in_one_process() -> None:
+    sim = Variant("ep-a2a", 1, params=(("mode", "sim"), ("ep", "4")))
+    assert ep_a2a.SPEC.min_ranks_for(sim) == 1
+    assert ep_a2a.SPEC.min_ranks_for(Variant("ep-a2a", 1, params=(("mode", "gpus"),))) == 2
+    assert (skip_reason(ep_a2a, sim, gpus=1) or ("",))[0] != "too-few-ranks"
+
+
+@pytest.mark.parametrize("module", [nccl_graphs, ar_latency, custom_ar], ids=lambda m: m.SPEC.id)
+def test_ranks_sharing_a_gpu_are_refused_where_the_probe_needs_one_each(module: ModuleType) -> None:
+    assert module.SPEC.distinct_gpus
+    got = skip_reason(module, Variant(module.SPEC.id, 2, share_gpu=True), gpus=2)
+    assert got is not None and got[0] == "not-applicable" and "needs a GPU per rank" in got[1]
+
+
+@pytest.mark.parametrize("module", COLLECTIVE_PROBES, ids=lambda m: m.SPEC.id)
+@pytest.mark.parametrize("gpus", [0, 1, 2, 8])
+def test_planned_variants_respect_the_declared_ranks_and_gpus(module: ModuleType, gpus: int) -> None:
+    for v in module.variants(HostView(gpu_count=gpus)):
+        assert v.ranks >= module.SPEC.min_ranks_for(v), v.key
+        assert not (v.share_gpu and module.SPEC.distinct_gpus), v.key
+        if v.skip is None:  # what the planner runs, the worker runs (flashinfer is absent here)
+            refused = skip_reason(module, v, gpus)
+            assert refused is None or refused[0] == "missing-package", (v.key, refused)
+
+
+def test_probe_spec_rejects_default_world_sizes_below_its_minimum() -> None:
+    from checks.probe import ProbeSpec
+
+    with pytest.raises(ValueError, match="below min_ranks"):
+        ProbeSpec(id="x", title="x", feature="x", ranks=(1, 2), min_ranks=2)
+    with pytest.raises(ValueError, match="at least 1"):
+        ProbeSpec(id="x", title="x", feature="x", min_ranks=0)
+
+
+@needs_torch
+def test_worker_by_hand_with_one_rank_does_not_pass_nccl_graphs() -> None:
+    """`python -m checks.worker --probe nccl-graphs --variant '{... "ranks": 1}'` on a host with a GPU: no
+    rank starts, the result is `skip` with the reason, never a `pass` of four ops over one rank."""
+    variant = json.dumps({"probe_id": "nccl-graphs", "ranks": 1, "params": [["algo", "Ring"]]})
+    proc = subprocess.run(
+        [sys.executable, "-m", "checks.worker", "--probe", "nccl-graphs", "--variant", variant, "--gpus", "1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER))
+    result = json.loads(line[len(RESULT_MARKER) :])
+    assert (result["status"], result["reason_code"]) == ("skip", "too-few-ranks")
+    assert "ranks" not in result["evidence"]  # refused before any rank was launched
+
+
+# --- fi-fusion and ep-a2a steps, run for real on CPU gloo ranks with stand-ins for flashinfer's ops ------
+
+_STANDIN_RANKS = r"""
+import json, os, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from checks.probe import RankContext, Variant
+from checks.probes import _device, _dist, ep_a2a, fi_fusion
+from checks.probes import _flashinfer as fi
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", rank=rank, world_size=world)
+# CPU stand-ins for what needs a GPU: the probe's own steps and checks run unchanged
+_dist.init_dist = lambda ctx, backend="nccl", timeout_s=120.0: torch.device("cpu")
+_device.wait_device = lambda deadline_s: None
+
+REPLAYING = []
+
+class Replay:
+    def __init__(self, step, calls):
+        self.step, self.calls = step, calls
+    def replay(self):
+        REPLAYING.append(True)
+        for _ in range(self.calls):
+            self.step()
+        REPLAYING.clear()
+
+def capture(step, calls, warmup=3, pool=None):
+    for _ in range(warmup):
+        step()
+    return Replay(step, calls)
+
+_device.capture = capture
+FAIL = os.environ.get("STANDIN_FAIL", "")
+
+class Fusion:
+    # allreduce over gloo, then residual add and RMSNorm as the reference computes them
+    api = "stand-in"
+    def create_workspace(self, rank, world, max_tokens, hidden, dtype, group):
+        if FAIL == f"workspace{rank}":
+            raise RuntimeError("IPC handle exchange failed\nworkspace: out of IPC handles")
+    def workspace_bytes(self):
+        return 4096
+    def ar_residual_rmsnorm(self, inp, residual, gamma, eps, res_out, norm_out, rank, world):
+        total = inp.float().clone()
+        dist.all_reduce(total)
+        r, n = fi_fusion.reference(total.bfloat16(), residual, gamma)
+        res_out.copy_(r)
+        norm_out.copy_(n + 1 if FAIL == "graph" and REPLAYING else n)
+
+class A2A:
+    # MoE all-to-all over gloo: every rank sees every rank's tokens and keeps those routed to it
+    workspace_size_per_rank = 1 << 20
+    def _gather(self, t):
+        out = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(out, t.contiguous())
+        return out
+    def dispatch(self, experts, payloads, tpr):
+        hid, ids = payloads
+        ex, hs, js = self._gather(experts), self._gather(hid), self._gather(ids)
+        recv_h = torch.zeros(world, tpr, hid.shape[-1], dtype=hid.dtype)
+        recv_i = torch.zeros(world, tpr, 1, dtype=ids.dtype)
+        for src in range(world):
+            n = 0
+            for t in range(tpr):
+                if rank in {int(e) // ep_a2a.EXPERTS_PER_RANK for e in ex[src][t]}:
+                    recv_h[src, n], recv_i[src, n] = hs[src][t], js[src][t]
+                    n += 1
+        self.recv_ids = self._gather(recv_i)
+        if FAIL == f"dispatch{rank}":  # after the exchange, as a kernel's error is seen after its launch
+            raise RuntimeError("moe_a2a_dispatch: workspace too small")
+        return [recv_h, recv_i]
+    def combine(self, payload, tpr):
+        loads = self._gather(payload)
+        out = torch.zeros(tpr, payload.shape[-1])
+        for t in range(world):
+            for n, token in enumerate(self.recv_ids[t][rank].reshape(-1).tolist()):
+                if token:
+                    out[token - 1 - rank * tpr] += loads[t][rank, n].float()
+        return out.bfloat16()
+
+fi.Fusion = Fusion
+fi.moe_alltoall_object = lambda *a, **k: A2A()
+fi_fusion.TOKENS = fi_fusion.GRAPH_TOKENS  # fewer sizes: gloo on two shared cores
+probe = sys.argv[2]
+module = fi_fusion if probe == "fi-fusion" else ep_a2a
+params = (("placement", "1gpu"),) if probe == "fi-fusion" else (("mode", "gpus"),)
+ctx = RankContext(rank, world, rank, 0, Variant(probe, world, params=params), Path(sys.argv[1]))
+result = module.run(ctx)
+Path(sys.argv[1], f"{probe}-{FAIL or 'none'}-{rank}.json").write_text(json.dumps(result))
+os._exit(0)
+"""
+
+
+def _standin_run(tmp_path: Path, probe: str, fail: str) -> list[dict[str, object]]:
+    script = tmp_path / "standin.py"
+    script.write_text(_STANDIN_RANKS)
+    port = _free_port()
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   PYTHONPATH=str(ROOT), STANDIN_FAIL=fail)
+        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path), probe], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for p in procs:
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 0, out.decode()[-3000:]
+    return [json.loads((tmp_path / f"{probe}-{fail or 'none'}-{r}.json").read_text()) for r in range(2)]
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    ("probe", "fail", "status", "code"),
+    [
+        ("fi-fusion", "", "pass", ""),
+        ("fi-fusion", "workspace1", "fail", "fi-workspace-failed"),
+        ("fi-fusion", "graph", "partial", "fi-fusion-wrong"),
+        ("ep-a2a", "", "pass", ""),
+        ("ep-a2a", "dispatch0", "fail", "ep-a2a-error"),
+    ],
+)
+def test_probe_steps_run_and_stop_together_with_stand_in_ops(
+    tmp_path: Path, probe: str, fail: str, status: str, code: str
+) -> None:
+    """fi-fusion and ep-a2a end to end on two CPU ranks, flashinfer's ops replaced by exact gloo stand-ins: the
+    probes' own checks pass them, and a step failing on one rank ends both ranks with that rank's verdict."""
+    results = _standin_run(tmp_path, probe, fail)
+    assert [(r["status"], r["reason_code"]) for r in results] == [(status, code)] * 2, results[0]["note"]
+    if fail:
+        assert results[0]["note"] == results[1]["note"]
+    if fail == "workspace1":
+        assert results[0]["note"] == "rank 1: workspace creation failed: workspace: out of IPC handles"
+    if fail == "dispatch0":
+        assert results[1]["note"] == "rank 0: dispatch failed: RuntimeError: moe_a2a_dispatch: workspace too small"
+    if probe == "fi-fusion" and not fail:
+        assert results[0]["metrics"]["workspace_bytes"] == 4096
+        assert set(results[0]["evidence"]["graph"]) == {"1", "16", "128"}

@@ -91,19 +91,6 @@ def api_surface() -> dict[str, bool]:
     return out
 
 
-def stop_together(local: dict[str, Any] | None, group: Any = None) -> dict[str, Any] | None:
-    """Every rank learns every rank's early verdict (None = go on); all stop with the worst, or all go on.
-
-    A rank that returned alone would leave its peers blocked in the next collective step, and the variant
-    would read as a hang instead of the failure that stopped it.
-    """
-    from checks.probe import combine_worst
-    from checks.probes import _dist
-
-    verdicts = [o for o in _dist.gather_objects(local, group) if o is not None]
-    return combine_worst(verdicts) if verdicts else None
-
-
 # --- fused allreduce + residual + RMSNorm -------------------------------------------------------------
 class Fusion:
     """The trtllm fused allreduce across flashinfer versions. Always the ``trtllm`` backend: ``auto`` may

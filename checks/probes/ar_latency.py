@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
-from checks.probes import _dist
+from checks.probes import _data, _device, _dist, _errors, _symm, _timing
 
 SPEC = ProbeSpec(
     id="ar-latency",
@@ -23,7 +23,8 @@ SPEC = ProbeSpec(
     feature="How fast is a captured decode-size allreduce (hidden 7168 bf16, 1..128 tokens and 4x for "
     "speculative verify) with each working backend, against NCCL on the same host?",
     ranks=(2, 4, 8),
-    share_gpu=False,  # latency of ranks time-slicing one GPU means nothing
+    min_ranks=2,  # over one rank an allreduce returns its input: there is nothing to time
+    distinct_gpus=True,  # latency of ranks time-slicing one GPU means nothing
     requires=("torch",),
     timeout_s=300.0,
 )
@@ -44,7 +45,7 @@ def variants(host: HostView) -> list[Variant]:
     return out
 
 
-def sizes_bytes(hidden: int = _dist.HIDDEN, tokens: tuple[int, ...] = TOKENS) -> list[int]:
+def sizes_bytes(hidden: int = _data.HIDDEN, tokens: tuple[int, ...] = TOKENS) -> list[int]:
     return [t * hidden * 2 for t in tokens]
 
 
@@ -138,7 +139,7 @@ class SymmMem(Backend):
         self.buf = self.out = None
         self.enabled_here = False
         op_name = "one_shot_all_reduce_out" if kind == "one-shot" else "two_shot_all_reduce_"
-        self.op = _dist.symm_op(op_name)
+        self.op = _symm.symm_op(op_name)
         if self.op is None:
             raise LookupError(f"torch.ops.symm_mem.{op_name} is not in this torch")
 
@@ -147,7 +148,7 @@ class SymmMem(Backend):
         import torch.distributed._symmetric_memory as symm_mem
 
         self.buf = symm_mem.empty(max_numel, dtype=torch.bfloat16, device=self.device)
-        self.handle, self.enabled_here = _dist.symm_rendezvous(self.buf, self.group)
+        self.handle, self.enabled_here = _symm.symm_rendezvous(self.buf, self.group)
         self.out = torch.empty(max_numel, device=self.device, dtype=torch.bfloat16)
 
     def buffers(self, numel: int) -> tuple[Any, Any]:
@@ -168,7 +169,7 @@ class SymmMem(Backend):
 
 
 class FlashinferCustomAR(Backend):
-    """flashinfer's vLLM-style custom allreduce through engineer A's adapter; graph-registered mode."""
+    """flashinfer's vLLM-style custom allreduce through the _flashinfer adapter; graph-registered mode."""
 
     name = "flashinfer-custom-ar"
     in_place = False
@@ -231,8 +232,8 @@ def measure(
     backend: Backend, numel: int, rank: int, world: int, device: Any, gloo: Any, barrier: Callable[[], None]
 ) -> dict[str, Any]:
     """Capture K calls, check the graph exactly on two inputs, then time it, all on a side stream
-    (see ``_dist.side_stream``). Never raises."""
-    with _dist.side_stream(device):
+    (see ``_timing.side_stream``). Never raises."""
+    with _timing.side_stream(device):
         return _measure(backend, numel, rank, world, device, gloo, barrier)
 
 
@@ -243,17 +244,17 @@ def _measure(
     factor = expected_after(CALLS_PER_GRAPH, world, backend.in_place)
 
     def load(seed: int) -> None:
-        inp.copy_(_dist.pattern((numel,), rank, seed, device))
+        inp.copy_(_data.pattern((numel,), rank, seed, device))
         if out is not inp:
-            out.fill_(_dist.SENTINEL)
+            out.fill_(_data.SENTINEL)
 
     graph, error = None, ""
     try:
         load(1)
-        graph = _dist.capture(backend.step(inp, out), CALLS_PER_GRAPH, warmup=2)
+        graph = _device.capture(backend.step(inp, out), CALLS_PER_GRAPH, warmup=2)
         backend.after_capture()
     except Exception as exc:
-        error = _dist.error_tail(exc)
+        error = _errors.error_tail(exc)
     if not _dist.agree(graph is not None, gloo):
         return {"verdict": "error", "error": error or "a peer rank failed to capture"}
     assert graph is not None
@@ -262,24 +263,24 @@ def _measure(
         try:
             load(seed)
             graph.replay()
-            _dist.wait_device(OP_DEADLINE_S)
-            expected = _dist.pattern_sum((numel,), world, seed, dtype=_float64()) * factor
-            chk = _dist.check_exact(out, expected, prior=_dist.filled((numel,)), own_input=_own(numel, rank, seed))
+            _device.wait_device(OP_DEADLINE_S)
+            expected = _data.pattern_sum((numel,), world, seed, dtype=_float64()) * factor
+            chk = _data.check_exact(out, expected, prior=_data.filled((numel,)), own_input=_own(numel, rank, seed))
             if not chk.ok:
                 local = {"verdict": chk.verdict, "detail": chk.detail}
-        except _dist.Hung as exc:
+        except _device.Hung as exc:
             local = {"verdict": "hang", "error": str(exc)}
         except Exception as exc:
-            local = {"verdict": "error", "error": _dist.error_tail(exc)}
+            local = {"verdict": "error", "error": _errors.error_tail(exc)}
         # Reached by every rank for every seed, so the ranks stay in step whatever failed where.
         worst = _dist.worst_verdict(_dist.gather_objects(local["verdict"], gloo))
         if worst != "ok":
             return local if local["verdict"] != "ok" else {"verdict": worst, "detail": "on a peer rank"}
     try:
         inp.zero_()  # timing on zeros: repeated in-place sums stay finite
-        timing = _dist.timed_across_ranks(graph.replay, REPLAYS, CALLS_PER_GRAPH, barrier, gloo)
+        timing = _timing.timed_across_ranks(graph.replay, REPLAYS, CALLS_PER_GRAPH, barrier, gloo)
     except Exception as exc:
-        return {"verdict": "error", "error": _dist.error_tail(exc)}
+        return {"verdict": "error", "error": _errors.error_tail(exc)}
     return {"verdict": "ok", "timing": timing.to_json()}
 
 
@@ -290,7 +291,7 @@ def _float64() -> Any:
 
 
 def _own(numel: int, rank: int, seed: int) -> Any:
-    return _dist.pattern((numel,), rank, seed)
+    return _data.pattern((numel,), rank, seed)
 
 
 def summarize(
@@ -337,7 +338,7 @@ def _clocks(device_index: int) -> dict[str, Any]:
 
         return {"sm_clock_mhz": torch.cuda.clock_rate(device_index)}
     except Exception as exc:
-        return {"clock_error": _dist.error_tail(exc, 120)}
+        return {"clock_error": _errors.error_tail(exc, 120)}
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -356,11 +357,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
     gloo = _dist.cpu_group()
     group = dist.group.WORLD
-    barrier = _dist.stream_barrier(device, group)
-    max_numel = max(TOKENS) * _dist.HIDDEN
+    barrier = _timing.stream_barrier(device, group)
+    max_numel = max(TOKENS) * _data.HIDDEN
     evidence: dict[str, Any] = {
         "backend": name,
-        "hidden": _dist.HIDDEN,
+        "hidden": _data.HIDDEN,
         "tokens": list(TOKENS),
         "calls_per_graph": CALLS_PER_GRAPH,
         "replays": REPLAYS,
@@ -376,7 +377,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         backend = make_backend(name, ctx.rank, ctx.world_size, device, group, gloo)
         backend.prepare(max_numel)
     except Exception as exc:
-        ok, err = False, _dist.error_tail(exc)
+        ok, err = False, _errors.error_tail(exc)
     if not _dist.agree(ok, gloo):
         why = err if not ok else "a peer rank failed to set the backend up"
         code = "missing-package" if "No module named" in why else "ar-backend-failed"
@@ -388,7 +389,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         nccl.prepare(max_numel)
     results: dict[int, dict[str, Any]] = {}
     baseline: dict[int, dict[str, Any]] = {}
-    for numel in (t * _dist.HIDDEN for t in TOKENS):
+    for numel in (t * _data.HIDDEN for t in TOKENS):
         nbytes = numel * 2
         if nccl is not None:
             baseline[nbytes] = measure(nccl, numel, ctx.rank, ctx.world_size, device, gloo, barrier)

@@ -5,7 +5,9 @@
 ranks when ``full_nvlink`` is False, without an error: outputs start as a sentinel, so that silent no-op is
 caught and named ``custom-ar-silent-noop``. Eager (staged through the registered IPC buffer) and graph mode
 (buffers recorded during capture, registered afterwards, then inputs refilled so only a real replay can give
-the result) are checked exactly. Latency is measured against NCCL at decode sizes, both captured in a graph.
+the result) are checked exactly. Latency is measured against NCCL at decode sizes, both captured in a graph;
+the timed custom-AR graph runs on integer inputs into a sentinel-filled output, and its output is checked
+exactly after the timed replays, so a latency is never reported for a kernel that gave the wrong sum.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import importlib.util
 from typing import Any
 
 from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
-from checks.probes import _dist
+from checks.probes import _data, _device, _dist, _errors, _timing
 from checks.probes import _flashinfer as fi
+from checks.probes._lockstep import Lockstep, Stopped
 
 SPEC = ProbeSpec(
     id="custom-ar",
@@ -24,6 +27,8 @@ SPEC = ProbeSpec(
     feature="Does the vLLM-style custom allreduce give exact results eagerly and in CUDA graphs with the "
     "topology's full_nvlink and with it forced, does it silently do nothing, and how fast is it against NCCL?",
     ranks=(2, 4, 8),
+    min_ranks=2,  # over one rank an allreduce returns its input
+    distinct_gpus=True,  # IPC buffers and NVLink between GPUs are what it uses
     requires=("torch",),  # plus flashinfer or sgl_kernel, per variant: checked in run()
     timeout_s=600.0,
 )
@@ -107,6 +112,40 @@ def _make(impl: str, rank: int, group: Any, device: Any, full_nvlink: bool) -> A
     return _SglAR(rank, group, device, full_nvlink)
 
 
+def _eager(ar: Any, rank: int, world: int, device: Any, checks: dict[str, Any]) -> None:
+    """One staged allreduce per size into a sentinel-filled output, each checked exactly (into ``checks``)."""
+    import torch
+
+    for i, tokens in enumerate(TOKENS):
+        shape = (tokens, _data.HIDDEN)
+        x = _data.pattern(shape, rank, i, device)
+        out = torch.full(shape, _data.SENTINEL, dtype=torch.bfloat16, device=device)
+        ar.all_reduce_staged(x, out)
+        _device.wait_device(60)
+        ref = _data.pattern_sum(shape, world, i, device)
+        checks[str(tokens * _data.HIDDEN * 2)] = _data.check_exact(
+            out, ref, prior=_data.filled(shape), own_input=x
+        ).to_json()
+
+
+def eager_outcome(
+    eager: dict[str, Any], world: int, full_nvlink: bool, evidence: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The early `fail` for eager results that are not all exact (pure); None when they are."""
+    verdicts = {c["verdict"] for c in eager.values()}
+    if verdicts & {"no-op", "zero"}:
+        note = (
+            f"kernel launched nothing at {world} ranks with full_nvlink={full_nvlink}: outputs kept "
+            "their prior contents, no error raised"
+        )
+        return outcome("fail", note=note, reason_code="custom-ar-silent-noop", evidence=evidence)
+    if verdicts != {"exact"}:
+        return outcome(
+            "fail", note="eager results differ from the exact sum", reason_code="custom-ar-wrong", evidence=evidence
+        )
+    return None
+
+
 def _graph_capture(ar: Any, rank: int, device: Any) -> tuple[Any, list[Any], list[Any]]:
     """Capture two allreduces on two buffers (recorded for registration after the capture)."""
     import torch
@@ -114,7 +153,7 @@ def _graph_capture(ar: Any, rank: int, device: Any) -> tuple[Any, list[Any], lis
     inps = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in GRAPH_SHAPES]
     outs = [torch.empty_like(x) for x in inps]
     for i, x in enumerate(inps):
-        x.copy_(_dist.pattern(GRAPH_SHAPES[i], rank, 200 + i, device))
+        x.copy_(_data.pattern(GRAPH_SHAPES[i], rank, 200 + i, device))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for x, o in zip(inps, outs, strict=True):
@@ -127,38 +166,47 @@ def _graph_replay(ar: Any, captured: tuple[Any, list[Any], list[Any]], rank: int
     graph, inps, outs = captured
     registered = ar.register_graph_buffers()
     for i, (x, o) in enumerate(zip(inps, outs, strict=True)):
-        x.copy_(_dist.pattern(GRAPH_SHAPES[i], rank, 300 + i, device))
-        o.fill_(_dist.SENTINEL)
-    _dist.wait_device(30)
+        x.copy_(_data.pattern(GRAPH_SHAPES[i], rank, 300 + i, device))
+        o.fill_(_data.SENTINEL)
+    _device.wait_device(30)
     graph.replay()
-    _dist.wait_device(60)
+    _device.wait_device(60)
     checks = {}
     for i, (x, o) in enumerate(zip(inps, outs, strict=True)):
-        ref = _dist.pattern_sum(GRAPH_SHAPES[i], world, 300 + i, device)
-        prior = _dist.filled(GRAPH_SHAPES[i])
-        checks[str(GRAPH_SHAPES[i][0])] = _dist.check_exact(o, ref, prior=prior, own_input=x).to_json()
+        ref = _data.pattern_sum(GRAPH_SHAPES[i], world, 300 + i, device)
+        prior = _data.filled(GRAPH_SHAPES[i])
+        checks[str(GRAPH_SHAPES[i][0])] = _data.check_exact(o, ref, prior=prior, own_input=x).to_json()
     return {"registered_buffers": registered, "checks": checks}
 
 
-def _latency(ar: Any, device: Any, group: Any) -> dict[str, dict[str, float]]:
-    """Median/p99 per call of K graph-captured calls, slowest rank per replay; custom AR and NCCL alike,
-    both on a side stream (see ``_dist.side_stream``)."""
-    with _dist.side_stream(device):
-        return _timed_latency(ar, device, group)
+LATENCY_METRICS = ("latency_us", "latency_p99_us", "nccl_latency_us", "nccl_latency_p99_us")
 
 
-def _timed_latency(ar: Any, device: Any, group: Any) -> dict[str, dict[str, float]]:
+def _latency(ar: Any, rank: int, world: int, device: Any, group: Any) -> dict[str, Any]:
+    """``{"sizes": {bytes: {"check": ..., <LATENCY_METRICS>...}}}``, or ``{"error": text}``; never raises.
+    Custom AR and NCCL alike are timed on a side stream (see ``_timing.side_stream``)."""
+    try:
+        with _timing.side_stream(device):
+            return {"sizes": _timed_latency(ar, rank, world, device, group)}
+    except Exception as exc:
+        return {"error": _errors.error_tail(exc)}
+
+
+def _timed_latency(ar: Any, rank: int, world: int, device: Any, group: Any) -> dict[str, dict[str, Any]]:
+    """Median/p99 per call of K graph-captured calls, slowest rank per replay, for custom AR and NCCL.
+
+    The custom-AR graph is out of place on integer inputs: every call writes the same exact sum, so its
+    output, reset to the sentinel before the timed replays, is checked exactly after them."""
     import torch
     import torch.distributed as dist
 
-    barrier = _dist.stream_barrier(device, group)
-    custom: dict[str, float] = {}
-    nccl: dict[str, float] = {}
-    custom_p99: dict[str, float] = {}
-    nccl_p99: dict[str, float] = {}
-    for tokens in LATENCY_TOKENS:
-        size = str(tokens * _dist.HIDDEN * 2)
-        x = torch.ones((tokens, _dist.HIDDEN), dtype=torch.bfloat16, device=device)
+    barrier = _timing.stream_barrier(device, group)
+    sizes: dict[str, dict[str, Any]] = {}
+    for i, tokens in enumerate(LATENCY_TOKENS):
+        shape = (tokens, _data.HIDDEN)
+        seed = 400 + i
+        x = torch.empty(shape, dtype=torch.bfloat16, device=device)
+        x.copy_(_data.pattern(shape, rank, seed, device))
         y = torch.empty_like(x)
         g = torch.cuda.CUDAGraph()
         failed = None
@@ -167,26 +215,57 @@ def _timed_latency(ar: Any, device: Any, group: Any) -> dict[str, dict[str, floa
                 for _ in range(K_CALLS):
                     ar.all_reduce_graph(x, y)
         except Exception as exc:
-            failed = _dist.error_tail(exc)
+            failed = _errors.error_tail(exc)
         if not _dist.agree(failed is None, group):
             raise RuntimeError(f"capture for timing failed on a rank: {failed or 'a peer'}")
         ar.register_graph_buffers()
         for _ in range(3):
             g.replay()
-        t = _dist.timed_across_ranks(g.replay, REPLAYS, K_CALLS, barrier, group)
-        custom[size], custom_p99[size] = round(t.median_us, 2), round(t.p99_us, 2)
+        y.fill_(_data.SENTINEL)  # from here only the timed replays can write the sum
+        t = _timing.timed_across_ranks(g.replay, REPLAYS, K_CALLS, barrier, group)
+        _device.wait_device(60)
+        check = _data.check_exact(
+            y, _data.pattern_sum(shape, world, seed, device), prior=_data.filled(shape), own_input=x
+        )
+        entry: dict[str, Any] = {
+            "check": check.to_json(),
+            "latency_us": round(t.median_us, 2),
+            "latency_p99_us": round(t.p99_us, 2),
+        }
         z = torch.zeros_like(x)  # in-place sums of zeros stay finite over K calls
-        gn = _dist.capture(lambda z=z: dist.all_reduce(z, group=group), calls=K_CALLS, warmup=2)
+        gn = _device.capture(lambda z=z: dist.all_reduce(z, group=group), calls=K_CALLS, warmup=2)
         for _ in range(3):
             gn.replay()
-        t = _dist.timed_across_ranks(gn.replay, REPLAYS, K_CALLS, barrier, group)
-        nccl[size], nccl_p99[size] = round(t.median_us, 2), round(t.p99_us, 2)
-    return {
-        "latency_us": custom,
-        "latency_p99_us": custom_p99,
-        "nccl_latency_us": nccl,
-        "nccl_latency_p99_us": nccl_p99,
-    }
+        t = _timing.timed_across_ranks(gn.replay, REPLAYS, K_CALLS, barrier, group)
+        entry["nccl_latency_us"], entry["nccl_latency_p99_us"] = round(t.median_us, 2), round(t.p99_us, 2)
+        sizes[str(tokens * _data.HIDDEN * 2)] = entry
+    return sizes
+
+
+def latency_outcome(timed: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:
+    """The verdict once eager and graph results were exact (pure).
+
+    ``pass`` with the latencies; ``partial`` when timing raised (the feature works, its speed is unknown) or
+    when the timed graph's output was not the exact sum at some size (no latency is reported for that size:
+    it would be the speed of a kernel that did not compute the sum)."""
+    if "error" in timed:
+        note = f"eager and graph exact; timing failed: {_errors.last_line(timed['error'])}"
+        evidence = {**evidence, "timing_error": timed["error"]}
+        return outcome("partial", note, "custom-ar-timing-failed", evidence=evidence)
+    sizes: dict[str, dict[str, Any]] = timed["sizes"]
+    checks = {size: e["check"] for size, e in sizes.items()}
+    exact = [size for size, c in checks.items() if c["verdict"] == "exact"]
+    metrics = {name: {size: sizes[size][name] for size in exact} for name in LATENCY_METRICS}
+    evidence = {**evidence, "timed_output": checks}
+    bad = [(size, c) for size, c in checks.items() if c["verdict"] != "exact"]
+    if bad or not sizes:
+        size, c = bad[0] if bad else ("-", {"verdict": "nothing", "detail": "no size was timed"})
+        note = (
+            f"eager and graph exact; the timed graph ({K_CALLS} calls per replay) gave {c['verdict']} output at "
+            f"{size} bytes ({c['detail']}); no latency reported for it"
+        )
+        return outcome("partial", note, "custom-ar-graph-wrong", metrics, evidence)
+    return outcome("pass", metrics=metrics, evidence=evidence)
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -204,6 +283,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     devices = _dist.gather_objects(ctx.device_index, group)
     topo, how = nvlink_matrix([d for d in devices if d is not None])
     full_nvlink = True if mode == "forced" else bool(topo)
+    eager: dict[str, Any] = {}
     evidence: dict[str, Any] = {
         "impl": impl,
         "full_nvlink_passed": full_nvlink,
@@ -211,94 +291,24 @@ def run(ctx: RankContext) -> dict[str, Any]:
         "topology_source": how,
         "devices": devices,
         "flashinfer": fi.version(),
+        "eager": eager,
     }
-    early: dict[str, Any] | None = None
+    lock = Lockstep(ctx.rank, group, evidence)
     try:
-        ar = _make(impl, ctx.rank, group, device, full_nvlink)
-    except Exception as exc:
-        err = _dist.error_tail(exc)
-        early = outcome(
-            "fail",
-            note=f"rank {ctx.rank}: init failed: {err.splitlines()[-1][:300]}",
-            reason_code="custom-ar-init-failed",
-            evidence={**evidence, "error": err},
-        )
-    stop = fi.stop_together(early, group)
-    if stop:
-        return stop
-    eager: dict[str, Any] = {}
-    import torch
-
-    try:
-        for i, tokens in enumerate(TOKENS):
-            shape = (tokens, _dist.HIDDEN)
-            x = _dist.pattern(shape, ctx.rank, i, device)
-            out = torch.full(shape, _dist.SENTINEL, dtype=torch.bfloat16, device=device)
-            ar.all_reduce_staged(x, out)
-            _dist.wait_device(60)
-            ref = _dist.pattern_sum(shape, ctx.world_size, i, device)
-            eager[str(tokens * _dist.HIDDEN * 2)] = _dist.check_exact(
-                out, ref, prior=_dist.filled(shape), own_input=x
-            ).to_json()
-    except Exception as exc:
-        err = _dist.error_tail(exc)
-        early = outcome(
-            "fail",
-            note=f"rank {ctx.rank}: eager call failed: {err.splitlines()[-1][:300]}",
-            reason_code="custom-ar-error",
-            evidence={**evidence, "eager": eager, "error": err},
-        )
-    evidence["eager"] = eager
-    verdicts = {c["verdict"] for c in eager.values()}
-    if early is None and verdicts & {"no-op", "zero"}:
-        note = (
-            f"kernel launched nothing at {ctx.world_size} ranks with full_nvlink={full_nvlink}: outputs kept "
-            "their prior contents, no error raised"
-        )
-        early = outcome("fail", note=note, reason_code="custom-ar-silent-noop", evidence=evidence)
-    elif early is None and verdicts != {"exact"}:
-        early = outcome(
-            "fail", note="eager results differ from the exact sum", reason_code="custom-ar-wrong", evidence=evidence
-        )
-    stop = fi.stop_together(early, group)
-    if stop:
-        return stop
-    captured = None
-    try:
-        captured = _graph_capture(ar, ctx.rank, device)
-    except Exception as exc:
-        err = _dist.error_tail(exc)
-        early = outcome(
-            "partial",
-            note=f"eager exact; rank {ctx.rank}: graph capture failed: {err.splitlines()[-1][:250]}",
-            reason_code="custom-ar-graph-failed",
-            evidence={**evidence, "error": err},
-        )
-    stop = fi.stop_together(early, group)
-    if stop:
-        return stop
-    try:
-        g = _graph_replay(ar, captured, ctx.rank, ctx.world_size, device)
-    except Exception as exc:
-        err = _dist.error_tail(exc)
-        return outcome(
-            "partial",
-            note=f"eager exact; graph registration/replay failed: {err.splitlines()[-1][:250]}",
-            reason_code="custom-ar-graph-failed",
-            evidence={**evidence, "error": err},
-        )
-    evidence["graph"] = g
-    graph_ok = {c["verdict"] for c in g["checks"].values()} == {"exact"}
-    if not _dist.agree(graph_ok, group):
-        return outcome(
-            "partial",
-            note="eager exact; graph replay not exact on at least one rank",
-            reason_code="custom-ar-graph-wrong",
-            evidence=evidence,
-        )
-    metrics: dict[str, Any] = {}
-    try:
-        metrics = _latency(ar, device, group)
-    except Exception as exc:
-        evidence["latency_error"] = _dist.error_tail(exc)
-    return outcome("pass", metrics=metrics, evidence=evidence)
+        with lock.step("init", "custom-ar-init-failed"):
+            ar = _make(impl, ctx.rank, group, device, full_nvlink)
+        with lock.step("eager call", "custom-ar-error") as step:
+            _eager(ar, ctx.rank, ctx.world_size, device, eager)
+            step.early = eager_outcome(eager, ctx.world_size, full_nvlink, evidence)
+        # Graph failures are `partial`: the eager path, which works, is what a server without graphs runs.
+        graph_failed, eager_ok = "custom-ar-graph-failed", "eager exact; "
+        with lock.step("graph capture", graph_failed, status="partial", prefix=eager_ok):
+            captured = _graph_capture(ar, ctx.rank, device)
+        with lock.step("graph registration/replay", graph_failed, status="partial", prefix=eager_ok) as step:
+            evidence["graph"] = _graph_replay(ar, captured, ctx.rank, ctx.world_size, device)
+            if {c["verdict"] for c in evidence["graph"]["checks"].values()} != {"exact"}:
+                note = f"eager exact; graph replay not exact on rank {ctx.rank}"
+                step.early = outcome("partial", note, "custom-ar-graph-wrong", evidence=evidence)
+        return lock.finish(latency_outcome(_latency(ar, ctx.rank, ctx.world_size, device, group), evidence))
+    except Stopped as stop:
+        return stop.outcome

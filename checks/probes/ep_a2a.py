@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
-from checks.probes import _dist
+from checks.probes import _data, _device, _dist
 from checks.probes import _flashinfer as fi
+from checks.probes._lockstep import Lockstep, Stopped
 
 SPEC = ProbeSpec(
     id="ep-a2a",
@@ -26,6 +27,10 @@ SPEC = ProbeSpec(
     feature="Does flashinfer's MoE all-to-all dispatch and combine route tokens exactly, with simulated ranks "
     "on one GPU and across GPUs, and how large is its workspace per rank?",
     ranks=(2, 4, 8),
+    min_ranks=2,  # an all-to-all over one rank only copies locally
+    # mode=sim simulates its ``ep`` ranks in one process (each on its own stream), so it runs as one rank
+    min_ranks_by_param=(("mode", "sim", 1),),
+    distinct_gpus=True,
     requires=("flashinfer",),
     timeout_s=600.0,
 )
@@ -107,6 +112,9 @@ def run_sim(ctx: RankContext) -> dict[str, Any]:
     import torch
 
     ep = int(ctx.param("ep") or "2")
+    if ep < 2:
+        note = f"ep={ep}: an all-to-all needs at least 2 simulated ranks"
+        return outcome("skip", note=note, reason_code="too-few-ranks")
     tpr, hidden = SIM_TOKENS, SIM_HIDDEN
     torch.cuda.set_device(ctx.device_index or 0)
     device = torch.device("cuda", ctx.device_index or 0)
@@ -145,7 +153,7 @@ def run_sim(ctx: RankContext) -> dict[str, Any]:
                 top_k=TOP_K,
                 num_experts=ep * EXPERTS_PER_RANK,
             )
-    _dist.wait_device(60)
+    _device.wait_device(60)
     for r in range(ep):
         problem = check_dispatch(outs[r][1], outs[r][0], r, ep, tpr, route)
         if problem:
@@ -160,10 +168,10 @@ def run_sim(ctx: RankContext) -> dict[str, Any]:
             combined[r] = mod.moe_a2a_combine(
                 payloads[r], tpr, ws, meta[r], tpr, r, ep, TOP_K, offsets[r], payload_in_workspace=False
             )
-    _dist.wait_device(60)
+    _device.wait_device(60)
     for r in range(ep):
         ref = combine_reference(r, tpr, hidden, route, device)
-        c = _dist.check_exact(combined[r], ref)
+        c = _data.check_exact(combined[r], ref)
         if not c.ok:
             return outcome(
                 "fail",
@@ -188,73 +196,33 @@ def run_gpus(ctx: RankContext) -> dict[str, Any]:
     ep, r, tpr, hidden = ctx.world_size, ctx.rank, GPU_TOKENS, SIM_HIDDEN
     route = routing(ep, tpr)
     evidence: dict[str, Any] = {"ep": ep, "tokens_per_rank": tpr, "hidden": hidden, "flashinfer": fi.version()}
-    metrics: dict[str, Any] = {}
-    early: dict[str, Any] | None = None
+    lock = Lockstep(r, dist.group.WORLD, evidence)
+    metrics = lock.metrics
     try:
-        a2a = fi.moe_alltoall_object(
-            r, ep, tpr, TOP_K, ep * EXPERTS_PER_RANK, hidden * 2 + 4, hidden * 2, dist.group.WORLD
-        )
-        metrics["workspace_bytes_per_rank"] = int(a2a.workspace_size_per_rank)
-    except Exception as exc:
-        err = _dist.error_tail(exc)
-        early = outcome(
-            "fail",
-            note=f"rank {r}: MoeAlltoAll creation failed: {err.splitlines()[-1][:300]}",
-            reason_code="ep-a2a-workspace-failed",
-            evidence={**evidence, "error": err},
-        )
-    stop = fi.stop_together(early)
-    if stop:
-        return stop
-    experts, hid, ids = _inputs(r, tpr, hidden, route, device)
-    recv: list[Any] = []
-    try:
-        recv = a2a.dispatch(experts, [hid, ids], tpr)
-        _dist.wait_device(60)
-        problem = check_dispatch(recv[1], recv[0], r, ep, tpr, route)
-        if problem:
-            early = outcome(
-                "fail",
-                note=f"dispatch routed wrongly: {problem}",
-                reason_code="ep-a2a-wrong",
-                metrics=metrics,
-                evidence=evidence,
+        with lock.step("MoeAlltoAll creation", "ep-a2a-workspace-failed"):
+            a2a = fi.moe_alltoall_object(
+                r, ep, tpr, TOP_K, ep * EXPERTS_PER_RANK, hidden * 2 + 4, hidden * 2, dist.group.WORLD
             )
-    except Exception as exc:
-        err = _dist.error_tail(exc)
-        early = outcome(
-            "fail",
-            note=f"rank {r}: dispatch failed: {err.splitlines()[-1][:300]}",
-            reason_code="ep-a2a-error",
-            metrics=metrics,
-            evidence={**evidence, "error": err},
-        )
-    stop = fi.stop_together(early)  # combine is collective: all ranks go on or none
-    if stop:
-        return stop
-    try:
-        payload = (recv[0].float() * (r + 1)).to(torch.bfloat16).contiguous()
-        combined = a2a.combine(payload, tpr)
-        _dist.wait_device(60)
-    except Exception as exc:
-        err = _dist.error_tail(exc)
-        return outcome(
-            "fail",
-            note=f"rank {r}: combine failed: {err.splitlines()[-1][:300]}",
-            reason_code="ep-a2a-error",
-            metrics=metrics,
-            evidence={**evidence, "error": err},
-        )
-    c = _dist.check_exact(combined, combine_reference(r, tpr, hidden, route, device))
-    evidence["combine"] = c.to_json()
-    if not c.ok:
-        return outcome(
-            "fail",
-            note=f"combine {c.verdict}: {c.detail}",
-            reason_code="ep-a2a-wrong",
-            metrics=metrics,
-            evidence=evidence,
-        )
+            metrics["workspace_bytes_per_rank"] = int(a2a.workspace_size_per_rank)
+        experts, hid, ids = _inputs(r, tpr, hidden, route, device)
+        with lock.step("dispatch", "ep-a2a-error") as found:  # combine is collective: all ranks go on or none
+            recv = a2a.dispatch(experts, [hid, ids], tpr)
+            _device.wait_device(60)
+            problem = check_dispatch(recv[1], recv[0], r, ep, tpr, route)
+            if problem:
+                note = f"dispatch routed wrongly: {problem}"
+                found.early = outcome("fail", note, "ep-a2a-wrong", metrics=metrics, evidence=evidence)
+        with lock.step("combine", "ep-a2a-error") as found:
+            payload = (recv[0].float() * (r + 1)).to(torch.bfloat16).contiguous()
+            combined = a2a.combine(payload, tpr)
+            _device.wait_device(60)
+            c = _data.check_exact(combined, combine_reference(r, tpr, hidden, route, device))
+            evidence["combine"] = c.to_json()
+            if not c.ok:
+                note = f"combine {c.verdict}: {c.detail}"
+                found.early = outcome("fail", note, "ep-a2a-wrong", metrics=metrics, evidence=evidence)
+    except Stopped as stop:
+        return stop.outcome
     return outcome("pass", metrics=metrics, evidence=evidence)
 
 

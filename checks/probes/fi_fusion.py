@@ -19,9 +19,9 @@ import dataclasses
 from typing import Any
 
 from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
-from checks.probes import _dist
+from checks.probes import _data, _device, _dist
 from checks.probes import _flashinfer as fi
-from checks.probes._fi_build import classify_jit_error
+from checks.probes._lockstep import Lockstep, Stopped
 
 SPEC = ProbeSpec(
     id="fi-fusion",
@@ -29,12 +29,13 @@ SPEC = ProbeSpec(
     feature="Does flashinfer's fused allreduce+residual+RMSNorm (trtllm backend) create its workspace and give "
     "exact results at decode sizes, eagerly and under CUDA graphs, across GPUs and with ranks sharing a GPU?",
     ranks=(2, 4, 8),
-    share_gpu=True,
+    min_ranks=2,  # over one rank the allreduce part returns its input
+    distinct_gpus=False,  # placement=1gpu puts every rank on GPU 0
     requires=("flashinfer",),
     timeout_s=900.0,
 )
 
-HIDDEN = _dist.HIDDEN
+HIDDEN = _data.HIDDEN
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
 GRAPH_TOKENS = (1, 16, 128)
 GRAPH_CALLS = 3
@@ -68,7 +69,7 @@ def norm_check(got: Any, ref: Any) -> dict[str, Any]:
     r = ref.float().cpu()
     diff = (g - r).abs()
     ulp = torch.clamp(r.abs(), min=2.0**-10) * 2.0**-7
-    sentinel = bool((g == _dist.SENTINEL).all())
+    sentinel = bool((g == _data.SENTINEL).all())
     return {
         "exact_fraction": round(float((diff == 0).float().mean()), 6),
         "max_abs_err": float(diff.max()),
@@ -95,16 +96,16 @@ class _Case:
     def fill(self, seed: int) -> None:
         shape = (self.tokens, HIDDEN)
         self.seed = seed
-        self.inp.copy_(_dist.pattern(shape, self.rank, seed, self.device))
-        self.residual.copy_(_dist.pattern(shape, 0, seed + 1000, self.device))
-        self.res_out.fill_(_dist.SENTINEL)
-        self.norm_out.fill_(_dist.SENTINEL)
+        self.inp.copy_(_data.pattern(shape, self.rank, seed, self.device))
+        self.residual.copy_(_data.pattern(shape, 0, seed + 1000, self.device))
+        self.res_out.fill_(_data.SENTINEL)
+        self.norm_out.fill_(_data.SENTINEL)
 
     def check(self) -> dict[str, Any]:
         shape = (self.tokens, HIDDEN)
-        total = _dist.pattern_sum(shape, self.world, self.seed, self.device)
+        total = _data.pattern_sum(shape, self.world, self.seed, self.device)
         ref_res, ref_norm = reference(total, self.residual, self.gamma)
-        res = _dist.check_exact(self.res_out, ref_res, prior=_dist.filled(shape), own_input=self.inp)
+        res = _data.check_exact(self.res_out, ref_res, prior=_data.filled(shape), own_input=self.inp)
         norm = norm_check(self.norm_out, ref_norm)
         return {"residual": res.to_json(), "norm": norm, "ok": res.ok and norm["within_1ulp"]}
 
@@ -123,6 +124,27 @@ def _failure_code(r: dict[str, Any]) -> str:
     return "fi-fusion-wrong"
 
 
+def _workspace_error_code(err: str) -> str:
+    """A JIT build failure inside workspace creation keeps its JIT reason (arch gate, nvcc...)."""
+    return fi.classify_jit_error(err) if "architectures" in err or "nvcc" in err else "fi-workspace-failed"
+
+
+def _wrong(results: dict[str, dict[str, Any]], status: str, what: str, metrics: dict[str, Any],
+           evidence: dict[str, Any]) -> dict[str, Any] | None:
+    """``status`` naming the first token count whose result is not right, or None when all are."""
+    bad = _first_bad(results)
+    if bad is None:
+        return None
+    key, r = bad
+    return outcome(
+        status,
+        note=f"{what} wrong at {key} tokens: {r['residual']['detail'] or r['norm']}",
+        reason_code=_failure_code(r),
+        metrics=metrics,
+        evidence=evidence,
+    )
+
+
 def run(ctx: RankContext) -> dict[str, Any]:
     fi.prepare_env()
     one_gpu = ctx.param("placement") == "1gpu"
@@ -132,108 +154,55 @@ def run(ctx: RankContext) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    eager: dict[str, dict[str, Any]] = {}
+    graph: dict[str, dict[str, Any]] = {}
     evidence: dict[str, Any] = {
         "flashinfer": fi.version(),
         "placement": "1gpu" if one_gpu else "1 gpu per rank",
         "process_group": dist.get_backend(),
         "multicast_env": _dist.keep_multicast_off(),
+        "eager": eager,
+        "graph": graph,
     }
-    metrics: dict[str, Any] = {}
-    early: dict[str, Any] | None = None
+    lock = Lockstep(ctx.rank, dist.group.WORLD, evidence)
+    metrics = lock.metrics
     try:
-        fusion = fi.Fusion()
-        evidence["api"] = fusion.api
-        fusion.create_workspace(ctx.rank, ctx.world_size, max(TOKENS), HIDDEN, torch.bfloat16, dist.group.WORLD)
-        metrics["workspace_bytes"] = fusion.workspace_bytes()
-    except Exception as exc:
-        err = _dist.error_tail(exc)
-        code = classify_jit_error(err) if "architectures" in err or "nvcc" in err else "fi-workspace-failed"
-        early = outcome(
-            "fail",
-            note=f"rank {ctx.rank}: workspace creation failed: {err.splitlines()[-1][:300]}",
-            reason_code=code,
-            metrics=metrics,
-            evidence={**evidence, "error": err},
-        )
-    stop = fi.stop_together(early)
-    if stop:
-        return stop
-    ctx.log(f"workspace ready ({metrics['workspace_bytes']} bytes, api {fusion.api})")
+        with lock.step("workspace creation", _workspace_error_code):
+            fusion = fi.Fusion()
+            evidence["api"] = fusion.api
+            fusion.create_workspace(ctx.rank, ctx.world_size, max(TOKENS), HIDDEN, torch.bfloat16, dist.group.WORLD)
+            metrics["workspace_bytes"] = fusion.workspace_bytes()
+        ctx.log(f"workspace ready ({metrics['workspace_bytes']} bytes, api {fusion.api})")
 
-    def step(case: _Case) -> None:
-        fusion.ar_residual_rmsnorm(
-            case.inp, case.residual, case.gamma, EPS, case.res_out, case.norm_out, ctx.rank, ctx.world_size
-        )
-
-    eager: dict[str, dict[str, Any]] = {}
-    cases: dict[int, _Case] = {}
-    try:
-        for i, tokens in enumerate(TOKENS):
-            case = cases[tokens] = _Case(tokens, ctx.rank, ctx.world_size, device)
-            case.fill(seed=i)
-            step(case)
-            _dist.wait_device(60)
-            eager[str(tokens)] = case.check()
-    except Exception as exc:
-        err = _dist.error_tail(exc)
-        early = outcome(
-            "fail",
-            note=f"rank {ctx.rank}: eager call failed: {err.splitlines()[-1][:300]}",
-            reason_code="fi-fusion-error",
-            metrics=metrics,
-            evidence={**evidence, "eager": eager, "error": err},
-        )
-    evidence["eager"] = eager
-    if early is None:
-        metrics["norm_exact_fraction"] = min(r["norm"]["exact_fraction"] for r in eager.values())
-        metrics["norm_max_abs_err"] = max(r["norm"]["max_abs_err"] for r in eager.values())
-        bad = _first_bad(eager)
-        if bad:
-            key, r = bad
-            early = outcome(
-                "fail",
-                note=f"rank {ctx.rank}: eager result wrong at {key} tokens: {r['residual']['detail'] or r['norm']}",
-                reason_code=_failure_code(r),
-                metrics=metrics,
-                evidence=evidence,
+        def step(case: _Case) -> None:
+            fusion.ar_residual_rmsnorm(
+                case.inp, case.residual, case.gamma, EPS, case.res_out, case.norm_out, ctx.rank, ctx.world_size
             )
-    stop = fi.stop_together(early)
-    if stop:
-        return stop
 
-    graph: dict[str, dict[str, Any]] = {}
-    try:
-        for i, tokens in enumerate(GRAPH_TOKENS):
-            case = cases[tokens]
-            case.fill(seed=50 + i)
-            g = _dist.capture(lambda c=case: step(c), calls=GRAPH_CALLS, warmup=2)
-            case.fill(seed=80 + i)  # only a real replay can now produce the reference
-            _dist.wait_device(30)
-            g.replay()
-            _dist.wait_device(60)
-            graph[str(tokens)] = case.check()
-    except Exception as exc:
-        err = _dist.error_tail(exc)
-        early = outcome(
-            "partial",
-            note=f"eager exact at 1..128 tokens; rank {ctx.rank}: graph capture/replay failed: "
-            f"{err.splitlines()[-1][:250]}",
-            reason_code="fi-fusion-graph-failed",
-            metrics=metrics,
-            evidence={**evidence, "graph": graph, "error": err},
-        )
-    stop = fi.stop_together(early)
-    if stop:
-        return stop
-    evidence["graph"] = graph
-    bad = _first_bad(graph)
-    if bad:
-        key, r = bad
-        return outcome(
-            "partial",
-            note=f"eager exact; graph replay wrong at {key} tokens ({r['residual']['detail'] or r['norm']})",
-            reason_code=_failure_code(r),
-            metrics=metrics,
-            evidence=evidence,
-        )
-    return outcome("pass", metrics=metrics, evidence=evidence)
+        cases: dict[int, _Case] = {}
+        with lock.step("eager call", "fi-fusion-error") as found:
+            for i, tokens in enumerate(TOKENS):
+                case = cases[tokens] = _Case(tokens, ctx.rank, ctx.world_size, device)
+                case.fill(seed=i)
+                step(case)
+                _device.wait_device(60)
+                eager[str(tokens)] = case.check()
+            metrics["norm_exact_fraction"] = min(r["norm"]["exact_fraction"] for r in eager.values())
+            metrics["norm_max_abs_err"] = max(r["norm"]["max_abs_err"] for r in eager.values())
+            found.early = _wrong(eager, "fail", f"rank {ctx.rank}: eager result", metrics, evidence)
+        prefix = "eager exact at 1..128 tokens; "
+        with lock.step("graph capture/replay", "fi-fusion-graph-failed", status="partial", prefix=prefix):
+            for i, tokens in enumerate(GRAPH_TOKENS):
+                case = cases[tokens]
+                case.fill(seed=50 + i)
+                g = _device.capture(lambda c=case: step(c), calls=GRAPH_CALLS, warmup=2)
+                case.fill(seed=80 + i)  # only a real replay can now produce the reference
+                _device.wait_device(30)
+                g.replay()
+                _device.wait_device(60)
+                graph[str(tokens)] = case.check()
+    except Stopped as stop:
+        return stop.outcome
+    return _wrong(graph, "partial", "eager exact; graph replay", metrics, evidence) or outcome(
+        "pass", metrics=metrics, evidence=evidence
+    )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
-from checks.probes import _dist
+from checks.probes import _data, _device, _dist, _errors, _nccllog
 
 SPEC = ProbeSpec(
     id="nccl-graphs",
@@ -28,7 +28,8 @@ SPEC = ProbeSpec(
     feature="Do all_reduce, all_gather, reduce_scatter and broadcast work eagerly and captured in a CUDA graph "
     "with NCCL_ALGO unset / Ring / Tree / allreduce:tree, with and without eager warm-up and lazy connection?",
     ranks=(2,),
-    share_gpu=False,  # NCCL refuses two ranks on one GPU
+    min_ranks=2,  # over one rank every collective returns its input: all four ops would pass untested
+    distinct_gpus=True,  # NCCL refuses two ranks on one GPU
     requires=("torch",),
     timeout_s=180.0,
 )
@@ -38,7 +39,7 @@ WARMUPS = ("yes", "no")
 RUNTIME_CONNECT = ("default", "0")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
-ELEMS = _dist.HIDDEN * 4  # per-rank elements: a 4-token decode step, 56 KiB in bf16
+ELEMS = _data.HIDDEN * 4  # per-rank elements: a 4-token decode step, 56 KiB in bf16
 CAPTURED_CALLS = 3
 OP_DEADLINE_S = 30.0  # a collective that does not finish by then is recorded as a hang for that op
 
@@ -178,8 +179,8 @@ def build_cases(rank: int, world: int, device: Any) -> list[OpCase]:
     ar_buf = torch.empty(n, device=device, dtype=bf16)
 
     def ar_load(seed: int) -> None:
-        ar_in.copy_(_dist.pattern((n,), rank, seed, device))
-        ar_buf.fill_(_dist.SENTINEL)
+        ar_in.copy_(_data.pattern((n,), rank, seed, device))
+        ar_buf.fill_(_data.SENTINEL)
 
     def ar_step() -> None:
         ar_buf.copy_(ar_in)  # copy first so K captured calls give the same result, not world**K times it
@@ -189,31 +190,31 @@ def build_cases(rank: int, world: int, device: Any) -> list[OpCase]:
     ag_out = torch.empty(world * n, device=device, dtype=bf16)
 
     def ag_load(seed: int) -> None:
-        ag_in.copy_(_dist.pattern((n,), rank, seed, device))
-        ag_out.fill_(_dist.SENTINEL)
+        ag_in.copy_(_data.pattern((n,), rank, seed, device))
+        ag_out.fill_(_data.SENTINEL)
 
     def ag_expected(seed: int) -> Any:
-        return torch.cat([_dist.pattern((n,), r, seed) for r in range(world)])
+        return torch.cat([_data.pattern((n,), r, seed) for r in range(world)])
 
     rs_in = torch.empty(world * n, device=device, dtype=bf16)
     rs_out = torch.empty(n, device=device, dtype=bf16)
 
     def rs_load(seed: int) -> None:
-        rs_in.copy_(_dist.pattern((world * n,), rank, seed, device))
-        rs_out.fill_(_dist.SENTINEL)
+        rs_in.copy_(_data.pattern((world * n,), rank, seed, device))
+        rs_out.fill_(_data.SENTINEL)
 
     def rs_expected(seed: int) -> Any:
-        return _dist.pattern_sum((world * n,), world, seed)[rank * n : (rank + 1) * n]
+        return _data.pattern_sum((world * n,), world, seed)[rank * n : (rank + 1) * n]
 
     bc_src = torch.empty(n, device=device, dtype=bf16)
     bc_buf = torch.empty(n, device=device, dtype=bf16)
 
     def bc_load(seed: int) -> None:
         if rank == 0:
-            bc_src.copy_(_dist.pattern((n,), 0, seed, device))
+            bc_src.copy_(_data.pattern((n,), 0, seed, device))
         else:
-            bc_src.fill_(_dist.SENTINEL)
-        bc_buf.fill_(_dist.SENTINEL)
+            bc_src.fill_(_data.SENTINEL)
+        bc_buf.fill_(_data.SENTINEL)
 
     def bc_step() -> None:
         bc_buf.copy_(bc_src)
@@ -225,23 +226,23 @@ def build_cases(rank: int, world: int, device: Any) -> list[OpCase]:
             ar_load,
             ar_step,
             ar_buf,
-            lambda s: _dist.pattern_sum((n,), world, s),
-            lambda s: _dist.pattern((n,), rank, s),
+            lambda s: _data.pattern_sum((n,), world, s),
+            lambda s: _data.pattern((n,), rank, s),
         ),
         OpCase("all_gather", ag_load, lambda: dist.all_gather_into_tensor(ag_out, ag_in), ag_out, ag_expected, None),
         OpCase("reduce_scatter", rs_load, lambda: dist.reduce_scatter_tensor(rs_out, rs_in), rs_out, rs_expected, None),
-        OpCase("broadcast", bc_load, bc_step, bc_buf, lambda s: _dist.pattern((n,), 0, s), None),
+        OpCase("broadcast", bc_load, bc_step, bc_buf, lambda s: _data.pattern((n,), 0, s), None),
     ]
 
 
 def _failure(exc: BaseException) -> dict[str, str]:
-    text = _dist.error_tail(exc)
-    return {"verdict": "error", "code": _dist.classify_error(text), "error": text}
+    text = _errors.error_tail(exc)
+    return {"verdict": "error", "code": _nccllog.classify_error(text), "error": text}
 
 
 def _judge(case: OpCase, seed: int) -> dict[str, str]:
     own = case.own(seed) if case.own else None
-    chk = _dist.check_exact(case.out, case.expected(seed), own_input=own, prior=_dist.filled(case.out.shape))
+    chk = _data.check_exact(case.out, case.expected(seed), own_input=own, prior=_data.filled(case.out.shape))
     if chk.ok:
         return {"verdict": "ok"}
     return {"verdict": chk.verdict, "code": "nccl-wrong-result", "error": chk.detail}
@@ -251,8 +252,8 @@ def run_eager(case: OpCase, seed: int) -> dict[str, str]:
     try:
         case.load(seed)
         case.step()
-        _dist.wait_device(OP_DEADLINE_S)
-    except _dist.Hung as exc:
+        _device.wait_device(OP_DEADLINE_S)
+    except _device.Hung as exc:
         return {"verdict": "hang", "code": "nccl-op-hang", "error": str(exc)}
     except Exception as exc:
         return _failure(exc)
@@ -264,7 +265,7 @@ def run_graph(case: OpCase, warmup: int, seeds: tuple[int, ...], gloo: Any) -> d
     captured: dict[str, str] = {}
     try:
         case.load(seeds[0])
-        graph = _dist.capture(case.step, CAPTURED_CALLS, warmup=warmup)
+        graph = _device.capture(case.step, CAPTURED_CALLS, warmup=warmup)
     except Exception as exc:
         captured = _failure(exc)
     # Replaying while a peer failed to capture would leave this rank spinning: agree first.
@@ -275,8 +276,8 @@ def run_graph(case: OpCase, warmup: int, seeds: tuple[int, ...], gloo: Any) -> d
         try:
             case.load(seed)  # fresh inputs per replay: a stale result from the previous replay is caught
             graph.replay()
-            _dist.wait_device(OP_DEADLINE_S)
-        except _dist.Hung as exc:
+            _device.wait_device(OP_DEADLINE_S)
+        except _device.Hung as exc:
             return {"verdict": "hang", "code": "nccl-op-hang", "error": str(exc)}
         except Exception as exc:
             return _failure(exc)
@@ -310,7 +311,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     set_, unset = nccl_env(algo, rc)
     removed = {k: os.environ.pop(k) for k in unset if k in os.environ}
     os.environ.update(set_)
-    os.environ.update(_dist.nccl_debug_env(ctx.workdir))
+    os.environ.update(_nccllog.nccl_debug_env(ctx.workdir))
     # Keep the rank alive after an NCCL error so that it can report which op failed and how.
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     multicast = _dist.keep_multicast_off()
@@ -327,7 +328,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     everyone = _dist.gather_objects(mine, gloo)
     per_op = merge_rank_results(everyone)
     result = verdict(per_op, algo)
-    logs = [_dist.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
+    logs = [_nccllog.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
     result["evidence"].update(
         {
             "nccl_env": {**set_, **{k: "(unset)" for k in unset}},

@@ -1,6 +1,7 @@
 """torch symmetric memory: rendezvous, peer reads, one-shot / two-shot allreduce eager and captured,
 and the multicast (multimem) ops, which must be refused where multicast is absent or disabled
-(docs/probes.md, symm-mem, says how to read each verdict).
+(stackprobe keeps it disabled unless STACKPROBE_ALLOW_MULTICAST=1; docs/probes.md, symm-mem, says how to
+read each verdict).
 
 PyTorch core has no compute-capability allow-list here: the P2P ops need only peer access. The
 framework wrappers (SGLang, vLLM) additionally demand multicast, so a pass on the P2P ops with a
@@ -13,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
 from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
-from checks.probes import _dist
+from checks.probes import _data, _device, _dist, _errors, _symm
 
 SPEC = ProbeSpec(
     id="symm-mem",
@@ -25,7 +27,8 @@ SPEC = ProbeSpec(
     feature="Do torch symmetric-memory rendezvous and the one-shot / two-shot allreduce work (eager and in a "
     "CUDA graph), and are the multicast ops refused where multicast is unavailable?",
     ranks=(2, 4, 8),
-    share_gpu=True,
+    min_ranks=2,  # over one rank an allreduce returns its input
+    distinct_gpus=False,  # the gpus=shared variant puts both ranks on one GPU
     requires=("torch",),
     timeout_s=180.0,
 )
@@ -34,6 +37,13 @@ TOKENS = (1, 16, 128)  # 14 KiB, 224 KiB, 1.75 MiB of bf16 at hidden 7168
 OP_DEADLINE_S = 30.0
 OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
 P2P_OPS = ("one_shot", "two_shot")
+# What multimem_all_reduce_ can give, best first: `refused` and `missing` are the expected negatives
+# (no multicast; an older torch), the rest are failures. The worst rank's word is the group's.
+MULTIMEM_RESULTS = ("ok", "refused", "missing", "error", "zero", "no-op", "wrong", "hang")
+MULTIMEM_FAILED = MULTIMEM_RESULTS[3:]
+# torch's own refusal (a TORCH_CHECK before any launch) when the rendezvous gave no multicast mapping;
+# any other error, even one that mentions multicast, is a failure.
+MULTIMEM_REFUSAL = re.compile(r"multimem_all_reduce_: multicast support is required")
 
 
 def variants(host: HostView) -> list[Variant]:
@@ -96,21 +106,33 @@ def verdict(facts: dict[str, Any]) -> dict[str, Any]:
         return outcome("fail", f"{names}: {first.get('error', first.get('verdict', ''))[:300]}", code, metrics, facts)
     if missing:
         return outcome("partial", f"this torch lacks {', '.join(missing)}", "symm-mem-op-missing", metrics, facts)
+    return multimem_verdict(facts, metrics)
+
+
+def multimem_verdict(facts: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """The verdict once the P2P ops are exact, from the multimem result; every result word is named here,
+    so an unexpected one is a failure of the probe, never a pass."""
     mm = facts.get("multimem", {})
-    if mm.get("verdict") == "refused":
+    got = mm.get("verdict")
+    if got == "ok":
+        return outcome("pass", metrics=metrics, evidence=facts)
+    if got == "refused":
         reason = facts.get("multicast_reason") or "symm-mem-no-multicast"
         why = "disabled by TORCH_SYMM_MEM_DISABLE_MULTICAST" if reason.endswith("disabled") else "no multicast"
         note = f"one-shot and two-shot exact eager and captured; multimem ops refused ({why})"
         return outcome("partial", note, reason, metrics, facts)
-    if mm.get("verdict") in ("wrong", "no-op", "zero", "error"):
+    if got == "missing":
+        note = "one-shot and two-shot exact eager and captured; this torch has no multimem_all_reduce_"
+        return outcome("partial", note, "symm-mem-op-missing", metrics, facts)
+    if got in MULTIMEM_FAILED:
         return outcome(
             "fail",
-            f"multimem_all_reduce_: {mm.get('verdict')} {mm.get('error', '')[:200]}",
+            f"multimem_all_reduce_: {got} {mm.get('error', mm.get('detail', ''))[:200]}",
             "symm-mem-multimem-failed",
             metrics,
             facts,
         )
-    return outcome("pass", metrics=metrics, evidence=facts)
+    return outcome("fail", f"multimem_all_reduce_ was not judged (result {got!r})", "probe-bug", metrics, facts)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -118,11 +140,11 @@ def verdict(facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def _err(exc: BaseException) -> dict[str, str]:
-    return {"verdict": "error", "error": _dist.error_tail(exc)}
+    return {"verdict": "error", "error": _errors.error_tail(exc)}
 
 
 def _judge(out: Any, expected: Any, own: Any) -> dict[str, str]:
-    chk = _dist.check_exact(out, expected, prior=_dist.filled(out.shape), own_input=own)
+    chk = _data.check_exact(out, expected, prior=_data.filled(out.shape), own_input=own)
     return {"verdict": "ok"} if chk.ok else {"verdict": chk.verdict, "detail": chk.detail}
 
 
@@ -142,22 +164,22 @@ def exercise_op(
         res: dict[str, Any] = {"verdict": "ok"}
         everyone = ["ok"]
         for tokens in TOKENS:
-            shape = (tokens, _dist.HIDDEN)
-            inp = buf[: tokens * _dist.HIDDEN].view(shape)  # a view of the symmetric buffer, as the ops need
+            shape = (tokens, _data.HIDDEN)
+            inp = buf[: tokens * _data.HIDDEN].view(shape)  # a view of the symmetric buffer, as the ops need
             out = torch.empty(shape, device=device, dtype=torch.bfloat16)
             staged = torch.empty(shape, device=device, dtype=torch.bfloat16)
             step = builder(inp, out, staged)
 
             def load(seed: int, staged: Any = staged, out: Any = out, shape: tuple[int, int] = shape) -> None:
-                staged.copy_(_dist.pattern(shape, rank, seed, device))
-                out.fill_(_dist.SENTINEL)
+                staged.copy_(_data.pattern(shape, rank, seed, device))
+                out.fill_(_data.SENTINEL)
 
             seeds = (1,) if mode == "eager" else (2, 3)
             graph = None
             if mode == "graph":
                 try:
                     load(seeds[0])
-                    graph = _dist.capture(step, 2, warmup=1)
+                    graph = _device.capture(step, 2, warmup=1)
                 except Exception as exc:
                     res = _err(exc)
                 # Replaying while a peer failed to capture would spin forever: agree first.
@@ -174,11 +196,11 @@ def exercise_op(
                         graph.replay()
                     else:
                         step()
-                    _dist.wait_device(OP_DEADLINE_S)
-                    res = _judge(out, _dist.pattern_sum(shape, world, seed), _dist.pattern(shape, rank, seed))
+                    _device.wait_device(OP_DEADLINE_S)
+                    res = _judge(out, _data.pattern_sum(shape, world, seed), _data.pattern(shape, rank, seed))
                     if res["verdict"] != "ok":
                         break
-            except _dist.Hung as exc:
+            except _device.Hung as exc:
                 res = {"verdict": "hang", "error": str(exc)}
             except Exception as exc:
                 res = _err(exc)
@@ -196,10 +218,10 @@ def exercise_op(
 
 def steps(group_name: str) -> dict[str, StepBuilder]:
     """Per op: a builder of one captured step that reads ``staged`` and leaves the sum in ``out``."""
-    one_out = _dist.symm_op("one_shot_all_reduce_out")
-    one = _dist.symm_op("one_shot_all_reduce")
-    two_out = _dist.symm_op("two_shot_all_reduce_out")
-    two = _dist.symm_op("two_shot_all_reduce_")
+    one_out = _symm.symm_op("one_shot_all_reduce_out")
+    one = _symm.symm_op("one_shot_all_reduce")
+    two_out = _symm.symm_op("two_shot_all_reduce_out")
+    two = _symm.symm_op("two_shot_all_reduce_")
     found: dict[str, StepBuilder] = {}
     if one_out is not None or one is not None:
 
@@ -231,28 +253,39 @@ def steps(group_name: str) -> dict[str, StepBuilder]:
     return found
 
 
+def multimem_error(text: str, multicast: bool) -> dict[str, str]:
+    """The result for an error from multimem_all_reduce_: ``refused`` only for torch's own refusal, and only
+    when the rendezvous gave no multicast address (with one, the same words would be a failure)."""
+    refused = not multicast and MULTIMEM_REFUSAL.search(text) is not None
+    return {"verdict": "refused" if refused else "error", "error": text}
+
+
+def worst_multimem(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The group's multimem result: the worst rank's (an unknown word counts as the worst)."""
+    order = {v: i for i, v in enumerate(MULTIMEM_RESULTS)}
+    return max(results, key=lambda r: order.get(r.get("verdict"), len(order)), default={})
+
+
 def try_multimem(buf: Any, group_name: str, rank: int, world: int, device: Any, multicast: bool) -> dict[str, Any]:
     """Call multimem_all_reduce_. Without a multicast mapping torch refuses before launching anything
     (a TORCH_CHECK on the handle), which is the expected negative; it is only run for real when the
     rendezvous produced a multicast address, i.e. when the user allowed multicast."""
-    op = _dist.symm_op("multimem_all_reduce_")
+    op = _symm.symm_op("multimem_all_reduce_")
     if op is None:
         return {"verdict": "missing"}
-    shape = (16, _dist.HIDDEN)
-    inp = buf[: 16 * _dist.HIDDEN].view(shape)
-    inp.copy_(_dist.pattern(shape, rank, 5, device))
+    shape = (16, _data.HIDDEN)
+    inp = buf[: 16 * _data.HIDDEN].view(shape)
+    inp.copy_(_data.pattern(shape, rank, 5, device))
     try:
         op(inp, "sum", group_name)
-        _dist.wait_device(OP_DEADLINE_S)
-    except _dist.Hung as exc:
+        _device.wait_device(OP_DEADLINE_S)
+    except _device.Hung as exc:
         return {"verdict": "hang", "error": str(exc)}
     except Exception as exc:
-        text = _dist.error_tail(exc)
-        refused = "multicast" in text.lower()
-        return {"verdict": "refused" if refused else "error", "error": text}
+        return multimem_error(_errors.error_tail(exc), multicast)
     if not multicast:
         return {"verdict": "error", "error": "ran without a multicast address (unexpected)"}
-    return _judge(inp, _dist.pattern_sum(shape, world, 5), _dist.pattern(shape, rank, 5))
+    return _judge(inp, _data.pattern_sum(shape, world, 5), _data.pattern(shape, rank, 5))
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -290,7 +323,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         facts["device_multicast_support"] = bool(_SymmetricMemory.has_multicast_support(DeviceType.CUDA, device.index))
     except Exception as exc:
         facts["device_multicast_support"] = None
-        facts["device_multicast_support_error"] = _dist.error_tail(exc, 200)
+        facts["device_multicast_support_error"] = _errors.error_tail(exc, 200)
     if not shared:
         n = torch.cuda.device_count()
         facts["peer_access"] = all(
@@ -304,13 +337,13 @@ def run(ctx: RankContext) -> dict[str, Any]:
         try:
             facts["backend"] = get_backend(device)
         except Exception as exc:
-            facts["backend"] = f"? {_dist.error_tail(exc, 120)}"
+            facts["backend"] = f"? {_errors.error_tail(exc, 120)}"
 
-    numel = max(TOKENS) * _dist.HIDDEN
+    numel = max(TOKENS) * _data.HIDDEN
     rendezvous: dict[str, Any] = {"verdict": "ok"}
     try:
         buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=device)
-        handle, enabled_here = _dist.symm_rendezvous(buf, group)
+        handle, enabled_here = _symm.symm_rendezvous(buf, group)
         facts["enable_symm_mem_for_group_called"] = enabled_here
         facts["multicast_ptr"] = int(getattr(handle, "multicast_ptr", 0) or 0)
         facts["signal_pad_size"] = int(getattr(handle, "signal_pad_size", 0) or 0)
@@ -327,14 +360,14 @@ def run(ctx: RankContext) -> dict[str, Any]:
     # Direct peer read: every rank writes its pattern, then reads its neighbour's buffer.
     try:
         n = 4096
-        buf[:n].copy_(_dist.pattern((n,), ctx.rank, 9, device))
+        buf[:n].copy_(_data.pattern((n,), ctx.rank, 9, device))
         torch.cuda.synchronize()
         handle.barrier()
         peer = (ctx.rank + 1) % ctx.world_size
         seen = handle.get_buffer(peer, (n,), torch.bfloat16).clone()
         handle.barrier()  # nobody overwrites its buffer before its neighbour has read it
-        _dist.wait_device(OP_DEADLINE_S)
-        facts["p2p_read"] = _judge(seen, _dist.pattern((n,), peer, 9), None)
+        _device.wait_device(OP_DEADLINE_S)
+        facts["p2p_read"] = _judge(seen, _data.pattern((n,), peer, 9), None)
     except Exception as exc:
         facts["p2p_read"] = _err(exc)
 
@@ -360,9 +393,6 @@ def run(ctx: RankContext) -> dict[str, Any]:
                     facts["ops"][op][mode] = res
         if other["p2p_read"].get("verdict") != "ok":
             facts["p2p_read"] = other["p2p_read"]
-        if other["multimem"].get("verdict") not in ("refused", None) and facts.get("multimem", {}).get("verdict") in (
-            "refused",
-            "ok",
-        ):
-            facts["multimem"] = other["multimem"]
+    if "multimem" in facts:
+        facts["multimem"] = worst_multimem([other["multimem"] for other in everyone])
     return verdict(facts)

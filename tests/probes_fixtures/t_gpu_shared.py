@@ -3,7 +3,7 @@
 from checks.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-gpu-shared", title="gpu shared", feature="shared-GPU device assignment", ranks=(2,),
-                 share_gpu=True, requires=("torch",), timeout_s=120)
+                 distinct_gpus=False, requires=("torch",), timeout_s=120)
 
 
 def run(ctx: RankContext) -> dict:
