@@ -21,6 +21,7 @@ from typing import Any
 from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
 from checks.probes import _data, _device, _dist
 from checks.probes import _flashinfer as fi
+from checks.probes._fi_build import classify_jit_error
 from checks.probes._lockstep import Lockstep, Stopped
 
 SPEC = ProbeSpec(
@@ -126,7 +127,7 @@ def _failure_code(r: dict[str, Any]) -> str:
 
 def _workspace_error_code(err: str) -> str:
     """A JIT build failure inside workspace creation keeps its JIT reason (arch gate, nvcc...)."""
-    return fi.classify_jit_error(err) if "architectures" in err or "nvcc" in err else "fi-workspace-failed"
+    return classify_jit_error(err) if "architectures" in err or "nvcc" in err else "fi-workspace-failed"
 
 
 def _wrong(results: dict[str, dict[str, Any]], status: str, what: str, metrics: dict[str, Any],
