@@ -1,10 +1,13 @@
 """Which code made a result: the stackprobe version, the git commit and whether ``checks/`` differed from it,
 and a hash of the probe's own source (host side).
 
-The probe hash covers the probe module and the private helper modules of ``checks/probes/`` (``_*.py``)
-it imports, found by reading its imports with ``ast``, transitively. It is computed on the host from the
-``checks/`` tree that is mounted into the containers, so it names the code the ranks ran. Two checkouts
-with the same probe source give the same hash wherever they live (file names, not paths, are hashed).
+The probe hash covers the probe module, the private helper modules of ``checks/probes/`` (``_*.py``) and
+the in-environment fact modules of ``checks/`` (toolkit lookup, target parsing, distribution table...) it
+imports, found by reading its imports with ``ast``, transitively. The probe API itself (``checks.probe``,
+``checks.status``) is left out: it is the contract every probe shares, not a probe's judgement.
+It is computed on the host from the ``checks/`` tree that is mounted into the containers, so it names the
+code the ranks ran. Two checkouts with the same probe source give the same hash wherever they live (file
+names, not paths, are hashed).
 A verdict whose recorded hash differs from the current source's was made by other code: `checks report`
 marks it for a rerun.
 """
@@ -25,6 +28,8 @@ from typing import Any
 CODE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds the `checks` package
 HELPERS = CODE_ROOT / "checks" / "probes"
 HELPER_PACKAGE = "checks.probes"
+SUPPORT_PACKAGE = "checks"
+API_MODULES = frozenset({"probe", "status", "probes"})  # shared by every probe: not part of a probe's hash
 UNKNOWN = "unknown"
 HASH_CHARS = 16
 GIT_TIMEOUT_S = 20.0
@@ -132,18 +137,37 @@ def helper_imports(source: str, in_helpers: bool = False) -> set[str]:
     return {name for name in found if name.startswith("_") and name != "__init__"}
 
 
+def support_imports(source: str) -> set[str]:
+    """Names of the ``checks`` modules (``checks.toolkit``, ...) that ``source`` imports, the probe API aside."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] if node.module != SUPPORT_PACKAGE else [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[0] == SUPPORT_PACKAGE and parts[1] not in API_MODULES:
+                found.add(parts[1])
+    return found
+
+
 def probe_sources(path: Path, helpers: Path = HELPERS) -> list[Path]:
-    """The probe file and every helper module it imports, transitively, in a stable order."""
+    """The probe file and every helper and support module it imports, transitively, in a stable order."""
     seen: dict[str, Path] = {}
     todo = [(path, path.resolve().parent == helpers.resolve())]
     sources = [path]
     while todo:
         current, in_helpers = todo.pop()
-        for name in sorted(helper_imports(current.read_text(), in_helpers)):
-            helper = helpers / f"{name}.py"
-            if name not in seen and helper.is_file():
-                seen[name] = helper
-                todo.append((helper, True))
+        text = current.read_text()
+        wanted = [(n, helpers / f"{n}.py", True) for n in sorted(helper_imports(text, in_helpers))]
+        wanted += [(f"checks.{n}", helpers.parent / f"{n}.py", False) for n in sorted(support_imports(text))]
+        for key, file, is_helper in wanted:
+            if key not in seen and file.is_file():
+                seen[key] = file
+                todo.append((file, is_helper))
     return sources + [seen[n] for n in sorted(seen)]
 
 

@@ -50,6 +50,21 @@ def test_probe_hash_follows_helpers_transitively(tmp_path: Path) -> None:
     assert probe_hash(moved / "checks" / "probes" / "myprobe.py", moved / "checks" / "probes") == changed
 
 
+def test_probe_hash_covers_the_checks_modules_it_uses_but_not_the_probe_api(tmp_path: Path) -> None:
+    helpers, probe = _helpers(tmp_path)
+    (helpers.parent / "toolkit.py").write_text("from checks import dists\n")
+    (helpers.parent / "dists.py").write_text("TABLE = 1\n")
+    (helpers.parent / "probe.py").write_text("def outcome(): ...\n")
+    (helpers / "_c.py").write_text("from checks.toolkit import find\nfrom checks.probe import outcome\n")
+    names = [p.name for p in probe_sources(probe, helpers)]
+    assert names == ["myprobe.py", "_a.py", "_b.py", "_c.py", "dists.py", "toolkit.py"]
+    before = probe_hash(probe, helpers)
+    (helpers.parent / "probe.py").write_text("def outcome(): return 1\n")
+    assert probe_hash(probe, helpers) == before  # the probe API is every probe's: it marks none stale
+    (helpers.parent / "dists.py").write_text("TABLE = 2\n")
+    assert probe_hash(probe, helpers) != before  # a fact module two imports away decides verdicts too
+
+
 def test_real_probe_hash_covers_the_helpers_it_imports() -> None:
     fi_jit = ROOT / "checks" / "probes" / "fi_jit.py"
     names = {p.name for p in probe_sources(fi_jit)}
