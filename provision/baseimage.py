@@ -7,17 +7,27 @@ access). The mirror is read from the machine's own apt sources, never hard-coded
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-DEFAULT_TAG = "stackprobe/base:bookworm"
-PACKAGES = ("python3", "python3-venv", "ca-certificates")
+# libnuma1: sgl-kernel's extension links libnuma.so.1, and without it `import sgl_kernel` fails in the cell
+# for a reason that has nothing to do with the stack under test.
+PACKAGES = ("python3", "python3-venv", "ca-certificates", "libnuma1")
 # The base of registry-free cell images: nvcc needs a host compiler, and flashinfer's JIT needs one too.
-DEV_TAG = "stackprobe/base-dev:bookworm"
 DEV_PACKAGES = PACKAGES + ("gcc", "g++", "libc6-dev", "make")
+
+
+def _tag(name: str, packages: tuple[str, ...]) -> str:
+    """The tag names its package set, so a changed set makes a new base instead of reusing a stale one."""
+    return f"{name}:bookworm-{hashlib.sha256(' '.join(packages).encode()).hexdigest()[:8]}"
+
+
+DEFAULT_TAG = _tag("stackprobe/base", PACKAGES)
+DEV_TAG = _tag("stackprobe/base-dev", DEV_PACKAGES)
 
 
 class BaseImageError(RuntimeError):
