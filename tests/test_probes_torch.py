@@ -29,13 +29,14 @@ from checks.probes import (
     ep_a2a,
     fi_fusion,
     nccl_graphs,
+    pcie_ipc,
     symm_mem,
 )
 from checks.worker import skip_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
-COLLECTIVE_PROBES = (nccl_graphs, symm_mem, ar_latency, custom_ar, fi_fusion, ep_a2a)
+COLLECTIVE_PROBES = (nccl_graphs, symm_mem, ar_latency, custom_ar, fi_fusion, ep_a2a, pcie_ipc)
 
 
 # --- integer-valued data -----------------------------------------------------------------------------
@@ -680,7 +681,7 @@ def test_ep_a2a_simulated_ranks_run_in_one_process() -> None:
     assert (skip_reason(ep_a2a, sim, gpus=1) or ("",))[0] != "too-few-ranks"
 
 
-@pytest.mark.parametrize("module", [nccl_graphs, ar_latency, custom_ar], ids=lambda m: m.SPEC.id)
+@pytest.mark.parametrize("module", [nccl_graphs, ar_latency], ids=lambda m: m.SPEC.id)
 def test_ranks_sharing_a_gpu_are_refused_where_the_probe_needs_one_each(module: ModuleType) -> None:
     assert module.SPEC.distinct_gpus
     got = skip_reason(module, Variant(module.SPEC.id, 2, share_gpu=True), gpus=2)
@@ -730,7 +731,7 @@ import json, os, sys
 from pathlib import Path
 import torch, torch.distributed as dist
 from checks.probe import RankContext, Variant
-from checks.probes import _device, _dist, ep_a2a, fi_fusion
+from checks.probes import _device, _dist, _fi_moe, ep_a2a, fi_fusion
 from checks.probes import _flashinfer as fi
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -775,27 +776,29 @@ class Fusion:
 
 class A2A:
     # MoE all-to-all over gloo: every rank sees every rank's tokens and keeps those routed to it
-    workspace_size_per_rank = 1 << 20
+    workspace_bytes = 1 << 20
     def _gather(self, t):
         out = [torch.empty_like(t) for _ in range(world)]
         dist.all_gather(out, t.contiguous())
         return out
-    def dispatch(self, experts, payloads, tpr):
-        hid, ids = payloads
+    def dispatch(self, experts, hid, ids):
+        tpr = hid.shape[0]
         ex, hs, js = self._gather(experts), self._gather(hid), self._gather(ids)
         recv_h = torch.zeros(world, tpr, hid.shape[-1], dtype=hid.dtype)
         recv_i = torch.zeros(world, tpr, 1, dtype=ids.dtype)
+        recv_e = torch.full((world, tpr, experts.shape[1]), _fi_moe.INVALID_EXPERT, dtype=experts.dtype)
         for src in range(world):
             n = 0
             for t in range(tpr):
                 if rank in {int(e) // ep_a2a.EXPERTS_PER_RANK for e in ex[src][t]}:
-                    recv_h[src, n], recv_i[src, n] = hs[src][t], js[src][t]
+                    recv_h[src, n], recv_i[src, n], recv_e[src, n] = hs[src][t], js[src][t], ex[src][t]
                     n += 1
         self.recv_ids = self._gather(recv_i)
         if FAIL == f"dispatch{rank}":  # after the exchange, as a kernel's error is seen after its launch
             raise RuntimeError("moe_a2a_dispatch: workspace too small")
-        return [recv_h, recv_i]
-    def combine(self, payload, tpr):
+        return _fi_moe.Received(recv_i[..., 0], recv_h, recv_e)
+    def combine(self, payload):
+        tpr = payload.shape[1]
         loads = self._gather(payload)
         out = torch.zeros(tpr, payload.shape[-1])
         for t in range(world):
@@ -805,7 +808,8 @@ class A2A:
         return out.bfloat16()
 
 fi.Fusion = Fusion
-fi.moe_alltoall_object = lambda *a, **k: A2A()
+_fi_moe.detect = lambda: _fi_moe.TRTLLM
+_fi_moe.open_ranks = lambda *a, **k: A2A()
 fi_fusion.TOKENS = fi_fusion.GRAPH_TOKENS  # fewer sizes: gloo on two shared cores
 probe = sys.argv[2]
 module = fi_fusion if probe == "fi-fusion" else ep_a2a

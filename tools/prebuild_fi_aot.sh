@@ -35,7 +35,7 @@ if [ ! -e /usr/local/cuda/include/cublasLt.h ]; then
     inc=$(ls -d "$VENV"/lib/python3*/site-packages/nvidia/cu13/include 2>/dev/null | head -1)
     if [ -n "$inc" ]; then
         mkdir -p "$STUB/include"
-        for h in "$inc"/cublas*.h; do ln -s "$PWD/$h" "$STUB/include/"; done
+        for h in "$inc"/cublas*.h "$inc"/curand*.h; do ln -s "$PWD/$h" "$STUB/include/"; done  # 0.7 moe_a2a: curand
         EXTRA=(NVCC_APPEND_FLAGS="-I$STUB/include" CPATH="$STUB/include")
     fi
 fi

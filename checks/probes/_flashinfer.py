@@ -24,6 +24,7 @@ JIT_GENERATORS: dict[str, tuple[tuple[str, str], ...]] = {
         ("flashinfer.comm.trtllm_ar", "gen_trtllm_comm_module"),
     ),
     "moe_a2a": (
+        ("flashinfer.jit.comm", "gen_nvlink_one_sided_alltoall_module"),  # flashinfer.moe_ep's, from 0.7
         ("flashinfer.jit.comm", "gen_moe_alltoall_module"),
         ("flashinfer.comm.trtllm_moe_alltoall", "gen_moe_alltoall_module"),
     ),

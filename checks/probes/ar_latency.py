@@ -29,7 +29,14 @@ SPEC = ProbeSpec(
     timeout_s=300.0,
 )
 
-BACKENDS = ("nccl", "nccl-direct", "symm-mem-one-shot", "symm-mem-two-shot", "flashinfer-custom-ar")
+BACKENDS = (
+    "nccl",
+    "nccl-direct",
+    "symm-mem-one-shot",
+    "symm-mem-two-shot",
+    "flashinfer-custom-ar",
+    "flashinfer-pcie-ipc",
+)
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # 14 KiB .. 1.75 MiB, then 3.5 and 7 MiB (4x verify)
 CALLS_PER_GRAPH = 20
 REPLAYS = 40
@@ -212,6 +219,49 @@ class FlashinferCustomAR(Backend):
         return {"flashinfer": self.fi.version(), "full_nvlink": self.full_nvlink}
 
 
+class FlashinferPcieIpc(Backend):
+    """flashinfer's PCIe IPC all-reduce (flashinfer >= 0.7, ``_fi_pcie``) with the launch configuration it
+    resolves itself: this machine's tuned one when its tuning cache holds the shape, else its seed."""
+
+    name = "flashinfer-pcie-ipc"
+    in_place = False
+
+    def __init__(self, group: Any, device: Any) -> None:
+        self.group, self.device = group, device
+        self.coll: Any = None
+
+    def prepare(self, max_numel: int) -> None:
+        import torch
+
+        from checks.probes import _fi_pcie
+
+        self.coll = _fi_pcie.Collective("all-reduce", self.group, max_numel)
+        self.inp = torch.empty(max_numel, device=self.device, dtype=torch.bfloat16)
+        self.out = torch.empty(max_numel, device=self.device, dtype=torch.bfloat16)
+        self.configs: dict[int, Any] = {}
+
+    def buffers(self, numel: int) -> tuple[Any, Any]:
+        return self.inp[:numel], self.out[:numel]
+
+    def step(self, inp: Any, out: Any) -> Callable[[], None]:
+        # Resolved here, eagerly and on every rank (flashinfer agrees on it with a collective): a capture
+        # then records the call with no collective inside it.
+        config = self.coll.resolved(inp)
+        if config is None:
+            refusal = self.coll.refusal(inp, out)
+            raise ValueError(refusal.message if refusal else f"flashinfer has no configuration for {inp.numel()}")
+        self.configs[inp.numel()] = config
+        return lambda: self.coll.run(inp, out, config)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"pcie_ipc_workspace": self.coll.evidence()}
+
+    def metrics(self) -> dict[str, Any]:
+        from checks.probes import _fi_pcie
+
+        return {"configs": {str(n * 2): _fi_pcie.describe(c) for n, c in sorted(self.configs.items())}}
+
+
 def make_backend(name: str, rank: int, world: int, device: Any, group: Any, gloo: Any) -> Backend:
     if name == "nccl":
         return Nccl(device, group)
@@ -221,6 +271,8 @@ def make_backend(name: str, rank: int, world: int, device: Any, group: Any, gloo
         return SymmMem(device, group, name[len("symm-mem-") :])
     if name == "flashinfer-custom-ar":
         return FlashinferCustomAR(rank, device, group)
+    if name == "flashinfer-pcie-ipc":
+        return FlashinferPcieIpc(group, device)
     raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
 
 
@@ -344,8 +396,14 @@ def _clocks(device_index: int) -> dict[str, Any]:
 def run(ctx: RankContext) -> dict[str, Any]:
     multicast_env = _dist.keep_multicast_off()
     name = ctx.param("backend", "nccl") or "nccl"
-    if name == "flashinfer-custom-ar" and importlib.util.find_spec("flashinfer") is None:
+    if name.startswith("flashinfer-") and importlib.util.find_spec("flashinfer") is None:
         return outcome("skip", "flashinfer is not installed in this environment", "missing-package")
+    if name == "flashinfer-pcie-ipc":
+        from checks.probes import _api, _fi_pcie
+
+        found = _fi_pcie.detect("all-reduce")
+        if isinstance(found, _api.ApiUnknown):
+            return found.outcome()
 
     import torch
 
@@ -398,6 +456,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
         if results[nbytes].get("verdict") in ("hang", "wrong", "no-op", "zero"):
             break  # a hung stream blocks everything after it; a wrong backend is not timed further
     result = summarize(name, results, baseline if nccl is not None else None)
+    if isinstance(backend, FlashinferPcieIpc):
+        result["metrics"].update(backend.metrics())
     result["evidence"].update(evidence)
     if baseline:
         result["evidence"]["nccl_per_size"] = {str(b): r for b, r in baseline.items()}

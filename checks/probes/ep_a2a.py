@@ -1,15 +1,19 @@
-"""ep-a2a: flashinfer's MoE all-to-all (dispatch + combine) with exact routing checks.
+"""ep-a2a: flashinfer's MoE all-to-all (dispatch + combine) with exact routing checks, on both of its API
+generations through one adapter (``_fi_moe``): ``flashinfer.comm.trtllm_moe_alltoall`` up to 0.6 and
+``flashinfer.moe_ep``'s NVLink one-sided backend from 0.7. A flashinfer with neither is ``skip`` with
+``probe-api-unknown`` (the feature was not reached), never ``fail``.
 
 ``mode=sim``: every EP rank simulated on one GPU, each on its own CUDA stream over one shared workspace
 (flashinfer's own single-GPU pattern); the kernels spin-wait on each other, so all blocks must be resident
-at once and the variant needs at least tokens x ranks SMs. ``mode=gpus``: one process per GPU through
-``MoeAlltoAll`` with a torch.distributed handle exchange (no MNNVL fabric needed, fds over a Unix socket).
+at once and the variant needs at least tokens x ranks SMs. ``mode=gpus``: one process per GPU, the
+workspace's memory handles exchanged through torch.distributed (no MNNVL fabric needed, fds over a Unix socket).
 
 Routing is deterministic: token g picks two distinct experts; a token goes once to each distinct target rank.
-Dispatch check: every rank receives exactly the token ids expected from each source, with their hidden rows
-bit-exact. Combine check: rank r multiplies what it received by (r + 1) and sends it back; token g must come
-back as hidden(g) x sum of (t + 1) over its distinct target ranks t, exactly (small integers in bf16).
-The workspace size per rank is recorded.
+Dispatch check: from every source, a rank receives exactly the token ids routed to it, once each, with their
+hidden rows bit-exact and their expert ids intact; padding rows carry no token. Combine check: rank r
+multiplies what it received by (r + 1) and sends it back; token g must come back as hidden(g) x sum of
+(t + 1) over its distinct target ranks t, exactly (small integers in bf16). The workspace size per rank is
+recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
-from checks.probes import _data, _device, _dist
+from checks.probes import _api, _data, _device, _dist, _fi_moe
 from checks.probes import _flashinfer as fi
 from checks.probes._lockstep import Lockstep, Stopped
 
@@ -75,21 +79,39 @@ def hidden_rows(ids: Any, hidden: int, device: Any) -> Any:
     return vals.to(torch.bfloat16)
 
 
-def check_dispatch(recv_ids: Any, recv_hidden: Any, rank: int, ep: int, tpr: int, route: list[list[int]]) -> str:
-    """'' when rank ``rank`` received exactly the tokens routed to it from every source, else a reason."""
+def check_received(recv: _fi_moe.Received, rank: int, ep: int, tpr: int, route: list[list[int]]) -> str:
+    """'' when rank ``rank`` received, from every source, exactly the tokens routed to it (once each, hidden
+    rows bit-exact, this rank's expert picks intact) and nothing in its padding rows; else the first problem.
+    The row a token lands in is the backend's choice, so rows are matched by the token id they carry."""
     import torch
 
+    ids = recv.ids.to("cpu")
+    experts = recv.experts.to("cpu", torch.int64)
     for src in range(ep):
         want = sorted(g + 1 for g in range(src * tpr, (src + 1) * tpr) if rank in targets(route[g]))
-        got_ids = recv_ids[src, : len(want)].reshape(-1).to("cpu", torch.int64)
-        if sorted(got_ids.tolist()) != want:
-            return f"rank {rank} from {src}: ids {sorted(got_ids.tolist())[:8]}... expected {want[:8]}..."
-        rows = recv_hidden[src, : len(want)]
-        ref = hidden_rows(got_ids.to(rows.device) - 1, rows.shape[-1], rows.device)
-        if not torch.equal(rows, ref):
-            bad = int((rows != ref).any(dim=1).sum())
-            return f"rank {rank} from {src}: {bad} of {len(want)} hidden rows differ"
+        rows = [i for i in range(tpr) if int(ids[src, i])]
+        got = sorted(int(ids[src, i]) for i in rows)
+        if got != want:
+            return f"rank {rank} from {src}: ids {got[:8]}... expected {want[:8]}..."
+        if not rows:
+            continue
+        index = torch.tensor(rows)
+        hid = recv.hidden[src].index_select(0, index.to(recv.hidden.device))
+        ref = hidden_rows(ids[src, index].to(hid.device) - 1, hid.shape[-1], hid.device)
+        if not torch.equal(hid, ref):
+            bad = int((hid != ref).any(dim=1).sum())
+            return f"rank {rank} from {src}: {bad} of {len(rows)} hidden rows differ"
+        for i in rows:
+            g = int(ids[src, i]) - 1
+            picks = {int(e) for e in experts[src, i] if int(e) != _fi_moe.INVALID_EXPERT}
+            mine = {e for e in route[g] if e // EXPERTS_PER_RANK == rank}
+            if not mine <= picks <= set(route[g]):
+                return f"rank {rank} from {src}: token {g} arrived with experts {sorted(picks)}, routed to {route[g]}"
     return ""
+
+
+def shape(ep: int, tpr: int) -> _fi_moe.Shape:
+    return _fi_moe.Shape(ep, tpr, SIM_HIDDEN, TOP_K, ep * EXPERTS_PER_RANK)
 
 
 def combine_reference(rank: int, tpr: int, hidden: int, route: list[list[int]], device: Any) -> Any:
@@ -111,6 +133,11 @@ def _inputs(rank: int, tpr: int, hidden: int, route: list[list[int]], device: An
 def run_sim(ctx: RankContext) -> dict[str, Any]:
     import torch
 
+    api = _fi_moe.detect()
+    if isinstance(api, _api.ApiUnknown):
+        return api.outcome()
+    if why := _fi_moe.sim_refusal(api):
+        return outcome("skip", note=why, reason_code="not-applicable")
     ep = int(ctx.param("ep") or "2")
     if ep < 2:
         note = f"ep={ep}: an all-to-all needs at least 2 simulated ranks"
@@ -125,49 +152,30 @@ def run_sim(ctx: RankContext) -> dict[str, Any]:
             note=f"needs {tpr * ep} SMs for {ep} co-resident simulated ranks, GPU has {sms}",
             reason_code="too-few-sms",
         )
-    mod = fi.moe_a2a()
     route = routing(ep, tpr)
-    payload_bytes = hidden * 2 + 4
-    ws_bytes = mod.moe_a2a_get_workspace_size_per_rank(ep, tpr * ep, payload_bytes, hidden * 2)
-    metrics: dict[str, Any] = {"workspace_bytes_per_rank": int(ws_bytes), "sm_count": sms}
-    ws = torch.zeros(ep, ws_bytes, dtype=torch.uint8, device=device)
-    meta = [mod.moe_a2a_initialize(ws, r, ep, tpr * ep) for r in range(ep)]
+    a2a = _fi_moe.open_sim(api, shape(ep, tpr), device)
+    metrics: dict[str, Any] = {"workspace_bytes_per_rank": a2a.workspace_bytes, "sm_count": sms}
     torch.cuda.synchronize()
     streams = [torch.cuda.Stream() for _ in range(ep)]
     inputs = [_inputs(r, tpr, hidden, route, device) for r in range(ep)]
     torch.cuda.synchronize()
-    outs: list[Any] = [None] * ep
-    offsets = [0] * ep
+    recv: list[Any] = [None] * ep
     for r in range(ep):
         with torch.cuda.stream(streams[r]):
-            experts, hid, ids = inputs[r]
-            outs[r], offsets[r] = fi.moe_dispatch(
-                mod,
-                token_selected_experts=experts,
-                input_payloads=[hid, ids],
-                workspace=ws,
-                metainfo=meta[r],
-                runtime_max_tokens_per_rank=tpr,
-                ep_rank=r,
-                ep_size=ep,
-                top_k=TOP_K,
-                num_experts=ep * EXPERTS_PER_RANK,
-            )
+            recv[r] = a2a.dispatch(r, *inputs[r])
     _device.wait_device(60)
     for r in range(ep):
-        problem = check_dispatch(outs[r][1], outs[r][0], r, ep, tpr, route)
+        problem = check_received(recv[r], r, ep, tpr, route)
         if problem:
             return outcome(
                 "fail", note=f"dispatch routed wrongly: {problem}", reason_code="ep-a2a-wrong", metrics=metrics
             )
-    payloads = [(outs[r][0].float() * (r + 1)).to(torch.bfloat16).contiguous() for r in range(ep)]
+    payloads = [(recv[r].hidden.float() * (r + 1)).to(torch.bfloat16).contiguous() for r in range(ep)]
     torch.cuda.synchronize()
     combined: list[Any] = [None] * ep
     for r in range(ep):
         with torch.cuda.stream(streams[r]):
-            combined[r] = mod.moe_a2a_combine(
-                payloads[r], tpr, ws, meta[r], tpr, r, ep, TOP_K, offsets[r], payload_in_workspace=False
-            )
+            combined[r] = a2a.combine(r, payloads[r])
     _device.wait_device(60)
     for r in range(ep):
         ref = combine_reference(r, tpr, hidden, route, device)
@@ -183,38 +191,40 @@ def run_sim(ctx: RankContext) -> dict[str, Any]:
     return outcome(
         "pass",
         metrics=metrics,
-        evidence={"ep": ep, "tokens_per_rank": tpr, "hidden": hidden, "flashinfer": fi.version()},
+        evidence={"ep": ep, "tokens_per_rank": tpr, "hidden": hidden, "api": api.name, "flashinfer": _version()},
     )
 
 
 def run_gpus(ctx: RankContext) -> dict[str, Any]:
-    fi.prepare_env()
+    api = _fi_moe.detect()  # before any collective: every rank finds the same
+    if isinstance(api, _api.ApiUnknown):
+        return api.outcome()
     device = _dist.init_dist(ctx)
     import torch
     import torch.distributed as dist
 
     ep, r, tpr, hidden = ctx.world_size, ctx.rank, GPU_TOKENS, SIM_HIDDEN
     route = routing(ep, tpr)
-    evidence: dict[str, Any] = {"ep": ep, "tokens_per_rank": tpr, "hidden": hidden, "flashinfer": fi.version()}
+    evidence: dict[str, Any] = {"ep": ep, "tokens_per_rank": tpr, "hidden": hidden, "api": api.name}
+    evidence["flashinfer"] = _version()
     lock = Lockstep(r, dist.group.WORLD, evidence)
     metrics = lock.metrics
     try:
-        with lock.step("MoeAlltoAll creation", "ep-a2a-workspace-failed"):
-            a2a = fi.moe_alltoall_object(
-                r, ep, tpr, TOP_K, ep * EXPERTS_PER_RANK, hidden * 2 + 4, hidden * 2, dist.group.WORLD
-            )
-            metrics["workspace_bytes_per_rank"] = int(a2a.workspace_size_per_rank)
+        with lock.step("all-to-all creation", "ep-a2a-workspace-failed"):
+            a2a = _fi_moe.open_ranks(api, shape(ep, tpr), r, dist.group.WORLD)
+            metrics["workspace_bytes_per_rank"] = a2a.workspace_bytes
+            evidence.update(getattr(a2a, "evidence", {}))
         experts, hid, ids = _inputs(r, tpr, hidden, route, device)
         with lock.step("dispatch", "ep-a2a-error") as found:  # combine is collective: all ranks go on or none
-            recv = a2a.dispatch(experts, [hid, ids], tpr)
+            recv = a2a.dispatch(experts, hid, ids)
             _device.wait_device(60)
-            problem = check_dispatch(recv[1], recv[0], r, ep, tpr, route)
+            problem = check_received(recv, r, ep, tpr, route)
             if problem:
                 note = f"dispatch routed wrongly: {problem}"
                 found.early = outcome("fail", note, "ep-a2a-wrong", metrics=metrics, evidence=evidence)
         with lock.step("combine", "ep-a2a-error") as found:
-            payload = (recv[0].float() * (r + 1)).to(torch.bfloat16).contiguous()
-            combined = a2a.combine(payload, tpr)
+            payload = (recv.hidden.float() * (r + 1)).to(torch.bfloat16).contiguous()
+            combined = a2a.combine(payload)
             _device.wait_device(60)
             c = _data.check_exact(combined, combine_reference(r, tpr, hidden, route, device))
             evidence["combine"] = c.to_json()
@@ -231,3 +241,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if ctx.param("mode") == "sim":
         return run_sim(ctx)
     return run_gpus(ctx)
+
+
+def _version() -> str | None:
+    return _api.package_version(*_fi_moe.DISTRIBUTIONS)

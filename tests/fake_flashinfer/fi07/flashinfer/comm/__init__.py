@@ -1,0 +1,1 @@
+"""Stand-in flashinfer.comm 0.7: trtllm_moe_alltoall is gone."""
