@@ -29,6 +29,7 @@ JIT_GENERATORS: dict[str, tuple[tuple[str, str], ...]] = {
         ("flashinfer.comm.trtllm_moe_alltoall", "gen_moe_alltoall_module"),
     ),
     "pcie_ipc": (("flashinfer.jit.comm", "gen_pcie_ipc_comm_module"),),
+    "pcie_ipc_ag_rs": (("flashinfer.jit.comm", "gen_pcie_ipc_ag_rs_module"),),  # all-gather, reduce-scatter
 }
 # Smallest first: vllm_comm is one .cu file (about 15 s for one arch on 2 cores), trtllm_comm three.
 COMM_MODULES: tuple[str, ...] = tuple(JIT_GENERATORS)
@@ -237,47 +238,3 @@ class VllmCustomAR:
         dist.all_gather_object(all_o, offsets, group=self.group)
         self.comm.vllm_register_graph_buffers(self.fa, all_h, all_o)
         return len(offsets)
-
-
-# --- MoE all-to-all -----------------------------------------------------------------------------------
-def moe_a2a() -> Any:
-    """The functional MoE all-to-all module (flashinfer >= 0.6.0)."""
-    return importlib.import_module("flashinfer.comm.trtllm_moe_alltoall")
-
-
-def moe_dispatch(mod: Any, **kwargs: Any) -> tuple[list[Any], int]:
-    """``moe_a2a_dispatch`` returns 2 values in early versions and 3 (with EPLB stats) later."""
-    res = mod.moe_a2a_dispatch(**kwargs)
-    return list(res[0]), int(res[1])
-
-
-def moe_alltoall_object(
-    rank: int,
-    ep: int,
-    max_tokens: int,
-    top_k: int,
-    num_experts: int,
-    dispatch_bytes: int,
-    combine_bytes: int,
-    group: Any,
-) -> Any:
-    """``MoeAlltoAll`` across processes, its memory handles exchanged through torch.distributed."""
-    mod = moe_a2a()
-    from flashinfer.comm.mapping import Mapping
-    from flashinfer.comm.mnnvl import MnnvlConfig
-
-    try:
-        from flashinfer.comm.comm_backend import TorchDistBackend
-    except ImportError:
-        from flashinfer.comm.mnnvl import TorchDistBackend  # type: ignore[no-redef]
-
-    mapping = Mapping(world_size=ep, rank=rank, gpus_per_node=ep, tp_size=ep, moe_ep_size=ep)
-    size = mod.moe_a2a_get_workspace_size_per_rank(ep, max_tokens, dispatch_bytes, combine_bytes)
-    return mod.MoeAlltoAll(
-        mapping,
-        max_tokens,
-        top_k,
-        num_experts,
-        workspace_size_per_rank=size,
-        mnnvl_config=MnnvlConfig(comm_backend=TorchDistBackend(group)),
-    )
