@@ -55,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cuda", help="cells of this CUDA version (13 = every 13.x)")
     p.add_argument("--only", action="append", default=[], metavar="GLOB", help="cells whose id matches (repeatable)")
     p.add_argument("--local", action="store_true", help="run in a local Python environment instead of images")
+    p.add_argument("--backend", choices=("auto", "docker", "venv"), default="auto",
+                   help="cells as Docker images or as venv cells (`provision build --backend venv`); auto: "
+                        "Docker when its daemon answers, else venv cells")
     p.add_argument("--python", default=sys.executable, help="the local environment's interpreter (with --local)")
     p.add_argument("--resume", action="store_true", help="continue the latest run, skipping recorded variants")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
@@ -132,6 +135,7 @@ class Targets:
     cells: list[CellTarget]
     executors: dict[str, Executor]
     inspect: dict[str, Any] | None
+    kind: str = "docker"  # the manifest's executor: docker | venv | local
 
 
 def local_targets(args: argparse.Namespace) -> Targets:
@@ -145,10 +149,11 @@ def local_targets(args: argparse.Namespace) -> Targets:
     cells = select_cells(cells, args.only)
     if not cells:
         raise UsageError(f"checks run: the local environment ({cell.cell_id}) does not match --cuda/--only")
-    return Targets(cells, {cell.cell_id: ex}, inspect)
+    return Targets(cells, {cell.cell_id: ex}, inspect, "local")
 
 
-def docker_targets(args: argparse.Namespace, gpus: int) -> Targets:
+def planned_cells(args: argparse.Namespace) -> list[Any]:
+    """The selected cells of the matrix (provision.api.PlannedCell), as `provision build` planned them."""
     from provision.api import plan_cells
     from provision.errors import InputError
 
@@ -158,6 +163,60 @@ def docker_targets(args: argparse.Namespace, gpus: int) -> Targets:
         raise UsageError(exc.one_line()) from None
     if not planned:
         raise UsageError(f"checks run: the selection matches no cell of {args.matrix}")
+    return planned
+
+
+def venv_targets(args: argparse.Namespace, gpus: int) -> Targets:
+    """Each selected cell's venv (envs/<cell>/build.json), run by the local executor with its interpreter."""
+    from checks import venvcell
+
+    cells: list[CellTarget] = []
+    executors: dict[str, Executor] = {}
+    for pc in planned_cells(args):
+        if pc.status != "resolved":
+            cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, dict(pc.versions)))
+            continue
+        vc = venvcell.read(args.envs, pc.cell_id)
+        versions = {**pc.versions, **({"from_base": vc.from_base} if vc.from_base else {})}
+        cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, versions, vc.python, vc.state, vc.reason))
+        if vc.state == "built" and vc.python:
+            executors[pc.cell_id] = LocalExecutor(vc.python, venvcell.BACKEND, vc.env)
+    inspect = None
+    if executors and gpus:
+        try:
+            inspect = next(iter(executors.values())).inspect()
+        except ExecutorError as exc:  # one broken venv must not stop the run; its variants say why
+            print(f"warning: peer access and multicast unknown: {exc}", file=sys.stderr)
+    return Targets(cells, executors, inspect, venvcell.BACKEND)
+
+
+def chosen_backend(args: argparse.Namespace) -> str:
+    """docker or venv: ``--backend``, or under auto Docker when its daemon answers (said in one line if not)."""
+    from provision import backend
+    from provision.errors import InputError
+
+    def docker_problem() -> str | None:
+        from checks.container import client
+
+        try:
+            client()
+        except ExecutorError as exc:
+            return str(exc)
+        return None
+
+    try:
+        chosen = backend.choose(args.backend, docker_problem)
+    except InputError as exc:
+        raise UsageError(f"checks run: {exc.one_line()}") from None
+    if args.backend == backend.DOCKER and (problem := docker_problem()):
+        raise ExecutorError(problem)  # insisted on: fails now, even when no image would run
+    if chosen.line:
+        print(f"checks: {chosen.line}", file=sys.stderr, flush=True)
+    return chosen.backend
+
+
+def docker_targets(args: argparse.Namespace, gpus: int) -> Targets:
+    planned = planned_cells(args)
     cells: list[CellTarget] = []
     for pc in planned:
         if pc.status != "resolved":
@@ -186,7 +245,12 @@ def host_and_targets(args: argparse.Namespace) -> tuple[dict[str, Any], Targets,
     """The host facts, the targets, and the GPU count nvidia-smi reports (what the workers are told)."""
     smi_facts = hostfacts.collect()
     gpus = int(smi_facts["gpu_count"])
-    targets = local_targets(args) if args.local else docker_targets(args, gpus)
+    if args.local and args.backend != "auto":
+        raise UsageError("checks run: --local runs the interpreter of --python; leave out --backend")
+    if args.local:
+        targets = local_targets(args)
+    else:
+        targets = venv_targets(args, gpus) if chosen_backend(args) == "venv" else docker_targets(args, gpus)
     facts = hostfacts.collect(targets.inspect) if targets.inspect else smi_facts
     return facts, targets, gpus
 
@@ -239,7 +303,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     hashes = provenance.probe_hashes(probes)
     store = open_run(args, facts["host_id"])
     with RunLock(store.folder):
-        new = manifest.build(store.run_id, store.host_id, now_iso(), "local" if args.local else "docker", facts,
+        new = manifest.build(store.run_id, store.host_id, now_iso(), targets.kind, facts,
                              targets.cells, probes, code, hashes, args.argv)
         old = read_manifest(store.manifest_path)[0] if args.resume else None
         store.write_manifest(manifest.merge(old, new))

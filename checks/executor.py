@@ -63,19 +63,28 @@ def parse_result_text(text: str) -> tuple[dict[str, Any] | None, str]:
 
 @dataclass(frozen=True)
 class LocalExecutor:
+    """A given interpreter on this host: ``--local``, or a venv cell (``name`` "venv", whose ``extra_env``
+    sets its PATH, PYTHONPATH and CUDA_HOME: checks.venvcell)."""
+
     python: str = sys.executable
     name: str = "local"
+    extra_env: tuple[tuple[str, str], ...] = ()  # set last, over the runner's own environment
 
     def __post_init__(self) -> None:
         resolved = shutil.which(self.python) if os.sep not in self.python else self.python
         if not resolved or not os.access(resolved, os.X_OK):
-            raise ExecutorError(f"--python {self.python}: no such executable interpreter")
+            raise ExecutorError(f"{self._what}: no such executable interpreter")
+
+    @property
+    def _what(self) -> str:
+        return f"--python {self.python}" if self.name == "local" else f"{self.name} cell {self.python}"
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.pop("VIRTUAL_ENV", None)  # the interpreter chosen, not the venv stackprobe itself runs in
+        env.update(self.extra_env)
         return env
 
     def inspect(self) -> dict[str, Any]:
@@ -83,11 +92,11 @@ class LocalExecutor:
             proc = subprocess.run([self.python, "-m", "checks.worker", "--inspect"], capture_output=True, text=True,
                                   env=self.env(), timeout=300)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ExecutorError(f"--python {self.python}: cannot inspect the environment ({exc})") from None
+            raise ExecutorError(f"{self._what}: cannot inspect the environment ({exc})") from None
         data, err = parse_result_text(proc.stdout)
         if data is None:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ExecutorError(f"--python {self.python}: environment inspection failed: {err or last}")
+            raise ExecutorError(f"{self._what}: environment inspection failed: {err or last}")
         return data
 
     def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> Verdict:

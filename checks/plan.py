@@ -117,6 +117,9 @@ def image_state(envs_dir: Path, cell_id: str) -> tuple[str, str | None, str]:
         return "missing", None, f"no {path}: run `provision build --only {cell_id}`"
     except (OSError, ValueError) as exc:
         return "missing", None, f"{path} unreadable ({exc}): rerun `provision build --only {cell_id}`"
+    if data.get("backend") == "venv":  # the latest `provision build` of this cell made a venv, not an image
+        return "missing", None, (f"{path} records a venv cell: checks run --backend venv, or "
+                                 f"`provision build --backend docker --only {cell_id}`")
     status = str(data.get("status", ""))
     if status in ("built", "skipped-unchanged") and data.get("tag"):
         return "built", str(data["tag"]), ""

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from checks import atomic
+from provision import backend
 from provision.errors import InputError
 from provision.lock import ENVS, LockError, lock_cell, uv_version
 from provision.render import DOCKERFILES, Base, load_cell, render
@@ -33,6 +35,7 @@ SELFCHECK = Path(__file__).with_name("selfcheck.py")
 SELFCHECK_ROOT = "/opt/stackprobe-code"  # in the image: the self-check beside the checks/ modules it imports
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 LOGS = Path(__file__).resolve().parent.parent / ".cache" / "build-logs"
+VENVS = Path(__file__).resolve().parent.parent / ".cache" / "venvs"  # venv cells (provision/venvbuild.py)
 
 
 def docker_cli() -> str:
@@ -59,6 +62,14 @@ class Docker:
             err = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
             hint = "run as a member of the docker group" if "permission denied" in err else "start dockerd"
             raise InputError(f"cannot talk to the Docker daemon ({err}): {hint}, or use --dry-run")
+
+    def unreachable(self) -> str | None:
+        """Why this CLI cannot build (no CLI, no daemon), or None when it can."""
+        try:
+            self.check_daemon()
+        except InputError as e:
+            return e.one_line()
+        return None
 
     def buildkit(self) -> bool:
         """BuildKit is reachable through this CLI (DOCKER_BUILDKIT=1 build with --secret)."""
@@ -106,6 +117,14 @@ class BuildOptions:
     dockerfiles: Path = DOCKERFILES
     json: bool = False
     toolkit: bool = True  # registry-free base: add the CUDA toolkit from wheels (nvcc for JIT)
+    backend: str = "auto"  # auto | docker | venv (provision/backend.py)
+    base_python: str | None = None  # venv overlay cells: the environment whose torch stack they use
+    wheels: Path | None = None  # venv cells: install from this folder of wheels instead of an index
+    venvs: Path = VENVS
+
+    @property
+    def overlay(self) -> bool:
+        return self.base_python is not None or self.wheels is not None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace, matrix: Path) -> BuildOptions:
@@ -114,7 +133,10 @@ class BuildOptions:
         if a.base_image and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$", a.base_image):
             raise InputError(f"--base-image '{a.base_image}' is not an image reference")
         return cls(matrix, a.cuda, a.torch, tuple(a.only or ()), a.offline, a.dry_run, a.jobs, a.base, a.base_image,
-                   Path(a.envs) if a.envs else ENVS, Path(a.dockerfiles) if a.dockerfiles else DOCKERFILES, a.json)
+                   Path(a.envs) if a.envs else ENVS, Path(a.dockerfiles) if a.dockerfiles else DOCKERFILES, a.json,
+                   backend=a.backend, base_python=a.base_python, wheels=Path(a.wheels) if a.wheels else None,
+                   venvs=Path(a.venvs) if a.venvs else VENVS)
+
 
 
 def nvidia_image(cell: dict[str, Any]) -> str:
@@ -304,7 +326,8 @@ def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_o
         if r is None:
             rows.append((c.cell_id, c.status, "", c.reason))
         else:
-            rows.append((c.cell_id, r["status"], r.get("tag") or "", r.get("reason") or r.get("note") or ""))
+            rows.append((c.cell_id, r["status"], r.get("tag") or r.get("venv") or "",
+                         r.get("reason") or r.get("note") or ""))
     if json_out:
         keys = ("cell_id", "status", "tag", "reason")
         print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=1))
@@ -321,6 +344,30 @@ def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_o
     Console(width=200).print(table)
 
 
+def build_venvs(cells: Sequence[Resolved], opts: BuildOptions) -> int:
+    """The venv backend: the same plan, locks, self-check, record and summary as images."""
+    from provision import venvbuild
+
+    folders, results = venvbuild.lock_for_venv(cells, opts.envs)
+    if opts.dry_run:
+        summary(cells, results + venvbuild.dry_run(folders, opts), opts.json)
+        return 0
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=True, soft_wrap=True, highlight=False)  # a log gets one event per line
+    lock = threading.Lock()
+
+    def report(cid: str, msg: str) -> None:
+        if not opts.json:
+            with lock:
+                console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{escape(cid)}[/] {escape(msg)}")
+
+    results += venvbuild.build_venv_cells(folders, opts, report)
+    summary(cells, results, opts.json)
+    return 1 if any(r["status"] == "failed" for r in results) else 0
+
+
 def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     from provision.api import plan
     from provision.planview import plan_lines
@@ -329,6 +376,11 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     if not opts.json:
         print("\n".join(plan_lines(cells)), flush=True)
     docker = docker or Docker()
+    chosen = backend.choose(opts.backend, docker.unreachable, opts.overlay)
+    if chosen.line:
+        print(f"provision: {chosen.line}", file=sys.stderr, flush=True)
+    if chosen.backend == backend.VENV:
+        return build_venvs(cells, opts)
     if not opts.dry_run:
         docker.check_daemon()
     folders, results = lock_for_build(cells, opts)

@@ -34,8 +34,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--envs", default=None, help="output folder (default: envs/ of the project)")
     p.add_argument("--refresh", action="store_true", help="re-resolve even when the inputs did not change")
     p.add_argument("--json", action="store_true")
-    p = sub.add_parser("build", help="lock, render and build the selected cells as Docker images")
+    p = sub.add_parser("build", help="lock and build the selected cells: Docker images, or venv cells without Docker")
     _common(p)
+    p.add_argument("--backend", choices=("auto", "docker", "venv"), default="auto",
+                   help="auto: Docker images when a Docker daemon answers, else virtual environments (venv cells)")
+    p.add_argument("--base-python", metavar="PATH",
+                   help="venv overlay cells on this interpreter's environment: its torch, CUDA libraries and NCCL "
+                        "as installed, only the cell's other packages in the overlay")
+    p.add_argument("--wheels", metavar="DIR", help="venv cells: install from this folder of wheels (no index)")
+    p.add_argument("--venvs", default=None, help="where venv cells are made (default: .cache/venvs/ of the project)")
     p.add_argument("--dry-run", action="store_true", help="render Dockerfiles and print the plan, build nothing")
     p.add_argument("--jobs", type=int, default=1, help="cells built in parallel")
     p.add_argument("--base", choices=("auto", "nvidia", "registry-free"), default="auto",

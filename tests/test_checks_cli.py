@@ -157,8 +157,9 @@ def test_docker_mode_without_docker_is_exit_2(tmp_path: Path) -> None:
     envs.mkdir(parents=True)
     (envs / "build.json").write_text(json.dumps({"status": "built", "tag": "stackprobe-test/none:1"}))
     env = fixture_env(DOCKER_HOST="unix:///nonexistent/docker.sock")
-    p = checks("run", "--probe", "t-trivial", "--only", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17", "--envs",
-               str(tmp_path / "envs"), "--results", str(tmp_path / "res"), env=env)
+    # --backend docker: without it, no daemon means venv cells (tests/test_provision_venv.py)
+    p = checks("run", "--backend", "docker", "--probe", "t-trivial", "--only", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17",
+               "--envs", str(tmp_path / "envs"), "--results", str(tmp_path / "res"), env=env)
     assert p.returncode == 2, p.stderr
     assert "Docker is not reachable" in p.stderr and "--local" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1

@@ -1,0 +1,267 @@
+"""`provision build --backend venv`: each cell as a virtual environment made from the cell's lock.
+
+A full cell installs its whole lock with hashes (uv links the files from its cache, so cells share bytes)
+and, for CUDA versions whose registry toolkit wheels hold nvcc, a CUDA_HOME of those wheels in
+``<venv>/cuda``. An overlay cell (``--base-python``) is a venv that sees an existing environment's
+packages after its own (a ``.pth`` file adding the base's site directories), with only the cell's other
+packages installed into it, without dependencies (provision/overlay.py decides which); it compiles with
+the toolkit the host has, as the base's CUDA libraries are the host's. ``--wheels DIR`` installs from
+that folder alone (hosts without an index). Then the same self-check as in an image, and the same
+envs/<cell>/build.json record, with ``backend: venv``, the venv, and where each package came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from provision import cudahome, installer, interp, overlay, wheeldir
+from provision.build import (
+    SELFCHECK,
+    SELFCHECK_ROOT,
+    BuildOptions,
+    _previous,
+    _record,
+    _selfcheck_files,
+    _selfcheck_texts,
+    _versions,
+)
+from provision.errors import InputError
+from provision.lock import LockError, lock_cell, requirements_in, uv_version
+from provision.render import load_cell
+from provision.resolve import RESOLVED, Resolved
+from provision.verify import mismatches
+
+VENVS = Path(__file__).resolve().parent.parent / ".cache" / "venvs"
+# The interpreters both image bases have (Debian 12: 3.11, Ubuntu 24.04: 3.12); every lock is valid for them.
+PYTHON_REQUEST = ">=3.11,<3.13"
+PTH = "_stackprobe_base.pth"
+BACKEND = "venv"
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def pth_text(site_dirs: Sequence[str]) -> str:
+    """Lines that add the base's site directories after the overlay's own (their .pth files processed too)."""
+    head = "# provision build: this overlay sees its base environment's packages after its own\n"
+    return head + "".join(f"import site; site.addsitedir({d!r})\n" for d in site_dirs)
+
+
+def lock_for_venv(cells: Sequence[Resolved], envs: Path) -> tuple[list[Path], list[dict[str, Any]]]:
+    """Lock each cell with uv; where there is no uv (a lent GPU machine), use the lock already in envs/
+    when it was made from the same requirements."""
+    has_uv = installer.uv() is not None
+    uv = uv_version() if has_uv else ""
+    folders, failed = [], []
+    for r in cells:
+        if r.status != RESOLVED:
+            continue
+        folder = envs / r.cell_id
+        try:
+            if has_uv:
+                lock_cell(r, envs, uv)
+            elif not _same_inputs(folder, r):
+                raise LockError("", f"no uv here to lock it, and {folder} holds no lock of these requirements: "
+                                    "run `provision lock` where uv is and bring envs/ along")
+            folders.append(folder)
+        except LockError as e:
+            failed.append({"cell_id": r.cell_id, "status": "failed", "reason": f"lock: {e.args[1]}"})
+    return folders, failed
+
+
+def _same_inputs(folder: Path, r: Resolved) -> bool:
+    try:
+        return (folder / "requirements.in").read_text() == requirements_in(r) and (
+            folder / "requirements.lock").exists() and (folder / "cell.json").exists()
+    except OSError:
+        return False
+
+
+def build_hash(folder: Path, base: interp.Interpreter | None, wheels: wheeldir.WheelDir | None, tool: str) -> str:
+    """Everything a venv cell is made from: locks, base environment, wheel bytes, installer, the code that
+    lays it out, self-check."""
+    h = hashlib.sha256()
+    layout = [Path(m.__file__).read_text() for m in (overlay, cudahome)]  # what decides a venv's contents
+    parts = [BACKEND, tool, PYTHON_REQUEST, *_selfcheck_texts(), *layout,
+             json.dumps([base.to_json(), base.dists], sort_keys=True) if base else "no base"]
+    for name in ("toolkit.lock", "torch.lock", "requirements.lock"):
+        p = folder / name
+        parts.append(name + "\0" + (p.read_text() if p.exists() else ""))
+    if wheels is not None:
+        parts += sorted(f"{w.name} {w.version} {w.sha256}" for w in wheels.wheels)
+    for part in parts:
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def selfcheck(python: Path, cuda_home: Path | None, compile_test: bool) -> dict[str, Any]:
+    """provision/selfcheck.py run by the cell's interpreter; the same facts an image's self-check reports.
+    It runs from a folder holding only it and the checks/ modules it shares, as in an image: run from
+    provision/, that folder would come first on its path and provision/select.py would hide the standard
+    library's select."""
+    env = installer.env()
+    if cuda_home is not None:
+        env["CUDA_HOME"] = str(cuda_home)
+    with tempfile.TemporaryDirectory(prefix="stackprobe-selfcheck-") as d:
+        for host, inside in _selfcheck_files():
+            staged = Path(d) / Path(inside).relative_to(SELFCHECK_ROOT)
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(host, staged)
+        cmd = [str(python), str(Path(d) / SELFCHECK.name), *(["--compile"] if compile_test else [])]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=d)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"error": f"self-check did not run: {exc}"}
+    if proc.returncode != 0:
+        return {"error": f"self-check exited {proc.returncode}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": f"self-check printed no JSON: {proc.stdout[-200:]!r}"}
+
+
+class CellFailed(Exception):
+    """One step of one cell failed; the message is the record's reason."""
+
+
+def _install(tool: installer.Installer, python: Path, entries: Sequence[overlay.Entry], cell: dict[str, Any],
+             wheels: wheeldir.WheelDir | None, target: Path | None = None, indexes: bool = True) -> None:
+    if not entries:
+        return
+    with tempfile.TemporaryDirectory(prefix="stackprobe-venv-") as d:
+        req = Path(d) / "requirements.txt"
+        # from a folder: exact pins (its wheels may be local builds, recorded, not hash-checked);
+        # from the index: the lock's entries with their hashes
+        req.write_text("".join(f"{e.pin()}\n" if wheels else e.text for e in entries))
+        cmd = tool.install_cmd(str(python), req, wheels=wheels.path if wheels else None,
+                               indexes=cell.get("indexes", []) if indexes else (),
+                               prerelease=bool(cell.get("prerelease")) and indexes, hashes=wheels is None,
+                               target=target)
+        rc, last = installer.run(cmd)
+    if rc != 0:
+        raise CellFailed(f"{tool.kind} install exited {rc}: {last}")
+
+
+def _toolkit(tool: installer.Installer, python: Path, markers: dict[str, str], folder: Path, venv: Path,
+             cell: dict[str, Any], wheels: wheeldir.WheelDir | None) -> tuple[Path | None, str]:
+    """(CUDA_HOME made from the registry's toolkit wheels, or None; a note)."""
+    if not cell.get("wheel_nvcc", True):
+        return None, (f"no nvcc in this venv: the registry's CUDA {cell['expected']['cuda']} nvcc wheel has only "
+                      "ptxas; JIT compiles use the host's toolkit (CUDA_HOME, PATH, /usr/local/cuda)")
+    wanted = [e for e in overlay.entries((folder / "toolkit.lock").read_text()) if e.applies(markers)]
+    if wheels is not None and not all(wheels.has(e.name, e.version) for e in wanted):
+        return None, f"no nvcc in this venv: the toolkit wheels of toolkit.lock are not all in {wheels.path}"
+    target = venv / "cuda-wheels"
+    _install(tool, python, wanted, cell, wheels, target=target, indexes=False)
+    home = venv / "cuda"
+    try:
+        note = cudahome.assemble(target, home)
+    except OSError as exc:
+        raise CellFailed(f"CUDA_HOME from the toolkit wheels: {exc}") from None
+    return home, note
+
+
+def _sources(plan: overlay.OverlayPlan, wheels: wheeldir.WheelDir | None) -> dict[str, dict[str, Any]]:
+    """Where each installed package came from; a wheel from a folder says whether it is the lock's bytes."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in plan.install:
+        row: dict[str, Any] = {"version": e.version, "from": "wheels" if wheels else "index"}
+        if wheels is not None:
+            row["lock_hash"] = wheels.locked_bytes(e.name, e.version, e.hashes)
+        out[e.name] = row
+    return out
+
+
+def build_cell(folder: Path, opts: BuildOptions, tool: installer.Installer, base: interp.Interpreter | None,
+               wheels: wheeldir.WheelDir | None, report: Callable[[str, str], None]) -> dict[str, Any]:
+    cell = load_cell(folder)
+    cid = cell["cell_id"]
+    venv = (opts.venvs / cid).absolute()
+    python = venv_python(venv)
+    digest = build_hash(folder, base, wheels, tool.kind)
+    prev = _previous(folder)
+    if (prev.get("backend") == BACKEND and prev.get("hash") == digest and prev.get("venv") == str(venv)
+            and prev.get("status") in ("built", "skipped-unchanged") and python.exists()):
+        report(cid, "unchanged, not rebuilt")
+        keep = {k: v for k, v in prev.items() if k not in ("cell_id", "status", "built_at")}
+        return _record(folder, status="skipped-unchanged", **keep)
+    common: dict[str, Any] = {"backend": BACKEND, "venv": str(venv), "python": str(python), "hash": digest,
+                              "installer": tool.kind, "base_python": base.python if base else None,
+                              "wheels": str(wheels.path) if wheels else None}
+    t0 = time.monotonic()
+    report(cid, f"making {venv}" + (f" over {base.python}" if base else ""))
+    if venv.exists():
+        shutil.rmtree(venv)
+    rc, last = installer.run(tool.venv_cmd(venv, base.python if base else PYTHON_REQUEST))
+    if rc != 0:
+        return _record(folder, status="failed", reason=f"{tool.kind} venv exited {rc}: {last}", **common)
+    try:
+        target = interp.read(str(python))
+        if base is not None:
+            (Path(target.site_dirs[0]) / PTH).write_text(pth_text(base.site_dirs))
+        lock = overlay.entries((folder / "requirements.lock").read_text())
+        stack = overlay.names((folder / "torch.lock").read_text()) if base else frozenset()
+        own = frozenset(interp.norm(p) for p in cell.get("sources", {})) - {"torch"}
+        plan = overlay.plan(lock, target.markers, base.dists if base else None, stack, own,
+                            (lambda e: wheels.has(e.name, e.version)) if wheels else (lambda e: True))
+        report(cid, f"installing {len(plan.install)} package(s)" + (f", {len(plan.from_base)} from the base"
+                                                                     if base else ""))
+        _install(tool, python, plan.install, cell, wheels)
+        cuda_home, note = (None, "") if base else _toolkit(tool, python, target.markers, folder, venv, cell, wheels)
+    except (CellFailed, InputError, OSError) as exc:
+        return _record(folder, status="failed", reason=str(exc), **common)
+    origin = {"installed": _sources(plan, wheels), "from_base": plan.base_json(),
+              "from_base_summary": overlay.summary(p.name for p in plan.from_base) if base else "",
+              "base_differs": plan.differs_json(), "absent": {p.name: p.version for p in plan.absent},
+              "cuda_home": str(cuda_home) if cuda_home else None, "path": [str(venv / "bin")] + (
+                  [base.scripts] if base else [])}
+    report(cid, "self-check")
+    facts = selfcheck(python, cuda_home, compile_test=cuda_home is not None)
+    problems = [facts["error"]] if "error" in facts else mismatches(
+        cell["expected"], facts, compiled_toolkit=cuda_home is not None)
+    if plan.absent:
+        names = [f"{p.name}=={p.version}" for p in plan.absent]
+        more = f" +{len(names) - 4} more" if len(names) > 4 else ""
+        note = "; ".join(filter(None, [note, f"{len(names)} locked package(s) neither installed nor in the base "
+                                             f"(build.json: absent): {', '.join(names[:4])}{more}"]))
+    status = "failed" if problems else "built"
+    return _record(folder, status=status, reason="self-check: " + "; ".join(problems) if problems else "",
+                   selfcheck=facts, versions=_versions(facts), build_s=round(time.monotonic() - t0, 1), note=note,
+                   **common, **origin)
+
+
+def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
+                     report: Callable[[str, str], None] = lambda cid, msg: None) -> list[dict[str, Any]]:
+    """Build every locked cell folder as a venv; one failure never stops the others."""
+    base = interp.read(opts.base_python) if opts.base_python else None
+    tool = installer.find(base.python if base else None)
+    if opts.wheels is not None and not opts.wheels.is_dir():
+        raise InputError(f"--wheels {opts.wheels}: no such folder")
+    wheels = wheeldir.scan(opts.wheels) if opts.wheels is not None else None
+
+    def one(folder: Path) -> dict[str, Any]:
+        try:
+            return build_cell(folder, opts, tool, base, wheels, report)
+        except InputError:
+            raise
+        except Exception as e:  # one broken cell must not stop the others
+            return _record(folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
+
+    with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+        return list(pool.map(one, folders))
+
+
+def dry_run(folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
+    over = f" over {opts.base_python}" if opts.base_python else ""
+    return [{"cell_id": f.name, "status": "would-build", "reason": f"venv {opts.venvs / f.name}{over}"}
+            for f in folders]

@@ -1,0 +1,348 @@
+"""venv cells: real uv (and pip) environments built from a lock, overlays on a real base environment, the
+self-check, build.json, `checks run --backend venv` through the local executor, and the fallback when no
+Docker daemon answers. The packages are tiny wheels made here; the base is a real venv holding some of them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from checks import venvcell
+from checks.cli import main as checks_main
+from checks.executor import CODE_ROOT, LocalExecutor
+from provision import backend, cudahome, installer, overlay, wheeldir
+from provision.build import BuildOptions
+from provision.errors import InputError
+from provision.venvbuild import PTH, build_venv_cells
+from tests.checks_helpers import FIXTURES
+
+DEAD_DOCKER = "unix:///nonexistent/stackprobe-test-docker.sock"
+# The id the test matrix resolves to; its folder holds a lock of tiny packages instead of the real one.
+CELL = "cu130-torch2.11.0-sglnone-fi0.6.18"
+MATRIX = 'matrix:\n  cuda: ["13.0"]\n  torch: ["2.11.0"]\n  sgl_kernel: [none]\n  flashinfer: ["0.6.18"]\n'
+
+
+def make_wheel(folder: Path, name: str, version: str, body: str = "") -> Path:
+    """A valid pure-Python wheel with one module ``<name>.py`` that knows its version."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": f"VERSION = {version!r}\n{body}",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: stackprobe-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
+    out = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(out, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return out
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def lock_entry(name: str, version: str, *hashes: str) -> str:
+    lines = [f"{name}=={version}"] + [f"    --hash=sha256:{h}" for h in hashes]
+    return " \\\n".join(lines) + f"\n    # via {name}\n"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Wheels, a base venv holding tinybase, tinystack, tinydiff 1.0 and tinyown 1.0, and a cell folder whose
+    lock wants tinyown 2.0 (its own package), tinydiff 2.0 (no wheel) and tinyextra (nowhere)."""
+    root = tmp_path_factory.mktemp("venvcells")
+    pool, wheels = root / "pool", root / "wheels"
+    for name in ("tinybase", "tinystack", "tinydiff", "tinyown"):
+        make_wheel(pool, name, "1.0")
+    own2 = make_wheel(wheels, "tinyown", "2.0", "def hello():\n    return 'overlay'\n")
+    base = root / "base"
+    uv = installer.uv()
+    assert uv, "uv is a dependency of stackprobe"
+    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(base)], check=True, env=installer.env())
+    subprocess.run([uv, "pip", "install", "--quiet", "--python", str(base / "bin" / "python"), "--no-index",
+                    "--find-links", str(pool), "tinybase==1.0", "tinystack==1.0", "tinydiff==1.0", "tinyown==1.0"],
+                   check=True, env=installer.env())
+    envs = root / "envs"
+    folder = envs / CELL
+    folder.mkdir(parents=True)
+    cell = {"cell_id": CELL, "expected": {"cuda": "13.0", "torch": "", "torch_cuda": "cu130", "sgl_kernel": "none",
+                                          "flashinfer": "none"},
+            "sources": {"torch": "registry", "tinyown": "registry"}, "indexes": [], "prerelease": False,
+            "wheel_nvcc": True, "toolkit": "cuda-toolkit==13.0.2", "uv": "test"}
+    (folder / "cell.json").write_text(json.dumps(cell))
+    lock = (lock_entry("tinybase", "1.0", "0" * 64) + lock_entry("tinystack", "1.0", "1" * 64)
+            + lock_entry("tinydiff", "2.0", "2" * 64) + lock_entry("tinyown", "2.0", sha(own2))
+            + lock_entry("tinyextra", "1.0", "3" * 64) + "tinywin==1.0 ; sys_platform == 'win32'\n")
+    (folder / "requirements.lock").write_text(lock)
+    (folder / "torch.lock").write_text(lock_entry("tinystack", "1.0", "1" * 64))
+    (folder / "toolkit.lock").write_text(lock_entry("cuda-toolkit", "13.0.2", "4" * 64))
+    (folder / "requirements.in").write_text("tinyown==2.0\n")
+    (root / "matrix.yaml").write_text(MATRIX)
+    return {"root": root, "base": base / "bin" / "python", "wheels": wheels, "envs": envs, "folder": folder,
+            "matrix": root / "matrix.yaml", "venvs": root / "venvs"}
+
+
+def run_in(python: str, code: str) -> str:
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=installer.env())
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_overlay_cell_installs_only_its_own_packages_and_records_where_each_came_from(world: dict[str, Path]) -> None:
+    opts = BuildOptions(world["matrix"], envs=world["envs"], backend="venv", base_python=str(world["base"]),
+                        wheels=world["wheels"], venvs=world["venvs"])
+    [rec] = build_venv_cells([world["folder"]], opts)
+    assert rec["status"] == "built", rec["reason"]
+    assert json.loads((world["folder"] / "build.json").read_text()) == rec
+    venv = world["venvs"] / CELL
+    assert rec["backend"] == "venv" and rec["venv"] == str(venv) and rec["python"] == str(venv / "bin" / "python")
+    assert rec["installer"] == "uv" and rec["base_python"] == str(world["base"])
+    assert rec["installed"] == {"tinyown": {"version": "2.0", "from": "wheels", "lock_hash": True}}
+    assert rec["from_base"] == {"tinybase": "1.0", "tinystack": "1.0", "tinydiff": "1.0"}
+    assert rec["base_differs"] == {"tinydiff": {"base": "1.0", "lock": "2.0"}}
+    assert rec["absent"] == {"tinyextra": "1.0"}  # tinywin's marker does not apply here
+    assert "tinyextra==1.0" in rec["note"] and rec["from_base_summary"] == "tinybase, tinydiff, tinystack"
+    assert rec["cuda_home"] is None and rec["path"] == [str(venv / "bin"), str(world["base"].parent)]
+    assert rec["selfcheck"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    # the overlay's own tinyown 2.0 wins over the base's 1.0; the base's packages are seen, not copied
+    py = rec["python"]
+    out = run_in(py, "import importlib.metadata as md, tinyown, tinybase; "
+                     "print(md.version('tinyown'), tinyown.hello(), tinybase.__file__)")
+    version, hello, base_file = out.split()
+    assert (version, hello) == ("2.0", "overlay") and base_file.startswith(str(world["base"].parent.parent))
+    site = Path(run_in(py, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
+    assert (site / PTH).exists() and not (site / "tinybase.py").exists() and (site / "tinyown.py").exists()
+    # unchanged inputs: not rebuilt
+    [again] = build_venv_cells([world["folder"]], opts)
+    assert again["status"] == "skipped-unchanged" and again["installed"] == rec["installed"]
+
+
+def test_overlay_whose_base_lacks_the_cells_torch_fails_its_self_check(world: dict[str, Path],
+                                                                      tmp_path: Path) -> None:
+    folder = tmp_path / "envs" / CELL
+    shutil.copytree(world["folder"], folder)
+    cell = json.loads((folder / "cell.json").read_text())
+    cell["expected"]["torch"] = "2.11.0"
+    (folder / "cell.json").write_text(json.dumps(cell))
+    opts = BuildOptions(world["matrix"], envs=folder.parent, backend="venv", base_python=str(world["base"]),
+                        wheels=world["wheels"], venvs=tmp_path / "venvs")
+    [rec] = build_venv_cells([folder], opts)
+    assert rec["status"] == "failed"
+    assert rec["reason"].startswith("self-check: torch does not import: import torch: ModuleNotFoundError")
+
+
+def test_overlay_with_pip_where_there_is_no_uv(world: dict[str, Path], tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lent GPU machine has a Python with pip and no uv: the base's pip installs into the overlay."""
+    base = tmp_path / "pipbase"
+    subprocess.run([sys.executable, "-m", "venv", str(base)], check=True, env=installer.env())
+    pool = world["root"] / "pool"
+    subprocess.run([str(base / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                    str(pool), "tinybase==1.0", "tinystack==1.0", "tinyown==1.0"], check=True, env=installer.env())
+    monkeypatch.setattr(installer, "uv", lambda: None)
+    opts = BuildOptions(world["matrix"], envs=world["envs"], backend="venv", base_python=str(base / "bin" / "python"),
+                        wheels=world["wheels"], venvs=tmp_path / "venvs")
+    folder = tmp_path / "envs" / CELL
+    shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build.json"))
+    [rec] = build_venv_cells([folder], opts)
+    assert rec["status"] == "built", rec["reason"]
+    assert rec["installer"] == "pip" and rec["installed"]["tinyown"]["version"] == "2.0"
+    # the base has tinyown 1.0: pip must still put 2.0 into the overlay
+    assert run_in(rec["python"], "import importlib.metadata as md; print(md.version('tinyown'))") == "2.0"
+    assert rec["absent"] == {"tinydiff": "2.0", "tinyextra": "1.0"}
+
+
+def test_full_cell_from_a_wheel_folder_says_it_has_no_toolkit_wheels(world: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "envs" / CELL
+    shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build.json"))
+    wheels = tmp_path / "wheels"
+    shutil.copytree(world["wheels"], wheels)
+    make_wheel(wheels, "tinybase", "1.0")
+    opts = BuildOptions(world["matrix"], envs=folder.parent, backend="venv", wheels=wheels, venvs=tmp_path / "venvs")
+    [rec] = build_venv_cells([folder], opts)
+    assert rec["status"] == "built", rec["reason"]
+    assert rec["base_python"] is None and rec["from_base"] == {} and rec["from_base_summary"] == ""
+    assert rec["installed"]["tinybase"] == {"version": "1.0", "from": "wheels", "lock_hash": False}  # not its bytes
+    assert set(rec["absent"]) == {"tinystack", "tinydiff", "tinyextra"}
+    assert rec["cuda_home"] is None
+    assert "the toolkit wheels of toolkit.lock are not all in" in rec["note"]
+
+
+def test_checks_run_uses_venv_cells_when_docker_is_absent(world: dict[str, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    if not (world["folder"] / "build.json").exists():
+        test_overlay_cell_installs_only_its_own_packages_and_records_where_each_came_from(world)
+    monkeypatch.setenv("DOCKER_HOST", DEAD_DOCKER)
+    monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
+    results = tmp_path / "results"
+    argv = ["run", "--probe", "t-trivial", "--matrix", str(world["matrix"]), "--envs", str(world["envs"]),
+            "--results", str(results), "--json"]
+    assert checks_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "checks: no Docker daemon reachable, so venv cells instead (--backend docker insists on Docker)" in err
+    printed = json.loads(out)
+    assert {(r["cell_id"], r["variant"], r["status"]) for r in printed} == {
+        (CELL, "ranks=1", "pass"), (CELL, "ranks=2", "pass")}
+    venv_python = str(world["venvs"] / CELL / "bin" / "python")
+    assert all(r["evidence"]["command"].startswith(venv_python + " -m checks.worker") for r in printed)
+    [manifest] = results.glob("*/*.manifest.json")
+    m = json.loads(manifest.read_text())
+    assert m["executor"] == "venv" and m["cells"][CELL]["image"] == venv_python
+    assert m["cells"][CELL]["versions"]["from_base"] == "tinybase, tinydiff, tinystack"
+    # --backend docker insists, and fails as it always did without a daemon
+    assert checks_main([*argv[:1], "--backend", "docker", *argv[1:]]) == 2
+    assert "Docker is not reachable" in capsys.readouterr().err
+
+
+def test_provision_build_falls_back_to_venv_cells_in_one_line(world: dict[str, Path], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """No Docker daemon, no uv (a lent GPU machine): the committed lock is used as it is, and said so."""
+    from provision.api import resolve_all
+    from provision.cli import main as provision_main
+    from provision.lock import requirements_in
+
+    envs = tmp_path / "envs"
+    shutil.copytree(world["folder"], envs / CELL, ignore=shutil.ignore_patterns("build.json"))
+    [r] = resolve_all(world["matrix"], offline=True)
+    assert r.cell_id == CELL
+    (envs / CELL / "requirements.in").write_text(requirements_in(r))
+    monkeypatch.setenv("DOCKER_HOST", DEAD_DOCKER)
+    monkeypatch.setattr(installer, "uv", lambda: None)
+    args = ["build", "--dry-run", "--matrix", str(world["matrix"]), "--envs", str(envs), "--offline", "--json",
+            "--venvs", str(tmp_path / "venvs")]
+    with pytest.raises(SystemExit) as done:
+        provision_main(args)
+    out, err = capsys.readouterr()
+    assert done.value.code == 0, err
+    lines = [ln for ln in err.splitlines() if "Docker" in ln]
+    assert len(lines) == 1 and lines[0].startswith("provision: no Docker daemon reachable, so venv cells instead")
+    assert json.loads(out) == [{"cell_id": CELL, "status": "would-build", "tag": "",
+                                "reason": f"venv {tmp_path / 'venvs' / CELL}"}]
+    with pytest.raises(SystemExit) as done:  # --backend docker insists (without --dry-run: it would only render)
+        provision_main([a for a in args if a != "--dry-run"] + ["--backend", "docker"])
+    assert done.value.code == 2 and "cannot talk to the Docker daemon" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        provision_main([*args, "--backend", "docker", "--base-python", sys.executable])
+    assert done.value.code == 2 and "use --backend venv" in capsys.readouterr().err
+    # a changed requirement and no uv to lock it: that cell fails and says why
+    (envs / CELL / "requirements.in").write_text("other\n")
+    with pytest.raises(SystemExit) as done:
+        provision_main(args)
+    [row] = json.loads(capsys.readouterr().out)
+    assert done.value.code == 0 and row["status"] == "failed" and "no uv here to lock it" in row["reason"]
+
+
+def test_venv_cell_record_gives_the_ranks_its_path_and_cuda_home(tmp_path: Path) -> None:
+    folder = tmp_path / CELL
+    folder.mkdir()
+    assert venvcell.read(tmp_path, CELL).state == "missing"
+    (folder / "build.json").write_text(json.dumps({"status": "built", "tag": "stackprobe/x:1"}))
+    got = venvcell.read(tmp_path, CELL)
+    assert got.state == "missing" and "records a Docker image (stackprobe/x:1)" in got.reason
+    rec = {"backend": "venv", "status": "failed", "reason": "self-check: torch is 2.9.1, the cell asks 2.11.0"}
+    (folder / "build.json").write_text(json.dumps(rec))
+    assert venvcell.read(tmp_path, CELL) == venvcell.VenvCell("failed", reason=rec["reason"])
+    rec = {"backend": "venv", "status": "built", "python": sys.executable, "path": ["/v/bin", "/base/bin"],
+           "cuda_home": "/v/cuda", "from_base_summary": "torch, nvidia-*"}
+    (folder / "build.json").write_text(json.dumps(rec))
+    got = venvcell.read(tmp_path, CELL, {"PATH": "/usr/bin"})
+    assert got.state == "built" and got.python == sys.executable and got.from_base == "torch, nvidia-*"
+    env = LocalExecutor(sys.executable, "venv", got.env).env()
+    assert env["PATH"] == "/v/bin:/base/bin:/usr/bin" and env["CUDA_HOME"] == "/v/cuda"
+    assert env["PYTHONPATH"] == str(CODE_ROOT)  # the caller's PYTHONPATH does not reach a venv cell
+    rec["python"] = str(tmp_path / "gone" / "python")
+    (folder / "build.json").write_text(json.dumps(rec))
+    assert "is gone" in venvcell.read(tmp_path, CELL).reason
+
+
+def test_overlay_plan_rules() -> None:
+    lock = overlay.entries(lock_entry("torch", "2.11.0", "a" * 64) + lock_entry("nvidia-nccl-cu13", "2.28.9")
+                           + lock_entry("flashinfer-python", "0.6.18") + lock_entry("numpy", "2.4.6")
+                           + lock_entry("click", "8.5.1") + lock_entry("einops", "0.8.2")
+                           + lock_entry("cuda-python", "13.4.4") + "colorama==0.4.6 ; sys_platform == 'win32'\n")
+    base = {"torch": "2.11.0+cu130", "numpy": "2.5.2", "click": "8.5.1", "flashinfer-python": "0.6.17"}
+    have = {"flashinfer-python", "einops"}
+    plan = overlay.plan(lock, {"sys_platform": "linux"}, base, frozenset({"torch", "nvidia-nccl-cu13"}),
+                        frozenset({"flashinfer-python"}), lambda e: e.name in have)
+    assert [e.name for e in plan.install] == ["flashinfer-python", "einops"]
+    assert plan.base_json() == {"torch": "2.11.0+cu130", "numpy": "2.5.2", "click": "8.5.1"}
+    assert plan.differs_json() == {"torch": {"base": "2.11.0+cu130", "lock": "2.11.0"},
+                                   "numpy": {"base": "2.5.2", "lock": "2.4.6"}}
+    assert [(p.name, p.base_version) for p in plan.absent] == [("nvidia-nccl-cu13", None), ("cuda-python", None)]
+    # a full cell (no base) installs whatever can be had
+    full = overlay.plan(lock, {"sys_platform": "linux"}, None, frozenset(), frozenset(), lambda e: True)
+    assert len(full.install) == 7 and not full.from_base and not full.absent
+    assert overlay.summary(["torch", "triton", "nvidia-nccl-cu13", "nvidia-cublas", "cuda-bindings", "numpy",
+                            "click"]) == "torch, triton, nvidia-*, cuda-* +2 others"
+    assert overlay.summary(["torch", "nvidia-nccl-cu13"]) == "torch, nvidia-*"
+
+
+def test_backend_choice() -> None:
+    def boom() -> str | None:
+        raise AssertionError("the daemon is asked only under auto")
+
+    assert backend.choose("docker", boom) == backend.Choice("docker")
+    assert backend.choose("venv", boom) == backend.Choice("venv")
+    assert backend.choose("auto", boom, overlay=True) == backend.Choice("venv")
+    assert backend.choose("auto", lambda: None) == backend.Choice("docker")
+    fell = backend.choose("auto", lambda: "cannot talk to the Docker daemon (connection refused)")
+    assert fell.backend == "venv" and fell.line.endswith("(connection refused)") and "\n" not in fell.line
+    with pytest.raises(InputError, match="use --backend venv"):
+        backend.choose("docker", boom, overlay=True)
+
+
+def test_wheel_folder_tells_lock_bytes_from_local_builds(tmp_path: Path) -> None:
+    w = make_wheel(tmp_path, "tinyown", "2.0")
+    make_wheel(tmp_path, "Tiny_Other", "1.0.0")
+    (tmp_path / "not-a-wheel.whl").write_text("x")
+    found = wheeldir.scan(tmp_path)
+    assert sorted((x.name, x.version) for x in found.wheels) == [("tiny-other", "1.0.0"), ("tinyown", "2.0")]
+    assert found.has("tiny.other", "1.0") and not found.has("tinyown", "1.0")
+    assert found.locked_bytes("tinyown", "2.0", frozenset({sha(w)})) is True
+    assert found.locked_bytes("tinyown", "2.0", frozenset({"0" * 64})) is False
+    assert found.locked_bytes("tinyown", "2.0", frozenset()) is None
+
+
+def test_cuda_home_from_toolkit_wheels_links_the_tree_and_a_driver_stub(tmp_path: Path) -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    from checks.probes import _elf
+
+    part = tmp_path / "wheels" / "nvidia" / "cu13"
+    (part / "bin").mkdir(parents=True)
+    (part / "include").mkdir()
+    (part / "lib").mkdir()
+    (part / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    (part / "bin" / "nvcc").chmod(0o755)
+    (part / "include" / "cuda.h").write_text(
+        "CUresult CUDAAPI cuInit(unsigned int Flags);\n#define cuMemAlloc cuMemAlloc_v2\n"
+        "CUresult CUDAAPI cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr);\n")
+    src = tmp_path / "rt.c"
+    src.write_text("int cudart_here(void) { return 13; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(part / "lib" / "libcudart.so.13"), str(src)], check=True)
+    (tmp_path / "wheels" / "nvidia" / "cu13" / ".metadata").mkdir()
+    home = tmp_path / "venv" / "cuda"
+    assert cudahome.assemble(tmp_path / "wheels", home) == ""
+    assert (home / "bin" / "nvcc").resolve() == (part / "bin" / "nvcc").resolve()
+    assert (home / "lib64" / "libcudart.so").resolve() == (part / "lib" / "libcudart.so.13").resolve()
+    assert not (home / ".metadata").exists()
+    stub = _elf.linkage(str(home / "lib" / "stubs" / "libcuda.so"))
+    assert stub is not None and stub.soname == "libcuda.so.1"
+    assert {"cuInit", "cuMemAlloc", "cuMemAlloc_v2", "cuPointerGetAttribute"} <= stub.defined
+    assert cudahome.assemble(tmp_path / "wheels", home) == ""  # a rebuild replaces it

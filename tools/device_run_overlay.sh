@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The first runtime matrix on a lent GPU machine (no Docker, no index): each flashinfer release of
+# matrices/h200-overlay.yaml as an overlay venv cell on the machine's own Python (torch 2.11.0+cu130, its CUDA
+# libraries and NCCL as installed), then the whole suite in every cell, one cell after another.
+# Here first: tools/fetch_overlay_wheels.sh 0.6.8.post1 0.6.17 0.6.18 (or 0.7.4: 64 MiB per call, so two calls).
+# Device call: run(kind=nvidia-h200-x2, carry=[".whl/overlay"],
+#                  command="bash tools/device_run_overlay.sh 'cu130-*-fi0.6.*' 480")
+# Results: $OUT/res/<host>/<run>.jsonl and .manifest.json (copy into results/), $OUT/build.txt (the build and
+# each cell's build.json), $OUT/run.log. FI_JIT_ONLY narrows fi-jit (default: vllm_comm for the local GPU);
+# RESUME=DIR continues an interrupted run kept in DIR.
+set -u
+cd "$(dirname "$0")/.."
+ONLY="${1:-*}"
+SUITE_S="${2:-480}"
+OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
+M=matrices/h200-overlay.yaml
+export PYTHONUNBUFFERED=1 STACKPROBE_JIT_CACHE=/tmp/jit FLASHINFER_WORKSPACE_BASE=/tmp/jit
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export STACKPROBE_FI_JIT_ONLY="${FI_JIT_ONLY-vllm_comm@local}"
+T0=$(date +%s)
+python3 -m provision.cli build --backend venv --base-python python3 --wheels .whl/overlay --matrix "$M" \
+    --only "$ONLY" --offline > "$OUT/build.txt" 2>&1
+echo "build rc=$? in $(( $(date +%s) - T0 ))s"
+for f in envs/cu130-torch2.11.0-sglnone-*/build.json; do
+    [ -f "$f" ] && { echo "== $f"; cat "$f"; } >> "$OUT/build.txt"
+done
+grep -E "│ cu130" "$OUT/build.txt" | cut -c1-220
+RES="$OUT/res"; EXTRA=()
+if [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$RES"; EXTRA=(--resume); fi
+timeout -s INT "$SUITE_S" python3 -m checks.cli run --backend venv --all --matrix "$M" --only "$ONLY" \
+    --timeout-scale 0.25 --results "$RES" "${EXTRA[@]}" > "$OUT/run.log" 2>&1
+echo "run rc=$? in $(( $(date +%s) - T0 ))s"
+grep -E "^ *(pass|partial|fail|crash|hang|skip|not-run) " "$OUT/run.log" | head -120
