@@ -25,6 +25,19 @@ for f in envs/cu130-torch2.11.0-sglnone-*/build.json; do
     [ -f "$f" ] && { echo "== $f"; cat "$f"; } >> "$OUT/build.txt"
 done
 grep -E "│ cu130" "$OUT/build.txt" | cut -c1-220
+# Comm modules compiled here for this GPU (tools/prebuild_fi_aot.sh, one folder per flashinfer release under
+# .whl/overlay/aot/) go where flashinfer looks for AOT artifacts, so no device time goes to ptxas; fi-jit
+# still compiles its own modules.
+for d in .whl/overlay/aot/*/; do
+    [ -d "$d" ] || continue
+    ver=$(basename "$d")
+    for py in .cache/venvs/*-fi"$ver"/bin/python; do
+        [ -x "$py" ] || continue
+        fi_dir=$("$py" -c 'import flashinfer, os; print(os.path.dirname(flashinfer.__file__))' 2>/dev/null) || continue
+        for so in "$d"*.so; do n=$(basename "$so" .so); mkdir -p "$fi_dir/data/aot/$n"; cp "$so" "$fi_dir/data/aot/$n/"; done
+        echo "aot $ver -> $fi_dir/data/aot: $(ls "$d" | tr '\n' ' ')"
+    done
+done
 RES="$OUT/res"; EXTRA=()
 if [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$RES"; EXTRA=(--resume); fi
 timeout -s INT "$SUITE_S" python3 -m checks.cli run --backend venv --all --matrix "$M" --only "$ONLY" \
