@@ -71,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=REPO / "docs" / "compatibility.md")
     p.add_argument("--html", type=Path, help="HTML page path (default: --out with .html)")
     p.add_argument("--check", action="store_true", help="exit 1 if the files on disk are not what would be written")
+    decision_parsers(sub)
     return ap
 
 
@@ -353,6 +354,111 @@ def cmd_report(args: argparse.Namespace) -> int:
     return generate(args.results, args.out, args.html, args.check, repo=REPO)
 
 
+# --- advise, diff: decisions from recorded results only --------------------------------------------------------
+def decision_parsers(sub: Any) -> None:
+    from checks.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, presets
+
+    p = sub.add_parser("advise", help="per host and cell, the allreduce path to use per decode size, from results")
+    p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
+    p.add_argument("--host", help="one host id (default: every host)")
+    p.add_argument("--cell", help="one cell id (default: every cell the host recorded)")
+    p.add_argument("--model", metavar="PRESET|hidden=N,layers=N[,dtype=bf16]",
+                   help=f"estimate the allreduce time per decode and verify step ({', '.join(presets())})")
+    p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size: the rank count to advise on")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N", help="decode tokens per step (--model)")
+    p.add_argument("--draft", type=int, default=DEFAULT_DRAFT, metavar="N",
+                   help="tokens each sequence verifies per speculative step (--model)")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("diff", help="every verdict and headline that differs between two runs, hosts or cells")
+    p.add_argument("a", help="a run id, host id, cell id or HOST/CELL")
+    p.add_argument("b", help="the same kind as A")
+    p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
+    p.add_argument("--json", action="store_true")
+
+
+def _hosts(results: Path, cmd: str) -> dict[str, Any]:
+    from checks import hostresults
+
+    if not results.is_dir():
+        raise UsageError(f"checks {cmd}: no results directory {results} (give --results DIR)")
+    hosts = hostresults.load(results)
+    for h in hosts.values():
+        for w in h.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    return hosts
+
+
+def _one(name: str, known: list[str], option: str) -> None:
+    if name not in known:
+        import difflib
+
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known) or 'none'}"
+        raise UsageError(f"checks advise: {option} {name!r} has no results; {hint}")
+
+
+def advise(args: argparse.Namespace) -> list[Any]:
+    """One HostDecision per selected host."""
+    from checks import decisions, launch
+    from checks.estimate import ModelError, parse_model
+    from provision import catalog
+
+    if args.tp is not None and args.tp < 2:
+        raise UsageError(f"checks advise: --tp {args.tp}: an allreduce needs 2 or more ranks; give --tp 2, 4 or 8")
+    for opt, n in (("--batch", args.batch), ("--draft", args.draft)):
+        if n < 1:
+            raise UsageError(f"checks advise: {opt} {n}: give a positive number of tokens")
+    try:
+        model = parse_model(args.model) if args.model else None
+    except ModelError as exc:
+        raise UsageError(f"checks advise: --model: {exc}") from None
+    hosts = _hosts(args.results, "advise")
+    if args.host:
+        _one(args.host, sorted(hosts), "--host")
+    selected = [h for name, h in hosts.items() if not args.host or name == args.host]
+    if args.cell:
+        _one(args.cell, sorted({r.cell_id for h in selected for r in h.results}), "--cell")
+        selected = [h for h in selected if any(r.cell_id == args.cell for r in h.results)]
+    pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}
+    engines = launch.load()
+    return [decisions.decide(h, engines, pins, cell=args.cell, tp=args.tp, model=model, batch=args.batch,
+                             draft=args.draft) for h in selected]
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from checks import decisions
+
+    found = advise(args)
+    if args.json:
+        print(json.dumps([decisions.to_json(d) for d in found], indent=2, sort_keys=True))
+    else:
+        print("\n".join(decisions.render(d) for d in found), end="")
+    return 0
+
+
+def diff(args: argparse.Namespace) -> Any:
+    from checks import diff as diffmod
+
+    hosts = _hosts(args.results, "diff")
+    try:
+        return diffmod.diff(diffmod.select(hosts, args.a), diffmod.select(hosts, args.b))
+    except diffmod.SelectError as exc:
+        raise UsageError(f"checks diff: {exc}") from None
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from checks import decisions
+
+    d = diff(args)
+    if args.json:
+        print(json.dumps(decisions.plain(d), indent=2, sort_keys=True))
+    else:
+        b = decisions.diff_block(d)
+        print("\n".join([b.title, *b.lines, *(["ids:"] if b.ids else []),
+                         *(f"  [{n}] {i}" for n, i in enumerate(b.ids, 1))]))
+    return 0
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM/SIGHUP clean up like Ctrl-C: workers and containers are ended
 
@@ -365,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
         args.argv = argv
-        return {"list": cmd_list, "run": cmd_run, "report": cmd_report}[args.cmd](args)
+        return {"list": cmd_list, "run": cmd_run, "report": cmd_report, "advise": cmd_advise,
+                "diff": cmd_diff}[args.cmd](args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -63,6 +63,7 @@ class HostSection:
     footnotes: list[Footnote]
     warnings: list[str]
     refresh: list[Refresh] = field(default_factory=list)  # how to rerun the stale verdicts
+    decisions: list[Any] = field(default_factory=list)  # decision notes (attach_decisions): text blocks
 
 
 def _clean(text: Any, limit: int = NOTE_LIMIT) -> str:
@@ -262,6 +263,7 @@ def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str
     sections = [build_host(h, runs, out_dir, probe_info or {}, catalogue_messages or {}, current)
                 for h, runs in sorted(per_host.items())]
     warnings = [w for s in sections for w in s.warnings]
+    attach_decisions(sections, results_dir)
     return [s for s in sections if s.rows], warnings
 
 
@@ -325,3 +327,19 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
     atomic.write_text(html, page)
     print(f"wrote {out} and {html} ({len(sections)} host(s))", file=sys.stderr)
     return 0
+
+
+# --- decision notes: advice, launch settings, an estimate, nearest green, changes (checks advise) ------------------
+def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
+    """Each host section gets the text blocks `checks advise` prints for it, with the estimate for the default
+    model preset at every rank count advised on (checks.decisions; the same results, so the same bytes)."""
+    from checks import decisions, hostresults, launch
+    from checks.estimate import default_preset
+    from provision import catalog
+
+    hosts = hostresults.load(results_dir)
+    pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}
+    engines, model = launch.load(), default_preset()
+    for s in sections:
+        if s.host_id in hosts:
+            s.decisions = decisions.blocks(decisions.decide(hosts[s.host_id], engines, pins, model=model))

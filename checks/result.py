@@ -87,6 +87,12 @@ class ProbeResult:
     def key(self) -> tuple[str, str, str]:
         return (self.cell_id, self.probe_id, self.variant)
 
+    @property
+    def result_id(self) -> str:
+        """The stable name of this result, ``<run_id>/<cell_id>/<probe_id>/<variant>``: a run holds one result
+        per (cell, probe, variant), and none of the parts contains a slash."""
+        return "/".join((self.run_id, self.cell_id, self.probe_id, self.variant))
+
     def to_json(self) -> dict[str, Any]:
         v = self.verdict
         out: dict[str, Any] = {
