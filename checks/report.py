@@ -16,7 +16,9 @@ from typing import Any
 
 import jinja2
 
-from checks import atomic
+from checks import atomic, memlock
+from checks.footnotes import Footnote, Occurrence, footnotes
+from checks.footnotes import clean as _clean
 from checks.freshness import Refresh, refresh_list, staleness
 from checks.provenance import current_probe_hashes
 from checks.result import ProbeResult
@@ -27,19 +29,7 @@ TEMPLATES = Path(__file__).with_name("templates")
 MARK = {"pass": "✅", "partial": "🟡", "fail": "❌", "crash": "💥", "hang": "⏳", "skip": "➖", "not-run": "⏸️",
         "unavailable": "🚫"}
 VERSION_COLUMNS = (("cuda", "CUDA"), ("torch", "torch"), ("sgl_kernel", "sgl-kernel"), ("flashinfer", "flashinfer"))
-NOTE_LIMIT = 300
 STALE_MARK = "↻"  # the verdict was made by other probe code than this checkout's
-
-
-@dataclass
-class Footnote:
-    number: int
-    status: str
-    reason_code: str
-    message: str
-    note: str
-    remediation: str
-    where: list[str] = field(default_factory=list)  # "cell / probe / variant"
 
 
 @dataclass
@@ -64,11 +54,7 @@ class HostSection:
     warnings: list[str]
     refresh: list[Refresh] = field(default_factory=list)  # how to rerun the stale verdicts
     decisions: list[Any] = field(default_factory=list)  # decision notes (attach_decisions): text blocks
-
-
-def _clean(text: Any, limit: int = NOTE_LIMIT) -> str:
-    s = " ".join(str(text or "").split())
-    return s if len(s) <= limit else s[: limit - 1] + "…"
+    memlock: str = ""  # containers ran without memlock unlimited: why, and for how many variants
 
 
 def _number(value: Any) -> bool:
@@ -176,8 +162,10 @@ def cached_label(results: list[ProbeResult]) -> str:
 
 
 def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_info: dict[str, dict[str, str]],
-               catalogue_messages: dict[str, str], current: Mapping[str, str]) -> HostSection:
-    """One host's section. ``current``: probe id -> hash of that probe's source in this checkout."""
+               catalogue_messages: dict[str, str], current: Mapping[str, str],
+               catalogue_remediations: Mapping[str, str] | None = None) -> HostSection:
+    """One host's section. ``current``: probe id -> hash of that probe's source in this checkout;
+    ``catalogue_*``: the reason catalogue's text by code (it wins over the text a result recorded)."""
     all_results: list[ProbeResult] = []
     warnings: list[str] = []
     manifests: list[dict[str, Any]] = []
@@ -208,8 +196,15 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
     for r in results:
         by_pair[(r.cell_id, r.probe_id)].append(r)
 
-    footnotes: list[Footnote] = []
-    index: dict[tuple[str, str, str, str], Footnote] = {}
+    occurrences = [Occurrence(cell_id, pid, r.variant, r.verdict.status, r.verdict.reason_code, r.verdict.note,
+                              r.verdict.remediation)
+                   for cell_id in cell_ids for pid in probe_ids for r in by_pair.get((cell_id, pid), [])
+                   if r.verdict.status is not Status.PASS]
+    notes_list, numbers = footnotes(occurrences, catalogue_messages, catalogue_remediations or {})
+    note_of: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for o, n in zip(occurrences, numbers, strict=True):
+        if n not in note_of[(o.cell, o.probe)]:
+            note_of[(o.cell, o.probe)].append(n)
     rows = []
     for cell_id in cell_ids:
         cells: dict[str, TableCell | None] = {}
@@ -220,22 +215,7 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
                 continue
             counts = Counter(r.verdict.status for r in rs)
             ordered = sorted(counts.items(), key=lambda kv: kv[0].severity)
-            notes: list[int] = []
-            for r in rs:
-                v = r.verdict
-                if v.status is Status.PASS:
-                    continue
-                key = (v.status, v.reason_code, _clean(v.note), _clean(v.remediation))
-                if key not in index:
-                    message = _clean(catalogue_messages.get(v.reason_code, ""))
-                    fn = Footnote(len(footnotes) + 1, v.status, v.reason_code, message,
-                                  "" if key[2].rstrip(".") == message.rstrip(".") else key[2], key[3])
-                    index[key] = fn
-                    footnotes.append(fn)
-                fn = index[key]
-                fn.where.append(f"{cell_id} / {pid} / {r.variant}")
-                if fn.number not in notes:
-                    notes.append(fn.number)
+            notes = note_of.get((cell_id, pid), [])
             heads = [(r.variant, h) for r in rs
                      if r.verdict.status is Status.PASS and (h := headline(r.verdict.metrics))]
             title = ", ".join(f"{n} {s}" for s, n in ordered)
@@ -247,12 +227,14 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
         rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
     refresh = refresh_list([(r, stale[r.key]) for r in results if r.key in stale], local_runs)
-    return HostSection(host_id, facts, run_rows, probes, rows, footnotes, warnings, refresh)
+    ml = memlock.summary(r.verdict.evidence.get("memlock") for r in results)
+    return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml)
 
 
 def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str, str]] | None = None,
                 catalogue_messages: dict[str, str] | None = None,
-                current: Mapping[str, str] | None = None) -> tuple[list[HostSection], list[str]]:
+                current: Mapping[str, str] | None = None,
+                catalogue_remediations: Mapping[str, str] | None = None) -> tuple[list[HostSection], list[str]]:
     """Every host's section. ``current``: probe id -> source hash now (default: this checkout's probes);
     verdicts made by other hashes, or recording none, are marked stale."""
     if current is None:
@@ -260,17 +242,20 @@ def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str
     per_host: dict[str, list[tuple[str, Path]]] = defaultdict(list)
     for host, run_id, path in iter_runs(results_dir):
         per_host[host].append((run_id, path))
-    sections = [build_host(h, runs, out_dir, probe_info or {}, catalogue_messages or {}, current)
+    sections = [build_host(h, runs, out_dir, probe_info or {}, catalogue_messages or {}, current,
+                           catalogue_remediations)
                 for h, runs in sorted(per_host.items())]
     warnings = [w for s in sections for w in s.warnings]
     attach_decisions(sections, results_dir)
     return [s for s in sections if s.rows], warnings
 
 
-def _catalogue_messages() -> dict[str, str]:
+def _catalogue() -> tuple[dict[str, str], dict[str, str]]:
+    """The reason catalogue's messages and next steps by code."""
     from checks.reasons import default
 
-    return {r.code: r.message for r in default().reasons}
+    reasons = default().reasons
+    return {r.code: r.message for r in reasons}, {r.code: r.remediation for r in reasons}
 
 
 def _md_escape(text: Any) -> str:
@@ -300,14 +285,16 @@ def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
 
 
 def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
-             current: Mapping[str, str] | None = None) -> int:
+             current: Mapping[str, str] | None = None, quiet: bool = False) -> int:
     """Write (or with ``check``, compare) the Markdown and HTML table. ``current``: probe id -> source hash
-    that verdicts must have been made by (default: this checkout's probes)."""
+    that verdicts must have been made by (default: this checkout's probes). ``quiet``: no line saying what
+    was written (the caller says it)."""
     if not results_dir.is_dir():
         print(f"checks report: no results directory {results_dir} (run `checks run` first)", file=sys.stderr)
         return 2
     html = html or out.with_suffix(".html")
-    sections, warnings = build_model(results_dir, out.parent, {}, _catalogue_messages(), current)
+    messages, remediations = _catalogue()
+    sections, warnings = build_model(results_dir, out.parent, {}, messages, current, remediations)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if not sections:
@@ -325,7 +312,8 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
         return 0
     atomic.write_text(out, md)
     atomic.write_text(html, page)
-    print(f"wrote {out} and {html} ({len(sections)} host(s))", file=sys.stderr)
+    if not quiet:
+        print(f"wrote {out} and {html} ({len(sections)} host(s))", file=sys.stderr)
     return 0
 
 
