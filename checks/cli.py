@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
-from collections import Counter
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from checks import gpuarch, hostfacts, manifest, provenance, reasons, registry
+from checks import gpuarch, hostfacts, manifest, memlock, progress, provenance, reasons, registry, runprogress, summary
 from checks.executor import Executor, ExecutorError, LocalExecutor
 from checks.plan import (
     CellTarget,
@@ -24,10 +26,11 @@ from checks.plan import (
     select_cells,
     summary_counts,
 )
+from checks.progress import TICK_S
 from checks.provenance import Provenance
 from checks.result import ProbeResult
 from checks.runner import RunReport, execute, now_iso
-from checks.status import ORDER, Status
+from checks.status import Status
 from checks.store import RunLock, RunStore, StoreBusy, latest_run, new_run_id, read_manifest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
     p.add_argument("--matrix", type=Path, default=REPO / "matrix.yaml", help="matrix file (docker mode)")
     p.add_argument("--envs", type=Path, default=REPO / "envs", help="where `provision build` wrote build.json")
+    p.add_argument("--report", type=Path, metavar="MD", help="the table regenerated at the end, with its .html "
+                   "(default: docs/compatibility.md for the default --results, else <results>/compatibility.md)")
+    p.add_argument("--no-report", action="store_true", help="do not regenerate the table at the end")
     p = sub.add_parser("report", help="generate docs/compatibility.md (and .html) from the results")
     p.add_argument("--results", type=Path, default=REPO / "results")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "compatibility.md")
@@ -76,9 +82,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _console() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
+    return progress.console()  # never wraps: a log gets one event per line
 
 
 # --- list --------------------------------------------------------------------------------------------------
@@ -275,16 +279,15 @@ def _print_plan(con: Any, facts: dict[str, Any], items: list[WorkItem], probes: 
             con.print(f"    {n} decided without running, {why}")
 
 
-def _summary(con: Any, results: list[ProbeResult]) -> None:
-    from rich.table import Table
-
-    t = Table("cell", "probe", "verdicts", title="summary")
-    per: dict[tuple[str, str], Counter[Status]] = {}
-    for r in results:
-        per.setdefault((r.cell_id, r.probe_id), Counter())[r.verdict.status] += 1
-    for (cell, probe), c in sorted(per.items()):
-        t.add_row(cell, probe, ", ".join(f"[{STATUS_STYLE[s]}]{c[s]} {s}[/]" for s in ORDER if c[s]))
-    con.print(t)
+def report_path(args: argparse.Namespace) -> Path | None:
+    """Where `checks run` regenerates the table, or None with --no-report."""
+    if args.no_report:
+        return None
+    if args.report:
+        return Path(args.report)
+    if args.results.resolve() == (REPO / "results").resolve():
+        return REPO / "docs" / "compatibility.md"
+    return args.results / "compatibility.md"  # a results folder of its own gets its own table
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -303,6 +306,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = provenance.checkout()
     hashes = provenance.probe_hashes(probes)
     store = open_run(args, facts["host_id"])
+    recorded = runprogress.recorded_durations(store.folder)  # before this run adds to it
     with RunLock(store.folder):
         new = manifest.build(store.run_id, store.host_id, now_iso(), targets.kind, facts,
                              targets.cells, probes, code, hashes, args.argv)
@@ -310,41 +314,127 @@ def cmd_run(args: argparse.Namespace) -> int:
         store.write_manifest(manifest.merge(old, new))
         con.print(f"[bold]results[/] {store.results_path}")
         codes = {pid: code.for_probe(h) for pid, h in hashes.items()}
-        report = _execute_with_progress(con, items, targets.executors, store, catalogue, gpus, codes, args.resume)
-    return _finish_run(con, report, args.json)
+        done = store.recorded() if args.resume else set()
+        todo = [it for it in items if it.key not in done]
+        view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded))
+        report = _execute_with_progress(con, items, targets.executors, store, catalogue, gpus, codes, args.resume,
+                                        view)
+    return _finish_run(con, report, args.json, args.results, report_path(args))
 
 
-def _finish_run(con: Any, report: RunReport, as_json: bool) -> int:
+def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, table: Path | None) -> int:
+    """The summary, the regenerated table, and last the verdict count and where the table is."""
     if report.resumed:
-        con.print(f"resumed: {report.resumed} variant(s) already recorded were not run again")
-    _summary(con, report.results)
+        con.print(f"resumed: {report.resumed} variant(s) already recorded were not run again", markup=False)
+    for line in summary.lines(report.results):
+        con.print(line, markup=False)
     if as_json:
         print(json.dumps([r.to_json() for r in report.results], indent=2, sort_keys=True))
+    where = _regenerate(table, results_dir, report.interrupted)
+    con.print(f"verdicts: {summary.totals_line(report.results)}", markup=False)
+    con.print(where, markup=False)
     return 130 if report.interrupted else 0
+
+
+def _regenerate(table: Path | None, results_dir: Path, interrupted: bool) -> str:
+    """Regenerate the table from every run under ``results_dir``; the line that says where it is (or why
+    it was not written)."""
+    rerun = f"`checks report --results {results_dir}" + (f" --out {table}`" if table else "`")
+    if table is None:
+        return f"table: not regenerated (--no-report); {rerun} writes it"
+    if interrupted:
+        return f"table: not regenerated (interrupted); {rerun} writes it from what finished"
+    from checks.report import generate
+
+    if generate(results_dir, table, None, False, repo=REPO, quiet=True) != 0:
+        return f"table: not written (see above); {rerun} retries"
+    return f"table: {_shown(table)} and {_shown(table.with_suffix('.html'))}, from every run in {_shown(results_dir)}"
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working directory when it is under it, as a user would type it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _execute_with_progress(con: Any, items: list[WorkItem], executors: dict[str, Executor], store: RunStore,
                            catalogue: reasons.Catalogue, gpus: int, codes: dict[str, Provenance],
-                           resume: bool) -> RunReport:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+                           resume: bool, view: runprogress.RunView) -> RunReport:
+    """Run the items, saying what happens: a line when a cell comes up and one per variant that ran (with
+    done/total and the time left). A terminal also gets a live bar with the running variant and its time;
+    anything else gets a line when a variant starts and again every TICK_S while it runs."""
+    live = con.is_terminal
+    said_memlock: list[str] = []
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=con, transient=False) as progress:
-        task = progress.add_task("running", total=len(items))
+    def say(text: str) -> None:
+        con.print(text, markup=False)
+
+    say(view.opening())
+    with contextlib.ExitStack() as stack:
+        ticker = stack.enter_context(progress.Ticker(say, TICK_S))
+        bar = stack.enter_context(_live_bar(con, view.total)) if live else None
 
         def started(item: WorkItem) -> None:
-            progress.update(task, description=f"{item.cell.cell_id} {item.spec.id} {item.variant.key}")
+            header = view.cell_header(item)
+            if header:
+                say(header)
+            if item.preset is not None:
+                return
+            if bar is not None:
+                bar.start(item, view)
+            else:
+                say(view.start_line(item))
+                ticker.start(view.label(item), lambda elapsed: view.tick_line(item, elapsed))
 
         def finished(item: WorkItem, result: ProbeResult) -> None:
-            v = result.verdict
-            progress.console.print(f"[{STATUS_STYLE[v.status]}]{v.status:>11}[/] {item.cell.cell_id} {item.spec.id} "
-                                   f"{item.variant.key} ({v.duration_s:.1f}s) {v.reason_code}")
-            progress.advance(task)
+            view.done.add(item.key)
+            ticker.stop(view.label(item))
+            if bar is not None:
+                bar.advance(view)
+            if item.preset is None:
+                con.print(view.result_line(item, result), markup=False, style=STATUS_STYLE[result.verdict.status])
+            note = result.verdict.evidence.get("memlock")
+            if note and note != memlock.UNLIMITED and not said_memlock:
+                said_memlock.append(str(note))
+                say(memlock.console_line(str(note)))
 
-        report = execute(items, executors, store, catalogue, gpus, codes, resume, on_result=finished,
-                         on_start=started)
-        progress.update(task, completed=len(items))
-    return report
+        return execute(items, executors, store, catalogue, gpus, codes, resume, on_result=finished,
+                       on_start=started)
+
+
+class _Bar:
+    """The live bar of a terminal: the running variant, how long it has run, done/total, time left."""
+
+    def __init__(self, progress: Any, total: int) -> None:
+        self.progress = progress
+        self.task = progress.add_task("starting", total=total, since=None, left="")
+
+    def start(self, item: WorkItem, view: runprogress.RunView) -> None:
+        cell = view.cells.index(item.cell.cell_id) + 1
+        self.progress.update(self.task, description=f"cell {cell}/{len(view.cells)} {item.spec.id} "
+                             f"{item.variant.key}", since=time.monotonic())
+
+    def advance(self, view: runprogress.RunView) -> None:
+        est = view.left()
+        self.progress.update(self.task, advance=1, since=None, left=f"{est.text()} left" if est.steps else "")
+
+
+@contextlib.contextmanager
+def _live_bar(con: Any, total: int) -> Iterator[_Bar]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
+    from rich.text import Text
+
+    class Running(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            since = task.fields.get("since")
+            return Text(progress.duration(time.monotonic() - since) if since else "")
+
+    # transient: the bar goes when the run ends, so the summary is not printed under a half-drawn bar
+    with Progress(TextColumn("{task.description}"), Running(), BarColumn(bar_width=20), MofNCompleteColumn(),
+                  TextColumn("{task.fields[left]}"), console=con, transient=True) as p:
+        yield _Bar(p, total)
 
 
 # --- report ------------------------------------------------------------------------------------------------

@@ -9,12 +9,13 @@ also at the timeout and on Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks import classify
+from checks import classify, memlock
 from checks.executor import CODE_ROOT, ExecutorError, hard_timeout, parse_result_text, probe_path_dirs, worker_args
 from checks.isolate import ProcessOutcome
 from checks.probe import Variant
@@ -24,6 +25,9 @@ from checks.result import Verdict
 
 MOUNT_ROOT = "/opt/stackprobe-code"  # apart from /opt/stackprobe, where cell images keep their locks
 LABEL = "stackprobe.run"
+# KEY=VALUE labels added to every container, so whoever started a run (a test session, a CI job) can find
+# and remove whatever its runs left behind, and nothing else
+LABELS_ENV = "STACKPROBE_CONTAINER_LABELS"
 TAIL_LINES = 200
 
 
@@ -38,6 +42,13 @@ def client() -> Any:
     except Exception as exc:
         msg = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise ExecutorError(f"Docker is not reachable ({msg}); start dockerd or use --local") from None
+
+
+def extra_labels(value: str | None = None) -> dict[str, str]:
+    """``a=1,b=2`` from STACKPROBE_CONTAINER_LABELS (or ``value``) as labels; an entry without ``=`` is a
+    label with an empty value."""
+    raw = os.environ.get(LABELS_ENV, "") if value is None else value
+    return {k.strip(): v.strip() for k, _, v in (p.partition("=") for p in raw.split(",")) if k.strip()}
 
 
 def exit_to_returncode(code: int) -> int:
@@ -89,7 +100,7 @@ class DockerExecutor:
             "privileged": False,
             "init": self.use_init,
             "network_mode": "none",
-            "labels": {LABEL: self.run_label},
+            "labels": {**extra_labels(), LABEL: self.run_label},
             "name": f"stackprobe-{self.run_label}-{uuid.uuid4().hex[:8]}",
         }
         if self.gpus_on_host:
@@ -130,7 +141,7 @@ class DockerExecutor:
                 # CUDA IPC then work with the cap. Recorded in the results as evidence.memlock.
                 if self.memlock_unlimited and "rlimit" in str(exc):
                     self.memlock_unlimited = False
-                    self.memlock_note = f"not raised: the Docker daemon refused ({str(exc)[-120:]})"
+                    self.memlock_note = memlock.refused(str(exc.explanation or exc))
                 elif self.use_init and "init" in str(exc):
                     self.use_init = False  # no docker-init on this host: the worker runs as PID 1
                 else:

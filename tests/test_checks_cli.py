@@ -192,3 +192,125 @@ def test_kill_9_of_the_runner_leaves_valid_lines_and_no_processes(tmp_path: Path
     while pids_with_env(env[TOKEN_VAR]) and time.monotonic() < deadline:
         time.sleep(0.1)  # the worker, then its rank, are killed as their parents die
     assert pids_with_env(env[TOKEN_VAR]) == []
+
+
+def _run_in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    code = main(argv)
+    return code, capsys.readouterr().err.splitlines()
+
+
+def test_run_ends_with_the_table_and_a_verdict_count_and_summarises_what_is_worth_reading(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 11 items 1, 3 and 4: one event per line however long (stderr is not a terminal here), the
+    cell of how many, done/total, rows only for verdicts worth reading, and last the verdict count and the
+    table that was regenerated."""
+    monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
+    results = tmp_path / "results"
+    argv = ["run", "--local", "--probe", "t-trivial", "--probe", "t-gpu", "--probe", "t-missing", "--probe",
+            "t-raise", "--results", str(results)]
+    code, err = _run_in_process(argv, capsys)
+    assert code == 0, err
+    [path] = _jsonl(results)
+    cell = read_file(path)[0][0].cell_id
+    assert len(cell) > 40  # with the status, the probe and the counts, a result line is longer than 80 columns
+    assert f"cell 1 of 1 {cell}: 4 to run, 2 decided without running" in err
+    ran = [ln for ln in err if ln.lstrip().startswith(("pass ", "skip ", "fail "))]
+    assert len(ran) == 4  # one line per variant that ran; the two planned skips are counted in the plan
+    assert all(f" {cell} " in ln and " done" in ln and len(ln) > 80 for ln in ran)  # not wrapped
+    assert ran[-1].endswith("· 6 of 6 done")
+    assert any(ln.startswith(f"  start {cell} t-raise ranks=1 (4 of 6; never timed here)") for ln in err)
+    assert not any(ln.strip().startswith("(") or ln.startswith("no-gpu") for ln in err)  # no wrapped tails
+    # the summary: only pass/partial/fail/crash/hang get a row, with the full cell id; the rest on one line
+    top = err.index("summary (pass, partial, fail, crash, hang by cell and probe):")
+    rows = err[top + 1:top + 4]
+    assert rows[0].split() == [cell, "t-raise", "1", "fail", "(fi-arch-gate)"]
+    assert rows[1].split() == [cell, "t-trivial", "2", "pass"]
+    assert rows[2] == "  not listed: 3 skip (no-gpu 2, missing-package 1)"
+    table = results / "compatibility.md"  # a results folder of its own gets its own table
+    assert err[-2:] == ["verdicts: 6 variants: 2 pass, 3 skip, 1 fail",
+                        f"table: {table} and {table.with_suffix('.html')}, from every run in {results}"]
+    assert f"`{cell}`" in table.read_text() and table.with_suffix(".html").exists()
+    # the table the run wrote is the one `checks report` writes from the same results
+    assert main(["report", "--results", str(results), "--out", str(table), "--check"]) == 0
+
+    # a second run estimates from what the first recorded
+    code, err = _run_in_process([*argv, "--no-report"], capsys)
+    assert code == 0
+    assert any(ln.startswith("to run: 4 of 6 variant(s), about ") and ln.endswith(
+        "(from the durations this host recorded)") and "never timed" not in ln for ln in err)
+    assert any(ln.startswith(f"  start {cell} t-raise ranks=1 (4 of 6; last time ") for ln in err)
+    assert any(", about " in ln and ln.endswith(" left") for ln in err if " done" in ln)
+    assert err[-1] == (f"table: not regenerated (--no-report); `checks report --results {results}` writes it")
+
+
+SLOW = '''"""Sleeps long enough for the progress ticker to speak."""
+
+import time
+
+from checks.probe import ProbeSpec, RankContext, outcome
+
+SPEC = ProbeSpec(id="t-sleepy", title="sleepy", feature="progress", ranks=(1,), needs_gpu=False, timeout_s=60)
+
+
+def run(ctx: RankContext) -> dict:
+    time.sleep(2.5)
+    return outcome("pass")
+'''
+
+
+def test_a_long_variant_is_said_to_be_running_while_it_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import checks.cli
+
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "t_sleepy.py").write_text(SLOW)
+    monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(probes))
+    monkeypatch.setattr(checks.cli, "TICK_S", 0.8)
+    code, err = _run_in_process(["run", "--local", "--probe", "t-sleepy", "--results", str(tmp_path / "r"),
+                                 "--no-report"], capsys)
+    assert code == 0
+    ticks = [ln for ln in err if ln.startswith("running local-")]
+    assert ticks and " t-sleepy ranks=1: " in ticks[0] and " so far (never timed here); 0 of 1 done" in ticks[0]
+    assert err.index(ticks[0]) < next(i for i, ln in enumerate(err) if ln.lstrip().startswith("pass "))
+
+
+def test_memlock_not_raised_is_said_once_per_run_in_clean_words(tmp_path: Path) -> None:
+    """Issue 11 item 7: the daemon's refusal, as recorded by older runs with its API quoting, is said once."""
+    import io
+
+    from checks import reasons, runprogress
+    from checks.cli import _execute_with_progress
+    from checks.plan import CellTarget, plan_work
+    from checks.probe import HostView
+    from checks.progress import console
+    from checks.registry import discover
+    from checks.result import Verdict
+    from checks.status import Status
+    from checks.store import RunStore
+
+    recorded = ('not raised: the Docker daemon refused (container init: error setting rlimits for ready process: '
+                'error setting rlimit type 8: operation not permitted: unknown"))')
+
+    class Refused:
+        def run(self, variant: object, gpus: int, timeout_s: float, catalogue: object) -> Verdict:
+            return Verdict(Status.PASS, evidence={"memlock": recorded})
+
+    probes = {pid: mod for pid, (_, mod) in discover({"STACKPROBE_PROBE_PATH": str(FIXTURES)}).items()
+              if pid == "t-trivial"}
+    cell = CellTarget("cu130-x", "resolved", image="img", image_status="built")
+    items = plan_work([cell], probes, HostView())
+    buf = io.StringIO()
+    con = console()
+    con.file = buf
+    view = runprogress.RunView(items, runprogress.expected_durations(items, {}))
+    store = RunStore(tmp_path, "host", "run")
+    report = _execute_with_progress(con, items, {"cu130-x": Refused()}, store, reasons.default(), 0, {}, False, view)
+    assert len(report.results) == 2
+    said = [ln for ln in buf.getvalue().splitlines() if ln.startswith("memlock:")]
+    assert said == ["memlock: containers of this run do not get memlock unlimited, the Docker daemon refused "
+                    "(error setting rlimits for ready process: error setting rlimit type 8: operation not "
+                    "permitted); they run with the daemon's own limit, which large NCCL or CUDA IPC buffers may "
+                    "exceed. To fix: give dockerd an unlimited hard memlock limit: a dockerd inside a container "
+                    "needs that container started with --ulimit memlock=-1 (or CAP_SYS_RESOURCE); a rootless "
+                    "dockerd needs LimitMEMLOCK=infinity in its systemd unit"]
