@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from checks import atomic
-from provision import backend
+from checks.progress import TICK_S, Ticker
+from provision import backend, buildlog
+from provision.buildprogress import BuildProgress, Step
 from provision.errors import InputError
 from provision.lock import ENVS, LockError, lock_cell, uv_version
 from provision.render import DOCKERFILES, Base, load_cell, render
@@ -215,29 +217,47 @@ def _record(folder: Path, **kw: Any) -> dict[str, Any]:
     return rec
 
 
+def no_nvcc_note(cell: dict[str, Any]) -> str:
+    """Why a registry-free CUDA 12 image has no nvcc and what to do, in the reason catalogue's words: the
+    same message and next step the table gives for the JIT probes that then skip (fi-no-nvcc)."""
+    from checks.reasons import default
+
+    reason = default().get("fi-no-nvcc")
+    assert reason is not None, "checks/reasons.yaml lost fi-no-nvcc"
+    return (f"{reason.message} (the registry's CUDA {cell['expected']['cuda']} nvcc wheel ships only ptxas); "
+            f"next step: {reason.remediation} (for this cell: {nvidia_image(cell)})")
+
+
+def _note(cell: dict[str, Any], base: Base, opts: BuildOptions) -> str:
+    return no_nvcc_note(cell) if base.kind == "registry-free-notoolkit" and opts.toolkit else ""
+
+
 def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
-                 report: Callable[[str, str], None] = lambda cid, msg: None) -> list[dict[str, Any]]:
-    """Build every locked cell folder; one failure never stops the others."""
+                 report: Callable[[str, str], None] = lambda cid, msg: None,
+                 tick_s: float = TICK_S) -> list[dict[str, Any]]:
+    """Build every locked cell folder; one failure never stops the others. First every cell's Dockerfile
+    and tag (so the unchanged cells are known and the rest can be counted and timed from their last
+    builds), then the builds, each saying which of how many it is, its steps, and every ``tick_s`` how long
+    it has been building."""
     buildkit = docker.buildkit()
     base_ids: dict[str, str] = {}
-    base_lock = threading.Lock()
 
     def base_id(base: Base) -> str:
-        with base_lock:
-            if base.image not in base_ids:
-                if base.kind.startswith("registry-free"):
-                    from provision.baseimage import ensure_base, ensure_dev
+        if base.image not in base_ids:
+            if base.kind.startswith("registry-free") and docker.image_id(base.image) is None:
+                from provision.baseimage import ensure_base, ensure_dev
 
-                    report("base", f"making {base.image} (debootstrap, once)")
-                    (ensure_dev if base.kind == "registry-free" else ensure_base)(docker=docker.cli)
-                bid = docker.image_id(base.image)
-                if bid is None:
-                    raise InputError(f"base image {base.image} is not present locally and no registry is used: "
-                                     "docker load it, or pass --base registry-free")
-                base_ids[base.image] = bid
-            return base_ids[base.image]
+                report("base", f"making {base.image} (debootstrap, once)")
+                (ensure_dev if base.kind == "registry-free" else ensure_base)(docker=docker.cli)
+            bid = docker.image_id(base.image)
+            if bid is None:
+                raise InputError(f"base image {base.image} is not present locally and no registry is used: "
+                                 "docker load it, or pass --base registry-free")
+            base_ids[base.image] = bid
+        return base_ids[base.image]
 
-    def one(folder: Path) -> dict[str, Any]:
+    def prepare(folder: Path) -> Step | dict[str, Any]:
+        """The cell's step, or its record when nothing is to be built (unchanged, or failed already)."""
         cell = load_cell(folder)
         cid = cell["cell_id"]
         try:
@@ -245,43 +265,83 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             text = render(cell, base, buildkit=buildkit)
             dockerfile = opts.dockerfiles / f"{cid}.Dockerfile"
             atomic.write_text(dockerfile, text)
-            digest = build_hash(text, folder, base_id(base), {})
-            tag = image_tag(cid, digest)
+            tag = image_tag(cid, build_hash(text, folder, base_id(base), {}))
             prev = _previous(folder)
             if prev.get("tag") == tag and prev.get("status") in ("built", "skipped-unchanged") and docker.image_id(tag):
                 report(cid, "unchanged, not rebuilt")
-                keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id")}
-                return _record(folder, status="skipped-unchanged", tag=tag, **keep)
-            report(cid, f"building {tag}")
-            log = LOGS / f"{cid}.log"
-            t0 = time.monotonic()
-            rc = docker.build(dockerfile, folder, tag, buildkit, log, lambda line: report(cid, line[:100]))
-            if rc != 0:
-                tail = _log_tail(log)
-                reason = f"docker build exited {rc}: {tail} (log: {log})"
-                return _record(folder, status="failed", tag=tag, reason=reason)
-            report(cid, "self-check")
-            facts = selfcheck(docker, tag, compile_test=base.kind == "registry-free")
-            problems = [facts["error"]] if "error" in facts else mismatches(
-                cell["expected"], facts, compiled_toolkit=base.kind == "registry-free")
-            if problems:
-                docker.run("image", "rm", "--no-prune", tag)  # never leave a wrong image under a valid tag
-                return _record(folder, status="failed", tag=tag, reason="self-check: " + "; ".join(problems),
-                               selfcheck=facts, versions=_versions(facts))
-            note = ""
-            if base.kind == "registry-free-notoolkit" and opts.toolkit:
-                note = (f"no nvcc in this image: the registry's CUDA {cell['expected']['cuda']} nvcc wheel has only "
-                        "ptxas; build with --base nvidia (nvidia/cuda devel image) for JIT compiles")
-            return _record(folder, status="built", tag=tag, image_id=docker.image_id(tag), selfcheck=facts,
-                           versions=_versions(facts), build_s=round(time.monotonic() - t0, 1), base=base.image,
-                           note=note)
+                keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id", "build_s", "base")}
+                return _record(folder, status="skipped-unchanged", tag=tag, note=_note(cell, base, opts), **keep)
+            return Step(folder, cell, base, dockerfile, tag, prev)
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
             return _record(folder, status="failed", reason=f"{type(e).__name__}: {e}")
 
-    with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
-        return list(pool.map(one, folders))
+    prepared = {folder: prepare(folder) for folder in folders}
+    steps = [p for p in prepared.values() if isinstance(p, Step)]
+    progress = BuildProgress(steps)
+    if folders:
+        records = [p for p in prepared.values() if not isinstance(p, Step)]
+        report("", progress.opening(sum(1 for r in records if r["status"] == "skipped-unchanged"),
+                                    sum(1 for r in records if r["status"] == "failed")))
+    lock = threading.Lock()
+
+    def build(step: Step, ticker: Ticker) -> dict[str, Any]:
+        cid, folder, tag = step.cell_id, step.folder, step.tag
+        current = {"step": ""}
+        seen: set[str] = set()  # BuildKit repeats a step's header when its output resumes
+
+        def on_line(line: str) -> None:
+            found = buildlog.step(line)
+            if found and found[0] not in seen:
+                seen.add(found[0])
+                current["step"] = found[1]
+                report(cid, found[1])
+            elif (err := buildlog.error(line)) is not None:
+                report(cid, err)
+
+        log = LOGS / f"{cid}.log"
+        t0 = time.monotonic()
+        ticker.start(cid, lambda elapsed: progress.tick_line(step, elapsed, current["step"]))
+        try:
+            rc = docker.build(step.dockerfile, folder, tag, buildkit, log, on_line)
+        finally:
+            ticker.stop(cid)
+        if rc != 0:
+            tail = _log_tail(log)
+            reason = f"docker build exited {rc}: {tail} (log: {log})"
+            return _record(folder, status="failed", tag=tag, reason=reason)
+        build_s = round(time.monotonic() - t0, 1)
+        report(cid, "self-check")
+        facts = selfcheck(docker, tag, compile_test=step.base.kind == "registry-free")
+        problems = [facts["error"]] if "error" in facts else mismatches(
+            step.cell["expected"], facts, compiled_toolkit=step.base.kind == "registry-free")
+        if problems:
+            docker.run("image", "rm", "--no-prune", tag)  # never leave a wrong image under a valid tag
+            return _record(folder, status="failed", tag=tag, reason="self-check: " + "; ".join(problems),
+                           selfcheck=facts, versions=_versions(facts))
+        return _record(folder, status="built", tag=tag, image_id=docker.image_id(tag), selfcheck=facts,
+                       versions=_versions(facts), build_s=build_s, base=step.base.image,
+                       note=_note(step.cell, step.base, opts))
+
+    def one(step: Step, ticker: Ticker) -> dict[str, Any]:
+        report(step.cell_id, progress.start_line(step))
+        t0 = time.monotonic()
+        try:
+            rec = build(step, ticker)
+        except InputError:
+            raise
+        except Exception as e:  # one broken cell must not stop the others
+            rec = _record(step.folder, status="failed", tag=step.tag, reason=f"{type(e).__name__}: {e}")
+        with lock:
+            progress.done.add(step.cell_id)
+            report(step.cell_id, progress.end_line(step, str(rec["status"]), time.monotonic() - t0))
+        return rec
+
+    with Ticker(lambda line: report("", line), tick_s) as ticker, \
+            ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+        built = dict(zip((s.folder for s in steps), pool.map(lambda s: one(s, ticker), steps), strict=True))
+    return [built[f] if isinstance(p, Step) else p for f, p in prepared.items()]
 
 
 def _previous(folder: Path) -> dict[str, Any]:
@@ -394,17 +454,19 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
                             "reason": f"FROM {base.image}; dockerfiles/{f.name}.Dockerfile"})
         summary(cells, results, opts.json)
         return 0
-    from rich.console import Console
     from rich.markup import escape
 
-    console = Console(stderr=True)
+    from checks.progress import console as progress_console
+
+    console = progress_console()  # never wraps: a log gets one event per line
     lock = threading.Lock()
 
     def report(cid: str, msg: str) -> None:
         if opts.json:
             return
+        who = f" [bold]{escape(cid)}[/]" if cid else ""
         with lock:
-            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{escape(cid)}[/] {escape(msg)}", highlight=False)
+            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/]{who} {escape(msg)}")
 
     results += build_locked(folders, opts, docker, report)
     summary(cells, results, opts.json)

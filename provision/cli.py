@@ -51,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--envs", default=None)
     p.add_argument("--dockerfiles", default=None)
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("doctor", help="check what the main job needs on this machine and say how to fix what lacks")
+    p.add_argument("--matrix", default=None, help="matrix file (default: matrix.yaml of the project)")
+    p.add_argument("--envs", default=None, help="where `provision build` records its images (default: envs/)")
     p = sub.add_parser("base", help="make the registry-free base images (debootstrap + docker import)")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("catalog", help="the catalog of publication facts")
@@ -114,6 +117,15 @@ def cmd_base(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from provision import doctor
+    from provision.lock import ENVS
+
+    checks = doctor.diagnose(doctor.gather(_matrix(args), Path(args.envs) if args.envs else ENVS))
+    print("\n".join(doctor.report(checks)))
+    return doctor.exit_code(checks)
+
+
 def cmd_catalog(args: argparse.Namespace) -> int:
     import yaml
 
@@ -133,11 +145,38 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     return 1 if outcome.drift else 0
 
 
+def _subparser(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand parser ``args`` went through (``build``, ``catalog check``), else ``ap``."""
+    p = ap
+    for dest in ("cmd", "catalog_cmd"):
+        action = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, dest, None)
+        if action is None or name not in action.choices:
+            break
+        p = action.choices[name]
+    return p
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Like parse_args, but an unknown option is reported with the usage of the subcommand it was given
+    to, and the closest option of that subcommand (``--dryrun``: did you mean ``--dry-run``?)."""
+    from provision.errors import suggest
+
+    ap = parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra:
+        p = _subparser(ap, args)
+        options = [o for a in p._actions for o in a.option_strings]
+        hint = suggest(extra[0].split("=", 1)[0], options) if extra[0].startswith("-") else ""
+        p.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     try:
         handler = {"plan": cmd_plan, "lock": cmd_lock, "build": cmd_build, "base": cmd_base,
-                   "catalog": cmd_catalog}[args.cmd]
+                   "catalog": cmd_catalog, "doctor": cmd_doctor}[args.cmd]
         code = handler(args)
     except InputError as e:
         print(f"provision: {e.one_line()}", file=sys.stderr)

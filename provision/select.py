@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 
-from provision.errors import InputError
+from provision.errors import InputError, suggest
 from provision.resolve import Resolved
 
 
@@ -26,5 +26,6 @@ def select(cells: Sequence[Resolved], cuda: str | None = None, torch: str | None
     if not out:
         asked = " ".join(f"--{k} {v}" for k, v in (("cuda", cuda), ("torch", torch)) if v)
         asked += "".join(f" --only '{g}'" for g in globs)
-        raise InputError(f"no cell matches {asked.strip()}; run 'provision plan' to list the cell ids")
+        hint = suggest(cuda, sorted({r.cell.cuda for r in cells})) if cuda else ""
+        raise InputError(f"no cell matches {asked.strip()}{hint}; run 'provision plan' to list the cell ids")
     return out

@@ -95,7 +95,7 @@ BAD = [
     ("matrx: {}", "unknown key 'matrx'; allowed: matrix, description (did you mean 'matrix'?)", 1),
     ("matrix:\n  cuda: ['12.8']\n  torch: [stable]\n  sgl_kernel: [none]\n", "missing axis 'flashinfer'", 1),
     ("matrix:\n  cuda: ['12.7']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
-     "matrix.cuda[0]: unknown CUDA version '12.7'; allowed: 12.6, 12.8, 12.9, 13.0, 13.2 (did you mean '12.9'?)", 2),
+     "matrix.cuda[0]: unknown CUDA version '12.7'; allowed: 12.6, 12.8, 12.9, 13.0, 13.2 (did you mean '12.8'?)", 2),
     ("matrix:\n  cuda: ['13.0']\n  torch: [stabel]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
      "unknown torch channel 'stabel'; use stable, nightly or an exact version (did you mean 'stable'?)", 3),
     ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: ['0.4.2; rm -rf /']\n  flashinfer: [none]\n",

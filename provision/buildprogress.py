@@ -1,0 +1,70 @@
+"""What `provision build` says while it builds (pure): which cell of how many, what it is doing and for how
+long, and the time left estimated from each cell's last build (``build_s`` in its build.json)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checks.progress import Estimate, duration, estimate
+from provision.render import Base
+
+
+@dataclass(frozen=True)
+class Step:
+    """A locked cell ready to build: its Dockerfile written, its tag known, the record of its last build."""
+
+    folder: Path
+    cell: dict[str, Any]
+    base: Base
+    dockerfile: Path
+    tag: str
+    previous: dict[str, Any]
+
+    @property
+    def cell_id(self) -> str:
+        return str(self.cell["cell_id"])
+
+    @property
+    def last_build_s(self) -> float | None:
+        """How long this cell's image took to build last time (build.json), if it was ever timed."""
+        value = self.previous.get("build_s")
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass
+class BuildProgress:
+    """Counts and text for the builds of one `provision build`: cell n of N (N: the cells that build),
+    what each is doing and for how long, and the time left from each cell's last build (build.json)."""
+
+    steps: list[Step]
+    done: set[str] = field(default_factory=set)
+
+    def _number(self, step: Step) -> str:
+        return f"cell {self.steps.index(step) + 1} of {len(self.steps)}"
+
+    def left(self) -> Estimate:
+        return estimate(s.last_build_s for s in self.steps if s.cell_id not in self.done)
+
+    def opening(self, unchanged: int, failed: int = 0) -> str:
+        """Said once before the first build: how many cells build and how long that should take."""
+        parts = [f"{len(self.steps)} to build"] + ([f"{unchanged} unchanged"] if unchanged else []) + (
+            [f"{failed} failed before building"] if failed else [])
+        head = f"images: {', '.join(parts)}"
+        return head + (f"; {self.left().text()} by their last builds" if self.steps else "")
+
+    def start_line(self, step: Step) -> str:
+        last = f"last build {duration(step.last_build_s)}" if step.last_build_s is not None else "never built here"
+        return f"{self._number(step)}: building {step.tag} ({last})"
+
+    def tick_line(self, step: Step, elapsed: float, current: str) -> str:
+        last = f" of {duration(step.last_build_s)} last time" if step.last_build_s is not None else ""
+        now = f"; at {current}" if current else ""
+        return f"{step.cell_id} ({self._number(step)}) building for {duration(elapsed)}{last}{now}"
+
+    def end_line(self, step: Step, status: str, elapsed: float) -> str:
+        left = self.left()
+        rest = f", {left.text()} left" if left.steps else ""
+        count = f"{len(self.done)} of {len(self.steps)} done"
+        return f"{self._number(step)}: {status} after {duration(elapsed)} · {count}{rest}"

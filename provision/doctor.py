@@ -1,0 +1,289 @@
+"""`provision doctor`: does this machine have what the main job needs, and how to fix what it lacks.
+
+The main job (`provision build && checks run --all`) needs a Docker engine it can talk to, a docker CLI
+that speaks BuildKit (the uv cache mount and the CA bundle as a build secret), debootstrap and an apt
+mirror for the registry-free base images (unless they are built already), disk space for the images, and
+on a GPU host the GPUs inside containers (the NVIDIA container runtime behind ``--gpus``) and an unlimited
+memlock for NCCL and CUDA IPC.
+
+``gather`` looks at the machine (subprocesses, the file system); ``diagnose`` turns what it found into one
+verdict per prerequisite with the fix (pure, tested with recorded facts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GB = 1_000_000_000
+# Measured on the default matrix's images (`docker system df -v`): a torch build's layer (torch and its
+# CUDA wheels) is 6-7.5 GB shared by the cells on it, each cell adds 2-2.5 GB of its own, and BuildKit's
+# uv cache keeps the downloaded wheels beside them; rounded up.
+DISK_PER_TORCH = 10 * GB
+DISK_PER_CELL = 3 * GB
+DISK_BASE = 1 * GB
+OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | FAIL | info
+    detail: str
+    fix: str = ""
+
+    def line(self, width: int = 24) -> str:
+        fix = f" — fix: {self.fix}" if self.fix else ""
+        return f"{self.status:<4}  {self.name:<{width}}  {self.detail}{fix}"
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the machine showed. A None means the question could not be asked (the reason is beside it)."""
+
+    docker_cli: str | None = None
+    daemon_version: str | None = None
+    daemon_error: str = ""
+    buildkit: bool = False
+    docker_root: str | None = None
+    free_bytes: int | None = None
+    debootstrap: str | None = None
+    apt_mirror_error: str = ""  # "" when a Debian mirror is configured
+    is_root: bool = True
+    base_images: tuple[str, ...] = ()  # registry-free base images already present
+    torch_stacks: int = 0  # distinct (CUDA, torch) pairs among the cells still to build
+    cells_to_build: int = 0
+    cells_total: int = 0
+    gpus: int = 0
+    gpu_error: str = ""  # why nvidia-smi found none
+    runtimes: tuple[str, ...] = ()
+    cdi_specs: tuple[str, ...] = ()
+    probe_image: str | None = None  # a local image the container checks ran in
+    gpu_in_container: str | None = None  # None: not tried; "": worked; else the error
+    memlock_in_container: str | None = None  # None: not tried; "": worked; else the error
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def need_bytes(f: Facts) -> int:
+    """Disk the images still to build take, by the per-torch and per-cell sizes measured above."""
+    if not f.cells_to_build:
+        return 0
+    base = 0 if f.base_images else DISK_BASE
+    return base + f.torch_stacks * DISK_PER_TORCH + f.cells_to_build * DISK_PER_CELL
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:.0f} GB"
+
+
+def _docker(f: Facts) -> list[Check]:
+    if f.docker_cli is None:
+        return [Check("docker CLI", FAIL, "not found",
+                      "install Docker (Debian/Ubuntu: apt-get install docker.io)")]
+    out = [Check("docker CLI", OK, f.docker_cli)]
+    if f.daemon_version is None:
+        denied = "permission denied" in f.daemon_error
+        fix = ("add yourself to the docker group (usermod -aG docker $USER, then log in again)" if denied else
+               "start the engine (systemctl start docker, or run dockerd as root)")
+        out.append(Check("Docker engine", FAIL, f"not reachable: {f.daemon_error or 'no answer'}", fix))
+        return out
+    out.append(Check("Docker engine", OK, f"version {f.daemon_version}"))
+    out.append(Check("BuildKit", OK, "the CLI builds with DOCKER_BUILDKIT=1 and --secret") if f.buildkit else
+               Check("BuildKit", WARN, "this docker CLI cannot build with BuildKit: builds run without the uv "
+                     "cache mount and without the host's CA bundle",
+                     "use a CLI that speaks BuildKit (Debian's docker.io, or install the buildx plugin)"))
+    return out
+
+
+def _base(f: Facts) -> Check:
+    if f.base_images:
+        return Check("debootstrap", OK, f"not needed now: base image(s) present ({', '.join(f.base_images)})")
+    if f.debootstrap is None:
+        return Check("debootstrap", FAIL, "not found; the registry-free base images are made with it",
+                     "apt-get install debootstrap (or put nvidia/cuda:<ver>-devel-ubuntu24.04 images on this "
+                     "machine and build with --base nvidia)")
+    if f.apt_mirror_error:
+        return Check("debootstrap", FAIL, f"{f.debootstrap}, but {f.apt_mirror_error}",
+                     "configure a Debian mirror in /etc/apt/sources.list(.d)")
+    if not f.is_root:
+        return Check("debootstrap", FAIL, f"{f.debootstrap}, but it needs root to make a root file system",
+                     "run `provision base` once as root")
+    return Check("debootstrap", OK, f"{f.debootstrap} (the base images are made on the first build, about 1 min)")
+
+
+def _disk(f: Facts) -> Check:
+    need = need_bytes(f)
+    what = (f"{f.cells_to_build} of {f.cells_total} cells still to build ({f.torch_stacks} torch build(s) of "
+            f"{_gb(DISK_PER_TORCH)} + {_gb(DISK_PER_CELL)} per cell) need about {_gb(need)}")
+    if not f.cells_to_build:
+        return Check("disk", OK, f"every cell of the matrix is built ({f.cells_total})")
+    if f.free_bytes is None:
+        return Check("disk", INFO, f"{what}; free space under {f.docker_root or 'the Docker root'} unknown")
+    free = f"{_gb(f.free_bytes)} free under {f.docker_root}"
+    if f.free_bytes < need:
+        return Check("disk", FAIL, f"{free}; {what}",
+                     "free space there (docker image prune; docker builder prune), or build fewer cells "
+                     "(--only, --cuda)")
+    if f.free_bytes < need * 1.5:
+        return Check("disk", WARN, f"{free}; {what}: little room left after")
+    return Check("disk", OK, f"{free}; {what}")
+
+
+def _gpu(f: Facts) -> list[Check]:
+    if not f.gpus:
+        return [Check("GPUs", INFO, f"none on this host ({f.gpu_error or 'nvidia-smi found none'}): GPU probes "
+                      "will skip and compile probes still run")]
+    out = [Check("GPUs", OK, f"{f.gpus} on the host")]
+    runtime = "nvidia" in f.runtimes or bool(f.cdi_specs)
+    how = "nvidia runtime" if "nvidia" in f.runtimes else f"CDI specs {', '.join(f.cdi_specs)}" if f.cdi_specs else ""
+    toolkit_fix = ("install the NVIDIA Container Toolkit (nvidia-container-toolkit), run "
+                   "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd")
+    if f.gpu_in_container is None:
+        if not runtime:
+            out.append(Check("GPUs in containers", FAIL, "the Docker engine has no NVIDIA runtime or CDI spec, so "
+                             "--gpus cannot give containers the GPUs", toolkit_fix))
+        else:
+            out.append(Check("GPUs in containers", INFO, f"{how} present; not tried (no local image yet): run "
+                             "`provision doctor` again after `provision build`"))
+    elif f.gpu_in_container:
+        out.append(Check("GPUs in containers", FAIL, f"docker run --gpus all failed: {f.gpu_in_container}",
+                         toolkit_fix))
+    else:
+        out.append(Check("GPUs in containers", OK, f"docker run --gpus all {f.probe_image} sees them"))
+    return out
+
+
+def _memlock(f: Facts) -> Check:
+    if f.memlock_in_container is None:
+        return Check("memlock in containers", INFO, "not tried (no local image yet or no engine)")
+    if f.memlock_in_container:
+        from checks.memlock import FIX
+
+        return Check("memlock in containers", WARN, f"--ulimit memlock=-1 refused ({f.memlock_in_container}): runs "
+                     "go on with the daemon's limit and say so", FIX)
+    return Check("memlock in containers", OK, "unlimited, as the runs ask")
+
+
+def diagnose(f: Facts) -> list[Check]:
+    """One check per prerequisite, in the order a fix unblocks the next."""
+    out = _docker(f)
+    notes = [Check("note", INFO, n) for n in f.notes]
+    if f.daemon_version is None:
+        return out + [_base(f), *_gpu(f), *notes]
+    return out + [_base(f), _disk(f), *_gpu(f), _memlock(f), *notes]
+
+
+def exit_code(checks: Sequence[Check]) -> int:
+    """0 when nothing failed (warnings and notes included), 1 otherwise."""
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+# --- gathering (side effects) --------------------------------------------------------------------------------
+def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:240] if lines else ""
+
+
+def _daemon_error(text: str) -> str:
+    """The daemon's refusal in `docker run` output (which also holds the CLI's own chatter), in short."""
+    from checks import memlock
+
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = next((ln for ln in lines if "Error response from daemon" in ln), None) or _last_line(text)
+    return memlock.daemon_reason(line.split("Error response from daemon:", 1)[-1])
+
+
+def _matrix_needs(matrix: Path, envs: Path, docker: str) -> tuple[int, int, int]:
+    """(cells still to build, distinct (CUDA, torch) pairs among them, resolved cells in all)."""
+    from provision.api import plan_cells
+
+    cells = [c for c in plan_cells(matrix) if c.status == "resolved"]
+    todo = []
+    for c in cells:
+        try:
+            rec = json.loads((envs / c.cell_id / "build.json").read_text())
+        except (OSError, ValueError):
+            rec = {}
+        tag = rec.get("tag")
+        built = rec.get("status") in ("built", "skipped-unchanged") and tag and _run(
+            [docker, "image", "inspect", "--format", "{{.Id}}", str(tag)], 30)
+        if not (built and built.returncode == 0):
+            todo.append(c)
+    stacks = {(c.cuda, c.versions.get("torch", "")) for c in todo}
+    return len(todo), len(stacks), len(cells)
+
+
+def gather(matrix: Path, envs: Path) -> Facts:
+    """Ask the machine; every question that cannot be asked leaves its field at the default."""
+    from provision.baseimage import DEFAULT_TAG, DEV_TAG, apt_mirror
+    from provision.build import Docker, docker_cli
+
+    kw: dict[str, object] = {"debootstrap": shutil.which("debootstrap"), "is_root": os.geteuid() == 0}
+    try:
+        apt_mirror()
+    except Exception as exc:  # any reason: the check says it
+        kw["apt_mirror_error"] = str(exc)
+    smi = _run(["nvidia-smi", "-L"], 30)
+    if smi is None:
+        kw["gpu_error"] = "nvidia-smi not found"
+    elif smi.returncode != 0:
+        kw["gpu_error"] = _last_line(smi.stderr or smi.stdout) or f"nvidia-smi exited {smi.returncode}"
+    else:
+        kw["gpus"] = sum(1 for ln in smi.stdout.splitlines() if ln.startswith("GPU "))
+    kw["cdi_specs"] = tuple(str(p) for d in ("/etc/cdi", "/var/run/cdi") for p in sorted(Path(d).glob("*nvidia*"))
+                            if Path(d).is_dir())
+    cli = docker_cli()
+    if shutil.which(cli) is None and not os.path.exists(cli):
+        return Facts(**kw)
+    kw["docker_cli"] = cli
+    info = _run([cli, "info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}|{{json .Runtimes}}"], 60)
+    if info is None or info.returncode != 0:
+        kw["daemon_error"] = _last_line(info.stderr) if info else "docker info timed out"
+        return Facts(**kw)
+    version, root, runtimes = (info.stdout.strip().split("|", 2) + ["", "", ""])[:3]
+    kw["daemon_version"] = version
+    kw["docker_root"] = root
+    kw["runtimes"] = tuple(sorted(k for k in json.loads(runtimes or "{}")))
+    with contextlib.suppress(OSError):  # a remote engine: its disk is not ours to measure
+        kw["free_bytes"] = shutil.disk_usage(root).free
+    kw["buildkit"] = Docker(cli=cli).buildkit()
+    present = [t for t in (DEFAULT_TAG, DEV_TAG) if (p := _run([cli, "image", "inspect", t], 30)) and p.returncode == 0]
+    kw["base_images"] = tuple(present)
+    try:
+        kw["cells_to_build"], kw["torch_stacks"], kw["cells_total"] = _matrix_needs(matrix, envs, cli)
+    except Exception as exc:  # a broken matrix is `provision plan`'s to explain
+        kw["notes"] = (f"matrix not read: {exc}",)
+    image = present[0] if present else None
+    if image:
+        kw["probe_image"] = image
+        ml = _run([cli, "run", "--rm", "--network", "none", "--ulimit", "memlock=-1:-1", image, "true"], 120)
+        kw["memlock_in_container"] = "" if ml and ml.returncode == 0 else _daemon_error(
+            ml.stderr if ml else "timed out")
+        if kw.get("gpus"):
+            g = _run([cli, "run", "--rm", "--network", "none", "--gpus", "all", image, "nvidia-smi", "-L"], 120)
+            kw["gpu_in_container"] = "" if g and g.returncode == 0 else _daemon_error(
+                (g.stderr or g.stdout) if g else "timed out")
+    return Facts(**kw)
+
+
+def report(checks: Sequence[Check]) -> list[str]:
+    """The lines `provision doctor` prints: one per check, then what to do first."""
+    width = max(len(c.name) for c in checks)
+    lines = [c.line(width) for c in checks]
+    failed = [c for c in checks if c.status == FAIL]
+    lines.append(f"{len(failed)} problem(s) to fix before `provision build`" if failed else
+                 "ready: `uv run provision build && uv run checks run --all`")
+    return lines
