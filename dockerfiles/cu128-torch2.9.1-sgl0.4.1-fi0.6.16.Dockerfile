@@ -1,6 +1,6 @@
 # Rendered by `provision build` from dockerfiles/cell.Dockerfile.j2 for cell cu128-torch2.9.1-sgl0.4.1-fi0.6.16; do not edit.
 # base: registry-free-notoolkit; builder: BuildKit
-FROM stackprobe/base:bookworm
+FROM stackprobe/base:bookworm-20aff611
 ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
     UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=0
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; python3 -m venv /opt/uv && /opt/uv/bin/pip install --quiet uv==0.13.9

@@ -1,6 +1,6 @@
 # Rendered by `provision build` from dockerfiles/cell.Dockerfile.j2 for cell cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1; do not edit.
 # base: registry-free; builder: BuildKit
-FROM stackprobe/base-dev:bookworm
+FROM stackprobe/base-dev:bookworm-4a3a48f4
 ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
     UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=0
 RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; python3 -m venv /opt/uv && /opt/uv/bin/pip install --quiet uv==0.13.9
