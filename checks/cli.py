@@ -61,7 +61,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("auto", "docker", "venv"), default="auto",
                    help="cells as Docker images or as venv cells (`provision build --backend venv`); auto: "
                         "Docker when its daemon answers, else venv cells")
-    p.add_argument("--python", default=sys.executable, help="the local environment's interpreter (with --local)")
+    p.add_argument("--python", help="the local environment's interpreter (with --local; default: this one); with "
+                   "--executor slurm, the interpreter on the nodes instead of the venv cells")
+    p.add_argument("--executor", choices=("local", "docker", "slurm"),
+                   help="where variants run: docker (default), local (= --local) or slurm (jobs from this host)")
+    p.add_argument("--partition", help="Slurm partition (default: the site's default partition)")
+    p.add_argument("--gpus-per-job", type=int, metavar="N", help="most GPUs one Slurm job asks for (default: "
+                   "the partition's GPUs per node); variants needing more are skipped")
+    p.add_argument("--time", type=int, metavar="MIN", help="time limit of every Slurm job, minutes (default: "
+                   "its variants' timeouts added up)")
+    p.add_argument("--container-image", metavar="IMAGE", help="with slurm: run in this image through the site's "
+                   "pyxis plugin, where it has one (default: the --python interpreter on the nodes)")
+    p.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
+                   help="passed to sbatch for every job (repeatable), e.g. --sbatch-arg=--account=X")
     p.add_argument("--resume", action="store_true", help="continue the latest run, skipping recorded variants")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X", help="multiply every probe timeout")
@@ -300,6 +312,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     con = _console()
     probes = _select_probes(args)
     catalogue = reasons.default()
+    if args.executor == "slurm":
+        if args.local:
+            raise UsageError("checks run: --local and --executor slurm exclude each other")
+        from checks import slurm_run
+
+        return slurm_run.run(args, con, probes, catalogue, archs)
+    args.local = args.local or args.executor == "local"
+    args.python = args.python or sys.executable
     facts, targets, gpus = host_and_targets(args)
     items = plan_work(targets.cells, probes, hostfacts.host_view(facts, archs), args.timeout_scale)
     _print_plan(con, facts, items, probes)

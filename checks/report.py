@@ -273,6 +273,29 @@ def environment() -> jinja2.Environment:
     return env
 
 
+def across_hosts(sections: list[HostSection]) -> dict[str, Any] | None:
+    """With results from more than one host (gathered by the Slurm executor or copied by hand): one row per
+    cell and probe with each host's worst verdict and its variant counts (None where the host did not run
+    it), and whether the hosts that ran it agree. None for a single host."""
+    if len(sections) < 2:
+        return None
+    hosts = [{"host_id": s.host_id, "label": f"{s.facts.get('gpu_name') or 'no GPU'}"
+              + (f" ×{s.facts['gpu_count']}" if s.facts.get("gpu_count") else "")} for s in sections]
+    cells: dict[tuple[str, str], list[TableCell | None]] = {}
+    for i, s in enumerate(sections):
+        for row in s.rows:
+            for pid, c in row["cells"].items():
+                if c is not None:
+                    cells.setdefault((row["cell_id"], pid), [None] * len(sections))[i] = c
+    rows = []
+    for (cell_id, pid), per_host in sorted(cells.items()):
+        worst = {c.worst for c in per_host if c is not None}
+        ran = sum(c is not None for c in per_host)
+        rows.append({"cell_id": cell_id, "probe": pid, "cells": per_host,
+                     "agree": "one host" if ran == 1 else "yes" if len(worst) == 1 else "no"})
+    return {"hosts": hosts, "rows": rows}
+
+
 def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
     env = environment()
     if kind == "html":
@@ -281,7 +304,8 @@ def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
     cells = [c for s in sections for row in s.rows for c in row["cells"].values() if c]
     return env.get_template(f"compatibility.{kind}.j2").render(
         sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel,
-        any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells))
+        any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
+        across=across_hosts(sections))
 
 
 def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
