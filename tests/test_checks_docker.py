@@ -8,13 +8,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from checks import reasons
-from checks.container import LABEL, DockerExecutor, client
+from checks.container import DockerExecutor, client
 from checks.probe import Variant
 from checks.store import read_file
 from tests.checks_helpers import FIXTURES, ROOT, fixture_env
@@ -127,42 +129,59 @@ def test_checks_run_docker_mode_end_to_end(venv_image: str, tmp_path: Path) -> N
     assert not names & existing
 
 
-def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tmp_path: Path) -> None:
+def _wait(what: Callable[[], object], proc: subprocess.Popen[str], timeout: float) -> float | None:
+    """Seconds until ``what()`` is true, or None when the runner exited or ``timeout`` passed first."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if what():
+            return time.monotonic() - t0
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.3)
+    return None
+
+
+def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tmp_path: Path,
+                                                              container_sweep: str) -> None:
+    """Ctrl-C while the variant's container runs: exit 130 and no container left.
+
+    It failed once on a fresh clone ("the slow probe's container never started (runner exit -9)", a
+    container left in Created state): the test gave the container 120 s to appear and then SIGKILLed the
+    runner. Creating a container waits for the daemon, which on a first run is busy with the other xdist
+    worker's image builds and removals (multi-GB layers), and a SIGKILLed runner cannot remove the
+    container the daemon finishes creating after it died. Now the test waits for the runner to say it
+    started the variant, then as long as the daemon needs, and never kills the runner: a Ctrl-C is what is
+    tested, and it removes the container by name even while its create is in flight."""
     from provision.api import plan_cells
 
     cell = next(c for c in plan_cells() if c.status == "resolved")
     (tmp_path / "envs" / cell.cell_id).mkdir(parents=True)
     (tmp_path / "envs" / cell.cell_id / "build.json").write_text(json.dumps({"status": "built", "tag": venv_image}))
 
-    def all_slow() -> set[str]:
-        # by the executor's label, not `ancestor`: another xdist worker may re-tag venv_image meanwhile, and
-        # `ancestor` resolves the tag to whatever image it names now
-        # one list call, no per-container inspect: another worker's container may vanish in between
-        return {c["Id"] for c in client().api.containers(all=True, filters={"label": LABEL})
-                if "t-zz-slow" in c.get("Command", "")}
-
-    others = all_slow()  # a concurrent test's containers are not this run's
+    def slow_containers() -> list[str]:
+        # this session's label, one list call (no per-container inspect: another test's container may vanish
+        # meanwhile); by label, not `ancestor`: another xdist worker may re-tag venv_image
+        return sorted(c["Id"] for c in client().api.containers(all=True, filters={"label": container_sweep})
+                      if "t-zz-slow" in c.get("Command", ""))
 
     proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--probe", "t-zz-slow", "--only", cell.cell_id,
-                             "--envs", str(tmp_path / "envs"), "--results", str(tmp_path / "res")],
+                             "--envs", str(tmp_path / "envs"), "--results", str(tmp_path / "res"), "--no-report"],
                             env=fixture_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def slow_containers() -> list[str]:
-        return sorted(all_slow() - others)
-
-    deadline = time.monotonic() + 120
-    while not slow_containers() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.3)
-    if not slow_containers():
-        proc.kill()
-        _, err = proc.communicate(timeout=30)
-        recorded = [p.read_text()[-1500:] for p in (tmp_path / "res").rglob("*.jsonl")]
-        pytest.fail(f"the slow probe's container never started (runner exit {proc.returncode}): {err[-1500:]} "
-                    f"recorded: {recorded}")
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    err: list[str] = []
+    assert proc.stderr is not None
+    drain = threading.Thread(target=lambda: err.extend(proc.stderr or ()), daemon=True)  # a full pipe blocks the runner
+    drain.start()
+    started = _wait(lambda: any(ln.startswith("  start ") and " t-zz-slow " in ln for ln in err), proc, 300)
+    running = _wait(slow_containers, proc, 600) if started is not None else None
+    proc.send_signal(signal.SIGINT)  # never SIGKILL: a killed runner cannot remove its container
+    proc.wait(timeout=120)
+    drain.join(timeout=30)
     assert slow_containers() == []
+    assert started is not None and running is not None, (
+        f"the slow variant {'started' if started is not None else 'never started'} and its container "
+        f"{'never appeared' if running is None else 'appeared'} (runner exit {proc.returncode}): "
+        f"{''.join(err)[-1500:]}")
+    assert proc.returncode == 130, "".join(err)
 
 
 def test_interrupt_before_create_returns_leaves_no_container(venv_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,3 +201,20 @@ def test_interrupt_before_create_returns_leaves_no_container(venv_image: str, mo
         ex._run(["python3", "-c", "pass"], 30)
     assert ex.last_container.startswith("stackprobe-")
     assert ex.leftovers() == []
+
+
+def test_containers_carry_the_session_label_and_the_sweep_removes_leftovers(venv_image: str,
+                                                                            container_sweep: str) -> None:
+    """What a failed or killed test leaves is removed at the end of the session: every container this
+    session makes carries its label (in-process executors and the runners tests start alike)."""
+    from tests.conftest import docker_cli, sweep_containers
+
+    key, value = container_sweep.split("=", 1)
+    assert DockerExecutor(image=venv_image)._config(["true"])["labels"][key] == value
+    left = f"stackprobe.test-sweep={os.getpid()}-{time.monotonic_ns()}"  # not this session's label
+    subprocess.run([docker_cli(), "create", "--label", left, venv_image, "true"], check=True, capture_output=True)
+    names = sweep_containers(left)
+    assert len(names) == 1
+    listed = subprocess.run([docker_cli(), "ps", "-a", "--filter", f"label={left}", "-q"], capture_output=True,
+                            text=True, check=True).stdout
+    assert listed.strip() == ""
