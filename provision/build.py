@@ -224,8 +224,7 @@ def no_nvcc_note(cell: dict[str, Any]) -> str:
 
     reason = default().get("fi-no-nvcc")
     assert reason is not None, "checks/reasons.yaml lost fi-no-nvcc"
-    return (f"{reason.message} (the registry's CUDA {cell['expected']['cuda']} nvcc wheel ships only ptxas); "
-            f"next step: {reason.remediation} (for this cell: {nvidia_image(cell)})")
+    return f"{reason.message}; next step: {reason.remediation} (for this cell: {nvidia_image(cell)})"
 
 
 def _note(cell: dict[str, Any], base: Base, opts: BuildOptions) -> str:

@@ -136,8 +136,8 @@ def test_an_image_without_nvcc_says_the_catalogues_reason_and_next_step(tmp_path
     reason = catalogue().get("fi-no-nvcc")
     assert reason is not None
     assert rec["base"] == DEFAULT_TAG  # registry-free, no toolkit: the CUDA 12.8 wheels have no nvcc
-    assert rec["note"] == (f"{reason.message} (the registry's CUDA 12.8 nvcc wheel ships only ptxas); next step: "
-                           f"{reason.remediation} (for this cell: nvidia/cuda:12.8.1-devel-ubuntu24.04)")
+    assert rec["note"] == (f"{reason.message}; next step: {reason.remediation} (for this cell: "
+                           "nvidia/cuda:12.8.1-devel-ubuntu24.04)")
     assert "provision build --base nvidia" in reason.remediation and "nvidia-cuda-nvcc" not in reason.remediation
     assert json.loads((cells[0] / "build.json").read_text())["note"] == rec["note"]
 
