@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -68,7 +69,9 @@ def lock_for_venv(cells: Sequence[Resolved], envs: Path) -> tuple[list[Path], li
             continue
         folder = envs / r.cell_id
         try:
-            if has_uv:
+            if _same_inputs(folder, r) and (not has_uv or _offline()):
+                pass  # the committed lock of these requirements: a uv of another version must not relock offline
+            elif has_uv:
                 lock_cell(r, envs, uv)
             elif not _same_inputs(folder, r):
                 raise LockError("", f"no uv here to lock it, and {folder} holds no lock of these requirements: "
@@ -77,6 +80,11 @@ def lock_for_venv(cells: Sequence[Resolved], envs: Path) -> tuple[list[Path], li
         except LockError as e:
             failed.append({"cell_id": r.cell_id, "status": "failed", "reason": f"lock: {e.args[1]}"})
     return folders, failed
+
+
+def _offline() -> bool:
+    """No index to lock against (``provision build --offline`` sets UV_OFFLINE)."""
+    return os.environ.get("UV_OFFLINE", "") not in ("", "0")
 
 
 def _same_inputs(folder: Path, r: Resolved) -> bool:

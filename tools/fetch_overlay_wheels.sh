@@ -40,7 +40,10 @@ src = Path(sys.argv[1])
 tmp = src.with_name(src.name + ".part")
 
 def dropped(name: str) -> bool:
-    if re.match(r"flashinfer/data/csrc/(cake_|[^/]*alphamoe)", name):
+    # Sampling "cake" kernels and attention/GEMM families no comm JIT module compiles (kda: Kimi delta
+    # attention, gdn: gated delta net, blackwell_*: SM100 GEMMs); the comm modules use csrc/*.cu at the top
+    # level and csrc/nv_internal.
+    if re.match(r"flashinfer/data/csrc/(cake_|[^/]*alphamoe|kda/|gdn/|blackwell_)", name):
         return True
     return bool(re.match(r"flashinfer/(experimental|cake_[^/]*_backend)/", name)) and not name.endswith(".py")
 
