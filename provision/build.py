@@ -140,7 +140,6 @@ class BuildOptions:
                    venvs=Path(a.venvs) if a.venvs else VENVS)
 
 
-
 def nvidia_image(cell: dict[str, Any]) -> str:
     toolkit = cell["toolkit"].split("==")[-1]
     return f"nvidia/cuda:{toolkit}-devel-ubuntu24.04"
