@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -254,8 +255,30 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
                         log_tails=tails)
 
 
+# A silent rank whose stack dump shows it inside a JIT build (ninja run by flashinfer's or torch's extension
+# builder) never reached the feature: the watchdog measured the compiler, not the collective.
+_JIT_BUILD_FRAMES = re.compile(r'File "[^"]*/(?:flashinfer/jit/[^"]*", line \d+ in (?:run_ninja|build)|'
+                               r'torch/utils/cpp_extension\.py", line \d+ in _run_ninja_build)')
+
+
+def ranks_in_jit_build(log_tails: dict[str, str]) -> list[str]:
+    """The ranks (log keys) whose last stack dump was taken inside a JIT build."""
+    out = []
+    for key, text in sorted(log_tails.items()):
+        dump = text[text.rfind("most recent call first"):] if "most recent call first" in text else ""
+        if dump and _JIT_BUILD_FRAMES.search(dump):
+            out.append(key)
+    return out
+
+
 def merge(module: ModuleType, result: LaunchResult) -> dict[str, Any]:
-    if result.hang:
+    building = ranks_in_jit_build(result.log_tails) if result.hang else []
+    if building:
+        merged = outcome("fail", reason_code="jit-build-timeout",
+                         note=f"the watchdog fired while {', '.join(building)} was still JIT-compiling a module "
+                         "(ninja on its stack): the feature was never reached, so this is no verdict on it")
+        merged["status"] = Status.NOT_RUN.value
+    elif result.hang:
         silent = [r["rank"] for r in result.ranks if "status" not in r]
         merged = outcome("fail", note=f"watchdog fired; ranks without an outcome: {silent}", reason_code="hang")
         merged["status"] = Status.HANG.value

@@ -192,3 +192,39 @@ def test_rank_env_exports_and_unsets_variant_env() -> None:
                                                 ("stackprobe_absent", False), ("torch.distributed", True)])
 def test_module_available_without_import(name: str, present: bool) -> None:
     assert module_available(name) is present
+
+
+# A rank's faulthandler dump recorded on the 2x H200 (flashinfer 0.6.18, fi-fusion): the watchdog fired while
+# flashinfer was JIT-compiling trtllm_comm inside workspace creation.
+_JIT_DUMP = '''Thread 0x00007ff9a1ffb6c0 (most recent call first):
+  File "/usr/lib/python3.12/threading.py", line 359 in wait
+
+Current thread 0x00007ffa59aeb140 (most recent call first):
+  File "/usr/lib/python3.12/subprocess.py", line 1196 in communicate
+  File "/usr/lib/python3.12/subprocess.py", line 550 in run
+  File "/venv/lib/python3.12/site-packages/flashinfer/jit/cpp_ext.py", line 370 in run_ninja
+  File "/venv/lib/python3.12/site-packages/flashinfer/jit/core.py", line 427 in build
+  File "/venv/lib/python3.12/site-packages/flashinfer/jit/core.py", line 320 in build_and_load
+  File "/venv/lib/python3.12/site-packages/flashinfer/comm/trtllm_ar.py", line 120 in get_trtllm_comm_module
+  File "/work/main/checks/probes/fi_fusion.py", line 174 in run
+'''
+_KERNEL_DUMP = '''Current thread 0x00007ffa59aeb140 (most recent call first):
+  File "/work/main/checks/probes/_device.py", line 28 in wait_device
+  File "/work/main/checks/probes/fi_fusion.py", line 190 in run
+'''
+
+
+def test_a_watchdog_firing_inside_a_jit_build_is_not_run_not_hang() -> None:
+    from types import SimpleNamespace
+
+    from checks.worker import LaunchResult, merge, ranks_in_jit_build
+
+    assert ranks_in_jit_build({"rank0": _JIT_DUMP, "rank1": _KERNEL_DUMP}) == ["rank0"]
+    assert ranks_in_jit_build({"rank0": "no stack dump at all"}) == []
+    module = SimpleNamespace()
+    ranks = [{"rank": 0, "exit": "SIGKILL"}, {"rank": 1, "exit": "SIGKILL"}]
+    building = merge(module, LaunchResult([], complete=False, hang=True, ranks=ranks, log_tails={"rank0": _JIT_DUMP}))
+    assert (building["status"], building["reason_code"]) == ("not-run", "jit-build-timeout")
+    assert "rank0" in building["note"]
+    stuck = merge(module, LaunchResult([], complete=False, hang=True, ranks=ranks, log_tails={"rank0": _KERNEL_DUMP}))
+    assert (stuck["status"], stuck["reason_code"]) == ("hang", "hang")
