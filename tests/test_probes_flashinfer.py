@@ -118,6 +118,9 @@ def test_absent_module_is_skip_and_wrong_arch_output_is_fail() -> None:
             "or directory",
             "fi-missing-header",
         ),
+        # a cu128 image without a host compiler (recorded here): ninja stops at flashinfer's first .cpp file
+        ("FAILED: [code=127] .../mnnvl_moe_alltoall/common_envUtils.o\n/bin/sh: 1: c++: not found\n"
+         "ninja: build stopped: subcommand failed.", "fi-no-host-compiler"),
         ("something else entirely", "fi-jit-error"),
     ],
 )

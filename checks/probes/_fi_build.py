@@ -43,6 +43,8 @@ JIT_SIGNATURES: tuple[tuple[str, str], ...] = (
     ("fi-link-unresolved", r"undefined symbol: cu[A-Z]\w*"),
     ("fi-missing-header", r"fatal error: [\w./+-]+\.h(?:pp)?: No such file or directory"),
     ("fi-no-nvcc", r"Could not find nvcc|nvcc: not found|No such file or directory: '[^']*nvcc'"),
+    # flashinfer compiles its .cpp files with the host C++ compiler; an image without one stops there
+    ("fi-no-host-compiler", r"\b(?:c\+\+|g\+\+|gcc|cc|clang\+\+): not found"),
     ("fi-nvcc-error", r"error: |\berror\b.*\.cu\(|ptxas (fatal|error)"),
 )
 
