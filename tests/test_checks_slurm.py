@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.checks_helpers import ROOT, TOKEN_VAR, fixture_env, pids_with_env
+from tests.test_fi_jit import write_standin
 
 REQUIRE_SLURM = os.environ.get("STACKPROBE_REQUIRE_SLURM") == "1"
 SCRIPT = ROOT / "tools" / "slurm_local.sh"
@@ -163,21 +164,6 @@ def test_venv_cells_are_the_default_and_run_as_the_local_executor_runs_them(slur
     assert f"export CUDA_HOME={tmp_path / 'cuda'}" in text and f"export PYTHONPATH={ROOT}\n" in text
 
 
-def _standin_flashinfer(site: Path) -> None:
-    from tests.test_fi_jit import STANDIN_COMM, STANDIN_CPP_EXT, STANDIN_ENV
-
-    pkg = site / "flashinfer"
-    (pkg / "jit").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("from flashinfer.jit import env  # fixes the arch list at import\n")
-    (pkg / "jit" / "__init__.py").write_text("")
-    (pkg / "jit" / "cpp_ext.py").write_text(STANDIN_CPP_EXT)
-    (pkg / "jit" / "env.py").write_text(STANDIN_ENV)
-    (pkg / "jit" / "comm.py").write_text(STANDIN_COMM)
-    meta = site / "flashinfer_python-0.6.18.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.6.18\n")
-
-
 def test_fi_jit_cross_compile_through_slurm_gives_the_local_verdict(slurm: None, tmp_path: Path) -> None:
     """The smallest fi-jit cross-compile (vllm_comm for 12.0a) with the host's nvcc 13.0. flashinfer is not
     installed in this interpreter, so a stand-in package plays its JIT front end (see tests/test_fi_jit.py);
@@ -185,7 +171,7 @@ def test_fi_jit_cross_compile_through_slurm_gives_the_local_verdict(slurm: None,
     if not os.access(NVCC, os.X_OK):
         pytest.skip("needs nvcc at /usr/local/cuda")
     site = tmp_path / "site"
-    _standin_flashinfer(site)
+    write_standin(site)
     env = _env(tmp_path, CUDA_HOME="/usr/local/cuda", STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a",
                PYTHONPATH=f"{site}{os.pathsep}{ROOT}", PATH=f"{Path(sys.executable).parent}{os.pathsep}"
                f"{os.environ['PATH']}", CUDA_VISIBLE_DEVICES="")

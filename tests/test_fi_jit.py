@@ -189,11 +189,8 @@ def gen_vllm_comm_module():
 '''
 
 
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not os.access(NVCC, os.X_OK):
-        pytest.skip("needs nvcc at /usr/local/cuda")
-    site = tmp_path_factory.mktemp("standin")
+def write_standin(site: Path) -> None:
+    """The stand-in flashinfer package (its JIT front end only) and its dist-info, under ``site``."""
     pkg = site / "flashinfer"
     (pkg / "jit").mkdir(parents=True)
     (pkg / "__init__.py").write_text("from flashinfer.jit import env  # fixes the arch list at import\n")
@@ -204,6 +201,14 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     meta = site / "flashinfer_python-0.6.18.dist-info"
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.6.18\n")
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not os.access(NVCC, os.X_OK):
+        pytest.skip("needs nvcc at /usr/local/cuda")
+    site = tmp_path_factory.mktemp("standin")
+    write_standin(site)
     return site
 
 
