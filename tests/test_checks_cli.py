@@ -109,19 +109,26 @@ def test_resume_skips_recorded_variants(tmp_path: Path) -> None:
         ("t-raise", "ranks=1"), ("t-trivial", "ranks=1"), ("t-trivial", "ranks=2")]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_exits_130_keeps_finished_results_and_leaves_nothing(tmp_path: Path, sig: int) -> None:
+def _run_until_slow_probe_runs(tmp_path: Path, stderr: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """A local run of t-trivial then t-zz-slow, returned once t-trivial's two results are stored and the
+    slow probe's worker and rank are running."""
     env = fixture_env()
     proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--local", "--probe", "t-trivial",
                              "--probe", "t-zz-slow", "--results", str(tmp_path)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         files = _jsonl(tmp_path)
         if files and len(read_file(files[0])[0]) == 2 and len(pids_with_env(env[TOKEN_VAR])) > 1:
             break
         time.sleep(0.2)
-    time.sleep(1.0)  # the slow probe's worker is now running
+    time.sleep(1.0)  # the slow probe's worker and rank are now running
+    return proc, env
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_exits_130_keeps_finished_results_and_leaves_nothing(tmp_path: Path, sig: int) -> None:
+    proc, env = _run_until_slow_probe_runs(tmp_path, subprocess.PIPE)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
@@ -173,17 +180,7 @@ def test_list_json_has_the_fixture_probes() -> None:
 
 
 def test_kill_9_of_the_runner_leaves_valid_lines_and_no_processes(tmp_path: Path) -> None:
-    env = fixture_env()
-    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--local", "--probe", "t-trivial",
-                             "--probe", "t-zz-slow", "--results", str(tmp_path)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        files = _jsonl(tmp_path)
-        if files and len(read_file(files[0])[0]) == 2 and len(pids_with_env(env[TOKEN_VAR])) > 1:
-            break
-        time.sleep(0.2)
-    time.sleep(1.0)  # the slow probe's worker and rank are running
+    proc, env = _run_until_slow_probe_runs(tmp_path, subprocess.DEVNULL)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     stored, warnings = read_file(_jsonl(tmp_path)[0])
