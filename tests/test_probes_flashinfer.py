@@ -222,20 +222,14 @@ def test_ep_routing_two_distinct_experts_and_exact_checks() -> None:
     ep, tpr, hidden = 4, 5, 16
     route = ep_a2a.routing(ep, tpr)
     assert all(len(set(c)) == 2 and all(0 <= e < ep * ep_a2a.EXPERTS_PER_RANK for e in c) for c in route)
-    # Build what a correct dispatch delivers to each rank, then check it and a corrupted copy.
-    from checks.probes._fi_moe import INVALID_EXPERT, Received
+    # What a correct dispatch delivers to each rank passes; a corrupted copy does not.
+    from checks.probes._fi_moe import Received
+    from tests.test_probes_fi_api import _delivered
 
     for rank in range(ep):
-        ids = torch.zeros(ep, tpr, dtype=torch.int32)
-        hid = torch.zeros(ep, tpr, hidden, dtype=torch.bfloat16)
-        experts = torch.full((ep, tpr, 2), INVALID_EXPERT, dtype=torch.int32)  # padding rows: no expert
-        for src in range(ep):
-            got = [g for g in range(src * tpr, (src + 1) * tpr) if rank in ep_a2a.targets(route[g])][::-1]
-            for j, g in enumerate(got):
-                ids[src, j] = g + 1
-                hid[src, j] = ep_a2a.hidden_rows(torch.tensor([g]), hidden, "cpu")[0]
-                experts[src, j] = torch.tensor(route[g])
-        assert ep_a2a.check_received(Received(ids, hid, experts), rank, ep, tpr, route) == ""
+        good = _delivered(rank, ep, tpr, hidden, route)
+        ids, hid, experts = good.raw_ids, good.hidden, good.experts
+        assert ep_a2a.check_received(good, rank, ep, tpr, route) == ""
         if int(ids[0, 0]):
             bad = hid.clone()
             bad[0, 0, 0] += 1
