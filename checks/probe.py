@@ -24,6 +24,7 @@ first and then tears down (which may hang after graph capture; the launcher ends
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,19 @@ def default_variants(spec: ProbeSpec, host: HostView) -> list[Variant]:
         else:
             out.append(Variant(spec.id, n, share_gpu=spec.needs_gpu and n > host.gpu_count))
     return out
+
+
+Params = tuple[tuple[str, str], ...]
+
+
+def per_world_size(spec: ProbeSpec, host: HostView, param_sets: Iterable[Params]) -> list[Variant]:
+    """One variant per world size of ``spec`` and per set of params, each rank on a GPU of its own: a
+    world size over the host's GPU count is a planned skip."""
+    sets = list(param_sets)
+    return [Variant(spec.id, n, params=p, skip=gpu_shortfall(host, n)) for n in spec.ranks for p in sets]
+
+
+def shared_gpu_variants(spec: ProbeSpec, host: HostView, params: Params = ()) -> list[Variant]:
+    """For each world size of ``spec`` over the host's GPU count (when it has a GPU at all), one variant
+    whose ranks share the host's GPUs."""
+    return [Variant(spec.id, n, params=params, share_gpu=True) for n in spec.ranks if 0 < host.gpu_count < n]

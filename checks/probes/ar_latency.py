@@ -14,7 +14,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome, per_world_size
 from checks.probes import _data, _device, _dist, _errors, _symm, _timing
 
 SPEC = ProbeSpec(
@@ -44,12 +44,7 @@ OP_DEADLINE_S = 30.0
 
 
 def variants(host: HostView) -> list[Variant]:
-    out: list[Variant] = []
-    for n in SPEC.ranks:
-        skip = gpu_shortfall(host, n)
-        for backend in BACKENDS:
-            out.append(Variant(SPEC.id, n, params=(("backend", backend),), skip=skip))
-    return out
+    return per_world_size(SPEC, host, ((("backend", backend),) for backend in BACKENDS))
 
 
 def sizes_bytes(hidden: int = _data.HIDDEN, tokens: tuple[int, ...] = TOKENS) -> list[int]:

@@ -16,7 +16,7 @@ import contextlib
 import importlib.util
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome, per_world_size, shared_gpu_variants
 from checks.probes import _data, _device, _dist, _errors, _timing
 from checks.probes import _flashinfer as fi
 from checks.probes._lockstep import Lockstep, Stopped
@@ -45,19 +45,10 @@ REPLAYS = 30
 
 
 def variants(host: HostView) -> list[Variant]:
-    out: list[Variant] = []
-    for n in SPEC.ranks:
-        for impl in IMPLS:
-            for mode in MODES:
-                params = (("impl", impl), ("full_nvlink", mode))
-                out.append(Variant(SPEC.id, n, params=params, skip=gpu_shortfall(host, n)))
-    for n in SPEC.ranks:
-        if 0 < host.gpu_count < n:
-            # forced: with full_nvlink False the kernel launches nothing at 4 and 8 ranks (the topology
-            # variants above show that); shared GPUs have no NVLink between a GPU and itself.
-            params = (("impl", "flashinfer"), ("full_nvlink", "forced"))
-            out.append(Variant(SPEC.id, n, params=params, share_gpu=True))
-    return out
+    own = per_world_size(SPEC, host, ((("impl", impl), ("full_nvlink", mode)) for impl in IMPLS for mode in MODES))
+    # forced: with full_nvlink False the kernel launches nothing at 4 and 8 ranks (the topology variants
+    # above show that); shared GPUs have no NVLink between a GPU and itself.
+    return own + shared_gpu_variants(SPEC, host, (("impl", "flashinfer"), ("full_nvlink", "forced")))
 
 
 def nvlink_matrix(devices: list[int]) -> tuple[bool | None, str]:

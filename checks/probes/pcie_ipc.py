@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome, per_world_size, shared_gpu_variants
 from checks.probes import _api, _data, _device, _dist, _errors, _fi_pcie, _timing
 from checks.probes import _flashinfer as fi
 from checks.probes._lockstep import Lockstep, Stopped
@@ -73,14 +73,8 @@ DEADLINE_S = 60.0
 
 
 def variants(host: HostView) -> list[Variant]:
-    out: list[Variant] = []
-    for n in SPEC.ranks:
-        for op in _fi_pcie.OPS:
-            out.append(Variant(SPEC.id, n, params=(("op", op),), skip=gpu_shortfall(host, n)))
-    for n in SPEC.ranks:
-        if 0 < host.gpu_count < n:
-            out.append(Variant(SPEC.id, n, params=(("op", "all-reduce"),), share_gpu=True))
-    return out
+    own = per_world_size(SPEC, host, ((("op", op),) for op in _fi_pcie.OPS))
+    return own + shared_gpu_variants(SPEC, host, (("op", "all-reduce"),))
 
 
 def cases(op: str) -> tuple[Case, ...]:
@@ -198,6 +192,26 @@ def _graphs(
         results[key]["graph"] = b.check()
 
 
+def _graph_step(
+    lock: Lockstep,
+    coll: Any,
+    op: str,
+    bufs: dict[str, _Buffers],
+    configs: dict[str, Any],
+    results: dict[str, dict[str, Any]],
+    phase: str,
+    seed: int,
+    prefix: str,
+) -> None:
+    """One configuration's captured calls as a step of every rank: a failure or a wrong result is ``partial``,
+    since the eager calls before it were exact; ``prefix`` says what was established."""
+    with lock.step(
+        f"{phase}-config graph capture/replay", "pcie-ipc-graph-failed", status="partial", prefix=prefix
+    ) as st:
+        _graphs(coll, bufs, configs, results, seed)
+        st.early = judge(op, results, phase, "graph")
+
+
 def _latency(
     coll: Any, bufs: dict[str, _Buffers], configs: dict[str, dict[str, Any]], device: Any, group: Any
 ) -> dict[str, Any]:
@@ -264,11 +278,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
             seed = evidence["seed"] = _exercise(coll, op, bufs, coll.seed, 0)
             configs["seed"] = {k: coll.seed(bufs[k].inp) for k in bufs}
             st.early = judge(op, seed, "seed", "eager")
-        with lock.step(
-            "seed-config graph capture/replay", "pcie-ipc-graph-failed", status="partial", prefix="eager exact; "
-        ) as st:
-            _graphs(coll, bufs, configs["seed"], seed, 100)
-            st.early = judge(op, seed, "seed", "graph")
+        _graph_step(lock, coll, op, bufs, configs["seed"], seed, "seed", 100, "eager exact; ")
         metrics: dict[str, Any] = {"configs": {"seed": {k: _fi_pcie.describe(v) for k, v in configs["seed"].items()}}}
         lock.metrics = metrics
         if op != "all-reduce" or shared:
@@ -281,11 +291,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
             metrics["configs"]["tuned"] = {k: _fi_pcie.describe(v) for k, v in configs["tuned"].items()}
             tuned = evidence["tuned"] = _exercise(coll, op, bufs, lambda x: configs["tuned"][_key(x)], 200)
             st.early = judge(op, tuned, "tuned", "eager")
-        with lock.step(
-            "tuned-config graph capture/replay", "pcie-ipc-graph-failed", status="partial", prefix="seed config exact; "
-        ) as st:
-            _graphs(coll, bufs, configs["tuned"], tuned, 300)
-            st.early = judge(op, tuned, "tuned", "graph")
+        _graph_step(lock, coll, op, bufs, configs["tuned"], tuned, "tuned", 300, "seed config exact; ")
         try:
             metrics.update(_latency(coll, bufs, configs, device, group))
             metrics["headline"] = headline(metrics)
