@@ -176,6 +176,12 @@ def _linkage(out: dict[str, Any]) -> None:
             out["unresolved_driver_calls"] = list(linked.unresolved_driver_calls())
 
 
+def _stopped(out: dict[str, Any], stage: str, error: str | BaseException) -> dict[str, Any]:
+    """The result of a build that stopped at ``stage``: what was learnt before it, and the error's tail."""
+    text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+    return {**out, "stage": stage, "ok": False, "error": text[-_TAIL:]}
+
+
 def build_module(module: str, load: bool = False) -> dict[str, Any]:
     """Build one comm module for the architectures flashinfer resolved at import; compile and link apart,
     then read what the library needs at load time and, with ``load`` (a GPU is visible), load it."""
@@ -186,15 +192,15 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     try:
         import flashinfer  # noqa: F401  (fixes the compilation context from the environment)
     except Exception as exc:
-        return {**out, "stage": "import", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
+        return _stopped(out, "import", exc)
     out.update(_flashinfer_cuda_home())
     gen = jit_generator(module)
     if gen is None:
-        return {**out, "stage": "absent", "ok": False, "error": f"this flashinfer has no {module} JIT module"}
+        return _stopped(out, "absent", f"this flashinfer has no {module} JIT module")
     try:
         spec = gen()  # arch gates raise here
     except Exception as exc:
-        return {**out, "stage": "spec", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
+        return _stopped(out, "spec", exc)
     out["name"] = getattr(spec, "name", module)
     if not hasattr(spec, "write_ninja") or not hasattr(spec, "ninja_path"):
         # A JitSpec without a ninja file of its own: flashinfer builds in one step, and whether it compiled
@@ -202,7 +208,7 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
         try:
             spec.build_and_load()
         except Exception as exc:
-            return {**out, "stage": "build", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
+            return _stopped(out, "build", exc)
         out.update({"compile_s": round(time.monotonic() - t0, 1), "library": _library(spec), "one_step": True})
         build_dir = getattr(spec, "build_dir", None)
         if build_dir is not None:
@@ -221,7 +227,7 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     out["compile_s"] = round(time.monotonic() - t0, 1)
     out["objects"] = len(objs)
     if rc != 0:
-        return {**out, "stage": "compile", "ok": False, "error": log[-_TAIL:]}
+        return _stopped(out, "compile", log)
     out["cached"] = up_to_date(log)
     if out["cached"]:
         out["cached_from"] = read_record(build_dir, objs)
@@ -233,7 +239,7 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     out["link_s"] = round(time.monotonic() - t1, 1)
     out["link_cached"] = up_to_date(log)
     if rc != 0:
-        return {**out, "stage": "link", "ok": False, "error": log[-_TAIL:]}
+        return _stopped(out, "link", log)
     out["library"] = _library(spec)
     _linkage(out)
     if load:
@@ -249,7 +255,7 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
             else:
                 spec.build_and_load()
         except Exception as exc:
-            return {**out, "stage": "load", "ok": False, "error": f"{type(exc).__name__}: {exc}"[-_TAIL:]}
+            return _stopped(out, "load", exc)
         out["load_s"] = round(time.monotonic() - t2, 1)
         out["loaded"] = True
     return {**out, "stage": "done", "ok": True}
