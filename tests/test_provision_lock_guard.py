@@ -121,7 +121,8 @@ def test_the_committed_locks_are_kept_as_they_are(tmp_path: Path) -> None:
 
     envs = tmp_path / "envs"
     shutil.copytree(ROOT / "envs", envs)
-    cells = {r.cell_id: r for r in plan(ROOT / "matrix.yaml", offline=True) if r.status == "resolved"}
+    matrices = [ROOT / "matrix.yaml", *sorted((ROOT / "matrices").glob("*.yaml"))]  # the default and the named ones
+    cells = {r.cell_id: r for m in matrices for r in plan(m, offline=True) if r.status == "resolved"}
     committed = sorted(p.name for p in envs.iterdir() if (p / "cell.json").exists())
     assert committed and set(committed) <= set(cells)
     for cid in committed:
