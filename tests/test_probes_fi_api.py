@@ -2,7 +2,8 @@
 0.5.3 (no MoE all-to-all, no PCIe IPC), 0.6.18 (trtllm_moe_alltoall), 0.7.4 (flashinfer.moe_ep), and a 0.7.4
 whose moe_ep is present but breaks on import. The stand-ins take the real modules' arguments (names, order
 and kinds, from the 0.6.18 and 0.7.4 sources) and move tokens on CPU tensors, so the adapters are driven
-end to end: simulated ranks in one process and real gloo ranks."""
+end to end: simulated ranks in one process and real gloo ranks. For simulated ranks the stand-ins also hold
+the caller to what the real kernels, which spin on each other, demand of one GPU (``_a2a_fabric.Deadlock``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.probes import _api
+from checks.probes import _api, _device
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = ROOT / "tests" / "fake_flashinfer"
@@ -219,3 +220,191 @@ def test_ep_a2a_simulation_on_moe_ep_runs_only_on_request(tmp_path: Path) -> Non
     o = _json(_python("fi07", code))
     assert (o["status"], o["reason_code"]) == ("skip", "not-applicable")
     assert "STACKPROBE_MOE_EP_SIM=1" in o["note"] and "mode=gpus" in o["note"]
+
+
+# --- simulated ranks: an order of device work a GPU can finish -----------------------------------------
+SIMULATE = """
+    import json
+    import torch
+    import _a2a_fabric as fab
+    from checks.probes import _fi_moe, ep_a2a
+    api = _fi_moe.detect()
+    out = {}
+    for ep in (2, 8):
+        waits = fab.Lanes.waits
+        o = ep_a2a.simulate(api, ep, torch.device("cpu"), fab.Lanes(ep), {"sm_count": 132})
+        out[ep] = {**o, "waits": fab.Lanes.waits - waits}
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize(("version_dir", "api"), [("fi06", "trtllm"), ("fi07", "moe-ep")])
+def test_probe_simulation_queues_device_work_in_an_order_a_gpu_can_finish(version_dir: str, api: str) -> None:
+    """The probe's own simulated-ranks flow (the one run_sim runs on a GPU, at the probe's sizes) on stand-ins
+    that refuse every order that deadlocks the spinning kernels: it passes with exact routing and combine.
+    The flow committed in 936b18d queued each rank's sanitising kernel right after its dispatch; it hung on
+    an H200 at ep=2, 4 and 8 (flashinfer 0.6.18), and the stand-in refuses that order (next test)."""
+    pytest.importorskip("torch")
+    out = _json(_python(version_dir, SIMULATE, timeout=300))
+    for ep, o in out.items():
+        assert (o["status"], o["reason_code"], o["note"]) == ("pass", "", ""), (ep, o)
+        assert o["evidence"]["api"] == api and o["evidence"]["ep"] == int(ep)
+        assert o["metrics"]["workspace_bytes_per_rank"] > 0 and o["metrics"]["sm_count"] == 132
+        assert o["waits"] >= 4  # staged, dispatched, padding marked, combined: each waited for
+
+
+REFUSED = """
+    import json
+    import torch
+    import _a2a_fabric as fab
+    from checks.probes import _fi_moe, ep_a2a
+    api = _fi_moe.detect()
+    ep, tpr = 2, 4
+    route = ep_a2a.routing(ep, tpr)
+    inputs = [ep_a2a._inputs(r, tpr, 16, route, "cpu") for r in range(ep)]
+
+    def sim():
+        a2a = _fi_moe.open_sim(api, _fi_moe.Shape(ep, tpr, 16, 2, ep * 2), torch.device("cpu"))
+        for r in range(ep):
+            a2a.stage(r, *inputs[r])
+        return a2a
+
+    def sanitize_after_each_dispatch(lanes):  # the order of the flow that hung (936b18d)
+        a2a = sim()
+        for r in range(ep):
+            with lanes.on(r):
+                a2a.dispatch(r)
+                a2a.mark_padding(r)
+
+    def one_stream(lanes):  # every rank's dispatch on the current stream
+        a2a = sim()
+        for r in range(ep):
+            a2a.dispatch(r)
+
+    def wait_mid_round(lanes):
+        a2a = sim()
+        with lanes.on(0):
+            a2a.dispatch(0)
+        lanes.wait(60)
+
+    def combine_mid_round(lanes):
+        a2a = sim()
+        with lanes.on(0):
+            a2a.dispatch(0)
+        with lanes.on(1):
+            a2a.combine(1, torch.zeros(ep, tpr, 16, dtype=torch.bfloat16))
+
+    def in_order(lanes):
+        a2a = sim()
+        recv = _fi_moe.dispatch_all(a2a, inputs, lanes, 60)
+        _fi_moe.combine_all(a2a, [r.hidden.clone() for r in recv], lanes, 60)
+
+    out = {}
+    for case in (sanitize_after_each_dispatch, one_stream, wait_mid_round, combine_mid_round, in_order):
+        fab.FABRICS.clear()  # a refused case leaves its round open: on a GPU it would never end
+        try:
+            case(fab.Lanes(ep))
+            out[case.__name__] = ""
+        except fab.Deadlock as exc:
+            out[case.__name__] = str(exc)
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("version_dir", ["fi06", "fi07"])
+def test_stand_in_refuses_the_orders_that_hang_spinning_kernels_on_a_gpu(version_dir: str) -> None:
+    pytest.importorskip("torch")
+    out = _json(_python(version_dir, REFUSED))
+    hung = out["sanitize_after_each_dispatch"]
+    assert hung.startswith(
+        "rank 0's moe_a2a_sanitize_expert_ids queued while the dispatch of ranks [0] waits for "
+        "ranks [1], not launched yet"
+    )
+    assert "ranks 0 and 1 queue their dispatch on one stream (default stream)" in out["one_stream"]
+    assert out["wait_mid_round"].startswith("the host's wait of 60 s while the dispatch of ranks [0]")
+    assert "rank 1's combine queued while the dispatch of ranks [0] waits for ranks [1]" in out["combine_mid_round"]
+    assert out["in_order"] == ""
+
+
+HANGS = """
+    import json
+    import torch
+    import _a2a_fabric as fab
+    from checks.probes import _device, _fi_moe, ep_a2a
+
+    class NeverDone(fab.Lanes):
+        def wait(self, deadline_s):
+            raise _device.Hung(f"{_device.HUNG_WORDS} {deadline_s:.0f} s")
+
+    print(json.dumps(ep_a2a.simulate(_fi_moe.detect(), 2, torch.device("cpu"), NeverDone(2), {})))
+"""
+
+
+def test_simulated_ranks_that_never_finish_are_device_work_hung_naming_the_step() -> None:
+    pytest.importorskip("torch")
+    o = _json(_python("fi06", HANGS))
+    assert (o["status"], o["reason_code"]) == ("fail", "device-work-hung")
+    assert o["note"] == "dispatch of 2 simulated ranks: device work not finished after 60 s"
+    assert o["evidence"]["api"] == "trtllm" and o["metrics"]["workspace_bytes_per_rank"] > 0
+
+
+# --- a hang has its own reason ------------------------------------------------------------------------
+# As recorded on 2x H200 (flashinfer 0.6.18, ep-a2a ranks=1,mode=sim,ep=2): the Hung escaped the probe.
+RECORDED_HUNG_NOTE = "Hung: device work not finished after 60 s"
+RECORDED_HUNG_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/work/main/checks/rank.py", line 68, in run_probe\n'
+    "    return _checked(module.run(ctx))\n"
+    '  File "/work/main/checks/probes/ep_a2a.py", line 166, in run_sim\n'
+    "    _device.wait_device(60)\n"
+    '  File "/work/main/checks/probes/_device.py", line 30, in wait_device\n'
+    '    raise Hung(f"device work not finished after {deadline_s:.0f} s")\n'
+    "checks.probes._device.Hung: device work not finished after 60 s\n"
+)
+
+
+def test_a_hung_that_escapes_a_probe_is_device_work_hung_not_unknown_error() -> None:
+    from checks import reasons
+    from checks.classify import annotate
+    from checks.result import Verdict
+    from checks.status import Status
+
+    cat = reasons.default()
+    v = annotate(Verdict(Status.FAIL, note=RECORDED_HUNG_NOTE, evidence={"traceback": RECORDED_HUNG_TRACEBACK}), cat)
+    assert v.reason_code == _device.REASON == "device-work-hung"
+    assert v.remediation == cat.get(_device.REASON).remediation  # type: ignore[union-attr]
+    assert _device.HUNG_WORDS in RECORDED_HUNG_NOTE  # the message the catalogue matches is the one raised
+
+
+def test_a_hang_inside_a_lockstep_step_keeps_its_own_reason() -> None:
+    from checks.probes import ep_a2a
+    from checks.probes._errors import error_tail
+
+    hung = error_tail(_device.Hung(f"{_device.HUNG_WORDS} 60 s"))
+    assert ep_a2a._a2a_error(hung) == "device-work-hung"
+    assert ep_a2a._a2a_error("RuntimeError: CUDA error: an illegal memory access was encountered") == "ep-a2a-error"
+
+
+def test_wait_device_waits_for_every_stream_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event on the current stream alone does not cover work on torch's side streams (they are created
+    non-blocking): the wait records one on each stream given, and gives up while any is unfinished."""
+    import types
+
+    done = {"current": True, "lane 0": True, "lane 1": False}
+    recorded: list[str] = []
+
+    class Event:
+        def record(self, stream: str | None = None) -> None:
+            self.stream = stream or "current"
+            recorded.append(self.stream)
+
+        def query(self) -> bool:
+            return done[self.stream]
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    with pytest.raises(_device.Hung, match="device work not finished after 0 s"):
+        _device.wait_device(0.05, ["lane 0", "lane 1"])
+    assert recorded == ["current", "lane 0", "lane 1"]
+    done["lane 1"] = True
+    _device.wait_device(0.05, ["lane 0", "lane 1"])

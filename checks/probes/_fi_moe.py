@@ -11,6 +11,9 @@ Both generations deliver a :class:`Received`: per source rank, ``tokens_per_rank
 the hidden row and the token's expert ids, padding rows marked with ``INVALID_EXPERT`` in every expert id
 (each generation's own sanitising step does that). Which row a token lands in is the backend's choice.
 
+Simulated ranks go through :func:`dispatch_all` and :func:`combine_all`, which own the order of the device
+work (see there); the simulation classes only say how one rank stages, dispatches, marks padding, combines.
+
 In-environment side: standard library at import time; torch and flashinfer inside functions.
 """
 
@@ -21,7 +24,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from checks.probes import _api
+from checks.probes import _api, _device
 
 PACKAGE = "flashinfer-python"
 DISTRIBUTIONS = ("flashinfer-python", "flashinfer")
@@ -30,7 +33,9 @@ TIMEOUT_S = 60  # moe-ep: a wait on a peer longer than this traps the kernel ins
 SIM_TIMEOUT_S = 20  # simulated ranks: below the probe's own 60 s wait, so a stuck handshake ends in its message
 # flashinfer.moe_ep has no single-process entry point for several ranks; the simulation drives its kernel module
 # directly. On 2x H200 (flashinfer 0.7.4, sm_90a) that dispatch did not complete within 55 s, while the same
-# kernels across two processes were exact; the cause is not established, so the simulation runs only on request.
+# kernels across two processes were exact. That run queued each rank's sanitising kernel right after its
+# dispatch, the order that also hung the 0.6 simulation (see dispatch_all), which now runs in the order that
+# passed; until a GPU run confirms that this was the cause, the moe_ep simulation runs only on request.
 SIM_OPT_IN = "STACKPROBE_MOE_EP_SIM"
 
 _OLD = "flashinfer.comm.trtllm_moe_alltoall"
@@ -122,13 +127,20 @@ class TrtllmSim:
         )
         self.ws = torch.zeros(ep, self.workspace_bytes, dtype=torch.uint8, device=device)
         self.meta = [self.mod.moe_a2a_initialize(self.ws, r, ep, tokens) for r in range(ep)]
+        self.staged: dict[int, tuple[Any, list[Any]]] = {}
+        self.expert_views: dict[int, Any] = {}
         self.offsets = [0] * ep
 
-    def dispatch(self, rank: int, experts: Any, hidden: Any, ids: Any) -> Received:
+    def stage(self, rank: int, experts: Any, hidden: Any, ids: Any) -> None:
+        """Token ids and expert ids travel as payloads beside the hidden rows (no device work here)."""
+        self.staged[rank] = (experts, [hidden, ids, experts])
+
+    def dispatch(self, rank: int) -> Received:
         s = self.shape
+        experts, payloads = self.staged[rank]
         res = self.mod.moe_a2a_dispatch(
             experts,
-            [hidden, ids, experts],
+            payloads,
             self.ws,
             self.meta[rank],
             s.tokens_per_rank,
@@ -139,8 +151,12 @@ class TrtllmSim:
         )
         views = _dispatch_views(res)
         self.offsets[rank] = int(res[1])
-        self.mod.moe_a2a_sanitize_expert_ids(views[2], self.ws, self.meta[rank], rank, INVALID_EXPERT)
+        self.expert_views[rank] = views[2]
         return _received(views[1], views[0], views[2], s)
+
+    def mark_padding(self, rank: int) -> None:
+        """Expert ids of the padding rows become ``INVALID_EXPERT`` (in place, in the received views)."""
+        self.mod.moe_a2a_sanitize_expert_ids(self.expert_views[rank], self.ws, self.meta[rank], rank, INVALID_EXPERT)
 
     def combine(self, rank: int, payload: Any) -> Any:
         s = self.shape
@@ -233,6 +249,9 @@ class MoeEpSim:
         self.ws = torch.zeros(ep, stride, dtype=torch.uint8, device=device)
         for r in range(ep):
             self.mod.moe_a2a_initialize(self.ws, self.meta, r, ep)
+        self.staged: dict[int, tuple[Any, list[Any]]] = {}
+        self.outs: dict[int, Any] = {}
+        self.expert_views: dict[int, Any] = {}
         self.combine_offset = [0] * ep
 
     def _view(self, rank: int, offset: int, dtype: Any, cols: int) -> Any:
@@ -240,9 +259,18 @@ class MoeEpSim:
         nbytes = s.ep * s.tokens_per_rank * cols * dtype.itemsize
         return self.ws[rank].narrow(0, offset, nbytes).view(dtype).view(s.ep, s.tokens_per_rank, cols)
 
-    def dispatch(self, rank: int, experts: Any, hidden: Any, ids: Any) -> Received:
+    def stage(self, rank: int, experts: Any, hidden: Any, ids: Any) -> None:
+        """Token ids become float32 weights and the combine output is allocated here, before any rank's
+        all-to-all is in flight (both are device work)."""
+        import torch
+
         s = self.shape
-        payloads = [hidden, experts, _weights(ids, s.top_k)]
+        self.staged[rank] = (experts, [hidden, experts, _weights(ids, s.top_k)])
+        self.outs[rank] = torch.empty(s.tokens_per_rank, s.hidden, dtype=hidden.dtype, device=hidden.device)
+
+    def dispatch(self, rank: int) -> Received:
+        s = self.shape
+        experts, payloads = self.staged[rank]
         offsets, combine_offset, _ = self.mod.moe_a2a_dispatch(
             experts,
             payloads,
@@ -265,14 +293,15 @@ class MoeEpSim:
         )
         self.combine_offset[rank] = int(combine_offset)
         views = [self._view(rank, int(o), p.dtype, p.shape[1]) for o, p in zip(offsets, payloads, strict=True)]
-        self.mod.moe_a2a_sanitize_expert_ids(views[1], self.ws, self.meta, rank, INVALID_EXPERT, False)
+        self.expert_views[rank] = views[1]
         return _received(views[2][..., 0], views[0], views[1], s)
 
-    def combine(self, rank: int, payload: Any) -> Any:
-        import torch
+    def mark_padding(self, rank: int) -> None:
+        self.mod.moe_a2a_sanitize_expert_ids(self.expert_views[rank], self.ws, self.meta, rank, INVALID_EXPERT, False)
 
+    def combine(self, rank: int, payload: Any) -> Any:
         s = self.shape
-        out = torch.empty(s.tokens_per_rank, s.hidden, dtype=payload.dtype, device=payload.device)
+        out = self.outs[rank]
         self.mod.moe_a2a_combine(
             payload,
             s.tokens_per_rank,
@@ -348,6 +377,48 @@ def sim_refusal(gen: _api.Generation) -> str:
 
 def open_sim(gen: _api.Generation, shape: Shape, device: Any) -> TrtllmSim | MoeEpSim:
     return MoeEpSim(shape, device) if gen is MOE_EP else TrtllmSim(shape, device)
+
+
+# --- simulated ranks: the order of the device work ---------------------------------------------------
+# A rank's all-to-all kernel spins until every other rank's kernel has written its flags, so a round (every
+# rank's dispatch, or every rank's combine) finishes only once all of its kernels are in flight at the same
+# time. Between the first rank's launch and the last one's nothing else may be queued: on the same stream it
+# waits behind a kernel that cannot finish yet, and anywhere else a kernel's first launch can wait for the
+# whole device to go idle (CUDA loads kernels lazily by default since 12.2, and loading may synchronise the
+# context). On an H200 with flashinfer 0.6.18, launching only each rank's dispatch passed at ep=2, 4 and 8;
+# queueing each rank's sanitising kernel right after its dispatch, before the next rank's, hung at all three
+# (in a venv cell with prebuilt modules, where the passing runs used a JIT-built local install). So a
+# round launches only its all-to-all calls, everything a rank needs is staged before, and the per-rank
+# padding marks run after every rank's dispatch has finished (flashinfer's own single-GPU test does the same).
+def dispatch_all(
+    sim: TrtllmSim | MoeEpSim, inputs: list[tuple[Any, Any, Any]], lanes: _device.Lanes, deadline_s: float
+) -> list[Received]:
+    """Every simulated rank's dispatch of ``inputs[rank]`` (expert ids, hidden rows, token id + 1), each rank
+    on its own lane; :class:`_device.Hung` when the device work does not finish within ``deadline_s``."""
+    for rank, staged in enumerate(inputs):
+        sim.stage(rank, *staged)
+    lanes.wait(deadline_s)  # staged on the current stream; the lanes read it
+    recv = []
+    for rank in range(len(inputs)):
+        with lanes.on(rank):
+            recv.append(sim.dispatch(rank))
+    lanes.wait(deadline_s)
+    for rank in range(len(inputs)):
+        with lanes.on(rank):
+            sim.mark_padding(rank)
+    lanes.wait(deadline_s)
+    return recv
+
+
+def combine_all(sim: TrtllmSim | MoeEpSim, payloads: list[Any], lanes: _device.Lanes, deadline_s: float) -> list[Any]:
+    """Every simulated rank's combine of ``payloads[rank]`` ([ep, tokens_per_rank, hidden]), each on its lane."""
+    lanes.wait(deadline_s)  # payloads computed on the current stream
+    out = []
+    for rank, payload in enumerate(payloads):
+        with lanes.on(rank):
+            out.append(sim.combine(rank, payload))
+    lanes.wait(deadline_s)
+    return out
 
 
 def open_ranks(gen: _api.Generation, shape: Shape, rank: int, group: Any) -> TrtllmRanks | MoeEpRanks:

@@ -5,7 +5,8 @@ generations through one adapter (``_fi_moe``): ``flashinfer.comm.trtllm_moe_allt
 
 ``mode=sim``: every EP rank simulated on one GPU, each on its own CUDA stream over one shared workspace
 (flashinfer's own single-GPU pattern); the kernels spin-wait on each other, so all blocks must be resident
-at once and the variant needs at least tokens x ranks SMs. ``mode=gpus``: one process per GPU, the
+at once and the variant needs at least tokens x ranks SMs, and nothing but the ranks' all-to-all calls may
+be queued until the last rank's is (``_fi_moe.dispatch_all`` says why). ``mode=gpus``: one process per GPU, the
 workspace's memory handles exchanged through torch.distributed (no MNNVL fabric needed, fds over a Unix socket).
 
 Routing is deterministic: token g picks two distinct experts; a token goes once to each distinct target rank.
@@ -44,6 +45,7 @@ EXPERTS_PER_RANK = 2
 SIM_TOKENS = 16  # per rank; 8 ranks x 16 tokens fits in 132 SMs
 GPU_TOKENS = 64
 SIM_HIDDEN = 7168
+WAIT_S = 60.0  # for device work (trtllm 0.6's kernels themselves wait 300 s for a peer before they trap)
 
 
 def variants(host: HostView) -> list[Variant]:
@@ -142,57 +144,53 @@ def run_sim(ctx: RankContext) -> dict[str, Any]:
     if ep < 2:
         note = f"ep={ep}: an all-to-all needs at least 2 simulated ranks"
         return outcome("skip", note=note, reason_code="too-few-ranks")
-    tpr, hidden = SIM_TOKENS, SIM_HIDDEN
     torch.cuda.set_device(ctx.device_index or 0)
     device = torch.device("cuda", ctx.device_index or 0)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if sms < tpr * ep:
+    if sms < SIM_TOKENS * ep:
         return outcome(
             "skip",
-            note=f"needs {tpr * ep} SMs for {ep} co-resident simulated ranks, GPU has {sms}",
+            note=f"needs {SIM_TOKENS * ep} SMs for {ep} co-resident simulated ranks, GPU has {sms}",
             reason_code="too-few-sms",
         )
+    return simulate(api, ep, device, _device.Lanes.open(ep), {"sm_count": sms})
+
+
+def simulate(
+    api: _api.Generation, ep: int, device: Any, lanes: _device.Lanes, metrics: dict[str, Any]
+) -> dict[str, Any]:
+    """The simulated ranks' dispatch and combine, checked; device work in the order of ``_fi_moe.dispatch_all``
+    and ``combine_all``, one lane per rank."""
+    import torch
+
+    tpr, hidden = SIM_TOKENS, SIM_HIDDEN
     route = routing(ep, tpr)
     a2a = _fi_moe.open_sim(api, shape(ep, tpr), device)
-    metrics: dict[str, Any] = {"workspace_bytes_per_rank": a2a.workspace_bytes, "sm_count": sms}
-    torch.cuda.synchronize()
-    streams = [torch.cuda.Stream() for _ in range(ep)]
-    inputs = [_inputs(r, tpr, hidden, route, device) for r in range(ep)]
-    torch.cuda.synchronize()
-    recv: list[Any] = [None] * ep
-    for r in range(ep):
-        with torch.cuda.stream(streams[r]):
-            recv[r] = a2a.dispatch(r, *inputs[r])
-    _device.wait_device(60)
-    for r in range(ep):
-        problem = check_received(recv[r], r, ep, tpr, route)
-        if problem:
-            return outcome(
-                "fail", note=f"dispatch routed wrongly: {problem}", reason_code="ep-a2a-wrong", metrics=metrics
-            )
-    payloads = [(recv[r].hidden.float() * (r + 1)).to(torch.bfloat16).contiguous() for r in range(ep)]
-    torch.cuda.synchronize()
-    combined: list[Any] = [None] * ep
-    for r in range(ep):
-        with torch.cuda.stream(streams[r]):
-            combined[r] = a2a.combine(r, payloads[r])
-    _device.wait_device(60)
+    metrics = {"workspace_bytes_per_rank": a2a.workspace_bytes, **metrics}
+    evidence: dict[str, Any] = {"ep": ep, "tokens_per_rank": tpr, "hidden": hidden, "api": api.name}
+    evidence["flashinfer"] = _version()
+    step = "dispatch"
+    try:
+        recv = _fi_moe.dispatch_all(a2a, [_inputs(r, tpr, hidden, route, device) for r in range(ep)], lanes, WAIT_S)
+        for r in range(ep):
+            problem = check_received(recv[r], r, ep, tpr, route)
+            if problem:
+                note = f"dispatch routed wrongly: {problem}"
+                return outcome("fail", note=note, reason_code="ep-a2a-wrong", metrics=metrics, evidence=evidence)
+        step = "combine"
+        payloads = [(recv[r].hidden.float() * (r + 1)).to(torch.bfloat16).contiguous() for r in range(ep)]
+        combined = _fi_moe.combine_all(a2a, payloads, lanes, WAIT_S)
+    except _device.Hung as exc:
+        note = f"{step} of {ep} simulated ranks: {exc}"
+        return outcome("fail", note=note, reason_code=_device.REASON, metrics=metrics, evidence=evidence)
     for r in range(ep):
         ref = combine_reference(r, tpr, hidden, route, device)
         c = _data.check_exact(combined[r], ref)
         if not c.ok:
-            return outcome(
-                "fail",
-                note=f"combine on simulated rank {r}: {c.verdict}, {c.detail}",
-                reason_code="ep-a2a-wrong",
-                metrics=metrics,
-                evidence={"combine": c.to_json()},
-            )
-    return outcome(
-        "pass",
-        metrics=metrics,
-        evidence={"ep": ep, "tokens_per_rank": tpr, "hidden": hidden, "api": api.name, "flashinfer": _version()},
-    )
+            note = f"combine on simulated rank {r}: {c.verdict}, {c.detail}"
+            evidence["combine"] = c.to_json()
+            return outcome("fail", note=note, reason_code="ep-a2a-wrong", metrics=metrics, evidence=evidence)
+    return outcome("pass", metrics=metrics, evidence=evidence)
 
 
 def run_gpus(ctx: RankContext) -> dict[str, Any]:
@@ -215,17 +213,17 @@ def run_gpus(ctx: RankContext) -> dict[str, Any]:
             metrics["workspace_bytes_per_rank"] = a2a.workspace_bytes
             evidence.update(getattr(a2a, "evidence", {}))
         experts, hid, ids = _inputs(r, tpr, hidden, route, device)
-        with lock.step("dispatch", "ep-a2a-error") as found:  # combine is collective: all ranks go on or none
+        with lock.step("dispatch", _a2a_error) as found:  # combine is collective: all ranks go on or none
             recv = a2a.dispatch(experts, hid, ids)
-            _device.wait_device(60)
+            _device.wait_device(WAIT_S)
             problem = check_received(recv, r, ep, tpr, route)
             if problem:
                 note = f"dispatch routed wrongly: {problem}"
                 found.early = outcome("fail", note, "ep-a2a-wrong", metrics=metrics, evidence=evidence)
-        with lock.step("combine", "ep-a2a-error") as found:
+        with lock.step("combine", _a2a_error) as found:
             payload = (recv.hidden.float() * (r + 1)).to(torch.bfloat16).contiguous()
             combined = a2a.combine(payload)
-            _device.wait_device(60)
+            _device.wait_device(WAIT_S)
             c = _data.check_exact(combined, combine_reference(r, tpr, hidden, route, device))
             evidence["combine"] = c.to_json()
             if not c.ok:
@@ -234,6 +232,10 @@ def run_gpus(ctx: RankContext) -> dict[str, Any]:
     except Stopped as stop:
         return stop.outcome
     return outcome("pass", metrics=metrics, evidence=evidence)
+
+
+def _a2a_error(error: str) -> str:
+    return _device.reason(error, "ep-a2a-error")
 
 
 def run(ctx: RankContext) -> dict[str, Any]:

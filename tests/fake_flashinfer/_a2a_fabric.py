@@ -9,13 +9,51 @@ back as the sum over its target ranks t of what t put in the slot the token had 
 Simulated ranks run one after another in one process, while the real kernels of all ranks run at once and
 wait for each other; so steps that need every rank's data (sanitising, combining) are held until the last
 rank's call and then applied in place, which is what the caller sees after its device wait.
+
+The stand-in also holds the caller to what those spinning kernels demand of one GPU (:class:`Deadlock`): a
+round (every rank's dispatch, or every rank's combine) finishes only once every rank's kernel is in flight,
+so until the last rank's launch nothing else may be queued (another call would wait behind a kernel that
+cannot finish, or, as a kernel's first launch, for the whole device to go idle), no two ranks may share a
+stream, and the host may not wait for the device. :class:`Lanes` stands in for the probe's one stream per
+simulated rank and tells the fabric which one the caller is on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+DEFAULT_LANE = "default stream"
+QUEUED = "it waits behind a kernel that cannot finish, or, as a kernel's first launch, for the whole device"
+
+
+class Deadlock(RuntimeError):
+    """What the caller did would hang the real kernels on a GPU."""
+
+
+class Lanes:
+    """Stand-in of checks.probes._device.Lanes: which stream the caller queues on, and the host's waits."""
+
+    current: Any = DEFAULT_LANE
+    waits = 0
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    @contextmanager
+    def on(self, index: int) -> Iterator[None]:
+        assert 0 <= index < self.count
+        before, Lanes.current = Lanes.current, index
+        try:
+            yield
+        finally:
+            Lanes.current = before
+
+    def wait(self, deadline_s: float) -> None:
+        host_wait(f"wait of {deadline_s:.0f} s")
 
 
 def targets_of(experts: torch.Tensor, ep: int, num_experts: int) -> list[list[int]]:
@@ -72,6 +110,36 @@ class Fabric:
         self.experts: dict[int, torch.Tensor] = {}
         self.pending_sanitize: list[tuple[torch.Tensor, int, int]] = []
         self.pending_combine: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self.round = ""  # "dispatch" or "combine" while some but not all ranks' kernels are in flight
+        self.round_lanes: dict[int, Any] = {}  # rank -> stream its kernel of the open round is on
+
+    def launch(self, kind: str, rank: int) -> None:
+        """Rank ``rank``'s spinning kernel of round ``kind`` is queued on the caller's current lane."""
+        lane = Lanes.current
+        if self.round and self.round != kind:
+            self.refuse(f"rank {rank}'s {kind} queued")
+        if rank in self.round_lanes:
+            raise Deadlock(f"rank {rank}'s {kind} queued twice in one round")
+        for other, used in self.round_lanes.items():
+            if used == lane:
+                raise Deadlock(
+                    f"ranks {other} and {rank} queue their {kind} on one stream ({lane}): the second waits behind "
+                    "the first, which waits for it"
+                )
+        self.round = kind
+        self.round_lanes[rank] = lane
+        if len(self.round_lanes) == self.ep:  # every kernel in flight: the round can finish
+            self.round, self.round_lanes = "", {}
+
+    def refuse(self, what: str, why: str = QUEUED) -> None:
+        """Nothing but the open round's kernels may be queued, and the host may not wait, until its last rank's
+        kernel is queued."""
+        if self.round:
+            missing = sorted(set(range(self.ep)) - set(self.round_lanes))
+            raise Deadlock(
+                f"{what} while the {self.round} of ranks {sorted(self.round_lanes)} waits for ranks {missing}, "
+                f"not launched yet: {why}"
+            )
 
     def dispatched(self, rank: int, experts: torch.Tensor) -> None:
         self.experts[rank] = experts.clone()
@@ -103,6 +171,28 @@ class Fabric:
 
 
 FABRICS: dict[int, Fabric] = {}
+
+
+def host_wait(what: str) -> None:
+    """The host waits for the device: never returns while a round waits for a rank not yet launched."""
+    Lanes.waits += 1
+    for f in FABRICS.values():
+        f.refuse(f"the host's {what}", "the host waits for kernels that wait for it")
+
+
+def initialised(workspace: torch.Tensor, rank: int) -> None:
+    """Rank ``rank``'s slice of ``workspace`` is initialised, which in 0.6.18 zeroes it and then synchronises
+    the stream (a host wait). Rank 0's starts a fresh fabric: a new workspace may sit where a freed one was."""
+    if rank == 0:
+        FABRICS.pop(workspace.data_ptr(), None)
+    host_wait(f"moe_a2a_initialize of rank {rank}")
+
+
+def queued(what: str, workspace: torch.Tensor) -> None:
+    """A call on ``workspace`` that is not a rank's all-to-all kernel (initialising, sanitising)."""
+    f = FABRICS.get(workspace.data_ptr())
+    if f is not None:
+        f.refuse(f"{what} queued")
 
 
 def fabric(workspace: torch.Tensor, ep: int, num_experts: int) -> Fabric:

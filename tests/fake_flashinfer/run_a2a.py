@@ -14,6 +14,7 @@ import sys
 import tempfile
 from typing import Any
 
+import _a2a_fabric as fab
 import torch
 
 from checks.probes import _fi_moe
@@ -55,10 +56,13 @@ def oracle(recv: _fi_moe.Received, combined: torch.Tensor, rank: int, ep: int, r
 
 
 def run_sim(gen: Any, ep: int) -> list[dict]:
+    """Through the adapter's own ordering of simulated ranks, each on a stand-in lane the fabric checks."""
     route = probe.routing(ep, TPR)
     a2a = _fi_moe.open_sim(gen, shape(ep), torch.device("cpu"))
-    recv = [a2a.dispatch(r, *inputs(r, route)) for r in range(ep)]
-    combined = [a2a.combine(r, (recv[r].hidden.float() * (r + 1)).to(torch.bfloat16)) for r in range(ep)]
+    lanes = fab.Lanes(ep)
+    recv = _fi_moe.dispatch_all(a2a, [inputs(r, route) for r in range(ep)], lanes, 60)
+    payloads = [(recv[r].hidden.float() * (r + 1)).to(torch.bfloat16) for r in range(ep)]
+    combined = _fi_moe.combine_all(a2a, payloads, lanes, 60)
     return [{"workspace_bytes": a2a.workspace_bytes, **oracle(recv[r], combined[r], r, ep, route)} for r in range(ep)]
 
 

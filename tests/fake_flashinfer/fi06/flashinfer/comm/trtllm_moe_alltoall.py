@@ -31,6 +31,7 @@ def moe_a2a_initialize(
     workspace: torch.Tensor, ep_rank: int, ep_size: int, max_num_tokens: int, eplb_stats_num_experts: int = 0
 ) -> torch.Tensor:
     assert workspace.dtype == torch.uint8 and workspace.shape[0] == ep_size and 0 <= ep_rank < ep_size
+    fab.initialised(workspace, ep_rank)
     return torch.tensor([ep_size, max_num_tokens], dtype=torch.int64)
 
 
@@ -62,6 +63,7 @@ def moe_a2a_dispatch(
     assert all(p.shape[0] == token_selected_experts.shape[0] for p in input_payloads)
     assert runtime_max_tokens_per_rank <= int(metainfo[1]) and ep_size == int(metainfo[0])
     f = fab.fabric(workspace, ep_size, num_experts)
+    f.launch("dispatch", ep_rank)
     for t in range(ep_size):
         slots = [
             i for i, ranks in enumerate(fab.targets_of(token_selected_experts, ep_size, num_experts)) if t in ranks
@@ -82,6 +84,7 @@ def moe_a2a_sanitize_expert_ids(
     enable_pdl: Any = None,
 ) -> None:
     assert expert_ids.dim() == 3 and expert_ids.dtype == torch.int32
+    fab.queued(f"rank {ep_rank}'s moe_a2a_sanitize_expert_ids", workspace)
     fab.FABRICS[workspace.data_ptr()].sanitize_later(expert_ids, ep_rank, invalid_expert_id)
 
 
@@ -109,7 +112,9 @@ def moe_a2a_combine(
 ) -> torch.Tensor:
     assert tuple(payload.shape[:2]) == (ep_size, runtime_max_tokens_per_rank) and payload_in_workspace is False
     out = torch.empty(local_num_tokens, payload.shape[-1], dtype=payload.dtype)
-    fab.FABRICS[workspace.data_ptr()].combine_later(ep_rank, payload, out, local_num_tokens)
+    f = fab.FABRICS[workspace.data_ptr()]
+    f.launch("combine", ep_rank)
+    f.combine_later(ep_rank, payload, out, local_num_tokens)
     return out
 
 

@@ -52,6 +52,7 @@ def _get_workspace_layout(*a: Any) -> None:
 def _initialize(*a: Any) -> None:
     _types(a, "ttii")
     ws, meta, rank, ep = a
+    fab.initialised(ws, rank)
     assert ws.dim() == 2 and ws.shape[0] == ep and ws.shape[1] >= int(meta[_I.WORKSPACE_SIZE_INDEX]) and rank < ep
 
 
@@ -69,6 +70,7 @@ def _dispatch(*a: Any) -> tuple[list[int], int, int]:
     use_cft, expert_index, invalid, use_lamport = a[10], a[11], a[12], a[13]
     assert experts.dtype == torch.int32 and experts.shape[1] == top_k and not use_cft and not use_lamport
     assert expert_index == -1 and invalid < 0 and tpr <= int(meta[_I.MAX_NUM_TOKENS_INDEX])
+    fab.fabric(ws, ep, num_experts).launch("dispatch", rank)
     offsets = _offsets(meta, payloads, ep, tpr)
     for t in range(ep):
         views = [
@@ -85,6 +87,7 @@ def _sanitize(*a: Any) -> None:
     _types(a, "tttiib")
     ids, ws, _meta, rank, invalid, _pdl = a
     assert ids.dim() == 3 and ids.dtype == torch.int32
+    fab.queued(f"rank {rank}'s moe_a2a_sanitize_expert_ids", ws)
     fab.FABRICS[ws.data_ptr()].sanitize_later(ids, rank, invalid)
 
 
@@ -92,9 +95,11 @@ def _combine(*a: Any) -> None:
     _types(a, "tittiiiiibbbbntibb")
     payload, local, ws, meta, tpr, rank, ep, _top_k, combine_offset = a[:9]
     out = a[14]
+    f = fab.FABRICS[ws.data_ptr()]
+    f.launch("combine", rank)  # queued whatever its offset: a combine before its dispatch hangs first
     assert payload.dim() == 3 and tuple(payload.shape[:2]) == (ep, tpr)
     assert combine_offset == int(meta[_I.COMBINE_INPUT_OFFSET_INDEX]) and tuple(out.shape) == (local, payload.shape[2])
-    fab.FABRICS[ws.data_ptr()].combine_later(rank, payload, out, local)
+    f.combine_later(rank, payload, out, local)
 
 
 _MODULE = SimpleNamespace(
