@@ -123,6 +123,7 @@ class BuildOptions:
     base_python: str | None = None  # venv overlay cells: the environment whose torch stack they use
     wheels: Path | None = None  # venv cells: install from this folder of wheels instead of an index
     venvs: Path = VENVS
+    ignore_disk: bool = False  # build even when the free space looks too small
 
     @property
     def overlay(self) -> bool:
@@ -137,7 +138,7 @@ class BuildOptions:
         return cls(matrix, a.cuda, a.torch, tuple(a.only or ()), a.offline, a.dry_run, a.jobs, a.base, a.base_image,
                    Path(a.envs) if a.envs else ENVS, Path(a.dockerfiles) if a.dockerfiles else DOCKERFILES, a.json,
                    backend=a.backend, base_python=a.base_python, wheels=Path(a.wheels) if a.wheels else None,
-                   venvs=Path(a.venvs) if a.venvs else VENVS)
+                   venvs=Path(a.venvs) if a.venvs else VENVS, ignore_disk=getattr(a, "ignore_disk", False))
 
 
 def nvidia_image(cell: dict[str, Any]) -> str:
@@ -426,6 +427,66 @@ def build_venvs(cells: Sequence[Resolved], opts: BuildOptions) -> int:
     return 1 if any(r["status"] == "failed" for r in results) else 0
 
 
+def free_bytes(path: Path) -> int | None:
+    """Free space of the file system holding ``path`` (its nearest existing folder); None when unknown."""
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return None
+    return None
+
+
+def _is_built(rec: dict[str, Any], venv: bool, docker: Docker | None) -> bool:
+    if rec.get("status") not in ("built", "skipped-unchanged"):
+        return False
+    if venv:
+        return bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
+    return bool(rec.get("tag")) and docker is not None and docker.image_id(str(rec["tag"])) is not None
+
+
+def disk_check(need: int, free: int | None, where: str, todo: int) -> tuple[str, str | None]:
+    """(the line saying what the build needs, the refusal or None): pure, the free space is read elsewhere."""
+    from provision.doctor import GB
+
+    line = f"{todo} cell(s) to build need about {need / GB:.0f} GB; " + (
+        f"{free / GB:.0f} GB free under {where}" if free is not None else f"free space under {where} unknown")
+    if free is None or free >= need:
+        return line, None
+    return line, (f"not enough disk under {where}: this build needs about {need / GB:.0f} GB and "
+                  f"{free / GB:.0f} GB is free; run `provision prune` (or build fewer cells with --only), "
+                  "or pass --ignore-disk")
+
+
+def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, docker: Docker | None) -> None:
+    """Print the disk the cells still to build need (doctor's estimate rule) and refuse when it is not free."""
+    from provision import doctor
+
+    venv = docker is None
+    todo = [c for c in cells if c.status == RESOLVED and not _is_built(_previous(opts.envs / c.cell_id), venv, docker)]
+    stacks = {(c.cell.cuda, c.versions.get("torch", "")) for c in todo}
+    if venv:
+        where: str | None = str(opts.venvs)
+        base_present = True  # venv cells need no base image
+    else:
+        assert docker is not None
+        from provision.baseimage import DEFAULT_TAG, DEV_TAG
+
+        proc = docker.run("info", "--format", "{{.DockerRootDir}}")
+        where = proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+        base_present = any(docker.image_id(t) for t in (DEFAULT_TAG, DEV_TAG))
+    need = doctor.need_bytes(doctor.Facts(base_images=("present",) if base_present else (),
+                                          torch_stacks=len(stacks), cells_to_build=len(todo)))
+    if not need:
+        return
+    line, refusal = disk_check(need, free_bytes(Path(where)) if where else None, where or "the Docker root",
+                               len(todo))
+    print(f"provision: {line}", file=sys.stderr, flush=True)
+    if refusal and not opts.ignore_disk and not opts.dry_run:
+        raise InputError(refusal)
+
+
 def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     from provision.api import plan
     from provision.planview import plan_lines
@@ -438,9 +499,11 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     if chosen.line:
         print(f"provision: {chosen.line}", file=sys.stderr, flush=True)
     if chosen.backend == backend.VENV:
+        disk_gate(cells, opts, None)
         return build_venvs(cells, opts)
     if not opts.dry_run:
         docker.check_daemon()
+        disk_gate(cells, opts, docker)
     folders, results = lock_for_build(cells, opts)
     if opts.dry_run:
         for f in folders:

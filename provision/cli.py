@@ -1,4 +1,4 @@
-"""`provision` command line: plan, lock, build, base, catalog check.
+"""`provision` command line: plan, lock, build, prune, base, doctor, catalog check.
 
 Exit 0 ok, 1 a cell failed (catalog check: a fact drifted), 2 bad input or unreachable index, 130 Ctrl-C.
 """
@@ -51,6 +51,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--envs", default=None)
     p.add_argument("--dockerfiles", default=None)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--ignore-disk", action="store_true",
+                   help="build even when the free space looks too small for the cells still to build")
+    p = sub.add_parser("prune", help="remove stackprobe images and venv cells that no cell of the matrix uses")
+    p.add_argument("--matrix", action="append", default=None, metavar="FILE",
+                   help="a matrix whose cells stay (repeatable; matrix.yaml always counts)")
+    p.add_argument("--envs", default=None, help="where `provision build` records its images (default: envs/)")
+    p.add_argument("--venvs", default=None, help="venv cells folder (default: .cache/venvs/ of the project)")
+    p.add_argument("--build-cache", action="store_true", help="also run `docker builder prune`")
+    p.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    p.add_argument("--json", action="store_true", help="one JSON object: removals, total_bytes")
     p = sub.add_parser("doctor", help="check what the main job needs on this machine and say how to fix what lacks")
     p.add_argument("--matrix", default=None, help="matrix file (default: matrix.yaml of the project)")
     p.add_argument("--envs", default=None, help="where `provision build` records its images (default: envs/)")
@@ -126,6 +136,32 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor.exit_code(checks)
 
 
+def cmd_prune(args: argparse.Namespace) -> int:
+    from provision import prune
+    from provision.api import DEFAULT_MATRIX
+    from provision.build import VENVS, Docker, docker_cli
+    from provision.lock import ENVS
+
+    docker = Docker(cli=docker_cli())
+    problem = docker.unreachable()
+    if problem:  # venv cells can still be pruned without an engine
+        print(f"provision: images not looked at: {problem}", file=sys.stderr)
+    cli = None if problem else docker.cli
+    matrices = [DEFAULT_MATRIX, *(Path(m) for m in args.matrix or ())]
+    removals = prune.gather(matrices, Path(args.envs) if args.envs else ENVS,
+                            Path(args.venvs) if args.venvs else VENVS, cli, args.build_cache)
+    failed = [] if args.dry_run else prune.apply(removals, docker.cli)
+    done = [r for r in removals if r.target not in {f.target for f in failed}]
+    if args.json:
+        print(json.dumps({**prune.to_json(done, args.dry_run),
+                          "failed": [{"target": f.target, "reason": f.reason} for f in failed]}, indent=1))
+    else:
+        print("\n".join(prune.lines(done, args.dry_run)))
+        for f in failed:
+            print(f"provision: could not remove {f.target}: {f.reason}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def cmd_catalog(args: argparse.Namespace) -> int:
     import yaml
 
@@ -176,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     try:
         handler = {"plan": cmd_plan, "lock": cmd_lock, "build": cmd_build, "base": cmd_base,
-                   "catalog": cmd_catalog, "doctor": cmd_doctor}[args.cmd]
+                   "catalog": cmd_catalog, "doctor": cmd_doctor,
+                   "prune": cmd_prune}[args.cmd]
         code = handler(args)
     except InputError as e:
         print(f"provision: {e.one_line()}", file=sys.stderr)

@@ -1,0 +1,214 @@
+"""`provision prune`: remove the stackprobe images and venv cells that no longer serve a cell of the matrix.
+
+``plan`` is pure: from the images present, the tags `provision build` recorded, the cells of the matrices
+and the venv folders, it returns what to remove and why. ``gather`` and ``apply`` are the docker and file
+system edges. Images are removed by tag, never by id: a tag that shares its image with a tag that stays
+only loses its name, and the bytes stay (its size is then counted as 0).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+GB = 1_000_000_000
+IMAGE, VENV, BUILD_CACHE = "image", "venv", "build-cache"
+REPO_PREFIX = "stackprobe/"
+
+
+@dataclass(frozen=True)
+class Image:
+    repo: str  # stackprobe/<name>
+    tag: str
+    image_id: str
+    size: int  # bytes
+
+    @property
+    def ref(self) -> str:
+        return f"{self.repo}:{self.tag}"
+
+
+@dataclass(frozen=True)
+class Removal:
+    kind: str  # image | venv | build-cache
+    target: str  # image ref, venv folder, or "docker builder prune"
+    reason: str
+    size: int  # bytes it frees (0: an image that only loses a name)
+
+
+def cell_repo(cell_id: str) -> str:
+    """The image repository of a cell, as `provision build` names it (image_tag in provision/build.py)."""
+    from provision.build import image_tag
+
+    return image_tag(cell_id, "x").rsplit(":", 1)[0]
+
+
+def _image_reason(img: Image, cells_by_repo: Mapping[str, str], recorded: Mapping[str, str],
+                  base_tags: frozenset[str]) -> str | None:
+    """Why this image serves nothing any more, or None to keep it."""
+    cell = cells_by_repo.get(img.repo)
+    if cell is not None:
+        current = recorded.get(cell)
+        # Without a recorded tag there is no telling which image is the current one: keep them all.
+        if current is None or img.ref == current:
+            return None
+        return f"older image of {cell} (envs/{cell}/build.json records {current})"
+    name = img.repo[len(REPO_PREFIX):]
+    if name.startswith("base"):
+        return None if img.ref in base_tags else f"stale base image (current: {', '.join(sorted(base_tags))})"
+    return "no cell of the matrix builds this image"
+
+
+def plan(images: Iterable[Image], recorded: Mapping[str, str], cells: Iterable[str], venvs: Mapping[str, int],
+         base_tags: Iterable[str], build_cache: int | None = None,
+         scope: Collection[str] | None = None) -> list[Removal]:
+    """What to remove: stackprobe images no cell uses, venv cells of no matrix cell, and the BuildKit cache
+    when ``build_cache`` (its size in bytes) is given. ``images`` are all the tagged images (any repository:
+    a tag elsewhere keeps its image's bytes); ``recorded`` maps a cell to the tag its build.json records;
+    ``venvs`` maps a venv folder to its size; ``scope``, when given, the only image refs that may go."""
+    cell_set = set(cells)
+    cells_by_repo = {cell_repo(c): c for c in cell_set}
+    bases = frozenset(base_tags)
+    images = [i for i in images if i.tag != "<none>"]
+    ours = [i for i in images if i.repo.startswith(REPO_PREFIX) and (scope is None or i.ref in scope)]
+    doomed = [(i, r) for i in ours if (r := _image_reason(i, cells_by_repo, recorded, bases)) is not None]
+    doomed_refs = {i.ref for i, _ in doomed}
+    kept_ids = {i.image_id for i in images if i.ref not in doomed_refs}
+    out, counted = [], set()
+    for img, reason in sorted(doomed, key=lambda d: d[0].ref):
+        # An image's bytes come free once, and only when no kept tag names it.
+        if img.image_id in kept_ids:
+            out.append(Removal(IMAGE, img.ref, f"{reason}; untag only: a kept tag names the same image", 0))
+        elif img.image_id in counted:
+            out.append(Removal(IMAGE, img.ref, f"{reason}; same image as a tag above", 0))
+        else:
+            out.append(Removal(IMAGE, img.ref, reason, img.size))
+        counted.add(img.image_id)
+    for folder, size in sorted(venvs.items()):
+        if Path(folder).name not in cell_set:
+            out.append(Removal(VENV, folder, "venv cell of no matrix cell", size))
+    if build_cache is not None:
+        out.append(Removal(BUILD_CACHE, "docker builder prune", "BuildKit build cache (--build-cache)", build_cache))
+    return out
+
+
+def human(n: int) -> str:
+    return f"{n / GB:.2f} GB" if n >= GB / 10 else f"{n / 1_000_000:.0f} MB"
+
+
+def lines(removals: Sequence[Removal], dry_run: bool) -> list[str]:
+    """What `provision prune` prints: one line per removal, then the total."""
+    verb = "would remove" if dry_run else "removed"
+    out = [f"{verb} {r.kind:<11} {r.target}  {human(r.size)}  ({r.reason})" for r in removals]
+    total = sum(r.size for r in removals)
+    out.append(f"{'would reclaim' if dry_run else 'reclaimed'} {human(total)} in {len(removals)} removal(s)"
+               if removals else "nothing to prune")
+    return out
+
+
+def to_json(removals: Sequence[Removal], dry_run: bool) -> dict[str, object]:
+    return {"dry_run": dry_run, "total_bytes": sum(r.size for r in removals),
+            "removals": [{"kind": r.kind, "target": r.target, "reason": r.reason, "bytes": r.size} for r in removals]}
+
+
+# --- edges (docker, file system) ---------------------------------------------------------------------------
+_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+
+
+def parse_size(text: str) -> int:
+    """Docker's human sizes ("20.1GB", "587MB", "0B") are decimal units."""
+    m = re.match(r"\s*([\d.]+)\s*([kmgt]?b)", text.lower())
+    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else 0
+
+
+def list_images(docker: str) -> list[Image]:
+    """Every tagged image with its exact size."""
+    cmd = [docker, "images", "--format", "{{.Repository}}|{{.Tag}}|{{.ID}}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = [ln.split("|") for ln in out.splitlines() if ln.count("|") == 2]
+    ids = sorted({r[2] for r in rows})
+    sizes: dict[str, int] = {}
+    if ids:
+        info = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}} {{.Size}}", *ids],
+                              capture_output=True, text=True, check=True).stdout
+        for ln in info.splitlines():
+            full, size = ln.split()
+            sizes[full.removeprefix("sha256:")[:12]] = int(size)
+    return [Image(repo, tag, iid, sizes.get(iid.removeprefix("sha256:")[:12], 0)) for repo, tag, iid in rows]
+
+
+def recorded_tags(envs: Path) -> dict[str, str]:
+    """cell -> the image tag its envs/<cell>/build.json records."""
+    out = {}
+    for f in sorted(envs.glob("*/build.json")):
+        try:
+            tag = json.loads(f.read_text()).get("tag")
+        except (OSError, ValueError):
+            continue
+        if isinstance(tag, str) and tag:
+            out[f.parent.name] = tag
+    return out
+
+
+def matrix_cells(matrices: Iterable[Path]) -> set[str]:
+    """Every cell id of the matrices, resolvable or not (offline: no index is asked)."""
+    from provision.api import resolve_all
+
+    return {r.cell_id for m in matrices for r in resolve_all(m, offline=True)}
+
+
+def _du(folder: Path) -> int:
+    total = 0
+    for p in folder.rglob("*"):
+        try:
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+        except OSError:
+            continue
+    return total
+
+
+def venv_sizes(venvs: Path) -> dict[str, int]:
+    return {str(d): _du(d) for d in sorted(venvs.iterdir()) if d.is_dir()} if venvs.is_dir() else {}
+
+
+def build_cache_size(docker: str) -> int:
+    out = subprocess.run([docker, "system", "df", "--format", "{{.Type}}|{{.Size}}"], capture_output=True,
+                         text=True).stdout
+    return sum(parse_size(ln.split("|", 1)[1]) for ln in out.splitlines() if ln.startswith("Build Cache|"))
+
+
+def apply(removals: Sequence[Removal], docker: str) -> list[Removal]:
+    """Remove each; the ones that could not be removed come back (with docker's reason)."""
+    failed = []
+    for r in removals:
+        if r.kind == IMAGE:
+            # by tag: a tag that shares its image with another only loses its name
+            proc = subprocess.run([docker, "image", "rm", r.target], capture_output=True, text=True)
+            if proc.returncode != 0:
+                failed.append(Removal(r.kind, r.target, proc.stderr.strip()[-300:], 0))
+        elif r.kind == VENV:
+            shutil.rmtree(r.target, ignore_errors=True)
+            if Path(r.target).exists():
+                failed.append(Removal(r.kind, r.target, "could not remove every file", 0))
+        elif r.kind == BUILD_CACHE:
+            proc = subprocess.run([docker, "builder", "prune", "-f"], capture_output=True, text=True)
+            if proc.returncode != 0:
+                failed.append(Removal(r.kind, r.target, proc.stderr.strip()[-300:], 0))
+    return failed
+
+
+def gather(matrices: Sequence[Path], envs: Path, venvs: Path, docker: str | None, build_cache: bool,
+           scope: Collection[str] | None = None) -> list[Removal]:
+    """The removals for this machine (``docker`` None: no engine, venv cells only); ``scope`` narrows the
+    images that may go to these refs."""
+    from provision.baseimage import DEFAULT_TAG, DEV_TAG
+
+    return plan(list_images(docker) if docker else [], recorded_tags(envs), matrix_cells(matrices),
+                venv_sizes(venvs), (DEFAULT_TAG, DEV_TAG),
+                build_cache_size(docker) if docker and build_cache else None, scope)
