@@ -218,7 +218,7 @@ def _sizes(metric: Any) -> dict[int, float]:
 
 
 def _rerun(probe: str, cell_id: str) -> str:
-    return command((probe,), (cell_id,), cell_id.startswith("local-"))
+    return command((probe,), (cell_id,), "local" if cell_id.startswith("local-") else "docker")
 
 
 def _plain(r: ProbeResult) -> int:

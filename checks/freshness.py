@@ -47,27 +47,30 @@ class Refresh:
     local: bool  # made with --local: the command reruns them in the environment the cell names
 
 
-def command(probes: tuple[str, ...], cells: tuple[str, ...], local: bool) -> str:
-    """`checks run` for exactly these probes on these cells (a local cell is the environment it ran in).
-    Probes are named one by one, never as --all, so the table does not change when a probe is added."""
+def command(probes: tuple[str, ...], cells: tuple[str, ...], executor: str) -> str:
+    """`checks run` for exactly these probes on these cells, with the executor that made them (a local cell is
+    the environment it ran in; venv cells are rebuilt and run as venvs). Probes are named one by one, never as
+    --all, so the table does not change when a probe is added."""
     picks = " ".join(f"--probe {p}" for p in probes)
-    if local:
+    if executor == "local":
         return f"checks run --local {picks}"
-    return " ".join(["checks run", *(f"--only {c}" for c in cells), picks])
+    how = ["--backend", "venv"] if executor == "venv" else []
+    return " ".join(["checks run", *how, *(f"--only {c}" for c in cells), picks])
 
 
-def refresh_list(stale: list[tuple[ProbeResult, str]], local_runs: frozenset[str]) -> list[Refresh]:
+def refresh_list(stale: list[tuple[ProbeResult, str]], executors: Mapping[str, str]) -> list[Refresh]:
     """Group stale results (with their staleness) by executor, cells and reason, one command per group.
-    ``local_runs``: run ids made with ``--local`` (the others ran in cell images)."""
-    per_probe: dict[tuple[bool, str], list[tuple[ProbeResult, str]]] = defaultdict(list)
+    ``executors``: the executor each run id was made with (local, docker, venv; docker when unknown)."""
+    per_probe: dict[tuple[str, str], list[tuple[ProbeResult, str]]] = defaultdict(list)
     for r, why in stale:
-        per_probe[(r.run_id in local_runs, r.probe_id)].append((r, why))
-    groups: dict[tuple[bool, tuple[str, ...], str], list[tuple[str, int]]] = defaultdict(list)
-    for (local, pid), rs in sorted(per_probe.items()):
+        per_probe[(executors.get(r.run_id, "docker"), r.probe_id)].append((r, why))
+    groups: dict[tuple[str, tuple[str, ...], str], list[tuple[str, int]]] = defaultdict(list)
+    for (executor, pid), rs in sorted(per_probe.items()):
         cells = tuple(sorted({r.cell_id for r, _ in rs}))
-        groups[(local, cells, WHY[frozenset(w for _, w in rs)])].append((pid, len(rs)))
+        groups[(executor, cells, WHY[frozenset(w for _, w in rs)])].append((pid, len(rs)))
     out = []
-    for (local, cells, why), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[1][0][0])):
+    for (executor, cells, why), members in sorted(groups.items(), key=lambda kv: (kv[0][0] == "local", kv[1][0][0])):
         probes = tuple(p for p, _ in members)
-        out.append(Refresh(probes, cells, sum(n for _, n in members), why, command(probes, cells, local), local))
+        out.append(Refresh(probes, cells, sum(n for _, n in members), why, command(probes, cells, executor),
+                           executor == "local"))
     return out

@@ -184,7 +184,7 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             run_rows.append({"run_id": run_id, "date": date, "path": os.path.relpath(path, out_dir)})
     results = latest_results(all_results)
     stale = {r.key: why for r in results if (why := staleness(r, current))}
-    local_runs = frozenset(str(m.get("run_id")) for m in manifests if m.get("executor") == "local")
+    executors = {str(m.get("run_id")): str(m.get("executor") or "docker") for m in manifests}
     probe_info = dict(probe_info)
     for m in manifests:  # what each run recorded about its probes; newer runs win
         for pid, info in (m.get("probes") or {}).items() if isinstance(m.get("probes"), dict) else []:
@@ -226,7 +226,7 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
                                    is_stale, cached_label(rs))
         rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
-    refresh = refresh_list([(r, stale[r.key]) for r in results if r.key in stale], local_runs)
+    refresh = refresh_list([(r, stale[r.key]) for r in results if r.key in stale], executors)
     ml = memlock.summary(r.verdict.evidence.get("memlock") for r in results)
     return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml)
 

@@ -91,8 +91,10 @@ def test_report_marks_stale_verdicts_and_says_how_to_refresh(tmp_path: Path) -> 
 def test_refresh_command_names_exactly_what_to_rerun() -> None:
     from checks.freshness import command
 
-    assert command(("fi-jit",), ("c1", "c2"), local=False) == "checks run --only c1 --only c2 --probe fi-jit"
-    assert command(("a", "b"), ("local-x",), local=True) == "checks run --local --probe a --probe b"
+    assert command(("fi-jit",), ("c1", "c2"), "docker") == "checks run --only c1 --only c2 --probe fi-jit"
+    assert command(("a", "b"), ("local-x",), "local") == "checks run --local --probe a --probe b"
+    # a venv cell is rerun as a venv cell, wherever Docker also answers
+    assert command(("pcie-ipc",), ("c1",), "venv") == "checks run --backend venv --only c1 --probe pcie-ipc"
 
 
 def test_cached_builds_are_shown_as_cached(tmp_path: Path) -> None:
