@@ -166,16 +166,3 @@ def unfinished(job_id: str, end: JobEnd | None, running: bool, log_tail: str, ti
     if reason is not None:
         evidence["reason"] = reason.message
     return Verdict(status, code, note, reason.remediation if reason else "", evidence=evidence)
-
-
-def with_job(verdict: Verdict, job_id: str, end: JobEnd | None, catalogue: Catalogue) -> Verdict:
-    """A verdict the worker gave, with the job it ran in. In a job that ran out of memory, a variant the
-    kernel killed (SIGKILL) is given Slurm's cause, which is more than a bare signal says."""
-    v = verdict.with_evidence(slurm=end.to_json() if end else {"job": job_id})
-    if (end is not None and end.state == "OUT_OF_MEMORY" and v.status is Status.CRASH
-            and v.reason_code in ("killed", "signal")):
-        reason = catalogue.get(OOM)
-        v = v.replace(reason_code=OOM, remediation=reason.remediation if reason else v.remediation)
-        if reason is not None:
-            v = v.with_evidence(reason=reason.message)
-    return v
