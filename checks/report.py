@@ -21,7 +21,7 @@ from checks.footnotes import Footnote, Occurrence, footnotes
 from checks.footnotes import clean as _clean
 from checks.freshness import Refresh, refresh_list, staleness
 from checks.provenance import current_probe_hashes
-from checks.result import ProbeResult
+from checks.result import ProbeResult, is_number
 from checks.status import ORDER, Status
 from checks.store import iter_runs, read_file, read_manifest
 
@@ -57,10 +57,6 @@ class HostSection:
     memlock: str = ""  # containers ran without memlock unlimited: why, and for how many variants
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def headline(metrics: Mapping[str, Any]) -> str:
     """The key measurement of a passing variant: the probe's own `headline`, else a latency ratio to NCCL,
     else a latency range, else an all-to-all workspace size or a compile time."""
@@ -69,7 +65,7 @@ def headline(metrics: Mapping[str, Any]) -> str:
     ratio = metrics.get("ratio_vs_nccl")
     lat, base = metrics.get("latency_us"), metrics.get("nccl_latency_us")
     if not ratio and isinstance(lat, dict) and isinstance(base, dict):  # probes that store both sides only
-        ratio = {k: float(v) / float(base[k]) for k, v in lat.items() if _number(v) and _number(base.get(k))
+        ratio = {k: float(v) / float(base[k]) for k, v in lat.items() if is_number(v) and is_number(base.get(k))
                  and float(base[k]) > 0}
     if isinstance(ratio, dict) and ratio:
         vals = sorted(float(v) for v in ratio.values() if isinstance(v, int | float))
@@ -81,10 +77,10 @@ def headline(metrics: Mapping[str, Any]) -> str:
         if vals:
             return f"{vals[0]:.1f}–{vals[-1]:.1f} µs"
     ws = metrics.get("workspace_bytes_per_rank")
-    if _number(ws):
+    if is_number(ws):
         return f"{ws / 2**20:.1f} MiB workspace/rank"
     compile_s = metrics.get("compile_s")
-    if _number(compile_s):
+    if is_number(compile_s):
         return f"compiled in {compile_s:.0f} s"
     return ""
 

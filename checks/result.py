@@ -33,7 +33,8 @@ class ResultError(ValueError):
     """A JSON object that is not a ProbeResult; the message says why."""
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """An int or float that is not a bool (JSON numbers as a metric or duration may hold them)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -64,7 +65,7 @@ class Verdict:
         duration, metrics, evidence = data.get("duration_s"), data.get("metrics"), data.get("evidence")
         return cls(status=status, reason_code=str(data.get("reason_code") or ""), note=str(data.get("note") or ""),
                    remediation=str(data.get("remediation") or ""),
-                   duration_s=float(duration) if _number(duration) else 0.0,
+                   duration_s=float(duration) if is_number(duration) else 0.0,
                    metrics=dict(metrics) if isinstance(metrics, Mapping) else {},
                    evidence=dict(evidence) if isinstance(evidence, Mapping) else {})
 
@@ -122,7 +123,7 @@ class ProbeResult:
             raise ResultError("an id field is not a string")
         if not isinstance(obj["metrics"], dict) or not isinstance(obj["evidence"], dict):
             raise ResultError("metrics and evidence must be objects")
-        if not _number(obj["duration_s"]):
+        if not is_number(obj["duration_s"]):
             raise ResultError("duration_s is not a number")
         code = None
         if obj["schema"] != SCHEMA_V1:

@@ -24,8 +24,13 @@ class RunReport:
     interrupted: bool = False
 
 
+def iso(stamp: float) -> str:
+    """A POSIX time as the results record it: UTC, to the second."""
+    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso(datetime.now(UTC).timestamp())
 
 
 def assemble(item: WorkItem, verdict: Verdict, run_id: str, host_id: str, started_at: str,

@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from checks.probe import HostView
 from checks.provenance import Provenance
 from checks.registry import PROBE_PATH_ENV
 from checks.result import ProbeResult, Verdict
-from checks.runner import RunReport, assemble, now_iso, preset_verdict
+from checks.runner import RunReport, assemble, iso, now_iso, preset_verdict
 from checks.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
 from checks.status import ORDER, Status
 from checks.store import RunStore, new_run_id
@@ -124,7 +123,7 @@ def started_iso(folder: Path, index: int) -> str:
         stamp = float(started_path(folder, index).read_text().strip())
     except (OSError, ValueError):
         return ""
-    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso(stamp)
 
 
 @dataclass
