@@ -16,14 +16,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks import classify, memlock
-from checks.executor import CODE_ROOT, ExecutorError, hard_timeout, parse_result_text, probe_path_dirs, worker_args
+from checks.executor import (
+    CODE_ROOT,
+    ExecutorError,
+    RunEnv,
+    apply_env,
+    hard_timeout,
+    parse_result_text,
+    probe_path_dirs,
+    worker_args,
+)
 from checks.isolate import ProcessOutcome
 from checks.probe import Variant
+from checks.probes import _compile_cache
 from checks.reasons import Catalogue
 from checks.registry import PROBE_PATH_ENV
 from checks.result import Verdict
 
 MOUNT_ROOT = "/opt/stackprobe-code"  # apart from /opt/stackprobe, where cell images keep their locks
+COMPILE_CACHE_MOUNT = "/opt/stackprobe-compile-cache"  # the host's shared compile cache, read-write
 LABEL = "stackprobe.run"
 # KEY=VALUE labels added to every container, so whoever started a run (a test session, a CI job) can find
 # and remove whatever its runs left behind, and nothing else
@@ -68,6 +79,7 @@ class DockerExecutor:
     image_id: str | None = None
     use_init: bool = True  # PID 1 ignores default-action signals; an init makes a crash look like one
     name: str = "docker"
+    run_env: RunEnv = ()  # the run's settings for this cell (checks.executor.run_env), host paths as given
     _client: Any = None
 
     @property
@@ -88,6 +100,11 @@ class DockerExecutor:
         env = {"PYTHONPATH": MOUNT_ROOT, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
         if extra:
             env[PROBE_PATH_ENV] = ":".join(extra)
+        apply_env(env, self.run_env)
+        cache = env.get(_compile_cache.ENV)
+        if cache:  # outside the image, so what one container builds the next one, and the next run, finds
+            volumes[cache] = {"bind": COMPILE_CACHE_MOUNT, "mode": "rw"}
+            env[_compile_cache.ENV] = COMPILE_CACHE_MOUNT
         cfg: dict[str, Any] = {
             "image": self.image,
             "command": command,

@@ -11,18 +11,24 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from checks import classify, isolate
 from checks.probe import RESULT_MARKER, Variant
+from checks.probes import _compile_cache
+from checks.probes.fi_jit import ARCHS_ENV
 from checks.reasons import Catalogue
 from checks.registry import PROBE_PATH_ENV
 from checks.result import Verdict
 
 CODE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds the `checks` package
 HARD_TIMEOUT_MARGIN_S = 30.0  # the worker's own watchdog fires first and collects stacks
+# Builds every cell and run share (checks.probes._compile_cache); outside every image, kept between runs.
+DEFAULT_COMPILE_CACHE = CODE_ROOT / ".cache" / "compile"
+RunEnv = tuple[tuple[str, str], ...]  # NAME=value for every worker of a cell; an empty value unsets NAME
 
 
 class ExecutorError(RuntimeError):
@@ -36,6 +42,41 @@ def worker_args(variant: Variant, gpus: int, timeout_s: float) -> list[str]:
 
 def hard_timeout(timeout_s: float) -> float:
     return timeout_s + HARD_TIMEOUT_MARGIN_S
+
+
+def compile_cache_dir(given: Path | None, off: bool, env: Mapping[str, str] | None = None) -> Path | None:
+    """The host folder of the shared compile cache: ``--compile-cache``, else STACKPROBE_COMPILE_CACHE,
+    else the repository's .cache/compile; None with ``--no-compile-cache``."""
+    if off:
+        return None
+    named = (os.environ if env is None else env).get(_compile_cache.ENV)
+    return (given or (Path(named) if named else DEFAULT_COMPILE_CACHE)).resolve()
+
+
+def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, host_id: str = "") -> RunEnv:
+    """What every worker of a cell is told beyond its variant: the shared compile cache (its host path;
+    a container gets it mounted), every cross-compile target of the run (fi-jit builds them in one go),
+    and which cell and host built what the cache holds."""
+    return ((_compile_cache.ENV, str(compile_cache or "")), (ARCHS_ENV, " ".join(archs)),
+            (_compile_cache.CELL_ENV, cell_id), (_compile_cache.HOST_ENV, host_id))
+
+
+def for_run(executors: Mapping[str, Executor], archs: tuple[str, ...], compile_cache: Path | None,
+            host_id: str = "") -> dict[str, Executor]:
+    """Each cell's executor with its run environment (executors that take none are kept as they are)."""
+    if compile_cache is not None:
+        compile_cache.mkdir(parents=True, exist_ok=True)  # a bind mount of a missing folder makes a root-owned one
+    return {cid: replace(ex, run_env=run_env(cid, archs, compile_cache, host_id))
+            if is_dataclass(ex) and hasattr(ex, "run_env") else ex for cid, ex in executors.items()}
+
+
+def apply_env(env: dict[str, str], changes: RunEnv) -> dict[str, str]:
+    for name, value in changes:
+        if value:
+            env[name] = value
+        else:
+            env.pop(name, None)
+    return env
 
 
 class Executor(Protocol):
@@ -69,6 +110,7 @@ class LocalExecutor:
     python: str = sys.executable
     name: str = "local"
     extra_env: tuple[tuple[str, str], ...] = ()  # set last, over the runner's own environment
+    run_env: RunEnv = ()  # the run's settings for this cell (run_env()), before extra_env
 
     def __post_init__(self) -> None:
         resolved = shutil.which(self.python) if os.sep not in self.python else self.python
@@ -84,6 +126,7 @@ class LocalExecutor:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.pop("VIRTUAL_ENV", None)  # the interpreter chosen, not the venv stackprobe itself runs in
+        apply_env(env, self.run_env)
         env.update(self.extra_env)
         return env
 

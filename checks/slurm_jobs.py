@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.plan import WorkItem
+from checks.probes import _compile_cache
 
 SCRIPT_FILE = "job.sh"  # the batch script sbatch gets
 LOG_FILE = "slurm.out"  # the batch step's stdout and stderr (slurmstepd writes its kill notices here)
@@ -112,6 +113,9 @@ def node_command(launch: Launch, code_root: Path, folder: Path) -> list[str]:
     if launch.image is None:
         return run
     mounts = f"{code_root}:{code_root}:ro,{folder}:{folder}"
+    cache = dict(launch.env).get(_compile_cache.ENV)  # the shared compile cache, read-write
+    if cache:
+        mounts += f",{cache}:{cache}"
     return ["srun", "--ntasks=1", f"--container-image={launch.image}", f"--container-mounts={mounts}",
             f"--container-workdir={folder}", *run]
 

@@ -21,12 +21,20 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from checks import atomic, classify, hostfacts, manifest, provenance, reasons, slurm_acct, slurm_jobs, slurm_site
-from checks.executor import CODE_ROOT, ExecutorError, LocalExecutor, hard_timeout, worker_args
+from checks.executor import (
+    CODE_ROOT,
+    ExecutorError,
+    LocalExecutor,
+    compile_cache_dir,
+    hard_timeout,
+    run_env,
+    worker_args,
+)
 from checks.isolate import ProcessOutcome
 from checks.plan import CellTarget, WorkItem, plan_work, summary_counts
 from checks.probe import HostView
@@ -351,6 +359,11 @@ def run(args: argparse.Namespace, con: Any, probes: dict[str, Any], catalogue: r
         raise ExecutorError(str(exc)) from None
     gpus = site.gpus_per_node if args.gpus_per_job is None else args.gpus_per_job
     cells, launches = targets(args, site)
+    cache = compile_cache_dir(getattr(args, "compile_cache", None), getattr(args, "no_compile_cache", False))
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)  # on the shared file system the code is on, as the nodes see it
+    launches = {cid: replace(launch, env=(*run_env(cid, archs, cache), *launch.env))
+                for cid, launch in launches.items()}
     items = plan_work(cells, probes, HostView(gpu_count=gpus, target_archs=archs), args.timeout_scale)
     run_id = new_run_id()
     name = f"stackprobe-{run_id}"

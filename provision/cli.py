@@ -59,6 +59,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--envs", default=None, help="where `provision build` records its images (default: envs/)")
     p.add_argument("--venvs", default=None, help="venv cells folder (default: .cache/venvs/ of the project)")
     p.add_argument("--build-cache", action="store_true", help="also run `docker builder prune`")
+    p.add_argument("--compile-cache", action="store_true", help="also remove the compiled JIT modules `checks run` "
+                   "shares between cells and runs (.cache/compile, or $STACKPROBE_COMPILE_CACHE)")
     p.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     p.add_argument("--json", action="store_true", help="one JSON object: removals, total_bytes")
     p = sub.add_parser("doctor", help="check what the main job needs on this machine and say how to fix what lacks")
@@ -149,7 +151,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     cli = None if problem else docker.cli
     matrices = [DEFAULT_MATRIX, *(Path(m) for m in args.matrix or ())]
     removals = prune.gather(matrices, Path(args.envs) if args.envs else ENVS,
-                            Path(args.venvs) if args.venvs else VENVS, cli, args.build_cache)
+                            Path(args.venvs) if args.venvs else VENVS, cli, args.build_cache,
+                            compile_cache=args.compile_cache)
     failed = [] if args.dry_run else prune.apply(removals, docker.cli)
     done = [r for r in removals if r.target not in {f.target for f in failed}]
     if args.json:

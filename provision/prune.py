@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GB = 1_000_000_000
-IMAGE, VENV, BUILD_CACHE = "image", "venv", "build-cache"
+IMAGE, VENV, BUILD_CACHE, COMPILE_CACHE = "image", "venv", "build-cache", "compile-cache"
 REPO_PREFIX = "stackprobe/"
 
 
@@ -66,11 +66,12 @@ def _image_reason(img: Image, cells_by_repo: Mapping[str, str], recorded: Mappin
 
 def plan(images: Iterable[Image], recorded: Mapping[str, str], cells: Iterable[str], venvs: Mapping[str, int],
          base_tags: Iterable[str], build_cache: int | None = None,
-         scope: Collection[str] | None = None) -> list[Removal]:
+         scope: Collection[str] | None = None, compile_cache: tuple[str, int] | None = None) -> list[Removal]:
     """What to remove: stackprobe images no cell uses, venv cells of no matrix cell, and the BuildKit cache
     when ``build_cache`` (its size in bytes) is given. ``images`` are all the tagged images (any repository:
     a tag elsewhere keeps its image's bytes); ``recorded`` maps a cell to the tag its build.json records;
-    ``venvs`` maps a venv folder to its size; ``scope``, when given, the only image refs that may go."""
+    ``venvs`` maps a venv folder to its size; ``scope``, when given, the only image refs that may go;
+    ``compile_cache``, when given, the shared compile cache's (folder, size)."""
     cell_set = set(cells)
     cells_by_repo = {cell_repo(c): c for c in cell_set}
     bases = frozenset(base_tags)
@@ -94,6 +95,9 @@ def plan(images: Iterable[Image], recorded: Mapping[str, str], cells: Iterable[s
             out.append(Removal(VENV, folder, "venv cell of no matrix cell", size))
     if build_cache is not None:
         out.append(Removal(BUILD_CACHE, "docker builder prune", "BuildKit build cache (--build-cache)", build_cache))
+    if compile_cache is not None:
+        out.append(Removal(COMPILE_CACHE, compile_cache[0], "compiled JIT modules every run shares (--compile-cache)",
+                           compile_cache[1]))
     return out
 
 
@@ -192,7 +196,7 @@ def apply(removals: Sequence[Removal], docker: str) -> list[Removal]:
             proc = subprocess.run([docker, "image", "rm", r.target], capture_output=True, text=True)
             if proc.returncode != 0:
                 failed.append(Removal(r.kind, r.target, proc.stderr.strip()[-300:], 0))
-        elif r.kind == VENV:
+        elif r.kind in (VENV, COMPILE_CACHE):
             shutil.rmtree(r.target, ignore_errors=True)
             if Path(r.target).exists():
                 failed.append(Removal(r.kind, r.target, "could not remove every file", 0))
@@ -204,11 +208,14 @@ def apply(removals: Sequence[Removal], docker: str) -> list[Removal]:
 
 
 def gather(matrices: Sequence[Path], envs: Path, venvs: Path, docker: str | None, build_cache: bool,
-           scope: Collection[str] | None = None) -> list[Removal]:
+           scope: Collection[str] | None = None, compile_cache: bool = False) -> list[Removal]:
     """The removals for this machine (``docker`` None: no engine, venv cells only); ``scope`` narrows the
-    images that may go to these refs."""
+    images that may go to these refs; ``compile_cache``: also the shared compile cache `checks run` uses."""
+    from checks.executor import compile_cache_dir
     from provision.baseimage import DEFAULT_TAG, DEV_TAG
 
+    cache = compile_cache_dir(None, not compile_cache)
     return plan(list_images(docker) if docker else [], recorded_tags(envs), matrix_cells(matrices),
                 venv_sizes(venvs), (DEFAULT_TAG, DEV_TAG),
-                build_cache_size(docker) if docker and build_cache else None, scope)
+                build_cache_size(docker) if docker and build_cache else None, scope,
+                (str(cache), _du(cache)) if cache is not None and cache.is_dir() else None)

@@ -131,23 +131,26 @@ JIT_DIR = os.path.join(os.environ["FLASHINFER_WORKSPACE_BASE"], ".cache", "flash
 '''
 STANDIN_COMM = '''
 import os
+import re
 import subprocess
 from pathlib import Path
 from flashinfer.jit import env
 from flashinfer.jit.cpp_ext import get_cuda_path
 
-KERNEL = "__global__ void k(int* p) { *p = 1; }\\n"
-COMPILE = "$nvcc -c $in -o $out {gencode} -Xcompiler -fPIC"
+DATA = Path(__file__).resolve().parent.parent / "data"  # the package's sources and headers, as flashinfer's
+SOURCE = None  # the package's own kernel
+COMPILE = f"$nvcc -c $in -o $out {{gencode}} -I{DATA}/include -Xcompiler -fPIC"
 if os.environ.get("STANDIN_NO_DEVICE_CODE"):  # output with no fat binary to read back
-    KERNEL, COMPILE = "int f() { return 1; }\\n", "c++ -x c++ -fPIC -c $in -o $out"
+    SOURCE, COMPILE = "int f() { return 1; }\\n", "c++ -x c++ -fPIC -c $in -o $out"
 
 def _write_if_different(path, text):  # as flashinfer does, so an unchanged module stays up to date
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
 
 class JitSpec:
-    def __init__(self, name):
+    def __init__(self, name, archs):
         self.name = name
+        self.archs = archs
 
     @property
     def build_dir(self):
@@ -164,14 +167,17 @@ class JitSpec:
     def write_ninja(self):
         d = self.build_dir
         d.mkdir(parents=True, exist_ok=True)
-        _write_if_different(d / "k.cu", KERNEL)
-        gencode = " ".join(f"-gencode=arch=compute_{a},code=sm_{a}" for a in env.ARCHS)
+        src = DATA / "csrc" / "k.cu"
+        if SOURCE is not None:
+            src = d / "k.cu"
+            _write_if_different(src, SOURCE)
+        gencode = " ".join(f"-gencode=arch=compute_{a},code=sm_{a}" for a in self.archs)
         nvcc = os.environ.get("FLASHINFER_NVCC", "$cuda_home/bin/nvcc")
         _write_if_different(d / "build.ninja",
             f"cuda_home = {get_cuda_path()}\\nnvcc = {nvcc}\\n"
             f"rule cuda_compile\\n  command = {COMPILE.format(gencode=gencode)}\\n"
             "rule link\\n  command = c++ -shared $in -o $out\\n"
-            f"build {d}/k.cuda.o: cuda_compile {d}/k.cu\\n"
+            f"build {d}/k.cuda.o: cuda_compile {src}\\n"
             f"build {self.jit_library_path}: link {d}/k.cuda.o\\n"
         )
 
@@ -185,12 +191,22 @@ class OneStepSpec(JitSpec):  # a JitSpec without a ninja file of its own: build_
         subprocess.run(["ninja", "-C", str(self.build_dir)], check=True, capture_output=True)
 
 def gen_vllm_comm_module():
-    return (OneStepSpec if os.environ.get("STANDIN_ONE_STEP") else JitSpec)("vllm_comm")
+    # flashinfer's arch gate: a module keeps the targets of the majors it supports, and refuses when none is left
+    archs = env.ARCHS
+    majors = os.environ.get("STANDIN_SUPPORTED_MAJORS")
+    if majors:
+        archs = [a for a in archs if re.sub("[a-z]$", "", a)[:-1] in majors.split(",")]
+        if not archs:
+            raise RuntimeError(f"No supported CUDA architectures found for major versions {majors}")
+    return (OneStepSpec if os.environ.get("STANDIN_ONE_STEP") else JitSpec)("vllm_comm", archs)
 '''
+STANDIN_KERNEL = '#include "k.h"\n__global__ void k(int* p) { *p = K_VALUE; }\n'
+STANDIN_HEADER = "#define K_VALUE 1\n"
 
 
-def write_standin(site: Path) -> None:
-    """The stand-in flashinfer package (its JIT front end only) and its dist-info, under ``site``."""
+def write_standin(site: Path, version: str = "0.6.18", header: str = STANDIN_HEADER) -> None:
+    """The stand-in flashinfer package (its JIT front end, one kernel source and the header it includes)
+    and its dist-info, under ``site``."""
     pkg = site / "flashinfer"
     (pkg / "jit").mkdir(parents=True)
     (pkg / "__init__.py").write_text("from flashinfer.jit import env  # fixes the arch list at import\n")
@@ -198,9 +214,13 @@ def write_standin(site: Path) -> None:
     (pkg / "jit" / "cpp_ext.py").write_text(STANDIN_CPP_EXT)
     (pkg / "jit" / "env.py").write_text(STANDIN_ENV)
     (pkg / "jit" / "comm.py").write_text(STANDIN_COMM)
-    meta = site / "flashinfer_python-0.6.18.dist-info"
+    (pkg / "data" / "csrc").mkdir(parents=True)
+    (pkg / "data" / "include").mkdir()
+    (pkg / "data" / "csrc" / "k.cu").write_text(STANDIN_KERNEL)
+    (pkg / "data" / "include" / "k.h").write_text(header)
+    meta = site / f"flashinfer_python-{version}.dist-info"
     meta.mkdir()
-    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.6.18\n")
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flashinfer-python\nVersion: {version}\n")
 
 
 @pytest.fixture(scope="module")
@@ -212,8 +232,11 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
+RUN_ENV = ("STACKPROBE_COMPILE_CACHE", "STACKPROBE_FI_JIT_ARCHS", "STACKPROBE_CELL_ID", "STACKPROBE_HOST_ID")
+
+
 def _fi_jit(site: Path, arch: str, cache: Path, **env: str) -> dict:
-    base = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "VIRTUAL_ENV")}
+    base = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "VIRTUAL_ENV", *RUN_ENV)}
     bindir = str(Path(sys.executable).parent)  # ninja from this venv
     run_env = {**base, "PATH": f"{bindir}{os.pathsep}{base['PATH']}", "CUDA_VISIBLE_DEVICES": "",
                "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "STACKPROBE_JIT_CACHE": str(cache), **env}
@@ -268,3 +291,141 @@ def test_a_one_step_build_is_read_back_too(standin: Path, tmp_path: Path) -> Non
     r = _fi_jit(standin, "12.0a", tmp_path / "jit", CUDA_HOME="/usr/local/cuda", STANDIN_ONE_STEP="1")
     assert r["status"] == "pass", r
     assert r["evidence"]["targets_in_output"] == ["sm_120a"] and r["evidence"]["one_step"] is True
+
+
+# --- the shared compile cache, end to end through the worker -----------------------------------------------
+def _site(tmp_path: Path, name: str, version: str = "0.6.18", header: str = STANDIN_HEADER) -> Path:
+    site = tmp_path / name
+    write_standin(site, version, header)
+    return site
+
+
+def _entries(store: Path) -> list[str]:
+    return sorted(p.name for p in store.iterdir() if not p.name.startswith(".")) if store.is_dir() else []
+
+
+def test_another_cell_with_the_same_sources_gets_the_cached_library(standin: Path, tmp_path: Path) -> None:
+    store = tmp_path / "compile"
+    cuda = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(store)}
+    first = _fi_jit(standin, "12.0a", tmp_path / "jit-a", STACKPROBE_CELL_ID="cell-a", **cuda)
+    assert first["status"] == "pass" and "cached" not in first["metrics"], first
+    [key] = _entries(store)
+    assert first["evidence"]["cache_key"] == key
+    # another cell: its own JIT workspace, its own site-packages, another flashinfer release, same bytes
+    other = _site(tmp_path, "site-0.6.19", version="0.6.19")
+    again = _fi_jit(other, "12.0a", tmp_path / "jit-b", STACKPROBE_CELL_ID="cell-b", **cuda)
+    assert again["status"] == "pass" and again["metrics"]["cached"] is True, again
+    assert "compile_s" not in again["metrics"] and again["evidence"]["flashinfer"] == "0.6.19"
+    origin = again["evidence"]["cached_from"]
+    assert (origin["cell"], origin["flashinfer"], origin["arch_list"]) == ("cell-a", "0.6.18", "12.0a")
+    assert f"from the compile cache, built {origin['built_at']} by cell-a with flashinfer 0.6.18" in again["note"]
+    assert again["evidence"]["cache_key"] == key and _entries(store) == [key]
+    # the proof is read from the cached library itself, not from a build directory that was never made
+    assert again["evidence"]["targets_in_output"] == ["sm_120a"]
+    assert not list((tmp_path / "jit-b").rglob("*.o")) and again["evidence"]["library"].startswith(str(store))
+
+
+def test_one_changed_header_byte_is_a_new_build(standin: Path, tmp_path: Path) -> None:
+    store = tmp_path / "compile"
+    cuda = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(store)}
+    first = _fi_jit(standin, "12.0a", tmp_path / "jit-a", **cuda)
+    changed = _site(tmp_path, "site-changed", header=STANDIN_HEADER.replace("1", "2"))
+    second = _fi_jit(changed, "12.0a", tmp_path / "jit-b", **cuda)
+    assert first["status"] == second["status"] == "pass", second
+    assert "cached" not in second["metrics"] and second["evidence"]["cache_key"] != first["evidence"]["cache_key"]
+    assert len(_entries(store)) == 2
+
+
+def test_a_failed_build_is_not_cached(standin: Path, tmp_path: Path) -> None:
+    store = tmp_path / "compile"
+    cuda = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(store)}
+    broken = _site(tmp_path, "site-broken", header="#define K_VALUE )\n")
+    r = _fi_jit(broken, "12.0a", tmp_path / "jit", **cuda)
+    assert (r["status"], r["reason_code"]) == ("fail", "fi-nvcc-error"), r
+    assert _entries(store) == []
+    again = _fi_jit(broken, "12.0a", tmp_path / "jit", **cuda)  # proven again: compiled, failed again
+    assert (again["status"], again["evidence"]["stage"]) == ("fail", "compile") and "cached" not in again["metrics"]
+
+
+def test_one_build_for_both_targets_each_judged_on_its_own_sass(standin: Path, tmp_path: Path) -> None:
+    store = tmp_path / "compile"
+    run = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(store),
+           "STACKPROBE_FI_JIT_ARCHS": "12.0a 12.0f"}
+    a = _fi_jit(standin, "12.0a", tmp_path / "jit", **run)
+    assert a["status"] == "pass" and "cached" not in a["metrics"], a
+    assert a["evidence"]["built_for"] == "12.0a 12.0f" and a["evidence"]["targets_in_output"] == ["sm_120a", "sm_120f"]
+    f = _fi_jit(standin, "12.0f", tmp_path / "jit", **run)
+    assert f["status"] == "pass" and f["metrics"]["cached"] is True, f
+    assert f["evidence"]["built_for"] == "12.0a 12.0f" and f["evidence"]["cache_key"] == a["evidence"]["cache_key"]
+    assert "for 12.0a 12.0f" in f["note"] and len(_entries(store)) == 1
+
+
+def test_a_target_nvcc_refuses_falls_back_to_its_own_build(standin: Path, tmp_path: Path) -> None:
+    # nvcc 13.0 dropped sm_70: the combined build fails, and each target gets its own answer
+    run = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(tmp_path / "compile"),
+           "STACKPROBE_FI_JIT_ARCHS": "7.0 12.0a"}
+    ok = _fi_jit(standin, "12.0a", tmp_path / "jit", **run)
+    assert ok["status"] == "pass" and ok["evidence"]["built_for"] == "12.0a", ok
+    attempt = ok["evidence"]["combined_attempt"]
+    assert (attempt["arch_list"], attempt["reason_code"]) == ("7.0 12.0a", "nvcc-unsupported-arch"), attempt
+    bad = _fi_jit(standin, "7.0", tmp_path / "jit", **run)
+    assert (bad["status"], bad["reason_code"]) == ("fail", "nvcc-unsupported-arch"), bad
+    assert bad["evidence"]["built_for"] == "7.0"
+
+
+def test_a_target_the_arch_gate_drops_is_answered_by_its_own_build(standin: Path, tmp_path: Path) -> None:
+    # flashinfer keeps the targets of the majors a module supports: the combined build then succeeds without
+    # 9.0a, and 9.0a's answer must be the gate's refusal, not "built without sm_90a"
+    run = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(tmp_path / "compile"),
+           "STACKPROBE_FI_JIT_ARCHS": "9.0a 12.0a", "STANDIN_SUPPORTED_MAJORS": "12"}
+    ok = _fi_jit(standin, "12.0a", tmp_path / "jit", **run)
+    assert ok["status"] == "pass" and ok["evidence"]["built_for"] == "9.0a 12.0a", ok
+    gated = _fi_jit(standin, "9.0a", tmp_path / "jit", **run)
+    assert (gated["status"], gated["reason_code"]) == ("fail", "fi-arch-gate"), gated
+    assert gated["evidence"]["combined_attempt"]["reason_code"] == "fi-wrong-arch"
+    assert gated["evidence"]["built_for"] == "9.0a"
+
+
+def test_without_a_lasting_cache_each_target_builds_alone(standin: Path, tmp_path: Path) -> None:
+    r = _fi_jit(standin, "12.0a", tmp_path / "jit", CUDA_HOME="/usr/local/cuda",
+                STACKPROBE_FI_JIT_ARCHS="12.0a 12.0f", STACKPROBE_JIT_CACHE="")
+    assert r["status"] == "pass" and r["evidence"]["built_for"] == "12.0a", r
+
+
+@pytest.mark.parametrize(("arch", "listed", "combined"), [
+    ("12.0a", "12.0a 12.0f", "12.0a 12.0f"),
+    ("12.0f", "12.0a,12.0f", "12.0a 12.0f"),
+    ("12.0a", "12.0a", ""),  # one target: nothing to share
+    ("9.0a", "12.0a 12.0f", ""),  # not one of them
+    ("12.0a", "sm_120a 12.0A 12.0f", "12.0a 12.0f"),  # spelt as gpuarch spells them, once each
+    ("12.0a", "", ""),
+])
+def test_combined_arch_list(arch: str, listed: str, combined: str) -> None:
+    assert fi_jit.combined_archs(arch, listed) == combined
+
+
+def _checks_run(site: Path, tmp_path: Path, name: str, *flags: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "VIRTUAL_ENV", *RUN_ENV)}
+    env.update(CUDA_HOME="/usr/local/cuda", CUDA_VISIBLE_DEVICES="", PYTHONPATH=f"{site}{os.pathsep}{ROOT}",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a,vllm_comm@12.0f")
+    proc = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--local", "--python", sys.executable,
+                           "--probe", "fi-jit", "--target-arch", "12.0a,12.0f", "--json", "--no-report",
+                           "--results", str(tmp_path / name), *flags],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sorted(json.loads(proc.stdout), key=lambda r: r["variant"])
+
+
+def test_checks_run_shares_one_build_between_targets_through_its_cache(standin: Path, tmp_path: Path) -> None:
+    store = tmp_path / "compile"
+    a, f = _checks_run(standin, tmp_path, "cached", "--compile-cache", str(store))
+    assert (a["variant"], f["variant"]) == ("ranks=1,module=vllm_comm,arch=12.0a",
+                                            "ranks=1,module=vllm_comm,arch=12.0f")
+    assert a["status"] == f["status"] == "pass", (a, f)
+    assert "cached" not in a["metrics"] and f["metrics"]["cached"] is True
+    assert a["evidence"]["built_for"] == f["evidence"]["built_for"] == "12.0a 12.0f"
+    assert f["evidence"]["cached_from"]["cell"] == a["cell_id"] and len(_entries(store)) == 1
+    a, f = _checks_run(standin, tmp_path, "fresh", "--no-compile-cache")
+    assert a["status"] == f["status"] == "pass" and "cached" not in a["metrics"] | f["metrics"]
+    assert (a["evidence"]["built_for"], f["evidence"]["built_for"]) == ("12.0a", "12.0f")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from checks import toolkit
-from checks.probes import _elf
+from checks.probes import _compile_cache, _elf
 from checks.probes._flashinfer import JIT_GENERATORS, jit_generator, version
 
 RESULT_PREFIX = "@@FI-JIT@@ "
@@ -182,10 +182,99 @@ def _stopped(out: dict[str, Any], stage: str, error: str | BaseException) -> dic
     return {**out, "stage": stage, "ok": False, "error": text[-_TAIL:]}
 
 
+def _site_root() -> str:
+    """The folder that holds the flashinfer package (site-packages, or a source tree on PYTHONPATH)."""
+    import flashinfer
+
+    return str(Path(flashinfer.__file__).resolve().parent.parent)
+
+
+def _loads_from_path(spec: Any) -> bool:
+    """Whether flashinfer can load a library from a path of our choosing (a cached one); without that only
+    its own build directory is loaded, so a cache hit could not be what is loaded."""
+    load_fn = getattr(spec, "load", None)
+    try:
+        return load_fn is not None and "so_path" in inspect.signature(load_fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _cache_key(module: str, text: str, build_dir: str, out: dict[str, Any]) -> str | None:
+    """This build's key in the shared store; None (and why, in ``out``) when its inputs cannot be read."""
+    places = {"$BUILD": build_dir, "$SITE": _site_root(),
+              "$WORKSPACE": os.environ.get("FLASHINFER_WORKSPACE_BASE", "")}
+    t0 = time.monotonic()
+    try:
+        key = _compile_cache.key_of(_compile_cache.recipe(module, text, places, os.environ))
+    except OSError as exc:
+        out["cache_error"] = f"key: {type(exc).__name__}: {exc}"[:300]
+        return None
+    out["cache_key_s"] = round(time.monotonic() - t0, 2)
+    return key
+
+
+def _load(out: dict[str, Any], spec: Any) -> dict[str, Any] | None:
+    """flashinfer's own loader, after CUDA is up (libcuda is then loaded, privately, by the runtime):
+    exactly the state a probe or a server loads the module in. None when it loaded."""
+    t2 = time.monotonic()
+    try:
+        import torch
+
+        torch.zeros(1, device="cuda")
+        if _loads_from_path(spec):
+            spec.load(out["library"])
+        else:
+            spec.build_and_load()  # ninja has nothing left to do: the same build directory was just built
+    except Exception as exc:
+        return _stopped(out, "load", exc)
+    out["load_s"] = round(time.monotonic() - t2, 1)
+    out["loaded"] = True
+    return None
+
+
+def _ninja_build(out: dict[str, Any], module: str, build_dir: str, objs: list[str], finals: list[str],
+                 t0: float) -> dict[str, Any] | None:
+    """Compile, then link, with ninja in the build directory; None when both finished."""
+    rc, log = _ninja(build_dir, objs)
+    out["compile_s"] = round(time.monotonic() - t0, 1)
+    out["objects"] = len(objs)
+    if rc != 0:
+        return _stopped(out, "compile", log)
+    out["cached"] = up_to_date(log)
+    if out["cached"]:
+        out["cached_by"] = "ninja"
+        out["cached_from"] = read_record(build_dir, objs)
+    else:
+        write_record(build_dir, {"built_at": _iso(time.time()), "module": module, "flashinfer": out["flashinfer"],
+                                 "toolkit": out["toolkit"], "gencode": out["gencode"]})
+    t1 = time.monotonic()
+    rc, log = _ninja(build_dir, finals)
+    out["link_s"] = round(time.monotonic() - t1, 1)
+    out["link_cached"] = up_to_date(log)
+    if rc != 0:
+        return _stopped(out, "link", log)
+    return None
+
+
+def _store(out: dict[str, Any], module: str, store: Path, key: str, library: str) -> None:
+    """Put a finished build into the shared store; a store that cannot be written is said, not fatal."""
+    record = {**_compile_cache.provenance(), "flashinfer": out["flashinfer"], "module": module,
+              "name": out.get("name"), "toolkit": out["toolkit"], "gencode": out["gencode"],
+              "arch_list": out["arch_list"], "compile_s": out.get("compile_s"), "link_s": out.get("link_s")}
+    try:
+        out["cache_stored"] = _compile_cache.store(store, key, library, record)[1]
+    except OSError as exc:
+        out["cache_error"] = f"store: {type(exc).__name__}: {exc}"[:300]
+
+
 def build_module(module: str, load: bool = False) -> dict[str, Any]:
     """Build one comm module for the architectures flashinfer resolved at import; compile and link apart,
-    then read what the library needs at load time and, with ``load`` (a GPU is visible), load it."""
-    out: dict[str, Any] = {"module": module, "flashinfer": version()}
+    then read what the library needs at load time and, with ``load`` (a GPU is visible), load it.
+
+    With a shared store (``STACKPROBE_COMPILE_CACHE``) a build whose key is there is not compiled: the
+    result names the stored library, which is read back like a fresh one, and the build that made it."""
+    out: dict[str, Any] = {"module": module, "flashinfer": version(),
+                           "arch_list": os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or "local"}
     mirror = toolkit.resolve(flashinfer=True)
     out["toolkit"] = mirror.as_dict()
     t0 = time.monotonic()
@@ -223,41 +312,30 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     objs, finals = ninja_targets(text)
     out["gencode"] = sorted(set(re.findall(r"-gencode=\S+", text)))
     out.update(_toolkit_used(mirror, ninja_toolkit(text)))
-    rc, log = _ninja(build_dir, objs)
-    out["compile_s"] = round(time.monotonic() - t0, 1)
-    out["objects"] = len(objs)
-    if rc != 0:
-        return _stopped(out, "compile", log)
-    out["cached"] = up_to_date(log)
-    if out["cached"]:
-        out["cached_from"] = read_record(build_dir, objs)
-    else:
-        write_record(build_dir, {"built_at": _iso(time.time()), "module": module, "flashinfer": out["flashinfer"],
-                                 "toolkit": out["toolkit"], "gencode": out["gencode"]})
-    t1 = time.monotonic()
-    rc, log = _ninja(build_dir, finals)
-    out["link_s"] = round(time.monotonic() - t1, 1)
-    out["link_cached"] = up_to_date(log)
-    if rc != 0:
-        return _stopped(out, "link", log)
-    out["library"] = _library(spec)
+    store = _compile_cache.root()
+    key = _cache_key(module, text, build_dir, out) if store and (_loads_from_path(spec) or not load) else None
+    with contextlib.ExitStack() as held:
+        if store and key:
+            out["cache_key"] = key
+            out["cache_wait_s"] = held.enter_context(_compile_cache.building(store, key))
+            hit = _compile_cache.lookup(store, key)
+            if hit is not None:
+                out.update({"cached": True, "cached_by": "store", "cached_from": hit.record, "library": hit.library,
+                            "compile_s": round(time.monotonic() - t0, 1)})
+                _linkage(out)
+                stopped = _load(out, spec) if load else None
+                return stopped or {**out, "stage": "done", "ok": True}
+        stopped = _ninja_build(out, module, build_dir, objs, finals, t0)
+        if stopped:
+            return stopped  # a failure is never stored: it is proven again on every run
+        out["library"] = _library(spec)
+        if store and key and os.path.isfile(out["library"]):
+            _store(out, module, store, key, out["library"])
     _linkage(out)
     if load:
-        # flashinfer's own loader, after CUDA is up (libcuda is then loaded, privately, by the runtime):
-        # exactly the state a probe or a server loads the module in. Ninja has nothing left to do.
-        t2 = time.monotonic()
-        try:
-            import torch
-
-            torch.zeros(1, device="cuda")
-            if "so_path" in inspect.signature(spec.load).parameters:
-                spec.load(out["library"])
-            else:
-                spec.build_and_load()
-        except Exception as exc:
-            return _stopped(out, "load", exc)
-        out["load_s"] = round(time.monotonic() - t2, 1)
-        out["loaded"] = True
+        stopped = _load(out, spec)
+        if stopped:
+            return stopped
     return {**out, "stage": "done", "ok": True}
 
 

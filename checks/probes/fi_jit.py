@@ -14,9 +14,20 @@ toolkit without a ``libcuda.so`` stub compiles every object but cannot link, whi
 needs proof: the built code is read back and must hold SASS for the requested architecture (output whose
 architectures cannot be read is ``partial``), and the library's dynamic dependencies must let it load:
 driver calls (``cu*``) need a ``libcuda.so.1`` dependency, which the linker drops when the link stub does
-not export them. For ``arch=local`` the module is also loaded. When ninja finds everything up to date
-nothing is compiled: the result says ``cached`` (metrics) and which build made the objects (evidence
-``cached_from``).
+not export them. For ``arch=local`` the module is also loaded.
+
+Nothing is compiled twice when a cache outlives the variant: the shared compile cache
+(``STACKPROBE_COMPILE_CACHE``, ``checks.probes._compile_cache``: a build with the same sources, flags and
+compilers in another cell or run), or ninja finding every object up to date in ``STACKPROBE_JIT_CACHE``.
+The result then says ``cached`` (metrics) and which build made the library (evidence ``cached_from``); the
+library is still read back for proof.
+
+One build for several targets: when the host lists every cross-compile target in
+``STACKPROBE_FI_JIT_ARCHS`` (space separated) and such a cache is there, a variant first builds for the
+whole list in one go (``FLASHINFER_CUDA_ARCH_LIST="12.0a 12.0f"``), so the next target's variant finds it
+cached; each variant is still judged on the SASS of its own target in that library. When the combined
+build fails, the variant builds for its own target alone, so one target nvcc or flashinfer refuses never
+fails another; evidence ``built_for`` names the list the library was built for.
 
 Planning filter: ``STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a,trtllm_comm@local"`` keeps only those pairs
 (CI compiles the smallest module for one arch). JIT cache: ``STACKPROBE_JIT_CACHE`` (reused between runs),
@@ -28,13 +39,14 @@ from __future__ import annotations
 import glob
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 from checks import gpuarch, toolkit
 from checks.envinfo import torch_cuda_version
-from checks.probe import HostView, ProbeSpec, RankContext, Skip, Variant, outcome
-from checks.probes import _fatbin, _fi_build
+from checks.probe import QUICK, HostView, ProbeSpec, RankContext, Skip, Variant, outcome
+from checks.probes import _compile_cache, _fatbin, _fi_build
 from checks.probes import _flashinfer as fi
 
 SPEC = ProbeSpec(
@@ -50,7 +62,9 @@ SPEC = ProbeSpec(
 
 ONLY_ENV = "STACKPROBE_FI_JIT_ONLY"
 CACHE_ENV = "STACKPROBE_JIT_CACHE"
+ARCHS_ENV = "STACKPROBE_FI_JIT_ARCHS"  # every cross-compile target of the run, for one combined build
 LOCAL = "local"
+QUICK_MODULE = "vllm_comm"  # the smallest comm module: all that `checks run --level quick` compiles
 
 
 def plan(host: HostView, modules: tuple[str, ...] = fi.COMM_MODULES, only: str = "") -> list[Variant]:
@@ -58,7 +72,7 @@ def plan(host: HostView, modules: tuple[str, ...] = fi.COMM_MODULES, only: str =
     out: list[Variant] = []
     for module in modules:
         for arch in (LOCAL, *host.target_archs):
-            if wanted and (module, arch) not in wanted:
+            if (wanted and (module, arch) not in wanted) or (host.level == QUICK and module != QUICK_MODULE):
                 continue
             params = (("module", module), ("arch", arch))
             no_gpu = arch == LOCAL and not host.gpu_count
@@ -86,6 +100,20 @@ def build_env(arch: str, cache: str) -> dict[str, str]:
     else:
         env["FLASHINFER_CUDA_ARCH_LIST"] = arch
     return env
+
+
+def combined_archs(arch: str, listed: str) -> str:
+    """The arch list to build first for ``arch``: every listed target in one build when ``arch`` is one
+    of two or more, else "" (build for ``arch`` alone). Listed names are normalised like ``arch``."""
+    names: list[str] = []
+    for part in listed.replace(",", " ").split():
+        try:
+            name = str(gpuarch.parse_target(part))
+        except gpuarch.TargetError:
+            continue
+        if name not in names:
+            names.append(name)
+    return " ".join(names) if arch in names and len(names) > 1 else ""
 
 
 def _objects_targets(result: dict[str, Any]) -> list[str]:
@@ -140,6 +168,18 @@ def _proof(arch: str, result: dict[str, Any], targets: list[str]) -> tuple[str, 
     return None
 
 
+def cached_note(result: dict[str, Any]) -> str:
+    """Where a build that compiled nothing came from: the shared compile cache (which cell or host built it,
+    when, with which flashinfer, for which targets) or objects ninja found up to date."""
+    origin = result.get("cached_from") or {}
+    stamp = origin.get("built_at") or origin.get("objects_written_at") or "an unrecorded time"
+    if result.get("cached_by") == "store":
+        who = origin.get("cell") or origin.get("host") or "an unrecorded build"
+        return (f"cached: from the compile cache, built {stamp} by {who} with flashinfer "
+                f"{origin.get('flashinfer')} for {origin.get('arch_list')}")
+    return f"cached: ninja found every object up to date (built {stamp})"
+
+
 def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) -> dict[str, Any]:
     """Map one build result to an outcome; pure, so it is tested on recorded results."""
     stage = result.get("stage", "")
@@ -165,6 +205,11 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
     warning = toolkit.major_mismatch(tk, result.get("torch_cuda")) if tk else ""
     if warning:
         evidence["toolkit_warning"] = warning
+    for key in ("library", "cache_key", "cache_error", "combined_attempt"):
+        if key in result:
+            evidence[key] = result[key]
+    if result.get("arch_list"):
+        evidence["built_for"] = result["arch_list"]
     if cached:
         metrics["cached"] = True  # nothing was compiled in this run; compile_s would time nothing
         evidence["cached_from"] = result.get("cached_from")
@@ -173,11 +218,7 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
         evidence["error_tail"] = err[-1500:]
 
     def done(status: str, note: str = "", reason_code: str = "") -> dict[str, Any]:
-        if cached:
-            origin = result.get("cached_from") or {}
-            stamp = origin.get("built_at") or origin.get("objects_written_at") or "an unrecorded time"
-            note = "; ".join(p for p in (note, f"cached: ninja found every object up to date (built {stamp})") if p)
-        note = "; ".join(p for p in (note, warning) if p)
+        note = "; ".join(p for p in (note, cached_note(result) if cached else "", warning) if p)
         return outcome(status, note=note, reason_code=reason_code, metrics=metrics, evidence=evidence)
 
     if stage == "absent":
@@ -255,8 +296,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
         major, minor = torch.cuda.get_device_capability(0)
         local_cc = f"{major}.{minor}"
     os.makedirs(cache, exist_ok=True)
-    ctx.log(f"building {module} for {arch} with {tk.describe()}, cache {cache}")
-    result = _fi_build.run_build_subprocess(module, env, timeout_s=SPEC.timeout_s - 60, load=arch == LOCAL)
+    lasting = bool(_compile_cache.root() or os.environ.get(CACHE_ENV))  # a combined build outlives this variant
+    combined = combined_archs(arch, os.environ.get(ARCHS_ENV, "")) if lasting and arch != LOCAL else ""
+    result = _build(ctx, module, arch, combined, cache, tk)
     result.setdefault("toolkit", tk.as_dict())  # a builder that died early still says which toolkit it had
     torch_cuda = torch_cuda_version()
     if torch_cuda:
@@ -264,3 +306,38 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if local_cc:
         result["local_capability"] = local_cc
     return verdict(module, arch, result, _objects_targets(result))
+
+
+def _combined_failure(arch: str, arch_list: str, result: dict[str, Any]) -> dict[str, Any] | None:
+    """Why a combined build does not answer for ``arch``, or None when it does. It may have finished
+    without ``arch``: flashinfer keeps the targets of the majors a module supports and drops the rest, where
+    a build for ``arch`` alone is refused, and that refusal is the answer."""
+    if result.get("ok"):
+        targets = _objects_targets(result)
+        if not targets or expected_sass(arch) & set(targets):
+            return None  # unreadable output is judged as it would be for a build of its own
+        return {"arch_list": arch_list, "stage": "done", "reason_code": "fi-wrong-arch",
+                "line": f"the combined build holds {targets}, nothing for {arch}"}
+    err = str(result.get("error", ""))
+    return {"arch_list": arch_list, "stage": result.get("stage"), "reason_code": _fi_build.classify_jit_error(err),
+            "line": _fi_build.signature_line(err) or err.strip()[-300:]}
+
+
+def _build(ctx: RankContext, module: str, arch: str, combined: str, cache: str,
+           tk: toolkit.Toolkit) -> dict[str, Any]:
+    """The build that answers for ``arch``: the combined one when it is asked for and finishes, else one
+    for ``arch`` alone (the failed combined attempt is kept in the result)."""
+    deadline = time.monotonic() + SPEC.timeout_s - 60
+    failed: dict[str, Any] | None = None
+    for arch_list in (combined, arch) if combined else (arch,):
+        ctx.log(f"building {module} for {arch_list} with {tk.describe()}, cache {cache}")
+        result = _fi_build.run_build_subprocess(module, build_env(arch_list, cache),
+                                                timeout_s=max(1.0, deadline - time.monotonic()), load=arch == LOCAL)
+        if arch_list == arch:
+            break
+        failed = _combined_failure(arch, arch_list, result)
+        if failed is None:
+            break
+    if failed:
+        result["combined_attempt"] = failed
+    return result

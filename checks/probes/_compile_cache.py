@@ -1,0 +1,228 @@
+"""A content-addressed store of built JIT libraries, shared by every cell and run that builds the same thing.
+
+A build's key is a SHA-256 over what decides its output: the module, its ninja file with the paths that
+only say where a build happens (its build directory, the site-packages holding flashinfer, the JIT
+workspace) replaced by placeholders, the ``--version`` of the nvcc and host compiler the ninja file runs,
+the compiler flags the environment adds (``NVCC_APPEND_FLAGS``...), and the contents of every source the
+ninja file compiles and of every file under the include directories it passes that lie inside those
+folders. The flashinfer version is not in the key: two releases with byte-identical sources and flags
+make the same library and share one entry; the entry's record says which version built it.
+
+An entry is a folder named by the key, holding the linked library and ``record.json`` (which build made
+it, when, where). It is written into a temporary folder and renamed into place, so a reader never sees
+half an entry and of two builders of one key the first rename wins. Only finished builds are stored: a
+failure is proven again on every run. ``STACKPROBE_COMPILE_CACHE`` names the store; unset, nothing is
+shared.
+
+In-environment side: standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENV = "STACKPROBE_COMPILE_CACHE"
+CELL_ENV = "STACKPROBE_CELL_ID"  # set by the host for each cell's worker; recorded as who built an entry
+HOST_ENV = "STACKPROBE_HOST_ID"
+RECORD = "record.json"
+SCHEMA = 1  # bump when the key's recipe changes, so no entry made under another recipe is ever hit
+# Environment variables nvcc or the compilers read that change what a build makes.
+BUILD_ENV = ("NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "CPATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH")
+
+_INCLUDE = re.compile(r"(?:^|\s)(?:-I|-isystem\s+)(\S+)")
+_SOURCE = re.compile(r"^build \S+: (?:compile|cuda_compile) (\S+)", re.M)
+_VAR = re.compile(r"^(\w+) = (.*)$", re.M)
+
+
+def root(env: Mapping[str, str] | None = None) -> Path | None:
+    """The shared store, or None when none is configured."""
+    value = (os.environ if env is None else env).get(ENV, "")
+    return Path(value) if value else None
+
+
+# --- the key ----------------------------------------------------------------------------------------
+_FILE_DIGESTS: dict[str, str] = {}  # within one process: a header tree read once however often it is named
+_TREE_DIGESTS: dict[str, str] = {}
+
+
+def file_digest(path: str) -> str:
+    if path not in _FILE_DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _FILE_DIGESTS[path] = h.hexdigest()
+    return _FILE_DIGESTS[path]
+
+
+def tree_digest(folder: str) -> str:
+    """Every file under ``folder`` by relative path and content, in sorted order."""
+    if folder not in _TREE_DIGESTS:
+        h = hashlib.sha256()
+        for here, dirs, files in os.walk(folder):
+            dirs.sort()
+            for name in sorted(files):
+                path = os.path.join(here, name)
+                if os.path.isfile(path):
+                    h.update(f"{os.path.relpath(path, folder)}\0{file_digest(path)}\n".encode())
+        _TREE_DIGESTS[folder] = h.hexdigest()
+    return _TREE_DIGESTS[folder]
+
+
+def ninja_vars(text: str) -> dict[str, str]:
+    return dict(_VAR.findall(text))
+
+
+def expand(value: str, variables: Mapping[str, str]) -> str:
+    """``$cuda_home/include`` with the ninja file's own top-level variables put in."""
+    return re.sub(r"\$(\w+)", lambda m: variables.get(m.group(1), m.group(0)), value)
+
+
+def sources(text: str) -> list[str]:
+    """What the ninja file compiles."""
+    return _SOURCE.findall(text)
+
+
+def include_dirs(text: str) -> list[str]:
+    """Every ``-I`` and ``-isystem`` directory, with ninja variables expanded, in the order given."""
+    variables = ninja_vars(text)
+    joined = text.replace("$\n", " ")  # ninja's line continuation
+    out: list[str] = []
+    for raw in _INCLUDE.findall(joined):
+        path = expand(raw, variables)
+        if path not in out:
+            out.append(path)
+    return out
+
+
+def normalise(text: str, places: Mapping[str, str]) -> str:
+    """The ninja file with each place (placeholder -> path) written as its placeholder, longest path first
+    so that a build directory inside the workspace becomes ``$BUILD``, not ``$WORKSPACE/...``."""
+    for name, path in sorted(places.items(), key=lambda kv: -len(kv[1])):
+        if path:
+            text = text.replace(path.rstrip("/"), name)
+    return text
+
+
+def _inside(path: str, places: Mapping[str, str]) -> bool:
+    real = os.path.realpath(path)
+    return any(p and (real + "/").startswith(os.path.realpath(p).rstrip("/") + "/") for p in places.values())
+
+
+def tool_version(command: str) -> str:
+    """``COMMAND --version`` as printed (the release and build lines), or why it did not run."""
+    try:
+        proc = subprocess.run([command, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{command}: {type(exc).__name__}"
+    return f"{command} exit {proc.returncode}: {proc.stdout.strip()}"
+
+
+def recipe(module: str, text: str, places: Mapping[str, str], env: Mapping[str, str]) -> dict[str, Any]:
+    """What the key is a hash of, spelt out (so a miss can be explained by comparing two recipes)."""
+    variables = ninja_vars(text)
+    trees = {d for d in include_dirs(text) if _inside(d, places) and os.path.isdir(d)}
+    srcs = sorted(set(sources(text)))
+    trees |= {os.path.dirname(s) for s in srcs if _inside(s, places)}  # a source's own folder: "x.h" includes
+    tools = {name: tool_version(expand(variables[name], variables)) for name in ("nvcc", "cxx") if name in variables}
+    return {
+        "schema": SCHEMA,
+        "module": module,
+        "ninja": normalise(text, places),
+        "tools": tools,
+        "env": {k: env[k] for k in BUILD_ENV if env.get(k)},
+        "sources": {normalise(s, places): file_digest(s) for s in srcs},
+        "trees": {normalise(d, places): tree_digest(d) for d in sorted(trees)},
+    }
+
+
+def key_of(recipe_: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(recipe_, sort_keys=True).encode()).hexdigest()
+
+
+# --- the store --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    library: str  # the cached shared object, read in place
+    record: dict[str, Any]
+
+
+def lookup(store: Path, key: str) -> Entry | None:
+    folder = store / key
+    try:
+        record = json.loads((folder / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    library = folder / str(record.get("library_name", ""))
+    return Entry(key, str(library), record) if record.get("library_name") and library.is_file() else None
+
+
+def provenance(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Who is building: the cell (when the host said) and the host, at this moment."""
+    env = os.environ if env is None else env
+    return {"built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cell": env.get(CELL_ENV) or None,
+            "host": env.get(HOST_ENV) or socket.gethostname()}
+
+
+def store(store_dir: Path, key: str, library: str, record: Mapping[str, Any]) -> tuple[Entry, bool]:
+    """Put a built library under ``key``: (the entry, whether this call wrote it). When another builder got
+    there first, its entry stands."""
+    found = lookup(store_dir, key)
+    if found is not None:
+        return found, False
+    store_dir.mkdir(parents=True, exist_ok=True)
+    tmp = store_dir / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        name = os.path.basename(library)
+        shutil.copy2(library, tmp / name)
+        (tmp / RECORD).write_text(json.dumps({**record, "key": key, "library_name": name}, sort_keys=True) + "\n")
+        try:
+            os.rename(tmp, store_dir / key)
+        except OSError:
+            found = lookup(store_dir, key)  # a rename onto a folder that now exists: the other builder won
+            if found is None:
+                raise
+            return found, False
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    entry = lookup(store_dir, key)
+    if entry is None:
+        raise OSError(f"{store_dir / key}: stored but not readable back")
+    return entry, True
+
+
+@contextlib.contextmanager
+def building(store_dir: Path, key: str) -> Iterator[float]:
+    """Hold the key while building it, so a second builder of the same key (another cell in parallel)
+    waits for the first one's entry instead of compiling it again; yields the seconds waited. Where the
+    store cannot be locked (a read-only mount, a file system without flock) it builds without waiting."""
+    t0 = time.monotonic()
+    try:
+        locks = store_dir / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(locks / key, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield 0.0
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when this process ends, however it ends
+        yield round(time.monotonic() - t0, 1)
+    finally:
+        os.close(fd)
