@@ -1,8 +1,14 @@
 """`provision lock`: uv-compiled, hash-pinned environments per cell, written atomically to envs/<cell>/.
 
-Each cell folder holds requirements.in, requirements.lock (every package, hashes), torch.lock (the subset
-torch needs, installed as its own image layer so cells with the same torch share it), toolkit.lock (the
-registry CUDA toolkit wheels for the registry-free base) and cell.json.
+Each cell folder holds requirements.in, requirements.lock (every package, hashes), torch.lock (torch and
+everything it needs, installed as its own image layer), toolkit.lock (the registry CUDA toolkit wheels for the
+registry-free base) and cell.json.
+
+torch.lock is a function of the torch build alone (torch requirement, its CUDA variant, its index, the Python
+floor): resolved once per build and reused byte for byte by every cell on that build, whose full lock is then
+resolved within its pins. So the cells of one torch build share one image layer, whatever else they install
+and whenever they were locked (a lock resolved per cell picks whatever cuda-bindings its other packages allow,
+and a cell locked after a cuda-bindings release differs from its siblings).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from packaging.version import InvalidVersion, Version
 
 from checks import atomic
 from provision.catalog import load as load_catalog
+from provision.errors import InputError
 from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
 
 ENVS = Path(__file__).resolve().parent.parent / "envs"
@@ -36,6 +43,11 @@ _HEAD = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(?:==|@)")
 
 class LockError(RuntimeError):
     pass
+
+
+class TorchLockConflict(InputError):
+    """A cell's packages need other versions of what its torch build's shared torch.lock pins: bad input (the
+    matrix pairs them), never a silent second torch layer."""
 
 
 def uv_bin() -> str:
@@ -86,6 +98,57 @@ def guard_violations(lock: str, constraints: Sequence[str]) -> list[str]:
         if not ok:
             out.append(f"{req.name}=={version} (needs {text})")
     return out
+
+
+def torch_source(r: Resolved) -> tuple[str, str]:
+    """(requirement line, index or "registry") of the cell's torch."""
+    src = next(s for s in r.sources if s.package == "torch")
+    return src.requirement, src.where
+
+
+def torch_requirements(r: Resolved) -> str:
+    """What the torch lock resolves: torch, and cuda-python under the CUDA-major guard as a requirement, so
+    the cuda-bindings torch brings is one a cuda-python release pairs with (the kernels of a CUDA 13 cell
+    import cuda-python; alone, torch takes the newest cuda-bindings, which no cuda-python may match yet).
+    Only torch's own closure is kept (closure_subset)."""
+    return "".join(f"{line}\n" for line in (torch_source(r)[0], *guards(r)))
+
+
+def torch_compile_args(r: Resolved) -> list[str]:
+    where = torch_source(r)[1]
+    args = ["--universal", "--python-version", PYTHON_FLOOR, "--generate-hashes", "--no-header"]
+    if where != "registry":
+        args += ["--index", where]
+    if r.prerelease:
+        args += ["--prerelease", "allow"]
+    return args
+
+
+def torch_key(r: Resolved) -> str:
+    """Names one torch build: every cell with this key shares one torch.lock."""
+    parts = [torch_requirements(r), torch_compile_args(r), r.versions["torch_cuda"]]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def constraint_lines(lock: str) -> list[str]:
+    """A lock's pins as constraints, e.g. "cuda-bindings==13.4.4 ; sys_platform == 'linux'" (no hashes)."""
+    return [text.splitlines()[0].rstrip(" \\") for _name, text, _via in parse_blocks(lock)]
+
+
+def _versions(lock: str) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for name, text, _ in parse_blocks(lock):
+        m = re.search(r"==\s*([^\s;\\]+)", text.splitlines()[0])
+        out.setdefault(name, set()).add(m.group(1) if m else text.splitlines()[0].strip())
+    return out
+
+
+def torch_lock_differences(torch_lock: str, lock: str) -> list[str]:
+    """The packages of ``torch_lock`` that ``lock`` pins otherwise, e.g. ["cuda-bindings 13.5.0 (torch.lock:
+    13.4.4)"]; empty when the cell's lock agrees with every pin of its torch build."""
+    want, got = _versions(torch_lock), _versions(lock)
+    return [f"{name} {', '.join(sorted(got.get(name, {'absent'})))} (torch.lock: {', '.join(sorted(v))})"
+            for name, v in want.items() if got.get(name) != v]
 
 
 def compile_args(r: Resolved) -> list[str]:
@@ -249,6 +312,7 @@ def cell_json(r: Resolved, lock: str, uv: str, ihash: str) -> dict[str, Any]:
         "python": f">={PYTHON_FLOOR}",
         "uv": uv,
         "inputs_hash": ihash,
+        "torch_lock": torch_key(r),  # the torch build whose torch.lock this cell shares
     }
     if r.expect:  # informational: what a probe is expected to find; the probe's result is the verdict
         out["expect"] = list(r.expect)
@@ -257,8 +321,65 @@ def cell_json(r: Resolved, lock: str, uv: str, ihash: str) -> dict[str, Any]:
     return out
 
 
-def lock_cell(r: Resolved, envs: Path, uv: str, refresh: bool = False) -> dict[str, Any]:
-    """Lock one resolved cell; reuses the existing lock when its inputs did not change."""
+def known_torch_lock(envs: Path, key: str, memo: dict[str, str]) -> str | None:
+    """The torch.lock of this torch build already made: in this run (``memo``), else in a cell folder whose
+    cell.json records the key (the first in name order, so every relock agrees on one)."""
+    if key in memo:
+        return memo[key]
+    for meta_path in sorted(envs.glob("*/cell.json")):
+        try:
+            recorded = json.loads(meta_path.read_text()).get("torch_lock")
+            text = (meta_path.parent / "torch.lock").read_text() if recorded == key else None
+        except (OSError, ValueError):
+            continue
+        if text:
+            return text
+    return None
+
+
+def torch_lock_for(r: Resolved, envs: Path, memo: dict[str, str], refresh: bool = False) -> str:
+    """The one torch.lock of the cell's torch build: reused when made before (unless ``refresh``, which
+    resolves it once more for this run), else resolved from torch alone."""
+    key = torch_key(r)
+    known = memo.get(key) if refresh else known_torch_lock(envs, key, memo)
+    if known is None:
+        known = closure_subset(uv_compile(torch_requirements(r), torch_compile_args(r)), "torch")
+    memo[key] = known
+    return known
+
+
+def conflict_message(r: Resolved, differences: Sequence[str], uv_says: str = "") -> str:
+    torch_req, where = torch_source(r)
+    build = f"{torch_req} {r.versions['torch_cuda']}" + ("" if where == "registry" else f" from {where}")
+    need = f"it needs {'; '.join(differences)}" if differences else f"uv: {uv_says}"
+    return (f"{r.cell_id}: its packages do not fit the torch.lock of its torch build ({build}), which every "
+            f"cell on that build shares as one image layer: {need}; change this cell's versions in the matrix")
+
+
+def cell_lock(r: Resolved, torch_lock: str) -> str:
+    """The cell's full lock, resolved within the pins of its torch build's torch.lock."""
+    constraints = [*guards(r), *constraint_lines(torch_lock)]
+    try:
+        lock = uv_compile(requirements_in(r), compile_args(r), r.overrides, constraints)
+    except LockError as e:
+        if e.args[0] != UNAVAILABLE:
+            raise
+        try:  # does the cell resolve at all? Then the torch build's pins are what it cannot have.
+            free = uv_compile(requirements_in(r), compile_args(r), r.overrides, guards(r))
+        except LockError:
+            raise e from None
+        raise TorchLockConflict(conflict_message(r, torch_lock_differences(torch_lock, free), e.args[1])) from None
+    differences = torch_lock_differences(torch_lock, lock)
+    if differences:
+        raise TorchLockConflict(conflict_message(r, differences))
+    return lock
+
+
+def lock_cell(r: Resolved, envs: Path, uv: str, refresh: bool = False,
+              torch_locks: dict[str, str] | None = None) -> dict[str, Any]:
+    """Lock one resolved cell; reuses the existing lock when its inputs did not change and its torch.lock is
+    its torch build's. ``torch_locks`` carries the torch locks made in this run (key -> text)."""
+    memo = {} if torch_locks is None else torch_locks
     folder = envs / r.cell_id
     ihash = inputs_hash(r, uv)
     meta_path = folder / "cell.json"
@@ -268,15 +389,19 @@ def lock_cell(r: Resolved, envs: Path, uv: str, refresh: bool = False) -> dict[s
         except (OSError, ValueError):
             meta = {}
         # The guards are not in the inputs hash: they only narrow the resolution, so a lock that already
-        # satisfies them is the one uv gives with them, and the committed locks stay as they are.
-        if meta.get("inputs_hash") == ihash and not guard_violations(
+        # satisfies them is the one uv gives with them, and the committed locks stay as they are. The same
+        # holds for the torch build's lock: a cell whose torch.lock is not it (locked apart) is locked again.
+        known = known_torch_lock(envs, torch_key(r), memo)
+        same_torch = known is None or (folder / "torch.lock").exists() and (folder / "torch.lock").read_text() == known
+        if meta.get("inputs_hash") == ihash and same_torch and not guard_violations(
                 (folder / "requirements.lock").read_text(), guards(r)):
             return {"cell_id": r.cell_id, "status": "unchanged", "path": str(folder)}
-    lock = uv_compile(requirements_in(r), compile_args(r), r.overrides, guards(r))
+    torch_lock = torch_lock_for(r, envs, memo, refresh)
+    lock = cell_lock(r, torch_lock)
     files = {
         "requirements.in": requirements_in(r),
         "requirements.lock": lock,
-        "torch.lock": closure_subset(lock, "torch"),
+        "torch.lock": torch_lock,
         "toolkit.lock": toolkit_lock(r.toolkit),
         "cell.json": json.dumps(cell_json(r, lock, uv, ihash), indent=1, sort_keys=True) + "\n",
     }
@@ -288,12 +413,13 @@ def lock_cells(cells: Sequence[Resolved], envs: Path = ENVS, echo: bool = True,
                refresh: bool = False) -> list[dict[str, Any]]:
     uv = uv_version()
     out = []
+    torch_locks: dict[str, str] = {}  # one torch.lock per torch build in this run
     for r in cells:
         if r.status != RESOLVED:
             res = {"cell_id": r.cell_id, "status": r.status, "reason": r.reason}
         else:
             try:
-                res = lock_cell(r, envs, uv, refresh)
+                res = lock_cell(r, envs, uv, refresh, torch_locks)
             except LockError as e:
                 status, msg = e.args  # uv judged: unreachable index, or nothing published that fits
                 res = {"cell_id": r.cell_id, "status": status, "reason": f"uv: {msg}"}

@@ -129,3 +129,12 @@ def test_the_committed_locks_are_kept_as_they_are(tmp_path: Path) -> None:
         uv = json.loads((envs / cid / "cell.json").read_text())["uv"]
         assert lock.guard_violations((envs / cid / "requirements.lock").read_text(), lock.guards(cells[cid])) == []
         assert lock.lock_cell(cells[cid], envs, uv)["status"] == "unchanged", cid
+    # every cell locked with its torch build's key shares that build's torch.lock byte for byte
+    by_build: dict[str, set[bytes]] = {}
+    for cid in committed:
+        key = json.loads((envs / cid / "cell.json").read_text()).get("torch_lock")
+        if key is not None:
+            assert key == lock.torch_key(cells[cid]), cid
+            by_build.setdefault(key, set()).add((envs / cid / "torch.lock").read_bytes())
+    assert by_build and all(len(texts) == 1 for texts in by_build.values())
+    assert len(by_build) >= 3  # the default matrix's torch builds here: 2.9.1 cu128, 2.14.1 cu130, 2.15.0 cu132

@@ -33,8 +33,25 @@ def ids(path: Path) -> list[str]:
 
 def test_default_matrix_expansion_golden() -> None:
     cells = ids(DEFAULT_MATRIX)
-    assert len(cells) == 18
+    assert len(cells) == 6
     check_golden("default-cells.txt", "\n".join(cells) + "\n")
+
+
+def test_default_matrix_cells_each_answer_their_own_question() -> None:
+    """The SM12x gate on one stack (only flashinfer differs), CUDA 12.8, SGLang's current release, the newest
+    stack (`stable` without sgl-kernel is the newest torch release) and nightly; three torch builds resolve
+    here, and the cells on one build differ only in what sits above torch."""
+    cells = {c.cell_id: c for c in plan(DEFAULT_MATRIX, offline=True)}
+    assert list(cells) == ["cu130-torch2.14.1-sgl0.4.10-fi0.6.16", "cu130-torch2.14.1-sgl0.4.10-fi0.6.17",
+                           "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "cu130-torch2.14.1-sgl0.4.10-fi0.7.2",
+                           "cu132-torch2.15.0-sglnone-fi0.7.4", "cu130-torchnightly-sglnone-fi0.7.4"]
+    assert all(c.status == "resolved" for c in cells.values())
+    assert cells["cu130-torch2.14.1-sgl0.4.10-fi0.7.2"].cell.preset == "sglang-0.5.23"
+    newest = cells["cu132-torch2.15.0-sglnone-fi0.7.4"]
+    assert newest.cell.torch == "stable" and newest.versions["torch"] == load_catalog().torch_latest_stable
+    builds = {(c.versions["torch"], c.versions["torch_cuda"]) for c in cells.values() if not c.prerelease}
+    assert builds == {("2.14.1", "cu130"), ("2.9.1", "cu128"), ("2.15.0", "cu132")}
+    assert all(s.where == "registry" for c in cells.values() if not c.prerelease for s in c.sources)
 
 
 def test_github_actions_semantics_golden() -> None:
@@ -53,7 +70,8 @@ def test_default_plan_offline_golden() -> None:
 @pytest.mark.parametrize(
     ("kw", "expected"),
     [
-        ({"cuda": "13"}, {"cu130"}),
+        ({"cuda": "13"}, {"cu130", "cu132"}),
+        ({"cuda": "13.2"}, {"cu132"}),
         ({"cuda": "12.8"}, {"cu128"}),
         ({"cuda": "12"}, {"cu128"}),
     ],
@@ -66,13 +84,15 @@ def test_select_by_cuda_prefix(kw: dict[str, str], expected: set[str]) -> None:
 def test_select_by_torch_and_glob() -> None:
     nightly = plan(DEFAULT_MATRIX, torch="nightly", offline=True)
     assert nightly and all("torchnightly" in c.cell_id for c in nightly)
-    exact = plan(DEFAULT_MATRIX, torch="2.9.1", offline=True)
-    assert {c.cell_id for c in exact} == {f"cu{x}-torch2.9.1-sgl0.4.1-fi0.6.1{y}" for x in ("128", "130") for y in "67"}
-    globbed = plan(DEFAULT_MATRIX, only=["*fi0.6.8.post1", "cu128-*-fi0.6.16"], offline=True)
+    exact = plan(DEFAULT_MATRIX, torch="2.14.1", offline=True)
+    assert {c.cell_id for c in exact} == {f"cu130-torch2.14.1-sgl0.4.10-fi{v}" for v in ("0.6.16", "0.6.17", "0.7.2")}
+    stable = plan(DEFAULT_MATRIX, torch="stable", offline=True)
+    assert {c.cell_id for c in stable} == {c.cell_id for c in plan(DEFAULT_MATRIX, offline=True)} - {
+        "cu130-torchnightly-sglnone-fi0.7.4", "cu130-torch2.14.1-sgl0.4.10-fi0.7.2"}  # the preset pins its torch
+    globbed = plan(DEFAULT_MATRIX, only=["*fi0.7.*", "cu128-*-fi0.6.17"], offline=True)
     assert [c.cell_id for c in globbed] == [
-        "cu128-torch2.9.1-sgl0.4.1-fi0.6.16", "cu128-torch2.11.0-sgl0.4.2-fi0.6.16",
-        "cu128-torchnightly-sgl0.4.1-fi0.6.16", "cu128-torchnightly-sgl0.4.2-fi0.6.16",
-        "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1",
+        "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "cu130-torch2.14.1-sgl0.4.10-fi0.7.2",
+        "cu132-torch2.15.0-sglnone-fi0.7.4", "cu130-torchnightly-sglnone-fi0.7.4",
     ]
 
 
@@ -82,11 +102,11 @@ def test_empty_selection_is_bad_input() -> None:
 
 
 def test_plan_cells_interface() -> None:
-    cells = plan_cells(DEFAULT_MATRIX, cuda="13", only="*fi0.6.8.post1")
+    cells = plan_cells(DEFAULT_MATRIX, cuda="13", only="*fi0.7.2")
     assert len(cells) == 1
     c = cells[0]
-    assert (c.cell_id, c.status, c.cuda) == ("cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1", "resolved", "13.0")
-    assert c.versions["torch"] == "2.11.0" and c.versions["sgl_kernel"] == "0.4.2"
+    assert (c.cell_id, c.status, c.cuda) == ("cu130-torch2.14.1-sgl0.4.10-fi0.7.2", "resolved", "13.0")
+    assert c.versions["torch"] == "2.14.1" and c.versions["sgl_kernel"] == "0.4.10"
 
 
 BAD = [

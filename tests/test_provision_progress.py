@@ -73,8 +73,12 @@ def cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     monkeypatch.setattr("provision.baseimage.ensure_base", lambda **kw: DEFAULT_TAG)
     out = []
     for cid in CELLS:
-        shutil.copytree(ROOT / "envs" / cid, tmp_path / "envs" / cid,
+        # the matrix's cu128 cell, and a copy of it that asks another flashinfer: two cells of one torch build
+        shutil.copytree(ROOT / "envs" / CELLS[1], tmp_path / "envs" / cid,
                         ignore=shutil.ignore_patterns("build.json"))
+        meta = json.loads((tmp_path / "envs" / cid / "cell.json").read_text())
+        meta["cell_id"], meta["expected"]["flashinfer"] = cid, cid.rsplit("fi", 1)[1]
+        (tmp_path / "envs" / cid / "cell.json").write_text(json.dumps(meta))
         out.append(tmp_path / "envs" / cid)
     return out
 

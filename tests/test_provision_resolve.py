@@ -38,8 +38,8 @@ def test_reasons_golden() -> None:
 
 def test_plan_json_roundtrip_fields() -> None:
     data = plan_json(resolve_all(DEFAULT_MATRIX, offline=True))
-    real = next(d for d in data if d["cell_id"] == "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1")
-    assert real["requirements"] == ["torch==2.11.0", "sglang-kernel==0.4.2", "flashinfer-python==0.6.8.post1"]
+    real = next(d for d in data if d["cell_id"] == "cu130-torch2.14.1-sgl0.4.10-fi0.7.2")
+    assert real["requirements"] == ["torch==2.14.1", "sglang-kernel==0.4.10", "flashinfer-python==0.7.2"]
     assert set(real["sources"].values()) == {"registry"}
 
 
@@ -100,8 +100,13 @@ def test_stable_follows_kernel_abi() -> None:
     cat = load_catalog()
     assert resolve(Cell("12.8", "stable", "0.4.1", "none"), cat).versions["torch"] == "2.9.1"
     assert resolve(Cell("13.0", "stable", "0.4.2", "none"), cat).versions["torch"] == "2.11.0"
+    assert resolve(Cell("13.0", "stable", "0.4.10", "none"), cat).versions["torch"] == "2.14.1"
     newest = resolve(Cell("13.0", "stable", "none", "none"), cat)
-    assert newest.versions["torch"] == cat.torch_latest_stable
+    assert newest.versions["torch"] == cat.torch_latest_stable == "2.15.0"
+    # the newest release's registry wheel is its CUDA 13.2 build: that cell needs no PyTorch index
+    on_132 = resolve(Cell("13.2", "stable", "none", "0.7.4"), cat)
+    assert on_132.sources[0].requirement == "torch==2.15.0" and on_132.indexes == ()
+    assert newest.sources[0].requirement == "torch==2.15.0+cu130" and newest.indexes
 
 
 def test_wrong_catalog_fact_changes_resolution() -> None:
