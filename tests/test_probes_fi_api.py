@@ -206,22 +206,6 @@ def test_ep_a2a_on_a_flashinfer_without_either_api_is_skip_not_fail(tmp_path: Pa
     assert "flashinfer-python 0.5.3" in o["note"]
 
 
-def test_ep_a2a_simulation_on_moe_ep_runs_only_on_request(tmp_path: Path) -> None:
-    """On 2x H200 the simulated moe_ep dispatch did not finish (cause not established): not run by default,
-    said so as `not-applicable`, never reported as a flashinfer hang."""
-    code = f"""
-        import json
-        from pathlib import Path
-        from checks.probe import RankContext, Variant
-        from checks.probes import ep_a2a
-        ctx = RankContext(0, 1, 0, 0, Variant("ep-a2a", 1, (("mode", "sim"), ("ep", "2"))), Path({str(tmp_path)!r}))
-        print(json.dumps(ep_a2a.run(ctx)))
-    """
-    o = _json(_python("fi07", code))
-    assert (o["status"], o["reason_code"]) == ("skip", "not-applicable")
-    assert "STACKPROBE_MOE_EP_SIM=1" in o["note"] and "mode=gpus" in o["note"]
-
-
 # --- simulated ranks: an order of device work a GPU can finish -----------------------------------------
 SIMULATE = """
     import json

@@ -7,7 +7,7 @@
 #                  command="bash tools/device_run_overlay.sh 'cu130-*-fi0.6.*' 480")
 # Results: $OUT/res/<host>/<run>.jsonl and .manifest.json (copy into results/), $OUT/build.txt (the build and
 # each cell's build.json), $OUT/run.log. FI_JIT_ONLY narrows fi-jit (default: vllm_comm for the local GPU);
-# RESUME=DIR continues an interrupted run kept in DIR.
+# PROBES="ID ..." runs only those probes; RESUME=DIR continues an interrupted run kept in DIR.
 set -u
 cd "$(dirname "$0")/.."
 ONLY="${1:-*}"
@@ -39,8 +39,10 @@ for d in .whl/overlay/aot/*/; do
     done
 done
 RES="$OUT/res"; EXTRA=()
-if [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$RES"; EXTRA=(--resume); fi
-timeout -s INT "$SUITE_S" python3 -m checks.cli run --backend venv --all --matrix "$M" --only "$ONLY" \
+# PROBES="ep-a2a pcie-ipc" narrows the suite (default: every probe).
+if [ -n "${PROBES:-}" ]; then for p in $PROBES; do EXTRA+=(--probe "$p"); done; else EXTRA+=(--all); fi
+if [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$RES"; EXTRA+=(--resume); fi
+timeout -s INT "$SUITE_S" python3 -m checks.cli run --backend venv --matrix "$M" --only "$ONLY" \
     --timeout-scale 0.25 --results "$RES" "${EXTRA[@]}" > "$OUT/run.log" 2>&1
 echo "run rc=$? in $(( $(date +%s) - T0 ))s"
 grep -E "^ *(pass|partial|fail|crash|hang|skip|not-run) " "$OUT/run.log" | head -120

@@ -32,11 +32,9 @@ INVALID_EXPERT = -1
 TIMEOUT_S = 60  # moe-ep: a wait on a peer longer than this traps the kernel instead of hanging the rank
 SIM_TIMEOUT_S = 20  # simulated ranks: below the probe's own 60 s wait, so a stuck handshake ends in its message
 # flashinfer.moe_ep has no single-process entry point for several ranks; the simulation drives its kernel module
-# directly. On 2x H200 (flashinfer 0.7.4, sm_90a) that dispatch did not complete within 55 s, while the same
-# kernels across two processes were exact. That run queued each rank's sanitising kernel right after its
-# dispatch, the order that also hung the 0.6 simulation (see dispatch_all), which now runs in the order that
-# passed; until a GPU run confirms that this was the cause, the moe_ep simulation runs only on request.
-SIM_OPT_IN = "STACKPROBE_MOE_EP_SIM"
+# directly. Every simulated rank's dispatch must be queued before any rank's sanitising kernel (dispatch_all):
+# queued the other way, the dispatch waits on peers whose kernels sit behind it on the one GPU, and never ends
+# (seen on 2x H200 with 0.6.18 and 0.7.4). In that order both generations passed at ep=2/4/8 on an H200.
 
 _OLD = "flashinfer.comm.trtllm_moe_alltoall"
 _KERNELS = "flashinfer.moe_ep.backends.split.comm.nvlink_one_sided.kernels"
@@ -360,19 +358,6 @@ class MoeEpRanks:
 
     def combine(self, payload: Any) -> Any:
         return self.comm.combine(payload.reshape(-1, self.shape.hidden))
-
-
-def sim_refusal(gen: _api.Generation) -> str:
-    """Why simulated ranks are not run on this generation ('' when they are)."""
-    import os
-
-    if gen is MOE_EP and os.environ.get(SIM_OPT_IN) != "1":
-        return (
-            "flashinfer.moe_ep offers no single-process multi-rank entry point; simulating ranks through its "
-            "kernel module did not complete a dispatch on an H200 (cause not established), so it runs only with "
-            f"{SIM_OPT_IN}=1; the mode=gpus variants test moe_ep across processes"
-        )
-    return ""
 
 
 def open_sim(gen: _api.Generation, shape: Shape, device: Any) -> TrtllmSim | MoeEpSim:
