@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -14,9 +15,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from checks import gpuarch, hostfacts, manifest, memlock, progress, provenance, reasons, registry, runprogress, summary
+from checks import (
+    gpuarch,
+    hostfacts,
+    incremental,
+    manifest,
+    memlock,
+    progress,
+    provenance,
+    reasons,
+    registry,
+    runprogress,
+    summary,
+)
 from checks.executor import Executor, ExecutorError, LocalExecutor, compile_cache_dir, for_run
 from checks.plan import (
+    REUSED,
     CellTarget,
     WorkItem,
     image_state,
@@ -26,6 +40,7 @@ from checks.plan import (
     select_cells,
     summary_counts,
 )
+from checks.probe import FULL, LEVELS
 from checks.progress import TICK_S
 from checks.provenance import Provenance
 from checks.result import ProbeResult
@@ -36,6 +51,14 @@ from checks.store import RunLock, RunStore, StoreBusy, latest_run, new_run_id, r
 REPO = Path(__file__).resolve().parent.parent
 STATUS_STYLE = {Status.PASS: "green", Status.PARTIAL: "yellow", Status.SKIP: "dim", Status.FAIL: "red",
                 Status.CRASH: "bold red", Status.HANG: "magenta", Status.NOT_RUN: "cyan", Status.UNAVAILABLE: "blue"}
+
+
+MAX_DEFAULT_JOBS = 4
+
+
+def default_jobs() -> int:
+    """The CPU cores this process may use, at most MAX_DEFAULT_JOBS (each compile job is itself parallel)."""
+    return max(1, min(MAX_DEFAULT_JOBS, len(os.sched_getaffinity(0))))
 
 
 class UsageError(Exception):
@@ -75,6 +98,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
                    help="passed to sbatch for every job (repeatable), e.g. --sbatch-arg=--account=X")
     p.add_argument("--resume", action="store_true", help="continue the latest run, skipping recorded variants")
+    p.add_argument("--fresh", action="store_true", help="run every variant, even those whose inputs (environment, "
+                   "probe source, host facts) match a result this host recorded (by default reused)")
+    p.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
+                   help="CPU-only variants of different cells run up to N at once; GPU variants run alone "
+                        f"(default: the CPU cores, at most {MAX_DEFAULT_JOBS}: {default_jobs()} here)")
+    p.add_argument("--level", choices=LEVELS, default=FULL, help="quick: fi-jit's smallest module only and the GPU "
+                   "probes at one message size, marked as such in the table; full (default): everything")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X", help="multiply every probe timeout")
     p.add_argument("--target-arch", default="12.0a,12.0f", help="cross-compile targets for compile probes")
@@ -288,10 +318,12 @@ def _print_plan(con: Any, facts: dict[str, Any], items: list[WorkItem], probes: 
     counts = summary_counts(items)
     con.print(f"[bold]plan[/] {len(counts)} cell(s) x {len(probes)} probe(s) = {len(items)} variant(s)")
     for cell_id, c in counts.items():
-        run = c.pop("run", 0)
-        con.print(f"  {cell_id}: {run} to run")
+        run, reused = c.pop("run", 0), c.pop(REUSED, 0)
+        con.print(f"  {cell_id}: {run} to run" + (f", {reused} unchanged" if reused else ""))
         for why, n in sorted(c.items()):
             con.print(f"    {n} decided without running, {why}")
+    if line := incremental.reused_line(items):
+        con.print(f"[bold]reused[/] {line}", highlight=False)
 
 
 def report_path(args: argparse.Namespace) -> Path | None:
@@ -308,6 +340,8 @@ def report_path(args: argparse.Namespace) -> Path | None:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.timeout_scale <= 0:
         raise UsageError("checks run: --timeout-scale must be > 0")
+    if args.jobs < 1:
+        raise UsageError(f"checks run: --jobs {args.jobs}: give 1 or more")
     try:
         archs = gpuarch.parse_targets(args.target_arch)
     except gpuarch.TargetError as exc:
@@ -324,26 +358,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.local = args.local or args.executor == "local"
     args.python = args.python or sys.executable
     facts, targets, gpus = host_and_targets(args)
-    items = plan_work(targets.cells, probes, hostfacts.host_view(facts, archs), args.timeout_scale)
+    host = dataclasses.replace(hostfacts.host_view(facts, archs), level=args.level)
+    items = plan_work(targets.cells, probes, host, args.timeout_scale)
     executors = for_run(targets.executors, archs, compile_cache_dir(args.compile_cache, args.no_compile_cache),
                         facts["host_id"])
-    _print_plan(con, facts, items, probes)
-    code = provenance.checkout()
     hashes = provenance.probe_hashes(probes)
     store = open_run(args, facts["host_id"])
-    recorded = runprogress.recorded_durations(store.folder)  # before this run adds to it
+    earlier = incremental.latest(store.folder)  # before this run adds to it
+    prints = incremental.fingerprints(executors, sorted({it.cell.cell_id for it in items if it.runs}))
+    stamps = {it.key: incremental.inputs_for(it, prints.get(it.cell.cell_id), facts, archs)
+              for it in items if it.runs}
+    if not args.fresh:
+        items = incremental.decide(items, earlier, stamps, hashes, args.level)
+    _print_plan(con, facts, items, probes)
+    code = provenance.checkout()
+    recorded = runprogress.recorded_durations(earlier)
     with RunLock(store.folder):
         new = manifest.build(store.run_id, store.host_id, now_iso(), targets.kind, facts,
-                             targets.cells, probes, code, hashes, args.argv)
+                             targets.cells, probes, code, hashes, args.argv, args.level, prints)
         old = read_manifest(store.manifest_path)[0] if args.resume else None
         store.write_manifest(manifest.merge(old, new))
         con.print(f"[bold]results[/] {store.results_path}")
         codes = {pid: code.for_probe(h) for pid, h in hashes.items()}
         done = store.recorded() if args.resume else set()
         todo = [it for it in items if it.key not in done]
-        view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded))
+        view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded), jobs=args.jobs)
         report = _execute_with_progress(con, items, executors, store, catalogue, gpus, codes, args.resume,
-                                        view)
+                                        view, jobs=args.jobs, level=args.level, inputs=stamps)
     return _finish_run(con, report, args.json, args.results, report_path(args))
 
 
@@ -351,6 +392,10 @@ def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, t
     """The summary, the regenerated table, and last the verdict count and where the table is."""
     if report.resumed:
         con.print(f"resumed: {report.resumed} variant(s) already recorded were not run again", markup=False)
+    if reused := report.reused:
+        runs = sorted({incremental.origin(r) for r in reused})
+        con.print(f"reused: {len(reused)} variant(s) unchanged since run{'s' if len(runs) > 1 else ''} "
+                  f"{', '.join(runs)} were not run again (--fresh reruns them)", markup=False)
     for line in summary.lines(report.results):
         con.print(line, markup=False)
     if as_json:
@@ -386,7 +431,8 @@ def _shown(path: Path) -> str:
 
 def _execute_with_progress(con: Any, items: list[WorkItem], executors: dict[str, Executor], store: RunStore,
                            catalogue: reasons.Catalogue, gpus: int, codes: dict[str, Provenance],
-                           resume: bool, view: runprogress.RunView) -> RunReport:
+                           resume: bool, view: runprogress.RunView, *, jobs: int = 1, level: str = FULL,
+                           inputs: dict[tuple[str, str, str], incremental.Inputs | None] | None = None) -> RunReport:
     """Run the items, saying what happens: a line when a cell comes up and one per variant that ran (with
     done/total and the time left). A terminal also gets a live bar with the running variant and its time;
     anything else gets a line when a variant starts and again every TICK_S while it runs."""
@@ -405,7 +451,7 @@ def _execute_with_progress(con: Any, items: list[WorkItem], executors: dict[str,
             header = view.cell_header(item)
             if header:
                 say(header)
-            if item.preset is not None:
+            if not item.runs:
                 return
             if bar is not None:
                 bar.start(item, view)
@@ -414,11 +460,11 @@ def _execute_with_progress(con: Any, items: list[WorkItem], executors: dict[str,
                 ticker.start(view.label(item), lambda elapsed: view.tick_line(item, elapsed))
 
         def finished(item: WorkItem, result: ProbeResult) -> None:
-            view.done.add(item.key)
+            view.finish(item)
             ticker.stop(view.label(item))
             if bar is not None:
                 bar.advance(view)
-            if item.preset is None:
+            if item.runs:
                 con.print(view.result_line(item, result), markup=False, style=STATUS_STYLE[result.verdict.status])
             note = result.verdict.evidence.get("memlock")
             if note and note != memlock.UNLIMITED and not said_memlock:
@@ -426,7 +472,7 @@ def _execute_with_progress(con: Any, items: list[WorkItem], executors: dict[str,
                 say(memlock.console_line(str(note)))
 
         return execute(items, executors, store, catalogue, gpus, codes, resume, on_result=finished,
-                       on_start=started)
+                       on_start=started, jobs=jobs, level=level, inputs=inputs)
 
 
 class _Bar:

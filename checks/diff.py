@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from checks.hostresults import HostResults
+from checks.incremental import REUSED_FROM
 from checks.report import headline
 from checks.result import ProbeResult
 
@@ -121,12 +122,15 @@ def diff(a: Side, b: Side) -> Diff:
 
 def since_previous(h: HostResults) -> Diff | None:
     """What the host's newest run changed: each of its results against the latest result the host had before
-    it for the same variant (variants the newest run did not rerun are not compared). None for one run."""
+    it for the same variant (variants the newest run did not rerun are not compared). None for one run, or when
+    the newest run reran nothing (it carried every result from earlier runs)."""
     if len(h.runs) < 2:
         return None
     newest = h.runs[-1]
     before = _keyed(h.latest(before=newest), True)
-    after = _keyed(h.of_run(newest), True)
+    after = _keyed([r for r in h.of_run(newest) if REUSED_FROM not in r.verdict.evidence], True)  # carried: not rerun
+    if not after:
+        return None  # it reran nothing
     only_b = tuple(after[k].result_id for k in sorted(after.keys() - before.keys()))
     return Diff("run", f"before {newest}", newest, len(after.keys() & before.keys()),
                 tuple(compare(before, after)), (), only_b)

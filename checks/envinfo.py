@@ -144,3 +144,27 @@ def _multicast(torch: Any, index: int) -> bool | None:
         return bool(_SymmetricMemory.has_multicast_support(torch._C._autograd.DeviceType.CUDA, index))
     except Exception:
         return None
+
+
+def fingerprint() -> dict[str, Any]:
+    """What this environment is, for `checks run` to tell whether it changed since a result was recorded:
+    the interpreter, every installed distribution (name, version, and a digest of its RECORD, which lists
+    the hash of each file it installed), the toolkit a JIT build would use and the host compiler. Reading
+    RECORD files costs milliseconds; nothing is imported."""
+    import hashlib
+    import importlib.metadata
+    import sys
+
+    rows = sorted(f"{d.metadata['Name'] or ''} {d.version} {d.locate_file('')} "
+                  f"{hashlib.sha256((d.read_text('RECORD') or '').encode()).hexdigest()}"
+                  for d in importlib.metadata.distributions())
+    tk = toolkit.resolve()
+    cxx = shutil.which("c++") or shutil.which("g++")
+    try:
+        cxx_version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout.split(
+            "\n")[0] if cxx else ""
+    except (OSError, subprocess.SubprocessError):
+        cxx_version = ""
+    return {"python": sys.version, "executable": sys.executable,
+            "distributions": hashlib.sha256("\n".join(rows).encode()).hexdigest(), "count": len(rows),
+            "nvcc": [tk.nvcc, tk.version], "cxx": [cxx or "", cxx_version]}

@@ -1,7 +1,8 @@
 """The manifest of one run, ``results/<host_id>/<run_id>.manifest.json`` (pure; the store writes it).
 
 It records what the results of the run need beside them: the host facts, every selected cell (its
-versions, image and status), the probes (title and the question each answers), the executor, the
+versions, image and status, and the fingerprint of its environment that incremental runs compare), the
+probes (title and the question each answers), the executor, the level (``full`` or ``quick``), the
 command line and, since schema 2, ``code``: the checkout the run used and the source hash of every
 selected probe (each result also carries its own probe's hash).
 """
@@ -13,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from checks.plan import CellTarget
+from checks.probe import FULL
 from checks.provenance import Checkout
 
 SCHEMA = "stackprobe.manifest/2"  # 2: `code`
@@ -20,12 +22,14 @@ SCHEMA = "stackprobe.manifest/2"  # 2: `code`
 
 def build(run_id: str, host_id: str, written_at: str, executor: str, facts: Mapping[str, Any],
           cells: list[CellTarget], probes: Mapping[str, ModuleType], code: Checkout,
-          probe_hashes: Mapping[str, str], argv: list[str]) -> dict[str, Any]:
+          probe_hashes: Mapping[str, str], argv: list[str], level: str = FULL,
+          fingerprints: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    prints = fingerprints or {}
     return {
         "schema": SCHEMA, "run_id": run_id, "host_id": host_id, "written_at": written_at, "executor": executor,
-        "facts": dict(facts),
+        "level": level, "facts": dict(facts),
         "cells": {c.cell_id: {"status": c.status, "reason": c.reason, "versions": c.versions, "image": c.image,
-                              "image_status": c.image_status} for c in cells},
+                              "image_status": c.image_status, "fingerprint": prints.get(c.cell_id)} for c in cells},
         "probes": {pid: {"title": m.SPEC.title, "feature": m.SPEC.feature} for pid, m in sorted(probes.items())},
         "code": code.to_json(probe_hashes),
         "argv": list(argv),

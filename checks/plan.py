@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from checks.probe import HostView, ProbeSpec, Variant, default_variants
+from checks.result import ProbeResult
 from checks.status import Status
 from provision import cellid
 
@@ -44,10 +45,17 @@ class WorkItem:
     variant: Variant
     timeout_s: float
     preset: Preset | None = None
+    # a result recorded earlier from the same inputs (checks.incremental): carried into this run, not rerun
+    reused: ProbeResult | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.cell.cell_id, self.spec.id, self.variant.key)
+
+    @property
+    def runs(self) -> bool:
+        """Whether this item starts a worker (else it is decided in advance or reused)."""
+        return self.preset is None and self.reused is None
 
 
 def cell_preset(cell: CellTarget) -> Preset | None:
@@ -126,10 +134,16 @@ def image_state(envs_dir: Path, cell_id: str) -> tuple[str, str | None, str]:
     return "failed", data.get("tag"), str(data.get("reason") or f"build status {status!r}")
 
 
+REUSED = "reused"  # summary_counts' key for the variants an earlier run answered
+
+
 def summary_counts(items: list[WorkItem]) -> dict[str, Counter[str]]:
-    """Per cell: how many variants run, and how many are decided in advance, by reason."""
+    """Per cell: how many variants run, how many are reused, and how many are decided in advance, by reason."""
     out: dict[str, Counter[str]] = {}
     for it in items:
         c = out.setdefault(it.cell.cell_id, Counter())
-        c["run" if it.preset is None else f"{it.preset.status}: {it.preset.note}"] += 1
+        if it.preset is not None:
+            c[f"{it.preset.status}: {it.preset.note}"] += 1
+        else:
+            c[REUSED if it.reused is not None else "run"] += 1
     return out

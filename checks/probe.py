@@ -27,7 +27,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from checks.status import ORDER, RUN_STATUSES, Status, worst
 from checks.status import parse as status_of
@@ -36,6 +36,13 @@ from checks.status import parse as status_of
 STATUSES: tuple[Status, ...] = ORDER  # best to worst; RUN_STATUSES: what a probe itself may return
 
 RESULT_MARKER = "@@STACKPROBE-RESULT@@"  # prefix of the one line of JSON the worker prints
+
+# `checks run --level`: full runs everything; quick plans fi-jit's smallest module only and runs the GPU
+# probes at one message size. The ranks of a quick run's GPU variants get LEVEL_ENV=quick.
+FULL, QUICK = "full", "quick"
+LEVELS = (FULL, QUICK)
+LEVEL_ENV = "STACKPROBE_LEVEL"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class HostView:
     compute_capability: str | None = None  # e.g. "9.0"
     gpu_name: str | None = None
     target_archs: tuple[str, ...] = ("12.0a", "12.0f")  # cross-compile targets asked by the user
+    level: str = FULL  # QUICK: plan the fewest variants that still answer each question once
 
 
 @dataclass(frozen=True)
@@ -211,6 +219,12 @@ def combine_worst(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
     merged = dict(chosen)
     merged["metrics"] = {**outcomes[0].get("metrics", {}), **chosen.get("metrics", {})}
     return merged
+
+
+def at_level(sizes: tuple[T, ...]) -> tuple[T, ...]:
+    """The message sizes (or cases) a rank measures: all of them, or in a quick run only the first, which
+    every probe lists smallest first. Read from the rank's environment, so the variant keeps its key."""
+    return sizes[:1] if os.environ.get(LEVEL_ENV) == QUICK else sizes
 
 
 def default_variants(spec: ProbeSpec, host: HostView) -> list[Variant]:

@@ -20,6 +20,8 @@ from checks import atomic, memlock
 from checks.footnotes import Footnote, Occurrence, footnotes
 from checks.footnotes import clean as _clean
 from checks.freshness import Refresh, refresh_list, staleness
+from checks.incremental import REUSED_FROM, level_of
+from checks.probe import QUICK
 from checks.provenance import current_probe_hashes
 from checks.result import ProbeResult, is_number
 from checks.status import ORDER, Status
@@ -41,6 +43,8 @@ class TableCell:
     title: str  # a plain-text summary for HTML tooltips
     stale: bool = False  # a verdict here was made by other probe code than this checkout's (STALE_MARK)
     cached: str = ""  # e.g. "cached" or "1 of 2 cached": results reused a compile instead of compiling
+    reused: str = ""  # e.g. "reused" or "3 of 4 reused": carried from an earlier run, not rerun
+    quick: bool = False  # a result here was made by a quick run (`checks run --level quick`)
 
 
 @dataclass
@@ -157,6 +161,12 @@ def cached_label(results: list[ProbeResult]) -> str:
     return "" if not n else "cached" if n == len(results) else f"{n} of {len(results)} cached"
 
 
+def reused_label(results: list[ProbeResult]) -> str:
+    """Whether the latest results were carried from an earlier run (checks.incremental) instead of run."""
+    n = sum(1 for r in results if REUSED_FROM in r.verdict.evidence)
+    return "" if not n else "reused" if n == len(results) else f"{n} of {len(results)} reused"
+
+
 def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_info: dict[str, dict[str, str]],
                catalogue_messages: dict[str, str], current: Mapping[str, str],
                catalogue_remediations: Mapping[str, str] | None = None) -> HostSection:
@@ -177,7 +187,8 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             warnings.append(why)
         if res:
             date = min(r.started_at for r in res)[:10]
-            run_rows.append({"run_id": run_id, "date": date, "path": os.path.relpath(path, out_dir)})
+            quick = m is not None and m.get("level") == QUICK
+            run_rows.append({"run_id": run_id, "date": date, "path": os.path.relpath(path, out_dir), "quick": quick})
     results = latest_results(all_results)
     stale = {r.key: why for r in results if (why := staleness(r, current))}
     executors = {str(m.get("run_id")): str(m.get("executor") or "docker") for m in manifests}
@@ -218,8 +229,11 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             is_stale = any(r.key in stale for r in rs)
             if is_stale:
                 title += "; made by other probe code than this checkout's"
+            quick = any(level_of(r) == QUICK for r in rs)
+            if quick:
+                title += "; made by a quick run"
             cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title,
-                                   is_stale, cached_label(rs))
+                                   is_stale, cached_label(rs), reused_label(rs), quick)
         rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
     refresh = refresh_list([(r, stale[r.key]) for r in results if r.key in stale], executors)
@@ -301,6 +315,7 @@ def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
     return env.get_template(f"compatibility.{kind}.j2").render(
         sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel,
         any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
+        any_reused=any(c.reused for c in cells), any_quick=any(c.quick for c in cells),
         across=across_hosts(sections))
 
 

@@ -1,20 +1,37 @@
-"""Executes a planned run: one variant at a time, each result appended to the store as it arrives."""
+"""Executes a planned run: up to ``jobs`` variants at once, each result appended to the store as it arrives.
+
+Which variant may start is decided by :func:`pick` (pure): one variant per cell at a time, in plan order
+within the cell; CPU-only variants of different cells side by side up to ``jobs``; a variant that needs the
+GPU alone, with nothing else running, so a latency is never measured beside a compile and no CPU-only probe
+that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it. Variants run in
+worker threads (each blocks on its worker process or container); only the main thread records results and
+calls back, so progress lines and the store see one event at a time. Ctrl-C reaches the main thread: it
+interrupts every worker thread, whose executor then ends its process group or removes its container.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import queue
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from checks import classify
+from checks import classify, incremental
 from checks.executor import Executor, ExecutorError
+from checks.incremental import Inputs, Key
 from checks.plan import WorkItem
+from checks.probe import FULL, LEVEL_ENV, QUICK, Variant
 from checks.provenance import Provenance
 from checks.reasons import Catalogue
 from checks.result import ProbeResult, Verdict
 from checks.status import Status
 from checks.store import RunStore
+
+STOP_WAIT_S = 60.0  # how long Ctrl-C waits for the running variants' cleanup (containers removed, groups killed)
 
 
 @dataclass
@@ -22,6 +39,11 @@ class RunReport:
     results: list[ProbeResult] = field(default_factory=list)
     resumed: int = 0  # variants skipped because --resume found them recorded
     interrupted: bool = False
+
+    @property
+    def reused(self) -> list[ProbeResult]:
+        """The results carried from earlier runs (checks.incremental), not run again."""
+        return [r for r in self.results if incremental.REUSED_FROM in r.verdict.evidence]
 
 
 def iso(stamp: float) -> str:
@@ -44,39 +66,173 @@ def preset_verdict(item: WorkItem, catalogue: Catalogue) -> Verdict:
     return classify.decided(p.status, p.reason_code, p.note, catalogue)
 
 
+def uses_gpu(item: WorkItem) -> bool:
+    return item.runs and item.spec.needs_gpu
+
+
+def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int) -> WorkItem | None:
+    """The first pending item (plan order) that may start beside ``running``, or None."""
+    if len(running) >= jobs or any(uses_gpu(r) for r in running):
+        return None
+    busy = {r.cell.cell_id for r in running}
+    for it in pending:
+        if it.cell.cell_id in busy:
+            continue
+        if uses_gpu(it) and running:
+            continue
+        return it
+    return None
+
+
+def level_variant(item: WorkItem, level: str) -> Variant:
+    """The variant as the worker gets it: a quick run's GPU variant tells its ranks the level through an
+    ``env.`` param; the recorded key stays the planned one (results say their level in evidence)."""
+    v = item.variant
+    if level == QUICK and item.spec.needs_gpu:
+        return Variant(v.probe_id, v.ranks, (*v.params, (f"env.{LEVEL_ENV}", QUICK)), v.share_gpu, v.skip)
+    return v
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """Raise KeyboardInterrupt in ``thread`` at its next bytecode: a worker thread polling its process ends
+    it as on Ctrl-C (the process group killed, stragglers swept); one blocked in a call returns first."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
+
+
+def _remove_containers(executor: Executor) -> None:
+    """A Docker executor's containers, removed from the main thread: a worker thread waiting on the daemon
+    cannot be interrupted until its container is gone."""
+    list_them, client = getattr(executor, "leftovers", None), getattr(executor, "docker", None)
+    if not callable(list_them) or client is None:
+        return
+    try:
+        for name in list_them():
+            client.api.remove_container(name, force=True)
+    except Exception as exc:  # the daemon went away: the sweep of the test or the next run finds them
+        print(f"warning: could not remove the containers of {getattr(executor, 'image', '?')}: {exc}",
+              file=sys.stderr)
+
+
 def execute(items: list[WorkItem], executors: dict[str, Executor], store: RunStore, catalogue: Catalogue,
             gpus: int, codes: Mapping[str, Provenance], resume: bool = False,
             on_result: Callable[[WorkItem, ProbeResult], None] | None = None,
-            on_start: Callable[[WorkItem], None] | None = None) -> RunReport:
-    """Run every item not yet recorded. Ctrl-C stops after cleanup; what finished stays in the store.
-    ``codes``: the code each probe id runs with, recorded in its results."""
+            on_start: Callable[[WorkItem], None] | None = None, jobs: int = 1, level: str = FULL,
+            inputs: Mapping[Key, Inputs | None] | None = None) -> RunReport:
+    """Run every item not yet recorded, up to ``jobs`` at once. Items with ``reused`` are carried into this
+    run as copies (one write for all of them), not run. Ctrl-C stops after cleanup; what finished stays in
+    the store. ``codes``: the code each probe id runs with; ``inputs``: what each fresh result records so a
+    later run can carry it."""
     report = RunReport()
     done = store.recorded() if resume else set()
+    pending: list[WorkItem] = []
+    for it in items:
+        if it.key in done:
+            report.resumed += 1
+        else:
+            pending.append(it)
+    stamps = inputs or {}
+    carried = [(it, incremental.carried(it.reused, store.run_id)) for it in pending if it.reused is not None]
+    store.append_all([r for _, r in carried])
+    for it, r in carried:
+        report.results.append(r)
+        if on_result:
+            on_result(it, r)
+    pending = [it for it in pending if it.reused is None]
     broken: dict[str, str] = {}  # cell -> why its executor cannot start (e.g. image vanished)
+
+    def record(item: WorkItem, verdict: Verdict, started: str) -> None:
+        if item.runs:
+            verdict = incremental.stamped(verdict, stamps.get(item.key), level)
+        result = assemble(item, verdict, store.run_id, store.host_id, started, codes.get(item.spec.id))
+        store.append(result)
+        report.results.append(result)
+        if on_result:
+            on_result(item, result)
+
+    def run_one(item: WorkItem) -> Verdict:
+        cell = item.cell.cell_id
+        if cell in broken:
+            return classify.decided(Status.NOT_RUN, "image-missing", broken[cell], catalogue)
+        try:
+            return executors[cell].run(level_variant(item, level), gpus, item.timeout_s, catalogue)
+        except ExecutorError as exc:
+            broken[cell] = str(exc)
+            return classify.decided(Status.NOT_RUN, "image-missing", str(exc), catalogue)
+
+    pool = _Pool(run_one)
     try:
-        for item in items:
-            if item.key in done:
-                report.resumed += 1
-                continue
-            if on_start:
-                on_start(item)
-            started = now_iso()
-            if item.preset is not None:
-                verdict = preset_verdict(item, catalogue)
-            elif item.cell.cell_id in broken:
-                verdict = classify.decided(Status.NOT_RUN, "image-missing", broken[item.cell.cell_id], catalogue)
-            else:
-                try:
-                    verdict = executors[item.cell.cell_id].run(item.variant, gpus, item.timeout_s, catalogue)
-                except ExecutorError as exc:
-                    broken[item.cell.cell_id] = str(exc)
-                    verdict = classify.decided(Status.NOT_RUN, "image-missing", str(exc), catalogue)
-            result = assemble(item, verdict, store.run_id, store.host_id, started, codes.get(item.spec.id))
-            store.append(result)
-            report.results.append(result)
-            if on_result:
-                on_result(item, result)
+        while pending or pool.running:
+            while (item := pick(pending, list(pool.running.values()), jobs)) is not None:
+                pending.remove(item)
+                if on_start:
+                    on_start(item)
+                if item.preset is not None:
+                    record(item, preset_verdict(item, catalogue), now_iso())
+                else:
+                    pool.start(item, now_iso())
+            if pool.running:
+                item, started, outcome = pool.next_done()
+                if isinstance(outcome, BaseException):
+                    raise outcome  # a bug in the runner or executor, not a verdict: as without threads
+                record(item, outcome, started)
     except KeyboardInterrupt:
         report.interrupted = True
+        pool.stop(executors)
         print("interrupted: results finished so far are kept in " + str(store.results_path), file=sys.stderr)
     return report
+
+
+Outcome = tuple[WorkItem, str, Verdict | BaseException]
+
+
+class _Pool:
+    """One thread per running variant; finished ones are collected by the main thread only."""
+
+    def __init__(self, run_one: Callable[[WorkItem], Verdict]) -> None:
+        self.run_one = run_one
+        self.running: dict[threading.Thread, WorkItem] = {}
+        self.done: queue.Queue[Outcome] = queue.Queue()
+        self.lock = threading.Lock()
+        self.live: set[threading.Thread] = set()  # threads inside run_one: the ones Ctrl-C may interrupt
+
+    def start(self, item: WorkItem, started: str) -> None:
+        th = threading.Thread(target=self._body, args=(item, started), name=f"variant {item.spec.id}", daemon=True)
+        with self.lock:
+            self.live.add(th)
+        self.running[th] = item
+        th.start()
+
+    def _body(self, item: WorkItem, started: str) -> None:
+        me = threading.current_thread()
+        outcome: Verdict | BaseException
+        try:
+            try:
+                outcome = self.run_one(item)
+            finally:
+                with self.lock:
+                    self.live.discard(me)  # from here on no interrupt is aimed at this thread
+        except BaseException as exc:  # KeyboardInterrupt from stop(), or a bug: the main thread decides
+            outcome = exc
+        self.done.put((item, started, outcome))
+
+    def next_done(self) -> Outcome:
+        """The next finished variant; waits in short slices so Ctrl-C reaches the main thread at once."""
+        while True:
+            try:
+                got = self.done.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            self.running = {th: it for th, it in self.running.items() if it is not got[0]}
+            return got
+
+    def stop(self, executors: Mapping[str, Executor]) -> None:
+        """Ctrl-C: end every running variant and wait (bounded) for the cleanup."""
+        with self.lock:
+            for th in self.live:
+                _interrupt(th)
+        for item in self.running.values():
+            _remove_containers(executors[item.cell.cell_id])
+        deadline = time.monotonic() + STOP_WAIT_S
+        for th in list(self.running):
+            th.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -8,27 +8,20 @@ anything; the command line decides where it goes (one line per event, or a live 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from checks.plan import WorkItem
 from checks.progress import Estimate, duration, estimate
 from checks.result import ProbeResult
-from checks.store import read_file
 
 Key = tuple[str, str, str]
 
 
-def recorded_durations(folder: Path) -> dict[Key, float]:
-    """The duration of every (cell, probe, variant) the newest run of this host folder recorded it in; runs
-    sort by id, which starts with their start time. Unreadable lines are skipped here: `checks report`
-    warns about them."""
-    out: dict[Key, float] = {}
-    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
-        for r in read_file(path)[0]:
-            out[r.key] = r.verdict.duration_s
-    return out
+def recorded_durations(latest: Mapping[Key, ProbeResult]) -> dict[Key, float]:
+    """The duration of every (cell, probe, variant) in the newest run that recorded it
+    (checks.incremental.latest reads them)."""
+    return {key: r.verdict.duration_s for key, r in latest.items()}
 
 
 @dataclass(frozen=True)
@@ -46,15 +39,15 @@ class Expected:
 
 
 def expected_durations(items: Iterable[WorkItem], recorded: dict[Key, float]) -> dict[Key, Expected]:
-    """For each item that will run (not decided in advance): its own recorded duration, else the mean of
-    what that probe took on this host, else nothing (never timed)."""
+    """For each item that will run (not decided in advance, not reused): its own recorded duration, else the
+    mean of what that probe took on this host, else nothing (never timed)."""
     per_probe: dict[str, list[float]] = defaultdict(list)
     for (_, probe, _), d in recorded.items():
         if d > 0:
             per_probe[probe].append(d)
     out: dict[Key, Expected] = {}
     for it in items:
-        if it.preset is not None:
+        if not it.runs:
             continue
         if it.key in recorded:
             out[it.key] = Expected(recorded[it.key], own=True)
@@ -68,38 +61,49 @@ def expected_durations(items: Iterable[WorkItem], recorded: dict[Key, float]) ->
 @dataclass
 class RunView:
     """Counts and text for one run's progress. ``items``: what this invocation will go through (variants a
-    --resume found recorded are left out by the caller)."""
+    --resume found recorded are left out by the caller; reused ones are in it, done as the run starts)."""
 
     items: list[WorkItem]
     expected: dict[Key, Expected]
     done: set[Key] = field(default_factory=set)
+    jobs: int = 1  # CPU-only variants of different cells run this many at once
     cells: list[str] = field(init=False)
+    running: set[Key] = field(default_factory=set)
     _shown_cells: set[str] = field(default_factory=set)
+    _gpu: set[Key] = field(init=False)
 
     def __post_init__(self) -> None:
         self.cells = list(dict.fromkeys(it.cell.cell_id for it in self.items))
+        self._gpu = {it.key for it in self.items if it.spec.needs_gpu}
 
     @property
     def total(self) -> int:
         return len(self.items)
 
+    def finish(self, item: WorkItem) -> None:
+        self.running.discard(item.key)
+        self.done.add(item.key)
+
     def left(self, running: Key | None = None, elapsed: float = 0.0) -> Estimate:
-        """Time left: every item still to run; the running one counts what it has left of its record."""
-        values = []
+        """Time left: every item still to run; the running one counts what it has left of its record. GPU
+        variants run one at a time; the CPU-only ones share ``jobs`` slots, so their part is divided."""
+        gpu, cpu = [], []
         for key, exp in self.expected.items():
             if key in self.done:
                 continue
             seconds = exp.seconds
             if key == running and seconds is not None:
                 seconds = max(0.0, seconds - elapsed)
-            values.append(seconds)
-        return estimate(values)
+            (gpu if key in self._gpu else cpu).append(seconds)
+        a, b = estimate(gpu), estimate(cpu)
+        return Estimate(a.seconds + b.seconds / max(1, self.jobs), a.unknown + b.unknown, a.steps + b.steps)
 
     def opening(self) -> str:
         """Said once before the first variant: how many will run and how long that should take."""
         n = len(self.expected)
         if not n:
-            return f"nothing to run: all {self.total} variant(s) are decided without running"
+            how = "reused or decided" if any(it.reused is not None for it in self.items) else "decided"
+            return f"nothing to run: all {self.total} variant(s) are {how} without running"
         est = self.left()
         where = "from the durations this host recorded" if est.unknown < n else "no earlier run on this host"
         return f"to run: {n} of {self.total} variant(s), {est.text()} ({where})"
@@ -111,9 +115,12 @@ class RunView:
             return None
         self._shown_cells.add(cid)
         mine = [it for it in self.items if it.cell.cell_id == cid]
-        run = sum(1 for it in mine if it.preset is None)
-        decided = len(mine) - run
+        run = sum(1 for it in mine if it.runs)
+        reused = sum(1 for it in mine if it.reused is not None)
+        decided = len(mine) - run - reused
         parts = [f"{run} to run" if run else "nothing to run"]
+        if reused:
+            parts.append(f"{reused} unchanged (reused)")
         if decided:
             parts.append(f"{decided} decided without running")
         return f"cell {self.cells.index(cid) + 1} of {len(self.cells)} {cid}: {', '.join(parts)}"
@@ -125,7 +132,9 @@ class RunView:
         return f"{item.cell.cell_id} {item.spec.id} {item.variant.key}"
 
     def start_line(self, item: WorkItem) -> str:
-        n = len(self.done) + 1
+        """Said when ``item`` starts; it counts as running from here until :meth:`finish`."""
+        self.running.add(item.key)
+        n = len(self.done) + len(self.running)
         return f"  start {self.label(item)} ({n} of {self.total}; {self._last(item)})"
 
     def tick_line(self, item: WorkItem, elapsed: float) -> str:

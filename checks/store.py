@@ -65,7 +65,16 @@ class RunStore:
         atomic.write_json(self.manifest_path, manifest)
 
     def append(self, result: ProbeResult) -> None:
-        line = (json.dumps(result.to_json(), sort_keys=True, default=str, separators=(",", ":")) + "\n").encode()
+        self.append_all([result])
+
+    def append_all(self, results: list[ProbeResult]) -> None:
+        """Append whole lines in one rewrite (a run carrying hundreds of earlier results writes the file once,
+        not once per result). Safe from several threads or processes: each call opens the file anew, so
+        each holds its own flock."""
+        if not results:
+            return
+        line = b"".join((json.dumps(r.to_json(), sort_keys=True, default=str, separators=(",", ":")) + "\n").encode()
+                        for r in results)
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.results_path
         while True:

@@ -230,8 +230,8 @@ def test_run_ends_with_the_table_and_a_verdict_count_and_summarises_what_is_wort
     # the table the run wrote is the one `checks report` writes from the same results
     assert main(["report", "--results", str(results), "--out", str(table), "--check"]) == 0
 
-    # a second run estimates from what the first recorded
-    code, err = _run_in_process([*argv, "--no-report"], capsys)
+    # a second run estimates from what the first recorded (--fresh: in a clean checkout it would reuse them)
+    code, err = _run_in_process([*argv, "--no-report", "--fresh"], capsys)
     assert code == 0
     assert any(ln.startswith("to run: 4 of 6 variant(s), about ") and ln.endswith(
         "(from the durations this host recorded)") and "never timed" not in ln for ln in err)

@@ -14,7 +14,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome, per_world_size
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, at_level, outcome, per_world_size
 from checks.probes import _data, _device, _dist, _errors, _symm, _timing
 
 SPEC = ProbeSpec(
@@ -415,7 +415,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     evidence: dict[str, Any] = {
         "backend": name,
         "hidden": _data.HIDDEN,
-        "tokens": list(TOKENS),
+        "tokens": list(at_level(TOKENS)),
         "calls_per_graph": CALLS_PER_GRAPH,
         "replays": REPLAYS,
         "multicast_env": multicast_env,
@@ -442,7 +442,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         nccl.prepare(max_numel)
     results: dict[int, dict[str, Any]] = {}
     baseline: dict[int, dict[str, Any]] = {}
-    for numel in (t * _data.HIDDEN for t in TOKENS):
+    for numel in (t * _data.HIDDEN for t in at_level(TOKENS)):
         nbytes = numel * 2
         if nccl is not None:
             baseline[nbytes] = measure(nccl, numel, ctx.rank, ctx.world_size, device, gloo, barrier)

@@ -16,7 +16,16 @@ import contextlib
 import importlib.util
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome, per_world_size, shared_gpu_variants
+from checks.probe import (
+    HostView,
+    ProbeSpec,
+    RankContext,
+    Variant,
+    at_level,
+    outcome,
+    per_world_size,
+    shared_gpu_variants,
+)
 from checks.probes import _data, _device, _dist, _errors, _timing
 from checks.probes import _flashinfer as fi
 from checks.probes._lockstep import Lockstep, Stopped
@@ -115,7 +124,7 @@ def _eager(ar: Any, rank: int, world: int, device: Any, checks: dict[str, Any]) 
     """One staged allreduce per size into a sentinel-filled output, each checked exactly (into ``checks``)."""
     import torch
 
-    for i, tokens in enumerate(TOKENS):
+    for i, tokens in enumerate(at_level(TOKENS)):
         shape = (tokens, _data.HIDDEN)
         x = _data.pattern(shape, rank, i, device)
         out = torch.full(shape, _data.SENTINEL, dtype=torch.bfloat16, device=device)
@@ -201,7 +210,7 @@ def _timed_latency(ar: Any, rank: int, world: int, device: Any, group: Any) -> d
 
     barrier = _timing.stream_barrier(device, group)
     sizes: dict[str, dict[str, Any]] = {}
-    for i, tokens in enumerate(LATENCY_TOKENS):
+    for i, tokens in enumerate(at_level(LATENCY_TOKENS)):
         shape = (tokens, _data.HIDDEN)
         seed = 400 + i
         x = torch.empty(shape, dtype=torch.bfloat16, device=device)

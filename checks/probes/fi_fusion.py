@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, at_level, gpu_shortfall, outcome
 from checks.probes import _data, _device, _dist
 from checks.probes import _flashinfer as fi
 from checks.probes._fi_build import classify_jit_error
@@ -182,7 +182,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
         cases: dict[int, _Case] = {}
         with lock.step("eager call", "fi-fusion-error") as found:
-            for i, tokens in enumerate(TOKENS):
+            for i, tokens in enumerate(at_level(TOKENS)):
                 case = cases[tokens] = _Case(tokens, ctx.rank, ctx.world_size, device)
                 case.fill(seed=i)
                 step(case)
@@ -191,9 +191,10 @@ def run(ctx: RankContext) -> dict[str, Any]:
             metrics["norm_exact_fraction"] = min(r["norm"]["exact_fraction"] for r in eager.values())
             metrics["norm_max_abs_err"] = max(r["norm"]["max_abs_err"] for r in eager.values())
             found.early = _wrong(eager, "fail", f"rank {ctx.rank}: eager result", metrics, evidence)
-        prefix = "eager exact at 1..128 tokens; "
+        sizes = at_level(TOKENS)
+        prefix = f"eager exact at {sizes[0]}{f'..{sizes[-1]}' if len(sizes) > 1 else ''} tokens; "
         with lock.step("graph capture/replay", "fi-fusion-graph-failed", status="partial", prefix=prefix):
-            for i, tokens in enumerate(GRAPH_TOKENS):
+            for i, tokens in enumerate(at_level(GRAPH_TOKENS)):
                 case = cases[tokens]
                 case.fill(seed=50 + i)
                 g = _device.capture(lambda c=case: step(c), calls=GRAPH_CALLS, warmup=2)

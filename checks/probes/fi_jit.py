@@ -45,7 +45,7 @@ from typing import Any
 
 from checks import gpuarch, toolkit
 from checks.envinfo import torch_cuda_version
-from checks.probe import HostView, ProbeSpec, RankContext, Skip, Variant, outcome
+from checks.probe import QUICK, HostView, ProbeSpec, RankContext, Skip, Variant, outcome
 from checks.probes import _compile_cache, _fatbin, _fi_build
 from checks.probes import _flashinfer as fi
 
@@ -64,6 +64,7 @@ ONLY_ENV = "STACKPROBE_FI_JIT_ONLY"
 CACHE_ENV = "STACKPROBE_JIT_CACHE"
 ARCHS_ENV = "STACKPROBE_FI_JIT_ARCHS"  # every cross-compile target of the run, for one combined build
 LOCAL = "local"
+QUICK_MODULE = "vllm_comm"  # the smallest comm module: all that `checks run --level quick` compiles
 
 
 def plan(host: HostView, modules: tuple[str, ...] = fi.COMM_MODULES, only: str = "") -> list[Variant]:
@@ -71,7 +72,7 @@ def plan(host: HostView, modules: tuple[str, ...] = fi.COMM_MODULES, only: str =
     out: list[Variant] = []
     for module in modules:
         for arch in (LOCAL, *host.target_archs):
-            if wanted and (module, arch) not in wanted:
+            if (wanted and (module, arch) not in wanted) or (host.level == QUICK and module != QUICK_MODULE):
                 continue
             params = (("module", module), ("arch", arch))
             no_gpu = arch == LOCAL and not host.gpu_count

@@ -24,7 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome, per_world_size, shared_gpu_variants
+from checks.probe import (
+    HostView,
+    ProbeSpec,
+    RankContext,
+    Variant,
+    at_level,
+    outcome,
+    per_world_size,
+    shared_gpu_variants,
+)
 from checks.probes import _api, _data, _device, _dist, _errors, _fi_pcie, _timing
 from checks.probes import _flashinfer as fi
 from checks.probes._lockstep import Lockstep, Stopped
@@ -78,7 +87,7 @@ def variants(host: HostView) -> list[Variant]:
 
 
 def cases(op: str) -> tuple[Case, ...]:
-    return MAIN + EDGES[op]
+    return at_level(MAIN) + EDGES[op]
 
 
 # --- data ------------------------------------------------------------------------------------------------
@@ -223,7 +232,7 @@ def _latency(
     out: dict[str, dict[str, float]] = {"latency_us": {}, "seed_latency_us": {}, "nccl_latency_us": {}}
     with _timing.side_stream(device):
         barrier = _timing.stream_barrier(device, group)
-        for c in MAIN:
+        for c in at_level(MAIN):
             b = bufs[c.key]
             seed_cfg, tuned_cfg = configs["seed"].get(c.key), configs["tuned"].get(c.key)
             if seed_cfg is None or tuned_cfg is None:

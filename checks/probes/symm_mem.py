@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, at_level, gpu_shortfall, outcome
 from checks.probes import _data, _device, _dist, _errors, _symm
 
 SPEC = ProbeSpec(
@@ -163,7 +163,7 @@ def exercise_op(
     for mode in ("eager", "graph"):
         res: dict[str, Any] = {"verdict": "ok"}
         everyone = ["ok"]
-        for tokens in TOKENS:
+        for tokens in at_level(TOKENS):
             shape = (tokens, _data.HIDDEN)
             inp = buf[: tokens * _data.HIDDEN].view(shape)  # a view of the symmetric buffer, as the ops need
             out = torch.empty(shape, device=device, dtype=torch.bfloat16)

@@ -1,0 +1,180 @@
+"""Incremental runs (host side): a variant whose inputs match the result this host recorded last for it is not
+run again; that result is carried into the new run as a copy marked with the run that measured it.
+
+A verdict's inputs: the host (its results folder), the cell, the cell's environment (a Docker image's id; for
+a venv or a local interpreter, its installed distributions, toolkit, host compiler and the run-shaping
+environment variables the ranks inherit), the probe's source hash, the variant (its key holds its params),
+the host facts the probe can read (the GPUs and their driver for every probe, since compile and inventory
+probes look at the local GPU too; the cross-compile targets for CPU-only probes) and the run's level.
+
+Only verdicts a rerun would repeat are carried: what a probe itself decided (pass, partial, fail, skip),
+never a hang, a crash, a not-run, a worker that died without an answer, or a result made by code that
+differed from its commit (``code.dirty`` true or unknown). A full run never carries a quick run's result.
+
+Everything here is pure but :func:`latest` and :func:`fingerprints`, which read the results folder and ask
+each cell's environment what it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from checks.plan import WorkItem
+from checks.probe import FULL, QUICK
+from checks.result import ProbeResult, Verdict
+from checks.status import Status
+from checks.store import read_file
+
+Key = tuple[str, str, str]
+INPUTS = "inputs"  # evidence key: the Inputs a result was made from
+REUSED_FROM = "reused_from"  # evidence key: the run that measured a carried result
+LEVEL = "level"  # evidence key: "quick" on results of a quick run (absent: full)
+CARRIED = frozenset({Status.PASS, Status.PARTIAL, Status.FAIL, Status.SKIP})
+# fail verdicts the harness made when the worker gave no answer: nothing says a rerun would repeat them
+NO_ANSWER = frozenset({"bad-result", "no-result", "nonzero-exit"})
+FINGERPRINT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The inputs of one variant's verdict beyond its host, cell, key and probe hash (which the result holds)."""
+
+    env: str  # the cell environment's fingerprint
+    host: str  # digest of the host facts the probe can read
+
+    def to_json(self) -> dict[str, str]:
+        return {"env": self.env, "host": self.host}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def host_inputs(needs_gpu: bool, facts: Mapping[str, Any], target_archs: tuple[str, ...]) -> str:
+    """The host facts a probe's verdict can depend on, digested."""
+    gpus = [str(g.get("name")) for g in facts.get("gpus") or [] if isinstance(g, Mapping)]
+    seen: dict[str, Any] = {"gpus": gpus, "gpu_count": facts.get("gpu_count"), "driver": facts.get("driver"),
+                            "compute_capability": facts.get("compute_capability")}
+    if not needs_gpu:
+        seen["target_archs"] = list(target_archs)  # the compile probes build for every one of them
+    return _digest(seen)
+
+
+def inputs_for(item: WorkItem, env: str | None, facts: Mapping[str, Any],
+               target_archs: tuple[str, ...]) -> Inputs | None:
+    """None when the environment's fingerprint is unknown: such a result can never be matched."""
+    return Inputs(env, host_inputs(item.spec.needs_gpu, facts, target_archs)) if env else None
+
+
+def level_of(result: ProbeResult) -> str:
+    return QUICK if result.verdict.evidence.get(LEVEL) == QUICK else FULL
+
+
+def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, level: str) -> str:
+    """'' when ``result`` answers a variant with these inputs in a run at ``level``; else why it does not."""
+    v = result.verdict
+    if v.status not in CARRIED or (v.status is Status.FAIL and v.reason_code in NO_ANSWER):
+        return f"its verdict ({v.status} {v.reason_code}) is not one a rerun repeats"
+    if result.code is None or result.code.dirty is not False:
+        return "made by code that differed from its commit (or by unrecorded code)"
+    if result.code.probe_hash != probe_hash:
+        return "the probe's source changed"
+    if inputs is None:
+        return "this cell's environment has no fingerprint"
+    if v.evidence.get(INPUTS) != inputs.to_json():
+        return "the environment or the host facts changed"
+    if level == FULL and level_of(result) == QUICK:
+        return "made by a quick run"
+    return ""
+
+
+def decide(items: list[WorkItem], latest: Mapping[Key, ProbeResult], inputs: Mapping[Key, Inputs | None],
+           hashes: Mapping[str, str], level: str) -> list[WorkItem]:
+    """``items`` with ``reused`` set where the newest recorded result of the same key answers it (variants
+    decided without running are decided again: that costs nothing)."""
+    out = []
+    for it in items:
+        r = latest.get(it.key)
+        if it.preset is None and r is not None and not why_not(r, inputs.get(it.key), hashes.get(it.spec.id),
+                                                                level):
+            it = dataclasses.replace(it, reused=r)
+        out.append(it)
+    return out
+
+
+def origin(result: ProbeResult) -> str:
+    """The run that measured ``result`` (itself, unless it was carried)."""
+    return str(result.verdict.evidence.get(REUSED_FROM) or result.run_id)
+
+
+def carried(result: ProbeResult, run_id: str) -> ProbeResult:
+    """The copy of ``result`` recorded in run ``run_id``: same verdict, code, start time and inputs, naming the
+    run that measured it."""
+    return dataclasses.replace(result, run_id=run_id,
+                               verdict=result.verdict.with_evidence(**{REUSED_FROM: origin(result)}))
+
+
+def stamped(verdict: Verdict, inputs: Inputs | None, level: str) -> Verdict:
+    """A fresh verdict with what a later run needs to carry it: its inputs, and the level when quick."""
+    extra: dict[str, Any] = {INPUTS: inputs.to_json()} if inputs else {}
+    if level == QUICK:
+        extra[LEVEL] = QUICK
+    return verdict.with_evidence(**extra) if extra else verdict
+
+
+def reused_line(items: Iterable[WorkItem]) -> str:
+    """``40 unchanged, reused from run X; --fresh reruns them``; '' when nothing is reused."""
+    runs = sorted({origin(it.reused) for it in items if it.reused is not None})
+    n = sum(1 for it in items if it.reused is not None)
+    if not n:
+        return ""
+    where = f"run {runs[0]}" if len(runs) == 1 else f"runs {', '.join(runs[:3])}" + (
+        f" +{len(runs) - 3} more" if len(runs) > 3 else "")
+    return f"{n} unchanged, reused from {where}; --fresh reruns them"
+
+
+# --- the readers -----------------------------------------------------------------------------------------------
+def latest(folder: Path) -> dict[Key, ProbeResult]:
+    """Per (cell, probe, variant), the result of the newest run in a host's results folder (what the table
+    shows); unreadable lines are skipped here (`checks report` warns about them)."""
+    out: dict[Key, ProbeResult] = {}
+    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+        for r in read_file(path)[0]:  # a run holds one result per key
+            out[r.key] = r
+    return out
+
+
+def fingerprint(executor: Any) -> str | None:
+    """The environment of one cell's executor, or None when it cannot be told (then nothing is reused).
+    Docker: the image's id. A venv or local interpreter: what checks.envinfo.fingerprint reads in it, with
+    the run-shaping variables of the environment its ranks get."""
+    from checks.hostfacts import safe_env
+
+    if executor.name == "docker":
+        try:
+            return f"image {executor.docker.images.get(executor.image).id}"
+        except Exception:  # the image vanished or the daemon went away: the run says so per variant
+            return None
+    if not callable(getattr(executor, "env", None)):
+        return None
+    env = executor.env()
+    code = "import json, checks.envinfo as e; print(json.dumps(e.fingerprint()))"
+    try:
+        proc = subprocess.run([executor.python, "-c", code], capture_output=True, text=True, env=env,
+                              timeout=FINGERPRINT_TIMEOUT_S)
+        found = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        found = None
+    return f"{executor.name} {_digest([found, safe_env(env)])}" if found else None
+
+
+def fingerprints(executors: Mapping[str, Any], cells: Iterable[str]) -> dict[str, str | None]:
+    """The fingerprint of each of ``cells`` that has an executor."""
+    return {c: fingerprint(executors[c]) for c in cells if c in executors}

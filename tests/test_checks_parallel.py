@@ -1,0 +1,210 @@
+"""`checks run --jobs N`: CPU-only variants of different cells side by side, a GPU variant alone, Ctrl-C ends
+them all. Real worker processes run stand-in probes that record, from inside their ranks, when they ran and
+which other variants' processes were alive at that moment."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checks import reasons
+from checks.executor import LocalExecutor
+from checks.plan import CellTarget, WorkItem, plan_work
+from checks.probe import HostView, ProbeSpec, Variant
+from checks.provenance import checkout, probe_hashes
+from checks.registry import discover
+from checks.result import ProbeResult
+from checks.runner import execute, pick
+from checks.store import RunStore, read_file
+from tests.checks_helpers import ROOT, TOKEN_VAR, fixture_env, pids_with_env
+
+# Processes of other variants of this test: they carry the test's token, and another variant's isolation token.
+OTHERS = '''
+def others() -> int:
+    """Live processes of this test that belong to another variant than this one."""
+    mine = os.environ["STACKPROBE_RUN_TOKEN"]
+    test = ("STACKPROBE_TEST_TOKEN=" + os.environ["STACKPROBE_TEST_TOKEN"]).encode()
+    n = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\\0")
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(") ", 1)[1].startswith("Z"):
+                    continue
+        except OSError:
+            continue
+        if test in env and ("STACKPROBE_RUN_TOKEN=" + mine).encode() not in env:
+            n += 1
+    return n
+'''
+
+SLOW_CPU = '''"""CPU-only: sleeps, and says when it ran and how many other variants' processes it saw meanwhile."""
+
+import os
+import time
+
+from checks.probe import ProbeSpec, RankContext, outcome
+
+SPEC = ProbeSpec(id="t-par-slow", title="slow", feature="parallel jobs", ranks=(1,), needs_gpu=False,
+                 timeout_s=@TIMEOUT@)
+''' + OTHERS + '''
+
+def run(ctx: RankContext) -> dict:
+    t0 = time.time()
+    time.sleep(@SLEEP@ / 2)
+    seen = others()
+    time.sleep(@SLEEP@ / 2)
+    return outcome("pass", metrics={"t0": t0, "t1": time.time(), "others": seen})
+'''
+
+GPU = '''"""Needs the GPU (planned to run even on a host without one: the test tells the worker there is one); says
+when it ran and how many other variants' processes were alive when it started and when it ended."""
+
+import os
+import time
+
+from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+
+SPEC = ProbeSpec(id="t-par-gpu", title="gpu", feature="parallel jobs", ranks=(1,), needs_gpu=True, timeout_s=60)
+''' + OTHERS + '''
+
+def variants(host: HostView) -> list[Variant]:
+    return [Variant(SPEC.id, 1)]
+
+
+def run(ctx: RankContext) -> dict:
+    t0, first = time.time(), others()
+    time.sleep(1.0)
+    last = others()
+    return outcome("pass", metrics={"t0": t0, "t1": time.time(), "others": first + last})
+'''
+
+
+def write_probes(folder: Path, sleep: float = 3.0, timeout: float = 60) -> Path:
+    folder.mkdir(exist_ok=True)
+    (folder / "t_par_slow.py").write_text(SLOW_CPU.replace("@SLEEP@", str(sleep)).replace("@TIMEOUT@", str(timeout)))
+    (folder / "t_par_gpu.py").write_text(GPU)
+    return folder
+
+
+def overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a["t0"] < b["t1"] and b["t0"] < a["t1"]
+
+
+def run_two_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int) -> list[ProbeResult]:
+    probes_dir = write_probes(tmp_path / "probes")
+    env = fixture_env(STACKPROBE_PROBE_PATH=str(probes_dir))
+    for name in ("STACKPROBE_PROBE_PATH", TOKEN_VAR, "PYTHONPATH"):
+        monkeypatch.setenv(name, env[name])
+    probes = {pid: mod for pid, (_, mod) in discover({"STACKPROBE_PROBE_PATH": str(probes_dir)}).items()
+              if pid.startswith("t-par-")}
+    cells = [CellTarget(f"cu130-cell{i}", "resolved", image_status="built") for i in (1, 2)]
+    items = plan_work(cells, probes, HostView(gpu_count=1))
+    assert [(it.cell.cell_id, it.spec.id) for it in items] == [
+        ("cu130-cell1", "t-par-gpu"), ("cu130-cell1", "t-par-slow"),
+        ("cu130-cell2", "t-par-gpu"), ("cu130-cell2", "t-par-slow")]
+    executors = {c.cell_id: LocalExecutor(sys.executable) for c in cells}
+    store = RunStore(tmp_path / "results", "host", "run")
+    codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
+    report = execute(items, executors, store, reasons.default(), 1, codes, jobs=jobs)  # the worker is told: 1 GPU
+    assert not report.interrupted and {r.verdict.status for r in report.results} == {"pass"}
+    stored, warnings = read_file(store.results_path)
+    assert warnings == [] and len(stored) == 4  # each appended whole as it finished
+    assert pids_with_env(env[TOKEN_VAR]) == []
+    return stored
+
+
+def test_two_slow_cpu_variants_of_two_cells_run_at_once_and_a_gpu_variant_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stored = run_two_cells(tmp_path, monkeypatch, jobs=2)
+    slow = [dict(r.verdict.metrics) for r in stored if r.probe_id == "t-par-slow"]
+    gpu = [dict(r.verdict.metrics) for r in stored if r.probe_id == "t-par-gpu"]
+    assert overlap(slow[0], slow[1])  # ran side by side: together they took less than one after the other
+    assert max(s["t1"] for s in slow) - min(s["t0"] for s in slow) < sum(s["t1"] - s["t0"] for s in slow)
+    assert all(s["others"] >= 2 for s in slow)  # mid-sleep, the other variant's worker and rank were alive
+    for g in gpu:  # a GPU variant overlapped nothing, and no other variant's process lived while it ran
+        assert not any(overlap(g, o) for o in slow + [x for x in gpu if x is not g])
+        assert g["others"] == 0
+
+
+def test_one_job_runs_the_plan_in_order_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stored = run_two_cells(tmp_path, monkeypatch, jobs=1)
+    assert [(r.cell_id, r.probe_id) for r in stored] == [
+        ("cu130-cell1", "t-par-gpu"), ("cu130-cell1", "t-par-slow"),
+        ("cu130-cell2", "t-par-gpu"), ("cu130-cell2", "t-par-slow")]
+    spans = [dict(r.verdict.metrics) for r in stored]
+    assert all(a["t1"] <= b["t0"] for a, b in zip(spans, spans[1:], strict=False))
+    assert all(s["others"] == 0 for s in spans)
+
+
+def test_pick_rules() -> None:
+    """One variant per cell, plan order within a cell, CPU-only ones up to the job count, a GPU one alone."""
+    cpu, gpu = ProbeSpec("c", "c", "f", needs_gpu=False), ProbeSpec("g", "g", "f", needs_gpu=True)
+    a, b, c = (CellTarget(f"cell{i}", "resolved") for i in "abc")
+
+    def item(cell: CellTarget, spec: ProbeSpec, n: int = 1) -> WorkItem:
+        return WorkItem(cell, spec, Variant(spec.id, n), 60.0)
+
+    a_gpu, a_cpu, a_cpu2, b_cpu, c_cpu = item(a, gpu), item(a, cpu), item(a, cpu, 2), item(b, cpu), item(c, cpu)
+    pending = [a_gpu, a_cpu, a_cpu2, b_cpu, c_cpu]
+    assert pick(pending, [], 2) is a_gpu  # nothing runs: plan order
+    assert pick(pending, [a_gpu], 4) is None  # nothing beside a GPU variant
+    assert pick(pending, [b_cpu], 2) is a_cpu  # the GPU variant waits; the cell's first CPU one goes
+    assert pick(pending[1:], [a_cpu], 3) is b_cpu  # one per cell: a's second waits for its first
+    assert pick(pending[1:], [a_cpu, b_cpu], 2) is None  # the job count
+    assert pick(pending, [a_cpu], 1) is None
+
+
+MATRIX = 'matrix:\n  cuda: ["13.0"]\n  torch: ["2.11.0"]\n  sgl_kernel: [none]\n  flashinfer: ["0.6.17", "0.6.18"]\n'
+CELLS = ("cu130-torch2.11.0-sglnone-fi0.6.17", "cu130-torch2.11.0-sglnone-fi0.6.18")
+
+
+def venv_cells(tmp_path: Path) -> list[str]:
+    """Two venv cells whose interpreter is this one (records in the shape `provision build --backend venv`
+    writes), and the `checks run` options that select them."""
+    envs = tmp_path / "envs"
+    bindir = Path(sys.executable).parent
+    for cell in CELLS:
+        (envs / cell).mkdir(parents=True)
+        (envs / cell / "build.json").write_text(json.dumps({
+            "cell_id": cell, "backend": "venv", "status": "built", "python": sys.executable,
+            "venv": str(bindir.parent), "path": [str(bindir)]}))
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    return ["--backend", "venv", "--matrix", str(tmp_path / "matrix.yaml"), "--envs", str(envs)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_during_parallel_jobs_ends_every_variant_and_keeps_what_finished(tmp_path: Path, sig: int) -> None:
+    probes_dir = write_probes(tmp_path / "probes", sleep=120, timeout=300)
+    (probes_dir / "t_par_gpu.py").unlink()
+    (probes_dir / "t_quick.py").write_text((ROOT / "tests" / "probes_fixtures" / "t_trivial.py").read_text()
+                                           .replace('id="t-trivial"', 'id="t-a-quick"'))
+    env = fixture_env(STACKPROBE_PROBE_PATH=str(probes_dir))
+    results = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", *venv_cells(tmp_path), "--probe", "t-a-quick",
+                             "--probe", "t-par-slow", "--jobs", "2", "--fresh", "--results", str(results)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # both cells' slow variants running: a worker and a rank each
+        files = sorted(results.glob("*/*.jsonl"))
+        if files and len(read_file(files[0])[0]) == 4 and len(pids_with_env(env[TOKEN_VAR])) >= 5:
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)
+    running = pids_with_env(env[TOKEN_VAR])
+    assert len(running) >= 5, running  # the runner, and two workers with a rank each
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    stored, warnings = read_file(sorted(results.glob("*/*.jsonl"))[0])
+    assert warnings == [] and sorted((r.cell_id, r.probe_id) for r in stored) == sorted(
+        (c, "t-a-quick") for c in CELLS for _ in (1, 2))
+    assert pids_with_env(env[TOKEN_VAR]) == []

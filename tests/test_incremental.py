@@ -1,0 +1,265 @@
+"""Incremental runs: `checks run` reuses a result whose inputs did not change, and reruns everything else.
+
+The runs are real (`python -m checks.cli run --local` and its worker processes) in a clean git checkout of
+this code made in a temporary folder: results made by code that differs from its commit are never reused,
+so a checkout being edited (this one, most of the time) could not show a reuse at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checks import incremental
+from checks.plan import CellTarget, WorkItem
+from checks.probe import FULL, QUICK, ProbeSpec, Variant
+from checks.provenance import Provenance
+from checks.result import ProbeResult, Verdict
+from checks.status import Status
+from checks.store import read_file
+from tests.checks_helpers import ROOT
+
+COUNT_ENV = "STACKPROBE_TEST_COUNT"  # the file a counting probe appends one line to per run of a variant
+
+COUNTING = '''"""Passes, and appends its variant to the file STACKPROBE_TEST_COUNT names: one line per run."""
+
+import os
+
+from checks.probe import ProbeSpec, RankContext, outcome
+
+SPEC = ProbeSpec(id="{pid}", title="{pid}", feature="incremental runs", ranks={ranks}, needs_gpu=False,
+                 timeout_s=60)
+
+
+def run(ctx: RankContext) -> dict:
+    if ctx.rank == 0:
+        with open(os.environ["STACKPROBE_TEST_COUNT"], "a") as f:
+            f.write("{pid} " + ctx.variant.key + "\\n")
+    return outcome("pass", metrics={{"rank": ctx.rank}})
+'''
+
+HANGS_ONCE = '''"""Hangs (the worker's watchdog fires) the first time, passes afterwards."""
+
+import os
+import time
+
+from checks.probe import ProbeSpec, RankContext, outcome
+
+SPEC = ProbeSpec(id="t-hangs-once", title="hangs once", feature="incremental runs", ranks=(1,), needs_gpu=False,
+                 timeout_s=3)
+
+
+def run(ctx: RankContext) -> dict:
+    with open(os.environ["STACKPROBE_TEST_COUNT"], "a") as f:
+        f.write("t-hangs-once " + ctx.variant.key + "\\n")
+    flag = os.environ["STACKPROBE_TEST_COUNT"] + ".hung"
+    if not os.path.exists(flag):
+        open(flag, "w").close()
+        time.sleep(120)
+    return outcome("pass")
+'''
+
+
+def clean_checkout(tmp_path: Path) -> Path:
+    """This code (checks/, provision/, pyproject.toml) committed in a fresh git repository: `code.dirty` of
+    its results is false, as in a clean clone."""
+    root = tmp_path / "checkout"
+    root.mkdir()
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("checks", "provision"):
+        shutil.copytree(ROOT / name, root / name, ignore=skip)
+    shutil.copy2(ROOT / "pyproject.toml", root / "pyproject.toml")
+    git = ["git", "-C", str(root), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "code under test"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    return root
+
+
+def write_probes(folder: Path, hangs: bool = False) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / "t_count_a.py").write_text(COUNTING.format(pid="t-count-a", ranks="(1, 2)"))
+    (folder / "t_count_b.py").write_text(COUNTING.format(pid="t-count-b", ranks="(1,)"))
+    if hangs:
+        (folder / "t_hangs_once.py").write_text(HANGS_ONCE)
+
+
+class Checkout:
+    """`checks run --local` of a clean checkout against stand-in probes, with one results folder."""
+
+    def __init__(self, tmp_path: Path, hangs: bool = False) -> None:
+        self.root = clean_checkout(tmp_path)
+        self.probes = tmp_path / "probes"
+        write_probes(self.probes, hangs)
+        self.results = tmp_path / "results"
+        self.count = tmp_path / "count.txt"
+        self.count.touch()
+        self.env = {**os.environ, "STACKPROBE_PROBE_PATH": str(self.probes), "PYTHONPATH": str(self.root),
+                    COUNT_ENV: str(self.count)}
+        self.env.pop("NCCL_ALGO", None)
+
+    def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        probes = [a for p in sorted(self.probes.glob("t_*.py")) for a in ("--probe", p.stem.replace("_", "-"))]
+        p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--local", *probes, "--results",
+                            str(self.results), "--json", "--no-report", *args], capture_output=True, text=True,
+                           cwd=self.root, env=env or self.env, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p
+
+    def ran(self) -> list[str]:
+        """What ran since the last call (one line per variant run), sorted; the record is then emptied."""
+        lines = sorted(self.count.read_text().splitlines())
+        self.count.write_text("")
+        return lines
+
+    def runs(self) -> list[Path]:
+        return sorted(self.results.glob("*/*.jsonl"))
+
+
+ALL = ["t-count-a ranks=1", "t-count-a ranks=2", "t-count-b ranks=1"]
+
+
+def test_a_second_identical_run_reuses_every_variant_and_says_so(tmp_path: Path) -> None:
+    c = Checkout(tmp_path)
+    first = c.run()
+    assert c.ran() == ALL and "unchanged" not in first.stderr
+    [run1] = c.runs()
+    stored1, _ = read_file(run1)
+    assert all(r.code is not None and r.code.dirty is False for r in stored1)
+    assert all(set(r.verdict.evidence["inputs"]) == {"env", "host"} for r in stored1)
+
+    second = c.run()
+    assert c.ran() == []  # no worker ran a probe
+    run_id = run1.stem
+    assert f"reused 3 unchanged, reused from run {run_id}; --fresh reruns them" in second.stderr
+    assert "nothing to run: all 3 variant(s) are reused or decided without running" in second.stderr
+    assert f"reused: 3 variant(s) unchanged since run {run_id} were not run again (--fresh reruns them)" \
+        in second.stderr
+    printed = json.loads(second.stdout)
+    assert [r["evidence"]["reused_from"] for r in printed] == [run_id] * 3
+    run2 = c.runs()[1]
+    stored2, warnings = read_file(run2)
+    assert warnings == [] and [r.to_json() for r in stored2] == printed
+    by_key = {r.key: r for r in stored1}
+    for r in stored2:  # the same verdict, code and start, recorded in the new run
+        old = by_key[r.key]
+        assert (r.run_id, r.verdict.status, r.code, r.started_at) == (run2.stem, old.verdict.status, old.code,
+                                                                      old.started_at)
+    manifest = json.loads(run2.with_name(run2.stem + ".manifest.json").read_text())
+    assert manifest["level"] == "full"
+    [cell] = manifest["cells"].values()
+    assert cell["fingerprint"].startswith("local ")
+
+    # a third run carries them again, still naming the run that measured them
+    third = json.loads(c.run().stdout)
+    assert [r["evidence"]["reused_from"] for r in third] == [run_id] * 3 and c.ran() == []
+
+    # the table shows them as reused
+    out = tmp_path / "table.md"
+    p = subprocess.run([sys.executable, "-m", "checks.cli", "report", "--results", str(c.results), "--out",
+                        str(out)], capture_output=True, text=True, cwd=c.root, env=c.env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    md = out.read_text()
+    assert "✅2 *(reused)*" in md and "*reused*: carried from\nthe earlier run that measured it" in md
+
+
+def test_a_changed_probe_a_changed_environment_and_fresh_rerun(tmp_path: Path) -> None:
+    c = Checkout(tmp_path)
+    c.run()
+    assert c.ran() == ALL
+    # the probe's source changed: its variants run again, the other probe's are reused
+    (c.probes / "t_count_b.py").write_text((c.probes / "t_count_b.py").read_text() + "# edited\n")
+    p = c.run()
+    assert c.ran() == ["t-count-b ranks=1"] and "reused 2 unchanged" in p.stderr
+    # a variable that shapes the run in the environment the ranks inherit: everything runs again
+    c.run(env={**c.env, "NCCL_ALGO": "Tree"})
+    assert c.ran() == ALL
+    # --fresh runs everything although nothing changed
+    p = c.run("--fresh", env={**c.env, "NCCL_ALGO": "Tree"})
+    assert c.ran() == ALL and "unchanged" not in p.stderr
+
+
+def test_results_of_a_dirty_checkout_and_hangs_are_never_reused(tmp_path: Path) -> None:
+    c = Checkout(tmp_path, hangs=True)
+    first = json.loads(c.run().stdout)
+    assert {r["probe_id"]: r["status"] for r in first}["t-hangs-once"] == "hang"
+    assert c.ran() == [*ALL[:2], "t-count-b ranks=1", "t-hangs-once ranks=1"]
+    # the hang runs again (and passes now); the passes are reused
+    second = json.loads(c.run().stdout)
+    assert c.ran() == ["t-hangs-once ranks=1"]
+    assert {r["probe_id"]: r["status"] for r in second}["t-hangs-once"] == "pass"
+
+    # an edit under checks/ makes the checkout dirty: what it makes is never reused
+    status = c.root / "checks" / "status.py"
+    status.write_text(status.read_text() + "# an edit in progress\n")
+    made = json.loads(c.run("--fresh").stdout)
+    assert {r["code"]["dirty"] for r in made} == {True} and len(c.ran()) == 4
+    subprocess.run(["git", "-C", str(c.root), "checkout", "--", "checks/status.py"], check=True)
+    again = json.loads(c.run().stdout)
+    assert len(c.ran()) == 4 and not any("reused_from" in r["evidence"] for r in again)
+    assert {r["code"]["dirty"] for r in again} == {False}
+
+
+# --- the pure rules -------------------------------------------------------------------------------------------
+SPEC = ProbeSpec(id="p", title="p", feature="f", needs_gpu=False)
+CELL = CellTarget("cu130-x", "resolved", image="img", image_status="built")
+INPUTS = incremental.Inputs("image sha256:1", "h1")
+
+
+def result(status: Status = Status.PASS, reason: str = "", dirty: bool | None = False, probe_hash: str = "abc",
+           inputs: incremental.Inputs | None = INPUTS, level: str = FULL) -> ProbeResult:
+    v = incremental.stamped(Verdict(status, reason), inputs, level)
+    return ProbeResult("run1", "host", CELL.cell_id, "p", "ranks=1", v, "2026-01-01T00:00:00Z",
+                       Provenance("0.1.0", "c0ffee", dirty, probe_hash))
+
+
+@pytest.mark.parametrize(("r", "inputs", "level", "why"), [
+    (result(), INPUTS, FULL, ""),
+    (result(Status.FAIL, "fi-arch-gate"), INPUTS, FULL, ""),
+    (result(Status.SKIP, "missing-package"), INPUTS, FULL, ""),
+    (result(Status.HANG, "hang"), INPUTS, FULL, "is not one a rerun repeats"),
+    (result(Status.CRASH, "signal"), INPUTS, FULL, "is not one a rerun repeats"),
+    (result(Status.NOT_RUN, "jit-build-timeout"), INPUTS, FULL, "is not one a rerun repeats"),
+    (result(Status.FAIL, "no-result"), INPUTS, FULL, "is not one a rerun repeats"),
+    (result(dirty=True), INPUTS, FULL, "differed from its commit"),
+    (result(dirty=None), INPUTS, FULL, "differed from its commit"),
+    (result(probe_hash="old"), INPUTS, FULL, "the probe's source changed"),
+    (result(), None, FULL, "has no fingerprint"),
+    (result(), incremental.Inputs("image sha256:2", "h1"), FULL, "environment or the host facts changed"),
+    (result(), incremental.Inputs("image sha256:1", "h2"), FULL, "environment or the host facts changed"),
+    (result(inputs=None), INPUTS, FULL, "environment or the host facts changed"),
+    (result(level=QUICK), INPUTS, FULL, "made by a quick run"),
+    (result(level=QUICK), INPUTS, QUICK, ""),
+    (result(), INPUTS, QUICK, ""),  # a full result answers a quick run too
+])
+def test_which_results_a_run_carries(r: ProbeResult, inputs: incremental.Inputs | None, level: str,
+                                     why: str) -> None:
+    got = incremental.why_not(r, inputs, "abc", level)
+    assert (why in got and got) if why else got == ""
+
+
+def test_host_facts_that_count_for_gpu_and_compile_probes() -> None:
+    facts = {"gpus": [{"name": "NVIDIA H200"}], "gpu_count": 1, "driver": "580.1", "compute_capability": "9.0"}
+    base = incremental.host_inputs(True, facts, ("12.0a",))
+    assert incremental.host_inputs(True, facts, ("12.0a", "12.0f")) == base  # GPU probes build no targets
+    assert incremental.host_inputs(True, {**facts, "driver": "580.2"}, ("12.0a",)) != base
+    assert incremental.host_inputs(True, {**facts, "gpu_count": 2}, ("12.0a",)) != base
+    cpu = incremental.host_inputs(False, facts, ("12.0a",))
+    assert incremental.host_inputs(False, facts, ("12.0a", "12.0f")) != cpu  # compile probes do
+
+
+def test_decide_and_carry() -> None:
+    item = WorkItem(CELL, SPEC, Variant("p"), 60.0)
+    [decided] = incremental.decide([item], {item.key: result()}, {item.key: INPUTS}, {"p": "abc"}, FULL)
+    assert decided.reused is not None and not decided.runs
+    copy = incremental.carried(decided.reused, "run2")
+    assert copy.run_id == "run2" and copy.verdict.evidence["reused_from"] == "run1"
+    assert incremental.carried(copy, "run3").verdict.evidence["reused_from"] == "run1"  # the measuring run
+    [kept] = incremental.decide([item], {item.key: result()}, {item.key: INPUTS}, {"p": "new"}, FULL)
+    assert kept.reused is None and kept.runs
+    assert incremental.reused_line([decided, kept]) == "1 unchanged, reused from run run1; --fresh reruns them"
