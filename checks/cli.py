@@ -352,6 +352,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.executor == "slurm":
         if args.local:
             raise UsageError("checks run: --local and --executor slurm exclude each other")
+        if args.level != FULL:  # its jobs would run every size and record nothing that marks them quick
+            raise UsageError("checks run: --level quick is not available with --executor slurm")
         from checks import slurm_run
 
         return slurm_run.run(args, con, probes, catalogue, archs)

@@ -146,6 +146,10 @@ def test_interrupt_exits_130_keeps_finished_results_and_leaves_nothing(tmp_path:
     (["run", "--local", "--probe", "t-trivial", "--cuda", "11"], "does not match --cuda/--only"),
     (["run", "--local", "--python", "/nonexistent/python", "--probe", "t-trivial"], "/nonexistent/python"),
     (["run", "--local", "--probe", "t-trivial", "--timeout-scale", "0"], "--timeout-scale must be > 0"),
+    (["run", "--local", "--probe", "t-trivial", "--jobs", "0"], "--jobs 0: give 1 or more"),
+    (["run", "--local", "--probe", "t-trivial", "--level", "fast"], "argument --level: invalid choice: 'fast'"),
+    (["run", "--executor", "slurm", "--probe", "t-trivial", "--level", "quick"],
+     "--level quick is not available with --executor slurm"),
     (["run", "--bogus"], "unrecognized arguments: --bogus"),
     (["frobnicate"], "invalid choice"),
 ])
