@@ -169,7 +169,7 @@ def build_hash(dockerfile: str, folder: Path, base_id: str, build_args: dict[str
     h = hashlib.sha256()
     for part in (dockerfile, base_id, json.dumps(build_args, sort_keys=True), *_selfcheck_texts()):
         h.update(part.encode() + b"\0")
-    for name in ("toolkit.lock", "torch.lock", "requirements.lock"):
+    for name in ("toolkit.lock", "torch.lock", "kernel.lock", "requirements.lock"):
         p = folder / name
         h.update(name.encode() + b"\0" + (p.read_bytes() if p.exists() else b"") + b"\0")
     return h.hexdigest()[:12]
@@ -438,20 +438,21 @@ def free_bytes(path: Path) -> int | None:
     return None
 
 
-def _is_built(rec: dict[str, Any], venv: bool, docker: Docker | None) -> bool:
+def _venv_built(rec: dict[str, Any]) -> bool:
     if rec.get("status") not in ("built", "skipped-unchanged"):
         return False
-    if venv:
-        return bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
-    return bool(rec.get("tag")) and docker is not None and docker.image_id(str(rec["tag"])) is not None
+    return bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
 
 
-def disk_check(need: int, free: int | None, where: str, todo: int) -> tuple[str, str | None]:
-    """(the line saying what the build needs, the refusal or None): pure, the free space is read elsewhere."""
+def disk_check(need: int, free: int | None, where: str, todo: int, torch_builds: int = 0,
+               present: int = 0) -> tuple[str, str | None]:
+    """(the line saying what the build needs, the refusal or None): pure, the free space is read elsewhere.
+    ``torch_builds`` torch layers are still to make; ``present`` more are shared with images already here."""
     from provision.doctor import GB
 
-    line = f"{todo} cell(s) to build need about {need / GB:.0f} GB; " + (
-        f"{free / GB:.0f} GB free under {where}" if free is not None else f"free space under {where} unknown")
+    shared = f", {present} already here" if present else ""
+    line = (f"{todo} cell(s) to build ({torch_builds} new torch build(s){shared}) need about {need / GB:.0f} GB; "
+            + (f"{free / GB:.0f} GB free under {where}" if free is not None else f"free space under {where} unknown"))
     if free is None or free >= need:
         return line, None
     return line, (f"not enough disk under {where}: this build needs about {need / GB:.0f} GB and "
@@ -459,13 +460,45 @@ def disk_check(need: int, free: int | None, where: str, todo: int) -> tuple[str,
                   "or pass --ignore-disk")
 
 
+def image_built(folder: Path, opts: BuildOptions, docker: Docker, buildkit: bool) -> bool:
+    """The image the cell's current locks, template and base make is here already (its tag names an image):
+    an image of an older lock or template does not count, it would be built again."""
+    try:
+        cell = load_cell(folder)
+        base = choose_base(cell, opts, docker)
+        base_id = docker.image_id(base.image)
+        if base_id is None:
+            return False
+        tag = image_tag(cell["cell_id"], build_hash(render(cell, base, buildkit=buildkit), folder, base_id, {}))
+    except (OSError, ValueError, KeyError):
+        return False
+    return docker.image_id(tag) is not None
+
+
 def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, docker: Docker | None) -> None:
-    """Print the disk the cells still to build need (doctor's estimate rule) and refuse when it is not free."""
+    """Print the disk the cells still to build need (doctor's estimate rule, with each torch build counted
+    once and not at all when an image here already holds its layer) and refuse when it is not free."""
     from provision import doctor
+    from provision.lock import torch_key
 
     venv = docker is None
-    todo = [c for c in cells if c.status == RESOLVED and not _is_built(_previous(opts.envs / c.cell_id), venv, docker)]
-    stacks = {(c.cell.cuda, c.versions.get("torch", "")) for c in todo}
+    buildkit = docker.buildkit() if docker is not None else False
+
+    def built(folder: Path) -> bool:
+        if docker is None:  # a venv's files are linked from uv's cache, so a second venv of a torch build is ~free
+            return _venv_built(_previous(folder))
+        return image_built(folder, opts, docker, buildkit)
+
+    todo = [c for c in cells if c.status == RESOLVED and not built(opts.envs / c.cell_id)]
+    wanted = {torch_key(c) for c in todo}
+    present = set()
+    for meta in sorted(opts.envs.glob("*/cell.json")):  # any cell of this machine, of any matrix
+        try:
+            key = json.loads(meta.read_text()).get("torch_lock")
+        except (OSError, ValueError):
+            continue
+        if key in wanted and key not in present and built(meta.parent):
+            present.add(key)
     if venv:
         where: str | None = str(opts.venvs)
         base_present = True  # venv cells need no base image
@@ -477,11 +510,11 @@ def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, docker: Docker | No
         where = proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
         base_present = any(docker.image_id(t) for t in (DEFAULT_TAG, DEV_TAG))
     need = doctor.need_bytes(doctor.Facts(base_images=("present",) if base_present else (),
-                                          torch_stacks=len(stacks), cells_to_build=len(todo)))
+                                          torch_stacks=len(wanted - present), cells_to_build=len(todo)))
     if not need:
         return
     line, refusal = disk_check(need, free_bytes(Path(where)) if where else None, where or "the Docker root",
-                               len(todo))
+                               len(todo), len(wanted - present), len(present))
     print(f"provision: {line}", file=sys.stderr, flush=True)
     if refusal and not opts.ignore_disk and not opts.dry_run:
         raise InputError(refusal)
@@ -503,8 +536,9 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
         return build_venvs(cells, opts)
     if not opts.dry_run:
         docker.check_daemon()
-        disk_gate(cells, opts, docker)
     folders, results = lock_for_build(cells, opts)
+    if not opts.dry_run:  # after locking: a cell counts as built only when its current image is here
+        disk_gate(cells, opts, docker)
     if opts.dry_run:
         for f in folders:
             cell = load_cell(f)

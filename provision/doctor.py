@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 GB = 1_000_000_000
-# Measured on the default matrix's images (`docker system df -v`): a torch build's layer (torch and its
-# CUDA wheels) is 6-7.5 GB shared by the cells on it, each cell adds 2-2.5 GB of its own, and BuildKit's
-# uv cache keeps the downloaded wheels beside them; rounded up.
-DISK_PER_TORCH = 10 * GB
+# Measured on the default matrix's images (`docker history`, `docker system df -v`): a torch build's layers
+# (uv, the CUDA toolkit wheels, torch and its CUDA wheels) are 4.5-5.5 GB shared by the cells on it, each
+# cell adds 0.5-2.2 GB (sgl-kernel 1.2-1.5 GB of it, shared by the cells of one torch build and sgl-kernel);
+# the build keeps no uv cache. Rounded up.
+DISK_PER_TORCH = 6 * GB
 DISK_PER_CELL = 3 * GB
 DISK_BASE = 1 * GB
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"

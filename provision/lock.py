@@ -1,8 +1,9 @@
 """`provision lock`: uv-compiled, hash-pinned environments per cell, written atomically to envs/<cell>/.
 
 Each cell folder holds requirements.in, requirements.lock (every package, hashes), torch.lock (torch and
-everything it needs, installed as its own image layer), toolkit.lock (the registry CUDA toolkit wheels for the
-registry-free base) and cell.json.
+everything it needs, installed as its own image layer), kernel.lock (a cell with an sgl-kernel: that one
+package, its own layer above torch), toolkit.lock (the registry CUDA toolkit wheels for the registry-free base)
+and cell.json.
 
 torch.lock is a function of the torch build alone (torch requirement, its CUDA variant, its index, the Python
 floor): resolved once per build and reused byte for byte by every cell on that build, whose full lock is then
@@ -149,6 +150,16 @@ def torch_lock_differences(torch_lock: str, lock: str) -> list[str]:
     want, got = _versions(torch_lock), _versions(lock)
     return [f"{name} {', '.join(sorted(got.get(name, {'absent'})))} (torch.lock: {', '.join(sorted(v))})"
             for name, v in want.items() if got.get(name) != v]
+
+
+KERNEL_PACKAGES = ("sglang-kernel", "sgl-kernel")
+
+
+def kernel_lock(lock: str) -> str:
+    """The sgl-kernel entry of a cell's lock, hashes included, installed without its dependencies as a layer
+    of its own: the cells of one torch build and one sgl-kernel (1.2 GB of it) share that layer whatever their
+    flashinfer. Empty when the cell has no sgl-kernel."""
+    return "".join(text for name, text, _ in parse_blocks(lock) if name in KERNEL_PACKAGES)
 
 
 def compile_args(r: Resolved) -> list[str]:
@@ -395,6 +406,9 @@ def lock_cell(r: Resolved, envs: Path, uv: str, refresh: bool = False,
         same_torch = known is None or (folder / "torch.lock").exists() and (folder / "torch.lock").read_text() == known
         if meta.get("inputs_hash") == ihash and same_torch and not guard_violations(
                 (folder / "requirements.lock").read_text(), guards(r)):
+            kernel = kernel_lock((folder / "requirements.lock").read_text())
+            if kernel and not (folder / "kernel.lock").exists():  # derived from the lock: made, not resolved
+                atomic.write_text(folder / "kernel.lock", kernel)
             return {"cell_id": r.cell_id, "status": "unchanged", "path": str(folder)}
     torch_lock = torch_lock_for(r, envs, memo, refresh)
     lock = cell_lock(r, torch_lock)
@@ -402,6 +416,7 @@ def lock_cell(r: Resolved, envs: Path, uv: str, refresh: bool = False,
         "requirements.in": requirements_in(r),
         "requirements.lock": lock,
         "torch.lock": torch_lock,
+        **({"kernel.lock": kernel} if (kernel := kernel_lock(lock)) else {}),
         "toolkit.lock": toolkit_lock(r.toolkit),
         "cell.json": json.dumps(cell_json(r, lock, uv, ihash), indent=1, sort_keys=True) + "\n",
     }

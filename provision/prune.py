@@ -3,11 +3,16 @@
 ``plan`` is pure: from the images present, the tags `provision build` recorded, the cells of the matrices
 and the venv folders, it returns what to remove and why. ``gather`` and ``apply`` are the docker and file
 system edges. Images are removed by tag, never by id: a tag that shares its image with a tag that stays
-only loses its name, and the bytes stay (its size is then counted as 0).
+only loses its name, and the bytes stay (its size is then counted as 0). Where the engine's layer store can
+be read, the bytes an image frees are those of its layers that no image that stays uses (the cells of one
+torch build share its layers), each counted once; elsewhere an image's whole size, an upper bound. BuildKit
+keeps a removed image's layers in its build cache, so removing images always ends with `docker builder prune`
+(which keeps the layers of the images that stay, and their cache).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -27,6 +32,7 @@ class Image:
     tag: str
     image_id: str
     size: int  # bytes
+    layers: tuple[str, ...] = ()  # chain ids of its layers, base first (empty: unknown)
 
     @property
     def ref(self) -> str:
@@ -66,27 +72,40 @@ def _image_reason(img: Image, cells_by_repo: Mapping[str, str], recorded: Mappin
 
 def plan(images: Iterable[Image], recorded: Mapping[str, str], cells: Iterable[str], venvs: Mapping[str, int],
          base_tags: Iterable[str], build_cache: int | None = None,
-         scope: Collection[str] | None = None, compile_cache: tuple[str, int] | None = None) -> list[Removal]:
+         scope: Collection[str] | None = None, compile_cache: tuple[str, int] | None = None,
+         layer_sizes: Mapping[str, int] | None = None) -> list[Removal]:
     """What to remove: stackprobe images no cell uses, venv cells of no matrix cell, and the BuildKit cache
-    when ``build_cache`` (its size in bytes) is given. ``images`` are all the tagged images (any repository:
-    a tag elsewhere keeps its image's bytes); ``recorded`` maps a cell to the tag its build.json records;
+    when ``build_cache`` (its size in bytes) is given. ``images`` are all the images (any repository, and
+    untagged ones: they keep their layers); ``recorded`` maps a cell to the tag its build.json records;
     ``venvs`` maps a venv folder to its size; ``scope``, when given, the only image refs that may go;
-    ``compile_cache``, when given, the shared compile cache's (folder, size)."""
+    ``compile_cache``, when given, the shared compile cache's (folder, size); ``layer_sizes`` the bytes of
+    each layer (chain id), when the layer store was read."""
     cell_set = set(cells)
     cells_by_repo = {cell_repo(c): c for c in cell_set}
     bases = frozenset(base_tags)
-    images = [i for i in images if i.tag != "<none>"]
+    every = list(images)
+    images = [i for i in every if i.tag != "<none>"]
     ours = [i for i in images if i.repo.startswith(REPO_PREFIX) and (scope is None or i.ref in scope)]
     doomed = [(i, r) for i in ours if (r := _image_reason(i, cells_by_repo, recorded, bases)) is not None]
     doomed_refs = {i.ref for i, _ in doomed}
-    kept_ids = {i.image_id for i in images if i.ref not in doomed_refs}
-    out, counted = [], set()
+    kept = [i for i in every if i.ref not in doomed_refs]
+    kept_ids = {i.image_id for i in kept}
+    by_layer = layer_sizes is not None and all(i.layers for i in every)
+    kept_layers = {layer for i in kept for layer in i.layers}
+    out, counted, freed = [], set(), set()
     for img, reason in sorted(doomed, key=lambda d: d[0].ref):
         # An image's bytes come free once, and only when no kept tag names it.
         if img.image_id in kept_ids:
             out.append(Removal(IMAGE, img.ref, f"{reason}; untag only: a kept tag names the same image", 0))
         elif img.image_id in counted:
             out.append(Removal(IMAGE, img.ref, f"{reason}; same image as a tag above", 0))
+        elif by_layer:
+            assert layer_sizes is not None
+            mine = [layer for layer in img.layers if layer not in kept_layers and layer not in freed]
+            freed.update(mine)
+            size = sum(layer_sizes.get(layer, 0) for layer in mine)
+            shared = "" if size == img.size else f"; {human(img.size - size)} of its layers stay or count above"
+            out.append(Removal(IMAGE, img.ref, reason + shared, size))
         else:
             out.append(Removal(IMAGE, img.ref, reason, img.size))
         counted.add(img.image_id)
@@ -95,6 +114,11 @@ def plan(images: Iterable[Image], recorded: Mapping[str, str], cells: Iterable[s
             out.append(Removal(VENV, folder, "venv cell of no matrix cell", size))
     if build_cache is not None:
         out.append(Removal(BUILD_CACHE, "docker builder prune", "BuildKit build cache (--build-cache)", build_cache))
+    elif any(r.kind == IMAGE and r.size for r in out):
+        # An image BuildKit built leaves its layers in BuildKit's cache when it is removed: the bytes counted
+        # above come free only when that cache is pruned (the layers of images that stay are kept, still cached).
+        out.append(Removal(BUILD_CACHE, "docker builder prune", "gives back the removed images' layers, which "
+                           "BuildKit keeps in its cache (counted above); it also drops other unused build cache", 0))
     if compile_cache is not None:
         out.append(Removal(COMPILE_CACHE, compile_cache[0], "compiled JIT modules every run shares (--compile-cache)",
                            compile_cache[1]))
@@ -130,20 +154,46 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else 0
 
 
+def chain_ids(diff_ids: Sequence[str]) -> tuple[str, ...]:
+    """The layer store's id of each layer of an image: a layer's id names it with everything below it."""
+    out: list[str] = []
+    for diff in diff_ids:
+        out.append(diff if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {diff}".encode()).hexdigest())
+    return tuple(out)
+
+
 def list_images(docker: str) -> list[Image]:
-    """Every tagged image with its exact size."""
-    cmd = [docker, "images", "--format", "{{.Repository}}|{{.Tag}}|{{.ID}}"]
+    """Every image (tagged or not) with its exact size and its layers."""
+    cmd = [docker, "images", "--all", "--format", "{{.Repository}}|{{.Tag}}|{{.ID}}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = [ln.split("|") for ln in out.splitlines() if ln.count("|") == 2]
     ids = sorted({r[2] for r in rows})
-    sizes: dict[str, int] = {}
+    facts: dict[str, tuple[int, tuple[str, ...]]] = {}
     if ids:
-        info = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}} {{.Size}}", *ids],
-                              capture_output=True, text=True, check=True).stdout
+        info = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}} {{.Size}} {{json .RootFS.Layers}}",
+                               *ids], capture_output=True, text=True, check=True).stdout
         for ln in info.splitlines():
-            full, size = ln.split()
-            sizes[full.removeprefix("sha256:")[:12]] = int(size)
-    return [Image(repo, tag, iid, sizes.get(iid.removeprefix("sha256:")[:12], 0)) for repo, tag, iid in rows]
+            full, size, layers = ln.split(" ", 2)
+            facts[full.removeprefix("sha256:")[:12]] = (int(size), chain_ids(json.loads(layers) or []))
+    return [Image(repo, tag, iid, *facts.get(iid.removeprefix("sha256:")[:12], (0, ()))) for repo, tag, iid in rows]
+
+
+def layer_sizes(docker: str, chains: Iterable[str]) -> dict[str, int] | None:
+    """Bytes of each layer, from the engine's layer store (``<root>/image/<driver>/layerdb``); None when it
+    cannot be read (not root, another engine): then image sizes stand in."""
+    info = subprocess.run([docker, "info", "--format", "{{.DockerRootDir}}|{{.Driver}}"], capture_output=True,
+                          text=True).stdout.strip()
+    if info.count("|") != 1:
+        return None
+    root, driver = info.split("|")
+    store = Path(root) / "image" / driver / "layerdb" / "sha256"
+    out = {}
+    for chain in set(chains):
+        try:
+            out[chain] = int((store / chain.removeprefix("sha256:") / "size").read_text())
+        except (OSError, ValueError):
+            return None
+    return out
 
 
 def recorded_tags(envs: Path) -> dict[str, str]:
@@ -215,7 +265,8 @@ def gather(matrices: Sequence[Path], envs: Path, venvs: Path, docker: str | None
     from provision.baseimage import DEFAULT_TAG, DEV_TAG
 
     cache = compile_cache_dir(None, not compile_cache)
-    return plan(list_images(docker) if docker else [], recorded_tags(envs), matrix_cells(matrices),
-                venv_sizes(venvs), (DEFAULT_TAG, DEV_TAG),
+    images = list_images(docker) if docker else []
+    return plan(images, recorded_tags(envs), matrix_cells(matrices), venv_sizes(venvs), (DEFAULT_TAG, DEV_TAG),
                 build_cache_size(docker) if docker and build_cache else None, scope,
-                (str(cache), _du(cache)) if cache is not None and cache.is_dir() else None)
+                compile_cache=(str(cache), _du(cache)) if cache is not None and cache.is_dir() else None,
+                layer_sizes=layer_sizes(docker, (layer for i in images for layer in i.layers)) if docker else None)

@@ -16,6 +16,27 @@ TEMPLATE = "cell.Dockerfile.j2"
 # Exported only for the RUN steps that download; the secret is mounted there and never copied.
 CERTENV = ('if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert '
            'PIP_CERT=/run/secrets/cacert; fi; ')
+SITE = "/opt/venv/lib/python3*/site-packages"  # Debian 12's Python 3.11 or Ubuntu 24.04's 3.12
+
+# Files that neither `import torch`, `import sgl_kernel`, flashinfer's JIT, nvcc nor any probe touches,
+# removed in the RUN that installs them (a later layer cannot give their bytes back). Globs under SITE.
+TORCH_UNUSED = (
+    # torch.linalg's solvers: only libtorch_cuda_linalg.so links them, and torch loads it on the first linalg call
+    "nvidia/*/lib/libcusolver*.so*",
+    # cuDNN's engines: torch links only the libcudnn.so.9 dispatcher, which loads them on the first cuDNN
+    # operation; the probes run none. libcudnn_graph stays: it holds cudnnGetVersion, and without it
+    # torch.backends.cudnn.version() aborts the process (seen with cuDNN 9.26).
+    "nvidia/cudnn/lib/libcudnn_[!g]*.so*",
+    # the CUPTI copies of triton's profiler (proton), loaded only when profiling
+    "triton/backends/nvidia/lib/cupti*",
+)
+# The toolkit wheels' cuBLAS libraries: flashinfer's comm JIT modules link only cudart and libcuda (its gemm
+# modules, which no probe builds, add cuBLAS); moe_a2a needs the cuBLAS headers, which stay.
+TOOLKIT_UNUSED = ("/opt/cuda-wheels/nvidia/*/lib/libcublas*.so*", "/opt/cuda-wheels/nvidia/*/lib/libnvblas.so*")
+# nvidia-cutlass-dsl ships a CUDA 12 and a CUDA 13 build and loads the newest the driver supports; a CUDA 13
+# cell runs only where the driver supports 13, so its CUDA 12 build is never loaded.
+CUDA13_CELL_UNUSED = ("nvidia_cutlass_dsl/cu12",
+                      "nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu12.*")
 
 
 @dataclass(frozen=True)
@@ -37,11 +58,24 @@ def labels(cell: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+def _index_args(indexes: list[str], prerelease: bool) -> str:
+    return "".join(f" --index {shlex.quote(u)}" for u in indexes) + (" --prerelease allow" if prerelease else "")
+
+
+def torch_index_args(cell: dict[str, Any]) -> str:
+    """The torch stage's index options: its torch build's alone (the PyTorch index, or none for the registry),
+    so that stage is the same text, and so one shared layer, in every cell of that build."""
+    where = cell.get("sources", {}).get("torch", "registry")
+    return _index_args([] if where == "registry" else [where], bool(cell.get("prerelease")))
+
+
+def _rm(paths: tuple[str, ...], root: str = "") -> str:
+    return "rm -rf " + " ".join(f"{root}/{p}" if root else p for p in paths)
+
+
 def render(cell: dict[str, Any], base: Base, buildkit: bool = True, folder: Path = DOCKERFILES) -> str:
     """Dockerfile text for a locked cell (the cell.json mapping written by `provision lock`)."""
-    index_args = "".join(f" --index {shlex.quote(u)}" for u in cell["indexes"])
-    if cell.get("prerelease"):
-        index_args += " --prerelease allow"
+    cuda_major = int(str(cell.get("cell", {}).get("cuda", "0")).split(".")[0])
     return _env(folder).get_template(TEMPLATE).render(
         cell_id=cell["cell_id"],
         base_kind=base.kind,
@@ -50,7 +84,12 @@ def render(cell: dict[str, Any], base: Base, buildkit: bool = True, folder: Path
         certenv=CERTENV,
         uv_version=cell["uv"],
         toolkit=base.kind == "registry-free",
-        index_args=index_args,
+        kernel=cell.get("cell", {}).get("sgl_kernel", "none") != "none",
+        index_args=_index_args(cell["indexes"], bool(cell.get("prerelease"))),
+        torch_index_args=torch_index_args(cell),
+        toolkit_unused=_rm(TOOLKIT_UNUSED),
+        torch_unused=_rm(TORCH_UNUSED, SITE),
+        cell_unused=_rm(CUDA13_CELL_UNUSED, SITE) if cuda_major >= 13 else "",
         labels=labels(cell),
     )
 

@@ -38,7 +38,7 @@ def test_doctor_on_a_ready_gpu_host_says_ready() -> None:
     checks = doctor.diagnose(READY)
     assert {c.status for c in checks} == {"ok"} and doctor.exit_code(checks) == 0
     assert by_name(READY)["disk"].detail == ("200 GB free under /var/lib/docker; 5 of 5 cells still to build (2 torch "
-                                             "build(s) of 10 GB + 3 GB per cell) need about 36 GB")
+                                             "build(s) of 6 GB + 3 GB per cell) need about 28 GB")
     assert doctor.report(checks)[-1] == "ready: `uv run provision build && uv run checks run --all`"
 
 

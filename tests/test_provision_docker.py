@@ -1,5 +1,6 @@
-"""Real builds on the real dockerd: a registry-only CUDA 13.0 cell, its self-check, a no-op rebuild,
-the CA bundle kept out of the image, and a mislabelled cell that the self-check rejects.
+"""Real builds on the real dockerd: a registry-only CUDA 13.0 cell of the default matrix (SGLang 0.5.23's
+stack), its self-check, a no-op rebuild, the CA bundle and uv's cache kept out of the image, the files no
+probe uses left out, and a mislabelled cell that the self-check rejects.
 
 Each test is one sequence of steps so pytest-xdist never builds the same image twice at once.
 Images are removed at the end unless STACKPROBE_KEEP_IMAGES=1.
@@ -26,7 +27,7 @@ from provision.resolve import RESOLVED, resolve
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 KEEP = os.environ.get("STACKPROBE_KEEP_IMAGES") == "1"
-REAL = "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1"
+REAL = "cu130-torch2.14.1-sgl0.4.10-fi0.7.2"
 
 
 def _tags(cell: str) -> set[str]:
@@ -49,8 +50,8 @@ def _labels(tag: str) -> dict[str, str]:
 
 def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, base_image: str) -> None:
     matrix = tmp_path / "m.yaml"
-    matrix.write_text("matrix:\n  cuda: ['13.0']\n  torch: ['2.11.0']\n  sgl_kernel: ['0.4.2']\n"
-                      "  flashinfer: ['0.6.8.post1']\n")
+    matrix.write_text("matrix:\n  cuda: ['13.0']\n  torch: ['2.14.1']\n  sgl_kernel: ['0.4.10']\n"
+                      "  flashinfer: ['0.7.2']\n")
     opts = BuildOptions(matrix, envs=tmp_path / "envs", dockerfiles=tmp_path / "df", json=True, base="registry-free",
                         ignore_disk=True)  # the cell is cached here; the disk gate has its own tests
     docker = Docker(cli=docker_cli())
@@ -62,15 +63,15 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
         tag = rec["tag"]
         assert rec["status"] == "built", rec["reason"]
         assert docker.builds == 1
-        assert rec["versions"]["torch"] == "2.11.0+cu130" and rec["versions"]["torch_cuda"] == "13.0"
-        assert rec["versions"]["sgl_kernel"] == "0.4.2" and rec["versions"]["flashinfer"] == "0.6.8.post1"
+        assert rec["versions"]["torch"] == "2.14.1+cu130" and rec["versions"]["torch_cuda"] == "13.0"
+        assert rec["versions"]["sgl_kernel"] == "0.4.10" and rec["versions"]["flashinfer"] == "0.7.2"
         assert rec["versions"]["nccl"].startswith("2.")
         sc = rec["selfcheck"]
         assert sc["toolkit"]["nvcc"] == "13.0" and sc["toolkit"]["compile_sm_120a"] == "ok"
-        # the a/f suffix survives: sgl-kernel 0.4.2 carries arch-specific sm_120a SASS, torch plain sm_120 too
+        # the a/f suffix survives: sgl-kernel 0.4.10 carries arch-specific sm_120a SASS, torch plain sm_120 too
         assert "sm_120" in sc["torch"]["archs"]["sass"] and "sm_120a" in sc["sgl_kernel"]["archs"]["sass"]
         assert sc["sgl_kernel"]["cudart_major"] == ["13"]
-        assert _labels(tag)["org.stackprobe.cell"] == REAL and _labels(tag)["org.stackprobe.torch"] == "2.11.0"
+        assert _labels(tag)["org.stackprobe.cell"] == REAL and _labels(tag)["org.stackprobe.torch"] == "2.14.1"
         assert (tmp_path / "df" / f"{REAL}.Dockerfile").read_text().startswith("# Rendered by")
 
         # the CA bundle reached the build as a secret: no layer, no history entry, no file holds it
@@ -94,6 +95,19 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
         found = subprocess.run([docker_cli(), "run", "--rm", "--network", "none", "--entrypoint", "python3", tag,
                                 "-c", finder], capture_output=True, text=True, check=True).stdout.split("\n")
         assert found[0] == "secrets False", found
+        # no uv cache in the build, and the files no probe uses are not in the image (while what `import
+        # torch` links is); the check runs in the image, so it also proves the image imports torch without them
+        assert "--mount=type=cache" not in history
+        look = ("import glob, os, site; sp = site.getsitepackages()[0]; g = lambda p: sorted(glob.glob(f'{sp}/{p}'))\n"
+                "print(len(g('nvidia/*/lib/libcusolver*.so*')), len(g('nvidia/cudnn/lib/libcudnn_e*')),"
+                " len(g('nvidia/cudnn/lib/libcudnn.so.9')), len(g('nvidia/cudnn/lib/libcudnn_graph.so.9')),"
+                " len(g('nvidia_cutlass_dsl/cu12')), len(g('nvidia_cutlass_dsl/cu13')),"
+                " len(glob.glob('/opt/cuda-wheels/nvidia/*/lib/libcublas*.so*')),"
+                " len(glob.glob('/usr/local/cuda/include/cublas_v2.h')), os.path.isdir('/root/.cache/uv'))\n"
+                "import torch; print(torch.__version__, torch.backends.cudnn.version() > 0)\n")
+        seen = subprocess.run([docker_cli(), "run", "--rm", "--network", "none", "--entrypoint",
+                               "/opt/venv/bin/python", tag, "-c", look], capture_output=True, text=True, check=True)
+        assert seen.stdout.split("\n")[:2] == ["0 0 1 1 0 1 0 1 False", "2.14.1+cu130 True"], seen
 
         # second build: nothing changed, so no build is invoked and the record says so
         again = Docker(cli=docker_cli())
@@ -107,11 +121,12 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
 
 
 def test_mislabelled_cell_is_rejected_by_the_selfcheck(tmp_path: Path, base_image: str) -> None:
-    """A catalog that wrongly says the registry's torch 2.11.0 is a CUDA 12.8 build: the cell resolves, the
-    image builds, and the self-check fails it because the torch inside is CUDA 13.0."""
+    """A catalog that wrongly says the registry's torch 2.9.1 is a CUDA 13.0 build: the cell resolves, the
+    image builds (on the torch layer the default matrix's CUDA 12.8 cell has, when it is here), and the
+    self-check fails it because the torch inside is CUDA 12.8."""
     cat = load_catalog()
-    lying = replace(cat, torch=dict(cat.torch, **{"2.11.0": replace(cat.torch["2.11.0"], registry="cu128")}))
-    r = resolve(Cell("12.8", "2.11.0", "none", "none"), lying)
+    lying = replace(cat, torch=dict(cat.torch, **{"2.9.1": replace(cat.torch["2.9.1"], registry="cu130")}))
+    r = resolve(Cell("13.0", "2.9.1", "none", "none"), lying)
     assert r.status == RESOLVED and r.indexes == ()
     envs = tmp_path / "envs"
     lock_cell(r, envs, uv_version())
@@ -121,8 +136,8 @@ def test_mislabelled_cell_is_rejected_by_the_selfcheck(tmp_path: Path, base_imag
     try:
         assert docker.builds == 1
         assert rec["status"] == "failed"
-        assert "self-check: torch.version.cuda is 13.0, the cell is CUDA 12.8" in rec["reason"]
-        assert rec["versions"]["torch_cuda"] == "13.0"
+        assert "self-check: torch.version.cuda is 12.8, the cell is CUDA 13.0" in rec["reason"]
+        assert rec["versions"]["torch_cuda"] == "12.8"
         assert docker.image_id(rec["tag"]) is None  # the wrong image does not keep a valid tag
         on_disk = json.loads((envs / r.cell_id / "build.json").read_text())
         assert on_disk["status"] == "failed" and on_disk["reason"] == rec["reason"]

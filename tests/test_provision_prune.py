@@ -14,14 +14,14 @@ from provision.cli import main
 from provision.doctor import DISK_BASE, DISK_PER_CELL, DISK_PER_TORCH, GB
 from provision.prune import BUILD_CACHE, IMAGE, VENV, Image, plan
 
-CELL = "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1"
-OTHER = "cu128-torch2.9.1-sgl0.4.1-fi0.6.16"
+CELL = "cu130-torch2.14.1-sgl0.4.10-fi0.7.2"
+OTHER = "cu128-torch2.9.1-sgl0.4.1-fi0.6.17"
 BASE, DEV = "stackprobe/base:bookworm-20aff611", "stackprobe/base-dev:bookworm-4a3a48f4"
 
 
-def _img(ref: str, iid: str, size: int) -> Image:
+def _img(ref: str, iid: str, size: int, layers: tuple[str, ...] = ()) -> Image:
     repo, tag = ref.rsplit(":", 1)
-    return Image(repo, tag, iid, size)
+    return Image(repo, tag, iid, size, layers)
 
 
 IMAGES = [
@@ -50,7 +50,11 @@ def _plan(**kw: object) -> dict[str, prune.Removal]:
 def test_planner_removes_exactly_what_serves_no_cell() -> None:
     got = _plan()
     assert set(got) == {f"stackprobe/{CELL}:old000000000", "stackprobe/gone-cell:111", "stackprobe/gone-cell:222",
-                        "stackprobe/base-dev:bookworm-00000000", "stackprobe/not-a-cell:0000", "/v/stale-cell"}
+                        "stackprobe/base-dev:bookworm-00000000", "stackprobe/not-a-cell:0000", "/v/stale-cell",
+                        "docker builder prune"}
+    # BuildKit keeps a removed image's layers in its cache: the image bytes come free with the cache prune
+    cache = got["docker builder prune"]
+    assert cache.kind == BUILD_CACHE and cache.size == 0 and "removed images' layers" in cache.reason
     assert "older image of " + CELL in got[f"stackprobe/{CELL}:old000000000"].reason
     assert "new000000000" in got[f"stackprobe/{CELL}:old000000000"].reason
     assert got["stackprobe/gone-cell:111"].reason == "no cell of the matrix builds this image"
@@ -68,16 +72,49 @@ def test_planner_counts_an_images_bytes_once_and_not_for_a_shared_name() -> None
     total = sum(r.size for r in got.values())
     assert total == 8 * GB + 7 * GB + 500_000_000 + 3 * GB
     text = prune.lines(list(got.values()), dry_run=True)
-    assert text[-1] == "would reclaim 18.50 GB in 6 removal(s)"
+    assert text[-1] == "would reclaim 18.50 GB in 7 removal(s)"
     assert prune.lines([], dry_run=False) == ["nothing to prune"]
+
+
+def test_planner_counts_the_layers_an_image_frees_once_and_none_a_kept_image_uses() -> None:
+    """Three cells gone from the matrix, two of them on one torch build (sharing its layers), all on the base
+    that stays; a dangling image still uses one cell layer. The bytes freed are each layer's once."""
+    sizes = {"base": 266, "torch-a": 5000, "cell-a1": 2000, "cell-a2": 1900, "torch-b": 7000, "cell-b": 2200,
+             "extra": 10}
+    images = [
+        _img(BASE, "id-base", 266, ("base",)),
+        _img("stackprobe/gone-a1:1", "id-a1", 7266, ("base", "torch-a", "cell-a1")),
+        _img("stackprobe/gone-a2:1", "id-a2", 7166, ("base", "torch-a", "cell-a2")),
+        _img("stackprobe/gone-b:1", "id-b", 9466, ("base", "torch-b", "cell-b")),
+        _img("stackprobe/gone-b:<none>", "id-dangling", 9476, ("base", "torch-b", "cell-b", "extra")),
+    ]
+    got = {r.target: r for r in plan(images, {}, [], {}, (BASE,), layer_sizes=sizes)}
+    assert set(got) == {"stackprobe/gone-a1:1", "stackprobe/gone-a2:1", "stackprobe/gone-b:1", "docker builder prune"}
+    assert got["stackprobe/gone-a1:1"].size == 5000 + 2000  # the torch layer counts with the first of its cells
+    assert got["stackprobe/gone-a2:1"].size == 1900 and "of its layers stay or count above" in got[
+        "stackprobe/gone-a2:1"].reason
+    assert got["stackprobe/gone-b:1"].size == 0  # the dangling image keeps all its layers
+    # without the layer store: whole image sizes, as before (an upper bound)
+    assert sum(r.size for r in plan(images, {}, [], {}, (BASE,))) == 7266 + 7166 + 9466
+
+
+def test_chain_ids_name_a_layer_with_everything_below_it() -> None:
+    import hashlib
+
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    assert prune.chain_ids([a]) == (a,)
+    assert prune.chain_ids([a, b]) == (a, "sha256:" + hashlib.sha256(f"{a} {b}".encode()).hexdigest())
+    assert prune.chain_ids([b, b])[1] != prune.chain_ids([a, b])[1]
 
 
 def test_planner_keeps_every_tag_of_a_cell_without_a_record_and_adds_the_build_cache_only_when_asked() -> None:
     got = _plan(recorded={})
     assert not any(CELL in t or OTHER in t for t in got if t.startswith("stackprobe/"))
-    assert not any(r.kind == BUILD_CACHE for r in got.values())
+    assert got["docker builder prune"].size == 0  # only to give the removed images' layers back
+    assert not any(r.kind == BUILD_CACHE for r in _plan(images=[]).values())  # no image goes: no cache prune
     cache = _plan(build_cache=20 * GB)["docker builder prune"]
     assert cache.kind == BUILD_CACHE and cache.size == 20 * GB
+    assert [r.kind for r in _plan(images=[], build_cache=GB).values()] == [VENV, BUILD_CACHE]
 
 
 def test_planner_a_cell_of_a_second_matrix_keeps_its_images() -> None:
@@ -108,13 +145,13 @@ def test_recorded_tags_reads_build_json(tmp_path: Path) -> None:
 
 # --- disk gate of `provision build` -----------------------------------------------------------------------
 def test_disk_check_refuses_only_when_the_free_space_cannot_hold_the_build() -> None:
-    line, refusal = build.disk_check(25 * GB, 10 * GB, "/var/lib/docker", 3)
-    assert line == "3 cell(s) to build need about 25 GB; 10 GB free under /var/lib/docker"
+    line, refusal = build.disk_check(25 * GB, 10 * GB, "/var/lib/docker", 3, 2)
+    assert line == "3 cell(s) to build (2 new torch build(s)) need about 25 GB; 10 GB free under /var/lib/docker"
     assert refusal is not None and "provision prune" in refusal and "--ignore-disk" in refusal
     assert "\n" not in refusal
     assert build.disk_check(25 * GB, 30 * GB, "/x", 3)[1] is None
-    assert build.disk_check(25 * GB, None, "/x", 3) == ("3 cell(s) to build need about 25 GB; free space under /x "
-                                                        "unknown", None)
+    assert build.disk_check(25 * GB, None, "/x", 3, 1, 1) == (
+        "3 cell(s) to build (1 new torch build(s), 1 already here) need about 25 GB; free space under /x unknown", None)
 
 
 def _matrix(tmp_path: Path) -> Path:
@@ -141,7 +178,8 @@ def test_build_refuses_with_one_line_and_exit_2_when_the_disk_is_too_small(
     err = capsys.readouterr().err.strip().splitlines()
     # two cells on one torch build, no base image for venv cells: the doctor's rule
     need = DISK_PER_TORCH + 2 * DISK_PER_CELL
-    assert err[0] == f"provision: 2 cell(s) to build need about {need // GB} GB; 5 GB free under {tmp_path / 'venvs'}"
+    assert err[0] == (f"provision: 2 cell(s) to build (1 new torch build(s)) need about {need // GB} GB; 5 GB free "
+                      f"under {tmp_path / 'venvs'}")
     assert err[1].startswith(f"provision: not enough disk under {tmp_path / 'venvs'}")
     assert "provision prune" in err[1] and len(err) == 2
 
@@ -155,7 +193,7 @@ def test_ignore_disk_builds_anyway_and_a_built_cell_needs_no_room(
         main(_build(tmp_path, "--ignore-disk"))
     assert exc.value.code == 0 and called == [2]
     # both cells built already (a record and its venv): nothing to need, nothing refused
-    for cid in ("cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17"):
+    for cid in ("cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17"):  # _matrix's
         (tmp_path / "venvs" / cid).mkdir(parents=True)
         (tmp_path / "envs" / cid).mkdir(parents=True)
         (tmp_path / "envs" / cid / "build.json").write_text(
@@ -177,6 +215,9 @@ def test_the_docker_gate_counts_the_base_image_when_it_is_missing(monkeypatch: p
         def image_id(self, ref: str) -> None:
             return None  # nothing present: no base, no cell image
 
+        def buildkit(self) -> bool:
+            return True
+
     from provision.api import plan as plan_cells
 
     cells = plan_cells(_matrix(tmp_path), offline=True)
@@ -186,6 +227,52 @@ def test_the_docker_gate_counts_the_base_image_when_it_is_missing(monkeypatch: p
     with pytest.raises(build.InputError, match=f"about {(DISK_BASE + DISK_PER_TORCH + 2 * DISK_PER_CELL) // GB} GB"):
         build.disk_gate(cells, opts, StandIn())  # type: ignore[arg-type]
     assert seen == [Path("/var/lib/docker")]
+
+
+def test_the_docker_gate_counts_a_torch_build_an_image_here_holds_as_zero(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The three cells of the default matrix on torch 2.14.1 (one torch build): with nothing built they need
+    that build once; with the current image of one of them here, the other two need their own layers only,
+    and an image of an older lock or template of a cell does not count as built."""
+    import shutil
+
+    from provision.api import DEFAULT_MATRIX
+    from provision.api import plan as plan_cells
+    from provision.baseimage import DEV_TAG
+    from provision.render import load_cell, render
+
+    root = Path(__file__).resolve().parent.parent
+    cells = plan_cells(DEFAULT_MATRIX, only=["cu130-torch2.14.1-*"], offline=True)
+    assert len(cells) == 3
+    for c in cells:
+        shutil.copytree(root / "envs" / c.cell_id, tmp_path / "envs" / c.cell_id,
+                        ignore=shutil.ignore_patterns("build.json"))
+    first, second = (tmp_path / "envs" / c.cell_id for c in cells[:2])
+    opts = build.BuildOptions(DEFAULT_MATRIX, envs=tmp_path / "envs", offline=True)
+
+    class StandIn:
+        images = {DEV_TAG: "sha256:dev"}
+
+        def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.CompletedProcess(args, 0, "/var/lib/docker\n", "")
+
+        def image_id(self, ref: str) -> str | None:
+            return self.images.get(ref)
+
+        def buildkit(self) -> bool:
+            return True
+
+    monkeypatch.setattr(build, "free_bytes", lambda p: 100 * GB)
+    build.disk_gate(cells, opts, StandIn())  # type: ignore[arg-type]
+    assert capsys.readouterr().err == (f"provision: 3 cell(s) to build (1 new torch build(s)) need about "
+                                       f"{(DISK_PER_TORCH + 3 * DISK_PER_CELL) // GB} GB; 100 GB free under "
+                                       "/var/lib/docker\n")
+    text = render(load_cell(first), build.Base("registry-free", DEV_TAG))
+    StandIn.images[build.image_tag(first.name, build.build_hash(text, first, "sha256:dev", {}))] = "sha256:one"
+    StandIn.images[build.image_tag(second.name, "0ld0ld0ld0ld")] = "sha256:old"
+    build.disk_gate(cells, opts, StandIn())  # type: ignore[arg-type]
+    assert capsys.readouterr().err == (f"provision: 2 cell(s) to build (0 new torch build(s), 1 already here) need "
+                                       f"about {2 * DISK_PER_CELL // GB} GB; 100 GB free under /var/lib/docker\n")
 
 
 # --- real docker -------------------------------------------------------------------------------------------
@@ -241,3 +328,34 @@ def test_prune_cli_removes_stale_venv_cells_without_an_engine(
     assert exc.value.code == 0
     assert json.loads(capsys.readouterr().out)["total_bytes"] == 2_000_000
     assert sorted(p.name for p in venvs.iterdir()) == [CELL]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_prune_gives_back_the_bytes_of_a_buildkit_image_it_removes(docker_available: str, base_image: str,
+                                                                   tmp_path: Path) -> None:
+    """BuildKit keeps a removed image's layers in its build cache: prune counts the layer the image alone has
+    (read from the layer store) and its `docker builder prune` makes that layer go from the engine."""
+    import os
+
+    cli = docker_available
+    tag = "stackprobe/not-a-cell-layers:0000"
+    (tmp_path / "Dockerfile").write_text(f"FROM {base_image}\nRUN head -c 20000000 /dev/urandom > /blob\n")
+    subprocess.run([cli, "build", "-t", tag, str(tmp_path)], check=True, capture_output=True,
+                   env=dict(os.environ, DOCKER_BUILDKIT="1"))
+    try:
+        [img] = [i for i in prune.list_images(cli) if i.ref == tag]
+        sizes = prune.layer_sizes(cli, img.layers)
+        if sizes is None:
+            pytest.skip("the engine's layer store is not readable here")
+        top = img.layers[-1]
+        assert 20_000_000 <= sizes[top] < 21_000_000
+        removals = prune.gather([Path(__file__).parent.parent / "matrix.yaml"], tmp_path / "envs", tmp_path / "venvs",
+                                cli, build_cache=False, scope=(tag,))
+        assert [(r.kind, r.target) for r in removals] == [(IMAGE, tag), (BUILD_CACHE, "docker builder prune")]
+        assert removals[0].size == sizes[top]  # the base's layer stays with the base image
+        assert prune.apply(removals, cli) == []
+        assert top not in {layer for i in prune.list_images(cli) for layer in i.layers}
+        assert prune.layer_sizes(cli, [top]) is None  # gone from the layer store: the bytes came back
+    finally:
+        subprocess.run([cli, "image", "rm", tag], capture_output=True)

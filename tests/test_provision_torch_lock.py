@@ -32,6 +32,7 @@ WHEELS = [
     ("cuda-bindings", "13.4.4", ()),
     ("cuda-bindings", "13.5.0", ()),
     ("cuda-python", "13.4.4", ("cuda-bindings~=13.4.4",)),
+    ("sglang-kernel", "0.4.2", ("torch==2.11.0",)),
 ]
 
 
@@ -63,8 +64,8 @@ def index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     return url
 
 
-def _cell(flashinfer: str):  # noqa: ANN202 - a Resolved
-    r = resolve(Cell("13.0", "2.11.0", "none", flashinfer), load_catalog())
+def _cell(flashinfer: str, kernel: str = "none"):  # noqa: ANN202 - a Resolved
+    r = resolve(Cell("13.0", "2.11.0", kernel, flashinfer), load_catalog())
     assert r.status == "resolved" and r.indexes == ()  # a registry-only cell: the index above stands in
     return r
 
@@ -127,3 +128,17 @@ def test_a_cell_that_conflicts_with_its_torch_lock_is_one_line_exit_2(
     assert "it needs cuda-bindings 13.5.0 (torch.lock: 13.4.4)" in err
     assert not (envs / cid).exists()  # nothing half-locked
     assert (envs / "cu130-torch2.11.0-sglnone-fi0.6.18" / "torch.lock").exists()
+
+
+def test_the_sgl_kernel_gets_a_lock_of_its_own_shared_by_the_cells_that_have_it(index: str, tmp_path: Path) -> None:
+    envs = tmp_path / "envs"
+    cells = [_cell("0.6.18", "0.4.2"), _cell("0.6.8.post1", "0.4.2"), _cell("0.6.18")]
+    assert [r["status"] for r in lock.lock_cells(cells, envs, echo=False)] == ["locked"] * 3
+    a, b = ((envs / r.cell_id / "kernel.lock").read_text() for r in cells[:2])
+    assert a == b and a.startswith("sglang-kernel==0.4.2 \\\n    --hash=sha256:") and "# via" not in a
+    assert [name for name, _, _ in lock.parse_blocks(a)] == ["sglang-kernel"]
+    assert not (envs / cells[2].cell_id / "kernel.lock").exists()  # no sgl-kernel, no such layer
+    # a cell locked before kernel.lock existed gets it from its lock, without being resolved again
+    (envs / cells[0].cell_id / "kernel.lock").unlink()
+    assert lock.lock_cell(cells[0], envs, lock.uv_version())["status"] == "unchanged"
+    assert (envs / cells[0].cell_id / "kernel.lock").read_text() == a

@@ -2,18 +2,24 @@
 # base: nvidia; builder: BuildKit
 FROM nvidia/cuda:13.0.2-devel-ubuntu24.04
 ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
-    UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=0
+    UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=0 UV_NO_CACHE=1
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates libnuma1 \
     && rm -rf /var/lib/apt/lists/*
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; python3 -m venv /opt/uv && /opt/uv/bin/pip install --quiet uv==0.13.9
+RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; python3 -m venv /opt/uv && /opt/uv/bin/pip install --quiet uv==0.13.9
 ENV CUDA_HOME=/usr/local/cuda VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH
 RUN python3 -m venv /opt/venv
 COPY torch.lock /opt/stackprobe/torch.lock
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /opt/venv/bin/python --no-deps --require-hashes --index https://download.pytorch.org/whl/nightly/cu130 --prerelease allow \
-        -r /opt/stackprobe/torch.lock
+RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /opt/venv/bin/python --no-deps --require-hashes --index https://download.pytorch.org/whl/nightly/cu130 --prerelease allow \
+        -r /opt/stackprobe/torch.lock \
+    && rm -rf /opt/venv/lib/python3*/site-packages/nvidia/*/lib/libcusolver*.so* /opt/venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn_[!g]*.so* /opt/venv/lib/python3*/site-packages/triton/backends/nvidia/lib/cupti*
+# sgl-kernel alone (kernel.lock): a layer shared by the cells of one torch build and one sgl-kernel
+COPY kernel.lock /opt/stackprobe/kernel.lock
+RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /opt/venv/bin/python --no-deps --require-hashes \
+        -r /opt/stackprobe/kernel.lock
 COPY requirements.lock /opt/stackprobe/requirements.lock
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip sync --python /opt/venv/bin/python --require-hashes --index https://download.pytorch.org/whl/nightly/cu130 --prerelease allow \
-        /opt/stackprobe/requirements.lock
+RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip sync --python /opt/venv/bin/python --require-hashes --index https://download.pytorch.org/whl/nightly/cu130 --prerelease allow \
+        /opt/stackprobe/requirements.lock \
+    && rm -rf /opt/venv/lib/python3*/site-packages/nvidia_cutlass_dsl/cu12 /opt/venv/lib/python3*/site-packages/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu12.*
 LABEL org.stackprobe.cell="cu130-torchnightly-sglnone-fi0.6.17" \
       org.stackprobe.cuda="13.0" \
       org.stackprobe.torch="2.16.0.dev20261128+cu130" \

@@ -2,15 +2,16 @@
 # base: registry-free; builder: BuildKit
 FROM stackprobe/base-dev:bookworm
 ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
-    UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=0
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; python3 -m venv /opt/uv && /opt/uv/bin/pip install --quiet uv==0.13.9
+    UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=0 UV_NO_CACHE=1
+RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; python3 -m venv /opt/uv && /opt/uv/bin/pip install --quiet uv==0.13.9
 # CUDA toolkit from the registry's wheels (nvcc, headers with CCCL, nvvm, cudart) assembled into CUDA_HOME,
 # plus a libcuda stub so JIT modules link without a driver (the driver's libcuda is used at run time). The
 # stub exports every driver function in cuda.h: one that lacks a called function lets the linker drop the
 # libcuda.so.1 dependency, and the module then fails to load on the GPU host (undefined symbol).
 COPY toolkit.lock /opt/stackprobe/toolkit.lock
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /usr/bin/python3 --target /opt/cuda-wheels --no-deps --require-hashes \
+RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /usr/bin/python3 --target /opt/cuda-wheels --no-deps --require-hashes \
         -r /opt/stackprobe/toolkit.lock \
+    && rm -rf /opt/cuda-wheels/nvidia/*/lib/libcublas*.so* /opt/cuda-wheels/nvidia/*/lib/libnvblas.so* \
     && mkdir -p /usr/local/cuda \
     && for d in /opt/cuda-wheels/nvidia/*/; do cp -rsn "$d". /usr/local/cuda/; done \
     && rm -rf /usr/local/cuda/.metadata /usr/local/cuda/__pycache__ \
@@ -23,11 +24,17 @@ RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [
 ENV CUDA_HOME=/usr/local/cuda VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:/usr/local/cuda/bin:$PATH
 RUN python3 -m venv /opt/venv
 COPY torch.lock /opt/stackprobe/torch.lock
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /opt/venv/bin/python --no-deps --require-hashes \
-        -r /opt/stackprobe/torch.lock
+RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /opt/venv/bin/python --no-deps --require-hashes \
+        -r /opt/stackprobe/torch.lock \
+    && rm -rf /opt/venv/lib/python3*/site-packages/nvidia/*/lib/libcusolver*.so* /opt/venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn_[!g]*.so* /opt/venv/lib/python3*/site-packages/triton/backends/nvidia/lib/cupti*
+# sgl-kernel alone (kernel.lock): a layer shared by the cells of one torch build and one sgl-kernel
+COPY kernel.lock /opt/stackprobe/kernel.lock
+RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /opt/venv/bin/python --no-deps --require-hashes \
+        -r /opt/stackprobe/kernel.lock
 COPY requirements.lock /opt/stackprobe/requirements.lock
-RUN --mount=type=cache,target=/root/.cache/uv --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip sync --python /opt/venv/bin/python --require-hashes \
-        /opt/stackprobe/requirements.lock
+RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip sync --python /opt/venv/bin/python --require-hashes \
+        /opt/stackprobe/requirements.lock \
+    && rm -rf /opt/venv/lib/python3*/site-packages/nvidia_cutlass_dsl/cu12 /opt/venv/lib/python3*/site-packages/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu12.*
 LABEL org.stackprobe.cell="cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1" \
       org.stackprobe.cuda="13.0" \
       org.stackprobe.torch="2.11.0" \
