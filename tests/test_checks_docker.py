@@ -96,7 +96,11 @@ def test_checks_run_docker_mode_end_to_end(venv_image: str, tmp_path: Path) -> N
     image. The image here is the small test image, so its results describe that image (evidence.env)."""
     from provision.api import plan_cells
 
-    cells = plan_cells()
+    matrix = tmp_path / "m.yaml"  # two cells of the default matrix and one that cannot exist (no cu128 nightly)
+    matrix.write_text("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: ['0.4.10']\n"
+                      "  flashinfer: ['0.6.16', '0.6.17']\n  include:\n"
+                      "    - {cuda: '12.8', torch: nightly, sgl_kernel: none, flashinfer: '0.7.4'}\n")
+    cells = plan_cells(matrix)
     unavailable = next(c for c in cells if c.status == "unavailable")
     resolved = [c for c in cells if c.status == "resolved"][:2]
     assert len(resolved) == 2
@@ -107,7 +111,8 @@ def test_checks_run_docker_mode_end_to_end(venv_image: str, tmp_path: Path) -> N
         (envs / c.cell_id / "build.json").write_text(json.dumps(body))
     only = [a for c in (unavailable, *resolved) for a in ("--only", c.cell_id)]
     p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--probe", "t-trivial", "--probe", "t-gpu",
-                        *only, "--envs", str(envs), "--results", str(tmp_path / "res"), "--json"],
+                        *only, "--matrix", str(matrix), "--envs", str(envs), "--results", str(tmp_path / "res"),
+                        "--json"],
                        capture_output=True, text=True, env=fixture_env(), cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
     [path] = sorted((tmp_path / "res").glob("*/*.jsonl"))
