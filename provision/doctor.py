@@ -1,7 +1,7 @@
 """`provision doctor`: does this machine have what the main job needs, and how to fix what it lacks.
 
 The main job (`provision build && checks run --all`) needs a Docker engine it can talk to, a docker CLI
-that speaks BuildKit (the uv cache mount and the CA bundle as a build secret), debootstrap and an apt
+that speaks BuildKit (the CA bundle as a build secret), debootstrap and an apt
 mirror for the registry-free base images (unless they are built already), disk space for the images, and
 on a GPU host the GPUs inside containers (the NVIDIA container runtime behind ``--gpus``) and an unlimited
 memlock for NCCL and CUDA IPC.
@@ -96,8 +96,8 @@ def _docker(f: Facts) -> list[Check]:
         return out
     out.append(Check("Docker engine", OK, f"version {f.daemon_version}"))
     out.append(Check("BuildKit", OK, "the CLI builds with DOCKER_BUILDKIT=1 and --secret") if f.buildkit else
-               Check("BuildKit", WARN, "this docker CLI cannot build with BuildKit: builds run without the uv "
-                     "cache mount and without the host's CA bundle",
+               Check("BuildKit", WARN, "this docker CLI cannot build with BuildKit: builds run without the "
+                     "host's CA bundle",
                      "use a CLI that speaks BuildKit (Debian's docker.io, or install the buildx plugin)"))
     return out
 

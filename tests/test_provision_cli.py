@@ -48,7 +48,7 @@ def test_doctor_on_a_ready_gpu_host_says_ready() -> None:
      "Is the docker daemon running?", "systemctl start docker"),
     (doctor.Facts(docker_cli="/usr/bin/docker", daemon_error=DENIED), "Docker engine", "FAIL", "permission denied",
      "usermod -aG docker"),
-    (replace(READY, buildkit=False), "BuildKit", "warn", "without the uv cache mount", "buildx"),
+    (replace(READY, buildkit=False), "BuildKit", "warn", "without the host's CA bundle", "buildx"),
     (replace(READY, debootstrap=None), "debootstrap", "FAIL", "not found", "apt-get install debootstrap"),
     (replace(READY, base_images=("stackprobe/base:bookworm-20aff611",), debootstrap=None), "debootstrap",
      "ok", "not needed now", ""),
