@@ -1,0 +1,270 @@
+"""The README's main job on a matrix, cold and then warm: time per phase, disk growth, ratios to the targets.
+
+    uv run python benchmarks/bench_main_job.py [--matrix matrix.yaml] [--with-images] [--skip-warm]
+
+The main job is ``provision build && checks run --all``. Cold means: the cells' images are built (unless
+``--with-images``), and everything else starts empty: a fresh results folder (so no result can be reused)
+and a fresh compile cache (so every fi-jit module is compiled). Warm is the same job again, with nothing
+changed: same results folder, same compile cache. ``--with-images`` first removes the matrix's images and the
+BuildKit cache (``provision prune``), so the cold run also builds every image: the whole cost a new user pays.
+
+Phases, from the job's own output and records: build (``provision build`` wall time), then inside ``checks
+run``: compile probes (fi-jit), GPU probes (every probe whose spec needs a GPU) and the rest (inventory), each
+as the span from its first variant's start to its last variant's end plus the busy seconds it used (the sum
+of its variants' durations; spans overlap when variants run in parallel), then the table (``checks report``,
+timed apart). Disk growth is the free-space change of the filesystems holding the Docker root, the repo and
+uv's cache, with ``docker system df`` and the cache folders' sizes beside it.
+
+Targets (issue 13, for this 2-core machine): cold under 13.5 min (today 40 min 37 s), warm under 60 s, disk
+growth under 20 GB (today 59 GB). Printed as ratios: under 1.00 meets the target. Output is also written to
+``benchmarks/results/main-job-<host>-<stamp>.json`` and ``.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "benchmarks" / "results"
+GB = 1e9
+
+# Issue 13's targets and the measurement they were set against (this machine, the default matrix of then).
+TARGET_COLD_S = 13.5 * 60
+TARGET_WARM_S = 60.0
+TARGET_DISK_B = 20 * GB
+BEFORE = {"cold_s": 40 * 60 + 37, "disk_b": 59 * GB, "build_s": 8.5 * 60}
+
+
+def _tool(*args: str) -> list[str]:
+    """A stackprobe command run with this interpreter (the project's environment under `uv run`)."""
+    module = {"provision": "provision.cli", "checks": "checks.cli"}[args[0]]
+    return [sys.executable, "-m", module, *args[1:]]
+
+
+def timed(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[float, int]:
+    """Run ``cmd`` with its output in ``log`` (the job's progress is long); (wall seconds, exit code)."""
+    t0 = time.monotonic()
+    with log.open("ab") as fh:
+        fh.write(("$ " + " ".join(cmd) + "\n").encode())
+        fh.flush()
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
+    return time.monotonic() - t0, rc
+
+
+def free_bytes(paths: Iterable[Path]) -> dict[str, int]:
+    """Free bytes per distinct filesystem among ``paths`` (keyed by the first path seen on it)."""
+    out: dict[str, int] = {}
+    seen: set[int] = set()
+    for p in paths:
+        while not p.exists():
+            p = p.parent
+        dev = os.stat(p).st_dev
+        if dev not in seen:
+            seen.add(dev)
+            out[str(p)] = shutil.disk_usage(p).free
+    return out
+
+
+def growth(before: dict[str, int], after: dict[str, int]) -> int:
+    return sum(before[k] - after.get(k, before[k]) for k in before)
+
+
+def du(path: Path) -> int:
+    if not path.exists():
+        return 0
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):  # a file removed while walking
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total
+
+
+def docker_root() -> Path | None:
+    try:
+        out = subprocess.run(["docker", "info", "--format", "{{.DockerRootDir}}"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def docker_df() -> dict[str, str]:
+    """`docker system df` sizes by type (Images, Build Cache, ...), as docker prints them."""
+    try:
+        out = subprocess.run(["docker", "system", "df", "--format", "{{.Type}}\t{{.Size}}"], capture_output=True,
+                             text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line)
+
+
+def uv_cache_dir() -> Path:
+    try:
+        out = subprocess.run(["uv", "cache", "dir"], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and out.stdout.strip():
+            return Path(out.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return Path.home() / ".cache" / "uv"
+
+
+def gpu_probes() -> set[str]:
+    """Ids of the probes whose spec needs a GPU, as `checks list` reports them."""
+    out = subprocess.run(_tool("checks", "list", "--json"), cwd=ROOT, capture_output=True, text=True, check=True)
+    return {p["id"] for p in json.loads(out.stdout) if p.get("needs_gpu")}
+
+
+def _stamp(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def phases(runs: Iterable[Path], gpu: set[str]) -> dict[str, dict[str, float]]:
+    """Per phase of one `checks run` (its results files ``runs``): span from the first start to the last end of
+    the variants it ran, busy seconds, variants run and variants reused (carried from an earlier run with the
+    same inputs: they keep their original start, so they count apart and add no time)."""
+    out: dict[str, dict[str, float]] = {}
+    for path in runs:
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            phase = "compile" if r["probe_id"] == "fi-jit" else "gpu" if r["probe_id"] in gpu else "other"
+            p = out.setdefault(phase, {"first": float("inf"), "last": 0.0, "busy_s": 0.0, "variants": 0,
+                                       "reused": 0})
+            if (r.get("evidence") or {}).get("reused_from"):
+                p["reused"] += 1
+                continue
+            start, dur = _stamp(r["started_at"]), float(r.get("duration_s") or 0.0)
+            p["first"] = min(p["first"], start)
+            p["last"] = max(p["last"], start + dur)
+            p["busy_s"] += dur
+            p["variants"] += 1
+    for p in out.values():
+        first, last = p.pop("first"), p.pop("last")
+        p["span_s"] = last - first if p["variants"] else 0.0
+    return out
+
+
+def remove_images(matrix: Path, log: Path) -> None:
+    """Remove the images of the matrix's cells (``stackprobe/<cell>:*``, not the base images) and the BuildKit
+    cache, so the cold pass builds them as a new user would."""
+    plan = subprocess.run(_tool("provision", "plan", "--offline", "--json", "--matrix", str(matrix)), cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    cells = {c["cell_id"] for c in json.loads(plan.stdout)}
+    listed = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                            text=True, check=True).stdout.split()
+    refs = [r for r in listed if r.split(":", 1)[0].removeprefix("stackprobe/") in cells]
+    if refs:
+        timed(["docker", "rmi", *refs], log)
+    timed(["docker", "builder", "prune", "-af"], log)
+
+
+def one_pass(label: str, matrix: Path, results: Path, cache: Path, log: Path, gpu: set[str],
+             watch: list[Path]) -> dict[str, Any]:
+    """The main job once: build, run, report; each timed, with the disk it took."""
+    free0 = free_bytes(watch)
+    env = dict(os.environ, STACKPROBE_COMPILE_CACHE=str(cache))
+    build_s, build_rc = timed(_tool("provision", "build", "--matrix", str(matrix)), log, env)
+    before = set(results.glob("*/*.jsonl"))
+    run_s, run_rc = timed(_tool("checks", "run", "--all", "--matrix", str(matrix), "--results", str(results),
+                                "--compile-cache", str(cache), "--no-report"), log, env)
+    table = results / "compatibility.md"
+    report_s, report_rc = timed(_tool("checks", "report", "--results", str(results), "--out", str(table)), log, env)
+    free1 = free_bytes(watch)
+    phased = phases(set(results.glob("*/*.jsonl")) - before, gpu)
+    return {
+        "label": label,
+        "build_s": round(build_s, 1), "build_rc": build_rc,
+        "run_s": round(run_s, 1), "run_rc": run_rc,
+        "report_s": round(report_s, 1), "report_rc": report_rc,
+        "total_s": round(build_s + run_s + report_s, 1),
+        "phases": {k: {kk: round(vv, 1) for kk, vv in v.items()} for k, v in phased.items()},
+        "disk_growth_b": growth(free0, free1),
+    }
+
+
+def ratio_line(name: str, value: float, target: float, unit: str) -> str:
+    return f"{name}: {value:.1f} {unit} / target {target:.1f} {unit} = {value / target:.2f}x"
+
+
+def render(meta: dict[str, Any], passes: list[dict[str, Any]]) -> list[str]:
+    lines = [f"main job on {meta['matrix']} ({meta['host']}, {meta['cores']} cores, {meta['date']})"]
+    for p in passes:
+        lines.append(f"[{p['label']}] build {p['build_s']} s (rc {p['build_rc']}), checks run {p['run_s']} s "
+                     f"(rc {p['run_rc']}), report {p['report_s']} s; total {p['total_s']} s; "
+                     f"disk +{p['disk_growth_b'] / GB:.2f} GB")
+        for name, ph in sorted(p["phases"].items()):
+            lines.append(f"    {name:8} span {ph['span_s']:7.1f} s  busy {ph['busy_s']:7.1f} s  "
+                         f"variants run {int(ph['variants'])}, reused {int(ph['reused'])}")
+    cold = next((p for p in passes if p["label"] == "cold"), None)
+    warm = next((p for p in passes if p["label"] == "warm"), None)
+    if cold:
+        lines.append(ratio_line("cold total", cold["total_s"] / 60, TARGET_COLD_S / 60, "min")
+                     + f" (before: {BEFORE['cold_s'] / 60:.1f} min, now {cold['total_s'] / BEFORE['cold_s']:.2f}x)")
+        disk = meta["disk_growth_b"]
+        lines.append(ratio_line("disk growth", disk / GB, TARGET_DISK_B / GB, "GB")
+                     + f" (before: {BEFORE['disk_b'] / GB:.0f} GB)")
+    if warm:
+        lines.append(ratio_line("warm total", warm["total_s"], TARGET_WARM_S, "s"))
+    lines.append("docker system df: " + ", ".join(f"{k} {v}" for k, v in meta.get("docker_df", {}).items()))
+    lines.append("caches: " + ", ".join(f"{k} {v / GB:.2f} GB" for k, v in meta.get("caches_b", {}).items()))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml")
+    ap.add_argument("--with-images", action="store_true",
+                    help="remove the matrix's images and the BuildKit cache first, so the cold run builds them")
+    ap.add_argument("--skip-warm", action="store_true")
+    ap.add_argument("--work", type=Path, help="keep the results and compile cache here (default: a temp dir)")
+    args = ap.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-main-job-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results, cache = work / "results", work / "compile-cache"
+    for d in (results, cache):
+        if d.exists() and any(d.iterdir()):
+            print(f"{d} is not empty: a cold run needs empty caches (pass another --work)", file=sys.stderr)
+            return 2
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    host = socket.gethostname()
+    log = OUT_DIR / f"main-job-{host}-{stamp}.log"
+    uv_cache = uv_cache_dir()
+    watch = [ROOT, uv_cache, *([r] if (r := docker_root()) else [])]
+    if args.with_images:
+        remove_images(args.matrix, log)
+    free0 = free_bytes(watch)
+    gpu = gpu_probes()
+    passes = [one_pass("cold", args.matrix, results, cache, log, gpu, watch)]
+    if not args.skip_warm:
+        passes.append(one_pass("warm", args.matrix, results, cache, log, gpu, watch))
+    meta = {
+        "matrix": str(args.matrix.relative_to(ROOT) if args.matrix.is_relative_to(ROOT) else args.matrix),
+        "host": host, "cores": os.cpu_count(), "date": stamp, "with_images": args.with_images,
+        "disk_growth_b": growth(free0, free_bytes(watch)),
+        "docker_df": docker_df(),
+        "caches_b": {"compile cache": du(cache), "uv cache": du(uv_cache)},
+        "work": str(work), "log": str(log.relative_to(ROOT)),
+    }
+    lines = render(meta, passes)
+    print("\n".join(lines))
+    (OUT_DIR / f"main-job-{host}-{stamp}.json").write_text(json.dumps({**meta, "passes": passes}, indent=1) + "\n")
+    (OUT_DIR / f"main-job-{host}-{stamp}.txt").write_text("\n".join(lines) + "\n")
+    return 0 if all(p["build_rc"] == 0 and p["run_rc"] in (0, 1) for p in passes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
