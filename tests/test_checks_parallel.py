@@ -162,6 +162,32 @@ def test_pick_rules() -> None:
     assert pick(pending, [a_cpu], 1) is None
 
 
+def test_store_appends_from_many_threads_keep_every_whole_line(tmp_path: Path) -> None:
+    """The runner appends from its main thread; the store itself is safe from threads too (each append opens
+    the file anew and holds its own flock), so nothing is lost or torn if a caller appends concurrently."""
+    import threading
+
+    from checks.result import Verdict
+    from checks.status import Status
+
+    store = RunStore(tmp_path, "host", "run")
+    code = checkout().for_probe("0" * 16)
+
+    def writer(t: int) -> None:
+        for i in range(15):
+            r = ProbeResult("run", "host", f"cell{t}", "p", f"ranks={i}", Verdict(Status.PASS, note="x" * 2000),
+                            "2026-01-01T00:00:00Z", code)
+            store.append_all([r]) if i % 2 else store.append(r)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    stored, warnings = read_file(store.results_path)
+    assert warnings == [] and len(stored) == 6 * 15 and len({r.key for r in stored}) == 6 * 15
+
+
 MATRIX = 'matrix:\n  cuda: ["13.0"]\n  torch: ["2.11.0"]\n  sgl_kernel: [none]\n  flashinfer: ["0.6.17", "0.6.18"]\n'
 CELLS = ("cu130-torch2.11.0-sglnone-fi0.6.17", "cu130-torch2.11.0-sglnone-fi0.6.18")
 
