@@ -72,6 +72,15 @@ def test_what_decides_the_output_is_in_its_key(tmp_path: Path) -> None:
     assert _key(tmp_path / "a", site, build) == base
 
 
+def test_the_order_nvcc_targets_are_listed_in_is_not_in_the_key(tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    two = "-gencode=arch=compute_120a,code=sm_120a -gencode=arch=compute_120f,code=sm_120f"
+    swapped = "-gencode=arch=compute_120f,code=sm_120f -gencode=arch=compute_120a,code=sm_120a"
+    a = _key(tmp_path, site, str(tmp_path / "b"), NINJA.replace("-gencode=arch=compute_120a,code=sm_120a", two))
+    b = _key(tmp_path, site, str(tmp_path / "b"), NINJA.replace("-gencode=arch=compute_120a,code=sm_120a", swapped))
+    assert a == b != _key(tmp_path, site, str(tmp_path / "b"))
+
+
 def test_another_nvcc_is_another_key(tmp_path: Path) -> None:
     site = _site(tmp_path)
     keys = []

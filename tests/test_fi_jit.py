@@ -342,9 +342,12 @@ def test_a_failed_build_is_not_cached(standin: Path, tmp_path: Path) -> None:
     broken = _site(tmp_path, "site-broken", header="#define K_VALUE )\n")
     r = _fi_jit(broken, "12.0a", tmp_path / "jit", **cuda)
     assert (r["status"], r["reason_code"]) == ("fail", "fi-nvcc-error"), r
-    assert _entries(store) == []
+    assert _entries(store) == [] and "cache_key" in r["evidence"]  # the cache was asked, and got nothing
+    ok = _fi_jit(standin, "12.0a", tmp_path / "jit", **cuda)
+    assert ok["status"] == "pass" and _entries(store) == [ok["evidence"]["cache_key"]]
     again = _fi_jit(broken, "12.0a", tmp_path / "jit", **cuda)  # proven again: compiled, failed again
     assert (again["status"], again["evidence"]["stage"]) == ("fail", "compile") and "cached" not in again["metrics"]
+    assert len(_entries(store)) == 1
 
 
 def test_one_build_for_both_targets_each_judged_on_its_own_sass(standin: Path, tmp_path: Path) -> None:

@@ -142,7 +142,9 @@ def recipe(module: str, text: str, places: Mapping[str, str], env: Mapping[str, 
     return {
         "schema": SCHEMA,
         "module": module,
-        "ninja": normalise(text, places),
+        # nvcc's targets as a set: a flashinfer that lists them in set order writes another file for the same build
+        "ninja": re.sub(r"-gencode=\S+", "-gencode", normalise(text, places)),
+        "gencode": sorted(set(re.findall(r"-gencode=\S+", text))),
         "tools": tools,
         "env": {k: env[k] for k in BUILD_ENV if env.get(k)},
         "sources": {normalise(s, places): file_digest(s) for s in srcs},

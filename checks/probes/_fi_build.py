@@ -201,12 +201,12 @@ def _loads_from_path(spec: Any) -> bool:
 
 def _cache_key(module: str, text: str, build_dir: str, out: dict[str, Any]) -> str | None:
     """This build's key in the shared store; None (and why, in ``out``) when its inputs cannot be read."""
-    places = {"$BUILD": build_dir, "$SITE": _site_root(),
-              "$WORKSPACE": os.environ.get("FLASHINFER_WORKSPACE_BASE", "")}
     t0 = time.monotonic()
     try:
+        places = {"$BUILD": build_dir, "$SITE": _site_root(),
+                  "$WORKSPACE": os.environ.get("FLASHINFER_WORKSPACE_BASE", "")}
         key = _compile_cache.key_of(_compile_cache.recipe(module, text, places, os.environ))
-    except OSError as exc:
+    except (OSError, AttributeError, TypeError) as exc:  # an unreadable input, or a flashinfer without __file__
         out["cache_error"] = f"key: {type(exc).__name__}: {exc}"[:300]
         return None
     out["cache_key_s"] = round(time.monotonic() - t0, 2)
