@@ -177,8 +177,11 @@ def test_fi_jit_cross_compile_through_slurm_gives_the_local_verdict(slurm: None,
                f"{os.environ['PATH']}", CUDA_VISIBLE_DEVICES="")
     out = {}
     for name, how in (("local", ["--local"]), ("slurm", ["--executor", "slurm"])):
+        # Each run compiles into its own caches: with one shared compile cache the second run's verdict
+        # would rightly say "cached", and the two notes would differ for that reason alone.
         p = checks({**env, "STACKPROBE_JIT_CACHE": str(tmp_path / f"jit-{name}")}, *how, "--probe", "fi-jit",
-                   "--target-arch", "12.0a", "--json", "--results", str(tmp_path / name), timeout=600)
+                   "--target-arch", "12.0a", "--compile-cache", str(tmp_path / f"compiled-{name}"), "--json",
+                   "--results", str(tmp_path / name), timeout=600)
         assert p.returncode == 0, p.stderr
         out[name] = json.loads(p.stdout)
     _same_verdicts(out["local"], out["slurm"])
