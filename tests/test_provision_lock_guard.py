@@ -56,7 +56,12 @@ def _index(tmp_path: Path, bindings_floor: str) -> str:
     _wheel(wheels, "cuda-python", "13.4.4", ("cuda-bindings~=13.4.4",))
     _wheel(wheels, "cuda-python", "12.6.2.post1")
     _wheel(wheels, "cuda-toolkit", "13.0.2", extras=tuple(TOOLKIT_EXTRAS))
-    simple = tmp_path / "simple"
+    return simple_index(wheels, tmp_path / "simple")
+
+
+def simple_index(wheels: Path, simple: Path) -> str:
+    """A PEP 503 index over the wheels in ``wheels``, written afresh under ``simple``; its file URI."""
+    shutil.rmtree(simple, ignore_errors=True)
     for whl in sorted(wheels.iterdir()):
         project = simple / whl.name.split("-")[0].replace("_", "-")
         project.mkdir(parents=True, exist_ok=True)

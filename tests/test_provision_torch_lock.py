@@ -10,12 +10,11 @@ only) shaped like the registry releases, so no network.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
 import pytest
-from test_provision_lock_guard import TOOLKIT_EXTRAS, _wheel
+from test_provision_lock_guard import TOOLKIT_EXTRAS, _wheel, simple_index
 
 from provision import lock
 from provision.catalog import load as load_catalog
@@ -42,15 +41,7 @@ def _index(tmp_path: Path, wheels: list[tuple[str, str, tuple[str, ...]]]) -> st
     for name, version, requires in wheels:
         _wheel(folder, name, version, requires)
     _wheel(folder, "cuda-toolkit", "13.0.2", extras=tuple(TOOLKIT_EXTRAS))
-    simple = tmp_path / "simple"
-    shutil.rmtree(simple, ignore_errors=True)
-    for whl in sorted(folder.iterdir()):
-        project = simple / whl.name.split("-")[0].replace("_", "-")
-        project.mkdir(parents=True, exist_ok=True)
-        sha = hashlib.sha256(whl.read_bytes()).hexdigest()
-        with open(project / "index.html", "a") as f:
-            f.write(f'<a href="{whl.as_uri()}#sha256={sha}">{whl.name}</a>\n')
-    return simple.as_uri()
+    return simple_index(folder, tmp_path / "simple")
 
 
 @pytest.fixture
