@@ -174,10 +174,15 @@ def lookup(store: Path, key: str) -> Entry | None:
     return Entry(key, str(library), record) if record.get("library_name") and library.is_file() else None
 
 
+def iso(ts: float) -> str:
+    """A POSIX time as build records write it: UTC, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
 def provenance(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Who is building: the cell (when the host said) and the host, at this moment."""
     env = os.environ if env is None else env
-    return {"built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cell": env.get(CELL_ENV) or None,
+    return {"built_at": iso(time.time()), "cell": env.get(CELL_ENV) or None,
             "host": env.get(HOST_ENV) or socket.gethostname()}
 
 

@@ -117,10 +117,6 @@ def _ninja(build_dir: str, targets: list[str]) -> tuple[int, str]:
 
 
 # --- provenance of cached objects ---------------------------------------------------------------------
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
 def write_record(build_dir: str, record: dict[str, Any]) -> None:
     # A read-only cache still builds; its next hit is then reported without a record.
     with contextlib.suppress(OSError):
@@ -135,7 +131,8 @@ def read_record(build_dir: str, objects: list[str]) -> dict[str, Any]:
     except (OSError, ValueError):
         pass
     stamps = [os.path.getmtime(p) for p in (os.path.join(build_dir, o) for o in objects) if os.path.exists(p)]
-    return {"record": "none (built outside stackprobe)", "objects_written_at": _iso(max(stamps)) if stamps else None}
+    written = _compile_cache.iso(max(stamps)) if stamps else None
+    return {"record": "none (built outside stackprobe)", "objects_written_at": written}
 
 
 # --- one build, in this process -------------------------------------------------------------------------
@@ -245,8 +242,8 @@ def _ninja_build(out: dict[str, Any], module: str, build_dir: str, objs: list[st
         out["cached_by"] = "ninja"
         out["cached_from"] = read_record(build_dir, objs)
     else:
-        write_record(build_dir, {"built_at": _iso(time.time()), "module": module, "flashinfer": out["flashinfer"],
-                                 "toolkit": out["toolkit"], "gencode": out["gencode"]})
+        write_record(build_dir, {"built_at": _compile_cache.iso(time.time()), "module": module,
+                                 "flashinfer": out["flashinfer"], "toolkit": out["toolkit"], "gencode": out["gencode"]})
     t1 = time.monotonic()
     rc, log = _ninja(build_dir, finals)
     out["link_s"] = round(time.monotonic() - t1, 1)
