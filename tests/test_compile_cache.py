@@ -66,10 +66,71 @@ def test_what_decides_the_output_is_in_its_key(tmp_path: Path) -> None:
     assert _key(tmp_path / "a", site, build, NINJA.replace("-O3", "-O2")) != base  # a flag
     assert _key(tmp_path / "a", site, build, NINJA.replace("120a", "120f")) != base  # the target
     assert _key(tmp_path / "a", site, build, env={"NVCC_APPEND_FLAGS": "-I/stub"}) != base  # flags from the env
+    (site / "flashinfer" / "data" / "csrc" / "k.cu").write_text("__global__ void k(int* p) { *p = 2; }\n")
+    assert _key(tmp_path / "a", site, build) != base  # one source byte
+    # headers are not in the key: the manifest of each stored build says which ones it read
     (site / "flashinfer" / "data" / "include" / "k.h").write_text("#define K 2\n")
-    assert _key(tmp_path / "a", site, build) != base  # one header byte
-    (site / "flashinfer" / "data" / "include" / "k.h").write_text("#define K 1\n")
+    kernel = '#include "k.h"\n__global__ void k(int* p) { *p = K; }\n'
+    (site / "flashinfer" / "data" / "csrc" / "k.cu").write_text(kernel)
     assert _key(tmp_path / "a", site, build) == base
+
+
+def _places(site: Path) -> dict[str, str]:
+    return {"$SITE": str(site), "$BUILD": "/nowhere/build"}
+
+
+def test_a_manifest_matches_only_the_same_bytes_where_it_read_them(tmp_path: Path) -> None:
+    site = _site(tmp_path / "a")
+    header = site / "flashinfer" / "data" / "include" / "k.h"
+    places = _places(site)
+    source = str(site / "flashinfer/data/csrc/k.cu")
+    items = cc.manifest([str(header), source], [source], places)
+    assert list(items) == ["$SITE/flashinfer/data/include/k.h"]  # the source itself is in the key, not here
+    order = [str(site / "flashinfer/data/csrc"), str(site / "flashinfer/data/include")]
+    assert cc.mismatch(items, places, order) is None
+    (site / "flashinfer" / "data" / "include" / "unrelated.cuh").write_text("#define X 1\n")
+    cc._FILE_DIGESTS.clear()
+    assert cc.mismatch(items, places, order) is None  # a header nobody read changes nothing
+    other = _site(tmp_path / "b")  # the same bytes in another environment's site-packages
+    assert cc.mismatch(items, _places(other), order) is None
+    header.write_text("#define K 2\n")
+    cc._FILE_DIGESTS.clear()
+    assert cc.mismatch(items, places, order) == "$SITE/flashinfer/data/include/k.h differs"
+    header.unlink()
+    cc._FILE_DIGESTS.clear()
+    assert cc.mismatch(items, places, order) == "$SITE/flashinfer/data/include/k.h is missing"
+
+
+def test_a_header_earlier_on_the_search_path_is_a_miss(tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    places = _places(site)
+    header = site / "flashinfer" / "data" / "include" / "k.h"
+    items = cc.manifest([str(header)], [], places)
+    order = [str(site / "flashinfer/data/csrc"), str(site / "flashinfer/data/include")]
+    (site / "flashinfer" / "data" / "csrc" / "k.h").write_text("#define K 1\n")
+    why = cc.mismatch(items, places, order)
+    assert why is not None and why.endswith("csrc/k.h would be read instead of $SITE/flashinfer/data/include/k.h")
+    assert cc.search_order(NINJA.format(site=site, build="/b")) == [
+        f"{site}/flashinfer/data/csrc", f"{site}/flashinfer/data/include", "/usr/local/cuda/include"]
+
+
+def test_headers_come_from_ninjas_deps_listing() -> None:
+    listing = ("/b/k.cuda.o: #deps 3, deps mtime 1764500000 (VALID)\n    /s/csrc/k.cu\n    /s/include/k.h\n"
+               "    /usr/local/cuda/include/cuda_runtime.h\n\n/b/j.cuda.o: #deps 1, deps mtime 1 (VALID)\n"
+               "    /s/include/k.h\n\n")
+    assert cc.ninja_deps(listing) == ["/s/csrc/k.cu", "/s/include/k.h", "/usr/local/cuda/include/cuda_runtime.h"]
+
+
+def test_without_a_header_list_the_manifest_is_every_include_folder(tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    text = NINJA.format(site=site, build="/b")
+    items = cc.tree_manifest(text, _places(site))
+    assert sorted(items) == ["tree:$SITE/flashinfer/data/csrc", "tree:$SITE/flashinfer/data/include"]
+    assert cc.mismatch(items, _places(site), []) is None
+    (site / "flashinfer" / "data" / "include" / "unrelated.cuh").write_text("#define X 1\n")
+    cc._TREE_DIGESTS.clear()
+    cc._FILE_DIGESTS.clear()
+    assert cc.mismatch(items, _places(site), []) == "$SITE/flashinfer/data/include differs"
 
 
 def test_the_order_nvcc_targets_are_listed_in_is_not_in_the_key(tmp_path: Path) -> None:
@@ -107,11 +168,24 @@ def _library(folder: Path, body: bytes) -> str:
 
 def test_an_entry_is_read_back_with_its_record(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    entry, wrote = cc.store(store, "k1", _library(tmp_path / "b", b"ELF"), {"flashinfer": "0.6.18"})
+    site = _site(tmp_path / "s")
+    items = cc.manifest([str(site / "flashinfer/data/include/k.h")], [], _places(site))
+    entry, wrote = cc.store(store, "k1", _library(tmp_path / "b", b"ELF"), {"flashinfer": "0.6.18"}, items)
     assert wrote and Path(entry.library).read_bytes() == b"ELF" and entry.record["flashinfer"] == "0.6.18"
-    assert cc.lookup(store, "k1") == entry and cc.lookup(store, "k2") is None
-    (store / "k3").mkdir()  # a folder without its record is no entry
-    assert cc.lookup(store, "k3") is None
+    assert entry.record["manifest"] == items
+    assert cc.lookup(store, "k1", _places(site)) == (entry, []) and cc.lookup(store, "k2") == (None, [])
+    (store / "k3" / "m").mkdir(parents=True)  # a folder without its record is no entry
+    assert cc.lookup(store, "k3") == (None, [])
+    # another environment whose k.h differs: no hit, and the miss says why
+    other = _site(tmp_path / "o", header="#define K 9\n")
+    cc._FILE_DIGESTS.clear()
+    found, misses = cc.lookup(store, "k1", _places(other))
+    assert found is None and misses == [f"{cc.manifest_id(items)}: $SITE/flashinfer/data/include/k.h differs"]
+    # its own build goes beside the first under the same key, and each environment finds its own
+    mine, wrote = cc.store(store, "k1", _library(tmp_path / "c", b"ELF2"), {"flashinfer": "0.7.0"},
+                           cc.manifest([str(other / "flashinfer/data/include/k.h")], [], _places(other)))
+    assert wrote and len(os.listdir(store / "k1")) == 2
+    assert cc.lookup(store, "k1", _places(other))[0] == mine and cc.lookup(store, "k1", _places(site))[0] == entry
 
 
 def _store_at(store: str, key: str, body: bytes, barrier: object, out: object) -> None:
@@ -137,7 +211,8 @@ def test_concurrent_stores_of_one_key_both_succeed_and_the_first_rename_wins(tmp
         assert sum(wrote for wrote, _, _ in got) == 1
         assert len({(body, by) for _, body, by in got}) == 1  # every builder reads the one winning entry
         body, by = got[0][1:]
-        assert body == by.encode() and os.listdir(store) == ["k"]  # no temporary folder left
+        assert body == by.encode() and os.listdir(store) == ["k"]
+        assert os.listdir(store / "k") == [cc.manifest_id({})]  # no temporary folder left
 
 
 def _hold(store: str, held: object) -> None:

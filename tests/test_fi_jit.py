@@ -139,9 +139,11 @@ from flashinfer.jit.cpp_ext import get_cuda_path
 
 DATA = Path(__file__).resolve().parent.parent / "data"  # the package's sources and headers, as flashinfer's
 SOURCE = None  # the package's own kernel
-COMPILE = f"$nvcc -c $in -o $out {{gencode}} -I{DATA}/include -Xcompiler -fPIC"
+# nvcc writes the headers it read to $out.d, and ninja keeps them (`ninja -t deps`), as in flashinfer's file
+COMPILE = (f"$nvcc --generate-dependencies-with-compile -MF $out.d -c $in -o $out {{gencode}} -I{DATA}/include "
+           "-Xcompiler -fPIC")
 if os.environ.get("STANDIN_NO_DEVICE_CODE"):  # output with no fat binary to read back
-    SOURCE, COMPILE = "int f() { return 1; }\\n", "c++ -x c++ -fPIC -c $in -o $out"
+    SOURCE, COMPILE = "int f() { return 1; }\\n", "c++ -MD -MF $out.d -x c++ -fPIC -c $in -o $out"
 
 def _write_if_different(path, text):  # as flashinfer does, so an unchanged module stays up to date
     if not path.exists() or path.read_text() != text:
@@ -175,7 +177,7 @@ class JitSpec:
         nvcc = os.environ.get("FLASHINFER_NVCC", "$cuda_home/bin/nvcc")
         _write_if_different(d / "build.ninja",
             f"cuda_home = {get_cuda_path()}\\nnvcc = {nvcc}\\n"
-            f"rule cuda_compile\\n  command = {COMPILE.format(gencode=gencode)}\\n"
+            f"rule cuda_compile\\n  command = {COMPILE.format(gencode=gencode)}\\n  depfile = $out.d\\n  deps = gcc\\n"
             "rule link\\n  command = c++ -shared $in -o $out\\n"
             f"build {d}/k.cuda.o: cuda_compile {src}\\n"
             f"build {self.jit_library_path}: link {d}/k.cuda.o\\n"
@@ -325,15 +327,43 @@ def test_another_cell_with_the_same_sources_gets_the_cached_library(standin: Pat
     assert not list((tmp_path / "jit-b").rglob("*.o")) and again["evidence"]["library"].startswith(str(store))
 
 
-def test_one_changed_header_byte_is_a_new_build(standin: Path, tmp_path: Path) -> None:
+def _builds(store: Path) -> list[str]:
+    """Every stored build, as key/manifest."""
+    return sorted(f"{k}/{m}" for k in _entries(store) for m in _entries(store / k))
+
+
+def test_one_changed_byte_in_a_header_the_module_reads_is_a_new_build(standin: Path, tmp_path: Path) -> None:
     store = tmp_path / "compile"
     cuda = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(store)}
     first = _fi_jit(standin, "12.0a", tmp_path / "jit-a", **cuda)
+    assert first["evidence"]["cache_headers"] >= 1, first  # k.h and the toolkit's headers, from ninja -t deps
     changed = _site(tmp_path, "site-changed", header=STANDIN_HEADER.replace("1", "2"))
     second = _fi_jit(changed, "12.0a", tmp_path / "jit-b", **cuda)
     assert first["status"] == second["status"] == "pass", second
-    assert "cached" not in second["metrics"] and second["evidence"]["cache_key"] != first["evidence"]["cache_key"]
-    assert len(_entries(store)) == 2
+    assert "cached" not in second["metrics"]
+    # same sources and flags (one key), another header: a second build under that key, and why the first missed
+    assert second["evidence"]["cache_key"] == first["evidence"]["cache_key"]
+    assert second["evidence"]["cache_entry"] != first["evidence"]["cache_entry"] and len(_builds(store)) == 2
+    assert any("$SITE/flashinfer/data/include/k.h differs" in m for m in second["evidence"]["cache_misses"]), second
+
+
+def test_a_release_that_changed_only_headers_the_module_does_not_read_shares_its_build(
+        standin: Path, tmp_path: Path) -> None:
+    store = tmp_path / "compile"
+    cuda = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(store)}
+    first = _fi_jit(standin, "12.0a", tmp_path / "jit-a", **cuda)
+    other = _site(tmp_path, "site-0.7.0", version="0.7.0")
+    (other / "flashinfer" / "data" / "include" / "attention.cuh").write_text("#define NEW_KERNEL 1\n")
+    again = _fi_jit(other, "12.0a", tmp_path / "jit-b", **cuda)
+    assert again["status"] == "pass" and again["metrics"]["cached"] is True, again
+    assert again["evidence"]["cached_from"]["flashinfer"] == "0.6.18" and len(_builds(store)) == 1
+    # a header of the same name earlier on the search path (the source's own folder) would be read instead
+    shadow = _site(tmp_path, "site-shadow", version="0.7.1")
+    (shadow / "flashinfer" / "data" / "csrc" / "k.h").write_text(STANDIN_HEADER)
+    third = _fi_jit(shadow, "12.0a", tmp_path / "jit-c", **cuda)
+    assert third["status"] == "pass" and "cached" not in third["metrics"], third
+    assert any("csrc/k.h would be read instead" in m for m in third["evidence"]["cache_misses"]), third
+    assert first["evidence"]["cache_key"] == again["evidence"]["cache_key"] == third["evidence"]["cache_key"]
 
 
 def test_a_failed_build_is_not_cached(standin: Path, tmp_path: Path) -> None:

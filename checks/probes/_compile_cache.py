@@ -1,18 +1,27 @@
 """A content-addressed store of built JIT libraries, shared by every cell and run that builds the same thing.
 
-A build's key is a SHA-256 over what decides its output: the module, its ninja file with the paths that
-only say where a build happens (its build directory, the site-packages holding flashinfer, the JIT
-workspace) replaced by placeholders, the ``--version`` of the nvcc and host compiler the ninja file runs,
-the compiler flags the environment adds (``NVCC_APPEND_FLAGS``...), and the contents of every source the
-ninja file compiles and of every file under the include directories it passes that lie inside those
-folders. The flashinfer version is not in the key: two releases with byte-identical sources and flags
-make the same library and share one entry; the entry's record says which version built it.
+Lookup works like ccache's direct mode, in two steps:
 
-An entry is a folder named by the key, holding the linked library and ``record.json`` (which build made
-it, when, where). It is written into a temporary folder and renamed into place, so a reader never sees
-half an entry and of two builders of one key the first rename wins. Only finished builds are stored: a
-failure is proven again on every run. ``STACKPROBE_COMPILE_CACHE`` names the store; unset, nothing is
-shared.
+1. A build's key is a SHA-256 over what is known before compiling: the module, its ninja file with the
+   paths that only say where a build happens (its build directory, the site-packages holding flashinfer,
+   the JIT workspace) replaced by placeholders, the ``--version`` of the nvcc and host compiler the ninja
+   file runs, the compiler flags the environment adds (``NVCC_APPEND_FLAGS``...), and the contents of every
+   source the ninja file compiles.
+2. Under that key each entry carries a manifest: every header the compiler read for it (``ninja -t deps``
+   from the build that made it) with its digest. An entry is a hit only when each of those headers, at the
+   same place in this environment, has the same bytes, and no folder earlier on the ``-I`` list now holds a
+   header of the same name that would be read instead.
+
+So a release that changed headers no comm module includes (most of flashinfer's include tree) shares the
+build of one that did not, and one changed header anywhere a module reads is a miss. The flashinfer version
+is not in the key; the entry's record says which version built it. When ninja cannot list the headers, the
+manifest falls back to every file under the include folders inside the package (the stricter test).
+
+An entry is a folder ``<key>/<manifest digest>``, holding the linked library and ``record.json`` (which
+build made it, when, where, and the manifest). It is written into a temporary folder and renamed into
+place, so a reader never sees half an entry and of two builders of one entry the first rename wins. Only
+finished builds are stored: a failure is proven again on every run. ``STACKPROBE_COMPILE_CACHE`` names the
+store; unset, nothing is shared.
 
 In-environment side: standard library only.
 """
@@ -39,7 +48,7 @@ ENV = "STACKPROBE_COMPILE_CACHE"
 CELL_ENV = "STACKPROBE_CELL_ID"  # set by the host for each cell's worker; recorded as who built an entry
 HOST_ENV = "STACKPROBE_HOST_ID"
 RECORD = "record.json"
-SCHEMA = 1  # bump when the key's recipe changes, so no entry made under another recipe is ever hit
+SCHEMA = 2  # bump when the key's recipe changes, so no entry made under another recipe is ever hit
 # Environment variables nvcc or the compilers read that change what a build makes.
 BUILD_ENV = ("NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "CPATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH")
 
@@ -135,9 +144,7 @@ def tool_version(command: str) -> str:
 def recipe(module: str, text: str, places: Mapping[str, str], env: Mapping[str, str]) -> dict[str, Any]:
     """What the key is a hash of, spelt out (so a miss can be explained by comparing two recipes)."""
     variables = ninja_vars(text)
-    trees = {d for d in include_dirs(text) if _inside(d, places) and os.path.isdir(d)}
     srcs = sorted(set(sources(text)))
-    trees |= {os.path.dirname(s) for s in srcs if _inside(s, places)}  # a source's own folder: "x.h" includes
     tools = {name: tool_version(expand(variables[name], variables)) for name in ("nvcc", "cxx") if name in variables}
     return {
         "schema": SCHEMA,
@@ -148,12 +155,101 @@ def recipe(module: str, text: str, places: Mapping[str, str], env: Mapping[str, 
         "tools": tools,
         "env": {k: env[k] for k in BUILD_ENV if env.get(k)},
         "sources": {normalise(s, places): file_digest(s) for s in srcs},
-        "trees": {normalise(d, places): tree_digest(d) for d in sorted(trees)},
     }
 
 
 def key_of(recipe_: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(recipe_, sort_keys=True).encode()).hexdigest()
+
+
+# --- the manifest: the headers a build read ---------------------------------------------------------
+TREE = "tree:"  # a manifest item that stands for every file under a folder (the fallback)
+
+
+def ninja_deps(output: str) -> list[str]:
+    """The files ``ninja -t deps`` lists under its targets (indented lines), in order, each once."""
+    out: list[str] = []
+    for line in output.splitlines():
+        if line[:1].isspace() and line.strip() and line.strip() not in out:
+            out.append(line.strip())
+    return out
+
+
+def place(path: str, places: Mapping[str, str]) -> str:
+    """``path`` as a manifest names it: inside a place, by that place's placeholder."""
+    return normalise(os.path.normpath(path), places)
+
+
+def unplace(name: str, places: Mapping[str, str]) -> str:
+    for holder, path in places.items():
+        if path and (name == holder or name.startswith(holder + "/")):
+            return path.rstrip("/") + name[len(holder):]
+    return name
+
+
+def manifest(headers: list[str], sources_: list[str], places: Mapping[str, str]) -> dict[str, str]:
+    """Each header a build read (not its sources: those are in the key) by placed name, with its digest."""
+    own = {os.path.normpath(s) for s in sources_}
+    return {place(h, places): file_digest(h) for h in headers if os.path.normpath(h) not in own and os.path.isfile(h)}
+
+
+def tree_manifest(text: str, places: Mapping[str, str]) -> dict[str, str]:
+    """The fallback when the headers are unknown: every include folder inside a place, and each source's own
+    folder (``#include "x.h"``), by the digest of all it holds."""
+    trees = {d for d in include_dirs(text) if _inside(d, places) and os.path.isdir(d)}
+    trees |= {os.path.dirname(s) for s in sources(text) if _inside(s, places)}
+    return {TREE + place(d, places): tree_digest(d) for d in sorted(trees)}
+
+
+def search_order(text: str) -> list[str]:
+    """Where the compiler looks for a header, first to last, as far as the ninja file says: each source's own
+    folder (``#include "x.h"``), then the ``-I``/``-isystem`` folders in order."""
+    out: list[str] = []
+    for folder in [os.path.dirname(s) for s in sources(text)] + include_dirs(text):
+        if folder not in out:
+            out.append(folder)
+    return out
+
+
+def shadowed(path: str, include_order: list[str]) -> str | None:
+    """An earlier ``-I`` folder's file of the same relative name as ``path``, which the compiler would now
+    read instead; None when there is none."""
+    real = os.path.realpath(path)
+    for i, folder in enumerate(include_order):
+        base = folder.rstrip("/") + "/"
+        if path.startswith(base):
+            rel = path[len(base):]
+            for earlier in include_order[:i]:
+                other = os.path.join(earlier, rel)
+                if os.path.isfile(other) and os.path.realpath(other) != real:
+                    return other
+            return None
+    return None
+
+
+def mismatch(items: Mapping[str, str], places: Mapping[str, str], include_order: list[str]) -> str | None:
+    """The first manifest item this environment does not match (why an entry is no hit); None when all do."""
+    for name, digest in sorted(items.items()):
+        if name.startswith(TREE):
+            folder = unplace(name[len(TREE):], places)
+            if not os.path.isdir(folder) or tree_digest(folder) != digest:
+                return f"{name[len(TREE):]} differs"
+            continue
+        path = unplace(name, places)
+        try:
+            same = file_digest(path) == digest
+        except OSError:
+            return f"{name} is missing"
+        if not same:
+            return f"{name} differs"
+        other = shadowed(path, include_order)
+        if other:
+            return f"{other} would be read instead of {name}"
+    return None
+
+
+def manifest_id(items: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(dict(items), sort_keys=True).encode()).hexdigest()[:16]
 
 
 # --- the store --------------------------------------------------------------------------------------
@@ -164,14 +260,35 @@ class Entry:
     record: dict[str, Any]
 
 
-def lookup(store: Path, key: str) -> Entry | None:
-    folder = store / key
+def _entry(folder: Path, key: str) -> Entry | None:
     try:
         record = json.loads((folder / RECORD).read_text())
     except (OSError, ValueError):
         return None
     library = folder / str(record.get("library_name", ""))
     return Entry(key, str(library), record) if record.get("library_name") and library.is_file() else None
+
+
+def lookup(store: Path, key: str, places: Mapping[str, str] | None = None,
+           include_order: list[str] | None = None) -> tuple[Entry | None, list[str]]:
+    """The entry under ``key`` whose manifest this environment matches, newest first, with why each other
+    entry missed (the first item that differs)."""
+    folder = store / key
+    try:
+        candidates = sorted((p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                            key=lambda p: -p.stat().st_mtime)
+    except OSError:
+        return None, []
+    misses: list[str] = []
+    for sub in candidates:
+        entry = _entry(sub, key)
+        if entry is None:
+            continue
+        why = mismatch(entry.record.get("manifest") or {}, places or {}, include_order or [])
+        if why is None:
+            return entry, misses
+        misses.append(f"{sub.name}: {why}")
+    return None, misses
 
 
 def iso(ts: float) -> str:
@@ -186,31 +303,36 @@ def provenance(env: Mapping[str, str] | None = None) -> dict[str, Any]:
             "host": env.get(HOST_ENV) or socket.gethostname()}
 
 
-def store(store_dir: Path, key: str, library: str, record: Mapping[str, Any]) -> tuple[Entry, bool]:
-    """Put a built library under ``key``: (the entry, whether this call wrote it). When another builder got
-    there first, its entry stands."""
-    found = lookup(store_dir, key)
+def store(store_dir: Path, key: str, library: str, record: Mapping[str, Any],
+          items: Mapping[str, str] | None = None) -> tuple[Entry, bool]:
+    """Put a built library under ``key`` with the manifest ``items`` (the headers it read): (the entry,
+    whether this call wrote it). When another builder got there first, its entry stands."""
+    items = dict(items or {})
+    folder = store_dir / key
+    final = folder / manifest_id(items)
+    found = _entry(final, key)
     if found is not None:
         return found, False
-    store_dir.mkdir(parents=True, exist_ok=True)
-    tmp = store_dir / f".tmp-{key[:16]}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         name = os.path.basename(library)
         shutil.copy2(library, tmp / name)
-        (tmp / RECORD).write_text(json.dumps({**record, "key": key, "library_name": name}, sort_keys=True) + "\n")
+        body = {**record, "key": key, "library_name": name, "manifest": items}
+        (tmp / RECORD).write_text(json.dumps(body, sort_keys=True) + "\n")
         try:
-            os.rename(tmp, store_dir / key)
+            os.rename(tmp, final)
         except OSError:
-            found = lookup(store_dir, key)  # a rename onto a folder that now exists: the other builder won
+            found = _entry(final, key)  # a rename onto a folder that now exists: the other builder won
             if found is None:
                 raise
             return found, False
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    entry = lookup(store_dir, key)
+    entry = _entry(final, key)
     if entry is None:
-        raise OSError(f"{store_dir / key}: stored but not readable back")
+        raise OSError(f"{final}: stored but not readable back")
     return entry, True
 
 

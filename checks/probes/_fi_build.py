@@ -196,18 +196,35 @@ def _loads_from_path(spec: Any) -> bool:
         return False
 
 
-def _cache_key(module: str, text: str, build_dir: str, out: dict[str, Any]) -> str | None:
+def _places(build_dir: str) -> dict[str, str]:
+    """The folders that only say where a build happens, by the placeholder the cache writes for them."""
+    return {"$BUILD": build_dir, "$SITE": _site_root(), "$WORKSPACE": os.environ.get("FLASHINFER_WORKSPACE_BASE", "")}
+
+
+def _cache_key(module: str, text: str, places: dict[str, str], out: dict[str, Any]) -> str | None:
     """This build's key in the shared store; None (and why, in ``out``) when its inputs cannot be read."""
     t0 = time.monotonic()
     try:
-        places = {"$BUILD": build_dir, "$SITE": _site_root(),
-                  "$WORKSPACE": os.environ.get("FLASHINFER_WORKSPACE_BASE", "")}
         key = _compile_cache.key_of(_compile_cache.recipe(module, text, places, os.environ))
     except (OSError, AttributeError, TypeError) as exc:  # an unreadable input, or a flashinfer without __file__
         out["cache_error"] = f"key: {type(exc).__name__}: {exc}"[:300]
         return None
     out["cache_key_s"] = round(time.monotonic() - t0, 2)
     return key
+
+
+def headers_read(build_dir: str, objs: list[str], text: str, places: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The manifest of a finished build: each header the compiler read for ``objs`` (``ninja -t deps``,
+    recorded from nvcc's dependency output), or every include folder's files when ninja cannot say."""
+    try:
+        proc = subprocess.run([_ninja_binary(), "-C", build_dir, "-t", "deps", *objs], capture_output=True,
+                              text=True, timeout=120)
+        deps = _compile_cache.ninja_deps(proc.stdout) if proc.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError):
+        deps = []
+    if deps:
+        return _compile_cache.manifest(deps, _compile_cache.sources(text), places), "ninja -t deps"
+    return _compile_cache.tree_manifest(text, places), "include folders (ninja listed no headers)"
 
 
 def _load(out: dict[str, Any], spec: Any) -> dict[str, Any] | None:
@@ -253,13 +270,17 @@ def _ninja_build(out: dict[str, Any], module: str, build_dir: str, objs: list[st
     return None
 
 
-def _store(out: dict[str, Any], module: str, store: Path, key: str, library: str) -> None:
+def _store(out: dict[str, Any], module: str, store: Path, key: str, library: str,
+           items: dict[str, str], how: str) -> None:
     """Put a finished build into the shared store; a store that cannot be written is said, not fatal."""
     record = {**_compile_cache.provenance(), "flashinfer": out["flashinfer"], "module": module,
               "name": out.get("name"), "toolkit": out["toolkit"], "gencode": out["gencode"],
-              "arch_list": out["arch_list"], "compile_s": out.get("compile_s"), "link_s": out.get("link_s")}
+              "arch_list": out["arch_list"], "compile_s": out.get("compile_s"), "link_s": out.get("link_s"),
+              "manifest_from": how}
     try:
-        out["cache_stored"] = _compile_cache.store(store, key, library, record)[1]
+        entry, out["cache_stored"] = _compile_cache.store(store, key, library, record, items)
+        out["cache_entry"] = os.path.basename(os.path.dirname(entry.library))
+        out["cache_headers"] = len(items)
     except OSError as exc:
         out["cache_error"] = f"store: {type(exc).__name__}: {exc}"[:300]
 
@@ -310,14 +331,22 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     out["gencode"] = sorted(set(re.findall(r"-gencode=\S+", text)))
     out.update(_toolkit_used(mirror, ninja_toolkit(text)))
     store = _compile_cache.root()
-    key = _cache_key(module, text, build_dir, out) if store and (_loads_from_path(spec) or not load) else None
+    usable = store and (_loads_from_path(spec) or not load)
+    places = _places(build_dir) if usable else {}
+    key = _cache_key(module, text, places, out) if usable else None
     with contextlib.ExitStack() as held:
         if store and key:
             out["cache_key"] = key
             out["cache_wait_s"] = held.enter_context(_compile_cache.building(store, key))
-            hit = _compile_cache.lookup(store, key)
+            t1 = time.monotonic()
+            hit, misses = _compile_cache.lookup(store, key, places, _compile_cache.search_order(text))
+            out["cache_lookup_s"] = round(time.monotonic() - t1, 2)
+            if misses:
+                out["cache_misses"] = misses[:5]  # entries of this key whose headers differ here, and which
             if hit is not None:
-                out.update({"cached": True, "cached_by": "store", "cached_from": hit.record, "library": hit.library,
+                origin = {k: v for k, v in hit.record.items() if k != "manifest"}
+                out.update({"cached": True, "cached_by": "store", "cached_from": origin, "library": hit.library,
+                            "cache_entry": os.path.basename(os.path.dirname(hit.library)),
                             "compile_s": round(time.monotonic() - t0, 1)})
                 _linkage(out)
                 stopped = _load(out, spec) if load else None
@@ -327,7 +356,8 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
             return stopped  # a failure is never stored: it is proven again on every run
         out["library"] = _library(spec)
         if store and key and os.path.isfile(out["library"]):
-            _store(out, module, store, key, out["library"])
+            items, how = headers_read(build_dir, objs, text, places)
+            _store(out, module, store, key, out["library"], items, how)
     _linkage(out)
     if load:
         stopped = _load(out, spec)

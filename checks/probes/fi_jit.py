@@ -17,8 +17,9 @@ driver calls (``cu*``) need a ``libcuda.so.1`` dependency, which the linker drop
 not export them. For ``arch=local`` the module is also loaded.
 
 Nothing is compiled twice when a cache outlives the variant: the shared compile cache
-(``STACKPROBE_COMPILE_CACHE``, ``checks.probes._compile_cache``: a build with the same sources, flags and
-compilers in another cell or run), or ninja finding every object up to date in ``STACKPROBE_JIT_CACHE``.
+(``STACKPROBE_COMPILE_CACHE``, ``checks.probes._compile_cache``: a build with the same sources, flags,
+compilers and the same bytes in every header it reads, in another cell or run, even of another flashinfer
+release), or ninja finding every object up to date in ``STACKPROBE_JIT_CACHE``.
 The result then says ``cached`` (metrics) and which build made the library (evidence ``cached_from``); the
 library is still read back for proof.
 
@@ -207,7 +208,8 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
     warning = toolkit.major_mismatch(tk, result.get("torch_cuda")) if tk else ""
     if warning:
         evidence["toolkit_warning"] = warning
-    for key in ("library", "cache_key", "cache_error", "combined_attempt"):
+    for key in ("library", "cache_key", "cache_entry", "cache_headers", "cache_misses", "cache_error",
+                "combined_attempt"):
         if key in result:
             evidence[key] = result[key]
     if result.get("arch_list"):
