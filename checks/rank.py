@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,12 @@ ENV_PROBE = "STACKPROBE_PROBE"
 ENV_VARIANT = "STACKPROBE_VARIANT"
 ENV_WORKDIR = "STACKPROBE_WORKDIR"
 ENV_DEVICE = "STACKPROBE_DEVICE"
+# A folder: each rank writes cProfile statistics of its probe there (rank-<i>.prof), to find where a
+# variant's seconds go (benchmarks/bench_variant_floor.py reads them).
+ENV_PROFILE = "STACKPROBE_RANK_PROFILE"
+# Key of the outcome file that carries the rank's clock (time.time() when main began and when the probe
+# returned); the launcher takes it out, so a probe's outcome is never changed by it.
+CLOCK_KEY = "_clock"
 
 TRACEBACK_TAIL_CHARS = 4000
 
@@ -82,13 +89,29 @@ def _teardown() -> None:
         pass
 
 
+def _profiled(ctx: RankContext, location: ProbeLocation, folder: str) -> dict[str, Any]:
+    if not folder:
+        return run_probe(ctx, location)
+    import cProfile
+
+    prof = cProfile.Profile()
+    result = prof.runcall(run_probe, ctx, location)
+    try:
+        prof.dump_stats(str(Path(folder) / f"rank-{ctx.rank}.prof"))
+    except OSError as exc:
+        ctx.log(f"cannot write the profile: {exc}")
+    return result
+
+
 def main() -> None:
+    started = time.time()
     faulthandler.enable()  # a segfault or abort leaves the Python stack in the rank log
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the watchdog asks for stacks before killing
     env = dict(os.environ)
     ctx = context_from_env(env)
     location = ProbeLocation.from_arg(env[ENV_PROBE], env[ENV_LOCATION])
-    result = run_probe(ctx, location)
+    result = _profiled(ctx, location, env.get(ENV_PROFILE, ""))
+    result[CLOCK_KEY] = {"main": started, "probe_done": time.time()}
     if ctx.rank == 0:
         from checks.envinfo import runtime_versions
 

@@ -131,9 +131,12 @@ def signal_name(returncode: int) -> str:
 class RankState:
     index: int
     proc: subprocess.Popen[bytes]
+    spawned_at: float = 0.0  # time.time() when it was started
     outcome: dict[str, Any] | None = None
     ended_at: float | None = None  # when it exited without an outcome
     reported_at: float | None = None
+    exited_at: float | None = None  # time.time() when the launcher saw it gone
+    clock: dict[str, float] = field(default_factory=dict)  # the rank's own times (rank.CLOCK_KEY)
     stopped: str = ""  # why the launcher ended it, if it did
 
     @property
@@ -148,6 +151,7 @@ class LaunchResult:
     hang: bool
     ranks: list[dict[str, Any]] = field(default_factory=list)
     log_tails: dict[str, str] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # where the seconds went (phases())
 
 
 def _read_outcome(workdir: Path, index: int) -> dict[str, Any] | None:
@@ -160,6 +164,35 @@ def _read_outcome(workdir: Path, index: int) -> dict[str, Any] | None:
         return outcome("fail", note=f"rank {index} wrote an unreadable outcome: {exc}", reason_code="harness-error")
 
 
+def _take_clock(s: RankState) -> None:
+    """Move the rank's clock out of its outcome (the outcome stays what the probe returned)."""
+    if isinstance(s.outcome, dict):
+        clock = s.outcome.pop(rank.CLOCK_KEY, None)
+        if isinstance(clock, dict):
+            s.clock = {k: float(v) for k, v in clock.items() if isinstance(v, (int, float))}
+
+
+def phases(states: list[RankState], finished_at: float) -> dict[str, float]:
+    """Seconds of one launch by phase, the slowest rank each (pure): ``start`` from spawning a rank to its
+    main() (interpreter and the harness's imports), ``probe`` from there until the probe returned (its imports
+    of the libraries, CUDA and NCCL set-up, the test), ``report`` until the launcher saw the outcome, and
+    ``teardown`` from the last outcome until every rank was gone. A phase no rank reached is left out."""
+    def slowest(pairs: list[tuple[float | None, float | None]]) -> float | None:
+        spans = [b - a for a, b in pairs if a is not None and b is not None]
+        return round(max(spans), 3) if spans else None
+
+    out = {
+        "start": slowest([(s.spawned_at, s.clock.get("main")) for s in states]),
+        "probe": slowest([(s.clock.get("main"), s.clock.get("probe_done")) for s in states]),
+        "report": slowest([(s.clock.get("probe_done"), s.reported_at) for s in states]),
+    }
+    reported = [s.reported_at for s in states if s.reported_at is not None]
+    if reported:
+        out["teardown"] = round(max(s.exited_at or finished_at for s in states) - max(reported), 3)
+    out["total"] = round(finished_at - min(s.spawned_at for s in states), 3) if states else None
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def _kill(states: list[RankState], why: str, sig: int = signal.SIGKILL) -> None:
     for s in states:
         if s.proc.poll() is None:
@@ -170,29 +203,39 @@ def _kill(states: list[RankState], why: str, sig: int = signal.SIGKILL) -> None:
 
 def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, timeout_s: float,
            grace_s: float = DEFAULT_GRACE_S, peer_grace_s: float = PEER_GRACE_S,
-           failed_grace_s: float = FAILED_PEER_GRACE_S) -> LaunchResult:
+           failed_grace_s: float = FAILED_PEER_GRACE_S, while_starting: Any = None) -> LaunchResult:
+    """Start every rank, wait for their outcomes and exits. ``while_starting`` (no arguments) runs once the
+    ranks are started, while they import their libraries: work of the worker's own that then costs no time."""
     port = free_port()
     states: list[RankState] = []
     for i in range(variant.ranks):
         env = rank_env(dict(os.environ), variant, location, workdir, i, port, device_for(i, gpus, variant.share_gpu))
         with open(rank.log_path(workdir, i), "wb") as log:
+            spawned = time.time()
             proc = subprocess.Popen([sys.executable, "-m", "checks.rank"], env=env, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        states.append(RankState(i, proc))
+        states.append(RankState(i, proc, spawned_at=spawned))
+    if while_starting is not None:
+        while_starting()
 
     deadline = time.monotonic() + timeout_s
     hang = False
     while True:
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         for s in states:
             if s.outcome is None:
                 s.outcome = _read_outcome(workdir, s.index)
                 if s.outcome is not None:
-                    s.reported_at = now
+                    s.reported_at = wall
             if s.outcome is None and s.ended_at is None and s.proc.poll() is not None:
                 s.outcome = _read_outcome(workdir, s.index)  # it may have written just before exiting
                 if s.outcome is None:
                     s.ended_at = now
+                else:
+                    s.reported_at = wall
+            if s.exited_at is None and s.proc.poll() is not None:
+                s.exited_at = wall
+            _take_clock(s)
         waiting = [s for s in states if s.outcome is None and s.ended_at is None]
         if not waiting:
             break
@@ -202,7 +245,7 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
             break
         failed = [s.reported_at for s in states if s.reported_at is not None and s.outcome
                   and s.outcome.get("status") not in GOOD]
-        if failed and now - min(failed) > failed_grace_s:
+        if failed and wall - min(failed) > failed_grace_s:
             # The others usually wait in a collective for the rank that gave up; the verdict is already `fail`.
             _kill(waiting, f"ended {failed_grace_s:.0f}s after a peer rank reported a failure")
             break
@@ -217,10 +260,14 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
     # Every outcome is in (or never will be): allow a short teardown, then end whatever is left.
     end = time.monotonic() + grace_s
     while time.monotonic() < end and any(s.proc.poll() is None for s in states):
+        for s in states:
+            if s.exited_at is None and s.proc.poll() is not None:
+                s.exited_at = time.time()
         time.sleep(0.02)
     _kill(states, f"still running {grace_s:.0f}s after reporting (teardown hang)")
     for s in states:
         s.proc.wait()
+    finished = time.time()
 
     outcomes: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
@@ -252,7 +299,7 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
                 tails[f"rank{s.index}"] = text
         ranks.append(info)
     return LaunchResult(outcomes, complete=all(s.outcome is not None for s in states), hang=hang, ranks=ranks,
-                        log_tails=tails)
+                        log_tails=tails, phases=phases(states, finished))
 
 
 # A silent rank whose stack dump shows it inside a JIT build (ninja run by flashinfer's or torch's extension
@@ -295,6 +342,8 @@ def merge(module: ModuleType, result: LaunchResult) -> dict[str, Any]:
                     .get("runtime")), None)
     if runtime:
         evidence["runtime"] = runtime
+    if result.phases:
+        evidence["phases"] = result.phases
     merged["evidence"] = evidence
     return merged
 
@@ -337,6 +386,11 @@ def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None 
     variant = variant or Variant(probe_id, min(module.SPEC.ranks))
     gpus = envinfo.gpu_count_hint() if gpus is None else gpus
     skipped = skip_reason(module, variant, gpus)
+    env_versions: dict[str, Any] = {}
+
+    def read_versions() -> None:
+        env_versions.update(envinfo.versions())  # runs nvcc: done while the ranks import their libraries
+
     if skipped:
         result = outcome("skip", note=skipped[1], reason_code=skipped[0])
     else:
@@ -346,12 +400,14 @@ def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None 
         try:
             # A probe that needs no GPU gets no device (ranks may outnumber GPUs); all GPUs stay visible.
             launched = launch(location, variant, wd, gpus if module.SPEC.needs_gpu else 0,
-                              timeout_s or module.SPEC.timeout_s)
+                              timeout_s or module.SPEC.timeout_s, while_starting=read_versions)
             result = merge(module, launched)
         finally:
             if own and not keep_workdir:
                 shutil.rmtree(wd, ignore_errors=True)
-    result.setdefault("evidence", {})["env"] = envinfo.versions()
+    if not env_versions:
+        read_versions()
+    result.setdefault("evidence", {})["env"] = env_versions
     result["evidence"]["gpus_visible"] = gpus
     result["duration_s"] = round(time.monotonic() - started, 3)
     return result
