@@ -64,6 +64,10 @@ class ProbeSpec:
     requires: tuple[str, ...] = ()  # importable modules the environment must have, else `skip`
     needs_gpu: bool = True
     timeout_s: float = 300.0  # per variant, enforced by the host-side watchdog
+    # The variant param that names a build other cells may share through the compile cache (fi-jit's
+    # module): the host does not start two variants with the same value side by side, so the second finds
+    # the first one's build stored instead of holding a job slot while it waits for it.
+    build_param: str = ""
 
     def __post_init__(self) -> None:
         floors = [self.min_ranks, *(n for _, _, n in self.min_ranks_by_param)]

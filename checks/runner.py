@@ -1,7 +1,8 @@
 """Executes a planned run: up to ``jobs`` variants at once, each result appended to the store as it arrives.
 
 Which variant may start is decided by :func:`pick` (pure): one variant per cell at a time, in plan order
-within the cell; CPU-only variants of different cells side by side up to ``jobs``; a variant that needs the
+within the cell; CPU-only variants of different cells side by side up to ``jobs``, two builds another cell
+may share (``ProbeSpec.build_param``) not side by side while anything else can start; a variant that needs the
 GPU alone, with nothing else running, so a latency is never measured beside a compile and no CPU-only probe
 that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it. Variants run in
 worker threads (each blocks on its worker process or container); only the main thread records results and
@@ -70,18 +71,33 @@ def uses_gpu(item: WorkItem) -> bool:
     return item.runs and item.spec.needs_gpu
 
 
+def shared_build(item: WorkItem) -> tuple[str, str] | None:
+    """The build ``item`` may share with other cells (probe, value of its ``build_param``), if any."""
+    name = item.spec.build_param
+    value = item.variant.param(name) if name and item.runs else None
+    return (item.spec.id, value) if value else None
+
+
 def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int) -> WorkItem | None:
-    """The first pending item (plan order) that may start beside ``running``, or None."""
+    """The first pending item (plan order) that may start beside ``running``, or None. An item that would
+    build what a running item of another cell is building goes after any other that can start: the two
+    would share one build, and the second would only hold a job slot waiting for it."""
     if len(running) >= jobs or any(uses_gpu(r) for r in running):
         return None
     busy = {r.cell.cell_id for r in running}
+    building = {shared_build(r) for r in running} - {None}
+    later: WorkItem | None = None
     for it in pending:
         if it.cell.cell_id in busy:
             continue
         if uses_gpu(it) and running:
             continue
+        if shared_build(it) in building:
+            later = later or it
+            busy.add(it.cell.cell_id)  # the cell's later items keep their plan order behind this one
+            continue
         return it
-    return None
+    return later
 
 
 def level_variant(item: WorkItem, level: str) -> Variant:

@@ -162,6 +162,26 @@ def test_pick_rules() -> None:
     assert pick(pending, [a_cpu], 1) is None
 
 
+def test_two_cells_do_not_build_what_they_could_share_side_by_side() -> None:
+    """fi-jit's module names a build another cell may share: while cell a builds trtllm_comm, cell b builds
+    another module first if it can (its trtllm_comm then finds a's build stored), and waits in plan order."""
+    jit = ProbeSpec("j", "j", "f", needs_gpu=False, build_param="module")
+    a, b, c = (CellTarget(f"cell{i}", "resolved") for i in "abc")
+
+    def item(cell: CellTarget, module: str) -> WorkItem:
+        return WorkItem(cell, jit, Variant(jit.id, 1, (("module", module), ("arch", "12.0a"))), 60.0)
+
+    a_trt, b_trt, b_moe, c_trt, c_moe = (item(a, "trtllm_comm"), item(b, "trtllm_comm"), item(b, "moe_a2a"),
+                                         item(c, "trtllm_comm"), item(c, "moe_a2a"))
+    assert pick([b_trt, b_moe, c_moe], [a_trt], 2) is c_moe  # b's next would share a's build; c's does not
+    assert pick([b_trt, b_moe], [a_trt], 2) is b_trt  # nothing else can start: it goes, and waits for a's
+    assert pick([b_moe, b_trt], [a_trt], 2) is b_moe  # plan order within a cell is kept
+    assert pick([b_trt, c_trt, c_moe], [a_trt], 3) is b_trt  # c's moe is behind its own trtllm, in plan order
+    plain = ProbeSpec("c", "c", "f", needs_gpu=False)  # no build_param: plan order, as before
+    b_plain = WorkItem(b, plain, Variant("c", 1, (("module", "trtllm_comm"),)), 60.0)
+    assert pick([b_plain, c_moe], [a_trt], 2) is b_plain
+
+
 def test_store_appends_from_many_threads_keep_every_whole_line(tmp_path: Path) -> None:
     """The runner appends from its main thread; the store itself is safe from threads too (each append opens
     the file anew and holds its own flock), so nothing is lost or torn if a caller appends concurrently."""

@@ -58,6 +58,7 @@ SPEC = ProbeSpec(
     ranks=(1,),
     requires=("flashinfer",),
     needs_gpu=False,
+    build_param="module",
     # On 2 cores trtllm_comm takes 450-1000 s of wall time for one target (by load) and 964 s for 12.0a and
     # 12.0f in one build; when that fails, the build for the variant's own target gets what is left of this
     timeout_s=3000.0,
