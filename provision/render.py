@@ -11,6 +11,8 @@ from typing import Any
 
 import jinja2
 
+from checks.probes.inventory import REMOVED_LIST
+
 DOCKERFILES = Path(__file__).resolve().parent.parent / "dockerfiles"
 TEMPLATE = "cell.Dockerfile.j2"
 # Exported only for the RUN steps that download; the secret is mounted there and never copied.
@@ -37,6 +39,10 @@ TOOLKIT_UNUSED = ("/opt/cuda-wheels/nvidia/*/lib/libcublas*.so*", "/opt/cuda-whe
 # cell runs only where the driver supports 13, so its CUDA 12 build is never loaded.
 CUDA13_CELL_UNUSED = ("nvidia_cutlass_dsl/cu12",
                       "nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu12.*")
+# sgl-kernel's FlashAttention-3 library (1.1 GB, the largest file of a cell): attention, not communication;
+# `import sgl_kernel` does not load it (only `sgl_kernel.flash_attn` does) and no probe calls attention.
+KERNEL_UNUSED = ("sgl_kernel/flash_ops*.so",)
+# Every removal is listed in the image (REMOVED_LIST), so the inventory says what the image lacks.
 
 
 @dataclass(frozen=True)
@@ -73,9 +79,16 @@ def _rm(paths: tuple[str, ...], root: str = "") -> str:
     return "rm -rf " + " ".join(f"{root}/{p}" if root else p for p in paths)
 
 
+def removed(*groups: tuple[tuple[str, ...], str]) -> str:
+    """The shell words that list every removed glob (each group: globs, their root) in REMOVED_LIST."""
+    full = [f"{root}/{p}" if root else p for paths, root in groups for p in paths]
+    return f"printf '%s\\n' {' '.join(shlex.quote(f) for f in full)} > {REMOVED_LIST}"
+
+
 def render(cell: dict[str, Any], base: Base, buildkit: bool = True, folder: Path = DOCKERFILES) -> str:
     """Dockerfile text for a locked cell (the cell.json mapping written by `provision lock`)."""
     cuda_major = int(str(cell.get("cell", {}).get("cuda", "0")).split(".")[0])
+    kernel = cell.get("cell", {}).get("sgl_kernel", "none") != "none"
     return _env(folder).get_template(TEMPLATE).render(
         cell_id=cell["cell_id"],
         base_kind=base.kind,
@@ -84,12 +97,16 @@ def render(cell: dict[str, Any], base: Base, buildkit: bool = True, folder: Path
         certenv=CERTENV,
         uv_version=cell["uv"],
         toolkit=base.kind == "registry-free",
-        kernel=cell.get("cell", {}).get("sgl_kernel", "none") != "none",
+        kernel=kernel,
         index_args=_index_args(cell["indexes"], bool(cell.get("prerelease"))),
         torch_index_args=torch_index_args(cell),
         toolkit_unused=_rm(TOOLKIT_UNUSED),
         torch_unused=_rm(TORCH_UNUSED, SITE),
         cell_unused=_rm(CUDA13_CELL_UNUSED, SITE) if cuda_major >= 13 else "",
+        kernel_unused=_rm(KERNEL_UNUSED, SITE),
+        removed=removed(*[g for g, used in (((TOOLKIT_UNUSED, ""), base.kind == "registry-free"),
+                                            ((TORCH_UNUSED, SITE), True), ((KERNEL_UNUSED, SITE), kernel),
+                                            ((CUDA13_CELL_UNUSED, SITE), cuda_major >= 13)) if used]),
         labels=labels(cell),
     )
 

@@ -95,3 +95,15 @@ def test_inventory_tells_a_missing_driver_function_from_a_torch_abi_break(tmp_pa
     r = _inventory(site)
     assert "undefined symbol: cuStreamWriteValue32" in r["evidence"]["sgl_kernel_import"]
     assert (r["status"], r["reason_code"]) == ("fail", "driver-symbol-unresolved"), r
+
+
+def test_inventory_lists_what_the_image_removed(tmp_path: Path) -> None:
+    from checks.probes import inventory
+    from provision.render import KERNEL_UNUSED, SITE, removed
+
+    listed = tmp_path / "removed"
+    # the very shell words the Dockerfile runs write the list the probe reads back
+    subprocess.run(["sh", "-c", removed((KERNEL_UNUSED, SITE)).replace(inventory.REMOVED_LIST, str(listed))],
+                   check=True)
+    assert inventory.removed_from_image(str(listed)) == [f"{SITE}/sgl_kernel/flash_ops*.so"]
+    assert inventory.removed_from_image(str(tmp_path / "none")) == []  # not a stackprobe image: nothing said

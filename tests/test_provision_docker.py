@@ -103,11 +103,13 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
                 " len(g('nvidia/cudnn/lib/libcudnn.so.9')), len(g('nvidia/cudnn/lib/libcudnn_graph.so.9')),"
                 " len(g('nvidia_cutlass_dsl/cu12')), len(g('nvidia_cutlass_dsl/cu13')),"
                 " len(glob.glob('/opt/cuda-wheels/nvidia/*/lib/libcublas*.so*')),"
-                " len(glob.glob('/usr/local/cuda/include/cublas_v2.h')), os.path.isdir('/root/.cache/uv'))\n"
+                " len(glob.glob('/usr/local/cuda/include/cublas_v2.h')), os.path.isdir('/root/.cache/uv'),"
+                " len(g('sgl_kernel/flash_ops*')), len(g('sgl_kernel/*/common_ops*')),"
+                " 'sgl_kernel/flash_ops*.so' in open('/opt/stackprobe/removed').read())\n"
                 "import torch; print(torch.__version__, torch.backends.cudnn.version() > 0)\n")
         seen = subprocess.run([docker_cli(), "run", "--rm", "--network", "none", "--entrypoint",
                                "/opt/venv/bin/python", tag, "-c", look], capture_output=True, text=True, check=True)
-        assert seen.stdout.split("\n")[:2] == ["0 0 1 1 0 1 0 1 False", "2.14.1+cu130 True"], seen
+        assert seen.stdout.split("\n")[:2] == ["0 0 1 1 0 1 0 1 False 0 2 True", "2.14.1+cu130 True"], seen
 
         # second build: nothing changed, so no build is invoked and the record says so
         again = Docker(cli=docker_cli())

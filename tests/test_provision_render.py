@@ -114,6 +114,11 @@ def test_files_no_probe_uses_leave_in_the_run_that_installs_them() -> None:
     assert "libcudnn.so" not in torch  # the dispatcher torch links stays
     assert "triton/backends/nvidia/lib/cupti*" in torch
     assert "nvidia_cutlass_dsl/cu12" in cell  # a CUDA 13 cell drops cutlass-dsl's CUDA 12 build
+    kernel = next(r for r in runs if "-r /opt/stackprobe/kernel.lock" in r)
+    assert "sgl_kernel/flash_ops*.so" in kernel  # FA3's 1.1 GB library, gone from the layer that brings it
+    listed = next(r for r in runs if "> /opt/stackprobe/removed" in r)
+    for glob_ in ("libcublas*.so*", "libcusolver*.so*", "sgl_kernel/flash_ops*.so", "nvidia_cutlass_dsl/cu12"):
+        assert f"{glob_}'" in listed  # every removal is listed in the image, quoted so the shell expands none
     cu128 = _cell(registry, cell__cuda="12.8")
     assert "nvidia_cutlass_dsl" not in render(cu128, Base("registry-free-notoolkit", "stackprobe/base:bookworm"))
 

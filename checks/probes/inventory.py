@@ -24,6 +24,18 @@ from checks import dists, toolkit
 from checks.probe import ProbeSpec, RankContext, outcome
 from checks.probes import _fatbin, _torch_abi
 
+# Where a stackprobe image lists the files it removed because no probe or import uses them (globs, one per
+# line): the libraries read below are then what the image holds, not all the packages ship.
+REMOVED_LIST = "/opt/stackprobe/removed"
+
+
+def removed_from_image(path: str = REMOVED_LIST) -> list[str]:
+    try:
+        return [line for line in Path(path).read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
 SPEC = ProbeSpec(
     id="inventory",
     title="Environment inventory",
@@ -140,6 +152,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
         evidence["cuda_home"] = tk.cuda_home
         evidence["toolkit"] = tk.as_dict()
     evidence["versions"] = versions
+    gone = removed_from_image()
+    if gone:
+        evidence["removed_from_image"] = gone
     torch_bins = binary_archs("torch", ("lib/libtorch_cuda.so", "lib/libtorch_cuda_linalg.so"))
     sgl_bins = binary_archs("sgl_kernel", ("**/*.so",))
     evidence["torch_binary_archs"] = torch_bins
