@@ -5,9 +5,10 @@ one way; and the SASS flashinfer may compile a target into. Pure, standard libra
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
+
+from checks.spelling import nearest
 
 # Compute capabilities nvcc 12.8 to 13.x compiles for (`nvcc --list-gpu-arch`): 12.8 has 5.0 to 12.0
 # (with 10.1), 12.9 adds 10.3 and 12.1, 13.0 drops everything below 7.5, adds 8.8 and renames 10.1 to 11.0.
@@ -47,16 +48,11 @@ class TargetError(ValueError):
     """Not a GPU architecture; the message names the closest valid spelling."""
 
 
-def _number(text: str) -> float:
-    m = re.match(r"\d+(?:\.\d+)?", text)
-    return float(m.group(0)) if m else 0.0
-
-
 def closest(text: str) -> str:
-    """The valid target nearest to ``text`` in spelling; between equally near ones, the nearest in number."""
-    guess = text.strip().lower()
-    return max(VALID, key=lambda v: (difflib.SequenceMatcher(None, guess, v).ratio(),
-                                     -abs(_number(guess) - _number(v))))
+    """The valid target nearest to ``text`` (``checks.spelling``)."""
+    found = nearest(text.strip().lower(), VALID)
+    assert found is not None  # VALID is never empty
+    return found[0]
 
 
 def parse_target(text: str) -> Target:

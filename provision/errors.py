@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
-import re
 from collections.abc import Iterable
+
+from checks.spelling import nearest
 
 
 class InputError(Exception):
@@ -23,30 +23,7 @@ class InputError(Exception):
         return f"{where}: {self.message}" if where else self.message
 
 
-# Letters typed for the digits they look like: `13.O` is 13.0, not 13.2 (equally near in spelling)
-_LOOKALIKE = str.maketrans({"o": "0", "O": "0", "l": "1", "I": "1"})
-
-
-def _number(text: str) -> float | None:
-    m = re.match(r"\d+(?:\.\d+)?", text)
-    return float(m.group(0)) if m else None
-
-
 def suggest(word: str, choices: Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the closest choice, or ''. Between choices equally near in spelling, the
-    nearest in number wins (the newer of two as near), and a letter that looks like a digit counts as that
-    digit (versions are typed with O for 0)."""
-    options = list(choices)
-    if not options:
-        return ""
-    plain = word.translate(_LOOKALIKE) if _number(word.translate(_LOOKALIKE)) is not None else word
-
-    def score(choice: str) -> tuple[float, float, float]:
-        ratio = difflib.SequenceMatcher(None, plain, choice).ratio()
-        a, b = _number(plain), _number(choice)
-        if a is None or b is None:
-            return ratio, 0.0, 0.0
-        return ratio, -round(abs(a - b), 6), b  # then the nearer number, then the newer of two as near
-
-    best = max(options, key=score)
-    return f" (did you mean '{best}'?)" if score(best)[0] >= 0.6 else ""
+    """' (did you mean 'x'?)' for the nearest choice (``checks.spelling``) when it is near enough, or ''."""
+    found = nearest(word, choices)
+    return f" (did you mean '{found[0]}'?)" if found and found[1] >= 0.6 else ""
