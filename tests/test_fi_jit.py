@@ -262,6 +262,20 @@ def test_a_cuda_home_without_nvcc_fails_as_it_does_for_flashinfer(standin: Path,
     assert f"{wheel}/bin/nvcc" in r["note"]
 
 
+def test_a_failure_no_target_list_changes_is_not_built_again_per_target(standin: Path, tmp_path: Path) -> None:
+    wheel = tmp_path / "cuda_nvcc"  # a CUDA_HOME without nvcc, with a compile cache and two targets
+    (wheel / "bin").mkdir(parents=True)
+    run = {"CUDA_HOME": str(wheel), "STACKPROBE_COMPILE_CACHE": str(tmp_path / "compile"),
+           "STACKPROBE_FI_JIT_ARCHS": "12.0a 12.0f"}
+    r = _fi_jit(standin, "12.0a", tmp_path / "jit", **run)
+    assert (r["status"], r["reason_code"]) == ("fail", "fi-no-nvcc"), r
+    # one builder: the combined build's failure answers; no second build for 12.0a alone repeated it
+    assert r["evidence"]["built_for"] == "12.0a 12.0f" and "combined_attempt" not in r["evidence"], r["evidence"]
+    assert fi_jit.arch_independent({"stage": "compile", "reason_code": "fi-link-no-libcuda"})
+    assert not fi_jit.arch_independent({"stage": "compile", "reason_code": "nvcc-unsupported-arch"})
+    assert not fi_jit.arch_independent({"stage": "compile", "reason_code": "fi-nvcc-error"})
+
+
 def test_an_older_nvcc_first_on_path_is_the_one_used(standin: Path, tmp_path: Path) -> None:
     old = tmp_path / "cu128" / "bin"
     old.mkdir(parents=True)

@@ -28,7 +28,9 @@ One build for several targets: when the host lists every cross-compile target in
 whole list in one go (``FLASHINFER_CUDA_ARCH_LIST="12.0a 12.0f"``), so the next target's variant finds it
 cached; each variant is still judged on the SASS of its own target in that library. When the combined
 build fails, the variant builds for its own target alone, so one target nvcc or flashinfer refuses never
-fails another; evidence ``built_for`` names the list the library was built for.
+fails another, unless the failure cannot depend on the targets (no nvcc, no host compiler, flashinfer
+does not import, a link failure after every object compiled): then the combined build's failure is the
+answer; evidence ``built_for`` names the list the library was built (or failed to build) for.
 
 Planning filter: ``STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a,trtllm_comm@local"`` keeps only those pairs
 (CI compiles the smallest module for one arch). JIT cache: ``STACKPROBE_JIT_CACHE`` (reused between runs),
@@ -313,6 +315,17 @@ def run(ctx: RankContext) -> dict[str, Any]:
     return verdict(module, arch, result, _objects_targets(result))
 
 
+# Failures no arch list changes: flashinfer did not import or has no such module, nvcc or the host compiler
+# is missing, or every object compiled and the link failed. The combined build's failure then answers for
+# each target; a build for one target alone would only repeat it (after compiling it all again, for a link).
+ARCH_INDEPENDENT_STAGES = frozenset({"import", "absent"})
+ARCH_INDEPENDENT_CODES = frozenset({"fi-no-nvcc", "fi-no-host-compiler", "fi-link-no-libcuda", "fi-link-missing-lib"})
+
+
+def arch_independent(failed: dict[str, Any]) -> bool:
+    return failed.get("stage") in ARCH_INDEPENDENT_STAGES or failed.get("reason_code") in ARCH_INDEPENDENT_CODES
+
+
 def _combined_failure(arch: str, arch_list: str, result: dict[str, Any]) -> dict[str, Any] | None:
     """Why a combined build does not answer for ``arch``, or None when it does. It may have finished
     without ``arch``: flashinfer keeps the targets of the majors a module supports and drops the rest, where
@@ -341,7 +354,8 @@ def _build(ctx: RankContext, module: str, arch: str, combined: str, cache: str,
         if arch_list == arch:
             break
         failed = _combined_failure(arch, arch_list, result)
-        if failed is None:
+        if failed is None or arch_independent(failed):
+            failed = None  # the combined result is the answer (evidence built_for names its list)
             break
     if failed:
         result["combined_attempt"] = failed
