@@ -134,19 +134,24 @@ def _stamp(text: str) -> float:
 
 def phases(runs: Iterable[Path], gpu: set[str]) -> dict[str, dict[str, float]]:
     """Per phase of one `checks run` (its results files ``runs``): span from the first start to the last end of
-    the variants it ran, busy seconds, variants run and variants reused (carried from an earlier run with the
-    same inputs: they keep their original start, so they count apart and add no time)."""
+    the variants it ran, busy seconds, variants run, variants reused (carried from an earlier run with the
+    same inputs: they keep their original start, so they count apart and add no time) and variants decided
+    without running (a GPU probe on a host without a GPU, a cell that cannot be built: no worker started,
+    so they take 0 s and count apart too)."""
     out: dict[str, dict[str, float]] = {}
     for path in runs:
         for line in path.read_text().splitlines():
             r = json.loads(line)
             phase = "compile" if r["probe_id"] == "fi-jit" else "gpu" if r["probe_id"] in gpu else "other"
             p = out.setdefault(phase, {"first": float("inf"), "last": 0.0, "busy_s": 0.0, "variants": 0,
-                                       "reused": 0})
+                                       "reused": 0, "decided": 0})
             if (r.get("evidence") or {}).get("reused_from"):
                 p["reused"] += 1
                 continue
             start, dur = _stamp(r["started_at"]), float(r.get("duration_s") or 0.0)
+            if dur == 0.0:
+                p["decided"] += 1
+                continue
             p["first"] = min(p["first"], start)
             p["last"] = max(p["last"], start + dur)
             p["busy_s"] += dur
@@ -207,7 +212,8 @@ def render(meta: dict[str, Any], passes: list[dict[str, Any]]) -> list[str]:
                      f"disk +{p['disk_growth_b'] / GB:.2f} GB")
         for name, ph in sorted(p["phases"].items()):
             lines.append(f"    {name:8} span {ph['span_s']:7.1f} s  busy {ph['busy_s']:7.1f} s  "
-                         f"variants run {int(ph['variants'])}, reused {int(ph['reused'])}")
+                         f"variants run {int(ph['variants'])}, reused {int(ph['reused'])}, "
+                         f"decided without running {int(ph.get('decided', 0))}")
     cold = next((p for p in passes if p["label"] == "cold"), None)
     warm = next((p for p in passes if p["label"] == "warm"), None)
     if cold:
