@@ -17,7 +17,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-_DRIVER_NAME = re.compile(r"\bcu[A-Z][A-Za-z0-9_]*\b")
+# A driver function's name in cuda.h. The one recipe of the libcuda link stub: this module builds it for venv
+# cells, the Dockerfile (provision.render) greps the image's own cuda.h with the same pattern, and
+# tools/prebuild_fi_aot.sh asks `python -m provision.cudahome stub-source`.
+DRIVER_NAME = r"\bcu[A-Z][A-Za-z0-9_]*\b"
+_DRIVER_NAME = re.compile(DRIVER_NAME)
 
 
 def link_tree(src: Path, dst: Path) -> None:
@@ -81,3 +85,11 @@ def assemble(wheels: Path, home: Path) -> str:
     if (home / "lib").is_dir():
         unversioned_links(home / "lib")
     return build_stub(home)
+
+
+if __name__ == "__main__":  # `python -m provision.cudahome stub-source CUDA_H`: the stub's C source on stdout
+    import sys
+
+    if sys.argv[1:2] != ["stub-source"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m provision.cudahome stub-source PATH/TO/cuda.h")
+    sys.stdout.write(stub_source(Path(sys.argv[2]).read_text(errors="replace")))

@@ -12,6 +12,7 @@ from typing import Any
 import jinja2
 
 from checks.probes.inventory import REMOVED_LIST
+from provision.cudahome import DRIVER_NAME
 
 DOCKERFILES = Path(__file__).resolve().parent.parent / "dockerfiles"
 TEMPLATE = "cell.Dockerfile.j2"
@@ -108,6 +109,7 @@ def render(cell: dict[str, Any], base: Base, buildkit: bool = True, folder: Path
                                             ((TORCH_UNUSED, SITE), True), ((KERNEL_UNUSED, SITE), kernel),
                                             ((CUDA13_CELL_UNUSED, SITE), cuda_major >= 13)) if used]),
         labels=labels(cell),
+        driver_name=shlex.quote(DRIVER_NAME),
     )
 
 

@@ -26,7 +26,7 @@ trap 'rm -rf "$STUB"' EXIT
 # The stub must export the driver functions the module calls: an empty one lets the linker drop the
 # libcuda.so.1 dependency (--as-needed), and the module then fails to load on the GPU host with
 # "undefined symbol: cuPointerGetAttribute" (seen on the 2x H200 run).
-grep -ohE '\bcu[A-Z][A-Za-z0-9_]*\b' /usr/local/cuda/include/cuda.h | sort -u | sed 's/.*/void &(void){}/' \
+python3 -m provision.cudahome stub-source /usr/local/cuda/include/cuda.h \
     | gcc -shared -x c - -o "$STUB/libcuda.so" -Wl,-soname,libcuda.so.1
 # moe_a2a includes cublasLt.h; an nvcc-only toolkit lacks it. Borrow just the cuBLAS headers from the
 # venv's nvidia-cublas wheel (not its cuda_runtime headers, which must stay the toolkit's own).
