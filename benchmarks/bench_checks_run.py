@@ -2,6 +2,7 @@
 
     python benchmarks/bench_checks_run.py [--python PATH] [--cache DIR] [--runs N] [--timeout-scale X]
         [--out DIR] [--compare RESULTS.jsonl] [CHECKS-RUN ARGS ...]
+    python benchmarks/bench_checks_run.py --summarize RESULTS.jsonl   # the same lines for a recorded run
 
 Runs the real CLI N times, each a fresh run (``--fresh``, a scratch results directory) against the same JIT
 cache directory (STACKPROBE_JIT_CACHE and FLASHINFER_WORKSPACE_BASE). The cells are ``--local --python PATH``
@@ -109,7 +110,13 @@ def main() -> None:
     ap.add_argument("--timeout-scale", type=float, default=1.0)
     ap.add_argument("--out", type=Path, help="keep each run's results file and this output here")
     ap.add_argument("--compare", type=Path, help="a recorded results file whose verdicts each run should match")
+    ap.add_argument("--summarize", type=Path, metavar="RESULTS.jsonl", help="only print a recorded run's suite "
+                    "time per cell and probe (run nothing)")
     args, cell_args = ap.parse_known_args()
+    if args.summarize:
+        for line in suite_lines(read_results(args.summarize)):
+            print(line)
+        return
     if not cell_args:
         cell_args = ["--local", "--python", args.python]
     printed: list[str] = []

@@ -12,7 +12,10 @@ A probe is a module in ``checks/probes/`` that defines:
   (build it with :func:`outcome`); module-level code must not import torch or the libraries under
   test, only ``run`` (and what it calls) may;
 - ``combine(outcomes: list[dict]) -> dict`` (optional): merges the per-rank outcomes; the default
-  is :func:`combine_worst`.
+  is :func:`combine_worst`;
+- ``preflight(variant: Variant) -> dict | None`` (optional): run by the worker before any rank starts,
+  without importing the libraries under test; an outcome when the environment's files already show the
+  verdict the ranks would reach (an API the installed version lacks), else None.
 
 The rank launcher (``checks.worker``) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT,
 and exports every variant param named ``env.NAME`` as the environment variable NAME of each rank

@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,7 @@ from checks.status import GOOD, Status
 
 LOG_TAIL_BYTES = 3000
 ENV_PARAM_PREFIX = "env."  # a variant param "env.NCCL_ALGO=Tree" is exported to the ranks; "" unsets it
-DEFAULT_GRACE_S = 3.0  # after every outcome arrived: time allowed for teardown before ranks are killed
+DEFAULT_GRACE_S = 3.0  # after every outcome arrived: time a rank gets to exit (rank.PEERS_WAIT_S is less)
 PEER_GRACE_S = 5.0  # after a rank died without an outcome: time the others get before they are ended
 FAILED_PEER_GRACE_S = 10.0  # after a rank reported a failure: time the silent others get to report
 STACK_DUMP_WAIT_S = 1.0
@@ -80,9 +81,40 @@ def device_for(rank_index: int, gpus: int, share_gpu: bool) -> int | None:
     return rank_index % gpus if share_gpu else rank_index
 
 
+def bytecode_cache(root: Path | None = None) -> str | None:
+    """A folder of this user's alone where the ranks keep the bytecode Python compiles, or None when none can
+    be had safely (made elsewhere, shared, not a folder).
+
+    The runner starts workers with PYTHONDONTWRITEBYTECODE so nothing is written into the environment; where
+    the environment ships no bytecode of its own (a uv-built venv or image) every rank then compiled torch and
+    flashinfer from source again: 2.1-3.3 s of each rank's start on 2x H200. PYTHONPYCACHEPREFIX puts the
+    bytecode in this folder instead, outside the environment; Python checks each file against its source's
+    size and time before using it, and replaces files atomically, so ranks may share it."""
+    folder = (root or Path(tempfile.gettempdir())) / f"stackprobe-pycache-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = folder.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None  # another user's, or writable by others: its bytecode would run in every rank
+    return str(folder)
+
+
+def keep_bytecode() -> None:
+    """This process from now on: bytecode in :func:`bytecode_cache`, as the ranks keep theirs."""
+    folder = bytecode_cache()
+    if folder and not sys.pycache_prefix:
+        sys.pycache_prefix = folder
+        sys.dont_write_bytecode = False
+
+
 def rank_env(base: dict[str, str], variant: Variant, location: ProbeLocation, workdir: Path, rank_index: int,
-             port: int, device: int | None) -> dict[str, str]:
+             port: int, device: int | None, pycache: str | None = None) -> dict[str, str]:
     env = dict(base)
+    if pycache:
+        env.setdefault("PYTHONPYCACHEPREFIX", pycache)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     for name, value in variant.params:
         if name.startswith(ENV_PARAM_PREFIX):
             var = name[len(ENV_PARAM_PREFIX):]
@@ -207,9 +239,11 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
     """Start every rank, wait for their outcomes and exits. ``while_starting`` (no arguments) runs once the
     ranks are started, while they import their libraries: work of the worker's own that then costs no time."""
     port = free_port()
+    pycache = bytecode_cache()
     states: list[RankState] = []
     for i in range(variant.ranks):
-        env = rank_env(dict(os.environ), variant, location, workdir, i, port, device_for(i, gpus, variant.share_gpu))
+        env = rank_env(dict(os.environ), variant, location, workdir, i, port, device_for(i, gpus, variant.share_gpu),
+                       pycache)
         with open(rank.log_path(workdir, i), "wb") as log:
             spawned = time.time()
             proc = subprocess.Popen([sys.executable, "-m", "checks.rank"], env=env, stdin=subprocess.DEVNULL,
@@ -257,14 +291,14 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
             break
         time.sleep(0.02)
 
-    # Every outcome is in (or never will be): allow a short teardown, then end whatever is left.
+    # Every outcome is in (or never will be): allow a short exit, then end whatever is left.
     end = time.monotonic() + grace_s
     while time.monotonic() < end and any(s.proc.poll() is None for s in states):
         for s in states:
             if s.exited_at is None and s.proc.poll() is not None:
                 s.exited_at = time.time()
         time.sleep(0.02)
-    _kill(states, f"still running {grace_s:.0f}s after reporting (teardown hang)")
+    _kill(states, f"still running {grace_s:.0f}s after reporting (exit hang)")
     for s in states:
         s.proc.wait()
     finished = time.time()
@@ -377,6 +411,20 @@ def skip_reason(module: ModuleType, variant: Variant, gpus: int) -> tuple[str, s
     return None
 
 
+def preflight(module: ModuleType, variant: Variant) -> dict[str, Any] | None:
+    """The probe's own verdict before any rank starts (its optional ``preflight(variant)``), from what the
+    environment's files show without importing the libraries under test; None: launch the ranks. A preflight
+    that breaks is no verdict: the ranks then decide as without one."""
+    check = getattr(module, "preflight", None)
+    if not callable(check):
+        return None
+    try:
+        return check(variant)
+    except Exception as exc:
+        print(f"checks.worker: {variant.probe_id} preflight failed, launching the ranks: {exc}", file=sys.stderr)
+        return None
+
+
 def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None = None,
                 timeout_s: float | None = None, workdir: Path | None = None,
                 keep_workdir: bool = False) -> dict[str, Any]:
@@ -391,8 +439,9 @@ def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None 
     def read_versions() -> None:
         env_versions.update(envinfo.versions())  # runs nvcc: done while the ranks import their libraries
 
-    if skipped:
-        result = outcome("skip", note=skipped[1], reason_code=skipped[0])
+    decided = outcome("skip", note=skipped[1], reason_code=skipped[0]) if skipped else preflight(module, variant)
+    if decided is not None:
+        result = decided
     else:
         own = workdir is None
         wd = Path(tempfile.mkdtemp(prefix=f"stackprobe-{probe_id}-")) if own else workdir
@@ -434,6 +483,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.inspect:
+        keep_bytecode()  # it imports torch, as a rank does
         emit(envinfo.inspect_runtime())
         return 0
     if not args.probe:

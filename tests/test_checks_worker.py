@@ -67,9 +67,12 @@ def test_hang_fires_soft_watchdog_collects_stacks_and_kills_ranks() -> None:
 
 
 def test_teardown_hang_keeps_the_correct_result() -> None:
+    # A rank exits once every rank reported, without tearing its group down: a teardown that would hang is
+    # never reached, so the ranks end by themselves and the result stands.
     result, token = run_worker("t-teardown-hang", ranks=2)
     assert result["status"] == "pass"
-    assert all("teardown" in r.get("stopped", "") for r in result["evidence"]["ranks"])
+    assert [r["exit"] for r in result["evidence"]["ranks"]] == [0, 0]
+    assert not any("stopped" in r for r in result["evidence"]["ranks"])
     assert pids_with_env(token) == []
 
 

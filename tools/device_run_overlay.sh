@@ -46,3 +46,5 @@ timeout -s INT "$SUITE_S" python3 -m checks.cli run --backend venv --matrix "$M"
     --timeout-scale 0.25 --results "$RES" "${EXTRA[@]}" > "$OUT/run.log" 2>&1
 echo "run rc=$? in $(( $(date +%s) - T0 ))s"
 grep -E "^ *(pass|partial|fail|crash|hang|skip|not-run) " "$OUT/run.log" | head -120
+# Each cell's suite time, probe by probe (the sum of its variants' seconds; the target is 90 s a cell).
+for f in "$RES"/*/*.jsonl; do [ -f "$f" ] && python3 benchmarks/bench_checks_run.py --summarize "$f"; done

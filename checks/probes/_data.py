@@ -70,6 +70,18 @@ class Check:
         }
 
 
+def equal_exactly(out: Any, expected: Any) -> bool:
+    """Whether ``out`` holds exactly the finite values of ``expected``, compared where both live (a GPU
+    compares millions of elements in microseconds; copying them to the host and comparing there took
+    seconds per variant). False says nothing more: :func:`check_exact` then names the kind of mismatch."""
+    import torch
+
+    if out.device != expected.device or out.numel() != expected.numel():
+        return False
+    ref = expected.detach().reshape(-1).to(torch.float64)
+    return bool(torch.isfinite(ref).all()) and bool(torch.equal(out.detach().reshape(-1).to(torch.float64), ref))
+
+
 def check_exact(
     out: Any,
     expected: Any,
@@ -86,6 +98,8 @@ def check_exact(
     """
     import torch
 
+    if equal_exactly(out, expected):
+        return Check("exact", 0, expected.numel(), 0.0)
     got = out.detach().to("cpu", torch.float64).reshape(-1)
     ref = expected.detach().to("cpu", torch.float64).reshape(-1)
     numel = ref.numel()

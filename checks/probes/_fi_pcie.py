@@ -18,7 +18,11 @@ In-environment side: standard library at import time; torch and flashinfer insid
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
+import importlib.util
+import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from checks.probes import _api
@@ -38,6 +42,72 @@ _GENERATIONS: dict[str, _api.Generation] = {
 
 def detect(op: str) -> _api.Generation | _api.ApiUnknown:
     return _api.detect((_GENERATIONS[op],), PACKAGE, DISTRIBUTIONS)
+
+
+def unknown_without_import(op: str) -> _api.ApiUnknown | None:
+    """What ``detect(op)`` answers when flashinfer's files alone show that the op's API is not there; None
+    when they do not (then the ranks import and detect).
+
+    ``detect`` resolves every name by importing it, so a name cannot resolve when its module has no file
+    (nor package folder, nor extension) or when its attribute is spelt in none of the package's Python
+    sources. Reading them takes tens of milliseconds where importing flashinfer costs each rank seconds,
+    so a variant whose flashinfer predates the API is decided before any rank starts. A module folder that
+    holds an extension (whose names need no source line) is left to ``detect``."""
+    spec = importlib.util.find_spec("flashinfer")
+    if spec is None or not spec.submodule_search_locations:
+        return None  # not installed: the ranks report that as they always did
+    root = Path(list(spec.submodule_search_locations)[0])
+    needs = _GENERATIONS[op].needs
+    missing_attrs: list[str] = []
+    first = root
+    for name in needs:
+        module, _, attr = name.partition(":")
+        where = _module_file(root, module)
+        if where is None:
+            return _api.ApiUnknown(PACKAGE, _api.package_version(*DISTRIBUTIONS), needs)
+        if attr:
+            if where == "" or any(where.parent.glob("*.so")):
+                return None  # an extension module, or cannot tell
+            missing_attrs.append(attr.split(".")[0])
+            first = where.parent
+    if missing_attrs and _spelt_nowhere(root, missing_attrs, first):
+        return _api.ApiUnknown(PACKAGE, _api.package_version(*DISTRIBUTIONS), needs)
+    return None
+
+
+def _module_file(root: Path, module: str) -> Path | str | None:
+    """The source file of ``module`` (a dotted name under flashinfer) found without importing anything,
+    None when it certainly does not exist, "" when that cannot be told from the files."""
+    parts = module.split(".")[1:]
+    folder = root
+    found: Path | None = root / "__init__.py"
+    for i, part in enumerate(parts):
+        if not folder.is_dir():
+            return ""  # a parent that is a plain module could still provide it
+        sub = importlib.machinery.PathFinder.find_spec(".".join(module.split(".")[: i + 2]), [str(folder)])
+        if sub is None:
+            return None
+        if sub.origin is None or not sub.origin.endswith(".py"):
+            return ""  # a namespace package or an extension module
+        found = Path(sub.origin)
+        folder = found.parent if found.name == "__init__.py" else folder / part
+    return found
+
+
+def _spelt_nowhere(root: Path, names: list[str], first: Path) -> bool:
+    """Whether some name in ``names`` appears in none of the Python sources under ``root``; the folder
+    ``first`` (where the attribute's module lives, so where a name that exists is usually spelt) is read first."""
+    left = {n.encode() for n in names}
+    paths = itertools.chain(first.rglob("*.py"), (p for p in root.rglob("*.py") if first not in p.parents))
+    for path in paths:
+        try:
+            text = path.read_bytes()
+        except OSError:
+            return False  # unreadable: cannot tell
+        left = {n for n in left if n not in text}
+        if not left:
+            return False
+    return True
 
 
 def describe(config: Any) -> dict[str, Any] | None:

@@ -194,7 +194,7 @@ def build_cases(rank: int, world: int, device: Any) -> list[OpCase]:
         ag_out.fill_(_data.SENTINEL)
 
     def ag_expected(seed: int) -> Any:
-        return torch.cat([_data.pattern((n,), r, seed) for r in range(world)])
+        return torch.cat([_data.pattern((n,), r, seed, device) for r in range(world)])
 
     rs_in = torch.empty(world * n, device=device, dtype=bf16)
     rs_out = torch.empty(n, device=device, dtype=bf16)
@@ -204,7 +204,7 @@ def build_cases(rank: int, world: int, device: Any) -> list[OpCase]:
         rs_out.fill_(_data.SENTINEL)
 
     def rs_expected(seed: int) -> Any:
-        return _data.pattern_sum((world * n,), world, seed)[rank * n : (rank + 1) * n]
+        return _data.pattern_sum((world * n,), world, seed, device)[rank * n : (rank + 1) * n]
 
     bc_src = torch.empty(n, device=device, dtype=bf16)
     bc_buf = torch.empty(n, device=device, dtype=bf16)
@@ -226,12 +226,12 @@ def build_cases(rank: int, world: int, device: Any) -> list[OpCase]:
             ar_load,
             ar_step,
             ar_buf,
-            lambda s: _data.pattern_sum((n,), world, s),
-            lambda s: _data.pattern((n,), rank, s),
+            lambda s: _data.pattern_sum((n,), world, s, device),
+            lambda s: _data.pattern((n,), rank, s, device),
         ),
         OpCase("all_gather", ag_load, lambda: dist.all_gather_into_tensor(ag_out, ag_in), ag_out, ag_expected, None),
         OpCase("reduce_scatter", rs_load, lambda: dist.reduce_scatter_tensor(rs_out, rs_in), rs_out, rs_expected, None),
-        OpCase("broadcast", bc_load, bc_step, bc_buf, lambda s: _data.pattern((n,), 0, s), None),
+        OpCase("broadcast", bc_load, bc_step, bc_buf, lambda s: _data.pattern((n,), 0, s, device), None),
     ]
 
 
@@ -241,8 +241,13 @@ def _failure(exc: BaseException) -> dict[str, str]:
 
 
 def _judge(case: OpCase, seed: int) -> dict[str, str]:
+    """References are made on the GPU and compared there; the host-side comparison runs only to name a mismatch
+    (references on the host cost a second per variant on 2x H200)."""
+    expected = case.expected(seed)
+    if _data.equal_exactly(case.out, expected):
+        return {"verdict": "ok"}
     own = case.own(seed) if case.own else None
-    chk = _data.check_exact(case.out, case.expected(seed), own_input=own, prior=_data.filled(case.out.shape))
+    chk = _data.check_exact(case.out, expected, own_input=own, prior=_data.filled(case.out.shape))
     if chk.ok:
         return {"verdict": "ok"}
     return {"verdict": chk.verdict, "code": "nccl-wrong-result", "error": chk.detail}

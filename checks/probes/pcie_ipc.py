@@ -86,6 +86,13 @@ def variants(host: HostView) -> list[Variant]:
     return own + shared_gpu_variants(SPEC, host, (("op", "all-reduce"),))
 
 
+def preflight(variant: Variant) -> dict[str, Any] | None:
+    """The verdict before any rank starts when flashinfer's files show it has no PCIe IPC API for the op
+    (``_fi_pcie.unknown_without_import``): the ranks' own ``detect`` would find the same, seconds later."""
+    unknown = _fi_pcie.unknown_without_import(variant.param("op") or "all-reduce")
+    return unknown.outcome() if unknown else None
+
+
 def cases(op: str) -> tuple[Case, ...]:
     return at_level(MAIN) + EDGES[op]
 
