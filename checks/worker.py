@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -44,10 +45,16 @@ FAILED_PEER_GRACE_S = 10.0  # after a rank reported a failure: time the silent o
 STACK_DUMP_WAIT_S = 1.0
 
 
-def free_port() -> int:
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A free port for rank 0's rendezvous store, held bound (SO_REUSEADDR, never listening) while the ranks
+    run: rank 0's store binds it beside the holder, and nothing else gets it in between. A port merely found
+    free and let go was once taken before rank 0 bound it (EADDRINUSE, 2x H200): connect() hands out free
+    ports as source ports, and the peers' connects to a store not yet listening are such connects."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        yield int(s.getsockname()[1])
 
 
 def module_available(name: str) -> bool:
@@ -238,7 +245,13 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
            failed_grace_s: float = FAILED_PEER_GRACE_S, while_starting: Any = None) -> LaunchResult:
     """Start every rank, wait for their outcomes and exits. ``while_starting`` (no arguments) runs once the
     ranks are started, while they import their libraries: work of the worker's own that then costs no time."""
-    port = free_port()
+    with reserved_port() as port:
+        return _launch(location, variant, workdir, gpus, timeout_s, port, grace_s, peer_grace_s, failed_grace_s,
+                       while_starting)
+
+
+def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, timeout_s: float, port: int,
+            grace_s: float, peer_grace_s: float, failed_grace_s: float, while_starting: Any) -> LaunchResult:
     pycache = bytecode_cache()
     states: list[RankState] = []
     for i in range(variant.ranks):

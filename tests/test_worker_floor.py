@@ -181,3 +181,23 @@ def test_phases_leave_out_what_no_rank_reached() -> None:
     crashed = [_state(0, 10.0, {}, None, 11.0)]  # died before main(): no clock, no outcome
     assert worker.phases(crashed, 11.5) == {"total": 1.5}
     assert worker.phases([], 1.0) == {}
+
+
+# --- the rendezvous port ------------------------------------------------------------------------------------------
+def test_the_rendezvous_port_is_held_until_the_ranks_are_done_and_rank_0_can_still_bind_it() -> None:
+    import datetime
+    import socket
+
+    torch_dist = pytest.importorskip("torch.distributed")
+    with worker.reserved_port() as port:
+        # Held: a plain bind (what any other program or a connect()'s source port would need) is refused ...
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))
+        # ... while the rendezvous store of rank 0 binds and serves it (it sets SO_REUSEADDR, as torch's does).
+        store = torch_dist.TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=30))
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+        del store
+    with socket.socket() as after:
+        after.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        after.bind(("127.0.0.1", port))  # let go afterwards
