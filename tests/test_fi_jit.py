@@ -237,12 +237,12 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 RUN_ENV = ("STACKPROBE_COMPILE_CACHE", "STACKPROBE_FI_JIT_ARCHS", "STACKPROBE_CELL_ID", "STACKPROBE_HOST_ID")
 
 
-def _fi_jit(site: Path, arch: str, cache: Path, **env: str) -> dict:
+def _fi_jit(site: Path, arch: str, cache: Path, module: str = "vllm_comm", **env: str) -> dict:
     base = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "VIRTUAL_ENV", *RUN_ENV)}
     bindir = str(Path(sys.executable).parent)  # ninja from this venv
     run_env = {**base, "PATH": f"{bindir}{os.pathsep}{base['PATH']}", "CUDA_VISIBLE_DEVICES": "",
                "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "STACKPROBE_JIT_CACHE": str(cache), **env}
-    variant = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", "vllm_comm"], ["arch", arch]]}
+    variant = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", module], ["arch", arch]]}
     proc = subprocess.run([sys.executable, "-m", "checks.worker", "--probe", "fi-jit", "--variant",
                            json.dumps(variant), "--gpus", "0"], cwd=ROOT, env=run_env, capture_output=True,
                           text=True, timeout=300)
@@ -274,6 +274,19 @@ def test_a_failure_no_target_list_changes_is_not_built_again_per_target(standin:
     assert fi_jit.arch_independent({"stage": "compile", "reason_code": "fi-link-no-libcuda"})
     assert not fi_jit.arch_independent({"stage": "compile", "reason_code": "nvcc-unsupported-arch"})
     assert not fi_jit.arch_independent({"stage": "compile", "reason_code": "fi-nvcc-error"})
+
+
+def test_a_module_no_source_names_is_absent_without_importing_flashinfer(tmp_path: Path) -> None:
+    site = _site(tmp_path, "site-0.6.16", version="0.6.16")  # the stand-in has vllm_comm's generator only
+    (site / "flashinfer" / "__init__.py").write_text("raise RuntimeError('flashinfer was imported')\n")
+    r = _fi_jit(site, "12.0a", tmp_path / "jit", module="pcie_ipc", CUDA_HOME="/usr/local/cuda")
+    assert (r["status"], r["reason_code"]) == ("skip", "fi-module-absent"), r
+    assert "gen_pcie_ipc" not in r["note"] and "0.6.16 has no pcie_ipc module" in r["note"]
+    assert r["evidence"]["absent_by"] == "no Python source of this flashinfer names pcie_ipc's generator"
+    # a module its sources do name goes to the builder, which imports flashinfer (here: and fails)
+    named = _fi_jit(site, "12.0a", tmp_path / "jit", CUDA_HOME="/usr/local/cuda")
+    assert (named["status"], named["evidence"]["stage"]) == ("fail", "import"), named
+    assert "flashinfer was imported" in named["note"] + str(named["evidence"].get("error_tail", ""))
 
 
 def test_an_older_nvcc_first_on_path_is_the_one_used(standin: Path, tmp_path: Path) -> None:

@@ -56,6 +56,34 @@ def version() -> str | None:
     return None
 
 
+def generator_named_in_sources(module: str) -> bool | None:
+    """Whether any Python source of the installed flashinfer names one of ``module``'s generators, read without
+    importing flashinfer (which takes 10-30 s with torch); None when the package cannot be found. False is
+    conclusive: no import can then find the generator, so the module is absent from this release."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("flashinfer")
+    except (ImportError, ValueError):
+        return None
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    if not roots:
+        return None
+    names = {attr for _mod, attr in JIT_GENERATORS[module]}
+    for root in roots:
+        for here, _dirs, files in os.walk(root):
+            for name in files:
+                if name.endswith(".py"):
+                    try:
+                        with open(os.path.join(here, name), encoding="utf-8", errors="replace") as f:
+                            text = f.read()
+                    except OSError:
+                        return None  # an unreadable source proves nothing
+                    if any(n in text for n in names):
+                        return True
+    return False
+
+
 def jit_generator(module: str) -> Any | None:
     """The generator function for a comm module in the installed flashinfer, or None when it lacks it."""
     for mod_name, attr in JIT_GENERATORS[module]:

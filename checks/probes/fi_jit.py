@@ -205,7 +205,8 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
         "stage": stage,
         "targets_in_output": targets,
     }
-    for key in ("toolkit_rule", "flashinfer_cuda_home", "flashinfer_cuda_home_error", "torch_cuda", "one_step"):
+    for key in ("toolkit_rule", "flashinfer_cuda_home", "flashinfer_cuda_home_error", "torch_cuda", "one_step",
+                "absent_by"):
         if key in result:
             evidence[key] = result[key]
     warning = toolkit.major_mismatch(tk, result.get("torch_cuda")) if tk else ""
@@ -284,6 +285,10 @@ def run(ctx: RankContext) -> dict[str, Any]:
             arch = str(gpuarch.parse_target(arch))
         except gpuarch.TargetError as exc:
             return outcome("fail", note=f"arch: {exc}", reason_code="probe-bug")
+    if fi.generator_named_in_sources(module) is False:  # decided without the 10-30 s import of flashinfer
+        absent = {"module": module, "flashinfer": fi.version(), "stage": "absent", "ok": False,
+                  "absent_by": f"no Python source of this flashinfer names {module}'s generator"}
+        return verdict(module, arch, absent, [])
     cache = os.environ.get(CACHE_ENV) or str(ctx.workdir / "jit-cache")
     env = build_env(arch, cache)
     tk = toolkit.resolve(env, flashinfer=True)
