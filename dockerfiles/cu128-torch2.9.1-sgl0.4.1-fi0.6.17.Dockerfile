@@ -13,10 +13,12 @@ RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL
 # sgl-kernel alone (kernel.lock): a layer shared by the cells of one torch build and one sgl-kernel
 COPY kernel.lock /opt/stackprobe/kernel.lock
 RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /opt/venv/bin/python --no-deps --require-hashes \
-        -r /opt/stackprobe/kernel.lock
+        -r /opt/stackprobe/kernel.lock \
+    && rm -rf /opt/venv/lib/python3*/site-packages/sgl_kernel/flash_ops*.so
 COPY requirements.lock /opt/stackprobe/requirements.lock
 RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip sync --python /opt/venv/bin/python --require-hashes \
         /opt/stackprobe/requirements.lock
+RUN printf '%s\n' '/opt/venv/lib/python3*/site-packages/nvidia/*/lib/libcusolver*.so*' '/opt/venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn_[!g]*.so*' '/opt/venv/lib/python3*/site-packages/triton/backends/nvidia/lib/cupti*' '/opt/venv/lib/python3*/site-packages/sgl_kernel/flash_ops*.so' > /opt/stackprobe/removed
 LABEL org.stackprobe.cell="cu128-torch2.9.1-sgl0.4.1-fi0.6.17" \
       org.stackprobe.cuda="12.8" \
       org.stackprobe.torch="2.9.1" \
