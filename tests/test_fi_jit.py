@@ -338,13 +338,15 @@ def test_another_cell_with_the_same_sources_gets_the_cached_library(standin: Pat
     cuda = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(store)}
     first = _fi_jit(standin, "12.0a", tmp_path / "jit-a", STACKPROBE_CELL_ID="cell-a", **cuda)
     assert first["status"] == "pass" and "cached" not in first["metrics"], first
+    assert first["metrics"]["compile_cpu_s"] > 0  # nvcc's CPU seconds, counted through ninja
     [key] = _entries(store)
     assert first["evidence"]["cache_key"] == key
     # another cell: its own JIT workspace, its own site-packages, another flashinfer release, same bytes
     other = _site(tmp_path, "site-0.6.19", version="0.6.19")
     again = _fi_jit(other, "12.0a", tmp_path / "jit-b", STACKPROBE_CELL_ID="cell-b", **cuda)
     assert again["status"] == "pass" and again["metrics"]["cached"] is True, again
-    assert "compile_s" not in again["metrics"] and again["evidence"]["flashinfer"] == "0.6.19"
+    assert "compile_s" not in again["metrics"] and "compile_cpu_s" not in again["metrics"]
+    assert again["evidence"]["flashinfer"] == "0.6.19"
     origin = again["evidence"]["cached_from"]
     assert (origin["cell"], origin["flashinfer"], origin["arch_list"]) == ("cell-a", "0.6.18", "12.0a")
     assert f"from the compile cache, built {origin['built_at']} by cell-a with flashinfer 0.6.18" in again["note"]

@@ -16,6 +16,7 @@ import inspect
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -102,6 +103,12 @@ def _ninja_binary() -> str:
     bindir = os.path.dirname(sys.executable)
     return os.environ.get("STACKPROBE_NINJA") or shutil.which("ninja", path=f"{bindir}{os.pathsep}"
                                                                f"{os.environ.get('PATH', '')}") or "ninja"
+
+
+def _children_cpu_s() -> float:
+    """User and system CPU seconds of this process's finished children (and theirs, as each waited for them)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _ninja(build_dir: str, targets: list[str]) -> tuple[int, str]:
@@ -249,8 +256,11 @@ def _load(out: dict[str, Any], spec: Any) -> dict[str, Any] | None:
 def _ninja_build(out: dict[str, Any], module: str, build_dir: str, objs: list[str], finals: list[str],
                  t0: float) -> dict[str, Any] | None:
     """Compile, then link, with ninja in the build directory; None when both finished."""
+    used = _children_cpu_s()
     rc, log = _ninja(build_dir, objs)
     out["compile_s"] = round(time.monotonic() - t0, 1)
+    # CPU seconds of ninja and every compiler it ran: what the build costs whatever else shares the machine
+    out["compile_cpu_s"] = round(_children_cpu_s() - used, 1)
     out["objects"] = len(objs)
     if rc != 0:
         return _stopped(out, "compile", log)

@@ -191,7 +191,8 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
     stage = result.get("stage", "")
     err = str(result.get("error", ""))
     cached = bool(result.get("cached"))
-    keys = ("link_s", "library_bytes", "objects") if cached else ("compile_s", "link_s", "library_bytes", "objects")
+    keys = ("link_s", "library_bytes", "objects") if cached else ("compile_s", "compile_cpu_s", "link_s",
+                                                                    "library_bytes", "objects")
     metrics: dict[str, Any] = {k: result[k] for k in keys if k in result}
     tk = _toolkit(result)
     evidence: dict[str, Any] = {
