@@ -20,12 +20,12 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import importlib.util
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from checks.probes import _api
+from checks.probes import _flashinfer as fi
 
 PACKAGE = "flashinfer-python"
 DISTRIBUTIONS = ("flashinfer-python", "flashinfer")
@@ -97,17 +97,8 @@ def _module_file(root: Path, module: str) -> Path | str | None:
 def _spelt_nowhere(root: Path, names: list[str], first: Path) -> bool:
     """Whether some name in ``names`` appears in none of the Python sources under ``root``; the folder
     ``first`` (where the attribute's module lives, so where a name that exists is usually spelt) is read first."""
-    left = {n.encode() for n in names}
-    paths = itertools.chain(first.rglob("*.py"), (p for p in root.rglob("*.py") if first not in p.parents))
-    for path in paths:
-        try:
-            text = path.read_bytes()
-        except OSError:
-            return False  # unreadable: cannot tell
-        left = {n for n in left if n not in text}
-        if not left:
-            return False
-    return True
+    found = fi.names_in_sources(names, root, first)
+    return found is not None and bool(set(names) - found)
 
 
 def describe(config: Any) -> dict[str, Any] | None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
 import os
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 # JIT generators by module, newest location first. A module missing from a version is reported as absent.
@@ -56,32 +59,48 @@ def version() -> str | None:
     return None
 
 
-def generator_named_in_sources(module: str) -> bool | None:
-    """Whether any Python source of the installed flashinfer names one of ``module``'s generators, read without
-    importing flashinfer (which takes 10-30 s with torch); None when the package cannot be found. False is
-    conclusive: no import can then find the generator, so the module is absent from this release."""
+def package_root() -> Path | None:
+    """The installed flashinfer package's folder, found without importing it (which takes 10-30 s with torch)."""
     import importlib.util
 
     try:
         spec = importlib.util.find_spec("flashinfer")
     except (ImportError, ValueError):
         return None
-    roots = list(spec.submodule_search_locations or []) if spec else []
-    if not roots:
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
+def names_in_sources(names: Iterable[str], root: Path | None = None, first: Path | None = None) -> set[str] | None:
+    """Which of ``names`` some Python source under ``root`` (default: the installed flashinfer) spells, read
+    as bytes without importing anything, the folder ``first`` first, stopping once every name is found. None
+    when there is no package or a source cannot be read (then nothing can be told). A name spelt nowhere
+    cannot be found by any import of a pure-Python package."""
+    root = root or package_root()
+    if root is None:
         return None
-    names = {attr for _mod, attr in JIT_GENERATORS[module]}
-    for root in roots:
-        for here, _dirs, files in os.walk(root):
-            for name in files:
-                if name.endswith(".py"):
-                    try:
-                        with open(os.path.join(here, name), encoding="utf-8", errors="replace") as f:
-                            text = f.read()
-                    except OSError:
-                        return None  # an unreadable source proves nothing
-                    if any(n in text for n in names):
-                        return True
-    return False
+    left = {n.encode() for n in names}
+    found: set[str] = set()
+    first = first or root
+    paths = itertools.chain(first.rglob("*.py"), (p for p in root.rglob("*.py") if first not in p.parents))
+    for path in paths:
+        try:
+            text = path.read_bytes()
+        except OSError:
+            return None
+        hit = {n for n in left if n in text}
+        found |= {n.decode() for n in hit}
+        left -= hit
+        if not left:
+            break
+    return found
+
+
+def generator_named_in_sources(module: str) -> bool | None:
+    """Whether any Python source of the installed flashinfer names one of ``module``'s generators; None when
+    that cannot be told. False is conclusive: the module is absent from this release."""
+    found = names_in_sources({attr for _mod, attr in JIT_GENERATORS[module]})
+    return None if found is None else bool(found)
 
 
 def jit_generator(module: str) -> Any | None:
