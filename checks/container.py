@@ -32,9 +32,11 @@ from checks.probes import _compile_cache
 from checks.reasons import Catalogue
 from checks.registry import PROBE_PATH_ENV
 from checks.result import Verdict
+from checks.worker import bytecode_folder_name
 
 MOUNT_ROOT = "/opt/stackprobe-code"  # apart from /opt/stackprobe, where cell images keep their locks
 COMPILE_CACHE_MOUNT = "/opt/stackprobe-compile-cache"  # the host's shared compile cache, read-write
+BYTECODE_ROOT = CODE_ROOT / ".cache" / "pycache"  # per image: the bytecode its ranks compiled
 LABEL = "stackprobe.run"
 # KEY=VALUE labels added to every container, so whoever started a run (a test session, a CI job) can find
 # and remove whatever its runs left behind, and nothing else
@@ -105,6 +107,9 @@ class DockerExecutor:
         if cache:  # outside the image, so what one container builds the next one, and the next run, finds
             volumes[cache] = {"bind": COMPILE_CACHE_MOUNT, "mode": "rw"}
             env[_compile_cache.ENV] = COMPILE_CACHE_MOUNT
+        pycache = self._bytecode_dir()
+        if pycache:  # the ranks' bytecode outlives the container (checks.worker.bytecode_cache)
+            volumes[pycache] = {"bind": f"/tmp/{bytecode_folder_name(0)}", "mode": "rw"}
         cfg: dict[str, Any] = {
             "image": self.image,
             "command": command,
@@ -222,6 +227,23 @@ class DockerExecutor:
         return verdict.with_evidence(
             image=self.image, image_id=self._image_id(), memlock=self.memlock_note, container=self.last_container,
             command=f"docker run {self.image} {self.python} -m checks.worker --probe {variant.probe_id}")
+
+    def _bytecode_dir(self) -> str | None:
+        """A host folder for the bytecode the ranks of this image compile, mounted where the container's root
+        keeps it. One per image id, since an image's sources never change: Python's check of a bytecode
+        file against its source's size and time then never meets another image's file of the same path.
+        The worker uses it only when it is its user's alone (mode 0700), so a host user other than root
+        gets no cache in a root container, and loses nothing else."""
+        image_id = (self._image_id() or "").removeprefix("sha256:")[:16]
+        if not image_id:
+            return None
+        folder = BYTECODE_ROOT / image_id
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder.chmod(0o700)
+        except OSError:
+            return None
+        return str(folder)
 
     def _image_id(self) -> str | None:
         if self.image_id is None:

@@ -88,6 +88,11 @@ def device_for(rank_index: int, gpus: int, share_gpu: bool) -> int | None:
     return rank_index % gpus if share_gpu else rank_index
 
 
+def bytecode_folder_name(uid: int) -> str:
+    """The name of a user's bytecode folder under the temporary directory (a container gets one mounted)."""
+    return f"stackprobe-pycache-{uid}"
+
+
 def bytecode_cache(root: Path | None = None) -> str | None:
     """A folder of this user's alone where the ranks keep the bytecode Python compiles, or None when none can
     be had safely (made elsewhere, shared, not a folder).
@@ -97,7 +102,7 @@ def bytecode_cache(root: Path | None = None) -> str | None:
     flashinfer from source again: 2.1-3.3 s of each rank's start on 2x H200. PYTHONPYCACHEPREFIX puts the
     bytecode in this folder instead, outside the environment; Python checks each file against its source's
     size and time before using it, and replaces files atomically, so ranks may share it."""
-    folder = (root or Path(tempfile.gettempdir())) / f"stackprobe-pycache-{os.getuid()}"
+    folder = (root or Path(tempfile.gettempdir())) / bytecode_folder_name(os.getuid())
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
         st = folder.lstat()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from checks import reasons
+from checks import container, reasons
 from checks.container import DockerExecutor, client
 from checks.probe import Variant
 from checks.store import read_file
@@ -51,6 +51,21 @@ def test_trivial_probe_runs_two_ranks_in_a_container(executor: DockerExecutor) -
     assert r.evidence["env"]["python"].startswith("3.11")  # Debian bookworm's, not the host's venv
     assert "torch" not in r.evidence["env"]
     assert r.evidence["image"] == TAG and r.evidence["image_id"].startswith("sha256:")
+
+
+def test_the_ranks_bytecode_outlives_the_container(venv_image: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
+    monkeypatch.setattr(container, "BYTECODE_ROOT", tmp_path / "pycache")
+    ex = DockerExecutor(image=venv_image)
+    assert ex.run(Variant("t-trivial", 2), 0, 60, CAT).status == "pass"
+    [folder] = (tmp_path / "pycache").iterdir()  # one folder per image id
+    assert folder.name == ex.image_id.removeprefix("sha256:")[:16] and (folder.stat().st_mode & 0o777) == 0o700
+    kept = {p.relative_to(folder).as_posix() for p in folder.rglob("*.pyc")}
+    # the ranks compiled the checks code they import (mounted from this repository) into it
+    assert any(k.endswith(".pyc") and "/checks/" in k for k in kept), sorted(kept)[:10]
+    assert ex.run(Variant("t-trivial", 2), 0, 60, CAT).status == "pass"  # and the next container reads it
+    assert ex.leftovers() == []
 
 
 def test_gpu_and_torch_probes_skip_honestly(executor: DockerExecutor) -> None:
