@@ -162,6 +162,18 @@ def phases(runs: Iterable[Path], gpu: set[str]) -> dict[str, dict[str, float]]:
     return out
 
 
+def compile_cpu_s(runs: Iterable[Path]) -> float:
+    """CPU seconds of every build a run compiled (fi-jit's compile_cpu_s; cached builds compiled nothing):
+    divided by the cores, the least wall time any schedule of those compiles can take on this machine."""
+    total = 0.0
+    for path in runs:
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if r["probe_id"] == "fi-jit":
+                total += float((r.get("metrics") or {}).get("compile_cpu_s") or 0.0)
+    return round(total, 1)
+
+
 def remove_images(matrix: Path, log: Path) -> None:
     """Remove the images of the matrix's cells (``stackprobe/<cell>:*``, not the base images) and the BuildKit
     cache, so the cold pass builds them as a new user would."""
@@ -177,18 +189,19 @@ def remove_images(matrix: Path, log: Path) -> None:
 
 
 def one_pass(label: str, matrix: Path, results: Path, cache: Path, log: Path, gpu: set[str],
-             watch: list[Path]) -> dict[str, Any]:
+             watch: list[Path], level: str = "full") -> dict[str, Any]:
     """The main job once: build, run, report; each timed, with the disk it took."""
     free0 = free_bytes(watch)
     env = dict(os.environ, STACKPROBE_COMPILE_CACHE=str(cache))
     build_s, build_rc = timed(_tool("provision", "build", "--matrix", str(matrix)), log, env)
     before = set(results.glob("*/*.jsonl"))
     run_s, run_rc = timed(_tool("checks", "run", "--all", "--matrix", str(matrix), "--results", str(results),
-                                "--compile-cache", str(cache), "--no-report"), log, env)
+                                "--compile-cache", str(cache), "--level", level, "--no-report"), log, env)
     table = results / "compatibility.md"
     report_s, report_rc = timed(_tool("checks", "report", "--results", str(results), "--out", str(table)), log, env)
     free1 = free_bytes(watch)
-    phased = phases(set(results.glob("*/*.jsonl")) - before, gpu)
+    new = set(results.glob("*/*.jsonl")) - before
+    phased = phases(new, gpu)
     return {
         "label": label,
         "build_s": round(build_s, 1), "build_rc": build_rc,
@@ -197,6 +210,7 @@ def one_pass(label: str, matrix: Path, results: Path, cache: Path, log: Path, gp
         "total_s": round(build_s + run_s + report_s, 1),
         "phases": {k: {kk: round(vv, 1) for kk, vv in v.items()} for k, v in phased.items()},
         "disk_growth_b": growth(free0, free1),
+        "compile_cpu_s": compile_cpu_s(new),
     }
 
 
@@ -205,11 +219,15 @@ def ratio_line(name: str, value: float, target: float, unit: str) -> str:
 
 
 def render(meta: dict[str, Any], passes: list[dict[str, Any]]) -> list[str]:
-    lines = [f"main job on {meta['matrix']} ({meta['host']}, {meta['cores']} cores, {meta['date']})"]
+    lines = [f"main job on {meta['matrix']} ({meta['host']}, {meta['cores']} cores, {meta['date']}, "
+             f"level {meta.get('level', 'full')})"]
     for p in passes:
         lines.append(f"[{p['label']}] build {p['build_s']} s (rc {p['build_rc']}), checks run {p['run_s']} s "
                      f"(rc {p['run_rc']}), report {p['report_s']} s; total {p['total_s']} s; "
                      f"disk +{p['disk_growth_b'] / GB:.2f} GB")
+        if p.get("compile_cpu_s"):
+            lines.append(f"    compile CPU {p['compile_cpu_s']:.0f} s: over {meta['cores']} cores at least "
+                         f"{p['compile_cpu_s'] / max(1, meta['cores']) / 60:.1f} min of this pass is the compilers")
         for name, ph in sorted(p["phases"].items()):
             lines.append(f"    {name:8} span {ph['span_s']:7.1f} s  busy {ph['busy_s']:7.1f} s  "
                          f"variants run {int(ph['variants'])}, reused {int(ph['reused'])}, "
@@ -235,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--with-images", action="store_true",
                     help="remove the matrix's images and the BuildKit cache first, so the cold run builds them")
     ap.add_argument("--skip-warm", action="store_true")
+    ap.add_argument("--level", choices=("quick", "full"), default="full", help="checks run --level (default full)")
     ap.add_argument("--work", type=Path, help="keep the results and compile cache here (default: a temp dir)")
     args = ap.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-main-job-"))
@@ -254,12 +273,12 @@ def main(argv: list[str] | None = None) -> int:
         remove_images(args.matrix, log)
     free0 = free_bytes(watch)
     gpu = gpu_probes()
-    passes = [one_pass("cold", args.matrix, results, cache, log, gpu, watch)]
+    passes = [one_pass("cold", args.matrix, results, cache, log, gpu, watch, args.level)]
     if not args.skip_warm:
-        passes.append(one_pass("warm", args.matrix, results, cache, log, gpu, watch))
+        passes.append(one_pass("warm", args.matrix, results, cache, log, gpu, watch, args.level))
     meta = {
         "matrix": str(args.matrix.relative_to(ROOT) if args.matrix.is_relative_to(ROOT) else args.matrix),
-        "host": host, "cores": os.cpu_count(), "date": stamp, "with_images": args.with_images,
+        "host": host, "cores": os.cpu_count(), "date": stamp, "with_images": args.with_images, "level": args.level,
         "disk_growth_b": growth(free0, free_bytes(watch)),
         "docker_df": docker_df(),
         "caches_b": {"compile cache": du(cache), "uv cache": du(uv_cache)},
