@@ -551,3 +551,22 @@ def test_stop_together_gives_every_rank_the_worst_early_verdict(tmp_path: Path) 
     for _rank, first, second in got:
         assert first is None
         assert (second["status"], second["reason_code"], second["note"]) == ("fail", "y", "rank 2 broke")
+
+
+def test_a_failed_edge_is_found_under_the_commands_ninja_prints_after_it() -> None:
+    """flashinfer 0.7.4's moe_a2a with a toolkit that lacks cuRAND's headers, as ninja printed it with four
+    jobs in flight: the other edges' nvcc command lines (1.5 kB each) fill the tail after the failure."""
+    command = "/usr/local/cuda/bin/nvcc --generate-dependencies-with-compile " + "-I/opt/x/include " * 120
+    failed = ("FAILED: [code=1] /tmp/ws/nvlink_one_sided_alltoall/communication_moeAlltoAllKernels.cuda.o\n"
+              f"{command}-c moeAlltoAllKernels.cu\n"
+              "In file included from .../tensorrt_llm/kernels/quantization.cuh:27,\n"
+              ".../tensorrt_llm/common/reduceKernelUtils.cuh:27:10: fatal error: curand_kernel.h: "
+              "No such file or directory\n   27 | #include <curand_kernel.h>\ncompilation terminated.\n")
+    log = (f"[1/7] {command}-c a.cu\n" + failed + f"[3/7] {command}-c b.cu\n[4/7] {command}-c c.cu\n"
+           "ninja: build stopped: subcommand failed.\n")
+    assert "curand" not in log[-3000:]  # what the result used to keep
+    excerpt = _fi_build.failure_excerpt(log)
+    assert _fi_build.classify_jit_error(excerpt) == "fi-missing-header"
+    assert excerpt.startswith("FAILED: [code=1]") and excerpt.endswith("ninja: build stopped: subcommand failed.")
+    assert "fatal error: curand_kernel.h" in excerpt and len(excerpt) < 1000
+    assert _fi_build.failure_excerpt("no ninja here") == "no ninja here"

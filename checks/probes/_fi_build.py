@@ -180,9 +180,32 @@ def _linkage(out: dict[str, Any]) -> None:
             out["unresolved_driver_calls"] = list(linked.unresolved_driver_calls())
 
 
+_EDGE = re.compile(r"\[\d+/\d+\] ")  # ninja's line for the next command it runs
+
+
+def failure_excerpt(log: str, limit: int = _TAIL) -> str:
+    """What a ninja log says about why it failed: the first ``FAILED:`` edge with its compiler output (its
+    long command cut short) and the log's last line. The plain tail is not enough: with several jobs in
+    flight, ninja prints the other commands after the failure, and one nvcc command line is over 1.5 kB,
+    so the tail held command lines and no error (seen with flashinfer 0.7.4's moe_a2a, whose missing
+    ``curand_kernel.h`` never reached the result)."""
+    lines = log.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("FAILED:")), None)
+    if start is None:
+        return log[-limit:]
+    end = next((j for j in range(start + 1, len(lines)) if _EDGE.match(lines[j])), len(lines))
+    failed = lines[start:end]
+    if len(failed) > 1 and len(failed[1]) > 300:
+        failed[1] = failed[1][:300] + " ..."  # the command itself: its output says more
+    if lines[-1] not in failed:
+        failed.append(lines[-1])
+    text = "\n".join(failed)
+    return text if len(text) <= limit else text[: limit // 2] + "\n...\n" + text[-limit // 2:]
+
+
 def _stopped(out: dict[str, Any], stage: str, error: str | BaseException) -> dict[str, Any]:
-    """The result of a build that stopped at ``stage``: what was learnt before it, and the error's tail."""
-    text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+    """The result of a build that stopped at ``stage``: what was learnt before it, and why it stopped."""
+    text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else failure_excerpt(error)
     return {**out, "stage": stage, "ok": False, "error": text[-_TAIL:]}
 
 
