@@ -38,7 +38,9 @@ from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
 ENVS = Path(__file__).resolve().parent.parent / "envs"
 # One lock serves both bases: Debian 12's Python 3.11 and Ubuntu 24.04's 3.12 (markers pick per version).
 PYTHON_FLOOR = "3.11"
-TOOLKIT_EXTRAS = "nvcc,cudart,cccl,crt,nvvm,culibos,cublas"  # cublas: headers that flashinfer moe_a2a includes
+# cublas and curand: headers flashinfer's moe_a2a includes (cublasLt.h; from 0.7.4 the moe_ep all-to-all
+# reaches curand_kernel.h through TensorRT-LLM's reduceKernelUtils.cuh). A full toolkit has both.
+TOOLKIT_EXTRAS = "nvcc,cudart,cccl,crt,nvvm,culibos,cublas,curand"
 _HEAD = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(?:==|@)")
 
 

@@ -33,9 +33,10 @@ TORCH_UNUSED = (
     # the CUPTI copies of triton's profiler (proton), loaded only when profiling
     "triton/backends/nvidia/lib/cupti*",
 )
-# The toolkit wheels' cuBLAS libraries: flashinfer's comm JIT modules link only cudart and libcuda (its gemm
-# modules, which no probe builds, add cuBLAS); moe_a2a needs the cuBLAS headers, which stay.
-TOOLKIT_UNUSED = ("/opt/cuda-wheels/nvidia/*/lib/libcublas*.so*", "/opt/cuda-wheels/nvidia/*/lib/libnvblas.so*")
+# The toolkit wheels' cuBLAS and cuRAND libraries: flashinfer's comm JIT modules link only cudart and libcuda
+# (its gemm modules, which no probe builds, add cuBLAS); moe_a2a needs their headers, which stay.
+TOOLKIT_UNUSED = ("/opt/cuda-wheels/nvidia/*/lib/libcublas*.so*", "/opt/cuda-wheels/nvidia/*/lib/libnvblas.so*",
+                  "/opt/cuda-wheels/nvidia/*/lib/libcurand*.so*")
 # nvidia-cutlass-dsl ships a CUDA 12 and a CUDA 13 build and loads the newest the driver supports; a CUDA 13
 # cell runs only where the driver supports 13, so its CUDA 12 build is never loaded.
 CUDA13_CELL_UNUSED = ("nvidia_cutlass_dsl/cu12",

@@ -11,7 +11,7 @@ RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL
 COPY toolkit.lock /opt/stackprobe/toolkit.lock
 RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip install --python /usr/bin/python3 --target /opt/cuda-wheels --no-deps --require-hashes \
         -r /opt/stackprobe/toolkit.lock \
-    && rm -rf /opt/cuda-wheels/nvidia/*/lib/libcublas*.so* /opt/cuda-wheels/nvidia/*/lib/libnvblas.so* \
+    && rm -rf /opt/cuda-wheels/nvidia/*/lib/libcublas*.so* /opt/cuda-wheels/nvidia/*/lib/libnvblas.so* /opt/cuda-wheels/nvidia/*/lib/libcurand*.so* \
     && mkdir -p /usr/local/cuda \
     && for d in /opt/cuda-wheels/nvidia/*/; do cp -rsn "$d". /usr/local/cuda/; done \
     && rm -rf /usr/local/cuda/.metadata /usr/local/cuda/__pycache__ \
@@ -36,7 +36,7 @@ COPY requirements.lock /opt/stackprobe/requirements.lock
 RUN --mount=type=secret,id=cacert if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert PIP_CERT=/run/secrets/cacert; fi; /opt/uv/bin/uv pip sync --python /opt/venv/bin/python --require-hashes \
         /opt/stackprobe/requirements.lock \
     && rm -rf /opt/venv/lib/python3*/site-packages/nvidia_cutlass_dsl/cu12 /opt/venv/lib/python3*/site-packages/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu12.*
-RUN printf '%s\n' '/opt/cuda-wheels/nvidia/*/lib/libcublas*.so*' '/opt/cuda-wheels/nvidia/*/lib/libnvblas.so*' '/opt/venv/lib/python3*/site-packages/nvidia/*/lib/libcusolver*.so*' '/opt/venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn_[!g]*.so*' '/opt/venv/lib/python3*/site-packages/triton/backends/nvidia/lib/cupti*' '/opt/venv/lib/python3*/site-packages/sgl_kernel/flash_ops*.so' '/opt/venv/lib/python3*/site-packages/nvidia_cutlass_dsl/cu12' '/opt/venv/lib/python3*/site-packages/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu12.*' > /opt/stackprobe/removed
+RUN printf '%s\n' '/opt/cuda-wheels/nvidia/*/lib/libcublas*.so*' '/opt/cuda-wheels/nvidia/*/lib/libnvblas.so*' '/opt/cuda-wheels/nvidia/*/lib/libcurand*.so*' '/opt/venv/lib/python3*/site-packages/nvidia/*/lib/libcusolver*.so*' '/opt/venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn_[!g]*.so*' '/opt/venv/lib/python3*/site-packages/triton/backends/nvidia/lib/cupti*' '/opt/venv/lib/python3*/site-packages/sgl_kernel/flash_ops*.so' '/opt/venv/lib/python3*/site-packages/nvidia_cutlass_dsl/cu12' '/opt/venv/lib/python3*/site-packages/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu12.*' > /opt/stackprobe/removed
 LABEL org.stackprobe.cell="cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1" \
       org.stackprobe.cuda="13.0" \
       org.stackprobe.torch="2.11.0" \
