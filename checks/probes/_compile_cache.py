@@ -168,11 +168,7 @@ TREE = "tree:"  # a manifest item that stands for every file under a folder (the
 
 def ninja_deps(output: str) -> list[str]:
     """The files ``ninja -t deps`` lists under its targets (indented lines), in order, each once."""
-    out: list[str] = []
-    for line in output.splitlines():
-        if line[:1].isspace() and line.strip() and line.strip() not in out:
-            out.append(line.strip())
-    return out
+    return list(dict.fromkeys(line.strip() for line in output.splitlines() if line[:1].isspace() and line.strip()))
 
 
 def place(path: str, places: Mapping[str, str]) -> str:
@@ -196,9 +192,8 @@ def manifest(headers: list[str], sources_: list[str], places: Mapping[str, str])
 def tree_manifest(text: str, places: Mapping[str, str]) -> dict[str, str]:
     """The fallback when the headers are unknown: every include folder inside a place, and each source's own
     folder (``#include "x.h"``), by the digest of all it holds."""
-    trees = {d for d in include_dirs(text) if _inside(d, places) and os.path.isdir(d)}
-    trees |= {os.path.dirname(s) for s in sources(text) if _inside(s, places)}
-    return {TREE + place(d, places): tree_digest(d) for d in sorted(trees)}
+    trees = sorted(d for d in search_order(text) if _inside(d, places) and os.path.isdir(d))
+    return {TREE + place(d, places): tree_digest(d) for d in trees}
 
 
 def search_order(text: str) -> list[str]:
