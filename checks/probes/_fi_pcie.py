@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.machinery
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,10 +52,9 @@ def unknown_without_import(op: str) -> _api.ApiUnknown | None:
     sources. Reading them takes tens of milliseconds where importing flashinfer costs each rank seconds,
     so a variant whose flashinfer predates the API is decided before any rank starts. A module folder that
     holds an extension (whose names need no source line) is left to ``detect``."""
-    spec = importlib.util.find_spec("flashinfer")
-    if spec is None or not spec.submodule_search_locations:
+    root = fi.package_root()
+    if root is None:
         return None  # not installed: the ranks report that as they always did
-    root = Path(list(spec.submodule_search_locations)[0])
     needs = _GENERATIONS[op].needs
     missing_attrs: list[str] = []
     first = root

@@ -9,6 +9,7 @@ In-environment side: standard library at import time; flashinfer and torch are i
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import itertools
 import os
@@ -61,8 +62,6 @@ def version() -> str | None:
 
 def package_root() -> Path | None:
     """The installed flashinfer package's folder, found without importing it (which takes 10-30 s with torch)."""
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec("flashinfer")
     except (ImportError, ValueError):
