@@ -77,20 +77,29 @@ def torch_index_args(cell: dict[str, Any]) -> str:
     return _index_args([] if where == "registry" else [where], bool(cell.get("prerelease")))
 
 
+def _globs(paths: tuple[str, ...], root: str) -> list[str]:
+    return [f"{root}/{p}" if root else p for p in paths]
+
+
 def _rm(paths: tuple[str, ...], root: str = "") -> str:
-    return "rm -rf " + " ".join(f"{root}/{p}" if root else p for p in paths)
+    return "rm -rf " + " ".join(_globs(paths, root))
 
 
 def removed(*groups: tuple[tuple[str, ...], str]) -> str:
     """The shell words that list every removed glob (each group: globs, their root) in REMOVED_LIST."""
-    full = [f"{root}/{p}" if root else p for paths, root in groups for p in paths]
+    full = [g for paths, root in groups for g in _globs(paths, root)]
     return f"printf '%s\\n' {' '.join(shlex.quote(f) for f in full)} > {REMOVED_LIST}"
 
 
 def render(cell: dict[str, Any], base: Base, buildkit: bool = True, folder: Path = DOCKERFILES) -> str:
     """Dockerfile text for a locked cell (the cell.json mapping written by `provision lock`)."""
     cuda_major = int(str(cell.get("cell", {}).get("cuda", "0")).split(".")[0])
+    toolkit = base.kind == "registry-free"
     kernel = cell.get("cell", {}).get("sgl_kernel", "none") != "none"
+    # each removal: its globs, their root, and whether this cell's Dockerfile has the step that runs it
+    removals = {"toolkit_unused": (TOOLKIT_UNUSED, "", toolkit), "torch_unused": (TORCH_UNUSED, SITE, True),
+                "kernel_unused": (KERNEL_UNUSED, SITE, kernel),
+                "cell_unused": (CUDA13_CELL_UNUSED, SITE, cuda_major >= 13)}
     return _env(folder).get_template(TEMPLATE).render(
         cell_id=cell["cell_id"],
         base_kind=base.kind,
@@ -98,17 +107,12 @@ def render(cell: dict[str, Any], base: Base, buildkit: bool = True, folder: Path
         buildkit=buildkit,
         certenv=CERTENV,
         uv_version=cell["uv"],
-        toolkit=base.kind == "registry-free",
+        toolkit=toolkit,
         kernel=kernel,
         index_args=_index_args(cell["indexes"], bool(cell.get("prerelease"))),
         torch_index_args=torch_index_args(cell),
-        toolkit_unused=_rm(TOOLKIT_UNUSED),
-        torch_unused=_rm(TORCH_UNUSED, SITE),
-        cell_unused=_rm(CUDA13_CELL_UNUSED, SITE) if cuda_major >= 13 else "",
-        kernel_unused=_rm(KERNEL_UNUSED, SITE),
-        removed=removed(*[g for g, used in (((TOOLKIT_UNUSED, ""), base.kind == "registry-free"),
-                                            ((TORCH_UNUSED, SITE), True), ((KERNEL_UNUSED, SITE), kernel),
-                                            ((CUDA13_CELL_UNUSED, SITE), cuda_major >= 13)) if used]),
+        **{name: _rm(paths, root) if used else "" for name, (paths, root, used) in removals.items()},
+        removed=removed(*[(paths, root) for paths, root, used in removals.values() if used]),
         labels=labels(cell),
         driver_name=shlex.quote(DRIVER_NAME),
     )
