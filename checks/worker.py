@@ -216,6 +216,14 @@ def _take_clock(s: RankState) -> None:
             s.clock = {k: float(v) for k, v in clock.items() if isinstance(v, (int, float))}
 
 
+def _note_exits(states: list[RankState]) -> None:
+    """When the launcher first sees each rank gone (for the teardown phase)."""
+    now = time.time()
+    for s in states:
+        if s.exited_at is None and s.proc.poll() is not None:
+            s.exited_at = now
+
+
 def phases(states: list[RankState], finished_at: float) -> dict[str, float]:
     """Seconds of one launch by phase, the slowest rank each (pure): ``start`` from spawning a rank to its
     main() (interpreter and the harness's imports), ``probe`` from there until the probe returned (its imports
@@ -285,9 +293,8 @@ def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int,
                     s.ended_at = now
                 else:
                     s.reported_at = wall
-            if s.exited_at is None and s.proc.poll() is not None:
-                s.exited_at = wall
             _take_clock(s)
+        _note_exits(states)
         waiting = [s for s in states if s.outcome is None and s.ended_at is None]
         if not waiting:
             break
@@ -312,9 +319,7 @@ def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int,
     # Every outcome is in (or never will be): allow a short exit, then end whatever is left.
     end = time.monotonic() + grace_s
     while time.monotonic() < end and any(s.proc.poll() is None for s in states):
-        for s in states:
-            if s.exited_at is None and s.proc.poll() is not None:
-                s.exited_at = time.time()
+        _note_exits(states)
         time.sleep(0.02)
     _kill(states, f"still running {grace_s:.0f}s after reporting (exit hang)")
     for s in states:

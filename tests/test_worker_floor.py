@@ -105,20 +105,23 @@ def _fake_libcuda(folder: Path) -> Path:
     return lib
 
 
-def test_a_rank_with_a_gpu_initialises_the_driver_before_its_probe_runs(tmp_path: Path) -> None:
+def _run_with_fake_driver(tmp_path: Path, probe: str) -> tuple[dict, Path]:
+    """The probe's one-rank variant on a one-GPU host whose libcuda.so.1 marks a file when cuInit is called."""
     _fake_libcuda(tmp_path)
     mark = tmp_path / "cuinit-called"
     env = floor_env(LD_LIBRARY_PATH=str(tmp_path), STACKPROBE_TEST_CUINIT_MARK=str(mark))
-    result, _ = run_worker("t-driver", env=env, extra_args=["--gpus", "1"])
+    result, _ = run_worker(probe, env=env, extra_args=["--gpus", "1"])
+    return result, mark
+
+
+def test_a_rank_with_a_gpu_initialises_the_driver_before_its_probe_runs(tmp_path: Path) -> None:
+    result, _ = _run_with_fake_driver(tmp_path, "t-driver")  # t-driver passes only once the mark exists
     assert result["status"] == "pass", result
     assert result["evidence"]["device"] == 0
 
 
 def test_a_rank_without_a_device_leaves_the_driver_alone(tmp_path: Path) -> None:
-    _fake_libcuda(tmp_path)
-    mark = tmp_path / "cuinit-called"
-    env = floor_env(LD_LIBRARY_PATH=str(tmp_path), STACKPROBE_TEST_CUINIT_MARK=str(mark))
-    result, _ = run_worker("t-nodevice", env=env, extra_args=["--gpus", "1"])
+    result, mark = _run_with_fake_driver(tmp_path, "t-nodevice")
     assert result["status"] == "pass", result
     assert result["evidence"]["device"] is None and not mark.exists()
 
