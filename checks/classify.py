@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from checks.isolate import ProcessOutcome
 from checks.reasons import GENERIC, Catalogue, last_error_line
-from checks.result import ResultError, Verdict
+from checks.result import ResultError, Verdict, is_number
 from checks.status import ORDER, Status
 
 CLASSIFIED = frozenset(ORDER) - {Status.PASS}  # every verdict but pass gets a reason
@@ -82,4 +82,9 @@ def from_process(p: ProcessOutcome, catalogue: Catalogue, timeout_s: float) -> V
     v = annotate(v, catalogue, p.stderr_tail, fallback=fallback)
     if p.leftovers:
         v = v.with_evidence(leftover_processes_killed=p.leftovers)
-    return v.replace(duration_s=p.duration_s)
+    # A variant that waited at the GPU gate (checks.gpugate) spent that wait beside the one before it.
+    evidence = p.result.get("evidence") if p.result else None
+    phases = evidence.get("phases") if isinstance(evidence, dict) else None
+    queued = phases.get("queued") if isinstance(phases, dict) else None
+    waited = float(queued) if is_number(queued) else 0.0
+    return v.replace(duration_s=round(max(0.0, p.duration_s - waited), 3))

@@ -28,7 +28,7 @@ from checks import (
     runprogress,
     summary,
 )
-from checks.executor import Executor, ExecutorError, LocalExecutor, compile_cache_dir, for_run
+from checks.executor import Executor, ExecutorError, LocalExecutor, compile_cache_dir, for_run, gpu_lock_path
 from checks.plan import (
     REUSED,
     CellTarget,
@@ -363,7 +363,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     host = dataclasses.replace(hostfacts.host_view(facts, archs), level=args.level)
     items = plan_work(targets.cells, probes, host, args.timeout_scale)
     executors = for_run(targets.executors, archs, compile_cache_dir(args.compile_cache, args.no_compile_cache),
-                        facts["host_id"])
+                        facts["host_id"], gpu_lock_path() if gpus else None)
     hashes = provenance.probe_hashes(probes)
     store = open_run(args, facts["host_id"])
     earlier = incremental.latest(store.folder)  # before this run adds to it

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks import classify, memlock
+from checks import classify, gpugate, memlock
 from checks.executor import (
     CODE_ROOT,
     ExecutorError,
@@ -107,6 +107,10 @@ class DockerExecutor:
         if cache:  # outside the image, so what one container builds the next one, and the next run, finds
             volumes[cache] = {"bind": COMPILE_CACHE_MOUNT, "mode": "rw"}
             env[_compile_cache.ENV] = COMPILE_CACHE_MOUNT
+        lock = env.get(gpugate.ENV)
+        if lock:  # one lock file for the host's every worker, in a container or not (checks.gpugate)
+            volumes[lock] = {"bind": f"/tmp/{gpugate.LOCK_NAME}", "mode": "rw"}
+            env[gpugate.ENV] = f"/tmp/{gpugate.LOCK_NAME}"
         pycache = self._bytecode_dir()
         if pycache:  # the ranks' bytecode outlives the container (checks.worker.bytecode_cache)
             volumes[pycache] = {"bind": f"/tmp/{bytecode_folder_name(0)}", "mode": "rw"}
@@ -221,9 +225,11 @@ class DockerExecutor:
             raise ExecutorError(f"image {self.image}: environment inspection failed: {p.result_error or last}")
         return p.result
 
-    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> Verdict:
-        p = self._run([self.python, *worker_args(variant, gpus, timeout_s)], hard_timeout(timeout_s))
-        verdict = classify.from_process(p, catalogue, hard_timeout(timeout_s))
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
+            queue_s: float = 0.0) -> Verdict:
+        limit = hard_timeout(timeout_s, queue_s)
+        p = self._run([self.python, *worker_args(variant, gpus, timeout_s, queue_s)], limit)
+        verdict = classify.from_process(p, catalogue, limit)
         return verdict.with_evidence(
             image=self.image, image_id=self._image_id(), memlock=self.memlock_note, container=self.last_container,
             command=f"docker run {self.image} {self.python} -m checks.worker --probe {variant.probe_id}")

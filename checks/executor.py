@@ -11,12 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from checks import classify, isolate
+from checks import classify, gpugate, isolate
 from checks.probe import RESULT_MARKER, Variant
 from checks.probes import _compile_cache
 from checks.probes.fi_jit import ARCHS_ENV
@@ -35,13 +36,28 @@ class ExecutorError(RuntimeError):
     """The executor cannot run at all (no interpreter, no Docker): bad environment, exit 2."""
 
 
-def worker_args(variant: Variant, gpus: int, timeout_s: float) -> list[str]:
+def worker_args(variant: Variant, gpus: int, timeout_s: float, queue_s: float = 0.0) -> list[str]:
+    queue = ["--queue", f"{queue_s:g}"] if queue_s > 0 else []
     return ["-m", "checks.worker", "--probe", variant.probe_id, "--variant", json.dumps(variant.to_json()),
-            "--gpus", str(gpus), "--timeout", f"{timeout_s:g}"]
+            "--gpus", str(gpus), "--timeout", f"{timeout_s:g}", *queue]
 
 
-def hard_timeout(timeout_s: float) -> float:
-    return timeout_s + HARD_TIMEOUT_MARGIN_S
+def hard_timeout(timeout_s: float, queue_s: float = 0.0) -> float:
+    """The host's watchdog: the worker's own soft timeout, the margin it needs to report a hang, and the
+    time it may wait at the GPU gate (checks.gpugate) before its soft timeout starts."""
+    return timeout_s + HARD_TIMEOUT_MARGIN_S + queue_s
+
+
+def gpu_lock_path() -> Path | None:
+    """The host's GPU lock file (checks.gpugate), created if missing so that a container can have it mounted;
+    None when it cannot be (the run then starts each GPU variant only after the last one ended)."""
+    path = Path(tempfile.gettempdir()) / gpugate.LOCK_NAME
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    except OSError as exc:
+        print(f"warning: no GPU lock file ({path}: {exc}); GPU variants will not start up ahead", file=sys.stderr)
+        return None
+    return path
 
 
 def compile_cache_dir(given: Path | None, off: bool, env: Mapping[str, str] | None = None) -> Path | None:
@@ -53,21 +69,29 @@ def compile_cache_dir(given: Path | None, off: bool, env: Mapping[str, str] | No
     return (given or (Path(named) if named else DEFAULT_COMPILE_CACHE)).resolve()
 
 
-def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, host_id: str = "") -> RunEnv:
+def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, host_id: str = "",
+            gpu_lock: Path | None = None) -> RunEnv:
     """What every worker of a cell is told beyond its variant: the shared compile cache (its host path;
     a container gets it mounted), every cross-compile target of the run (fi-jit builds them in one go),
-    and which cell and host built what the cache holds."""
+    which cell and host built what the cache holds, and the host's GPU lock (checks.gpugate; mounted too)."""
     return ((_compile_cache.ENV, str(compile_cache or "")), (ARCHS_ENV, " ".join(archs)),
-            (_compile_cache.CELL_ENV, cell_id), (_compile_cache.HOST_ENV, host_id))
+            (_compile_cache.CELL_ENV, cell_id), (_compile_cache.HOST_ENV, host_id),
+            (gpugate.ENV, str(gpu_lock or "")))
 
 
 def for_run(executors: Mapping[str, Executor], archs: tuple[str, ...], compile_cache: Path | None,
-            host_id: str = "") -> dict[str, Executor]:
+            host_id: str = "", gpu_lock: Path | None = None) -> dict[str, Executor]:
     """Each cell's executor with its run environment (executors that take none are kept as they are)."""
     if compile_cache is not None:
         compile_cache.mkdir(parents=True, exist_ok=True)  # a bind mount of a missing folder makes a root-owned one
-    return {cid: replace(ex, run_env=run_env(cid, archs, compile_cache, host_id))
+    return {cid: replace(ex, run_env=run_env(cid, archs, compile_cache, host_id, gpu_lock))
             if is_dataclass(ex) and hasattr(ex, "run_env") else ex for cid, ex in executors.items()}
+
+
+def gated(executor: Executor) -> bool:
+    """Whether the executor's workers take turns on the GPU lock, so the runner may start the next GPU variant
+    while one runs (checks.gpugate)."""
+    return any(name == gpugate.ENV and value for name, value in getattr(executor, "run_env", ()))
 
 
 def apply_env(env: dict[str, str], changes: RunEnv) -> dict[str, str]:
@@ -86,8 +110,10 @@ class Executor(Protocol):
         """`python -m checks.worker --inspect` in the environment: versions and GPU facts."""
         ...
 
-    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> Verdict:
-        """Run one variant isolated; always returns a verdict (never raises for a probe's failure)."""
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
+            queue_s: float = 0.0) -> Verdict:
+        """Run one variant isolated; always returns a verdict (never raises for a probe's failure).
+        ``queue_s``: how long it may wait at the GPU gate (only for a gated executor)."""
         ...
 
 
@@ -142,10 +168,11 @@ class LocalExecutor:
             raise ExecutorError(f"{self._what}: environment inspection failed: {err or last}")
         return data
 
-    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue) -> Verdict:
-        cmd = [self.python, *worker_args(variant, gpus, timeout_s)]
-        p = isolate.run_isolated(cmd, self.env(), hard_timeout(timeout_s))
-        verdict = classify.from_process(p, catalogue, hard_timeout(timeout_s))
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
+            queue_s: float = 0.0) -> Verdict:
+        cmd = [self.python, *worker_args(variant, gpus, timeout_s, queue_s)]
+        p = isolate.run_isolated(cmd, self.env(), hard_timeout(timeout_s, queue_s))
+        verdict = classify.from_process(p, catalogue, hard_timeout(timeout_s, queue_s))
         return verdict.with_evidence(command=" ".join(cmd[:3] + [variant.probe_id]))
 
 

@@ -71,6 +71,9 @@ class ProbeSpec:
     # module): the host does not start two variants with the same value side by side, so the second finds
     # the first one's build stored instead of holding a job slot while it waits for it.
     build_param: str = ""
+    # Modules a rank imports before it waits for the GPUs (checks.gpugate), while another variant runs: they
+    # must read nothing at import that the probe sets before importing them, and must not touch a GPU.
+    preload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         floors = [self.min_ranks, *(n for _, _, n in self.min_ranks_by_param)]

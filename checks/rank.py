@@ -7,6 +7,9 @@ need), and exits without tearing its process group down: nothing after the outco
 teardown costs about half a second per NCCL variant (2x H200) and can hang after graph capture.
 A rank that has a GPU initialises the CUDA driver in a thread while the probe imports its libraries
 (cuInit takes 0.4 s there and reads no variable a probe sets).
+
+A gated rank (``checks.gpugate``: its worker passed a go pipe) imports what its probe declares in
+``SPEC.preload`` and then waits for the worker to let it go; the probe runs only after that.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import importlib
 import json
 import os
 import signal
@@ -24,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from checks import atomic
+from checks import atomic, gpugate
 from checks.probe import RUN_STATUSES, RankContext, Variant, outcome
 from checks.registry import ProbeLocation, load
 
@@ -37,8 +41,9 @@ ENV_DEVICE = "STACKPROBE_DEVICE"
 # A folder: each rank writes cProfile statistics of its probe there (rank-<i>.prof), to find where a
 # variant's seconds go (benchmarks/bench_variant_floor.py reads them).
 ENV_PROFILE = "STACKPROBE_RANK_PROFILE"
-# Key of the outcome file that carries the rank's clock (time.time() when main began and when the probe
-# returned); the launcher takes it out, so a probe's outcome is never changed by it.
+# Key of the outcome file that carries the rank's clock (time.time() when main began, when a gated rank had
+# preloaded and was let go, and when the probe returned); the launcher takes it out, so a probe's outcome is
+# never changed by it.
 CLOCK_KEY = "_clock"
 
 TRACEBACK_TAIL_CHARS = 4000
@@ -112,6 +117,22 @@ def wait_for_peers(workdir: Path, world_size: int, limit_s: float, poll_s: float
         time.sleep(poll_s)
 
 
+def preload(location: ProbeLocation) -> None:
+    """Import the modules the probe declares it will import (``SPEC.preload``). Whatever fails here is left
+    for the probe's own imports to meet and report, as they would have without this."""
+    try:
+        names = tuple(load(location).SPEC.preload)
+    except Exception:
+        return
+    if names:
+        from checks.probes._dist import keep_multicast_off
+
+        keep_multicast_off()  # as every GPU probe does before torch starts CUDA: now before anything is imported
+    for name in names:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+
+
 def _profiled(ctx: RankContext, location: ProbeLocation, folder: str) -> dict[str, Any]:
     if not folder:
         return run_probe(ctx, location)
@@ -135,8 +156,14 @@ def main() -> None:
     if ctx.device_index is not None:
         warm_driver()
     location = ProbeLocation.from_arg(env[ENV_PROBE], env[ENV_LOCATION])
+    clock = {"main": started}
+    if env.get(gpugate.GO_FD_ENV):
+        preload(location)
+        clock["ready"] = time.time()
+        gpugate.wait_for_go(env)
+        clock["go"] = time.time()
     result = _profiled(ctx, location, env.get(ENV_PROFILE, ""))
-    result[CLOCK_KEY] = {"main": started, "probe_done": time.time()}
+    result[CLOCK_KEY] = {**clock, "probe_done": time.time()}
     if ctx.rank == 0:
         from checks.envinfo import runtime_versions
 

@@ -4,7 +4,9 @@ Which variant may start is decided by :func:`pick` (pure): one variant per cell 
 within the cell; CPU-only variants of different cells side by side up to ``jobs``, two builds another cell
 may share (``ProbeSpec.build_param``) not side by side while anything else can start; a variant that needs the
 GPU alone, with nothing else running, so a latency is never measured beside a compile and no CPU-only probe
-that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it. Variants run in
+that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it; when the executors
+take turns on the host's GPU lock (checks.gpugate), the next GPU variant in plan order starts beside the
+running one and waits at the gate, its ranks already started, so their start-up costs no time. Variants run in
 worker threads (each blocks on its worker process or container); only the main thread records results and
 calls back, so progress lines and the store see one event at a time. Ctrl-C reaches the main thread: it
 interrupts every worker thread, whose executor then ends its process group or removes its container.
@@ -22,7 +24,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from checks import classify, incremental
-from checks.executor import Executor, ExecutorError
+from checks.executor import Executor, ExecutorError, gated, hard_timeout
+from checks.gpugate import DEFAULT_QUEUE_S
 from checks.incremental import Inputs, Key
 from checks.plan import WorkItem
 from checks.probe import FULL, LEVEL_ENV, QUICK, Variant
@@ -78,11 +81,19 @@ def shared_build(item: WorkItem) -> tuple[str, str] | None:
     return (item.spec.id, value) if value else None
 
 
-def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int) -> WorkItem | None:
+def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: bool = False) -> WorkItem | None:
     """The first pending item (plan order) that may start beside ``running``, or None. An item that would
     build what a running item of another cell is building goes after any other that can start: the two
-    would share one build, and the second would only hold a job slot waiting for it."""
-    if len(running) >= jobs or any(uses_gpu(r) for r in running):
+    would share one build, and the second would only hold a job slot waiting for it. ``ahead``: the GPU
+    variants take turns on the GPU lock, so while one runs, the item that would start next once it ended
+    starts now if it is a GPU variant too (one such at a time): it waits at the gate with its ranks started."""
+    on_gpu = [r for r in running if uses_gpu(r)]
+    if on_gpu:
+        if not ahead or len(on_gpu) > 1:
+            return None
+        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs)
+        return after if after is not None and uses_gpu(after) else None
+    if len(running) >= jobs:
         return None
     busy = {r.cell.cell_id for r in running}
     building = {shared_build(r) for r in running} - {None}
@@ -166,12 +177,19 @@ def execute(items: list[WorkItem], executors: dict[str, Executor], store: RunSto
         if on_result:
             on_result(item, result)
 
+    ahead = bool(gpus) and any(gated(ex) for ex in executors.values())
+    queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
+
     def run_one(item: WorkItem) -> Verdict:
         cell = item.cell.cell_id
         if cell in broken:
             return classify.decided(Status.NOT_RUN, "image-missing", broken[cell], catalogue)
+        executor = executors[cell]
         try:
-            return executors[cell].run(level_variant(item, level), gpus, item.timeout_s, catalogue)
+            if gated(executor) and uses_gpu(item):
+                return executor.run(level_variant(item, level), gpus, item.timeout_s, catalogue,
+                                    queue_s=queue_for.get(item.key, DEFAULT_QUEUE_S))
+            return executor.run(level_variant(item, level), gpus, item.timeout_s, catalogue)
         except ExecutorError as exc:
             broken[cell] = str(exc)
             return classify.decided(Status.NOT_RUN, "image-missing", str(exc), catalogue)
@@ -179,8 +197,11 @@ def execute(items: list[WorkItem], executors: dict[str, Executor], store: RunSto
     pool = _Pool(run_one)
     try:
         while pending or pool.running:
-            while (item := pick(pending, list(pool.running.values()), jobs)) is not None:
+            while (item := pick(pending, list(pool.running.values()), jobs, ahead)) is not None:
                 pending.remove(item)
+                before = [r for r in pool.running.values() if uses_gpu(r)]
+                # behind a running GPU variant: it may wait for all of that one's time
+                queue_for[item.key] = max([DEFAULT_QUEUE_S, *(hard_timeout(r.timeout_s) for r in before)])
                 if on_start:
                     on_start(item)
                 if item.preset is not None:

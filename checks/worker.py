@@ -1,6 +1,6 @@
 """Runs one probe variant inside an environment and prints one result line.
 
-    python -m checks.worker --probe ID --variant JSON [--gpus N] [--timeout S] [--workdir DIR]
+    python -m checks.worker --probe ID --variant JSON [--gpus N] [--timeout S] [--queue S] [--workdir DIR]
     python -m checks.worker --inspect
 
 In-environment side: standard library only (the ranks import the libraries under test). Stdout
@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from checks import envinfo, rank
+from checks import envinfo, gpugate, rank
 from checks.lifetime import die_with_parent
 from checks.probe import RESULT_MARKER, Variant, combine_worst, outcome
 from checks.registry import ProbeLocation, ProbeNotFound, find
@@ -224,18 +224,22 @@ def _note_exits(states: list[RankState]) -> None:
             s.exited_at = now
 
 
-def phases(states: list[RankState], finished_at: float) -> dict[str, float]:
+def phases(states: list[RankState], finished_at: float, queued_s: float | None = None) -> dict[str, float]:
     """Seconds of one launch by phase, the slowest rank each (pure): ``start`` from spawning a rank to its
-    main() (interpreter and the harness's imports), ``probe`` from there until the probe returned (its imports
-    of the libraries, CUDA and NCCL set-up, the test), ``report`` until the launcher saw the outcome, and
-    ``teardown`` from the last outcome until every rank was gone. A phase no rank reached is left out."""
+    main() (interpreter and the harness's imports); for a gated launch (checks.gpugate) ``preload`` until
+    its preloads were imported and ``queued``, the worker's wait for the GPUs; ``probe`` from main(), or from
+    being let go, until the probe returned (its imports of the libraries, CUDA and NCCL set-up, the test);
+    ``report`` until the launcher saw the outcome, and ``teardown`` from the last outcome until every rank
+    was gone. ``total`` counts everything, the wait included. A phase no rank reached is left out."""
     def slowest(pairs: list[tuple[float | None, float | None]]) -> float | None:
         spans = [b - a for a, b in pairs if a is not None and b is not None]
         return round(max(spans), 3) if spans else None
 
     out = {
         "start": slowest([(s.spawned_at, s.clock.get("main")) for s in states]),
-        "probe": slowest([(s.clock.get("main"), s.clock.get("probe_done")) for s in states]),
+        "preload": slowest([(s.clock.get("main"), s.clock.get("ready")) for s in states]),
+        "queued": None if queued_s is None else round(queued_s, 3),
+        "probe": slowest([(s.clock.get("go", s.clock.get("main")), s.clock.get("probe_done")) for s in states]),
         "report": slowest([(s.clock.get("probe_done"), s.reported_at) for s in states]),
     }
     reported = [s.reported_at for s in states if s.reported_at is not None]
@@ -253,30 +257,57 @@ def _kill(states: list[RankState], why: str, sig: int = signal.SIGKILL) -> None:
                 s.proc.send_signal(sig)
 
 
+class GpusBusy(RuntimeError):
+    """The gate never opened: another variant held the host's GPUs for the whole wait."""
+
+
 def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, timeout_s: float,
            grace_s: float = DEFAULT_GRACE_S, peer_grace_s: float = PEER_GRACE_S,
-           failed_grace_s: float = FAILED_PEER_GRACE_S, while_starting: Any = None) -> LaunchResult:
+           failed_grace_s: float = FAILED_PEER_GRACE_S, while_starting: Any = None,
+           gate: gpugate.Gate | None = None) -> LaunchResult:
     """Start every rank, wait for their outcomes and exits. ``while_starting`` (no arguments) runs once the
-    ranks are started, while they import their libraries: work of the worker's own that then costs no time."""
+    ranks are started, while they import their libraries: work of the worker's own that then costs no time.
+    With a ``gate`` the ranks preload and wait until this worker holds the GPU lock; the soft timeout counts
+    from then, and the lock is let go as soon as every outcome is in (or never will be)."""
     with reserved_port() as port:
-        return _launch(location, variant, workdir, gpus, timeout_s, port, grace_s, peer_grace_s, failed_grace_s,
-                       while_starting)
+        try:
+            return _launch(location, variant, workdir, gpus, timeout_s, port, grace_s, peer_grace_s,
+                           failed_grace_s, while_starting, gate)
+        finally:
+            if gate is not None:
+                gate.close()
 
 
 def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, timeout_s: float, port: int,
-            grace_s: float, peer_grace_s: float, failed_grace_s: float, while_starting: Any) -> LaunchResult:
+            grace_s: float, peer_grace_s: float, failed_grace_s: float, while_starting: Any,
+            gate: gpugate.Gate | None) -> LaunchResult:
     pycache = bytecode_cache()
     states: list[RankState] = []
-    for i in range(variant.ranks):
-        env = rank_env(dict(os.environ), variant, location, workdir, i, port, device_for(i, gpus, variant.share_gpu),
-                       pycache)
-        with open(rank.log_path(workdir, i), "wb") as log:
-            spawned = time.time()
-            proc = subprocess.Popen([sys.executable, "-m", "checks.rank"], env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        states.append(RankState(i, proc, spawned_at=spawned))
-    if while_starting is not None:
-        while_starting()
+    go_fd = gate.rank_fd() if gate is not None else None
+    try:
+        for i in range(variant.ranks):
+            env = rank_env(dict(os.environ), variant, location, workdir, i, port,
+                           device_for(i, gpus, variant.share_gpu), pycache)
+            if go_fd is not None:
+                env[gpugate.GO_FD_ENV] = str(go_fd)
+            with open(rank.log_path(workdir, i), "wb") as log:
+                spawned = time.time()
+                proc = subprocess.Popen([sys.executable, "-m", "checks.rank"], env=env, stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+                                        pass_fds=() if go_fd is None else (go_fd,))
+            states.append(RankState(i, proc, spawned_at=spawned))
+        if gate is not None:
+            gate.close_rank_end()
+        if while_starting is not None:
+            while_starting()
+        if gate is not None and not gate.open():
+            raise GpusBusy(f"another variant held this host's GPUs (lock {gate.path}) for the whole "
+                           f"{gate.queue_s:.0f} s this one could wait")
+    except BaseException:
+        _kill(states, "the launch did not go ahead")
+        for s in states:
+            s.proc.wait()
+        raise
 
     deadline = time.monotonic() + timeout_s
     hang = False
@@ -316,6 +347,8 @@ def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int,
             break
         time.sleep(0.02)
 
+    if gate is not None:
+        gate.release()  # the GPUs are done with: the next variant may go while these ranks exit
     # Every outcome is in (or never will be): allow a short exit, then end whatever is left.
     end = time.monotonic() + grace_s
     while time.monotonic() < end and any(s.proc.poll() is None for s in states):
@@ -356,7 +389,7 @@ def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int,
                 tails[f"rank{s.index}"] = text
         ranks.append(info)
     return LaunchResult(outcomes, complete=all(s.outcome is not None for s in states), hang=hang, ranks=ranks,
-                        log_tails=tails, phases=phases(states, finished))
+                        log_tails=tails, phases=phases(states, finished, None if gate is None else gate.waited_s))
 
 
 # A silent rank whose stack dump shows it inside a JIT build (ninja run by flashinfer's or torch's extension
@@ -448,11 +481,22 @@ def preflight(module: ModuleType, variant: Variant) -> dict[str, Any] | None:
         return None
 
 
+def gate_for(spec: Any, gpus: int, queue_s: float | None, env: dict[str, str] | None = None) -> gpugate.Gate | None:
+    """The GPU gate of a launch: only a probe that uses GPUs, on a host that has them, when the host named a
+    lock file (checks.gpugate.ENV)."""
+    path = (os.environ if env is None else env).get(gpugate.ENV, "")
+    if not path or not spec.needs_gpu or gpus <= 0:
+        return None
+    return gpugate.Gate(path, gpugate.DEFAULT_QUEUE_S if queue_s is None else queue_s)
+
+
 def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None = None,
                 timeout_s: float | None = None, workdir: Path | None = None,
-                keep_workdir: bool = False) -> dict[str, Any]:
-    """Run one variant (default: the probe's smallest default world size, no params) and merge its ranks."""
+                keep_workdir: bool = False, queue_s: float | None = None) -> dict[str, Any]:
+    """Run one variant (default: the probe's smallest default world size, no params) and merge its ranks.
+    ``queue_s``: how long it may wait for the host's GPUs (checks.gpugate), not counted in its duration."""
     started = time.monotonic()
+    waited = 0.0
     location, module = find(probe_id)
     variant = variant or Variant(probe_id, min(module.SPEC.ranks))
     gpus = envinfo.gpu_count_hint() if gpus is None else gpus
@@ -469,19 +513,24 @@ def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None 
         own = workdir is None
         wd = Path(tempfile.mkdtemp(prefix=f"stackprobe-{probe_id}-")) if own else workdir
         wd.mkdir(parents=True, exist_ok=True)
+        gate = gate_for(module.SPEC, gpus, queue_s)
         try:
             # A probe that needs no GPU gets no device (ranks may outnumber GPUs); all GPUs stay visible.
             launched = launch(location, variant, wd, gpus if module.SPEC.needs_gpu else 0,
-                              timeout_s or module.SPEC.timeout_s, while_starting=read_versions)
+                              timeout_s or module.SPEC.timeout_s, while_starting=read_versions, gate=gate)
             result = merge(module, launched)
+        except GpusBusy as exc:
+            result = outcome("skip", note=str(exc), reason_code="gpus-busy")
+            result["status"] = Status.NOT_RUN.value
         finally:
+            waited = gate.waited_s if gate is not None else 0.0
             if own and not keep_workdir:
                 shutil.rmtree(wd, ignore_errors=True)
     if not env_versions:
         read_versions()
     result.setdefault("evidence", {})["env"] = env_versions
     result["evidence"]["gpus_visible"] = gpus
-    result["duration_s"] = round(time.monotonic() - started, 3)
+    result["duration_s"] = round(time.monotonic() - started - waited, 3)
     return result
 
 
@@ -498,6 +547,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    "size, no params)")
     p.add_argument("--gpus", type=int, help="GPUs visible here (default: ask nvidia-smi)")
     p.add_argument("--timeout", type=float, help="soft timeout in seconds (default: the probe's)")
+    p.add_argument("--queue", type=float, help="seconds it may wait for the host's GPUs when STACKPROBE_GPU_LOCK "
+                   f"names a lock file (default {gpugate.DEFAULT_QUEUE_S:g})")
     p.add_argument("--workdir", type=Path, help="scratch directory (default: a fresh temporary one)")
     p.add_argument("--keep-workdir", action="store_true")
     return p.parse_args(argv)
@@ -518,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"checks.worker: --variant is not a Variant JSON object: {exc}", file=sys.stderr)
         return 2
     try:
-        result = run_variant(args.probe, variant, args.gpus, args.timeout, args.workdir, args.keep_workdir)
+        result = run_variant(args.probe, variant, args.gpus, args.timeout, args.workdir, args.keep_workdir,
+                             args.queue)
     except ProbeNotFound as exc:
         print(f"checks.worker: {exc}", file=sys.stderr)
         return 2

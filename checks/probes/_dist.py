@@ -22,6 +22,9 @@ MULTICAST_OFF: dict[str, str] = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 ALLOW_MULTICAST_ENV = "STACKPROBE_ALLOW_MULTICAST"
+# What a rank of a probe that starts with torch may import before the GPUs are its (ProbeSpec.preload): torch
+# reads no variable a probe sets at import (NCCL and the caching allocator read theirs when first used).
+PRELOAD_TORCH = ("torch", "torch.distributed")
 
 
 def keep_multicast_off(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -38,6 +38,7 @@ SPEC = ProbeSpec(
     distinct_gpus=True,
     requires=("flashinfer",),
     timeout_s=600.0,
+    preload=_dist.PRELOAD_TORCH,
 )
 
 TOP_K = 2

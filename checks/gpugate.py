@@ -1,0 +1,126 @@
+"""One GPU variant at a time on a host, while the next one's ranks start beside it.
+
+A GPU variant's launch is two kinds of work: starting its rank processes (the interpreter and ``import
+torch``: 1.3-1.5 s of CPU per variant on 2x H200, about a third of a typical variant) and then using the
+GPUs. The runner starts the next GPU variant's worker while the current one still runs. Its ranks import
+what their probe declares (``ProbeSpec.preload``) and then block on a pipe; the worker opens the gate (closes
+the pipe's write end) only once it holds this host's GPU lock, an exclusive ``flock`` on one file, which the
+running variant's worker lets go as soon as its last outcome is in. So the GPUs still serve one variant at a
+time, every variant still runs in fresh processes, and the start-up of the next one costs no time.
+
+The lock is a file the host names in ``STACKPROBE_GPU_LOCK`` (a container gets it mounted): flock locks are
+shared by every process on one kernel that opens the same file, so two ``checks run`` on one host also take
+turns on the GPUs. ``flock`` is released by the kernel when its holder dies, however it dies.
+
+In-environment side: standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from dataclasses import dataclass, field
+
+ENV = "STACKPROBE_GPU_LOCK"
+LOCK_NAME = "stackprobe-gpu.lock"  # in the host's temporary folder: every checkout and user on the host
+GO_FD_ENV = "STACKPROBE_GO_FD"  # in a rank: the read end of its worker's go pipe
+# How long a worker waits for the lock when the runner did not say: another run on the host may hold it
+# for one variant (the probes' own timeouts are 300 s).
+DEFAULT_QUEUE_S = 360.0
+POLL_S = 0.005
+
+
+class GateError(RuntimeError):
+    """The lock file cannot be used: the worker says so instead of running beside another variant."""
+
+
+@dataclass
+class Gate:
+    """The worker's side: the lock file, how long it may wait, and the go pipe it opens for its ranks."""
+
+    path: str
+    queue_s: float = DEFAULT_QUEUE_S
+    _read: int | None = None
+    _write: int | None = None
+    _lock: int | None = None
+    waited_s: float = 0.0
+    opened_at: float | None = field(default=None)  # time.time() when the ranks were let go
+
+    def rank_fd(self) -> int:
+        """The pipe's read end, to be inherited by every rank (pass_fds)."""
+        if self._read is None:
+            self._read, self._write = os.pipe()
+            os.set_inheritable(self._read, True)
+        return self._read
+
+    def close_rank_end(self) -> None:
+        """After the ranks are started: only they hold the read end, so their reads end when this worker
+        closes the write end or dies."""
+        if self._read is not None:
+            os.close(self._read)
+            self._read = None
+
+    def open(self) -> bool:
+        """Wait for the lock (at most ``queue_s``), then let the ranks go. False: another variant held the
+        GPUs all that time; the ranks are still held. Raises GateError when the file cannot be locked."""
+        started = time.monotonic()
+        try:
+            # read-only is enough for flock, so another user's lock file still serves
+            fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise GateError(f"cannot open the GPU lock {self.path}: {exc}") from None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise GateError(f"cannot lock the GPU lock {self.path}: {exc}") from None
+            if time.monotonic() - started >= self.queue_s:
+                os.close(fd)
+                self.waited_s = round(time.monotonic() - started, 3)
+                return False
+            time.sleep(POLL_S)
+        self._lock = fd
+        self.waited_s = round(time.monotonic() - started, 3)
+        self.opened_at = time.time()
+        if self._write is not None:
+            os.close(self._write)
+            self._write = None
+        return True
+
+    def release(self) -> None:
+        """Let the next variant have the GPUs (this one's ranks may still be exiting)."""
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
+            os.close(self._lock)
+            self._lock = None
+
+    def close(self) -> None:
+        self.close_rank_end()
+        if self._write is not None:
+            os.close(self._write)
+            self._write = None
+        self.release()
+
+
+def wait_for_go(env: dict[str, str]) -> bool:
+    """In a rank: block until the worker opens the gate (or dies). False when the rank was not gated."""
+    raw = env.get(GO_FD_ENV, "")
+    if not raw:
+        return False
+    fd = int(raw)
+    try:
+        while os.read(fd, 1):
+            pass
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    return True

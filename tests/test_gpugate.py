@@ -1,0 +1,192 @@
+"""The GPU gate (checks.gpugate), for real: the lock between workers, ranks that start and preload while
+another variant holds the GPUs and run only once they are theirs, a worker that never gets the GPUs, the
+runner starting the next GPU variant ahead, and durations that leave out the wait."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from checks import classify, gpugate, reasons, worker
+from checks.executor import LocalExecutor, for_run, gated, hard_timeout, worker_args
+from checks.isolate import ProcessOutcome
+from checks.plan import CellTarget, WorkItem
+from checks.probe import ProbeSpec, Variant
+from checks.runner import pick
+from tests.checks_helpers import ROOT, pids_with_env, run_worker
+from tests.test_worker_floor import FLOOR_FIXTURES, floor_env
+
+
+def gate_env(tmp_path: Path, tag: str, hold_s: float, **extra: str) -> dict[str, str]:
+    env = floor_env(STACKPROBE_TEST_GATE_LOG=str(tmp_path / "gate.log"), STACKPROBE_TEST_TAG=tag,
+                    STACKPROBE_TEST_HOLD_S=str(hold_s), **extra)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(FLOOR_FIXTURES / "preload")])
+    return env
+
+
+def events(log: Path) -> dict[tuple[str, str], list[float]]:
+    """(tag, event) -> the times it was logged, one per rank."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for line in log.read_text().splitlines():
+        tag, event, _rank, stamp = line.split()
+        out.setdefault((tag, event), []).append(float(stamp))
+    return out
+
+
+# --- the lock ---------------------------------------------------------------------------------------------------
+def test_one_holder_at_a_time_and_a_bounded_wait(tmp_path: Path) -> None:
+    lock = str(tmp_path / "gpu.lock")
+    first, second = gpugate.Gate(lock), gpugate.Gate(lock, queue_s=0.3)
+    assert first.open() and first.waited_s < 0.2
+    started = time.monotonic()
+    assert not second.open()  # held all along: it gives up after its wait
+    assert 0.3 <= time.monotonic() - started < 2 and second.waited_s >= 0.3
+    first.release()
+    assert second.open()
+    second.close()
+
+
+def test_a_waiting_gate_goes_as_soon_as_the_holder_lets_go(tmp_path: Path) -> None:
+    lock = str(tmp_path / "gpu.lock")
+    holder, waiter = gpugate.Gate(lock), gpugate.Gate(lock, queue_s=10)
+    assert holder.open()
+    threading.Timer(0.4, holder.release).start()
+    assert waiter.open()
+    assert 0.35 <= waiter.waited_s < 1.0
+    waiter.close()
+
+
+def test_a_lock_that_cannot_be_used_is_an_error_not_a_free_pass(tmp_path: Path) -> None:
+    with pytest.raises(gpugate.GateError, match="cannot open the GPU lock"):
+        gpugate.Gate(str(tmp_path / "missing-folder" / "gpu.lock")).open()
+
+
+def test_ranks_hold_until_the_gate_opens_and_go_when_their_worker_dies(tmp_path: Path) -> None:
+    for how in ("open", "die"):
+        gate = gpugate.Gate(str(tmp_path / f"{how}.lock"))
+        fd = gate.rank_fd()
+        code = ("import os, time, sys; from checks import gpugate; t = time.time(); "
+                "gpugate.wait_for_go(dict(os.environ)); print(time.time() - t)")
+        rank = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT),
+                                gpugate.GO_FD_ENV: str(fd)}, pass_fds=(fd,), stdout=subprocess.PIPE, text=True)
+        gate.close_rank_end()
+        time.sleep(0.5)
+        assert rank.poll() is None  # still held
+        if how == "open":
+            assert gate.open()
+        gate.close()  # a worker that dies closes its write end too
+        out, _ = rank.communicate(timeout=10)
+        assert float(out) >= 0.3  # it waited (its own start-up took part of the 0.5 s)
+
+
+# --- the worker ------------------------------------------------------------------------------------------------
+def test_the_next_variant_starts_up_while_one_runs_and_runs_only_after_it(tmp_path: Path) -> None:
+    lock = str(tmp_path / "gpu.lock")
+    results: dict[str, dict] = {}
+
+    def work(tag: str) -> None:
+        env = gate_env(tmp_path, tag, 1.5, **{gpugate.ENV: lock})
+        results[tag] = run_worker("t-gated", ranks=2, env=env, extra_args=["--gpus", "2", "--queue", "60"])[0]
+
+    first = threading.Thread(target=work, args=("a",))
+    first.start()
+    time.sleep(0.3)
+    work("b")
+    first.join()
+    ev = events(tmp_path / "gate.log")
+    assert results["a"]["status"] == results["b"]["status"] == "pass"
+    # b's ranks had imported their preload while a still ran, and ran only after a's ranks were done
+    assert max(ev["b", "preload"]) < min(ev["a", "run-end"])
+    assert min(ev["b", "run-start"]) >= max(ev["a", "run-end"])
+    queued = results["b"]["evidence"]["phases"]["queued"]
+    assert queued > 0.8 and results["b"]["evidence"]["phases"]["preload"] < queued
+    assert results["b"]["duration_s"] < 1.5 + queued - 0.5  # the wait is not the variant's time
+
+
+def test_a_worker_that_never_gets_the_gpus_says_so_and_runs_nothing(tmp_path: Path) -> None:
+    lock = tmp_path / "gpu.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        env = gate_env(tmp_path, "c", 0, **{gpugate.ENV: str(lock)})
+        result, token = run_worker("t-gated", ranks=2, env=env, extra_args=["--gpus", "2", "--queue", "1"])
+    assert result["status"] == "not-run" and result["reason_code"] == "gpus-busy"
+    assert "whole 1 s" in result["note"]
+    ev = events(tmp_path / "gate.log") if (tmp_path / "gate.log").exists() else {}
+    assert ("c", "run-start") not in ev
+    assert pids_with_env(token) == []  # its held ranks were ended
+
+
+def test_without_a_lock_or_a_gpu_there_is_no_gate() -> None:
+    gpu = ProbeSpec("g", "g", "f")
+    lock = {gpugate.ENV: "/tmp/x.lock"}
+    assert worker.gate_for(gpu, 2, None, lock) is not None
+    assert worker.gate_for(gpu, 2, 5.0, lock).queue_s == 5.0
+    assert worker.gate_for(gpu, 0, None, lock) is None
+    assert worker.gate_for(ProbeSpec("c", "c", "f", needs_gpu=False), 2, None, lock) is None
+    assert worker.gate_for(gpu, 2, None, {}) is None
+
+
+# --- the host side ---------------------------------------------------------------------------------------------
+def test_the_host_waits_for_the_gate_and_counts_only_the_variant() -> None:
+    assert worker_args(Variant("g", 2), 2, 60.0, 90.0)[-2:] == ["--queue", "90"]
+    assert "--queue" not in worker_args(Variant("g", 2), 2, 60.0)
+    assert hard_timeout(60.0, 90.0) == hard_timeout(60.0) + 90.0
+    result = {"status": "pass", "note": "", "reason_code": "", "evidence": {"phases": {"queued": 2.25}},
+              "metrics": {}, "remediation": "", "duration_s": 1.0}
+    p = ProcessOutcome(returncode=0, timed_out=False, result=result, result_error="", stdout_tail="",
+                       stderr_tail="", duration_s=3.5, leftovers=[])
+    assert classify.from_process(p, reasons.default(), 60).duration_s == 1.25
+
+
+def test_pick_starts_the_next_gpu_variant_ahead_in_plan_order_only() -> None:
+    cpu, gpu = ProbeSpec("c", "c", "f", needs_gpu=False), ProbeSpec("g", "g", "f", needs_gpu=True)
+    a, b = CellTarget("cella", "resolved"), CellTarget("cellb", "resolved")
+    g1, g2, g3 = (WorkItem(a, gpu, Variant("g", n), 60.0) for n in (1, 2, 3))
+    c1, gb = WorkItem(a, cpu, Variant("c", 1), 60.0), WorkItem(b, gpu, Variant("g", 1), 60.0)
+    assert pick([g2, g3], [g1], 1) is None  # without the gate: one GPU variant at a time, as before
+    assert pick([g2, g3], [g1], 1, ahead=True) is g2  # same cell, beyond the job count: it waits at the gate
+    assert pick([g3], [g1, g2], 4, ahead=True) is None  # one ahead at most
+    assert pick([c1, g2], [g1], 4, ahead=True) is None  # the next in plan order is no GPU variant: it waits
+    assert pick([gb], [g1], 1, ahead=True) is gb
+
+
+def test_the_runner_starts_gpu_variants_ahead_and_they_take_turns(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from checks.plan import plan_work
+    from checks.probe import HostView
+    from checks.provenance import checkout, probe_hashes
+    from checks.registry import discover
+    from checks.runner import execute
+    from checks.store import RunStore
+
+    env = gate_env(tmp_path, "run", 1.0)
+    for name in ("STACKPROBE_PROBE_PATH", "PYTHONPATH", "STACKPROBE_TEST_GATE_LOG", "STACKPROBE_TEST_TAG",
+                 "STACKPROBE_TEST_HOLD_S"):
+        monkeypatch.setenv(name, env[name])
+    probes = {pid: mod for pid, (_, mod) in discover({"STACKPROBE_PROBE_PATH": env["STACKPROBE_PROBE_PATH"]}).items()
+              if pid == "t-gated"}
+    cells = [CellTarget(f"cu130-cell{i}", "resolved", image_status="built") for i in (1, 2, 3)]
+    items = plan_work(cells, probes, HostView(gpu_count=2))
+    executors = for_run({c.cell_id: LocalExecutor(sys.executable) for c in cells}, (), None, "host",
+                        tmp_path / "gpu.lock")
+    assert all(gated(ex) for ex in executors.values())
+    store = RunStore(tmp_path / "results", "host", "run")
+    codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
+    report = execute(items, executors, store, reasons.default(), 2, codes, jobs=1)
+    assert [r.verdict.status for r in report.results] == ["pass"] * 3
+    ev = events(tmp_path / "gate.log")
+    starts, ends = sorted(ev["run", "run-start"]), sorted(ev["run", "run-end"])
+    assert len(starts) == len(ends) == 6
+    spans = [(starts[i], ends[i + 1]) for i in range(0, 6, 2)]  # the two ranks of each variant
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))  # never two variants at once
+    preloads = sorted(ev["run", "preload"])
+    assert preloads[2] < spans[0][1] and preloads[4] < spans[1][1]  # each next one had started up meanwhile
+    queued = [r.verdict.evidence["phases"]["queued"] for r in report.results]
+    assert queued[0] < 0.5 and min(queued[1:]) > 0.5  # the later ones waited at the gate, their ranks started
