@@ -68,6 +68,30 @@ def test_the_ranks_bytecode_outlives_the_container(venv_image: str, tmp_path: Pa
     assert ex.leftovers() == []
 
 
+def test_a_container_takes_turns_on_the_hosts_gpu_lock(venv_image: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock file is mounted: a worker in a container waits for the lock the host holds, gives up after its
+    wait (`not-run gpus-busy`), and runs once the host lets go."""
+    import dataclasses
+    import fcntl
+
+    from checks import gpugate
+    from tests.test_worker_floor import FLOOR_FIXTURES
+
+    monkeypatch.setenv("STACKPROBE_PROBE_PATH", os.pathsep.join([str(FIXTURES), str(FLOOR_FIXTURES)]))
+    lock = tmp_path / "gpu.lock"
+    lock.touch()
+    ex = dataclasses.replace(DockerExecutor(image=venv_image), run_env=((gpugate.ENV, str(lock)),))
+    with open(lock) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        busy = ex.run(Variant("t-gated", 2), 2, 60, CAT, queue_s=1.0)
+    assert busy.status == "not-run" and busy.reason_code == "gpus-busy", busy
+    free = ex.run(Variant("t-gated", 2), 2, 60, CAT, queue_s=30.0)
+    assert free.status == "pass", free
+    assert free.evidence["phases"]["queued"] < 5
+    assert ex.leftovers() == []
+
+
 def test_gpu_and_torch_probes_skip_honestly(executor: DockerExecutor) -> None:
     gloo = executor.run(Variant("t-gloo-allreduce", 2), 0, 60, CAT)
     assert gloo.status == "skip" and gloo.reason_code == "missing-package"
