@@ -44,6 +44,11 @@ LABELS_ENV = "STACKPROBE_CONTAINER_LABELS"
 TAIL_LINES = 200
 
 
+def bytecode_key(image_id: str) -> str:
+    """The name of an image's folder under BYTECODE_ROOT (`provision prune` reads it back to find stale ones)."""
+    return image_id.removeprefix("sha256:")[:16]
+
+
 def client() -> Any:
     """A Docker SDK client, or ExecutorError with one line saying why not."""
     try:
@@ -240,7 +245,7 @@ class DockerExecutor:
         file against its source's size and time then never meets another image's file of the same path.
         The worker uses it only when it is its user's alone (mode 0700), so a host user other than root
         gets no cache in a root container, and loses nothing else."""
-        image_id = (self._image_id() or "").removeprefix("sha256:")[:16]
+        image_id = bytecode_key(self._image_id() or "")
         if not image_id:
             return None
         folder = BYTECODE_ROOT / image_id

@@ -147,7 +147,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     docker = Docker(cli=docker_cli())
     problem = docker.unreachable()
     if problem:  # venv cells can still be pruned without an engine
-        print(f"provision: images not looked at: {problem}", file=sys.stderr)
+        print(f"provision: images and their bytecode folders not looked at: {problem}", file=sys.stderr)
     cli = None if problem else docker.cli
     matrices = [DEFAULT_MATRIX, *(Path(m) for m in args.matrix or ())]
     removals = prune.gather(matrices, Path(args.envs) if args.envs else ENVS,

@@ -1,4 +1,5 @@
-"""`provision prune`: remove the stackprobe images and venv cells that no longer serve a cell of the matrix.
+"""`provision prune`: remove the stackprobe images and venv cells that no longer serve a cell of the matrix,
+and the bytecode folders of images that are gone.
 
 ``plan`` is pure: from the images present, the tags `provision build` recorded, the cells of the matrices
 and the venv folders, it returns what to remove and why. ``gather`` and ``apply`` are the docker and file
@@ -8,6 +9,10 @@ be read, the bytes an image frees are those of its layers that no image that sta
 torch build share its layers), each counted once; elsewhere an image's whole size, an upper bound. BuildKit
 keeps a removed image's layers in its build cache, so removing images always ends with `docker builder prune`
 (which keeps the layers of the images that stay, and their cache).
+
+The docker executor keeps one bytecode folder per image id (any image a cell names, not only stackprobe's);
+nothing else removes them, so a folder whose image neither stays nor is removed by this prune goes. Without
+an engine there is no telling which images exist, and no bytecode folder goes.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from checks.container import BYTECODE_ROOT, bytecode_key
+
 GB = 1_000_000_000
-IMAGE, VENV, BUILD_CACHE, COMPILE_CACHE = "image", "venv", "build-cache", "compile-cache"
+IMAGE, VENV, BUILD_CACHE, COMPILE_CACHE, BYTECODE = "image", "venv", "build-cache", "compile-cache", "bytecode"
 REPO_PREFIX = "stackprobe/"
 
 
@@ -41,8 +48,8 @@ class Image:
 
 @dataclass(frozen=True)
 class Removal:
-    kind: str  # image | venv | build-cache
-    target: str  # image ref, venv folder, or "docker builder prune"
+    kind: str  # image | venv | build-cache | compile-cache | bytecode
+    target: str  # image ref, folder, or "docker builder prune"
     reason: str
     size: int  # bytes it frees (0: an image that only loses a name)
 
@@ -73,13 +80,15 @@ def _image_reason(img: Image, cells_by_repo: Mapping[str, str], recorded: Mappin
 def plan(images: Iterable[Image], recorded: Mapping[str, str], cells: Iterable[str], venvs: Mapping[str, int],
          base_tags: Iterable[str], build_cache: int | None = None,
          scope: Collection[str] | None = None, compile_cache: tuple[str, int] | None = None,
-         layer_sizes: Mapping[str, int] | None = None) -> list[Removal]:
+         layer_sizes: Mapping[str, int] | None = None,
+         bytecode: Mapping[str, int] | None = None) -> list[Removal]:
     """What to remove: stackprobe images no cell uses, venv cells of no matrix cell, and the BuildKit cache
     when ``build_cache`` (its size in bytes) is given. ``images`` are all the images (any repository, and
     untagged ones: they keep their layers); ``recorded`` maps a cell to the tag its build.json records;
     ``venvs`` maps a venv folder to its size; ``scope``, when given, the only image refs that may go;
     ``compile_cache``, when given, the shared compile cache's (folder, size); ``layer_sizes`` the bytes of
-    each layer (chain id), when the layer store was read."""
+    each layer (chain id), when the layer store was read; ``bytecode`` maps each bytecode folder of the
+    docker executor to its size (None: the images present are unknown, so none may go)."""
     cell_set = set(cells)
     cells_by_repo = {cell_repo(c): c for c in cell_set}
     bases = frozenset(base_tags)
@@ -122,6 +131,30 @@ def plan(images: Iterable[Image], recorded: Mapping[str, str], cells: Iterable[s
     if compile_cache is not None:
         out.append(Removal(COMPILE_CACHE, compile_cache[0], "compiled JIT modules every run shares (--compile-cache)",
                            compile_cache[1]))
+    if bytecode is not None:
+        out.extend(_bytecode_removals(bytecode, every, kept, [i for i, _ in doomed], scope is not None))
+    return out
+
+
+def _bytecode_removals(folders: Mapping[str, int], present: Sequence[Image], kept: Sequence[Image],
+                       doomed: Sequence[Image], scoped: bool) -> list[Removal]:
+    """The bytecode folders whose image is gone, or goes with this prune (no kept tag or untagged image
+    names its id). With a scope only the latter: a scope narrows what may go to the images it names."""
+    staying = {bytecode_key(i.image_id) for i in kept}
+    going: dict[str, str] = {}
+    for img in sorted(doomed, key=lambda i: i.ref):
+        going.setdefault(bytecode_key(img.image_id), img.ref)
+    here = {bytecode_key(i.image_id) for i in present}
+    out = []
+    for folder, size in sorted(folders.items()):
+        key = Path(folder).name
+        if key in staying:
+            continue
+        if key in going:
+            out.append(Removal(BYTECODE, folder, f"bytecode of image {key}, which this prune removes ({going[key]})",
+                               size))
+        elif not scoped and key not in here:
+            out.append(Removal(BYTECODE, folder, f"bytecode of image {key}, which is no longer present", size))
     return out
 
 
@@ -163,19 +196,20 @@ def chain_ids(diff_ids: Sequence[str]) -> tuple[str, ...]:
 
 
 def list_images(docker: str) -> list[Image]:
-    """Every image (tagged or not) with its exact size and its layers."""
+    """Every image (tagged or not) with its full id (the docker executor names bytecode folders by it),
+    its exact size and its layers."""
     cmd = [docker, "images", "--all", "--format", "{{.Repository}}|{{.Tag}}|{{.ID}}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = [ln.split("|") for ln in out.splitlines() if ln.count("|") == 2]
     ids = sorted({r[2] for r in rows})
-    facts: dict[str, tuple[int, tuple[str, ...]]] = {}
+    facts: dict[str, tuple[str, int, tuple[str, ...]]] = {}
     if ids:
         info = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}} {{.Size}} {{json .RootFS.Layers}}",
                                *ids], capture_output=True, text=True, check=True).stdout
         for ln in info.splitlines():
             full, size, layers = ln.split(" ", 2)
-            facts[full.removeprefix("sha256:")[:12]] = (int(size), chain_ids(json.loads(layers) or []))
-    return [Image(repo, tag, iid, *facts.get(iid.removeprefix("sha256:")[:12], (0, ()))) for repo, tag, iid in rows]
+            facts[full.removeprefix("sha256:")[:12]] = (full, int(size), chain_ids(json.loads(layers) or []))
+    return [Image(repo, tag, *facts.get(iid.removeprefix("sha256:")[:12], (iid, 0, ()))) for repo, tag, iid in rows]
 
 
 def layer_sizes(docker: str, chains: Iterable[str]) -> dict[str, int] | None:
@@ -227,8 +261,9 @@ def _du(folder: Path) -> int:
     return total
 
 
-def venv_sizes(venvs: Path) -> dict[str, int]:
-    return {str(d): _du(d) for d in sorted(venvs.iterdir()) if d.is_dir()} if venvs.is_dir() else {}
+def folder_sizes(root: Path) -> dict[str, int]:
+    """Each folder right under ``root`` (venv cells, bytecode folders) and its size."""
+    return {str(d): _du(d) for d in sorted(root.iterdir()) if d.is_dir()} if root.is_dir() else {}
 
 
 def build_cache_size(docker: str) -> int:
@@ -246,7 +281,7 @@ def apply(removals: Sequence[Removal], docker: str) -> list[Removal]:
             proc = subprocess.run([docker, "image", "rm", r.target], capture_output=True, text=True)
             if proc.returncode != 0:
                 failed.append(Removal(r.kind, r.target, proc.stderr.strip()[-300:], 0))
-        elif r.kind in (VENV, COMPILE_CACHE):
+        elif r.kind in (VENV, COMPILE_CACHE, BYTECODE):
             shutil.rmtree(r.target, ignore_errors=True)
             if Path(r.target).exists():
                 failed.append(Removal(r.kind, r.target, "could not remove every file", 0))
@@ -258,15 +293,18 @@ def apply(removals: Sequence[Removal], docker: str) -> list[Removal]:
 
 
 def gather(matrices: Sequence[Path], envs: Path, venvs: Path, docker: str | None, build_cache: bool,
-           scope: Collection[str] | None = None, compile_cache: bool = False) -> list[Removal]:
+           scope: Collection[str] | None = None, compile_cache: bool = False,
+           bytecode_root: Path | None = None) -> list[Removal]:
     """The removals for this machine (``docker`` None: no engine, venv cells only); ``scope`` narrows the
-    images that may go to these refs; ``compile_cache``: also the shared compile cache `checks run` uses."""
+    images that may go to these refs; ``compile_cache``: also the shared compile cache `checks run` uses;
+    ``bytecode_root``: where the docker executor keeps its bytecode folders (default: BYTECODE_ROOT)."""
     from checks.executor import compile_cache_dir
     from provision.baseimage import DEFAULT_TAG, DEV_TAG
 
     cache = compile_cache_dir(None, not compile_cache)
     images = list_images(docker) if docker else []
-    return plan(images, recorded_tags(envs), matrix_cells(matrices), venv_sizes(venvs), (DEFAULT_TAG, DEV_TAG),
+    return plan(images, recorded_tags(envs), matrix_cells(matrices), folder_sizes(venvs), (DEFAULT_TAG, DEV_TAG),
                 build_cache_size(docker) if docker and build_cache else None, scope,
                 compile_cache=(str(cache), _du(cache)) if cache is not None and cache.is_dir() else None,
-                layer_sizes=layer_sizes(docker, (layer for i in images for layer in i.layers)) if docker else None)
+                layer_sizes=layer_sizes(docker, (layer for i in images for layer in i.layers)) if docker else None,
+                bytecode=folder_sizes(bytecode_root or BYTECODE_ROOT) if docker else None)

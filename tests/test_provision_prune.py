@@ -12,7 +12,7 @@ import pytest
 from provision import build, prune
 from provision.cli import main
 from provision.doctor import DISK_BASE, DISK_PER_CELL, DISK_PER_TORCH, GB
-from provision.prune import BUILD_CACHE, IMAGE, VENV, Image, plan
+from provision.prune import BUILD_CACHE, BYTECODE, IMAGE, VENV, Image, plan
 
 CELL = "cu130-torch2.14.1-sgl0.4.10-fi0.7.2"
 OTHER = "cu128-torch2.9.1-sgl0.4.1-fi0.6.17"
@@ -125,6 +125,96 @@ def test_planner_a_tag_in_another_repository_keeps_the_bytes_and_scope_narrows_w
     got = _plan(images=[*IMAGES, _img("mine/kept:1", "id-gone", 7 * GB)])
     assert got["stackprobe/gone-cell:111"].size == got["stackprobe/gone-cell:222"].size == 0
     assert set(_plan(scope={"stackprobe/gone-cell:111", BASE})) == {"stackprobe/gone-cell:111", "/v/stale-cell"}
+
+
+def _sha(head: str) -> str:
+    """A full image id whose first 16 hex chars (what names its bytecode folder) are ``head`` * 16."""
+    return "sha256:" + head * 16 + "0123456789abcdef" * 3
+
+
+BC_IMAGES = [
+    _img(f"stackprobe/{CELL}:new000000000", _sha("a"), 8 * GB),
+    _img("stackprobe/gone-cell:111", _sha("b"), 7 * GB),  # no cell builds it: this prune removes it
+    _img("other/thing:1", _sha("c"), GB),  # not stackprobe's: a cell may still run it
+    Image("<none>", "<none>", _sha("d"), GB),  # untagged: stays
+    _img(BASE, _sha("e"), 266_000_000),
+    _img("stackprobe/not-a-cell:0000", _sha("e"), 266_000_000),  # an alias of the base, which stays
+]
+BC_FOLDERS = {f"/bc/{c * 16}": 1_000_000 for c in "abcdef"} | {"/bc/not-an-id": 5_000_000}
+
+
+def _bc_plan(**kw: object) -> dict[str, prune.Removal]:
+    return {r.target: r for r in plan(BC_IMAGES, {CELL: f"stackprobe/{CELL}:new000000000"}, [CELL], {},
+                                      (BASE, DEV), **kw) if r.kind == BYTECODE}  # type: ignore[arg-type]
+
+
+def test_planner_removes_the_bytecode_folders_of_images_that_are_gone_or_go_now() -> None:
+    got = _bc_plan(bytecode=BC_FOLDERS)
+    # a, c, d, e: an image that stays names the folder (any repository, untagged, or under another tag)
+    assert sorted(got) == ["/bc/" + "b" * 16, "/bc/" + "f" * 16, "/bc/not-an-id"]
+    assert got["/bc/" + "f" * 16].reason == f"bytecode of image {'f' * 16}, which is no longer present"
+    assert got["/bc/" + "b" * 16].reason == f"bytecode of image {'b' * 16}, which this prune removes " \
+                                            "(stackprobe/gone-cell:111)"
+    assert got["/bc/not-an-id"].size == 5_000_000 and got["/bc/" + "f" * 16].size == 1_000_000
+    # the rows join the same table and total as the images and venvs
+    everything = plan(BC_IMAGES, {CELL: f"stackprobe/{CELL}:new000000000"}, [CELL], {}, (BASE, DEV),
+                      bytecode=BC_FOLDERS)
+    text = prune.lines(everything, dry_run=True)
+    assert f"would remove bytecode    /bc/{'f' * 16}  1 MB  (bytecode of image {'f' * 16}, which is no longer " \
+           "present)" in text
+    assert text[-1] == f"would reclaim {prune.human(7 * GB + 7_000_000)} in 6 removal(s)"
+    assert prune.to_json(everything, True)["total_bytes"] == 7 * GB + 7_000_000
+
+
+def test_planner_keeps_every_bytecode_folder_without_an_engine_and_under_a_scope_only_the_scoped_images() -> None:
+    # no engine: gather passes no images and no folders; nothing tells which images exist
+    assert _bc_plan() == {}
+    assert [r for r in plan([], {}, [CELL], {}, (BASE, DEV)) if r.kind == BYTECODE] == []
+    # a scope names the images that may go: only their folders go with them, stale ones of others stay
+    assert sorted(_bc_plan(bytecode=BC_FOLDERS, scope={"stackprobe/gone-cell:111"})) == ["/bc/" + "b" * 16]
+    assert _bc_plan(bytecode=BC_FOLDERS, scope={"stackprobe/not-a-cell:0000"}) == {}  # its image stays
+
+
+_STAND_IN_DOCKER = """#!{python}
+import sys
+args = sys.argv[1:]
+full = "{full}"
+if args[:2] == ["images", "--all"]:
+    print("stackprobe/{cell}|new000000000|" + full.removeprefix("sha256:")[:12])  # docker prints short ids
+elif args[:2] == ["image", "inspect"]:
+    print(full + " 1000 []")
+elif args[:1] == ["info"]:
+    pass  # no layer store to read
+else:
+    sys.exit("unexpected: " + " ".join(args))
+"""
+
+
+def test_gather_reads_the_full_ids_and_apply_removes_the_stale_bytecode_folders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in docker CLI lists one image by its short id, as docker does; the folder named by its full id's
+    first 16 hex chars stays, the others go from the disk; without an engine none goes."""
+    import sys
+
+    full = _sha("a")
+    docker = tmp_path / "docker"
+    docker.write_text(_STAND_IN_DOCKER.format(python=sys.executable, full=full, cell=CELL))
+    docker.chmod(0o755)
+    root = tmp_path / "pycache"
+    for name in ("a" * 16, "a" * 12, "9" * 16):
+        (root / name / "torch").mkdir(parents=True)
+        (root / name / "torch" / "x.cpython-312.pyc").write_bytes(b"\0" * 3000)
+    envs = tmp_path / "envs"
+    (envs / CELL).mkdir(parents=True)
+    (envs / CELL / "build.json").write_text(json.dumps({"tag": f"stackprobe/{CELL}:new000000000"}))
+    matrix = Path(__file__).parent.parent / "matrix.yaml"
+    monkeypatch.setattr(prune, "BYTECODE_ROOT", root)  # the default root when none is given
+    assert prune.gather([matrix], envs, tmp_path / "venvs", None, False) == []
+    removals = prune.gather([matrix], envs, tmp_path / "venvs", str(docker), False)
+    assert [(r.kind, Path(r.target).name, r.size) for r in removals] == [(BYTECODE, "9" * 16, 3000),
+                                                                        (BYTECODE, "a" * 12, 3000)]
+    assert prune.apply(removals, str(docker)) == []
+    assert sorted(p.name for p in root.iterdir()) == ["a" * 16]
 
 
 def test_docker_sizes_parse_as_decimal_units() -> None:
@@ -312,6 +402,9 @@ def test_prune_removes_the_tags_no_cell_uses_and_nothing_else(docker_available: 
 def test_prune_cli_removes_stale_venv_cells_without_an_engine(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(build.Docker, "unreachable", lambda self: "docker CLI not found")
+    stale = tmp_path / "pycache" / ("9" * 16)  # no engine: no telling whether its image is gone
+    stale.mkdir(parents=True)
+    monkeypatch.setattr(prune, "BYTECODE_ROOT", stale.parent)
     venvs = tmp_path / "venvs"
     for name in (CELL, "cu999-stale-cell"):
         (venvs / name / "lib").mkdir(parents=True)
@@ -320,7 +413,7 @@ def test_prune_cli_removes_stale_venv_cells_without_an_engine(
         main(["prune", "--dry-run", "--venvs", str(venvs), "--envs", str(tmp_path / "envs")])
     assert exc.value.code == 0 and (venvs / "cu999-stale-cell").is_dir()
     out = capsys.readouterr()
-    assert "images not looked at: docker CLI not found" in out.err
+    assert "images and their bytecode folders not looked at: docker CLI not found" in out.err
     assert out.out.splitlines() == [f"would remove venv        {venvs / 'cu999-stale-cell'}  2 MB  (venv cell of no "
                                     "matrix cell)", "would reclaim 2 MB in 1 removal(s)"]
     with pytest.raises(SystemExit) as exc:
@@ -328,6 +421,7 @@ def test_prune_cli_removes_stale_venv_cells_without_an_engine(
     assert exc.value.code == 0
     assert json.loads(capsys.readouterr().out)["total_bytes"] == 2_000_000
     assert sorted(p.name for p in venvs.iterdir()) == [CELL]
+    assert stale.is_dir()
 
 
 @pytest.mark.docker
