@@ -197,11 +197,14 @@ def _read_until(proc: subprocess.Popen[str], wanted: list[str], timeout: float) 
     sel.register(proc.stderr, selectors.EVENT_READ)
     seen = ""
     deadline = time.monotonic() + timeout
+    fd = proc.stderr.fileno()
     while not all(w in seen for w in wanted):
         assert time.monotonic() < deadline, f"waited for {wanted}; stderr so far:\n{seen}"
         assert proc.poll() is None, f"runner exited {proc.returncode}:\n{seen}{proc.stderr.read()}"
         if sel.select(timeout=1):
-            seen += proc.stderr.readline()
+            # what the pipe holds, read from the descriptor: a buffered readline() may take two lines from the
+            # pipe and return one, and select() then never reports the other (the runner is quiet meanwhile)
+            seen += os.read(fd, 65536).decode(errors="replace")
     return seen
 
 
