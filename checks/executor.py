@@ -171,8 +171,9 @@ class LocalExecutor:
     def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
             queue_s: float = 0.0) -> Verdict:
         cmd = [self.python, *worker_args(variant, gpus, timeout_s, queue_s)]
-        p = isolate.run_isolated(cmd, self.env(), hard_timeout(timeout_s, queue_s))
-        verdict = classify.from_process(p, catalogue, hard_timeout(timeout_s, queue_s))
+        limit = hard_timeout(timeout_s, queue_s)
+        p = isolate.run_isolated(cmd, self.env(), limit)
+        verdict = classify.from_process(p, catalogue, limit)
         return verdict.with_evidence(command=" ".join(cmd[:3] + [variant.probe_id]))
 
 

@@ -22,7 +22,7 @@ import errno
 import fcntl
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 ENV = "STACKPROBE_GPU_LOCK"
 LOCK_NAME = "stackprobe-gpu.lock"  # in the host's temporary folder: every checkout and user on the host
@@ -47,7 +47,6 @@ class Gate:
     _write: int | None = None
     _lock: int | None = None
     waited_s: float = 0.0
-    opened_at: float | None = field(default=None)  # time.time() when the ranks were let go
 
     def rank_fd(self) -> int:
         """The pipe's read end, to be inherited by every rank (pass_fds)."""
@@ -87,7 +86,6 @@ class Gate:
             time.sleep(POLL_S)
         self._lock = fd
         self.waited_s = round(time.monotonic() - started, 3)
-        self.opened_at = time.time()
         if self._write is not None:
             os.close(self._write)
             self._write = None
