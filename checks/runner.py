@@ -177,7 +177,9 @@ def execute(items: list[WorkItem], executors: dict[str, Executor], store: RunSto
         if on_result:
             on_result(item, result)
 
-    ahead = bool(gpus) and any(gated(ex) for ex in executors.values())
+    # Only when every cell's workers take turns on the lock: a variant started ahead on an ungated executor
+    # would not wait at any gate and would share the GPUs with the running one.
+    ahead = bool(gpus) and bool(executors) and all(gated(ex) for ex in executors.values())
     queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
 
     def run_one(item: WorkItem) -> Verdict:
