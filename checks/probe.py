@@ -71,8 +71,9 @@ class ProbeSpec:
     # module): the host does not start two variants with the same value side by side, so the second finds
     # the first one's build stored instead of holding a job slot while it waits for it.
     build_param: str = ""
-    # Modules a rank imports before it waits for the GPUs (checks.gpugate), while another variant runs: they
-    # must read nothing at import that the probe sets before importing them, and must not touch a GPU.
+    # What a rank does before it waits for the GPUs (checks.gpugate), while another variant runs: modules to
+    # import, and ``module:function`` steps called with the RankContext (the rendezvous). None may read anything
+    # the probe sets before it would have done the step itself, and none may touch a GPU.
     preload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

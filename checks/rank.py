@@ -8,8 +8,9 @@ teardown costs about half a second per NCCL variant (2x H200) and can hang after
 A rank that has a GPU initialises the CUDA driver in a thread while the probe imports its libraries
 (cuInit takes 0.4 s there and reads no variable a probe sets).
 
-A gated rank (``checks.gpugate``: its worker passed a go pipe) imports what its probe declares in
-``SPEC.preload`` and then waits for the worker to let it go; the probe runs only after that.
+A gated rank (``checks.gpugate``: its worker passed a go pipe) does what its probe declares in
+``SPEC.preload`` (imports, the rendezvous) and then waits for the worker to let it go; the probe runs only
+after that.
 """
 
 from __future__ import annotations
@@ -117,20 +118,24 @@ def wait_for_peers(workdir: Path, world_size: int, limit_s: float, poll_s: float
         time.sleep(poll_s)
 
 
-def preload(location: ProbeLocation) -> None:
-    """Import the modules the probe declares it will import (``SPEC.preload``). Whatever fails here is left
-    for the probe's own imports to meet and report, as they would have without this."""
+def preload(location: ProbeLocation, ctx: RankContext) -> None:
+    """Do what the probe declares it may do before it has the GPUs (``SPEC.preload``), in order: import each
+    module named, and call each ``module:function`` with this rank's context. Whatever fails here is left for
+    the probe's own code to meet and report, as it would have without this."""
     try:
-        names = tuple(load(location).SPEC.preload)
+        steps = tuple(load(location).SPEC.preload)
     except Exception:
         return
-    if names:
+    if steps:
         from checks.probes._dist import keep_multicast_off
 
         keep_multicast_off()  # as every GPU probe does before torch starts CUDA: now before anything is imported
-    for name in names:
+    for step in steps:
+        name, _, function = step.partition(":")
         with contextlib.suppress(Exception):
-            importlib.import_module(name)
+            module = importlib.import_module(name)
+            if function:
+                getattr(module, function)(ctx)
 
 
 def _profiled(ctx: RankContext, location: ProbeLocation, folder: str) -> dict[str, Any]:
@@ -158,7 +163,7 @@ def main() -> None:
     location = ProbeLocation.from_arg(env[ENV_PROBE], env[ENV_LOCATION])
     clock = {"main": started}
     if env.get(gpugate.GO_FD_ENV):
-        preload(location)
+        preload(location, ctx)
         clock["ready"] = time.time()
         gpugate.wait_for_go(env)
         clock["go"] = time.time()

@@ -110,6 +110,23 @@ def test_the_next_variant_starts_up_while_one_runs_and_runs_only_after_it(tmp_pa
     assert results["b"]["duration_s"] < 1.5 + queued - 0.5  # the wait is not the variant's time
 
 
+def test_ranks_join_the_rendezvous_while_they_wait_and_the_group_it_forms_is_whole(tmp_path: Path) -> None:
+    lock = tmp_path / "gpu.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another variant has the GPUs for 3 s
+        threading.Timer(3.0, lambda: fcntl.flock(held, fcntl.LOCK_UN)).start()
+        gated, _ = run_worker("t-gated-dist", ranks=2, env=floor_env(**{gpugate.ENV: str(lock)}),
+                              extra_args=["--gpus", "2", "--queue", "60"])
+    assert gated["status"] == "pass", gated
+    assert gated["evidence"]["sum"] == 3  # 1 + 2: every rank is in the group formed on the early store
+    assert gated["evidence"]["joined_before"] == [True, True]
+    assert gated["evidence"]["phases"]["queued"] > 1.0
+    # not gated (no lock named): the probe joins at init_dist, as before, to the same group
+    plain, _ = run_worker("t-gated-dist", ranks=2, env=floor_env(), extra_args=["--gpus", "2"])
+    assert plain["status"] == "pass" and plain["evidence"]["sum"] == 3, plain
+    assert plain["evidence"]["joined_before"] == [False, False]
+
+
 def test_a_worker_that_never_gets_the_gpus_says_so_and_runs_nothing(tmp_path: Path) -> None:
     lock = tmp_path / "gpu.lock"
     with open(lock, "w") as held:

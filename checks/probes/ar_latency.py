@@ -27,7 +27,7 @@ SPEC = ProbeSpec(
     distinct_gpus=True,  # latency of ranks time-slicing one GPU means nothing
     requires=("torch",),
     timeout_s=300.0,
-    preload=_dist.PRELOAD_TORCH,
+    preload=_dist.PRELOAD_DIST,
 )
 
 BACKENDS = (

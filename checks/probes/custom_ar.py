@@ -42,7 +42,7 @@ SPEC = ProbeSpec(
     distinct_gpus=False,
     requires=("torch",),  # plus flashinfer or sgl_kernel, per variant: checked in run()
     timeout_s=600.0,
-    preload=_dist.PRELOAD_TORCH,
+    preload=_dist.PRELOAD_DIST,
 )
 
 IMPLS = ("flashinfer", "sgl_kernel")

@@ -38,7 +38,7 @@ SPEC = ProbeSpec(
     distinct_gpus=True,
     requires=("flashinfer",),
     timeout_s=600.0,
-    preload=_dist.PRELOAD_TORCH,
+    preload=_dist.PRELOAD_DIST,
 )
 
 TOP_K = 2

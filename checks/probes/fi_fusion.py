@@ -34,7 +34,7 @@ SPEC = ProbeSpec(
     distinct_gpus=False,  # placement=1gpu puts every rank on GPU 0
     requires=("flashinfer",),
     timeout_s=900.0,
-    preload=_dist.PRELOAD_TORCH,
+    preload=_dist.PRELOAD_DIST,
 )
 
 HIDDEN = _data.HIDDEN

@@ -32,7 +32,7 @@ SPEC = ProbeSpec(
     distinct_gpus=True,  # NCCL refuses two ranks on one GPU
     requires=("torch",),
     timeout_s=180.0,
-    preload=_dist.PRELOAD_TORCH,
+    preload=_dist.PRELOAD_DIST,
 )
 
 ALGOS = ("default", "Ring", "Tree", "allreduce:tree")

@@ -49,7 +49,7 @@ SPEC = ProbeSpec(
     distinct_gpus=False,  # only the gpus=shared variants share; they are planned explicitly
     requires=("flashinfer",),
     timeout_s=600.0,
-    preload=_dist.PRELOAD_TORCH,
+    preload=_dist.PRELOAD_DIST,
 )
 
 HIDDEN = _data.HIDDEN

@@ -31,7 +31,7 @@ SPEC = ProbeSpec(
     distinct_gpus=False,  # the gpus=shared variant puts both ranks on one GPU
     requires=("torch",),
     timeout_s=180.0,
-    preload=_dist.PRELOAD_TORCH,  # torch reads TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES at rendezvous, not import
+    preload=_dist.PRELOAD_DIST,  # torch reads TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES at rendezvous, not import
 )
 
 TOKENS = (1, 16, 128)  # 14 KiB, 224 KiB, 1.75 MiB of bf16 at hidden 7168
