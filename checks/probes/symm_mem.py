@@ -31,7 +31,9 @@ SPEC = ProbeSpec(
     distinct_gpus=False,  # the gpus=shared variant puts both ranks on one GPU
     requires=("torch",),
     timeout_s=180.0,
-    preload=_dist.PRELOAD_DIST,  # torch reads TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES at rendezvous, not import
+    # torch reads TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES at the symmetric-memory rendezvous, not at import.
+    # Its symmetric-memory module pulls in sympy (through symbolic_shapes) on first use: 0.5 s, pure Python.
+    preload=(*_dist.PRELOAD_DIST, "torch.distributed._symmetric_memory", "torch.fx.experimental.symbolic_shapes"),
 )
 
 TOKENS = (1, 16, 128)  # 14 KiB, 224 KiB, 1.75 MiB of bf16 at hidden 7168
