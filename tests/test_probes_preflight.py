@@ -3,11 +3,14 @@
 - ``_fi_pcie.unknown_without_import`` decides pcie-ipc (and ar-latency's flashinfer-pcie-ipc backend) before any
   rank starts when flashinfer's files show the API is absent; its verdict must be the one the ranks' own
   ``detect`` gives after importing, and it must decline whenever the files cannot tell.
+- custom-ar and ar-latency skip a variant whose package is not installed before any rank starts, so it takes
+  no turn on the GPUs (and the next variant's start-up is not held behind it).
 - ``_data.equal_exactly`` is the fast path of ``check_exact`` (on the GPU in the probes; CPU tensors here).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -16,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from checks import gpugate
 from checks.probe import Variant
 from checks.probes import _fi_pcie, ar_latency, pcie_ipc
+from tests.checks_helpers import fixture_env, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = ROOT / "tests" / "fake_flashinfer"
@@ -99,7 +104,8 @@ def test_an_extension_module_beside_the_attribute_is_left_to_the_ranks(tmp_path:
         == [True, True, True]
 
 
-def test_the_probes_preflight_only_their_flashinfer_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_probes_preflight_only_their_flashinfer_variants(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(_fake(tmp_path, "", None)))  # installed: its files decide the API
     unknown = _fi_pcie._api.ApiUnknown("flashinfer-python", "0.6.8.post1", ("flashinfer.comm:X",))
     asked: list[str] = []
 
@@ -114,6 +120,38 @@ def test_the_probes_preflight_only_their_flashinfer_variants(monkeypatch: pytest
     assert asked == ["all-reduce", "all-gather"]
     monkeypatch.setattr(_fi_pcie, "unknown_without_import", lambda op: None)
     assert pcie_ipc.preflight(Variant("pcie-ipc", 2, (("op", "all-reduce"),))) is None
+
+
+_MISSING = """
+import json
+from checks.probe import Variant
+from checks.probes import ar_latency, custom_ar
+v = lambda probe, **params: Variant(probe, 2, tuple(params.items()))
+print(json.dumps({"fi": custom_ar.preflight(v("custom-ar", impl="flashinfer")),
+                  "sgl": custom_ar.preflight(v("custom-ar", impl="sgl_kernel")),
+                  "ar_fi": ar_latency.preflight(v("ar-latency", backend="flashinfer-custom-ar")),
+                  "ar_nccl": ar_latency.preflight(v("ar-latency", backend="nccl"))}))
+"""
+
+
+def test_a_variant_whose_package_is_not_installed_is_skipped_before_any_rank(tmp_path: Path) -> None:
+    with_fi = _in(_fake(tmp_path, "", None), _MISSING)  # flashinfer installed, sgl_kernel not
+    assert with_fi["fi"] is None and with_fi["ar_fi"] is None and with_fi["ar_nccl"] is None
+    assert with_fi["sgl"]["status"] == "skip" and with_fi["sgl"]["reason_code"] == "missing-package"
+    assert "sgl_kernel is not installed" in with_fi["sgl"]["note"]
+    bare = _in(tmp_path / "nothing", _MISSING)
+    assert bare["fi"]["reason_code"] == bare["ar_fi"]["reason_code"] == "missing-package"
+    assert "flashinfer is not installed" in bare["fi"]["note"] and bare["ar_nccl"] is None
+
+
+def test_a_variant_decided_before_launch_takes_no_turn_on_the_gpus(tmp_path: Path) -> None:
+    """The GPU lock is held all along: a variant that needs no rank is still decided, not `gpus-busy`."""
+    lock = tmp_path / "gpu.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result, _ = run_worker("custom-ar", ranks=2, params=[["impl", "sgl_kernel"]],
+                               env=fixture_env(**{gpugate.ENV: str(lock)}), extra_args=["--gpus", "2", "--queue", "1"])
+    assert result["status"] == "skip" and result["reason_code"] == "missing-package", result
 
 
 # --- exact checks where the data lives -------------------------------------------------------------------------

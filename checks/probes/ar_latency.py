@@ -48,10 +48,20 @@ def variants(host: HostView) -> list[Variant]:
     return per_world_size(SPEC, host, ((("backend", backend),) for backend in BACKENDS))
 
 
+def _no_flashinfer(backend: str) -> dict[str, Any] | None:
+    if backend.startswith("flashinfer-") and importlib.util.find_spec("flashinfer") is None:
+        return outcome("skip", "flashinfer is not installed in this environment", "missing-package")
+    return None
+
+
 def preflight(variant: Variant) -> dict[str, Any] | None:
-    """The flashinfer-pcie-ipc backend's verdict before any rank starts when flashinfer's files show it has no
-    PCIe IPC all-reduce (``_fi_pcie.unknown_without_import``); every other variant launches."""
-    if variant.param("backend") != "flashinfer-pcie-ipc":
+    """A flashinfer backend's verdict before any rank starts (so it takes no turn on the GPUs): flashinfer is
+    not installed, or its files show it has no PCIe IPC all-reduce (``_fi_pcie.unknown_without_import``).
+    Every other variant launches."""
+    backend = variant.param("backend") or "nccl"
+    if (missing := _no_flashinfer(backend)) is not None:
+        return missing
+    if backend != "flashinfer-pcie-ipc":
         return None
     from checks.probes import _fi_pcie
 
@@ -407,8 +417,8 @@ def _clocks(device_index: int) -> dict[str, Any]:
 def run(ctx: RankContext) -> dict[str, Any]:
     multicast_env = _dist.keep_multicast_off()
     name = ctx.param("backend", "nccl") or "nccl"
-    if name.startswith("flashinfer-") and importlib.util.find_spec("flashinfer") is None:
-        return outcome("skip", "flashinfer is not installed in this environment", "missing-package")
+    if (missing := _no_flashinfer(name)) is not None:
+        return missing
     if name == "flashinfer-pcie-ipc":
         from checks.probes import _api, _fi_pcie
 

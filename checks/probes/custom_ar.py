@@ -277,13 +277,25 @@ def latency_outcome(timed: dict[str, Any], evidence: dict[str, Any]) -> dict[str
     return outcome("pass", metrics=metrics, evidence=evidence)
 
 
+def missing_package(variant: Variant) -> dict[str, Any] | None:
+    """`skip` when a package the variant needs is not installed (found without importing anything)."""
+    needed = "flashinfer" if (variant.param("impl") or "flashinfer") == "flashinfer" else "sgl_kernel"
+    for mod in dict.fromkeys((needed, "flashinfer")):  # the IPC buffer helper is flashinfer's in both cases
+        if importlib.util.find_spec(mod) is None:
+            return outcome("skip", note=f"{mod} is not installed in this environment", reason_code="missing-package")
+    return None
+
+
+def preflight(variant: Variant) -> dict[str, Any] | None:
+    """Decided before any rank starts, so such a variant takes no turn on the GPUs: its package is missing."""
+    return missing_package(variant)
+
+
 def run(ctx: RankContext) -> dict[str, Any]:
     impl = ctx.param("impl") or "flashinfer"
     mode = ctx.param("full_nvlink") or "topology"
-    needed = "flashinfer" if impl == "flashinfer" else "sgl_kernel"
-    for mod in {needed, "flashinfer"}:  # the IPC buffer helper is flashinfer's in both cases
-        if importlib.util.find_spec(mod) is None:
-            return outcome("skip", note=f"{mod} is not installed in this environment", reason_code="missing-package")
+    if (missing := missing_package(ctx.variant)) is not None:
+        return missing
     fi.prepare_env()
     shared = ctx.variant.share_gpu
     device = _dist.init_dist(ctx, backend="gloo" if shared else "nccl")  # NCCL refuses two ranks on one GPU
