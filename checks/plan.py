@@ -85,9 +85,12 @@ def plan_work(cells: list[CellTarget], probes: dict[str, ModuleType], host: Host
             planned[pid] = variants_for(probes[pid], host)
         except Exception as exc:  # a probe's planner bug must not stop the run
             planned[pid] = exc
+    # In each cell the probes that need no GPU come first: GPU variants run alone, and each one starts up while
+    # the one before it runs (checks.gpugate), so a CPU variant between two GPU ones would cost a cold start.
+    order = sorted(probes, key=lambda pid: (probes[pid].SPEC.needs_gpu, pid))
     for cell in cells:
         preset = cell_preset(cell)
-        for pid in sorted(probes):
+        for pid in order:
             spec: ProbeSpec = probes[pid].SPEC
             variants = planned[pid]
             if isinstance(variants, Exception):

@@ -107,9 +107,10 @@ def run_two_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int) ->
               if pid.startswith("t-par-")}
     cells = [CellTarget(f"cu130-cell{i}", "resolved", image_status="built") for i in (1, 2)]
     items = plan_work(cells, probes, HostView(gpu_count=1))
+    # in each cell the CPU-only probe comes first, whatever its id: the GPU variants then run back to back
     assert [(it.cell.cell_id, it.spec.id) for it in items] == [
-        ("cu130-cell1", "t-par-gpu"), ("cu130-cell1", "t-par-slow"),
-        ("cu130-cell2", "t-par-gpu"), ("cu130-cell2", "t-par-slow")]
+        ("cu130-cell1", "t-par-slow"), ("cu130-cell1", "t-par-gpu"),
+        ("cu130-cell2", "t-par-slow"), ("cu130-cell2", "t-par-gpu")]
     executors = {c.cell_id: LocalExecutor(sys.executable) for c in cells}
     store = RunStore(tmp_path / "results", "host", "run")
     codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
@@ -137,8 +138,8 @@ def test_two_slow_cpu_variants_of_two_cells_run_at_once_and_a_gpu_variant_alone(
 def test_one_job_runs_the_plan_in_order_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stored = run_two_cells(tmp_path, monkeypatch, jobs=1)
     assert [(r.cell_id, r.probe_id) for r in stored] == [
-        ("cu130-cell1", "t-par-gpu"), ("cu130-cell1", "t-par-slow"),
-        ("cu130-cell2", "t-par-gpu"), ("cu130-cell2", "t-par-slow")]
+        ("cu130-cell1", "t-par-slow"), ("cu130-cell1", "t-par-gpu"),
+        ("cu130-cell2", "t-par-slow"), ("cu130-cell2", "t-par-gpu")]
     spans = [dict(r.verdict.metrics) for r in stored]
     assert all(a["t1"] <= b["t0"] for a, b in zip(spans, spans[1:], strict=False))
     assert all(s["others"] == 0 for s in spans)
