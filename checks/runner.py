@@ -86,12 +86,17 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: boo
     build what a running item of another cell is building goes after any other that can start: the two
     would share one build, and the second would only hold a job slot waiting for it. ``ahead``: the GPU
     variants take turns on the GPU lock, so while one runs, the item that would start next once it ended
-    starts now if it is a GPU variant too (one such at a time): it waits at the gate with its ranks started."""
+    starts now if it is a GPU variant too (one such at a time): it waits at the gate with its ranks started.
+    A variant decided at plan time (a preset skip) runs nothing and goes first, beside anything: between two GPU
+    variants it would otherwise hold the second one's start-up until the first had ended."""
+    decided = next((it for it in pending if not it.runs), None)
+    if decided is not None:
+        return decided  # decided at plan time: recorded at once; it takes no job slot and no turn on the GPUs
     on_gpu = [r for r in running if uses_gpu(r)]
     if on_gpu:
+        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs)
         if not ahead or len(on_gpu) > 1:
             return None
-        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs)
         return after if after is not None and uses_gpu(after) else None
     if len(running) >= jobs:
         return None

@@ -17,9 +17,10 @@ import pytest
 from checks import classify, gpugate, reasons, worker
 from checks.executor import LocalExecutor, for_run, gated, hard_timeout, worker_args
 from checks.isolate import ProcessOutcome
-from checks.plan import CellTarget, WorkItem
+from checks.plan import CellTarget, Preset, WorkItem
 from checks.probe import ProbeSpec, Variant
 from checks.runner import pick
+from checks.status import Status
 from tests.checks_helpers import ROOT, pids_with_env, run_worker
 from tests.test_worker_floor import FLOOR_FIXTURES, floor_env
 
@@ -172,6 +173,14 @@ def test_pick_starts_the_next_gpu_variant_ahead_in_plan_order_only() -> None:
     assert pick([g3], [g1, g2], 4, ahead=True) is None  # one ahead at most
     assert pick([c1, g2], [g1], 4, ahead=True) is None  # the next in plan order is no GPU variant: it waits
     assert pick([gb], [g1], 1, ahead=True) is gb
+    # a variant decided at plan time (ranks=4 on a 2-GPU host) between two GPU ones is recorded at once, so the
+    # one after it still starts ahead
+    decided = WorkItem(a, gpu, Variant("g", 4), 60.0, Preset(Status.SKIP, "too-few-gpus", "needs 4 GPUs"))
+    assert pick([decided, g2], [g1], 1, ahead=True) is decided
+    assert pick([g2], [g1], 1, ahead=True) is g2
+    assert pick([g3, decided], [g1, g2], 4, ahead=True) is decided  # even with one already waiting
+    assert pick([g2, decided], [g1], 1) is decided  # and without the gate, or all job slots taken
+    assert pick([c1, decided], [WorkItem(b, cpu, Variant("c", 1), 60.0)], 1) is decided
 
 
 def test_the_runner_starts_gpu_variants_ahead_and_they_take_turns(tmp_path: Path,
