@@ -255,6 +255,18 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             base_ids[base.image] = bid
         return base_ids[base.image]
 
+    def adopt(folder: Path, cell: dict[str, Any], base: Base, tag: str, image_id: str) -> dict[str, Any] | None:
+        """The record of an image already under ``tag`` that this checkout has no record of (another checkout
+        built it, or envs/ was cleaned). The tag is a digest of everything the build reads, and a build whose
+        self-check failed never keeps its tag, so the image is this build: its self-check runs again for the
+        record. None (build it) if that self-check now fails."""
+        facts = selfcheck(docker, tag, compile_test=base.kind == "registry-free")
+        if "error" in facts or mismatches(cell["expected"], facts, compiled_toolkit=base.kind == "registry-free"):
+            return None
+        return _record(folder, status="skipped-unchanged", tag=tag, image_id=image_id, selfcheck=facts,
+                       versions=_versions(facts), build_s=None, base=base.image, adopted=True,
+                       note=_note(cell, base, opts))
+
     def prepare(folder: Path) -> Step | dict[str, Any]:
         """The cell's step, or its record when nothing is to be built (unchanged, or failed already)."""
         cell = load_cell(folder)
@@ -266,10 +278,14 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             atomic.write_text(dockerfile, text)
             tag = image_tag(cid, build_hash(text, folder, base_id(base), {}))
             prev = _previous(folder)
-            if prev.get("tag") == tag and prev.get("status") in ("built", "skipped-unchanged") and docker.image_id(tag):
+            image_id = docker.image_id(tag)
+            if prev.get("tag") == tag and prev.get("status") in ("built", "skipped-unchanged") and image_id:
                 report(cid, "unchanged, not rebuilt")
                 keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id", "build_s", "base")}
                 return _record(folder, status="skipped-unchanged", tag=tag, note=_note(cell, base, opts), **keep)
+            if image_id and (adopted := adopt(folder, cell, base, tag, image_id)) is not None:
+                report(cid, "unchanged, not rebuilt (its image was already here; self-checked again)")
+                return adopted
             return Step(folder, cell, base, dockerfile, tag, prev)
         except InputError:
             raise

@@ -1,6 +1,7 @@
 """Real builds on the real dockerd: a registry-only CUDA 13.0 cell of the default matrix (SGLang 0.5.23's
-stack), its self-check, a no-op rebuild, the CA bundle and uv's cache kept out of the image, the files no
-probe uses left out, and a mislabelled cell that the self-check rejects.
+stack), its self-check, a no-op rebuild (also from a checkout without its build record), the CA bundle and
+uv's cache kept out of the image, the files no probe uses left out, and a mislabelled cell that the
+self-check rejects.
 
 Each test is one sequence of steps so pytest-xdist never builds the same image twice at once.
 Images are removed at the end unless STACKPROBE_KEEP_IMAGES=1.
@@ -57,10 +58,19 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
     docker = Docker(cli=docker_cli())
     tag = None
     before = _tags(REAL)
+    record = tmp_path / "envs" / REAL / "build.json"
     try:
         assert build_cells(opts, docker) == 0
-        rec = json.loads((tmp_path / "envs" / REAL / "build.json").read_text())
+        rec = json.loads(record.read_text())
         tag = rec["tag"]
+        if rec.get("adopted"):  # this machine has the image already (a `provision build` here): build it anyway
+            assert docker.builds == 0 and rec["status"] == "skipped-unchanged"
+            subprocess.run([docker_cli(), "image", "rm", tag], capture_output=True, check=True)
+            record.unlink()
+            docker = Docker(cli=docker_cli())
+            assert build_cells(opts, docker) == 0
+            rec = json.loads(record.read_text())
+            assert rec["tag"] == tag
         assert rec["status"] == "built", rec["reason"]
         assert docker.builds == 1
         assert rec["versions"]["torch"] == "2.14.1+cu130" and rec["versions"]["torch_cuda"] == "13.0"
@@ -118,6 +128,17 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
         rec2 = json.loads((tmp_path / "envs" / REAL / "build.json").read_text())
         assert rec2["status"] == "skipped-unchanged" and rec2["tag"] == tag
         assert rec2["versions"] == rec["versions"]
+
+        # a checkout without the record (a fresh clone, or envs/ cleaned) finds the image under its digest tag:
+        # it is not built again, and its self-check runs again for the record
+        record.unlink()
+        fresh = Docker(cli=docker_cli())
+        assert build_cells(opts, fresh) == 0
+        assert fresh.builds == 0
+        rec3 = json.loads(record.read_text())
+        assert rec3["status"] == "skipped-unchanged" and rec3["tag"] == tag and rec3["adopted"] is True
+        assert rec3["versions"] == rec["versions"] and rec3["image_id"] == rec["image_id"]
+        assert rec3["selfcheck"]["toolkit"]["compile_sm_120a"] == "ok"
     finally:
         _rm(tag, before)
 
