@@ -1,5 +1,5 @@
-"""`provision prune`: remove the stackprobe images and venv cells that no longer serve a cell of the matrix,
-and the bytecode folders of images that are gone.
+"""`provision prune`: remove the stackprobe images and venv cells that no longer serve a cell of the matrix
+(and the untagged images a rebuild of a cell left behind), and the bytecode folders of images that are gone.
 
 ``plan`` is pure: from the images present, the tags `provision build` recorded, the cells of the matrices
 and the venv folders, it returns what to remove and why. ``gather`` and ``apply`` are the docker and file
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checks.container import BYTECODE_ROOT, bytecode_key
+from provision.render import CELL_LABEL
 
 GB = 1_000_000_000
 IMAGE, VENV, BUILD_CACHE, COMPILE_CACHE, BYTECODE = "image", "venv", "build-cache", "compile-cache", "bytecode"
@@ -40,10 +41,20 @@ class Image:
     image_id: str
     size: int  # bytes
     layers: tuple[str, ...] = ()  # chain ids of its layers, base first (empty: unknown)
+    cell: str = ""  # its org.stackprobe.cell label: `provision build` made it for that cell
 
     @property
     def ref(self) -> str:
         return f"{self.repo}:{self.tag}"
+
+    @property
+    def tagged(self) -> bool:
+        return self.tag != "<none>"
+
+    @property
+    def target(self) -> str:
+        """What `docker image rm` is given: the tag, or the id of an image that has none."""
+        return self.ref if self.tagged else self.image_id
 
 
 @dataclass(frozen=True)
@@ -93,30 +104,35 @@ def plan(images: Iterable[Image], recorded: Mapping[str, str], cells: Iterable[s
     cells_by_repo = {cell_repo(c): c for c in cell_set}
     bases = frozenset(base_tags)
     every = list(images)
-    images = [i for i in every if i.tag != "<none>"]
+    images = [i for i in every if i.tagged]
     ours = [i for i in images if i.repo.startswith(REPO_PREFIX) and (scope is None or i.ref in scope)]
     doomed = [(i, r) for i in ours if (r := _image_reason(i, cells_by_repo, recorded, bases)) is not None]
-    doomed_refs = {i.ref for i, _ in doomed}
-    kept = [i for i in every if i.ref not in doomed_refs]
+    if scope is None:
+        # An untagged image `provision build` made (its cell label says so) lost its tag to a later build of
+        # that cell: nothing can name it any more. Another tool's untagged images are not ours to judge.
+        doomed += [(i, f"untagged image of {i.cell}: a later build of that cell took its tag")
+                   for i in every if not i.tagged and i.cell]
+    doomed_keys = {(i.ref, i.image_id) for i, _ in doomed}
+    kept = [i for i in every if (i.ref, i.image_id) not in doomed_keys]
     kept_ids = {i.image_id for i in kept}
     by_layer = layer_sizes is not None and all(i.layers for i in every)
     kept_layers = {layer for i in kept for layer in i.layers}
     out, counted, freed = [], set(), set()
-    for img, reason in sorted(doomed, key=lambda d: d[0].ref):
+    for img, reason in sorted(doomed, key=lambda d: d[0].target):
         # An image's bytes come free once, and only when no kept tag names it.
         if img.image_id in kept_ids:
-            out.append(Removal(IMAGE, img.ref, f"{reason}; untag only: a kept tag names the same image", 0))
+            out.append(Removal(IMAGE, img.target, f"{reason}; untag only: a kept tag names the same image", 0))
         elif img.image_id in counted:
-            out.append(Removal(IMAGE, img.ref, f"{reason}; same image as a tag above", 0))
+            out.append(Removal(IMAGE, img.target, f"{reason}; same image as a tag above", 0))
         elif by_layer:
             assert layer_sizes is not None
             mine = [layer for layer in img.layers if layer not in kept_layers and layer not in freed]
             freed.update(mine)
             size = sum(layer_sizes.get(layer, 0) for layer in mine)
             shared = "" if size == img.size else f"; {human(img.size - size)} of its layers stay or count above"
-            out.append(Removal(IMAGE, img.ref, reason + shared, size))
+            out.append(Removal(IMAGE, img.target, reason + shared, size))
         else:
-            out.append(Removal(IMAGE, img.ref, reason, img.size))
+            out.append(Removal(IMAGE, img.target, reason, img.size))
         counted.add(img.image_id)
     for folder, size in sorted(venvs.items()):
         if Path(folder).name not in cell_set:
@@ -202,14 +218,18 @@ def list_images(docker: str) -> list[Image]:
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = [ln.split("|") for ln in out.splitlines() if ln.count("|") == 2]
     ids = sorted({r[2] for r in rows})
-    facts: dict[str, tuple[str, int, tuple[str, ...]]] = {}
+    facts: dict[str, tuple[str, int, tuple[str, ...], str]] = {}
     if ids:
-        info = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}} {{.Size}} {{json .RootFS.Layers}}",
-                               *ids], capture_output=True, text=True, check=True).stdout
+        # tab-separated: a tab inside a JSON string is escaped, so it never splits one
+        fmt = "{{.Id}}\t{{.Size}}\t{{json .RootFS.Layers}}\t{{json .Config.Labels}}"
+        info = subprocess.run([docker, "image", "inspect", "--format", fmt, *ids],
+                              capture_output=True, text=True, check=True).stdout
         for ln in info.splitlines():
-            full, size, layers = ln.split(" ", 2)
-            facts[full.removeprefix("sha256:")[:12]] = (full, int(size), chain_ids(json.loads(layers) or []))
-    return [Image(repo, tag, *facts.get(iid.removeprefix("sha256:")[:12], (iid, 0, ()))) for repo, tag, iid in rows]
+            full, size, layers, labels = ln.split("\t", 3)
+            cell = str((json.loads(labels) or {}).get(CELL_LABEL, ""))
+            facts[full.removeprefix("sha256:")[:12]] = (full, int(size), chain_ids(json.loads(layers) or []), cell)
+    return [Image(repo, tag, *facts.get(iid.removeprefix("sha256:")[:12], (iid, 0, (), "")))
+            for repo, tag, iid in rows]
 
 
 def layer_sizes(docker: str, chains: Iterable[str]) -> dict[str, int] | None:

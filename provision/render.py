@@ -59,9 +59,12 @@ def _env(folder: Path = DOCKERFILES) -> jinja2.Environment:
                               keep_trailing_newline=True, autoescape=False)
 
 
+CELL_LABEL = "org.stackprobe.cell"  # names the cell an image was built for (provision prune reads it)
+
+
 def labels(cell: dict[str, Any]) -> list[tuple[str, str]]:
     exp = cell["expected"]
-    out = [("org.stackprobe.cell", cell["cell_id"])]
+    out = [(CELL_LABEL, cell["cell_id"])]
     out += [(f"org.stackprobe.{k}", str(exp[k])) for k in ("cuda", "torch", "torch_cuda", "sgl_kernel", "flashinfer")]
     return out
 

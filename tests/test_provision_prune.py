@@ -127,6 +127,15 @@ def test_planner_a_tag_in_another_repository_keeps_the_bytes_and_scope_narrows_w
     assert set(_plan(scope={"stackprobe/gone-cell:111", BASE})) == {"stackprobe/gone-cell:111", "/v/stale-cell"}
 
 
+def test_planner_removes_the_untagged_images_a_rebuild_of_a_cell_left_and_no_other_untagged_one() -> None:
+    left = Image("<none>", "<none>", "sha256:left", 6 * GB, cell=CELL)  # built for CELL, its tag since rebuilt
+    got = _plan(images=[*IMAGES, left, Image("<none>", "<none>", "sha256:theirs", GB)])
+    assert got["sha256:left"].kind == IMAGE and got["sha256:left"].size == 6 * GB
+    assert got["sha256:left"].reason == f"untagged image of {CELL}: a later build of that cell took its tag"
+    assert "sha256:theirs" not in got and "id-dangling" not in got  # no cell label: another tool's, or unknown
+    assert "sha256:left" not in _plan(images=[*IMAGES, left], scope={"stackprobe/gone-cell:111"})
+
+
 def _sha(head: str) -> str:
     """A full image id whose first 16 hex chars (what names its bytecode folder) are ``head`` * 16."""
     return "sha256:" + head * 16 + "0123456789abcdef" * 3
@@ -182,7 +191,7 @@ full = "{full}"
 if args[:2] == ["images", "--all"]:
     print("stackprobe/{cell}|new000000000|" + full.removeprefix("sha256:")[:12])  # docker prints short ids
 elif args[:2] == ["image", "inspect"]:
-    print(full + " 1000 []")
+    print(full + "\\t1000\\t[]\\tnull")
 elif args[:1] == ["info"]:
     pass  # no layer store to read
 else:
@@ -397,6 +406,36 @@ def test_prune_removes_the_tags_no_cell_uses_and_nothing_else(docker_available: 
     finally:
         for tag in (gone, old):
             subprocess.run([cli, "image", "rm", tag], capture_output=True)
+
+
+def test_prune_removes_the_image_a_rebuild_left_untagged(docker_available: str, base_image: str,
+                                                        tmp_path: Path) -> None:
+    """Built twice under one tag, as `provision build` does when the first build's record is gone: the first
+    image loses its tag and keeps its cell label; prune finds it by that label and removes it by id."""
+    import os
+
+    cli = docker_available
+    tag = "stackprobe/not-a-cell-rebuilt:0000"
+    ids = []
+    for n in (1, 2):
+        (tmp_path / "Dockerfile").write_text(f'FROM {base_image}\nLABEL org.stackprobe.cell="not-a-cell-rebuilt"\n'
+                                             f"RUN echo {n} > /n\n")
+        subprocess.run([cli, "build", "-t", tag, str(tmp_path)], check=True, capture_output=True,
+                       env=dict(os.environ, DOCKER_BUILDKIT="1"))
+        ids.append(subprocess.run([cli, "image", "inspect", "--format", "{{.Id}}", tag], check=True,
+                                  capture_output=True, text=True).stdout.strip())
+    try:
+        [left] = [i for i in prune.list_images(cli) if i.image_id == ids[0]]
+        assert not left.tagged and left.cell == "not-a-cell-rebuilt"
+        removals = prune.gather([Path(__file__).parent.parent / "matrix.yaml"], tmp_path / "envs", tmp_path / "venvs",
+                                cli, build_cache=False)
+        mine = [r for r in removals if r.target in ids or r.target == tag]
+        assert [(r.kind, r.target) for r in mine] == [(IMAGE, ids[0]), (IMAGE, tag)]  # the tag: no cell builds it
+        assert prune.apply(mine, cli) == []
+        assert not {i.image_id for i in prune.list_images(cli)} & set(ids)
+    finally:
+        for ref in (tag, *ids):
+            subprocess.run([cli, "image", "rm", ref], capture_output=True)
 
 
 def test_prune_cli_removes_stale_venv_cells_without_an_engine(
