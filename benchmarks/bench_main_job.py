@@ -163,13 +163,14 @@ def phases(runs: Iterable[Path], gpu: set[str]) -> dict[str, dict[str, float]]:
 
 
 def compile_cpu_s(runs: Iterable[Path]) -> float:
-    """CPU seconds of every build a run compiled (fi-jit's compile_cpu_s; cached builds compiled nothing):
-    divided by the cores, the least wall time any schedule of those compiles can take on this machine."""
+    """CPU seconds of every build a run compiled (fi-jit's compile_cpu_s; cached builds compiled nothing, and a
+    result carried from an earlier run compiled nothing in this one): divided by the cores, the least wall time
+    any schedule of those compiles can take on this machine."""
     total = 0.0
     for path in runs:
         for line in path.read_text().splitlines():
             r = json.loads(line)
-            if r["probe_id"] == "fi-jit":
+            if r["probe_id"] == "fi-jit" and not (r.get("evidence") or {}).get("reused_from"):
                 total += float((r.get("metrics") or {}).get("compile_cpu_s") or 0.0)
     return round(total, 1)
 
