@@ -94,9 +94,9 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: boo
         return decided  # decided at plan time: recorded at once; it takes no job slot and no turn on the GPUs
     on_gpu = [r for r in running if uses_gpu(r)]
     if on_gpu:
-        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs)
         if not ahead or len(on_gpu) > 1:
             return None
+        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs)
         return after if after is not None and uses_gpu(after) else None
     if len(running) >= jobs:
         return None
