@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
-from checks import atomic, memlock
+from checks import atomic, memlock, overview, plots
 from checks.footnotes import Footnote, Occurrence, footnotes
 from checks.footnotes import clean as _clean
 from checks.freshness import Refresh, refresh_list, staleness
@@ -31,6 +32,11 @@ TEMPLATES = Path(__file__).with_name("templates")
 MARK = {"pass": "✅", "partial": "🟡", "fail": "❌", "crash": "💥", "hang": "⏳", "skip": "➖", "not-run": "⏸️",
         "unavailable": "🚫"}
 VERSION_COLUMNS = (("cuda", "CUDA"), ("torch", "torch"), ("sgl_kernel", "sgl-kernel"), ("flashinfer", "flashinfer"))
+STATUS_LABEL = {"pass": "pass", "partial": "partial", "fail": "FAIL", "crash": "CRASH", "hang": "HANG",
+                "skip": "skip", "not-run": "not run", "unavailable": "n/a"}  # the page's words: no emoji font needed
+FILTERS = (("any", "every row", ()), ("pass", "a pass", ("pass",)), ("partial", "a partial", ("partial",)),
+           ("bad", "a fail, crash or hang", ("fail", "crash", "hang")), ("skip", "a skip", ("skip",)),
+           ("none", "not run or n/a", ("not-run", "unavailable")))  # the page's status filter: id, words, statuses
 STALE_MARK = "↻"  # the verdict was made by other probe code than this checkout's
 
 
@@ -59,6 +65,8 @@ class HostSection:
     refresh: list[Refresh] = field(default_factory=list)  # how to rerun the stale verdicts
     decisions: list[Any] = field(default_factory=list)  # decision notes (attach_decisions): text blocks
     memlock: str = ""  # containers ran without memlock unlimited: why, and for how many variants
+    plots: list[Any] = field(default_factory=list)  # checks.plots.LatencyPlot per cell and rank count
+    estimates: list[Any] = field(default_factory=list)  # checks.estimate.Estimate of the advice (attach_decisions)
 
 
 def headline(metrics: Mapping[str, Any]) -> str:
@@ -234,11 +242,13 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
                 title += "; made by a quick run"
             cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title,
                                    is_stale, cached_label(rs), reused_label(rs), quick)
-        rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells})
+        rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells,
+                     "statuses": sorted({str(st) for c in cells.values() if c for st, _ in c.counts})})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
     refresh = refresh_list([(r, stale[r.key]) for r in results if r.key in stale], executors)
     ml = memlock.summary(r.verdict.evidence.get("memlock") for r in results)
-    return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml)
+    return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml,
+                       plots=plots.latency_plots(results))
 
 
 def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str, str]] | None = None,
@@ -306,17 +316,35 @@ def across_hosts(sections: list[HostSection]) -> dict[str, Any] | None:
     return {"hosts": hosts, "rows": rows}
 
 
+def page_extras(sections: list[HostSection]) -> dict[str, Any]:
+    """What only the HTML page shows: the overview across hosts, the sections in page order (hosts with GPUs
+    first, most GPUs first), and the plots as SVG text."""
+    order = sorted(sections, key=lambda s: (not s.facts.get("gpu_count"), -int(s.facts.get("gpu_count") or 0),
+                                            s.host_id))
+    svgs = {s.host_id: {"latency": [(p.key, markupsafe.Markup(plots.latency_svg(p))) for p in s.plots],
+                        "estimate": [(f"{e.cell_id}, {e.ranks} ranks: {e.model.label}, batch {e.batch}, "
+                                      f"draft {e.draft}",
+                                      markupsafe.Markup(plots.estimate_svg(f"Estimated allreduce time per step, "
+                                                                           f"{e.cell_id}", plots.estimate_bars(e))))
+                                     for e in s.estimates]}
+            for s in sections}
+    return {"overview": overview.build(order), "page_sections": order, "svgs": svgs, "STATUS_LABEL": STATUS_LABEL,
+            "FILTERS": FILTERS}
+
+
 def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
     env = environment()
+    extras: dict[str, Any] = {}
     if kind == "html":
         env.autoescape = True
+        extras = page_extras(sections)
     sm12 = any(str(s.facts.get("compute_capability") or "").startswith("12.") for s in sections)
     cells = [c for s in sections for row in s.rows for c in row["cells"].values() if c]
     return env.get_template(f"compatibility.{kind}.j2").render(
         sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel,
         any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
         any_reused=any(c.reused for c in cells), any_quick=any(c.quick for c in cells),
-        across=across_hosts(sections))
+        across=across_hosts(sections), **extras)
 
 
 def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
@@ -365,4 +393,6 @@ def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
     engines, model = launch.load(), default_preset()
     for s in sections:
         if s.host_id in hosts:
-            s.decisions = decisions.blocks(decisions.decide(hosts[s.host_id], engines, pins, model=model))
+            decided = decisions.decide(hosts[s.host_id], engines, pins, model=model)
+            s.decisions = decisions.blocks(decided)
+            s.estimates = [c.estimate for c in decided.cells if c.estimate is not None]
