@@ -153,7 +153,8 @@ def _errors(events: list[dict[str, Any]]) -> list[str]:
     for e in events:
         m, p = e.get("method"), e.get("params", {})
         if m == "Runtime.exceptionThrown":
-            out.append(f"uncaught: {p.get('exceptionDetails', {}).get('text')}")
+            details = p.get("exceptionDetails", {})
+            out.append(f"{details.get('text')} {details.get('exception', {}).get('description', '')}".strip())
         elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
             out.append(f"console.{p['type']}: {p.get('args')}")
         elif m == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
