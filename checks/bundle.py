@@ -221,20 +221,20 @@ def import_bundle(b: Bundle, results_dir: Path) -> Outcome:
         if os.path.dirname(os.path.normpath(path)) != os.path.normpath(folder):  # ids forbid it; kept as a guard
             refused.append(Problem(b.path, f"run {run.run_id[:30]!r} would land outside {folder}"))
             continue
-        if os.path.lexists(path) or os.path.lexists(mpath):
+        if os.path.lexists(path):
             have: list[Problem] = []
             existing = intake.read_run(folder, b.host_id, run.run_id, have)
-            if _same(existing.results, run.results):
-                present.append(name)
-            else:
+            if not _same(existing.results, run.results):
                 refused.append(Problem(b.path, f"run {name} is already under {results_dir} with different "
                                                "results; refused (nothing of it written)"))
-            continue
-        folder.mkdir(parents=True, exist_ok=True)
-        if run.manifest is not None:
-            atomic.write_json(mpath, run.manifest)
-        atomic.write_bytes(path, result_lines(run.results))
-        imported.append(name)
+                continue
+            present.append(name)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            atomic.write_bytes(path, result_lines(run.results))
+            imported.append(name)
+        if run.manifest is not None and not os.path.lexists(mpath):  # written last: an import cut short in
+            atomic.write_json(mpath, run.manifest)  # between is completed by the next one
     return Outcome(tuple(imported), tuple(present), tuple(refused))
 
 

@@ -16,7 +16,8 @@ from provision import cellid
 HOST_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*-[0-9a-f]{8}")
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{4}")  # checks.store.new_run_id: UTC start time and 4 hex
 PROBE_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
-VARIANT = re.compile(r"[a-z0-9_]+=[A-Za-z0-9_.:+-]+(?:,[a-z0-9_]+=[A-Za-z0-9_.:+-]+)*")
+_PARAM = r"[A-Za-z][A-Za-z0-9_.]*=[A-Za-z0-9_.:+-]+"  # env.NCCL_ALGO=Tree, algo=allreduce:tree
+VARIANT = re.compile(rf"{_PARAM}(?:,{_PARAM})*")
 CELL_CHARS = re.compile(r"[A-Za-z0-9._+-]+")
 MAX_LEN = {"host id": 96, "run id": 24, "cell id": 160, "probe id": 64, "variant": 240}
 SHAPE = {
