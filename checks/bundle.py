@@ -167,6 +167,9 @@ def _top_problem(obj: Any) -> str | None:
             return f"{key} is not an object"
     if not isinstance(obj["runs"], list):
         return "runs is not a list"
+    warnings = obj["code"].get("warnings", [])
+    if not (isinstance(warnings, list) and all(isinstance(w, str) for w in warnings)):
+        return "code.warnings is not a list of strings"
     return None
 
 

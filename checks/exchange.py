@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks import bundle, intake, provenance
+from checks import bundle, ids, intake, provenance
 from checks.intake import Problem
 from checks.scrub import Identity, Scrubber
 
@@ -117,7 +117,13 @@ def import_bundles(opts: ImportOptions) -> int:
 
 def validate(path: Path) -> int:
     """A bundle file or a results folder: 0 all well formed, 1 bad items (one warning each), 2 unreadable."""
-    if path.is_dir():
+    if path.is_dir() and ids.valid("host id", path.name) and not any(p.is_dir() for p in path.iterdir()):
+        problems: list[Problem] = []  # one host's folder
+        hosts = {path.name: intake.read_host(path, problems)}
+        runs = len(hosts[path.name])
+        results = sum(len(r.results) for r in hosts[path.name].values())
+        what = f"host {path.name}: {runs} run(s), {results} result(s)"
+    elif path.is_dir():
         hosts, problems = intake.read_results(path)
         runs = sum(len(h) for h in hosts.values())
         results = sum(len(r.results) for h in hosts.values() for r in h.values())

@@ -6,6 +6,7 @@ results, same bytes: nothing depends on the clock, the order of files on disk or
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections import Counter, defaultdict
@@ -17,7 +18,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from checks import atomic, memlock, overview, plots
+from checks import atomic, ids, memlock, overview, plots
 from checks.footnotes import Footnote, Occurrence, footnotes
 from checks.footnotes import clean as _clean
 from checks.freshness import Refresh, refresh_list, staleness
@@ -287,6 +288,7 @@ def environment() -> jinja2.Environment:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)
     env.filters["md"] = _md_escape
+    env.filters["anchor"] = anchor
     env.globals["MARK"] = MARK
     env.globals["VERSION_COLUMNS"] = VERSION_COLUMNS
     env.globals["STALE_MARK"] = STALE_MARK
@@ -330,6 +332,14 @@ def page_extras(sections: list[HostSection]) -> dict[str, Any]:
             for s in sections}
     return {"overview": overview.build(order), "page_sections": order, "svgs": svgs, "STATUS_LABEL": STATUS_LABEL,
             "FILTERS": FILTERS}
+
+
+def anchor(host_id: str) -> str:
+    """A host id as the page's element ids, links and CSS selectors use it: the id itself when it is of the
+    host id grammar (letters, digits, '-'), else a hash of it, so no other text reaches a selector or a link."""
+    if ids.valid("host id", host_id):
+        return host_id
+    return "x" + hashlib.sha256(host_id.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def render(sections: list[HostSection], kind: str, results_rel: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from checks import bundle, cli
+from checks import bundle, cli, intake
 from checks.provenance import Checkout
 from checks.scrub import Identity, Scrubber
 from tests.checks_helpers import ROOT
@@ -240,3 +240,18 @@ def test_validate_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
     assert _main("validate", newer) == 2
     err = capsys.readouterr().err
     assert "not a stackprobe bundle" in err and "update stackprobe" in err and "Traceback" not in err
+
+
+def test_size_limits_and_one_host_folder(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _host_folder(tmp_path / "results")
+    assert _main("validate", folder) == 0  # one host's folder
+    assert "host gpux2-0123abcd: 1 run(s), 2 result(s); all well formed" in capsys.readouterr().err
+    path = tmp_path / "b.json"
+    _bundle_of(tmp_path / "results", "gpux2-0123abcd", path)
+    monkeypatch.setattr(intake, "MAX_LINE_BYTES", 503)
+    assert _main("validate", path) == 1  # the failing result's line is the longer one
+    assert "more than the limit of 503" in capsys.readouterr().err
+    monkeypatch.setattr(intake, "MAX_FILE_BYTES", 1000)
+    assert _main("validate", path) == 2
+    assert "more than the limit of 1000" in capsys.readouterr().err

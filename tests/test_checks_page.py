@@ -102,3 +102,15 @@ def test_plot_text_from_results_is_escaped() -> None:
     assert "<script" not in svg and "a&quot;&gt;&lt;script&gt;" in svg
     bars = plots.estimate_svg(crafted, [plots.Bar(crafted, 10.0, None)])
     assert "<script" not in bars and "beyond the measured sizes" in bars
+
+
+def test_a_host_folder_outside_the_grammar_reaches_no_selector_or_link(tmp_path: Path) -> None:
+    evil = "x{}*{background:url(https:e.example)}#y"
+    _write_host(tmp_path, evil, {"gpu_name": "GPU", "gpu_count": 2}, [
+        ("cu130-torch2.11.0-sglnone-fi0.6.18", _v("2.11.0", "0.6.18"), "ranks=2,backend=nccl", "pass")])
+    sections, _ = build_model(tmp_path, tmp_path, current={})
+    page = render(sections, "html", "../results")
+    style = page[page.index("<style>"):page.index("</style>")]
+    assert "url(" not in style and "e.example" not in style
+    assert 'href="#host-x' in page and 'id="host-x' in page
+    assert not re.search(r'="[^"]*e\.example', page)  # shown as text only, in no attribute
