@@ -113,4 +113,5 @@ def test_a_host_folder_outside_the_grammar_reaches_no_selector_or_link(tmp_path:
     style = page[page.index("<style>"):page.index("</style>")]
     assert "url(" not in style and "e.example" not in style
     assert 'href="#host-x' in page and 'id="host-x' in page
-    assert not re.search(r'="[^"]*e\.example', page)  # shown as text only, in no attribute
+    attrs = re.findall(r'(?:id|for|href|class)="([^"]*e\.example[^"]*)"', page)
+    assert all(a.endswith(".jsonl") for a in attrs)  # only the links to its run files (relative paths) name it
