@@ -30,6 +30,7 @@ COLOURS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#8
 DASHES = ("", "6 3", "2 3", "8 3 2 3", "4 4", "1 2", "10 2", "3 2 1 2")
 W, H = 640, 300  # latency plot size, px
 LEFT, RIGHT, TOP, BOTTOM = 56, 190, 14, 40
+MIN_LABEL_GAP = 36  # px between size labels on the x axis
 GOOD = (Status.PASS, Status.PARTIAL)
 FONT = "system-ui, sans-serif"
 
@@ -136,10 +137,13 @@ def latency_svg(plot: LatencyPlot) -> str:
              f'viewBox="0 0 {W} {H}" role="img" aria-label="{escape(title)}" font-family="{FONT}">',
              f"<title>{escape(title)}</title>",
              f'<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="#fff" stroke="#999"/>']
+    labelled = -1e9
     for x in xs:
         parts.append(f'<line x1="{_f(px(x))}" y1="{TOP}" x2="{_f(px(x))}" y2="{TOP + ph}" stroke="#eee"/>')
-        parts.append(f'<text x="{_f(px(x))}" y="{TOP + ph + 14}" font-size="10" text-anchor="middle">'
-                     f"{escape(_size(x))}</text>")
+        if px(x) - labelled >= MIN_LABEL_GAP:  # a size too close to the last labelled one keeps its grid line only
+            labelled = px(x)
+            parts.append(f'<text x="{_f(px(x))}" y="{TOP + ph + 14}" font-size="10" text-anchor="middle">'
+                         f"{escape(_size(x))}</text>")
     for y in _y_ticks(y_lo, y_hi):
         parts.append(f'<line x1="{LEFT}" y1="{_f(py(y))}" x2="{LEFT + pw}" y2="{_f(py(y))}" stroke="#eee"/>')
         parts.append(f'<text x="{LEFT - 4}" y="{_f(py(y) + 3)}" font-size="10" text-anchor="end">{y:g}</text>')

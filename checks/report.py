@@ -318,18 +318,30 @@ def across_hosts(sections: list[HostSection]) -> dict[str, Any] | None:
     return {"hosts": hosts, "rows": rows}
 
 
+def plot_figures(s: HostSection) -> list[dict[str, Any]]:
+    """Per cell and rank count of a host, its latency plot and the estimate's bars (either may be missing), as
+    SVG text with a caption."""
+    latency = {(p.cell_id, p.ranks): p for p in s.plots}
+    estimate = {(e.cell_id, str(e.ranks)): e for e in s.estimates}
+    out = []
+    for key in sorted(latency.keys() | estimate.keys()):
+        p, e = latency.get(key), estimate.get(key)
+        out.append({
+            "title": f"{key[0]}, {key[1]} ranks",
+            "latency": markupsafe.Markup(plots.latency_svg(p)) if p else None,
+            "estimate": markupsafe.Markup(plots.estimate_svg(f"Estimated allreduce time per step, {key[0]}",
+                                                             plots.estimate_bars(e))) if e else None,
+            "model": f"{e.model.label}, batch {e.batch}, draft {e.draft}" if e else "",
+        })
+    return out
+
+
 def page_extras(sections: list[HostSection]) -> dict[str, Any]:
     """What only the HTML page shows: the overview across hosts, the sections in page order (hosts with GPUs
     first, most GPUs first), and the plots as SVG text."""
     order = sorted(sections, key=lambda s: (not s.facts.get("gpu_count"), -int(s.facts.get("gpu_count") or 0),
                                             s.host_id))
-    svgs = {s.host_id: {"latency": [(p.key, markupsafe.Markup(plots.latency_svg(p))) for p in s.plots],
-                        "estimate": [(f"{e.cell_id}, {e.ranks} ranks: {e.model.label}, batch {e.batch}, "
-                                      f"draft {e.draft}",
-                                      markupsafe.Markup(plots.estimate_svg(f"Estimated allreduce time per step, "
-                                                                           f"{e.cell_id}", plots.estimate_bars(e))))
-                                     for e in s.estimates]}
-            for s in sections}
+    svgs = {s.host_id: plot_figures(s) for s in sections}
     return {"overview": overview.build(order), "page_sections": order, "svgs": svgs, "STATUS_LABEL": STATUS_LABEL,
             "FILTERS": FILTERS}
 
