@@ -62,8 +62,9 @@ class Run:
 def _shown(path: Path | str) -> str:
     """A path as text that a terminal shows safely (undecodable bytes and control characters escaped)."""
     text = os.fsdecode(path) if isinstance(path, Path) else path
-    return text.encode("utf-8", "backslashreplace").decode("utf-8").encode("unicode_escape").decode("ascii") \
-        if not text.isprintable() or any(0xD800 <= ord(c) <= 0xDFFF for c in text) else text
+    if text.isprintable() and not any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        return text
+    return text.encode("unicode_escape").decode("ascii")  # undecodable bytes show as \udcXX
 
 
 def _reject_constant(name: str) -> Any:
