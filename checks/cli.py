@@ -636,7 +636,9 @@ def exchange_parsers(sub: Any) -> None:
     p.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
     p = sub.add_parser("validate", help="check a results directory or a bundle as untrusted input")
-    p.add_argument("path", nargs="?", type=Path, default=REPO / "results", metavar="PATH")
+    p.add_argument("path", nargs="?", type=Path, default=REPO / "results", metavar="PATH",
+                   help="a results directory, one host's folder or a bundle file (default: results/)")
+    p.add_argument("--json", action="store_true", help="what was read and every problem, as JSON on stdout")
 
 
 def cmd_share(args: argparse.Namespace) -> int:
@@ -657,7 +659,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from checks import exchange
 
-    return exchange.validate(args.path)
+    return exchange.validate(args.path, args.json)
 
 
 def _interrupt(signum: int, frame: object) -> None:

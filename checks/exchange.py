@@ -13,6 +13,7 @@ Every line printed names files and ids as text escaped for a terminal (checks.in
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -115,26 +116,57 @@ def import_bundles(opts: ImportOptions) -> int:
     return code
 
 
-def validate(path: Path) -> int:
-    """A bundle file or a results folder: 0 all well formed, 1 bad items (one warning each), 2 unreadable."""
-    if path.is_dir() and ids.valid("host id", path.name) and not any(p.is_dir() for p in path.iterdir()):
-        problems: list[Problem] = []  # one host's folder
-        hosts = {path.name: intake.read_host(path, problems)}
-        runs = len(hosts[path.name])
-        results = sum(len(r.results) for r in hosts[path.name].values())
-        what = f"host {path.name}: {runs} run(s), {results} result(s)"
-    elif path.is_dir():
+@dataclass(frozen=True)
+class Checked:
+    """What `checks validate` found in one path."""
+
+    path: str
+    kind: str  # results | host | bundle
+    hosts: int
+    runs: int
+    results: int
+    problems: tuple[Problem, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"path": self.path, "kind": self.kind, "hosts": self.hosts, "runs": self.runs, "results": self.results,
+                "problems": [{"where": p.where, "why": p.why, "fatal": p.fatal} for p in self.problems]}
+
+
+def _one_host(path: Path) -> bool:
+    """A host's own folder (named by a host id, holding files only) rather than a results directory."""
+    try:
+        return path.is_dir() and ids.valid("host id", path.name) and not any(p.is_dir() for p in path.iterdir())
+    except OSError:
+        return False
+
+
+def check(path: Path) -> Checked:
+    shown = intake._shown(path)
+    if _one_host(path):
+        problems: list[Problem] = []
+        runs = intake.read_host(path, problems)
+        return Checked(shown, "host", 1, len(runs), sum(len(r.results) for r in runs.values()), tuple(problems))
+    if path.is_dir():
         hosts, problems = intake.read_results(path)
-        runs = sum(len(h) for h in hosts.values())
-        results = sum(len(r.results) for h in hosts.values() for r in h.values())
-        what = f"{len(hosts)} host(s), {runs} run(s), {results} result(s)"
-    else:
-        b, problems = bundle.read(path)
-        what = "" if b is None else \
-            f"bundle of {b.host_id}: {len(b.runs)} run(s), {sum(len(r.results) for r in b.runs)} result(s)"
-    _warn(problems)
-    if any(p.fatal for p in problems):
+        return Checked(shown, "results", len(hosts), sum(len(h) for h in hosts.values()),
+                       sum(len(r.results) for h in hosts.values() for r in h.values()), tuple(problems))
+    b, problems = bundle.read(path)
+    if b is None:
+        return Checked(shown, "bundle", 0, 0, 0, tuple(problems))
+    return Checked(shown, "bundle", 1, len(b.runs), sum(len(r.results) for r in b.runs), tuple(problems))
+
+
+def validate(path: Path, as_json: bool = False) -> int:
+    """A bundle file, a results directory or one host's folder: 0 all well formed, 1 bad items (one warning
+    each), 2 unreadable."""
+    found = check(path)
+    if as_json:
+        print(json.dumps(found.to_json(), indent=2, sort_keys=True))
+    _warn(found.problems)
+    if any(p.fatal for p in found.problems):
         return 2
-    print(f"{intake._shown(path)}: {what}; " + (f"{len(problems)} bad item(s)" if problems else "all well formed"),
-          file=sys.stderr)
-    return 1 if problems else 0
+    n = len(found.problems)
+    kind = {"results": "results directory", "host": "host folder"}.get(found.kind, found.kind)
+    print(f"{found.path}: {kind}, {found.hosts} host(s), {found.runs} run(s), {found.results} result(s); "
+          + (f"{n} bad item(s)" if n else "all well formed"), file=sys.stderr)
+    return 1 if n else 0

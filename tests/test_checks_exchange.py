@@ -221,7 +221,10 @@ def test_validate_warns_once_per_bad_item_and_keeps_the_rest(tmp_path: Path,
     err = capsys.readouterr().err
     warnings = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
     assert len(warnings) == expected, "\n".join(warnings)
-    assert "Traceback" not in err and "1 host(s), 4 run(s), 2 result(s)" in err
+    assert "Traceback" not in err and "results directory, 1 host(s), 4 run(s), 2 result(s)" in err
+    assert _main("validate", "--json", root) == 1
+    found = json.loads(capsys.readouterr().out)
+    assert (found["kind"], found["runs"], found["results"], len(found["problems"])) == ("results", 4, 2, expected)
     for why in ("not UTF-8", "nested deeper than", "lone surrogate", "unknown status 'great'", "cell id 'a|b'",
                 "run id '../../etc'", "unknown field(s) 'extra'", "not a JSON number", "unterminated last line",
                 "a symbolic link; not followed", "not a regular file", "folder name: host id"):
@@ -246,7 +249,7 @@ def test_size_limits_and_one_host_folder(tmp_path: Path, capsys: pytest.CaptureF
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     folder = _host_folder(tmp_path / "results")
     assert _main("validate", folder) == 0  # one host's folder
-    assert "host gpux2-0123abcd: 1 run(s), 2 result(s); all well formed" in capsys.readouterr().err
+    assert "host folder, 1 host(s), 1 run(s), 2 result(s); all well formed" in capsys.readouterr().err
     path = tmp_path / "b.json"
     _bundle_of(tmp_path / "results", "gpux2-0123abcd", path)
     monkeypatch.setattr(intake, "MAX_LINE_BYTES", 503)
