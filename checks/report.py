@@ -6,6 +6,7 @@ results, same bytes: nothing depends on the clock, the order of files on disk or
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections import Counter, defaultdict
@@ -15,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
-from checks import atomic, memlock
+from checks import atomic, ids, memlock, overview, plots
 from checks.footnotes import Footnote, Occurrence, footnotes
 from checks.footnotes import clean as _clean
 from checks.freshness import Refresh, refresh_list, staleness
@@ -31,6 +33,11 @@ TEMPLATES = Path(__file__).with_name("templates")
 MARK = {"pass": "✅", "partial": "🟡", "fail": "❌", "crash": "💥", "hang": "⏳", "skip": "➖", "not-run": "⏸️",
         "unavailable": "🚫"}
 VERSION_COLUMNS = (("cuda", "CUDA"), ("torch", "torch"), ("sgl_kernel", "sgl-kernel"), ("flashinfer", "flashinfer"))
+STATUS_LABEL = {"pass": "pass", "partial": "partial", "fail": "FAIL", "crash": "CRASH", "hang": "HANG",
+                "skip": "skip", "not-run": "not run", "unavailable": "n/a"}  # the page's words: no emoji font needed
+FILTERS = (("any", "every row", ()), ("pass", "a pass", ("pass",)), ("partial", "a partial", ("partial",)),
+           ("bad", "a fail, crash or hang", ("fail", "crash", "hang")), ("skip", "a skip", ("skip",)),
+           ("none", "not run or n/a", ("not-run", "unavailable")))  # the page's status filter: id, words, statuses
 STALE_MARK = "↻"  # the verdict was made by other probe code than this checkout's
 
 
@@ -59,6 +66,8 @@ class HostSection:
     refresh: list[Refresh] = field(default_factory=list)  # how to rerun the stale verdicts
     decisions: list[Any] = field(default_factory=list)  # decision notes (attach_decisions): text blocks
     memlock: str = ""  # containers ran without memlock unlimited: why, and for how many variants
+    plots: list[Any] = field(default_factory=list)  # checks.plots.LatencyPlot per cell and rank count
+    estimates: list[Any] = field(default_factory=list)  # checks.estimate.Estimate of the advice (attach_decisions)
 
 
 def headline(metrics: Mapping[str, Any]) -> str:
@@ -234,11 +243,13 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
                 title += "; made by a quick run"
             cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title,
                                    is_stale, cached_label(rs), reused_label(rs), quick)
-        rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells})
+        rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells,
+                     "statuses": sorted({str(st) for c in cells.values() if c for st, _ in c.counts})})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
     refresh = refresh_list([(r, stale[r.key]) for r in results if r.key in stale], executors)
     ml = memlock.summary(r.verdict.evidence.get("memlock") for r in results)
-    return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml)
+    return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml,
+                       plots=plots.latency_plots(results))
 
 
 def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str, str]] | None = None,
@@ -277,6 +288,7 @@ def environment() -> jinja2.Environment:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)
     env.filters["md"] = _md_escape
+    env.filters["anchor"] = anchor
     env.globals["MARK"] = MARK
     env.globals["VERSION_COLUMNS"] = VERSION_COLUMNS
     env.globals["STALE_MARK"] = STALE_MARK
@@ -306,17 +318,55 @@ def across_hosts(sections: list[HostSection]) -> dict[str, Any] | None:
     return {"hosts": hosts, "rows": rows}
 
 
+def plot_figures(s: HostSection) -> list[dict[str, Any]]:
+    """Per cell and rank count of a host, its latency plot and the estimate's bars (either may be missing), as
+    SVG text with a caption."""
+    latency = {(p.cell_id, p.ranks): p for p in s.plots}
+    estimate = {(e.cell_id, str(e.ranks)): e for e in s.estimates}
+    out = []
+    for key in sorted(latency.keys() | estimate.keys()):
+        p, e = latency.get(key), estimate.get(key)
+        out.append({
+            "title": f"{key[0]}, {key[1]} ranks",
+            "latency": markupsafe.Markup(plots.latency_svg(p)) if p else None,
+            "estimate": markupsafe.Markup(plots.estimate_svg(f"Estimated allreduce time per step, {key[0]}",
+                                                             plots.estimate_bars(e))) if e else None,
+            "model": f"{e.model.label}, batch {e.batch}, draft {e.draft}" if e else "",
+        })
+    return out
+
+
+def page_extras(sections: list[HostSection]) -> dict[str, Any]:
+    """What only the HTML page shows: the overview across hosts, the sections in page order (hosts with GPUs
+    first, most GPUs first), and the plots as SVG text."""
+    order = sorted(sections, key=lambda s: (not s.facts.get("gpu_count"), -int(s.facts.get("gpu_count") or 0),
+                                            s.host_id))
+    svgs = {s.host_id: plot_figures(s) for s in sections}
+    return {"overview": overview.build(order), "page_sections": order, "svgs": svgs, "STATUS_LABEL": STATUS_LABEL,
+            "FILTERS": FILTERS}
+
+
+def anchor(host_id: str) -> str:
+    """A host id as the page's element ids, links and CSS selectors use it: the id itself when it is of the
+    host id grammar (letters, digits, '-'), else a hash of it, so no other text reaches a selector or a link."""
+    if ids.valid("host id", host_id):
+        return host_id
+    return "x" + hashlib.sha256(host_id.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
 def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
     env = environment()
+    extras: dict[str, Any] = {}
     if kind == "html":
         env.autoescape = True
+        extras = page_extras(sections)
     sm12 = any(str(s.facts.get("compute_capability") or "").startswith("12.") for s in sections)
     cells = [c for s in sections for row in s.rows for c in row["cells"].values() if c]
     return env.get_template(f"compatibility.{kind}.j2").render(
         sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel,
         any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
         any_reused=any(c.reused for c in cells), any_quick=any(c.quick for c in cells),
-        across=across_hosts(sections))
+        across=across_hosts(sections), **extras)
 
 
 def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
@@ -365,4 +415,6 @@ def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
     engines, model = launch.load(), default_preset()
     for s in sections:
         if s.host_id in hosts:
-            s.decisions = decisions.blocks(decisions.decide(hosts[s.host_id], engines, pins, model=model))
+            decided = decisions.decide(hosts[s.host_id], engines, pins, model=model)
+            s.decisions = decisions.blocks(decided)
+            s.estimates = [c.estimate for c in decided.cells if c.estimate is not None]
