@@ -128,38 +128,6 @@ def test_jit_error_classification(text: str, code: str) -> None:
     assert _fi_build.classify_jit_error(text) == code
 
 
-def test_probe_reason_codes_are_in_the_catalogue() -> None:
-    from checks import reasons
-
-    cat = reasons.load()
-    used = {
-        "arch-not-compiled",
-        "fi-module-absent",
-        "fi-wrong-arch",
-        "fi-arch-unverified",
-        "fi-workspace-failed",
-        "fi-fusion-noop",
-        "fi-fusion-wrong",
-        "fi-fusion-graph-failed",
-        "fi-fusion-error",
-        "custom-ar-silent-noop",
-        "custom-ar-init-failed",
-        "custom-ar-error",
-        "custom-ar-wrong",
-        "custom-ar-graph-failed",
-        "custom-ar-graph-wrong",
-        "ep-a2a-wrong",
-        "ep-a2a-error",
-        "ep-a2a-workspace-failed",
-        "too-few-sms",
-        "missing-package",
-        "probe-bug",
-    }
-    used |= {code for code, _ in _fi_build.JIT_SIGNATURES} | {"fi-jit-error"}
-    missing = sorted(c for c in used if cat.get(c) is None)
-    assert not missing, missing
-
-
 # --- fatbin headers, from real nvcc output --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def objects(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
