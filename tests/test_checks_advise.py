@@ -85,6 +85,57 @@ def test_estimate_golden_every_preset(hosts: dict[str, hostresults.HostResults])
         b = decisions.estimate_block(estimate.estimate(a, model, batch=32, draft=4))
         text += [b.title, *b.lines, ""]
     _golden("estimate-h200x2-tp2-batch32.txt", "\n".join(text))
+    _assert_estimate_facts("\n".join(text), batch=32, draft=4)
+
+
+def _measured_latency() -> dict[str, dict[int, float]]:
+    """backend -> {bytes: µs} of the 2x H200 ar-latency run, read from its JSON lines."""
+    out: dict[str, dict[int, float]] = {}
+    for line in (FIXTURE / H200 / "20261129T164359Z-5173.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["probe_id"] == "ar-latency" and row["status"] == "pass" and row["cell_id"] == CELL:
+            backend = row["variant"].split("backend=")[1]
+            out[backend] = {int(k): float(v) for k, v in row["metrics"]["latency_us"].items()}
+    return out
+
+
+def _at(curve: dict[int, float], nbytes: int) -> float:
+    """The latency at ``nbytes``, straight between the two measured sizes around it."""
+    if nbytes in curve:
+        return curve[nbytes]
+    lo = max(n for n in curve if n < nbytes)
+    hi = min(n for n in curve if n > nbytes)
+    return curve[lo] + (nbytes - lo) / (hi - lo) * (curve[hi] - curve[lo])
+
+
+def _assert_estimate_facts(text: str, batch: int, draft: int) -> None:
+    """What every model's estimate must say, worked out here from checks/models.yaml and the measured curves:
+    the allreduce count and sizes of a step, and each backend's time per call and per step."""
+    import yaml
+
+    shapes = yaml.safe_load((ROOT / "checks" / "models.yaml").read_text())
+    models = next(v for k, v in shapes.items() if isinstance(v, dict) and "deepseek-v3" in v)
+    measured = _measured_latency()
+    assert sorted(measured) == ["flashinfer-custom-ar", "nccl", "nccl-direct", "symm-mem-one-shot",
+                                "symm-mem-two-shot"]
+    blocks = text.split("\nEstimate, not a measurement")
+    assert len(blocks) == len(models) == 4
+    for model, block in zip((models[k] for k in sorted(models)), blocks, strict=True):
+        hidden, layers = model["hidden"], model["layers"]
+        calls = layers * 2
+        assert f"{model['label']}, tp 2, cell `{CELL}`" in block
+        assert f"hidden {hidden}, {layers} layers × 2 allreduces = {calls} allreduces per forward pass" in block
+        decode, verify = batch * hidden * 2, batch * draft * hidden * 2
+        shown = {458752: "448 KiB", 1835008: "1.75 MiB", 524288: "512 KiB", 2097152: "2 MiB", 262144: "256 KiB",
+                 1048576: "1 MiB"}  # bf16 bytes of 32 and 128 tokens at hidden 7168, 8192, 4096
+        assert f"decode step {batch} tokens = {shown[decode]} per allreduce" in block
+        assert f"= {batch * draft} tokens = {shown[verify]} per allreduce" in block
+        for backend, curve in measured.items():
+            d, v = _at(curve, decode), _at(curve, verify)
+            assert (f"- {backend}: decode {d * calls:.1f} µs/step ({d:.2f} µs per call" in block
+                    and f"verify {v * calls:.1f} µs/step ({v:.2f} µs per call" in block), (model["label"], backend)
+        fastest = min(measured, key=lambda b: _at(measured[b], decode))
+        assert f"Fastest measured: decode {fastest} " in block
 
 
 def test_diff_goldens(capsys: pytest.CaptureFixture[str]) -> None:

@@ -218,7 +218,7 @@ OLD_MEMLOCK = ('not raised: the Docker daemon refused (container init: error set
 
 
 def test_notes_merge_near_duplicates_compress_where_and_say_memlock_once(tmp_path: Path) -> None:
-    """Issue 11 items 6, 7 and 9: one note for notes that differ only in a version or a count, where a note
+    """One note for notes that differ only in a version or a count, where a note
     applies as cells and counts (not every variant id), the memlock the containers did not get in the host
     section in clean words, and the catalogue's next step for fi-no-nvcc whatever a result recorded."""
     gate = "trtllm_comm for {}: refused before compiling: RuntimeError: No supported CUDA architectures [9, 10]."
