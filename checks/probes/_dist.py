@@ -27,7 +27,7 @@ ALLOW_MULTICAST_ENV = "STACKPROBE_ALLOW_MULTICAST"
 PRELOAD_TORCH = ("torch", "torch.distributed")
 # ... and, for a probe that joins its process group with init_dist, the rendezvous too: the store is a TCP
 # server in rank 0 and a client in each other rank, loopback only. Joined at the gate, every rank is let go at
-# once, so no client retries against a server that is not yet listening (0.24-0.6 s per variant otherwise).
+# once, so the clients no longer retry against a server that is not yet listening (0.24-0.6 s per variant).
 PRELOAD_DIST = (*PRELOAD_TORCH, "checks.probes._dist:prepare_rendezvous")
 
 # The store prepare_rendezvous joined, for this process's init_dist (a rank runs one variant).
