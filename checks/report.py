@@ -360,14 +360,14 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
 # --- decision notes: advice, launch settings, an estimate, nearest green, changes (checks advise) ------------------
 def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
     """Each host section gets the text blocks `checks advise` prints for it, with the estimate for the default
-    model preset at every rank count advised on (checks.decisions; the same results, so the same bytes)."""
+    model shape at every rank count advised on (checks.decisions; the same results, so the same bytes)."""
     from checks import decisions, hostresults, launch
-    from checks.estimate import default_preset
+    from checks.estimate import default_shape
     from provision import catalog
 
     hosts = hostresults.load(results_dir)
     pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}
-    engines, model = launch.load(), default_preset()
+    engines, model = launch.load(), default_shape()
     for s in sections:
         if s.host_id in hosts:
             s.decisions = decisions.blocks(decisions.decide(hosts[s.host_id], engines, pins, model=model))

@@ -78,10 +78,10 @@ def test_advise_golden_h200_deepseek_tp2(capsys: pytest.CaptureFixture[str]) -> 
     assert data["estimate_is"].startswith("an estimate")
 
 
-def test_estimate_golden_every_preset(hosts: dict[str, hostresults.HostResults]) -> None:
+def test_estimate_golden_every_model_shape(hosts: dict[str, hostresults.HostResults]) -> None:
     a = _advice(hosts[H200])
     text = []
-    for _, model in sorted(estimate.presets().items()):
+    for _, model in sorted(estimate.model_shapes().items()):
         b = decisions.estimate_block(estimate.estimate(a, model, batch=32, draft=4))
         text += [b.title, *b.lines, ""]
     _golden("estimate-h200x2-tp2-batch32.txt", "\n".join(text))
@@ -114,7 +114,7 @@ def _assert_estimate_facts(text: str, batch: int, draft: int) -> None:
     import yaml
 
     shapes = yaml.safe_load((ROOT / "checks" / "models.yaml").read_text())
-    models = next(v for k, v in shapes.items() if isinstance(v, dict) and "deepseek-v3" in v)
+    models = shapes["shapes"]
     measured = _measured_latency()
     assert sorted(measured) == ["flashinfer-custom-ar", "nccl", "nccl-direct", "symm-mem-one-shot",
                                 "symm-mem-two-shot"]
@@ -242,7 +242,8 @@ def test_estimate_uses_the_exact_message_size_and_counts_every_allreduce(
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("gpt-5", "unknown preset"), ("hidden=7168", "both hidden=N and layers=N"), ("hidden=x,layers=2", "positive"),
+    ("gpt-5", "unknown model 'gpt-5'; model shapes: deepseek-v3"), ("hidden=7168", "both hidden=N and layers=N"),
+    ("hidden=x,layers=2", "positive"),
     ("hidden=8,layers=2,dtype=fp8", "dtype='fp8'"), ("depth=3", "is not one of"),
 ])
 def test_bad_model_specs_say_what_to_give(spec: str, message: str) -> None:
@@ -250,8 +251,8 @@ def test_bad_model_specs_say_what_to_give(spec: str, message: str) -> None:
         estimate.parse_model(spec)
 
 
-def test_presets_are_the_published_shapes() -> None:
-    p = estimate.presets()
+def test_model_shapes_are_the_published_ones() -> None:
+    p = estimate.model_shapes()
     assert {k: (m.hidden, m.layers, m.allreduces) for k, m in p.items()} == {
         "deepseek-v3": (7168, 61, 122), "kimi-k2": (7168, 61, 122), "llama-3.1-70b": (8192, 80, 160),
         "qwen3-235b-a22b": (4096, 94, 188)}

@@ -107,3 +107,15 @@ def test_the_json_of_a_result_is_what_it_was() -> None:
     assert back == obj
     assert set(back) == {"schema", "run_id", "host_id", "cell_id", "probe_id", "variant", "status", "reason_code",
                          "note", "remediation", "metrics", "evidence", "started_at", "duration_s", "code"}
+
+
+def test_cell_and_image_states_are_enums_spelled_in_the_manifest() -> None:
+    from checks.plan import CellState, CellTarget, ImageState
+
+    cell = CellTarget("cu130-x", "resolved", image="img", image_status="built")
+    assert cell.status is CellState.RESOLVED and cell.image_status is ImageState.BUILT
+    assert CellTarget("cu130-y", CellState.UNAVAILABLE).image_status is ImageState.NONE
+    assert json.dumps({"status": cell.status, "image_status": cell.image_status}) == (
+        '{"status": "resolved", "image_status": "built"}')
+    with pytest.raises(ValueError, match="'built-ish' is not a valid ImageState"):
+        CellTarget("cu130-z", "resolved", image_status="built-ish")
