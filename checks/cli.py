@@ -32,7 +32,9 @@ from checks import (
 from checks.executor import Executor, ExecutorError, LocalExecutor, compile_cache_dir, for_run, gpu_lock_path
 from checks.plan import (
     REUSED,
+    CellState,
     CellTarget,
+    ImageState,
     WorkItem,
     image_state,
     local_cell_id,
@@ -194,7 +196,7 @@ def local_targets(args: argparse.Namespace) -> Targets:
     ex = LocalExecutor(args.python)
     inspect = ex.inspect()
     versions = {k: str(v) for k, v in (inspect.get("versions") or {}).items() if isinstance(v, str | int | float)}
-    cell = CellTarget(local_cell_id(versions), "local", versions=versions, image_status="local")
+    cell = CellTarget(local_cell_id(versions), CellState.LOCAL, versions=versions, image_status=ImageState.LOCAL)
     cells = [cell]
     if args.cuda and not matches_cuda(versions.get("torch_cuda", ""), args.cuda):
         cells = []
@@ -225,13 +227,13 @@ def venv_targets(args: argparse.Namespace, gpus: int) -> Targets:
     cells: list[CellTarget] = []
     executors: dict[str, Executor] = {}
     for pc in planned_cells(args):
-        if pc.status != "resolved":
+        if pc.status != CellState.RESOLVED:
             cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, dict(pc.versions)))
             continue
         vc = venvcell.read(args.envs, pc.cell_id)
         versions = {**pc.versions, **({"from_base": vc.from_base} if vc.from_base else {})}
         cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, versions, vc.python, vc.state, vc.reason))
-        if vc.state == "built" and vc.python:
+        if vc.state is ImageState.BUILT and vc.python:
             executors[pc.cell_id] = LocalExecutor(vc.python, venvcell.BACKEND, vc.env)
     inspect = None
     if executors and gpus:
@@ -271,13 +273,13 @@ def docker_targets(args: argparse.Namespace, gpus: int) -> Targets:
     planned = planned_cells(args)
     cells: list[CellTarget] = []
     for pc in planned:
-        if pc.status != "resolved":
+        if pc.status != CellState.RESOLVED:
             cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, dict(pc.versions)))
             continue
         state, tag, why = image_state(args.envs, pc.cell_id)
         cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, dict(pc.versions), tag, state, why))
     executors: dict[str, Executor] = {}
-    runnable = [c for c in cells if c.image_status == "built" and c.image]
+    runnable = [c for c in cells if c.image_status is ImageState.BUILT and c.image]
     inspect = None
     if runnable:
         from checks.container import DockerExecutor, client
@@ -521,14 +523,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 # --- advise, diff: decisions from recorded results only --------------------------------------------------------
 def decision_parsers(sub: Any) -> None:
-    from checks.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, presets
+    from checks.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, model_shapes
 
     p = sub.add_parser("advise", help="per host and cell, the allreduce path to use per decode size, from results")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
     p.add_argument("--host", help="one host id (default: every host)")
     p.add_argument("--cell", help="one cell id (default: every cell the host recorded)")
-    p.add_argument("--model", metavar="PRESET|hidden=N,layers=N[,dtype=bf16]",
-                   help=f"estimate the allreduce time per decode and verify step ({', '.join(presets())})")
+    p.add_argument("--model", metavar="SHAPE|hidden=N,layers=N[,dtype=bf16]",
+                   help=f"estimate the allreduce time per decode and verify step ({', '.join(model_shapes())})")
     p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size: the rank count to advise on")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N", help="decode tokens per step (--model)")
     p.add_argument("--draft", type=int, default=DEFAULT_DRAFT, metavar="N",

@@ -102,7 +102,7 @@ def decide(items: list[WorkItem], latest: Mapping[Key, ProbeResult], inputs: Map
     out = []
     for it in items:
         r = latest.get(it.key)
-        if it.preset is None and r is not None and not why_not(r, inputs.get(it.key), hashes.get(it.spec.id),
+        if it.decided is None and r is not None and not why_not(r, inputs.get(it.key), hashes.get(it.spec.id),
                                                                 level):
             it = dataclasses.replace(it, reused=r)
         out.append(it)

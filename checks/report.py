@@ -18,12 +18,12 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from checks import atomic, ids, memlock, overview, plots
+from checks import atomic, ids, memlock, overview, plots, registry
 from checks.footnotes import Footnote, Occurrence, footnotes
 from checks.footnotes import clean as _clean
 from checks.freshness import Refresh, refresh_list, staleness
 from checks.incremental import REUSED_FROM, level_of
-from checks.probe import QUICK
+from checks.probe import QUICK, Declared, Params, Role
 from checks.provenance import current_probe_hashes
 from checks.result import ProbeResult, is_number
 from checks.status import ORDER, Status
@@ -70,13 +70,17 @@ class HostSection:
     estimates: list[Any] = field(default_factory=list)  # checks.estimate.Estimate of the advice (attach_decisions)
 
 
-def headline(metrics: Mapping[str, Any]) -> str:
-    """The key measurement of a passing variant: the probe's own `headline`, else a latency ratio to NCCL,
-    else a latency range, else an all-to-all workspace size or a compile time."""
-    if isinstance(metrics.get("headline"), str):
-        return _clean(metrics["headline"], 80)
-    ratio = metrics.get("ratio_vs_nccl")
-    lat, base = metrics.get("latency_us"), metrics.get("nccl_latency_us")
+def headline(metrics: Mapping[str, Any], fields: Declared) -> str:
+    """The key measurement of a passing variant, from the metrics its probe declares (``fields``): the probe's
+    own headline, else a latency ratio to NCCL, else a latency range, else a workspace size or a compile time."""
+    def get(role: Role) -> Any:
+        key = fields.metric(role)
+        return metrics.get(key) if key is not None else None
+
+    if isinstance(text := get(Role.HEADLINE), str):
+        return _clean(text, 80)
+    ratio = get(Role.RATIO_VS_NCCL)
+    lat, base = get(Role.LATENCY), get(Role.NCCL_LATENCY)
     if not ratio and isinstance(lat, dict) and isinstance(base, dict):  # probes that store both sides only
         ratio = {k: float(v) / float(base[k]) for k, v in lat.items() if is_number(v) and is_number(base.get(k))
                  and float(base[k]) > 0}
@@ -84,15 +88,14 @@ def headline(metrics: Mapping[str, Any]) -> str:
         vals = sorted(float(v) for v in ratio.values() if isinstance(v, int | float))
         if vals:
             return f"{vals[0]:.2f}–{vals[-1]:.2f}× NCCL time" if len(vals) > 1 else f"{vals[0]:.2f}× NCCL time"
-    lat = metrics.get("latency_us")
     if isinstance(lat, dict) and lat:
         vals = sorted(float(v) for v in lat.values() if isinstance(v, int | float))
         if vals:
             return f"{vals[0]:.1f}–{vals[-1]:.1f} µs"
-    ws = metrics.get("workspace_bytes_per_rank")
+    ws = get(Role.WORKSPACE)
     if is_number(ws):
         return f"{ws / 2**20:.1f} MiB workspace/rank"
-    compile_s = metrics.get("compile_s")
+    compile_s = get(Role.COMPILE_TIME)
     if is_number(compile_s):
         return f"compiled in {compile_s:.0f} s"
     return ""
@@ -101,25 +104,25 @@ def headline(metrics: Mapping[str, Any]) -> str:
 MAX_HEADLINES = 5
 
 
-def _variant_label(variant: str, drop: set[str]) -> str:
+def _variant_label(parts: Params, drop: set[str]) -> str:
     """``ranks=2,backend=nccl`` -> ``nccl`` (a lone parameter loses its key); ``drop`` keys are omitted."""
-    parts = [p for p in variant.split(",") if p and p.split("=", 1)[0] not in drop]
-    if len(parts) == 1 and "=" in parts[0]:
-        return parts[0].split("=", 1)[1]
-    return ",".join(parts)
+    kept = [(k, v) for k, v in parts if k not in drop]
+    if len(kept) == 1:
+        return kept[0][1]
+    return ",".join(f"{k}={v}" for k, v in kept)
 
 
-def labelled_headlines(heads: list[tuple[str, str]]) -> str:
-    """Passing variants' headlines in variant order, each named by what tells it apart (one alone needs no
-    name); ranks are left out when every variant has the same count."""
+def labelled_headlines(heads: list[tuple[str, Params, str]]) -> str:
+    """Passing variants' headlines (variant key, its parts, headline) in variant order, each named by what tells
+    it apart (one alone needs no name); ranks are left out when every variant has the same count."""
     if not heads:
         return ""
     if len(heads) == 1:
-        return heads[0][1]
+        return heads[0][2]
     ordered = sorted(heads)
-    ranks = {p for v, _ in ordered for p in v.split(",") if p.startswith("ranks=")}
+    ranks = {v for _, parts, _ in ordered for k, v in parts if k == "ranks"}
     drop = {"ranks"} if len(ranks) <= 1 else set()
-    shown = [f"{_variant_label(v, drop) or v}: {h}" for v, h in ordered[:MAX_HEADLINES]]
+    shown = [f"{_variant_label(parts, drop) or key}: {h}" for key, parts, h in ordered[:MAX_HEADLINES]]
     more = len(ordered) - MAX_HEADLINES
     return "; ".join(shown) + (f"; +{more} more" if more > 0 else "")
 
@@ -164,9 +167,10 @@ def _versions(cell_id: str, manifests: list[dict[str, Any]], results: list[Probe
             "sgl_kernel": str(env.get("sgl_kernel", "")), "flashinfer": str(env.get("flashinfer", ""))}
 
 
-def cached_label(results: list[ProbeResult]) -> str:
-    """Whether the probe reused built objects instead of building them (``metrics["cached"]``)."""
-    n = sum(1 for r in results if r.verdict.metrics.get("cached") is True)
+def cached_label(results: list[ProbeResult], fields: Declared) -> str:
+    """Whether the probe reused built objects instead of building them (its metric of role CACHED)."""
+    key = fields.metric(Role.CACHED)
+    n = sum(1 for r in results if key is not None and r.verdict.metrics.get(key) is True)
     return "" if not n else "cached" if n == len(results) else f"{n} of {len(results)} cached"
 
 
@@ -208,6 +212,7 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
     facts = header(dict(manifests[-1].get("facts") or {}) if manifests else {})
     probe_ids = sorted({r.probe_id for r in results})
     cell_ids = sorted({r.cell_id for r in results})
+    fields = defaultdict(Declared, registry.declarations())  # a probe this checkout lacks declares nothing
     by_pair: dict[tuple[str, str], list[ProbeResult]] = defaultdict(list)
     for r in results:
         by_pair[(r.cell_id, r.probe_id)].append(r)
@@ -232,8 +237,8 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             counts = Counter(r.verdict.status for r in rs)
             ordered = sorted(counts.items(), key=lambda kv: kv[0].severity)
             notes = note_of.get((cell_id, pid), [])
-            heads = [(r.variant, h) for r in rs
-                     if r.verdict.status is Status.PASS and (h := headline(r.verdict.metrics))]
+            heads = [(r.variant, r.parts, h) for r in rs
+                     if r.verdict.status is Status.PASS and (h := headline(r.verdict.metrics, fields[pid]))]
             title = ", ".join(f"{n} {s}" for s, n in ordered)
             is_stale = any(r.key in stale for r in rs)
             if is_stale:
@@ -242,7 +247,7 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             if quick:
                 title += "; made by a quick run"
             cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title,
-                                   is_stale, cached_label(rs), reused_label(rs), quick)
+                                   is_stale, cached_label(rs, fields[pid]), reused_label(rs), quick)
         rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells,
                      "statuses": sorted({str(st) for c in cells.values() if c for st, _ in c.counts})})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
@@ -405,14 +410,14 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
 # --- decision notes: advice, launch settings, an estimate, nearest green, changes (checks advise) ------------------
 def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
     """Each host section gets the text blocks `checks advise` prints for it, with the estimate for the default
-    model preset at every rank count advised on (checks.decisions; the same results, so the same bytes)."""
+    model shape at every rank count advised on (checks.decisions; the same results, so the same bytes)."""
     from checks import decisions, hostresults, launch
-    from checks.estimate import default_preset
+    from checks.estimate import default_shape
     from provision import catalog
 
     hosts = hostresults.load(results_dir)
     pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}
-    engines, model = launch.load(), default_preset()
+    engines, model = launch.load(), default_shape()
     for s in sections:
         if s.host_id in hosts:
             decided = decisions.decide(hosts[s.host_id], engines, pins, model=model)

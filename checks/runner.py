@@ -64,9 +64,9 @@ def assemble(item: WorkItem, verdict: Verdict, run_id: str, host_id: str, starte
     return ProbeResult(run_id, host_id, item.cell.cell_id, item.spec.id, item.variant.key, verdict, started_at, code)
 
 
-def preset_verdict(item: WorkItem, catalogue: Catalogue) -> Verdict:
-    assert item.preset is not None
-    p = item.preset
+def decided_verdict(item: WorkItem, catalogue: Catalogue) -> Verdict:
+    assert item.decided is not None
+    p = item.decided
     return classify.decided(p.status, p.reason_code, p.note, catalogue)
 
 
@@ -87,7 +87,7 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: boo
     would share one build, and the second would only hold a job slot waiting for it. ``ahead``: the GPU
     variants take turns on the GPU lock, so while one runs, the item that would start next once it ended
     starts now if it is a GPU variant too (one such at a time): it waits at the gate with its ranks started.
-    A variant decided at plan time (a preset skip) runs nothing and goes first, beside anything: between two GPU
+    A variant decided at plan time (a planned skip) runs nothing and goes first, beside anything: between two GPU
     variants it would otherwise hold the second one's start-up until the first had ended."""
     decided = next((it for it in pending if not it.runs), None)
     if decided is not None:
@@ -211,8 +211,8 @@ def execute(items: list[WorkItem], executors: dict[str, Executor], store: RunSto
                 queue_for[item.key] = max([DEFAULT_QUEUE_S, *(hard_timeout(r.timeout_s) for r in before)])
                 if on_start:
                     on_start(item)
-                if item.preset is not None:
-                    record(item, preset_verdict(item, catalogue), now_iso())
+                if item.decided is not None:
+                    record(item, decided_verdict(item, catalogue), now_iso())
                 else:
                     pool.start(item, now_iso())
             if pool.running:

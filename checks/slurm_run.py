@@ -36,12 +36,12 @@ from checks.executor import (
     worker_args,
 )
 from checks.isolate import ProcessOutcome
-from checks.plan import CellTarget, WorkItem, plan_work, summary_counts
+from checks.plan import CellState, CellTarget, ImageState, WorkItem, plan_work, summary_counts
 from checks.probe import HostView
 from checks.provenance import Provenance
 from checks.registry import PROBE_PATH_ENV
 from checks.result import ProbeResult, Verdict
-from checks.runner import RunReport, assemble, iso, now_iso, preset_verdict
+from checks.runner import RunReport, assemble, decided_verdict, iso, now_iso
 from checks.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
 from checks.status import ORDER, Status
 from checks.store import RunStore, new_run_id
@@ -175,7 +175,7 @@ class Tracker:
     partition: str
     say: Callable[[str], None]
     report: RunReport = field(default_factory=RunReport)
-    pending_presets: list[int] = field(default_factory=list)
+    pending_decided: list[int] = field(default_factory=list)
 
     def record(self, index: int, verdict: Verdict, store: RunStore | None, started_at: str = "") -> None:
         item = self.items[index]
@@ -197,13 +197,13 @@ class Tracker:
                 job.facts = None
             if job.facts is not None:
                 store = self.stores.for_facts(job.facts)
-                self.flush_presets(store)
+                self.flush_decided(store)
         return self.stores.for_facts(job.facts) if job.facts is not None else None
 
-    def flush_presets(self, store: RunStore | None) -> None:
-        for index in self.pending_presets:
-            self.record(index, preset_verdict(self.items[index], self.catalogue), store)
-        self.pending_presets.clear()
+    def flush_decided(self, store: RunStore | None) -> None:
+        for index in self.pending_decided:
+            self.record(index, decided_verdict(self.items[index], self.catalogue), store)
+        self.pending_decided.clear()
 
     def harvest(self, job: Job) -> None:
         """Record every outcome the node has written and say which variants started."""
@@ -302,7 +302,8 @@ def image_cell(image: str, partition: str) -> CellTarget:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
         raise ExecutorError(f"--container-image {image}: environment inspection failed: {err or last}")
     versions = {k: str(v) for k, v in (data.get("versions") or {}).items() if isinstance(v, str | int | float)}
-    return CellTarget(local_cell_id(versions), "local", versions=versions, image=image, image_status="built")
+    return CellTarget(local_cell_id(versions), CellState.LOCAL, versions=versions, image=image,
+                      image_status=ImageState.BUILT)
 
 
 def targets(args: argparse.Namespace, site: slurm_site.Site) -> tuple[list[CellTarget], dict[str, slurm_jobs.Launch]]:
@@ -386,7 +387,7 @@ def run(args: argparse.Namespace, con: Any, probes: dict[str, Any], catalogue: r
 
     tracker = Tracker(items, jobs, Stores(args.results, run_id, write_manifest), catalogue,
                       {pid: code.for_probe(h) for pid, h in hashes.items()}, launches, site.partition, say)
-    tracker.pending_presets = [i for i, it in enumerate(items) if it.preset is not None]
+    tracker.pending_decided = [i for i, it in enumerate(items) if it.decided is not None]
     poll_s = float(os.environ.get(POLL_ENV) or DEFAULT_POLL_S)
     try:
         for job in jobs:
@@ -406,7 +407,7 @@ def run(args: argparse.Namespace, con: Any, probes: dict[str, Any], catalogue: r
     except KeyboardInterrupt:
         tracker.report.interrupted = True
         _cancel_all(tracker, name, say)
-    tracker.flush_presets(tracker.stores.first)
+    tracker.flush_decided(tracker.stores.first)
     say("summary")
     for line in summary_lines(tracker.report.results):
         say(line)
