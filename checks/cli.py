@@ -242,24 +242,16 @@ def venv_targets(args: argparse.Namespace, gpus: int) -> Targets:
 
 def chosen_backend(args: argparse.Namespace) -> str:
     """docker or venv: ``--backend``, or under auto Docker when its daemon answers (said in one line if not)."""
+    from checks.container import client, unreachable
     from provision import backend
     from provision.errors import InputError
 
-    def docker_problem() -> str | None:
-        from checks.container import client
-
-        try:
-            client()
-        except ExecutorError as exc:
-            return str(exc)
-        return None
-
     try:
-        chosen = backend.choose(args.backend, docker_problem)
+        chosen = backend.choose(args.backend, unreachable, doing=backend.RUN_VENVS)
     except InputError as exc:
         raise UsageError(f"checks run: {exc.one_line()}") from None
-    if args.backend == backend.DOCKER and (problem := docker_problem()):
-        raise ExecutorError(problem)  # insisted on: fails now, even when no image would run
+    if args.backend == backend.DOCKER:
+        client()  # insisted on: fails now (ExecutorError with the fix), even when no image would run
     if chosen.line:
         print(f"checks: {chosen.line}", file=sys.stderr, flush=True)
     return chosen.backend

@@ -57,20 +57,26 @@ class Docker:
         return subprocess.run([self.cli, *args], capture_output=True, text=True, **kw)
 
     def check_daemon(self) -> None:
+        """InputError saying why Docker cannot build here and how to make it, for `--backend docker`."""
+        problem = self.unreachable()
+        if problem is None:
+            return
+        if problem.startswith("docker CLI not found"):
+            hint = "install Docker (Debian: apt-get install docker.io)"
+        elif "permission denied" in problem:
+            hint = "run as a member of the docker group"
+        else:
+            hint = "start dockerd"
+        raise InputError(f"{problem}: {hint}, or leave out --backend docker to build venv cells instead")
+
+    def unreachable(self) -> str | None:
+        """Why this CLI cannot build (no CLI, no daemon), or None when it can: the reason alone, no fix."""
         if shutil.which(self.cli) is None and not os.path.exists(self.cli):
-            raise InputError("docker CLI not found: install Docker (Debian: apt-get install docker.io)")
+            return "docker CLI not found"
         proc = self.run("info", "--format", "{{.ServerVersion}}")
         if proc.returncode != 0:
             err = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
-            hint = "run as a member of the docker group" if "permission denied" in err else "start dockerd"
-            raise InputError(f"cannot talk to the Docker daemon ({err}): {hint}, or use --dry-run")
-
-    def unreachable(self) -> str | None:
-        """Why this CLI cannot build (no CLI, no daemon), or None when it can."""
-        try:
-            self.check_daemon()
-        except InputError as e:
-            return e.one_line()
+            return f"cannot talk to the Docker daemon ({err})"
         return None
 
     def buildkit(self) -> bool:
@@ -424,9 +430,6 @@ def build_venvs(cells: Sequence[Resolved], opts: BuildOptions) -> int:
     from provision import venvbuild
 
     folders, results = venvbuild.lock_for_venv(cells, opts.envs)
-    if opts.dry_run:
-        summary(cells, results + venvbuild.dry_run(folders, opts), opts.json)
-        return 0
     from rich.console import Console
     from rich.markup import escape
 
@@ -536,6 +539,46 @@ def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, docker: Docker | No
         raise InputError(refusal)
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it, as a user would type it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def render_dockerfiles(folders: Sequence[Path], opts: BuildOptions) -> dict[str, str]:
+    """Write each locked cell's Dockerfile (pure rendering, no daemon asked: the base is the one ``--base``
+    names, or the registry-free one under auto); cell id -> what the dry run says about it."""
+    out = {}
+    for f in folders:
+        cell = load_cell(f)
+        base = choose_base(cell, opts, None)
+        atomic.write_text(opts.dockerfiles / f"{f.name}.Dockerfile", render(cell, base, buildkit=True))
+        out[f.name] = f"FROM {base.image}; {shown(opts.dockerfiles / f'{f.name}.Dockerfile')}"
+    return out
+
+
+def dry_run(cells: Sequence[Resolved], opts: BuildOptions, chosen: str) -> int:
+    """Lock the cells and print the plan; render every Dockerfile whether or not a daemon answers, unless
+    venv cells were asked for by name (``--backend venv``, ``--base-python``, ``--wheels``). Builds nothing."""
+    if chosen == backend.VENV:
+        from provision import venvbuild
+
+        disk_gate(cells, opts, None)
+        folders, results = venvbuild.lock_for_venv(cells, opts.envs)
+        rows = venvbuild.dry_run(folders, opts)
+    else:
+        folders, results = lock_for_build(cells, opts)
+        rows = [{"cell_id": f.name, "status": "would-build", "reason": ""} for f in folders]
+    if opts.backend != backend.VENV and not opts.overlay:
+        rendered = render_dockerfiles(folders, opts)
+        for row in rows:
+            row["reason"] = "; ".join(filter(None, [row["reason"], rendered[row["cell_id"]]]))
+    summary(cells, results + rows, opts.json)
+    return 0
+
+
 def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     from provision.api import plan
     from provision.planview import plan_lines
@@ -547,24 +590,14 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     chosen = backend.choose(opts.backend, docker.unreachable, opts.overlay)
     if chosen.line:
         print(f"provision: {chosen.line}", file=sys.stderr, flush=True)
+    if opts.dry_run:
+        return dry_run(cells, opts, chosen.backend)
     if chosen.backend == backend.VENV:
         disk_gate(cells, opts, None)
         return build_venvs(cells, opts)
-    if not opts.dry_run:
-        docker.check_daemon()
+    docker.check_daemon()
     folders, results = lock_for_build(cells, opts)
-    if not opts.dry_run:  # after locking: a cell counts as built only when its current image is here
-        disk_gate(cells, opts, docker)
-    if opts.dry_run:
-        for f in folders:
-            cell = load_cell(f)
-            base = choose_base(cell, opts, None)
-            text = render(cell, base, buildkit=True)
-            atomic.write_text(opts.dockerfiles / f"{f.name}.Dockerfile", text)
-            results.append({"cell_id": f.name, "status": "would-build",
-                            "reason": f"FROM {base.image}; dockerfiles/{f.name}.Dockerfile"})
-        summary(cells, results, opts.json)
-        return 0
+    disk_gate(cells, opts, docker)  # after locking: a cell counts as built only when its current image is here
     from rich.markup import escape
 
     from checks.progress import console as progress_console

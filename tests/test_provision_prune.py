@@ -408,6 +408,7 @@ def test_prune_removes_the_tags_no_cell_uses_and_nothing_else(docker_available: 
             subprocess.run([cli, "image", "rm", tag], capture_output=True)
 
 
+@pytest.mark.docker
 def test_prune_removes_the_image_a_rebuild_left_untagged(docker_available: str, base_image: str,
                                                         tmp_path: Path) -> None:
     """Built twice under one tag, as `provision build` does when the first build's record is gone: the first

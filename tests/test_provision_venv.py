@@ -194,7 +194,8 @@ def test_checks_run_uses_venv_cells_when_docker_is_absent(world: dict[str, Path]
             "--results", str(results), "--json"]
     assert checks_main(argv) == 0
     out, err = capsys.readouterr()
-    assert "checks: no Docker daemon reachable, so venv cells instead (--backend docker insists on Docker)" in err
+    assert "checks: no Docker daemon answers (Docker is not reachable (" in err
+    assert "running the probes in venv cells (virtual environments) instead of Docker images" in err
     printed = json.loads(out)
     assert {(r["cell_id"], r["variant"], r["status"]) for r in printed} == {
         (CELL, "ranks=1", "pass"), (CELL, "ranks=2", "pass")}
@@ -225,18 +226,24 @@ def test_provision_build_falls_back_to_venv_cells_in_one_line(world: dict[str, P
     monkeypatch.setenv("DOCKER_HOST", DEAD_DOCKER)
     monkeypatch.setattr(installer, "uv", lambda: None)
     args = ["build", "--dry-run", "--matrix", str(world["matrix"]), "--envs", str(envs), "--offline", "--json",
-            "--venvs", str(tmp_path / "venvs")]
+            "--venvs", str(tmp_path / "venvs"), "--dockerfiles", str(tmp_path / "d")]
     with pytest.raises(SystemExit) as done:
         provision_main(args)
     out, err = capsys.readouterr()
     assert done.value.code == 0, err
     lines = [ln for ln in err.splitlines() if "Docker" in ln]
-    assert len(lines) == 1 and lines[0].startswith("provision: no Docker daemon reachable, so venv cells instead")
-    assert json.loads(out) == [{"cell_id": CELL, "status": "would-build", "tag": "",
-                                "reason": f"venv {tmp_path / 'venvs' / CELL}"}]
+    assert len(lines) == 1 and lines[0].startswith("provision: no Docker daemon answers (cannot talk to the Docker "
+                                                   "daemon (") and "as venv cells (virtual environments) instead of " \
+        "Docker images; the same locks, self-check and probes, so the same verdicts" in lines[0]
+    assert "start dockerd" not in err and "--dry-run" not in err
+    [row] = json.loads(out)
+    dockerfile = tmp_path / "d" / f"{CELL}.Dockerfile"
+    assert row["status"] == "would-build" and row["reason"].startswith(f"venv {tmp_path / 'venvs' / CELL}; FROM ")
+    assert row["reason"].endswith(str(dockerfile)) and "FROM " in dockerfile.read_text()  # rendered all the same
     with pytest.raises(SystemExit) as done:  # --backend docker insists (without --dry-run: it would only render)
         provision_main([a for a in args if a != "--dry-run"] + ["--backend", "docker"])
-    assert done.value.code == 2 and "cannot talk to the Docker daemon" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "cannot talk to the Docker daemon" in err and "start dockerd" in err
     with pytest.raises(SystemExit) as done:
         provision_main([*args, "--backend", "docker", "--base-python", sys.executable])
     assert done.value.code == 2 and "use --backend venv" in capsys.readouterr().err
@@ -302,7 +309,10 @@ def test_backend_choice() -> None:
     assert backend.choose("auto", boom, overlay=True) == backend.Choice("venv")
     assert backend.choose("auto", lambda: None) == backend.Choice("docker")
     fell = backend.choose("auto", lambda: "cannot talk to the Docker daemon (connection refused)")
-    assert fell.backend == "venv" and fell.line.endswith("(connection refused)") and "\n" not in fell.line
+    assert fell.backend == "venv" and "\n" not in fell.line
+    assert fell.line.startswith("no Docker daemon answers (cannot talk to the Docker daemon (connection refused)): "
+                                "building the cells as venv cells")
+    assert "same verdicts" in fell.line and "start dockerd" not in fell.line
     with pytest.raises(InputError, match="use --backend venv"):
         backend.choose("docker", boom, overlay=True)
 
