@@ -467,15 +467,15 @@ def disk_check(need: int, free: int | None, where: str, todo: int, torch_builds:
                present: int = 0) -> tuple[str, str | None]:
     """(the line saying what the build needs, the refusal or None): pure, the free space is read elsewhere.
     ``torch_builds`` torch layers are still to make; ``present`` more are shared with images already here."""
-    from provision.doctor import GB
+    from provision.doctor import gb
 
     shared = f", {present} already here" if present else ""
-    line = (f"{todo} cell(s) to build ({torch_builds} new torch build(s){shared}) need about {need / GB:.0f} GB; "
-            + (f"{free / GB:.0f} GB free under {where}" if free is not None else f"free space under {where} unknown"))
+    line = (f"{todo} cell(s) to build ({torch_builds} new torch build(s){shared}) need about {gb(need)}; "
+            + (f"{gb(free)} free under {where}" if free is not None else f"free space under {where} unknown"))
     if free is None or free >= need:
         return line, None
-    return line, (f"not enough disk under {where}: this build needs about {need / GB:.0f} GB and "
-                  f"{free / GB:.0f} GB is free; run `provision prune` (or build fewer cells with --only), "
+    return line, (f"not enough disk under {where}: this build needs about {gb(need)} and "
+                  f"{gb(free)} is free; run `provision prune` (or build fewer cells with --only), "
                   "or pass --ignore-disk")
 
 
@@ -528,8 +528,10 @@ def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, docker: Docker | No
         proc = docker.run("info", "--format", "{{.DockerRootDir}}")
         where = proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
         base_present = any(docker.image_id(t) for t in (DEFAULT_TAG, DEV_TAG))
-    need = doctor.need_bytes(doctor.Facts(base_images=("present",) if base_present else (),
-                                          torch_stacks=len(wanted - present), cells_to_build=len(todo)))
+    stacks = len(wanted - present)
+    need = doctor.need_bytes(doctor.Facts(venv_torch_stacks=stacks, venv_cells_to_build=len(todo)), doctor.VENV) \
+        if venv else doctor.need_bytes(doctor.Facts(base_images=("present",) if base_present else (),
+                                                    torch_stacks=stacks, cells_to_build=len(todo)))
     if not need:
         return
     line, refusal = disk_check(need, free_bytes(Path(where)) if where else None, where or "the Docker root",
