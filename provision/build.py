@@ -425,23 +425,31 @@ def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_o
     Console(width=200).print(table)
 
 
+def reporter(opts: BuildOptions) -> Callable[[str, str], None]:
+    """One timestamped line per build event, the cell's id first (nothing with --json)."""
+    from rich.markup import escape
+
+    from checks.progress import console as progress_console
+
+    console = progress_console()  # never wraps: a log gets one event per line
+    lock = threading.Lock()
+
+    def report(cid: str, msg: str) -> None:
+        if opts.json:
+            return
+        who = f" [bold]{escape(cid)}[/]" if cid else ""
+        with lock:
+            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/]{who} {escape(msg)}")
+
+    return report
+
+
 def build_venvs(cells: Sequence[Resolved], opts: BuildOptions) -> int:
     """The venv backend: the same plan, locks, self-check, record and summary as images."""
     from provision import venvbuild
 
     folders, results = venvbuild.lock_for_venv(cells, opts.envs)
-    from rich.console import Console
-    from rich.markup import escape
-
-    console = Console(stderr=True, soft_wrap=True, highlight=False)  # a log gets one event per line
-    lock = threading.Lock()
-
-    def report(cid: str, msg: str) -> None:
-        if not opts.json:
-            with lock:
-                console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{escape(cid)}[/] {escape(msg)}")
-
-    results += venvbuild.build_venv_cells(folders, opts, report)
+    results += venvbuild.build_venv_cells(folders, opts, reporter(opts))
     summary(cells, results, opts.json)
     return 1 if any(r["status"] == "failed" for r in results) else 0
 
@@ -600,20 +608,6 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     docker.check_daemon()
     folders, results = lock_for_build(cells, opts)
     disk_gate(cells, opts, docker)  # after locking: a cell counts as built only when its current image is here
-    from rich.markup import escape
-
-    from checks.progress import console as progress_console
-
-    console = progress_console()  # never wraps: a log gets one event per line
-    lock = threading.Lock()
-
-    def report(cid: str, msg: str) -> None:
-        if opts.json:
-            return
-        who = f" [bold]{escape(cid)}[/]" if cid else ""
-        with lock:
-            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/]{who} {escape(msg)}")
-
-    results += build_locked(folders, opts, docker, report)
+    results += build_locked(folders, opts, docker, reporter(opts))
     summary(cells, results, opts.json)
     return 1 if any(r["status"] == "failed" for r in results) else 0

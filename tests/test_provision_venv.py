@@ -356,3 +356,43 @@ def test_cuda_home_from_toolkit_wheels_links_the_tree_and_a_driver_stub(tmp_path
     assert stub is not None and stub.soname == "libcuda.so.1"
     assert {"cuInit", "cuMemAlloc", "cuMemAlloc_v2", "cuPointerGetAttribute"} <= stub.defined
     assert cudahome.assemble(tmp_path / "wheels", home) == ""  # a rebuild replaces it
+
+
+def test_venv_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(world: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    """The progress a Docker build shows, for venv cells: the count and the time its cells' last builds took,
+    cell n of N with its last time, each step, a tick while it builds, and the time left after each."""
+    second = CELL.replace("fi0.6.18", "fi0.6.19")
+    folders = []
+    for cid, last_s in ((CELL, 90.0), (second, 30.0)):
+        folder = tmp_path / "envs" / cid
+        shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build.json"))
+        cell = json.loads((folder / "cell.json").read_text())
+        cell["cell_id"] = cid
+        (folder / "cell.json").write_text(json.dumps(cell))
+        # an earlier build of other inputs (another hash): rebuilt, and its time is the estimate
+        (folder / "build.json").write_text(json.dumps({"backend": "venv", "status": "built", "hash": "0ld",
+                                                       "build_s": last_s}))
+        folders.append(folder)
+    venvs = tmp_path / "venvs"
+    opts = BuildOptions(world["matrix"], envs=tmp_path / "envs", backend="venv", base_python=str(world["base"]),
+                        wheels=world["wheels"], venvs=venvs)
+    said: list[str] = []
+    records = build_venv_cells(folders, opts, lambda cid, msg: said.append(f"{cid} {msg}".strip()), tick_s=0.05)
+    assert [r["status"] for r in records] == ["built", "built"]
+    assert said[0] == "venv cells: 2 to build; about 2m00s by their last builds"
+    mine = [ln[len(CELL) + 1:] for ln in said if ln.startswith(CELL + " ") and not ln.startswith(CELL + " (cell")]
+    assert mine[0] == f"cell 1 of 2: building {venvs / CELL} (last build 1m30s)"
+    assert mine[1:4] == [f"making {venvs / CELL} over {world['base']}", "installing 1 package(s), 3 from the base",
+                         "self-check"]
+    assert mine[4].startswith("cell 1 of 2: built after ") and mine[4].endswith("· 1 of 2 done, about 30 s left")
+    ends = [ln for ln in said if ln.startswith(second + " cell 2 of 2: built after ")]
+    assert len(ends) == 1 and ends[0].endswith("· 2 of 2 done")
+    ticks = [ln for ln in said if ln.startswith(f"{CELL} (cell 1 of 2) building for ")]
+    assert ticks and all(" of 1m30s last time; at " in ln for ln in ticks)
+    # nothing changed: nothing is built, and the build times stay for the next estimate
+    again: list[str] = []
+    rebuilt = build_venv_cells(folders, opts, lambda cid, msg: again.append(f"{cid} {msg}".strip()))
+    assert [r["status"] for r in rebuilt] == ["skipped-unchanged"] * 2
+    assert again[-1] == "venv cells: 0 to build, 2 unchanged"
+    assert [r["build_s"] for r in rebuilt] == [r["build_s"] for r in records]
