@@ -379,6 +379,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded), jobs=args.jobs)
         report = _execute_with_progress(con, items, executors, store, catalogue, gpus, codes, args.resume,
                                         view, jobs=args.jobs, level=args.level, inputs=stamps)
+    if not store.results_path.exists():  # the store makes a run's files with its first news only
+        con.print("results: nothing new, so no run recorded (each variant reused or decided as before)",
+                  markup=False)
     return _finish_run(con, report, args.json, args.results, report_path(args))
 
 

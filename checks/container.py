@@ -58,12 +58,11 @@ def _connect() -> tuple[Any, str | None]:
         c.ping()
         return c, None
     except Exception as exc:
-        msg = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        return None, f"Docker is not reachable ({msg})"
+        return None, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
 
 
 def unreachable() -> str | None:
-    """Why no Docker daemon can be used from here, or None when one answers."""
+    """Why no Docker daemon can be used from here (the SDK's error), or None when one answers."""
     return _connect()[1]
 
 
@@ -71,8 +70,8 @@ def client() -> Any:
     """A Docker SDK client, or ExecutorError with one line saying why not and what to do."""
     c, problem = _connect()
     if problem is not None:
-        raise ExecutorError(f"{problem}; start dockerd, or leave out --backend docker to run venv cells, "
-                            "or use --local")
+        raise ExecutorError(f"Docker is not reachable ({problem}); start dockerd, or leave out --backend docker "
+                            "to run venv cells, or use --local")
     return c
 
 

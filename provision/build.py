@@ -38,6 +38,7 @@ SELFCHECK_ROOT = "/opt/stackprobe-code"  # in the image: the self-check beside t
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 LOGS = Path(__file__).resolve().parent.parent / ".cache" / "build-logs"
 VENVS = Path(__file__).resolve().parent.parent / ".cache" / "venvs"  # venv cells (provision/venvbuild.py)
+NO_CLI = "docker CLI not found"
 
 
 def docker_cli() -> str:
@@ -61,22 +62,21 @@ class Docker:
         problem = self.unreachable()
         if problem is None:
             return
-        if problem.startswith("docker CLI not found"):
-            hint = "install Docker (Debian: apt-get install docker.io)"
-        elif "permission denied" in problem:
-            hint = "run as a member of the docker group"
+        if problem == NO_CLI:
+            what, hint = problem, "install Docker (Debian: apt-get install docker.io)"
         else:
-            hint = "start dockerd"
-        raise InputError(f"{problem}: {hint}, or leave out --backend docker to build venv cells instead")
+            what = f"cannot talk to the Docker daemon ({problem})"
+            hint = "run as a member of the docker group" if "permission denied" in problem else "start dockerd"
+        raise InputError(f"{what}: {hint}, or leave out --backend docker to build venv cells instead")
 
     def unreachable(self) -> str | None:
-        """Why this CLI cannot build (no CLI, no daemon), or None when it can: the reason alone, no fix."""
+        """Why this CLI cannot build (no CLI, or the daemon's refusal as the CLI prints it), or None when it
+        can: the reason alone, no fix."""
         if shutil.which(self.cli) is None and not os.path.exists(self.cli):
-            return "docker CLI not found"
+            return NO_CLI
         proc = self.run("info", "--format", "{{.ServerVersion}}")
         if proc.returncode != 0:
-            err = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
-            return f"cannot talk to the Docker daemon ({err})"
+            return (proc.stderr.strip().splitlines() or ["no answer"])[-1]
         return None
 
     def buildkit(self) -> bool:
