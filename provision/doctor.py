@@ -38,11 +38,12 @@ DISK_PER_TORCH = 5_500_000_000
 DISK_PER_CELL = 1 * GB
 DISK_BASE = 1 * GB
 # venv cells: uv unpacks each wheel once into its cache and links the files into every venv that installs
-# it (hard links on one file system), so a torch build's files count once however many cells use it. A
-# torch build with its CUDA wheels unpacks to 5.4 GB (torch 2.11.0+cu130) to 7.5 GB (torch 2.9.1+cu128, its
-# CUDA 12 wheels larger); a cell's own packages (flashinfer, cutlass-dsl, a small rest) add about 0.6 GB, and
-# an sgl-kernel 1.4 GB shared by the cells of one torch build. The default matrix's five venv cells on three
-# torch builds grew the disk by 18.5 GB built from a cold cache on a 2-core machine; this rule says 19.5 GB.
+# it (hard links on one file system), so a torch build's files count once however many cells use it.
+# Measured here: a built torch 2.9.1+cu128 venv cell holds 8.7 GB, of which torch, triton and the CUDA 12
+# wheels 6.6 GB, sgl-kernel 1.3 GB (shared by the cells of one torch build and sgl-kernel), cutlass-dsl
+# 0.5 GB, flashinfer 0.1 GB; a CUDA 13 torch 2.11.0 cell without sgl-kernel unpacks to 5.4 GB in uv's
+# cache. The default matrix's five venv cells on three torch builds grew the disk by 18.5 GB built from a
+# cold cache on a 2-core machine; this rule says 19.5 GB.
 VENV_PER_TORCH = 5_500_000_000
 VENV_PER_CELL = 600_000_000
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"

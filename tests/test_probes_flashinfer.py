@@ -381,7 +381,7 @@ def _build_venv(venv: Path, marker: Path) -> None:
     subprocess.run([*pip, *FI_STACK], check=True, env=env)
     subprocess.run([*pip, "--no-deps", *FI_NO_DEPS], check=True, env=env)
     marker.write_text("ok\n")
-    for old in venv.parent.glob("fi-venv-*"):  # the venvs of earlier specs: nothing uses them any more
+    for old in venv.parent.glob("fi-venv-*"):  # venvs of other specs: no test of this checkout uses them
         if old != venv and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
 
