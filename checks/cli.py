@@ -246,24 +246,16 @@ def venv_targets(args: argparse.Namespace, gpus: int) -> Targets:
 
 def chosen_backend(args: argparse.Namespace) -> str:
     """docker or venv: ``--backend``, or under auto Docker when its daemon answers (said in one line if not)."""
+    from checks.container import client, unreachable
     from provision import backend
     from provision.errors import InputError
 
-    def docker_problem() -> str | None:
-        from checks.container import client
-
-        try:
-            client()
-        except ExecutorError as exc:
-            return str(exc)
-        return None
-
     try:
-        chosen = backend.choose(args.backend, docker_problem)
+        chosen = backend.choose(args.backend, unreachable, doing=backend.RUN_VENVS)
     except InputError as exc:
         raise UsageError(f"checks run: {exc.one_line()}") from None
-    if args.backend == backend.DOCKER and (problem := docker_problem()):
-        raise ExecutorError(problem)  # insisted on: fails now, even when no image would run
+    if args.backend == backend.DOCKER:
+        client()  # insisted on: fails now (ExecutorError with the fix), even when no image would run
     if chosen.line:
         print(f"checks: {chosen.line}", file=sys.stderr, flush=True)
     return chosen.backend
@@ -391,6 +383,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded), jobs=args.jobs)
         report = _execute_with_progress(con, items, executors, store, catalogue, gpus, codes, args.resume,
                                         view, jobs=args.jobs, level=args.level, inputs=stamps)
+    if not store.results_path.exists():  # the store makes a run's files with its first news only
+        con.print("results: nothing new, so no run recorded (each variant reused or decided as before)",
+                  markup=False)
     return _finish_run(con, report, args.json, args.results, report_path(args))
 
 

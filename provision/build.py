@@ -38,6 +38,7 @@ SELFCHECK_ROOT = "/opt/stackprobe-code"  # in the image: the self-check beside t
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 LOGS = Path(__file__).resolve().parent.parent / ".cache" / "build-logs"
 VENVS = Path(__file__).resolve().parent.parent / ".cache" / "venvs"  # venv cells (provision/venvbuild.py)
+NO_CLI = "docker CLI not found"
 
 
 def docker_cli() -> str:
@@ -57,20 +58,25 @@ class Docker:
         return subprocess.run([self.cli, *args], capture_output=True, text=True, **kw)
 
     def check_daemon(self) -> None:
-        if shutil.which(self.cli) is None and not os.path.exists(self.cli):
-            raise InputError("docker CLI not found: install Docker (Debian: apt-get install docker.io)")
-        proc = self.run("info", "--format", "{{.ServerVersion}}")
-        if proc.returncode != 0:
-            err = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
-            hint = "run as a member of the docker group" if "permission denied" in err else "start dockerd"
-            raise InputError(f"cannot talk to the Docker daemon ({err}): {hint}, or use --dry-run")
+        """InputError saying why Docker cannot build here and how to make it, for `--backend docker`."""
+        problem = self.unreachable()
+        if problem is None:
+            return
+        if problem == NO_CLI:
+            what, hint = problem, "install Docker (Debian: apt-get install docker.io)"
+        else:
+            what = f"cannot talk to the Docker daemon ({problem})"
+            hint = "run as a member of the docker group" if "permission denied" in problem else "start dockerd"
+        raise InputError(f"{what}: {hint}, or leave out --backend docker to build venv cells instead")
 
     def unreachable(self) -> str | None:
-        """Why this CLI cannot build (no CLI, no daemon), or None when it can."""
-        try:
-            self.check_daemon()
-        except InputError as e:
-            return e.one_line()
+        """Why this CLI cannot build (no CLI, or the daemon's refusal as the CLI prints it), or None when it
+        can: the reason alone, no fix."""
+        if shutil.which(self.cli) is None and not os.path.exists(self.cli):
+            return NO_CLI
+        proc = self.run("info", "--format", "{{.ServerVersion}}")
+        if proc.returncode != 0:
+            return (proc.stderr.strip().splitlines() or ["no answer"])[-1]
         return None
 
     def buildkit(self) -> bool:
@@ -419,26 +425,31 @@ def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_o
     Console(width=200).print(table)
 
 
+def reporter(opts: BuildOptions) -> Callable[[str, str], None]:
+    """One timestamped line per build event, the cell's id first (nothing with --json)."""
+    from rich.markup import escape
+
+    from checks.progress import console as progress_console
+
+    console = progress_console()  # never wraps: a log gets one event per line
+    lock = threading.Lock()
+
+    def report(cid: str, msg: str) -> None:
+        if opts.json:
+            return
+        who = f" [bold]{escape(cid)}[/]" if cid else ""
+        with lock:
+            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/]{who} {escape(msg)}")
+
+    return report
+
+
 def build_venvs(cells: Sequence[Resolved], opts: BuildOptions) -> int:
     """The venv backend: the same plan, locks, self-check, record and summary as images."""
     from provision import venvbuild
 
     folders, results = venvbuild.lock_for_venv(cells, opts.envs)
-    if opts.dry_run:
-        summary(cells, results + venvbuild.dry_run(folders, opts), opts.json)
-        return 0
-    from rich.console import Console
-    from rich.markup import escape
-
-    console = Console(stderr=True, soft_wrap=True, highlight=False)  # a log gets one event per line
-    lock = threading.Lock()
-
-    def report(cid: str, msg: str) -> None:
-        if not opts.json:
-            with lock:
-                console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] [bold]{escape(cid)}[/] {escape(msg)}")
-
-    results += venvbuild.build_venv_cells(folders, opts, report)
+    results += venvbuild.build_venv_cells(folders, opts, reporter(opts))
     summary(cells, results, opts.json)
     return 1 if any(r["status"] == "failed" for r in results) else 0
 
@@ -464,15 +475,15 @@ def disk_check(need: int, free: int | None, where: str, todo: int, torch_builds:
                present: int = 0) -> tuple[str, str | None]:
     """(the line saying what the build needs, the refusal or None): pure, the free space is read elsewhere.
     ``torch_builds`` torch layers are still to make; ``present`` more are shared with images already here."""
-    from provision.doctor import GB
+    from provision.doctor import gb
 
     shared = f", {present} already here" if present else ""
-    line = (f"{todo} cell(s) to build ({torch_builds} new torch build(s){shared}) need about {need / GB:.0f} GB; "
-            + (f"{free / GB:.0f} GB free under {where}" if free is not None else f"free space under {where} unknown"))
+    line = (f"{todo} cell(s) to build ({torch_builds} new torch build(s){shared}) need about {gb(need)}; "
+            + (f"{gb(free)} free under {where}" if free is not None else f"free space under {where} unknown"))
     if free is None or free >= need:
         return line, None
-    return line, (f"not enough disk under {where}: this build needs about {need / GB:.0f} GB and "
-                  f"{free / GB:.0f} GB is free; run `provision prune` (or build fewer cells with --only), "
+    return line, (f"not enough disk under {where}: this build needs about {gb(need)} and "
+                  f"{gb(free)} is free; run `provision prune` (or build fewer cells with --only), "
                   "or pass --ignore-disk")
 
 
@@ -525,8 +536,10 @@ def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, docker: Docker | No
         proc = docker.run("info", "--format", "{{.DockerRootDir}}")
         where = proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
         base_present = any(docker.image_id(t) for t in (DEFAULT_TAG, DEV_TAG))
-    need = doctor.need_bytes(doctor.Facts(base_images=("present",) if base_present else (),
-                                          torch_stacks=len(wanted - present), cells_to_build=len(todo)))
+    stacks = len(wanted - present)
+    need = doctor.need_bytes(doctor.Facts(venv_torch_stacks=stacks, venv_cells_to_build=len(todo)), doctor.VENV) \
+        if venv else doctor.need_bytes(doctor.Facts(base_images=("present",) if base_present else (),
+                                                    torch_stacks=stacks, cells_to_build=len(todo)))
     if not need:
         return
     line, refusal = disk_check(need, free_bytes(Path(where)) if where else None, where or "the Docker root",
@@ -534,6 +547,46 @@ def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, docker: Docker | No
     print(f"provision: {line}", file=sys.stderr, flush=True)
     if refusal and not opts.ignore_disk and not opts.dry_run:
         raise InputError(refusal)
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it, as a user would type it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def render_dockerfiles(folders: Sequence[Path], opts: BuildOptions) -> dict[str, str]:
+    """Write each locked cell's Dockerfile (pure rendering, no daemon asked: the base is the one ``--base``
+    names, or the registry-free one under auto); cell id -> what the dry run says about it."""
+    out = {}
+    for f in folders:
+        cell = load_cell(f)
+        base = choose_base(cell, opts, None)
+        atomic.write_text(opts.dockerfiles / f"{f.name}.Dockerfile", render(cell, base, buildkit=True))
+        out[f.name] = f"FROM {base.image}; {shown(opts.dockerfiles / f'{f.name}.Dockerfile')}"
+    return out
+
+
+def dry_run(cells: Sequence[Resolved], opts: BuildOptions, chosen: str) -> int:
+    """Lock the cells and print the plan; render every Dockerfile whether or not a daemon answers, unless
+    venv cells were asked for by name (``--backend venv``, ``--base-python``, ``--wheels``). Builds nothing."""
+    if chosen == backend.VENV:
+        from provision import venvbuild
+
+        disk_gate(cells, opts, None)
+        folders, results = venvbuild.lock_for_venv(cells, opts.envs)
+        rows = venvbuild.dry_run(folders, opts)
+    else:
+        folders, results = lock_for_build(cells, opts)
+        rows = [{"cell_id": f.name, "status": "would-build", "reason": ""} for f in folders]
+    if opts.backend != backend.VENV and not opts.overlay:
+        rendered = render_dockerfiles(folders, opts)
+        for row in rows:
+            row["reason"] = "; ".join(filter(None, [row["reason"], rendered[row["cell_id"]]]))
+    summary(cells, results + rows, opts.json)
+    return 0
 
 
 def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
@@ -547,38 +600,14 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     chosen = backend.choose(opts.backend, docker.unreachable, opts.overlay)
     if chosen.line:
         print(f"provision: {chosen.line}", file=sys.stderr, flush=True)
+    if opts.dry_run:
+        return dry_run(cells, opts, chosen.backend)
     if chosen.backend == backend.VENV:
         disk_gate(cells, opts, None)
         return build_venvs(cells, opts)
-    if not opts.dry_run:
-        docker.check_daemon()
+    docker.check_daemon()
     folders, results = lock_for_build(cells, opts)
-    if not opts.dry_run:  # after locking: a cell counts as built only when its current image is here
-        disk_gate(cells, opts, docker)
-    if opts.dry_run:
-        for f in folders:
-            cell = load_cell(f)
-            base = choose_base(cell, opts, None)
-            text = render(cell, base, buildkit=True)
-            atomic.write_text(opts.dockerfiles / f"{f.name}.Dockerfile", text)
-            results.append({"cell_id": f.name, "status": "would-build",
-                            "reason": f"FROM {base.image}; dockerfiles/{f.name}.Dockerfile"})
-        summary(cells, results, opts.json)
-        return 0
-    from rich.markup import escape
-
-    from checks.progress import console as progress_console
-
-    console = progress_console()  # never wraps: a log gets one event per line
-    lock = threading.Lock()
-
-    def report(cid: str, msg: str) -> None:
-        if opts.json:
-            return
-        who = f" [bold]{escape(cid)}[/]" if cid else ""
-        with lock:
-            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/]{who} {escape(msg)}")
-
-    results += build_locked(folders, opts, docker, report)
+    disk_gate(cells, opts, docker)  # after locking: a cell counts as built only when its current image is here
+    results += build_locked(folders, opts, docker, reporter(opts))
     summary(cells, results, opts.json)
     return 1 if any(r["status"] == "failed" for r in results) else 0

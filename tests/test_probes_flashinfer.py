@@ -4,6 +4,7 @@ classification of flashinfer's own gate error, and (slow) a real JIT cross-compi
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -310,36 +311,47 @@ def test_inventory_imports_sgl_kernel_and_fails_on_a_loader_error(tmp_path: Path
         assert "not proven" in r["note"] and "libcuda.so.1" in r["evidence"]["sgl_kernel_import"]
 
 
+# What the real-JIT venv holds: torch with the few packages flashinfer's import needs, then flashinfer itself
+# without its dependencies. The venv is named by a digest of these and the interpreter, so every test run
+# reuses it (nothing downloaded) until one of them changes; uv links its files from its shared cache.
+FI_STACK = ("torch==2.11.0", "numpy", "nvidia-ml-py", "tqdm", "requests", "packaging", "ninja")
+FI_NO_DEPS = (f"flashinfer-python=={FLASHINFER}", "apache-tvm-ffi==0.1.15.post2")
+
+
+def fi_venv_key() -> str:
+    spec = [*FI_STACK, "--no-deps", *FI_NO_DEPS, sys.version.split()[0]]
+    return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:12]
+
+
 @pytest.fixture(scope="module")
 def fi_python() -> str:
-    """A venv with torch (from the uv cache) and flashinfer with the few packages its import needs."""
+    """A venv with torch (from the uv cache) and flashinfer with the few packages its import needs, made once
+    per install spec and kept under .cache/ for later runs."""
     if not os.access(NVCC, os.X_OK) or shutil.which("uv") is None:
         pytest.skip("needs nvcc at /usr/local/cuda and uv")
-    venv = ROOT / ".cache" / f"fi-venv-{FLASHINFER}"
+    venv = ROOT / ".cache" / f"fi-venv-{FLASHINFER}-{fi_venv_key()}"
     python = venv / "bin" / "python"
     marker = venv / ".ready"
     venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f".fi-venv-{FLASHINFER}.lock", "w") as lock:
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # xdist workers share this venv; one builds it
         _build_venv(venv, marker)
     return str(python)
 
 
 def _build_venv(venv: Path, marker: Path) -> None:
-    if not marker.exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run(["uv", "venv", "-q", str(venv), "--python", sys.executable], check=True)
-        env = {**os.environ, "VIRTUAL_ENV": str(venv)}
-        pip = ["uv", "pip", "install", "-q"]
-        subprocess.run(
-            [*pip, "torch==2.11.0", "numpy", "nvidia-ml-py", "tqdm", "requests", "packaging", "ninja"],
-            check=True,
-            env=env,
-        )
-        subprocess.run(
-            [*pip, "--no-deps", f"flashinfer-python=={FLASHINFER}", "apache-tvm-ffi==0.1.15.post2"], check=True, env=env
-        )
-        marker.write_text("ok\n")
+    if marker.exists():
+        return
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run(["uv", "venv", "-q", str(venv), "--python", sys.executable], check=True)
+    env = {**os.environ, "VIRTUAL_ENV": str(venv)}
+    pip = ["uv", "pip", "install", "-q"]
+    subprocess.run([*pip, *FI_STACK], check=True, env=env)
+    subprocess.run([*pip, "--no-deps", *FI_NO_DEPS], check=True, env=env)
+    marker.write_text("ok\n")
+    for old in venv.parent.glob("fi-venv-*"):  # venvs of other specs: no test of this checkout uses them
+        if old != venv and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _fi_env(tmp_path: Path, python: str) -> dict[str, str]:
