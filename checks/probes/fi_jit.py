@@ -49,7 +49,7 @@ from typing import Any
 from checks import gpuarch, toolkit
 from checks.envinfo import torch_cuda_version
 from checks.probe import QUICK, HostView, ProbeSpec, RankContext, Skip, Variant, outcome
-from checks.probes import _compile_cache, _fatbin, _fi_build
+from checks.probes import _compile_cache, _fatbin, _fi_build, _fi_prebuild
 from checks.probes import _flashinfer as fi
 
 SPEC = ProbeSpec(
@@ -105,6 +105,9 @@ def build_env(arch: str, cache: str) -> dict[str, str]:
         env.pop("FLASHINFER_CUDA_ARCH_LIST", None)  # flashinfer's own detection is what is under test
     else:
         env["FLASHINFER_CUDA_ARCH_LIST"] = arch
+    targets = len(arch.split()) if arch != LOCAL else 1
+    if targets > 1:  # nvcc compiles each object for the targets in parallel; no part of the cache key
+        env[_fi_build.THREADS_ENV] = env["FLASHINFER_NVCC_THREADS"] = str(targets)
     return env
 
 
@@ -179,6 +182,10 @@ def cached_note(result: dict[str, Any]) -> str:
     when, with which flashinfer, for which targets) or objects ninja found up to date."""
     origin = result.get("cached_from") or {}
     stamp = origin.get("built_at") or origin.get("objects_written_at") or "an unrecorded time"
+    if result.get("cached_by") == "store-objects":
+        who = origin.get("cell") or origin.get("host") or "an unrecorded build"
+        return (f"cached: linked here from objects in the compile cache, compiled {stamp} by {who} for "
+                f"{origin.get('arch_list')} (that build failed at the link)")
     if result.get("cached_by") == "store":
         who = origin.get("cell") or origin.get("host") or "an unrecorded build"
         return (f"cached: from the compile cache, built {stamp} by {who} with flashinfer "
@@ -214,7 +221,7 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
     if warning:
         evidence["toolkit_warning"] = warning
     for key in ("library", "cache_key", "cache_entry", "cache_headers", "cache_misses", "cache_error",
-                "combined_attempt"):
+                "combined_attempt", "objects_cached", "objects_from", "objects_stored"):
         if key in result:
             evidence[key] = result[key]
     if result.get("arch_list"):
@@ -254,9 +261,13 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
     last = err.strip().splitlines()[-1] if err.strip() else stage
     first = _headline([named] if named else _fi_build.error_lines(err) or [last])
     if stage == "link" and code == "fi-link-no-libcuda":
+        origin = result.get("objects_from") or {}
+        how = (f" (objects from the compile cache, compiled {origin.get('built_at') or 'earlier'} by "
+               f"{origin.get('cell') or origin.get('host') or 'an unrecorded build'})"
+               if result.get("objects_cached") else "")
         return done(
             "partial",
-            f"every object compiled for {', '.join(targets) or arch}; the final link failed: this toolkit "
+            f"every object compiled for {', '.join(targets) or arch}{how}; the final link failed: this toolkit "
             "has no libcuda.so stub (lib64/stubs), which a GPU host's driver provides",
             code,
         )
@@ -309,6 +320,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
         major, minor = torch.cuda.get_device_capability(0)
         local_cc = f"{major}.{minor}"
     os.makedirs(cache, exist_ok=True)
+    if arch == LOCAL:
+        _prebuild_others(ctx, module, cache)
     lasting = bool(_compile_cache.root() or os.environ.get(CACHE_ENV))  # a combined build outlives this variant
     combined = combined_archs(arch, os.environ.get(ARCHS_ENV, "")) if lasting and arch != LOCAL else ""
     result = _build(ctx, module, arch, combined, cache, tk)
@@ -318,7 +331,35 @@ def run(ctx: RankContext) -> dict[str, Any]:
         result["torch_cuda"] = torch_cuda
     if local_cc:
         result["local_capability"] = local_cc
-    return verdict(module, arch, result, _objects_targets(result))
+    out = verdict(module, arch, result, _objects_targets(result))
+    if arch == LOCAL and out["status"] == "pass" and result.get("loaded"):
+        # what the GPU probes of this cell load instead of compiling it again (_flashinfer.use_prebuilt)
+        where = fi.publish(str(result.get("name") or module), str(result.get("library") or ""),
+                           result.get("flashinfer"), str(result.get("arch_dir") or ""))
+        if where:
+            out["evidence"]["published_for_probes"] = where
+    return out
+
+
+def _prebuild_others(ctx: RankContext, module: str, cache: str) -> None:
+    """Start, once per cell, flashinfer release and run, the local builds of every other comm module side by
+    side into the compile cache (``_fi_prebuild``): the GPU probes load them (``_flashinfer.use_prebuilt``)
+    and each module's own variant then finds its build done or waits for it instead of compiling in turn."""
+    root = fi.prebuilt_root()
+    if _compile_cache.root() is None or root is None:
+        return
+    marker = root / f".prebuild-{fi.version() or 'unknown'}"
+    try:
+        if marker.exists() and time.time() - marker.stat().st_mtime < SPEC.timeout_s:
+            return
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{os.getpid()}\n")
+    except OSError:
+        return
+    others = [m for m in fi.COMM_MODULES if m != module]
+    started = _fi_prebuild.start(others, build_env(LOCAL, cache))
+    ctx.log(f"started the local builds of {', '.join(others)} side by side" if started else
+            "could not start the local builds of the other modules")
 
 
 # Failures no arch list changes: flashinfer did not import or has no such module, nvcc or the host compiler
