@@ -374,7 +374,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         items = incremental.decide(items, earlier, stamps, hashes, args.level)
     _print_plan(con, facts, items, probes)
     code = provenance.checkout()
-    recorded = runprogress.recorded_durations(earlier)
+    recorded = runprogress.learned(store.folder)  # before this run adds to it
     with RunLock(store.folder):
         new = manifest.build(store.run_id, store.host_id, now_iso(), targets.kind, facts,
                              targets.cells, probes, code, hashes, args.argv, args.level, prints)
@@ -384,7 +384,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         codes = {pid: code.for_probe(h) for pid, h in hashes.items()}
         done = store.recorded() if args.resume else set()
         todo = [it for it in items if it.key not in done]
-        view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded), jobs=args.jobs)
+        view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, targets.kind),
+                                    jobs=args.jobs)
         report = _execute_with_progress(con, items, executors, store, catalogue, gpus, codes, args.resume,
                                         view, jobs=args.jobs, level=args.level, inputs=stamps)
     return _finish_run(con, report, args.json, args.results, report_path(args))
