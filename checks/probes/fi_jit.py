@@ -357,7 +357,9 @@ def _prebuild_others(ctx: RankContext, module: str, cache: str) -> None:
     except OSError:
         return
     others = [m for m in fi.COMM_MODULES if m != module]
-    started = _fi_prebuild.start(others, build_env(LOCAL, cache))
+    # a workspace of their own: a probe that compiles a module itself meanwhile never shares a build folder
+    # with them (the workspace is a placeholder in the key, so their builds are the variants' cache hits)
+    started = _fi_prebuild.start(others, build_env(LOCAL, os.path.join(cache, "prebuild")))
     ctx.log(f"started the local builds of {', '.join(others)} side by side" if started else
             "could not start the local builds of the other modules")
 
