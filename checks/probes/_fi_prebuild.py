@@ -1,8 +1,8 @@
 """Start the builds of several comm modules at once, longest first, into the shared compile cache.
 
 Run as ``python -m checks.probes._fi_prebuild MODULE...`` in the environment a build runs in (the arch list,
-the JIT workspace and the compile cache already set). fi-jit's first variant for the local GPU starts it,
-detached, for the cell's other local modules: each build holds its key in the compile cache
+the JIT workspace and the compile cache already set). fi-jit's first variant for the local GPU starts it
+for the cell's other local modules and waits for it before it ends: each build holds its key in the compile cache
 (``_compile_cache.building``), so the variant of that module, when its turn comes, waits for the build
 already running and finds its library, and the modules compile side by side on a host with the cores for it
 instead of one variant after another. The order: the longest first, by what the compile cache recorded for
@@ -59,12 +59,11 @@ def longest_first(modules: list[str], recorded: Mapping[str, float | None], size
 
 
 def start(modules: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
-    """Start this module's main, detached (its builds outlive the variant that started them), or None when
-    it could not start. Its output goes nowhere: each build's result is read from the compile cache."""
+    """Start this module's main in the background, or None when it could not start. Its output goes nowhere:
+    each build's result is read from the compile cache by that module's variant."""
     try:
         return subprocess.Popen([sys.executable, "-m", "checks.probes._fi_prebuild", *modules], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:
         return None
 

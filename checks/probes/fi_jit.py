@@ -320,8 +320,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         major, minor = torch.cuda.get_device_capability(0)
         local_cc = f"{major}.{minor}"
     os.makedirs(cache, exist_ok=True)
-    if arch == LOCAL:
-        _prebuild_others(ctx, module, cache)
+    side = _prebuild_others(ctx, module, cache) if arch == LOCAL else None
     lasting = bool(_compile_cache.root() or os.environ.get(CACHE_ENV))  # a combined build outlives this variant
     combined = combined_archs(arch, os.environ.get(ARCHS_ENV, "")) if lasting and arch != LOCAL else ""
     result = _build(ctx, module, arch, combined, cache, tk)
@@ -332,6 +331,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if local_cc:
         result["local_capability"] = local_cc
     out = verdict(module, arch, result, _objects_targets(result))
+    if side is not None:
+        out["evidence"]["side_builds"] = _await_side_builds(side)
     if arch == LOCAL and out["status"] == "pass" and result.get("loaded"):
         # what the GPU probes of this cell load instead of compiling it again (_flashinfer.use_prebuilt)
         where = fi.publish(str(result.get("name") or module), str(result.get("library") or ""),
@@ -341,27 +342,43 @@ def run(ctx: RankContext) -> dict[str, Any]:
     return out
 
 
-def _prebuild_others(ctx: RankContext, module: str, cache: str) -> None:
+def _prebuild_others(ctx: RankContext, module: str, cache: str) -> tuple[Any, list[str], float] | None:
     """Start, once per cell, flashinfer release and run, the local builds of every other comm module side by
-    side into the compile cache (``_fi_prebuild``): the GPU probes load them (``_flashinfer.use_prebuilt``)
-    and each module's own variant then finds its build done or waits for it instead of compiling in turn."""
+    side into the compile cache (``_fi_prebuild``), beside this variant's own build: the GPU probes load them
+    (``_flashinfer.use_prebuilt``), and each module's own variant then finds its build done instead of
+    compiling in turn. Nothing a variant starts outlives it (``checks.isolate``), so this variant waits for
+    them before it ends (:func:`_await_side_builds`). None when nothing was started."""
     root = fi.prebuilt_root()
     if _compile_cache.root() is None or root is None:
-        return
+        return None
     marker = root / f".prebuild-{fi.version() or 'unknown'}"
     try:
         if marker.exists() and time.time() - marker.stat().st_mtime < SPEC.timeout_s:
-            return
+            return None
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(f"{os.getpid()}\n")
     except OSError:
-        return
+        return None
     others = [m for m in fi.COMM_MODULES if m != module]
     # a workspace of their own: a probe that compiles a module itself meanwhile never shares a build folder
     # with them (the workspace is a placeholder in the key, so their builds are the variants' cache hits)
-    started = _fi_prebuild.start(others, build_env(LOCAL, os.path.join(cache, "prebuild")))
-    ctx.log(f"started the local builds of {', '.join(others)} side by side" if started else
+    proc = _fi_prebuild.start(others, build_env(LOCAL, os.path.join(cache, "prebuild")))
+    ctx.log(f"started the local builds of {', '.join(others)} side by side" if proc else
             "could not start the local builds of the other modules")
+    return (proc, others, time.monotonic()) if proc else None
+
+
+def _await_side_builds(side: tuple[Any, list[str], float]) -> dict[str, Any]:
+    """Wait for the side builds (within this variant's watchdog, less a minute for the verdict); what they
+    were and how long they took from their start. A build still running then is stopped: its module's
+    variant builds it."""
+    proc, modules, t0 = side
+    try:
+        rc = proc.wait(timeout=max(1.0, t0 + SPEC.timeout_s - 120 - time.monotonic()))
+    except Exception:
+        proc.kill()
+        rc = None
+    return {"modules": modules, "exit": rc, "wall_s": round(time.monotonic() - t0, 1)}
 
 
 # Failures no arch list changes: flashinfer did not import or has no such module, nvcc or the host compiler
