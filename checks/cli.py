@@ -362,8 +362,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     facts, targets, gpus = host_and_targets(args)
     host = dataclasses.replace(hostfacts.host_view(facts, archs), level=args.level)
     items = plan_work(targets.cells, probes, host, args.timeout_scale)
-    executors = for_run(targets.executors, archs, compile_cache_dir(args.compile_cache, args.no_compile_cache),
-                        facts["host_id"], gpu_lock_path() if gpus else None)
+    cache_dir = compile_cache_dir(args.compile_cache, args.no_compile_cache)
+    executors = for_run(targets.executors, archs, cache_dir, facts["host_id"], gpu_lock_path() if gpus else None)
     hashes = provenance.probe_hashes(probes)
     store = open_run(args, facts["host_id"])
     earlier = incremental.latest(store.folder)  # before this run adds to it
@@ -385,7 +385,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         done = store.recorded() if args.resume else set()
         todo = [it for it in items if it.key not in done]
         view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, targets.kind),
-                                    jobs=args.jobs)
+                                    jobs=args.jobs, compile_note=runprogress.compile_note(cache_dir))
         report = _execute_with_progress(con, items, executors, store, catalogue, gpus, codes, args.resume,
                                         view, jobs=args.jobs, level=args.level, inputs=stamps)
     return _finish_run(con, report, args.json, args.results, report_path(args))

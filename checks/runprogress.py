@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from checks.plan import WorkItem
+from checks.probes import _compile_cache as cc
+from checks.probes import _flashinfer as fi
 from checks.progress import Estimate, duration, estimate
 from checks.result import ProbeResult
 from checks.store import read_file
@@ -118,6 +120,23 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
     return out
 
 
+def compile_note(compile_cache: Path | None) -> Callable[[WorkItem], str]:
+    """For a GPU variant that loads flashinfer comm modules fi-jit has not published for its cell (in the
+    compile cache ``compile_cache``, as the cell's ranks see it), ``; compiles X in its turn (...)``; else ""."""
+
+    def note(item: WorkItem) -> str:
+        release = item.cell.versions.get("flashinfer") or ""
+        if not item.spec.needs_gpu or not release or release == "none":
+            return ""
+        wanted = fi.modules_for(item.spec.id, dict(item.variant.params))
+        env = {cc.ENV: str(compile_cache or ""), cc.CELL_ENV: item.cell.cell_id}
+        missing = fi.unpublished(wanted, release, env)
+        return (f"; compiles {', '.join(missing)} in its turn: fi-jit has not built it for this GPU here"
+                if missing else "")
+
+    return note
+
+
 def _param_of(variant_key: str, name: str) -> str:
     """The value of parameter ``name`` in a recorded variant key (``ranks=1,module=vllm_comm,arch=local``);
     "" when the probe has no build parameter or the key lacks it."""
@@ -134,6 +153,7 @@ class RunView:
     expected: dict[Key, Expected]
     done: set[Key] = field(default_factory=set)
     jobs: int = 1  # CPU-only variants of different cells run this many at once
+    compile_note: Callable[[WorkItem], str] | None = None  # what a GPU variant will compile in its turn
     cells: list[str] = field(init=False)
     running: set[Key] = field(default_factory=set)
     _shown_cells: set[str] = field(default_factory=set)
@@ -199,10 +219,12 @@ class RunView:
         return f"{item.cell.cell_id} {item.spec.id} {item.variant.key}"
 
     def start_line(self, item: WorkItem) -> str:
-        """Said when ``item`` starts; it counts as running from here until :meth:`finish`."""
+        """Said when ``item`` starts; it counts as running from here until :meth:`finish`. A GPU variant that
+        will compile a flashinfer module in its own turn (fi-jit has not published it) says so."""
         self.running.add(item.key)
         n = len(self.done) + len(self.running)
-        return f"  start {self.label(item)} ({n} of {self.total}; {self._last(item)})"
+        compiles = self.compile_note(item) if self.compile_note else ""
+        return f"  start {self.label(item)} ({n} of {self.total}; {self._last(item)}){compiles}"
 
     def tick_line(self, item: WorkItem, elapsed: float) -> str:
         left = self.left(item.key, elapsed)

@@ -155,3 +155,27 @@ def test_a_published_library_is_where_flashinfer_reads_aot_modules(tmp_path: Pat
     assert Path(where).read_bytes() == lib.read_bytes()
     assert fi.published("trtllm_comm", "0.7.4", "90a") and not fi.published("trtllm_comm", "0.7.4", "100a")
     assert fi.publish("vllm_comm", str(tmp_path / "missing.so"), "0.7.4", "90a") is None
+
+
+def test_a_gpu_variant_that_will_compile_says_so_when_it_starts(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from checks import runprogress
+    from checks.plan import CellTarget, WorkItem
+    from checks.probe import Variant
+    from checks.probes import fi_fusion, pcie_ipc
+
+    cell = CellTarget("cu130-fi0.7.4", "resolved", versions={"flashinfer": "0.7.4"})
+    fusion = WorkItem(cell, fi_fusion.SPEC, Variant("fi-fusion", 2, (("placement", "1gpu"),), True), 60.0)
+    gather = WorkItem(cell, pcie_ipc.SPEC, Variant("pcie-ipc", 2, (("op", "all-gather"),)), 60.0)
+    view = runprogress.RunView([fusion, gather], {}, compile_note=runprogress.compile_note(tmp_path))
+    assert view.start_line(fusion).endswith(
+        "; compiles trtllm_comm in its turn: fi-jit has not built it for this GPU here")
+    # what fi-jit's local variant does once trtllm_comm passed and loaded, in the cell's environment
+    monkeypatch.setenv(cc.ENV, str(tmp_path))
+    monkeypatch.setenv(cc.CELL_ENV, cell.cell_id)
+    lib = tmp_path / "trtllm_comm.so"
+    lib.write_bytes(b"\x7fELF")
+    fi.mark_published("trtllm_comm", fi.publish("trtllm_comm", str(lib), "0.7.4", "90a") or "")
+    assert "compiles" not in view.start_line(fusion)
+    assert view.start_line(gather).endswith("; compiles pcie_ipc_ag_rs in its turn: fi-jit has not built it "
+                                            "for this GPU here")

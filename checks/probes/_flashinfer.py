@@ -127,6 +127,38 @@ def use_prebuilt() -> str | None:
     return str(folder)
 
 
+# The comm modules each GPU probe's variant loads, by probe id: a function of the variant's parameters.
+PROBE_MODULES: dict[str, Any] = {
+    "fi-fusion": lambda p: ("trtllm_comm",),
+    "ep-a2a": lambda p: ("moe_a2a",),
+    "pcie-ipc": lambda p: ("pcie_ipc",) if p.get("op", "all-reduce") == "all-reduce" else ("pcie_ipc_ag_rs",),
+    "ar-latency": lambda p: {"flashinfer-custom-ar": ("vllm_comm",),
+                             "flashinfer-pcie-ipc": ("pcie_ipc",)}.get(p.get("backend", ""), ()),
+    "custom-ar": lambda p: ("vllm_comm",) if p.get("impl", "flashinfer") == "flashinfer" else (),
+}
+MARK = ".published"  # beside a published module's folder: <arch folder>/<module><MARK> names it by module
+
+
+def modules_for(probe_id: str, params: Mapping[str, str]) -> tuple[str, ...]:
+    pick = PROBE_MODULES.get(probe_id)
+    return tuple(pick(params)) if pick else ()
+
+
+def mark_published(module: str, library: str) -> None:
+    """Say, by the module's name here (``trtllm_comm``), which published library is it: the host reads
+    these to tell a GPU variant that will compile from one that will not (:func:`unpublished`)."""
+    with contextlib.suppress(OSError):
+        Path(library).parent.parent.joinpath(module + MARK).write_text(Path(library).name + "\n")
+
+
+def unpublished(modules: Iterable[str], release: str, env: Mapping[str, str]) -> list[str]:
+    """Which of ``modules`` no fi-jit build has published for this cell and release (any arch folder); every
+    one when nothing is known (no compile cache or cell in ``env``)."""
+    root = prebuilt_root(env)
+    base = root / release if root is not None else None
+    return [m for m in modules if base is None or not any(base.glob(f"*/{m}{MARK}"))]
+
+
 def will_compile(names: Iterable[str]) -> list[str]:
     """Which of these JIT module names flashinfer will compile in this process: not published for this
     cell and release (read before the import, from the folder names alone: every arch folder counts)."""

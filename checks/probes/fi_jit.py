@@ -338,6 +338,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         where = fi.publish(str(result.get("name") or module), str(result.get("library") or ""),
                            result.get("flashinfer"), str(result.get("arch_dir") or ""))
         if where:
+            fi.mark_published(module, where)
             out["evidence"]["published_for_probes"] = where
     return out
 
