@@ -325,6 +325,13 @@ def _nvcc_threads(text: str) -> None:
         os.environ["NVCC_APPEND_FLAGS"] = f"{os.environ.get('NVCC_APPEND_FLAGS', '')} --threads {n}".strip()
 
 
+def kept_names(build_dir: str, objs: list[str]) -> list[str]:
+    """The objects by their path inside the build folder (a ninja file may name them absolutely, and another
+    build of the same key has another folder); [] when one lies outside it (then none are kept)."""
+    names = [os.path.relpath(os.path.join(build_dir, o), build_dir) for o in objs]
+    return [] if any(n.startswith("..") for n in names) else names
+
+
 def _chain(build_dir: str, targets: list[str]) -> list[str]:
     """The commands ninja would run to make ``targets``, in order (``ninja -t commands``)."""
     rc, log = _ninja(build_dir, ["-t", "commands", *targets])
@@ -340,7 +347,7 @@ def _link_kept(out: dict[str, Any], kept: tuple[Path, dict[str, Any]], build_dir
     link = [c for c in _chain(build_dir, finals) if c not in compiles]
     if not link:
         return _stopped(out, "link", "ninja -t commands listed no link command")
-    _compile_cache.restore_objects(folder, objs, build_dir)
+    _compile_cache.restore_objects(folder, kept_names(build_dir, objs), build_dir)
     origin = {k: v for k, v in record.items() if k not in ("manifest", "objects")}
     out.update({"compile_s": round(time.monotonic() - t0, 1), "compile_cpu_s": 0.0, "objects": len(objs),
                 "objects_cached": True, "objects_from": origin})
@@ -356,14 +363,14 @@ def _link_kept(out: dict[str, Any], kept: tuple[Path, dict[str, Any]], build_dir
 
 
 def _keep_objects(out: dict[str, Any], module: str, store: Path, key: str, build_dir: str, objs: list[str],
-                  text: str, places: dict[str, str]) -> None:
+                  names: list[str], text: str, places: dict[str, str]) -> None:
     """Keep the objects of a build that compiled and failed at the link, for the next build of its key."""
     items, how = headers_read(build_dir, objs, text, places)
     record = {**_compile_cache.provenance(), "flashinfer": out["flashinfer"], "module": module,
               "name": out.get("name"), "gencode": out["gencode"], "arch_list": out["arch_list"],
               "compile_s": out.get("compile_s"), "compile_cpu_s": out.get("compile_cpu_s"), "manifest_from": how}
     try:
-        out["objects_stored"] = _compile_cache.store_objects(store, key, build_dir, objs, record, items)
+        out["objects_stored"] = _compile_cache.store_objects(store, key, build_dir, names, record, items)
     except OSError as exc:
         out["cache_error"] = f"store objects: {type(exc).__name__}: {exc}"[:300]
 
@@ -451,15 +458,16 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
                 stopped = _load(out, spec) if load else None
                 return stopped or {**out, "stage": "done", "ok": True}
         _nvcc_threads(text)
-        kept = _compile_cache.lookup_objects(store, key, objs, places, _compile_cache.search_order(text)) \
-            if store and key else None
+        names = kept_names(build_dir, objs)
+        kept = _compile_cache.lookup_objects(store, key, names, places, _compile_cache.search_order(text)) \
+            if store and key and names else None
         if kept is not None:
             stopped = _link_kept(out, kept, build_dir, objs, finals, t0)
         else:
             stopped = _ninja_build(out, module, build_dir, objs, finals, t0)
         if stopped:
-            if stopped.get("stage") == "link" and kept is None and store and key:
-                _keep_objects(out, module, store, key, build_dir, objs, text, places)
+            if stopped.get("stage") == "link" and kept is None and store and key and names:
+                _keep_objects(stopped, module, store, key, build_dir, objs, names, text, places)
             return stopped  # a failed build is never stored as a library: it is proven again on every run
         out["library"] = _library(spec)
         if store and key and os.path.isfile(out["library"]):
