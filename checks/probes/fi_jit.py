@@ -32,6 +32,16 @@ fails another, unless the failure cannot depend on the targets (no nvcc, no host
 does not import, a link failure after every object compiled): then the combined build's failure is the
 answer; evidence ``built_for`` names the list the library was built (or failed to build) for.
 
+A combined build gives nvcc one thread per target (``--threads N``, left out of the cache key). A combined
+build whose every object compiled and whose link failed keeps its objects in the compile cache, so the next
+target's variant (and a rerun) only links them again; its link is judged afresh, never shown as cached.
+
+For the GPU probes: the first ``arch=local`` variant of a cell also builds every other comm module for the
+local GPU side by side, longest first (``checks.probes._fi_prebuild``), and waits for them; each local build
+that passes and loads is published in the compile cache as flashinfer's AOT folder
+(``_flashinfer.publish``), which the GPU probes point flashinfer at (``_flashinfer.use_prebuilt``), so they
+load what was built and proved here instead of compiling inside their watchdog.
+
 Planning filter: ``STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a,trtllm_comm@local"`` keeps only those pairs
 (CI compiles the smallest module for one arch). JIT cache: ``STACKPROBE_JIT_CACHE`` (reused between runs),
 else the variant's scratch directory.
