@@ -358,8 +358,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     facts, targets, gpus = host_and_targets(args)
     host = dataclasses.replace(hostfacts.host_view(facts, archs), level=args.level)
     items = plan_work(targets.cells, probes, host, args.timeout_scale)
-    executors = for_run(targets.executors, archs, compile_cache_dir(args.compile_cache, args.no_compile_cache),
-                        facts["host_id"], gpu_lock_path() if gpus else None)
+    cache_dir = compile_cache_dir(args.compile_cache, args.no_compile_cache)
+    executors = for_run(targets.executors, archs, cache_dir, facts["host_id"], gpu_lock_path() if gpus else None)
     hashes = provenance.probe_hashes(probes)
     store = open_run(args, facts["host_id"])
     earlier = incremental.latest(store.folder)  # before this run adds to it
@@ -370,7 +370,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         items = incremental.decide(items, earlier, stamps, hashes, args.level)
     _print_plan(con, facts, items, probes)
     code = provenance.checkout()
-    recorded = runprogress.recorded_durations(earlier)
+    recorded = runprogress.learned(store.folder)  # before this run adds to it
     with RunLock(store.folder):
         new = manifest.build(store.run_id, store.host_id, now_iso(), targets.kind, facts,
                              targets.cells, probes, code, hashes, args.argv, args.level, prints)
@@ -380,7 +380,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         codes = {pid: code.for_probe(h) for pid, h in hashes.items()}
         done = store.recorded() if args.resume else set()
         todo = [it for it in items if it.key not in done]
-        view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded), jobs=args.jobs)
+        view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, targets.kind),
+                                    jobs=args.jobs, compile_note=runprogress.compile_note(cache_dir))
         report = _execute_with_progress(con, items, executors, store, catalogue, gpus, codes, args.resume,
                                         view, jobs=args.jobs, level=args.level, inputs=stamps)
     if not store.results_path.exists():  # the store makes a run's files with its first news only

@@ -219,7 +219,7 @@ def test_run_ends_with_the_table_and_a_verdict_count_and_summarises_what_is_wort
     assert len(ran) == 4  # one line per variant that ran; the two planned skips are counted in the plan
     assert all(f" {cell} " in ln and " done" in ln and len(ln) > 80 for ln in ran)  # not wrapped
     assert ran[-1].endswith("· 6 of 6 done")
-    assert any(ln.startswith(f"  start {cell} t-raise ranks=1 (4 of 6; never timed here)") for ln in err)
+    assert any(ln.startswith(f"  start {cell} t-raise ranks=1 (4 of 6; no earlier run)") for ln in err)
     assert not any(ln.strip().startswith("(") or ln.startswith("no-gpu") for ln in err)  # no wrapped tails
     # the summary: only pass/partial/fail/crash/hang get a row, with the full cell id; the rest on one line
     top = err.index("summary (pass, partial, fail, crash, hang by cell and probe):")
@@ -272,7 +272,7 @@ def test_a_long_variant_is_said_to_be_running_while_it_runs(
                                  "--no-report"], capsys)
     assert code == 0
     ticks = [ln for ln in err if ln.startswith("running local-")]
-    assert ticks and " t-sleepy ranks=1: " in ticks[0] and " so far (never timed here); 0 of 1 done" in ticks[0]
+    assert ticks and " t-sleepy ranks=1: " in ticks[0] and " so far (no earlier run); 0 of 1 done" in ticks[0]
     assert err.index(ticks[0]) < next(i for i, ln in enumerate(err) if ln.lstrip().startswith("pass "))
 
 

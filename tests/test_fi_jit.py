@@ -178,7 +178,7 @@ class JitSpec:
         _write_if_different(d / "build.ninja",
             f"cuda_home = {get_cuda_path()}\\nnvcc = {nvcc}\\n"
             f"rule cuda_compile\\n  command = {COMPILE.format(gencode=gencode)}\\n  depfile = $out.d\\n  deps = gcc\\n"
-            "rule link\\n  command = c++ -shared $in -o $out\\n"
+            f"rule link\\n  command = c++ -shared $in -o $out {os.environ.get('STANDIN_LINK_FLAGS', '')}\\n"
             f"build {d}/k.cuda.o: cuda_compile {src}\\n"
             f"build {self.jit_library_path}: link {d}/k.cuda.o\\n"
         )
@@ -491,3 +491,20 @@ def test_checks_run_shares_one_build_between_targets_through_its_cache(standin: 
     a, f = _checks_run(standin, tmp_path, "fresh", "--no-compile-cache")
     assert a["status"] == f["status"] == "pass" and "cached" not in a["metrics"] | f["metrics"]
     assert (a["evidence"]["built_for"], f["evidence"]["built_for"]) == ("12.0a", "12.0f")
+
+
+def test_the_next_target_of_a_combined_build_links_the_kept_objects(standin: Path, tmp_path: Path) -> None:
+    # A toolkit without a libcuda stub: every object compiles, the link fails. The first target's variant
+    # compiles for both targets once; the second one's combined build copies those objects in and only links.
+    run = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(tmp_path / "compile"),
+           "STACKPROBE_FI_JIT_ARCHS": "12.0a 12.0f", "STANDIN_LINK_FLAGS": "-lcuda", "STACKPROBE_JIT_CACHE": ""}
+    first = _fi_jit(standin, "12.0a", tmp_path / "jit-a", **run)
+    assert (first["status"], first["reason_code"]) == ("partial", "fi-link-no-libcuda"), first
+    assert first["evidence"].get("objects_stored") is True, first
+    assert first["metrics"]["compile_cpu_s"] > 0
+    assert first["evidence"]["built_for"] == "12.0a 12.0f"
+    second = _fi_jit(standin, "12.0f", tmp_path / "jit-b", **run)
+    assert (second["status"], second["reason_code"]) == ("partial", "fi-link-no-libcuda"), second
+    assert second["evidence"]["objects_cached"] is True and second["metrics"]["compile_cpu_s"] == 0.0
+    assert "objects from the compile cache" in second["note"]
+    assert not second["metrics"].get("cached")  # a failed link is never a cached pass

@@ -6,7 +6,8 @@
 # Device call: run(kind=nvidia-h200-x2, carry=[".whl/overlay"],
 #                  command="bash tools/device_run_overlay.sh 'cu130-*-fi0.6.*' 480")
 # Results: $OUT/res/<host>/<run>.jsonl and .manifest.json (copy into results/), $OUT/build.txt (the build and
-# each cell's build.json), $OUT/run.log. FI_JIT_ONLY narrows fi-jit (default: vllm_comm for the local GPU);
+# each cell's build.json), $OUT/run.log. FI_JIT_ONLY narrows fi-jit (default: every comm module for the local
+# GPU, which fi-jit publishes for the GPU probes, so none of them compiles in its turn);
 # PROBES="ID ..." runs only those probes; RESUME=DIR continues an interrupted run kept in DIR.
 set -u
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 M=matrices/h200-overlay.yaml
 export PYTHONUNBUFFERED=1 STACKPROBE_JIT_CACHE=/tmp/jit FLASHINFER_WORKSPACE_BASE=/tmp/jit UV_OFFLINE=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export STACKPROBE_FI_JIT_ONLY="${FI_JIT_ONLY-vllm_comm@local}"
+export STACKPROBE_FI_JIT_ONLY="${FI_JIT_ONLY-vllm_comm@local,trtllm_comm@local,moe_a2a@local,pcie_ipc@local,pcie_ipc_ag_rs@local}"
 T0=$(date +%s)
 python3 -m provision.cli build --backend venv --base-python python3 --wheels .whl/overlay --matrix "$M" \
     --only "$ONLY" --offline > "$OUT/build.txt" 2>&1
@@ -25,9 +26,9 @@ for f in envs/cu130-torch2.11.0-sglnone-*/build.json; do
     [ -f "$f" ] && { echo "== $f"; cat "$f"; } >> "$OUT/build.txt"
 done
 grep -E "│ cu130" "$OUT/build.txt" | cut -c1-220
-# Comm modules compiled here for this GPU (tools/prebuild_fi_aot.sh, one folder per flashinfer release under
-# .whl/overlay/aot/) go where flashinfer looks for AOT artifacts, so no device time goes to ptxas; fi-jit
-# still compiles its own modules.
+# Optional: comm modules compiled here for this GPU (tools/prebuild_fi_aot.sh, one folder per flashinfer release
+# under .whl/overlay/aot/) go where flashinfer looks for AOT artifacts, so no device time goes to ptxas; fi-jit
+# still compiles its own modules (and without these, publishes them for the probes).
 for d in .whl/overlay/aot/*/; do
     [ -d "$d" ] || continue
     ver=$(basename "$d")

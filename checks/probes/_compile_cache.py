@@ -20,7 +20,9 @@ manifest falls back to every file under the include folders inside the package (
 An entry is a folder ``<key>/<manifest digest>``, holding the linked library and ``record.json`` (which
 build made it, when, where, and the manifest). It is written into a temporary folder and renamed into
 place, so a reader never sees half an entry and of two builders of one entry the first rename wins. Only
-finished builds are stored: a failure is proven again on every run. ``STACKPROBE_COMPILE_CACHE`` names the
+finished builds are stored as libraries: a failure is proven again on every run. A build that compiled every
+object and failed at the link keeps its objects (:func:`store_objects`), so the next build of the same key
+links again without compiling. ``STACKPROBE_COMPILE_CACHE`` names the
 store; unset, nothing is shared.
 
 In-environment side: standard library only.
@@ -141,6 +143,15 @@ def tool_version(command: str) -> str:
     return f"{command} exit {proc.returncode}: {proc.stdout.strip()}"
 
 
+_THREADS = re.compile(r"\s*(?:--threads[= ]|-t[= ]?)\d+\b")
+
+
+def without_threads(text: str) -> str:
+    """``text`` without nvcc's thread-count flag (``--threads N``, ``--threads=N``, ``-t N``): how many
+    targets nvcc compiles at once does not change what it makes, so it is no part of a key."""
+    return _THREADS.sub("", text)
+
+
 def recipe(module: str, text: str, places: Mapping[str, str], env: Mapping[str, str]) -> dict[str, Any]:
     """What the key is a hash of, spelt out (so a miss can be explained by comparing two recipes)."""
     variables = ninja_vars(text)
@@ -150,10 +161,10 @@ def recipe(module: str, text: str, places: Mapping[str, str], env: Mapping[str, 
         "schema": SCHEMA,
         "module": module,
         # nvcc's targets as a set: a flashinfer that lists them in set order writes another file for the same build
-        "ninja": re.sub(r"-gencode=\S+", "-gencode", normalise(text, places)),
+        "ninja": re.sub(r"-gencode=\S+", "-gencode", without_threads(normalise(text, places))),
         "gencode": sorted(set(re.findall(r"-gencode=\S+", text))),
         "tools": tools,
-        "env": {k: env[k] for k in BUILD_ENV if env.get(k)},
+        "env": {k: v for k in BUILD_ENV if (v := without_threads(env.get(k, "")).strip())},
         "sources": {normalise(s, places): file_digest(s) for s in srcs},
     }
 
@@ -329,6 +340,69 @@ def store(store_dir: Path, key: str, library: str, record: Mapping[str, Any],
     if entry is None:
         raise OSError(f"{final}: stored but not readable back")
     return entry, True
+
+
+# --- objects of a build that compiled and failed at the link -----------------------------------------
+# Under the same key as a finished build, in ``<key>/objects-<manifest digest>``: every object the ninja file
+# compiles, and a record with ``"kind": "objects"``. Such an entry has no library, so :func:`lookup` never
+# takes it for a build; the next build of the key (the next target of one combined build, a rerun) copies
+# the objects in and runs only the link, which is judged afresh every time.
+OBJECTS = "objects-"
+
+
+def store_objects(store_dir: Path, key: str, build_dir: str, objects: list[str], record: Mapping[str, Any],
+                  items: Mapping[str, str] | None = None) -> bool:
+    """Keep the compiled ``objects`` (paths relative to ``build_dir``) under ``key``; whether this call
+    wrote them (False when they are there already or one is missing)."""
+    items = dict(items or {})
+    final = store_dir / key / (OBJECTS + manifest_id(items))
+    if (final / RECORD).is_file() or not all(os.path.isfile(os.path.join(build_dir, o)) for o in objects):
+        return False
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        for o in objects:
+            dest = tmp / o
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.join(build_dir, o), dest)
+        body = {**record, "key": key, "kind": "objects", "objects": list(objects), "manifest": items}
+        (tmp / RECORD).write_text(json.dumps(body, sort_keys=True) + "\n")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            return False  # another builder stored them first
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
+def lookup_objects(store: Path, key: str, objects: list[str], places: Mapping[str, str] | None = None,
+                   include_order: list[str] | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """The folder and record of stored objects under ``key`` that hold every one of ``objects`` and whose
+    headers this environment matches, newest first; None when there are none."""
+    try:
+        candidates = sorted((p for p in (store / key).iterdir() if p.name.startswith(OBJECTS)),
+                            key=lambda p: -p.stat().st_mtime)
+    except OSError:
+        return None
+    for folder in candidates:
+        try:
+            record = json.loads((folder / RECORD).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or not all((folder / o).is_file() for o in objects):
+            continue
+        if mismatch(record.get("manifest") or {}, places or {}, include_order or []) is None:
+            return folder, record
+    return None
+
+
+def restore_objects(folder: Path, objects: list[str], build_dir: str) -> None:
+    for o in objects:
+        dest = os.path.join(build_dir, o)
+        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+        shutil.copy2(folder / o, dest)
 
 
 @contextlib.contextmanager

@@ -153,6 +153,17 @@ def _flashinfer_cuda_home() -> dict[str, str]:
         return {"flashinfer_cuda_home_error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
+def _arch_dir() -> dict[str, str]:
+    """The name of the folder flashinfer keeps this arch list's builds in (``90a``, ``120a_120f``): where a
+    local build is published for the probes (``_flashinfer.publish``)."""
+    try:
+        from flashinfer.jit import env as jit_env
+
+        return {"arch_dir": Path(jit_env.FLASHINFER_WORKSPACE_DIR).name}
+    except Exception:  # a layout without it: nothing is published
+        return {}
+
+
 def _toolkit_used(mirror: toolkit.Toolkit, ninja: dict[str, str]) -> dict[str, Any]:
     """The toolkit that compiled: build.ninja's nvcc when it differs from the one our rule found."""
     if not ninja.get("nvcc") or ninja["nvcc"] == mirror.nvcc:
@@ -303,6 +314,67 @@ def _ninja_build(out: dict[str, Any], module: str, build_dir: str, objs: list[st
     return None
 
 
+THREADS_ENV = "STACKPROBE_NVCC_THREADS"  # how many targets nvcc compiles at once (the host sets it)
+
+
+def _nvcc_threads(text: str) -> None:
+    """Let nvcc compile the targets of one object in parallel (``--threads N``) when asked and the ninja file
+    does not set it already (flashinfer's own FLASHINFER_NVCC_THREADS); the flag is no part of the key."""
+    n = os.environ.get(THREADS_ENV, "")
+    if n.isdigit() and int(n) > 1 and "--threads" not in text:
+        os.environ["NVCC_APPEND_FLAGS"] = f"{os.environ.get('NVCC_APPEND_FLAGS', '')} --threads {n}".strip()
+
+
+def kept_names(build_dir: str, objs: list[str]) -> list[str]:
+    """The objects by their path inside the build folder (a ninja file may name them absolutely, and another
+    build of the same key has another folder); [] when one lies outside it (then none are kept)."""
+    names = [os.path.relpath(os.path.join(build_dir, o), build_dir) for o in objs]
+    return [] if any(n.startswith("..") for n in names) else names
+
+
+def _chain(build_dir: str, targets: list[str]) -> list[str]:
+    """The commands ninja would run to make ``targets``, in order (``ninja -t commands``)."""
+    rc, log = _ninja(build_dir, ["-t", "commands", *targets])
+    return log.splitlines() if rc == 0 else []
+
+
+def _link_kept(out: dict[str, Any], kept: tuple[Path, dict[str, Any]], build_dir: str, objs: list[str],
+               finals: list[str], t0: float) -> dict[str, Any] | None:
+    """Link from objects an earlier build of this key compiled (its link failed): copy them in and run only
+    the commands after the compiles. None when the link finished; the link's failure is this build's."""
+    folder, record = kept
+    compiles = set(_chain(build_dir, objs))
+    link = [c for c in _chain(build_dir, finals) if c not in compiles]
+    if not link:
+        return _stopped(out, "link", "ninja -t commands listed no link command")
+    _compile_cache.restore_objects(folder, kept_names(build_dir, objs), build_dir)
+    origin = {k: v for k, v in record.items() if k not in ("manifest", "objects")}
+    out.update({"compile_s": round(time.monotonic() - t0, 1), "compile_cpu_s": 0.0, "objects": len(objs),
+                "objects_cached": True, "objects_from": origin})
+    t1 = time.monotonic()
+    for command in link:
+        proc = subprocess.run(command, shell=True, cwd=build_dir, capture_output=True, text=True)
+        if proc.returncode != 0:
+            out["link_s"] = round(time.monotonic() - t1, 1)
+            return _stopped(out, "link", f"FAILED: {Path(folder).name}\n{command}\n{proc.stdout}{proc.stderr}")
+    out["link_s"] = round(time.monotonic() - t1, 1)
+    out.update({"cached": True, "cached_by": "store-objects", "cached_from": origin})
+    return None
+
+
+def _keep_objects(out: dict[str, Any], module: str, store: Path, key: str, build_dir: str, objs: list[str],
+                  names: list[str], text: str, places: dict[str, str]) -> None:
+    """Keep the objects of a build that compiled and failed at the link, for the next build of its key."""
+    items, how = headers_read(build_dir, objs, text, places)
+    record = {**_compile_cache.provenance(), "flashinfer": out["flashinfer"], "module": module,
+              "name": out.get("name"), "gencode": out["gencode"], "arch_list": out["arch_list"],
+              "compile_s": out.get("compile_s"), "compile_cpu_s": out.get("compile_cpu_s"), "manifest_from": how}
+    try:
+        out["objects_stored"] = _compile_cache.store_objects(store, key, build_dir, names, record, items)
+    except OSError as exc:
+        out["cache_error"] = f"store objects: {type(exc).__name__}: {exc}"[:300]
+
+
 def _store(out: dict[str, Any], module: str, store: Path, key: str, library: str,
            items: dict[str, str], how: str) -> None:
     """Put a finished build into the shared store; a store that cannot be written is said, not fatal."""
@@ -334,6 +406,7 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     except Exception as exc:
         return _stopped(out, "import", exc)
     out.update(_flashinfer_cuda_home())
+    out.update(_arch_dir())
     gen = jit_generator(module)
     if gen is None:
         return _stopped(out, "absent", f"this flashinfer has no {module} JIT module")
@@ -384,9 +457,18 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
                 _linkage(out)
                 stopped = _load(out, spec) if load else None
                 return stopped or {**out, "stage": "done", "ok": True}
-        stopped = _ninja_build(out, module, build_dir, objs, finals, t0)
+        _nvcc_threads(text)
+        names = kept_names(build_dir, objs)
+        kept = _compile_cache.lookup_objects(store, key, names, places, _compile_cache.search_order(text)) \
+            if store and key and names else None
+        if kept is not None:
+            stopped = _link_kept(out, kept, build_dir, objs, finals, t0)
+        else:
+            stopped = _ninja_build(out, module, build_dir, objs, finals, t0)
         if stopped:
-            return stopped  # a failure is never stored: it is proven again on every run
+            if stopped.get("stage") == "link" and kept is None and store and key and names:
+                _keep_objects(stopped, module, store, key, build_dir, objs, names, text, places)
+            return stopped  # a failed build is never stored as a library: it is proven again on every run
         out["library"] = _library(spec)
         if store and key and os.path.isfile(out["library"]):
             items, how = headers_read(build_dir, objs, text, places)

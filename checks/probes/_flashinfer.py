@@ -8,14 +8,18 @@ In-environment side: standard library at import time; flashinfer and torch are i
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import itertools
 import os
-from collections.abc import Iterable
+import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from checks.probes import _compile_cache
 
 # JIT generators by module, newest location first. A module missing from a version is reported as absent.
 JIT_GENERATORS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -40,10 +44,127 @@ COMM_MODULES: tuple[str, ...] = tuple(JIT_GENERATORS)
 
 
 def prepare_env() -> None:
-    """Point flashinfer's JIT cache at ``STACKPROBE_JIT_CACHE`` (reused across runs); call before importing it."""
+    """Point flashinfer's JIT cache at ``STACKPROBE_JIT_CACHE`` (reused across runs), and its AOT folder at
+    the comm modules fi-jit built for this GPU in this cell (:func:`use_prebuilt`); call before the first
+    flashinfer call that loads a module."""
     cache = os.environ.get("STACKPROBE_JIT_CACHE")
     if cache:
         os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", cache)
+    use_prebuilt()
+
+
+# --- one compile per module, arch and host --------------------------------------------------------------
+# fi-jit's build for the local GPU (arch=local: flashinfer's own arch detection, as a probe's import does) is
+# published, once it loaded, into a folder laid out as flashinfer's AOT folder: <root>/<flashinfer version>/
+# <flashinfer's arch folder name, e.g. 90a>/<module name>/<module name>.so. A GPU probe points flashinfer's
+# AOT folder there (``flashinfer.jit.env.FLASHINFER_AOT_DIR``, which every JitSpec's ``aot_path`` reads at
+# call time, in every release the matrix holds), so flashinfer loads the library fi-jit built and proved
+# instead of compiling it again inside the probe's watchdog and its turn on the GPU.
+PREBUILT_ENV = "STACKPROBE_FI_PREBUILT"  # the root, when the host names it; else under the compile cache
+
+
+def prebuilt_root(env: Mapping[str, str] | None = None) -> Path | None:
+    """Where this cell's published modules live: ``STACKPROBE_FI_PREBUILT``, else ``prebuilt/<cell>`` in the
+    shared compile cache (a cell's own folder: cells of one flashinfer release differ in toolkit and torch).
+    None when neither is known (nothing is published or read)."""
+    env = os.environ if env is None else env
+    if env.get(PREBUILT_ENV):
+        return Path(env[PREBUILT_ENV])
+    cache, cell = env.get(_compile_cache.ENV, ""), env.get(_compile_cache.CELL_ENV, "")
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in cell)
+    return Path(cache) / "prebuilt" / safe if cache and safe.strip("._") else None
+
+
+def prebuilt_dir(release: str | None, arch_dir: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """The AOT-shaped folder of one flashinfer release and one arch folder name."""
+    root = prebuilt_root(env)
+    return root / (release or "unknown") / arch_dir if root is not None and arch_dir else None
+
+
+def publish(name: str, library: str, release: str | None, arch_dir: str) -> str | None:
+    """Copy a built, loaded library to ``<prebuilt>/<name>/<name>.so`` (a copy renamed into place, so a probe
+    never loads half a file); the path written, or None when there is nowhere to publish or it failed."""
+    folder = prebuilt_dir(release, arch_dir)
+    if folder is None or not library or not os.path.isfile(library):
+        return None
+    target = folder / name / f"{name}.so"
+    tmp = target.with_name(f".{name}.so.{os.getpid()}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(library, tmp)
+        os.replace(tmp, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return None
+    return str(target)
+
+
+def published(name: str, release: str | None, arch_dir: str, env: Mapping[str, str] | None = None) -> bool:
+    folder = prebuilt_dir(release, arch_dir, env)
+    return folder is not None and (folder / name / f"{name}.so").is_file()
+
+
+def use_prebuilt() -> str | None:
+    """Point flashinfer's AOT folder at this cell's published modules for the arch flashinfer compiles for
+    here; the folder, or None when none is published (or the installed release ships AOT modules of its own,
+    from flashinfer-jit-cache or in its package: those stay what it loads). Imports flashinfer only when a
+    folder for this release exists, and a probe that calls it imports flashinfer next anyway."""
+    root = prebuilt_root()
+    if root is None or not (root / (version() or "unknown")).is_dir():
+        return None
+    try:
+        from flashinfer.jit import env as jit_env
+    except Exception:
+        return None
+    own = Path(jit_env.FLASHINFER_AOT_DIR)
+    if own.is_dir() and any(own.glob("*/*.so")):
+        return None
+    folder = prebuilt_dir(version(), Path(jit_env.FLASHINFER_WORKSPACE_DIR).name)
+    if folder is None or not folder.is_dir():
+        return None
+    jit_env.FLASHINFER_AOT_DIR = folder
+    return str(folder)
+
+
+# The comm modules each GPU probe's variant loads, by probe id: a function of the variant's parameters.
+PROBE_MODULES: dict[str, Any] = {
+    "fi-fusion": lambda p: ("trtllm_comm",),
+    "ep-a2a": lambda p: ("moe_a2a",),
+    "pcie-ipc": lambda p: ("pcie_ipc",) if p.get("op", "all-reduce") == "all-reduce" else ("pcie_ipc_ag_rs",),
+    "ar-latency": lambda p: {"flashinfer-custom-ar": ("vllm_comm",),
+                             "flashinfer-pcie-ipc": ("pcie_ipc",)}.get(p.get("backend", ""), ()),
+    "custom-ar": lambda p: ("vllm_comm",) if p.get("impl", "flashinfer") == "flashinfer" else (),
+}
+MARK = ".published"  # beside a published module's folder: <arch folder>/<module><MARK> names it by module
+
+
+def modules_for(probe_id: str, params: Mapping[str, str]) -> tuple[str, ...]:
+    pick = PROBE_MODULES.get(probe_id)
+    return tuple(pick(params)) if pick else ()
+
+
+def mark_published(module: str, library: str) -> None:
+    """Say, by the module's name here (``trtllm_comm``), which published library is it: the host reads
+    these to tell a GPU variant that will compile from one that will not (:func:`unpublished`)."""
+    with contextlib.suppress(OSError):
+        Path(library).parent.parent.joinpath(module + MARK).write_text(Path(library).name + "\n")
+
+
+def unpublished(modules: Iterable[str], release: str, env: Mapping[str, str]) -> list[str]:
+    """Which of ``modules`` no fi-jit build has published for this cell and release (any arch folder); every
+    one when nothing is known (no compile cache or cell in ``env``)."""
+    root = prebuilt_root(env)
+    base = root / release if root is not None else None
+    return [m for m in modules if base is None or not any(base.glob(f"*/{m}{MARK}"))]
+
+
+def will_compile(names: Iterable[str]) -> list[str]:
+    """Which of these JIT module names flashinfer will compile in this process: not published for this
+    cell and release (read before the import, from the folder names alone: every arch folder counts)."""
+    root = prebuilt_root()
+    base = root / (version() or "unknown") if root is not None else None
+    return [n for n in names if base is None or not any(base.glob(f"*/{n}/{n}.so"))]
 
 
 def version() -> str | None:

@@ -419,6 +419,10 @@ def run(ctx: RankContext) -> dict[str, Any]:
     name = ctx.param("backend", "nccl") or "nccl"
     if (missing := _no_flashinfer(name)) is not None:
         return missing
+    if name.startswith("flashinfer-"):
+        from checks.probes import _flashinfer
+
+        _flashinfer.prepare_env()  # the modules fi-jit built for this GPU, not a compile in this turn
     if name == "flashinfer-pcie-ipc":
         from checks.probes import _api, _fi_pcie
 

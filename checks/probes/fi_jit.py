@@ -32,6 +32,16 @@ fails another, unless the failure cannot depend on the targets (no nvcc, no host
 does not import, a link failure after every object compiled): then the combined build's failure is the
 answer; evidence ``built_for`` names the list the library was built (or failed to build) for.
 
+A combined build gives nvcc one thread per target (``--threads N``, left out of the cache key). A combined
+build whose every object compiled and whose link failed keeps its objects in the compile cache, so the next
+target's variant (and a rerun) only links them again; its link is judged afresh, never shown as cached.
+
+For the GPU probes: the first ``arch=local`` variant of a cell also builds every other comm module for the
+local GPU side by side, longest first (``checks.probes._fi_prebuild``), and waits for them; each local build
+that passes and loads is published in the compile cache as flashinfer's AOT folder
+(``_flashinfer.publish``), which the GPU probes point flashinfer at (``_flashinfer.use_prebuilt``), so they
+load what was built and proved here instead of compiling inside their watchdog.
+
 Planning filter: ``STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a,trtllm_comm@local"`` keeps only those pairs
 (CI compiles the smallest module for one arch). JIT cache: ``STACKPROBE_JIT_CACHE`` (reused between runs),
 else the variant's scratch directory.
@@ -49,7 +59,7 @@ from typing import Any
 from checks import gpuarch, toolkit
 from checks.envinfo import torch_cuda_version
 from checks.probe import QUICK, HostView, ProbeSpec, RankContext, Skip, Variant, outcome
-from checks.probes import _compile_cache, _fatbin, _fi_build
+from checks.probes import _compile_cache, _fatbin, _fi_build, _fi_prebuild
 from checks.probes import _flashinfer as fi
 
 SPEC = ProbeSpec(
@@ -105,6 +115,9 @@ def build_env(arch: str, cache: str) -> dict[str, str]:
         env.pop("FLASHINFER_CUDA_ARCH_LIST", None)  # flashinfer's own detection is what is under test
     else:
         env["FLASHINFER_CUDA_ARCH_LIST"] = arch
+    targets = len(arch.split()) if arch != LOCAL else 1
+    if targets > 1:  # nvcc compiles each object for the targets in parallel; no part of the cache key
+        env[_fi_build.THREADS_ENV] = env["FLASHINFER_NVCC_THREADS"] = str(targets)
     return env
 
 
@@ -179,6 +192,10 @@ def cached_note(result: dict[str, Any]) -> str:
     when, with which flashinfer, for which targets) or objects ninja found up to date."""
     origin = result.get("cached_from") or {}
     stamp = origin.get("built_at") or origin.get("objects_written_at") or "an unrecorded time"
+    if result.get("cached_by") == "store-objects":
+        who = origin.get("cell") or origin.get("host") or "an unrecorded build"
+        return (f"cached: linked here from objects in the compile cache, compiled {stamp} by {who} for "
+                f"{origin.get('arch_list')} (that build failed at the link)")
     if result.get("cached_by") == "store":
         who = origin.get("cell") or origin.get("host") or "an unrecorded build"
         return (f"cached: from the compile cache, built {stamp} by {who} with flashinfer "
@@ -214,7 +231,7 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
     if warning:
         evidence["toolkit_warning"] = warning
     for key in ("library", "cache_key", "cache_entry", "cache_headers", "cache_misses", "cache_error",
-                "combined_attempt"):
+                "combined_attempt", "objects_cached", "objects_from", "objects_stored"):
         if key in result:
             evidence[key] = result[key]
     if result.get("arch_list"):
@@ -254,9 +271,13 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
     last = err.strip().splitlines()[-1] if err.strip() else stage
     first = _headline([named] if named else _fi_build.error_lines(err) or [last])
     if stage == "link" and code == "fi-link-no-libcuda":
+        origin = result.get("objects_from") or {}
+        how = (f" (objects from the compile cache, compiled {origin.get('built_at') or 'earlier'} by "
+               f"{origin.get('cell') or origin.get('host') or 'an unrecorded build'})"
+               if result.get("objects_cached") else "")
         return done(
             "partial",
-            f"every object compiled for {', '.join(targets) or arch}; the final link failed: this toolkit "
+            f"every object compiled for {', '.join(targets) or arch}{how}; the final link failed: this toolkit "
             "has no libcuda.so stub (lib64/stubs), which a GPU host's driver provides",
             code,
         )
@@ -309,6 +330,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         major, minor = torch.cuda.get_device_capability(0)
         local_cc = f"{major}.{minor}"
     os.makedirs(cache, exist_ok=True)
+    side = _prebuild_others(ctx, module, cache) if arch == LOCAL else None
     lasting = bool(_compile_cache.root() or os.environ.get(CACHE_ENV))  # a combined build outlives this variant
     combined = combined_archs(arch, os.environ.get(ARCHS_ENV, "")) if lasting and arch != LOCAL else ""
     result = _build(ctx, module, arch, combined, cache, tk)
@@ -318,7 +340,56 @@ def run(ctx: RankContext) -> dict[str, Any]:
         result["torch_cuda"] = torch_cuda
     if local_cc:
         result["local_capability"] = local_cc
-    return verdict(module, arch, result, _objects_targets(result))
+    out = verdict(module, arch, result, _objects_targets(result))
+    if side is not None:
+        out["evidence"]["side_builds"] = _await_side_builds(side)
+    if arch == LOCAL and out["status"] == "pass" and result.get("loaded"):
+        # what the GPU probes of this cell load instead of compiling it again (_flashinfer.use_prebuilt)
+        where = fi.publish(str(result.get("name") or module), str(result.get("library") or ""),
+                           result.get("flashinfer"), str(result.get("arch_dir") or ""))
+        if where:
+            fi.mark_published(module, where)
+            out["evidence"]["published_for_probes"] = where
+    return out
+
+
+def _prebuild_others(ctx: RankContext, module: str, cache: str) -> tuple[Any, list[str], float] | None:
+    """Start, once per cell, flashinfer release and run, the local builds of every other comm module side by
+    side into the compile cache (``_fi_prebuild``), beside this variant's own build: the GPU probes load them
+    (``_flashinfer.use_prebuilt``), and each module's own variant then finds its build done instead of
+    compiling in turn. Nothing a variant starts outlives it (``checks.isolate``), so this variant waits for
+    them before it ends (:func:`_await_side_builds`). None when nothing was started."""
+    root = fi.prebuilt_root()
+    if _compile_cache.root() is None or root is None:
+        return None
+    marker = root / f".prebuild-{fi.version() or 'unknown'}"
+    try:
+        if marker.exists() and time.time() - marker.stat().st_mtime < SPEC.timeout_s:
+            return None
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{os.getpid()}\n")
+    except OSError:
+        return None
+    others = [m for m in fi.COMM_MODULES if m != module]
+    # a workspace of their own: a probe that compiles a module itself meanwhile never shares a build folder
+    # with them (the workspace is a placeholder in the key, so their builds are the variants' cache hits)
+    proc = _fi_prebuild.start(others, build_env(LOCAL, os.path.join(cache, "prebuild")))
+    ctx.log(f"started the local builds of {', '.join(others)} side by side" if proc else
+            "could not start the local builds of the other modules")
+    return (proc, others, time.monotonic()) if proc else None
+
+
+def _await_side_builds(side: tuple[Any, list[str], float]) -> dict[str, Any]:
+    """Wait for the side builds (within this variant's watchdog, less a minute for the verdict); what they
+    were and how long they took from their start. A build still running then is stopped: its module's
+    variant builds it."""
+    proc, modules, t0 = side
+    try:
+        rc = proc.wait(timeout=max(1.0, t0 + SPEC.timeout_s - 120 - time.monotonic()))
+    except Exception:
+        proc.kill()
+        rc = None
+    return {"modules": modules, "exit": rc, "wall_s": round(time.monotonic() - t0, 1)}
 
 
 # Failures no arch list changes: flashinfer did not import or has no such module, nvcc or the host compiler

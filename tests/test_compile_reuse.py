@@ -1,0 +1,181 @@
+"""No repeated compiler work: objects of a build that failed at the link, the nvcc thread flag outside the
+key, longest-first side builds, and the local build published where the GPU probes point flashinfer.
+
+The link-only rebuild runs the real ninja and gcc on a small C build whose link fails as a toolkit without
+a libcuda stub fails (``cannot find -lcuda``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from checks.probes import _compile_cache as cc
+from checks.probes import _fi_build, _fi_prebuild, fi_jit
+from checks.probes import _flashinfer as fi
+from tests.test_compile_cache import NINJA, _key, _site
+
+
+# --- the thread flag is no part of the key ----------------------------------------------------------------
+def test_the_nvcc_thread_flag_is_not_in_the_key(tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    build = str(tmp_path / "ws/build")
+    plain = _key(tmp_path, site, build)
+    assert _key(tmp_path, site, build, env={"NVCC_APPEND_FLAGS": "--threads 2"}) == plain
+    threaded = NINJA.replace("-O3", "-O3 --threads=4")
+    assert _key(tmp_path, site, build, text=threaded) == plain
+    # another flag in the same variable still changes the key
+    assert _key(tmp_path, site, build, env={"NVCC_APPEND_FLAGS": "--threads 2 -lineinfo"}) != plain
+
+
+def test_a_combined_build_gets_one_nvcc_thread_per_target(tmp_path: Path) -> None:
+    env = fi_jit.build_env("12.0a 12.0f", str(tmp_path))
+    assert env[_fi_build.THREADS_ENV] == "2" and env["FLASHINFER_NVCC_THREADS"] == "2"
+    one = fi_jit.build_env("12.0a", str(tmp_path))
+    assert _fi_build.THREADS_ENV not in one or one[_fi_build.THREADS_ENV] != "1"
+
+
+# --- objects of a failed link ------------------------------------------------------------------------------
+def _objects_entry(tmp_path: Path) -> tuple[Path, str, Path]:
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "a.o").write_bytes(b"object a")
+    (build / "b.cuda.o").write_bytes(b"object b")
+    store = tmp_path / "store"
+    header = tmp_path / "k.h"
+    header.write_text("#define K 1\n")
+    items = {str(header): cc.file_digest(str(header))}
+    assert cc.store_objects(store, "k1", str(build), ["a.o", "b.cuda.o"], {"module": "m"}, items)
+    return store, "k1", header
+
+
+def test_stored_objects_are_never_a_cached_library(tmp_path: Path) -> None:
+    store, key, _ = _objects_entry(tmp_path)
+    hit, misses = cc.lookup(store, key)
+    assert hit is None and misses == []  # a failed link is never shown as a cached pass
+    found = cc.lookup_objects(store, key, ["a.o", "b.cuda.o"])
+    assert found is not None
+    folder, record = found
+    assert record["kind"] == "objects" and record["objects"] == ["a.o", "b.cuda.o"]
+    out = tmp_path / "again"
+    out.mkdir()
+    cc.restore_objects(folder, ["a.o", "b.cuda.o"], str(out))
+    assert (out / "b.cuda.o").read_bytes() == b"object b"
+
+
+def test_stored_objects_miss_when_a_header_they_read_changed(tmp_path: Path) -> None:
+    store, key, header = _objects_entry(tmp_path)
+    cc._FILE_DIGESTS.clear()
+    header.write_text("#define K 2\n")
+    assert cc.lookup_objects(store, key, ["a.o", "b.cuda.o"]) is None
+    assert cc.lookup_objects(store, key, ["a.o", "c.o"]) is None  # another object list is another build
+
+
+NINJA_C = """rule compile
+  command = gcc -c $in -o $out
+rule link
+  command = gcc -shared $in -o $out -lcuda_stackprobe_absent
+build k.o: compile {src}
+build m.so: link k.o
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("ninja") and shutil.which("gcc")), reason="needs ninja and gcc")
+def test_a_link_from_kept_objects_compiles_nothing_and_fails_the_same_way(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STACKPROBE_NINJA", shutil.which("ninja") or "ninja")
+    src = tmp_path / "k.c"
+    src.write_text("int k(void) { return 1; }\n")
+    first, second = tmp_path / "first", tmp_path / "second"
+    for d in (first, second):
+        d.mkdir()
+        (d / "build.ninja").write_text(NINJA_C.format(src=src))
+    out: dict = {"flashinfer": "0.7.4", "toolkit": {}, "gencode": []}
+    stopped = _fi_build._ninja_build(out, "m", str(first), ["k.o"], ["m.so"], 0.0)
+    assert stopped is not None and stopped["stage"] == "link"
+    assert "cannot find -lcuda_stackprobe_absent" in stopped["error"]
+    store = tmp_path / "store"
+    assert cc.store_objects(store, "key", str(first), ["k.o"], {"module": "m", "built_at": "T"})
+    kept = cc.lookup_objects(store, "key", ["k.o"])
+    assert kept is not None
+    src.write_text("this is not C\n")  # a compile now would fail: the link-only build must not compile
+    again: dict = {}
+    stopped = _fi_build._link_kept(again, kept, str(second), ["k.o"], ["m.so"], 0.0)
+    assert stopped is not None and stopped["stage"] == "link"
+    assert "cannot find -lcuda_stackprobe_absent" in stopped["error"]
+    assert again["objects_cached"] and again["compile_cpu_s"] == 0.0
+    assert (second / "k.o").read_bytes() == (first / "k.o").read_bytes()
+    assert not again.get("cached")  # a failed link is not a cached pass
+    v = fi_jit.verdict("m", "12.0a", {**stopped, "objects_from": {"built_at": "T", "cell": "c1"}}, ["sm_120a"])
+    assert v["status"] == "fail"  # not the libcuda-stub wording: this library name is not -lcuda
+    v = fi_jit.verdict("m", "12.0a", {**stopped, "error": "ld: cannot find -lcuda", "objects_from":
+                                      {"built_at": "T", "cell": "c1"}}, ["sm_120a"])
+    assert v["status"] == "partial" and v["reason_code"] == "fi-link-no-libcuda"
+    assert "objects from the compile cache, compiled T by c1" in v["note"]
+
+
+# --- longest first ------------------------------------------------------------------------------------------
+def test_side_builds_start_longest_first() -> None:
+    order = _fi_prebuild.longest_first(["vllm_comm", "trtllm_comm", "moe_a2a", "pcie_ipc"],
+                                       {"vllm_comm": 15.0, "moe_a2a": 143.0, "trtllm_comm": None, "pcie_ipc": None},
+                                       {"trtllm_comm": 300_000, "pcie_ipc": 20_000, "vllm_comm": 1, "moe_a2a": 1})
+    assert order == ["moe_a2a", "vllm_comm", "trtllm_comm", "pcie_ipc"]
+
+
+def test_recorded_compile_times_come_from_the_store(tmp_path: Path) -> None:
+    lib = tmp_path / "m.so"
+    lib.write_bytes(b"lib")
+    cc.store(tmp_path / "store", "k1", str(lib), {"module": "trtllm_comm", "arch_list": "local", "compile_s": 290.8})
+    cc.store(tmp_path / "store", "k2", str(lib), {"module": "trtllm_comm", "arch_list": "12.0a", "compile_s": 900.0})
+    assert _fi_prebuild.recorded_s(tmp_path / "store", "trtllm_comm", "local") == 290.8
+    assert _fi_prebuild.recorded_s(tmp_path / "store", "moe_a2a", "local") is None
+
+
+# --- published for the GPU probes ----------------------------------------------------------------------------
+def test_the_prebuilt_folder_is_per_cell_under_the_compile_cache(tmp_path: Path) -> None:
+    env = {cc.ENV: str(tmp_path), cc.CELL_ENV: "cu130-x"}
+    assert fi.prebuilt_root(env) == tmp_path / "prebuilt" / "cu130-x"
+    assert fi.prebuilt_root({cc.ENV: str(tmp_path)}) is None  # no cell: nothing shared
+    assert fi.prebuilt_root({**env, fi.PREBUILT_ENV: "/elsewhere"}) == Path("/elsewhere")
+    # a cell id is untrusted: it never leaves the folder
+    assert fi.prebuilt_root({cc.ENV: str(tmp_path), cc.CELL_ENV: "../.."}) is None
+    assert fi.prebuilt_root({cc.ENV: str(tmp_path), cc.CELL_ENV: "a/../b"}) == tmp_path / "prebuilt" / "a_.._b"
+
+
+def test_a_published_library_is_where_flashinfer_reads_aot_modules(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cc.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cc.CELL_ENV, "cell-a")
+    lib = tmp_path / "built.so"
+    lib.write_bytes(b"\x7fELF built")
+    where = fi.publish("trtllm_comm", str(lib), "0.7.4", "90a")
+    # flashinfer's JitSpec.aot_path: FLASHINFER_AOT_DIR / name / f"{name}.so"
+    assert where == str(tmp_path / "cache/prebuilt/cell-a/0.7.4/90a/trtllm_comm/trtllm_comm.so")
+    assert Path(where).read_bytes() == lib.read_bytes()
+    assert fi.published("trtllm_comm", "0.7.4", "90a") and not fi.published("trtllm_comm", "0.7.4", "100a")
+    assert fi.publish("vllm_comm", str(tmp_path / "missing.so"), "0.7.4", "90a") is None
+
+
+def test_a_gpu_variant_that_will_compile_says_so_when_it_starts(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from checks import runprogress
+    from checks.plan import CellTarget, WorkItem
+    from checks.probe import Variant
+    from checks.probes import fi_fusion, pcie_ipc
+
+    cell = CellTarget("cu130-fi0.7.4", "resolved", versions={"flashinfer": "0.7.4"})
+    fusion = WorkItem(cell, fi_fusion.SPEC, Variant("fi-fusion", 2, (("placement", "1gpu"),), True), 60.0)
+    gather = WorkItem(cell, pcie_ipc.SPEC, Variant("pcie-ipc", 2, (("op", "all-gather"),)), 60.0)
+    view = runprogress.RunView([fusion, gather], {}, compile_note=runprogress.compile_note(tmp_path))
+    assert view.start_line(fusion).endswith(
+        "; compiles trtllm_comm in its turn: fi-jit has not built it for this GPU here")
+    # what fi-jit's local variant does once trtllm_comm passed and loaded, in the cell's environment
+    monkeypatch.setenv(cc.ENV, str(tmp_path))
+    monkeypatch.setenv(cc.CELL_ENV, cell.cell_id)
+    lib = tmp_path / "trtllm_comm.so"
+    lib.write_bytes(b"\x7fELF")
+    fi.mark_published("trtllm_comm", fi.publish("trtllm_comm", str(lib), "0.7.4", "90a") or "")
+    assert "compiles" not in view.start_line(fusion)
+    assert view.start_line(gather).endswith("; compiles pcie_ipc_ag_rs in its turn: fi-jit has not built it "
+                                            "for this GPU here")
