@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from checks import shellwords
 from checks.freshness import command
 from checks.result import ProbeResult
 from checks.status import Status
@@ -381,7 +382,8 @@ def _untimed(rs: Sequence[ProbeResult]) -> list[Untimed]:
         if r.probe_id == "nccl-graphs" and algo not in ("", "default") and r.verdict.status is Status.PASS:
             algos[algo].append(r)
     for algo, ok in sorted(algos.items()):
-        out.append(Untimed(f"NCCL_ALGO={algo}", "all four collectives exact eagerly and in a CUDA graph; not timed "
+        out.append(Untimed(shellwords.setting(f"NCCL_ALGO={algo}"),
+                           "all four collectives exact eagerly and in a CUDA graph; not timed "
                            "(ar-latency times NCCL's own choice)", tuple(r.result_id for r in ok)))
     return out
 
