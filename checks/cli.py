@@ -27,6 +27,7 @@ from checks import (
     reasons,
     registry,
     runprogress,
+    shellwords,
     summary,
 )
 from checks.executor import Executor, ExecutorError, LocalExecutor, compile_cache_dir, for_run, gpu_lock_path
@@ -431,7 +432,8 @@ def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, t
 def _regenerate(table: Path | None, results_dir: Path, interrupted: bool) -> str:
     """Regenerate the table from every run under ``results_dir``; the line that says where it is (or why
     it was not written)."""
-    rerun = f"`checks report --results {results_dir}" + (f" --out {table}`" if table else "`")
+    words = ["checks", "report", "--results", str(results_dir), *(["--out", str(table)] if table else [])]
+    rerun = f"`{shellwords.command(words)}`"
     if table is None:
         return f"table: not regenerated (--no-report); {rerun} writes it"
     if interrupted:
