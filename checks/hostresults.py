@@ -64,6 +64,8 @@ def load_all(results_dir: Path) -> tuple[dict[str, HostResults], list[str]]:
             res, warn = read_file(path)
             results.extend(res)
             warnings.extend(warn)
+            if not res:
+                continue  # a run with nothing readable describes nothing: its manifest is not read
             manifest, why = read_manifest(path.with_name(f"{run_id}.manifest.json"))
             if manifest is not None and isinstance(manifest.get("facts"), Mapping):
                 facts = dict(manifest["facts"])  # runs are in time order: the newest wins
