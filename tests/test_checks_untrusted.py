@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -181,7 +182,12 @@ def test_a_fifo_named_jsonl_never_blocks_a_reader(tmp_path: Path) -> None:
     host.mkdir()
     os.mkfifo(host / f"{RUNS[0]}.jsonl")
     os.mkfifo(host / f"{RUNS[0]}.manifest.json")
-    results, warnings = read_file(host / f"{RUNS[0]}.jsonl")  # an open() without O_NONBLOCK waits forever
+    got: list[tuple[list[ProbeResult], list[str]]] = []
+    reader = threading.Thread(target=lambda: got.append(read_file(host / f"{RUNS[0]}.jsonl")), daemon=True)
+    reader.start()
+    reader.join(10)  # an open() without O_NONBLOCK waits for a writer forever
+    assert got, "read_file blocked on a FIFO"
+    results, warnings = got[0]
     assert results == [] and len(warnings) == 1 and "a FIFO" in warnings[0]
     p = checks("report", "--results", str(tmp_path), "--out", str(tmp_path / "t.md"), timeout=60)
     assert p.returncode == 2 and "a FIFO, not a results file" in p.stderr and "Traceback" not in p.stderr
