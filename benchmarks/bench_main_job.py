@@ -58,7 +58,7 @@ TARGET_COLD_S = 13.5 * 60
 TARGET_WARM_S = 60.0
 TARGET_DISK_B = 20 * GB
 BEFORE = {"cold_s": 40 * 60 + 37, "disk_b": 59 * GB, "build_s": 8.5 * 60}
-TARGET_FLOOR_RATIO = 1.10  # the cold wall within this much of its floor (issue 25), per backend
+TARGET_FLOOR_RATIO = 1.10  # the cold wall within this much of its floor, per backend
 BACKENDS = ("docker", "venv")
 
 

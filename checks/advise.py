@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checks import registry
+from checks import registry, shellwords
 from checks.freshness import command
 from checks.probe import Declared, Role
 from checks.result import ProbeResult
@@ -378,7 +378,8 @@ def _untimed(rs: Sequence[ProbeResult]) -> list[Untimed]:
         if r.probe_id == "nccl-graphs" and algo not in ("", "default") and r.verdict.status is Status.PASS:
             algos[algo].append(r)
     for algo, ok in sorted(algos.items()):
-        out.append(Untimed(f"NCCL_ALGO={algo}", "all four collectives exact eagerly and in a CUDA graph; not timed "
+        out.append(Untimed(shellwords.setting(f"NCCL_ALGO={algo}"),
+                           "all four collectives exact eagerly and in a CUDA graph; not timed "
                            "(ar-latency times NCCL's own choice)", tuple(r.result_id for r in ok)))
     return out
 

@@ -19,7 +19,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-NEW_FILE_MODE = 0o644  # what a plain open() gives under the usual umask; mkstemp alone would give 0600
+
+def umask() -> int:
+    """This process's umask, read without changing it where Linux says it (/proc/self/status)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def new_file_mode() -> int:
+    """What a plain open() gives a new file under the umask (mkstemp alone would give 0600)."""
+    return 0o666 & ~umask()
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -36,7 +53,7 @@ def write_bytes(path: Path, data: bytes) -> None:
     try:
         mode = path.stat().st_mode & 0o777
     except FileNotFoundError:
-        mode = NEW_FILE_MODE
+        mode = new_file_mode()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -67,7 +84,7 @@ def replace_dir(target: Path, files: Mapping[str, str], keep: Sequence[str] = ()
     missing for that instant, but never holding a mix of old and new files."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    tmp.chmod(0o755)
+    tmp.chmod(0o777 & ~umask())
     try:
         for name, text in files.items():
             with open(tmp / name, "w") as f:

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from checks import (
     gpuarch,
     hostfacts,
+    ids,
     incremental,
     manifest,
     memlock,
@@ -27,6 +28,7 @@ from checks import (
     reasons,
     registry,
     runprogress,
+    shellwords,
     summary,
 )
 from checks.executor import Executor, ExecutorError, LocalExecutor, compile_cache_dir, for_run, gpu_lock_path
@@ -122,7 +124,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true", help="do not regenerate the table at the end")
     p = sub.add_parser("report", help="generate docs/compatibility.md (and .html) from the results")
     p.add_argument("--results", type=Path, default=REPO / "results")
-    p.add_argument("--out", type=Path, default=REPO / "docs" / "compatibility.md")
+    p.add_argument("--out", type=Path, help="the Markdown table (default: docs/compatibility.md for the default "
+                   "--results, else <results>/compatibility.md, as `checks run` writes it)")
     p.add_argument("--html", type=Path, help="HTML page path (default: --out with .html)")
     p.add_argument("--check", action="store_true", help="exit 1 if the files on disk are not what would be written")
     decision_parsers(sub)
@@ -328,9 +331,15 @@ def report_path(args: argparse.Namespace) -> Path | None:
         return None
     if args.report:
         return Path(args.report)
-    if args.results.resolve() == (REPO / "results").resolve():
+    return table_for(args.results)
+
+
+def table_for(results: Path) -> Path:
+    """The table a results folder gets by default: docs/compatibility.md for the repository's results, else
+    its own compatibility.md (another folder's table never overwrites the committed one)."""
+    if results.resolve() == (REPO / "results").resolve():
         return REPO / "docs" / "compatibility.md"
-    return args.results / "compatibility.md"  # a results folder of its own gets its own table
+    return results / "compatibility.md"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -384,10 +393,22 @@ def cmd_run(args: argparse.Namespace) -> int:
                                     jobs=args.jobs, compile_note=runprogress.compile_note(cache_dir))
         report = _execute_with_progress(con, items, executors, store, catalogue, gpus, codes, args.resume,
                                         view, jobs=args.jobs, level=args.level, inputs=stamps)
-    if not store.results_path.exists():  # the store makes a run's files with its first news only
+    if not store.results_path.exists() and not store.unstored:  # the store makes a run's files with its first news
         con.print("results: nothing new, so no run recorded (each variant reused or decided as before)",
                   markup=False)
-    return _finish_run(con, report, args.json, args.results, report_path(args))
+    code = _finish_run(con, report, args.json, args.results, report_path(args))
+    return _unstored(store) or code
+
+
+def _unstored(store: RunStore) -> int:
+    """What a failed write (a full disk) kept from the results files, said at the end; 2 when anything."""
+    if not store.unstored:
+        return 0
+    print(f"checks: {len(store.unstored)} result(s) were measured but not stored ({store.write_error}); "
+          "free space and rerun them:", file=sys.stderr)
+    for r in store.unstored:
+        print(f"  not stored: {r.result_id} {r.verdict.status.value}", file=sys.stderr)
+    return 2
 
 
 def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, table: Path | None) -> int:
@@ -411,7 +432,8 @@ def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, t
 def _regenerate(table: Path | None, results_dir: Path, interrupted: bool) -> str:
     """Regenerate the table from every run under ``results_dir``; the line that says where it is (or why
     it was not written)."""
-    rerun = f"`checks report --results {results_dir}" + (f" --out {table}`" if table else "`")
+    words = ["checks", "report", "--results", str(results_dir), *(["--out", str(table)] if table else [])]
+    rerun = f"`{shellwords.command(words)}`"
     if table is None:
         return f"table: not regenerated (--no-report); {rerun} writes it"
     if interrupted:
@@ -514,7 +536,7 @@ def _live_bar(con: Any, total: int) -> Iterator[_Bar]:
 def cmd_report(args: argparse.Namespace) -> int:
     from checks.report import generate
 
-    return generate(args.results, args.out, args.html, args.check, repo=REPO)
+    return generate(args.results, args.out or table_for(args.results), args.html, args.check, repo=REPO)
 
 
 # --- advise, diff: decisions from recorded results only --------------------------------------------------------
@@ -544,10 +566,13 @@ def _hosts(results: Path, cmd: str) -> dict[str, Any]:
 
     if not results.is_dir():
         raise UsageError(f"checks {cmd}: no results directory {results} (give --results DIR)")
-    hosts = hostresults.load(results)
-    for h in hosts.values():
-        for w in h.warnings:
-            print(f"warning: {w}", file=sys.stderr)
+    hosts, skipped = hostresults.load_all(results)
+    warnings = [*skipped, *(w for h in hosts.values() for w in h.warnings)]
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if warnings:
+        print(f"checks {cmd}: {len(warnings)} unreadable item(s) in {results} skipped (warnings above)",
+              file=sys.stderr)
     return hosts
 
 
@@ -684,6 +709,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a results folder that is a file or read-only, a full disk, --out under a file
+        where = f"{ids.shown(str(exc.filename))}: " if exc.filename else ""
+        print(f"checks: {where}{exc.strerror or exc}; check the path and its permissions and free space",
+              file=sys.stderr)
+        return 2
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

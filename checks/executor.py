@@ -66,7 +66,11 @@ def compile_cache_dir(given: Path | None, off: bool, env: Mapping[str, str] | No
     if off:
         return None
     named = (os.environ if env is None else env).get(_compile_cache.ENV)
-    return (given or (Path(named) if named else DEFAULT_COMPILE_CACHE)).resolve()
+    folder = (given or (Path(named) if named else DEFAULT_COMPILE_CACHE)).resolve()
+    if folder.exists() and not folder.is_dir():
+        raise ExecutorError(f"the compile cache {folder} is not a folder; give --compile-cache a folder "
+                            "(or --no-compile-cache)")
+    return folder
 
 
 def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, host_id: str = "",

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from checks import shellwords
 from checks.result import ProbeResult
 from checks.status import Status
 
@@ -51,11 +52,11 @@ def command(probes: tuple[str, ...], cells: tuple[str, ...], executor: str) -> s
     """`checks run` for exactly these probes on these cells, with the executor that made them (a local cell is
     the environment it ran in; venv cells are rebuilt and run as venvs). Probes are named one by one, never as
     --all, so the table does not change when a probe is added."""
-    picks = " ".join(f"--probe {p}" for p in probes)
+    picks = [w for p in probes for w in ("--probe", p)]
     if executor == "local":
-        return f"checks run --local {picks}"
+        return shellwords.command(["checks", "run", "--local", *picks])
     how = ["--backend", "venv"] if executor == "venv" else []
-    return " ".join(["checks run", *how, *(f"--only {c}" for c in cells), picks])
+    return shellwords.command(["checks", "run", *how, *(w for c in cells for w in ("--only", c)), *picks])
 
 
 def refresh_list(stale: list[tuple[ProbeResult, str]], executors: Mapping[str, str]) -> list[Refresh]:

@@ -2,21 +2,31 @@
 
 GPUs, compute capability and memory come from ``nvidia-smi`` queries; SM counts, the peer-access
 matrix, multicast support and the NCCL version come from the environment's own torch (through
-``checks.worker --inspect``) when a GPU exists. ``host_id`` is stable for the same hardware and host
-name, and reveals neither: it is a GPU slug plus a hash.
+``checks.worker --inspect``) when a GPU exists.
+
+``host_id`` tells machines apart without revealing them: ``<label>-<8 hex>``, the label a slug of the GPU
+model and count (``h200x2``, ``cpu``), the hex a salted hash of stable machine facts (``/etc/machine-id``
+and the GPUs' UUIDs); two machines of one model and one host name get different ids, and the facts hashed
+are never recorded. Where no machine id exists (some containers), a random key kept under the user's state
+folder stands in for it, so the id stays stable on that machine. ``host_label`` is the readable part beside
+it (GPU model × count, interconnect).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
 import re
+import secrets
 import shutil
 import socket
 import subprocess
+from pathlib import Path
 from typing import Any
 
+from checks import atomic
 from checks.probe import HostView
 
 GPU_FIELDS = ("index", "name", "pci.bus_id", "compute_cap", "memory.total", "driver_version", "clocks.sm",
@@ -25,6 +35,10 @@ ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "FLASHINFER_", "NVSHMEM_
                 "GLOO_", "TRITON_")
 NOISE = ("NVIDIA_REQUIRE_",)  # container images' driver-branch lists: kilobytes, no information about the run
 SECRET = re.compile(r"(SECRET|TOKEN|PASSW|PASSWD|PWD|KEY|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|CERT)", re.I)
+# user:password@ (or user@) before a host, with or without a scheme: NCCL_COMM_ID='user:secret@host:port'
+USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)?[^\s/@:'\"]+(?::[^\s/@'\"]*)?@(?=[^\s@]+)")
+HOST_ID_SALT = b"stackprobe host id v2\0"  # per purpose: the same machine facts hashed elsewhere give other values
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 
 
 def _run(cmd: list[str], timeout: float = 30) -> str | None:
@@ -97,16 +111,66 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-") or "gpu"
 
 
-def host_id(gpus: list[dict[str, Any]], hostname: str) -> str:
-    digest = hashlib.sha256(hostname.encode()).hexdigest()[:8]
+def machine_key(machine_ids: tuple[str, ...] = MACHINE_ID_FILES) -> str:
+    """This machine's stable identity: its machine-id, else a random key made once and kept under
+    $XDG_STATE_HOME/stackprobe (a container without a machine-id). Never recorded; only hashed."""
+    for f in machine_ids:
+        try:
+            text = Path(f).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text:
+            return text
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "stackprobe" / "host-key"
+    try:
+        return state.read_text().strip() or _new_key(state)
+    except FileNotFoundError:
+        return _new_key(state)
+    except OSError:
+        return socket.gethostname()  # nowhere to keep a key: the host name is all that is left
+
+
+def _new_key(path: Path) -> str:
+    key = secrets.token_hex(16)
+    with contextlib.suppress(OSError):
+        atomic.write_text(path, key + "\n")
+    return key
+
+
+def gpu_uuids(smi: str | None) -> list[str]:
+    """The GPUs' UUIDs (``nvidia-smi --query-gpu=uuid``); hashed into the host id, never recorded."""
+    if not smi:
+        return []
+    return sorted(x.strip() for x in (_run([smi, "--query-gpu=uuid", "--format=csv,noheader"]) or "").splitlines()
+                  if x.strip())
+
+
+def host_id(gpus: list[dict[str, Any]], machine: str, uuids: list[str] | tuple[str, ...] = ()) -> str:
+    """``<label>-<8 hex>``: the GPU slug and count (or ``cpu``) and a salted hash of the machine's key and its
+    GPUs' UUIDs (checks.ids.HOST_ID is its grammar)."""
+    facts = "\0".join([machine, *sorted(uuids)]).encode()
+    digest = hashlib.sha256(HOST_ID_SALT + facts).hexdigest()[:8]
     if not gpus:
         return f"cpu-{digest}"
     return f"{slug(gpus[0]['name'])}x{len(gpus)}-{digest}"
 
 
+def host_label(gpus: list[dict[str, Any]], link: str) -> str:
+    """The readable part beside the id: ``NVIDIA H200 ×2, NVLink (NV18)``; ``no GPU``."""
+    if not gpus:
+        return "no GPU"
+    return f"{gpus[0]['name']} ×{len(gpus)}" + (f", {link}" if len(gpus) > 1 else "")
+
+
+def scrub(value: str) -> str:
+    """A value with any credentials inside it replaced: ``user:secret@host`` -> ``***@host``."""
+    return USERINFO.sub(lambda m: (m["scheme"] or "") + "***@", value)
+
+
 def safe_env(env: dict[str, str]) -> dict[str, str]:
-    """The environment variables that shape GPU communication, minus anything that looks like a secret."""
-    return {k: v for k, v in sorted(env.items())
+    """The environment variables that shape GPU communication, minus anything that looks like a secret
+    (by its name) and with credentials inside values replaced."""
+    return {k: scrub(v) for k, v in sorted(env.items())
             if k.startswith(ENV_PREFIXES) and not SECRET.search(k) and not k.startswith(NOISE)}
 
 
@@ -127,15 +191,16 @@ def collect(inspect: dict[str, Any] | None = None, env: dict[str, str] | None = 
     for g in gpus:  # SM count is known only to the CUDA runtime
         if g["index"] in seen:
             g["sm_count"] = seen[g["index"]].get("sm_count")
-    hostname = socket.gethostname()
+    link = interconnect(facts.get("topology"), len(gpus))
     facts.update({
-        "host_id": host_id(gpus, hostname),
+        "host_id": host_id(gpus, machine_key(), gpu_uuids(smi)),
+        "host_label": host_label(gpus, link),
         "gpu_count": len(gpus),
         "gpus": gpus,
         "gpu_name": gpus[0]["name"] if gpus else None,
         "compute_capability": gpus[0]["compute_capability"] if gpus else None,
         "driver": gpus[0]["driver"] if gpus else None,
-        "interconnect": interconnect(facts.get("topology"), len(gpus)),
+        "interconnect": link,
         "peer_access": inspect.get("peer_access") or [],
         "multicast": inspect.get("multicast") or [],
         "nccl": (inspect.get("versions") or {}).get("nccl"),

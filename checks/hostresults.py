@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.result import ProbeResult
-from checks.store import iter_runs, read_file, read_manifest
+from checks.store import read_file, read_manifest, scan
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,15 @@ class HostResults:
 
 def load(results_dir: Path) -> dict[str, HostResults]:
     """Every host under ``results_dir``; unreadable lines and manifests become warnings, never errors."""
+    return load_all(results_dir)[0]
+
+
+def load_all(results_dir: Path) -> tuple[dict[str, HostResults], list[str]]:
+    """Every host under ``results_dir``, and a warning for each folder or file skipped outside any host
+    (each host's own warnings are in its HostResults)."""
+    found, skipped = scan(results_dir)
     per_host: dict[str, list[tuple[str, Path]]] = defaultdict(list)
-    for host, run_id, path in iter_runs(results_dir):
+    for host, run_id, path in found:
         per_host[host].append((run_id, path))
     out: dict[str, HostResults] = {}
     for host, runs in sorted(per_host.items()):
@@ -57,10 +64,12 @@ def load(results_dir: Path) -> dict[str, HostResults]:
             res, warn = read_file(path)
             results.extend(res)
             warnings.extend(warn)
+            if not res:
+                continue  # a run with nothing readable describes nothing: its manifest is not read
             manifest, why = read_manifest(path.with_name(f"{run_id}.manifest.json"))
             if manifest is not None and isinstance(manifest.get("facts"), Mapping):
                 facts = dict(manifest["facts"])  # runs are in time order: the newest wins
             elif why:
                 warnings.append(why)
         out[host] = HostResults(host, tuple(r for r, _ in runs), tuple(results), facts, tuple(warnings))
-    return out
+    return out, skipped

@@ -58,15 +58,22 @@ def not_raised(notes: Iterable[object]) -> list[str]:
     return out
 
 
-def summary(notes: Iterable[object]) -> str:
-    """For the table's host section: '' when every container got memlock unlimited (or none ran)."""
-    seen = [str(n) for n in notes if n]
-    reasons = not_raised(seen)
+def summary(notes: Iterable[tuple[str, object]], newest: str | None = None) -> str:
+    """For the table's host section, from (run id, memlock note) of the results it shows: '' when every
+    container got memlock unlimited (or none ran). It names the runs it describes, and says so when the
+    host's newest run (``newest``) ran nothing in a container."""
+    seen = [(run, str(n)) for run, n in notes if n]
+    reasons = not_raised(n for _, n in seen)
     if not reasons:
         return ""
-    n = sum(1 for x in seen if x != UNLIMITED)
-    return (f"containers did not get memlock unlimited, {'; '.join(reasons)} ({n} of {len(seen)} variants run in "
-            f"containers); they ran with the daemon's own limit. To fix: {FIX}")
+    capped = [(run, n) for run, n in seen if n != UNLIMITED]
+    runs = sorted({run for run, _ in capped})
+    which = f"run {runs[0]}" if len(runs) == 1 else f"runs {', '.join(runs)}"
+    text = (f"containers did not get memlock unlimited, {'; '.join(reasons)} ({len(capped)} of {len(seen)} "
+            f"variants run in containers, in {which}); they ran with the daemon's own limit. To fix: {FIX}")
+    if newest and newest not in {run for run, _ in seen}:
+        text += f". The newest run, {newest}, ran no variant in a container"
+    return text
 
 
 def console_line(note: str) -> str:

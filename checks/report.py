@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import urllib.parse
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from checks.probe import QUICK, Declared, Params, Role
 from checks.provenance import current_probe_hashes
 from checks.result import ProbeResult, is_number
 from checks.status import ORDER, Status
-from checks.store import iter_runs, read_file, read_manifest
+from checks.store import read_file, read_manifest, scan
 
 TEMPLATES = Path(__file__).with_name("templates")
 MARK = {"pass": "✅", "partial": "🟡", "fail": "❌", "crash": "💥", "hang": "⏳", "skip": "➖", "not-run": "⏸️",
@@ -192,6 +193,8 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
     for run_id, path in runs:
         res, warn = read_file(path)
         warnings.extend(warn)
+        if not res:
+            continue  # a run with nothing readable describes nothing: its manifest is not read
         all_results.extend(res)
         m, why = read_manifest(path.with_name(f"{run_id}.manifest.json"))
         if m is not None:
@@ -201,7 +204,8 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
         if res:
             date = min(r.started_at for r in res)[:10]
             quick = m is not None and m.get("level") == QUICK
-            run_rows.append({"run_id": run_id, "date": date, "path": os.path.relpath(path, out_dir), "quick": quick})
+            run_rows.append({"run_id": run_id, "date": date, "path": link(os.path.relpath(path, out_dir)),
+                             "quick": quick})
     results = latest_results(all_results)
     stale = {r.key: why for r in results if (why := staleness(r, current))}
     executors = {str(m.get("run_id")): str(m.get("executor") or "docker") for m in manifests}
@@ -252,7 +256,8 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
                      "statuses": sorted({str(st) for c in cells.values() if c for st, _ in c.counts})})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
     refresh = refresh_list([(r, stale[r.key]) for r in results if r.key in stale], executors)
-    ml = memlock.summary(r.verdict.evidence.get("memlock") for r in results)
+    ml = memlock.summary(((r.run_id, r.verdict.evidence.get("memlock")) for r in results),
+                         run_rows[-1]["run_id"] if run_rows else None)
     return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml,
                        plots=plots.latency_plots(results))
 
@@ -266,12 +271,13 @@ def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str
     if current is None:
         current = current_probe_hashes()
     per_host: dict[str, list[tuple[str, Path]]] = defaultdict(list)
-    for host, run_id, path in iter_runs(results_dir):
+    found, skipped = scan(results_dir)
+    for host, run_id, path in found:
         per_host[host].append((run_id, path))
     sections = [build_host(h, runs, out_dir, probe_info or {}, catalogue_messages or {}, current,
                            catalogue_remediations)
                 for h, runs in sorted(per_host.items())]
-    warnings = [w for s in sections for w in s.warnings]
+    warnings = skipped + [w for s in sections for w in s.warnings]
     attach_decisions(sections, results_dir)
     return [s for s in sections if s.rows], warnings
 
@@ -284,15 +290,34 @@ def _catalogue() -> tuple[dict[str, str], dict[str, str]]:
     return {r.code: r.message for r in reasons}, {r.code: r.remediation for r in reasons}
 
 
-def _md_escape(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+def link(relpath: str) -> str:
+    """A relative path as a link target: every segment percent-encoded (a ``:`` included), so no folder
+    name can make a link with a scheme such as ``javascript:``."""
+    return "/".join(urllib.parse.quote(part, safe="") for part in relpath.split(os.sep))
+
+
+_MD_LINE = str.maketrans({"|": "\\|", "<": "&lt;", "\n": " ", "\r": " "})  # a lone > opens no HTML
+_MD_TEXT = str.maketrans({"|": "\\|", "<": "&lt;", "\n": " ", "\r": " ", "`": "\\`"})
+
+
+def md_line(text: Any) -> str:
+    """Composed prose for one Markdown line or table cell: no raw HTML, no ``|`` that splits a cell, no
+    link of its own; backticks stay (the text's code spans hold only checked ids and quoted commands)."""
+    return str(text).translate(_MD_LINE).replace("](", "]\\(")
+
+
+def md_text(text: Any) -> str:
+    """A string from a results file for a Markdown line or table cell: as :func:`md_line`, and a backtick
+    is shown, not taken as a code span."""
+    return str(text).translate(_MD_TEXT).replace("](", "]\\(")
 
 
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)
-    env.filters["md"] = _md_escape
+    env.filters["md"] = md_text
+    env.filters["mdline"] = md_line
     env.filters["anchor"] = anchor
     env.globals["MARK"] = MARK
     env.globals["VERSION_COLUMNS"] = VERSION_COLUMNS
@@ -359,7 +384,8 @@ def anchor(host_id: str) -> str:
     return "x" + hashlib.sha256(host_id.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
+def render(sections: list[HostSection], kind: str, results_rel: str, skipped: int = 0) -> str:
+    """One document; ``skipped``: how many unreadable items the results held (said at the top when any)."""
     env = environment()
     extras: dict[str, Any] = {}
     if kind == "html":
@@ -371,7 +397,7 @@ def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
         sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel,
         any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
         any_reused=any(c.reused for c in cells), any_quick=any(c.quick for c in cells),
-        across=across_hosts(sections), **extras)
+        across=across_hosts(sections), skipped=skipped, **extras)
 
 
 def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
@@ -387,12 +413,15 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
     sections, warnings = build_model(results_dir, out.parent, {}, messages, current, remediations)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
+    if warnings:
+        print(f"checks report: {len(warnings)} unreadable item(s) in {ids.shown(str(results_dir))} skipped "
+              "(warnings above); the table says how many", file=sys.stderr)
     if not sections:
         print(f"checks report: no valid results under {results_dir}", file=sys.stderr)
         return 2
     rel = os.path.relpath(results_dir, out.parent)
-    md = render(sections, "md", rel)
-    page = render(sections, "html", os.path.relpath(results_dir, html.parent))
+    md = render(sections, "md", rel, len(warnings))
+    page = render(sections, "html", os.path.relpath(results_dir, html.parent), len(warnings))
     if check:
         stale = [str(p) for p, text in ((out, md), (html, page)) if not p.exists() or p.read_text() != text]
         if stale:

@@ -1,7 +1,7 @@
 """Scrub what identifies a person or leaks a secret from JSON values bound for another machine (pure).
 
 ``checks share`` passes every string of a bundle (keys too) through :func:`text`; ``scrub`` walks a JSON
-value without recursion and returns a scrubbed copy with a count per kind of what was replaced:
+value without recursion and returns a scrubbed copy with a count per kind of what it replaces:
 
 - this machine's host names (short and fully qualified) and user name, as whole words;
 - home folders: this user's ``$HOME``, ``/root``, ``/home/<name>``, ``/Users/<name>``, ``C:\\Users\\<name>``;

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from checks import atomic, classify, hostfacts, manifest, provenance, reasons, slurm_acct, slurm_jobs, slurm_site
+from checks import atomic, classify, hostfacts, ids, manifest, provenance, reasons, slurm_acct, slurm_jobs, slurm_site
 from checks.executor import (
     CODE_ROOT,
     ExecutorError,
@@ -146,6 +145,8 @@ class Stores:
 
     def for_facts(self, facts: dict[str, Any]) -> RunStore:
         host_id = str(facts["host_id"])
+        if not ids.host_ok(host_id):  # a node's facts name the results folder: never a path or a crafted name
+            raise ExecutorError(f"a node reported host id {ids.shown(host_id)[:80]!r}, not <label>-<8 hex digits>")
         if host_id not in self.by_host:
             store = RunStore(self.root, host_id, self.run_id)
             self.write_manifest(store, facts)
@@ -156,7 +157,7 @@ class Stores:
 
 def unplaced_facts(partition: str) -> dict[str, Any]:
     """Host facts for variants whose job never reached a node: none, beyond the partition they asked for."""
-    digest = hostfacts.host_id([], f"{socket.gethostname()}/{partition}").removeprefix("cpu-")
+    digest = hostfacts.host_id([], f"{hostfacts.machine_key()}/{partition}").removeprefix("cpu-")
     return {"host_id": f"slurm-{hostfacts.slug(partition)}-{digest}", "gpu_count": 0, "gpus": [], "gpu_name": None,
             "no_gpu_reason": f"no job of this run reached a node of partition {partition}",
             "slurm": {"partition": partition}}

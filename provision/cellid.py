@@ -38,13 +38,15 @@ class CellId:
 
 
 _PATTERN = re.compile(
-    r"(?P<local>local-)?(?P<cuda>cu\d+|nocuda)-(?:torch(?P<torch>[^-]+)|notorch)-sgl(?P<sgl>[^-]+)"
-    r"-fi(?P<fi>[^-]+)(?P<jit>-jitcache)?(?:-nvcc(?P<nvcc>\d+\.\d+)|(?P<nonvcc>-nonvcc))?"
+    r"(?P<local>local-)?(?P<cuda>cu\d+|nocuda)-(?:torch(?P<torch>[0-9A-Za-z._+]+)|notorch)"
+    r"-sgl(?P<sgl>[0-9A-Za-z._+]+)-fi(?P<fi>[0-9A-Za-z._+]+)(?P<jit>-jitcache)?"
+    r"(?:-nvcc(?P<nvcc>\d+\.\d+)|(?P<nonvcc>-nonvcc))?"
 )
 
 
 def parse(text: str) -> CellId | None:
-    """The parts of a cell id, or None for a name this module did not make."""
+    """The parts of a cell id, or None for a name this module did not make (versions are letters, digits and
+    ``. _ +`` only, so a cell id is safe in a file name, a Markdown code span and a shell word)."""
     m = _PATTERN.fullmatch(text)
     if m is None:
         return None

@@ -53,6 +53,9 @@ def _scalar_str(src: Source, path: Path_, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise src.error(path, f"expected a version string, got {type(value).__name__}: quote it, e.g. \"13.0\"")
     text = value if isinstance(value, str) else repr(value)
+    written = src.raw.get(path)
+    if isinstance(value, float) and written is not None and written != text:
+        raise src.error(path, f"{written} reads as the number {text}; quote it to keep it as written: \"{written}\"")
     if not SAFE_VALUE.match(text):
         raise src.error(path, f"'{text}' has characters other than letters, digits, '.', '+', '_', '-'")
     return text

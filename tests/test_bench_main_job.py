@@ -27,7 +27,7 @@ def test_the_floor_of_the_recorded_cold_run() -> None:
     bench = _bench()
     data = json.loads(RECORDED.read_text())
     cold = data["passes"][0]
-    # issue 13's cold main job: 5772.9 CPU-s of compiles on 2 cores after a 339.7 s build, 3923.0 s in all
+    # the stored cold main job: 5772.9 CPU-s of compiles on 2 cores after a 339.7 s build, 3923.0 s in all
     assert (cold["compile_cpu_s"], data["cores"], cold["build_s"], cold["total_s"]) == (5772.9, 2, 339.7, 3923.0)
     floor = bench.floor_s(cold["compile_cpu_s"], data["cores"], cold["build_s"])
     assert floor == pytest.approx(2886.45 + 339.7)

@@ -46,7 +46,7 @@ def test_permissions_are_those_of_a_plain_file_or_kept(tmp_path: Path) -> None:
     new = tmp_path / "sub" / "new.json"
     atomic.write_json(new, {"b": 1, "a": [1, 2]})
     assert new.read_text() == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}\n'
-    assert new.stat().st_mode & 0o777 == atomic.NEW_FILE_MODE  # not mkstemp's 0600
+    assert new.stat().st_mode & 0o777 == atomic.new_file_mode()  # not mkstemp's 0600
     secret = tmp_path / "secret.txt"
     secret.write_text("old")
     secret.chmod(0o600)

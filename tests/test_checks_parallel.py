@@ -105,14 +105,14 @@ def run_two_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int) ->
         monkeypatch.setenv(name, env[name])
     probes = {pid: mod for pid, (_, mod) in discover({"STACKPROBE_PROBE_PATH": str(probes_dir)}).items()
               if pid.startswith("t-par-")}
-    cells = [CellTarget(f"cu130-cell{i}", "resolved", image_status="built") for i in (1, 2)]
+    cells = [CellTarget(f"cu130-torchcell{i}-sgl1-fi1", "resolved", image_status="built") for i in (1, 2)]
     items = plan_work(cells, probes, HostView(gpu_count=1))
     # in each cell the CPU-only probe comes first, whatever its id: the GPU variants then run back to back
     assert [(it.cell.cell_id, it.spec.id) for it in items] == [
-        ("cu130-cell1", "t-par-slow"), ("cu130-cell1", "t-par-gpu"),
-        ("cu130-cell2", "t-par-slow"), ("cu130-cell2", "t-par-gpu")]
+        ("cu130-torchcell1-sgl1-fi1", "t-par-slow"), ("cu130-torchcell1-sgl1-fi1", "t-par-gpu"),
+        ("cu130-torchcell2-sgl1-fi1", "t-par-slow"), ("cu130-torchcell2-sgl1-fi1", "t-par-gpu")]
     executors = {c.cell_id: LocalExecutor(sys.executable) for c in cells}
-    store = RunStore(tmp_path / "results", "host", "run")
+    store = RunStore(tmp_path / "results", "cpu-0123abcd", "20261201T000000Z-0001")
     codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
     report = execute(items, executors, store, reasons.default(), 1, codes, jobs=jobs)  # the worker is told: 1 GPU
     assert not report.interrupted and {r.verdict.status for r in report.results} == {"pass"}
@@ -138,8 +138,8 @@ def test_two_slow_cpu_variants_of_two_cells_run_at_once_and_a_gpu_variant_alone(
 def test_one_job_runs_the_plan_in_order_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stored = run_two_cells(tmp_path, monkeypatch, jobs=1)
     assert [(r.cell_id, r.probe_id) for r in stored] == [
-        ("cu130-cell1", "t-par-slow"), ("cu130-cell1", "t-par-gpu"),
-        ("cu130-cell2", "t-par-slow"), ("cu130-cell2", "t-par-gpu")]
+        ("cu130-torchcell1-sgl1-fi1", "t-par-slow"), ("cu130-torchcell1-sgl1-fi1", "t-par-gpu"),
+        ("cu130-torchcell2-sgl1-fi1", "t-par-slow"), ("cu130-torchcell2-sgl1-fi1", "t-par-gpu")]
     spans = [dict(r.verdict.metrics) for r in stored]
     assert all(a["t1"] <= b["t0"] for a, b in zip(spans, spans[1:], strict=False))
     assert all(s["others"] == 0 for s in spans)
@@ -191,12 +191,13 @@ def test_store_appends_from_many_threads_keep_every_whole_line(tmp_path: Path) -
     from checks.result import Verdict
     from checks.status import Status
 
-    store = RunStore(tmp_path, "host", "run")
+    store = RunStore(tmp_path, "cpu-0123abcd", "20261201T000000Z-0001")
     code = checkout().for_probe("0" * 16)
 
     def writer(t: int) -> None:
         for i in range(15):
-            r = ProbeResult("run", "host", f"cell{t}", "p", f"ranks={i}", Verdict(Status.PASS, note="x" * 2000),
+            r = ProbeResult(store.run_id, store.host_id, f"cu130-torch{t}-sgl1-fi1", "p", f"ranks={i}",
+                            Verdict(Status.PASS, note="x" * 2000),
                             "2026-01-01T00:00:00Z", code)
             store.append_all([r]) if i % 2 else store.append(r)
 

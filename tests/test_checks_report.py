@@ -221,14 +221,14 @@ def _write_run(results: Path, rows: list[tuple[str, str, str, str, str, str, dic
     from checks.status import Status
     from checks.store import RunStore
 
-    store = RunStore(results, "cpu-test", "20261130T120000Z-abcd")
-    store.write_manifest({"run_id": store.run_id, "host_id": "cpu-test", "executor": "docker",
-                          "facts": {"host_id": "cpu-test", "gpu_count": 0}, "cells": {}, "probes": {}})
+    store = RunStore(results, "cpu-0123abcd", "20261130T120000Z-abcd")
+    store.write_manifest({"run_id": store.run_id, "host_id": "cpu-0123abcd", "executor": "docker",
+                          "facts": {"host_id": "cpu-0123abcd", "gpu_count": 0}, "cells": {}, "probes": {}})
     code = Provenance("0.1.0", "0" * 40, False, "1" * 16)
     for cell, probe, variant, status, reason, note, evidence in rows:
         verdict = Verdict(Status(status), reason, note, "install a CUDA toolkit (or the nvidia-cuda-nvcc wheel) and "
                           "set CUDA_HOME" if reason == "fi-no-nvcc" else "", 1.0, {}, evidence)
-        store.append(ProbeResult(store.run_id, "cpu-test", cell, probe, variant, verdict, "2026-11-30T12:00:00Z",
+        store.append(ProbeResult(store.run_id, "cpu-0123abcd", cell, probe, variant, verdict, "2026-11-30T12:00:00Z",
                                  code))
 
 
@@ -240,14 +240,15 @@ def test_notes_merge_near_duplicates_compress_where_and_say_memlock_once(tmp_pat
     """One note for notes that differ only in a version or a count, where a note
     applies as cells and counts (not every variant id), the memlock the containers did not get in the host
     section in clean words, and the catalogue's next step for fi-no-nvcc whatever a result recorded."""
+    A, B, C = "cu130-torchA-sgl1-fi1", "cu130-torchB-sgl1-fi1", "cu128-torchC-sgl1-fi1"  # noqa: N806
     gate = "trtllm_comm for {}: refused before compiling: RuntimeError: No supported CUDA architectures [9, 10]."
-    rows = [("cu130-a", "fi-jit", f"ranks=1,module=trtllm_comm,arch={a}", "fail", "fi-arch-gate", gate.format(a),
+    rows = [(A, "fi-jit", f"ranks=1,module=trtllm_comm,arch={a}", "fail", "fi-arch-gate", gate.format(a),
              {"memlock": OLD_MEMLOCK}) for a in ("12.0a", "12.0f")]
     rows += [(cell, "ar-latency", f"ranks={n},backend=b{i}", "skip", "too-few-gpus", f"needs {n} GPUs, host has 0",
-              {}) for cell in ("cu130-a", "cu130-b") for n in (2, 4) for i in range(10)]
-    rows += [("cu130-b", "custom-ar", f"ranks=1,size={s}", "fail", "", f"max error {e} at {s} tokens",
+              {}) for cell in (A, B) for n in (2, 4) for i in range(10)]
+    rows += [(B, "custom-ar", f"ranks=1,size={s}", "fail", "", f"max error {e} at {s} tokens",
               {"memlock": "unlimited"}) for s, e in ((128, "0.5"), (64, "0.25"))]
-    rows += [("cu128-c", "fi-jit", "ranks=1,module=vllm_comm,arch=12.0a", "skip", "fi-no-nvcc",
+    rows += [(C, "fi-jit", "ranks=1,module=vllm_comm,arch=12.0a", "skip", "fi-no-nvcc",
               "no nvcc in this environment: flashinfer cannot JIT anything here", {})]
     _write_run(tmp_path / "results", rows)
     out = tmp_path / "docs" / "compatibility.md"
@@ -256,19 +257,21 @@ def test_notes_merge_near_duplicates_compress_where_and_say_memlock_once(tmp_pat
     notes = [ln for ln in md.splitlines() if ln[:1].isdigit() and ". " in ln[:4]]
     assert len(notes) == 5, notes
     [gate_note] = [n for n in notes if "trtllm_comm for 12.0a/12.0f: refused before compiling" in n]
-    assert gate_note.endswith("(2 variants: cu130-a: fi-jit ×2)")
+    assert gate_note.endswith(f"(2 variants: {A}: fi-jit ×2)")
     [gpus] = [n for n in notes if "too-few-gpus" in n]
-    assert "needs 2/4 GPUs, host has 0" in gpus and gpus.endswith("(40 variants: cu130-a, cu130-b: ar-latency ×20)")
+    assert "needs 2/4 GPUs, host has 0" in gpus and gpus.endswith(f"(40 variants: {A}, {B}: ar-latency ×20)")
     assert sum("max error 0.5 at 128 tokens" in n for n in notes) == 1  # two values differ: two notes
     assert sum("max error 0.25 at 64 tokens" in n for n in notes) == 1
     assert "ranks=2,backend=b7" not in md and "ranks=2,backend=b7" not in html  # no variant id list
-    assert "(40 variants: cu130-a, cu130-b: ar-latency ×20)" in html
+    assert f"(40 variants: {A}, {B}: ar-latency ×20)" in html
     from checks.reasons import default
 
     nvcc = default().get("fi-no-nvcc")
-    assert nvcc is not None and f"*next step:* {nvcc.remediation}" in md and "nvidia-cuda-nvcc" not in md
+    assert nvcc is not None and "nvidia-cuda-nvcc" not in md
+    assert f"*next step:* {nvcc.remediation.replace('<', '&lt;')}" in md
     memlock = ("containers did not get memlock unlimited, the Docker daemon refused (error setting rlimits for ready "
-               "process: error setting rlimit type 8: operation not permitted) (2 of 4 variants run in containers); "
+               "process: error setting rlimit type 8: operation not permitted) (2 of 4 variants run in containers, "
+               "in run 20261130T120000Z-abcd); "
                "they ran with the daemon's own limit. To fix: give dockerd an unlimited hard memlock limit")
     assert f"\nMemlock: {memlock}" in md and f"<p class=\"memlock\">memlock: {memlock}" in html.replace("&#39;", "'")
     assert '"))' not in md and "&#34;))" not in html and "&quot;))" not in html

@@ -73,9 +73,9 @@ def test_the_ranks_of_a_gpu_variant_measure_one_size_at_quick_level(
         monkeypatch.setenv(name, env[name])
     probes = {pid: mod for pid, (_, mod) in discover({"STACKPROBE_PROBE_PATH": str(probes_dir)}).items()
               if pid == "t-sizes"}
-    cell = CellTarget("cu130-x", "resolved", image_status="built")
+    cell = CellTarget("cu130-torchx-sgl1-fi1", "resolved", image_status="built")
     items = plan_work([cell], probes, HostView(gpu_count=1, level=level))
-    store = RunStore(tmp_path / "results", "host", "run")
+    store = RunStore(tmp_path / "results", "cpu-0123abcd", "20261201T000000Z-0001")
     codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
     execute(items, {cell.cell_id: LocalExecutor(sys.executable)}, store, reasons.default(), 1, codes, level=level)
     [r] = read_file(store.results_path)[0]
