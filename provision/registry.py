@@ -284,9 +284,12 @@ class Store:
         path = self.pages / hashlib.sha256(_where(url).encode()).hexdigest()
         if (payload := self._load(path)) is not None and b"\n" in payload:
             head, body = payload.split(b"\n", 1)
-            meta = json.loads(head)
-            final = url if meta["url"] == _where(url) else meta["url"]
-            return _Response(200, body, meta["content_type"], "", final)
+            try:
+                meta = json.loads(head)
+                final = url if meta["url"] == _where(url) else str(meta["url"])
+                return _Response(200, body, str(meta["content_type"]), "", final)
+            except (ValueError, KeyError, TypeError):
+                pass  # not an entry this code wrote: read the page again
         resp = fetch()
         if resp is not None:
             meta = {"url": _where(resp.url), "content_type": resp.content_type}

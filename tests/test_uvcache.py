@@ -74,8 +74,9 @@ def test_a_warm_cache_answers_without_the_index(served: _Served, tmp_path: Path,
     served.requests.clear()
     assert compile_() == cold
     assert served.requests == []
-    # plain uv on the same warm cache asks the index again (the page has no freshness lifetime)
-    subprocess.run([real, *argv[1:]], input="demo-pkg\n", capture_output=True, text=True, timeout=120, check=True)
+    # UV_OFFLINE set by the caller stands: online, uv asks again (the page has no freshness lifetime)
+    monkeypatch.setenv("UV_OFFLINE", "0")
+    assert compile_() == cold
     assert "/simple/demo-pkg/" in served.requests
 
 

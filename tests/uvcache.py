@@ -4,8 +4,8 @@ resolution's pages in the cache, uv reports an ordinary "No solution found".) uv
 resolve when the index gives pages no freshness lifetime, so without this a second run of a test that resolves
 against the index downloads every page again; with it, a run whose pages and metadata are all in uv's cache
 asks the index nothing. A call that fails for real (a test that expects uv to refuse) asks the index each
-time. The pages a success resolves against are as old as the run that fetched them (`uv cache clean` makes
-the next run ask the index again)."""
+time. The pages a success resolves against are as old as the run that fetched them; where UV_OFFLINE is set
+already (`UV_OFFLINE=0 uv run pytest ...`), that setting stands and nothing is tried from the cache first."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ _SHIM = '''#!{python}
 import os, subprocess, sys
 REAL = {real!r}
 argv = [REAL, *sys.argv[1:]]
+if "UV_OFFLINE" in os.environ:
+    os.execv(REAL, argv)
 data = sys.stdin.buffer.read() if "-" in sys.argv[1:] else None
 first = subprocess.run(argv, input=data, capture_output=True, env={{**os.environ, "UV_OFFLINE": "1"}})
 if first.returncode != 0:
