@@ -257,11 +257,14 @@ class Store:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        except OSError:
+            return
+        try:
             with os.fdopen(fd, "wb") as f:
                 f.write(_seal(payload))
             os.replace(tmp, path)
         except OSError:
-            pass
+            Path(tmp).unlink(missing_ok=True)
 
     def range(self, url: str, name: str, fetch: Callable[[], tuple[int, bytes]],
               expect: Callable[[int], int]) -> tuple[int, bytes]:
