@@ -5,15 +5,23 @@ The edge of the catalog check. Every network access goes through `_get`; `read` 
 (PEP 691 JSON, or PEP 503 HTML), and a wheel is read with HTTP byte ranges (its zip directory, then only
 the members needed: METADATA, torch/version.py, the smallest sgl-kernel shared objects). The index is the
 one uv would use (`uv pip compile --emit-index-url`), so no host name lives in this code.
+
+Wheel bytes read once are kept in a `Store` (by default `.cache/registry/` of this checkout, beside the
+project's other caches): a wheel file never changes, so a range of it is kept under the wheel's sha256 where the
+index gives one, else under its URL without credentials or query. Index pages change whenever a release is
+published, so the check reads them live every time; only a store made for tests keeps them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
 import re
 import subprocess
 import tempfile
+import threading
 import urllib.error
 import urllib.request
 import zipfile
@@ -21,9 +29,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import (
@@ -51,6 +59,8 @@ _SIMPLE_ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 # only part of the text survives, so match from the producer name to "release X.Y".
 _NVCC = re.compile(rb"ptxas\x00[^\x00]{0,48}?release (\d+)\.(\d+)")
 _CUDART = re.compile(r"libcudart\.so\.(\d+)$")
+_SHA256 = re.compile(r"sha256=([0-9a-f]{64})")
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "registry"
 
 
 class RegistryError(InputError):
@@ -166,12 +176,26 @@ class _Response:
     url: str
 
 
+_received = [0]  # response body bytes `_get` took from the network in this process
+_received_lock = threading.Lock()
+
+
+def received_bytes() -> int:
+    """Bytes of response bodies read from the network so far in this process (what a cache saves)."""
+    with _received_lock:
+        return _received[0]
+
+
 def _get(url: str, headers: dict[str, str] | None = None) -> _Response | None:
     """One HTTP GET: None on 404, RegistryError on anything else that is not an answer."""
-    req = urllib.request.Request(url, headers={"User-Agent": "stackprobe-catalog-check", **(headers or {})})
+    req = urllib.request.Request(url.split("#")[0],
+                                 headers={"User-Agent": "stackprobe-catalog-check", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
-            return _Response(resp.status, resp.read(), resp.headers.get("Content-Type", ""),
+            body = resp.read()
+            with _received_lock:
+                _received[0] += len(body)
+            return _Response(resp.status, body, resp.headers.get("Content-Type", ""),
                              resp.headers.get("Content-Range", ""), resp.geturl())
     except urllib.error.HTTPError as e:
         if e.code == 404:
@@ -186,6 +210,99 @@ def _where(url: str) -> str:
     parts = urlsplit(url)  # without credentials or query
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{parts.hostname or ''}{port}{parts.path}"
+
+
+def wheel_key(url: str) -> str:
+    """The name a wheel's bytes are kept under: its sha256 when the URL's fragment gives one (the same file
+    from any mirror), else a hash of the URL without credentials, query or fragment (a wheel's path names
+    one file; a query may carry a token)."""
+    m = _SHA256.fullmatch(urlsplit(url).fragment.lower())
+    if m:
+        return f"sha256-{m.group(1)}"
+    return "url-" + hashlib.sha256(_where(url).encode()).hexdigest()
+
+
+_MAGIC = b"spc1"
+
+
+def _seal(payload: bytes) -> bytes:
+    return _MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def _unseal(blob: bytes) -> bytes | None:
+    """The payload of a stored entry; None when it is cut short or changed (its digest does not match)."""
+    head = len(_MAGIC) + 32
+    if len(blob) < head or not blob.startswith(_MAGIC):
+        return None
+    payload = blob[head:]
+    return payload if hashlib.sha256(payload).digest() == blob[len(_MAGIC) : head] else None
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where reads of the index are kept between runs. `wheels`: byte ranges of wheel files (immutable);
+    `pages`: index pages, which change as releases are published, so only tests set it (None: read live)."""
+
+    wheels: Path | None
+    pages: Path | None = None
+
+    def _load(self, path: Path) -> bytes | None:
+        try:
+            return _unseal(path.read_bytes())
+        except OSError:
+            return None
+
+    def _save(self, path: Path, payload: bytes) -> None:
+        """Atomic write; a store that cannot be written costs only the saving."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        except OSError:
+            return
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_seal(payload))
+            os.replace(tmp, path)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
+
+    def range(self, url: str, name: str, fetch: Callable[[], tuple[int, bytes]],
+              expect: Callable[[int], int]) -> tuple[int, bytes]:
+        """(file size, bytes) of one byte range of a wheel, named `name` ("tail-65536", "0-1023"), from the
+        store, else from `fetch` and then kept. `expect(size)` is the length the range must have."""
+        path = self.wheels / wheel_key(url) / name if self.wheels else None
+        if path is not None and (payload := self._load(path)) is not None and len(payload) >= 8:
+            size = int.from_bytes(payload[:8], "big")
+            if len(payload) - 8 == expect(size):
+                return size, payload[8:]
+        size, data = fetch()
+        if path is not None and len(data) == expect(size):
+            self._save(path, size.to_bytes(8, "big") + data)
+        return size, data
+
+    def page(self, url: str, fetch: Callable[[], _Response | None]) -> _Response | None:
+        """An index page from the store (tests only), else from `fetch`; a 404 is never kept."""
+        if self.pages is None:
+            return fetch()
+        path = self.pages / hashlib.sha256(_where(url).encode()).hexdigest()
+        if (payload := self._load(path)) is not None and b"\n" in payload:
+            head, body = payload.split(b"\n", 1)
+            try:
+                meta = json.loads(head)
+                final = url if meta["url"] == _where(url) else str(meta["url"])
+                return _Response(200, body, str(meta["content_type"]), "", final)
+            except (ValueError, KeyError, TypeError):
+                pass  # not an entry this code wrote: read the page again
+        resp = fetch()
+        if resp is not None:
+            meta = {"url": _where(resp.url), "content_type": resp.content_type}
+            self._save(path, json.dumps(meta).encode() + b"\n" + resp.body)
+        return resp
+
+
+def default_store() -> Store:
+    """What `provision catalog check` keeps: wheel bytes only, so every run reads the index pages live."""
+    return Store(CACHE / "wheels")
 
 
 class _Links(HTMLParser):
@@ -213,33 +330,55 @@ class _Links(HTMLParser):
             self._href = None
 
 
-def files(index: str, package: str) -> dict[str, str] | None:
-    """filename -> absolute URL of a project's files that are not yanked; None if the index lacks it."""
+def _with_sha256(url: str, sha256: str | None) -> str:
+    """The URL with its fragment set to `sha256=<hex>` when the index gives that digest, else none."""
+    parts = urlsplit(url)
+    fragment = f"sha256={sha256.lower()}" if sha256 and _SHA256.fullmatch(f"sha256={sha256.lower()}") else ""
+    return urlunsplit(parts._replace(fragment=fragment))
+
+
+def files(index: str, package: str, store: Store | None = None) -> dict[str, str] | None:
+    """filename -> absolute URL of a project's files that are not yanked, with `#sha256=` where the index
+    gives the digest; None if the index lacks the project."""
     page = urljoin(index.rstrip("/") + "/", canonicalize_name(package) + "/")
-    resp = _get(page, {"Accept": _SIMPLE_ACCEPT})
+    resp = (store or Store(None)).page(page, lambda: _get(page, {"Accept": _SIMPLE_ACCEPT}))
     if resp is None:
         return None
     if "json" in resp.content_type:
         data = json.loads(resp.body)
-        return {f["filename"]: urljoin(resp.url, f["url"]) for f in data["files"] if not f.get("yanked")}
+        return {f["filename"]: _with_sha256(urljoin(resp.url, f["url"]), (f.get("hashes") or {}).get("sha256"))
+                for f in data["files"] if not f.get("yanked")}
     parser = _Links()
     parser.feed(resp.body.decode(errors="replace"))
-    return {text or PurePosixPath(urlsplit(href).path).name: urljoin(resp.url, href).split("#")[0]
-            for text, href in parser.links}
+    out = {}
+    for text, href in parser.links:
+        url = urljoin(resp.url, href)
+        m = _SHA256.fullmatch(urlsplit(url).fragment.lower())
+        out[text or PurePosixPath(urlsplit(href).path).name] = _with_sha256(url, m.group(1) if m else None)
+    return out
 
 
 class _Ranged(io.RawIOBase):
-    """A remote file read with HTTP byte ranges, for zipfile; refuses to read more than `budget` bytes."""
+    """A remote file read with HTTP byte ranges, for zipfile; refuses to read more than `budget` bytes.
+    Each range comes from `store` when it holds it."""
 
-    def __init__(self, url: str, budget: int) -> None:
+    TAIL = 65536  # the zip's end records, and the size from Content-Range
+
+    def __init__(self, url: str, budget: int, store: Store | None = None) -> None:
         self.url, self.budget, self.pos, self.fetched = url, budget, 0, 0
-        resp = _get(url, {"Range": "bytes=-65536"})  # the zip's end records, and the size from Content-Range
-        if resp is None:
-            raise RegistryError(f"{_where(url)} is listed by the index but answers HTTP 404")
-        if resp.status != 206 or "/" not in resp.content_range:
-            raise RegistryError(f"{_where(url)} does not serve byte ranges; cannot read a wheel without downloading it")
-        self.size = int(resp.content_range.rsplit("/", 1)[1])
-        self.tail = resp.body
+        self.store = store or Store(None)
+
+        def fetch_tail() -> tuple[int, bytes]:
+            resp = _get(url, {"Range": f"bytes=-{self.TAIL}"})
+            if resp is None:
+                raise RegistryError(f"{_where(url)} is listed by the index but answers HTTP 404")
+            if resp.status != 206 or "/" not in resp.content_range:
+                raise RegistryError(f"{_where(url)} does not serve byte ranges; "
+                                    "cannot read a wheel without downloading it")
+            return int(resp.content_range.rsplit("/", 1)[1]), resp.body
+
+        self.size, self.tail = self.store.range(url, f"tail-{self.TAIL}", fetch_tail,
+                                                lambda size: min(size, self.TAIL))
         self.tail_start = self.size - len(self.tail)
 
     def readable(self) -> bool:
@@ -264,18 +403,23 @@ class _Ranged(io.RawIOBase):
         else:
             if self.fetched + n > self.budget:
                 raise RegistryError(f"reading {_where(self.url)} would take more than {self.budget >> 20} MiB")
-            resp = _get(self.url, {"Range": f"bytes={self.pos}-{self.pos + n - 1}"})
-            if resp is None or resp.status != 206:
-                raise RegistryError(f"{_where(self.url)} stopped serving byte ranges")
-            data = resp.body
+            first, last = self.pos, self.pos + n - 1
+
+            def fetch() -> tuple[int, bytes]:
+                resp = _get(self.url, {"Range": f"bytes={first}-{last}"})
+                if resp is None or resp.status != 206:
+                    raise RegistryError(f"{_where(self.url)} stopped serving byte ranges")
+                return self.size, resp.body
+
+            _size, data = self.store.range(self.url, f"{first}-{last}", fetch, lambda _size: n)
             self.fetched += len(data)
         buf[: len(data)] = data
         self.pos += len(data)
         return len(data)
 
 
-def _wheel(url: str, budget: int = 8 << 20) -> zipfile.ZipFile:
-    return zipfile.ZipFile(io.BufferedReader(_Ranged(url, budget), buffer_size=1 << 18))
+def _wheel(url: str, store: Store | None, budget: int = 8 << 20) -> zipfile.ZipFile:
+    return zipfile.ZipFile(io.BufferedReader(_Ranged(url, budget, store), buffer_size=1 << 18))
 
 
 def _metadata(zf: zipfile.ZipFile) -> str:
@@ -294,12 +438,12 @@ def _release_wheel(package: str, version: str, pages: dict[str, dict[str, str] |
     return wheel, listing[wheel]
 
 
-def _sglang(version: str, pages: dict[str, dict[str, str] | None]) -> dict[str, Seen]:
+def _sglang(version: str, pages: dict[str, dict[str, str] | None], store: Store) -> dict[str, Seen]:
     found = _release_wheel("sglang", version, pages)
     if isinstance(found, Seen):
         return {"release": found}
     wheel, url = found
-    declared = pins(_metadata(_wheel(url)))
+    declared = pins(_metadata(_wheel(url, store)))
     where = f"{wheel} METADATA Requires-Dist"
     kernel = next((n for n in ("sglang-kernel", "sgl-kernel") if n in declared), None)
     return {"torch": Seen(declared.get("torch"), where),
@@ -307,12 +451,13 @@ def _sglang(version: str, pages: dict[str, dict[str, str] | None]) -> dict[str, 
             "flashinfer": Seen(declared.get("flashinfer-python"), where)}
 
 
-def _kernel(package: str, version: str, pages: dict[str, dict[str, str] | None]) -> KernelSeen:
+def _kernel(package: str, version: str, pages: dict[str, dict[str, str] | None],
+            store: Store) -> KernelSeen:
     found = _release_wheel(package, version, pages)
     if isinstance(found, Seen):
         return KernelSeen(found, found, found)
     wheel, url = found
-    zf = _wheel(url, KERNEL_READ_BUDGET + (8 << 20))  # the members plus the zip directory and METADATA
+    zf = _wheel(url, store, KERNEL_READ_BUDGET + (8 << 20))  # the members plus the zip directory and METADATA
     torch = Seen(pins(_metadata(zf)).get("torch"), f"{wheel} METADATA Requires-Dist")
     from checks.probes._elf import linkage  # the project's stdlib ELF reader
 
@@ -346,12 +491,12 @@ def _kernel(package: str, version: str, pages: dict[str, dict[str, str] | None])
     return KernelSeen(Seen(version, f"{package} {version} on the index"), torch, cuda)
 
 
-def _torch(version: str, pages: dict[str, dict[str, str] | None]) -> Seen:
+def _torch(version: str, pages: dict[str, dict[str, str] | None], store: Store) -> Seen:
     found = _release_wheel("torch", version, pages)
     if isinstance(found, Seen):
         return found
     wheel, url = found
-    zf = _wheel(url)
+    zf = _wheel(url, store)
     text = zf.read("torch/version.py").decode(errors="replace") if "torch/version.py" in zf.namelist() else ""
     return Seen(torch_variant(text), f"{wheel} torch/version.py")
 
@@ -368,16 +513,18 @@ def _guarded(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return run
 
 
-def read(wants: Wants, index: str | None = None, workers: int = 8) -> Readings:
-    """Ask the index everything `wants` names. Raises RegistryError when it cannot be read."""
+def read(wants: Wants, index: str | None = None, workers: int = 8, store: Store | None = None) -> Readings:
+    """Ask the index everything `wants` names, keeping what `store` keeps (default: `default_store()`).
+    Raises RegistryError when it cannot be read."""
     index = index or configured_index()
+    store = store or default_store()
     packages = sorted({*wants.newest, *(p for p, _ in wants.kernels)}
                       | ({"sglang"} if wants.sglang else set()) | ({"torch"} if wants.torch else set()))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        pages = dict(zip(packages, pool.map(lambda p: files(index, p), packages), strict=True))
-        sglang = pool.map(_guarded(lambda v: _sglang(v, pages)), wants.sglang)
-        kernels = pool.map(_guarded(lambda pv: _kernel(pv[0], pv[1], pages)), wants.kernels)
-        torch = pool.map(_guarded(lambda v: _torch(v, pages)), wants.torch)
+        pages = dict(zip(packages, pool.map(lambda p: files(index, p, store), packages), strict=True))
+        sglang = pool.map(_guarded(lambda v: _sglang(v, pages, store)), wants.sglang)
+        kernels = pool.map(_guarded(lambda pv: _kernel(pv[0], pv[1], pages, store)), wants.kernels)
+        torch = pool.map(_guarded(lambda v: _torch(v, pages, store)), wants.torch)
         newest = {p: Seen(newest_release(pages[p]) if pages[p] is not None else None,
                           f"{p} release list" if pages[p] is not None else f"{p} is not on the index")
                   for p in wants.newest}

@@ -249,7 +249,6 @@ class _Index:
     """A PEP 503 (HTML) index on 127.0.0.1 whose file server answers Range requests unless told not to."""
 
     def __init__(self, pages: dict[str, list[tuple[str, bytes, bool]]], ranges: bool = True) -> None:
-        self.files = {name: data for entries in pages.values() for name, data, _ in entries}
         self.pages = pages
         self.ranges = ranges
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
@@ -263,13 +262,12 @@ class _Index:
                 index.requests.append((self.path, self.headers.get("Range")))
                 m = re.fullmatch(r"/simple/([^/]+)/", self.path)
                 if m and m.group(1) in index.pages:
-                    links = "".join(f'<a href="../../files/{n}#sha256=00"{" data-yanked" if y else ""}>{n}</a>\n'
-                                    for n, _, y in index.pages[m.group(1)])
-                    return self._send(200, f"<html><body>{links}</body></html>".encode(), "text/html")
+                    return self._send(200, index._page(m.group(1)), "text/html")
                 m = re.fullmatch(r"/files/(.+)", self.path)
-                if not m or m.group(1) not in index.files:
+                files = {name: data for entries in index.pages.values() for name, data, _ in entries}
+                if not m or m.group(1) not in files:
                     return self._send(404, b"not found", "text/plain")
-                data = index.files[m.group(1)]
+                data = files[m.group(1)]
                 rng = self.headers.get("Range")
                 if not (index.ranges and rng):
                     return self._send(200, data, "application/octet-stream")
@@ -291,6 +289,11 @@ class _Index:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _page(self, project: str) -> bytes:
+        links = "".join(f'<a href="../../files/{n}#sha256=00"{" data-yanked" if y else ""}>{n}</a>\n'
+                        for n, _, y in self.pages[project])
+        return f"<html><body>{links}</body></html>".encode()
 
     def close(self) -> None:
         self.server.shutdown()
@@ -314,6 +317,15 @@ def _pages(tmp: Path) -> dict[str, list[tuple[str, bytes, bool]]]:
                    _wheel({"torch/version.py": cpu_py}), False),
                   ("torch-2.16.0-cp312-cp312-manylinux_2_28_x86_64.whl", b"yanked", True)],
     }
+
+
+_PRODUCTION_STORE = registry.default_store
+
+
+@pytest.fixture(autouse=True)
+def _store_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads of the throwaway local indexes below are kept in the test's folder, not the checkout's cache."""
+    monkeypatch.setattr(registry, "default_store", lambda: registry.Store(tmp_path / "store-wheels"))
 
 
 @pytest.fixture
@@ -413,3 +425,118 @@ def test_configured_index_is_the_one_uv_uses(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("UV_INDEX_URL", "https://index.example.test/simple")
     monkeypatch.delenv("UV_DEFAULT_INDEX", raising=False)
     assert registry.configured_index() == "https://index.example.test/simple"
+
+
+# ---- the store of what was read ----------------------------------------------------------------------
+
+
+def _entries(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_a_second_read_takes_wheel_bytes_from_the_store_and_pages_live(local_index: _Index, tmp_path: Path) -> None:
+    cat = _local_catalog()
+    store = registry.Store(tmp_path / "wheels")
+    first = registry.read(cc.wants(cat), local_index.url, store=store)
+    wheel_reads = [r for r in local_index.requests if r[0].startswith("/files/")]
+    assert wheel_reads and _entries(tmp_path / "wheels")
+    local_index.requests.clear()
+    before = registry.received_bytes()
+    second = registry.read(cc.wants(cat), local_index.url, store=store)
+    assert second == first
+    assert sorted(path for path, _ in local_index.requests) == ["/simple/sglang-kernel/", "/simple/sglang/",
+                                                                "/simple/torch/"]
+    pages = sum(len(local_index._page(p)) for p in ("sglang", "sglang-kernel", "torch"))
+    assert registry.received_bytes() - before == pages  # the pages again, no wheel byte
+
+
+def test_pages_are_read_live_so_a_new_release_is_seen(local_index: _Index, tmp_path: Path) -> None:
+    cat = _local_catalog()
+    store = replace(_PRODUCTION_STORE(), wheels=tmp_path / "wheels")  # what `provision catalog check` keeps
+    assert registry.read(cc.wants(cat), local_index.url, store=store).newest["torch"].value == "2.15.0"
+    local_index.pages["torch"].append(("torch-2.17.0-cp312-cp312-manylinux_2_28_x86_64.whl", b"new", False))
+    assert registry.read(cc.wants(cat), local_index.url, store=store).newest["torch"].value == "2.17.0"
+
+
+def test_a_store_with_pages_makes_no_request_the_second_time(local_index: _Index, tmp_path: Path) -> None:
+    cat = _local_catalog()
+    store = registry.Store(tmp_path / "wheels", tmp_path / "pages")
+    first = registry.read(cc.wants(cat), local_index.url, store=store)
+    local_index.requests.clear()
+    before = registry.received_bytes()
+    assert registry.read(cc.wants(cat), local_index.url, store=store) == first
+    assert local_index.requests == [] and registry.received_bytes() == before
+
+
+def test_a_cut_or_changed_entry_is_read_again(local_index: _Index, tmp_path: Path) -> None:
+    cat = _local_catalog()
+    store = registry.Store(tmp_path / "wheels", tmp_path / "pages")
+    first = registry.read(cc.wants(cat), local_index.url, store=store)
+    entries = _entries(tmp_path / "wheels")
+    cut, changed = entries[0], entries[-1]
+    good = {p: p.read_bytes() for p in (cut, changed)}
+    cut.write_bytes(good[cut][: len(good[cut]) // 2])
+    flipped = bytearray(good[changed])
+    flipped[-1] ^= 0xFF
+    changed.write_bytes(bytes(flipped))
+    local_index.requests.clear()
+    assert registry.read(cc.wants(cat), local_index.url, store=store) == first
+    asked = sorted(rng or "" for _, rng in local_index.requests)
+    names = sorted(f"bytes={p.name.replace('tail-', '-')}" for p in (cut, changed))
+    assert asked == names  # exactly the two damaged ranges, fetched again
+    assert {p: p.read_bytes() for p in (cut, changed)} == good  # and stored whole again
+
+
+def test_a_hit_serves_the_same_bytes_without_a_request(tmp_path: Path) -> None:
+    store = registry.Store(tmp_path / "wheels")
+    calls: list[str] = []
+    data = random.Random(1).randbytes(1000)
+
+    def fetch() -> tuple[int, bytes]:
+        calls.append("fetch")
+        return 5000, data
+
+    url = "https://index.test/files/a-1.0-py3-none-any.whl"
+    assert store.range(url, "100-1099", fetch, lambda size: 1000) == (5000, data)
+    assert store.range(url, "100-1099", fetch, lambda size: 1000) == (5000, data)
+    assert calls == ["fetch"]
+    short = registry.Store(tmp_path / "short")  # a fetch that came back short is not kept
+    short.range(url, "0-9", lambda: (5000, b"abc"), lambda size: 10)
+    assert _entries(tmp_path / "short") == []
+
+
+def test_the_key_has_no_credentials_and_follows_the_sha256() -> None:
+    sha = "ab" * 32
+    assert registry.wheel_key(f"https://a.test/x/w-1-py3-none-any.whl#sha256={sha}") == f"sha256-{sha}"
+    assert registry.wheel_key(f"https://b.test/y/w-1-py3-none-any.whl#sha256={sha.upper()}") == f"sha256-{sha}"
+    plain = registry.wheel_key("https://a.test/x/w-1-py3-none-any.whl")
+    assert plain.startswith("url-") and "a.test" not in plain
+    assert registry.wheel_key("https://alice:s3cret@a.test/x/w-1-py3-none-any.whl?token=t0ken") == plain
+    assert registry.wheel_key("https://a.test/x/w-2-py3-none-any.whl") != plain
+
+
+def test_no_credentials_reach_the_store(local_index: _Index, tmp_path: Path) -> None:
+    """URLs with a user, a password and a query token: nothing under the store names them."""
+    store = registry.Store(tmp_path / "wheels", tmp_path / "pages")
+    url = "http://alice:s3cret@127.0.0.1:1/files/a-1.0-py3-none-any.whl?token=t0ken"
+    store.range(url, "0-2", lambda: (10, b"abc"), lambda size: 3)
+    page = "https://alice:s3cret@index.test/simple/a/?token=t0ken"
+    store.page(page, lambda: registry._Response(200, b"<a>x</a>", "text/html", "", page))
+    assert store.page(page, lambda: None) is not None  # kept, and served from the store
+    for p in [*_entries(tmp_path)]:
+        for secret in ("alice", "s3cret", "t0ken"):
+            assert secret not in str(p.relative_to(tmp_path)) and secret.encode() not in p.read_bytes()
+
+
+def test_json_pages_carry_the_sha256_into_the_wheel_url(tmp_path: Path) -> None:
+    sha = "cd" * 32
+    body = json.dumps({"files": [{"filename": "a-1.0-py3-none-any.whl", "url": "../../f/a-1.0-py3-none-any.whl",
+                                  "hashes": {"sha256": sha}},
+                                 {"filename": "a-0.9-py3-none-any.whl", "url": "../../f/a-0.9-py3-none-any.whl",
+                                  "hashes": {}}]}).encode()
+    store = registry.Store(None, tmp_path / "pages")
+    url = "https://index.test/simple/a/"
+    store.page(url, lambda: registry._Response(200, body, "application/vnd.pypi.simple.v1+json", "", url))
+    got = registry.files("https://index.test/simple", "a", store)
+    assert got == {"a-1.0-py3-none-any.whl": f"https://index.test/f/a-1.0-py3-none-any.whl#sha256={sha}",
+                   "a-0.9-py3-none-any.whl": "https://index.test/f/a-0.9-py3-none-any.whl"}

@@ -5,6 +5,10 @@ CUDA 12.9 one without), two torch releases and one newest-release fact, with fou
 check must report exactly those four, with the index's values, and leave the true ones alone. Released
 wheels do not change, so the values asserted here stay true; only the newest release moves, and is asserted
 as a lower bound. Skips only when the index cannot be reached (exit 2 saying so).
+
+Wheel bytes are kept where `provision catalog check` keeps them (.cache/registry/wheels); the index pages
+are kept too, in .cache/registry/pages-for-tests, so a later run of this test reads nothing from the network.
+Delete that folder to check against today's pages.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ import pytest
 import yaml
 from packaging.version import Version
 
+from provision import registry
 from provision.catalog import CATALOG_PATH
 from provision.cli import main
+
+PAGES = registry.CACHE / "pages-for-tests"
 
 
 def _subset(tmp_path: Path) -> Path:
@@ -34,14 +41,26 @@ def _subset(tmp_path: Path) -> Path:
     return path
 
 
-def test_catalog_check_on_the_real_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    started = time.monotonic()
+def _check(catalog: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     with pytest.raises(SystemExit) as e:
-        main(["catalog", "check", "--json", "--catalog", str(_subset(tmp_path))])
+        main(["catalog", "check", "--json", "--catalog", str(catalog)])
     out, err = capsys.readouterr()
-    if e.value.code == 2 and "index unreachable" in err:
+    return int(e.value.code or 0), out, err
+
+
+def test_catalog_check_on_the_real_index(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "default_store", lambda: registry.Store(registry.CACHE / "wheels", PAGES))
+    catalog = _subset(tmp_path)
+    started = time.monotonic()
+    code, out, err = _check(catalog, capsys)
+    if code == 2 and "index unreachable" in err:
         pytest.skip(err.strip())
-    assert e.value.code == 1, err
+    assert code == 1, err
+    elapsed = time.monotonic() - started
+    before = registry.received_bytes()
+    assert _check(catalog, capsys) == (code, out, err)  # again: the same report from the store alone
+    assert registry.received_bytes() == before
     report = json.loads(out)
     got = {d["key"]: (d["recorded"], d["registry"]) for d in report["drift"]}
     newest = got.pop("newest.torch")
@@ -59,4 +78,4 @@ def test_catalog_check_on_the_real_index(tmp_path: Path, capsys: pytest.CaptureF
     assert report["checked"] == 12
     assert report["unchecked"] == ["sgl_kernel.releases[0.4.1].torch: the wheel declares no torch and no "
                                    "catalogued SGLang release pins sglang-kernel 0.4.1"]
-    assert time.monotonic() - started < 60  # budget ~30 s; reads only byte ranges of the wheels
+    assert elapsed < 60  # budget ~30 s; reads only byte ranges of the wheels

@@ -1,4 +1,7 @@
-"""Locking: real uv resolution against the registry, the torch layer subset, atomic writes."""
+"""Locking: real uv resolution against the registry, the torch layer subset, atomic writes.
+
+uv runs cache first (tests/uvcache.py): a second run of these tests resolves from uv's cache and asks the
+index nothing."""
 
 from __future__ import annotations
 
@@ -6,10 +9,19 @@ import json
 from pathlib import Path
 
 import pytest
+from uvcache import cache_first_uv
 
+from provision import lock
 from provision.api import resolve_all
 from provision.cli import main
 from provision.lock import closure_subset, parse_blocks, pinned, write_dir_atomically
+
+
+@pytest.fixture(autouse=True)
+def _uv_cache_first(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    shim = cache_first_uv(tmp_path_factory.mktemp("uv-cache-first"), lock.uv_bin())
+    monkeypatch.setattr(lock, "uv_bin", lambda: str(shim))
+
 
 SAMPLE = """\
 filelock==3.20.0 \\
