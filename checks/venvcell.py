@@ -26,6 +26,9 @@ class VenvCell:
 
 # What an image of the cell leaves unset: a host value would pick another toolkit or compiler than the cell's.
 UNSET = ("CUDA_PATH", "FLASHINFER_NVCC")
+# flashinfer's import loads ``$CUDA_LIB_PATH/libcudart.so.12`` globally when it exists, CUDA_LIB_PATH defaulting to
+# /usr/local/cuda/targets/x86_64-linux/lib: in a venv cell that default is the host's toolkit, not the cell's.
+CUDA_LIB = ("targets", "x86_64-linux", "lib")
 
 
 def without_nvcc(path: str, keep: Sequence[str] = ()) -> str:
@@ -48,9 +51,10 @@ def toolkit_home(record: Mapping[str, object]) -> str:
 def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """The venv's scripts first on PATH (then the base's: its ninja, say); only this checkout on PYTHONPATH, so
     the caller's path cannot put other packages in front of the cell's. A full cell is the environment its image
-    is: CUDA_HOME is the cell's own toolkit (an empty one where the registry has no nvcc), no host nvcc stays on
-    PATH and CUDA_PATH and FLASHINFER_NVCC are unset (an empty value unsets). An overlay cell (a base
-    environment's torch and CUDA libraries) compiles with the toolkit the host has, as ``--local`` does."""
+    is: CUDA_HOME (and flashinfer's CUDA_LIB_PATH) is the cell's own toolkit (an empty one where the registry has
+    no nvcc), no host nvcc stays on PATH, and CUDA_PATH and FLASHINFER_NVCC are unset (an empty value unsets).
+    An overlay cell (a base environment's torch and CUDA libraries) compiles with the toolkit the host has, as
+    ``--local`` does."""
     path = [str(p) for p in record.get("path") or [] if p]  # type: ignore[union-attr]
     host_path = environ.get("PATH", os.defpath)
     if record.get("base_python"):
@@ -59,7 +63,7 @@ def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[
     home = toolkit_home(record)
     own = [*path, os.path.join(home, "bin")]
     return (("PATH", without_nvcc(os.pathsep.join([*own, host_path]), keep=own)), ("PYTHONPATH", str(CODE_ROOT)),
-            ("CUDA_HOME", home), *((name, "") for name in UNSET))
+            ("CUDA_HOME", home), ("CUDA_LIB_PATH", os.path.join(home, *CUDA_LIB)), *((name, "") for name in UNSET))
 
 
 def read(envs_dir: Path, cell_id: str, environ: Mapping[str, str] = os.environ) -> VenvCell:

@@ -305,6 +305,7 @@ def test_venv_cell_without_registry_nvcc_sees_its_own_empty_toolkit_not_the_host
     with patch.dict("os.environ", host, clear=True):
         env = LocalExecutor(sys.executable, "venv", got.env).env()
     assert env["CUDA_HOME"] == str(venv / "cuda")
+    assert env["CUDA_LIB_PATH"] == str(venv / "cuda" / "targets" / "x86_64-linux" / "lib")
     assert "CUDA_PATH" not in env and "FLASHINFER_NVCC" not in env
     assert env["PATH"].split(":") == [str(venv / "bin"), str(venv / "cuda" / "bin"), "/usr/bin", "/bin"]
     tk = toolkit.resolve(env, flashinfer=True)
