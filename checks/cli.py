@@ -387,10 +387,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded), jobs=args.jobs)
         report = _execute_with_progress(con, items, executors, store, catalogue, gpus, codes, args.resume,
                                         view, jobs=args.jobs, level=args.level, inputs=stamps)
-    return _finish_run(con, report, args.json, args.results, report_path(args))
+    return _finish_run(con, report, args.json, args.results, report_path(args), gpus)
 
 
-def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, table: Path | None) -> int:
+def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, table: Path | None,
+                gpus: int | None = None) -> int:
     """The summary, the regenerated table, and last the verdict count and where the table is."""
     if report.resumed:
         con.print(f"resumed: {report.resumed} variant(s) already recorded were not run again", markup=False)
@@ -398,7 +399,7 @@ def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, t
         runs = sorted({incremental.origin(r) for r in reused})
         con.print(f"reused: {len(reused)} variant(s) unchanged since run{'s' if len(runs) > 1 else ''} "
                   f"{', '.join(runs)} were not run again (--fresh reruns them)", markup=False)
-    for line in summary.lines(report.results):
+    for line in summary.lines(report.results, gpus):
         con.print(line, markup=False)
     if as_json:
         print(json.dumps([r.to_json() for r in report.results], indent=2, sort_keys=True))
