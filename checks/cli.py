@@ -561,6 +561,19 @@ def _one(name: str, known: list[str], option: str) -> None:
         raise UsageError(f"checks advise: {option} {name!r} has no results; {hint}")
 
 
+def gpu_hosts(hosts: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The hosts whose results were measured on GPUs (advice rests on latencies only a GPU gives), and one
+    line naming the GPU-less ones left out and how to pick a host; "" when none was left out."""
+    without = sorted(n for n, h in hosts.items() if h.gpu_count == 0)
+    if not without:
+        return hosts, ""
+    kept = {n: h for n, h in hosts.items() if n not in without}
+    left = f"left out {', '.join(without)} (recorded without a GPU: no latency to advise from)"
+    if kept:
+        return kept, f"{left}; advising on {', '.join(sorted(kept))}; `--host ID` picks one"
+    return kept, f"{left}; no host has GPU results: run `checks run` on a GPU host, or `--host ID` to see one"
+
+
 def advise(args: argparse.Namespace) -> list[Any]:
     """One HostDecision per selected host."""
     from checks import decisions, launch
@@ -577,12 +590,17 @@ def advise(args: argparse.Namespace) -> list[Any]:
     except ModelError as exc:
         raise UsageError(f"checks advise: --model: {exc}") from None
     hosts = _hosts(args.results, "advise")
+    line = ""
     if args.host:
         _one(args.host, sorted(hosts), "--host")
+    else:
+        hosts, line = gpu_hosts(hosts)
     selected = [h for name, h in hosts.items() if not args.host or name == args.host]
     if args.cell:
         _one(args.cell, sorted({r.cell_id for h in selected for r in h.results}), "--cell")
         selected = [h for h in selected if any(r.cell_id == args.cell for r in h.results)]
+    if line:
+        print(f"checks advise: {line}", file=sys.stderr)
     pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}
     engines = launch.load()
     return [decisions.decide(h, engines, pins, cell=args.cell, tp=args.tp, model=model, batch=args.batch,
