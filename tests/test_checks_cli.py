@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from checks import hostfacts
+from checks import hostfacts, provenance
 from checks.cli import main
 from checks.provenance import Provenance, probe_hash
 from checks.store import read_file
@@ -75,6 +76,8 @@ def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_
     probes.mkdir()
     (probes / "t_fresh.py").write_text(FRESH)
     monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(probes))
+    # made at a clean commit, whatever state this checkout is in (a dirty one is marked too: asserted below)
+    monkeypatch.setattr(provenance, "checkout", lambda root=None: provenance.Checkout("0.1.0", "c0ffee", False))
     handler = signal.getsignal(signal.SIGTERM)
     argv = ["run", "--local", "--probe", "t-fresh", "--results", str(results), "--json"]
     assert main(argv) == 0
@@ -95,7 +98,7 @@ def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_
     assert "stale" in capsys.readouterr().err
     assert main(["report", "--results", str(results), "--out", str(out)]) == 0
     md = out.read_text()
-    assert "✅ ↻ |" in md
+    assert re.search(r"✅ ↻( \*\(static\)\*)? \|", md)
     assert "the probe's source changed since): `checks run --local --probe t-fresh`" in md
 
 
