@@ -134,11 +134,11 @@ def test_a_pass_with_a_violated_pin_becomes_partial_and_keeps_both_facts() -> No
     out = inventory.amend({"status": "pass", "note": sym, "reason_code": "", "evidence": {}},
                           inventory.metadata_findings(snap))
     assert (out["status"], out["reason_code"]) == ("partial", "dependency-pin-violated")
-    assert out["note"].startswith(sym) and "requires torch==2.14.1, torch 2.15.0 is installed" in out["note"]
+    assert out["note"] == f"sglang-kernel 0.4.10 requires torch==2.14.1, torch 2.15.0 is installed; {sym}"
     assert "rich" not in out["note"]  # an unprobed package's requirement is evidence, not the verdict
     failed = inventory.amend({"status": "fail", "note": "abi", "reason_code": "abi-mismatch", "evidence": {}},
                              inventory.metadata_findings(snap))
-    assert (failed["status"], failed["reason_code"]) == ("fail", "abi-mismatch")
+    assert (failed["status"], failed["reason_code"]) == ("fail", "abi-mismatch") and failed["note"].startswith("abi; ")
 
 
 def test_real_cuda_python_and_cuda_bindings_of_two_releases_collide(tmp_path: Path) -> None:

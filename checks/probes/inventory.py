@@ -174,14 +174,16 @@ def metadata_findings(snap: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def amend(result: dict[str, Any], findings: list[tuple[str, str]]) -> dict[str, Any]:
-    """A pass with findings becomes partial under the first finding's code; a fail or skip keeps its own code.
-    Every finding joins the note."""
+    """A pass with findings becomes partial under the first finding's code, its note led by the findings (the
+    table shortens long notes from the end); a fail or skip keeps its own code and note, findings after it."""
     if not findings:
         return result
     notes = [n for _, n in findings]
     if result["status"] == "pass":
         result["status"], result["reason_code"] = "partial", findings[0][0]
-    result["note"] = "; ".join(p for p in (result["note"], *notes) if p)
+        result["note"] = "; ".join(p for p in (*notes, result["note"]) if p)
+    else:
+        result["note"] = "; ".join(p for p in (result["note"], *notes) if p)
     result["evidence"]["metadata_findings"] = [c for c, _ in findings]
     return result
 
