@@ -8,7 +8,9 @@ A backend *works* at a size on a host, cell and rank count when both hold there:
   torch symmetric memory, custom-ar for the custom allreduce, pcie-ipc for flashinfer's PCIe IPC all-reduce.
 
 Per size the fastest working backend is named, with its time against NCCL measured in the same processes.
-Switching away from NCCL is advised only where the gain is larger than ``NOISE``. Everything that failed,
+Switching away from NCCL is advised only where the gain is larger than the run-to-run spread of the two
+backends at that size (``spreads``: the same backend, size and rank count timed in every cell of one CUDA
+and torch build on the host; ``NOISE`` where no backend was timed twice). Everything that failed,
 hung, crashed or works only in part is listed to avoid, with the verdict that rules it out; a working backend
 clearly slower than NCCL at some sizes is listed too. Where a fact is missing, the probe to run is named.
 Every item carries the ids of the results it stands on (``ProbeResult.result_id``).
@@ -17,6 +19,7 @@ Every item carries the ids of the results it stands on (``ProbeResult.result_id`
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,13 +30,14 @@ from checks.freshness import command
 from checks.probe import Declared, Role
 from checks.result import ProbeResult
 from checks.status import Status
+from provision import cellid
 from provision.cellid import CellId
 
 LATENCY_PROBE = "ar-latency"
 BASELINE = "nccl"
 NCCL_BACKENDS = frozenset({"nccl", "nccl-direct"})
-# Repeated ar-latency runs of one backend on one host differ by a few percent (the probe matches nccl-tests
-# within 4.2% on 2x H200), so a gain or loss under 5% is not told apart from noise.
+# The tie threshold assumed where the host timed no backend twice at a size: the probe's agreement with
+# nccl-tests (within 4.2% on 2x H200) rounded up; measured spreads replace it (``spreads``).
 NOISE = 0.05
 DTYPE_BYTES = 2  # ar-latency measures bf16
 DECLARED = registry.declarations()  # what each probe records: advise reads keys through its roles
@@ -139,10 +143,69 @@ class SizeAdvice:
     fastest: str
     fastest_us: float
     ratio_vs_nccl: float | None
-    use: str  # the fastest, or the NCCL baseline where the fastest gains less than NOISE
+    use: str  # the fastest, or the NCCL baseline where the fastest gains less than ``tie``
     runner_up: str = ""
     runner_up_us: float | None = None
     ids: tuple[str, ...] = ()
+    tie: float = NOISE  # the gain under which the fastest and NCCL are a tie here (Spreads.tie)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far repeated timings of one backend at one size and rank count lie apart on one host: the range
+    over the median of the latest result of every cell of one CUDA and torch build that timed it."""
+
+    backend: str
+    nbytes: int
+    relative: float  # (max - min) / median
+    samples: int
+
+
+@dataclass(frozen=True)
+class Spreads:
+    """The measured spreads of one cell's rank count, and the tie threshold they give."""
+
+    by: Mapping[tuple[str, int], Spread]
+
+    def tie(self, backend: str, nbytes: int) -> float:
+        """The larger spread of ``backend`` and NCCL at ``nbytes``; ``NOISE`` when neither was timed twice."""
+        known = [sp.relative for b in (backend, BASELINE) if (sp := self.by.get((b, nbytes)))]
+        return max(known) if known else NOISE
+
+    def per_backend(self) -> list[tuple[str, float, int]]:
+        """(backend, largest spread over its sizes, fewest samples at one size) in backend order."""
+        out = []
+        for b in BACKENDS:
+            mine = [sp for (x, _), sp in self.by.items() if x == b]
+            if mine:
+                out.append((b, max(sp.relative for sp in mine), min(sp.samples for sp in mine)))
+        return out
+
+
+def build_of(cell: CellId | None, cell_id: str) -> tuple[str, ...]:
+    """The CUDA and torch build of a cell (``cu130``, ``2.11.0``, local or not): cells that share it time NCCL
+    and torch's backends with the same code; their flashinfer versions differ. An id cellid did not make is a
+    build of its own."""
+    return (cell.cuda, cell.torch, str(cell.local)) if cell is not None else ("", cell_id)
+
+
+def spreads(results: Iterable[ProbeResult], cell_id: str, ranks: int) -> Spreads:
+    """Run-to-run spread of every backend at every size, from the latest ar-latency result of each cell of
+    ``cell_id``'s build at ``ranks`` (ranks sharing a GPU left out); sizes timed once have none."""
+    build = build_of(cellid.parse(cell_id), cell_id)
+    seen: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for r in results:
+        if (r.probe_id != LATENCY_PROBE or r.ranks != ranks or r.shared_gpu or build_of(r.cell, r.cell_id) != build
+                or r.verdict.status not in (Status.PASS, Status.PARTIAL)):
+            continue
+        backend = r.params.get("backend", "")
+        for n, us in _sizes(_metric(r, Role.LATENCY)).items():
+            seen[(backend, n)].append(us)
+    out = {}
+    for (backend, n), xs in seen.items():
+        if len(xs) > 1:
+            out[(backend, n)] = Spread(backend, n, (max(xs) - min(xs)) / statistics.median(xs), len(xs))
+    return Spreads(out)
 
 
 @dataclass(frozen=True)
@@ -192,6 +255,7 @@ class CellAdvice:
     missing: tuple[Missing, ...] = ()
     multicast: bool | None = None  # whether the GPUs support multicast (see ``multicast``); None: unknown
     full_nvlink: bool | None = None  # NVLink between every pair of GPUs, as custom-ar read it from NVML
+    spread: Spreads = Spreads({})  # run-to-run spread per backend and size: the tie threshold
 
     def curve(self, backend: str) -> Curve | None:
         return next((c for c in self.curves if c.backend == backend), None)
@@ -282,7 +346,7 @@ def _ratio(c: Curve, n: int, base: Curve | None) -> float | None:
     return None
 
 
-def _per_size(curves: Sequence[Curve], hidden: int | None) -> list[SizeAdvice]:
+def _per_size(curves: Sequence[Curve], hidden: int | None, spread: Spreads) -> list[SizeAdvice]:
     base = next((c for c in curves if c.backend == BASELINE), None)
     out = []
     for n in sorted({n for c in curves for n in c.latency_us}):
@@ -290,14 +354,15 @@ def _per_size(curves: Sequence[Curve], hidden: int | None) -> list[SizeAdvice]:
         best = here[0]
         ratio = _ratio(best, n, base)
         has_base = base is not None and n in base.latency_us
-        # Leave NCCL only for a gain larger than noise; NCCL through either caller is the baseline's path.
-        gains = ratio is not None and ratio < 1 - NOISE and best.backend not in NCCL_BACKENDS
+        tie = spread.tie(best.backend, n)
+        # Leave NCCL only for a gain beyond the run-to-run spread; NCCL through either caller is the baseline.
+        gains = ratio is not None and ratio < 1 - tie and best.backend not in NCCL_BACKENDS
         use = best.backend if gains or not has_base else BASELINE
         runner = here[1] if len(here) > 1 else None
         ids = tuple(dict.fromkeys(best.ids + (base.ids if base is not None and use == BASELINE else ())))
         tokens = n // (hidden * DTYPE_BYTES) if hidden and n % (hidden * DTYPE_BYTES) == 0 else None
         out.append(SizeAdvice(n, tokens, best.backend, best.latency_us[n], ratio, use,
-                              runner.backend if runner else "", runner.latency_us[n] if runner else None, ids))
+                              runner.backend if runner else "", runner.latency_us[n] if runner else None, ids, tie))
     return out
 
 
@@ -342,7 +407,7 @@ def _label(rs: Sequence[ProbeResult]) -> str:
 BAD = frozenset({Status.FAIL, Status.CRASH, Status.HANG, Status.PARTIAL})
 
 
-def _avoid(rs: Sequence[ProbeResult], curves: Sequence[Curve]) -> list[Avoid]:
+def _avoid(rs: Sequence[ProbeResult], curves: Sequence[Curve], spread: Spreads = Spreads({})) -> list[Avoid]:
     groups: dict[tuple[str, str, str, str], list[ProbeResult]] = defaultdict(list)
     for r in rs:
         # Ranks sharing a GPU test correctness only; no server runs that way.
@@ -354,7 +419,7 @@ def _avoid(rs: Sequence[ProbeResult], curves: Sequence[Curve]) -> list[Avoid]:
     for c in curves:
         if c.backend in NCCL_BACKENDS:
             continue
-        slow = {n: x for n, x in c.ratio_vs_nccl.items() if x > 1 + NOISE}
+        slow = {n: x for n, x in c.ratio_vs_nccl.items() if x > 1 + spread.tie(c.backend, n)}
         if slow:
             lo, hi = min(slow.values()), max(slow.values())
             sizes = ", ".join(human_bytes(n) for n in sorted(slow))
@@ -428,10 +493,11 @@ def advise_cell(host_id: str, cell_id: str, ranks: int, results: Sequence[ProbeR
                     _rerun(LATENCY_PROBE, cell_id, cell)),),
             avoid=tuple(_avoid(rs, ())), untimed=tuple(_untimed(rs)), multicast=mc, full_nvlink=nvl)
     curves, missing = _curves(cell_id, cell, rs)
-    sizes = _per_size(curves, hidden)
+    spread = spreads(results, cell_id, ranks)
+    sizes = _per_size(curves, hidden, spread)
     return CellAdvice(host_id, cell_id, ranks, hidden, tuple(curves), tuple(sizes),
-                      tuple(_crossovers(sizes, curves)), tuple(_avoid(rs, curves)), tuple(_untimed(rs)),
-                      tuple(missing), mc, nvl)
+                      tuple(_crossovers(sizes, curves)), tuple(_avoid(rs, curves, spread)), tuple(_untimed(rs)),
+                      tuple(missing), mc, nvl, spread)
 
 
 def rank_counts(results: Iterable[ProbeResult], cell_id: str) -> list[int]:

@@ -396,7 +396,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not store.results_path.exists() and not store.unstored:  # the store makes a run's files with its first news
         con.print("results: nothing new, so no run recorded (each variant reused or decided as before)",
                   markup=False)
-    code = _finish_run(con, report, args.json, args.results, report_path(args))
+    code = _finish_run(con, report, args.json, args.results, report_path(args), gpus)
     return _unstored(store) or code
 
 
@@ -411,7 +411,8 @@ def _unstored(store: RunStore) -> int:
     return 2
 
 
-def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, table: Path | None) -> int:
+def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, table: Path | None,
+                gpus: int | None = None) -> int:
     """The summary, the regenerated table, and last the verdict count and where the table is."""
     if report.resumed:
         con.print(f"resumed: {report.resumed} variant(s) already recorded were not run again", markup=False)
@@ -419,7 +420,7 @@ def _finish_run(con: Any, report: RunReport, as_json: bool, results_dir: Path, t
         runs = sorted({incremental.origin(r) for r in reused})
         con.print(f"reused: {len(reused)} variant(s) unchanged since run{'s' if len(runs) > 1 else ''} "
                   f"{', '.join(runs)} were not run again (--fresh reruns them)", markup=False)
-    for line in summary.lines(report.results):
+    for line in summary.lines(report.results, gpus):
         con.print(line, markup=False)
     if as_json:
         print(json.dumps([r.to_json() for r in report.results], indent=2, sort_keys=True))
@@ -585,6 +586,19 @@ def _one(name: str, known: list[str], option: str) -> None:
         raise UsageError(f"checks advise: {option} {name!r} has no results; {hint}")
 
 
+def gpu_hosts(hosts: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The hosts whose results were measured on GPUs (advice rests on latencies only a GPU gives), and one
+    line naming the GPU-less ones left out and how to pick a host; "" when none was left out."""
+    without = sorted(n for n, h in hosts.items() if h.gpu_count == 0)
+    if not without:
+        return hosts, ""
+    kept = {n: h for n, h in hosts.items() if n not in without}
+    left = f"left out {', '.join(without)} (recorded without a GPU: no latency to advise from)"
+    if kept:
+        return kept, f"{left}; advising on {', '.join(sorted(kept))}; `--host ID` picks one"
+    return kept, f"{left}; no host has GPU results: run `checks run` on a GPU host, or `--host ID` to see one"
+
+
 def advise(args: argparse.Namespace) -> list[Any]:
     """One HostDecision per selected host."""
     from checks import decisions, launch
@@ -601,12 +615,17 @@ def advise(args: argparse.Namespace) -> list[Any]:
     except ModelError as exc:
         raise UsageError(f"checks advise: --model: {exc}") from None
     hosts = _hosts(args.results, "advise")
+    line = ""
     if args.host:
         _one(args.host, sorted(hosts), "--host")
+    else:
+        hosts, line = gpu_hosts(hosts)
     selected = [h for name, h in hosts.items() if not args.host or name == args.host]
     if args.cell:
         _one(args.cell, sorted({r.cell_id for h in selected for r in h.results}), "--cell")
         selected = [h for h in selected if any(r.cell_id == args.cell for r in h.results)]
+    if line:
+        print(f"checks advise: {line}", file=sys.stderr)
     pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}
     engines = launch.load()
     return [decisions.decide(h, engines, pins, cell=args.cell, tp=args.tp, model=model, batch=args.batch,

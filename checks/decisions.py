@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks import launch
-from checks.advise import LATENCY_PROBE, NOISE, CellAdvice, Missing, advise_cell, human_bytes, rank_counts
+from checks.advise import BASELINE, LATENCY_PROBE, NOISE, CellAdvice, Missing, advise_cell, human_bytes, rank_counts
 from checks.diff import Diff, since_previous
 from checks.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, Estimate, Model, StepCost, estimate
 from checks.hostresults import HostResults
@@ -113,6 +113,26 @@ def _size(n: int, tokens: int | None) -> str:
     return f"{human_bytes(n)} ({tokens} token{'s' if tokens != 1 else ''})" if tokens else human_bytes(n)
 
 
+def _tie(a: CellAdvice, backend: str, nbytes: int) -> str:
+    """The tie threshold at one size, and whether it was measured."""
+    t = a.spread.tie(backend, nbytes)
+    measured = any((b, nbytes) in a.spread.by for b in (backend, BASELINE))
+    return f"the {t:.1%} run-to-run spread" if measured else f"the assumed {NOISE:.0%}: no repeated timing here"
+
+
+def _spread_line(a: CellAdvice) -> str:
+    """What the ties stand on: each backend's largest run-to-run spread over the sizes and how many cells of
+    this CUDA and torch build timed it."""
+    per = a.spread.per_backend()
+    if not per:
+        return (f"Ties: no backend was timed twice at {a.ranks} ranks in a cell of this build; a gain under "
+                f"{NOISE:.0%} (assumed) keeps NCCL")
+    shown = ", ".join(f"{b} ≤{x:.1%} ({n} cells)" for b, x, n in per)
+    return (f"Ties: a gain smaller than the larger run-to-run spread of the two backends at a size keeps NCCL; "
+            f"spread (range over median of the latest ar-latency at {a.ranks} ranks in every cell of this CUDA and "
+            f"torch build): {shown}")
+
+
 def advice_block(d: CellDecision) -> Block:
     a = d.advice
     shape = f"bf16, hidden {a.hidden}" if a.hidden else "bf16"
@@ -123,9 +143,11 @@ def advice_block(d: CellDecision) -> Block:
         for s in a.sizes:
             ratio = f", {s.ratio_vs_nccl:.2f}× NCCL" if s.ratio_vs_nccl is not None else ""
             nxt = f"; next {s.runner_up} {_us(s.runner_up_us)}" if s.runner_up and s.runner_up_us else ""
-            why = "" if s.use == s.fastest else f" (the gain is under {NOISE:.0%})"
+            why = "" if s.use == s.fastest else f" (the gain is under {_tie(a, s.fastest, s.nbytes)})"
             b.lines.append(f"- {_size(s.nbytes, s.tokens)}: {s.fastest} {_us(s.fastest_us)}{ratio}{nxt} → use "
                            f"{s.use}{why}{b.ref(s.ids)}")
+    if a.sizes:
+        b.lines.append(_spread_line(a))
     for c in a.crossovers:
         at = f"; the measured curves cross near {human_bytes(c.at)}" if c.at is not None else ""
         b.lines.append(f"Crossover: {c.below} up to {human_bytes(c.lo)}, {c.above} from {human_bytes(c.hi)}{at}"

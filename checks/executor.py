@@ -139,7 +139,7 @@ class LocalExecutor:
 
     python: str = sys.executable
     name: str = "local"
-    extra_env: tuple[tuple[str, str], ...] = ()  # set last, over the runner's own environment
+    extra_env: tuple[tuple[str, str], ...] = ()  # set last, over the runner's own environment; "" unsets
     run_env: RunEnv = ()  # the run's settings for this cell (run_env()), before extra_env
 
     def __post_init__(self) -> None:
@@ -157,7 +157,7 @@ class LocalExecutor:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.pop("VIRTUAL_ENV", None)  # the interpreter chosen, not the venv stackprobe itself runs in
         apply_env(env, self.run_env)
-        env.update(self.extra_env)
+        apply_env(env, self.extra_env)
         return env
 
     def inspect(self) -> dict[str, Any]:

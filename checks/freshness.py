@@ -2,8 +2,11 @@
 
 A verdict is *stale* when the hash of its probe's source recorded with it differs from the hash of the
 probe's source now (the probe or a helper it imports changed since), or when it records no code at all
-(results written before results named their code). Verdicts decided without running a probe (``not-run``:
-the image did not build; ``unavailable``: the cell cannot be provisioned) are never stale for this reason.
+(results written before results named their code). It is *unidentified* when no commit names the code that
+made it: ``commit: unknown`` (run outside a git checkout) or ``dirty`` true or unknown (checks/ differed from
+the commit, or nobody could tell); both are marked and refreshed alike. Verdicts decided without running a
+probe (``not-run``: the image did not build; ``unavailable``: the cell cannot be provisioned) are never
+stale for these reasons.
 """
 
 from __future__ import annotations
@@ -18,22 +21,37 @@ from checks.status import Status
 
 UNRECORDED = "unrecorded"
 CHANGED = "changed"
+UNKNOWN_COMMIT = "unknown-commit"
+DIRTY = "dirty"
 NOT_BY_PROBE = frozenset({Status.NOT_RUN, Status.UNAVAILABLE})
-WHY = {
-    frozenset({UNRECORDED}): "recorded before results named the code that made them",
-    frozenset({CHANGED}): "the probe's source changed since",
-    frozenset({UNRECORDED, CHANGED}): "made by older or unrecorded probe code",
+_PHRASE = {
+    UNRECORDED: "recorded before results named the code that made them",
+    CHANGED: "the probe's source changed since",
+    UNKNOWN_COMMIT: "made by code outside a git checkout (commit unknown)",
+    DIRTY: "made by code with uncommitted changes, or changes nobody recorded (dirty true or unknown)",
 }
+_ORDER = (UNRECORDED, CHANGED, UNKNOWN_COMMIT, DIRTY)
+
+
+def why(reasons: frozenset[str]) -> str:
+    """One phrase for a group of stale verdicts' reasons."""
+    if reasons == {UNRECORDED, CHANGED}:
+        return "made by older or unrecorded probe code"
+    return "; ".join(_PHRASE[r] for r in _ORDER if r in reasons)
 
 
 def staleness(result: ProbeResult, current: Mapping[str, str]) -> str:
-    """"" when ``result`` was made by the current source of its probe (``current``: probe id -> hash),
-    else UNRECORDED or CHANGED."""
+    """"" when ``result`` was made by the current source of its probe (``current``: probe id -> hash) at a
+    known, clean commit, else UNRECORDED, CHANGED, UNKNOWN_COMMIT or DIRTY (the first that applies)."""
     if result.verdict.status in NOT_BY_PROBE:
         return ""
     if result.code is None:
         return UNRECORDED
-    return "" if current.get(result.probe_id) == result.code.probe_hash else CHANGED
+    if current.get(result.probe_id) != result.code.probe_hash:
+        return CHANGED
+    if result.code.commit == "unknown":
+        return UNKNOWN_COMMIT
+    return "" if result.code.dirty is False else DIRTY
 
 
 @dataclass(frozen=True)
@@ -63,15 +81,16 @@ def refresh_list(stale: list[tuple[ProbeResult, str]], executors: Mapping[str, s
     """Group stale results (with their staleness) by executor, cells and reason, one command per group.
     ``executors``: the executor each run id was made with (local, docker, venv; docker when unknown)."""
     per_probe: dict[tuple[str, str], list[tuple[ProbeResult, str]]] = defaultdict(list)
-    for r, why in stale:
-        per_probe[(executors.get(r.run_id, "docker"), r.probe_id)].append((r, why))
+    for r, reason in stale:
+        per_probe[(executors.get(r.run_id, "docker"), r.probe_id)].append((r, reason))
     groups: dict[tuple[str, tuple[str, ...], str], list[tuple[str, int]]] = defaultdict(list)
     for (executor, pid), rs in sorted(per_probe.items()):
         cells = tuple(sorted({r.cell_id for r, _ in rs}))
-        groups[(executor, cells, WHY[frozenset(w for _, w in rs)])].append((pid, len(rs)))
+        groups[(executor, cells, why(frozenset(w for _, w in rs)))].append((pid, len(rs)))
     out = []
-    for (executor, cells, why), members in sorted(groups.items(), key=lambda kv: (kv[0][0] == "local", kv[1][0][0])):
+    for (executor, cells, reason), members in sorted(groups.items(),
+                                                     key=lambda kv: (kv[0][0] == "local", kv[1][0][0])):
         probes = tuple(p for p, _ in members)
-        out.append(Refresh(probes, cells, sum(n for _, n in members), why, command(probes, cells, executor),
+        out.append(Refresh(probes, cells, sum(n for _, n in members), reason, command(probes, cells, executor),
                            executor == "local"))
     return out

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from checks.advise import BASELINE, NOISE, UNTIMED, CellAdvice, human_bytes
+from checks.advise import BASELINE, UNTIMED, CellAdvice, human_bytes
 from provision import cellid
 
 FLAGS = Path(__file__).with_name("launch_flags.yaml")
@@ -127,8 +127,8 @@ def judge(p: EnginePath, advice: CellAdvice, sizes: Sequence[int]) -> tuple[str,
     if p.max_bytes and sizes and max(sizes) > p.max_bytes:
         notes.append(f"calls above {human_bytes(p.max_bytes)} go to the next path")
     curve = advice.curve(p.backend)
-    slow = sorted(n for n, x in (curve.ratio_vs_nccl.items() if curve else ()) if x > 1 + NOISE
-                  and (p.max_bytes is None or n <= p.max_bytes))
+    slow = sorted(n for n, x in (curve.ratio_vs_nccl.items() if curve else ())
+                  if x > 1 + advice.spread.tie(p.backend, n) and (p.max_bytes is None or n <= p.max_bytes))
     if slow:
         # Advice cannot route these sizes elsewhere if the release sends them to the path.
         at = ", ".join(f"{human_bytes(n)} ({curve.ratio_vs_nccl[n]:.2f}×)" for n in slow)  # type: ignore[union-attr]

@@ -29,6 +29,7 @@ from checks.provenance import current_probe_hashes
 from checks.result import ProbeResult, is_number
 from checks.status import ORDER, Status
 from checks.store import read_file, read_manifest, scan
+from checks.summary import proven_statically
 
 TEMPLATES = Path(__file__).with_name("templates")
 MARK = {"pass": "✅", "partial": "🟡", "fail": "❌", "crash": "💥", "hang": "⏳", "skip": "➖", "not-run": "⏸️",
@@ -53,6 +54,7 @@ class TableCell:
     cached: str = ""  # e.g. "cached" or "1 of 2 cached": results reused a compile instead of compiling
     reused: str = ""  # e.g. "reused" or "3 of 4 reused": carried from an earlier run, not rerun
     quick: bool = False  # a result here was made by a quick run (`checks run --level quick`)
+    static: bool = False  # its pass or partial was proven on a host without a GPU (summary.proven_statically)
 
 
 @dataclass
@@ -246,12 +248,15 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             title = ", ".join(f"{n} {s}" for s, n in ordered)
             is_stale = any(r.key in stale for r in rs)
             if is_stale:
-                title += "; made by other probe code than this checkout's"
+                title += "; made by other probe code than this checkout's, or by code no clean commit names"
             quick = any(level_of(r) == QUICK for r in rs)
             if quick:
                 title += "; made by a quick run"
+            static = proven_statically(rs, facts["gpu_count"])
+            if static:
+                title += "; proven without a GPU (static)"
             cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title,
-                                   is_stale, cached_label(rs, fields[pid]), reused_label(rs), quick)
+                                   is_stale, cached_label(rs, fields[pid]), reused_label(rs), quick, static)
         rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells,
                      "statuses": sorted({str(st) for c in cells.values() if c for st, _ in c.counts})})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
@@ -397,6 +402,7 @@ def render(sections: list[HostSection], kind: str, results_rel: str, skipped: in
         sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel,
         any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
         any_reused=any(c.reused for c in cells), any_quick=any(c.quick for c in cells),
+        any_static=any(c.static for c in cells),
         across=across_hosts(sections), skipped=skipped, **extras)
 
 

@@ -14,6 +14,15 @@ from checks.result import ProbeResult
 from checks.status import ORDER, Status
 
 WORTH_READING = frozenset({Status.PASS, Status.PARTIAL, Status.FAIL, Status.CRASH, Status.HANG})
+PROVEN = frozenset({Status.PASS, Status.PARTIAL})
+STATIC_LINE = ("static: proven without a GPU (read from the binaries, or compiled), nothing ran on one; a run on a "
+               "GPU host proves it at run time")
+
+
+def proven_statically(results: Iterable[ProbeResult], gpu_count: int) -> bool:
+    """Whether a pass or partial among ``results`` was proven on a host with no GPU: from the binaries (the
+    inventory's architectures) or by compiling (fi-jit's cross-compiles), never by running on a GPU."""
+    return gpu_count == 0 and any(r.verdict.status in PROVEN for r in results)
 
 
 def counts_text(counts: Counter[Status]) -> str:
@@ -35,9 +44,10 @@ def _reasons(results: list[ProbeResult]) -> str:
     return ", ".join(f"{code} {n}" for code, n in sorted(codes.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def rows(results: Iterable[ProbeResult]) -> list[str]:
+def rows(results: Iterable[ProbeResult], gpu_count: int | None = None) -> list[str]:
     """One line per (cell, probe) with a verdict worth reading: its full cell id, the probe, the counts of
-    those verdicts and the reason codes of the ones that are not a pass. Columns are padded, never cut."""
+    those verdicts and the reason codes of the ones that are not a pass, and ``[static]`` where a pass or
+    partial was proven without a GPU (``gpu_count`` 0). Columns are padded, never cut."""
     per: dict[tuple[str, str], list[ProbeResult]] = {}
     for r in results:
         if r.verdict.status in WORTH_READING:
@@ -51,7 +61,8 @@ def rows(results: Iterable[ProbeResult]) -> list[str]:
         text = counts_text(Counter(r.verdict.status for r in rs))
         bad = [r for r in rs if r.verdict.status is not Status.PASS]
         why = f" ({_reasons(bad)})" if bad else ""
-        out.append(f"{cell:<{cell_w}}  {probe:<{probe_w}}  {text}{why}")
+        static = " [static]" if gpu_count is not None and proven_statically(rs, gpu_count) else ""
+        out.append(f"{cell:<{cell_w}}  {probe:<{probe_w}}  {text}{why}{static}")
     return out
 
 
@@ -66,12 +77,15 @@ def rest_line(results: Iterable[ProbeResult]) -> str:
     return "not listed: " + "; ".join(parts) if parts else ""
 
 
-def lines(results: list[ProbeResult]) -> list[str]:
-    """The summary before the totals: the rows worth reading, then the one line for the rest."""
-    body = rows(results)
+def lines(results: list[ProbeResult], gpu_count: int | None = None) -> list[str]:
+    """The summary before the totals: the rows worth reading, then the one line for the rest, then what
+    [static] means when a row has it. ``gpu_count``: the host's GPUs (None: not known, nothing marked)."""
+    body = rows(results, gpu_count)
     rest = rest_line(results)
     out = ["summary (pass, partial, fail, crash, hang by cell and probe):"]
     out += [f"  {line}" for line in body] or ["  none"]
     if rest:
         out.append(f"  {rest}")
+    if any(line.endswith(" [static]") for line in body):
+        out.append(f"  {STATIC_LINE}")
     return out

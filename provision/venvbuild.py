@@ -1,13 +1,15 @@
 """`provision build --backend venv`: each cell as a virtual environment made from the cell's lock.
 
-A full cell installs its whole lock with hashes (uv links the files from its cache, so cells share bytes)
-and, for CUDA versions whose registry toolkit wheels hold nvcc, a CUDA_HOME of those wheels in
-``<venv>/cuda``. An overlay cell (``--base-python``) is a venv that sees an existing environment's
-packages after its own (a ``.pth`` file adding the base's site directories), with only the cell's other
-packages installed into it, without dependencies (provision/overlay.py decides which); it compiles with
-the toolkit the host has, as the base's CUDA libraries are the host's. ``--wheels DIR`` installs from
-that folder alone (hosts without an index). Then the same self-check as in an image, and the same
-envs/<cell>/build.json record, with ``backend: venv``, the venv, and where each package came from.
+A full cell installs its whole lock with hashes (uv links the files from its cache, so cells share bytes) and,
+for CUDA versions whose registry toolkit wheels hold nvcc, a CUDA_HOME of those wheels in ``<venv>/cuda``; for
+the others that folder stays empty and is still the cell's CUDA_HOME, as the image's /usr/local/cuda without a
+toolkit, so no host nvcc stands in for the one the cell lacks. An overlay cell (``--base-python``) is a venv
+that sees an existing environment's packages after its own (a ``.pth`` file adding the base's site
+directories), with only the cell's other packages installed into it, without dependencies
+(provision/overlay.py decides which); it compiles with the toolkit the host has, as the base's CUDA libraries
+are the host's. ``--wheels DIR`` installs from that folder alone (hosts without an index). Then the same
+self-check as in an image, and the same envs/<cell>/build.json record, with ``backend: venv``, the venv, and
+where each package came from.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from checks import venvcell
 from checks.progress import TICK_S, Ticker
 from provision import cudahome, installer, interp, overlay, wheeldir
 from provision.build import (
@@ -115,14 +118,15 @@ def build_hash(folder: Path, base: interp.Interpreter | None, wheels: wheeldir.W
     return h.hexdigest()[:12]
 
 
-def selfcheck(python: Path, cuda_home: Path | None, compile_test: bool) -> dict[str, Any]:
-    """provision/selfcheck.py run by the cell's interpreter; the same facts an image's self-check reports.
+def selfcheck(python: Path, cuda_home: Path, compile_test: bool) -> dict[str, Any]:
+    """provision/selfcheck.py run by the cell's interpreter, with the cell's CUDA_HOME and no host nvcc on PATH
+    (checks.venvcell.rank_env); the same facts an image's self-check reports.
     It runs from a folder holding only it and the checks/ modules it shares, as in an image: run from
     provision/, that folder would come first on its path and provision/select.py would hide the standard
     library's select."""
     env = installer.env()
-    if cuda_home is not None:
-        env["CUDA_HOME"] = str(cuda_home)
+    env["CUDA_HOME"] = str(cuda_home)
+    env["PATH"] = venvcell.without_nvcc(env.get("PATH", os.defpath), keep=[str(cuda_home / "bin")])
     with tempfile.TemporaryDirectory(prefix="stackprobe-selfcheck-") as d:
         for host, inside in _selfcheck_files():
             staged = Path(d) / Path(inside).relative_to(SELFCHECK_ROOT)
@@ -167,8 +171,10 @@ def _toolkit(tool: installer.Installer, python: Path, markers: dict[str, str], f
              cell: dict[str, Any], wheels: wheeldir.WheelDir | None) -> tuple[Path | None, str]:
     """(CUDA_HOME made from the registry's toolkit wheels, or None; a note)."""
     if not cell.get("wheel_nvcc", True):
+        (venv / "cuda").mkdir(exist_ok=True)
         return None, (f"no nvcc in this venv: the registry's CUDA {cell['expected']['cuda']} nvcc wheel has only "
-                      "ptxas; JIT compiles use the host's toolkit (CUDA_HOME, PATH, /usr/local/cuda)")
+                      f"ptxas; CUDA_HOME is the empty {venv / 'cuda'}, as in the cell's image, so JIT compiles "
+                      "fail (fi-no-nvcc) rather than use the host's toolkit")
     wanted = [e for e in overlay.entries((folder / "toolkit.lock").read_text()) if e.applies(markers)]
     if wheels is not None and not all(wheels.has(e.name, e.version) for e in wanted):
         return None, f"no nvcc in this venv: the toolkit wheels of toolkit.lock are not all in {wheels.path}"
@@ -247,7 +253,8 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
               "cuda_home": str(cuda_home) if cuda_home else None, "path": [str(venv / "bin")] + (
                   [base.scripts] if base else [])}
     report(cid, "self-check")
-    facts = selfcheck(python, cuda_home, compile_test=cuda_home is not None)
+    facts = selfcheck(python, cuda_home or Path(venvcell.toolkit_home(origin | common)),
+                      compile_test=cuda_home is not None)
     problems = [facts["error"]] if "error" in facts else mismatches(
         cell["expected"], facts, compiled_toolkit=cuda_home is not None)
     if plan.absent:

@@ -519,3 +519,49 @@ def test_report_sections_carry_the_advice_the_default_estimate_and_nearest_green
     cpu = md.split(f"host `{CPU}`")[1].split("\n## ")[0]
     assert "passes in `cu130-torch2.11.0-sgl0.4.2-fi0.6.17` (flashinfer 0.6.16 → 0.6.17)" in cpu
     assert "<b>Estimate, not a measurement" in page
+
+
+def test_advise_without_host_leaves_out_gpu_less_hosts_in_one_line(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The committed results hold a GPU-less host beside two H200 hosts: advise without --host prints the H200
+    hosts only, and one line says which host was left out and how to pick one; --host still shows it."""
+    assert main(["advise", "--results", str(ROOT / "results")]) == 0
+    out, err = capsys.readouterr()
+    assert "host cpu-5bce98f7" not in out and "no GPU on this host" not in out
+    assert "host h200x1-5bce98f7" in out and "host h200x2-5bce98f7" in out
+    [line] = [ln for ln in err.splitlines() if ln.startswith("checks advise:")]
+    assert "left out cpu-5bce98f7" in line and "`--host ID` picks one" in line
+    assert main(["advise", "--results", str(ROOT / "results"), "--host", "cpu-5bce98f7"]) == 0
+    assert "host cpu-5bce98f7" in capsys.readouterr().out
+    only = tmp_path / "results"
+    only.mkdir()
+    (only / "cpu-5bce98f7").symlink_to(ROOT / "results" / "cpu-5bce98f7")
+    assert main(["advise", "--results", str(only)]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "no host has GPU results" in err
+
+
+def test_ties_use_the_run_to_run_spread_measured_across_cells_of_one_build() -> None:
+    """The committed 2x H200 results time the same backends in four cells of one build (cu130, torch 2.11.0,
+    flashinfer 0.6.8.post1 / 0.6.17 / 0.6.18 / 0.7.4). At 14 KiB, 2 ranks, their latest results read NCCL
+    7.480, 7.493, 7.574, 7.586 µs and flashinfer-custom-ar 4.407, 4.410, 4.412, 4.425 µs (read off the jsonl
+    files): spreads 0.106/7.5335 and 0.018/4.411 of the median."""
+    h = hostresults.load(ROOT / "results")["h200x2-5bce98f7"]
+    cell = "cu130-torch2.11.0-sglnone-fi0.6.17"
+    sp = advise.spreads(h.latest(), cell, 2)
+    nccl, car = sp.by[("nccl", 14336)], sp.by[("flashinfer-custom-ar", 14336)]
+    assert (nccl.samples, car.samples) == (4, 4)  # the local-... cell of the same torch is another environment
+    assert nccl.relative == pytest.approx(0.106 / 7.5335, rel=1e-3)
+    assert car.relative == pytest.approx(0.018 / 4.411, rel=1e-3)
+    assert sp.tie("flashinfer-custom-ar", 14336) == pytest.approx(0.106 / 7.5335, rel=1e-3)
+    assert advise.Spreads({}).tie("nccl", 14336) == advise.NOISE  # nothing timed twice: the assumed 5%
+    # a gain of 5% is a tie under the assumed 5%, and a switch where the measured spreads are 1.4% and 3.3%
+    a = advise.advise_cell(h.host_id, cell, 2, h.latest(), h.facts)
+    assert a.spread == sp and all(s.tie == sp.tie(s.fastest, s.nbytes) for s in a.sizes)
+    curves = [advise.Curve("nccl", {14336: 7.5}, {14336: 1.0}, ("n",)),
+              advise.Curve("symm-mem-two-shot", {14336: 7.125}, {14336: 0.95}, ("s",))]
+    [assumed] = advise._per_size(curves, 7168, advise.Spreads({}))
+    [measured] = advise._per_size(curves, 7168, sp)
+    assert (assumed.use, measured.use) == ("nccl", "symm-mem-two-shot")
+    text = decisions.render(decisions.decide(h, ENGINES, PINS, cell=cell, tp=2))
+    assert "Ties: a gain smaller than the larger run-to-run spread" in text and "nccl ≤" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from checks import hostfacts, provenance
 from checks.cli import main
 from checks.provenance import Provenance, probe_hash
 from checks.store import read_file
@@ -74,6 +76,8 @@ def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_
     probes.mkdir()
     (probes / "t_fresh.py").write_text(FRESH)
     monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(probes))
+    # made at a clean commit, whatever state this checkout is in (a dirty one is marked too: asserted below)
+    monkeypatch.setattr(provenance, "checkout", lambda root=None: provenance.Checkout("0.1.0", "c0ffee", False))
     handler = signal.getsignal(signal.SIGTERM)
     argv = ["run", "--local", "--probe", "t-fresh", "--results", str(results), "--json"]
     assert main(argv) == 0
@@ -94,7 +98,7 @@ def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_
     assert "stale" in capsys.readouterr().err
     assert main(["report", "--results", str(results), "--out", str(out)]) == 0
     md = out.read_text()
-    assert "✅ ↻ |" in md
+    assert re.search(r"✅ ↻( \*\(static\)\*)? \|", md)
     assert "the probe's source changed since): `checks run --local --probe t-fresh`" in md
 
 
@@ -223,10 +227,13 @@ def test_run_ends_with_the_table_and_a_verdict_count_and_summarises_what_is_wort
     assert not any(ln.strip().startswith("(") or ln.startswith("no-gpu") for ln in err)  # no wrapped tails
     # the summary: only pass/partial/fail/crash/hang get a row, with the full cell id; the rest on one line
     top = err.index("summary (pass, partial, fail, crash, hang by cell and probe):")
-    rows = err[top + 1:top + 4]
+    rows = err[top + 1:top + 5]
     assert rows[0].split() == [cell, "t-raise", "1", "fail", "(fi-arch-gate)"]
-    assert rows[1].split() == [cell, "t-trivial", "2", "pass"]
+    # a pass on a host without a GPU was proven without one, and says so
+    static = ["[static]"] if hostfacts.collect()["gpu_count"] == 0 else []
+    assert rows[1].split() == [cell, "t-trivial", "2", "pass", *static]
     assert rows[2] == "  not listed: 3 skip (no-gpu 2, missing-package 1)"
+    assert rows[3].startswith("  static: proven without a GPU") == bool(static)
     table = results / "compatibility.md"  # a results folder of its own gets its own table
     assert err[-2:] == ["verdicts: 6 variants: 2 pass, 3 skip, 1 fail",
                         f"table: {table} and {table.with_suffix('.html')}, from every run in {results}"]

@@ -297,3 +297,62 @@ def test_footnote_merging_and_places() -> None:
     assert places([("c1", "p", "ranks=2")]) == "c1 / p / ranks=2"
     assert places([("c1", "p", "a"), ("c1", "p", "b"), ("c2", "p", "a"), ("c2", "p", "b"), ("c3", "q", "x")]) == \
         "c1, c2: p ×2; c3: q x"
+
+
+def _result(probe: str, status: str, code: dict | None, cell: str = "c1", run: str = "20261201T000000Z-aaaa"):
+    from checks.result import ProbeResult
+
+    obj = {"schema": "stackprobe.result/2", "run_id": run, "host_id": "h", "cell_id": cell, "probe_id": probe,
+           "variant": "ranks=1", "status": status, "reason_code": "", "note": "", "remediation": "", "metrics": {},
+           "evidence": {}, "started_at": "2026-12-01T00:00:00Z", "duration_s": 1.0}
+    if code is not None:
+        obj["code"] = code
+    return ProbeResult.from_json(obj)
+
+
+def test_verdicts_of_unknown_or_dirty_code_are_marked_with_the_command_that_refreshes_them() -> None:
+    from checks.freshness import refresh_list, staleness
+
+    now = {"inventory": "aaaa"}
+    clean = {"version": "0.1.0", "commit": "1796344", "dirty": False, "probe_hash": "aaaa"}
+    results = {
+        "clean": _result("inventory", "pass", clean, "c0"),
+        "unknown": _result("inventory", "pass", {**clean, "commit": "unknown", "dirty": None}, "c1"),
+        "dirty": _result("inventory", "pass", {**clean, "dirty": True}, "c2"),
+        "untold": _result("inventory", "pass", {**clean, "dirty": None}, "c3"),
+        "changed": _result("inventory", "pass", {**clean, "dirty": True, "probe_hash": "bbbb"}, "c4"),
+        "not-run": _result("inventory", "not-run", {**clean, "dirty": True}, "c5"),
+    }
+    got = {k: staleness(r, now) for k, r in results.items()}
+    assert got == {"clean": "", "unknown": "unknown-commit", "dirty": "dirty", "untold": "dirty",
+                   "changed": "changed", "not-run": ""}
+    [unknown] = refresh_list([(results["unknown"], got["unknown"])], {})
+    assert unknown.command == "checks run --only c1 --probe inventory" and "commit unknown" in unknown.why
+    [dirty] = refresh_list([(results[k], got[k]) for k in ("dirty", "untold")], {})
+    assert dirty.command == "checks run --only c2 --only c3 --probe inventory"
+    assert "uncommitted changes" in dirty.why
+
+
+def test_a_verdict_proven_without_a_gpu_is_marked_static_in_table_and_summary() -> None:
+    from checks import summary
+
+    code = {"version": "0.1.0", "commit": "1796344", "dirty": False, "probe_hash": "aaaa"}
+    rs = [_result("inventory", "pass", code), _result("fi-jit", "fail", code)]
+    assert summary.proven_statically(rs[:1], 0) and not summary.proven_statically(rs[:1], 2)
+    assert not summary.proven_statically(rs[1:], 0)  # a fail proves nothing, statically or not
+    on_cpu = summary.lines(rs, gpu_count=0)
+    assert any(ln.strip().startswith("c1") and "inventory" in ln and ln.endswith("1 pass [static]") for ln in on_cpu)
+    assert not any("fi-jit" in ln and "[static]" in ln for ln in on_cpu)
+    assert on_cpu[-1].strip().startswith("static: proven without a GPU")
+    on_gpu = summary.lines(rs, gpu_count=1)
+    assert not any("static" in ln for ln in on_gpu)
+
+
+def test_report_marks_static_only_on_the_gpu_less_host(tmp_path: Path) -> None:
+    results, out = _layout(tmp_path)
+    generate(results, out, None, check=False, current=CURRENT)
+    md = out.read_text()
+    h200, cpu = md.split("## NVIDIA H200")[1], md.split("## No GPU")[1].split("## NVIDIA H200")[0]
+    assert "*(static)*" in _row(cpu, "cu130-torch2.11.0-sgl0.4.2-fi0.6.17")[5]
+    assert "*(static)*" not in h200
+    assert "*static*: proven without a GPU" in md

@@ -112,6 +112,9 @@ def test_absent_module_is_skip_and_wrong_arch_output_is_fail() -> None:
         ("/usr/bin/ld: cannot find -lcuda", "fi-link-no-libcuda"),
         # flashinfer 0.6.18 with no CUDA_HOME and nvcc found as /usr/local/bin/nvcc links -L/usr/local/lib64
         ("/usr/bin/ld: cannot find -lcudart: No such file or directory", "fi-link-missing-lib"),
+        # both missing (CUDA_HOME from a wrapper nvcc outside the toolkit): the runtime decides, not the stub
+        ("/usr/bin/ld: cannot find -lcudart: No such file or directory\n"
+         "/usr/bin/ld: cannot find -lcuda: No such file or directory", "fi-link-missing-lib"),
         ("OSError: vllm_comm.so: undefined symbol: cuPointerGetAttribute", "fi-link-unresolved"),
         ('foo.cu(12): error: identifier "x" is undefined', "fi-nvcc-error"),
         (
@@ -127,6 +130,52 @@ def test_absent_module_is_skip_and_wrong_arch_output_is_fail() -> None:
 )
 def test_jit_error_classification(text: str, code: str) -> None:
     assert _fi_build.classify_jit_error(text) == code
+
+
+def _link_like_flashinfer(home: str, work: Path, nvcc: str) -> str:
+    """Compile one object with ``nvcc`` and link it the way flashinfer's JIT does (``-L<home>/lib64
+    -L<home>/lib64/stubs -lcudart -lcuda``); the linker's stderr."""
+    (work / "k.cu").write_text("__global__ void k(int* p) { *p = 1; }\nvoid launch(int* p) { k<<<1, 1>>>(p); }\n")
+    subprocess.run([nvcc, "-c", "k.cu", "-o", "k.o", "-Xcompiler", "-fPIC", "-arch=sm_90"], cwd=work, check=True,
+                   capture_output=True)
+    proc = subprocess.run(["c++", "-shared", "k.o", f"-L{home}/lib64", f"-L{home}/lib64/stubs", "-lcudart", "-lcuda",
+                           "-o", "k.so"], cwd=work, capture_output=True, text=True)
+    assert proc.returncode != 0, "this test needs a toolkit without a libcuda stub"
+    return proc.stderr
+
+
+@pytest.mark.skipif(not Path(NVCC).exists() or shutil.which("c++") is None, reason="needs nvcc at /usr/local/cuda")
+def test_link_through_a_wrapper_nvcc_names_cuda_home_not_the_driver_stub(tmp_path: Path) -> None:
+    """A wrapper script ``<dir>/bin/nvcc`` that execs the real nvcc: flashinfer takes ``<dir>`` as CUDA_HOME, so
+    the real link misses libcudart as well as libcuda, and the verdict must send the user to CUDA_HOME rather
+    than to a GPU host. Linked against the real toolkit root, only libcuda (no stub here) is missing."""
+    from checks import toolkit
+
+    wrapper = tmp_path / "wrap" / "bin" / "nvcc"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\nexec {NVCC} "$@"\n')
+    wrapper.chmod(0o755)
+    tk = toolkit.with_version(toolkit.locate({"PATH": f"{wrapper.parent}:/usr/bin:/bin"}))
+    assert (tk.cuda_home, tk.found_by) == (str(tmp_path / "wrap"), "PATH") and tk.version
+    (tmp_path / "a").mkdir()
+    err = _link_like_flashinfer(tk.cuda_home, tmp_path / "a", tk.nvcc)
+    assert _fi_build.missing_libraries(err) == ["cudart", "cuda"]
+    o = fi_jit.verdict("vllm_comm", "12.0a", {"stage": "link", "error": err, "toolkit": tk.as_dict()}, [])
+    assert (o["status"], o["reason_code"]) == ("fail", "fi-link-missing-lib"), o
+    assert "-lcudart, -lcuda" in o["note"] and f"{tmp_path / 'wrap'} (from PATH) is not a toolkit root" in o["note"]
+    assert "CUDA_HOME" in fi_jit_remediation("fi-link-missing-lib")
+    (tmp_path / "b").mkdir()
+    root = str(Path(NVCC).resolve().parents[1])
+    err = _link_like_flashinfer(root, tmp_path / "b", NVCC)
+    assert _fi_build.missing_libraries(err) == ["cuda"]
+    o = fi_jit.verdict("vllm_comm", "12.0a", {"stage": "link", "error": err}, [])
+    assert (o["status"], o["reason_code"]) == ("partial", "fi-link-no-libcuda"), o
+
+
+def fi_jit_remediation(code: str) -> str:
+    from checks import reasons
+
+    return reasons.default().get(code).remediation
 
 
 # --- fatbin headers, from real nvcc output --------------------------------------------------------------

@@ -12,10 +12,11 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 
-from checks import venvcell
+from checks import toolkit, venvcell
 from checks.cli import main as checks_main
 from checks.executor import CODE_ROOT, LocalExecutor
 from provision import backend, cudahome, installer, overlay, wheeldir
@@ -266,7 +267,7 @@ def test_venv_cell_record_gives_the_ranks_its_path_and_cuda_home(tmp_path: Path)
     (folder / "build.json").write_text(json.dumps(rec))
     assert venvcell.read(tmp_path, CELL) == venvcell.VenvCell("failed", reason=rec["reason"])
     rec = {"backend": "venv", "status": "built", "python": sys.executable, "path": ["/v/bin", "/base/bin"],
-           "cuda_home": "/v/cuda", "from_base_summary": "torch, nvidia-*"}
+           "cuda_home": "/v/cuda", "from_base_summary": "torch, nvidia-*", "base_python": "/base/bin/python"}
     (folder / "build.json").write_text(json.dumps(rec))
     got = venvcell.read(tmp_path, CELL, {"PATH": "/usr/bin"})
     assert got.state == "built" and got.python == sys.executable and got.from_base == "torch, nvidia-*"
@@ -276,6 +277,54 @@ def test_venv_cell_record_gives_the_ranks_its_path_and_cuda_home(tmp_path: Path)
     rec["python"] = str(tmp_path / "gone" / "python")
     (folder / "build.json").write_text(json.dumps(rec))
     assert "is gone" in venvcell.read(tmp_path, CELL).reason
+
+
+def host_with_wrapper_nvcc(root: Path) -> tuple[Path, Path]:
+    """A host toolkit (``<root>/toolkit/bin/nvcc`` printing a CUDA 13.0 release line) and a wrapper script in
+    ``<root>/wrapbin`` that execs it, as /usr/local/bin/nvcc does on this project's build machine."""
+    real = root / "toolkit" / "bin" / "nvcc"
+    real.parent.mkdir(parents=True)
+    real.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    wrapper = root / "wrapbin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nexec {real} \"$@\"\n")
+    for f in (real, wrapper):
+        f.chmod(0o755)
+    return real.parent, wrapper.parent
+
+
+def test_venv_cell_without_registry_nvcc_sees_its_own_empty_toolkit_not_the_hosts(tmp_path: Path) -> None:
+    """A CUDA 12 cell's image has CUDA_HOME=/usr/local/cuda with no toolkit in it, so flashinfer finds no nvcc;
+    the venv of the same cell must not reach the host's nvcc through PATH, CUDA_PATH or FLASHINFER_NVCC."""
+    toolkit_bin, wrapbin = host_with_wrapper_nvcc(tmp_path / "host")
+    venv = tmp_path / "venvs" / CELL
+    (venv / "bin").mkdir(parents=True)
+    host = {"PATH": f"{wrapbin}:{toolkit_bin}:/usr/bin:/bin", "CUDA_PATH": str(toolkit_bin.parent),
+            "FLASHINFER_NVCC": str(wrapbin / "nvcc")}
+    # what the host alone would give flashinfer: its toolkit, nvcc 13.0
+    assert toolkit.resolve(host, flashinfer=True).version == "13.0"
+    folder = tmp_path / "envs" / CELL
+    folder.mkdir(parents=True)
+    rec = {"backend": "venv", "status": "built", "python": sys.executable, "venv": str(venv),
+           "path": [str(venv / "bin")], "cuda_home": None, "base_python": None}
+    (folder / "build.json").write_text(json.dumps(rec))
+    got = venvcell.read(tmp_path / "envs", CELL, host)
+    with patch.dict("os.environ", host, clear=True):
+        env = LocalExecutor(sys.executable, "venv", got.env).env()
+    assert env["CUDA_HOME"] == str(venv / "cuda")
+    assert env["CUDA_LIB_PATH"] == str(venv / "cuda" / "targets" / "x86_64-linux" / "lib")
+    assert "CUDA_PATH" not in env and "FLASHINFER_NVCC" not in env
+    assert env["PATH"].split(":") == [str(venv / "bin"), str(venv / "cuda" / "bin"), "/usr/bin", "/bin"]
+    tk = toolkit.resolve(env, flashinfer=True)
+    assert (tk.found_by, tk.nvcc, tk.version) == ("CUDA_HOME", str(venv / "cuda" / "bin" / "nvcc"), None)
+    # a cell with the registry's nvcc keeps its own toolkit's bin on PATH, and the host's stays off it
+    (venv / "cuda" / "bin").mkdir(parents=True)
+    shutil.copy(toolkit_bin / "nvcc", venv / "cuda" / "bin" / "nvcc")
+    rec["cuda_home"] = str(venv / "cuda")
+    (folder / "build.json").write_text(json.dumps(rec))
+    env = dict(venvcell.read(tmp_path / "envs", CELL, host).env)
+    assert env["PATH"].split(":")[:3] == [str(venv / "bin"), str(venv / "cuda" / "bin"), "/usr/bin"]
+    assert toolkit.resolve({**host, **env}, flashinfer=True).nvcc == str(venv / "cuda" / "bin" / "nvcc")
 
 
 def test_overlay_plan_rules() -> None:

@@ -39,8 +39,10 @@ JIT_SIGNATURES: tuple[tuple[str, str], ...] = (
     ("fi-arch-gate", r"No supported CUDA architectures found for major versions"),
     ("fi-nvcc-too-old", r"SM 12\.x requires CUDA >= 12\.9"),
     ("nvcc-unsupported-arch", r"Unsupported gpu architecture|not defined for option 'gpu-name'"),
+    # any library but libcuda missing (-lcudart, whether or not -lcuda is missing too): CUDA_HOME is not a
+    # toolkit root, so a driver's libcuda would not finish the link; libcuda alone missing: no stub here
+    ("fi-link-missing-lib", r"cannot find -l(?!cuda\b)[\w.+-]+"),
     ("fi-link-no-libcuda", r"cannot find -lcuda\b"),
-    ("fi-link-missing-lib", r"cannot find -l[\w.+-]+"),  # e.g. -lcudart: CUDA_HOME is not a toolkit root
     ("fi-link-unresolved", r"undefined symbol: cu[A-Z]\w*"),
     ("fi-missing-header", r"fatal error: [\w./+-]+\.h(?:pp)?: No such file or directory"),
     ("fi-no-nvcc", r"Could not find nvcc|nvcc: not found|No such file or directory: '[^']*nvcc'"),
@@ -55,6 +57,11 @@ def classify_jit_error(text: str) -> str:
         if re.search(pattern, text):
             return code
     return "fi-jit-error"
+
+
+def missing_libraries(text: str) -> list[str]:
+    """Every library the linker could not find (``cudart``, ``cuda``), in the order it named them."""
+    return list(dict.fromkeys(re.findall(r"cannot find -l([\w.+-]+?)(?=[:\s]|$)", text)))
 
 
 def signature_line(text: str) -> str | None:

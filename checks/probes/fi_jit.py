@@ -270,6 +270,18 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
     named = _fi_build.signature_line(err)
     last = err.strip().splitlines()[-1] if err.strip() else stage
     first = _headline([named] if named else _fi_build.error_lines(err) or [last])
+    missing = _fi_build.missing_libraries(err)
+    if missing:
+        evidence["missing_libraries"] = missing
+    if stage == "link" and code == "fi-link-missing-lib":
+        home = f"{tk.cuda_home} (from {tk.found_by})" if tk and tk.cuda_home else "the CUDA_HOME flashinfer took"
+        return done(
+            "fail",
+            f"every object compiled for {', '.join(targets) or arch}; the final link could not find "
+            f"{', '.join('-l' + lib for lib in missing)}: {home} is not a toolkit root (no lib64/ with the CUDA "
+            "runtime), so a GPU host's driver would not finish this link; set CUDA_HOME to the toolkit root",
+            code,
+        )
     if stage == "link" and code == "fi-link-no-libcuda":
         origin = result.get("objects_from") or {}
         how = (f" (objects from the compile cache, compiled {origin.get('built_at') or 'earlier'} by "

@@ -9,7 +9,10 @@ this torch's C++ ABI): a failed import fails the probe with the loader's error. 
 too (checks/probes/_torch_abi.py): torch C++ symbols its libraries import that this torch does not export
 fail it as abi-mismatch, CUDA libraries of another CUDA major than torch's as cuda-major-mismatch, with or
 without a GPU. Where the import stops at the missing CUDA driver, the cell passes only when those binary
-checks proved the fit, and the note says what was proven.
+checks proved the fit, and the note says what was proven. The installed metadata is judged as ``pip check``
+judges it (checks/probes/_installed.py): a requirement of or on a probed package that is not met, files two
+distributions both own, or an extension module built for another Python make a pass partial, each under its
+own reason, since matching symbol names do not prove a fit the wheel's own pin rules out.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 from checks import dists, toolkit
 from checks.probe import ProbeSpec, RankContext, outcome
-from checks.probes import _fatbin, _torch_abi
+from checks.probes import _fatbin, _installed, _torch_abi
 
 # Where a stackprobe image lists the files it removed because no probe or import uses them (globs, one per
 # line): the libraries read below are then what the image holds, not all the packages ship.
@@ -142,7 +145,56 @@ def judge_sgl_kernel(torch: Any, evidence: dict[str, Any]) -> _torch_abi.Judgeme
     return _torch_abi.judge(fit, error, unfound, built_for or None, torch.__version__)
 
 
+# The distributions the probes test: a requirement they declare, or one declared on them, that this environment
+# does not meet is its own finding, whatever their binaries say.
+PROBED = frozenset(_installed.normal(d) for key in ("torch", "sgl_kernel", "flashinfer")
+                   for d in dists.BY_KEY[key].dists)
+
+
+def metadata_findings(snap: dict[str, Any]) -> list[tuple[str, str]]:
+    """(reason code, note) per finding of ``_installed.snapshot()`` that limits the verdict; pure."""
+    out: list[tuple[str, str]] = []
+    broken = [_installed.Broken(**b) for b in snap.get("broken_requirements") or []]
+    pins = [b for b in broken if _installed.normal(b.dist) in PROBED or b.required in PROBED]
+    if pins:
+        out.append(("dependency-pin-violated", "; ".join(b.describe() for b in pins)))
+    for c in snap.get("collisions") or []:
+        owners = " and ".join(c["owners"])
+        folders = ", ".join(c["folders"][:3]) + (" ..." if len(c["folders"]) > 3 else "")
+        out.append(("file-collision", f"{owners} both own {c['files']} file(s) with different contents "
+                                      f"({folders}): the later install overwrote the other's, and uninstalling "
+                                      "either deletes files the other needs"))
+    foreign = snap.get("foreign_extensions") or {}
+    if foreign:
+        files = [f"{f} ({dist})" for dist, fs in sorted(foreign.items()) for f in fs]
+        out.append(("ext-python-mismatch", f"{len(files)} extension module(s) built for another Python than "
+                                           f"this {snap.get('python', 'interpreter')}, which never imports them: "
+                                           f"{', '.join(files[:3])}" + (" ..." if len(files) > 3 else "")))
+    return out
+
+
+def amend(result: dict[str, Any], findings: list[tuple[str, str]]) -> dict[str, Any]:
+    """A pass with findings becomes partial under the first finding's code, its note led by the findings (the
+    table shortens long notes from the end); a fail or skip keeps its own code and note, findings after it."""
+    if not findings:
+        return result
+    notes = [n for _, n in findings]
+    if result["status"] == "pass":
+        result["status"], result["reason_code"] = "partial", findings[0][0]
+        result["note"] = "; ".join(p for p in (*notes, result["note"]) if p)
+    else:
+        result["note"] = "; ".join(p for p in (result["note"], *notes) if p)
+    result["evidence"]["metadata_findings"] = [c for c, _ in findings]
+    return result
+
+
 def run(ctx: RankContext) -> dict[str, Any]:
+    snap = _installed.snapshot()
+    result = _run(ctx, snap)
+    return amend(result, metadata_findings(snap))
+
+
+def _run(ctx: RankContext, snap: dict[str, Any]) -> dict[str, Any]:
     versions: dict[str, Any] = _dist_versions()
     evidence: dict[str, Any] = {}
     metrics: dict[str, Any] = {}
@@ -152,6 +204,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         evidence["cuda_home"] = tk.cuda_home
         evidence["toolkit"] = tk.as_dict()
     evidence["versions"] = versions
+    evidence["installed"] = snap
     gone = removed_from_image()
     if gone:
         evidence["removed_from_image"] = gone
