@@ -112,10 +112,10 @@ def _queue(name: str = "") -> str:
 
 def test_inventory_through_slurm_gives_the_local_verdict(slurm: None, tmp_path: Path) -> None:
     env = _env(tmp_path)
-    local = checks(env, "--local", "--probe", "inventory", "--probe", "t-trivial", "--json",
+    local = checks(env, "--backend", "local", "--probe", "inventory", "--probe", "t-trivial", "--json",
                    "--results", str(tmp_path / "local"))
     assert local.returncode == 0, local.stderr
-    p = checks(env, "--executor", "slurm", "--probe", "inventory", "--probe", "t-trivial", "--json",
+    p = checks(env, "--backend", "slurm", "--probe", "inventory", "--probe", "t-trivial", "--json",
                "--results", str(tmp_path / "slurm"))
     assert p.returncode == 0, p.stderr
     assert "in 2 job(s)" in p.stderr and "RUNNING on" in p.stderr, p.stderr  # one job per CPU probe
@@ -151,7 +151,7 @@ def test_venv_cells_are_the_default_and_run_as_the_local_executor_runs_them(slur
     local = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--backend", "venv", *where, "--results",
                             str(tmp_path / "local")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert local.returncode == 0, local.stderr
-    p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--executor", "slurm", *where, "--results",
+    p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--backend", "slurm", *where, "--results",
                         str(tmp_path / "slurm")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
     results = json.loads(p.stdout)
@@ -176,7 +176,7 @@ def test_fi_jit_cross_compile_through_slurm_gives_the_local_verdict(slurm: None,
                PYTHONPATH=f"{site}{os.pathsep}{ROOT}", PATH=f"{Path(sys.executable).parent}{os.pathsep}"
                f"{os.environ['PATH']}", CUDA_VISIBLE_DEVICES="")
     out = {}
-    for name, how in (("local", ["--local"]), ("slurm", ["--executor", "slurm"])):
+    for name, how in (("local", ["--backend", "local"]), ("slurm", ["--backend", "slurm"])):
         # Each run compiles into its own caches: with one shared compile cache the second run's verdict
         # would rightly say "cached", and the two notes would differ for that reason alone.
         p = checks({**env, "STACKPROBE_JIT_CACHE": str(tmp_path / f"jit-{name}")}, *how, "--probe", "fi-jit",
@@ -211,7 +211,7 @@ def _read_until(proc: subprocess.Popen[str], wanted: list[str], timeout: float) 
 def test_ctrl_c_cancels_running_and_queued_jobs(slurm: None, tmp_path: Path) -> None:
     env = _env(tmp_path)
     # three CPU probes are three jobs; each asking for a whole node, one runs and two wait
-    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--executor", "slurm", "--python",
+    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--backend", "slurm", "--python",
                              sys.executable, "--probe", "t-slurm-sleep", "--probe", "t-zz-slow", "--probe",
                              "t-trivial", "--sbatch-arg=--exclusive",
                              "--results", str(tmp_path / "r")],
@@ -239,7 +239,7 @@ def test_ctrl_c_cancels_running_and_queued_jobs(slurm: None, tmp_path: Path) -> 
 
 def test_a_job_at_its_time_limit_is_recorded_as_timeout_never_as_pass(slurm: None, tmp_path: Path) -> None:
     env = _env(tmp_path)
-    p = checks(env, "--executor", "slurm", "--probe", "t-slurm-sleep", "--time", "1", "--json",
+    p = checks(env, "--backend", "slurm", "--probe", "t-slurm-sleep", "--time", "1", "--json",
                "--results", str(tmp_path / "r"), timeout=400)
     assert p.returncode == 0, p.stderr
     by = {r["variant"]: r for r in json.loads(p.stdout)}
@@ -254,7 +254,7 @@ def test_a_job_at_its_time_limit_is_recorded_as_timeout_never_as_pass(slurm: Non
 
 
 def test_sbatch_refusal_is_recorded_for_the_jobs_variants(slurm: None, tmp_path: Path) -> None:
-    p = checks(_env(tmp_path), "--executor", "slurm", "--probe", "t-trivial", "--sbatch-arg=--mem=99999999",
+    p = checks(_env(tmp_path), "--backend", "slurm", "--probe", "t-trivial", "--sbatch-arg=--mem=99999999",
                "--json", "--results", str(tmp_path / "r"))
     assert p.returncode == 0, p.stderr
     results = json.loads(p.stdout)
@@ -263,7 +263,7 @@ def test_sbatch_refusal_is_recorded_for_the_jobs_variants(slurm: None, tmp_path:
 
 
 def test_a_container_image_without_pyxis_is_refused_in_one_line(slurm: None, tmp_path: Path) -> None:
-    p = checks(_env(tmp_path), "--executor", "slurm", "--probe", "t-trivial", "--container-image", "ubuntu:24.04",
+    p = checks(_env(tmp_path), "--backend", "slurm", "--probe", "t-trivial", "--container-image", "ubuntu:24.04",
                "--results", str(tmp_path / "r"))
     assert p.returncode == 2
     assert "no --container-image option (the pyxis plugin is not installed)" in p.stderr.strip().splitlines()[-1]

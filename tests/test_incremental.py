@@ -105,7 +105,7 @@ class Checkout:
 
     def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         probes = [a for p in sorted(self.probes.glob("t_*.py")) for a in ("--probe", p.stem.replace("_", "-"))]
-        p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--local", *probes, "--results",
+        p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--backend", "local", *probes, "--results",
                             str(self.results), "--json", "--no-report", *args], capture_output=True, text=True,
                            cwd=self.root, env=env or self.env, timeout=300)
         assert p.returncode == 0, p.stderr
