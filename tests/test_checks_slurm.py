@@ -268,3 +268,103 @@ def test_a_container_image_without_pyxis_is_refused_in_one_line(slurm: None, tmp
     assert p.returncode == 2
     assert "no --container-image option (the pyxis plugin is not installed)" in p.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*/*.jsonl"))
+
+
+# --- what every backend gets from the run session, through Slurm -------------------------------------------------
+WAITER = '''"""Passes once the file STACKPROBE_TEST_GO names exists; waits for it until then."""
+
+import os
+import time
+
+from checks.probe import ProbeSpec, RankContext, outcome
+
+SPEC = ProbeSpec(id="t-zz-wait", title="waits", feature="resume", ranks=(1,), needs_gpu=False, timeout_s=600)
+
+
+def run(ctx: RankContext) -> dict:
+    while not os.path.exists(os.environ["STACKPROBE_TEST_GO"]):
+        time.sleep(0.2)
+    return outcome("pass")
+'''
+
+
+def _keys(results: Path) -> list[tuple[str, str, str, str]]:
+    """(run, cell, probe, variant) of every stored result, sorted."""
+    return sorted((r["run_id"], r["cell_id"], r["probe_id"], r["variant"]) for f in results.glob("*/*.jsonl")
+                  for r in map(json.loads, f.read_text().splitlines()))
+
+
+def test_a_killed_slurm_run_resumed_records_every_variant_exactly_once(slurm: None, tmp_path: Path) -> None:
+    """The first run is interrupted while one job waits and the other has finished; --resume submits only the
+    variant that was not recorded, into the same run."""
+    env = _env(tmp_path, STACKPROBE_TEST_GO=str(tmp_path / "go"))
+    (tmp_path / "probes" / "t_zz_wait.py").write_text(WAITER)
+    argv = [sys.executable, "-m", "checks.cli", "run", "--backend", "slurm", "--python", sys.executable, "--probe",
+            "t-trivial", "--probe", "t-zz-wait", "--results", str(tmp_path / "r"), "--no-report"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        seen = _read_until(proc, ["t-zz-wait ranks=1 started", "ended COMPLETED"], 180)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, seen + err
+    first = _keys(tmp_path / "r")
+    assert [k[2:] for k in first] == [("t-trivial", "ranks=1"), ("t-trivial", "ranks=2")], seen + err
+
+    (tmp_path / "go").touch()
+    p = subprocess.run([*argv, "--resume", "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "resumed: 2 variant(s) already recorded were not run again" in p.stderr
+    assert "1 variant(s) in 1 job(s)" in p.stderr, p.stderr
+    every = _keys(tmp_path / "r")
+    assert len(every) == len(set(every)) == 3  # each variant once
+    assert {k[0] for k in every} == {first[0][0]}  # one run: the resumed one
+    assert [k[2:] for k in every] == [("t-trivial", "ranks=1"), ("t-trivial", "ranks=2"), ("t-zz-wait", "ranks=1")]
+    [path] = (tmp_path / "r").glob("*/*.jsonl")
+    assert {json.loads(ln)["status"] for ln in path.read_text().splitlines()} == {"pass"}
+
+
+def test_quick_level_reuse_json_and_the_table_through_slurm(slurm: None, tmp_path: Path) -> None:
+    """A clean checkout (only a clean one's results are reused), its jobs' folders inside it as usual."""
+    from tests.test_incremental import ALL, Checkout
+
+    c = Checkout(tmp_path, backend=("--backend", "slurm", "--python", sys.executable))
+    c.env.update(STACKPROBE_SLURM_POLL_S="1", SLURM_CONF=os.environ.get("SLURM_CONF", ""))
+    quick = c.run("--level", "quick", "--probe", "fi-jit")
+    assert "plan 1 cell(s) x 3 probe(s) = 6 variant(s)" in quick.stderr  # fi-jit: vllm_comm x (local, 12.0a, 12.0f)
+    assert c.ran() == ALL
+    printed = json.loads(quick.stdout)
+    assert len(printed) == 6 and {r["evidence"].get("level") for r in printed if r["reason_code"] != "no-gpu"} == {
+        "quick"}
+    [run] = c.runs()
+    manifest = json.loads(run.with_name(run.stem + ".manifest.json").read_text())
+    assert (manifest["executor"], manifest["level"]) == ("slurm", "quick")
+
+    full = c.run(report=True)  # full level: a quick result is never reused
+    assert c.ran() == ALL and "unchanged" not in full.stderr
+    assert all(r["evidence"]["slurm"]["job"] for r in json.loads(full.stdout))
+    table = c.results / "compatibility.md"
+    assert f"table: {table} and {table.with_suffix('.html')}" in full.stderr
+    assert "t-count-a" in table.read_text()
+
+    again = c.run()  # nothing changed: nothing runs, no job is submitted
+    assert c.ran() == []
+    assert "3 unchanged, reused from run" in again.stderr and "0 variant(s) in 0 job(s)" in again.stderr
+    carried = json.loads(again.stdout)
+    assert len(carried) == 3 and {r["evidence"]["reused_from"] for r in carried} == {c.runs()[1].stem}
+
+
+def test_a_slurm_run_takes_the_run_lock_of_its_host(slurm: None, tmp_path: Path) -> None:
+    from checks import hostfacts
+    from checks.store import RunLock
+
+    host = hostfacts.collect()["host_id"]  # a node of the one-node cluster is this machine
+    with RunLock(tmp_path / "r" / host):
+        p = checks(_env(tmp_path), "--backend", "slurm", "--probe", "t-trivial", "--results", str(tmp_path / "r"))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (f"checks: another `checks run` is writing to {tmp_path / 'r' / host}; "
+                                                 "wait for it to finish")
+    assert "submitted" not in p.stderr and not list((tmp_path / "r").glob("*/*.jsonl"))  # nothing was submitted

@@ -90,9 +90,11 @@ def write_probes(folder: Path, hangs: bool = False) -> None:
 
 
 class Checkout:
-    """`checks run --local` of a clean checkout against stand-in probes, with one results folder."""
+    """`checks run --backend local` (or the backend given) of a clean checkout against stand-in probes, with one
+    results folder."""
 
-    def __init__(self, tmp_path: Path, hangs: bool = False) -> None:
+    def __init__(self, tmp_path: Path, hangs: bool = False, backend: tuple[str, ...] = ("--backend", "local")) -> None:
+        self.backend = backend
         self.root = clean_checkout(tmp_path)
         self.probes = tmp_path / "probes"
         write_probes(self.probes, hangs)
@@ -103,11 +105,12 @@ class Checkout:
                     COUNT_ENV: str(self.count)}
         self.env.pop("NCCL_ALGO", None)
 
-    def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, env: dict[str, str] | None = None,
+            report: bool = False) -> subprocess.CompletedProcess[str]:
         probes = [a for p in sorted(self.probes.glob("t_*.py")) for a in ("--probe", p.stem.replace("_", "-"))]
-        p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--backend", "local", *probes, "--results",
-                            str(self.results), "--json", "--no-report", *args], capture_output=True, text=True,
-                           cwd=self.root, env=env or self.env, timeout=300)
+        p = subprocess.run([sys.executable, "-m", "checks.cli", "run", *self.backend, *probes, "--results",
+                            str(self.results), "--json", *([] if report else ["--no-report"]), *args],
+                           capture_output=True, text=True, cwd=self.root, env=env or self.env, timeout=300)
         assert p.returncode == 0, p.stderr
         return p
 
