@@ -157,7 +157,7 @@ def parse_result_text(text: str) -> tuple[dict[str, Any] | None, str]:
 
 @dataclass(frozen=True)
 class LocalExecutor:
-    """A given interpreter on this host: ``--local``, or a venv cell (``name`` "venv", whose ``extra_env``
+    """A given interpreter on this host: ``--backend local``, or a venv cell (``name`` "venv", whose ``extra_env``
     sets its PATH, PYTHONPATH and CUDA_HOME: checks.venvcell)."""
 
     python: str = sys.executable

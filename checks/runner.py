@@ -1,4 +1,6 @@
-"""Executes a planned run: up to ``jobs`` variants at once, each result appended to the store as it arrives.
+"""Executes a planned run on this host's executors: up to ``jobs`` variants at once, each result appended to the
+store as it arrives. :func:`begin` and :class:`Recorder` are shared with every backend (checks.slurm_run too):
+resumed and reused items are settled first, and every verdict is stamped, stored and reported one way.
 
 Which variant may start is decided by :func:`pick` (pure): one variant per cell at a time, in plan order
 within the cell; CPU-only variants of different cells side by side up to ``jobs``, two builds another cell

@@ -1,4 +1,4 @@
-"""`checks run --executor slurm` against a real slurmctld and slurmd (tools/slurm_local.sh: Debian's
+"""`checks run --backend slurm` against a real slurmctld and slurmd (tools/slurm_local.sh: Debian's
 Slurm 22.05 on this machine, one node, accounting through the job completion log). No mock scheduler:
 jobs are submitted with sbatch, followed with squeue, cancelled with scancel and their ends read back
 from sacct and scontrol.
