@@ -14,9 +14,9 @@ import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from checks.headline import headline
 from checks.hostresults import HostResults
 from checks.incremental import REUSED_FROM
-from checks.report import headline
 from checks.result import ProbeResult
 
 

@@ -18,12 +18,12 @@ import jinja2
 
 from checks import atomic, memlock
 from checks.footnotes import Footnote, Occurrence, footnotes
-from checks.footnotes import clean as _clean
 from checks.freshness import Refresh, refresh_list, staleness
+from checks.headline import headline
 from checks.incremental import REUSED_FROM, level_of
 from checks.probe import QUICK
 from checks.provenance import current_probe_hashes
-from checks.result import ProbeResult, is_number
+from checks.result import ProbeResult
 from checks.status import ORDER, Status
 from checks.store import iter_runs, read_file, read_manifest
 
@@ -59,34 +59,6 @@ class HostSection:
     refresh: list[Refresh] = field(default_factory=list)  # how to rerun the stale verdicts
     decisions: list[Any] = field(default_factory=list)  # decision notes (attach_decisions): text blocks
     memlock: str = ""  # containers ran without memlock unlimited: why, and for how many variants
-
-
-def headline(metrics: Mapping[str, Any]) -> str:
-    """The key measurement of a passing variant: the probe's own `headline`, else a latency ratio to NCCL,
-    else a latency range, else an all-to-all workspace size or a compile time."""
-    if isinstance(metrics.get("headline"), str):
-        return _clean(metrics["headline"], 80)
-    ratio = metrics.get("ratio_vs_nccl")
-    lat, base = metrics.get("latency_us"), metrics.get("nccl_latency_us")
-    if not ratio and isinstance(lat, dict) and isinstance(base, dict):  # probes that store both sides only
-        ratio = {k: float(v) / float(base[k]) for k, v in lat.items() if is_number(v) and is_number(base.get(k))
-                 and float(base[k]) > 0}
-    if isinstance(ratio, dict) and ratio:
-        vals = sorted(float(v) for v in ratio.values() if isinstance(v, int | float))
-        if vals:
-            return f"{vals[0]:.2f}–{vals[-1]:.2f}× NCCL time" if len(vals) > 1 else f"{vals[0]:.2f}× NCCL time"
-    lat = metrics.get("latency_us")
-    if isinstance(lat, dict) and lat:
-        vals = sorted(float(v) for v in lat.values() if isinstance(v, int | float))
-        if vals:
-            return f"{vals[0]:.1f}–{vals[-1]:.1f} µs"
-    ws = metrics.get("workspace_bytes_per_rank")
-    if is_number(ws):
-        return f"{ws / 2**20:.1f} MiB workspace/rank"
-    compile_s = metrics.get("compile_s")
-    if is_number(compile_s):
-        return f"compiled in {compile_s:.0f} s"
-    return ""
 
 
 MAX_HEADLINES = 5
