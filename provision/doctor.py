@@ -230,7 +230,7 @@ def _matrix_needs(matrix: Path, envs: Path, docker: str) -> tuple[int, int, int]
 def gather(matrix: Path, envs: Path) -> Facts:
     """Ask the machine; every question that cannot be asked leaves its field at the default."""
     from provision.baseimage import DEFAULT_TAG, DEV_TAG, apt_mirror
-    from provision.build import Docker, docker_cli
+    from provision.dockercli import Docker, docker_cli
 
     kw: dict[str, object] = {"debootstrap": shutil.which("debootstrap"), "is_root": os.geteuid() == 0}
     try:

@@ -1,4 +1,5 @@
-"""`provision build --backend venv`: each cell as a virtual environment made from the cell's lock.
+"""The venv builder of `provision build` (provision.buildsession.Builder): each cell as a virtual environment
+made from the cell's lock.
 
 A full cell installs its whole lock with hashes (uv links the files from its cache, so cells share bytes)
 and, for CUDA versions whose registry toolkit wheels hold nvcc, a CUDA_HOME of those wheels in
@@ -21,27 +22,28 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from provision import cudahome, installer, interp, overlay, wheeldir
-from provision.build import (
+from provision.cellrecord import (
+    BUILT,
     SELFCHECK,
     SELFCHECK_ROOT,
-    BuildOptions,
-    _previous,
-    _record,
-    _selfcheck_files,
-    _selfcheck_texts,
-    _versions,
+    previous,
+    record,
+    selfcheck_files,
+    selfcheck_texts,
+    versions,
 )
 from provision.errors import InputError
 from provision.lock import LockError, lock_cell, requirements_in, uv_version
+from provision.options import BuildOptions
 from provision.render import load_cell
 from provision.resolve import RESOLVED, Resolved
 from provision.verify import mismatches
 
-VENVS = Path(__file__).resolve().parent.parent / ".cache" / "venvs"
 # The interpreters both image bases have (Debian 12: 3.11, Ubuntu 24.04: 3.12); every lock is valid for them.
 PYTHON_REQUEST = ">=3.11,<3.13"
 PTH = "_stackprobe_base.pth"
@@ -100,7 +102,7 @@ def build_hash(folder: Path, base: interp.Interpreter | None, wheels: wheeldir.W
     lays it out, self-check."""
     h = hashlib.sha256()
     layout = [Path(m.__file__).read_text() for m in (overlay, cudahome)]  # what decides a venv's contents
-    parts = [BACKEND, tool, PYTHON_REQUEST, *_selfcheck_texts(), *layout,
+    parts = [BACKEND, tool, PYTHON_REQUEST, *selfcheck_texts(), *layout,
              json.dumps([base.to_json(), base.dists], sort_keys=True) if base else "no base"]
     for name in ("toolkit.lock", "torch.lock", "requirements.lock"):
         p = folder / name
@@ -121,7 +123,7 @@ def selfcheck(python: Path, cuda_home: Path | None, compile_test: bool) -> dict[
     if cuda_home is not None:
         env["CUDA_HOME"] = str(cuda_home)
     with tempfile.TemporaryDirectory(prefix="stackprobe-selfcheck-") as d:
-        for host, inside in _selfcheck_files():
+        for host, inside in selfcheck_files():
             staged = Path(d) / Path(inside).relative_to(SELFCHECK_ROOT)
             staged.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(host, staged)
@@ -197,12 +199,12 @@ def build_cell(folder: Path, opts: BuildOptions, tool: installer.Installer, base
     venv = (opts.venvs / cid).absolute()
     python = venv_python(venv)
     digest = build_hash(folder, base, wheels, tool.kind)
-    prev = _previous(folder)
+    prev = previous(folder)
     if (prev.get("backend") == BACKEND and prev.get("hash") == digest and prev.get("venv") == str(venv)
-            and prev.get("status") in ("built", "skipped-unchanged") and python.exists()):
+            and prev.get("status") in BUILT and python.exists()):
         report(cid, "unchanged, not rebuilt")
         keep = {k: v for k, v in prev.items() if k not in ("cell_id", "status", "built_at")}
-        return _record(folder, status="skipped-unchanged", **keep)
+        return record(folder, status="skipped-unchanged", **keep)
     common: dict[str, Any] = {"backend": BACKEND, "venv": str(venv), "python": str(python), "hash": digest,
                               "installer": tool.kind, "base_python": base.python if base else None,
                               "wheels": str(wheels.path) if wheels else None}
@@ -212,7 +214,7 @@ def build_cell(folder: Path, opts: BuildOptions, tool: installer.Installer, base
         shutil.rmtree(venv)
     rc, last = installer.run(tool.venv_cmd(venv, base.python if base else PYTHON_REQUEST))
     if rc != 0:
-        return _record(folder, status="failed", reason=f"{tool.kind} venv exited {rc}: {last}", **common)
+        return record(folder, status="failed", reason=f"{tool.kind} venv exited {rc}: {last}", **common)
     try:
         target = interp.read(str(python))
         if base is not None:
@@ -227,7 +229,7 @@ def build_cell(folder: Path, opts: BuildOptions, tool: installer.Installer, base
         _install(tool, python, plan.install, cell, wheels)
         cuda_home, note = (None, "") if base else _toolkit(tool, python, target.markers, folder, venv, cell, wheels)
     except (CellFailed, InputError, OSError) as exc:
-        return _record(folder, status="failed", reason=str(exc), **common)
+        return record(folder, status="failed", reason=str(exc), **common)
     origin = {"installed": _sources(plan, wheels), "from_base": plan.base_json(),
               "from_base_summary": overlay.summary(p.name for p in plan.from_base) if base else "",
               "base_differs": plan.differs_json(), "absent": {p.name: p.version for p in plan.absent},
@@ -243,8 +245,8 @@ def build_cell(folder: Path, opts: BuildOptions, tool: installer.Installer, base
         note = "; ".join(filter(None, [note, f"{len(names)} locked package(s) neither installed nor in the base "
                                              f"(build.json: absent): {', '.join(names[:4])}{more}"]))
     status = "failed" if problems else "built"
-    return _record(folder, status=status, reason="self-check: " + "; ".join(problems) if problems else "",
-                   selfcheck=facts, versions=_versions(facts), build_s=round(time.monotonic() - t0, 1), note=note,
+    return record(folder, status=status, reason="self-check: " + "; ".join(problems) if problems else "",
+                   selfcheck=facts, versions=versions(facts), build_s=round(time.monotonic() - t0, 1), note=note,
                    **common, **origin)
 
 
@@ -263,7 +265,7 @@ def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
-            return _record(folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
+            return record(folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
 
     with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
         return list(pool.map(one, folders))
@@ -273,3 +275,32 @@ def dry_run(folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]
     over = f" over {opts.base_python}" if opts.base_python else ""
     return [{"cell_id": f.name, "status": "would-build", "reason": f"venv {opts.venvs / f.name}{over}"}
             for f in folders]
+
+
+@dataclass(frozen=True)
+class VenvBuilder:
+    """Cells as virtual environments (provision.buildsession.Builder)."""
+
+    name: str = BACKEND
+
+    def prepare(self, opts: BuildOptions) -> None:
+        """Nothing to reach: uv (or the base's pip) is found per build."""
+
+    def lock(self, cells: Sequence[Resolved], opts: BuildOptions) -> tuple[list[Path], list[dict[str, Any]]]:
+        return lock_for_venv(cells, opts.envs)
+
+    def built(self, folder: Path, opts: BuildOptions) -> bool:
+        """A record of a built venv whose folder is still there (its files are linked from uv's cache, so a
+        second venv of a torch build is nearly free)."""
+        rec = previous(folder)
+        return rec.get("status") in BUILT and bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
+
+    def disk(self, opts: BuildOptions) -> tuple[str | None, bool]:
+        return str(opts.venvs), True  # venv cells need no base image
+
+    def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
+        return dry_run(folders, opts)
+
+    def build(self, folders: Sequence[Path], opts: BuildOptions,
+              report: Callable[[str, str], None]) -> list[dict[str, Any]]:
+        return build_venv_cells(folders, opts, report)
