@@ -383,46 +383,55 @@ class SlurmBackend:
         return {cid: ex.with_run_env(envs[cid]).fingerprint() for cid, ex in self.executors.items()}
 
     def run(self, opts: RunOptions, work: Work, hooks: Hooks) -> RunReport:
+        """Record what needs no job, submit a job per group of the rest, follow them until every variant is
+        recorded; Ctrl-C cancels every job and keeps what finished."""
         assert self.site is not None, "targets() first"
-        say = hooks.say
         rec, pending = begin(opts.resume, opts.level, work, hooks)
         for it in pending:
             if not it.runs:
                 rec.decided(it)
         items = [it for it in pending if it.runs]
-        leveled = [dataclasses.replace(it, variant=level_variant(it, opts.level)) for it in items]
-        run_id = work.store.run_id
-        self.job_name = f"stackprobe-{run_id}"
-        request = slurm_jobs.Request(self.site.partition, opts.slurm.time_minutes, opts.slurm.sbatch_args)
-        root = JOBS_ROOT / run_id
-        first = _first_free(root)
-        jobs = [Job(n, plan, root / str(first + n), opts.slurm.time_minutes or plan.time_minutes())
-                for n, plan in enumerate(slurm_jobs.plan_jobs(items, work.gpus, hard_timeout))]
+        self.job_name = f"stackprobe-{work.store.run_id}"
+        jobs = self._jobs(opts, work, items)
         for line in _plan_lines(self.site, work.gpus, jobs):
-            say(line)
-        tracker = Tracker(items, jobs, Stores(work.store), rec, self.launches, say)
+            hooks.say(line)
+        tracker = Tracker(items, jobs, Stores(work.store), rec, self.launches, hooks.say)
         poll_s = float(os.environ.get(POLL_ENV) or DEFAULT_POLL_S)
         try:
-            for job in jobs:
-                job.folder.mkdir(parents=True, exist_ok=True)
-                why = submit(job, leveled, request, self.launches[job.plan.cell_id], self.job_name)
-                if job.job_id:
-                    self.job_ids.append(job.job_id)
-                if why:
-                    job.done = True
-                    for index in job.plan.items:
-                        tracker.record(index, classify.decided(Status.NOT_RUN, "slurm-submit-failed",
-                                                               f"sbatch: {why}", work.catalogue), None)
-                else:
-                    say(f"job {job.job_id}: submitted ({job.plan.name}, {len(job.plan.items)} variant(s), "
-                        f"folder {job.folder})")
+            self._submit_all(opts, tracker, [dataclasses.replace(it, variant=level_variant(it, opts.level))
+                                             for it in items])
             while not tracker.finished:
                 time.sleep(min(poll_s, 1.0) if all(not j.shown for j in jobs) else poll_s)
                 tracker.poll(self.job_name)
         except KeyboardInterrupt:
             rec.report.interrupted = True
-            self._cancel_all(tracker, say)
+            self._cancel_all(tracker, hooks.say)
         return rec.report
+
+    def _jobs(self, opts: RunOptions, work: Work, items: list[WorkItem]) -> list[Job]:
+        root = JOBS_ROOT / work.store.run_id
+        first = _first_free(root)
+        return [Job(n, plan, root / str(first + n), opts.slurm.time_minutes or plan.time_minutes())
+                for n, plan in enumerate(slurm_jobs.plan_jobs(items, work.gpus, hard_timeout))]
+
+    def _submit_all(self, opts: RunOptions, tracker: Tracker, leveled: list[WorkItem]) -> None:
+        """sbatch every job; a refused one records its variants as not run. ``leveled``: the items as the
+        workers get them (a quick run's variants carry their level)."""
+        assert self.site is not None
+        request = slurm_jobs.Request(self.site.partition, opts.slurm.time_minutes, opts.slurm.sbatch_args)
+        for job in tracker.jobs:
+            job.folder.mkdir(parents=True, exist_ok=True)
+            why = submit(job, leveled, request, self.launches[job.plan.cell_id], self.job_name)
+            if job.job_id:
+                self.job_ids.append(job.job_id)
+            if why:
+                job.done = True
+                for index in job.plan.items:
+                    tracker.record(index, classify.decided(Status.NOT_RUN, "slurm-submit-failed", f"sbatch: {why}",
+                                                           tracker.catalogue), None)
+            else:
+                tracker.say(f"job {job.job_id}: submitted ({job.plan.name}, {len(job.plan.items)} variant(s), "
+                            f"folder {job.folder})")
 
     def cancel(self) -> None:
         if self.job_name:
