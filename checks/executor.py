@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from checks import classify, gpugate, isolate
+from checks.hostfacts import safe_env
 from checks.probe import RESULT_MARKER, Variant
 from checks.probes import _compile_cache
 from checks.probes.fi_jit import ARCHS_ENV
@@ -196,8 +197,6 @@ class LocalExecutor:
     def fingerprint(self) -> str | None:
         """What checks.envinfo.fingerprint reads in the interpreter, with the run-shaping variables of the
         environment its ranks get."""
-        from checks.hostfacts import safe_env
-
         env = self.env()
         code = "import json, checks.envinfo as e; print(json.dumps(e.fingerprint()))"
         try:

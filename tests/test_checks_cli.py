@@ -342,3 +342,14 @@ def test_the_older_spellings_name_one_backend(argv: list[str], backend: str) -> 
     assert opts.backend == backend and opts.argv == tuple(full)
     with pytest.raises(dataclasses.FrozenInstanceError):
         opts.backend = "docker"  # type: ignore[misc]
+
+
+def test_every_backend_the_command_line_offers_is_in_the_registry() -> None:
+    from checks.backends import BACKENDS
+    from checks.options import AUTO, BACKEND_CHOICES
+
+    assert sorted(BACKENDS) == sorted(set(BACKEND_CHOICES) - {AUTO}) == ["docker", "local", "slurm", "venv"]
+    for make in BACKENDS.values():
+        backend = make()
+        assert all(callable(getattr(backend, m)) for m in ("targets", "prepare", "run", "cancel"))
+        assert isinstance(backend.name, str) and isinstance(backend.gpu_lock, bool)
