@@ -15,7 +15,7 @@ of its variants' durations; spans overlap when variants run in parallel), then t
 timed apart). Disk growth is the free-space change of the filesystems holding the Docker root, the repo and
 uv's cache, with ``docker system df`` and the cache folders' sizes beside it.
 
-Targets (issue 13, for this 2-core machine): cold under 13.5 min (today 40 min 37 s), warm under 60 s, disk
+Targets (for this 2-core machine): cold under 13.5 min (today 40 min 37 s), warm under 60 s, disk
 growth under 20 GB (today 59 GB). Printed as ratios: under 1.00 meets the target. Output is also written to
 ``benchmarks/results/main-job-<host>-<stamp>.json`` and ``.txt``.
 """
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "benchmarks" / "results"
 GB = 1e9
 
-# Issue 13's targets and the measurement they were set against (this machine, the default matrix of then).
+# The targets and the measurement they were set against (this machine, the default matrix of that day).
 TARGET_COLD_S = 13.5 * 60
 TARGET_WARM_S = 60.0
 TARGET_DISK_B = 20 * GB

@@ -22,9 +22,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from checks import registry
 from checks.freshness import command
+from checks.probe import Declared, Role
 from checks.result import ProbeResult
 from checks.status import Status
+from provision.cellid import CellId
 
 LATENCY_PROBE = "ar-latency"
 BASELINE = "nccl"
@@ -33,28 +36,20 @@ NCCL_BACKENDS = frozenset({"nccl", "nccl-direct"})
 # within 4.2% on 2x H200), so a gain or loss under 5% is not told apart from noise.
 NOISE = 0.05
 DTYPE_BYTES = 2  # ar-latency measures bf16
-# Probes whose failures say something about an allreduce path: the ones listed under "avoid".
-PATH_PROBES = ("ar-latency", "custom-ar", "symm-mem", "nccl-graphs", "pcie-ipc", "fi-fusion")
-UNTIMED = ("fi-fusion",)  # exact eagerly and in a graph, but no latency to rank them by
+DECLARED = registry.declarations()  # what each probe records: advise reads keys through its roles
+# Probes whose failures say something about an allreduce path (ALLREDUCE_PATH): the ones listed under "avoid".
+PATH_PROBES = tuple(pid for pid, d in DECLARED.items() if d.allreduce_path)
 
 
-def params(variant: str) -> dict[str, str]:
-    """``ranks=2,backend=nccl`` -> {"ranks": "2", "backend": "nccl"}; a part without ``=`` maps to ""."""
-    out: dict[str, str] = {}
-    for part in variant.split(","):
-        if part:
-            k, _, v = part.partition("=")
-            out[k] = v
-    return out
+def _metric(r: ProbeResult, role: Role) -> Any:
+    """The value of the metric ``r``'s probe declares with ``role`` (None: it declares none, or r lacks it)."""
+    key = DECLARED.get(r.probe_id, Declared()).metric(role)
+    return r.verdict.metrics.get(key) if key is not None else None
 
 
-def ranks_of(r: ProbeResult) -> int | None:
-    text = params(r.variant).get("ranks", "")
-    return int(text) if text.isdigit() else None
-
-
-def _shared(r: ProbeResult) -> bool:
-    return params(r.variant).get("gpus") == "shared"
+def _evidence(r: ProbeResult, role: Role) -> Any:
+    key = DECLARED.get(r.probe_id, Declared()).evidence_key(role)
+    return r.verdict.evidence.get(key) if key is not None else None
 
 
 def _get(obj: Any, *keys: str) -> Any:
@@ -72,22 +67,22 @@ def _verdicts_ok(checks: Any, word: str) -> bool:
 
 
 def _nccl_allreduce_exact(r: ProbeResult) -> bool:
-    op = _get(r.verdict.evidence, "ops", "all_reduce")
+    op = _get(_evidence(r, Role.OP_CHECKS), "all_reduce")
     eager = _get(op, "eager") or _get(op, "eager_after")
     return _get(eager, "verdict") == "ok" and _get(op, "graph", "verdict") == "ok"
 
 
 def _symm_exact(kind: str) -> Callable[[ProbeResult], bool]:
     def check(r: ProbeResult) -> bool:
-        op = _get(r.verdict.evidence, "ops", kind)
+        op = _get(_evidence(r, Role.OP_CHECKS), kind)
         return _get(op, "eager", "verdict") == "ok" and _get(op, "graph", "verdict") == "ok"
 
     return check
 
 
 def _custom_ar_exact(r: ProbeResult) -> bool:
-    ev = r.verdict.evidence
-    return _verdicts_ok(_get(ev, "eager"), "exact") and _verdicts_ok(_get(ev, "graph", "checks"), "exact")
+    return (_verdicts_ok(_evidence(r, Role.EAGER_CHECKS), "exact")
+            and _verdicts_ok(_get(_evidence(r, Role.GRAPH_CHECKS), "checks"), "exact"))
 
 
 def _passed(r: ProbeResult) -> bool:
@@ -119,6 +114,8 @@ EAGER: Mapping[str, EagerCheck] = {
                                       "PCIe IPC all-reduce exact eagerly and captured"),
 }
 BACKENDS = tuple(EAGER)  # every backend advice can name; ar-latency variants of others are never recommended
+# Allreduce paths exact eagerly and in a graph that nothing times, so nothing ranks them
+UNTIMED = tuple(p for p in PATH_PROBES if p != LATENCY_PROBE and p not in {c.probe for c in EAGER.values()})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,20 +214,20 @@ def _sizes(metric: Any) -> dict[int, float]:
     return out
 
 
-def _rerun(probe: str, cell_id: str) -> str:
-    return command((probe,), (cell_id,), "local" if cell_id.startswith("local-") else "docker")
+def _rerun(probe: str, cell_id: str, cell: CellId | None) -> str:
+    return command((probe,), (cell_id,), "local" if cell is not None and cell.local else "docker")
 
 
 def _plain(r: ProbeResult) -> int:
     """How many parameters keep the setting an engine uses by default (preferred as the proof to cite)."""
-    return sum(v in ("default", "yes", "topology") for v in params(r.variant).values())
+    return sum(v in ("default", "yes", "topology") for v in r.params.values())
 
 
 def _eager_proof(backend: str, rs: Sequence[ProbeResult]) -> tuple[ProbeResult | None, list[ProbeResult]]:
     """The newest result proving ``backend`` exact eagerly, and the candidates that ran but do not prove it."""
     check = EAGER[backend]
-    cands = [r for r in rs if r.probe_id == check.probe and not _shared(r)
-             and all(params(r.variant).get(k) == v for k, v in check.match.items())]
+    cands = [r for r in rs if r.probe_id == check.probe and not r.shared_gpu
+             and all(r.params.get(k) == v for k, v in check.match.items())]
     ran = [r for r in cands if r.verdict.status not in (Status.SKIP, Status.NOT_RUN, Status.UNAVAILABLE)]
     proving = [r for r in ran if r.verdict.status in (Status.PASS, Status.PARTIAL) and check.exact(r)]
     best = max(proving, key=lambda r: (r.verdict.status is Status.PASS, r.run_id, _plain(r)), default=None)
@@ -245,20 +242,20 @@ def _skip_why(rs: Iterable[ProbeResult]) -> str:
     return f"skip ({v.reason_code}): {v.note}" if v.reason_code else f"skip: {v.note}"
 
 
-def _curves(cell_id: str, rs: Sequence[ProbeResult]) -> tuple[list[Curve], list[Missing]]:
+def _curves(cell_id: str, cell: CellId | None, rs: Sequence[ProbeResult]) -> tuple[list[Curve], list[Missing]]:
     """Working backends' curves and what is missing for the others."""
-    timed = {params(r.variant).get("backend", ""): r for r in rs if r.probe_id == LATENCY_PROBE}
+    timed = {r.params.get("backend", ""): r for r in rs if r.probe_id == LATENCY_PROBE}
     curves: list[Curve] = []
     missing: list[Missing] = []
     for backend in BACKENDS:
         lat = timed.get(backend)
         if lat is None:
-            missing.append(Missing(backend, "no ar-latency result", _rerun(LATENCY_PROBE, cell_id)))
+            missing.append(Missing(backend, "no ar-latency result", _rerun(LATENCY_PROBE, cell_id, cell)))
             continue
         if lat.verdict.status is Status.SKIP:
             missing.append(Missing(backend, _skip_why([lat])))
             continue
-        latency = _sizes(lat.verdict.metrics.get("latency_us"))
+        latency = _sizes(_metric(lat, Role.LATENCY))
         if lat.verdict.status not in (Status.PASS, Status.PARTIAL) or not latency:
             continue  # listed under avoid with its verdict
         proof, _ = _eager_proof(backend, rs)
@@ -267,9 +264,9 @@ def _curves(cell_id: str, rs: Sequence[ProbeResult]) -> tuple[list[Curve], list[
             cands = [r for r in rs if r.probe_id == check.probe]
             why = _skip_why(cands) or f"{check.probe} recorded no exact eager run for it"
             missing.append(Missing(f"{backend} (eager exactness)", why,
-                                   "" if why.startswith("skip") else _rerun(check.probe, cell_id)))
+                                   "" if why.startswith("skip") else _rerun(check.probe, cell_id, cell)))
             continue
-        ratio = _sizes(lat.verdict.metrics.get("ratio_vs_nccl"))
+        ratio = _sizes(_metric(lat, Role.RATIO_VS_NCCL))
         if backend == BASELINE:
             ratio = dict.fromkeys(latency, 1.0)
         curves.append(Curve(backend, dict(sorted(latency.items())), dict(sorted(ratio.items())),
@@ -333,7 +330,7 @@ def _label(rs: Sequence[ProbeResult]) -> str:
     """A group of one probe's variants named by the parameters they share (ranks left out)."""
     common = None
     for r in rs:
-        p = {k: v for k, v in params(r.variant).items() if k != "ranks"}
+        p = dict(r.params)
         common = p if common is None else {k: v for k, v in common.items() if p.get(k) == v}
     parts = [f"{k}={v}" if v else k for k, v in (common or {}).items()]
     if rs and rs[0].probe_id == "nccl-graphs" and "algo" in (common or {}):
@@ -349,7 +346,7 @@ def _avoid(rs: Sequence[ProbeResult], curves: Sequence[Curve]) -> list[Avoid]:
     groups: dict[tuple[str, str, str, str], list[ProbeResult]] = defaultdict(list)
     for r in rs:
         # Ranks sharing a GPU test correctness only; no server runs that way.
-        if r.probe_id in PATH_PROBES and r.verdict.status in BAD and not _shared(r):
+        if r.probe_id in PATH_PROBES and r.verdict.status in BAD and not r.shared_gpu:
             v = r.verdict
             groups[(r.probe_id, v.status.value, v.reason_code, " ".join(v.note.split())[:300])].append(r)
     out = [Avoid(_label(g), status, code, note, tuple(r.result_id for r in g))
@@ -370,14 +367,14 @@ def _avoid(rs: Sequence[ProbeResult], curves: Sequence[Curve]) -> list[Avoid]:
 def _untimed(rs: Sequence[ProbeResult]) -> list[Untimed]:
     out = []
     for probe in UNTIMED:
-        ok = [r for r in rs if r.probe_id == probe and r.verdict.status is Status.PASS and not _shared(r)]
+        ok = [r for r in rs if r.probe_id == probe and r.verdict.status is Status.PASS and not r.shared_gpu]
         if ok:
             out.append(Untimed(probe, "exact eagerly and in a CUDA graph; not timed, so not ranked",
                                tuple(r.result_id for r in ok)))
     # NCCL_ALGO settings other than NCCL's own choice: nccl-graphs checks them, ar-latency does not time them.
     algos: dict[str, list[ProbeResult]] = defaultdict(list)
     for r in rs:
-        algo = params(r.variant).get("algo", "")
+        algo = r.params.get("algo", "")
         if r.probe_id == "nccl-graphs" and algo not in ("", "default") and r.verdict.status is Status.PASS:
             algos[algo].append(r)
     for algo, ok in sorted(algos.items()):
@@ -391,7 +388,7 @@ def multicast(rs: Sequence[ProbeResult], host_facts: Mapping[str, Any]) -> bool 
     attribute symm-mem records, else the host facts; None when neither says. stackprobe itself keeps multicast
     off while probing, so a refused multimem op alone does not answer this."""
     for r in sorted(rs, key=lambda r: r.run_id, reverse=True):
-        v = r.verdict.evidence.get("device_multicast_support") if r.probe_id == "symm-mem" else None
+        v = _evidence(r, Role.MULTICAST)
         if isinstance(v, bool):
             return v
     mc = host_facts.get("multicast")
@@ -402,7 +399,7 @@ def multicast(rs: Sequence[ProbeResult], host_facts: Mapping[str, Any]) -> bool 
 
 def full_nvlink(rs: Sequence[ProbeResult]) -> bool | None:
     for r in sorted(rs, key=lambda r: r.run_id, reverse=True):
-        v = r.verdict.evidence.get("topology_full_nvlink") if r.probe_id == "custom-ar" else None
+        v = _evidence(r, Role.FULL_NVLINK)
         if isinstance(v, bool):
             return v
     return None
@@ -410,7 +407,7 @@ def full_nvlink(rs: Sequence[ProbeResult]) -> bool | None:
 
 def measured_hidden(rs: Iterable[ProbeResult]) -> int | None:
     for r in rs:
-        h = r.verdict.evidence.get("hidden") if r.probe_id == LATENCY_PROBE else None
+        h = _evidence(r, Role.HIDDEN) if r.probe_id == LATENCY_PROBE else None
         if isinstance(h, int) and not isinstance(h, bool) and h > 0:
             return h
     return None
@@ -419,15 +416,17 @@ def measured_hidden(rs: Iterable[ProbeResult]) -> int | None:
 def advise_cell(host_id: str, cell_id: str, ranks: int, results: Sequence[ProbeResult],
                 host_facts: Mapping[str, Any] | None = None) -> CellAdvice:
     """The advice for one cell at ``ranks`` from the host's latest results (other cells and ranks are ignored)."""
-    rs = [r for r in results if r.cell_id == cell_id and ranks_of(r) == ranks]
+    rs = [r for r in results if r.cell_id == cell_id and r.ranks == ranks]
     hidden = measured_hidden(rs)
     in_cell = [r for r in results if r.cell_id == cell_id]
     mc, nvl = multicast(in_cell, host_facts or {}), full_nvlink(in_cell)
+    cell = next((r.cell for r in in_cell), None)
     if not any(r.probe_id == LATENCY_PROBE for r in rs):
         return CellAdvice(host_id, cell_id, ranks, hidden, missing=(
-            Missing(f"allreduce latency at {ranks} ranks", "no ar-latency result", _rerun(LATENCY_PROBE, cell_id)),),
+            Missing(f"allreduce latency at {ranks} ranks", "no ar-latency result",
+                    _rerun(LATENCY_PROBE, cell_id, cell)),),
             avoid=tuple(_avoid(rs, ())), untimed=tuple(_untimed(rs)), multicast=mc, full_nvlink=nvl)
-    curves, missing = _curves(cell_id, rs)
+    curves, missing = _curves(cell_id, cell, rs)
     sizes = _per_size(curves, hidden)
     return CellAdvice(host_id, cell_id, ranks, hidden, tuple(curves), tuple(sizes),
                       tuple(_crossovers(sizes, curves)), tuple(_avoid(rs, curves)), tuple(_untimed(rs)),
@@ -439,7 +438,7 @@ def rank_counts(results: Iterable[ProbeResult], cell_id: str) -> list[int]:
     GPUs (others cannot be measured on this host)."""
     out = set()
     for r in results:
-        if r.cell_id == cell_id and r.probe_id == LATENCY_PROBE and (n := ranks_of(r)) is not None and not (
+        if r.cell_id == cell_id and r.probe_id == LATENCY_PROBE and (n := r.ranks) is not None and not (
                 r.verdict.status is Status.SKIP and r.verdict.reason_code == "too-few-gpus"):
             out.add(n)
     return sorted(out)

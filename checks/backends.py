@@ -11,7 +11,7 @@ from typing import Any
 
 from checks import cells, hostfacts, runner
 from checks.backend import Backend, Targets
-from checks.container import client
+from checks.container import client, unreachable
 from checks.executor import Executor, ExecutorError, compile_cache_dir, for_run, gpu_lock_path
 from checks.options import AUTO, DOCKER, LOCAL, SLURM, VENV, RunOptions, UsageError
 from checks.runner import Hooks, RunReport, Work
@@ -86,24 +86,15 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
 }
 
 
-def docker_problem() -> str | None:
-    """Why Docker cannot be used here, or None when its daemon answers."""
-    try:
-        client()
-    except ExecutorError as exc:
-        return str(exc)
-    return None
-
-
 def resolve(requested: str) -> tuple[str, str]:
     """The backend a run uses and the line that says why, when ``auto`` chose it: Docker when its daemon
     answers, else venv cells (one rule with `provision build`, provision.backend)."""
     if requested != AUTO:
-        if requested == DOCKER and (problem := docker_problem()):
-            raise ExecutorError(problem)  # insisted on: fails now, even when no image would run
+        if requested == DOCKER:
+            client()  # insisted on: fails now (ExecutorError with the fix), even when no image would run
         return requested, ""
     try:
-        chosen = provision_backend.choose(AUTO, docker_problem)
+        chosen = provision_backend.choose(AUTO, unreachable, doing=provision_backend.RUN_VENVS)
     except InputError as exc:
         raise UsageError(f"checks run: {exc.one_line()}") from None
     return chosen.backend, chosen.line

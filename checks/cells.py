@@ -10,7 +10,7 @@ from checks import venvcell
 from checks.container import DockerExecutor, client
 from checks.executor import Executor, LocalExecutor
 from checks.options import RunOptions, UsageError
-from checks.plan import CellTarget, image_state, local_cell_id, matches_cuda, select_cells
+from checks.plan import CellState, CellTarget, ImageState, image_state, local_cell_id, matches_cuda, select_cells
 from provision.api import plan_cells
 from provision.errors import InputError
 
@@ -22,7 +22,7 @@ def local(opts: RunOptions, python: str) -> tuple[CellTarget, LocalExecutor, dic
     ex = LocalExecutor(python)
     inspect = ex.inspect()
     versions = {k: str(v) for k, v in (inspect.get("versions") or {}).items() if isinstance(v, str | int | float)}
-    cell = CellTarget(local_cell_id(versions), "local", versions=versions, image_status="local")
+    cell = CellTarget(local_cell_id(versions), CellState.LOCAL, versions=versions, image_status=ImageState.LOCAL)
     cells = [cell]
     if opts.cuda and not matches_cuda(versions.get("torch_cuda", ""), opts.cuda):
         cells = []
@@ -47,13 +47,13 @@ def venv(opts: RunOptions) -> Cells:
     cells: list[CellTarget] = []
     executors: dict[str, Executor] = {}
     for pc in planned(opts):
-        if pc.status != "resolved":
+        if pc.status != CellState.RESOLVED:
             cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, dict(pc.versions)))
             continue
         vc = venvcell.read(opts.envs, pc.cell_id)
         versions = {**pc.versions, **({"from_base": vc.from_base} if vc.from_base else {})}
         cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, versions, vc.python, vc.state, vc.reason))
-        if vc.state == "built" and vc.python:
+        if vc.state is ImageState.BUILT and vc.python:
             executors[pc.cell_id] = LocalExecutor(vc.python, venvcell.BACKEND, vc.env)
     return cells, executors
 
@@ -62,12 +62,12 @@ def docker(opts: RunOptions, gpus: int) -> Cells:
     """Each selected cell's image (envs/<cell>/build.json), one container per variant."""
     cells: list[CellTarget] = []
     for pc in planned(opts):
-        if pc.status != "resolved":
+        if pc.status != CellState.RESOLVED:
             cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, dict(pc.versions)))
             continue
         state, tag, why = image_state(opts.envs, pc.cell_id)
         cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, dict(pc.versions), tag, state, why))
-    runnable = [c for c in cells if c.image_status == "built" and c.image]
+    runnable = [c for c in cells if c.image_status is ImageState.BUILT and c.image]
     executors: dict[str, Executor] = {}
     if runnable:
         daemon = client()  # no Docker: one line, exit 2

@@ -1,4 +1,5 @@
-"""`checks list | run | report`: the host-side command line. Exit codes: 0 done, 2 bad input, 130 interrupted."""
+"""`checks list | run | report | advise | diff | share | import | validate`: the host-side command line. Exit codes:
+0 done, 2 bad input, 130 interrupted; share, import and validate also 1 (checks.exchange says when)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--html", type=Path, help="HTML page path (default: --out with .html)")
     p.add_argument("--check", action="store_true", help="exit 1 if the files on disk are not what would be written")
     decision_parsers(sub)
+    exchange_parsers(sub)
     return ap
 
 
@@ -158,14 +160,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 # --- advise, diff: decisions from recorded results only --------------------------------------------------------
 def decision_parsers(sub: Any) -> None:
-    from checks.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, presets
+    from checks.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, model_shapes
 
     p = sub.add_parser("advise", help="per host and cell, the allreduce path to use per decode size, from results")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
     p.add_argument("--host", help="one host id (default: every host)")
     p.add_argument("--cell", help="one cell id (default: every cell the host recorded)")
-    p.add_argument("--model", metavar="PRESET|hidden=N,layers=N[,dtype=bf16]",
-                   help=f"estimate the allreduce time per decode and verify step ({', '.join(presets())})")
+    p.add_argument("--model", metavar="SHAPE|hidden=N,layers=N[,dtype=bf16]",
+                   help=f"estimate the allreduce time per decode and verify step ({', '.join(model_shapes())})")
     p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size: the rank count to advise on")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N", help="decode tokens per step (--model)")
     p.add_argument("--draft", type=int, default=DEFAULT_DRAFT, metavar="N",
@@ -261,6 +263,44 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- share, import, validate: results between machines (checks.exchange) ----------------------------------------
+def exchange_parsers(sub: Any) -> None:
+    p = sub.add_parser("share", help="one bundle file of a host's runs to send, scrubbed of names and secrets")
+    p.add_argument("--host", help="the host id to share (default: this machine's, else the only host)")
+    p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
+    p.add_argument("--out", type=Path, metavar="FILE", help="the bundle (default: stackprobe-<host>.bundle.json)")
+    p.add_argument("--show", action="store_true", help="print exactly what would leave this machine (no file "
+                   "unless --out is given too)")
+    p = sub.add_parser("import", help="add bundles' runs to a results directory, read as untrusted input")
+    p.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE")
+    p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
+    p = sub.add_parser("validate", help="check a results directory or a bundle as untrusted input")
+    p.add_argument("path", nargs="?", type=Path, default=REPO / "results", metavar="PATH",
+                   help="a results directory, one host's folder or a bundle file (default: results/)")
+    p.add_argument("--json", action="store_true", help="what was read and every problem, as JSON on stdout")
+
+
+def cmd_share(args: argparse.Namespace) -> int:
+    from checks import bundle, exchange
+
+    try:
+        return exchange.share(exchange.ShareOptions(args.results, args.host, args.out, args.show))
+    except bundle.BundleError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from checks import exchange
+
+    return exchange.import_bundles(exchange.ImportOptions(tuple(args.bundles), args.results))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from checks import exchange
+
+    return exchange.validate(args.path, args.json)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM/SIGHUP clean up like Ctrl-C: workers and containers are ended
 
@@ -274,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         if args.cmd == "run":
             return cmd_run(args, argv)
-        return {"list": cmd_list, "report": cmd_report, "advise": cmd_advise, "diff": cmd_diff}[args.cmd](args)
+        return {"list": cmd_list, "report": cmd_report, "advise": cmd_advise, "diff": cmd_diff, "share": cmd_share,
+                "import": cmd_import, "validate": cmd_validate}[args.cmd](args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

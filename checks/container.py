@@ -51,18 +51,30 @@ def bytecode_key(image_id: str) -> str:
     return image_id.removeprefix("sha256:")[:16]
 
 
-def client() -> Any:
-    """A Docker SDK client, or ExecutorError with one line saying why not."""
+def _connect() -> tuple[Any, str | None]:
+    """(a Docker SDK client that answered a ping, None), or (None, why not in one line, no fix)."""
     try:
         import docker
 
         c = docker.from_env(timeout=120)
         c.ping()
-        return c
+        return c, None
     except Exception as exc:
-        msg = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise ExecutorError(f"Docker is not reachable ({msg}); start dockerd, or use --backend venv or "
-                            "--backend local") from None
+        return None, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def unreachable() -> str | None:
+    """Why no Docker daemon can be used from here (the SDK's error), or None when one answers."""
+    return _connect()[1]
+
+
+def client() -> Any:
+    """A Docker SDK client, or ExecutorError with one line saying why not and what to do."""
+    c, problem = _connect()
+    if problem is not None:
+        raise ExecutorError(f"Docker is not reachable ({problem}); start dockerd, or leave out --backend docker "
+                            "to run venv cells, or use --backend local")
+    return c
 
 
 def extra_labels(value: str | None = None) -> dict[str, str]:

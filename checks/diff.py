@@ -14,9 +14,11 @@ import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from checks import registry
 from checks.headline import headline
 from checks.hostresults import HostResults
 from checks.incremental import REUSED_FROM
+from checks.probe import Declared
 from checks.result import ProbeResult
 
 
@@ -101,10 +103,12 @@ def select(hosts: Mapping[str, HostResults], spec: str) -> Side:
 
 def compare(a: Mapping[tuple[str, ...], ProbeResult], b: Mapping[tuple[str, ...], ProbeResult]) -> list[Change]:
     out = []
+    fields = registry.declarations()
     for key in sorted(a.keys() & b.keys()):
         x, y = a[key], b[key]
-        c = Change(key, verdict(x), verdict(y), headline(x.verdict.metrics), headline(y.verdict.metrics),
-                   x.result_id, y.result_id)
+        declared = fields.get(x.probe_id, Declared())
+        c = Change(key, verdict(x), verdict(y), headline(x.verdict.metrics, declared),
+                   headline(y.verdict.metrics, declared), x.result_id, y.result_id)
         if c.verdict_changed or c.headline_changed:
             out.append(c)
     return out

@@ -29,7 +29,7 @@ DEFAULT_DRAFT = 4  # tokens each sequence verifies per speculative step (ar-late
 
 
 class ModelError(ValueError):
-    """A --model value that names no preset and is not hidden=..,layers=..[,dtype=..][,allreduces=..]."""
+    """A --model value that names no model shape and is not hidden=..,layers=..[,dtype=..][,allreduces=..]."""
 
 
 @dataclass(frozen=True)
@@ -56,26 +56,27 @@ def _raw(path: Path = MODELS) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
-def presets(path: Path = MODELS) -> dict[str, Model]:
+def model_shapes(path: Path = MODELS) -> dict[str, Model]:
+    """The model shapes of checks/models.yaml by name."""
     raw = _raw(path)
     sizes = raw["dtype_bytes"]
     return {name: Model(name, d["label"], int(d["hidden"]), int(d["layers"]), d["dtype"], int(sizes[d["dtype"]]),
                         int(d.get("allreduces_per_layer", 2)), f"{d['config']}. {d['checked']}")
-            for name, d in raw["presets"].items()}
+            for name, d in raw["shapes"].items()}
 
 
-def default_preset(path: Path = MODELS) -> Model:
-    return presets(path)[_raw(path)["default"]]
+def default_shape(path: Path = MODELS) -> Model:
+    return model_shapes(path)[_raw(path)["default"]]
 
 
 def parse_model(spec: str, path: Path = MODELS) -> Model:
-    """A preset name, or ``hidden=7168,layers=61[,dtype=bf16][,allreduces=2]``; ModelError says what is wrong."""
-    known = presets(path)
+    """A model shape's name, or ``hidden=7168,layers=61[,dtype=bf16][,allreduces=2]``; ModelError says what is wrong."""
+    known = model_shapes(path)
     if spec in known:
         return known[spec]
     sizes: dict[str, int] = _raw(path)["dtype_bytes"]
     if "=" not in spec:
-        raise ModelError(f"unknown preset {spec!r}; presets: {', '.join(sorted(known))}, "
+        raise ModelError(f"unknown model {spec!r}; model shapes: {', '.join(sorted(known))}, "
                          "or give hidden=..,layers=..[,dtype=bf16][,allreduces=2]")
     fields: dict[str, str] = {}
     for part in spec.split(","):

@@ -28,11 +28,10 @@ from checks.plan import WorkItem
 from checks.probe import FULL, QUICK
 from checks.result import ProbeResult, Verdict
 from checks.status import Status
-from checks.store import read_file
+from checks.store import REUSED_FROM, latest_results
 
 Key = tuple[str, str, str]
 INPUTS = "inputs"  # evidence key: the Inputs a result was made from
-REUSED_FROM = "reused_from"  # evidence key: the run that measured a carried result
 LEVEL = "level"  # evidence key: "quick" on results of a quick run (absent: full)
 CARRIED = frozenset({Status.PASS, Status.PARTIAL, Status.FAIL, Status.SKIP})
 # fail verdicts the harness made when the worker gave no answer: nothing says a rerun would repeat them
@@ -95,7 +94,7 @@ def decide(items: list[WorkItem], latest: Mapping[Key, ProbeResult], inputs: Map
     out = []
     for it in items:
         r = latest.get(it.key)
-        if it.preset is None and r is not None and not why_not(r, inputs.get(it.key), hashes.get(it.spec.id),
+        if it.decided is None and r is not None and not why_not(r, inputs.get(it.key), hashes.get(it.spec.id),
                                                                 level):
             it = dataclasses.replace(it, reused=r)
         out.append(it)
@@ -136,9 +135,5 @@ def reused_line(items: Iterable[WorkItem]) -> str:
 # --- the readers -----------------------------------------------------------------------------------------------
 def latest(folder: Path) -> dict[Key, ProbeResult]:
     """Per (cell, probe, variant), the result of the newest run in a host's results folder (what the table
-    shows); unreadable lines are skipped here (`checks report` warns about them)."""
-    out: dict[Key, ProbeResult] = {}
-    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
-        for r in read_file(path)[0]:  # a run holds one result per key
-            out[r.key] = r
-    return out
+    shows)."""
+    return latest_results(folder)

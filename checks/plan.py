@@ -6,6 +6,7 @@ import fnmatch
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,22 +17,46 @@ from checks.status import Status
 from provision import cellid
 
 
+class CellState(StrEnum):
+    """Where a cell stands before any probe runs (the JSON of the manifest spells the value)."""
+
+    RESOLVED = "resolved"  # the matrix resolved its versions: it has an image or a venv to run in
+    UNAVAILABLE = "unavailable"  # a version it names cannot be installed (no such wheel)
+    UNREACHABLE = "unreachable"  # the resolver could not reach an index to decide
+    LOCAL = "local"  # an existing environment, run with `checks run --local`
+
+
+class ImageState(StrEnum):
+    """Whether the environment a resolved cell runs in (an image or a venv) is there."""
+
+    NONE = ""  # nothing was looked for: the cell did not resolve
+    BUILT = "built"
+    FAILED = "failed"  # its build failed
+    MISSING = "missing"  # never built, or its record is unreadable or names the other backend
+    LOCAL = "local"  # the interpreter of `checks run --local`
+
+
 @dataclass(frozen=True)
 class CellTarget:
-    """A cell as the checks see it: its versions and where it runs (an image, or a local interpreter)."""
+    """A cell as the checks see it: its versions and where it runs (an image, or a local interpreter).
+    ``status`` and ``image_status`` may be given spelled; they are kept as their enums (ValueError otherwise)."""
 
     cell_id: str
-    status: str  # resolved | unavailable | unreachable | local
+    status: CellState
     reason: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     image: str | None = None
-    image_status: str = ""  # built | failed | missing | local
+    image_status: ImageState = ImageState.NONE
     image_reason: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", CellState(self.status))
+        object.__setattr__(self, "image_status", ImageState(self.image_status))
 
 
 @dataclass(frozen=True)
-class Preset:
-    """A verdict reached without running anything."""
+class Decided:
+    """A verdict reached without running anything (a cell that cannot run, a planned skip, a planner error)."""
 
     status: Status
     reason_code: str
@@ -44,7 +69,7 @@ class WorkItem:
     spec: ProbeSpec
     variant: Variant
     timeout_s: float
-    preset: Preset | None = None
+    decided: Decided | None = None
     # a result recorded earlier from the same inputs (checks.incremental): carried into this run, not rerun
     reused: ProbeResult | None = None
 
@@ -55,18 +80,18 @@ class WorkItem:
     @property
     def runs(self) -> bool:
         """Whether this item starts a worker (else it is decided in advance or reused)."""
-        return self.preset is None and self.reused is None
+        return self.decided is None and self.reused is None
 
 
-def cell_preset(cell: CellTarget) -> Preset | None:
-    if cell.status == "unavailable":
-        return Preset(Status.UNAVAILABLE, "cell-unavailable", cell.reason)
-    if cell.status == "unreachable":
-        return Preset(Status.NOT_RUN, "cell-unreachable", cell.reason)
-    if cell.image_status == "failed":
-        return Preset(Status.NOT_RUN, "image-failed", cell.image_reason or "the image failed to build")
-    if cell.image_status == "missing":
-        return Preset(Status.NOT_RUN, "image-missing", cell.image_reason or "the image was never built")
+def cell_decided(cell: CellTarget) -> Decided | None:
+    if cell.status is CellState.UNAVAILABLE:
+        return Decided(Status.UNAVAILABLE, "cell-unavailable", cell.reason)
+    if cell.status is CellState.UNREACHABLE:
+        return Decided(Status.NOT_RUN, "cell-unreachable", cell.reason)
+    if cell.image_status is ImageState.FAILED:
+        return Decided(Status.NOT_RUN, "image-failed", cell.image_reason or "the image failed to build")
+    if cell.image_status is ImageState.MISSING:
+        return Decided(Status.NOT_RUN, "image-missing", cell.image_reason or "the image was never built")
     return None
 
 
@@ -89,16 +114,16 @@ def plan_work(cells: list[CellTarget], probes: dict[str, ModuleType], host: Host
     # the one before it runs (checks.gpugate), so a CPU variant between two GPU ones would cost a cold start.
     order = sorted(probes, key=lambda pid: (probes[pid].SPEC.needs_gpu, pid))
     for cell in cells:
-        preset = cell_preset(cell)
+        decided = cell_decided(cell)
         for pid in order:
             spec: ProbeSpec = probes[pid].SPEC
             variants = planned[pid]
             if isinstance(variants, Exception):
                 items.append(WorkItem(cell, spec, Variant(pid), spec.timeout_s * timeout_scale,
-                                      Preset(Status.FAIL, "probe-bug", f"variants() raised {variants!r}"[:300])))
+                                      Decided(Status.FAIL, "probe-bug", f"variants() raised {variants!r}"[:300])))
                 continue
             for v in variants:
-                p = preset or (Preset(Status.SKIP, v.skip.code, v.skip.note) if v.skip else None)
+                p = decided or (Decided(Status.SKIP, v.skip.code, v.skip.note) if v.skip else None)
                 items.append(WorkItem(cell, spec, v, spec.timeout_s * timeout_scale, p))
     return items
 
@@ -119,22 +144,22 @@ def local_cell_id(versions: dict[str, Any]) -> str:
     return str(cellid.local(versions))
 
 
-def image_state(envs_dir: Path, cell_id: str) -> tuple[str, str | None, str]:
+def image_state(envs_dir: Path, cell_id: str) -> tuple[ImageState, str | None, str]:
     """(built | failed | missing, image tag, reason) from envs/<cell>/build.json written by `provision build`."""
     path = envs_dir / cell_id / "build.json"
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        return "missing", None, f"no {path}: run `provision build --only {cell_id}`"
+        return ImageState.MISSING, None, f"no {path}: run `provision build --only {cell_id}`"
     except (OSError, ValueError) as exc:
-        return "missing", None, f"{path} unreadable ({exc}): rerun `provision build --only {cell_id}`"
+        return ImageState.MISSING, None, f"{path} unreadable ({exc}): rerun `provision build --only {cell_id}`"
     if data.get("backend") == "venv":  # the latest `provision build` of this cell made a venv, not an image
-        return "missing", None, (f"{path} records a venv cell: checks run --backend venv, or "
+        return ImageState.MISSING, None, (f"{path} records a venv cell: checks run --backend venv, or "
                                  f"`provision build --backend docker --only {cell_id}`")
     status = str(data.get("status", ""))
     if status in ("built", "skipped-unchanged") and data.get("tag"):
-        return "built", str(data["tag"]), ""
-    return "failed", data.get("tag"), str(data.get("reason") or f"build status {status!r}")
+        return ImageState.BUILT, str(data["tag"]), ""
+    return ImageState.FAILED, data.get("tag"), str(data.get("reason") or f"build status {status!r}")
 
 
 REUSED = "reused"  # summary_counts' key for the variants an earlier run answered
@@ -145,8 +170,8 @@ def summary_counts(items: list[WorkItem]) -> dict[str, Counter[str]]:
     out: dict[str, Counter[str]] = {}
     for it in items:
         c = out.setdefault(it.cell.cell_id, Counter())
-        if it.preset is not None:
-            c[f"{it.preset.status}: {it.preset.note}"] += 1
+        if it.decided is not None:
+            c[f"{it.decided.status}: {it.decided.note}"] += 1
         else:
             c[REUSED if it.reused is not None else "run"] += 1
     return out

@@ -15,7 +15,13 @@ A probe is a module in ``checks/probes/`` that defines:
   is :func:`combine_worst`;
 - ``preflight(variant: Variant) -> dict | None`` (optional): run by the worker before any rank starts,
   without importing the libraries under test; an outcome when the environment's files already show the
-  verdict the ranks would reach (an API the installed version lacks), else None.
+  verdict the ranks would reach (an API the installed version lacks), else None;
+- ``METRICS`` and ``EVIDENCE`` (optional): the fields its outcomes write, as ``(name, unit, meaning, role)``
+  rows (see :class:`Field`), and ``ALLREDUCE_PATH = True`` when its failures rule out an allreduce path.
+  The host reads them through :func:`declared` (the table's headline, ``checks advise``), never by key
+  names of its own. They sit in one block at the end of the file, after a line starting with
+  ``DECLARED_MARK``: the block describes the records and changes no verdict, so it is left out of the
+  probe's hash (``checks.provenance``).
 
 The rank launcher (``checks.worker``) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT,
 and exports every variant param named ``env.NAME`` as the environment variable NAME of each rank
@@ -27,9 +33,11 @@ first and then tears down (which may hang after graph capture; the launcher ends
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 from checks.status import ORDER, RUN_STATUSES, Status, worst
@@ -91,6 +99,90 @@ class ProbeSpec:
         return self.min_ranks
 
 
+DECLARED_MARK = "# --- declared fields"  # the line that opens a probe's declaration block
+
+
+class Role(StrEnum):
+    """What the host side may do with a declared field. A role is held by one field of a probe at most."""
+
+    HEADLINE = "headline"  # metrics: a short text the table shows for a passing variant as written
+    RATIO_VS_NCCL = "ratio-vs-nccl"  # metrics: {bytes: this path's time / NCCL's, same processes}; ranked on
+    LATENCY = "latency"  # metrics: {bytes: median µs of one call}; ranked on
+    NCCL_LATENCY = "nccl-latency"  # metrics: {bytes: NCCL's median µs in the same processes}
+    WORKSPACE = "workspace"  # metrics: bytes of workspace per rank, shown in the table
+    COMPILE_TIME = "compile-time"  # metrics: seconds spent compiling, shown in the table
+    CACHED = "cached"  # metrics: True when built objects were reused instead of built
+    HIDDEN = "hidden"  # evidence: hidden size of the messages timed (tokens x hidden elements)
+    MULTICAST = "multicast"  # evidence: whether the GPUs support multicast (a device attribute)
+    FULL_NVLINK = "full-nvlink"  # evidence: NVLink between every pair of GPUs
+    OP_CHECKS = "op-checks"  # evidence: {op: {"eager": {"verdict"}, "graph": {"verdict"}}} per collective
+    EAGER_CHECKS = "eager-checks"  # evidence: {size: {"verdict"}} of eager calls against the exact result
+    GRAPH_CHECKS = "graph-checks"  # evidence: {"checks": {size: {"verdict"}}} of graph replays
+
+
+@dataclass(frozen=True)
+class Field:
+    """One metric or evidence field a probe writes: its key, unit, meaning, and the role the host may give it
+    (None: recorded for people and for `checks diff`, never ranked on)."""
+
+    name: str
+    unit: str  # e.g. "µs by message bytes", "bytes", "s", "count", "bool", "text", "record"
+    meaning: str
+    role: Role | None = None
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a probe declares about its records (see :func:`declared`)."""
+
+    metrics: tuple[Field, ...] = ()
+    evidence: tuple[Field, ...] = ()
+    allreduce_path: bool = False  # a failure rules out an allreduce path (`checks advise` lists it to avoid)
+
+    def metric(self, role: Role) -> str | None:
+        """The key of the metric holding ``role``, if the probe writes one."""
+        return next((f.name for f in self.metrics if f.role is role), None)
+
+    def evidence_key(self, role: Role) -> str | None:
+        return next((f.name for f in self.evidence if f.role is role), None)
+
+
+def _fields(rows: Any, where: str) -> tuple[Field, ...]:
+    if not isinstance(rows, tuple):
+        raise ValueError(f"{where}: a tuple of (name, unit, meaning, role) rows")
+    out: list[Field] = []
+    for row in rows:
+        if not (isinstance(row, tuple) and len(row) == 4 and all(isinstance(x, str) for x in row[:3])
+                and (row[3] is None or isinstance(row[3], str))):
+            raise ValueError(f"{where}: {row!r} is not a (name, unit, meaning, role or None) row")
+        name, unit, meaning, role = row
+        if not name or not unit or not meaning:
+            raise ValueError(f"{where}: {name or row!r} needs a name, a unit and a meaning")
+        try:
+            out.append(Field(name, unit, meaning, Role(role) if role is not None else None))
+        except ValueError:
+            raise ValueError(f"{where}: {name}: unknown role {role!r}; known: "
+                             f"{', '.join(r.value for r in Role)}") from None
+    names = [f.name for f in out]
+    roles = [f.role for f in out if f.role is not None]
+    if len(set(names)) != len(names) or len(set(roles)) != len(roles):
+        raise ValueError(f"{where}: a field name or a role appears twice")
+    return tuple(out)
+
+
+def declared(module: ModuleType | Mapping[str, Any]) -> Declared:
+    """A probe module's declaration (its ``METRICS``, ``EVIDENCE`` and ``ALLREDUCE_PATH``), checked; a probe
+    that declares nothing has no fields the host may read. ValueError names what is malformed."""
+    attrs = module if isinstance(module, Mapping) else vars(module)
+    spec = attrs.get("SPEC")
+    where = spec.id if isinstance(spec, ProbeSpec) else str(attrs.get("__name__", "probe"))
+    path = attrs.get("ALLREDUCE_PATH", False)
+    if not isinstance(path, bool):
+        raise ValueError(f"{where}.ALLREDUCE_PATH: True or False")
+    return Declared(_fields(attrs.get("METRICS", ()), f"{where}.METRICS"),
+                    _fields(attrs.get("EVIDENCE", ()), f"{where}.EVIDENCE"), path)
+
+
 @dataclass(frozen=True)
 class HostView:
     """What variant planning may know about the host (a subset of the host facts)."""
@@ -120,6 +212,10 @@ def gpu_shortfall(host: HostView, ranks: int, why: str = "") -> Skip | None:
     return None
 
 
+Params = tuple[tuple[str, str], ...]
+SHARED = "shared"  # the value of ``gpus`` in the key of a variant whose ranks share GPUs
+
+
 @dataclass(frozen=True)
 class Variant:
     probe_id: str
@@ -129,13 +225,14 @@ class Variant:
     skip: Skip | None = None  # planned as `skip` without launching (e.g. too few GPUs)
 
     @property
+    def parts(self) -> Params:
+        """The (name, value) pairs of the key in order: ranks, ``gpus=shared`` when ranks share GPUs, params."""
+        return (("ranks", str(self.ranks)), *((("gpus", SHARED),) if self.share_gpu else ()), *self.params)
+
+    @property
     def key(self) -> str:
         """Stable, human-readable variant id, e.g. ``ranks=2,algo=allreduce:tree,mode=graph``."""
-        parts = [f"ranks={self.ranks}"]
-        if self.share_gpu:
-            parts.append("gpus=shared")
-        parts.extend(f"{k}={v}" for k, v in self.params)
-        return ",".join(parts)
+        return ",".join(f"{k}={v}" for k, v in self.parts)
 
     def param(self, name: str, default: str | None = None) -> str | None:
         return dict(self.params).get(name, default)
@@ -156,6 +253,12 @@ class Variant:
             params=tuple((str(k), str(v)) for k, v in data.get("params", [])),
             share_gpu=bool(data.get("share_gpu", False)),
         )
+
+
+def key_parts(key: str) -> Params:
+    """The (name, value) pairs of a recorded :attr:`Variant.key`, in order (its inverse: a part without ``=``
+    maps to ""). Recorded keys are read here only."""
+    return tuple((k, v) for k, _, v in (part.partition("=") for part in key.split(",") if part))
 
 
 @dataclass(frozen=True)
@@ -248,9 +351,6 @@ def default_variants(spec: ProbeSpec, host: HostView) -> list[Variant]:
         else:
             out.append(Variant(spec.id, n, share_gpu=spec.needs_gpu and n > host.gpu_count))
     return out
-
-
-Params = tuple[tuple[str, str], ...]
 
 
 def per_world_size(spec: ProbeSpec, host: HostView, param_sets: Iterable[Params]) -> list[Variant]:

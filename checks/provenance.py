@@ -25,6 +25,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from checks.probe import DECLARED_MARK
+
 CODE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds the `checks` package
 HELPERS = CODE_ROOT / "checks" / "probes"
 HELPER_PACKAGE = "checks.probes"
@@ -171,10 +173,33 @@ def probe_sources(path: Path, helpers: Path = HELPERS) -> list[Path]:
     return sources + [seen[n] for n in sorted(seen)]
 
 
+DECLARED_NAMES = frozenset({"METRICS", "EVIDENCE", "ALLREDUCE_PATH"})
+
+
+def hashed_bytes(path: Path) -> bytes:
+    """The bytes of a source that count for its hash: all of them, less a probe's declaration block at the end
+    of the file (from the line starting with ``checks.probe.DECLARED_MARK``), which describes what the probe
+    records and changes no verdict. The block is left out only when it holds nothing but assignments of
+    the declared names; anything else in it counts like the rest of the file."""
+    data = path.read_bytes()
+    mark = ("\n" + DECLARED_MARK).encode()
+    at = data.find(mark)
+    if at < 0:
+        return data
+    try:
+        block = ast.parse(data[at:].decode())
+    except (SyntaxError, UnicodeDecodeError):
+        return data
+    if not all(isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+               and node.targets[0].id in DECLARED_NAMES for node in block.body):
+        return data
+    return data[:at].rstrip(b"\n") + b"\n"
+
+
 def source_hash(paths: list[Path]) -> str:
     h = hashlib.sha256()
     for p in paths:
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+        h.update(p.name.encode() + b"\0" + hashed_bytes(p) + b"\0")
     return h.hexdigest()[:HASH_CHARS]
 
 

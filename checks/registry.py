@@ -7,6 +7,7 @@ The extra path keeps test probes out of the shipped suite.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from checks.probe import ProbeSpec
+from checks.probe import Declared, ProbeSpec, declared
 
 PROBE_PATH_ENV = "STACKPROBE_PROBE_PATH"
 _EXTRA_PREFIX = "stackprobe_extra_probes."
@@ -135,3 +136,15 @@ def find(probe_id: str, env: dict[str, str] | None = None) -> tuple[ProbeLocatio
             hint += "; not importable here: " + "; ".join(sorted(broken.values()))
         raise ProbeNotFound(f"unknown probe {probe_id!r}{hint}")
     return probes[probe_id]
+
+
+def declarations(env: dict[str, str] | None = None) -> dict[str, Declared]:
+    """Probe id -> what the probe declares about its records (``checks.probe.declared``), for every probe that
+    imports here; the host reads metric and evidence keys through these."""
+    return _declarations(os.pathsep.join(str(d) for d in extra_dirs(env)))
+
+
+@functools.lru_cache(maxsize=8)
+def _declarations(_extra: str) -> dict[str, Declared]:
+    env = {**os.environ, PROBE_PATH_ENV: _extra}
+    return {pid: declared(mod) for pid, (_, mod) in sorted(discover(env, strict=False).items())}

@@ -6,6 +6,7 @@ results, same bytes: nothing depends on the clock, the order of files on disk or
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections import Counter, defaultdict
@@ -15,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
-from checks import atomic, memlock
+from checks import atomic, ids, memlock, overview, plots, registry
 from checks.footnotes import Footnote, Occurrence, footnotes
 from checks.freshness import Refresh, refresh_list, staleness
 from checks.headline import headline
 from checks.incremental import REUSED_FROM, level_of
-from checks.probe import QUICK
+from checks.probe import QUICK, Declared, Params, Role
 from checks.provenance import current_probe_hashes
 from checks.result import ProbeResult
 from checks.status import ORDER, Status
@@ -31,6 +33,11 @@ TEMPLATES = Path(__file__).with_name("templates")
 MARK = {"pass": "✅", "partial": "🟡", "fail": "❌", "crash": "💥", "hang": "⏳", "skip": "➖", "not-run": "⏸️",
         "unavailable": "🚫"}
 VERSION_COLUMNS = (("cuda", "CUDA"), ("torch", "torch"), ("sgl_kernel", "sgl-kernel"), ("flashinfer", "flashinfer"))
+STATUS_LABEL = {"pass": "pass", "partial": "partial", "fail": "FAIL", "crash": "CRASH", "hang": "HANG",
+                "skip": "skip", "not-run": "not run", "unavailable": "n/a"}  # the page's words: no emoji font needed
+FILTERS = (("any", "every row", ()), ("pass", "a pass", ("pass",)), ("partial", "a partial", ("partial",)),
+           ("bad", "a fail, crash or hang", ("fail", "crash", "hang")), ("skip", "a skip", ("skip",)),
+           ("none", "not run or n/a", ("not-run", "unavailable")))  # the page's status filter: id, words, statuses
 STALE_MARK = "↻"  # the verdict was made by other probe code than this checkout's
 
 
@@ -59,30 +66,32 @@ class HostSection:
     refresh: list[Refresh] = field(default_factory=list)  # how to rerun the stale verdicts
     decisions: list[Any] = field(default_factory=list)  # decision notes (attach_decisions): text blocks
     memlock: str = ""  # containers ran without memlock unlimited: why, and for how many variants
+    plots: list[Any] = field(default_factory=list)  # checks.plots.LatencyPlot per cell and rank count
+    estimates: list[Any] = field(default_factory=list)  # checks.estimate.Estimate of the advice (attach_decisions)
 
 
 MAX_HEADLINES = 5
 
 
-def _variant_label(variant: str, drop: set[str]) -> str:
+def _variant_label(parts: Params, drop: set[str]) -> str:
     """``ranks=2,backend=nccl`` -> ``nccl`` (a lone parameter loses its key); ``drop`` keys are omitted."""
-    parts = [p for p in variant.split(",") if p and p.split("=", 1)[0] not in drop]
-    if len(parts) == 1 and "=" in parts[0]:
-        return parts[0].split("=", 1)[1]
-    return ",".join(parts)
+    kept = [(k, v) for k, v in parts if k not in drop]
+    if len(kept) == 1:
+        return kept[0][1]
+    return ",".join(f"{k}={v}" for k, v in kept)
 
 
-def labelled_headlines(heads: list[tuple[str, str]]) -> str:
-    """Passing variants' headlines in variant order, each named by what tells it apart (one alone needs no
-    name); ranks are left out when every variant has the same count."""
+def labelled_headlines(heads: list[tuple[str, Params, str]]) -> str:
+    """Passing variants' headlines (variant key, its parts, headline) in variant order, each named by what tells
+    it apart (one alone needs no name); ranks are left out when every variant has the same count."""
     if not heads:
         return ""
     if len(heads) == 1:
-        return heads[0][1]
+        return heads[0][2]
     ordered = sorted(heads)
-    ranks = {p for v, _ in ordered for p in v.split(",") if p.startswith("ranks=")}
+    ranks = {v for _, parts, _ in ordered for k, v in parts if k == "ranks"}
     drop = {"ranks"} if len(ranks) <= 1 else set()
-    shown = [f"{_variant_label(v, drop) or v}: {h}" for v, h in ordered[:MAX_HEADLINES]]
+    shown = [f"{_variant_label(parts, drop) or key}: {h}" for key, parts, h in ordered[:MAX_HEADLINES]]
     more = len(ordered) - MAX_HEADLINES
     return "; ".join(shown) + (f"; +{more} more" if more > 0 else "")
 
@@ -127,9 +136,10 @@ def _versions(cell_id: str, manifests: list[dict[str, Any]], results: list[Probe
             "sgl_kernel": str(env.get("sgl_kernel", "")), "flashinfer": str(env.get("flashinfer", ""))}
 
 
-def cached_label(results: list[ProbeResult]) -> str:
-    """Whether the probe reused built objects instead of building them (``metrics["cached"]``)."""
-    n = sum(1 for r in results if r.verdict.metrics.get("cached") is True)
+def cached_label(results: list[ProbeResult], fields: Declared) -> str:
+    """Whether the probe reused built objects instead of building them (its metric of role CACHED)."""
+    key = fields.metric(Role.CACHED)
+    n = sum(1 for r in results if key is not None and r.verdict.metrics.get(key) is True)
     return "" if not n else "cached" if n == len(results) else f"{n} of {len(results)} cached"
 
 
@@ -171,6 +181,7 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
     facts = header(dict(manifests[-1].get("facts") or {}) if manifests else {})
     probe_ids = sorted({r.probe_id for r in results})
     cell_ids = sorted({r.cell_id for r in results})
+    fields = defaultdict(Declared, registry.declarations())  # a probe this checkout lacks declares nothing
     by_pair: dict[tuple[str, str], list[ProbeResult]] = defaultdict(list)
     for r in results:
         by_pair[(r.cell_id, r.probe_id)].append(r)
@@ -195,8 +206,8 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             counts = Counter(r.verdict.status for r in rs)
             ordered = sorted(counts.items(), key=lambda kv: kv[0].severity)
             notes = note_of.get((cell_id, pid), [])
-            heads = [(r.variant, h) for r in rs
-                     if r.verdict.status is Status.PASS and (h := headline(r.verdict.metrics))]
+            heads = [(r.variant, r.parts, h) for r in rs
+                     if r.verdict.status is Status.PASS and (h := headline(r.verdict.metrics, fields[pid]))]
             title = ", ".join(f"{n} {s}" for s, n in ordered)
             is_stale = any(r.key in stale for r in rs)
             if is_stale:
@@ -205,12 +216,14 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             if quick:
                 title += "; made by a quick run"
             cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title,
-                                   is_stale, cached_label(rs), reused_label(rs), quick)
-        rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells})
+                                   is_stale, cached_label(rs, fields[pid]), reused_label(rs), quick)
+        rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells,
+                     "statuses": sorted({str(st) for c in cells.values() if c for st, _ in c.counts})})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
     refresh = refresh_list([(r, stale[r.key]) for r in results if r.key in stale], executors)
     ml = memlock.summary(r.verdict.evidence.get("memlock") for r in results)
-    return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml)
+    return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml,
+                       plots=plots.latency_plots(results))
 
 
 def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str, str]] | None = None,
@@ -249,6 +262,7 @@ def environment() -> jinja2.Environment:
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)
     env.filters["md"] = _md_escape
+    env.filters["anchor"] = anchor
     env.globals["MARK"] = MARK
     env.globals["VERSION_COLUMNS"] = VERSION_COLUMNS
     env.globals["STALE_MARK"] = STALE_MARK
@@ -278,17 +292,55 @@ def across_hosts(sections: list[HostSection]) -> dict[str, Any] | None:
     return {"hosts": hosts, "rows": rows}
 
 
+def plot_figures(s: HostSection) -> list[dict[str, Any]]:
+    """Per cell and rank count of a host, its latency plot and the estimate's bars (either may be missing), as
+    SVG text with a caption."""
+    latency = {(p.cell_id, p.ranks): p for p in s.plots}
+    estimate = {(e.cell_id, str(e.ranks)): e for e in s.estimates}
+    out = []
+    for key in sorted(latency.keys() | estimate.keys()):
+        p, e = latency.get(key), estimate.get(key)
+        out.append({
+            "title": f"{key[0]}, {key[1]} ranks",
+            "latency": markupsafe.Markup(plots.latency_svg(p)) if p else None,
+            "estimate": markupsafe.Markup(plots.estimate_svg(f"Estimated allreduce time per step, {key[0]}",
+                                                             plots.estimate_bars(e))) if e else None,
+            "model": f"{e.model.label}, batch {e.batch}, draft {e.draft}" if e else "",
+        })
+    return out
+
+
+def page_extras(sections: list[HostSection]) -> dict[str, Any]:
+    """What only the HTML page shows: the overview across hosts, the sections in page order (hosts with GPUs
+    first, most GPUs first), and the plots as SVG text."""
+    order = sorted(sections, key=lambda s: (not s.facts.get("gpu_count"), -int(s.facts.get("gpu_count") or 0),
+                                            s.host_id))
+    svgs = {s.host_id: plot_figures(s) for s in sections}
+    return {"overview": overview.build(order), "page_sections": order, "svgs": svgs, "STATUS_LABEL": STATUS_LABEL,
+            "FILTERS": FILTERS}
+
+
+def anchor(host_id: str) -> str:
+    """A host id as the page's element ids, links and CSS selectors use it: the id itself when it is of the
+    host id grammar (letters, digits, '-'), else a hash of it, so no other text reaches a selector or a link."""
+    if ids.valid("host id", host_id):
+        return host_id
+    return "x" + hashlib.sha256(host_id.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
 def render(sections: list[HostSection], kind: str, results_rel: str) -> str:
     env = environment()
+    extras: dict[str, Any] = {}
     if kind == "html":
         env.autoescape = True
+        extras = page_extras(sections)
     sm12 = any(str(s.facts.get("compute_capability") or "").startswith("12.") for s in sections)
     cells = [c for s in sections for row in s.rows for c in row["cells"].values() if c]
     return env.get_template(f"compatibility.{kind}.j2").render(
         sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel,
         any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
         any_reused=any(c.reused for c in cells), any_quick=any(c.quick for c in cells),
-        across=across_hosts(sections))
+        across=across_hosts(sections), **extras)
 
 
 def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
@@ -327,14 +379,16 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
 # --- decision notes: advice, launch settings, an estimate, nearest green, changes (checks advise) ------------------
 def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
     """Each host section gets the text blocks `checks advise` prints for it, with the estimate for the default
-    model preset at every rank count advised on (checks.decisions; the same results, so the same bytes)."""
+    model shape at every rank count advised on (checks.decisions; the same results, so the same bytes)."""
     from checks import decisions, hostresults, launch
-    from checks.estimate import default_preset
+    from checks.estimate import default_shape
     from provision import catalog
 
     hosts = hostresults.load(results_dir)
     pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}
-    engines, model = launch.load(), default_preset()
+    engines, model = launch.load(), default_shape()
     for s in sections:
         if s.host_id in hosts:
-            s.decisions = decisions.blocks(decisions.decide(hosts[s.host_id], engines, pins, model=model))
+            decided = decisions.decide(hosts[s.host_id], engines, pins, model=model)
+            s.decisions = decisions.blocks(decided)
+            s.estimates = [c.estimate for c in decided.cells if c.estimate is not None]

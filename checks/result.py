@@ -16,10 +16,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
+from checks.probe import SHARED, Params, key_parts
 from checks.provenance import Provenance
 from checks.status import Status, parse
+from provision import cellid
+from provision.cellid import CellId
 
 SCHEMA = "stackprobe.result/2"
 SCHEMA_V1 = "stackprobe.result/1"  # before results recorded the code that made them
@@ -27,6 +31,7 @@ SCHEMAS = (SCHEMA_V1, SCHEMA)
 FIELDS = ("schema", "run_id", "host_id", "cell_id", "probe_id", "variant", "status", "reason_code", "note",
           "remediation", "metrics", "evidence", "started_at", "duration_s")
 _IDS = ("run_id", "host_id", "cell_id", "probe_id", "variant", "started_at")
+KEY_FIELDS = ("ranks", "gpus")  # parts of a variant key the worker sets, not the probe's own params
 
 
 class ResultError(ValueError):
@@ -83,6 +88,22 @@ class ProbeResult:
     started_at: str
     code: Provenance | None = None  # None: recorded before results named their code (schema 1)
     schema: str = SCHEMA
+    # Read once from ``variant`` and ``cell_id`` (checks.probe.key_parts, provision.cellid), for every reader:
+    parts: Params = field(init=False, repr=False, compare=False)  # the variant key's (name, value) pairs
+    params: Mapping[str, str] = field(init=False, repr=False, compare=False)  # the probe's own params
+    ranks: int | None = field(init=False, repr=False, compare=False)  # None: a key without a rank count
+    shared_gpu: bool = field(init=False, repr=False, compare=False)  # ranks shared GPUs
+    cell: CellId | None = field(init=False, repr=False, compare=False)  # None: an id cellid did not make
+
+    def __post_init__(self) -> None:
+        parts = key_parts(self.variant)
+        named = dict(parts)
+        ranks = named.get("ranks", "")
+        object.__setattr__(self, "parts", parts)
+        object.__setattr__(self, "params", MappingProxyType({k: v for k, v in parts if k not in KEY_FIELDS}))
+        object.__setattr__(self, "ranks", int(ranks) if ranks.isdigit() else None)
+        object.__setattr__(self, "shared_gpu", named.get("gpus") == SHARED)
+        object.__setattr__(self, "cell", cellid.parse(self.cell_id))
 
     @property
     def key(self) -> tuple[str, str, str]:

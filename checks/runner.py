@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from checks import classify, incremental
 from checks.executor import Executor, ExecutorError, hard_timeout
@@ -67,9 +68,9 @@ def assemble(item: WorkItem, verdict: Verdict, run_id: str, host_id: str, starte
     return ProbeResult(run_id, host_id, item.cell.cell_id, item.spec.id, item.variant.key, verdict, started_at, code)
 
 
-def preset_verdict(item: WorkItem, catalogue: Catalogue) -> Verdict:
-    assert item.preset is not None
-    p = item.preset
+def decided_verdict(item: WorkItem, catalogue: Catalogue) -> Verdict:
+    assert item.decided is not None
+    p = item.decided
     return classify.decided(p.status, p.reason_code, p.note, catalogue)
 
 
@@ -90,7 +91,7 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: boo
     would share one build, and the second would only hold a job slot waiting for it. ``ahead``: the GPU
     variants take turns on the GPU lock, so while one runs, the item that would start next once it ended
     starts now if it is a GPU variant too (one such at a time): it waits at the gate with its ranks started.
-    A variant decided at plan time (a preset skip) runs nothing and goes first, beside anything: between two GPU
+    A variant decided at plan time (a planned skip) runs nothing and goes first, beside anything: between two GPU
     variants it would otherwise hold the second one's start-up until the first had ended."""
     decided = next((it for it in pending if not it.runs), None)
     if decided is not None:
@@ -147,6 +148,7 @@ class Work:
     codes: Mapping[str, Provenance] = field(default_factory=dict)  # the code each probe id runs with
     inputs: Mapping[Key, Inputs | None] = field(default_factory=dict)  # what a fresh result records for reuse
     executors: Mapping[str, Executor] = field(default_factory=dict)
+    manifest: Mapping[str, Any] = field(default_factory=dict)  # the run's manifest, as the store records it
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ class Recorder:
         """A variant decided at plan time, recorded without running."""
         if self.hooks.on_start:
             self.hooks.on_start(item)
-        self.record(item, preset_verdict(item, self.work.catalogue), now_iso())
+        self.record(item, decided_verdict(item, self.work.catalogue), now_iso())
 
 
 def begin(resume: bool, level: str, work: Work, hooks: Hooks) -> tuple[Recorder, list[WorkItem]]:
@@ -237,7 +239,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
         while pending or pool.running:
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead)) is not None:
                 pending.remove(item)
-                if item.preset is not None:
+                if item.decided is not None:
                     rec.decided(item)
                     continue
                 before = [r for r in pool.running.values() if uses_gpu(r)]

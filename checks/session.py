@@ -51,8 +51,11 @@ def run(opts: RunOptions, con: Any) -> int:
     planned = reuse(opts, planned, store)
     show_plan(con, targets.facts, planned.items, probes)
     with RunLock(store.folder):
-        write_manifest(opts, store, backend.name, targets, probes, planned)
-        report = execute(con, opts, backend, store, targets, planned)
+        written = write_manifest(opts, store, backend.name, targets, probes, planned)
+        report = execute(con, opts, backend, store, targets, planned, written)
+    if not store.results_path.exists():  # the store makes a run's files with its first news only
+        con.print("results: nothing new, so no run recorded (each variant reused or decided as before)",
+                  markup=False)
     return finish(con, opts, report)
 
 
@@ -112,20 +115,22 @@ def show_plan(con: Any, facts: dict[str, Any], items: list[WorkItem], probes: di
 
 
 def write_manifest(opts: RunOptions, store: RunStore, executor: str, targets: Targets,
-                   probes: dict[str, ModuleType], planned: Planned) -> None:
+                   probes: dict[str, ModuleType], planned: Planned) -> dict[str, Any]:
     new = manifest.build(store.run_id, store.host_id, now_iso(), executor, targets.facts, targets.cells, probes,
                          planned.code, planned.hashes, list(opts.argv), opts.level, planned.fingerprints)
     old = read_manifest(store.manifest_path)[0] if opts.resume else None
-    store.write_manifest(manifest.merge(old, new))
+    merged = manifest.merge(old, new)
+    store.write_manifest(merged)
+    return merged
 
 
-def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targets: Targets,
-            planned: Planned) -> RunReport:
+def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targets: Targets, planned: Planned,
+            written: dict[str, Any]) -> RunReport:
     """The backend runs the work; progress is shown as it goes. Ctrl-C outside the backend's own handling
     still ends what it started."""
     con.print(f"[bold]results[/] {store.results_path}", highlight=False)
     codes = {pid: planned.code.for_probe(h) for pid, h in planned.hashes.items()}
-    work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs)
+    work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written)
     done = store.recorded() if opts.resume else set()
     todo = [it for it in planned.items if it.key not in done]
     recorded = runprogress.recorded_durations(incremental.latest(store.folder))

@@ -65,7 +65,7 @@ def plan_jobs(items: Sequence[WorkItem], gpus_per_job: int, hard_timeout: Any) -
     ``hard_timeout``: the local executor's hard limit for a variant's timeout (one rule for both)."""
     groups: dict[tuple[str, int, str], list[int]] = {}
     for i, item in enumerate(items):
-        if item.preset is None:
+        if item.decided is None:
             key = (item.cell.cell_id, gpus_needed(item, gpus_per_job), "" if item.spec.needs_gpu else item.spec.id)
             groups.setdefault(key, []).append(i)
     return [JobPlan(cell, gpus, probe, tuple(idx), tuple(float(hard_timeout(items[i].timeout_s)) for i in idx),

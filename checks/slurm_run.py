@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,13 +40,13 @@ from checks.executor import (
 )
 from checks.isolate import ProcessOutcome
 from checks.options import SLURM, RunOptions
-from checks.plan import CellTarget, WorkItem, local_cell_id
+from checks.plan import CellState, CellTarget, ImageState, WorkItem, local_cell_id
 from checks.registry import PROBE_PATH_ENV
 from checks.result import Verdict
 from checks.runner import Hooks, Recorder, RunReport, Work, begin, iso, level_variant, now_iso
 from checks.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
 from checks.status import Status
-from checks.store import RunStore, read_manifest
+from checks.store import RunStore
 
 JOBS_ROOT = CODE_ROOT / ".cache" / "slurm"
 POLL_ENV = "STACKPROBE_SLURM_POLL_S"
@@ -142,6 +142,7 @@ class Stores:
     facts that node's), written when that node first reports."""
 
     run: RunStore
+    manifest: Mapping[str, Any]  # the run's manifest; another node kind's store gets it with its own facts
     by_host: dict[str, RunStore] = field(default_factory=dict)
 
     def for_facts(self, facts: dict[str, Any]) -> RunStore:
@@ -150,8 +151,7 @@ class Stores:
             return self.run
         if host_id not in self.by_host:
             store = RunStore(self.run.root, host_id, self.run.run_id)
-            shared, _ = read_manifest(self.run.manifest_path)
-            store.write_manifest({**(shared or {}), "host_id": host_id, "facts": facts})
+            store.write_manifest({**self.manifest, "host_id": host_id, "facts": facts})
             self.by_host[host_id] = store
         return self.by_host[host_id]
 
@@ -293,7 +293,8 @@ def image_cell(image: str, partition: str) -> CellTarget:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
         raise ExecutorError(f"--container-image {image}: environment inspection failed: {err or last}")
     versions = {k: str(v) for k, v in (data.get("versions") or {}).items() if isinstance(v, str | int | float)}
-    return CellTarget(local_cell_id(versions), "local", versions=versions, image=image, image_status="built")
+    return CellTarget(local_cell_id(versions), CellState.LOCAL, versions=versions, image=image,
+                      image_status=ImageState.BUILT)
 
 
 def node_facts(opts: RunOptions, site: slurm_site.Site, gpus: int, launch: slurm_jobs.Launch,
@@ -395,7 +396,7 @@ class SlurmBackend:
         jobs = self._jobs(opts, work, items)
         for line in _plan_lines(self.site, work.gpus, jobs):
             hooks.say(line)
-        tracker = Tracker(items, jobs, Stores(work.store), rec, self.launches, hooks.say)
+        tracker = Tracker(items, jobs, Stores(work.store, work.manifest), rec, self.launches, hooks.say)
         poll_s = float(os.environ.get(POLL_ENV) or DEFAULT_POLL_S)
         try:
             self._submit_all(opts, tracker, [dataclasses.replace(it, variant=level_variant(it, opts.level))

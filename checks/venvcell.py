@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checks.executor import CODE_ROOT
+from checks.plan import ImageState
 
 BACKEND = "venv"
 
 
 @dataclass(frozen=True)
 class VenvCell:
-    state: str  # built | failed | missing (the image states of checks.plan)
+    state: ImageState  # built | failed | missing
     python: str | None = None
     reason: str = ""
     env: tuple[tuple[str, str], ...] = ()  # set for the ranks on top of the runner's environment
@@ -41,16 +42,17 @@ def read(envs_dir: Path, cell_id: str, environ: Mapping[str, str] = os.environ) 
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
-        return VenvCell("missing", reason=f"no {path}: run {build}")
+        return VenvCell(ImageState.MISSING, reason=f"no {path}: run {build}")
     except (OSError, ValueError) as exc:
-        return VenvCell("missing", reason=f"{path} unreadable ({exc}): rerun {build}")
+        return VenvCell(ImageState.MISSING, reason=f"{path} unreadable ({exc}): rerun {build}")
     if record.get("backend") != BACKEND:
         what = f"a Docker image ({record.get('tag')})" if record.get("tag") else "no venv"
-        return VenvCell("missing", reason=f"{path} records {what}: run {build}, or checks run --backend docker")
+        return VenvCell(ImageState.MISSING,
+                        reason=f"{path} records {what}: run {build}, or checks run --backend docker")
     status = str(record.get("status", ""))
     if status not in ("built", "skipped-unchanged"):
-        return VenvCell("failed", reason=str(record.get("reason") or f"build status {status!r}"))
+        return VenvCell(ImageState.FAILED, reason=str(record.get("reason") or f"build status {status!r}"))
     python = str(record.get("python") or "")
     if not python or not os.access(python, os.X_OK):
-        return VenvCell("missing", reason=f"the venv's interpreter {python or '?'} is gone: rerun {build}")
-    return VenvCell("built", python, "", rank_env(record, environ), str(record.get("from_base_summary") or ""))
+        return VenvCell(ImageState.MISSING, reason=f"the venv's interpreter {python or '?'} is gone: rerun {build}")
+    return VenvCell(ImageState.BUILT, python, "", rank_env(record, environ), str(record.get("from_base_summary") or ""))

@@ -18,7 +18,12 @@ class Choice:
     line: str = ""  # one line for the user when the backend was not the one asked for by name
 
 
-def choose(requested: str, docker_problem: Callable[[], str | None], overlay: bool = False) -> Choice:
+BUILD_VENVS = "building the cells as venv cells (virtual environments)"
+RUN_VENVS = "running the probes in venv cells (virtual environments)"
+
+
+def choose(requested: str, docker_problem: Callable[[], str | None], overlay: bool = False,
+           doing: str = BUILD_VENVS) -> Choice:
     """``auto``: Docker when its daemon answers, else venv cells, said in one line. An overlay
     (``--base-python``/``--wheels``) exists only as a venv cell. ``docker_problem`` returns why the daemon
     cannot be used, or None; it is asked only under ``auto``."""
@@ -33,8 +38,10 @@ def choose(requested: str, docker_problem: Callable[[], str | None], overlay: bo
     problem = docker_problem()
     if problem is None:
         return Choice(DOCKER)
-    return Choice(VENV, fallback_line(problem))
+    return Choice(VENV, fallback_line(problem, doing))
 
 
-def fallback_line(problem: str) -> str:
-    return f"no Docker daemon reachable, so venv cells instead (--backend docker insists on Docker): {problem}"
+def fallback_line(problem: str, doing: str = BUILD_VENVS) -> str:
+    """What happens when ``auto`` finds no daemon and what that means for the verdicts."""
+    return (f"no Docker daemon answers ({problem}): {doing} instead of Docker images; the same locks, "
+            "self-check and probes, so the same verdicts (`--backend docker` insists on Docker)")

@@ -19,7 +19,7 @@ from typing import Any
 
 from checks import atomic
 from checks.progress import TICK_S, Ticker
-from provision import buildlog
+from provision import buildlog, doctor
 from provision.baseimage import DEFAULT_TAG, DEV_TAG, ensure_base, ensure_dev
 from provision.buildprogress import BuildProgress, Step
 from provision.cellrecord import BUILT, SELFCHECK_ROOT, previous, record, selfcheck_files, selfcheck_texts, versions
@@ -262,16 +262,36 @@ def image_built(folder: Path, opts: BuildOptions, docker: Docker, buildkit: bool
     return docker.image_id(tag) is not None
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it, as a user would type it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def render_dockerfiles(folders: Sequence[Path], opts: BuildOptions) -> dict[str, str]:
+    """Write each locked cell's Dockerfile (pure rendering, no daemon asked: the base is the one ``--base``
+    names, or the registry-free one under auto); cell id -> what the dry run says about it."""
+    out = {}
+    for f in folders:
+        cell = load_cell(f)
+        base = choose_base(cell, opts, None)
+        atomic.write_text(opts.dockerfiles / f"{f.name}.Dockerfile", render(cell, base, buildkit=True))
+        out[f.name] = f"FROM {base.image}; {shown(opts.dockerfiles / f'{f.name}.Dockerfile')}"
+    return out
+
+
 @dataclass
 class DockerBuilder:
     """Cells as Docker images (provision.buildsession.Builder)."""
 
     docker: Docker = field(default_factory=Docker)
     name: str = "docker"
+    _buildkit_seen: bool | None = None
 
     def prepare(self, opts: BuildOptions) -> None:
-        if not opts.dry_run:
-            self.docker.check_daemon()
+        self.docker.check_daemon()
 
     def lock(self, cells: Sequence[Resolved], opts: BuildOptions) -> tuple[list[Path], list[dict[str, Any]]]:
         return lock_for_build(cells, opts)
@@ -279,27 +299,23 @@ class DockerBuilder:
     def built(self, folder: Path, opts: BuildOptions) -> bool:
         return image_built(folder, opts, self.docker, self._buildkit())
 
-    def disk(self, opts: BuildOptions) -> tuple[str | None, bool]:
-        """Where images take their disk (the Docker root), and whether a base image is here already."""
+    def disk_root(self, opts: BuildOptions) -> str | None:
+        """Where images take their disk: the Docker root."""
         proc = self.docker.run("info", "--format", "{{.DockerRootDir}}")
-        where = proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
-        return where, any(self.docker.image_id(t) for t in (DEFAULT_TAG, DEV_TAG))
+        return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+
+    def need_bytes(self, torch_stacks: int, cells: int) -> int:
+        """doctor's image rule: a base image when none is here, each torch build's layers, each cell."""
+        base_present = any(self.docker.image_id(t) for t in (DEFAULT_TAG, DEV_TAG))
+        return doctor.need_bytes(doctor.Facts(base_images=("present",) if base_present else (),
+                                              torch_stacks=torch_stacks, cells_to_build=cells))
 
     def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
-        out = []
-        for f in folders:
-            cell = load_cell(f)
-            base = choose_base(cell, opts, None)
-            atomic.write_text(opts.dockerfiles / f"{f.name}.Dockerfile", render(cell, base, buildkit=True))
-            out.append({"cell_id": f.name, "status": "would-build",
-                        "reason": f"FROM {base.image}; dockerfiles/{f.name}.Dockerfile"})
-        return out
+        return [{"cell_id": f.name, "status": "would-build", "reason": ""} for f in folders]
 
     def build(self, folders: Sequence[Path], opts: BuildOptions,
               report: Callable[[str, str], None]) -> list[dict[str, Any]]:
         return build_locked(folders, opts, self.docker, report)
-
-    _buildkit_seen: bool | None = None
 
     def _buildkit(self) -> bool:
         if self._buildkit_seen is None:

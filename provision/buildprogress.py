@@ -1,14 +1,35 @@
-"""What `provision build` says while it builds (pure): which cell of how many, what it is doing and for how
-long, and the time left estimated from each cell's last build (``build_s`` in its build.json)."""
+"""What `provision build` says while it builds (pure), for Docker images and venv cells alike: which cell of
+how many, what it is doing and for how long, and the time left estimated from each cell's last build
+(``build_s`` in its build.json)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from checks.progress import Estimate, duration, estimate
 from provision.render import Base
+
+
+def last_build_s(previous: dict[str, Any]) -> float | None:
+    """How long a cell's last build took (its build.json), if it was ever timed."""
+    value = previous.get("build_s")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+class Planned(Protocol):
+    """A cell about to be built, as the progress lines name it."""
+
+    @property
+    def cell_id(self) -> str: ...
+
+    @property
+    def target(self) -> str: ...  # what the build makes: an image tag, a venv folder
+
+    @property
+    def last_build_s(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -27,21 +48,47 @@ class Step:
         return str(self.cell["cell_id"])
 
     @property
+    def target(self) -> str:
+        return self.tag
+
+    @property
     def last_build_s(self) -> float | None:
-        """How long this cell's image took to build last time (build.json), if it was ever timed."""
-        value = self.previous.get("build_s")
-        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        return last_build_s(self.previous)
+
+
+@dataclass(frozen=True)
+class VenvStep:
+    """A locked cell to make as a virtual environment at ``venv``, with the record of its last build."""
+
+    folder: Path
+    cell: dict[str, Any]
+    venv: Path
+    previous: dict[str, Any]
+
+    @property
+    def cell_id(self) -> str:
+        return str(self.cell["cell_id"])
+
+    @property
+    def target(self) -> str:
+        return str(self.venv)
+
+    @property
+    def last_build_s(self) -> float | None:
+        return last_build_s(self.previous)
 
 
 @dataclass
 class BuildProgress:
     """Counts and text for the builds of one `provision build`: cell n of N (N: the cells that build),
-    what each is doing and for how long, and the time left from each cell's last build (build.json)."""
+    what each is doing and for how long, and the time left from each cell's last build (build.json).
+    ``noun``: what the cells become (images, venv cells)."""
 
-    steps: list[Step]
+    steps: Sequence[Planned]
     done: set[str] = field(default_factory=set)
+    noun: str = "images"
 
-    def _number(self, step: Step) -> str:
+    def _number(self, step: Planned) -> str:
         return f"cell {self.steps.index(step) + 1} of {len(self.steps)}"
 
     def left(self) -> Estimate:
@@ -51,19 +98,19 @@ class BuildProgress:
         """Said once before the first build: how many cells build and how long that should take."""
         parts = [f"{len(self.steps)} to build"] + ([f"{unchanged} unchanged"] if unchanged else []) + (
             [f"{failed} failed before building"] if failed else [])
-        head = f"images: {', '.join(parts)}"
+        head = f"{self.noun}: {', '.join(parts)}"
         return head + (f"; {self.left().text()} by their last builds" if self.steps else "")
 
-    def start_line(self, step: Step) -> str:
+    def start_line(self, step: Planned) -> str:
         last = f"last build {duration(step.last_build_s)}" if step.last_build_s is not None else "never built here"
-        return f"{self._number(step)}: building {step.tag} ({last})"
+        return f"{self._number(step)}: building {step.target} ({last})"
 
-    def tick_line(self, step: Step, elapsed: float, current: str) -> str:
+    def tick_line(self, step: Planned, elapsed: float, current: str) -> str:
         last = f" of {duration(step.last_build_s)} last time" if step.last_build_s is not None else ""
         now = f"; at {current}" if current else ""
         return f"{step.cell_id} ({self._number(step)}) building for {duration(elapsed)}{last}{now}"
 
-    def end_line(self, step: Step, status: str, elapsed: float) -> str:
+    def end_line(self, step: Planned, status: str, elapsed: float) -> str:
         left = self.left()
         rest = f", {left.text()} left" if left.steps else ""
         count = f"{len(self.done)} of {len(self.steps)} done"

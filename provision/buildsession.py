@@ -1,6 +1,6 @@
 """One `provision build`, whatever the builder: a chain of small steps, each returning a value.
 
-    plan -> builder -> prepare -> lock -> disk gate -> build (or dry run) -> summary -> exit code
+    plan -> builder -> (dry run: lock -> Dockerfiles -> summary) prepare -> lock -> disk gate -> build -> summary
 
 A :class:`Builder` makes cells in one way; :data:`BUILDERS` holds every one by the name ``--backend`` takes
 (Docker images: provision.build; venv cells: provision.venvbuild). The session never asks which it drives.
@@ -24,7 +24,7 @@ from rich.table import Table
 from checks.progress import console as progress_console
 from provision import backend, doctor
 from provision.api import plan
-from provision.build import DockerBuilder
+from provision.build import DockerBuilder, render_dockerfiles
 from provision.dockercli import Docker
 from provision.errors import InputError
 from provision.lock import torch_key
@@ -40,7 +40,7 @@ class Builder(Protocol):
     name: str
 
     def prepare(self, opts: BuildOptions) -> None:
-        """Check that it can build here (InputError with one line when not)."""
+        """Check that it can build here (InputError with one line and the fix when not); not for a dry run."""
         ...
 
     def lock(self, cells: Sequence[Resolved], opts: BuildOptions) -> tuple[list[Path], Records]:
@@ -51,8 +51,12 @@ class Builder(Protocol):
         """The cell's current build (of its current locks) is here already."""
         ...
 
-    def disk(self, opts: BuildOptions) -> tuple[str | None, bool]:
-        """Where its builds take disk (None: unknown), and whether the base they need is here."""
+    def disk_root(self, opts: BuildOptions) -> str | None:
+        """Where its builds take disk (None: unknown)."""
+        ...
+
+    def need_bytes(self, torch_stacks: int, cells: int) -> int:
+        """The disk that many new torch builds and cells take (doctor's rule for this builder)."""
         ...
 
     def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> Records:
@@ -76,16 +80,27 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     if not opts.json:
         print("\n".join(plan_lines(cells)), flush=True)
     builder = choose(opts, docker or Docker())
+    if opts.dry_run:
+        return dry_run(cells, opts, builder)
     builder.prepare(opts)
     folders, records = builder.lock(cells, opts)
-    if not opts.dry_run:  # after locking: a cell counts as built only when its current build is here
-        disk_gate(cells, opts, builder)
-    if opts.dry_run:
-        summary(cells, records + builder.dry_run(folders, opts), opts.json)
-        return 0  # a plan: cells that could not be locked are in it, and nothing failed to build
+    disk_gate(cells, opts, builder)  # after locking: a cell counts as built only when its current build is here
     records += builder.build(folders, opts, reporter(opts))
     summary(cells, records, opts.json)
     return 1 if any(r["status"] == "failed" for r in records) else 0
+
+
+def dry_run(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -> int:
+    """Lock the cells and print the plan; render every Dockerfile whether or not a daemon answers, unless
+    venv cells were asked for by name (``--backend venv``, ``--base-python``, ``--wheels``). Builds nothing."""
+    folders, records = builder.lock(cells, opts)
+    rows = builder.dry_run(folders, opts)
+    if opts.backend != backend.VENV and not opts.overlay:
+        rendered = render_dockerfiles(folders, opts)
+        for row in rows:
+            row["reason"] = "; ".join(filter(None, [row["reason"], rendered[row["cell_id"]]]))
+    summary(cells, records + rows, opts.json)
+    return 0
 
 
 def choose(opts: BuildOptions, docker: Docker) -> Builder:
@@ -126,20 +141,20 @@ def disk_check(need: int, free: int | None, where: str, todo: int, torch_builds:
                present: int = 0) -> tuple[str, str | None]:
     """(the line saying what the build needs, the refusal or None): pure, the free space is read elsewhere.
     ``torch_builds`` torch layers are still to make; ``present`` more are shared with builds already here."""
-    gb = doctor.GB
+    gb = doctor.gb
     shared = f", {present} already here" if present else ""
-    line = (f"{todo} cell(s) to build ({torch_builds} new torch build(s){shared}) need about {need / gb:.0f} GB; "
-            + (f"{free / gb:.0f} GB free under {where}" if free is not None else f"free space under {where} unknown"))
+    line = (f"{todo} cell(s) to build ({torch_builds} new torch build(s){shared}) need about {gb(need)}; "
+            + (f"{gb(free)} free under {where}" if free is not None else f"free space under {where} unknown"))
     if free is None or free >= need:
         return line, None
-    return line, (f"not enough disk under {where}: this build needs about {need / gb:.0f} GB and "
-                  f"{free / gb:.0f} GB is free; run `provision prune` (or build fewer cells with --only), "
+    return line, (f"not enough disk under {where}: this build needs about {gb(need)} and "
+                  f"{gb(free)} is free; run `provision prune` (or build fewer cells with --only), "
                   "or pass --ignore-disk")
 
 
 def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -> None:
-    """Print the disk the cells still to build need (doctor's estimate rule, with each torch build counted
-    once and not at all when a build here already holds it) and refuse when it is not free."""
+    """Print the disk the cells still to build need (doctor's estimate rule for the builder, with each torch
+    build counted once and not at all when a build here already holds it) and refuse when it is not free."""
     todo = [c for c in cells if c.status == RESOLVED and not builder.built(opts.envs / c.cell_id, opts)]
     wanted = {torch_key(c) for c in todo}
     present = set()
@@ -150,11 +165,10 @@ def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -
             continue
         if key in wanted and key not in present and builder.built(meta.parent, opts):
             present.add(key)
-    where, base_present = builder.disk(opts)
-    need = doctor.need_bytes(doctor.Facts(base_images=("present",) if base_present else (),
-                                          torch_stacks=len(wanted - present), cells_to_build=len(todo)))
+    need = builder.need_bytes(len(wanted - present), len(todo))
     if not need:
         return
+    where = builder.disk_root(opts)
     line, refusal = disk_check(need, free_bytes(Path(where)) if where else None, where or "the Docker root",
                                len(todo), len(wanted - present), len(present))
     print(f"provision: {line}", file=sys.stderr, flush=True)

@@ -69,6 +69,10 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="check what the main job needs on this machine and say how to fix what lacks")
     p.add_argument("--matrix", default=None, help="matrix file (default: matrix.yaml of the project)")
     p.add_argument("--envs", default=None, help="where `provision build` records its images (default: envs/)")
+    p.add_argument("--venvs", default=None, help="venv cells folder (default: .cache/venvs/ of the project)")
+    p.add_argument("--backend", choices=("auto", "docker", "venv"), default="auto",
+                   help="judge this backend (auto: the one `provision build` takes here)")
+    p.add_argument("--json", action="store_true", help="one JSON object: backend, why, ready, checks")
     p = sub.add_parser("base", help="make the registry-free base images (debootstrap + docker import)")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("catalog", help="the catalog of publication facts")
@@ -145,9 +149,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from provision import doctor
     from provision.lock import ENVS
 
-    checks = doctor.diagnose(doctor.gather(_matrix(args), Path(args.envs) if args.envs else ENVS))
-    print("\n".join(doctor.report(checks)))
-    return doctor.exit_code(checks)
+    facts = doctor.gather(_matrix(args), Path(args.envs) if args.envs else ENVS,
+                          Path(args.venvs) if args.venvs else None)
+    checks = doctor.diagnose(facts)
+    backend, why = doctor.auto_backend(facts) if args.backend == "auto" else (args.backend, "asked for")
+    if args.json:
+        print(json.dumps(doctor.to_json(checks, backend, why), indent=1))
+    else:
+        print("\n".join(doctor.report(checks, backend, why, auto=args.backend == "auto")))
+    return doctor.exit_code(checks, backend)
 
 
 def cmd_prune(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 from provision.errors import InputError
 
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+NO_CLI = "docker CLI not found"
 
 
 def docker_cli() -> str:
@@ -34,20 +35,25 @@ class Docker:
         return subprocess.run([self.cli, *args], capture_output=True, text=True, **kw)
 
     def check_daemon(self) -> None:
-        if shutil.which(self.cli) is None and not os.path.exists(self.cli):
-            raise InputError("docker CLI not found: install Docker (Debian: apt-get install docker.io)")
-        proc = self.run("info", "--format", "{{.ServerVersion}}")
-        if proc.returncode != 0:
-            err = (proc.stderr.strip().splitlines() or ["no answer"])[-1]
-            hint = "run as a member of the docker group" if "permission denied" in err else "start dockerd"
-            raise InputError(f"cannot talk to the Docker daemon ({err}): {hint}, or use --dry-run")
+        """InputError saying why Docker cannot build here and how to make it, for `--backend docker`."""
+        problem = self.unreachable()
+        if problem is None:
+            return
+        if problem == NO_CLI:
+            what, hint = problem, "install Docker (Debian: apt-get install docker.io)"
+        else:
+            what = f"cannot talk to the Docker daemon ({problem})"
+            hint = "run as a member of the docker group" if "permission denied" in problem else "start dockerd"
+        raise InputError(f"{what}: {hint}, or leave out --backend docker to build venv cells instead")
 
     def unreachable(self) -> str | None:
-        """Why this CLI cannot build (no CLI, no daemon), or None when it can."""
-        try:
-            self.check_daemon()
-        except InputError as e:
-            return e.one_line()
+        """Why this CLI cannot build (no CLI, or the daemon's refusal as the CLI prints it), or None when it
+        can: the reason alone, no fix."""
+        if shutil.which(self.cli) is None and not os.path.exists(self.cli):
+            return NO_CLI
+        proc = self.run("info", "--format", "{{.ServerVersion}}")
+        if proc.returncode != 0:
+            return (proc.stderr.strip().splitlines() or ["no answer"])[-1]
         return None
 
     def buildkit(self) -> bool:

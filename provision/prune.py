@@ -1,4 +1,4 @@
-"""`provision prune`: remove the stackprobe images and venv cells that no longer serve a cell of the matrix
+"""`provision prune`: remove the stackprobe images and venv cells that serve no cell of the matrix
 (and the untagged images a rebuild of a cell left behind), and the bytecode folders of images that are gone.
 
 ``plan`` is pure: from the images present, the tags `provision build` recorded, the cells of the matrices

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 
+from provision import cellid
 from provision.errors import InputError, suggest
 from provision.resolve import Resolved
 
@@ -14,13 +15,19 @@ def cuda_matches(cuda: str, want: str) -> bool:
     return cuda == want or cuda.startswith(want + ".")
 
 
+def _id_torch(cell_id: str) -> str | None:
+    """The torch version a cell id names (``2.11.0``, ``nightly``)."""
+    parsed = cellid.parse(cell_id)
+    return parsed.torch if parsed is not None else None
+
+
 def select(cells: Sequence[Resolved], cuda: str | None = None, torch: str | None = None,
            only: Sequence[str] | str | None = None) -> list[Resolved]:
     globs = [only] if isinstance(only, str) else list(only or [])
     out = [
         r for r in cells
         if (cuda is None or cuda_matches(r.cell.cuda, cuda))
-        and (torch is None or torch in (r.cell.torch, r.versions.get("torch"), r.cell_id.split("-")[1][5:]))
+        and (torch is None or torch in (r.cell.torch, r.versions.get("torch"), _id_torch(r.cell_id)))
         and (not globs or any(fnmatch.fnmatchcase(r.cell_id, g) for g in globs))
     ]
     if not out:

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provision import cudahome, installer, interp, overlay, wheeldir
+from checks.progress import TICK_S, Ticker
+from provision import cudahome, doctor, installer, interp, overlay, wheeldir
+from provision.buildprogress import BuildProgress, VenvStep
 from provision.cellrecord import (
     BUILT,
     SELFCHECK,
@@ -192,19 +195,27 @@ def _sources(plan: overlay.OverlayPlan, wheels: wheeldir.WheelDir | None) -> dic
     return out
 
 
-def build_cell(folder: Path, opts: BuildOptions, tool: installer.Installer, base: interp.Interpreter | None,
-               wheels: wheeldir.WheelDir | None, report: Callable[[str, str], None]) -> dict[str, Any]:
+def prepare(folder: Path, opts: BuildOptions, tool: installer.Installer, base: interp.Interpreter | None,
+            wheels: wheeldir.WheelDir | None, report: Callable[[str, str], None]) -> VenvStep | dict[str, Any]:
+    """The cell's step, or its record when its venv is already made from the same inputs."""
     cell = load_cell(folder)
     cid = cell["cell_id"]
     venv = (opts.venvs / cid).absolute()
-    python = venv_python(venv)
     digest = build_hash(folder, base, wheels, tool.kind)
     prev = previous(folder)
     if (prev.get("backend") == BACKEND and prev.get("hash") == digest and prev.get("venv") == str(venv)
-            and prev.get("status") in BUILT and python.exists()):
+            and prev.get("status") in BUILT and venv_python(venv).exists()):
         report(cid, "unchanged, not rebuilt")
         keep = {k: v for k, v in prev.items() if k not in ("cell_id", "status", "built_at")}
         return record(folder, status="skipped-unchanged", **keep)
+    return VenvStep(folder, cell, venv, prev)
+
+
+def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, base: interp.Interpreter | None,
+               wheels: wheeldir.WheelDir | None, report: Callable[[str, str], None]) -> dict[str, Any]:
+    folder, cell, cid, venv = step.folder, step.cell, step.cell_id, step.venv
+    python = venv_python(venv)
+    digest = build_hash(folder, base, wheels, tool.kind)
     common: dict[str, Any] = {"backend": BACKEND, "venv": str(venv), "python": str(python), "hash": digest,
                               "installer": tool.kind, "base_python": base.python if base else None,
                               "wheels": str(wheels.path) if wheels else None}
@@ -227,6 +238,8 @@ def build_cell(folder: Path, opts: BuildOptions, tool: installer.Installer, base
         report(cid, f"installing {len(plan.install)} package(s)" + (f", {len(plan.from_base)} from the base"
                                                                      if base else ""))
         _install(tool, python, plan.install, cell, wheels)
+        if base is None and cell.get("wheel_nvcc", True):
+            report(cid, "CUDA_HOME from the toolkit wheels")
         cuda_home, note = (None, "") if base else _toolkit(tool, python, target.markers, folder, venv, cell, wheels)
     except (CellFailed, InputError, OSError) as exc:
         return record(folder, status="failed", reason=str(exc), **common)
@@ -251,24 +264,62 @@ def build_cell(folder: Path, opts: BuildOptions, tool: installer.Installer, base
 
 
 def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
-                     report: Callable[[str, str], None] = lambda cid, msg: None) -> list[dict[str, Any]]:
-    """Build every locked cell folder as a venv; one failure never stops the others."""
+                     report: Callable[[str, str], None] = lambda cid, msg: None,
+                     tick_s: float = TICK_S) -> list[dict[str, Any]]:
+    """Build every locked cell folder as a venv; one failure never stops the others. As for images: first
+    which cells are unchanged, then each build saying which of how many it is, its steps, every ``tick_s``
+    how long it has been building, and the time left from the cells' last builds."""
     base = interp.read(opts.base_python) if opts.base_python else None
     tool = installer.find(base.python if base else None)
     if opts.wheels is not None and not opts.wheels.is_dir():
         raise InputError(f"--wheels {opts.wheels}: no such folder")
     wheels = wheeldir.scan(opts.wheels) if opts.wheels is not None else None
 
-    def one(folder: Path) -> dict[str, Any]:
+    def ready(folder: Path) -> VenvStep | dict[str, Any]:
         try:
-            return build_cell(folder, opts, tool, base, wheels, report)
+            return prepare(folder, opts, tool, base, wheels, report)
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
             return record(folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
 
-    with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
-        return list(pool.map(one, folders))
+    prepared = {folder: ready(folder) for folder in folders}
+    steps = [p for p in prepared.values() if isinstance(p, VenvStep)]
+    progress = BuildProgress(steps, noun="venv cells")
+    if folders:
+        records = [p for p in prepared.values() if not isinstance(p, VenvStep)]
+        report("", progress.opening(sum(1 for r in records if r["status"] == "skipped-unchanged"),
+                                    sum(1 for r in records if r["status"] == "failed")))
+    lock = threading.Lock()
+
+    def one(step: VenvStep, ticker: Ticker) -> dict[str, Any]:
+        cid = step.cell_id
+        current = {"step": ""}
+
+        def say(who: str, msg: str) -> None:
+            current["step"] = msg
+            report(who, msg)
+
+        report(cid, progress.start_line(step))
+        t0 = time.monotonic()
+        ticker.start(cid, lambda elapsed: progress.tick_line(step, elapsed, current["step"]))
+        try:
+            rec = build_cell(step, opts, tool, base, wheels, say)
+        except InputError:
+            raise
+        except Exception as e:  # one broken cell must not stop the others
+            rec = record(step.folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
+        finally:
+            ticker.stop(cid)
+        with lock:
+            progress.done.add(cid)
+            report(cid, progress.end_line(step, str(rec["status"]), time.monotonic() - t0))
+        return rec
+
+    with Ticker(lambda line: report("", line), tick_s) as ticker, \
+            ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+        built = dict(zip((s.folder for s in steps), pool.map(lambda s: one(s, ticker), steps), strict=True))
+    return [built[f] if isinstance(p, VenvStep) else p for f, p in prepared.items()]
 
 
 def dry_run(folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
@@ -295,8 +346,12 @@ class VenvBuilder:
         rec = previous(folder)
         return rec.get("status") in BUILT and bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
 
-    def disk(self, opts: BuildOptions) -> tuple[str | None, bool]:
-        return str(opts.venvs), True  # venv cells need no base image
+    def disk_root(self, opts: BuildOptions) -> str | None:
+        return str(opts.venvs)
+
+    def need_bytes(self, torch_stacks: int, cells: int) -> int:
+        """doctor's venv rule: each torch build in uv's cache, each cell; no base image."""
+        return doctor.need_bytes(doctor.Facts(venv_torch_stacks=torch_stacks, venv_cells_to_build=cells), doctor.VENV)
 
     def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
         return dry_run(folders, opts)

@@ -1,5 +1,7 @@
-"""Shared fixtures. Docker tests skip only when Docker is truly absent, and fail instead when
-STACKPROBE_REQUIRE_DOCKER=1 (set by .ci/run)."""
+"""Shared fixtures. A test that needs a Docker daemon carries the ``docker`` marker (collection refuses one
+that asks for a Docker fixture without it); it skips only when Docker is truly absent, and fails instead
+when STACKPROBE_REQUIRE_DOCKER=1 (set by .ci/run). Every other test passes on a machine without Docker:
+.ci/run runs them once with the daemon hidden (DOCKER_HOST naming no socket) before it starts dockerd."""
 
 from __future__ import annotations
 
@@ -31,13 +33,38 @@ def _docker_problem() -> str | None:
     return None
 
 
+_problem: list[str | None] = []  # asked once per session: a daemon does not come and go within one
+
+
 def need_docker() -> None:
-    problem = _docker_problem()
+    if not _problem:
+        _problem.append(_docker_problem())
+    problem = _problem[0]
     if problem is None:
         return
     if REQUIRE_DOCKER:
         pytest.fail(f"STACKPROBE_REQUIRE_DOCKER=1 but {problem}")
     pytest.skip(problem)
+
+
+DOCKER_FIXTURES = frozenset({"docker_available", "base_image"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses a Docker fixture must say so with the marker, so `-m "not docker"` is the set of
+    tests that pass without a daemon."""
+    unmarked = [it.nodeid for it in items if DOCKER_FIXTURES & set(getattr(it, "fixturenames", ()))
+                and it.get_closest_marker("docker") is None]
+    if unmarked:
+        raise pytest.UsageError("these tests use a Docker fixture but lack @pytest.mark.docker: "
+                                + ", ".join(unmarked))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked docker skips (or, under STACKPROBE_REQUIRE_DOCKER=1, fails) before it starts when no
+    daemon answers, whether or not it asks for a Docker fixture."""
+    if item.get_closest_marker("docker") is not None:
+        need_docker()
 
 
 @pytest.fixture(scope="session")

@@ -44,3 +44,16 @@ def test_parts_of_a_local_id() -> None:
     parsed = cellid.parse("local-cu130-torch2.11.0-sglnone-fi0.6.18-nvcc12.8")
     assert parsed == CellId("cu130", "2.11.0", "none", "0.6.18", local=True, nvcc="12.8")
     assert cellid.parse("results-2026") is None
+
+
+def test_select_by_torch_reads_the_version_the_cell_id_names() -> None:
+    """`--torch 2.11.0` picks a cell whose matrix entry asked for the stable channel: the resolved id names the
+    version (the resolved versions are left empty here, so only the id can answer)."""
+    from provision.matrix import Cell
+    from provision.resolve import Resolved
+    from provision.select import select
+
+    stable = Resolved(Cell("13.0", "stable", "0.4.2", "0.6.18"), "cu130-torch2.11.0-sgl0.4.2-fi0.6.18", "resolved", "")
+    nightly = Resolved(Cell("13.0", "nightly", "none", "0.7.4"), "cu130-torchnightly-sglnone-fi0.7.4", "resolved", "")
+    assert select([stable, nightly], torch="2.11.0") == [stable]
+    assert select([stable, nightly], torch="nightly") == [nightly]

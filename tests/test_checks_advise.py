@@ -78,13 +78,64 @@ def test_advise_golden_h200_deepseek_tp2(capsys: pytest.CaptureFixture[str]) -> 
     assert data["estimate_is"].startswith("an estimate")
 
 
-def test_estimate_golden_every_preset(hosts: dict[str, hostresults.HostResults]) -> None:
+def test_estimate_golden_every_model_shape(hosts: dict[str, hostresults.HostResults]) -> None:
     a = _advice(hosts[H200])
     text = []
-    for _, model in sorted(estimate.presets().items()):
+    for _, model in sorted(estimate.model_shapes().items()):
         b = decisions.estimate_block(estimate.estimate(a, model, batch=32, draft=4))
         text += [b.title, *b.lines, ""]
     _golden("estimate-h200x2-tp2-batch32.txt", "\n".join(text))
+    _assert_estimate_facts("\n".join(text), batch=32, draft=4)
+
+
+def _measured_latency() -> dict[str, dict[int, float]]:
+    """backend -> {bytes: µs} of the 2x H200 ar-latency run, read from its JSON lines."""
+    out: dict[str, dict[int, float]] = {}
+    for line in (FIXTURE / H200 / "20261129T164359Z-5173.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["probe_id"] == "ar-latency" and row["status"] == "pass" and row["cell_id"] == CELL:
+            backend = row["variant"].split("backend=")[1]
+            out[backend] = {int(k): float(v) for k, v in row["metrics"]["latency_us"].items()}
+    return out
+
+
+def _at(curve: dict[int, float], nbytes: int) -> float:
+    """The latency at ``nbytes``, straight between the two measured sizes around it."""
+    if nbytes in curve:
+        return curve[nbytes]
+    lo = max(n for n in curve if n < nbytes)
+    hi = min(n for n in curve if n > nbytes)
+    return curve[lo] + (nbytes - lo) / (hi - lo) * (curve[hi] - curve[lo])
+
+
+def _assert_estimate_facts(text: str, batch: int, draft: int) -> None:
+    """What every model's estimate must say, worked out here from checks/models.yaml and the measured curves:
+    the allreduce count and sizes of a step, and each backend's time per call and per step."""
+    import yaml
+
+    shapes = yaml.safe_load((ROOT / "checks" / "models.yaml").read_text())
+    models = shapes["shapes"]
+    measured = _measured_latency()
+    assert sorted(measured) == ["flashinfer-custom-ar", "nccl", "nccl-direct", "symm-mem-one-shot",
+                                "symm-mem-two-shot"]
+    blocks = text.split("\nEstimate, not a measurement")
+    assert len(blocks) == len(models) == 4
+    for model, block in zip((models[k] for k in sorted(models)), blocks, strict=True):
+        hidden, layers = model["hidden"], model["layers"]
+        calls = layers * 2
+        assert f"{model['label']}, tp 2, cell `{CELL}`" in block
+        assert f"hidden {hidden}, {layers} layers × 2 allreduces = {calls} allreduces per forward pass" in block
+        decode, verify = batch * hidden * 2, batch * draft * hidden * 2
+        shown = {458752: "448 KiB", 1835008: "1.75 MiB", 524288: "512 KiB", 2097152: "2 MiB", 262144: "256 KiB",
+                 1048576: "1 MiB"}  # bf16 bytes of 32 and 128 tokens at hidden 7168, 8192, 4096
+        assert f"decode step {batch} tokens = {shown[decode]} per allreduce" in block
+        assert f"= {batch * draft} tokens = {shown[verify]} per allreduce" in block
+        for backend, curve in measured.items():
+            d, v = _at(curve, decode), _at(curve, verify)
+            assert (f"- {backend}: decode {d * calls:.1f} µs/step ({d:.2f} µs per call" in block
+                    and f"verify {v * calls:.1f} µs/step ({v:.2f} µs per call" in block), (model["label"], backend)
+        fastest = min(measured, key=lambda b: _at(measured[b], decode))
+        assert f"Fastest measured: decode {fastest} " in block
 
 
 def test_diff_goldens(capsys: pytest.CaptureFixture[str]) -> None:
@@ -191,7 +242,8 @@ def test_estimate_uses_the_exact_message_size_and_counts_every_allreduce(
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ("gpt-5", "unknown preset"), ("hidden=7168", "both hidden=N and layers=N"), ("hidden=x,layers=2", "positive"),
+    ("gpt-5", "unknown model 'gpt-5'; model shapes: deepseek-v3"), ("hidden=7168", "both hidden=N and layers=N"),
+    ("hidden=x,layers=2", "positive"),
     ("hidden=8,layers=2,dtype=fp8", "dtype='fp8'"), ("depth=3", "is not one of"),
 ])
 def test_bad_model_specs_say_what_to_give(spec: str, message: str) -> None:
@@ -199,8 +251,8 @@ def test_bad_model_specs_say_what_to_give(spec: str, message: str) -> None:
         estimate.parse_model(spec)
 
 
-def test_presets_are_the_published_shapes() -> None:
-    p = estimate.presets()
+def test_model_shapes_are_the_published_ones() -> None:
+    p = estimate.model_shapes()
     assert {k: (m.hidden, m.layers, m.allreduces) for k, m in p.items()} == {
         "deepseek-v3": (7168, 61, 122), "kimi-k2": (7168, 61, 122), "llama-3.1-70b": (8192, 80, 160),
         "qwen3-235b-a22b": (4096, 94, 188)}

@@ -206,7 +206,7 @@ def _run_in_process(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tupl
 
 def test_run_ends_with_the_table_and_a_verdict_count_and_summarises_what_is_worth_reading(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 11 items 1, 3 and 4: one event per line however long (stderr is not a terminal here), the
+    """One event per line however long (stderr is not a terminal here), the
     cell of how many, done/total, rows only for verdicts worth reading, and last the verdict count and the
     table that was regenerated."""
     monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
@@ -281,7 +281,7 @@ def test_a_long_variant_is_said_to_be_running_while_it_runs(
 
 
 def test_memlock_not_raised_is_said_once_per_run_in_clean_words(tmp_path: Path) -> None:
-    """Issue 11 item 7: the daemon's refusal, as recorded by older runs with its API quoting, is said once."""
+    """The daemon's refusal, as recorded by older runs with its API quoting, is said once."""
     import io
 
     from checks import reasons, runprogress

@@ -61,25 +61,3 @@ def test_cuda_python_over_cuda_bindings_is_catalogued_with_the_fix() -> None:
     hit = CAT.match([SHADOWED])
     assert hit is not None and hit.code == "cuda-python-shadowed"
     assert "cuda-python>=13" in hit.remediation and "--reinstall-package cuda-bindings" in hit.remediation
-
-
-def test_every_code_the_inventory_sets_is_catalogued() -> None:
-    from checks.probes import _torch_abi
-
-    no_driver = "ImportError: libcuda.so.1: cannot open shared object file: No such file or directory"
-    errors = ["x.so: undefined symbol: cuInit", "x.so: undefined symbol: _ZN2at6Tensor4sizeEv",
-              "x.so: undefined symbol: ncclGroupEnd", "libcudart.so.12: cannot open shared object file", no_driver,
-              "ModuleNotFoundError: No module named 'sgl_kernel'"]
-    codes = {_torch_abi.failure_reason(e) for e in errors}
-    fit = _torch_abi.Fit(("ops.so",), 3, {}, ("libcudart.so.13",), "13.0", needed=("libcudart.so.13",))
-    judged = [_torch_abi.judge(fit, no_driver, (), None, "2.11.0"),
-              _torch_abi.judge(fit, no_driver, ("libnuma.so.1",), None, "2.11.0"),
-              _torch_abi.judge(_torch_abi.Fit(("ops.so",), 0, {}, (), "13.0"), no_driver, (), None, "2.11.0"),
-              _torch_abi.judge(_torch_abi.Fit(("ops.so",), 3, {"ops.so": ("_ZN3c103barEv",)}, (), "13.0"),
-                               None, (), None, "2.11.0"),
-              _torch_abi.judge(_torch_abi.Fit(("ops.so",), 3, {}, ("libnvrtc.so.12",), "13.0"), None, (), None,
-                               "2.11.0")]
-    codes |= {j.reason_code for j in judged if j is not None and j.reason_code}
-    assert codes == {"driver-symbol-unresolved", "abi-mismatch", "undefined-symbol", "cuda-major-mismatch",
-                     "no-cuda-device", "import-error", "no-gpu"}
-    assert all(CAT.get(code) is not None for code in codes), sorted(c for c in codes if CAT.get(c) is None)

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from checks import registry
+from checks.probe import Declared, Field, Role
 from checks.report import generate, headline
 from tests.checks_helpers import ROOT
 
@@ -47,7 +49,9 @@ def test_report_content_says_what_matters(tmp_path: Path) -> None:
     assert "| NVIDIA H200 | 9.0 | 1 | 580.159.04 (13.0) |" in md
     assert "(../results/h200x1-3f9a2c1d/20261129T100000Z-a1b2.jsonl)" in md  # link to the raw results
     assert "0.41–0.88× NCCL time" in md  # a key measurement in a passing cell
-    assert "exact; 7168 bf16" in md and "⏳" not in md.split("Notes:")[-1]  # the newer run's pass replaced the hang
+    assert "⏳" not in md.split("Notes:")[-1]  # the newer run's pass replaced the hang
+    # the fixture's fi-fusion and inventory rows carry a `headline` metric those probes do not declare: not shown
+    assert "exact; 7168 bf16" not in md and "sm_90 in torch arch list" not in md
     assert "`fi-arch-gate`" in md and "flashinfer >= 0.6.17" in md
     assert "🚫" in md and "torch nightly has no cu128 builds" in md
     html = out.with_suffix(".html").read_text()
@@ -171,28 +175,43 @@ def test_html_escapes_what_probes_wrote(tmp_path: Path) -> None:
 
 
 def test_headline_choices() -> None:
-    assert headline({"headline": "fast"}) == "fast"
-    assert headline({"ratio_vs_nccl": {"a": 0.5}}) == "0.50× NCCL time"
-    assert headline({"latency_us": {"a": 3.0, "b": 12.25}}) == "3.0–12.2 µs"
-    assert headline({"workspace_bytes_per_rank": 29387136, "sm_count": 132}) == "28.0 MiB workspace/rank"
-    assert headline({"compile_s": 290.8, "objects": 3}) == "compiled in 291 s"
-    assert headline({"compile_s": True}) == ""  # a flag is not a measurement
+    """Each probe's headline from the metrics it declares (checks.probe.declared), in the probe's own words first."""
+    d = registry.declarations()
+    assert headline({"headline": "fast", "ratio_vs_nccl": {"a": 0.5}}, d["custom-ar"]) == "fast"
+    assert headline({"ratio_vs_nccl": {"a": 0.5}}, d["ar-latency"]) == "0.50× NCCL time"
+    assert headline({"latency_us": {"a": 3.0, "b": 12.25}}, d["ar-latency"]) == "3.0–12.2 µs"
+    assert headline({"workspace_bytes_per_rank": 29387136, "sm_count": 132}, d["ep-a2a"]) == "28.0 MiB workspace/rank"
+    assert headline({"compile_s": 290.8, "objects": 3}, d["fi-jit"]) == "compiled in 291 s"
+    assert headline({"compile_s": True}, d["fi-jit"]) == ""  # a flag is not a measurement
     both_sides = {"latency_us": {"a": 4.0, "b": 9.0, "c": 1.0}, "nccl_latency_us": {"a": 8.0, "b": 10.0, "c": 0}}
-    assert headline(both_sides) == "0.50–0.90× NCCL time"  # derived where the probe stored both sides
+    assert headline(both_sides, d["custom-ar"]) == "0.50–0.90× NCCL time"  # derived where the probe stored both sides
+
+
+def test_headline_reads_only_what_the_probe_declares() -> None:
+    d = registry.declarations()
+    assert headline({"compile_s": 290.8}, d["ep-a2a"]) == ""  # ep-a2a records no compile time
+    assert headline({"headline": "fast"}, d["ar-latency"]) == ""  # nor does ar-latency write a headline
+    assert headline({"workspace_bytes": 2**21}, d["fi-fusion"]) == ""  # a group's workspace, not per rank
+    own = Declared(metrics=(Field("t_us", "µs by message bytes", "median", Role.LATENCY),))
+    assert headline({"t_us": {"a": 2.0}, "latency_us": {"a": 9.0}}, own) == "2.0–2.0 µs"
+    assert headline({"latency_us": {"a": 9.0}}, Declared()) == ""
 
 
 def test_cell_headlines_name_their_variant_in_order() -> None:
     from checks.report import MAX_HEADLINES, labelled_headlines
 
+    def head(key: str, text: str) -> tuple[str, tuple[tuple[str, str], ...], str]:
+        return key, tuple(tuple(p.split("=")) for p in key.split(",")), text  # type: ignore[misc]
+
     assert labelled_headlines([]) == ""
-    assert labelled_headlines([("ranks=2,backend=nccl", "7.1–42.0 µs")]) == "7.1–42.0 µs"
-    two = [("ranks=2,backend=symm", "0.87× NCCL time"), ("ranks=2,backend=nccl", "7.1–42.0 µs")]
+    assert labelled_headlines([head("ranks=2,backend=nccl", "7.1–42.0 µs")]) == "7.1–42.0 µs"
+    two = [head("ranks=2,backend=symm", "0.87× NCCL time"), head("ranks=2,backend=nccl", "7.1–42.0 µs")]
     assert labelled_headlines(two) == "nccl: 7.1–42.0 µs; symm: 0.87× NCCL time"
-    mixed = [("ranks=1,mode=sim,ep=2", "1.8 MiB"), ("ranks=2,mode=gpus", "3.7 MiB")]
+    mixed = [head("ranks=1,mode=sim,ep=2", "1.8 MiB"), head("ranks=2,mode=gpus", "3.7 MiB")]
     assert labelled_headlines(mixed) == "ranks=1,mode=sim,ep=2: 1.8 MiB; ranks=2,mode=gpus: 3.7 MiB"
-    many = [(f"ranks=2,backend=b{i}", f"{i} µs") for i in range(MAX_HEADLINES + 2)]
+    many = [head(f"ranks=2,backend=b{i}", f"{i} µs") for i in range(MAX_HEADLINES + 2)]
     assert labelled_headlines(many).endswith("; +2 more") and "b0: 0 µs" in labelled_headlines(many)
-    assert headline({"other": 1}) == ""
+    assert headline({"other": 1}, Declared()) == ""
 
 
 def _write_run(results: Path, rows: list[tuple[str, str, str, str, str, str, dict]]) -> None:
@@ -218,7 +237,7 @@ OLD_MEMLOCK = ('not raised: the Docker daemon refused (container init: error set
 
 
 def test_notes_merge_near_duplicates_compress_where_and_say_memlock_once(tmp_path: Path) -> None:
-    """Issue 11 items 6, 7 and 9: one note for notes that differ only in a version or a count, where a note
+    """One note for notes that differ only in a version or a count, where a note
     applies as cells and counts (not every variant id), the memlock the containers did not get in the host
     section in clean words, and the catalogue's next step for fi-no-nvcc whatever a result recorded."""
     gate = "trtllm_comm for {}: refused before compiling: RuntimeError: No supported CUDA architectures [9, 10]."

@@ -343,10 +343,10 @@ def test_quick_level_reuse_json_and_the_table_through_slurm(slurm: None, tmp_pat
     manifest = json.loads(run.with_name(run.stem + ".manifest.json").read_text())
     assert (manifest["executor"], manifest["level"]) == ("slurm", "quick")
 
-    full = c.run(report=True)  # full level: a quick result is never reused
+    table = c.results / "compatibility.md"
+    full = c.run(report=table)  # full level: a quick result is never reused
     assert c.ran() == ALL and "unchanged" not in full.stderr
     assert all(r["evidence"]["slurm"]["job"] for r in json.loads(full.stdout))
-    table = c.results / "compatibility.md"
     assert f"table: {table} and {table.with_suffix('.html')}" in full.stderr
     assert "t-count-a" in table.read_text()
 

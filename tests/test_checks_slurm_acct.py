@@ -149,12 +149,12 @@ def test_container_images_need_pyxis_and_22_05_has_only_oci_bundles() -> None:
 # --- variants into jobs ------------------------------------------------------------------------------------
 def _item(cell: str, probe: str, ranks: int, needs_gpu: bool, share: bool = False, timeout: float = 100,
           decided: bool = False) -> WorkItem:
-    from checks.plan import Preset
+    from checks.plan import Decided
 
     spec = ProbeSpec(id=probe, title=probe, feature="f", ranks=(ranks,), needs_gpu=needs_gpu, timeout_s=timeout,
                      distinct_gpus=not share)
-    preset = Preset(Status.SKIP, "too-few-gpus", "x") if decided else None
-    return WorkItem(CellTarget(cell, "local"), spec, Variant(probe, ranks, share_gpu=share), timeout, preset)
+    planned = Decided(Status.SKIP, "too-few-gpus", "x") if decided else None
+    return WorkItem(CellTarget(cell, "local"), spec, Variant(probe, ranks, share_gpu=share), timeout, planned)
 
 
 def test_gpu_variants_share_a_job_per_size_and_gpu_free_probes_get_one_job_each() -> None:

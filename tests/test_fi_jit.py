@@ -27,7 +27,7 @@ def _done(**kw: object) -> dict:
     return {"stage": "done", "flashinfer": "0.6.18", "toolkit": TK13, "compile_s": 14.2, "link_s": 0.4, **kw}
 
 
-# --- item 2: targets as flashinfer normalises them -------------------------------------------------------
+# --- targets as flashinfer normalises them --------------------------------------------------------------
 @pytest.mark.parametrize(
     ("arch", "targets", "status"),
     [
@@ -50,7 +50,7 @@ def test_requested_arch_as_flashinfer_normalises_it(arch: str, targets: list[str
         assert o["reason_code"] == "fi-wrong-arch" and str(targets) in o["note"]
 
 
-# --- item 3: no pass without proof; cache hits -------------------------------------------------------------
+# --- no pass without proof; cache hits --------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["12.0a", "local"])
 def test_unreadable_output_is_not_a_pass(arch: str) -> None:
     result = _done(library="/cache/vllm_comm/vllm_comm.so", local_capability="9.0")
@@ -75,7 +75,7 @@ def test_a_cache_hit_is_recorded_with_the_build_it_came_from() -> None:
     assert "cached" not in fresh["metrics"] and fresh["metrics"]["compile_s"] == 14.2
 
 
-# --- item 1: the toolkit in every result ------------------------------------------------------------------
+# --- the toolkit in every result -------------------------------------------------------------------------
 def test_every_result_names_its_toolkit_and_flags_another_cuda_major() -> None:
     tk128 = {"nvcc": "/opt/cu128/bin/nvcc", "cuda_home": "/opt/cu128", "found_by": "PATH", "version": "12.8",
              "error": ""}

@@ -17,7 +17,7 @@ import pytest
 from checks import classify, gpugate, reasons, worker
 from checks.executor import LocalExecutor, for_run, hard_timeout, worker_args
 from checks.isolate import ProcessOutcome
-from checks.plan import CellTarget, Preset, WorkItem
+from checks.plan import CellTarget, Decided, WorkItem
 from checks.probe import ProbeSpec, Variant
 from checks.runner import pick
 from checks.status import Status
@@ -175,7 +175,7 @@ def test_pick_starts_the_next_gpu_variant_ahead_in_plan_order_only() -> None:
     assert pick([gb], [g1], 1, ahead=True) is gb
     # a variant decided at plan time (ranks=4 on a 2-GPU host) between two GPU ones is recorded at once, so the
     # one after it still starts ahead
-    decided = WorkItem(a, gpu, Variant("g", 4), 60.0, Preset(Status.SKIP, "too-few-gpus", "needs 4 GPUs"))
+    decided = WorkItem(a, gpu, Variant("g", 4), 60.0, Decided(Status.SKIP, "too-few-gpus", "needs 4 GPUs"))
     assert pick([decided, g2], [g1], 1, ahead=True) is decided
     assert pick([g2], [g1], 1, ahead=True) is g2
     assert pick([g3, decided], [g1, g2], 4, ahead=True) is decided  # even with one already waiting

@@ -44,6 +44,22 @@ def run(ctx: RankContext) -> dict:
     return outcome("pass", metrics={{"rank": ctx.rank}})
 '''
 
+DECIDED = '''"""Decided at plan time: its one variant is a planned skip, never launched."""
+
+from checks.probe import ProbeSpec, RankContext, Skip, Variant
+
+SPEC = ProbeSpec(id="t-decided", title="t-decided", feature="incremental runs", ranks=(1,), needs_gpu=False,
+                 timeout_s=60)
+
+
+def variants(host):
+    return [Variant("t-decided", 1, skip=Skip("not-applicable", "decided without running"))]
+
+
+def run(ctx: RankContext) -> dict:
+    raise AssertionError("a planned skip is never launched")
+'''
+
 HANGS_ONCE = '''"""Hangs (the worker's watchdog fires) the first time, passes afterwards."""
 
 import os
@@ -81,23 +97,26 @@ def clean_checkout(tmp_path: Path) -> Path:
     return root
 
 
-def write_probes(folder: Path, hangs: bool = False) -> None:
+def write_probes(folder: Path, hangs: bool = False, decided: bool = False) -> None:
     folder.mkdir(exist_ok=True)
     (folder / "t_count_a.py").write_text(COUNTING.format(pid="t-count-a", ranks="(1, 2)"))
     (folder / "t_count_b.py").write_text(COUNTING.format(pid="t-count-b", ranks="(1,)"))
     if hangs:
         (folder / "t_hangs_once.py").write_text(HANGS_ONCE)
+    if decided:
+        (folder / "t_decided.py").write_text(DECIDED)
 
 
 class Checkout:
     """`checks run --backend local` (or the backend given) of a clean checkout against stand-in probes, with one
     results folder."""
 
-    def __init__(self, tmp_path: Path, hangs: bool = False, backend: tuple[str, ...] = ("--backend", "local")) -> None:
+    def __init__(self, tmp_path: Path, hangs: bool = False, decided: bool = False,
+                 backend: tuple[str, ...] = ("--backend", "local")) -> None:
         self.backend = backend
         self.root = clean_checkout(tmp_path)
         self.probes = tmp_path / "probes"
-        write_probes(self.probes, hangs)
+        write_probes(self.probes, hangs, decided)
         self.results = tmp_path / "results"
         self.count = tmp_path / "count.txt"
         self.count.touch()
@@ -106,11 +125,12 @@ class Checkout:
         self.env.pop("NCCL_ALGO", None)
 
     def run(self, *args: str, env: dict[str, str] | None = None,
-            report: bool = False) -> subprocess.CompletedProcess[str]:
+            report: Path | None = None) -> subprocess.CompletedProcess[str]:
         probes = [a for p in sorted(self.probes.glob("t_*.py")) for a in ("--probe", p.stem.replace("_", "-"))]
+        table = ["--report", str(report)] if report else ["--no-report"]
         p = subprocess.run([sys.executable, "-m", "checks.cli", "run", *self.backend, *probes, "--results",
-                            str(self.results), "--json", *([] if report else ["--no-report"]), *args],
-                           capture_output=True, text=True, cwd=self.root, env=env or self.env, timeout=300)
+                            str(self.results), "--json", *table, *args], capture_output=True, text=True,
+                           cwd=self.root, env=env or self.env, timeout=300)
         assert p.returncode == 0, p.stderr
         return p
 
@@ -127,47 +147,60 @@ class Checkout:
 ALL = ["t-count-a ranks=1", "t-count-a ranks=2", "t-count-b ranks=1"]
 
 
-def test_a_second_identical_run_reuses_every_variant_and_says_so(tmp_path: Path) -> None:
-    c = Checkout(tmp_path)
-    first = c.run()
+def test_a_second_identical_run_reuses_every_variant_says_so_and_records_nothing(tmp_path: Path) -> None:
+    c = Checkout(tmp_path, decided=True)
+    table = tmp_path / "table.md"
+    first = c.run(report=table)
     assert c.ran() == ALL and "unchanged" not in first.stderr
     [run1] = c.runs()
     stored1, _ = read_file(run1)
-    assert all(r.code is not None and r.code.dirty is False for r in stored1)
-    assert all(set(r.verdict.evidence["inputs"]) == {"env", "host"} for r in stored1)
+    assert len(stored1) == 4 and all(r.code is not None and r.code.dirty is False for r in stored1)
+    assert all(set(r.verdict.evidence["inputs"]) == {"env", "host"} for r in stored1 if r.probe_id != "t-decided")
+    files = sorted(p.name for p in c.results.rglob("*"))
+    written = {p: p.read_bytes() for p in (table, table.with_suffix(".html"))}
 
-    second = c.run()
+    # everything reused or decided as before: the run says so, and leaves no file and the table as it was
+    second = c.run(report=table)
     assert c.ran() == []  # no worker ran a probe
     run_id = run1.stem
     assert f"reused 3 unchanged, reused from run {run_id}; --fresh reruns them" in second.stderr
-    assert "nothing to run: all 3 variant(s) are reused or decided without running" in second.stderr
+    assert "nothing to run: all 4 variant(s) are reused or decided without running" in second.stderr
     assert f"reused: 3 variant(s) unchanged since run {run_id} were not run again (--fresh reruns them)" \
         in second.stderr
     printed = json.loads(second.stdout)
-    assert [r["evidence"]["reused_from"] for r in printed] == [run_id] * 3
-    run2 = c.runs()[1]
+    assert [r["evidence"].get("reused_from") for r in printed if r["probe_id"] != "t-decided"] == [run_id] * 3
+    assert "results: nothing new, so no run recorded (each variant reused or decided as before)" in second.stderr
+    assert sorted(p.name for p in c.results.rglob("*")) == files and c.runs() == [run1]
+    assert {p: p.read_bytes() for p in written} == written  # byte for byte: no new entry under "Runs:"
+    # a third run likewise
+    third = json.loads(c.run().stdout)
+    assert [r["evidence"].get("reused_from") for r in third if r["probe_id"] != "t-decided"] == [run_id] * 3
+    assert c.ran() == [] and c.runs() == [run1]
+
+    # a changed probe: a run that adds a result records it, with the carried and decided ones beside it
+    (c.probes / "t_count_b.py").write_text((c.probes / "t_count_b.py").read_text() + "# edited\n")
+    c.run(report=table)
+    assert c.ran() == ["t-count-b ranks=1"]
+    run1_, run2 = c.runs()
     stored2, warnings = read_file(run2)
-    assert warnings == [] and [r.to_json() for r in stored2] == printed
+    assert run1_ == run1 and warnings == [] and len(stored2) == 4
     by_key = {r.key: r for r in stored1}
-    for r in stored2:  # the same verdict, code and start, recorded in the new run
+    for r in stored2:
         old = by_key[r.key]
-        assert (r.run_id, r.verdict.status, r.code, r.started_at) == (run2.stem, old.verdict.status, old.code,
-                                                                      old.started_at)
+        if r.probe_id == "t-count-a":  # carried: the same verdict, code and start, recorded in the new run
+            assert (r.run_id, r.verdict.status, r.code, r.started_at) == (run2.stem, old.verdict.status, old.code,
+                                                                          old.started_at)
+            assert r.verdict.evidence["reused_from"] == run_id
+        else:
+            assert r.run_id == run2.stem and "reused_from" not in r.verdict.evidence
     manifest = json.loads(run2.with_name(run2.stem + ".manifest.json").read_text())
     assert manifest["level"] == "full"
     [cell] = manifest["cells"].values()
     assert cell["fingerprint"].startswith("local ")
 
-    # a third run carries them again, still naming the run that measured them
-    third = json.loads(c.run().stdout)
-    assert [r["evidence"]["reused_from"] for r in third] == [run_id] * 3 and c.ran() == []
-
-    # the table shows them as reused
-    out = tmp_path / "table.md"
-    p = subprocess.run([sys.executable, "-m", "checks.cli", "report", "--results", str(c.results), "--out",
-                        str(out)], capture_output=True, text=True, cwd=c.root, env=c.env, timeout=300)
-    assert p.returncode == 0, p.stderr
-    md = out.read_text()
+    # the table lists both runs and shows the carried verdicts as reused
+    md = table.read_text()
+    assert run_id in md and run2.stem in md
     assert "✅2 *(reused)*" in md and "*reused*: carried from\nthe earlier run that measured it" in md
 
 

@@ -49,9 +49,18 @@ def test_quick_plans_only_the_smallest_fi_jit_module_for_every_arch() -> None:
 
 
 def test_gpu_probe_cases_at_quick_level(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert pcie_ipc.cases("all-reduce") == pcie_ipc.MAIN + pcie_ipc.EDGES["all-reduce"]
+    """(tokens, hidden, edge) of pcie-ipc's all-reduce cases: the decode shapes at DeepSeek-V3's hidden size
+    7168 from 1 to 128 tokens, then the two shapes outside flashinfer's admission rules; a quick run keeps the
+    smallest decode shape and the edges."""
+
+    def shapes() -> list[tuple[int, int, bool]]:
+        return [(c.tokens, c.hidden, c.edge) for c in pcie_ipc.cases("all-reduce")]
+
+    monkeypatch.delenv(LEVEL_ENV, raising=False)
+    assert shapes() == [(1, 2048, False), (1, 7168, False), (8, 7168, False), (128, 7168, False),
+                        (1, 8, True), (3, 1365, True)]
     monkeypatch.setenv(LEVEL_ENV, QUICK)
-    assert pcie_ipc.cases("all-reduce") == pcie_ipc.MAIN[:1] + pcie_ipc.EDGES["all-reduce"]
+    assert shapes() == [(1, 2048, False), (1, 8, True), (3, 1365, True)]
 
 
 @pytest.mark.parametrize(("level", "sizes"), [(FULL, [1, 16, 128]), (QUICK, [1])])

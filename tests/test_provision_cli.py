@@ -4,6 +4,7 @@ version meant."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -27,7 +28,13 @@ MEMLOCK = ("docker: Error response from daemon: failed to create shim task: OCI 
 READY = doctor.Facts(docker_cli="/usr/bin/docker", daemon_version="20.10.24", buildkit=True,
                      docker_root="/var/lib/docker", free_bytes=200 * GB, debootstrap="/usr/sbin/debootstrap",
                      torch_stacks=2, cells_to_build=5, cells_total=5, gpus=2, runtimes=("nvidia", "runc"),
-                     probe_image="stackprobe/base:bookworm", gpu_in_container="", memlock_in_container="")
+                     probe_image="stackprobe/base:bookworm", gpu_in_container="", memlock_in_container="",
+                     uv="/usr/local/bin/uv (uv 0.13.9)", cc="/usr/bin/gcc", venv_root="/root/.cache/uv",
+                     venv_free_bytes=100 * GB, venv_torch_stacks=2, venv_cells_to_build=5)
+# a 2-core Debian VM with uv and gcc, a docker CLI and no daemon, nothing built yet (the default matrix)
+NO_DOCKER = doctor.Facts(docker_cli="/usr/bin/docker", daemon_error=NO_DAEMON, uv="/usr/local/bin/uv (uv 0.13.9)",
+                         cc="/usr/bin/gcc", venv_root="/root/.cache/uv", venv_free_bytes=67 * GB, cells_total=5,
+                         venv_torch_stacks=3, venv_cells_to_build=5, gpu_error="nvidia-smi not found")
 
 
 def by_name(facts: doctor.Facts) -> dict[str, doctor.Check]:
@@ -37,9 +44,55 @@ def by_name(facts: doctor.Facts) -> dict[str, doctor.Check]:
 def test_doctor_on_a_ready_gpu_host_says_ready() -> None:
     checks = doctor.diagnose(READY)
     assert {c.status for c in checks} == {"ok"} and doctor.exit_code(checks) == 0
-    assert by_name(READY)["disk"].detail == ("200 GB free under /var/lib/docker; 5 of 5 cells still to build (2 torch "
-                                             "build(s) of 6 GB + 3 GB per cell) need about 28 GB")
-    assert doctor.report(checks)[-1] == "ready: `uv run provision build && uv run checks run --all`"
+    docker_disk = next(c for c in checks if c.name == "disk" and c.backend == "docker")
+    assert docker_disk.detail == ("200 GB free under /var/lib/docker; 5 of 5 cells still to build (2 torch "
+                                  "build(s) of 5.5 GB + 1 GB per cell) need about 17 GB")
+    assert doctor.auto_backend(READY) == ("docker", "a Docker daemon answers (version 20.10.24)")
+    lines = doctor.report(checks, *doctor.auto_backend(READY))
+    assert lines[-2:] == ["`--backend auto` builds Docker images here: a Docker daemon answers (version 20.10.24)",
+                          "ready: `uv run provision build && uv run checks run --all` (Docker images)"]
+
+
+def test_doctor_without_a_docker_daemon_names_venv_cells_and_exits_0() -> None:
+    """Docker's missing engine and debootstrap are information when `auto` builds venv cells."""
+    checks = doctor.diagnose(NO_DOCKER)
+    status = {(c.backend, c.name): c.status for c in checks}
+    assert status[("docker", "Docker engine")] == "FAIL" and status[("docker", "debootstrap")] == "FAIL"
+    assert status[("venv", "uv")] == status[("venv", "C compiler")] == status[("venv", "disk")] == "ok"
+    backend, why = doctor.auto_backend(NO_DOCKER)
+    assert (backend, why) == ("venv", f"no Docker daemon answers ({NO_DAEMON})")
+    assert doctor.exit_code(checks, "venv") == 0 and doctor.exit_code(checks, "docker") == 1
+    lines = doctor.report(checks, backend, why)
+    assert lines[0] == "Docker images (--backend docker):"
+    assert "venv cells, virtual environments (--backend venv):" in lines
+    assert lines[-2] == f"`--backend auto` builds venv cells here: no Docker daemon answers ({NO_DAEMON})"
+    assert lines[-1] == ("ready: `uv run provision build && uv run checks run --all` (venv cells); the 2 FAIL(s) under "
+                         "Docker images (--backend docker) matter only for --backend docker")
+    venv_disk = next(c for c in checks if c.name == "disk" and c.backend == "venv")
+    assert venv_disk.detail.startswith("67 GB free under /root/.cache/uv; 5 of 5 cells still to build (3 torch "
+                                       "build(s) of 5.5 GB + 0.6 GB per cell")
+    assert venv_disk.detail.endswith("need about 20 GB")  # 3 x 5.5 + 5 x 0.6 = 19.5 GB; measured 18.5 GB
+    got = doctor.to_json(checks, backend, why)
+    assert got["backend"] == "venv" and got["ready"] is True
+    assert {"backend": "venv", "name": "uv", "status": "ok", "detail": "/usr/local/bin/uv (uv 0.13.9) (locks the cells "
+            "and installs them from its cache)", "fix": ""} in got["checks"]
+
+
+@pytest.mark.parametrize(("facts", "backend", "name", "status", "code", "fix"), [
+    (replace(NO_DOCKER, uv=None), "venv", "uv", "FAIL", 1, "install uv"),
+    (replace(NO_DOCKER, cc=None), "venv", "C compiler", "warn", 0, "apt-get install gcc"),
+    (replace(NO_DOCKER, venv_free_bytes=12 * GB), "venv", "disk", "FAIL", 1, "provision prune"),
+    (replace(NO_DOCKER, venv_free_bytes=25 * GB), "venv", "disk", "warn", 0, ""),
+    (replace(READY, uv=None), "docker", "uv", "FAIL", 0, "install uv"),  # Docker builds: uv's absence is information
+    (replace(READY, venv_free_bytes=1 * GB), "docker", "disk", "FAIL", 0, "uv cache prune"),
+])
+def test_doctor_fails_only_on_what_the_backend_it_uses_lacks(facts: doctor.Facts, backend: str, name: str,
+                                                             status: str, code: int, fix: str) -> None:
+    checks = doctor.diagnose(facts)
+    assert doctor.auto_backend(facts)[0] == backend
+    check = next(c for c in checks if c.name == name and c.backend == "venv")
+    assert check.status == status and fix in check.fix
+    assert doctor.exit_code(checks, backend) == code
 
 
 @pytest.mark.parametrize(("facts", "name", "status", "detail", "fix"), [
@@ -54,8 +107,8 @@ def test_doctor_on_a_ready_gpu_host_says_ready() -> None:
      "ok", "not needed now", ""),
     (replace(READY, apt_mirror_error="no Debian mirror in /etc/apt/sources.list(.d): configure apt first"),
      "debootstrap", "FAIL", "no Debian mirror", "sources.list"),
-    (replace(READY, free_bytes=27 * GB), "disk", "FAIL", "27 GB free", "docker builder prune"),
-    (replace(READY, free_bytes=40 * GB), "disk", "warn", "little room left", ""),
+    (replace(READY, free_bytes=12 * GB), "disk", "FAIL", "12 GB free", "docker builder prune"),
+    (replace(READY, free_bytes=20 * GB), "disk", "warn", "little room left", ""),
     (replace(READY, runtimes=("runc",), gpu_in_container=None), "GPUs in containers", "FAIL",
      "no NVIDIA runtime or CDI spec", "nvidia-ctk runtime configure"),
     (replace(READY, gpu_in_container=doctor._daemon_error(NO_GPU_DRIVER)), "GPUs in containers", "FAIL",
@@ -70,20 +123,30 @@ def test_doctor_on_a_ready_gpu_host_says_ready() -> None:
 def test_doctor_names_each_missing_prerequisite_and_its_fix(facts: doctor.Facts, name: str, status: str,
                                                             detail: str, fix: str) -> None:
     checks = doctor.diagnose(facts)
-    check = {c.name: c for c in checks}[name]
+    check = next(c for c in checks if c.name == name)  # Docker's disk before the venv cells'
     assert check.status == status and detail in check.detail and fix in check.fix
     assert doctor.exit_code(checks) == (1 if any(c.status == "FAIL" for c in checks) else 0)
     if status == "FAIL":
         assert doctor.report(checks)[-1].endswith("to fix before `provision build`")
 
 
-def test_doctor_runs_here_and_exits_0_or_1() -> None:
+def test_doctor_runs_here_and_exits_0_when_the_backend_auto_takes_can_build() -> None:
     p = subprocess.run([sys.executable, "-m", "provision.cli", "doctor"], capture_output=True, text=True, cwd=ROOT,
                        timeout=300)
     assert p.returncode in (0, 1), p.stderr
-    names = [ln.split()[1] for ln in p.stdout.splitlines()[:2]]
-    assert names == ["docker", "docker"] or names[0] == "docker"
-    assert p.stdout.splitlines()[-1].startswith(("ready:", "1 problem", "2 problem", "3 problem"))
+    lines = p.stdout.splitlines()
+    assert lines[0] == "Docker images (--backend docker):" and lines[1].split()[1:3] == ["docker", "CLI"]
+    assert "venv cells, virtual environments (--backend venv):" in lines
+    assert lines[-2].startswith(("`--backend auto` builds Docker images here: a Docker daemon answers",
+                                 "`--backend auto` builds venv cells here: no Docker daemon answers"))
+    assert lines[-1].startswith("ready:" if p.returncode == 0 else tuple(f"{n} problem" for n in range(1, 9)))
+    j = subprocess.run([sys.executable, "-m", "provision.cli", "doctor", "--json"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    got = json.loads(j.stdout)
+    assert j.returncode == p.returncode and got["ready"] is (p.returncode == 0)
+    assert got["backend"] == ("docker" if "builds Docker images" in lines[-2] else "venv")
+    failed = {(c["backend"], c["name"]) for c in got["checks"] if c["status"] == "FAIL"}
+    assert bool({(b, n) for b, n in failed if b in ("host", got["backend"])}) is (p.returncode == 1)
 
 
 def test_a_mistyped_option_gets_the_usage_of_its_subcommand_and_the_option_meant() -> None:

@@ -135,7 +135,7 @@ def test_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(tmp_path: Pa
 
 
 def test_an_image_without_nvcc_says_the_catalogues_reason_and_next_step(tmp_path: Path, cells: list[Path]) -> None:
-    """Issue 11 item 6: the build's note and the table's note for fi-no-nvcc are one text, and its next step
+    """The build's note and the table's note for fi-no-nvcc are one text, and its next step
     is the nvidia/cuda devel base (the registry's CUDA 12 nvcc wheel has no nvcc)."""
     [rec, _] = build.build_locked(cells, _opts(tmp_path), ReplayDocker())
     reason = catalogue().get("fi-no-nvcc")

@@ -65,7 +65,7 @@ def test_cells_of_one_torch_build_get_one_torch_lock(index: str, tmp_path: Path)
     envs = tmp_path / "envs"
     newer, older = _cell("0.6.18"), _cell("0.6.8.post1")
     assert lock.torch_key(newer) == lock.torch_key(older)
-    # what the old per-cell closure gave: the cell without cuda-python takes cuda-bindings 13.5.0
+    # the cell's own closure, compiled alone: without cuda-python it takes cuda-bindings 13.5.0
     alone = lock.uv_compile(lock.requirements_in(older), lock.compile_args(older), (), lock.guards(older))
     assert lock.pinned(lock.closure_subset(alone, "torch"), "cuda-bindings") == "13.5.0"
 

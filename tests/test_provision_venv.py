@@ -194,7 +194,8 @@ def test_checks_run_uses_venv_cells_when_docker_is_absent(world: dict[str, Path]
             "--results", str(results), "--json"]
     assert checks_main(argv) == 0
     out, err = capsys.readouterr()
-    assert "checks: no Docker daemon reachable, so venv cells instead (--backend docker insists on Docker)" in err
+    assert "checks: no Docker daemon answers (Error while fetching server API version" in err
+    assert "running the probes in venv cells (virtual environments) instead of Docker images" in err
     printed = json.loads(out)
     assert {(r["cell_id"], r["variant"], r["status"]) for r in printed} == {
         (CELL, "ranks=1", "pass"), (CELL, "ranks=2", "pass")}
@@ -225,18 +226,24 @@ def test_provision_build_falls_back_to_venv_cells_in_one_line(world: dict[str, P
     monkeypatch.setenv("DOCKER_HOST", DEAD_DOCKER)
     monkeypatch.setattr(installer, "uv", lambda: None)
     args = ["build", "--dry-run", "--matrix", str(world["matrix"]), "--envs", str(envs), "--offline", "--json",
-            "--venvs", str(tmp_path / "venvs")]
+            "--venvs", str(tmp_path / "venvs"), "--dockerfiles", str(tmp_path / "d")]
     with pytest.raises(SystemExit) as done:
         provision_main(args)
     out, err = capsys.readouterr()
     assert done.value.code == 0, err
     lines = [ln for ln in err.splitlines() if "Docker" in ln]
-    assert len(lines) == 1 and lines[0].startswith("provision: no Docker daemon reachable, so venv cells instead")
-    assert json.loads(out) == [{"cell_id": CELL, "status": "would-build", "tag": "",
-                                "reason": f"venv {tmp_path / 'venvs' / CELL}"}]
+    assert len(lines) == 1 and lines[0].startswith("provision: no Docker daemon answers (") and "as venv cells " \
+        "(virtual environments) instead of Docker images; the same locks, self-check and probes, so the same " \
+        "verdicts" in lines[0]
+    assert "start dockerd" not in err and "--dry-run" not in err
+    [row] = json.loads(out)
+    dockerfile = tmp_path / "d" / f"{CELL}.Dockerfile"
+    assert row["status"] == "would-build" and row["reason"].startswith(f"venv {tmp_path / 'venvs' / CELL}; FROM ")
+    assert row["reason"].endswith(str(dockerfile)) and "FROM " in dockerfile.read_text()  # rendered all the same
     with pytest.raises(SystemExit) as done:  # --backend docker insists (without --dry-run: it would only render)
         provision_main([a for a in args if a != "--dry-run"] + ["--backend", "docker"])
-    assert done.value.code == 2 and "cannot talk to the Docker daemon" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "cannot talk to the Docker daemon" in err and "start dockerd" in err
     with pytest.raises(SystemExit) as done:
         provision_main([*args, "--backend", "docker", "--base-python", sys.executable])
     assert done.value.code == 2 and "use --backend venv" in capsys.readouterr().err
@@ -301,8 +308,10 @@ def test_backend_choice() -> None:
     assert backend.choose("venv", boom) == backend.Choice("venv")
     assert backend.choose("auto", boom, overlay=True) == backend.Choice("venv")
     assert backend.choose("auto", lambda: None) == backend.Choice("docker")
-    fell = backend.choose("auto", lambda: "cannot talk to the Docker daemon (connection refused)")
-    assert fell.backend == "venv" and fell.line.endswith("(connection refused)") and "\n" not in fell.line
+    fell = backend.choose("auto", lambda: "connection refused")
+    assert fell.backend == "venv" and "\n" not in fell.line
+    assert fell.line.startswith("no Docker daemon answers (connection refused): building the cells as venv cells")
+    assert "same verdicts" in fell.line and "start dockerd" not in fell.line
     with pytest.raises(InputError, match="use --backend venv"):
         backend.choose("docker", boom, overlay=True)
 
@@ -346,3 +355,43 @@ def test_cuda_home_from_toolkit_wheels_links_the_tree_and_a_driver_stub(tmp_path
     assert stub is not None and stub.soname == "libcuda.so.1"
     assert {"cuInit", "cuMemAlloc", "cuMemAlloc_v2", "cuPointerGetAttribute"} <= stub.defined
     assert cudahome.assemble(tmp_path / "wheels", home) == ""  # a rebuild replaces it
+
+
+def test_venv_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(world: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    """The progress a Docker build shows, for venv cells: the count and the time its cells' last builds took,
+    cell n of N with its last time, each step, a tick while it builds, and the time left after each."""
+    second = CELL.replace("fi0.6.18", "fi0.6.19")
+    folders = []
+    for cid, last_s in ((CELL, 90.0), (second, 30.0)):
+        folder = tmp_path / "envs" / cid
+        shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build.json"))
+        cell = json.loads((folder / "cell.json").read_text())
+        cell["cell_id"] = cid
+        (folder / "cell.json").write_text(json.dumps(cell))
+        # an earlier build of other inputs (another hash): rebuilt, and its time is the estimate
+        (folder / "build.json").write_text(json.dumps({"backend": "venv", "status": "built", "hash": "0ld",
+                                                       "build_s": last_s}))
+        folders.append(folder)
+    venvs = tmp_path / "venvs"
+    opts = BuildOptions(world["matrix"], envs=tmp_path / "envs", backend="venv", base_python=str(world["base"]),
+                        wheels=world["wheels"], venvs=venvs)
+    said: list[str] = []
+    records = build_venv_cells(folders, opts, lambda cid, msg: said.append(f"{cid} {msg}".strip()), tick_s=0.05)
+    assert [r["status"] for r in records] == ["built", "built"]
+    assert said[0] == "venv cells: 2 to build; about 2m00s by their last builds"
+    mine = [ln[len(CELL) + 1:] for ln in said if ln.startswith(CELL + " ") and not ln.startswith(CELL + " (cell")]
+    assert mine[0] == f"cell 1 of 2: building {venvs / CELL} (last build 1m30s)"
+    assert mine[1:4] == [f"making {venvs / CELL} over {world['base']}", "installing 1 package(s), 3 from the base",
+                         "self-check"]
+    assert mine[4].startswith("cell 1 of 2: built after ") and mine[4].endswith("· 1 of 2 done, about 30 s left")
+    ends = [ln for ln in said if ln.startswith(second + " cell 2 of 2: built after ")]
+    assert len(ends) == 1 and ends[0].endswith("· 2 of 2 done")
+    ticks = [ln for ln in said if ln.startswith(f"{CELL} (cell 1 of 2) building for ")]
+    assert ticks and all(" of 1m30s last time; at " in ln for ln in ticks)
+    # nothing changed: nothing is built, and the build times stay for the next estimate
+    again: list[str] = []
+    rebuilt = build_venv_cells(folders, opts, lambda cid, msg: again.append(f"{cid} {msg}".strip()))
+    assert [r["status"] for r in rebuilt] == ["skipped-unchanged"] * 2
+    assert again[-1] == "venv cells: 0 to build, 2 unchanged"
+    assert [r["build_s"] for r in rebuilt] == [r["build_s"] for r in records]

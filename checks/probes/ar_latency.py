@@ -483,3 +483,18 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if baseline:
         result["evidence"]["nccl_per_size"] = {str(b): r for b, r in baseline.items()}
     return result
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (checks.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("latency_us", "µs by message bytes", "median time of one captured call, slowest rank per replay", "latency"),
+    ("p99_us", "µs by message bytes", "99th percentile of the same replays", None),
+    ("nccl_latency_us", "µs by message bytes", "NCCL timed the same way in the same processes", "nccl-latency"),
+    ("ratio_vs_nccl", "ratio by message bytes", "latency_us / nccl_latency_us at each size", "ratio-vs-nccl"),
+    ("configs", "record", "flashinfer PCIe IPC configs chosen per message bytes", None),
+)
+EVIDENCE = (
+    ("hidden", "elements", "hidden size of the timed messages (tokens x hidden bf16 elements)", "hidden"),
+)
+ALLREDUCE_PATH = True

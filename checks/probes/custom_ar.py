@@ -338,3 +338,21 @@ def run(ctx: RankContext) -> dict[str, Any]:
         return lock.finish(latency_outcome(_latency(ar, ctx.rank, ctx.world_size, device, group), evidence))
     except Stopped as stop:
         return stop.outcome
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (checks.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("headline", "text", "what the table shows for a pass: exactness and the range of times against NCCL", "headline"),
+    ("latency_us", "µs by message bytes", "median time of one custom allreduce call, exact sizes only", "latency"),
+    ("latency_p99_us", "µs by message bytes", "99th percentile of the same calls", None),
+    ("nccl_latency_us", "µs by message bytes", "NCCL allreduce timed the same way in the same processes",
+     "nccl-latency"),
+    ("nccl_latency_p99_us", "µs by message bytes", "99th percentile of the NCCL calls", None),
+)
+EVIDENCE = (
+    ("eager", "record", "per message bytes, the eager call's result against the exact sum", "eager-checks"),
+    ("graph", "record", "graph capture and replay, with per-size checks against the exact sum", "graph-checks"),
+    ("topology_full_nvlink", "bool", "NVLink between every pair of the ranks' GPUs, as NVML reports", "full-nvlink"),
+)
+ALLREDUCE_PATH = True

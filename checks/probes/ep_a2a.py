@@ -246,3 +246,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
 def _version() -> str | None:
     return _api.package_version(*_fi_moe.DISTRIBUTIONS)
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (checks.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("workspace_bytes_per_rank", "bytes", "all-to-all workspace each rank allocates", "workspace"),
+    ("sm_count", "count", "streaming multiprocessors of the GPU a simulated rank set runs on", None),
+)

@@ -209,3 +209,13 @@ def run(ctx: RankContext) -> dict[str, Any]:
     return _wrong(graph, "partial", "eager exact; graph replay", metrics, evidence) or outcome(
         "pass", metrics=metrics, evidence=evidence
     )
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (checks.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("workspace_bytes", "bytes", "fusion workspace allocated for the whole group", None),
+    ("norm_exact_fraction", "fraction", "worst rank's share of RMSNorm outputs equal to the unfused reference", None),
+    ("norm_max_abs_err", "absolute", "largest RMSNorm output difference from the unfused reference", None),
+)
+ALLREDUCE_PATH = True

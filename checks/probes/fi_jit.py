@@ -366,3 +366,15 @@ def _build(ctx: RankContext, module: str, arch: str, combined: str, cache: str,
     if failed:
         result["combined_attempt"] = failed
     return result
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (checks.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("compile_s", "s", "wall time of compiling the module's sources", "compile-time"),
+    ("compile_cpu_s", "s", "CPU time of the compilers", None),
+    ("link_s", "s", "wall time of the final link", None),
+    ("library_bytes", "bytes", "size of the linked module", None),
+    ("objects", "count", "object files the build produced", None),
+    ("cached", "bool", "the module came from the compile cache; nothing was compiled in this run", "cached"),
+)

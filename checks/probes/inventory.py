@@ -214,3 +214,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if problems:
         return outcome("fail", note="; ".join(problems), reason_code=code, metrics=metrics, evidence=evidence)
     return outcome("pass", metrics=metrics, evidence=evidence)
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (checks.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("gpus", "count", "GPUs torch sees", None),
+    ("peer_pairs", "count", "ordered GPU pairs with peer access", None),
+)

@@ -350,3 +350,15 @@ def run(ctx: RankContext) -> dict[str, Any]:
         }
     )
     return result
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (checks.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("ops_ok", "count", "collectives exact eagerly and in a CUDA graph", None),
+    ("ops_total", "count", "collectives checked", None),
+)
+EVIDENCE = (
+    ("ops", "record", "per collective, the eager and graph results against the exact answer", "op-checks"),
+)
+ALLREDUCE_PATH = True

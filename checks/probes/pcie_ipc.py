@@ -321,3 +321,17 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
 def _key(inp: Any) -> str:
     return f"{inp.shape[0]}x{inp.shape[1]}"
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (checks.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("headline", "text", "what the table shows for a pass: exactness, config, and the time against NCCL",
+     "headline"),
+    ("latency_us", "µs by message bytes", "median time of one call with flashinfer's tuned config", "latency"),
+    ("seed_latency_us", "µs by message bytes", "the same with the seed config", None),
+    ("nccl_latency_us", "µs by message bytes", "NCCL timed the same way in the same processes", "nccl-latency"),
+    ("configs", "record", "seed and tuned configs per shape", None),
+    ("tuned_by_flashinfer", "record", "what flashinfer's own tuning returned", None),
+)
+ALLREDUCE_PATH = True

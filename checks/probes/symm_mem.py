@@ -404,3 +404,18 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if "multimem" in facts:
         facts["multimem"] = worst_multimem([other["multimem"] for other in everyone])
     return verdict(facts)
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (checks.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("ops_exact", "count", "(op, mode) checks exact against the exact result", None),
+    ("ops_total", "count", "(op, mode) checks made", None),
+    ("multicast_ptr_nonzero", "bool", "the symmetric memory handle has a multicast address", None),
+)
+EVIDENCE = (
+    ("ops", "record", "per symmetric-memory op, the eager and graph results against the exact answer",
+     "op-checks"),
+    ("device_multicast_support", "bool", "the CUDA device attribute for multicast objects", "multicast"),
+)
+ALLREDUCE_PATH = True

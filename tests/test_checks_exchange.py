@@ -1,0 +1,260 @@
+"""`checks share | import | validate`: bundles made from the committed results, crafted bundles and folders read as
+untrusted input, and what the generated pages make of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from checks import bundle, cli, intake
+from checks.provenance import Checkout
+from checks.scrub import Identity, Scrubber
+from tests.checks_helpers import ROOT
+
+H2 = "h200x2-5bce98f7"
+RUN = "20261201T021126Z-b42a"
+
+
+def _main(*argv: str | Path) -> int:
+    return cli.main([str(a) for a in argv])
+
+
+def _bundle_of(results: Path, host: str, out: Path) -> dict:
+    assert _main("share", "--results", results, "--host", host, "--out", out) in (0, 1)
+    return json.loads(out.read_text())
+
+
+def _section(md: str, host: str) -> str:
+    """One host's section of compatibility.md: from its heading to the next second-level heading."""
+    start = md.index(next(ln for ln in md.splitlines() if ln.startswith("## ") and f"host `{host}`" in ln))
+    end = md.find("\n## ", start + 1)
+    return md[start:] if end < 0 else md[start:end]
+
+
+def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(tmp_path: Path) -> None:
+    whole = tmp_path / "whole"
+    shutil.copytree(ROOT / "results", whole / "results")
+    path = tmp_path / "h2.bundle.json"
+    data = _bundle_of(whole / "results", H2, path)
+    assert data["schema"] == "stackprobe.bundle/1" and data["host"]["gpu_name"] == "NVIDIA H200"
+    assert data["host"]["gpu_count"] == 2 and data["host"]["interconnect"].startswith("NVLink")
+    fresh = tmp_path / "fresh"
+    assert _main("import", path, "--results", fresh / "results") == 0
+    for d in (whole, fresh):
+        assert _main("report", "--results", d / "results", "--out", d / "docs" / "compatibility.md") == 0
+    a, b = ((d / "docs" / "compatibility.md").read_text() for d in (whole, fresh))
+    assert _section(b, H2) == _section(a, H2)
+    # the results files come back as the store wrote them (nothing in them needed scrubbing)
+    for src in sorted((ROOT / "results" / H2).glob("*.jsonl")):
+        assert (fresh / "results" / H2 / src.name).read_bytes() == src.read_bytes()
+    # and the whole page of that host alone is the same from the bundle as from a copy of its folder
+    alone = tmp_path / "alone"
+    shutil.copytree(ROOT / "results" / H2, alone / "results" / H2)
+    assert _main("report", "--results", alone / "results", "--out", alone / "docs" / "compatibility.md") == 0
+    for name in ("compatibility.md", "compatibility.html"):
+        assert (alone / "docs" / name).read_bytes() == (fresh / "docs" / name).read_bytes(), name
+
+
+def test_importing_twice_skips_and_a_colliding_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "b.json"
+    data = _bundle_of(ROOT / "results", H2, path)
+    res = tmp_path / "results"
+    assert _main("import", path, "--results", res) == 0
+    assert _main("import", path, "--results", res) == 0
+    assert "already present" in capsys.readouterr().err
+    target = res / H2 / f"{RUN}.jsonl"
+    before = target.read_bytes()
+    run = next(r for r in data["runs"] if r["run_id"] == RUN)
+    run["results"][0]["note"] = "different"
+    path.write_text(json.dumps(data))
+    assert _main("import", path, "--results", res) == 1
+    err = capsys.readouterr().err
+    assert f"run {H2}/{RUN} is already under" in err and "different results; refused" in err
+    assert target.read_bytes() == before
+
+
+def _host_folder(root: Path, host: str = "gpux2-0123abcd", run: str = "20260101T000000Z-abcd",
+                 note: str = "", cell: str = "cu130-torch2.11.0-sglnone-fi0.6.18", env: dict | None = None,
+                 code: dict | None = None) -> Path:
+    """A small host folder: one manifest and two results, one passing one failing."""
+    folder = root / host
+    folder.mkdir(parents=True)
+    code = code or {"version": "0.1.0", "commit": "a" * 40, "dirty": False}
+
+    def result(variant: str, status: str, note: str) -> dict:
+        return {"schema": "stackprobe.result/2", "run_id": run, "host_id": host, "cell_id": cell,
+                "probe_id": "ar-latency", "variant": variant, "status": status, "reason_code": "",
+                "note": note, "remediation": "", "metrics": {}, "evidence": {}, "started_at":
+                "2026-01-01T00:00:00+00:00", "duration_s": 1.0, "code": {**code, "probe_hash": "0" * 16}}
+
+    lines = [result("ranks=2,backend=nccl", "pass", ""), result("ranks=2,backend=custom", "fail", note)]
+    (folder / f"{run}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    manifest = {"schema": "stackprobe.manifest/2", "run_id": run, "host_id": host, "written_at": "x",
+                "executor": "docker", "level": "full", "cells": {cell: {"versions": {"torch": "2.11.0"}}},
+                "probes": {}, "code": {**code, "probe_hashes": {}}, "argv": ["run", "--all"],
+                "facts": {"gpu_name": "GPU X", "gpu_count": 2, "env": env or {}}}
+    (folder / f"{run}.manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_share_scrubs_names_paths_addresses_and_credentials(tmp_path: Path) -> None:
+    env = {"NCCL_COMM_ID": "alice:hunter2@10.0.0.7:29500", "NCCL_SOCKET_IFNAME": "eth0",
+           "TORCH_HOME": "/home/alice/.cache/torch", "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz",
+           "NCCL_DEBUG_FILE": "/tmp/nccl.gpu-node-07.log", "GLOO_ADDR": "fe80::1ff:fe23:4567:890a",
+           "CUDA_NOTE": "proxy https://bob:pa55@proxy.example.com mac 00:1b:21:3a:4f:5c GPU-12345678-1234-1234-1234-"
+                        "123456789abc token=s3cr3t"}
+    _host_folder(tmp_path / "results", env=env, note="failed on gpu-node-07 for alice in /Users/alice/x")
+    scrubber = Scrubber(Identity(("gpu-node-07",), ("alice",), ()))
+    data, problems = bundle.build(tmp_path / "results", "gpux2-0123abcd", scrubber, Checkout("0.1.0", "b" * 40, False))
+    text = bundle.dumps(data).decode()
+    assert not problems
+    for leak in ("hunter2", "10.0.0.7", "alice", "gpu-node-07", "hf_abc", "pa55", "bob", "00:1b:21", "12345678-1234",
+                 "s3cr3t", "fe80::"):
+        assert leak not in text, leak
+    env_out = data["runs"][0]["manifest"]["facts"]["env"]
+    assert env_out["NCCL_SOCKET_IFNAME"] == "eth0" and env_out["TORCH_HOME"] == "~/.cache/torch"
+    assert env_out["HF_TOKEN"] == "<redacted>" and env_out["NCCL_COMM_ID"] == "<redacted>@<ip>:29500"
+    assert data["runs"][0]["results"][1]["note"] == "failed on <host> for <user> in ~/x"
+    assert data["scrubbed"]["credential"] >= 3 and data["scrubbed"]["IP address"] == 2
+
+
+def test_show_prints_exactly_the_bytes_of_the_file(tmp_path: Path, capsysbinary: pytest.CaptureFixture) -> None:
+    _host_folder(tmp_path / "results")
+    out = tmp_path / "b.json"
+    assert _main("share", "--results", tmp_path / "results", "--host", "gpux2-0123abcd", "--show", "--out", out) == 0
+    assert capsysbinary.readouterr().out == out.read_bytes()
+    assert _main("share", "--results", tmp_path / "results", "--host", "gpux2-0123abcd", "--show") == 0
+    shown = capsysbinary.readouterr()
+    assert shown.out == out.read_bytes() and b"nothing written" in shown.err
+
+
+def test_a_bundle_says_when_its_code_was_dirty_or_unknown(tmp_path: Path) -> None:
+    clean, dirty = tmp_path / "clean", tmp_path / "dirty"
+    _host_folder(clean)
+    _host_folder(dirty, code={"version": "0.1.0", "commit": "c" * 40, "dirty": True})
+    args = ("gpux2-0123abcd", Scrubber(), Checkout("0.1.0", "unknown", None))
+    code = bundle.build(clean, *args)[0]["code"]
+    assert code["clean"] is True and code["warnings"] == []
+    code = bundle.build(dirty, *args)[0]["code"]
+    said = f"stackprobe 0.1.0 from a dirty checkout of commit {'c' * 40} made some runs"
+    assert code["clean"] is False and code["warnings"] == [said]
+    assert code["shared_by"] == {"version": "0.1.0", "commit": "unknown", "dirty": None}
+
+
+CRAFTED_NOTE = "x | y <script>alert(1)</script> [c](javascript:alert(1)) $(touch /tmp/pwned) `id`"
+CRAFTED_CELL = "cu130-torch2.11$(touch /tmp/pwned)-sglnone-fi<b>|x"
+CRAFTED_HOST = "javascript:alert(1)-0123abcd"
+
+
+def test_crafted_host_cell_and_note_give_no_link_no_broken_row_no_shell_text(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    src = tmp_path / "src"
+    _host_folder(src, note=CRAFTED_NOTE)
+    data, _ = bundle.build(src, "gpux2-0123abcd", Scrubber(), Checkout("0.1.0", "a" * 40, False))
+    extra = dict(data["runs"][0]["results"][0], cell_id=CRAFTED_CELL, variant="ranks=2,backend=nccl")
+    data["runs"][0]["results"].append(extra)
+    good = tmp_path / "good.json"
+    good.write_bytes(bundle.dumps(data))
+    evil = tmp_path / "evil.json"
+    evil.write_bytes(bundle.dumps({**data, "host_id": CRAFTED_HOST}))
+    res = tmp_path / "r" / "results"
+    assert _main("import", evil, good, "--results", res) == 2  # the evil host is unreadable as a whole
+    err = capsys.readouterr().err
+    assert "host id 'javascript:alert(1)-0123abcd' is not of the form" in err
+    assert err.count("cell id 'cu130-torch2.11$(touch") == 1  # one warning for the one bad item
+    assert sorted(p.name for p in res.iterdir()) == ["gpux2-0123abcd"]
+    assert _main("report", "--results", res, "--out", res.parent / "docs" / "compatibility.md") == 0
+    files = [res.parent / "docs" / "compatibility.md", res.parent / "docs" / "compatibility.html",
+             *sorted((res / "gpux2-0123abcd").iterdir())]
+    text = {f.name: f.read_text() for f in files}
+    for name, body in text.items():  # the refused ids reach no file
+        assert "touch /tmp/pwned)-sgl" not in body and CRAFTED_HOST not in body, name
+    commands = re.findall(r"`(checks [^`]*)`", text["compatibility.md"])
+    commands += re.findall(r"<code>(checks [^<]*)</code>", text["compatibility.html"])
+    assert commands  # the page does print commands to paste (the missing ar-latency variants)
+    for c in commands:  # none carries the crafted text
+        assert not re.search(r"[$`;|&<>()]", c.replace("&#39;", "'")), c
+    html = text["compatibility.html"]
+    assert "<script" not in html.lower()
+    assert not re.search(r"""(?i)(href|src|action)\s*=\s*["']?\s*javascript:""", html)
+    md = text["compatibility.md"]
+    table = [ln for ln in md.splitlines() if ln.startswith("| `")]
+    header = next(ln for ln in md.splitlines() if ln.startswith("| cell |"))
+    cols = len(re.split(r"(?<!\\)\|", header))
+    assert table and all(len(re.split(r"(?<!\\)\|", ln)) == cols for ln in table)  # no row broken by a `|`
+    assert "](javascript:" not in md.split("Notes:")[0]  # no markdown link built from it in the table
+
+
+def _bad_results(root: Path) -> int:
+    """A results folder with one good host and one bad example of each kind; the count of bad items."""
+    folder = _host_folder(root)
+    run = folder / "20260101T000000Z-abcd.jsonl"
+    good = run.read_text().splitlines()
+    bad_lines = [b"\xff\xfe latin-1 \xe9",  # not UTF-8
+                 b"[" * 5000 + b"]" * 5000,  # nested too deep
+                 json.dumps(dict(json.loads(good[0]), note="\ud800")).encode(),  # a lone surrogate
+                 json.dumps(dict(json.loads(good[0]), status="great")).encode(),  # unknown status
+                 json.dumps(dict(json.loads(good[0]), cell_id="a|b")).encode(),  # cell id grammar
+                 json.dumps(dict(json.loads(good[0]), run_id="../../etc")).encode(),  # run id
+                 json.dumps(dict(json.loads(good[0]), extra=1)).encode(),  # unknown field
+                 b"NaN"]
+    run.write_bytes(b"\n".join([*(g.encode() for g in good), *bad_lines]) + b"\n" + b'{"torn')
+    (root / "javascript:alert(1)").mkdir()  # a host folder outside the grammar
+    os.symlink("/etc", root / "gpux1-0123abcd")  # a link out of the folder
+    os.symlink("/nonexistent", folder / "20260101T000001Z-abcd.jsonl")  # dangling link
+    os.mkfifo(folder / "20260101T000002Z-abcd.jsonl")  # would hang a reader
+    (folder / "20260101T000003Z-abcd.jsonl").mkdir()  # a folder named like a run
+    (folder / ".20260101T000000Z-abcd.jsonl.x.tmp").write_text("")  # a killed writer's leftover
+    return len(bad_lines) + 1 + 6 + 3  # lines, the torn tail, the six entries, three runs without a manifest
+
+
+def test_validate_warns_once_per_bad_item_and_keeps_the_rest(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    root = tmp_path / "results"
+    expected = _bad_results(root)
+    assert _main("validate", root) == 1
+    err = capsys.readouterr().err
+    warnings = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
+    assert len(warnings) == expected, "\n".join(warnings)
+    assert "Traceback" not in err and "results directory, 1 host(s), 4 run(s), 2 result(s)" in err
+    assert _main("validate", "--json", root) == 1
+    found = json.loads(capsys.readouterr().out)
+    assert (found["kind"], found["runs"], found["results"], len(found["problems"])) == ("results", 4, 2, expected)
+    for why in ("not UTF-8", "nested deeper than", "lone surrogate", "unknown status 'great'", "cell id 'a|b'",
+                "run id '../../etc'", "unknown field(s) 'extra'", "not a JSON number", "unterminated last line",
+                "a symbolic link; not followed", "not a regular file", "folder name: host id"):
+        assert why in err, why
+
+
+def test_validate_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert _main("validate", ROOT / "results") == 0
+    assert "all well formed" in capsys.readouterr().err
+    assert _main("validate", tmp_path / "missing") == 2
+    notbundle = tmp_path / "x.json"
+    notbundle.write_text('{"schema": "other/1"}')
+    assert _main("validate", notbundle) == 2
+    newer = tmp_path / "n.json"
+    newer.write_text('{"schema": "stackprobe.bundle/9"}')
+    assert _main("validate", newer) == 2
+    err = capsys.readouterr().err
+    assert "not a stackprobe bundle" in err and "update stackprobe" in err and "Traceback" not in err
+
+
+def test_size_limits_and_one_host_folder(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _host_folder(tmp_path / "results")
+    assert _main("validate", folder) == 0  # one host's folder
+    assert "host folder, 1 host(s), 1 run(s), 2 result(s); all well formed" in capsys.readouterr().err
+    path = tmp_path / "b.json"
+    _bundle_of(tmp_path / "results", "gpux2-0123abcd", path)
+    monkeypatch.setattr(intake, "MAX_LINE_BYTES", 503)
+    assert _main("validate", path) == 1  # the failing result's line is the longer one
+    assert "more than the limit of 503" in capsys.readouterr().err
+    monkeypatch.setattr(intake, "MAX_FILE_BYTES", 1000)
+    assert _main("validate", path) == 2
+    assert "more than the limit of 1000" in capsys.readouterr().err

@@ -1,0 +1,211 @@
+"""The HTML page in a real browser: headless Chromium (Debian's package) loads the page `checks report` writes,
+from disk, and is asked over the DevTools protocol (a pipe, standard library only) what it rendered.
+
+Skips only when no chromium is installed; with STACKPROBE_REQUIRE_BROWSER=1 (set by .ci/run) it fails instead.
+The screenshot goes to .cache/ci-artifacts/compatibility.png for people to look at."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checks.report import generate
+from tests.checks_helpers import ROOT
+
+ARTIFACTS = ROOT / ".cache" / "ci-artifacts"
+REQUIRE = os.environ.get("STACKPROBE_REQUIRE_BROWSER") == "1"
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+         "--remote-debugging-pipe")
+TIMEOUT_S = 60.0
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if REQUIRE:
+        pytest.fail("STACKPROBE_REQUIRE_BROWSER=1 but no chromium on PATH (apt-get install -y chromium)")
+    pytest.skip("no chromium on PATH (apt-get install -y chromium)")
+
+
+class Browser:
+    """One headless Chromium spoken to over --remote-debugging-pipe: JSON messages ending in NUL, commands on
+    its fd 3, answers and events on its fd 4."""
+
+    def __init__(self, binary: str, profile: Path) -> None:
+        to_child, self._w = os.pipe()
+        self._r, from_child = os.pipe()
+
+        def fds() -> None:
+            os.dup2(to_child, 3)
+            os.dup2(from_child, 4)
+
+        self.proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     preexec_fn=fds, close_fds=False)
+        os.close(to_child)
+        os.close(from_child)
+        self._buf = b""
+        self._next = 0
+        self.events: list[dict[str, Any]] = []
+        self.session: str | None = None
+
+    def _read(self, deadline: float) -> dict[str, Any]:
+        while b"\0" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._r], [], [], left)[0]:
+                raise TimeoutError("chromium did not answer")
+            chunk = os.read(self._r, 1 << 20)
+            if not chunk:
+                raise RuntimeError(f"chromium exited: {self.proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            self._buf += chunk
+        msg, _, self._buf = self._buf.partition(b"\0")
+        return json.loads(msg)
+
+    def send(self, method: str, params: dict[str, Any] | None = None, session: bool = True) -> dict[str, Any]:
+        self._next += 1
+        msg: dict[str, Any] = {"id": self._next, "method": method, "params": params or {}}
+        if session and self.session:
+            msg["sessionId"] = self.session
+        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            reply = self._read(deadline)
+            if reply.get("id") == self._next:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def wait_for(self, method: str) -> None:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not any(e.get("method") == method for e in self.events):
+            self.events.append(self._read(deadline))
+
+    def evaluate(self, expression: str) -> Any:
+        out = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+        assert "exceptionDetails" not in out, out
+        return out["result"].get("value")
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):  # it may be gone already
+            self.send("Browser.close", session=False)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._w)
+        os.close(self._r)
+
+
+PROBE_PAGE = """(() => {
+  const shown = el => !!el && el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
+  const box = el => { const r = el.getBoundingClientRect(); return [Math.round(r.width), Math.round(r.height)]; };
+  const overview = document.querySelector('#overview table');
+  const plots = [...document.querySelectorAll('svg.plot')].filter(shown);
+  const labels = [...document.querySelectorAll('#picker label')].filter(shown);
+  const statusTags = [...document.querySelectorAll('td .st')].filter(shown);
+  return {
+    title: document.title,
+    overview_rows: overview ? overview.rows.length : 0,
+    overview_shown: shown(overview),
+    overview_top: overview ? Math.round(overview.getBoundingClientRect().top) : -1,
+    picker_labels: labels.map(l => l.getAttribute('for')),
+    plots: plots.length,
+    plot_boxes: plots.map(box),
+    plot_lines: plots.map(p => p.querySelectorAll('polyline').length),
+    plot_bars: plots.map(p => p.querySelectorAll('rect').length),
+    gpu_sections: [...document.querySelectorAll('section.host.gpu')].map(shown),
+    nogpu_sections: [...document.querySelectorAll('section.host.nogpu')].map(shown),
+    status_tags: statusTags.length,
+    status_tag_boxes_ok: statusTags.every(s => box(s)[0] > 8 && s.textContent.trim().length > 0),
+    emoji: /[\\u2705\\u274c\\u2796\\u{1F7E1}\\u{1F4A5}\\u23f3\\u23f8\\u{1F6AB}]/u.test(document.body.innerText),
+  };
+})()"""
+
+AFTER_PICKING = """(() => {
+  const shown = el => !!el && el.getClientRects().length > 0;
+  const rows = [...document.querySelectorAll('section.host tr.r')].filter(shown);
+  return {
+    gpu_sections: [...document.querySelectorAll('section.host.gpu')].map(shown),
+    nogpu_sections: [...document.querySelectorAll('section.host.nogpu')].map(shown),
+    rows: rows.length,
+    rows_without_bad: rows.filter(r => !/has-(fail|crash|hang)/.test(r.className)).length,
+  };
+})()"""
+
+
+def _errors(events: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for e in events:
+        m, p = e.get("method"), e.get("params", {})
+        if m == "Runtime.exceptionThrown":
+            details = p.get("exceptionDetails", {})
+            out.append(f"{details.get('text')} {details.get('exception', {}).get('description', '')}".strip())
+        elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+            out.append(f"console.{p['type']}: {p.get('args')}")
+        elif m == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+            out.append(f"log: {p['entry'].get('text')}")
+    return out
+
+
+def test_page_renders_overview_picker_and_plots_in_chromium(tmp_path: Path) -> None:
+    binary = _chromium()
+    out = tmp_path / "docs" / "compatibility.md"
+    assert generate(ROOT / "results", out, None, check=False, quiet=True) == 0
+    page = out.with_suffix(".html")
+    profile = Path(tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp_path))
+    browser = Browser(binary, profile)
+    try:
+        targets = browser.send("Target.getTargets", session=False)["targetInfos"]
+        page_target = next(t for t in targets if t["type"] == "page")
+        browser.session = browser.send("Target.attachToTarget", {"targetId": page_target["targetId"],
+                                                                 "flatten": True}, session=False)["sessionId"]
+        for domain in ("Page", "Runtime", "Log"):
+            browser.send(f"{domain}.enable")
+        browser.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 2000, "deviceScaleFactor": 1,
+                                                            "mobile": False})
+        browser.send("Page.navigate", {"url": page.as_uri()})
+        browser.wait_for("Page.loadEventFired")
+        seen = browser.evaluate(PROBE_PAGE)
+        shot = browser.send("Page.captureScreenshot", {"format": "png"})
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "compatibility.png").write_bytes(base64.b64decode(shot["data"]))
+        cpu = next(f for f in seen["picker_labels"] if f.startswith("pick-cpu-"))
+        browser.evaluate(f"document.querySelector('label[for=\"{cpu}\"]').click()")
+        picked_cpu = browser.evaluate(AFTER_PICKING)
+        browser.evaluate("document.querySelector('label[for=\"pick-all\"]').click();"
+                         "document.querySelector('label[for=\"f-bad\"]').click()")
+        filtered = browser.evaluate(AFTER_PICKING)
+        browser.evaluate("document.querySelector('label[for=\"f-any\"]').click()")
+        unfiltered = browser.evaluate(AFTER_PICKING)
+        errors = _errors(browser.events)
+    finally:
+        browser.close()
+    assert seen["title"].startswith("stackprobe")
+    assert seen["overview_shown"] and seen["overview_rows"] >= 9  # a header and one row per probe
+    assert 0 <= seen["overview_top"] < 2000  # the page opens on the overview
+    assert {"pick-gpu", "pick-all", "f-any", "f-bad"} <= set(seen["picker_labels"])
+    assert seen["gpu_sections"] == [True, True] and seen["nogpu_sections"] == [False]  # opens on the GPU hosts
+    assert seen["plots"] >= 10 and all(w >= 300 and h >= 100 for w, h in seen["plot_boxes"])
+    assert max(seen["plot_lines"]) >= 5  # NCCL and four other backends on one plot
+    assert any(n >= 8 for n in seen["plot_bars"])  # the estimate's bars
+    assert seen["status_tags"] > 100 and seen["status_tag_boxes_ok"] and not seen["emoji"]
+    assert picked_cpu["nogpu_sections"] == [True] and picked_cpu["gpu_sections"] == [False, False]
+    assert filtered["rows"] > 0 and filtered["rows_without_bad"] == 0
+    assert unfiltered["rows"] > filtered["rows"]
+    assert errors == []
+    assert (ARTIFACTS / "compatibility.png").stat().st_size > 10_000
