@@ -5,7 +5,7 @@
     python benchmarks/bench_checks_run.py --summarize RESULTS.jsonl   # the same lines for a recorded run
 
 Runs the real CLI N times, each a fresh run (``--fresh``, a scratch results directory) against the same JIT
-cache directory (STACKPROBE_JIT_CACHE and FLASHINFER_WORKSPACE_BASE). The cells are ``--local --python PATH``
+cache directory (STACKPROBE_JIT_CACHE and FLASHINFER_WORKSPACE_BASE). The cells are ``--backend local --python PATH``
 unless other `checks run` arguments choose them (``--backend venv --matrix M --only CELL``: they pass
 through). After each run it prints, per cell, the suite's time (the sum of its variants' seconds, what one
 cell costs when the runner runs one variant at a time) and its ratio to the 90 s target, each probe's
@@ -138,7 +138,7 @@ def main() -> None:
             print(line)
         return
     if not cell_args:
-        cell_args = ["--local", "--python", args.python]
+        cell_args = ["--backend", "local", "--python", args.python]
     printed: list[str] = []
 
     def say(line: str) -> None:

@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from provision.api import DEFAULT_MATRIX  # noqa: E402
-from provision.build import BuildOptions, Docker, build_locked  # noqa: E402
+from provision.build import build_locked  # noqa: E402
+from provision.dockercli import Docker  # noqa: E402
 from provision.lock import uv_compile, uv_version, write_dir_atomically  # noqa: E402
+from provision.options import BuildOptions  # noqa: E402
 
 FLASHINFER = [f"0.6.{i}" for i in range(1, 19)] + ["0.7.1", "0.7.2"]
 SYNTHETIC = {

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from checks import classify, gpugate, memlock
@@ -22,6 +23,7 @@ from checks.executor import (
     RunEnv,
     apply_env,
     hard_timeout,
+    is_gated,
     parse_result_text,
     probe_path_dirs,
     worker_args,
@@ -71,7 +73,7 @@ def client() -> Any:
     c, problem = _connect()
     if problem is not None:
         raise ExecutorError(f"Docker is not reachable ({problem}); start dockerd, or leave out --backend docker "
-                            "to run venv cells, or use --local")
+                            "to run venv cells, or use --backend local")
     return c
 
 
@@ -101,6 +103,29 @@ class DockerExecutor:
     name: str = "docker"
     run_env: RunEnv = ()  # the run's settings for this cell (checks.executor.run_env), host paths as given
     _client: Any = None
+
+    @property
+    def gated(self) -> bool:
+        return is_gated(self.run_env)
+
+    def with_run_env(self, run_env: RunEnv) -> DockerExecutor:
+        return replace(self, run_env=run_env)
+
+    def fingerprint(self) -> str | None:
+        """The image's id (None when the image vanished or the daemon went away: the run says so per variant)."""
+        try:
+            return f"image {self.docker.images.get(self.image).id}"
+        except Exception:
+            return None
+
+    def sweep(self) -> None:
+        """Remove this executor's containers: a worker thread waiting on the daemon cannot be interrupted
+        until its container is gone."""
+        try:
+            for name in self.leftovers():
+                self.docker.api.remove_container(name, force=True)
+        except Exception as exc:  # the daemon went away: the sweep of the test or the next run finds them
+            print(f"warning: could not remove the containers of {self.image}: {exc}", file=sys.stderr)
 
     @property
     def docker(self) -> Any:

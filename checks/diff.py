@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from checks import registry
+from checks.headline import headline
 from checks.hostresults import HostResults
 from checks.incremental import REUSED_FROM
 from checks.probe import Declared
-from checks.report import headline
 from checks.result import ProbeResult
 
 

@@ -6,6 +6,7 @@ comes back into a verdict with :mod:`checks.classify`. The docker executor is in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -13,11 +14,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, is_dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from checks import classify, gpugate, isolate
+from checks.hostfacts import safe_env
 from checks.probe import RESULT_MARKER, Variant
 from checks.probes import _compile_cache
 from checks.probes.fi_jit import ARCHS_ENV
@@ -29,6 +31,7 @@ CODE_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds t
 HARD_TIMEOUT_MARGIN_S = 30.0  # the worker's own watchdog fires first and collects stacks
 # Builds every cell and run share (checks.probes._compile_cache); outside every image, kept between runs.
 DEFAULT_COMPILE_CACHE = CODE_ROOT / ".cache" / "compile"
+FINGERPRINT_TIMEOUT_S = 120.0
 RunEnv = tuple[tuple[str, str], ...]  # NAME=value for every worker of a cell; an empty value unsets NAME
 
 
@@ -85,17 +88,20 @@ def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, ho
 
 def for_run(executors: Mapping[str, Executor], archs: tuple[str, ...], compile_cache: Path | None,
             host_id: str = "", gpu_lock: Path | None = None) -> dict[str, Executor]:
-    """Each cell's executor with its run environment (executors that take none are kept as they are)."""
+    """Each cell's executor with its run environment."""
     if compile_cache is not None:
         compile_cache.mkdir(parents=True, exist_ok=True)  # a bind mount of a missing folder makes a root-owned one
-    return {cid: replace(ex, run_env=run_env(cid, archs, compile_cache, host_id, gpu_lock))
-            if is_dataclass(ex) and hasattr(ex, "run_env") else ex for cid, ex in executors.items()}
+    return {cid: ex.with_run_env(run_env(cid, archs, compile_cache, host_id, gpu_lock))
+            for cid, ex in executors.items()}
 
 
-def gated(executor: Executor) -> bool:
-    """Whether the executor's workers take turns on the GPU lock, so the runner may start the next GPU variant
-    while one runs (checks.gpugate)."""
-    return any(name == gpugate.ENV and value for name, value in getattr(executor, "run_env", ()))
+def is_gated(run_env: RunEnv) -> bool:
+    """Whether workers given ``run_env`` take turns on the GPU lock (checks.gpugate)."""
+    return any(name == gpugate.ENV and value for name, value in run_env)
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def apply_env(env: dict[str, str], changes: RunEnv) -> dict[str, str]:
@@ -108,16 +114,38 @@ def apply_env(env: dict[str, str], changes: RunEnv) -> dict[str, str]:
 
 
 class Executor(Protocol):
+    """Runs one cell's variants on this host, one process tree (or container) per variant."""
+
     name: str
+
+    @property
+    def gated(self) -> bool:
+        """Whether its workers take turns on the host's GPU lock, so the runner may start the next GPU variant
+        while one runs (checks.gpugate)."""
+        ...
+
+    def with_run_env(self, run_env: RunEnv) -> Executor:
+        """The same executor with the run's settings for its cell (run_env())."""
+        ...
 
     def inspect(self) -> dict[str, Any]:
         """`python -m checks.worker --inspect` in the environment: versions and GPU facts."""
+        ...
+
+    def fingerprint(self) -> str | None:
+        """What identifies the environment for incremental runs (checks.incremental), or None when it cannot
+        be told (then nothing of this cell is reused)."""
         ...
 
     def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
             queue_s: float = 0.0) -> Verdict:
         """Run one variant isolated; always returns a verdict (never raises for a probe's failure).
         ``queue_s``: how long it may wait at the GPU gate (only for a gated executor)."""
+        ...
+
+    def sweep(self) -> None:
+        """Ctrl-C, from the main thread: remove what a running variant holds outside its process group (a
+        container), so the thread waiting on it returns."""
         ...
 
 
@@ -134,7 +162,7 @@ def parse_result_text(text: str) -> tuple[dict[str, Any] | None, str]:
 
 @dataclass(frozen=True)
 class LocalExecutor:
-    """A given interpreter on this host: ``--local``, or a venv cell (``name`` "venv", whose ``extra_env``
+    """A given interpreter on this host: ``--backend local``, or a venv cell (``name`` "venv", whose ``extra_env``
     sets its PATH, PYTHONPATH and CUDA_HOME: checks.venvcell)."""
 
     python: str = sys.executable
@@ -159,6 +187,29 @@ class LocalExecutor:
         apply_env(env, self.run_env)
         apply_env(env, self.extra_env)
         return env
+
+    @property
+    def gated(self) -> bool:
+        return is_gated(self.run_env)
+
+    def with_run_env(self, run_env: RunEnv) -> LocalExecutor:
+        return replace(self, run_env=run_env)
+
+    def sweep(self) -> None:
+        """Nothing outside the variant's process group, which its own thread ends."""
+
+    def fingerprint(self) -> str | None:
+        """What checks.envinfo.fingerprint reads in the interpreter, with the run-shaping variables of the
+        environment its ranks get."""
+        env = self.env()
+        code = "import json, checks.envinfo as e; print(json.dumps(e.fingerprint()))"
+        try:
+            proc = subprocess.run([self.python, "-c", code], capture_output=True, text=True, env=env,
+                                  timeout=FINGERPRINT_TIMEOUT_S)
+            found = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            found = None
+        return f"{self.name} {digest([found, safe_env(env)])}" if found else None
 
     def inspect(self) -> dict[str, Any]:
         try:

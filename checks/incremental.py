@@ -11,21 +11,19 @@ Only verdicts a rerun would repeat are carried: what a probe itself decided (pas
 never a hang, a crash, a not-run, a worker that died without an answer, or a result made by code that
 differed from its commit (``code.dirty`` true or unknown). A full run never carries a quick run's result.
 
-Everything here is pure but :func:`latest` and :func:`fingerprints`, which read the results folder and ask
-each cell's environment what it is.
+Everything here is pure but :func:`latest`, which reads the results folder (each executor's ``fingerprint``
+asks its cell's environment what it is).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checks.executor import digest
 from checks.plan import WorkItem
 from checks.probe import FULL, QUICK
 from checks.result import ProbeResult, Verdict
@@ -38,7 +36,6 @@ LEVEL = "level"  # evidence key: "quick" on results of a quick run (absent: full
 CARRIED = frozenset({Status.PASS, Status.PARTIAL, Status.FAIL, Status.SKIP})
 # fail verdicts the harness made when the worker gave no answer: nothing says a rerun would repeat them
 NO_ANSWER = frozenset({"bad-result", "no-result", "nonzero-exit"})
-FINGERPRINT_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -52,10 +49,6 @@ class Inputs:
         return {"env": self.env, "host": self.host}
 
 
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def host_inputs(needs_gpu: bool, facts: Mapping[str, Any], target_archs: tuple[str, ...]) -> str:
     """The host facts a probe's verdict can depend on, digested."""
     gpus = [str(g.get("name")) for g in facts.get("gpus") or [] if isinstance(g, Mapping)]
@@ -63,7 +56,7 @@ def host_inputs(needs_gpu: bool, facts: Mapping[str, Any], target_archs: tuple[s
                             "compute_capability": facts.get("compute_capability")}
     if not needs_gpu:
         seen["target_archs"] = list(target_archs)  # the compile probes build for every one of them
-    return _digest(seen)
+    return digest(seen)
 
 
 def inputs_for(item: WorkItem, env: str | None, facts: Mapping[str, Any],
@@ -144,32 +137,3 @@ def latest(folder: Path) -> dict[Key, ProbeResult]:
     """Per (cell, probe, variant), the result of the newest run in a host's results folder (what the table
     shows)."""
     return latest_results(folder)
-
-
-def fingerprint(executor: Any) -> str | None:
-    """The environment of one cell's executor, or None when it cannot be told (then nothing is reused).
-    Docker: the image's id. A venv or local interpreter: what checks.envinfo.fingerprint reads in it, with
-    the run-shaping variables of the environment its ranks get."""
-    from checks.hostfacts import safe_env
-
-    if executor.name == "docker":
-        try:
-            return f"image {executor.docker.images.get(executor.image).id}"
-        except Exception:  # the image vanished or the daemon went away: the run says so per variant
-            return None
-    if not callable(getattr(executor, "env", None)):
-        return None
-    env = executor.env()
-    code = "import json, checks.envinfo as e; print(json.dumps(e.fingerprint()))"
-    try:
-        proc = subprocess.run([executor.python, "-c", code], capture_output=True, text=True, env=env,
-                              timeout=FINGERPRINT_TIMEOUT_S)
-        found = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        found = None
-    return f"{executor.name} {_digest([found, safe_env(env)])}" if found else None
-
-
-def fingerprints(executors: Mapping[str, Any], cells: Iterable[str]) -> dict[str, str | None]:
-    """The fingerprint of each of ``cells`` that has an executor."""
-    return {c: fingerprint(executors[c]) for c in cells if c in executors}

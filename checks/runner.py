@@ -1,4 +1,6 @@
-"""Executes a planned run: up to ``jobs`` variants at once, each result appended to the store as it arrives.
+"""Executes a planned run on this host's executors: up to ``jobs`` variants at once, each result appended to the
+store as it arrives. :func:`begin` and :class:`Recorder` are shared with every backend (checks.slurm_run too):
+resumed and reused items are settled first, and every verdict is stamped, stored and reported one way.
 
 Which variant may start is decided by :func:`pick` (pure): one variant per cell at a time, in plan order
 within the cell; CPU-only variants of different cells side by side up to ``jobs``, two builds another cell
@@ -22,13 +24,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from checks import classify, incremental
-from checks.executor import Executor, ExecutorError, gated, hard_timeout
+from checks.executor import Executor, ExecutorError, hard_timeout
 from checks.gpugate import DEFAULT_QUEUE_S
 from checks.incremental import Inputs, Key
+from checks.options import RunOptions
 from checks.plan import WorkItem
-from checks.probe import FULL, LEVEL_ENV, QUICK, Variant
+from checks.probe import LEVEL_ENV, QUICK, Variant
 from checks.provenance import Provenance
 from checks.reasons import Catalogue
 from checks.result import ProbeResult, Verdict
@@ -132,59 +136,88 @@ def _interrupt(thread: threading.Thread) -> None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
 
 
-def _remove_containers(executor: Executor) -> None:
-    """A Docker executor's containers, removed from the main thread: a worker thread waiting on the daemon
-    cannot be interrupted until its container is gone."""
-    list_them, client = getattr(executor, "leftovers", None), getattr(executor, "docker", None)
-    if not callable(list_them) or client is None:
-        return
-    try:
-        for name in list_them():
-            client.api.remove_container(name, force=True)
-    except Exception as exc:  # the daemon went away: the sweep of the test or the next run finds them
-        print(f"warning: could not remove the containers of {getattr(executor, 'image', '?')}: {exc}",
-              file=sys.stderr)
+@dataclass(frozen=True)
+class Work:
+    """What one run executes: the planned items, where each cell runs (an executor per cell, none for a
+    backend that starts its variants itself), the store the results go to, and what recording needs."""
+
+    items: list[WorkItem]
+    store: RunStore
+    catalogue: Catalogue
+    gpus: int  # the GPU count every worker is told
+    codes: Mapping[str, Provenance] = field(default_factory=dict)  # the code each probe id runs with
+    inputs: Mapping[Key, Inputs | None] = field(default_factory=dict)  # what a fresh result records for reuse
+    executors: Mapping[str, Executor] = field(default_factory=dict)
+    manifest: Mapping[str, Any] = field(default_factory=dict)  # the run's manifest, as the store records it
 
 
-def execute(items: list[WorkItem], executors: dict[str, Executor], store: RunStore, catalogue: Catalogue,
-            gpus: int, codes: Mapping[str, Provenance], resume: bool = False,
-            on_result: Callable[[WorkItem, ProbeResult], None] | None = None,
-            on_start: Callable[[WorkItem], None] | None = None, jobs: int = 1, level: str = FULL,
-            inputs: Mapping[Key, Inputs | None] | None = None) -> RunReport:
-    """Run every item not yet recorded, up to ``jobs`` at once. Items with ``reused`` are carried into this
-    run as copies (one write for all of them), not run. Ctrl-C stops after cleanup; what finished stays in
-    the store. ``codes``: the code each probe id runs with; ``inputs``: what each fresh result records so a
-    later run can carry it."""
-    report = RunReport()
-    done = store.recorded() if resume else set()
+@dataclass(frozen=True)
+class Hooks:
+    """Calls the run makes as it goes (on the main thread): a variant starts, a result is recorded."""
+
+    on_start: Callable[[WorkItem], None] | None = None
+    on_result: Callable[[WorkItem, ProbeResult], None] | None = None
+    say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+@dataclass
+class Recorder:
+    """Turns verdicts into results of this run: stamped with their inputs and level, stored, reported."""
+
+    work: Work
+    level: str
+    hooks: Hooks
+    report: RunReport = field(default_factory=RunReport)
+
+    def record(self, item: WorkItem, verdict: Verdict, started: str, store: RunStore | None = None) -> ProbeResult:
+        """``store``: where the result goes when not the run's own (a Slurm node of another kind)."""
+        store = store or self.work.store
+        if item.runs:
+            verdict = incremental.stamped(verdict, self.work.inputs.get(item.key), self.level)
+        result = assemble(item, verdict, store.run_id, store.host_id, started, self.work.codes.get(item.spec.id))
+        store.append(result)
+        self.report.results.append(result)
+        if self.hooks.on_result:
+            self.hooks.on_result(item, result)
+        return result
+
+    def decided(self, item: WorkItem) -> None:
+        """A variant decided at plan time, recorded without running."""
+        if self.hooks.on_start:
+            self.hooks.on_start(item)
+        self.record(item, decided_verdict(item, self.work.catalogue), now_iso())
+
+
+def begin(resume: bool, level: str, work: Work, hooks: Hooks) -> tuple[Recorder, list[WorkItem]]:
+    """The first steps every backend shares: items a resumed run recorded are counted and left out; those
+    with ``reused`` are carried into this run as copies (one write for all of them). Returns the recorder
+    and the items still to start or decide, in plan order."""
+    rec = Recorder(work, level, hooks)
+    done = work.store.recorded() if resume else set()
     pending: list[WorkItem] = []
-    for it in items:
+    for it in work.items:
         if it.key in done:
-            report.resumed += 1
+            rec.report.resumed += 1
         else:
             pending.append(it)
-    stamps = inputs or {}
-    carried = [(it, incremental.carried(it.reused, store.run_id)) for it in pending if it.reused is not None]
-    store.append_all([r for _, r in carried])
+    carried = [(it, incremental.carried(it.reused, work.store.run_id)) for it in pending if it.reused is not None]
+    work.store.append_all([r for _, r in carried])
     for it, r in carried:
-        report.results.append(r)
-        if on_result:
-            on_result(it, r)
-    pending = [it for it in pending if it.reused is None]
+        rec.report.results.append(r)
+        if hooks.on_result:
+            hooks.on_result(it, r)
+    return rec, [it for it in pending if it.reused is None]
+
+
+def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunReport:
+    """Run every item of ``work`` not yet recorded on its cell's executor, up to ``opts.jobs`` at once.
+    Ctrl-C stops after cleanup; what finished stays in the store."""
+    rec, pending = begin(opts.resume, opts.level, work, hooks or Hooks())
+    executors, catalogue, gpus = work.executors, work.catalogue, work.gpus
     broken: dict[str, str] = {}  # cell -> why its executor cannot start (e.g. image vanished)
-
-    def record(item: WorkItem, verdict: Verdict, started: str) -> None:
-        if item.runs:
-            verdict = incremental.stamped(verdict, stamps.get(item.key), level)
-        result = assemble(item, verdict, store.run_id, store.host_id, started, codes.get(item.spec.id))
-        store.append(result)
-        report.results.append(result)
-        if on_result:
-            on_result(item, result)
-
     # Only when every cell's workers take turns on the lock: a variant started ahead on an ungated executor
     # would not wait at any gate and would share the GPUs with the running one.
-    ahead = bool(gpus) and bool(executors) and all(gated(ex) for ex in executors.values())
+    ahead = bool(gpus) and bool(executors) and all(ex.gated for ex in executors.values())
     queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
 
     def run_one(item: WorkItem) -> Verdict:
@@ -193,10 +226,10 @@ def execute(items: list[WorkItem], executors: dict[str, Executor], store: RunSto
             return classify.decided(Status.NOT_RUN, "image-missing", broken[cell], catalogue)
         executor = executors[cell]
         try:
-            if gated(executor) and uses_gpu(item):
-                return executor.run(level_variant(item, level), gpus, item.timeout_s, catalogue,
+            if executor.gated and uses_gpu(item):
+                return executor.run(level_variant(item, opts.level), gpus, item.timeout_s, catalogue,
                                     queue_s=queue_for.get(item.key, DEFAULT_QUEUE_S))
-            return executor.run(level_variant(item, level), gpus, item.timeout_s, catalogue)
+            return executor.run(level_variant(item, opts.level), gpus, item.timeout_s, catalogue)
         except ExecutorError as exc:
             broken[cell] = str(exc)
             return classify.decided(Status.NOT_RUN, "image-missing", str(exc), catalogue)
@@ -204,27 +237,27 @@ def execute(items: list[WorkItem], executors: dict[str, Executor], store: RunSto
     pool = _Pool(run_one)
     try:
         while pending or pool.running:
-            while (item := pick(pending, list(pool.running.values()), jobs, ahead)) is not None:
+            while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead)) is not None:
                 pending.remove(item)
+                if item.decided is not None:
+                    rec.decided(item)
+                    continue
                 before = [r for r in pool.running.values() if uses_gpu(r)]
                 # behind a running GPU variant: it may wait for all of that one's time
                 queue_for[item.key] = max([DEFAULT_QUEUE_S, *(hard_timeout(r.timeout_s) for r in before)])
-                if on_start:
-                    on_start(item)
-                if item.decided is not None:
-                    record(item, decided_verdict(item, catalogue), now_iso())
-                else:
-                    pool.start(item, now_iso())
+                if rec.hooks.on_start:
+                    rec.hooks.on_start(item)
+                pool.start(item, now_iso())
             if pool.running:
                 item, started, outcome = pool.next_done()
                 if isinstance(outcome, BaseException):
                     raise outcome  # a bug in the runner or executor, not a verdict: as without threads
-                record(item, outcome, started)
+                rec.record(item, outcome, started)
     except KeyboardInterrupt:
-        report.interrupted = True
+        rec.report.interrupted = True
         pool.stop(executors)
-        print("interrupted: results finished so far are kept in " + str(store.results_path), file=sys.stderr)
-    return report
+        print("interrupted: results finished so far are kept in " + str(work.store.results_path), file=sys.stderr)
+    return rec.report
 
 
 Outcome = tuple[WorkItem, str, Verdict | BaseException]
@@ -276,7 +309,7 @@ class _Pool:
             for th in self.live:
                 _interrupt(th)
         for item in self.running.values():
-            _remove_containers(executors[item.cell.cell_id])
+            executors[item.cell.cell_id].sweep()  # a thread waiting on a container's daemon returns once it is gone
         deadline = time.monotonic() + STOP_WAIT_S
         for th in list(self.running):
             th.join(timeout=max(0.0, deadline - time.monotonic()))

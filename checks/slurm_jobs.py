@@ -125,7 +125,7 @@ def batch_script(command: Sequence[str], code_root: Path, probe_path: str = "",
     """The batch script: the environment the local executor gives its workers, then the node runner."""
     lines = [
         "#!/bin/bash",
-        "# written by `checks run --executor slurm`: runs the variants in job.json on this node",
+        "# written by `checks run --backend slurm`: runs the variants in job.json on this node",
         f"export PYTHONPATH={shlex.quote(str(code_root))}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1",
         "unset VIRTUAL_ENV  # the cell's interpreter, not the environment stackprobe itself runs in",

@@ -1,6 +1,7 @@
 """Runs one Slurm job's variants on the allocated node (in-environment side: standard library only).
 
     python -m checks.slurm_node JOB_FOLDER
+    python -m checks.slurm_node --facts GPUS     # this node's host facts as JSON on stdout
 
 Reads ``job.json`` (written by the host), records the node's host facts in ``facts.json``, then runs
 each variant's worker command exactly as the local executor does (own session, hard timeout, every
@@ -78,8 +79,11 @@ def run_job(folder: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--facts" and args[1].isdigit():
+        print(json.dumps(node_facts(int(args[1]))))
+        return 0
     if len(args) != 1:
-        print("usage: python -m checks.slurm_node JOB_FOLDER", file=sys.stderr)
+        print("usage: python -m checks.slurm_node JOB_FOLDER | --facts GPUS", file=sys.stderr)
         return 2
     return run_job(Path(args[0]))
 

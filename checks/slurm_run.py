@@ -1,49 +1,51 @@
-"""`checks run --executor slurm`: submit a run's variants as Slurm jobs, follow them through the queue,
-record every verdict, and cancel every job on Ctrl-C (host side; the side effects of the Slurm executor).
+"""The Slurm backend of `checks run --backend slurm` (checks.backend.Backend): submit the run's work items as
+Slurm jobs, follow them through the queue, record every verdict through the run's recorder, and cancel
+every job on Ctrl-C (host side; the side effects of the Slurm backend).
 
 Jobs and their files live in ``.cache/slurm/<run_id>/<n>/`` of this checkout, which the compute nodes must
 share (they import the checks code from it). Each node writes its host facts and one raw outcome per
 variant there; this process turns them into verdicts as they appear, exactly as the local executor does,
-and appends them to ``results/<node host_id>/<run_id>.jsonl``, so a run over several nodes gives one
-results folder per kind of node. Variants decided without running, and those of a job that never reached
-a node, are recorded with the first node's results (or, when no job reached one, under
-``slurm-<partition>-<hash>``).
+and appends them to the run's store. The run's host facts come from one short step on a node of the
+partition (``srun ... python -m checks.slurm_node --facts``) before anything is planned, so resuming,
+reusing earlier results and the run lock work on that host's results folder as on any other backend's; a
+job that lands on another kind of node writes ``results/<that host_id>/<run_id>.jsonl``. When no node can
+be asked, the run's host is ``slurm-<partition>-<hash>``.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from checks import atomic, classify, hostfacts, ids, manifest, provenance, reasons, slurm_acct, slurm_jobs, slurm_site
+from checks import atomic, cells, classify, hostfacts, ids, reasons, slurm_acct, slurm_jobs, slurm_site
+from checks.backend import Targets
 from checks.executor import (
     CODE_ROOT,
     ExecutorError,
     LocalExecutor,
     compile_cache_dir,
     hard_timeout,
+    parse_result_text,
     run_env,
     worker_args,
 )
 from checks.isolate import ProcessOutcome
-from checks.plan import CellState, CellTarget, ImageState, WorkItem, plan_work, summary_counts
-from checks.probe import HostView
-from checks.provenance import Provenance
+from checks.options import SLURM, RunOptions
+from checks.plan import CellState, CellTarget, ImageState, WorkItem, local_cell_id
 from checks.registry import PROBE_PATH_ENV
-from checks.result import ProbeResult, Verdict
-from checks.runner import RunReport, assemble, decided_verdict, iso, now_iso
+from checks.result import Verdict
+from checks.runner import Hooks, Recorder, RunReport, Work, begin, iso, level_variant, now_iso
 from checks.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
-from checks.status import ORDER, Status
-from checks.store import RunStore, new_run_id
+from checks.status import Status
+from checks.store import RunStore
 
 JOBS_ROOT = CODE_ROOT / ".cache" / "slurm"
 POLL_ENV = "STACKPROBE_SLURM_POLL_S"
@@ -135,59 +137,51 @@ def started_iso(folder: Path, index: int) -> str:
 
 @dataclass
 class Stores:
-    """One results store per node host, each with its manifest, written when that host first reports."""
+    """The run's store, and one per other kind of node a job lands on (each with the run's manifest, its host
+    facts that node's), written when that node first reports."""
 
-    root: Path
-    run_id: str
-    write_manifest: Callable[[RunStore, dict[str, Any]], None]
+    run: RunStore
+    manifest: Mapping[str, Any]  # the run's manifest; another node kind's store gets it with its own facts
     by_host: dict[str, RunStore] = field(default_factory=dict)
-    first: RunStore | None = None
 
     def for_facts(self, facts: dict[str, Any]) -> RunStore:
-        host_id = str(facts["host_id"])
+        host_id = str(facts.get("host_id") or self.run.host_id)
         if not ids.host_ok(host_id):  # a node's facts name the results folder: never a path or a crafted name
             raise ExecutorError(f"a node reported host id {ids.shown(host_id)[:80]!r}, not <label>-<8 hex digits>")
+        if host_id == self.run.host_id:
+            return self.run
         if host_id not in self.by_host:
-            store = RunStore(self.root, host_id, self.run_id)
-            self.write_manifest(store, facts)
+            store = RunStore(self.run.root, host_id, self.run.run_id)
+            store.write_manifest({**self.manifest, "host_id": host_id, "facts": facts})
             self.by_host[host_id] = store
-            self.first = self.first or store
         return self.by_host[host_id]
 
 
-def unplaced_facts(partition: str) -> dict[str, Any]:
-    """Host facts for variants whose job never reached a node: none, beyond the partition they asked for."""
+def unplaced_facts(partition: str, why: str) -> dict[str, Any]:
+    """Host facts when no node of the partition could be asked: none, beyond the partition."""
     digest = hostfacts.host_id([], f"{hostfacts.machine_key()}/{partition}").removeprefix("cpu-")
     return {"host_id": f"slurm-{hostfacts.slug(partition)}-{digest}", "gpu_count": 0, "gpus": [], "gpu_name": None,
-            "no_gpu_reason": f"no job of this run reached a node of partition {partition}",
+            "no_gpu_reason": f"no node of partition {partition} could be asked ({why})",
             "slurm": {"partition": partition}}
 
 
 @dataclass
 class Tracker:
-    """Follows the submitted jobs and records what comes back."""
+    """Follows the submitted jobs and records what comes back through the run's recorder."""
 
-    items: list[WorkItem]
+    items: list[WorkItem]  # the items the jobs run; a job's plan indexes into them
     jobs: list[Job]
     stores: Stores
-    catalogue: reasons.Catalogue
-    codes: dict[str, Provenance]
+    recorder: Recorder
     launches: dict[str, slurm_jobs.Launch]  # by cell
-    partition: str
     say: Callable[[str], None]
-    report: RunReport = field(default_factory=RunReport)
-    pending_decided: list[int] = field(default_factory=list)
+
+    @property
+    def catalogue(self) -> reasons.Catalogue:
+        return self.recorder.work.catalogue
 
     def record(self, index: int, verdict: Verdict, store: RunStore | None, started_at: str = "") -> None:
-        item = self.items[index]
-        store = store or self.stores.first or self.stores.for_facts(unplaced_facts(self.partition))
-        result = assemble(item, verdict, store.run_id, store.host_id, started_at or now_iso(),
-                          self.codes.get(item.spec.id))
-        store.append(result)
-        self.report.results.append(result)
-        v = verdict
-        self.say(f"{v.status:>11} {item.cell.cell_id} {item.spec.id} {item.variant.key} ({v.duration_s:.1f}s) "
-                 f"{v.reason_code}".rstrip())
+        self.recorder.record(self.items[index], verdict, started_at or now_iso(), store)
 
     def _store(self, job: Job) -> RunStore | None:
         if job.facts is None:
@@ -196,15 +190,7 @@ class Tracker:
                 job.facts = json.loads(path.read_text()) if path.exists() else None
             except (OSError, ValueError):
                 job.facts = None
-            if job.facts is not None:
-                store = self.stores.for_facts(job.facts)
-                self.flush_decided(store)
-        return self.stores.for_facts(job.facts) if job.facts is not None else None
-
-    def flush_decided(self, store: RunStore | None) -> None:
-        for index in self.pending_decided:
-            self.record(index, decided_verdict(self.items[index], self.catalogue), store)
-        self.pending_decided.clear()
+        return self.stores.for_facts(job.facts) if isinstance(job.facts, dict) else None
 
     def harvest(self, job: Job) -> None:
         """Record every outcome the node has written and say which variants started."""
@@ -216,6 +202,8 @@ class Tracker:
                 job.started.add(index)
                 item = self.items[index]
                 self.say(f"job {job.job_id}: {item.spec.id} {item.variant.key} started")
+                if self.recorder.hooks.on_start:
+                    self.recorder.hooks.on_start(item)
             path = outcome_path(job.folder, index)
             if not path.exists():
                 continue
@@ -273,10 +261,10 @@ class Tracker:
         return all(j.done for j in self.jobs)
 
 
-
 def submit(job: Job, items: list[WorkItem], request: slurm_jobs.Request, launch: slurm_jobs.Launch,
            name: str) -> str:
-    """Write the job's files and sbatch it; sets job.job_id, or returns sbatch's complaint."""
+    """Write the job's files and sbatch it; sets job.job_id, or returns sbatch's complaint. ``items``: as
+    the worker gets them (a quick run's variants carry their level)."""
     atomic.write_text(job.folder / JOB_FILE, slurm_jobs.job_json(job.plan, items, worker_args, launch.python))
     script = job.folder / slurm_jobs.SCRIPT_FILE
     command = slurm_jobs.node_command(launch, CODE_ROOT, job.folder)
@@ -289,15 +277,18 @@ def submit(job: Job, items: list[WorkItem], request: slurm_jobs.Request, launch:
     return ""
 
 
-def image_cell(image: str, partition: str) -> CellTarget:
-    """The cell an image holds, asked inside it on a node (pyxis), as `--local` asks an interpreter."""
-    from checks.executor import parse_result_text
-    from checks.plan import local_cell_id
+def _srun(partition: str, launch: slurm_jobs.Launch, argv: list[str], extra: list[str]) -> list[str]:
+    """One step on a node of the partition: ``argv`` with the cell's interpreter, or in its image (pyxis)."""
+    cmd = ["srun", f"--partition={partition}", "--nodes=1", "--ntasks=1", "--time=10", *extra]
+    if launch.image is not None:
+        cmd += [f"--container-image={launch.image}", f"--container-mounts={CODE_ROOT}:{CODE_ROOT}:ro"]
+    return [*cmd, f"--export=ALL,PYTHONPATH={CODE_ROOT}", launch.python, *argv]
 
-    cmd = ["srun", f"--partition={partition}", "--ntasks=1", "--time=10", f"--container-image={image}",
-           f"--container-mounts={CODE_ROOT}:{CODE_ROOT}:ro", f"--export=ALL,PYTHONPATH={CODE_ROOT}",
-           "python3", "-m", "checks.worker", "--inspect"]
-    p = _cmd(cmd, timeout=3600)
+
+def image_cell(image: str, partition: str) -> CellTarget:
+    """The cell an image holds, asked inside it on a node (pyxis), as the local backend asks an interpreter."""
+    p = _cmd(_srun(partition, slurm_jobs.Launch("python3", image), ["-m", "checks.worker", "--inspect"], []),
+             timeout=3600)
     data, err = parse_result_text(p.stdout)
     if data is None:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
@@ -307,129 +298,159 @@ def image_cell(image: str, partition: str) -> CellTarget:
                       image_status=ImageState.BUILT)
 
 
-def targets(args: argparse.Namespace, site: slurm_site.Site) -> tuple[list[CellTarget], dict[str, slurm_jobs.Launch]]:
-    """The cells and how a node starts each: an image (--container-image), one interpreter (--python, as
-    --local), or by default the venv cells of the matrix (`provision build --backend venv`), each with the
-    interpreter and environment the local executor gives it."""
-    from checks import cli
+def node_facts(opts: RunOptions, site: slurm_site.Site, gpus: int, launch: slurm_jobs.Launch,
+               say: Callable[[str], None]) -> dict[str, Any]:
+    """The host facts of a node of the partition, as its jobs will record them (asked with the GPUs one job
+    may have); the partition's stand-in facts when no node can be asked."""
+    extra = [*([f"--gres=gpu:{gpus}"] if gpus else []), *opts.slurm.sbatch_args]
+    p = _cmd(_srun(site.partition, launch, ["-m", "checks.slurm_node", "--facts", str(gpus)], extra), timeout=3600)
+    try:
+        facts = json.loads(p.stdout) if p.returncode == 0 else None
+    except ValueError:
+        facts = None
+    if isinstance(facts, dict) and facts.get("host_id"):
+        return facts
+    why = (p.stderr.strip().splitlines() or [f"srun exited {p.returncode}"])[-1]
+    say(f"slurm: host facts unknown, no node answered: {why}")
+    return unplaced_facts(site.partition, why)
 
-    if args.container_image:
-        cell = image_cell(args.container_image, site.partition)
-        return [cell], {cell.cell_id: slurm_jobs.Launch("python3", args.container_image)}
-    if args.python:
-        t = cli.local_targets(args)
-        return t.cells, {c.cell_id: slurm_jobs.Launch(args.python) for c in t.cells}
-    t = cli.venv_targets(args, 0)  # GPU facts come from each node, not from here
-    return t.cells, {cid: slurm_jobs.Launch(ex.python, env=ex.extra_env) for cid, ex in t.executors.items()
-                     if isinstance(ex, LocalExecutor)}
 
-
-def _plan_lines(site: slurm_site.Site, gpus: int, items: list[WorkItem], jobs: list[Job], probes: int) -> list[str]:
-    counts = summary_counts(items)
+def _plan_lines(site: slurm_site.Site, gpus: int, jobs: list[Job]) -> list[str]:
     lines = [f"slurm: partition {site.partition}, at most {gpus} GPU(s) per job"
-             + (", container images (pyxis)" if site.images else ""),
-             f"plan {len(counts)} cell(s) x {probes} probe(s) = {len(items)} variant(s) in {len(jobs)} job(s)"]
-    for cell_id, c in counts.items():
-        lines.append(f"  {cell_id}: {c.pop('run', 0)} to run")
-        lines.extend(f"    {n} decided without running, {why}" for why, n in sorted(c.items()))
+             + (", container images (pyxis)" if site.images else "")
+             + f"; {sum(len(j.plan.items) for j in jobs)} variant(s) in {len(jobs)} job(s)"]
     for j in jobs:
         lines.append(f"  job {j.n}: {j.plan.cell_id}, {len(j.plan.items)} variant(s), {j.plan.gpus} GPU(s), "
                      f"--time {j.time_limit}")
     return lines
 
 
-def summary_lines(results: list[ProbeResult]) -> list[str]:
-    per: dict[tuple[str, str, str], Counter[Status]] = {}
-    for r in results:
-        per.setdefault((r.host_id, r.cell_id, r.probe_id), Counter())[r.verdict.status] += 1
-    return [f"  {host} {cell} {probe}: " + ", ".join(f"{c[s]} {s}" for s in ORDER if c[s])
-            for (host, cell, probe), c in sorted(per.items())]
+def _first_free(root: Path) -> int:
+    """The number of the next job folder under a run's folder (a resumed run adds to the killed one's)."""
+    taken = [int(p.name) for p in root.iterdir() if p.name.isdigit()] if root.is_dir() else []
+    return max(taken, default=-1) + 1
 
 
-def run(args: argparse.Namespace, con: Any, probes: dict[str, Any], catalogue: reasons.Catalogue,
-        archs: tuple[str, ...]) -> int:
-    """`checks run --executor slurm`, after the command line has chosen the probes."""
-    from checks import cli  # the command line imports this module when it is asked for Slurm
+@dataclass
+class SlurmBackend:
+    """Variants as Slurm jobs submitted from this host (checks.backend.Backend)."""
 
-    if args.resume:
-        raise cli.UsageError("checks run: --resume is not supported with --executor slurm; run the cell again")
-    try:
-        site = slurm_site.survey(args.partition)
-        if args.container_image and not site.images:
-            raise ExecutorError(slurm_site.no_images_reason(slurm_site.srun_help()))
-    except slurm_site.SiteError as exc:
-        raise ExecutorError(str(exc)) from None
-    gpus = site.gpus_per_node if args.gpus_per_job is None else args.gpus_per_job
-    cells, launches = targets(args, site)
-    cache = compile_cache_dir(getattr(args, "compile_cache", None), getattr(args, "no_compile_cache", False))
-    if cache is not None:
-        cache.mkdir(parents=True, exist_ok=True)  # on the shared file system the code is on, as the nodes see it
-    launches = {cid: replace(launch, env=(*run_env(cid, archs, cache), *launch.env))
-                for cid, launch in launches.items()}
-    items = plan_work(cells, probes, HostView(gpu_count=gpus, target_archs=archs), args.timeout_scale)
-    run_id = new_run_id()
-    name = f"stackprobe-{run_id}"
-    request = slurm_jobs.Request(site.partition, args.time, tuple(args.sbatch_arg))
-    jobs = [Job(n, plan, JOBS_ROOT / run_id / str(n), args.time or plan.time_minutes())
-            for n, plan in enumerate(slurm_jobs.plan_jobs(items, gpus, hard_timeout))]
+    name: str = SLURM
+    gpu_lock: bool = False  # Slurm gives each job its GPUs
+    site: slurm_site.Site | None = None
+    launches: dict[str, slurm_jobs.Launch] = field(default_factory=dict)
+    executors: dict[str, LocalExecutor] = field(default_factory=dict)  # for fingerprints, by cell
+    job_name: str = ""
+    job_ids: list[str] = field(default_factory=list)
 
-    def say(text: str) -> None:
-        con.print(text, markup=False, highlight=False)
+    def _site(self, opts: RunOptions) -> slurm_site.Site:
+        try:
+            site = slurm_site.survey(opts.slurm.partition)
+            if opts.slurm.container_image and not site.images:
+                raise ExecutorError(slurm_site.no_images_reason(slurm_site.srun_help()))
+        except slurm_site.SiteError as exc:
+            raise ExecutorError(str(exc)) from None
+        return site
 
-    for line in _plan_lines(site, gpus, items, jobs, len(probes)):
-        say(line)
-    code = provenance.checkout()
-    hashes = provenance.probe_hashes(probes)
+    def targets(self, opts: RunOptions) -> Targets:
+        """The cells and how a node starts each: an image (--container-image), one interpreter (--python, as
+        the local backend), or by default the venv cells of the matrix (`provision build --backend venv`),
+        each with the interpreter and environment the local executor gives it; the host facts of a node."""
+        site = self.site = self._site(opts)
+        gpus = site.gpus_per_node if opts.slurm.gpus_per_job is None else opts.slurm.gpus_per_job
+        image = opts.slurm.container_image
+        if image:
+            cell = image_cell(image, site.partition)
+            found = [cell]
+            self.launches = {cell.cell_id: slurm_jobs.Launch("python3", image)}
+        elif opts.python:
+            cell, ex, _ = cells.local(opts, opts.python)
+            found, self.executors = [cell], {cell.cell_id: ex}
+            self.launches = {cell.cell_id: slurm_jobs.Launch(opts.python)}
+        else:
+            found, executors = cells.venv(opts)  # GPU facts come from each node, not from here
+            self.executors = {cid: ex for cid, ex in executors.items() if isinstance(ex, LocalExecutor)}
+            self.launches = {cid: slurm_jobs.Launch(ex.python, env=ex.extra_env) for cid, ex in self.executors.items()}
+        first = next(iter(self.launches.values()), slurm_jobs.Launch(sys.executable))
+        facts = node_facts(opts, site, gpus, first, lambda line: print(line, file=sys.stderr, flush=True))
+        return Targets(found, facts, gpus)
 
-    def write_manifest(store: RunStore, facts: dict[str, Any]) -> None:
-        store.write_manifest(manifest.build(run_id, store.host_id, now_iso(), "slurm", facts, cells, probes, code,
-                                            hashes, args.argv))
-        say(f"results {store.results_path}")
+    def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, str | None]:
+        cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)  # on the shared file system the code is on, as the nodes see it
+        envs = {cid: run_env(cid, opts.target_archs, cache) for cid in self.launches}
+        self.launches = {cid: replace(launch, env=(*envs[cid], *launch.env)) for cid, launch in self.launches.items()}
+        # the interpreters are on the file system the nodes share: what they hold is read from here
+        return {cid: ex.with_run_env(envs[cid]).fingerprint() for cid, ex in self.executors.items()}
 
-    tracker = Tracker(items, jobs, Stores(args.results, run_id, write_manifest), catalogue,
-                      {pid: code.for_probe(h) for pid, h in hashes.items()}, launches, site.partition, say)
-    tracker.pending_decided = [i for i, it in enumerate(items) if it.decided is not None]
-    poll_s = float(os.environ.get(POLL_ENV) or DEFAULT_POLL_S)
-    try:
-        for job in jobs:
+    def run(self, opts: RunOptions, work: Work, hooks: Hooks) -> RunReport:
+        """Record what needs no job, submit a job per group of the rest, follow them until every variant is
+        recorded; Ctrl-C cancels every job and keeps what finished."""
+        assert self.site is not None, "targets() first"
+        rec, pending = begin(opts.resume, opts.level, work, hooks)
+        for it in pending:
+            if not it.runs:
+                rec.decided(it)
+        items = [it for it in pending if it.runs]
+        self.job_name = f"stackprobe-{work.store.run_id}"
+        jobs = self._jobs(opts, work, items)
+        for line in _plan_lines(self.site, work.gpus, jobs):
+            hooks.say(line)
+        tracker = Tracker(items, jobs, Stores(work.store, work.manifest), rec, self.launches, hooks.say)
+        poll_s = float(os.environ.get(POLL_ENV) or DEFAULT_POLL_S)
+        try:
+            self._submit_all(opts, tracker, [dataclasses.replace(it, variant=level_variant(it, opts.level))
+                                             for it in items])
+            while not tracker.finished:
+                time.sleep(min(poll_s, 1.0) if all(not j.shown for j in jobs) else poll_s)
+                tracker.poll(self.job_name)
+        except KeyboardInterrupt:
+            rec.report.interrupted = True
+            self._cancel_all(tracker, hooks.say)
+        return rec.report
+
+    def _jobs(self, opts: RunOptions, work: Work, items: list[WorkItem]) -> list[Job]:
+        root = JOBS_ROOT / work.store.run_id
+        first = _first_free(root)
+        return [Job(n, plan, root / str(first + n), opts.slurm.time_minutes or plan.time_minutes())
+                for n, plan in enumerate(slurm_jobs.plan_jobs(items, work.gpus, hard_timeout))]
+
+    def _submit_all(self, opts: RunOptions, tracker: Tracker, leveled: list[WorkItem]) -> None:
+        """sbatch every job; a refused one records its variants as not run. ``leveled``: the items as the
+        workers get them (a quick run's variants carry their level)."""
+        assert self.site is not None
+        request = slurm_jobs.Request(self.site.partition, opts.slurm.time_minutes, opts.slurm.sbatch_args)
+        for job in tracker.jobs:
             job.folder.mkdir(parents=True, exist_ok=True)
-            why = submit(job, items, request, launches[job.plan.cell_id], name)
+            why = submit(job, leveled, request, self.launches[job.plan.cell_id], self.job_name)
+            if job.job_id:
+                self.job_ids.append(job.job_id)
             if why:
                 job.done = True
                 for index in job.plan.items:
                     tracker.record(index, classify.decided(Status.NOT_RUN, "slurm-submit-failed", f"sbatch: {why}",
-                                                           catalogue), None)
+                                                           tracker.catalogue), None)
             else:
-                say(f"job {job.job_id}: submitted ({job.plan.name}, {len(job.plan.items)} variant(s), "
-                    f"folder {job.folder})")
-        while not tracker.finished:
-            time.sleep(min(poll_s, 1.0) if all(not j.shown for j in jobs) else poll_s)
-            tracker.poll(name)
-    except KeyboardInterrupt:
-        tracker.report.interrupted = True
-        _cancel_all(tracker, name, say)
-    tracker.flush_decided(tracker.stores.first)
-    say("summary")
-    for line in summary_lines(tracker.report.results):
-        say(line)
-    if args.json:
-        print(json.dumps([r.to_json() for r in tracker.report.results], indent=2, sort_keys=True))
-    return 130 if tracker.report.interrupted else 0
+                tracker.say(f"job {job.job_id}: submitted ({job.plan.name}, {len(job.plan.items)} variant(s), "
+                            f"folder {job.folder})")
 
+    def cancel(self) -> None:
+        if self.job_name:
+            cancel(self.job_name, self.job_ids)
 
-def _cancel_all(tracker: Tracker, name: str, say: Callable[[str], None]) -> None:
-    """Ctrl-C: cancel every job of the run, however often Ctrl-C is pressed again meanwhile; keep what
-    finished (an outcome the node wrote is a whole result)."""
-    ids = [j.job_id for j in tracker.jobs if j.job_id]
-    while True:
-        try:
-            say(f"interrupted: cancelling {len(ids)} job(s) (scancel --name={name})")
-            left = cancel(name, ids)
-            break
-        except KeyboardInterrupt:
-            continue
-    say(f"still in the queue: {', '.join(left)}" if left else "no job of this run is left in the queue")
-    for job in tracker.jobs:
-        if job.job_id:
-            tracker.harvest(job)
-    print("interrupted: results finished so far are kept", file=sys.stderr)
+    def _cancel_all(self, tracker: Tracker, say: Callable[[str], None]) -> None:
+        """Ctrl-C: cancel every job of the run, however often Ctrl-C is pressed again meanwhile; keep what
+        finished (an outcome the node wrote is a whole result)."""
+        while True:
+            try:
+                say(f"interrupted: cancelling {len(self.job_ids)} job(s) (scancel --name={self.job_name})")
+                left = cancel(self.job_name, self.job_ids)
+                break
+            except KeyboardInterrupt:
+                continue
+        say(f"still in the queue: {', '.join(left)}" if left else "no job of this run is left in the queue")
+        for job in tracker.jobs:
+            if job.job_id:
+                tracker.harvest(job)
+        print("interrupted: results finished so far are kept", file=sys.stderr)

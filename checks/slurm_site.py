@@ -77,7 +77,7 @@ def _run(cmd: list[str]) -> str:
 def survey(partition: str | None) -> Site:
     for tool in ("sbatch", "squeue", "scancel", "sinfo"):
         if shutil.which(tool) is None:
-            raise SiteError(f"{tool} not found: --executor slurm runs on a host with Slurm's client commands "
+            raise SiteError(f"{tool} not found: --backend slurm runs on a host with Slurm's client commands "
                             "(a login node); tools/slurm_local.sh starts a one-node cluster on this machine")
     found = partition_gpus(_run(["sinfo", "-h", "-o", SINFO_FORMAT]), partition)
     if found is None:

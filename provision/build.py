@@ -1,150 +1,37 @@
-"""`provision build`: lock, render, build with the docker CLI (BuildKit when it can), self-check, record.
+"""The Docker builder of `provision build` (provision.buildsession.Builder): lock, render, build with the docker
+CLI (BuildKit when it can), self-check, record.
 
 Side effects live here: docker subprocesses and the files under envs/ and dockerfiles/.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from checks import atomic
 from checks.progress import TICK_S, Ticker
-from provision import backend, buildlog
+from provision import buildlog, doctor
+from provision.baseimage import DEFAULT_TAG, DEV_TAG, ensure_base, ensure_dev
 from provision.buildprogress import BuildProgress, Step
+from provision.cellrecord import BUILT, SELFCHECK_ROOT, previous, record, selfcheck_files, selfcheck_texts, versions
+from provision.dockercli import Docker
 from provision.errors import InputError
-from provision.lock import ENVS, LockError, lock_cell, uv_version
-from provision.render import DOCKERFILES, Base, load_cell, render
+from provision.lock import LockError, lock_cell, uv_version
+from provision.options import BuildOptions
+from provision.render import Base, load_cell, render
 from provision.resolve import RESOLVED, Resolved
-from provision.selfcheck import SHARED as SELFCHECK_SHARED
 from provision.verify import mismatches
 
-SELFCHECK = Path(__file__).with_name("selfcheck.py")
-SELFCHECK_ROOT = "/opt/stackprobe-code"  # in the image: the self-check beside the checks/ modules it imports
-CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 LOGS = Path(__file__).resolve().parent.parent / ".cache" / "build-logs"
-VENVS = Path(__file__).resolve().parent.parent / ".cache" / "venvs"  # venv cells (provision/venvbuild.py)
-NO_CLI = "docker CLI not found"
-
-
-def docker_cli() -> str:
-    """Debian's CLI speaks BuildKit with DOCKER_BUILDKIT=1; a newer CLI without buildx does not."""
-    return "/usr/bin/docker" if os.path.exists("/usr/bin/docker") else (shutil.which("docker") or "docker")
-
-
-@dataclass
-class Docker:
-    """The docker CLI; counts build invocations so callers can prove a no-op."""
-
-    cli: str = field(default_factory=docker_cli)
-    builds: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def run(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([self.cli, *args], capture_output=True, text=True, **kw)
-
-    def check_daemon(self) -> None:
-        """InputError saying why Docker cannot build here and how to make it, for `--backend docker`."""
-        problem = self.unreachable()
-        if problem is None:
-            return
-        if problem == NO_CLI:
-            what, hint = problem, "install Docker (Debian: apt-get install docker.io)"
-        else:
-            what = f"cannot talk to the Docker daemon ({problem})"
-            hint = "run as a member of the docker group" if "permission denied" in problem else "start dockerd"
-        raise InputError(f"{what}: {hint}, or leave out --backend docker to build venv cells instead")
-
-    def unreachable(self) -> str | None:
-        """Why this CLI cannot build (no CLI, or the daemon's refusal as the CLI prints it), or None when it
-        can: the reason alone, no fix."""
-        if shutil.which(self.cli) is None and not os.path.exists(self.cli):
-            return NO_CLI
-        proc = self.run("info", "--format", "{{.ServerVersion}}")
-        if proc.returncode != 0:
-            return (proc.stderr.strip().splitlines() or ["no answer"])[-1]
-        return None
-
-    def buildkit(self) -> bool:
-        """BuildKit is reachable through this CLI (DOCKER_BUILDKIT=1 build with --secret)."""
-        proc = self.run("build", "--help", env=dict(os.environ, DOCKER_BUILDKIT="1"))
-        return "--secret" in proc.stdout
-
-    def image_id(self, ref: str) -> str | None:
-        proc = self.run("image", "inspect", "--format", "{{.Id}}", ref)
-        return proc.stdout.strip() if proc.returncode == 0 else None
-
-    def build(self, dockerfile: Path, context: Path, tag: str, buildkit: bool, log: Path,
-              on_line: Callable[[str], None]) -> int:
-        with self._lock:
-            self.builds += 1
-        cmd = [self.cli, "build", "-f", str(dockerfile), "-t", tag]
-        env = dict(os.environ, DOCKER_BUILDKIT="1" if buildkit else "0")
-        if buildkit:
-            cmd += ["--progress=plain"]
-            if CA_BUNDLE.exists():
-                cmd += ["--secret", f"id=cacert,src={CA_BUNDLE}"]
-        cmd.append(str(context))
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as out:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                out.write(line)
-                if line.strip():
-                    on_line(line.strip())
-            return proc.wait()
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    matrix: Path
-    cuda: str | None = None
-    torch: str | None = None
-    only: tuple[str, ...] = ()
-    offline: bool = False
-    dry_run: bool = False
-    jobs: int = 1
-    base: str = "auto"
-    base_image: str | None = None
-    envs: Path = ENVS
-    dockerfiles: Path = DOCKERFILES
-    json: bool = False
-    toolkit: bool = True  # registry-free base: add the CUDA toolkit from wheels (nvcc for JIT)
-    backend: str = "auto"  # auto | docker | venv (provision/backend.py)
-    base_python: str | None = None  # venv overlay cells: the environment whose torch stack they use
-    wheels: Path | None = None  # venv cells: install from this folder of wheels instead of an index
-    venvs: Path = VENVS
-    ignore_disk: bool = False  # build even when the free space looks too small
-
-    @property
-    def overlay(self) -> bool:
-        return self.base_python is not None or self.wheels is not None
-
-    @classmethod
-    def from_args(cls, a: argparse.Namespace, matrix: Path) -> BuildOptions:
-        if a.jobs < 1:
-            raise InputError("--jobs must be 1 or more")
-        if a.base_image and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$", a.base_image):
-            raise InputError(f"--base-image '{a.base_image}' is not an image reference")
-        return cls(matrix, a.cuda, a.torch, tuple(a.only or ()), a.offline, a.dry_run, a.jobs, a.base, a.base_image,
-                   Path(a.envs) if a.envs else ENVS, Path(a.dockerfiles) if a.dockerfiles else DOCKERFILES, a.json,
-                   backend=a.backend, base_python=a.base_python, wheels=Path(a.wheels) if a.wheels else None,
-                   venvs=Path(a.venvs) if a.venvs else VENVS, ignore_disk=getattr(a, "ignore_disk", False))
 
 
 def nvidia_image(cell: dict[str, Any]) -> str:
@@ -159,8 +46,6 @@ def choose_base(cell: dict[str, Any], opts: BuildOptions, docker: Docker | None)
     nv = nvidia_image(cell)
     if opts.base == "nvidia" or (opts.base == "auto" and docker is not None and docker.image_id(nv)):
         return Base("nvidia", nv)
-    from provision.baseimage import DEFAULT_TAG, DEV_TAG
-
     if opts.toolkit and cell.get("wheel_nvcc", True):
         return Base("registry-free", DEV_TAG)
     return Base("registry-free-notoolkit", DEFAULT_TAG)
@@ -173,7 +58,7 @@ def image_tag(cell_id: str, digest: str) -> str:
 
 def build_hash(dockerfile: str, folder: Path, base_id: str, build_args: dict[str, str]) -> str:
     h = hashlib.sha256()
-    for part in (dockerfile, base_id, json.dumps(build_args, sort_keys=True), *_selfcheck_texts()):
+    for part in (dockerfile, base_id, json.dumps(build_args, sort_keys=True), *selfcheck_texts()):
         h.update(part.encode() + b"\0")
     for name in ("toolkit.lock", "torch.lock", "kernel.lock", "requirements.lock"):
         p = folder / name
@@ -181,19 +66,8 @@ def build_hash(dockerfile: str, folder: Path, base_id: str, build_args: dict[str
     return h.hexdigest()[:12]
 
 
-def _selfcheck_files() -> list[tuple[Path, str]]:
-    """(host path, image path) of the self-check and each module it shares with the probes."""
-    root = SELFCHECK.parent.parent
-    return [(SELFCHECK, f"{SELFCHECK_ROOT}/selfcheck.py"),
-            *((root / rel, f"{SELFCHECK_ROOT}/{rel}") for rel in SELFCHECK_SHARED)]
-
-
-def _selfcheck_texts() -> list[str]:
-    return [host.read_text() for host, _ in _selfcheck_files()]
-
-
 def selfcheck(docker: Docker, tag: str, compile_test: bool) -> dict[str, Any]:
-    mounts = [arg for host, inside in _selfcheck_files() for arg in ("-v", f"{host}:{inside}:ro")]
+    mounts = [arg for host, inside in selfcheck_files() for arg in ("-v", f"{host}:{inside}:ro")]
     args = ["run", "--rm", "--network", "none", *mounts,
             "--entrypoint", "/opt/venv/bin/python", tag, f"{SELFCHECK_ROOT}/selfcheck.py"]
     proc = docker.run(*args, *(["--compile"] if compile_test else []))
@@ -204,23 +78,6 @@ def selfcheck(docker: Docker, tag: str, compile_test: bool) -> dict[str, Any]:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"error": f"self-check printed no JSON: {proc.stdout[-200:]!r}"}
-
-
-def _versions(facts: dict[str, Any]) -> dict[str, str | None]:
-    t = facts.get("torch") or {}
-    return {"torch": t.get("version"), "torch_cuda": t.get("cuda"),
-            "sgl_kernel": (facts.get("sgl_kernel") or {}).get("version"),
-            "flashinfer": (facts.get("flashinfer") or {}).get("version"),
-            "nccl": t.get("nccl"), "python": facts.get("python")}
-
-
-def _record(folder: Path, **kw: Any) -> dict[str, Any]:
-    rec = {"cell_id": folder.name, "status": kw.pop("status"), "tag": kw.pop("tag", None),
-           "image_id": kw.pop("image_id", None), "reason": kw.pop("reason", ""),
-           "selfcheck": kw.pop("selfcheck", {}), "versions": kw.pop("versions", {}),
-           "built_at": datetime.now(UTC).isoformat(timespec="seconds"), **kw}
-    atomic.write_json(folder / "build.json", rec, indent=1)
-    return rec
 
 
 def no_nvcc_note(cell: dict[str, Any]) -> str:
@@ -250,8 +107,6 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
     def base_id(base: Base) -> str:
         if base.image not in base_ids:
             if base.kind.startswith("registry-free") and docker.image_id(base.image) is None:
-                from provision.baseimage import ensure_base, ensure_dev
-
                 report("base", f"making {base.image} (debootstrap, once)")
                 (ensure_dev if base.kind == "registry-free" else ensure_base)(docker=docker.cli)
             bid = docker.image_id(base.image)
@@ -269,8 +124,8 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
         facts = selfcheck(docker, tag, compile_test=base.kind == "registry-free")
         if "error" in facts or mismatches(cell["expected"], facts, compiled_toolkit=base.kind == "registry-free"):
             return None
-        return _record(folder, status="skipped-unchanged", tag=tag, image_id=image_id, selfcheck=facts,
-                       versions=_versions(facts), build_s=None, base=base.image, adopted=True,
+        return record(folder, status="skipped-unchanged", tag=tag, image_id=image_id, selfcheck=facts,
+                       versions=versions(facts), build_s=None, base=base.image, adopted=True,
                        note=_note(cell, base, opts))
 
     def prepare(folder: Path) -> Step | dict[str, Any]:
@@ -283,12 +138,12 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             dockerfile = opts.dockerfiles / f"{cid}.Dockerfile"
             atomic.write_text(dockerfile, text)
             tag = image_tag(cid, build_hash(text, folder, base_id(base), {}))
-            prev = _previous(folder)
+            prev = previous(folder)
             image_id = docker.image_id(tag)
-            if prev.get("tag") == tag and prev.get("status") in ("built", "skipped-unchanged") and image_id:
+            if prev.get("tag") == tag and prev.get("status") in BUILT and image_id:
                 report(cid, "unchanged, not rebuilt")
                 keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id", "build_s", "base")}
-                return _record(folder, status="skipped-unchanged", tag=tag, note=_note(cell, base, opts), **keep)
+                return record(folder, status="skipped-unchanged", tag=tag, note=_note(cell, base, opts), **keep)
             if image_id and (adopted := adopt(folder, cell, base, tag, image_id)) is not None:
                 report(cid, "unchanged, not rebuilt (its image was already here; self-checked again)")
                 return adopted
@@ -296,7 +151,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
-            return _record(folder, status="failed", reason=f"{type(e).__name__}: {e}")
+            return record(folder, status="failed", reason=f"{type(e).__name__}: {e}")
 
     prepared = {folder: prepare(folder) for folder in folders}
     steps = [p for p in prepared.values() if isinstance(p, Step)]
@@ -331,7 +186,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
         if rc != 0:
             tail = _log_tail(log)
             reason = f"docker build exited {rc}: {tail} (log: {log})"
-            return _record(folder, status="failed", tag=tag, reason=reason)
+            return record(folder, status="failed", tag=tag, reason=reason)
         build_s = round(time.monotonic() - t0, 1)
         report(cid, "self-check")
         facts = selfcheck(docker, tag, compile_test=step.base.kind == "registry-free")
@@ -339,10 +194,10 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             step.cell["expected"], facts, compiled_toolkit=step.base.kind == "registry-free")
         if problems:
             docker.run("image", "rm", "--no-prune", tag)  # never leave a wrong image under a valid tag
-            return _record(folder, status="failed", tag=tag, reason="self-check: " + "; ".join(problems),
-                           selfcheck=facts, versions=_versions(facts))
-        return _record(folder, status="built", tag=tag, image_id=docker.image_id(tag), selfcheck=facts,
-                       versions=_versions(facts), build_s=build_s, base=step.base.image,
+            return record(folder, status="failed", tag=tag, reason="self-check: " + "; ".join(problems),
+                           selfcheck=facts, versions=versions(facts))
+        return record(folder, status="built", tag=tag, image_id=docker.image_id(tag), selfcheck=facts,
+                       versions=versions(facts), build_s=build_s, base=step.base.image,
                        note=_note(step.cell, step.base, opts))
 
     def one(step: Step, ticker: Ticker) -> dict[str, Any]:
@@ -353,7 +208,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
-            rec = _record(step.folder, status="failed", tag=step.tag, reason=f"{type(e).__name__}: {e}")
+            rec = record(step.folder, status="failed", tag=step.tag, reason=f"{type(e).__name__}: {e}")
         with lock:
             progress.done.add(step.cell_id)
             report(step.cell_id, progress.end_line(step, str(rec["status"]), time.monotonic() - t0))
@@ -363,13 +218,6 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
         built = dict(zip((s.folder for s in steps), pool.map(lambda s: one(s, ticker), steps), strict=True))
     return [built[f] if isinstance(p, Step) else p for f, p in prepared.items()]
-
-
-def _previous(folder: Path) -> dict[str, Any]:
-    try:
-        return json.loads((folder / "build.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _log_tail(log: Path) -> str:
@@ -399,94 +247,6 @@ def lock_for_build(cells: Sequence[Resolved], opts: BuildOptions) -> tuple[list[
     return folders, failed
 
 
-def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_out: bool) -> None:
-    by_id = {r["cell_id"]: r for r in results}
-    rows = []
-    for c in cells:
-        r = by_id.get(c.cell_id)
-        if r is None:
-            rows.append((c.cell_id, c.status, "", c.reason))
-        else:
-            rows.append((c.cell_id, r["status"], r.get("tag") or r.get("venv") or "",
-                         r.get("reason") or r.get("note") or ""))
-    if json_out:
-        keys = ("cell_id", "status", "tag", "reason")
-        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=1))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="provision build")
-    for col in ("cell", "status", "image", "reason"):
-        table.add_column(col, overflow="fold")
-    colour = {"built": "green", "skipped-unchanged": "green", "failed": "red", "would-build": "cyan"}
-    for cid, status, tag, reason in rows:
-        table.add_row(cid, f"[{colour.get(status, 'yellow')}]{status}[/]", tag, reason)
-    Console(width=200).print(table)
-
-
-def reporter(opts: BuildOptions) -> Callable[[str, str], None]:
-    """One timestamped line per build event, the cell's id first (nothing with --json)."""
-    from rich.markup import escape
-
-    from checks.progress import console as progress_console
-
-    console = progress_console()  # never wraps: a log gets one event per line
-    lock = threading.Lock()
-
-    def report(cid: str, msg: str) -> None:
-        if opts.json:
-            return
-        who = f" [bold]{escape(cid)}[/]" if cid else ""
-        with lock:
-            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/]{who} {escape(msg)}")
-
-    return report
-
-
-def build_venvs(cells: Sequence[Resolved], opts: BuildOptions) -> int:
-    """The venv backend: the same plan, locks, self-check, record and summary as images."""
-    from provision import venvbuild
-
-    folders, results = venvbuild.lock_for_venv(cells, opts.envs)
-    results += venvbuild.build_venv_cells(folders, opts, reporter(opts))
-    summary(cells, results, opts.json)
-    return 1 if any(r["status"] == "failed" for r in results) else 0
-
-
-def free_bytes(path: Path) -> int | None:
-    """Free space of the file system holding ``path`` (its nearest existing folder); None when unknown."""
-    for p in (path, *path.parents):
-        if p.exists():
-            try:
-                return shutil.disk_usage(p).free
-            except OSError:
-                return None
-    return None
-
-
-def _venv_built(rec: dict[str, Any]) -> bool:
-    if rec.get("status") not in ("built", "skipped-unchanged"):
-        return False
-    return bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
-
-
-def disk_check(need: int, free: int | None, where: str, todo: int, torch_builds: int = 0,
-               present: int = 0) -> tuple[str, str | None]:
-    """(the line saying what the build needs, the refusal or None): pure, the free space is read elsewhere.
-    ``torch_builds`` torch layers are still to make; ``present`` more are shared with images already here."""
-    from provision.doctor import gb
-
-    shared = f", {present} already here" if present else ""
-    line = (f"{todo} cell(s) to build ({torch_builds} new torch build(s){shared}) need about {gb(need)}; "
-            + (f"{gb(free)} free under {where}" if free is not None else f"free space under {where} unknown"))
-    if free is None or free >= need:
-        return line, None
-    return line, (f"not enough disk under {where}: this build needs about {gb(need)} and "
-                  f"{gb(free)} is free; run `provision prune` (or build fewer cells with --only), "
-                  "or pass --ignore-disk")
-
-
 def image_built(folder: Path, opts: BuildOptions, docker: Docker, buildkit: bool) -> bool:
     """The image the cell's current locks, template and base make is here already (its tag names an image):
     an image of an older lock or template does not count, it would be built again."""
@@ -500,53 +260,6 @@ def image_built(folder: Path, opts: BuildOptions, docker: Docker, buildkit: bool
     except (OSError, ValueError, KeyError):
         return False
     return docker.image_id(tag) is not None
-
-
-def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, docker: Docker | None) -> None:
-    """Print the disk the cells still to build need (doctor's estimate rule, with each torch build counted
-    once and not at all when an image here already holds its layer) and refuse when it is not free."""
-    from provision import doctor
-    from provision.lock import torch_key
-
-    venv = docker is None
-    buildkit = docker.buildkit() if docker is not None else False
-
-    def built(folder: Path) -> bool:
-        if docker is None:  # a venv's files are linked from uv's cache, so a second venv of a torch build is ~free
-            return _venv_built(_previous(folder))
-        return image_built(folder, opts, docker, buildkit)
-
-    todo = [c for c in cells if c.status == RESOLVED and not built(opts.envs / c.cell_id)]
-    wanted = {torch_key(c) for c in todo}
-    present = set()
-    for meta in sorted(opts.envs.glob("*/cell.json")):  # any cell of this machine, of any matrix
-        try:
-            key = json.loads(meta.read_text()).get("torch_lock")
-        except (OSError, ValueError):
-            continue
-        if key in wanted and key not in present and built(meta.parent):
-            present.add(key)
-    if venv:
-        where: str | None = str(opts.venvs)
-        base_present = True  # venv cells need no base image
-    else:
-        assert docker is not None
-        from provision.baseimage import DEFAULT_TAG, DEV_TAG
-
-        proc = docker.run("info", "--format", "{{.DockerRootDir}}")
-        where = proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
-        base_present = any(docker.image_id(t) for t in (DEFAULT_TAG, DEV_TAG))
-    stacks = len(wanted - present)
-    need = doctor.need_bytes(doctor.Facts(venv_torch_stacks=stacks, venv_cells_to_build=len(todo)), doctor.VENV) \
-        if venv else doctor.need_bytes(doctor.Facts(base_images=("present",) if base_present else (),
-                                                    torch_stacks=stacks, cells_to_build=len(todo)))
-    if not need:
-        return
-    line, refusal = disk_check(need, free_bytes(Path(where)) if where else None, where or "the Docker root",
-                               len(todo), len(wanted - present), len(present))
-    print(f"provision: {line}", file=sys.stderr, flush=True)
-    if refusal and not opts.ignore_disk and not opts.dry_run:
-        raise InputError(refusal)
 
 
 def shown(path: Path) -> str:
@@ -569,45 +282,42 @@ def render_dockerfiles(folders: Sequence[Path], opts: BuildOptions) -> dict[str,
     return out
 
 
-def dry_run(cells: Sequence[Resolved], opts: BuildOptions, chosen: str) -> int:
-    """Lock the cells and print the plan; render every Dockerfile whether or not a daemon answers, unless
-    venv cells were asked for by name (``--backend venv``, ``--base-python``, ``--wheels``). Builds nothing."""
-    if chosen == backend.VENV:
-        from provision import venvbuild
+@dataclass
+class DockerBuilder:
+    """Cells as Docker images (provision.buildsession.Builder)."""
 
-        disk_gate(cells, opts, None)
-        folders, results = venvbuild.lock_for_venv(cells, opts.envs)
-        rows = venvbuild.dry_run(folders, opts)
-    else:
-        folders, results = lock_for_build(cells, opts)
-        rows = [{"cell_id": f.name, "status": "would-build", "reason": ""} for f in folders]
-    if opts.backend != backend.VENV and not opts.overlay:
-        rendered = render_dockerfiles(folders, opts)
-        for row in rows:
-            row["reason"] = "; ".join(filter(None, [row["reason"], rendered[row["cell_id"]]]))
-    summary(cells, results + rows, opts.json)
-    return 0
+    docker: Docker = field(default_factory=Docker)
+    name: str = "docker"
+    _buildkit_seen: bool | None = None
 
+    def prepare(self, opts: BuildOptions) -> None:
+        self.docker.check_daemon()
 
-def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
-    from provision.api import plan
-    from provision.planview import plan_lines
+    def lock(self, cells: Sequence[Resolved], opts: BuildOptions) -> tuple[list[Path], list[dict[str, Any]]]:
+        return lock_for_build(cells, opts)
 
-    cells = plan(opts.matrix, opts.cuda, opts.torch, opts.only or None, offline=opts.offline)
-    if not opts.json:
-        print("\n".join(plan_lines(cells)), flush=True)
-    docker = docker or Docker()
-    chosen = backend.choose(opts.backend, docker.unreachable, opts.overlay)
-    if chosen.line:
-        print(f"provision: {chosen.line}", file=sys.stderr, flush=True)
-    if opts.dry_run:
-        return dry_run(cells, opts, chosen.backend)
-    if chosen.backend == backend.VENV:
-        disk_gate(cells, opts, None)
-        return build_venvs(cells, opts)
-    docker.check_daemon()
-    folders, results = lock_for_build(cells, opts)
-    disk_gate(cells, opts, docker)  # after locking: a cell counts as built only when its current image is here
-    results += build_locked(folders, opts, docker, reporter(opts))
-    summary(cells, results, opts.json)
-    return 1 if any(r["status"] == "failed" for r in results) else 0
+    def built(self, folder: Path, opts: BuildOptions) -> bool:
+        return image_built(folder, opts, self.docker, self._buildkit())
+
+    def disk_root(self, opts: BuildOptions) -> str | None:
+        """Where images take their disk: the Docker root."""
+        proc = self.docker.run("info", "--format", "{{.DockerRootDir}}")
+        return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+
+    def need_bytes(self, torch_stacks: int, cells: int) -> int:
+        """doctor's image rule: a base image when none is here, each torch build's layers, each cell."""
+        base_present = any(self.docker.image_id(t) for t in (DEFAULT_TAG, DEV_TAG))
+        return doctor.need_bytes(doctor.Facts(base_images=("present",) if base_present else (),
+                                              torch_stacks=torch_stacks, cells_to_build=cells))
+
+    def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
+        return [{"cell_id": f.name, "status": "would-build", "reason": ""} for f in folders]
+
+    def build(self, folders: Sequence[Path], opts: BuildOptions,
+              report: Callable[[str, str], None]) -> list[dict[str, Any]]:
+        return build_locked(folders, opts, self.docker, report)
+
+    def _buildkit(self) -> bool:
+        if self._buildkit_seen is None:
+            self._buildkit_seen = self.docker.buildkit()
+        return self._buildkit_seen

@@ -12,6 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from provision.errors import InputError
+from provision.lock import ENVS
+from provision.options import VENVS, BuildOptions
+from provision.render import DOCKERFILES
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -115,11 +118,20 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_build(args: argparse.Namespace) -> int:
-    from provision.build import BuildOptions, build_cells
+def build_options(args: argparse.Namespace) -> BuildOptions:
+    """The command line of `provision build` as options, validated; nothing past this function sees ``args``."""
+    return BuildOptions(
+        _matrix(args), args.cuda, args.torch, tuple(args.only or ()), args.offline, args.dry_run, args.jobs,
+        args.base, args.base_image, Path(args.envs) if args.envs else ENVS,
+        Path(args.dockerfiles) if args.dockerfiles else DOCKERFILES, args.json, backend=args.backend,
+        base_python=args.base_python, wheels=Path(args.wheels) if args.wheels else None,
+        venvs=Path(args.venvs) if args.venvs else VENVS, ignore_disk=args.ignore_disk).check()
 
-    opts = BuildOptions.from_args(args, _matrix(args))
-    return build_cells(opts)
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from provision.buildsession import build_cells
+
+    return build_cells(build_options(args))
 
 
 def cmd_base(args: argparse.Namespace) -> int:
@@ -151,7 +163,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     from provision import prune
     from provision.api import DEFAULT_MATRIX
-    from provision.build import VENVS, Docker, docker_cli
+    from provision.dockercli import Docker, docker_cli
     from provision.lock import ENVS
 
     docker = Docker(cli=docker_cli())

@@ -370,7 +370,8 @@ def _venv_facts(matrix: Path, envs: Path, venvs: Path) -> dict[str, object]:
 def gather(matrix: Path, envs: Path, venvs: Path | None = None) -> Facts:
     """Ask the machine; every question that cannot be asked leaves its field at the default."""
     from provision.baseimage import DEFAULT_TAG, DEV_TAG, apt_mirror
-    from provision.build import VENVS, Docker, docker_cli
+    from provision.dockercli import Docker, docker_cli
+    from provision.options import VENVS
 
     kw: dict[str, object] = {"debootstrap": shutil.which("debootstrap"), "is_root": os.geteuid() == 0,
                              **_venv_facts(matrix, envs, venvs or VENVS)}

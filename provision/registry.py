@@ -14,10 +14,10 @@ published, so the check reads them live every time; only a store made for tests 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
-import os
 import re
 import subprocess
 import tempfile
@@ -43,6 +43,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
+from checks import atomic
 from provision.catalogcheck import KernelSeen, Readings, Seen, Wants
 from provision.errors import InputError
 
@@ -254,17 +255,8 @@ class Store:
 
     def _save(self, path: Path, payload: bytes) -> None:
         """Atomic write; a store that cannot be written costs only the saving."""
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        except OSError:
-            return
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_seal(payload))
-            os.replace(tmp, path)
-        except OSError:
-            Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            atomic.write_bytes(path, _seal(payload))
 
     def range(self, url: str, name: str, fetch: Callable[[], tuple[int, bytes]],
               expect: Callable[[int], int]) -> tuple[int, bytes]:

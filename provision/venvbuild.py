@@ -1,4 +1,5 @@
-"""`provision build --backend venv`: each cell as a virtual environment made from the cell's lock.
+"""The venv builder of `provision build` (provision.buildsession.Builder): each cell as a virtual environment
+made from the cell's lock.
 
 A full cell installs its whole lock with hashes (uv links the files from its cache, so cells share bytes) and,
 for CUDA versions whose registry toolkit wheels hold nvcc, a CUDA_HOME of those wheels in ``<venv>/cuda``; for
@@ -24,30 +25,31 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from checks import venvcell
 from checks.progress import TICK_S, Ticker
-from provision import cudahome, installer, interp, overlay, wheeldir
-from provision.build import (
+from provision import cudahome, doctor, installer, interp, overlay, wheeldir
+from provision.buildprogress import BuildProgress, VenvStep
+from provision.cellrecord import (
+    BUILT,
     SELFCHECK,
     SELFCHECK_ROOT,
-    BuildOptions,
-    _previous,
-    _record,
-    _selfcheck_files,
-    _selfcheck_texts,
-    _versions,
+    previous,
+    record,
+    selfcheck_files,
+    selfcheck_texts,
+    versions,
 )
-from provision.buildprogress import BuildProgress, VenvStep
 from provision.errors import InputError
 from provision.lock import LockError, lock_cell, requirements_in, uv_version
+from provision.options import BuildOptions
 from provision.render import load_cell
 from provision.resolve import RESOLVED, Resolved
 from provision.verify import mismatches
 
-VENVS = Path(__file__).resolve().parent.parent / ".cache" / "venvs"
 # The interpreters both image bases have (Debian 12: 3.11, Ubuntu 24.04: 3.12); every lock is valid for them.
 PYTHON_REQUEST = ">=3.11,<3.13"
 PTH = "_stackprobe_base.pth"
@@ -106,7 +108,7 @@ def build_hash(folder: Path, base: interp.Interpreter | None, wheels: wheeldir.W
     lays it out, self-check."""
     h = hashlib.sha256()
     layout = [Path(m.__file__).read_text() for m in (overlay, cudahome)]  # what decides a venv's contents
-    parts = [BACKEND, tool, PYTHON_REQUEST, *_selfcheck_texts(), *layout,
+    parts = [BACKEND, tool, PYTHON_REQUEST, *selfcheck_texts(), *layout,
              json.dumps([base.to_json(), base.dists], sort_keys=True) if base else "no base"]
     for name in ("toolkit.lock", "torch.lock", "requirements.lock"):
         p = folder / name
@@ -128,7 +130,7 @@ def selfcheck(python: Path, cuda_home: Path, compile_test: bool) -> dict[str, An
     env["CUDA_HOME"] = str(cuda_home)
     env["PATH"] = venvcell.without_nvcc(env.get("PATH", os.defpath), keep=[str(cuda_home / "bin")])
     with tempfile.TemporaryDirectory(prefix="stackprobe-selfcheck-") as d:
-        for host, inside in _selfcheck_files():
+        for host, inside in selfcheck_files():
             staged = Path(d) / Path(inside).relative_to(SELFCHECK_ROOT)
             staged.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(host, staged)
@@ -206,12 +208,12 @@ def prepare(folder: Path, opts: BuildOptions, tool: installer.Installer, base: i
     cid = cell["cell_id"]
     venv = (opts.venvs / cid).absolute()
     digest = build_hash(folder, base, wheels, tool.kind)
-    prev = _previous(folder)
+    prev = previous(folder)
     if (prev.get("backend") == BACKEND and prev.get("hash") == digest and prev.get("venv") == str(venv)
-            and prev.get("status") in ("built", "skipped-unchanged") and venv_python(venv).exists()):
+            and prev.get("status") in BUILT and venv_python(venv).exists()):
         report(cid, "unchanged, not rebuilt")
         keep = {k: v for k, v in prev.items() if k not in ("cell_id", "status", "built_at")}
-        return _record(folder, status="skipped-unchanged", **keep)
+        return record(folder, status="skipped-unchanged", **keep)
     return VenvStep(folder, cell, venv, prev)
 
 
@@ -229,7 +231,7 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
         shutil.rmtree(venv)
     rc, last = installer.run(tool.venv_cmd(venv, base.python if base else PYTHON_REQUEST))
     if rc != 0:
-        return _record(folder, status="failed", reason=f"{tool.kind} venv exited {rc}: {last}", **common)
+        return record(folder, status="failed", reason=f"{tool.kind} venv exited {rc}: {last}", **common)
     try:
         target = interp.read(str(python))
         if base is not None:
@@ -246,7 +248,7 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
             report(cid, "CUDA_HOME from the toolkit wheels")
         cuda_home, note = (None, "") if base else _toolkit(tool, python, target.markers, folder, venv, cell, wheels)
     except (CellFailed, InputError, OSError) as exc:
-        return _record(folder, status="failed", reason=str(exc), **common)
+        return record(folder, status="failed", reason=str(exc), **common)
     origin = {"installed": _sources(plan, wheels), "from_base": plan.base_json(),
               "from_base_summary": overlay.summary(p.name for p in plan.from_base) if base else "",
               "base_differs": plan.differs_json(), "absent": {p.name: p.version for p in plan.absent},
@@ -263,8 +265,8 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
         note = "; ".join(filter(None, [note, f"{len(names)} locked package(s) neither installed nor in the base "
                                              f"(build.json: absent): {', '.join(names[:4])}{more}"]))
     status = "failed" if problems else "built"
-    return _record(folder, status=status, reason="self-check: " + "; ".join(problems) if problems else "",
-                   selfcheck=facts, versions=_versions(facts), build_s=round(time.monotonic() - t0, 1), note=note,
+    return record(folder, status=status, reason="self-check: " + "; ".join(problems) if problems else "",
+                   selfcheck=facts, versions=versions(facts), build_s=round(time.monotonic() - t0, 1), note=note,
                    **common, **origin)
 
 
@@ -286,7 +288,7 @@ def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
-            return _record(folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
+            return record(folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
 
     prepared = {folder: ready(folder) for folder in folders}
     steps = [p for p in prepared.values() if isinstance(p, VenvStep)]
@@ -313,7 +315,7 @@ def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
-            rec = _record(step.folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
+            rec = record(step.folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
         finally:
             ticker.stop(cid)
         with lock:
@@ -331,3 +333,36 @@ def dry_run(folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]
     over = f" over {opts.base_python}" if opts.base_python else ""
     return [{"cell_id": f.name, "status": "would-build", "reason": f"venv {opts.venvs / f.name}{over}"}
             for f in folders]
+
+
+@dataclass(frozen=True)
+class VenvBuilder:
+    """Cells as virtual environments (provision.buildsession.Builder)."""
+
+    name: str = BACKEND
+
+    def prepare(self, opts: BuildOptions) -> None:
+        """Nothing to reach: uv (or the base's pip) is found per build."""
+
+    def lock(self, cells: Sequence[Resolved], opts: BuildOptions) -> tuple[list[Path], list[dict[str, Any]]]:
+        return lock_for_venv(cells, opts.envs)
+
+    def built(self, folder: Path, opts: BuildOptions) -> bool:
+        """A record of a built venv whose folder is still there (its files are linked from uv's cache, so a
+        second venv of a torch build is nearly free)."""
+        rec = previous(folder)
+        return rec.get("status") in BUILT and bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
+
+    def disk_root(self, opts: BuildOptions) -> str | None:
+        return str(opts.venvs)
+
+    def need_bytes(self, torch_stacks: int, cells: int) -> int:
+        """doctor's venv rule: each torch build in uv's cache, each cell; no base image."""
+        return doctor.need_bytes(doctor.Facts(venv_torch_stacks=torch_stacks, venv_cells_to_build=cells), doctor.VENV)
+
+    def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
+        return dry_run(folders, opts)
+
+    def build(self, folders: Sequence[Path], opts: BuildOptions,
+              report: Callable[[str, str], None]) -> list[dict[str, Any]]:
+        return build_venv_cells(folders, opts, report)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import signal
@@ -29,8 +30,8 @@ def _jsonl(results: Path) -> list[Path]:
 
 
 def test_run_local_records_results_and_manifest(tmp_path: Path) -> None:
-    p = checks("run", "--local", "--probe", "t-trivial", "--probe", "t-gpu", "--probe", "t-missing", "--json",
-               "--results", str(tmp_path))
+    p = checks("run", "--backend", "local", "--probe", "t-trivial", "--probe", "t-gpu", "--probe", "t-missing",
+               "--json", "--results", str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert "plan 1 cell(s) x 3 probe(s) = 5 variant(s)" in p.stderr
     assert "2 decided without running, skip: no GPU on this host" in p.stderr
@@ -79,7 +80,7 @@ def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_
     # made at a clean commit, whatever state this checkout is in (a dirty one is marked too: asserted below)
     monkeypatch.setattr(provenance, "checkout", lambda root=None: provenance.Checkout("0.1.0", "c0ffee", False))
     handler = signal.getsignal(signal.SIGTERM)
-    argv = ["run", "--local", "--probe", "t-fresh", "--results", str(results), "--json"]
+    argv = ["run", "--backend", "local", "--probe", "t-fresh", "--results", str(results), "--json"]
     assert main(argv) == 0
     assert signal.getsignal(signal.SIGTERM) is handler  # main's Ctrl-C handlers do not outlive it
     [printed] = json.loads(capsys.readouterr().out)
@@ -103,8 +104,9 @@ def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_
 
 
 def test_resume_skips_recorded_variants(tmp_path: Path) -> None:
-    assert checks("run", "--local", "--probe", "t-trivial", "--results", str(tmp_path)).returncode == 0
-    p = checks("run", "--local", "--resume", "--probe", "t-trivial", "--probe", "t-raise", "--results", str(tmp_path))
+    assert checks("run", "--backend", "local", "--probe", "t-trivial", "--results", str(tmp_path)).returncode == 0
+    p = checks("run", "--backend", "local", "--resume", "--probe", "t-trivial", "--probe", "t-raise", "--results",
+               str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert "resumed: 2 variant(s)" in p.stderr
     [path] = _jsonl(tmp_path)
@@ -117,7 +119,7 @@ def _run_until_slow_probe_runs(tmp_path: Path, stderr: int) -> tuple[subprocess.
     """A local run of t-trivial then t-zz-slow, returned once t-trivial's two results are stored and the
     slow probe's worker and rank are running."""
     env = fixture_env()
-    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--local", "--probe", "t-trivial",
+    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--backend", "local", "--probe", "t-trivial",
                              "--probe", "t-zz-slow", "--results", str(tmp_path)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     deadline = time.monotonic() + 120
@@ -143,17 +145,19 @@ def test_interrupt_exits_130_keeps_finished_results_and_leaves_nothing(tmp_path:
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["run", "--local", "--probe", "t-trivail"], "unknown probe 't-trivail'; did you mean 't-trivial'?"),
-    (["run", "--local"], "choose probes with --all or --probe"),
-    (["run", "--local", "--all", "--probe", "t-trivial"], "not both"),
-    (["run", "--local", "--probe", "t-trivial", "--only", "cu999-*"], "does not match --cuda/--only"),
-    (["run", "--local", "--probe", "t-trivial", "--cuda", "11"], "does not match --cuda/--only"),
-    (["run", "--local", "--python", "/nonexistent/python", "--probe", "t-trivial"], "/nonexistent/python"),
-    (["run", "--local", "--probe", "t-trivial", "--timeout-scale", "0"], "--timeout-scale must be > 0"),
-    (["run", "--local", "--probe", "t-trivial", "--jobs", "0"], "--jobs 0: give 1 or more"),
-    (["run", "--local", "--probe", "t-trivial", "--level", "fast"], "argument --level: invalid choice: 'fast'"),
-    (["run", "--executor", "slurm", "--probe", "t-trivial", "--level", "quick"],
-     "--level quick is not available with --executor slurm"),
+    (["run", "--backend", "local", "--probe", "t-trivail"], "unknown probe 't-trivail'; did you mean 't-trivial'?"),
+    (["run", "--backend", "local"], "choose probes with --all or --probe"),
+    (["run", "--backend", "local", "--all", "--probe", "t-trivial"], "not both"),
+    (["run", "--backend", "local", "--probe", "t-trivial", "--only", "cu999-*"], "does not match --cuda/--only"),
+    (["run", "--backend", "local", "--probe", "t-trivial", "--cuda", "11"], "does not match --cuda/--only"),
+    (["run", "--backend", "local", "--python", "/nonexistent/python", "--probe", "t-trivial"], "/nonexistent/python"),
+    (["run", "--backend", "local", "--probe", "t-trivial", "--timeout-scale", "0"], "--timeout-scale must be > 0"),
+    (["run", "--backend", "local", "--probe", "t-trivial", "--jobs", "0"], "--jobs 0: give 1 or more"),
+    (["run", "--backend", "local", "--probe", "t-trivial", "--level", "fast"],
+     "argument --level: invalid choice: 'fast'"),
+    (["run", "--local", "--backend", "venv", "--probe", "t-trivial"], "--backend venv and --local name different"),
+    (["run", "--executor", "slurm", "--backend", "docker", "--probe", "t-trivial"],
+     "--backend docker and --executor slurm name different backends"),
     (["run", "--bogus"], "unrecognized arguments: --bogus"),
     (["frobnicate"], "invalid choice"),
 ])
@@ -176,7 +180,7 @@ def test_docker_mode_without_docker_is_exit_2(tmp_path: Path) -> None:
     p = checks("run", "--backend", "docker", "--probe", "t-trivial", "--only", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17",
                "--envs", str(tmp_path / "envs"), "--results", str(tmp_path / "res"), env=env)
     assert p.returncode == 2, p.stderr
-    assert "Docker is not reachable" in p.stderr and "--local" in p.stderr
+    assert "Docker is not reachable" in p.stderr and "--backend local" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
 
 
@@ -211,7 +215,7 @@ def test_run_ends_with_the_table_and_a_verdict_count_and_summarises_what_is_wort
     table that was regenerated."""
     monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
     results = tmp_path / "results"
-    argv = ["run", "--local", "--probe", "t-trivial", "--probe", "t-gpu", "--probe", "t-missing", "--probe",
+    argv = ["run", "--backend", "local", "--probe", "t-trivial", "--probe", "t-gpu", "--probe", "t-missing", "--probe",
             "t-raise", "--results", str(results)]
     code, err = _run_in_process(argv, capsys)
     assert code == 0, err
@@ -268,14 +272,14 @@ def run(ctx: RankContext) -> dict:
 
 def test_a_long_variant_is_said_to_be_running_while_it_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import checks.cli
+    import checks.runconsole
 
     probes = tmp_path / "probes"
     probes.mkdir()
     (probes / "t_sleepy.py").write_text(SLOW)
     monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(probes))
-    monkeypatch.setattr(checks.cli, "TICK_S", 0.8)
-    code, err = _run_in_process(["run", "--local", "--probe", "t-sleepy", "--results", str(tmp_path / "r"),
+    monkeypatch.setattr(checks.runconsole, "TICK_S", 0.8)
+    code, err = _run_in_process(["run", "--backend", "local", "--probe", "t-sleepy", "--results", str(tmp_path / "r"),
                                  "--no-report"], capsys)
     assert code == 0
     ticks = [ln for ln in err if ln.startswith("running local-")]
@@ -288,12 +292,14 @@ def test_memlock_not_raised_is_said_once_per_run_in_clean_words(tmp_path: Path) 
     import io
 
     from checks import reasons, runprogress
-    from checks.cli import _execute_with_progress
+    from checks.options import RunOptions
     from checks.plan import CellTarget, plan_work
     from checks.probe import HostView
     from checks.progress import console
     from checks.registry import discover
     from checks.result import Verdict
+    from checks.runconsole import with_progress
+    from checks.runner import Work, execute
     from checks.status import Status
     from checks.store import RunStore
 
@@ -301,6 +307,11 @@ def test_memlock_not_raised_is_said_once_per_run_in_clean_words(tmp_path: Path) 
                 'error setting rlimit type 8: operation not permitted: unknown"))')
 
     class Refused:
+        gated = False
+
+        def sweep(self) -> None:
+            pass
+
         def run(self, variant: object, gpus: int, timeout_s: float, catalogue: object) -> Verdict:
             return Verdict(Status.PASS, evidence={"memlock": recorded})
 
@@ -313,7 +324,8 @@ def test_memlock_not_raised_is_said_once_per_run_in_clean_words(tmp_path: Path) 
     con.file = buf
     view = runprogress.RunView(items, runprogress.expected_durations(items, {}))
     store = RunStore(tmp_path, "host", "run")
-    report = _execute_with_progress(con, items, {"cu130-x": Refused()}, store, reasons.default(), 0, {}, False, view)
+    work = Work(items, store, reasons.default(), 0, executors={"cu130-x": Refused()})
+    report = with_progress(con, view, lambda hooks: execute(RunOptions(), work, hooks))
     assert len(report.results) == 2
     said = [ln for ln in buf.getvalue().splitlines() if ln.startswith("memlock:")]
     assert said == ["memlock: containers of this run do not get memlock unlimited, the Docker daemon refused "
@@ -322,3 +334,29 @@ def test_memlock_not_raised_is_said_once_per_run_in_clean_words(tmp_path: Path) 
                     "exceed. To fix: give dockerd an unlimited hard memlock limit: a dockerd inside a container "
                     "needs that container started with --ulimit memlock=-1 (or CAP_SYS_RESOURCE); a rootless "
                     "dockerd needs LimitMEMLOCK=infinity in its systemd unit"]
+
+
+@pytest.mark.parametrize(("argv", "backend"), [
+    ([], "auto"), (["--local"], "local"), (["--executor", "local"], "local"), (["--executor", "slurm"], "slurm"),
+    (["--executor", "docker"], "docker"), (["--backend", "slurm"], "slurm"),
+    (["--local", "--backend", "local"], "local"),
+])
+def test_the_older_spellings_name_one_backend(argv: list[str], backend: str) -> None:
+    from checks.cli import parser, run_options
+
+    full = ["run", "--probe", "t-trivial", *argv]
+    opts = run_options(parser().parse_args(full), full)
+    assert opts.backend == backend and opts.argv == tuple(full)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.backend = "docker"  # type: ignore[misc]
+
+
+def test_every_backend_the_command_line_offers_is_in_the_registry() -> None:
+    from checks.backends import BACKENDS
+    from checks.options import AUTO, BACKEND_CHOICES
+
+    assert sorted(BACKENDS) == sorted(set(BACKEND_CHOICES) - {AUTO}) == ["docker", "local", "slurm", "venv"]
+    for make in BACKENDS.values():
+        backend = make()
+        assert all(callable(getattr(backend, m)) for m in ("targets", "prepare", "run", "cancel"))
+        assert isinstance(backend.name, str) and isinstance(backend.gpu_lock, bool)

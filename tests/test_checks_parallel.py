@@ -15,12 +15,13 @@ import pytest
 
 from checks import reasons
 from checks.executor import LocalExecutor
+from checks.options import RunOptions
 from checks.plan import CellTarget, WorkItem, plan_work
 from checks.probe import HostView, ProbeSpec, Variant
 from checks.provenance import checkout, probe_hashes
 from checks.registry import discover
 from checks.result import ProbeResult
-from checks.runner import execute, pick
+from checks.runner import Work, execute, pick
 from checks.store import RunStore, read_file
 from tests.checks_helpers import ROOT, TOKEN_VAR, fixture_env, pids_with_env
 
@@ -114,7 +115,8 @@ def run_two_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int) ->
     executors = {c.cell_id: LocalExecutor(sys.executable) for c in cells}
     store = RunStore(tmp_path / "results", "cpu-0123abcd", "20261201T000000Z-0001")
     codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
-    report = execute(items, executors, store, reasons.default(), 1, codes, jobs=jobs)  # the worker is told: 1 GPU
+    work = Work(items, store, reasons.default(), 1, codes, executors=executors)  # the worker is told: 1 GPU
+    report = execute(RunOptions(jobs=jobs), work)
     assert not report.interrupted and {r.verdict.status for r in report.results} == {"pass"}
     stored, warnings = read_file(store.results_path)
     assert warnings == [] and len(stored) == 4  # each appended whole as it finished

@@ -1,4 +1,4 @@
-"""`checks run --executor slurm` against a real slurmctld and slurmd (tools/slurm_local.sh: Debian's
+"""`checks run --backend slurm` against a real slurmctld and slurmd (tools/slurm_local.sh: Debian's
 Slurm 22.05 on this machine, one node, accounting through the job completion log). No mock scheduler:
 jobs are submitted with sbatch, followed with squeue, cancelled with scancel and their ends read back
 from sacct and scontrol.
@@ -112,10 +112,10 @@ def _queue(name: str = "") -> str:
 
 def test_inventory_through_slurm_gives_the_local_verdict(slurm: None, tmp_path: Path) -> None:
     env = _env(tmp_path)
-    local = checks(env, "--local", "--probe", "inventory", "--probe", "t-trivial", "--json",
+    local = checks(env, "--backend", "local", "--probe", "inventory", "--probe", "t-trivial", "--json",
                    "--results", str(tmp_path / "local"))
     assert local.returncode == 0, local.stderr
-    p = checks(env, "--executor", "slurm", "--probe", "inventory", "--probe", "t-trivial", "--json",
+    p = checks(env, "--backend", "slurm", "--probe", "inventory", "--probe", "t-trivial", "--json",
                "--results", str(tmp_path / "slurm"))
     assert p.returncode == 0, p.stderr
     assert "in 2 job(s)" in p.stderr and "RUNNING on" in p.stderr, p.stderr  # one job per CPU probe
@@ -151,7 +151,7 @@ def test_venv_cells_are_the_default_and_run_as_the_local_executor_runs_them(slur
     local = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--backend", "venv", *where, "--results",
                             str(tmp_path / "local")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert local.returncode == 0, local.stderr
-    p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--executor", "slurm", *where, "--results",
+    p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--backend", "slurm", *where, "--results",
                         str(tmp_path / "slurm")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
     results = json.loads(p.stdout)
@@ -176,7 +176,7 @@ def test_fi_jit_cross_compile_through_slurm_gives_the_local_verdict(slurm: None,
                PYTHONPATH=f"{site}{os.pathsep}{ROOT}", PATH=f"{Path(sys.executable).parent}{os.pathsep}"
                f"{os.environ['PATH']}", CUDA_VISIBLE_DEVICES="")
     out = {}
-    for name, how in (("local", ["--local"]), ("slurm", ["--executor", "slurm"])):
+    for name, how in (("local", ["--backend", "local"]), ("slurm", ["--backend", "slurm"])):
         # Each run compiles into its own caches: with one shared compile cache the second run's verdict
         # would rightly say "cached", and the two notes would differ for that reason alone.
         p = checks({**env, "STACKPROBE_JIT_CACHE": str(tmp_path / f"jit-{name}")}, *how, "--probe", "fi-jit",
@@ -211,7 +211,7 @@ def _read_until(proc: subprocess.Popen[str], wanted: list[str], timeout: float) 
 def test_ctrl_c_cancels_running_and_queued_jobs(slurm: None, tmp_path: Path) -> None:
     env = _env(tmp_path)
     # three CPU probes are three jobs; each asking for a whole node, one runs and two wait
-    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--executor", "slurm", "--python",
+    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--backend", "slurm", "--python",
                              sys.executable, "--probe", "t-slurm-sleep", "--probe", "t-zz-slow", "--probe",
                              "t-trivial", "--sbatch-arg=--exclusive",
                              "--results", str(tmp_path / "r")],
@@ -239,7 +239,7 @@ def test_ctrl_c_cancels_running_and_queued_jobs(slurm: None, tmp_path: Path) -> 
 
 def test_a_job_at_its_time_limit_is_recorded_as_timeout_never_as_pass(slurm: None, tmp_path: Path) -> None:
     env = _env(tmp_path)
-    p = checks(env, "--executor", "slurm", "--probe", "t-slurm-sleep", "--time", "1", "--json",
+    p = checks(env, "--backend", "slurm", "--probe", "t-slurm-sleep", "--time", "1", "--json",
                "--results", str(tmp_path / "r"), timeout=400)
     assert p.returncode == 0, p.stderr
     by = {r["variant"]: r for r in json.loads(p.stdout)}
@@ -254,7 +254,7 @@ def test_a_job_at_its_time_limit_is_recorded_as_timeout_never_as_pass(slurm: Non
 
 
 def test_sbatch_refusal_is_recorded_for_the_jobs_variants(slurm: None, tmp_path: Path) -> None:
-    p = checks(_env(tmp_path), "--executor", "slurm", "--probe", "t-trivial", "--sbatch-arg=--mem=99999999",
+    p = checks(_env(tmp_path), "--backend", "slurm", "--probe", "t-trivial", "--sbatch-arg=--mem=99999999",
                "--json", "--results", str(tmp_path / "r"))
     assert p.returncode == 0, p.stderr
     results = json.loads(p.stdout)
@@ -263,8 +263,110 @@ def test_sbatch_refusal_is_recorded_for_the_jobs_variants(slurm: None, tmp_path:
 
 
 def test_a_container_image_without_pyxis_is_refused_in_one_line(slurm: None, tmp_path: Path) -> None:
-    p = checks(_env(tmp_path), "--executor", "slurm", "--probe", "t-trivial", "--container-image", "ubuntu:24.04",
+    p = checks(_env(tmp_path), "--backend", "slurm", "--probe", "t-trivial", "--container-image", "ubuntu:24.04",
                "--results", str(tmp_path / "r"))
     assert p.returncode == 2
     assert "no --container-image option (the pyxis plugin is not installed)" in p.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "r").exists() or not list((tmp_path / "r").glob("*/*.jsonl"))
+
+
+# --- what every backend gets from the run session, through Slurm -------------------------------------------------
+WAITER = '''"""Passes once the file STACKPROBE_TEST_GO names exists; waits for it until then."""
+
+import os
+import time
+
+from checks.probe import ProbeSpec, RankContext, outcome
+
+SPEC = ProbeSpec(id="t-zz-wait", title="waits", feature="resume", ranks=(1,), needs_gpu=False, timeout_s=600)
+
+
+def run(ctx: RankContext) -> dict:
+    while not os.path.exists(os.environ["STACKPROBE_TEST_GO"]):
+        time.sleep(0.2)
+    return outcome("pass")
+'''
+
+
+def _keys(results: Path) -> list[tuple[str, str, str, str]]:
+    """(run, cell, probe, variant) of every stored result, sorted."""
+    return sorted((r["run_id"], r["cell_id"], r["probe_id"], r["variant"]) for f in results.glob("*/*.jsonl")
+                  for r in map(json.loads, f.read_text().splitlines()))
+
+
+def test_a_killed_slurm_run_resumed_records_every_variant_exactly_once(slurm: None, tmp_path: Path) -> None:
+    """The first run is interrupted while one job waits and the other has finished; --resume submits only the
+    variant that was not recorded, into the same run."""
+    env = _env(tmp_path, STACKPROBE_TEST_GO=str(tmp_path / "go"))
+    (tmp_path / "probes" / "t_zz_wait.py").write_text(WAITER)
+    argv = [sys.executable, "-m", "checks.cli", "run", "--backend", "slurm", "--python", sys.executable, "--probe",
+            "t-trivial", "--probe", "t-zz-wait", "--results", str(tmp_path / "r"), "--no-report"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        seen = _read_until(proc, ["t-zz-wait ranks=1 started", "ended COMPLETED"], 180)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, seen + err
+    first = _keys(tmp_path / "r")
+    assert [k[2:] for k in first] == [("t-trivial", "ranks=1"), ("t-trivial", "ranks=2")], seen + err
+
+    (tmp_path / "go").touch()
+    p = subprocess.run([*argv, "--resume", "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "resumed: 2 variant(s) already recorded were not run again" in p.stderr
+    assert "1 variant(s) in 1 job(s)" in p.stderr, p.stderr
+    every = _keys(tmp_path / "r")
+    assert len(every) == len(set(every)) == 3  # each variant once
+    assert {k[0] for k in every} == {first[0][0]}  # one run: the resumed one
+    assert [k[2:] for k in every] == [("t-trivial", "ranks=1"), ("t-trivial", "ranks=2"), ("t-zz-wait", "ranks=1")]
+    [path] = (tmp_path / "r").glob("*/*.jsonl")
+    assert {json.loads(ln)["status"] for ln in path.read_text().splitlines()} == {"pass"}
+
+
+def test_quick_level_reuse_json_and_the_table_through_slurm(slurm: None, tmp_path: Path) -> None:
+    """A clean checkout (only a clean one's results are reused), its jobs' folders inside it as usual."""
+    from tests.test_incremental import ALL, Checkout
+
+    c = Checkout(tmp_path, backend=("--backend", "slurm", "--python", sys.executable))
+    c.env.update(STACKPROBE_SLURM_POLL_S="1")
+    if "SLURM_CONF" in os.environ:  # the cluster the fixture started; one already answering needs none
+        c.env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    quick = c.run("--level", "quick", "--probe", "fi-jit")
+    assert "plan 1 cell(s) x 3 probe(s) = 6 variant(s)" in quick.stderr  # fi-jit: vllm_comm x (local, 12.0a, 12.0f)
+    assert c.ran() == ALL
+    printed = json.loads(quick.stdout)
+    assert len(printed) == 6 and {r["evidence"].get("level") for r in printed if r["reason_code"] != "no-gpu"} == {
+        "quick"}
+    [run] = c.runs()
+    manifest = json.loads(run.with_name(run.stem + ".manifest.json").read_text())
+    assert (manifest["executor"], manifest["level"]) == ("slurm", "quick")
+
+    table = c.results / "compatibility.md"
+    full = c.run(report=table)  # full level: a quick result is never reused
+    assert c.ran() == ALL and "unchanged" not in full.stderr
+    assert all(r["evidence"]["slurm"]["job"] for r in json.loads(full.stdout))
+    assert f"table: {table} and {table.with_suffix('.html')}" in full.stderr
+    assert "t-count-a" in table.read_text()
+
+    again = c.run()  # nothing changed: nothing runs, no job is submitted
+    assert c.ran() == []
+    assert "3 unchanged, reused from run" in again.stderr and "0 variant(s) in 0 job(s)" in again.stderr
+    carried = json.loads(again.stdout)
+    assert len(carried) == 3 and {r["evidence"]["reused_from"] for r in carried} == {c.runs()[1].stem}
+
+
+def test_a_slurm_run_takes_the_run_lock_of_its_host(slurm: None, tmp_path: Path) -> None:
+    from checks import hostfacts
+    from checks.store import RunLock
+
+    host = hostfacts.collect()["host_id"]  # a node of the one-node cluster is this machine
+    with RunLock(tmp_path / "r" / host):
+        p = checks(_env(tmp_path), "--backend", "slurm", "--probe", "t-trivial", "--results", str(tmp_path / "r"))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (f"checks: another `checks run` is writing to {tmp_path / 'r' / host}; "
+                                                 "wait for it to finish")
+    assert "submitted" not in p.stderr and not list((tmp_path / "r").glob("*/*.jsonl"))  # nothing was submitted

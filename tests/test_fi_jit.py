@@ -471,7 +471,7 @@ def _checks_run(site: Path, tmp_path: Path, name: str, *flags: str) -> list[dict
     env.update(CUDA_HOME="/usr/local/cuda", CUDA_VISIBLE_DEVICES="", PYTHONPATH=f"{site}{os.pathsep}{ROOT}",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a,vllm_comm@12.0f")
-    proc = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--local", "--python", sys.executable,
+    proc = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--backend", "local", "--python", sys.executable,
                            "--probe", "fi-jit", "--target-arch", "12.0a,12.0f", "--json", "--no-report",
                            "--results", str(tmp_path / name), *flags],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -64,8 +64,8 @@ def test_what_flashinfer_may_compile_a_target_into(target: str, sass: set[str]) 
 
 def test_checks_run_refuses_a_bad_target_before_anything_runs(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "checks.cli", "run", "--local", "--probe", "inventory", "--target-arch", "12.0a,12.0x",
-         "--results", str(tmp_path / "results")],
+        [sys.executable, "-m", "checks.cli", "run", "--backend", "local", "--probe", "inventory", "--target-arch",
+         "12.0a,12.0x", "--results", str(tmp_path / "results")],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr

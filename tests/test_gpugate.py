@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from checks import classify, gpugate, reasons, worker
-from checks.executor import LocalExecutor, for_run, gated, hard_timeout, worker_args
+from checks.executor import LocalExecutor, for_run, hard_timeout, worker_args
 from checks.isolate import ProcessOutcome
 from checks.plan import CellTarget, Decided, WorkItem
 from checks.probe import ProbeSpec, Variant
@@ -185,11 +185,12 @@ def test_pick_starts_the_next_gpu_variant_ahead_in_plan_order_only() -> None:
 
 def test_the_runner_starts_gpu_variants_ahead_and_they_take_turns(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from checks.options import RunOptions
     from checks.plan import plan_work
     from checks.probe import HostView
     from checks.provenance import checkout, probe_hashes
     from checks.registry import discover
-    from checks.runner import execute
+    from checks.runner import Work, execute
     from checks.store import RunStore
 
     env = gate_env(tmp_path, "run", 1.0)
@@ -202,10 +203,10 @@ def test_the_runner_starts_gpu_variants_ahead_and_they_take_turns(tmp_path: Path
     items = plan_work(cells, probes, HostView(gpu_count=2))
     executors = for_run({c.cell_id: LocalExecutor(sys.executable) for c in cells}, (), None, "host",
                         tmp_path / "gpu.lock")
-    assert all(gated(ex) for ex in executors.values())
+    assert all(ex.gated for ex in executors.values())
     store = RunStore(tmp_path / "results", "host", "run")
     codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
-    report = execute(items, executors, store, reasons.default(), 2, codes, jobs=1)
+    report = execute(RunOptions(jobs=1), Work(items, store, reasons.default(), 2, codes, executors=executors))
     assert [r.verdict.status for r in report.results] == ["pass"] * 3
     ev = events(tmp_path / "gate.log")
     starts, ends = sorted(ev["run", "run-start"]), sorted(ev["run", "run-end"])

@@ -108,9 +108,12 @@ def write_probes(folder: Path, hangs: bool = False, decided: bool = False) -> No
 
 
 class Checkout:
-    """`checks run --local` of a clean checkout against stand-in probes, with one results folder."""
+    """`checks run --backend local` (or the backend given) of a clean checkout against stand-in probes, with one
+    results folder."""
 
-    def __init__(self, tmp_path: Path, hangs: bool = False, decided: bool = False) -> None:
+    def __init__(self, tmp_path: Path, hangs: bool = False, decided: bool = False,
+                 backend: tuple[str, ...] = ("--backend", "local")) -> None:
+        self.backend = backend
         self.root = clean_checkout(tmp_path)
         self.probes = tmp_path / "probes"
         write_probes(self.probes, hangs, decided)
@@ -125,7 +128,7 @@ class Checkout:
             report: Path | None = None) -> subprocess.CompletedProcess[str]:
         probes = [a for p in sorted(self.probes.glob("t_*.py")) for a in ("--probe", p.stem.replace("_", "-"))]
         table = ["--report", str(report)] if report else ["--no-report"]
-        p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--local", *probes, "--results",
+        p = subprocess.run([sys.executable, "-m", "checks.cli", "run", *self.backend, *probes, "--results",
                             str(self.results), "--json", *table, *args], capture_output=True, text=True,
                            cwd=self.root, env=env or self.env, timeout=300)
         assert p.returncode == 0, p.stderr

@@ -12,12 +12,13 @@ import pytest
 
 from checks import reasons
 from checks.executor import LocalExecutor
+from checks.options import RunOptions
 from checks.plan import CellTarget, plan_work
 from checks.probe import FULL, LEVEL_ENV, QUICK, HostView
 from checks.probes import fi_jit, pcie_ipc
 from checks.provenance import checkout, probe_hashes
 from checks.registry import discover
-from checks.runner import execute
+from checks.runner import Work, execute
 from checks.store import RunStore, read_file
 from tests.checks_helpers import fixture_env
 from tests.test_incremental import ALL, Checkout
@@ -77,7 +78,8 @@ def test_the_ranks_of_a_gpu_variant_measure_one_size_at_quick_level(
     items = plan_work([cell], probes, HostView(gpu_count=1, level=level))
     store = RunStore(tmp_path / "results", "cpu-0123abcd", "20261201T000000Z-0001")
     codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
-    execute(items, {cell.cell_id: LocalExecutor(sys.executable)}, store, reasons.default(), 1, codes, level=level)
+    execute(RunOptions(level=level), Work(items, store, reasons.default(), 1, codes,
+                                          executors={cell.cell_id: LocalExecutor(sys.executable)}))
     [r] = read_file(store.results_path)[0]
     assert r.verdict.status == "pass" and r.verdict.metrics["sizes"] == sizes
     assert r.variant == "ranks=1,backend=nccl"  # the level does not change the key: a later run replaces it

@@ -19,11 +19,14 @@ from pathlib import Path
 import pytest
 from conftest import docker_cli
 
-from provision.build import CA_BUNDLE, BuildOptions, Docker, build_cells, build_locked
+from provision.build import build_locked
+from provision.buildsession import build_cells
 from provision.catalog import load as load_catalog
 from provision.cli import main
+from provision.dockercli import CA_BUNDLE, Docker
 from provision.lock import lock_cell, uv_version
 from provision.matrix import Cell
+from provision.options import BuildOptions
 from provision.resolve import RESOLVED, resolve
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

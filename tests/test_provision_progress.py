@@ -18,6 +18,7 @@ from checks.progress import Ticker, console, duration, estimate
 from checks.reasons import default as catalogue
 from provision import build, buildlog
 from provision.baseimage import DEFAULT_TAG
+from provision.options import BuildOptions
 from tests.checks_helpers import ROOT
 
 LOG = (ROOT / "tests" / "golden" / "provision" / "buildkit-plain.log").read_text().splitlines()
@@ -83,8 +84,8 @@ def cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     return out
 
 
-def _opts(tmp_path: Path) -> build.BuildOptions:
-    return build.BuildOptions(tmp_path / "unused.yaml", envs=tmp_path / "envs", dockerfiles=tmp_path / "df")
+def _opts(tmp_path: Path) -> BuildOptions:
+    return BuildOptions(tmp_path / "unused.yaml", envs=tmp_path / "envs", dockerfiles=tmp_path / "df")
 
 
 def test_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(tmp_path: Path, cells: list[Path]) -> None:

@@ -9,10 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from provision import build, prune
+from provision import build, buildsession, prune
+from provision.build import DockerBuilder
 from provision.cli import main
+from provision.dockercli import Docker
 from provision.doctor import GB
+from provision.errors import InputError
+from provision.options import BuildOptions
 from provision.prune import BUILD_CACHE, BYTECODE, IMAGE, VENV, Image, plan
+from provision.venvbuild import VenvBuilder
 
 CELL = "cu130-torch2.14.1-sgl0.4.10-fi0.7.2"
 OTHER = "cu128-torch2.9.1-sgl0.4.1-fi0.6.17"
@@ -244,12 +249,12 @@ def test_recorded_tags_reads_build_json(tmp_path: Path) -> None:
 
 # --- disk gate of `provision build` -----------------------------------------------------------------------
 def test_disk_check_refuses_only_when_the_free_space_cannot_hold_the_build() -> None:
-    line, refusal = build.disk_check(25 * GB, 10 * GB, "/var/lib/docker", 3, 2)
+    line, refusal = buildsession.disk_check(25 * GB, 10 * GB, "/var/lib/docker", 3, 2)
     assert line == "3 cell(s) to build (2 new torch build(s)) need about 25 GB; 10 GB free under /var/lib/docker"
     assert refusal is not None and "provision prune" in refusal and "--ignore-disk" in refusal
     assert "\n" not in refusal
-    assert build.disk_check(25 * GB, 30 * GB, "/x", 3)[1] is None
-    assert build.disk_check(25 * GB, None, "/x", 3, 1, 1) == (
+    assert buildsession.disk_check(25 * GB, 30 * GB, "/x", 3)[1] is None
+    assert buildsession.disk_check(25 * GB, None, "/x", 3, 1, 1) == (
         "3 cell(s) to build (1 new torch build(s), 1 already here) need about 25 GB; free space under /x unknown", None)
 
 
@@ -268,8 +273,9 @@ def _build(tmp_path: Path, *extra: str) -> list[str]:
 def test_build_refuses_with_one_line_and_exit_2_when_the_disk_is_too_small(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     seen: list[Path] = []
-    monkeypatch.setattr(build, "free_bytes", lambda p: seen.append(p) or 5 * GB)
-    monkeypatch.setattr(build, "build_venvs", lambda cells, opts: pytest.fail("built despite the refusal"))
+    monkeypatch.setattr(buildsession, "free_bytes", lambda p: seen.append(p) or 5 * GB)
+    monkeypatch.setattr(VenvBuilder, "lock", lambda self, cells, opts: ([opts.envs / c.cell_id for c in cells], []))
+    monkeypatch.setattr(VenvBuilder, "build", lambda self, folders, opts, report: pytest.fail("built despite refusal"))
     with pytest.raises(SystemExit) as exc:
         main(_build(tmp_path))
     assert exc.value.code == 2
@@ -284,9 +290,10 @@ def test_build_refuses_with_one_line_and_exit_2_when_the_disk_is_too_small(
 
 def test_ignore_disk_builds_anyway_and_a_built_cell_needs_no_room(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(build, "free_bytes", lambda p: 5 * GB)
+    monkeypatch.setattr(buildsession, "free_bytes", lambda p: 5 * GB)
     called: list[int] = []
-    monkeypatch.setattr(build, "build_venvs", lambda cells, opts: called.append(len(cells)) or 0)
+    monkeypatch.setattr(VenvBuilder, "lock", lambda self, cells, opts: ([opts.envs / c.cell_id for c in cells], []))
+    monkeypatch.setattr(VenvBuilder, "build", lambda self, folders, opts, report: called.append(len(folders)) or [])
     with pytest.raises(SystemExit) as exc:
         main(_build(tmp_path, "--ignore-disk"))
     assert exc.value.code == 0 and called == [2]
@@ -320,10 +327,10 @@ def test_the_docker_gate_counts_the_base_image_when_it_is_missing(monkeypatch: p
 
     cells = plan_cells(_matrix(tmp_path), offline=True)
     seen: list[Path] = []
-    monkeypatch.setattr(build, "free_bytes", lambda p: seen.append(p) or 0)
-    opts = build.BuildOptions(_matrix(tmp_path), envs=tmp_path / "envs", offline=True)
-    with pytest.raises(build.InputError, match="about 8.5 GB"):  # 1 GB of base images, 5.5 GB, 2 x 1 GB
-        build.disk_gate(cells, opts, StandIn())  # type: ignore[arg-type]
+    monkeypatch.setattr(buildsession, "free_bytes", lambda p: seen.append(p) or 0)
+    opts = BuildOptions(_matrix(tmp_path), envs=tmp_path / "envs", offline=True)
+    with pytest.raises(InputError, match="about 8.5 GB"):  # 1 GB of base images, 5.5 GB, 2 x 1 GB
+        buildsession.disk_gate(cells, opts, DockerBuilder(StandIn()))  # type: ignore[arg-type]
     assert seen == [Path("/var/lib/docker")]
 
 
@@ -346,7 +353,7 @@ def test_the_docker_gate_counts_a_torch_build_an_image_here_holds_as_zero(
         shutil.copytree(root / "envs" / c.cell_id, tmp_path / "envs" / c.cell_id,
                         ignore=shutil.ignore_patterns("build.json"))
     first, second = (tmp_path / "envs" / c.cell_id for c in cells[:2])
-    opts = build.BuildOptions(DEFAULT_MATRIX, envs=tmp_path / "envs", offline=True)
+    opts = BuildOptions(DEFAULT_MATRIX, envs=tmp_path / "envs", offline=True)
 
     class StandIn:
         images = {DEV_TAG: "sha256:dev"}
@@ -360,15 +367,15 @@ def test_the_docker_gate_counts_a_torch_build_an_image_here_holds_as_zero(
         def buildkit(self) -> bool:
             return True
 
-    monkeypatch.setattr(build, "free_bytes", lambda p: 100 * GB)
-    build.disk_gate(cells, opts, StandIn())  # type: ignore[arg-type]
+    monkeypatch.setattr(buildsession, "free_bytes", lambda p: 100 * GB)
+    buildsession.disk_gate(cells, opts, DockerBuilder(StandIn()))  # type: ignore[arg-type]
     # one torch build's layers (5.5 GB) and 1 GB per cell; the base image is here
     assert capsys.readouterr().err == ("provision: 3 cell(s) to build (1 new torch build(s)) need about 8.5 GB; "
                                        "100 GB free under /var/lib/docker\n")
     text = render(load_cell(first), build.Base("registry-free", DEV_TAG))
     StandIn.images[build.image_tag(first.name, build.build_hash(text, first, "sha256:dev", {}))] = "sha256:one"
     StandIn.images[build.image_tag(second.name, "0ld0ld0ld0ld")] = "sha256:old"
-    build.disk_gate(cells, opts, StandIn())  # type: ignore[arg-type]
+    buildsession.disk_gate(cells, opts, DockerBuilder(StandIn()))  # type: ignore[arg-type]
     assert capsys.readouterr().err == ("provision: 2 cell(s) to build (0 new torch build(s), 1 already here) need "
                                        "about 2 GB; 100 GB free under /var/lib/docker\n")
 
@@ -440,7 +447,7 @@ def test_prune_removes_the_image_a_rebuild_left_untagged(docker_available: str, 
 
 def test_prune_cli_removes_stale_venv_cells_without_an_engine(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(build.Docker, "unreachable", lambda self: "docker CLI not found")
+    monkeypatch.setattr(Docker, "unreachable", lambda self: "docker CLI not found")
     stale = tmp_path / "pycache" / ("9" * 16)  # no engine: no telling whether its image is gone
     stale.mkdir(parents=True)
     monkeypatch.setattr(prune, "BYTECODE_ROOT", stale.parent)

@@ -69,15 +69,15 @@ def test_selfcheck_reports_a_kernels_suffixed_archs_and_its_cudart(tmp_path: Pat
 def test_selfcheck_runs_from_the_files_build_mounts_into_the_image(tmp_path: Path) -> None:
     """The image has no checkout: only the self-check and the modules it shares, at the paths
     `provision build` mounts them to. Laid out the same way here, outside the repository, it runs."""
-    from provision.build import _selfcheck_files
+    from provision.cellrecord import selfcheck_files
 
     image = tmp_path / "image"
-    for host, inside in _selfcheck_files():
+    for host, inside in selfcheck_files():
         target = image / inside.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(host, target)
     lib = _nvcc_so(tmp_path, "libk.so", SRC)
-    script = image / _selfcheck_files()[0][1].lstrip("/")
+    script = image / selfcheck_files()[0][1].lstrip("/")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-s", str(script), "--archs", str(lib)], cwd=tmp_path, env=env,
                           capture_output=True, text=True)

@@ -20,8 +20,8 @@ from checks import toolkit, venvcell
 from checks.cli import main as checks_main
 from checks.executor import CODE_ROOT, LocalExecutor
 from provision import backend, cudahome, installer, overlay, wheeldir
-from provision.build import BuildOptions
 from provision.errors import InputError
+from provision.options import BuildOptions
 from provision.venvbuild import PTH, build_venv_cells
 from tests.checks_helpers import FIXTURES
 

@@ -29,7 +29,7 @@ def _run(folder: Path, run_id: str, executor: str, rows: list[tuple[str, str, St
     folder.mkdir(parents=True, exist_ok=True)
     lines = []
     for module, arch, status, reason, seconds in rows:
-        r = ProbeResult(run_id, "host", CELL, "fi-jit", _variant(module, arch).key,
+        r = ProbeResult(run_id, "cpu-0123abcd", CELL, "fi-jit", _variant(module, arch).key,
                         Verdict(status, reason, duration_s=seconds), "2026-12-01T00:00:00Z",
                         Provenance("0.1", "abc", False, "h"))
         lines.append(json.dumps(r.to_json()))

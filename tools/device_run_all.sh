@@ -19,7 +19,7 @@ if [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 2 ]; then
 fi
 RES="$OUT/res"; EXTRA=()
 if [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$RES"; EXTRA=(--resume); fi
-timeout -s INT "$SUITE_S" python3 -m checks.cli run --all --local --python python3 --timeout-scale 0.25 \
+timeout -s INT "$SUITE_S" python3 -m checks.cli run --all --backend local --python python3 --timeout-scale 0.25 \
     --results "$RES" "${EXTRA[@]}" > "$OUT/run.log" 2>&1
 echo "run rc=$?"
 grep -E "^ +(pass|partial|fail|crash|hang)" -A1 "$OUT/run.log" | head -80

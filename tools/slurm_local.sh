@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A one-node Slurm cluster on this machine, for the Slurm executor's tests and for trying
-# `checks run --executor slurm` without a site cluster.
+# `checks run --backend slurm` without a site cluster.
 #
 #   tools/slurm_local.sh start    # write the configuration, start munged, slurmctld and slurmd; wait until idle
 #   tools/slurm_local.sh stop     # stop the three daemons started by `start`

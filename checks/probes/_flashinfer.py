@@ -14,11 +14,11 @@ import importlib.util
 import inspect
 import itertools
 import os
-import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from checks import atomic
 from checks.probes import _compile_cache
 
 # JIT generators by module, newest location first. A module missing from a version is reported as absent.
@@ -88,14 +88,9 @@ def publish(name: str, library: str, release: str | None, arch_dir: str) -> str 
     if folder is None or not library or not os.path.isfile(library):
         return None
     target = folder / name / f"{name}.so"
-    tmp = target.with_name(f".{name}.so.{os.getpid()}")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(library, tmp)
-        os.replace(tmp, target)
+        atomic.write_bytes(target, Path(library).read_bytes())
     except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         return None
     return str(target)
 

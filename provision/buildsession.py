@@ -1,0 +1,199 @@
+"""One `provision build`, whatever the builder: a chain of small steps, each returning a value.
+
+    plan -> builder -> (dry run: lock -> Dockerfiles -> summary) prepare -> lock -> disk gate -> build -> summary
+
+A :class:`Builder` makes cells in one way; :data:`BUILDERS` holds every one by the name ``--backend`` takes
+(Docker images: provision.build; venv cells: provision.venvbuild). The session never asks which it drives.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from checks.progress import console as progress_console
+from provision import backend, doctor
+from provision.api import plan
+from provision.build import DockerBuilder, render_dockerfiles
+from provision.dockercli import Docker
+from provision.errors import InputError
+from provision.lock import torch_key
+from provision.options import BuildOptions
+from provision.planview import plan_lines
+from provision.resolve import RESOLVED, Resolved
+from provision.venvbuild import VenvBuilder
+
+Records = list[dict[str, Any]]
+
+
+class Builder(Protocol):
+    name: str
+
+    def prepare(self, opts: BuildOptions) -> None:
+        """Check that it can build here (InputError with one line and the fix when not); not for a dry run."""
+        ...
+
+    def lock(self, cells: Sequence[Resolved], opts: BuildOptions) -> tuple[list[Path], Records]:
+        """The locked cell folders, and a failed record for each cell that could not be locked."""
+        ...
+
+    def built(self, folder: Path, opts: BuildOptions) -> bool:
+        """The cell's current build (of its current locks) is here already."""
+        ...
+
+    def disk_root(self, opts: BuildOptions) -> str | None:
+        """Where its builds take disk (None: unknown)."""
+        ...
+
+    def need_bytes(self, torch_stacks: int, cells: int) -> int:
+        """The disk that many new torch builds and cells take (doctor's rule for this builder)."""
+        ...
+
+    def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> Records:
+        """What a build would do, per cell, building nothing."""
+        ...
+
+    def build(self, folders: Sequence[Path], opts: BuildOptions, report: Callable[[str, str], None]) -> Records:
+        """Build every locked cell; one failure never stops the others."""
+        ...
+
+
+BUILDERS: dict[str, Callable[[Docker], Builder]] = {
+    backend.DOCKER: lambda docker: DockerBuilder(docker),
+    backend.VENV: lambda docker: VenvBuilder(),
+}
+
+
+def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
+    """`provision build`: the whole chain; 0 when every cell built (or with --dry-run), 1 when one failed."""
+    cells = plan(opts.matrix, opts.cuda, opts.torch, list(opts.only) or None, offline=opts.offline)
+    if not opts.json:
+        print("\n".join(plan_lines(cells)), flush=True)
+    builder = choose(opts, docker or Docker())
+    if opts.dry_run:
+        return dry_run(cells, opts, builder)
+    builder.prepare(opts)
+    folders, records = builder.lock(cells, opts)
+    disk_gate(cells, opts, builder)  # after locking: a cell counts as built only when its current build is here
+    records += builder.build(folders, opts, reporter(opts))
+    summary(cells, records, opts.json)
+    return 1 if any(r["status"] == "failed" for r in records) else 0
+
+
+def dry_run(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -> int:
+    """Lock the cells and print the plan; render every Dockerfile whether or not a daemon answers, unless
+    venv cells were asked for by name (``--backend venv``, ``--base-python``, ``--wheels``). Builds nothing."""
+    folders, records = builder.lock(cells, opts)
+    rows = builder.dry_run(folders, opts)
+    if opts.backend != backend.VENV and not opts.overlay:
+        rendered = render_dockerfiles(folders, opts)
+        for row in rows:
+            row["reason"] = "; ".join(filter(None, [row["reason"], rendered[row["cell_id"]]]))
+    summary(cells, records + rows, opts.json)
+    return 0
+
+
+def choose(opts: BuildOptions, docker: Docker) -> Builder:
+    """``--backend``, or under auto Docker when its daemon answers, else venv cells (said in one line)."""
+    chosen = backend.choose(opts.backend, docker.unreachable, opts.overlay)
+    if chosen.line:
+        print(f"provision: {chosen.line}", file=sys.stderr, flush=True)
+    return BUILDERS[chosen.backend](docker)
+
+
+def reporter(opts: BuildOptions) -> Callable[[str, str], None]:
+    """One line per build event on stderr (never wrapped: a log gets one event per line); none with --json."""
+    console = progress_console()
+    lock = threading.Lock()
+
+    def report(cid: str, msg: str) -> None:
+        if opts.json:
+            return
+        who = f" [bold]{escape(cid)}[/]" if cid else ""
+        with lock:
+            console.print(f"[dim]{time.strftime('%H:%M:%S')}[/]{who} {escape(msg)}")
+
+    return report
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free space of the file system holding ``path`` (its nearest existing folder); None when unknown."""
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return None
+    return None
+
+
+def disk_check(need: int, free: int | None, where: str, todo: int, torch_builds: int = 0,
+               present: int = 0) -> tuple[str, str | None]:
+    """(the line saying what the build needs, the refusal or None): pure, the free space is read elsewhere.
+    ``torch_builds`` torch layers are still to make; ``present`` more are shared with builds already here."""
+    gb = doctor.gb
+    shared = f", {present} already here" if present else ""
+    line = (f"{todo} cell(s) to build ({torch_builds} new torch build(s){shared}) need about {gb(need)}; "
+            + (f"{gb(free)} free under {where}" if free is not None else f"free space under {where} unknown"))
+    if free is None or free >= need:
+        return line, None
+    return line, (f"not enough disk under {where}: this build needs about {gb(need)} and "
+                  f"{gb(free)} is free; run `provision prune` (or build fewer cells with --only), "
+                  "or pass --ignore-disk")
+
+
+def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -> None:
+    """Print the disk the cells still to build need (doctor's estimate rule for the builder, with each torch
+    build counted once and not at all when a build here already holds it) and refuse when it is not free."""
+    todo = [c for c in cells if c.status == RESOLVED and not builder.built(opts.envs / c.cell_id, opts)]
+    wanted = {torch_key(c) for c in todo}
+    present = set()
+    for meta in sorted(opts.envs.glob("*/cell.json")):  # any cell of this machine, of any matrix
+        try:
+            key = json.loads(meta.read_text()).get("torch_lock")
+        except (OSError, ValueError):
+            continue
+        if key in wanted and key not in present and builder.built(meta.parent, opts):
+            present.add(key)
+    need = builder.need_bytes(len(wanted - present), len(todo))
+    if not need:
+        return
+    where = builder.disk_root(opts)
+    line, refusal = disk_check(need, free_bytes(Path(where)) if where else None, where or "the Docker root",
+                               len(todo), len(wanted - present), len(present))
+    print(f"provision: {line}", file=sys.stderr, flush=True)
+    if refusal and not opts.ignore_disk:
+        raise InputError(refusal)
+
+
+def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_out: bool) -> None:
+    by_id = {r["cell_id"]: r for r in results}
+    rows = []
+    for c in cells:
+        r = by_id.get(c.cell_id)
+        if r is None:
+            rows.append((c.cell_id, c.status, "", c.reason))
+        else:
+            rows.append((c.cell_id, r["status"], r.get("tag") or r.get("venv") or "",
+                         r.get("reason") or r.get("note") or ""))
+    if json_out:
+        keys = ("cell_id", "status", "tag", "reason")
+        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=1))
+        return
+    table = Table(title="provision build")
+    for col in ("cell", "status", "image", "reason"):
+        table.add_column(col, overflow="fold")
+    colour = {"built": "green", "skipped-unchanged": "green", "failed": "red", "would-build": "cyan"}
+    for cid, status, tag, reason in rows:
+        table.add_row(cid, f"[{colour.get(status, 'yellow')}]{status}[/]", tag, reason)
+    Console(width=200).print(table)

@@ -1,0 +1,51 @@
+"""A cell's build record, ``envs/<cell>/build.json``, and the self-check both builders run (Docker images and
+venv cells): one home for what every builder writes and reads back."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from checks import atomic
+from provision.selfcheck import SHARED as SELFCHECK_SHARED
+
+SELFCHECK = Path(__file__).with_name("selfcheck.py")
+SELFCHECK_ROOT = "/opt/stackprobe-code"  # in the image: the self-check beside the checks/ modules it imports
+BUILT = ("built", "skipped-unchanged")  # the statuses of a record whose cell can run
+
+
+def selfcheck_files() -> list[tuple[Path, str]]:
+    """(host path, image path) of the self-check and each module it shares with the probes."""
+    root = SELFCHECK.parent.parent
+    return [(SELFCHECK, f"{SELFCHECK_ROOT}/selfcheck.py"),
+            *((root / rel, f"{SELFCHECK_ROOT}/{rel}") for rel in SELFCHECK_SHARED)]
+
+
+def selfcheck_texts() -> list[str]:
+    return [host.read_text() for host, _ in selfcheck_files()]
+
+
+def versions(facts: dict[str, Any]) -> dict[str, str | None]:
+    t = facts.get("torch") or {}
+    return {"torch": t.get("version"), "torch_cuda": t.get("cuda"),
+            "sgl_kernel": (facts.get("sgl_kernel") or {}).get("version"),
+            "flashinfer": (facts.get("flashinfer") or {}).get("version"),
+            "nccl": t.get("nccl"), "python": facts.get("python")}
+
+
+def record(folder: Path, **kw: Any) -> dict[str, Any]:
+    rec = {"cell_id": folder.name, "status": kw.pop("status"), "tag": kw.pop("tag", None),
+           "image_id": kw.pop("image_id", None), "reason": kw.pop("reason", ""),
+           "selfcheck": kw.pop("selfcheck", {}), "versions": kw.pop("versions", {}),
+           "built_at": datetime.now(UTC).isoformat(timespec="seconds"), **kw}
+    atomic.write_json(folder / "build.json", rec, indent=1)
+    return rec
+
+
+def previous(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / "build.json").read_text())
+    except (OSError, ValueError):
+        return {}
