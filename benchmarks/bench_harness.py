@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("STACKPROBE_PROBE_PATH", str(ROOT / "tests" / "probes_fixtures"))
 
-from checks import reasons  # noqa: E402
-from checks.executor import LocalExecutor  # noqa: E402
-from checks.probe import Variant  # noqa: E402
+from checks.run.executor import LocalExecutor  # noqa: E402
+from common import reasons  # noqa: E402
+from inenv.probe import Variant  # noqa: E402
 
 TARGET_LOCAL_S = 1.0
 
@@ -59,7 +59,7 @@ def bench_local(python: str, repeat: int) -> None:
 
 
 def bench_docker(image: str, repeat: int) -> None:
-    from checks.container import DockerExecutor, client
+    from checks.run.container import DockerExecutor, client
 
     cat = reasons.default()
     docker = client()

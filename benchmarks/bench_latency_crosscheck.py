@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from checks.probe import RESULT_MARKER  # noqa: E402
-from checks.probes.ar_latency import CALLS_PER_GRAPH  # noqa: E402
+from inenv.probe import RESULT_MARKER  # noqa: E402
+from inenv.probes.ar_latency import CALLS_PER_GRAPH  # noqa: E402
 
 TARGET = 0.10
 HIDDEN = 7168
@@ -57,7 +57,7 @@ def gpu_count() -> int:
 def probe_numbers(ranks: int, gpus: int) -> tuple[dict[int, float], dict[int, float]]:
     """(NCCL direct, NCCL through torch.distributed) per size from one run of the nccl-direct variant."""
     variant = json.dumps({"probe_id": "ar-latency", "ranks": ranks, "params": [["backend", "nccl-direct"]]})
-    cmd = [sys.executable, "-m", "checks.worker", "--probe", "ar-latency", "--variant", variant, "--gpus", str(gpus)]
+    cmd = [sys.executable, "-m", "inenv.worker", "--probe", "ar-latency", "--variant", variant, "--gpus", str(gpus)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER)), None)
     if line is None:

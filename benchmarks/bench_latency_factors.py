@@ -13,7 +13,7 @@ disagreeing at decode sizes. Two ranks, one GPU each, every number a per-call ti
   (the probe's method). Ranks are combined by the max.
 * ``raw``: libnccl and libcudart through ctypes in two processes, no torch in the path: the same
   graphs and the same three timings, in thread-local capture mode.
-* ``mixed``: torch loaded with its communicator up, NCCL called directly (checks/probes/_nccl.py) and
+* ``mixed``: torch loaded with its communicator up, NCCL called directly (inenv/kit/_nccl.py) and
   through torch.distributed, captured by torch.cuda.graph or by the runtime API on a torch side stream, and
   replayed on that side stream or on the legacy default stream.
 * ``nccl-tests``: all_reduce_perf in one process driving both GPUs (``-g 2``), and one process with a
@@ -145,13 +145,13 @@ def torch_rank() -> dict[str, dict[str, float]]:
 
 
 def mixed_rank() -> dict[str, dict[str, float]]:
-    """torch loaded and its communicator up; NCCL called directly (checks/probes/_nccl.py). The same
+    """torch loaded and its communicator up; NCCL called directly (inenv/kit/_nccl.py). The same
     calls captured by torch.cuda.graph, and by the CUDA runtime API on a torch stream (instantiated with
     no flags, and with auto-free-on-launch as torch does): tells torch's graph wrapper from torch's presence."""
     import torch
     import torch.distributed as dist
 
-    from checks.probes import _nccl
+    from inenv.kit import _nccl
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)

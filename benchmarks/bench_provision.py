@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from provision.api import DEFAULT_MATRIX  # noqa: E402
+from common.api import DEFAULT_MATRIX  # noqa: E402
 from provision.build import build_locked  # noqa: E402
 from provision.dockercli import Docker  # noqa: E402
 from provision.lock import uv_compile, uv_version, write_dir_atomically  # noqa: E402

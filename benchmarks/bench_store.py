@@ -28,12 +28,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from checks import reasons, registry  # noqa: E402
-from checks.plan import CellTarget, plan_work  # noqa: E402
-from checks.probe import HostView  # noqa: E402
-from checks.result import ProbeResult  # noqa: E402
-from checks.runner import execute  # noqa: E402
-from checks.store import RunStore, read_file  # noqa: E402
+from checks.results.result import ProbeResult  # noqa: E402
+from checks.results.store import RunStore, read_file  # noqa: E402
+from checks.run.plan import CellTarget, plan_work  # noqa: E402
+from checks.run.runner import execute  # noqa: E402
+from common import reasons  # noqa: E402
+from inenv import registry  # noqa: E402
+from inenv.probe import HostView  # noqa: E402
 
 HOST = "cpu-0123abcd"
 RUN = "20261201T000000Z-0000"

@@ -5,7 +5,7 @@
 Every number is measured in the environment's own interpreter (a venv cell of `provision build --backend
 venv`, else ``--python``), two ranks, one GPU each:
 
-* ``interpreter``: ``python -c pass``; ``harness``: importing checks.worker; ``envinfo``: the worker's
+* ``interpreter``: ``python -c pass``; ``harness``: importing inenv.worker; ``envinfo``: the worker's
   ``versions()`` (it runs nvcc), ``toolkit.resolve()`` and ``gpu_count_hint()`` (nvidia-smi);
 * ``import``: ``import torch`` (and the largest modules it imports, from ``-X importtime``), the threads
   alive after it (a rank may only be forked from a process with one), the first CUDA allocation, importing
@@ -215,7 +215,7 @@ def zygote(python: str, env: dict[str, str]) -> dict[str, Any]:
 
 def variant_from_key(probe: str, key: str) -> Any:
     """The Variant a key such as ``ranks=2,gpus=shared,op=all-reduce`` names (Variant.key read back)."""
-    from checks.probe import Variant
+    from inenv.probe import Variant
 
     ranks, shared, params = 1, False, []
     for part in filter(None, key.split(",")):
@@ -236,7 +236,7 @@ def profile_variant(python: str, env: dict[str, str], spec: str, gpus: int, out:
     folder.mkdir(parents=True, exist_ok=True)
     e = {**env, "STACKPROBE_RANK_PROFILE": str(folder)}
     t0 = time.perf_counter()
-    p = subprocess.run([python, "-m", "checks.worker", "--probe", probe, "--variant", json.dumps(variant.to_json()),
+    p = subprocess.run([python, "-m", "inenv.worker", "--probe", probe, "--variant", json.dumps(variant.to_json()),
                         "--gpus", str(gpus), "--timeout", "300"], env=e, capture_output=True, text=True, timeout=400,
                        cwd=ROOT)
     wall = time.perf_counter() - t0
@@ -259,7 +259,7 @@ def profile_variant(python: str, env: dict[str, str], spec: str, gpus: int, out:
 def cell_env(cell: str | None, python: str | None) -> tuple[str, dict[str, str]]:
     env = {**os.environ, **MULTICAST_OFF, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
     if cell:
-        from checks import venvcell
+        from checks.run import venvcell
 
         vc = venvcell.read(ROOT / "envs", cell)
         if vc.state != "built" or not vc.python:
@@ -287,7 +287,7 @@ def main() -> None:
         zygote_main(args.zygote_port)
         return
     python, env = cell_env(args.cell, args.python)
-    from checks import envinfo
+    from inenv import envinfo
 
     gpus = envinfo.gpu_count_hint()
     if gpus < 2:
@@ -300,8 +300,8 @@ def main() -> None:
 
     if not args.skip_micro:
         show("interpreter_s", best_of(python, env, "pass"))
-        show("harness_import_s", best_of(python, env, "import checks.worker"))
-        _, out, _ = timed(python, env, "import json,time\nfrom checks import envinfo, toolkit\nr={}\n"
+        show("harness_import_s", best_of(python, env, "import inenv.worker"))
+        _, out, _ = timed(python, env, "import json,time\nfrom inenv import envinfo, toolkit\nr={}\n"
                           "t=time.perf_counter(); envinfo.versions(); r['versions_s']=time.perf_counter()-t\n"
                           "t=time.perf_counter(); toolkit.resolve(); r['toolkit_resolve_s']=time.perf_counter()-t\n"
                           "t=time.perf_counter(); envinfo.gpu_count_hint()\n"

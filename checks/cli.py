@@ -1,5 +1,5 @@
 """`checks list | run | report | advise | diff | share | import | validate`: the host-side command line. Exit codes:
-0 done, 2 bad input, 130 interrupted; share, import and validate also 1 (checks.exchange says when)."""
+0 done, 2 bad input, 130 interrupted; share, import and validate also 1 (checks.share.exchange says when)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from checks import gpuarch, ids, progress, reasons, registry, session
-from checks.executor import ExecutorError
-from checks.options import (
+from checks.results import ids
+from checks.results.store import StoreBusy
+from checks.run import session
+from checks.run.executor import ExecutorError
+from checks.run.options import (
     AUTO,
     BACKEND_CHOICES,
     MAX_DEFAULT_JOBS,
@@ -23,8 +25,9 @@ from checks.options import (
     backend_from_flags,
     default_jobs,
 )
-from checks.probe import FULL, LEVELS
-from checks.store import StoreBusy
+from common import progress, reasons
+from inenv import gpuarch, registry
+from inenv.probe import FULL, LEVELS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -160,14 +163,14 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
 
 # --- report ------------------------------------------------------------------------------------------------
 def cmd_report(args: argparse.Namespace) -> int:
-    from checks.report import generate
+    from checks.report.report import generate
 
     return generate(args.results, args.out or table_for(args.results), args.html, args.check, repo=REPO)
 
 
 # --- advise, diff: decisions from recorded results only --------------------------------------------------------
 def decision_parsers(sub: Any) -> None:
-    from checks.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, model_shapes
+    from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, model_shapes
 
     p = sub.add_parser("advise", help="per host and cell, the allreduce path to use per decode size, from results")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
@@ -188,7 +191,7 @@ def decision_parsers(sub: Any) -> None:
 
 
 def _hosts(results: Path, cmd: str) -> dict[str, Any]:
-    from checks import hostresults
+    from checks.results import hostresults
 
     if not results.is_dir():
         raise UsageError(f"checks {cmd}: no results directory {results} (give --results DIR)")
@@ -226,9 +229,9 @@ def gpu_hosts(hosts: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 def advise(args: argparse.Namespace) -> list[Any]:
     """One HostDecision per selected host."""
-    from checks import decisions, launch
-    from checks.estimate import ModelError, parse_model
-    from provision import catalog
+    from checks.report import decisions, launch
+    from checks.report.estimate import ModelError, parse_model
+    from common import catalog
 
     if args.tp is not None and args.tp < 2:
         raise UsageError(f"checks advise: --tp {args.tp}: an allreduce needs 2 or more ranks; give --tp 2, 4 or 8")
@@ -258,7 +261,7 @@ def advise(args: argparse.Namespace) -> list[Any]:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    from checks import decisions
+    from checks.report import decisions
 
     found = advise(args)
     if args.json:
@@ -269,7 +272,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 
 def diff(args: argparse.Namespace) -> Any:
-    from checks import diff as diffmod
+    from checks.report import diff as diffmod
 
     hosts = _hosts(args.results, "diff")
     try:
@@ -279,7 +282,7 @@ def diff(args: argparse.Namespace) -> Any:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from checks import decisions
+    from checks.report import decisions
 
     d = diff(args)
     if args.json:
@@ -291,7 +294,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- share, import, validate: results between machines (checks.exchange) ----------------------------------------
+# --- share, import, validate: results between machines (checks.share.exchange) ----------------------------------------
 def exchange_parsers(sub: Any) -> None:
     p = sub.add_parser("share", help="one bundle file of a host's runs to send, scrubbed of names and secrets")
     p.add_argument("--host", help="the host id to share (default: this machine's, else the only host)")
@@ -309,7 +312,7 @@ def exchange_parsers(sub: Any) -> None:
 
 
 def cmd_share(args: argparse.Namespace) -> int:
-    from checks import bundle, exchange
+    from checks.share import bundle, exchange
 
     try:
         return exchange.share(exchange.ShareOptions(args.results, args.host, args.out, args.show))
@@ -318,13 +321,13 @@ def cmd_share(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from checks import exchange
+    from checks.share import exchange
 
     return exchange.import_bundles(exchange.ImportOptions(tuple(args.bundles), args.results))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from checks import exchange
+    from checks.share import exchange
 
     return exchange.validate(args.path, args.json)
 

@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checks import atomic
-from checks.progress import TICK_S, Ticker
+from common.errors import InputError
+from common.progress import TICK_S, Ticker
+from common.resolve import RESOLVED, Resolved
+from inenv import atomic
 from provision import buildlog, doctor
 from provision.baseimage import DEFAULT_TAG, DEV_TAG, ensure_base, ensure_dev
 from provision.buildprogress import BuildProgress, Step
 from provision.cellrecord import BUILT, SELFCHECK_ROOT, previous, record, selfcheck_files, selfcheck_texts, versions
 from provision.dockercli import Docker
-from provision.errors import InputError
 from provision.lock import LockError, lock_cell, uv_version
 from provision.options import BuildOptions
 from provision.render import Base, load_cell, render
-from provision.resolve import RESOLVED, Resolved
 from provision.verify import mismatches
 
 LOGS = Path(__file__).resolve().parent.parent / ".cache" / "build-logs"
@@ -83,10 +83,10 @@ def selfcheck(docker: Docker, tag: str, compile_test: bool) -> dict[str, Any]:
 def no_nvcc_note(cell: dict[str, Any]) -> str:
     """Why a registry-free CUDA 12 image has no nvcc and what to do, in the reason catalogue's words: the
     same message and next step the table gives for the JIT probes that then skip (fi-no-nvcc)."""
-    from checks.reasons import default
+    from common.reasons import default
 
     reason = default().get("fi-no-nvcc")
-    assert reason is not None, "checks/reasons.yaml lost fi-no-nvcc"
+    assert reason is not None, "common/reasons.yaml lost fi-no-nvcc"
     return f"{reason.message}; next step: {reason.remediation} (for this cell: {nvidia_image(cell)})"
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from checks.progress import Estimate, duration, estimate
+from common.progress import Estimate, duration, estimate
 from provision.render import Base
 
 

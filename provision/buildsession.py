@@ -21,16 +21,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from checks.progress import console as progress_console
-from provision import backend, doctor
-from provision.api import plan
+from common import backend
+from common.api import plan
+from common.errors import InputError
+from common.progress import console as progress_console
+from common.resolve import RESOLVED, Resolved
+from provision import doctor
 from provision.build import DockerBuilder, render_dockerfiles
 from provision.dockercli import Docker
-from provision.errors import InputError
 from provision.lock import torch_key
 from provision.options import BuildOptions
 from provision.planview import plan_lines
-from provision.resolve import RESOLVED, Resolved
 from provision.venvbuild import VenvBuilder
 
 Records = list[dict[str, Any]]

@@ -13,7 +13,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from provision.catalog import Catalog
+from common.catalog import Catalog
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from checks import atomic
-from provision.selfcheck import SHARED as SELFCHECK_SHARED
+from inenv import atomic
+from inenv.selfcheck import SHARED as SELFCHECK_SHARED
 
-SELFCHECK = Path(__file__).with_name("selfcheck.py")
+SELFCHECK = Path(__file__).resolve().parent.parent / "inenv" / "selfcheck.py"
 SELFCHECK_ROOT = "/opt/stackprobe-code"  # in the image: the self-check beside the checks/ modules it imports
 BUILT = ("built", "skipped-unchanged")  # the statuses of a record whose cell can run
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from provision.errors import InputError
+from common.errors import InputError
 from provision.lock import ENVS
 from provision.options import VENVS, BuildOptions
 from provision.render import DOCKERFILES
@@ -80,19 +80,19 @@ def parser() -> argparse.ArgumentParser:
     p = csub.add_parser("check", help="re-read from the package index every catalog fact it can confirm; "
                                       "exit 1 when one drifted")
     p.add_argument("--json", action="store_true", help="one JSON object: index, checked, drift, unchecked")
-    p.add_argument("--catalog", default=None, help="catalog file (default: provision/catalog.yaml)")
+    p.add_argument("--catalog", default=None, help="catalog file (default: common/catalog.yaml)")
     p.add_argument("--index", default=None, help="simple-API index URL (default: the one uv is configured with)")
     return ap
 
 
 def _matrix(args: argparse.Namespace) -> Path:
-    from provision.api import DEFAULT_MATRIX
+    from common.api import DEFAULT_MATRIX
 
     return Path(args.matrix) if args.matrix else DEFAULT_MATRIX
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from provision.api import plan
+    from common.api import plan
     from provision.planview import plan_json, plan_lines
 
     cells = plan(_matrix(args), args.cuda, args.torch, args.only, offline=args.offline)
@@ -108,7 +108,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from provision.api import plan
+    from common.api import plan
     from provision.lock import ENVS, lock_cells
 
     cells = plan(_matrix(args), args.cuda, args.torch, args.only, offline=args.offline)
@@ -161,8 +161,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    from common.api import DEFAULT_MATRIX
     from provision import prune
-    from provision.api import DEFAULT_MATRIX
     from provision.dockercli import Docker, docker_cli
     from provision.lock import ENVS
 
@@ -190,8 +190,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_catalog(args: argparse.Namespace) -> int:
     import yaml
 
+    from common.catalog import CATALOG_PATH, load
     from provision import catalogcheck, registry
-    from provision.catalog import CATALOG_PATH, load
 
     path = Path(args.catalog) if args.catalog else CATALOG_PATH
     try:
@@ -221,7 +221,7 @@ def _subparser(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """Like parse_args, but an unknown option is reported with the usage of the subcommand it was given
     to, and the closest option of that subcommand (``--dryrun``: did you mean ``--dry-run``?)."""
-    from provision.errors import suggest
+    from common.errors import suggest
 
     ap = parser()
     args, extra = ap.parse_known_args(argv)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provision.errors import InputError
+from common.errors import InputError
 
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 NO_CLI = "docker CLI not found"

@@ -240,7 +240,7 @@ def _container_memlock(f: Facts) -> Check:
     if f.memlock_in_container is None:
         return Check("memlock in containers", INFO, "not tried (no local image yet or no engine)")
     if f.memlock_in_container:
-        from checks.memlock import FIX
+        from common.memlock import FIX
 
         return Check("memlock in containers", WARN, f"--ulimit memlock=-1 refused ({f.memlock_in_container}): runs "
                      "go on with the daemon's limit and say so", FIX)
@@ -293,7 +293,7 @@ def _last_line(text: str) -> str:
 
 def _daemon_error(text: str) -> str:
     """The daemon's refusal in `docker run` output (which also holds the CLI's own chatter), in short."""
-    from checks import memlock
+    from common import memlock
 
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     line = next((ln for ln in lines if "Error response from daemon" in ln), None) or _last_line(text)
@@ -302,7 +302,7 @@ def _daemon_error(text: str) -> str:
 
 def _matrix_needs(matrix: Path, envs: Path, docker: str) -> tuple[int, int, int]:
     """(cells still to build, distinct (CUDA, torch) pairs among them, resolved cells in all)."""
-    from provision.api import plan_cells
+    from common.api import plan_cells
 
     cells = [c for c in plan_cells(matrix) if c.status == "resolved"]
     todo = []
@@ -322,7 +322,7 @@ def _matrix_needs(matrix: Path, envs: Path, docker: str) -> tuple[int, int, int]
 
 def _venv_needs(matrix: Path, envs: Path) -> tuple[int, int]:
     """(venv cells still to build, torch builds among them that no built venv cell has in uv's cache)."""
-    from provision.api import plan_cells
+    from common.api import plan_cells
 
     todo, present = [], set()
     for c in (c for c in plan_cells(matrix) if c.status == "resolved"):
@@ -376,7 +376,7 @@ def gather(matrix: Path, envs: Path, venvs: Path | None = None) -> Facts:
     kw: dict[str, object] = {"debootstrap": shutil.which("debootstrap"), "is_root": os.geteuid() == 0,
                              **_venv_facts(matrix, envs, venvs or VENVS)}
     with contextlib.suppress(Exception):  # the cells of the matrix, whatever the backend
-        from provision.api import plan_cells
+        from common.api import plan_cells
 
         kw["cells_total"] = sum(1 for c in plan_cells(matrix) if c.status == "resolved")
     try:

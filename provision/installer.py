@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.errors import InputError
+from common.errors import InputError
 from provision.lock import uv_bin
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provision.errors import InputError
+from common.errors import InputError
 
 _READER = r"""
 import importlib.metadata as md, json, os, platform, re, sys, sysconfig

@@ -30,10 +30,10 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
-from checks import atomic
-from provision.catalog import load as load_catalog
-from provision.errors import InputError
-from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
+from common.catalog import load as load_catalog
+from common.errors import InputError
+from common.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
+from inenv import atomic
 
 ENVS = Path(__file__).resolve().parent.parent / "envs"
 # One lock serves both bases: Debian 12's Python 3.11 and Ubuntu 24.04's 3.12 (markers pick per version).
@@ -174,7 +174,7 @@ def compile_args(r: Resolved) -> list[str]:
 
 
 def requirements_in(r: Resolved) -> str:
-    head = f"# {r.cell_id}: written by `provision lock` from the matrix and provision/catalog.yaml\n"
+    head = f"# {r.cell_id}: written by `provision lock` from the matrix and common/catalog.yaml\n"
     return head + "".join(f"{s.requirement}\n" for s in r.sources)
 
 

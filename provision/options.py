@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.backend import CHOICES
-from provision.errors import InputError
+from common.backend import CHOICES
+from common.errors import InputError
 from provision.lock import ENVS
 from provision.render import DOCKERFILES
 
@@ -32,7 +32,7 @@ class BuildOptions:
     dockerfiles: Path = DOCKERFILES
     json: bool = False
     toolkit: bool = True  # registry-free base: add the CUDA toolkit from wheels (nvcc for JIT)
-    backend: str = "auto"  # auto | docker | venv (provision/backend.py)
+    backend: str = "auto"  # auto | docker | venv (common/backend.py)
     base_python: str | None = None  # venv overlay cells: the environment whose torch stack they use
     wheels: Path | None = None  # venv cells: install from this folder of wheels instead of an index
     venvs: Path = VENVS

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from provision.resolve import Resolved
+from common.resolve import Resolved
 
 
 def plan_json(cells: Sequence[Resolved]) -> list[dict[str, Any]]:

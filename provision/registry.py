@@ -43,9 +43,9 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from checks import atomic
+from common.errors import InputError
+from inenv import atomic
 from provision.catalogcheck import KernelSeen, Readings, Seen, Wants
-from provision.errors import InputError
 
 TIMEOUT_S = 30.0
 # A kernel wheel is 0.4-0.6 GB; its CUDA release is read from the smallest shared objects, up to this many
@@ -451,7 +451,7 @@ def _kernel(package: str, version: str, pages: dict[str, dict[str, str] | None],
     wheel, url = found
     zf = _wheel(url, store, KERNEL_READ_BUDGET + (8 << 20))  # the members plus the zip directory and METADATA
     torch = Seen(pins(_metadata(zf)).get("torch"), f"{wheel} METADATA Requires-Dist")
-    from checks.probes._elf import linkage  # the project's stdlib ELF reader
+    from inenv.kit._elf import linkage  # the project's stdlib ELF reader
 
     releases: set[str] = set()
     cudart: str | None = None

@@ -11,7 +11,7 @@ from typing import Any
 
 import jinja2
 
-from checks.probes.inventory import REMOVED_LIST
+from inenv.probes.inventory import REMOVED_LIST
 from provision.cudahome import DRIVER_NAME
 
 DOCKERFILES = Path(__file__).resolve().parent.parent / "dockerfiles"

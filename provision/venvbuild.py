@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checks import venvcell
-from checks.progress import TICK_S, Ticker
+from checks.run import venvcell
+from common.errors import InputError
+from common.progress import TICK_S, Ticker
+from common.resolve import RESOLVED, Resolved
 from provision import cudahome, doctor, installer, interp, overlay, wheeldir
 from provision.buildprogress import BuildProgress, VenvStep
 from provision.cellrecord import (
@@ -43,11 +45,9 @@ from provision.cellrecord import (
     selfcheck_texts,
     versions,
 )
-from provision.errors import InputError
 from provision.lock import LockError, lock_cell, requirements_in, uv_version
 from provision.options import BuildOptions
 from provision.render import load_cell
-from provision.resolve import RESOLVED, Resolved
 from provision.verify import mismatches
 
 # The interpreters both image bases have (Debian 12: 3.11, Ubuntu 24.04: 3.12); every lock is valid for them.
@@ -121,10 +121,10 @@ def build_hash(folder: Path, base: interp.Interpreter | None, wheels: wheeldir.W
 
 
 def selfcheck(python: Path, cuda_home: Path, compile_test: bool) -> dict[str, Any]:
-    """provision/selfcheck.py run by the cell's interpreter, with the cell's CUDA_HOME and no host nvcc on PATH
-    (checks.venvcell.rank_env); the same facts an image's self-check reports.
+    """inenv/selfcheck.py run by the cell's interpreter, with the cell's CUDA_HOME and no host nvcc on PATH
+    (checks.run.venvcell.rank_env); the same facts an image's self-check reports.
     It runs from a folder holding only it and the checks/ modules it shares, as in an image: run from
-    provision/, that folder would come first on its path and provision/select.py would hide the standard
+    provision/, that folder would come first on its path and common/select.py would hide the standard
     library's select."""
     env = installer.env()
     env["CUDA_HOME"] = str(cuda_home)

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from checks.probe import RESULT_MARKER
+from inenv.probe import RESULT_MARKER
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "probes_fixtures"
@@ -49,7 +49,7 @@ def run_worker(probe_id: str, ranks: int = 1, params: list[list[str]] | None = N
                env: dict[str, str] | None = None, extra_args: list[str] | None = None) -> tuple[dict[str, Any], str]:
     env = env or fixture_env()
     variant = {"probe_id": probe_id, "ranks": ranks, "params": params or [], "share_gpu": False}
-    cmd = [sys.executable, "-m", "checks.worker", "--probe", probe_id, "--variant", json.dumps(variant)]
+    cmd = [sys.executable, "-m", "inenv.worker", "--probe", probe_id, "--variant", json.dumps(variant)]
     proc = subprocess.run(cmd + (extra_args or []), capture_output=True, text=True, env=env, timeout=timeout,
                           cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER)]

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from checks.container import LABELS_ENV
+from checks.run.container import LABELS_ENV
 
 REQUIRE_DOCKER = os.environ.get("STACKPROBE_REQUIRE_DOCKER") == "1"
 

@@ -32,7 +32,7 @@ CODE_FIELDS = ("reason_code", "code")
 
 @dataclass
 class Module:
-    name: str  # dotted, e.g. checks.probes.ar_latency
+    name: str  # dotted, e.g. inenv.probes.ar_latency
     path: Path
     tree: ast.Module
     parents: dict[ast.AST, ast.AST] = field(default_factory=dict)

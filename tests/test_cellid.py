@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from checks.plan import local_cell_id
-from provision import cellid
-from provision.cellid import CellId
+from checks.run.plan import local_cell_id
+from common import cellid
+from common.cellid import CellId
 
 ENV = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "flashinfer": "0.6.18", "python": "3.11.9"}
 
@@ -49,9 +49,9 @@ def test_parts_of_a_local_id() -> None:
 def test_select_by_torch_reads_the_version_the_cell_id_names() -> None:
     """`--torch 2.11.0` picks a cell whose matrix entry asked for the stable channel: the resolved id names the
     version (the resolved versions are left empty here, so only the id can answer)."""
-    from provision.matrix import Cell
-    from provision.resolve import Resolved
-    from provision.select import select
+    from common.matrix import Cell
+    from common.resolve import Resolved
+    from common.select import select
 
     stable = Resolved(Cell("13.0", "stable", "0.4.2", "0.6.18"), "cu130-torch2.11.0-sgl0.4.2-fi0.6.18", "resolved", "")
     nightly = Resolved(Cell("13.0", "nightly", "none", "0.7.4"), "cu130-torchnightly-sglnone-fi0.7.4", "resolved", "")

@@ -19,11 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checks import advise, decisions, diff, estimate, hostresults, launch, nearest
 from checks.cli import main
-from checks.result import ProbeResult, Verdict
-from checks.status import Status
-from provision import catalog
+from checks.report import advise, decisions, diff, estimate, launch, nearest
+from checks.results import hostresults
+from checks.results.result import ProbeResult, Verdict
+from common import catalog
+from inenv.status import Status
 from tests.checks_helpers import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "advise"
@@ -109,11 +110,11 @@ def _at(curve: dict[int, float], nbytes: int) -> float:
 
 
 def _assert_estimate_facts(text: str, batch: int, draft: int) -> None:
-    """What every model's estimate must say, worked out here from checks/models.yaml and the measured curves:
+    """What every model's estimate must say, worked out here from checks/report/models.yaml and the measured curves:
     the allreduce count and sizes of a step, and each backend's time per call and per step."""
     import yaml
 
-    shapes = yaml.safe_load((ROOT / "checks" / "models.yaml").read_text())
+    shapes = yaml.safe_load((ROOT / "checks" / "report" / "models.yaml").read_text())
     models = shapes["shapes"]
     measured = _measured_latency()
     assert sorted(measured) == ["flashinfer-custom-ar", "nccl", "nccl-direct", "symm-mem-one-shot",
@@ -507,7 +508,7 @@ def test_any_result_set_gives_advice_without_a_traceback_or_an_unproven_backend(
 
 
 def test_report_sections_carry_the_advice_the_default_estimate_and_nearest_green(tmp_path: Path) -> None:
-    from checks.report import generate
+    from checks.report.report import generate
 
     out = tmp_path / "docs" / "compatibility.md"
     assert generate(FIXTURE, out, None, check=False) == 0

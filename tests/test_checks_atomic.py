@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from checks import atomic
+from inenv import atomic
 from tests.checks_helpers import ROOT
 
 WRITER = """
 import sys
 from pathlib import Path
-from checks import atomic
+from inenv import atomic
 path, size = Path(sys.argv[1]), int(sys.argv[2])
 i = 0
 while True:
@@ -82,7 +82,7 @@ def test_replace_dir_swaps_whole_folders(tmp_path: Path) -> None:
 
 def test_standard_library_only() -> None:
     """The ranks import it inside cell environments, which hold only the libraries under test."""
-    tree = ast.parse((ROOT / "checks" / "atomic.py").read_text())
+    tree = ast.parse((ROOT / "inenv" / "atomic.py").read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from checks import hostfacts, provenance
 from checks.cli import main
-from checks.provenance import Provenance, probe_hash
-from checks.store import read_file
+from checks.results import hostfacts, provenance
+from checks.results.provenance import Provenance, probe_hash
+from checks.results.store import read_file
 from tests.checks_helpers import FIXTURES, ROOT, TOKEN_VAR, fixture_env, pids_with_env
 
 
@@ -61,7 +61,7 @@ def test_run_local_records_results_and_manifest(tmp_path: Path) -> None:
 
 FRESH = '''"""Passes; its source is edited by the test to show a verdict going stale."""
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-fresh", title="fresh", feature="provenance", ranks=(1,), needs_gpu=False, timeout_s=60)
 
@@ -259,7 +259,7 @@ SLOW = '''"""Sleeps long enough for the progress ticker to speak."""
 
 import time
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-sleepy", title="sleepy", feature="progress", ranks=(1,), needs_gpu=False, timeout_s=60)
 
@@ -272,13 +272,13 @@ def run(ctx: RankContext) -> dict:
 
 def test_a_long_variant_is_said_to_be_running_while_it_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import checks.runconsole
+    import checks.run.runconsole
 
     probes = tmp_path / "probes"
     probes.mkdir()
     (probes / "t_sleepy.py").write_text(SLOW)
     monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(probes))
-    monkeypatch.setattr(checks.runconsole, "TICK_S", 0.8)
+    monkeypatch.setattr(checks.run.runconsole, "TICK_S", 0.8)
     code, err = _run_in_process(["run", "--backend", "local", "--probe", "t-sleepy", "--results", str(tmp_path / "r"),
                                  "--no-report"], capsys)
     assert code == 0
@@ -291,17 +291,18 @@ def test_memlock_not_raised_is_said_once_per_run_in_clean_words(tmp_path: Path) 
     """The daemon's refusal, as recorded by older runs with its API quoting, is said once."""
     import io
 
-    from checks import reasons, runprogress
-    from checks.options import RunOptions
-    from checks.plan import CellTarget, plan_work
-    from checks.probe import HostView
-    from checks.progress import console
-    from checks.registry import discover
-    from checks.result import Verdict
-    from checks.runconsole import with_progress
-    from checks.runner import Work, execute
-    from checks.status import Status
-    from checks.store import RunStore
+    from checks.results.result import Verdict
+    from checks.results.store import RunStore
+    from checks.run import runprogress
+    from checks.run.options import RunOptions
+    from checks.run.plan import CellTarget, plan_work
+    from checks.run.runconsole import with_progress
+    from checks.run.runner import Work, execute
+    from common import reasons
+    from common.progress import console
+    from inenv.probe import HostView
+    from inenv.registry import discover
+    from inenv.status import Status
 
     recorded = ('not raised: the Docker daemon refused (container init: error setting rlimits for ready process: '
                 'error setting rlimit type 8: operation not permitted: unknown"))')
@@ -352,8 +353,8 @@ def test_the_older_spellings_name_one_backend(argv: list[str], backend: str) -> 
 
 
 def test_every_backend_the_command_line_offers_is_in_the_registry() -> None:
-    from checks.backends import BACKENDS
-    from checks.options import AUTO, BACKEND_CHOICES
+    from checks.run.backends import BACKENDS
+    from checks.run.options import AUTO, BACKEND_CHOICES
 
     assert sorted(BACKENDS) == sorted(set(BACKEND_CHOICES) - {AUTO}) == ["docker", "local", "slurm", "venv"]
     for make in BACKENDS.values():

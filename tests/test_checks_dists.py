@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 READ_ALL = """
 import json
-from checks import dists, envinfo
-from checks.probes import inventory
-from provision import selfcheck
+from inenv import dists, envinfo
+from inenv.probes import inventory
+from inenv import selfcheck
 print(json.dumps({"envinfo": envinfo.versions(), "inventory": inventory._dist_versions(),
                   "selfcheck_kernel": selfcheck._dist_version("sgl_kernel"),
                   "selfcheck_flashinfer": selfcheck._dist_version("flashinfer"),

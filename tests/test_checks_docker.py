@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from checks import container, reasons
-from checks.container import DockerExecutor, client
-from checks.probe import Variant
-from checks.store import read_file
+from checks.results.store import read_file
+from checks.run import container
+from checks.run.container import DockerExecutor, client
+from common import reasons
+from inenv.probe import Variant
 from tests.checks_helpers import FIXTURES, ROOT, fixture_env
 
 pytestmark = pytest.mark.docker
@@ -75,7 +76,7 @@ def test_a_container_takes_turns_on_the_hosts_gpu_lock(venv_image: str, tmp_path
     import dataclasses
     import fcntl
 
-    from checks import gpugate
+    from inenv import gpugate
     from tests.test_worker_floor import FLOOR_FIXTURES
 
     monkeypatch.setenv("STACKPROBE_PROBE_PATH", os.pathsep.join([str(FIXTURES), str(FLOOR_FIXTURES)]))
@@ -131,9 +132,9 @@ def test_inspect_in_container(executor: DockerExecutor) -> None:
 
 
 def test_checks_run_docker_mode_end_to_end(venv_image: str, tmp_path: Path) -> None:
-    """Cells from provision.api: an unavailable one, one whose build failed, one whose build.json names an
+    """Cells from common.api: an unavailable one, one whose build failed, one whose build.json names an
     image. The image here is the small test image, so its results describe that image (evidence.env)."""
-    from provision.api import plan_cells
+    from common.api import plan_cells
 
     matrix = tmp_path / "m.yaml"  # two cells of the default matrix and one that cannot exist (no cu128 nightly)
     matrix.write_text("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: ['0.4.10']\n"
@@ -196,7 +197,7 @@ def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tm
     container the daemon finishes creating after it died. Now the test waits for the runner to say it
     started the variant, then as long as the daemon needs, and never kills the runner: a Ctrl-C is what is
     tested, and it removes the container by name even while its create is in flight."""
-    from provision.api import plan_cells
+    from common.api import plan_cells
 
     cell = next(c for c in plan_cells() if c.status == "resolved")
     (tmp_path / "envs" / cell.cell_id).mkdir(parents=True)

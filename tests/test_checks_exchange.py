@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from checks import bundle, cli, intake
-from checks.provenance import Checkout
-from checks.scrub import Identity, Scrubber
+from checks import cli
+from checks.results.provenance import Checkout
+from checks.share import bundle, intake
+from checks.share.scrub import Identity, Scrubber
 from tests.checks_helpers import ROOT
 
 H2 = "h200x2-5bce98f7"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from checks import hostfacts
+from checks.results import hostfacts
 
 # `nvidia-smi --query-gpu=<GPU_FIELDS> --format=csv,noheader,nounits` on a 2x H200 host.
 QUERY_2XH200 = """0, NVIDIA H200, 00000000:18:00.0, 9.0, 143771, 580.159.04, 345, 1980, 3201, 700.00, Enabled

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from checks import classify, isolate, reasons
-from checks.executor import LocalExecutor
-from checks.probe import RESULT_MARKER, Variant
-from checks.result import Verdict
-from checks.status import Status
+from checks.results.result import Verdict
+from checks.run import classify, isolate
+from checks.run.executor import LocalExecutor
+from common import reasons
+from inenv.probe import RESULT_MARKER, Variant
+from inenv.status import Status
 from tests.checks_helpers import fixture_env
 
 CAT = reasons.default()
@@ -52,7 +53,7 @@ def test_orphan_grandchild_in_own_session_is_killed(tmp_path: Path, monkeypatch:
 def test_host_watchdog_kills_whole_group_as_hang() -> None:
     # The worker's soft timeout (60 s) is far beyond the host's hard one: the host must act alone.
     env = dict(os.environ)
-    cmd = [sys.executable, "-m", "checks.worker", "--probe", "t-hang", "--variant",
+    cmd = [sys.executable, "-m", "inenv.worker", "--probe", "t-hang", "--variant",
            '{"probe_id": "t-hang", "ranks": 2}', "--timeout", "60"]
     t0 = time.monotonic()
     p = isolate.run_isolated(cmd, env, 4)

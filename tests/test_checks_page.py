@@ -7,10 +7,10 @@ import random
 import re
 from pathlib import Path
 
-from checks import overview, plots, report
-from checks.report import build_model, render
-from checks.result import ProbeResult, Verdict
-from checks.status import Status
+from checks.report import overview, plots, report
+from checks.report.report import build_model, render
+from checks.results.result import ProbeResult, Verdict
+from inenv.status import Status
 
 RUN = "20260101T000000Z-abcd"
 

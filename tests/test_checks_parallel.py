@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from checks import reasons
-from checks.executor import LocalExecutor
-from checks.options import RunOptions
-from checks.plan import CellTarget, WorkItem, plan_work
-from checks.probe import HostView, ProbeSpec, Variant
-from checks.provenance import checkout, probe_hashes
-from checks.registry import discover
-from checks.result import ProbeResult
-from checks.runner import Work, execute, pick
-from checks.store import RunStore, read_file
+from checks.results.provenance import checkout, probe_hashes
+from checks.results.result import ProbeResult
+from checks.results.store import RunStore, read_file
+from checks.run.executor import LocalExecutor
+from checks.run.options import RunOptions
+from checks.run.plan import CellTarget, WorkItem, plan_work
+from checks.run.runner import Work, execute, pick
+from common import reasons
+from inenv.probe import HostView, ProbeSpec, Variant
+from inenv.registry import discover
 from tests.checks_helpers import ROOT, TOKEN_VAR, fixture_env, pids_with_env
 
 # Processes of other variants of this test: they carry the test's token, and another variant's isolation token.
@@ -51,7 +51,7 @@ SLOW_CPU = '''"""CPU-only: sleeps, and says when it ran and how many other varia
 import os
 import time
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-par-slow", title="slow", feature="parallel jobs", ranks=(1,), needs_gpu=False,
                  timeout_s=@TIMEOUT@)
@@ -71,7 +71,7 @@ when it ran and how many other variants' processes were alive when it started an
 import os
 import time
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, outcome
 
 SPEC = ProbeSpec(id="t-par-gpu", title="gpu", feature="parallel jobs", ranks=(1,), needs_gpu=True, timeout_s=60)
 ''' + OTHERS + '''
@@ -190,8 +190,8 @@ def test_store_appends_from_many_threads_keep_every_whole_line(tmp_path: Path) -
     the file anew and holds its own flock), so nothing is lost or torn if a caller appends concurrently."""
     import threading
 
-    from checks.result import Verdict
-    from checks.status import Status
+    from checks.results.result import Verdict
+    from inenv.status import Status
 
     store = RunStore(tmp_path, "cpu-0123abcd", "20261201T000000Z-0001")
     code = checkout().for_probe("0" * 16)

@@ -7,8 +7,8 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-from checks import provenance
-from checks.provenance import Provenance, checkout, helper_imports, probe_hash, probe_sources
+from checks.results import provenance
+from checks.results.provenance import Provenance, checkout, helper_imports, probe_hash, probe_sources
 from tests.checks_helpers import ROOT
 
 
@@ -17,22 +17,22 @@ def _git(cwd: Path, *args: str) -> str:
 
 
 def test_helper_imports_reads_every_import_form() -> None:
-    src = ("import os\nimport checks.probes._a\nfrom checks.probes import _b, inventory\n"
-           "from checks.probes._c import thing\nfrom checks.probe import outcome\nfrom . import _d\n"
-           "def run():\n    from checks.probes import _e as e\n")
-    assert helper_imports(src) == {"_a", "_b", "_c", "_e"}  # a relative import outside checks/probes names no helper
+    src = ("import os\nimport inenv.probes._a\nfrom inenv.probes import _b, inventory\n"
+           "from inenv.probes._c import thing\nfrom inenv.probe import outcome\nfrom . import _d\n"
+           "def run():\n    from inenv.probes import _e as e\n")
+    assert helper_imports(src) == {"_a", "_b", "_c", "_e"}  # a relative import outside inenv/probes names no helper
     assert helper_imports(src, in_helpers=True) == {"_a", "_b", "_c", "_d", "_e"}
 
 
 def _helpers(tmp: Path) -> tuple[Path, Path]:
-    helpers = tmp / "checks" / "probes"
+    helpers = tmp / "inenv" / "probes"
     helpers.mkdir(parents=True)
     (helpers / "_a.py").write_text("from . import _b\n")
-    (helpers / "_b.py").write_text("from checks.probes._c import x\n")
+    (helpers / "_b.py").write_text("from inenv.probes._c import x\n")
     (helpers / "_c.py").write_text("x = 1\n")
     (helpers / "_unused.py").write_text("y = 2\n")
     probe = helpers / "myprobe.py"
-    probe.write_text("from checks.probes import _a\n")
+    probe.write_text("from inenv.probes import _a\n")
     return helpers, probe
 
 
@@ -47,15 +47,15 @@ def test_probe_hash_follows_helpers_transitively(tmp_path: Path) -> None:
     assert changed != before  # two imports away
     moved = tmp_path / "elsewhere"
     shutil.copytree(tmp_path / "checks", moved / "checks")
-    assert probe_hash(moved / "checks" / "probes" / "myprobe.py", moved / "checks" / "probes") == changed
+    assert probe_hash(moved / "inenv" / "probes" / "myprobe.py", moved / "inenv" / "probes") == changed
 
 
 def test_probe_hash_covers_the_checks_modules_it_uses_but_not_the_probe_api(tmp_path: Path) -> None:
     helpers, probe = _helpers(tmp_path)
-    (helpers.parent / "toolkit.py").write_text("from checks import dists\n")
+    (helpers.parent / "toolkit.py").write_text("from inenv import dists\n")
     (helpers.parent / "dists.py").write_text("TABLE = 1\n")
     (helpers.parent / "probe.py").write_text("def outcome(): ...\n")
-    (helpers / "_c.py").write_text("from checks.toolkit import find\nfrom checks.probe import outcome\n")
+    (helpers / "_c.py").write_text("from inenv.toolkit import find\nfrom inenv.probe import outcome\n")
     names = [p.name for p in probe_sources(probe, helpers)]
     assert names == ["myprobe.py", "_a.py", "_b.py", "_c.py", "dists.py", "toolkit.py"]
     before = probe_hash(probe, helpers)
@@ -66,7 +66,7 @@ def test_probe_hash_covers_the_checks_modules_it_uses_but_not_the_probe_api(tmp_
 
 
 def test_real_probe_hash_covers_the_helpers_it_imports() -> None:
-    fi_jit = ROOT / "checks" / "probes" / "fi_jit.py"
+    fi_jit = ROOT / "inenv" / "probes" / "fi_jit.py"
     names = {p.name for p in probe_sources(fi_jit)}
     imported = helper_imports(fi_jit.read_text())
     assert imported and {f"{n}.py" for n in imported} <= names
@@ -83,7 +83,7 @@ def test_checkout_of_this_repository() -> None:
 def test_checkout_dirty_flag_and_no_checkout(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "checks").mkdir(parents=True)
-    (repo / "checks" / "probe.py").write_text("a = 1\n")
+    (repo / "inenv" / "probe.py").write_text("a = 1\n")
     (repo / "README.md").write_text("x\n")
     _git(tmp_path, "init", "-q", str(repo))
     _git(repo, "add", ".")
@@ -94,7 +94,7 @@ def test_checkout_dirty_flag_and_no_checkout(tmp_path: Path) -> None:
     (repo / "checks" / "new_probe.py").write_text("b = 2\n")
     assert checkout(repo).dirty is True  # an untracked probe counts
     (repo / "checks" / "new_probe.py").unlink()
-    (repo / "checks" / "probe.py").write_text("a = 2\n")
+    (repo / "inenv" / "probe.py").write_text("a = 2\n")
     assert checkout(repo).dirty is True
     assert checkout(repo / "checks").commit == "unknown"  # inside a checkout, not its top: not this code's commit
     plain = tmp_path / "plain"

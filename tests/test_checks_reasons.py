@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from checks import reasons
-from checks.classify import annotate
-from checks.result import Verdict
-from checks.status import Status
+from checks.results.result import Verdict
+from checks.run.classify import annotate
+from common import reasons
+from inenv.status import Status
 
 CAT = reasons.default()
 

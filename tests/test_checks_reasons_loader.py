@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from checks import reasons
+from common import reasons
 
 CAT = reasons.default()
 # `uv pip install torch==2.11.0 flashinfer-python==0.6.18` (Python 3.11) resolves cuda-python 12.6.2.post1

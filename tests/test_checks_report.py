@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from checks import registry
-from checks.probe import Declared, Field, Role
-from checks.report import generate, headline
+from checks.report.report import generate, headline
+from inenv import registry
+from inenv.probe import Declared, Field, Role
 from tests.checks_helpers import ROOT
 
 GOLDEN = ROOT / "tests" / "golden" / "checks"
@@ -93,7 +93,7 @@ def test_report_marks_stale_verdicts_and_says_how_to_refresh(tmp_path: Path) -> 
 
 
 def test_refresh_command_names_exactly_what_to_rerun() -> None:
-    from checks.freshness import command
+    from checks.results.freshness import command
 
     assert command(("fi-jit",), ("c1", "c2"), "docker") == "checks run --only c1 --only c2 --probe fi-jit"
     assert command(("a", "b"), ("local-x",), "local") == "checks run --local --probe a --probe b"
@@ -175,7 +175,7 @@ def test_html_escapes_what_probes_wrote(tmp_path: Path) -> None:
 
 
 def test_headline_choices() -> None:
-    """Each probe's headline from the metrics it declares (checks.probe.declared), in the probe's own words first."""
+    """Each probe's headline from the metrics it declares (inenv.probe.declared), in the probe's own words first."""
     d = registry.declarations()
     assert headline({"headline": "fast", "ratio_vs_nccl": {"a": 0.5}}, d["custom-ar"]) == "fast"
     assert headline({"ratio_vs_nccl": {"a": 0.5}}, d["ar-latency"]) == "0.50× NCCL time"
@@ -198,7 +198,7 @@ def test_headline_reads_only_what_the_probe_declares() -> None:
 
 
 def test_cell_headlines_name_their_variant_in_order() -> None:
-    from checks.report import MAX_HEADLINES, labelled_headlines
+    from checks.report.report import MAX_HEADLINES, labelled_headlines
 
     def head(key: str, text: str) -> tuple[str, tuple[tuple[str, str], ...], str]:
         return key, tuple(tuple(p.split("=")) for p in key.split(",")), text  # type: ignore[misc]
@@ -216,10 +216,10 @@ def test_cell_headlines_name_their_variant_in_order() -> None:
 
 def _write_run(results: Path, rows: list[tuple[str, str, str, str, str, str, dict]]) -> None:
     """One run of a no-GPU host: (cell, probe, variant, status, reason code, note, evidence) per variant."""
-    from checks.provenance import Provenance
-    from checks.result import ProbeResult, Verdict
-    from checks.status import Status
-    from checks.store import RunStore
+    from checks.results.provenance import Provenance
+    from checks.results.result import ProbeResult, Verdict
+    from checks.results.store import RunStore
+    from inenv.status import Status
 
     store = RunStore(results, "cpu-0123abcd", "20261130T120000Z-abcd")
     store.write_manifest({"run_id": store.run_id, "host_id": "cpu-0123abcd", "executor": "docker",
@@ -264,7 +264,7 @@ def test_notes_merge_near_duplicates_compress_where_and_say_memlock_once(tmp_pat
     assert sum("max error 0.25 at 64 tokens" in n for n in notes) == 1
     assert "ranks=2,backend=b7" not in md and "ranks=2,backend=b7" not in html  # no variant id list
     assert f"(40 variants: {A}, {B}: ar-latency ×20)" in html
-    from checks.reasons import default
+    from common.reasons import default
 
     nvcc = default().get("fi-no-nvcc")
     assert nvcc is not None and "nvidia-cuda-nvcc" not in md
@@ -279,7 +279,7 @@ def test_notes_merge_near_duplicates_compress_where_and_say_memlock_once(tmp_pat
 
 
 def test_footnote_merging_and_places() -> None:
-    from checks.footnotes import Occurrence, footnotes, places
+    from checks.report.footnotes import Occurrence, footnotes, places
 
     occ = [Occurrence("c", "p", f"v{i}", "skip", "too-few-gpus", f"needs {n} GPUs, host has 1", "")
            for i, n in enumerate((8, 2, 4, 2))]
@@ -300,7 +300,7 @@ def test_footnote_merging_and_places() -> None:
 
 
 def _result(probe: str, status: str, code: dict | None, cell: str = "c1", run: str = "20261201T000000Z-aaaa"):
-    from checks.result import ProbeResult
+    from checks.results.result import ProbeResult
 
     obj = {"schema": "stackprobe.result/2", "run_id": run, "host_id": "h", "cell_id": cell, "probe_id": probe,
            "variant": "ranks=1", "status": status, "reason_code": "", "note": "", "remediation": "", "metrics": {},
@@ -311,7 +311,7 @@ def _result(probe: str, status: str, code: dict | None, cell: str = "c1", run: s
 
 
 def test_verdicts_of_unknown_or_dirty_code_are_marked_with_the_command_that_refreshes_them() -> None:
-    from checks.freshness import refresh_list, staleness
+    from checks.results.freshness import refresh_list, staleness
 
     now = {"inventory": "aaaa"}
     clean = {"version": "0.1.0", "commit": "1796344", "dirty": False, "probe_hash": "aaaa"}
@@ -334,7 +334,7 @@ def test_verdicts_of_unknown_or_dirty_code_are_marked_with_the_command_that_refr
 
 
 def test_a_verdict_proven_without_a_gpu_is_marked_static_in_table_and_summary() -> None:
-    from checks import summary
+    from checks.report import summary
 
     code = {"version": "0.1.0", "commit": "1796344", "dirty": False, "probe_hash": "aaaa"}
     rs = [_result("inventory", "pass", code), _result("fi-jit", "fail", code)]

@@ -33,7 +33,7 @@ SLEEPER = '''"""Sleeps far past any test's time limit: only Slurm or a cancel en
 
 import time
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-slurm-sleep", title="sleeps", feature="Slurm time limit", ranks=(1, 2), needs_gpu=False,
                  timeout_s=900)
@@ -157,7 +157,7 @@ def test_venv_cells_are_the_default_and_run_as_the_local_executor_runs_them(slur
     results = json.loads(p.stdout)
     _same_verdicts(json.loads(local.stdout), results)
     assert {r["cell_id"] for r in results} == {VENV_CELL} and len(results) == 3
-    assert all(r["evidence"]["command"].startswith(f"{sys.executable} -m checks.worker") for r in results)
+    assert all(r["evidence"]["command"].startswith(f"{sys.executable} -m inenv.worker") for r in results)
     [script] = [f for f in (ROOT / ".cache" / "slurm" / results[0]["run_id"]).glob("*/job.sh")
                 if "t-trivial" in (f.parent / "job.json").read_text()]
     text = script.read_text()
@@ -276,7 +276,7 @@ WAITER = '''"""Passes once the file STACKPROBE_TEST_GO names exists; waits for i
 import os
 import time
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-zz-wait", title="waits", feature="resume", ranks=(1,), needs_gpu=False, timeout_s=600)
 
@@ -360,8 +360,8 @@ def test_quick_level_reuse_json_and_the_table_through_slurm(slurm: None, tmp_pat
 
 
 def test_a_slurm_run_takes_the_run_lock_of_its_host(slurm: None, tmp_path: Path) -> None:
-    from checks import hostfacts
-    from checks.store import RunLock
+    from checks.results import hostfacts
+    from checks.results.store import RunLock
 
     host = hostfacts.collect()["host_id"]  # a node of the one-node cluster is this machine
     with RunLock(tmp_path / "r" / host):

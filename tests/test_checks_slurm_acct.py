@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from checks import reasons, slurm_acct, slurm_jobs, slurm_site
-from checks.executor import hard_timeout, worker_args
-from checks.plan import CellTarget, WorkItem
-from checks.probe import ProbeSpec, Variant
-from checks.status import Status
+from checks.run import slurm_acct, slurm_jobs, slurm_site
+from checks.run.executor import hard_timeout, worker_args
+from checks.run.plan import CellTarget, WorkItem
+from common import reasons
+from inenv.probe import ProbeSpec, Variant
+from inenv.status import Status
 
 GOLDEN = Path(__file__).parent / "golden" / "checks" / "slurm"
 CAT = reasons.default()
@@ -149,7 +150,7 @@ def test_container_images_need_pyxis_and_22_05_has_only_oci_bundles() -> None:
 # --- variants into jobs ------------------------------------------------------------------------------------
 def _item(cell: str, probe: str, ranks: int, needs_gpu: bool, share: bool = False, timeout: float = 100,
           decided: bool = False) -> WorkItem:
-    from checks.plan import Decided
+    from checks.run.plan import Decided
 
     spec = ProbeSpec(id=probe, title=probe, feature="f", ranks=(ranks,), needs_gpu=needs_gpu, timeout_s=timeout,
                      distinct_gpus=not share)
@@ -201,7 +202,7 @@ def test_the_node_runs_the_local_executors_worker_command(tmp_path: Path) -> Non
     script = slurm_jobs.batch_script(slurm_jobs.node_command(launch, tmp_path, tmp_path / "j"), tmp_path, "/p1:/p2",
                                      launch.env)
     lines = script.splitlines()
-    assert lines[-1] == f"exec /venvs/c1/bin/python -m checks.slurm_node {tmp_path / 'j'}"
+    assert lines[-1] == f"exec /venvs/c1/bin/python -m checks.run.slurm_node {tmp_path / 'j'}"
     assert "export STACKPROBE_PROBE_PATH=/p1:/p2" in lines and "unset VIRTUAL_ENV" in script
     # the cell's own settings come last, as the local executor applies them over the runner's environment
     assert lines[-3:-1] == ["export PATH=/venvs/c1/bin:/usr/bin", f"export PYTHONPATH={tmp_path}"]
@@ -212,4 +213,4 @@ def test_an_image_runs_through_pyxis_with_the_code_mounted(tmp_path: Path) -> No
                                   tmp_path / "j")
     assert cmd[:3] == ["srun", "--ntasks=1", "--container-image=nvcr.io#nvidia/pytorch:25.01-py3"]
     assert f"--container-mounts={tmp_path}:{tmp_path}:ro,{tmp_path / 'j'}:{tmp_path / 'j'}" in cmd
-    assert shlex.join(cmd).endswith(f"python3 -m checks.slurm_node {tmp_path / 'j'}")
+    assert shlex.join(cmd).endswith(f"python3 -m checks.run.slurm_node {tmp_path / 'j'}")

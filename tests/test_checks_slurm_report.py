@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from checks import manifest
-from checks.plan import CellTarget
-from checks.provenance import Checkout, Provenance
-from checks.report import across_hosts, build_model, generate
-from checks.result import ProbeResult, Verdict
-from checks.status import Status
-from checks.store import RunStore
+from checks.report.report import across_hosts, build_model, generate
+from checks.results import manifest
+from checks.results.provenance import Checkout, Provenance
+from checks.results.result import ProbeResult, Verdict
+from checks.results.store import RunStore
+from checks.run.plan import CellTarget
+from inenv.status import Status
 
 HASH = "0123456789abcdef"
 CURRENT = {"symm-mem": HASH, "nccl-graphs": HASH, "fi-jit": HASH}

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from checks.provenance import Provenance
-from checks.result import SCHEMA_V1, ProbeResult, Verdict
-from checks.status import Status
-from checks.store import RunLock, RunStore, StoreBusy, latest_run, new_run_id, read_file
+from checks.results.provenance import Provenance
+from checks.results.result import SCHEMA_V1, ProbeResult, Verdict
+from checks.results.store import RunLock, RunStore, StoreBusy, latest_run, new_run_id, read_file
+from inenv.status import Status
 from tests.checks_helpers import ROOT
 
 CODE = Provenance("0.1.0", "9d3983a5" * 5, False, "0123456789abcdef")
@@ -34,7 +34,7 @@ def _result(i: int, run_id: str = "r1", pad: int = 0) -> ProbeResult:
 WRITER = """
 import sys
 from pathlib import Path
-from checks.store import RunStore
+from checks.results.store import RunStore
 from tests.test_checks_store import _result
 store = RunStore(Path(sys.argv[1]), "h", sys.argv[2])
 for i in range(int(sys.argv[3])):
@@ -130,7 +130,7 @@ def test_results_record_their_code_and_old_lines_still_read(tmp_path: Path) -> N
 
 def test_run_lock_is_exclusive(tmp_path: Path) -> None:
     with RunLock(tmp_path):
-        holder = subprocess.run([sys.executable, "-c", "from pathlib import Path; from checks.store import RunLock\n"
+        holder = subprocess.run([sys.executable, "-c", "from pathlib import Path; from checks.results.store import RunLock\n"
                                  f"with RunLock(Path({str(tmp_path)!r})): pass"], cwd=ROOT, capture_output=True,
                                 text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert holder.returncode != 0 and "StoreBusy" in holder.stderr and "another `checks run`" in holder.stderr

@@ -18,13 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from checks import atomic, hostfacts, memlock
-from checks.freshness import command
-from checks.provenance import Provenance
-from checks.report import generate
-from checks.result import ProbeResult, Verdict
-from checks.status import Status
-from checks.store import RunLock, RunStore, read_file
+from checks.report.report import generate
+from checks.results import hostfacts
+from checks.results.freshness import command
+from checks.results.provenance import Provenance
+from checks.results.result import ProbeResult, Verdict
+from checks.results.store import RunLock, RunStore, read_file
+from common import memlock
+from inenv import atomic
+from inenv.status import Status
 from tests.checks_helpers import ROOT, fixture_env
 
 HOST = "cpu-0123abcd"
@@ -317,7 +319,7 @@ def test_notes_and_names_cannot_inject_into_the_documents(tmp_path: Path) -> Non
     assert note.count("|") == note.count("\\|") == 1 and "\\`code\\`" in note and "&lt;script" in note
     table_rows = [ln for ln in md.splitlines() if ln.startswith(f"| `{CELLS[0]}`")]
     assert all(r.count(" | ") == table_rows[0].count(" | ") for r in table_rows)
-    from checks.report import link, md_text
+    from checks.report.report import link, md_text
 
     assert link("javascript:alert(1)/x.jsonl") == "javascript%3Aalert%281%29/x.jsonl"
     assert md_text("|`<") == "\\|\\`&lt;"
@@ -331,7 +333,7 @@ def _shell_words(line: str, cwd: Path) -> list[str]:
 
 
 def test_pasted_commands_and_settings_are_shell_quoted(tmp_path: Path) -> None:
-    from checks import shellwords
+    from checks.report import shellwords
 
     cell = "cu130-$(touch pwned)-x;touch pwned2"
     line = command(("fi-jit",), (cell,), "docker")
@@ -356,8 +358,8 @@ def test_a_crafted_algo_in_a_result_never_reaches_advise(tmp_path: Path) -> None
 
 # --- ids -------------------------------------------------------------------------------------------------
 def test_id_grammars_accept_every_committed_id_and_refuse_crafted_ones() -> None:
-    from checks import ids
-    from checks.store import scan
+    from checks.results import ids
+    from checks.results.store import scan
 
     found, warnings = scan(ROOT / "results")
     assert found and warnings == []

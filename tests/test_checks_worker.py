@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from checks.probe import RESULT_MARKER, Variant
-from checks.worker import device_for, module_available, rank_env
+from inenv.probe import RESULT_MARKER, Variant
+from inenv.worker import device_for, module_available, rank_env
 from tests.checks_helpers import ROOT, fixture_env, pids_with_env, run_worker
 
 
@@ -109,7 +109,7 @@ def test_skips_without_launching() -> None:
 
 
 def _worker_result(probe: str, variant: dict | None, *args: str) -> dict:
-    cmd = [sys.executable, "-m", "checks.worker", "--probe", probe, *args]
+    cmd = [sys.executable, "-m", "inenv.worker", "--probe", probe, *args]
     if variant is not None:
         cmd += ["--variant", json.dumps(variant)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=fixture_env(), cwd=ROOT, timeout=120)
@@ -143,7 +143,7 @@ def test_ranks_sharing_a_gpu_are_refused_for_a_probe_that_needs_one_each() -> No
 
 
 def test_unknown_probe_suggests_and_exits_2() -> None:
-    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--probe", "t-trival"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "inenv.worker", "--probe", "t-trival"], capture_output=True,
                           text=True, env=fixture_env(), cwd=ROOT)
     assert proc.returncode == 2
     assert "did you mean 't-trivial'" in proc.stderr
@@ -156,13 +156,13 @@ def test_a_broken_probe_module_does_not_stop_the_others(tmp_path) -> None:  # ty
     env["STACKPROBE_PROBE_PATH"] += ":" + str(tmp_path)
     result, _ = run_worker("t-trivial", env=env)
     assert result["status"] == "pass"
-    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--probe", "t-nope"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "inenv.worker", "--probe", "t-nope"], capture_output=True,
                           text=True, env=env, cwd=ROOT)
     assert proc.returncode == 2 and "t_broken.py: cannot import probe module" in proc.stderr
 
 
 def test_inspect_prints_versions() -> None:
-    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--inspect"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "inenv.worker", "--inspect"], capture_output=True, text=True,
                           env=fixture_env(), cwd=ROOT, timeout=120)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARKER)]
     info = json.loads(line[0][len(RESULT_MARKER):])
@@ -180,7 +180,7 @@ def test_device_assignment() -> None:
 
 
 def test_rank_env_exports_and_unsets_variant_env() -> None:
-    from checks.registry import ProbeLocation
+    from inenv.registry import ProbeLocation
 
     v = Variant("x", 2, params=(("env.NCCL_ALGO", "Tree"), ("env.NCCL_DEBUG", ""), ("mode", "graph")))
     env = rank_env({"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0,1"}, v, ProbeLocation("x", "m"),
@@ -220,7 +220,7 @@ _KERNEL_DUMP = '''Current thread 0x00007ffa59aeb140 (most recent call first):
 def test_a_watchdog_firing_inside_a_jit_build_is_not_run_not_hang() -> None:
     from types import SimpleNamespace
 
-    from checks.worker import LaunchResult, merge, ranks_in_jit_build
+    from inenv.worker import LaunchResult, merge, ranks_in_jit_build
 
     assert ranks_in_jit_build({"rank0": _JIT_DUMP, "rank1": _KERNEL_DUMP}) == ["rank0"]
     assert ranks_in_jit_build({"rank0": "no stack dump at all"}) == []

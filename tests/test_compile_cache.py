@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from checks.container import COMPILE_CACHE_MOUNT, DockerExecutor
-from checks.executor import DEFAULT_COMPILE_CACHE, LocalExecutor, compile_cache_dir, for_run, run_env
-from checks.probes import _compile_cache as cc
+from checks.run.container import COMPILE_CACHE_MOUNT, DockerExecutor
+from checks.run.executor import DEFAULT_COMPILE_CACHE, LocalExecutor, compile_cache_dir, for_run, run_env
+from inenv.kit import _compile_cache as cc
 from provision import prune
 
 NINJA = """ninja_required_version = 1.3

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from checks.probes import _compile_cache as cc
-from checks.probes import _fi_build, _fi_prebuild, fi_jit
-from checks.probes import _flashinfer as fi
+from inenv.kit import _compile_cache as cc
+from inenv.kit import _fi_build, _fi_prebuild
+from inenv.kit import _flashinfer as fi
+from inenv.probes import fi_jit
 from tests.test_compile_cache import NINJA, _key, _site
 
 
@@ -159,10 +160,10 @@ def test_a_published_library_is_where_flashinfer_reads_aot_modules(tmp_path: Pat
 
 def test_a_gpu_variant_that_will_compile_says_so_when_it_starts(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from checks import runprogress
-    from checks.plan import CellTarget, WorkItem
-    from checks.probe import Variant
-    from checks.probes import fi_fusion, pcie_ipc
+    from checks.run import runprogress
+    from checks.run.plan import CellTarget, WorkItem
+    from inenv.probe import Variant
+    from inenv.probes import fi_fusion, pcie_ipc
 
     cell = CellTarget("cu130-fi0.7.4", "resolved", versions={"flashinfer": "0.7.4"})
     fusion = WorkItem(cell, fi_fusion.SPEC, Variant("fi-fusion", 2, (("placement", "1gpu"),), True), 60.0)

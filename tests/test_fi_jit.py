@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.probes import fi_jit
+from inenv.probes import fi_jit
 
 ROOT = Path(__file__).resolve().parents[1]
 NVCC = "/usr/local/cuda/bin/nvcc"
@@ -243,7 +243,7 @@ def _fi_jit(site: Path, arch: str, cache: Path, module: str = "vllm_comm", **env
     run_env = {**base, "PATH": f"{bindir}{os.pathsep}{base['PATH']}", "CUDA_VISIBLE_DEVICES": "",
                "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "STACKPROBE_JIT_CACHE": str(cache), **env}
     variant = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", module], ["arch", arch]]}
-    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--probe", "fi-jit", "--variant",
+    proc = subprocess.run([sys.executable, "-m", "inenv.worker", "--probe", "fi-jit", "--variant",
                            json.dumps(variant), "--gpus", "0"], cwd=ROOT, env=run_env, capture_output=True,
                           text=True, timeout=300)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@STACKPROBE-RESULT@@")]

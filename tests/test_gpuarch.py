@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from checks import gpuarch
-from checks.probe import HostView
-from checks.probes import fi_jit
+from inenv import gpuarch
+from inenv.probe import HostView
+from inenv.probes import fi_jit
 
 ROOT = Path(__file__).resolve().parents[1]
 

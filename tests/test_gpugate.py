@@ -1,4 +1,4 @@
-"""The GPU gate (checks.gpugate), for real: the lock between workers, ranks that start and preload while
+"""The GPU gate (inenv.gpugate), for real: the lock between workers, ranks that start and preload while
 another variant holds the GPUs and run only once they are theirs, a worker that never gets the GPUs, the
 runner starting the next GPU variant ahead, and durations that leave out the wait."""
 
@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from checks import classify, gpugate, reasons, worker
-from checks.executor import LocalExecutor, for_run, hard_timeout, worker_args
-from checks.isolate import ProcessOutcome
-from checks.plan import CellTarget, Decided, WorkItem
-from checks.probe import ProbeSpec, Variant
-from checks.runner import pick
-from checks.status import Status
+from checks.run import classify
+from checks.run.executor import LocalExecutor, for_run, hard_timeout, worker_args
+from checks.run.isolate import ProcessOutcome
+from checks.run.plan import CellTarget, Decided, WorkItem
+from checks.run.runner import pick
+from common import reasons
+from inenv import gpugate, worker
+from inenv.probe import ProbeSpec, Variant
+from inenv.status import Status
 from tests.checks_helpers import ROOT, pids_with_env, run_worker
 from tests.test_worker_floor import FLOOR_FIXTURES, floor_env
 
@@ -73,7 +75,7 @@ def test_ranks_hold_until_the_gate_opens_and_go_when_their_worker_dies(tmp_path:
     for how in ("open", "die"):
         gate = gpugate.Gate(str(tmp_path / f"{how}.lock"))
         fd = gate.rank_fd()
-        code = ("import os, time, sys; from checks import gpugate; t = time.time(); "
+        code = ("import os, time, sys; from inenv import gpugate; t = time.time(); "
                 "gpugate.wait_for_go(dict(os.environ)); print(time.time() - t)")
         rank = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT),
                                 gpugate.GO_FD_ENV: str(fd)}, pass_fds=(fd,), stdout=subprocess.PIPE, text=True)
@@ -185,13 +187,13 @@ def test_pick_starts_the_next_gpu_variant_ahead_in_plan_order_only() -> None:
 
 def test_the_runner_starts_gpu_variants_ahead_and_they_take_turns(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from checks.options import RunOptions
-    from checks.plan import plan_work
-    from checks.probe import HostView
-    from checks.provenance import checkout, probe_hashes
-    from checks.registry import discover
-    from checks.runner import Work, execute
-    from checks.store import RunStore
+    from checks.results.provenance import checkout, probe_hashes
+    from checks.results.store import RunStore
+    from checks.run.options import RunOptions
+    from checks.run.plan import plan_work
+    from checks.run.runner import Work, execute
+    from inenv.probe import HostView
+    from inenv.registry import discover
 
     env = gate_env(tmp_path, "run", 1.0)
     for name in ("STACKPROBE_PROBE_PATH", "PYTHONPATH", "STACKPROBE_TEST_GATE_LOG", "STACKPROBE_TEST_TAG",

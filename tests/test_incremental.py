@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from checks import incremental
-from checks.plan import CellTarget, WorkItem
-from checks.probe import FULL, QUICK, ProbeSpec, Variant
-from checks.provenance import Provenance
-from checks.result import ProbeResult, Verdict
-from checks.status import Status
-from checks.store import read_file
+from checks.results import incremental
+from checks.results.provenance import Provenance
+from checks.results.result import ProbeResult, Verdict
+from checks.results.store import read_file
+from checks.run.plan import CellTarget, WorkItem
+from inenv.probe import FULL, QUICK, ProbeSpec, Variant
+from inenv.status import Status
 from tests.checks_helpers import ROOT
 
 COUNT_ENV = "STACKPROBE_TEST_COUNT"  # the file a counting probe appends one line to per run of a variant
@@ -31,7 +31,7 @@ COUNTING = '''"""Passes, and appends its variant to the file STACKPROBE_TEST_COU
 
 import os
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="{pid}", title="{pid}", feature="incremental runs", ranks={ranks}, needs_gpu=False,
                  timeout_s=60)
@@ -46,7 +46,7 @@ def run(ctx: RankContext) -> dict:
 
 DECIDED = '''"""Decided at plan time: its one variant is a planned skip, never launched."""
 
-from checks.probe import ProbeSpec, RankContext, Skip, Variant
+from inenv.probe import ProbeSpec, RankContext, Skip, Variant
 
 SPEC = ProbeSpec(id="t-decided", title="t-decided", feature="incremental runs", ranks=(1,), needs_gpu=False,
                  timeout_s=60)
@@ -65,7 +65,7 @@ HANGS_ONCE = '''"""Hangs (the worker's watchdog fires) the first time, passes af
 import os
 import time
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-hangs-once", title="hangs once", feature="incremental runs", ranks=(1,), needs_gpu=False,
                  timeout_s=3)
@@ -231,11 +231,11 @@ def test_results_of_a_dirty_checkout_and_hangs_are_never_reused(tmp_path: Path) 
     assert {r["probe_id"]: r["status"] for r in second}["t-hangs-once"] == "pass"
 
     # an edit under checks/ makes the checkout dirty: what it makes is never reused
-    status = c.root / "checks" / "status.py"
+    status = c.root / "inenv" / "status.py"
     status.write_text(status.read_text() + "# an edit in progress\n")
     made = json.loads(c.run("--fresh").stdout)
     assert {r["code"]["dirty"] for r in made} == {True} and len(c.ran()) == 4
-    subprocess.run(["git", "-C", str(c.root), "checkout", "--", "checks/status.py"], check=True)
+    subprocess.run(["git", "-C", str(c.root), "checkout", "--", "inenv/status.py"], check=True)
     again = json.loads(c.run().stdout)
     assert len(c.ran()) == 4 and not any("reused_from" in r["evidence"] for r in again)
     assert {r["code"]["dirty"] for r in again} == {False}

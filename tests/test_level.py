@@ -10,22 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from checks import reasons
-from checks.executor import LocalExecutor
-from checks.options import RunOptions
-from checks.plan import CellTarget, plan_work
-from checks.probe import FULL, LEVEL_ENV, QUICK, HostView
-from checks.probes import fi_jit, pcie_ipc
-from checks.provenance import checkout, probe_hashes
-from checks.registry import discover
-from checks.runner import Work, execute
-from checks.store import RunStore, read_file
+from checks.results.provenance import checkout, probe_hashes
+from checks.results.store import RunStore, read_file
+from checks.run.executor import LocalExecutor
+from checks.run.options import RunOptions
+from checks.run.plan import CellTarget, plan_work
+from checks.run.runner import Work, execute
+from common import reasons
+from inenv.probe import FULL, LEVEL_ENV, QUICK, HostView
+from inenv.probes import fi_jit, pcie_ipc
+from inenv.registry import discover
 from tests.checks_helpers import fixture_env
 from tests.test_incremental import ALL, Checkout
 
 SIZES = '''"""Needs the GPU; reports the message sizes its rank would measure at the run's level."""
 
-from checks.probe import HostView, ProbeSpec, RankContext, Variant, at_level, outcome
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, outcome
 
 SPEC = ProbeSpec(id="t-sizes", title="sizes", feature="levels", ranks=(1,), needs_gpu=True, timeout_s=60)
 

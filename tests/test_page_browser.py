@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from checks.report import generate
+from checks.report.report import generate
 from tests.checks_helpers import ROOT
 
 ARTIFACTS = ROOT / ".cache" / "ci-artifacts"

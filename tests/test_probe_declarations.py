@@ -1,4 +1,4 @@
-"""What probes declare about their records (checks.probe.declared), how the host reads results through it, and
+"""What probes declare about their records (inenv.probe.declared), how the host reads results through it, and
 the parsed variant and cell a ProbeResult carries."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from checks import registry
-from checks.probe import DECLARED_MARK, Declared, Role, declared
-from checks.provenance import hashed_bytes, source_hash
-from checks.result import ProbeResult, Verdict
-from checks.status import Status
+from checks.results.provenance import hashed_bytes, source_hash
+from checks.results.result import ProbeResult, Verdict
+from inenv import registry
+from inenv.probe import DECLARED_MARK, Declared, Role, declared
+from inenv.status import Status
 from tests.checks_helpers import ROOT
 
 
@@ -110,7 +110,7 @@ def test_the_json_of_a_result_is_what_it_was() -> None:
 
 
 def test_cell_and_image_states_are_enums_spelled_in_the_manifest() -> None:
-    from checks.plan import CellState, CellTarget, ImageState
+    from checks.run.plan import CellState, CellTarget, ImageState
 
     cell = CellTarget("cu130-x", "resolved", image="img", image_status="built")
     assert cell.status is CellState.RESOLVED and cell.image_status is ImageState.BUILT

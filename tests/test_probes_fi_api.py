@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.probes import _api, _device
+from inenv.kit import _api, _device
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = ROOT / "tests" / "fake_flashinfer"
@@ -41,7 +41,7 @@ def _json(proc: subprocess.CompletedProcess[str]) -> dict:
 
 DETECT = """
     import json
-    from checks.probes import _api, _fi_moe, _fi_pcie
+    from inenv.kit import _api, _fi_moe, _fi_pcie
     out = {}
     for name, found in (("moe", _fi_moe.detect()), ("pcie", _fi_pcie.detect("all-reduce"))):
         out[name] = found.outcome() if isinstance(found, _api.ApiUnknown) else found.name
@@ -76,7 +76,7 @@ def test_each_generation_is_found_by_its_names(version_dir: str, moe: str, pcie_
 
 
 def test_a_module_that_is_there_but_breaks_on_import_is_not_an_unknown_api() -> None:
-    proc = _python("fi07broken", "from checks.probes import _fi_moe; print(_fi_moe.detect())")
+    proc = _python("fi07broken", "from inenv.kit import _fi_moe; print(_fi_moe.detect())")
     assert proc.returncode != 0
     assert "No module named 'cutlass_dsl_that_is_not_installed'" in proc.stderr
 
@@ -136,7 +136,8 @@ def _delivered(rank: int, ep: int, tpr: int, hidden: int, route: list[list[int]]
     padding rows with every expert id invalid."""
     import torch
 
-    from checks.probes import _fi_moe, ep_a2a
+    from inenv.kit import _fi_moe
+    from inenv.probes import ep_a2a
 
     ids = torch.zeros(ep, tpr, dtype=torch.int32)
     hid = torch.zeros(ep, tpr, hidden, dtype=torch.bfloat16)
@@ -152,7 +153,8 @@ def _delivered(rank: int, ep: int, tpr: int, hidden: int, route: list[list[int]]
 
 def test_probe_check_flags_every_kind_of_wrong_delivery() -> None:
     torch = pytest.importorskip("torch")
-    from checks.probes import _fi_moe, ep_a2a
+    from inenv.kit import _fi_moe
+    from inenv.probes import ep_a2a
 
     ep, tpr, hidden, rank = 4, 5, 16, 1
     route = ep_a2a.routing(ep, tpr)
@@ -195,8 +197,8 @@ def test_ep_a2a_on_a_flashinfer_without_either_api_is_skip_not_fail(tmp_path: Pa
     code = f"""
         import json
         from pathlib import Path
-        from checks.probe import RankContext, Variant
-        from checks.probes import ep_a2a
+        from inenv.probe import RankContext, Variant
+        from inenv.probes import ep_a2a
         params = (("mode", "sim"), ("ep", "2")) if {mode!r} == "sim" else (("mode", "gpus"),)
         ctx = RankContext(0, 1 if {mode!r} == "sim" else 2, 0, 0, Variant("ep-a2a", 1, params), Path({str(tmp_path)!r}))
         print(json.dumps(ep_a2a.run(ctx)))
@@ -211,7 +213,8 @@ SIMULATE = """
     import json
     import torch
     import _a2a_fabric as fab
-    from checks.probes import _fi_moe, ep_a2a
+    from inenv.kit import _fi_moe
+    from inenv.probes import ep_a2a
     api = _fi_moe.detect()
     out = {}
     for ep in (2, 8):
@@ -241,7 +244,8 @@ REFUSED = """
     import json
     import torch
     import _a2a_fabric as fab
-    from checks.probes import _fi_moe, ep_a2a
+    from inenv.kit import _fi_moe
+    from inenv.probes import ep_a2a
     api = _fi_moe.detect()
     ep, tpr = 2, 4
     route = ep_a2a.routing(ep, tpr)
@@ -314,7 +318,8 @@ HANGS = """
     import json
     import torch
     import _a2a_fabric as fab
-    from checks.probes import _device, _fi_moe, ep_a2a
+    from inenv.kit import _device, _fi_moe
+    from inenv.probes import ep_a2a
 
     class NeverDone(fab.Lanes):
         def wait(self, deadline_s):
@@ -343,15 +348,15 @@ RECORDED_HUNG_TRACEBACK = (
     "    _device.wait_device(60)\n"
     '  File "/work/main/checks/probes/_device.py", line 30, in wait_device\n'
     '    raise Hung(f"device work not finished after {deadline_s:.0f} s")\n'
-    "checks.probes._device.Hung: device work not finished after 60 s\n"
+    "inenv.kit._device.Hung: device work not finished after 60 s\n"
 )
 
 
 def test_a_hung_that_escapes_a_probe_is_device_work_hung_not_unknown_error() -> None:
-    from checks import reasons
-    from checks.classify import annotate
-    from checks.result import Verdict
-    from checks.status import Status
+    from checks.results.result import Verdict
+    from checks.run.classify import annotate
+    from common import reasons
+    from inenv.status import Status
 
     cat = reasons.default()
     v = annotate(Verdict(Status.FAIL, note=RECORDED_HUNG_NOTE, evidence={"traceback": RECORDED_HUNG_TRACEBACK}), cat)
@@ -361,8 +366,8 @@ def test_a_hung_that_escapes_a_probe_is_device_work_hung_not_unknown_error() -> 
 
 
 def test_a_hang_inside_a_lockstep_step_keeps_its_own_reason() -> None:
-    from checks.probes import ep_a2a
-    from checks.probes._errors import error_tail
+    from inenv.kit._errors import error_tail
+    from inenv.probes import ep_a2a
 
     hung = error_tail(_device.Hung(f"{_device.HUNG_WORDS} 60 s"))
     assert ep_a2a._a2a_error(hung) == "device-work-hung"

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from checks.probe import HostView, Variant
-from checks.probes import _fatbin, _fi_build, custom_ar, ep_a2a, fi_fusion, fi_jit
-from checks.probes import _flashinfer as fi
+from inenv.kit import _fatbin, _fi_build
+from inenv.kit import _flashinfer as fi
+from inenv.probe import HostView, Variant
+from inenv.probes import custom_ar, ep_a2a, fi_fusion, fi_jit
 
 ROOT = Path(__file__).resolve().parents[1]
 NVCC = "/usr/local/cuda/bin/nvcc"
@@ -25,8 +26,8 @@ FLASHINFER = "0.6.18"
 
 def test_probe_modules_import_without_torch() -> None:
     code = (
-        "import sys; import checks.probes.inventory, checks.probes.fi_jit, checks.probes.fi_fusion, "
-        "checks.probes.custom_ar, checks.probes.ep_a2a, checks.probes._fi_build, checks.toolkit; "
+        "import sys; import inenv.probes.inventory, inenv.probes.fi_jit, inenv.probes.fi_fusion, "
+        "inenv.probes.custom_ar, inenv.probes.ep_a2a, inenv.kit._fi_build, inenv.toolkit; "
         "print(sorted(m for m in ('torch', 'flashinfer', 'sgl_kernel') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -149,7 +150,7 @@ def test_link_through_a_wrapper_nvcc_names_cuda_home_not_the_driver_stub(tmp_pat
     """A wrapper script ``<dir>/bin/nvcc`` that execs the real nvcc: flashinfer takes ``<dir>`` as CUDA_HOME, so
     the real link misses libcudart as well as libcuda, and the verdict must send the user to CUDA_HOME rather
     than to a GPU host. Linked against the real toolkit root, only libcuda (no stub here) is missing."""
-    from checks import toolkit
+    from inenv import toolkit
 
     wrapper = tmp_path / "wrap" / "bin" / "nvcc"
     wrapper.parent.mkdir(parents=True)
@@ -173,7 +174,7 @@ def test_link_through_a_wrapper_nvcc_names_cuda_home_not_the_driver_stub(tmp_pat
 
 
 def fi_jit_remediation(code: str) -> str:
-    from checks import reasons
+    from common import reasons
 
     return reasons.default().get(code).remediation
 
@@ -241,7 +242,7 @@ def test_ep_routing_two_distinct_experts_and_exact_checks() -> None:
     route = ep_a2a.routing(ep, tpr)
     assert all(len(set(c)) == 2 and all(0 <= e < ep * ep_a2a.EXPERTS_PER_RANK for e in c) for c in route)
     # What a correct dispatch delivers to each rank passes; a corrupted copy does not.
-    from checks.probes._fi_moe import Received
+    from inenv.kit._fi_moe import Received
     from tests.test_probes_fi_api import _delivered
 
     for rank in range(ep):
@@ -260,7 +261,7 @@ def test_ep_routing_two_distinct_experts_and_exact_checks() -> None:
 
 def test_fusion_reference_and_untouched_output() -> None:
     torch = pytest.importorskip("torch")
-    from checks.probes import _data
+    from inenv.kit import _data
 
     shape = (4, fi_fusion.HIDDEN)
     total = _data.pattern_sum(shape, 2, 0)
@@ -277,7 +278,7 @@ def test_fusion_reference_and_untouched_output() -> None:
 # --- real runs through the worker, without a GPU ----------------------------------------------------------
 def _worker(python: str, probe: str, variant: dict, env: dict[str, str], timeout: float = 900) -> dict:
     proc = subprocess.run(
-        [python, "-m", "checks.worker", "--probe", probe, "--variant", json.dumps(variant), "--gpus", "0"],
+        [python, "-m", "inenv.worker", "--probe", probe, "--variant", json.dumps(variant), "--gpus", "0"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -313,7 +314,7 @@ Error details from previous import attempts:
 
 
 def test_inventory_names_the_loader_line_of_an_sgl_kernel_import_failure() -> None:
-    from checks.probes import inventory
+    from inenv.probes import inventory
 
     line = inventory.import_error_line(SGL_REPORT)
     assert line.endswith("common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEa")
@@ -508,7 +509,7 @@ def test_fi_jit_real_arch_12_0_is_sm_120f_and_a_rerun_is_cached(fi_python: str, 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build small shared objects")
 def test_elf_linkage_tells_a_kept_libcuda_dependency_from_a_dropped_one(tmp_path: Path) -> None:
-    from checks.probes import _elf
+    from inenv.kit import _elf
 
     src = tmp_path / "mod.c"
     src.write_text(
@@ -550,8 +551,8 @@ def test_unresolved_driver_calls_and_load_failure_are_fail() -> None:
 def _stop_worker(rank: int, world: int, init_file: str, queue: object) -> None:
     import torch.distributed as dist
 
-    from checks.probe import outcome
-    from checks.probes._lockstep import stop_together
+    from inenv.kit._lockstep import stop_together
+    from inenv.probe import outcome
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     first = stop_together(None)

@@ -1,4 +1,4 @@
-"""The installed-metadata judge (checks/probes/_installed.py) and what inventory makes of it: its small PEP 440 /
+"""The installed-metadata judge (inenv/kit/_installed.py) and what inventory makes of it: its small PEP 440 /
 PEP 508 evaluator against the `packaging` library, and real environments made by uv from wheels built here
 (a wheel pinning another release of torch, two wheels owning the same files, an extension of another Python)
 and, where the index or uv's cache has them, the real cuda-python 12.6.2.post1 and cuda-bindings 13.5.0."""
@@ -18,7 +18,8 @@ from packaging.markers import Marker
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from checks.probes import _installed, inventory
+from inenv.kit import _installed
+from inenv.probes import inventory
 from provision import installer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +88,7 @@ def venv_with(tmp: Path, wheels: list[Path]) -> Path:
     return venv / "bin" / "python"
 
 
-FINDINGS = ("import json, sys; from checks.probes import _installed, inventory; snap = _installed.snapshot(); "
+FINDINGS = ("import json, sys; from inenv.kit import _installed; from inenv.probes import inventory; snap = _installed.snapshot(); "
             "print(json.dumps({'snap': snap, 'findings': inventory.metadata_findings(snap), "
             "'packaging_loaded': 'packaging' in sys.modules}))")
 

@@ -50,7 +50,7 @@ def _site(tmp_path: Path, calls: list[str], stubs: list[Path] = (), extra: str =
 
 def _inventory(site: Path) -> dict:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
-    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--probe", "inventory"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "inenv.worker", "--probe", "inventory"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@STACKPROBE-RESULT@@")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -98,7 +98,7 @@ def test_inventory_tells_a_missing_driver_function_from_a_torch_abi_break(tmp_pa
 
 
 def test_inventory_lists_what_the_image_removed(tmp_path: Path) -> None:
-    from checks.probes import inventory
+    from inenv.probes import inventory
     from provision.render import KERNEL_UNUSED, SITE, removed
 
     listed = tmp_path / "removed"

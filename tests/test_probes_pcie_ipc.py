@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from checks.probe import HostView
-from checks.probes import pcie_ipc
+from inenv.probe import HostView
+from inenv.probes import pcie_ipc
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = ROOT / "tests" / "fake_flashinfer"
@@ -52,7 +52,7 @@ def test_shared_variants_only_where_the_host_lacks_gpus(gpus: int, shared: list[
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_reference_is_what_every_rank_must_get(op: str, world: int) -> None:
     torch = pytest.importorskip("torch")
-    from checks.probes import _data
+    from inenv.kit import _data
 
     case = pcie_ipc.Case(2, 16)
     in_shape, out_shape = pcie_ipc.shapes(op, case, world)
@@ -132,8 +132,8 @@ def test_run_on_a_flashinfer_without_pcie_ipc_is_skip_not_fail(tmp_path: Path) -
     code = f"""
 import json
 from pathlib import Path
-from checks.probe import RankContext, Variant
-from checks.probes import pcie_ipc
+from inenv.probe import RankContext, Variant
+from inenv.probes import pcie_ipc
 ctx = RankContext(0, 2, 0, None, Variant("pcie-ipc", 2, (("op", "all-reduce"),)), Path({str(tmp_path)!r}))
 print(json.dumps(pcie_ipc.run(ctx)))
 """

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from checks import gpugate
-from checks.probe import Variant
-from checks.probes import _fi_pcie, ar_latency, pcie_ipc
+from inenv import gpugate
+from inenv.kit import _fi_pcie
+from inenv.probe import Variant
+from inenv.probes import ar_latency, pcie_ipc
 from tests.checks_helpers import fixture_env, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ def _in(site: Path, code: str) -> dict:
 
 _BOTH = """
 import json
-from checks.probes import _api, _fi_pcie
+from inenv.kit import _api, _fi_pcie
 out = {}
 for op in _fi_pcie.OPS:
     pre = _fi_pcie.unknown_without_import(op)
@@ -99,7 +100,7 @@ def test_an_extension_module_beside_the_attribute_is_left_to_the_ranks(tmp_path:
     # Names an extension module provides are spelt in no Python source: the files cannot tell.
     site = _fake(tmp_path, "from flashinfer.comm._native import *\n", "def get_pcie_ipc_launch_config(): ...\n")
     (site / "flashinfer" / "comm" / "_native.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
-    assert _in(site, "import json\nfrom checks.probes import _fi_pcie\n"
+    assert _in(site, "import json\nfrom inenv.kit import _fi_pcie\n"
                "print(json.dumps([_fi_pcie.unknown_without_import(op) is None for op in _fi_pcie.OPS]))") \
         == [True, True, True]
 
@@ -124,8 +125,8 @@ def test_the_probes_preflight_only_their_flashinfer_variants(monkeypatch: pytest
 
 _MISSING = """
 import json
-from checks.probe import Variant
-from checks.probes import ar_latency, custom_ar
+from inenv.probe import Variant
+from inenv.probes import ar_latency, custom_ar
 v = lambda probe, **params: Variant(probe, 2, tuple(params.items()))
 print(json.dumps({"fi": custom_ar.preflight(v("custom-ar", impl="flashinfer")),
                   "sgl": custom_ar.preflight(v("custom-ar", impl="sgl_kernel")),
@@ -157,7 +158,7 @@ def test_a_variant_decided_before_launch_takes_no_turn_on_the_gpus(tmp_path: Pat
 # --- exact checks where the data lives -------------------------------------------------------------------------
 def test_equal_exactly_and_check_exact_agree() -> None:
     torch = pytest.importorskip("torch")
-    from checks.probes import _data
+    from inenv.kit import _data
 
     ref = _data.pattern_sum((4, 16), 4, 3, dtype=torch.float64)
     out = ref.to(torch.bfloat16)

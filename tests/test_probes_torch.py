@@ -17,22 +17,10 @@ from types import ModuleType
 
 import pytest
 
-from checks.probe import RESULT_MARKER, HostView, RankContext, Variant
-from checks.probes import (
-    _data,
-    _dist,
-    _errors,
-    _nccllog,
-    _timing,
-    ar_latency,
-    custom_ar,
-    ep_a2a,
-    fi_fusion,
-    nccl_graphs,
-    pcie_ipc,
-    symm_mem,
-)
-from checks.worker import skip_reason
+from inenv.kit import _data, _dist, _errors, _nccllog, _timing
+from inenv.probe import RESULT_MARKER, HostView, RankContext, Variant
+from inenv.probes import ar_latency, custom_ar, ep_a2a, fi_fusion, nccl_graphs, pcie_ipc, symm_mem
+from inenv.worker import skip_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
@@ -153,8 +141,8 @@ def _free_port() -> int:
 _GLOO_RANK = r"""
 import json, os, sys, time
 from pathlib import Path
-from checks.probe import RankContext, Variant
-from checks.probes import _data, _dist, _timing
+from inenv.probe import RankContext, Variant
+from inenv.kit import _data, _dist, _timing
 import torch, torch.distributed as dist
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 ctx = RankContext(rank, world, rank, None, Variant("t", world), Path(sys.argv[1]))
@@ -168,8 +156,8 @@ agree_one = _dist.agree(rank != 1)
 timing = _timing.timed_across_ranks(lambda: time.sleep(0.005 + 0.02 * (rank == 1)), 5, 1,
                                   barrier=lambda: dist.barrier())
 # lockstep: a step that fails on one rank stops every rank with the worst early outcome
-from checks.probe import outcome
-from checks.probes._lockstep import Lockstep, Stopped
+from inenv.probe import outcome
+from inenv.kit._lockstep import Lockstep, Stopped
 lock = Lockstep(rank, None, {"base": 1})
 steps = {}
 with lock.step("first", "c-first"):
@@ -547,7 +535,7 @@ def test_run_without_a_gpu_skips_before_touching_torch_distributed(module: objec
 def test_worker_reports_skip_for_gpu_probes_on_a_host_without_gpus(probe: str, params: list[list[str]]) -> None:
     variant = json.dumps({"probe_id": probe, "ranks": 2, "params": params})
     proc = subprocess.run(
-        [sys.executable, "-m", "checks.worker", "--probe", probe, "--variant", variant, "--gpus", "0"],
+        [sys.executable, "-m", "inenv.worker", "--probe", probe, "--variant", variant, "--gpus", "0"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -571,7 +559,7 @@ def test_worst_verdict() -> None:
 _DIRECT_RANK = r"""
 import json, os, sys
 import torch, torch.distributed as dist
-from checks.probes import _nccl
+from inenv.kit import _nccl
 dist.init_process_group("gloo", rank=0, world_size=1)
 out = {"library": _nccl.loaded_library(), "gpu": torch.cuda.is_available()}
 try:
@@ -684,7 +672,7 @@ def test_planned_variants_respect_the_declared_ranks_and_gpus(module: ModuleType
 
 
 def test_probe_spec_rejects_default_world_sizes_below_its_minimum() -> None:
-    from checks.probe import ProbeSpec
+    from inenv.probe import ProbeSpec
 
     with pytest.raises(ValueError, match="below min_ranks"):
         ProbeSpec(id="x", title="x", feature="x", ranks=(1, 2), min_ranks=2)
@@ -694,11 +682,11 @@ def test_probe_spec_rejects_default_world_sizes_below_its_minimum() -> None:
 
 @needs_torch
 def test_worker_by_hand_with_one_rank_does_not_pass_nccl_graphs() -> None:
-    """`python -m checks.worker --probe nccl-graphs --variant '{... "ranks": 1}'` on a host with a GPU: no
+    """`python -m inenv.worker --probe nccl-graphs --variant '{... "ranks": 1}'` on a host with a GPU: no
     rank starts, the result is `skip` with the reason, never a `pass` of four ops over one rank."""
     variant = json.dumps({"probe_id": "nccl-graphs", "ranks": 1, "params": [["algo", "Ring"]]})
     proc = subprocess.run(
-        [sys.executable, "-m", "checks.worker", "--probe", "nccl-graphs", "--variant", variant, "--gpus", "1"],
+        [sys.executable, "-m", "inenv.worker", "--probe", "nccl-graphs", "--variant", variant, "--gpus", "1"],
         capture_output=True, text=True, cwd=ROOT, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -714,9 +702,10 @@ _STANDIN_RANKS = r"""
 import json, os, sys
 from pathlib import Path
 import torch, torch.distributed as dist
-from checks.probe import RankContext, Variant
-from checks.probes import _device, _dist, _fi_moe, ep_a2a, fi_fusion
-from checks.probes import _flashinfer as fi
+from inenv.probe import RankContext, Variant
+from inenv.kit import _device, _dist, _fi_moe
+from inenv.probes import ep_a2a, fi_fusion
+from inenv.kit import _flashinfer as fi
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 dist.init_process_group("gloo", rank=rank, world_size=world)

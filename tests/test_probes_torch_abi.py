@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from elf_helpers import BAR, FOO, NO_DRIVER, SIZE, TORCH_SRC, build_ext, build_so, build_stub
 
-from checks.probes import _elf, _torch_abi
+from inenv.kit import _elf, _torch_abi
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build small shared objects")
 

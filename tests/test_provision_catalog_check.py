@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.catalog import CATALOG_PATH, KernelRelease, Preset, TorchRelease
+from common.catalog import load as load_catalog
 from provision import catalogcheck as cc
 from provision import registry
-from provision.catalog import CATALOG_PATH, KernelRelease, Preset, TorchRelease
-from provision.catalog import load as load_catalog
 from provision.catalogcheck import KernelSeen, Readings, Seen, Wants
 from provision.cli import main
 

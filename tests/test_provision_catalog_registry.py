@@ -21,8 +21,8 @@ import pytest
 import yaml
 from packaging.version import Version
 
+from common.catalog import CATALOG_PATH
 from provision import registry
-from provision.catalog import CATALOG_PATH
 from provision.cli import main
 
 PAGES = registry.CACHE / "pages-for-tests"

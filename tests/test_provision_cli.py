@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
+from common.errors import suggest
 from provision import doctor
-from provision.errors import suggest
 from tests.checks_helpers import ROOT
 
 GB = doctor.GB

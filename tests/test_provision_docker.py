@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 from conftest import docker_cli
 
+from common.catalog import load as load_catalog
+from common.matrix import Cell
+from common.resolve import RESOLVED, resolve
 from provision.build import build_locked
 from provision.buildsession import build_cells
-from provision.catalog import load as load_catalog
 from provision.cli import main
 from provision.dockercli import CA_BUNDLE, Docker
 from provision.lock import lock_cell, uv_version
-from provision.matrix import Cell
 from provision.options import BuildOptions
-from provision.resolve import RESOLVED, resolve
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 KEEP = os.environ.get("STACKPROBE_KEEP_IMAGES") == "1"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from uvcache import cache_first_uv
 
+from common.api import resolve_all
 from provision import lock
-from provision.api import resolve_all
 from provision.cli import main
 from provision.lock import closure_subset, parse_blocks, pinned, write_dir_atomically
 
@@ -125,10 +125,10 @@ def test_overrides_keep_a_kernels_torch_pin_out_of_the_lock() -> None:
 
 
 def test_cell_json_carries_the_expectation_only_where_there_is_one() -> None:
-    from provision.catalog import load as load_catalog
+    from common.catalog import load as load_catalog
+    from common.matrix import Cell
+    from common.resolve import resolve
     from provision.lock import cell_json
-    from provision.matrix import Cell
-    from provision.resolve import resolve
 
     cat = load_catalog()
     nightly = cell_json(resolve(Cell("13.0", "nightly", "0.4.2", "0.6.17"), cat), SAMPLE, "0.13.9", "h")
@@ -139,10 +139,10 @@ def test_cell_json_carries_the_expectation_only_where_there_is_one() -> None:
 
 
 def test_live_check_tells_unpublished_from_unreachable() -> None:
-    from provision.catalog import load as load_catalog
+    from common.catalog import load as load_catalog
+    from common.matrix import Cell
+    from common.resolve import UNAVAILABLE, resolve
     from provision.lock import live_check
-    from provision.matrix import Cell
-    from provision.resolve import UNAVAILABLE, resolve
 
     cat = load_catalog()
     ghost = resolve(Cell("13.0", "stable", "none", "0.6.99"), cat, lambda h: None)  # no such flashinfer

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from common.catalog import load as load_catalog
+from common.matrix import Cell
+from common.resolve import resolve
 from provision import lock
-from provision.catalog import load as load_catalog
-from provision.matrix import Cell
-from provision.resolve import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLKIT_EXTRAS = lock.TOOLKIT_EXTRAS.split(",")
@@ -122,7 +122,7 @@ def test_a_kept_lock_that_breaks_the_guard_is_locked_again(cell, tmp_path: Path,
 def test_the_committed_locks_are_kept_as_they_are(tmp_path: Path) -> None:
     """Every committed cell still counts as locked: same inputs, and every guard holds (no relock, so the
     images built from them keep their tags)."""
-    from provision.api import plan
+    from common.api import plan
 
     envs = tmp_path / "envs"
     shutil.copytree(ROOT / "envs", envs)

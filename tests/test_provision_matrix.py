@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from provision.api import DEFAULT_MATRIX, plan, plan_cells
-from provision.catalog import load as load_catalog
+from common.api import DEFAULT_MATRIX, plan, plan_cells
+from common.catalog import load as load_catalog
+from common.errors import InputError
+from common.matrix import load
+from common.resolve import cell_id
 from provision.cli import main
-from provision.errors import InputError
-from provision.matrix import load
 from provision.planview import plan_lines
-from provision.resolve import cell_id
 
 GOLDEN = Path(__file__).parent / "golden" / "provision"
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from checks.progress import Ticker, console, duration, estimate
-from checks.reasons import default as catalogue
+from common.progress import Ticker, console, duration, estimate
+from common.reasons import default as catalogue
 from provision import build, buildlog
 from provision.baseimage import DEFAULT_TAG
 from provision.options import BuildOptions

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import InputError
 from provision import build, buildsession, prune
 from provision.build import DockerBuilder
 from provision.cli import main
 from provision.dockercli import Docker
 from provision.doctor import GB
-from provision.errors import InputError
 from provision.options import BuildOptions
 from provision.prune import BUILD_CACHE, BYTECODE, IMAGE, VENV, Image, plan
 from provision.venvbuild import VenvBuilder
@@ -323,7 +323,7 @@ def test_the_docker_gate_counts_the_base_image_when_it_is_missing(monkeypatch: p
         def buildkit(self) -> bool:
             return True
 
-    from provision.api import plan as plan_cells
+    from common.api import plan as plan_cells
 
     cells = plan_cells(_matrix(tmp_path), offline=True)
     seen: list[Path] = []
@@ -341,8 +341,8 @@ def test_the_docker_gate_counts_a_torch_build_an_image_here_holds_as_zero(
     and an image of an older lock or template of a cell does not count as built."""
     import shutil
 
-    from provision.api import DEFAULT_MATRIX
-    from provision.api import plan as plan_cells
+    from common.api import DEFAULT_MATRIX
+    from common.api import plan as plan_cells
     from provision.baseimage import DEV_TAG
     from provision.render import load_cell, render
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from test_provision_matrix import GOLDEN, check_golden
 
-from provision.api import DEFAULT_MATRIX, resolve_all
-from provision.catalog import load as load_catalog
-from provision.matrix import Cell
+from common.api import DEFAULT_MATRIX, resolve_all
+from common.catalog import load as load_catalog
+from common.matrix import Cell
+from common.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, resolve
 from provision.planview import plan_json, plan_lines
-from provision.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, resolve
 
 
 def test_reasons_golden() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.selfcheck import fatbin_archs
+from inenv.selfcheck import fatbin_archs
 from provision.verify import mismatches
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
@@ -56,7 +56,7 @@ def test_selfcheck_reports_a_kernels_suffixed_archs_and_its_cudart(tmp_path: Pat
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-kernel\nVersion: 0.4.2\n")
     (info / "RECORD").write_text("sgl_kernel/common_ops.abi3.so,,\n")
-    code = "import json; from provision.selfcheck import kernel_facts; print(json.dumps(kernel_facts()))"
+    code = "import json; from inenv.selfcheck import kernel_facts; print(json.dumps(kernel_facts()))"
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

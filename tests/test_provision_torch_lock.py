@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from test_provision_lock_guard import TOOLKIT_EXTRAS, _wheel, simple_index
 
+from common.catalog import load as load_catalog
+from common.matrix import Cell
+from common.resolve import resolve
 from provision import lock
-from provision.catalog import load as load_catalog
 from provision.cli import main
-from provision.matrix import Cell
-from provision.resolve import resolve
 
 WHEELS = [
     ("torch", "2.11.0", ('cuda-bindings<14,>=13.0.3; platform_system == "Linux"', "filelock")),

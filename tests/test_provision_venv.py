@@ -16,11 +16,13 @@ from unittest.mock import patch
 
 import pytest
 
-from checks import toolkit, venvcell
 from checks.cli import main as checks_main
-from checks.executor import CODE_ROOT, LocalExecutor
-from provision import backend, cudahome, installer, overlay, wheeldir
-from provision.errors import InputError
+from checks.run import venvcell
+from checks.run.executor import CODE_ROOT, LocalExecutor
+from common import backend
+from common.errors import InputError
+from inenv import toolkit
+from provision import cudahome, installer, overlay, wheeldir
 from provision.options import BuildOptions
 from provision.venvbuild import PTH, build_venv_cells
 from tests.checks_helpers import FIXTURES
@@ -201,7 +203,7 @@ def test_checks_run_uses_venv_cells_when_docker_is_absent(world: dict[str, Path]
     assert {(r["cell_id"], r["variant"], r["status"]) for r in printed} == {
         (CELL, "ranks=1", "pass"), (CELL, "ranks=2", "pass")}
     venv_python = str(world["venvs"] / CELL / "bin" / "python")
-    assert all(r["evidence"]["command"].startswith(venv_python + " -m checks.worker") for r in printed)
+    assert all(r["evidence"]["command"].startswith(venv_python + " -m inenv.worker") for r in printed)
     [manifest] = results.glob("*/*.manifest.json")
     m = json.loads(manifest.read_text())
     assert m["executor"] == "venv" and m["cells"][CELL]["image"] == venv_python
@@ -215,7 +217,7 @@ def test_provision_build_falls_back_to_venv_cells_in_one_line(world: dict[str, P
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """No Docker daemon, no uv (a lent GPU machine): the committed lock is used as it is, and said so."""
-    from provision.api import resolve_all
+    from common.api import resolve_all
     from provision.cli import main as provision_main
     from provision.lock import requirements_in
 
@@ -380,7 +382,7 @@ def test_wheel_folder_tells_lock_bytes_from_local_builds(tmp_path: Path) -> None
 def test_cuda_home_from_toolkit_wheels_links_the_tree_and_a_driver_stub(tmp_path: Path) -> None:
     if shutil.which("gcc") is None:
         pytest.skip("no gcc")
-    from checks.probes import _elf
+    from inenv.kit import _elf
 
     part = tmp_path / "wheels" / "nvidia" / "cu13"
     (part / "bin").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Every reason code the in-environment side can emit has an entry in checks/reasons.yaml.
+"""Every reason code the in-environment side can emit has an entry in common/reasons.yaml.
 
 The codes come from the sources (tests/reason_scan.py reads them with ast), so a new probe's code, or a new
 way of passing one, is caught without anyone updating a list here.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from checks import reasons
+from common import reasons
 from tests.checks_helpers import ROOT
 from tests.reason_scan import Scanner, emitted_codes
 
@@ -19,15 +19,15 @@ def test_every_reason_code_a_probe_or_the_worker_can_emit_is_catalogued() -> Non
     assert scan.unresolved == [], "teach tests/reason_scan.py this way of passing a reason code"
     catalogue = reasons.load()
     missing = {code: where for code, where in sorted(scan.codes.items()) if catalogue.get(code) is None}
-    assert missing == {}, "add these codes to checks/reasons.yaml (message and remediation)"
+    assert missing == {}, "add these codes to common/reasons.yaml (message and remediation)"
 
 
 def test_the_scan_reads_the_real_sources_not_nothing() -> None:
     """A few codes whose emitting line is known: the inventory without torch, the worker's too-few-ranks
     refusal, a code passed to Lockstep.step through a variable, one from ApiUnknown's constant."""
     scan = emitted_codes(ROOT)
-    assert any(w.startswith("checks/probes/inventory.py:") for w in scan.codes["no-torch"])
-    assert any(w.startswith("checks/worker.py:") for w in scan.codes["too-few-ranks"])
+    assert any(w.startswith("inenv/probes/inventory.py:") for w in scan.codes["no-torch"])
+    assert any(w.startswith("inenv/worker.py:") for w in scan.codes["too-few-ranks"])
     assert "custom-ar-graph-failed" in scan.codes and "probe-api-unknown" in scan.codes
 
 

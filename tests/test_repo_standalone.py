@@ -43,7 +43,7 @@ CODE_SUFFIXES = (".py", ".yaml", ".sh", ".toml")
 # Lines left as they are: a probe helper's bytes are part of every recorded verdict's probe hash, so rewording
 # one marks the committed verdicts of every probe that imports it stale. Reword it with the next change that
 # reruns those probes, and drop it from here.
-HASHED_PROSE = {("checks/probes/_dist.py", "# once, so the clients no longer retry against a server that is not yet "
+HASHED_PROSE = {("inenv/kit/_dist.py", "# once, so the clients no longer retry against a server that is not yet "
                  "listening (0.24-0.6 s per variant).")}
 UNCHECKED = ("tests/golden/advise/results/",)  # recorded results: what the probes wrote, not prose of ours
 

@@ -1,17 +1,17 @@
-"""The time left is learnt per probe, module, backend and outcome (checks.runprogress)."""
+"""The time left is learnt per probe, module, backend and outcome (checks.run.runprogress)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from checks import runprogress
-from checks.plan import CellTarget, WorkItem
-from checks.probe import Variant
-from checks.probes import fi_jit
-from checks.provenance import Provenance
-from checks.result import ProbeResult, Verdict
-from checks.status import Status
+from checks.results.provenance import Provenance
+from checks.results.result import ProbeResult, Verdict
+from checks.run import runprogress
+from checks.run.plan import CellTarget, WorkItem
+from inenv.probe import Variant
+from inenv.probes import fi_jit
+from inenv.status import Status
 
 CELL = "cu128-torch2.11.0-sgl0.4.2-fi0.6.17"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from checks import toolkit
-from checks.toolkit import Toolkit
+from inenv import toolkit
+from inenv.toolkit import Toolkit
 
 ROOT = Path(__file__).resolve().parents[1]
 NVCC = "/usr/local/cuda/bin/nvcc"
@@ -83,7 +83,7 @@ def test_an_nvcc_that_is_not_there_has_no_version(tmp_path: Path) -> None:
     assert version is None and error.endswith("bin/nvcc: not found")
 
 
-# --- the environment's nvcc version (part of a --local cell id), through checks.envinfo -----------------
+# --- the environment's nvcc version (part of a --local cell id), through inenv.envinfo -----------------
 def _fake_nvcc(bindir: Path, release: str) -> None:
     """A stand-in nvcc that answers --version like a CUDA ``release`` nvcc."""
     bindir.mkdir(parents=True)
@@ -93,7 +93,7 @@ def _fake_nvcc(bindir: Path, release: str) -> None:
 
 
 def _env_nvcc(env: dict[str, str]) -> str:
-    code = "from checks import envinfo; print(envinfo.nvcc_version())"
+    code = "from inenv import envinfo; print(envinfo.nvcc_version())"
     base = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "FLASHINFER_NVCC")}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**base, "PYTHONPATH": str(ROOT), **env},
                          capture_output=True, text=True, check=True)

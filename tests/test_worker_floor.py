@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from checks import rank, worker
-from checks.probe import RESULT_MARKER
+from inenv import rank, worker
+from inenv.probe import RESULT_MARKER
 from tests.checks_helpers import ROOT, fixture_env, pids_with_env, run_worker
 
 FLOOR_FIXTURES = ROOT / "tests" / "probes_fixtures_floor"
@@ -41,8 +41,8 @@ def test_bytecode_cache_is_a_folder_of_this_user_alone(tmp_path: Path) -> None:
 
 
 def test_rank_env_moves_bytecode_out_of_the_environment_unless_the_variant_says_otherwise() -> None:
-    from checks.probe import Variant
-    from checks.registry import ProbeLocation
+    from inenv.probe import Variant
+    from inenv.registry import ProbeLocation
 
     base = {"PYTHONDONTWRITEBYTECODE": "1"}
     loc = ProbeLocation("x", "m")
@@ -70,7 +70,7 @@ def test_ranks_keep_their_bytecode_in_the_private_folder_not_the_environment(tmp
 
 def test_inspect_keeps_its_bytecode_in_the_private_folder(tmp_path: Path) -> None:
     env = floor_env(PYTHONDONTWRITEBYTECODE="1", TMPDIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "checks.worker", "--inspect"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "inenv.worker", "--inspect"], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
     assert proc.returncode == 0 and RESULT_MARKER in proc.stdout, proc.stderr
     assert list((tmp_path / f"stackprobe-pycache-{os.getuid()}").rglob("*.pyc"))

@@ -24,7 +24,7 @@ w() { # probe variant-json timeout: one worker run, its result line appended to 
   local t=$(( $3 < left ? $3 : left ))
   echo "=== $(( $(date +%s) - T0 ))s $1 $2" >> "$L"
   local line
-  line=$(timeout "$t" python3 -m checks.worker --probe "$1" --variant "$2" --gpus "$GPUS" --timeout $(( t - 5 )) 2>>"$L" \
+  line=$(timeout "$t" python3 -m inenv.worker --probe "$1" --variant "$2" --gpus "$GPUS" --timeout $(( t - 5 )) 2>>"$L" \
       | grep '^@@STACKPROBE-RESULT@@')
   printf '%s\n' "${line#@@STACKPROBE-RESULT@@}" >> "$R"
   echo "$(( $(date +%s) - T0 ))s $1 $2 -> ${line:21:220}"

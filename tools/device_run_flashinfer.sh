@@ -14,7 +14,7 @@ nvidia-smi topo -m >> $L 2>&1; nproc >> $L
 w() { # probe variant-json timeout
   echo "=== $(( $(date +%s) - T0 ))s $1 $2" >> $L
   local line
-  line=$(timeout "$3" python3 -m checks.worker --probe "$1" --variant "$2" --timeout $(( $3 - 10 )) 2>>$L | grep '^@@STACKPROBE-RESULT@@')
+  line=$(timeout "$3" python3 -m inenv.worker --probe "$1" --variant "$2" --timeout $(( $3 - 10 )) 2>>$L | grep '^@@STACKPROBE-RESULT@@')
   printf '%s\t%s\t%s\n' "$1" "$2" "${line#@@STACKPROBE-RESULT@@}" >> $R
   echo "$1 $2 -> ${line:21:160}"
 }

@@ -47,7 +47,7 @@ find "$CACHE" -path '*/cached_ops/*' -name '*.so' -delete 2>/dev/null || true
 for m in ${MODULES[@]}; do
     out=$(env -u VIRTUAL_ENV PATH="$PWD/$VENV/bin:/usr/local/cuda/bin:$PATH" PYTHONPATH="$PWD" CUDA_HOME=/usr/local/cuda \
         FLASHINFER_CUDA_ARCH_LIST="$ARCH" FLASHINFER_WORKSPACE_BASE="$PWD/$CACHE" LIBRARY_PATH="$STUB" "${EXTRA[@]}" \
-        "$VENV/bin/python" -m checks.probes._fi_build "$m" | grep '^@@FI-JIT@@' | cut -c11-)
+        "$VENV/bin/python" -m inenv.kit._fi_build "$m" | grep '^@@FI-JIT@@' | cut -c11-)
     lib=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r.get("library","") if r["ok"] else "")')
     [ -n "$lib" ] || { echo "$m: build failed: $out" >&2; exit 1; }
     cp "$lib" .whl/aot/

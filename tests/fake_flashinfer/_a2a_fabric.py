@@ -35,7 +35,7 @@ class Deadlock(RuntimeError):
 
 
 class Lanes:
-    """Stand-in of checks.probes._device.Lanes: which stream the caller queues on, and the host's waits."""
+    """Stand-in of inenv.kit._device.Lanes: which stream the caller queues on, and the host's waits."""
 
     current: Any = DEFAULT_LANE
     waits = 0

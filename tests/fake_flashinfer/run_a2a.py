@@ -1,4 +1,4 @@
-"""Drive checks.probes._fi_moe against whichever stand-in flashinfer is first on sys.path, on CPU tensors.
+"""Drive inenv.kit._fi_moe against whichever stand-in flashinfer is first on sys.path, on CPU tensors.
 
     python run_a2a.py sim EP[,EP...]  every rank simulated in this process, for each EP
     python run_a2a.py ranks EP        EP gloo processes, one per rank
@@ -17,8 +17,8 @@ from typing import Any
 import _a2a_fabric as fab
 import torch
 
-from checks.probes import _fi_moe
-from checks.probes import ep_a2a as probe
+from inenv.kit import _fi_moe
+from inenv.probes import ep_a2a as probe
 
 TPR, HIDDEN = 5, 16
 

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-abort", title="abort", feature="crash classification", ranks=(1,), needs_gpu=False,
                  timeout_s=30)

@@ -2,7 +2,7 @@
 
 import os
 
-from checks.probe import ProbeSpec, RankContext
+from inenv.probe import ProbeSpec, RankContext
 
 SPEC = ProbeSpec(id="t-exit", title="exit", feature="failure classification", ranks=(1,), needs_gpu=False,
                  timeout_s=30)

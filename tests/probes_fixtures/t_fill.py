@@ -3,7 +3,7 @@ follows finds no room in the store."""
 
 import os
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-fill", title="fill the disk", feature="a full disk under the store", ranks=(1,),
                  needs_gpu=False, timeout_s=60)

@@ -2,7 +2,7 @@
 
 import os
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-gloo-allreduce", title="gloo all_reduce", feature="torch.distributed on CPU",
                  ranks=(2, 3), min_ranks=2, needs_gpu=False, requires=("torch", "torch.distributed"),

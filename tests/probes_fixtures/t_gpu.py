@@ -1,7 +1,7 @@
 """Needs a GPU: on a host without one it must be `skip` without launching anything; on a GPU host it
 checks that rank i was given device i and can compute there."""
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-gpu", title="gpu", feature="skip rules and device assignment", ranks=(1, 2),
                  requires=("torch",), timeout_s=120)

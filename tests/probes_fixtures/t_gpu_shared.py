@@ -1,6 +1,6 @@
 """Ranks that may share one GPU: rank i must get device i % gpu_count with every device visible."""
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-gpu-shared", title="gpu shared", feature="shared-GPU device assignment", ranks=(2,),
                  distinct_gpus=False, requires=("torch",), timeout_s=120)

@@ -2,7 +2,7 @@
 
 import time
 
-from checks.probe import ProbeSpec, RankContext
+from inenv.probe import ProbeSpec, RankContext
 
 SPEC = ProbeSpec(id="t-hang", title="hang", feature="watchdog", ranks=(2,), needs_gpu=False, timeout_s=3)
 

@@ -1,6 +1,6 @@
 """Requires a package no environment has."""
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-missing", title="missing", feature="skip rules", needs_gpu=False,
                  requires=("stackprobe_no_such_module",), timeout_s=30)

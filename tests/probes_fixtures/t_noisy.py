@@ -2,7 +2,7 @@
 
 import os
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-noisy", title="noisy", feature="output handling", ranks=(2,), needs_gpu=False, timeout_s=60)
 

@@ -3,7 +3,7 @@
 
 import time
 
-from checks.probe import ProbeSpec, RankContext
+from inenv.probe import ProbeSpec, RankContext
 
 SPEC = ProbeSpec(id="t-one-fails", title="one rank fails", feature="peer failure", ranks=(2,), needs_gpu=False,
                  timeout_s=120)

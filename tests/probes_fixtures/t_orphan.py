@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-orphan", title="orphan", feature="cleanup", ranks=(1,), needs_gpu=False, timeout_s=30)
 

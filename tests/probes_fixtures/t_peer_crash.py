@@ -2,7 +2,7 @@
 
 import ctypes
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-peer-crash", title="peer crash", feature="crash classification", ranks=(2,),
                  needs_gpu=False, requires=("torch",), timeout_s=60)

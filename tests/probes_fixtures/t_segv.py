@@ -2,7 +2,7 @@
 
 import ctypes
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-segv", title="segfault", feature="crash classification", ranks=(1,), needs_gpu=False,
                  timeout_s=30)

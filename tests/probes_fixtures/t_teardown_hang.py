@@ -2,7 +2,7 @@
 
 import time
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-teardown-hang", title="teardown hang", feature="early reporting", ranks=(2,),
                  needs_gpu=False, requires=("torch",), timeout_s=60)

@@ -1,6 +1,6 @@
 """Does nothing and passes: measures the harness itself."""
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-trivial", title="trivial", feature="harness overhead", ranks=(1, 2), needs_gpu=False,
                  timeout_s=60)

@@ -2,7 +2,7 @@
 
 import time
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-zz-slow", title="slow", feature="interruption", needs_gpu=False, timeout_s=120)
 

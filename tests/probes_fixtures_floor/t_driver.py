@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-driver", title="driver warm-up", feature="cuInit overlaps the imports", ranks=(1,),
                  timeout_s=60)

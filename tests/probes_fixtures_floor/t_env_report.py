@@ -2,7 +2,7 @@
 
 import sys
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-env-report", title="rank environment", feature="bytecode cache", ranks=(1,), needs_gpu=False,
                  timeout_s=60)

@@ -5,7 +5,7 @@ stand-in module in preload/) writes when it was imported."""
 import os
 import time
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-gated", title="gated launch", feature="ranks start while another variant runs", ranks=(2,),
                  timeout_s=60, preload=("t_gate_preload",))

@@ -2,8 +2,8 @@
 rendezvous among its preload steps: says whether the store was joined before the probe began, and sums the
 ranks over the group it then forms."""
 
-from checks.probe import ProbeSpec, RankContext, outcome
-from checks.probes import _dist
+from inenv.kit import _dist
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-gated-dist", title="gated rendezvous", feature="the store is joined before the gate",
                  ranks=(2,), timeout_s=60, preload=_dist.PRELOAD_DIST)

@@ -4,7 +4,7 @@ import os
 import time
 from pathlib import Path
 
-from checks.probe import ProbeSpec, RankContext, outcome
+from inenv.probe import ProbeSpec, RankContext, outcome
 
 SPEC = ProbeSpec(id="t-nodevice", title="no driver warm-up", feature="no cuInit without a device", ranks=(1,),
                  needs_gpu=False, timeout_s=60)

@@ -1,7 +1,7 @@
 """A probe that can tell some variants' verdicts before launch: mode=decided is `skip` from preflight, mode=broken
 has a preflight that raises (the ranks then decide), any other mode launches and passes."""
 
-from checks.probe import ProbeSpec, RankContext, Variant, outcome
+from inenv.probe import ProbeSpec, RankContext, Variant, outcome
 
 SPEC = ProbeSpec(id="t-preflight", title="preflight", feature="verdicts without launching", ranks=(2,),
                  needs_gpu=False, timeout_s=60)

@@ -1,0 +1,1 @@
+"""The report: the compatibility table, decisions, advice, estimates, launch flags."""

@@ -1,0 +1,323 @@
+"""The decision notes of one host: advice per cell and rank count, launch settings, a model estimate, nearest green
+cells and what the newest run changed; as text blocks (for `checks advise` and the report) and as JSON (pure).
+
+Text names the results each line stands on by numbers, ``[1,3]``, listed in full under the block (``ids``), so
+lines stay readable; the JSON carries the full result ids on every item.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks.report import launch
+from checks.report.advise import (
+    BASELINE,
+    LATENCY_PROBE,
+    NOISE,
+    CellAdvice,
+    Missing,
+    advise_cell,
+    human_bytes,
+    rank_counts,
+)
+from checks.report.diff import Diff, since_previous
+from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, Estimate, Model, StepCost, estimate
+from checks.report.nearest import Green, nearest_green
+from checks.results.hostresults import HostResults
+from inenv.status import Status
+
+
+@dataclass(frozen=True)
+class CellDecision:
+    advice: CellAdvice
+    launch: launch.Launch
+    estimate: Estimate | None = None
+    usable: tuple[str, ...] = ()  # working backends some shown engine release can use on this host
+
+
+@dataclass(frozen=True)
+class HostDecision:
+    host_id: str
+    host: str  # "2x NVIDIA H200, NVLink (NV18), multicast no"
+    cells: tuple[CellDecision, ...]
+    green: tuple[Green, ...]
+    changes: Diff | None
+    note: str = ""  # why nothing is advised, when nothing is
+
+
+def describe_host(facts: Mapping[str, Any]) -> str:
+    n, name = facts.get("gpu_count"), facts.get("gpu_name")
+    if not (n and name):
+        return "no GPU" if facts else "host facts unknown (no readable manifest)"
+    parts = [f"{n}x {name}"]
+    if facts.get("interconnect"):
+        parts.append(str(facts["interconnect"]))
+    mc = facts.get("multicast")
+    if isinstance(mc, list) and mc:
+        parts.append("multicast " + ("yes" if all(x is True for x in mc) else "no"))
+    return ", ".join(parts)
+
+
+def _why_nothing(h: HostResults) -> str:
+    lat = [r for r in h.latest() if r.probe_id == LATENCY_PROBE]
+    if not lat:
+        return "no ar-latency result on this host"
+    c = Counter(f"{r.verdict.status.value} ({r.verdict.reason_code})" if r.verdict.reason_code
+                else r.verdict.status.value for r in lat)
+    return "ar-latency: " + ", ".join(f"{_count(n, 'variant')} {w}" for w, n in sorted(c.items()))
+
+
+def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, str], *, cell: str | None = None,
+           tp: int | None = None, model: Model | None = None, batch: int = DEFAULT_BATCH,
+           draft: int = DEFAULT_DRAFT) -> HostDecision:
+    latest = h.latest()
+    cells = [cell] if cell else sorted({r.cell_id for r in latest})
+    out = []
+    for c in cells:
+        for n in ([tp] if tp else rank_counts(latest, c)):
+            a = advise_cell(h.host_id, c, n, latest, h.facts)
+            if tp and h.gpu_count is not None and tp > h.gpu_count and not a.curves:
+                a = dataclasses.replace(a, missing=(Missing(f"allreduce latency at {tp} ranks",
+                                                            f"this host has {h.gpu_count} GPUs"),))
+            est = estimate(a, model, batch, draft) if model is not None and a.curves else None
+            usable = tuple(x.backend for x in a.curves if launch.usable(x.backend, a, engines, sglang_pins))
+            out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable))
+    green = tuple(g for g in nearest_green(latest) if cell is None or g.cell_id == cell)
+    return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),
+                        "" if out else _why_nothing(h))
+
+
+# --------------------------------------------------------------------------------------------------
+# Text
+
+
+@dataclass
+class Block:
+    title: str
+    lines: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+
+    def ref(self, ids: Sequence[str]) -> str:
+        nums = []
+        for i in ids:
+            if i not in self.ids:
+                self.ids.append(i)
+            nums.append(self.ids.index(i) + 1)
+        return f" [{','.join(map(str, sorted(set(nums))))}]" if nums else ""
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _us(x: float) -> str:
+    return f"{x:.2f} µs"
+
+
+def _size(n: int, tokens: int | None) -> str:
+    return f"{human_bytes(n)} ({tokens} token{'s' if tokens != 1 else ''})" if tokens else human_bytes(n)
+
+
+def _tie(a: CellAdvice, backend: str, nbytes: int) -> str:
+    """The tie threshold at one size, and whether it was measured."""
+    t = a.spread.tie(backend, nbytes)
+    measured = any((b, nbytes) in a.spread.by for b in (backend, BASELINE))
+    return f"the {t:.1%} run-to-run spread" if measured else f"the assumed {NOISE:.0%}: no repeated timing here"
+
+
+def _spread_line(a: CellAdvice) -> str:
+    """What the ties stand on: each backend's largest run-to-run spread over the sizes and how many cells of
+    this CUDA and torch build timed it."""
+    per = a.spread.per_backend()
+    if not per:
+        return (f"Ties: no backend was timed twice at {a.ranks} ranks in a cell of this build; a gain under "
+                f"{NOISE:.0%} (assumed) keeps NCCL")
+    shown = ", ".join(f"{b} ≤{x:.1%} ({n} cells)" for b, x, n in per)
+    return (f"Ties: a gain smaller than the larger run-to-run spread of the two backends at a size keeps NCCL; "
+            f"spread (range over median of the latest ar-latency at {a.ranks} ranks in every cell of this CUDA and "
+            f"torch build): {shown}")
+
+
+def advice_block(d: CellDecision) -> Block:
+    a = d.advice
+    shape = f"bf16, hidden {a.hidden}" if a.hidden else "bf16"
+    b = Block(f"Advice — cell `{a.cell_id}`, {a.ranks} ranks (from recorded results only; messages {shape})")
+    if a.sizes:
+        b.lines.append("Fastest backend per decode message, among those exact eagerly and in a CUDA graph "
+                       "(median of one captured call):")
+        for s in a.sizes:
+            ratio = f", {s.ratio_vs_nccl:.2f}× NCCL" if s.ratio_vs_nccl is not None else ""
+            nxt = f"; next {s.runner_up} {_us(s.runner_up_us)}" if s.runner_up and s.runner_up_us else ""
+            why = "" if s.use == s.fastest else f" (the gain is under {_tie(a, s.fastest, s.nbytes)})"
+            b.lines.append(f"- {_size(s.nbytes, s.tokens)}: {s.fastest} {_us(s.fastest_us)}{ratio}{nxt} → use "
+                           f"{s.use}{why}{b.ref(s.ids)}")
+    if a.sizes:
+        b.lines.append(_spread_line(a))
+    for c in a.crossovers:
+        at = f"; the measured curves cross near {human_bytes(c.at)}" if c.at is not None else ""
+        b.lines.append(f"Crossover: {c.below} up to {human_bytes(c.lo)}, {c.above} from {human_bytes(c.hi)}{at}"
+                       f"{b.ref(c.ids)}")
+    for x in a.avoid:
+        why = f"{x.status} ({x.reason_code})" if x.reason_code else x.status
+        b.lines.append(f"Avoid: {x.what}: {why}: {x.why}{b.ref(x.ids)}")
+    for u in a.untimed:
+        b.lines.append(f"Works, not ranked: {u.feature}: {u.why}{b.ref(u.ids)}")
+    for m in a.missing:
+        run = f"; run `{m.run}`" if m.run else ""
+        b.lines.append(f"Missing: {m.what}: {m.why}{run}")
+    for note in d.launch.scope:
+        b.lines.append(f"Launch settings: {note} (sources per setting: checks/report/launch_flags.yaml)")
+    for s in d.launch.settings:
+        where = f" ({s.sizes})" if s.sizes else ""
+        what = {"set": "set " + " ".join(f"`{x}`" for x in s.settings), "default": "nothing to set",
+                "unavailable-here": "not available here", "unsupported": "not supported by this release",
+                "not-covered": "not covered"}[s.state]
+        b.lines.append(f"- {s.engine} {s.release} · {s.backend}{where}: {what}" + (f" — {s.note}" if s.note else ""))
+    return b
+
+
+def _saving(s: StepCost) -> str:
+    if s.saving is None:
+        return ""
+    return ", same as NCCL" if abs(s.saving) < 0.005 else f", {-s.saving:+.0%} vs NCCL"
+
+
+def _step(s: StepCost, label: str) -> str:
+    if s.per_call is None or s.total_us is None:
+        return f"{label} not estimated ({human_bytes(s.nbytes)} is above the largest measured size)"
+    mark = {"measured": "", "interpolated": "", "below-range": "≤ "}[s.per_call.how]
+    return f"{label} {mark}{s.total_us:.1f} µs/step ({mark}{_us(s.per_call.us)} per call{_saving(s)})"
+
+
+def _best(e: Estimate, kind: str, among: Sequence[str] | None) -> str:
+    rows = [(getattr(r, kind), r.backend) for r in e.rows if among is None or r.backend in among]
+    rows = [(s, b) for s, b in rows if s.total_us is not None]
+    if not rows:
+        return f"{kind}: none"
+    s, b = min(rows, key=lambda x: (x[0].total_us, x[1]))
+    return f"{kind} {b} {s.total_us:.1f} µs/step{_saving(s)}"
+
+
+def estimate_block(e: Estimate, usable: Sequence[str] | None = None) -> Block:
+    """``usable``: the backends an engine release can use on this host (None: not known, nothing marked)."""
+    m = e.model
+    b = Block(f"Estimate, not a measurement — {m.label}, tp {e.ranks}, cell `{e.cell_id}`")
+    dec, ver = e.rows[0].decode if e.rows else None, e.rows[0].verify if e.rows else None
+    b.lines.append(f"Inputs: hidden {m.hidden}, {m.layers} layers × {m.allreduces_per_layer} allreduces = "
+                   f"{m.allreduces} allreduces per forward pass, {m.dtype} ({m.dtype_bytes} bytes); decode step "
+                   f"{e.batch} tokens"
+                   + (f" = {human_bytes(dec.nbytes)} per allreduce" if dec else "")
+                   + f"; verify step {e.batch} × {e.draft} draft tokens = {e.batch * e.draft} tokens"
+                   + (f" = {human_bytes(ver.nbytes)} per allreduce" if ver else "") + ".")
+    b.lines.append(f"Method: each backend's measured curve ({e.measured_dtype}, captured calls back to back; the "
+                   f"model's compute between calls is not included), linear between measured sizes; ≤: below the "
+                   f"smallest measured size, its latency is used; savings against the {e.baseline} curve.")
+    if m.source:
+        b.lines.append(f"Model shape: {m.source}")
+    for r in e.rows:
+        mark = "" if usable is None or r.backend in usable else " † no engine release shown can use it on this host"
+        b.lines.append(f"- {r.backend}: {_step(r.decode, 'decode')}; {_step(r.verify, 'verify')}{mark}{b.ref(r.ids)}")
+    if e.rows:
+        usable_best = "" if usable is None else (f" Fastest an engine release can use here: "
+                                                 f"{_best(e, 'decode', usable)}; {_best(e, 'verify', usable)}.")
+        b.lines.append(f"Fastest measured: {_best(e, 'decode', None)}; {_best(e, 'verify', None)}.{usable_best}")
+    return b
+
+
+def green_block(greens: Sequence[Green]) -> Block:
+    b = Block("Nearest green: for each variant that fails in a cell, the nearest cell of this host where it passes")
+    for g in greens:
+        if g.nearest:
+            why = f"{g.status} ({g.reason_code})" if g.reason_code else g.status
+            b.lines.append(f"- {g.probe_id} {g.variant} in `{g.cell_id}`: {why} → passes in `{g.nearest}` "
+                           f"({'; '.join(g.changes) or 'same axes'}){b.ref([g.failing_id, g.passing_id])}")
+    nowhere = [g for g in greens if not g.nearest]
+    if nowhere:
+        kinds = Counter(f"{g.probe_id} {g.status}" + (f" ({g.reason_code})" if g.reason_code else "") for g in nowhere)
+        b.lines.append(f"- passing in no other cell of this host: {_count(len(nowhere), 'variant')} ("
+                       f"{'; '.join(f'{k} ×{n}' for k, n in sorted(kinds.items()))})"
+                       f"{b.ref([g.failing_id for g in nowhere])}")
+    return b
+
+
+def diff_lines(d: Diff, b: Block) -> None:
+    for c in d.changes:
+        parts = []
+        if c.verdict_changed:
+            parts.append(f"verdict {c.a_verdict} → {c.b_verdict}")
+        if c.headline_changed:
+            parts.append(f"headline {c.a_headline or '-'} → {c.b_headline or '-'}")
+        b.lines.append(f"- {' / '.join(c.key)}: {'; '.join(parts)}{b.ref([c.a_id, c.b_id])}")
+    if not d.changes:
+        b.lines.append(f"- no verdict or headline changed among the {_count(d.compared, 'variant')} on both sides")
+
+
+def diff_block(d: Diff) -> Block:
+    b = Block(f"Changes from {d.a} to {d.b} ({d.kind}s; {_count(d.compared, 'variant')} on both sides)")
+    diff_lines(d, b)
+    for side, ids in (("only in " + d.a, d.only_a), ("only in " + d.b, d.only_b)):
+        if ids:
+            probes = Counter(i.split("/")[2] if i.count("/") >= 3 else i for i in ids)
+            per_probe = ", ".join(f"{p} {n}" for p, n in sorted(probes.items()))
+            b.lines.append(f"- {side}: {_count(len(ids), 'result')} ({per_probe})")
+    return b
+
+
+def changes_block(d: Diff) -> Block:
+    b = Block(f"Since the newest run `{d.b}`: what it changed against the latest earlier result of each variant it "
+              f"reran ({_count(d.compared, 'variant')})")
+    diff_lines(d, b)
+    if d.only_b:
+        b.lines.append(f"- first recorded in this run: {_count(len(d.only_b), 'variant')}")
+    return b
+
+
+def blocks(d: HostDecision) -> list[Block]:
+    out = []
+    for c in d.cells:
+        out.append(advice_block(c))
+        if c.estimate is not None:
+            out.append(estimate_block(c.estimate, c.usable))
+    if not d.cells:
+        out.append(Block("Advice", [f"Nothing to advise on this host: {d.note}."]))
+    if d.green:
+        out.append(green_block(d.green))
+    if d.changes is not None:
+        out.append(changes_block(d.changes))
+    return out
+
+
+def render(d: HostDecision) -> str:
+    lines = [f"host {d.host_id}: {d.host}"]
+    for b in blocks(d):
+        lines += ["", b.title, *b.lines]
+        if b.ids:
+            lines.append("ids:")
+            lines += [f"  [{n}] {i}" for n, i in enumerate(b.ids, 1)]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# JSON
+
+
+def plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [plain(x) for x in obj]
+    if isinstance(obj, Status):
+        return obj.value
+    return obj
+
+
+def to_json(d: HostDecision) -> dict[str, Any]:
+    out = plain(d)
+    out["estimate_is"] = "an estimate from measured latency curves, not a measurement"
+    return out

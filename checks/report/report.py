@@ -1,0 +1,433 @@
+"""`checks report`: the compatibility table (Markdown and a self-contained HTML page) from recorded results.
+
+Building the model is a pure function of the results and manifests; rendering is Jinja2. Same
+results, same bytes: nothing depends on the clock, the order of files on disk or the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import urllib.parse
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import markupsafe
+
+from checks.report import overview, plots
+from checks.report.footnotes import Footnote, Occurrence, footnotes
+from checks.report.headline import headline
+from checks.report.summary import proven_statically
+from checks.results import ids
+from checks.results.freshness import Refresh, refresh_list, staleness
+from checks.results.incremental import REUSED_FROM, level_of
+from checks.results.provenance import current_probe_hashes
+from checks.results.result import ProbeResult
+from checks.results.store import read_file, read_manifest, scan
+from common import memlock
+from inenv import atomic, registry
+from inenv.probe import QUICK, Declared, Params, Role
+from inenv.status import ORDER, Status
+
+TEMPLATES = Path(__file__).with_name("templates")
+MARK = {"pass": "✅", "partial": "🟡", "fail": "❌", "crash": "💥", "hang": "⏳", "skip": "➖", "not-run": "⏸️",
+        "unavailable": "🚫"}
+VERSION_COLUMNS = (("cuda", "CUDA"), ("torch", "torch"), ("sgl_kernel", "sgl-kernel"), ("flashinfer", "flashinfer"))
+STATUS_LABEL = {"pass": "pass", "partial": "partial", "fail": "FAIL", "crash": "CRASH", "hang": "HANG",
+                "skip": "skip", "not-run": "not run", "unavailable": "n/a"}  # the page's words: no emoji font needed
+FILTERS = (("any", "every row", ()), ("pass", "a pass", ("pass",)), ("partial", "a partial", ("partial",)),
+           ("bad", "a fail, crash or hang", ("fail", "crash", "hang")), ("skip", "a skip", ("skip",)),
+           ("none", "not run or n/a", ("not-run", "unavailable")))  # the page's status filter: id, words, statuses
+STALE_MARK = "↻"  # the verdict was made by other probe code than this checkout's
+
+
+@dataclass
+class TableCell:
+    counts: list[tuple[str, int]]  # (status, n), best first
+    worst: str
+    notes: list[int]
+    headline: str
+    title: str  # a plain-text summary for HTML tooltips
+    stale: bool = False  # a verdict here was made by other probe code than this checkout's (STALE_MARK)
+    cached: str = ""  # e.g. "cached" or "1 of 2 cached": results reused a compile instead of compiling
+    reused: str = ""  # e.g. "reused" or "3 of 4 reused": carried from an earlier run, not rerun
+    quick: bool = False  # a result here was made by a quick run (`checks run --level quick`)
+    static: bool = False  # its pass or partial was proven on a host without a GPU (summary.proven_statically)
+
+
+@dataclass
+class HostSection:
+    host_id: str
+    facts: dict[str, Any]
+    runs: list[dict[str, str]]  # run_id, date, path (relative to the output)
+    probes: list[dict[str, str]]  # id, title, feature
+    rows: list[dict[str, Any]]  # cell_id, versions, cells (probe id -> TableCell or None)
+    footnotes: list[Footnote]
+    warnings: list[str]
+    refresh: list[Refresh] = field(default_factory=list)  # how to rerun the stale verdicts
+    decisions: list[Any] = field(default_factory=list)  # decision notes (attach_decisions): text blocks
+    memlock: str = ""  # containers ran without memlock unlimited: why, and for how many variants
+    plots: list[Any] = field(default_factory=list)  # checks.report.plots.LatencyPlot per cell and rank count
+    estimates: list[Any] = field(default_factory=list)  # checks.report.estimate.Estimate of the advice (attach_decisions)
+
+
+MAX_HEADLINES = 5
+
+
+def _variant_label(parts: Params, drop: set[str]) -> str:
+    """``ranks=2,backend=nccl`` -> ``nccl`` (a lone parameter loses its key); ``drop`` keys are omitted."""
+    kept = [(k, v) for k, v in parts if k not in drop]
+    if len(kept) == 1:
+        return kept[0][1]
+    return ",".join(f"{k}={v}" for k, v in kept)
+
+
+def labelled_headlines(heads: list[tuple[str, Params, str]]) -> str:
+    """Passing variants' headlines (variant key, its parts, headline) in variant order, each named by what tells
+    it apart (one alone needs no name); ranks are left out when every variant has the same count."""
+    if not heads:
+        return ""
+    if len(heads) == 1:
+        return heads[0][2]
+    ordered = sorted(heads)
+    ranks = {v for _, parts, _ in ordered for k, v in parts if k == "ranks"}
+    drop = {"ranks"} if len(ranks) <= 1 else set()
+    shown = [f"{_variant_label(parts, drop) or key}: {h}" for key, parts, h in ordered[:MAX_HEADLINES]]
+    more = len(ordered) - MAX_HEADLINES
+    return "; ".join(shown) + (f"; +{more} more" if more > 0 else "")
+
+
+def header(facts: dict[str, Any]) -> dict[str, Any]:
+    """The host facts a section header shows, every key present (missing facts read '-')."""
+    peer = facts.get("peer_access") or []
+    mc = [m for m in facts.get("multicast") or [] if m is not None]
+    return {
+        "gpu_name": facts.get("gpu_name"),
+        "gpu_count": int(facts.get("gpu_count") or 0),
+        "compute_capability": facts.get("compute_capability"),
+        "driver": facts.get("driver"),
+        "driver_cuda": facts.get("driver_cuda"),
+        "interconnect": facts.get("interconnect"),
+        "nccl": facts.get("nccl"),
+        "peer_access": ("all pairs" if all(all(r) for r in peer) else "not all pairs") if len(peer) > 1 else
+                       ("single GPU" if peer else None),
+        "multicast": ("yes" if all(mc) else "no") if mc else None,
+    }
+
+
+def latest_results(results: list[ProbeResult]) -> list[ProbeResult]:
+    """For each (cell, probe, variant), the result of the newest run (run ids sort by time)."""
+    best: dict[tuple[str, str, str], ProbeResult] = {}
+    for r in sorted(results, key=lambda r: (r.run_id, r.started_at)):
+        best[r.key] = r
+    return [best[k] for k in sorted(best)]
+
+
+def _versions(cell_id: str, manifests: list[dict[str, Any]], results: list[ProbeResult]) -> dict[str, str]:
+    for m in reversed(manifests):  # newest manifest that knows the cell
+        cell = (m.get("cells") or {}).get(cell_id)
+        if cell and cell.get("versions"):
+            v = {k: str(x) for k, x in cell["versions"].items()}
+            if "cuda" not in v and v.get("torch_cuda"):
+                v["cuda"] = v["torch_cuda"]
+            return v
+    env = next((r.verdict.evidence.get("env") for r in results
+                if r.cell_id == cell_id and r.verdict.evidence.get("env")), None) or {}
+    return {"cuda": str(env.get("torch_cuda", "")), "torch": str(env.get("torch", "")),
+            "sgl_kernel": str(env.get("sgl_kernel", "")), "flashinfer": str(env.get("flashinfer", ""))}
+
+
+def cached_label(results: list[ProbeResult], fields: Declared) -> str:
+    """Whether the probe reused built objects instead of building them (its metric of role CACHED)."""
+    key = fields.metric(Role.CACHED)
+    n = sum(1 for r in results if key is not None and r.verdict.metrics.get(key) is True)
+    return "" if not n else "cached" if n == len(results) else f"{n} of {len(results)} cached"
+
+
+def reused_label(results: list[ProbeResult]) -> str:
+    """Whether the latest results were carried from an earlier run (checks.results.incremental) instead of run."""
+    n = sum(1 for r in results if REUSED_FROM in r.verdict.evidence)
+    return "" if not n else "reused" if n == len(results) else f"{n} of {len(results)} reused"
+
+
+def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_info: dict[str, dict[str, str]],
+               catalogue_messages: dict[str, str], current: Mapping[str, str],
+               catalogue_remediations: Mapping[str, str] | None = None) -> HostSection:
+    """One host's section. ``current``: probe id -> hash of that probe's source in this checkout;
+    ``catalogue_*``: the reason catalogue's text by code (it wins over the text a result recorded)."""
+    all_results: list[ProbeResult] = []
+    warnings: list[str] = []
+    manifests: list[dict[str, Any]] = []
+    run_rows = []
+    for run_id, path in runs:
+        res, warn = read_file(path)
+        warnings.extend(warn)
+        if not res:
+            continue  # a run with nothing readable describes nothing: its manifest is not read
+        all_results.extend(res)
+        m, why = read_manifest(path.with_name(f"{run_id}.manifest.json"))
+        if m is not None:
+            manifests.append(m)
+        elif why:
+            warnings.append(why)
+        if res:
+            date = min(r.started_at for r in res)[:10]
+            quick = m is not None and m.get("level") == QUICK
+            run_rows.append({"run_id": run_id, "date": date, "path": link(os.path.relpath(path, out_dir)),
+                             "quick": quick})
+    results = latest_results(all_results)
+    stale = {r.key: why for r in results if (why := staleness(r, current))}
+    executors = {str(m.get("run_id")): str(m.get("executor") or "docker") for m in manifests}
+    probe_info = dict(probe_info)
+    for m in manifests:  # what each run recorded about its probes; newer runs win
+        for pid, info in (m.get("probes") or {}).items() if isinstance(m.get("probes"), dict) else []:
+            probe_info[pid] = {"title": str(info.get("title", pid)), "feature": str(info.get("feature", ""))}
+    facts = header(dict(manifests[-1].get("facts") or {}) if manifests else {})
+    probe_ids = sorted({r.probe_id for r in results})
+    cell_ids = sorted({r.cell_id for r in results})
+    fields = defaultdict(Declared, registry.declarations())  # a probe this checkout lacks declares nothing
+    by_pair: dict[tuple[str, str], list[ProbeResult]] = defaultdict(list)
+    for r in results:
+        by_pair[(r.cell_id, r.probe_id)].append(r)
+
+    occurrences = [Occurrence(cell_id, pid, r.variant, r.verdict.status, r.verdict.reason_code, r.verdict.note,
+                              r.verdict.remediation)
+                   for cell_id in cell_ids for pid in probe_ids for r in by_pair.get((cell_id, pid), [])
+                   if r.verdict.status is not Status.PASS]
+    notes_list, numbers = footnotes(occurrences, catalogue_messages, catalogue_remediations or {})
+    note_of: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for o, n in zip(occurrences, numbers, strict=True):
+        if n not in note_of[(o.cell, o.probe)]:
+            note_of[(o.cell, o.probe)].append(n)
+    rows = []
+    for cell_id in cell_ids:
+        cells: dict[str, TableCell | None] = {}
+        for pid in probe_ids:
+            rs = by_pair.get((cell_id, pid))
+            if not rs:
+                cells[pid] = None
+                continue
+            counts = Counter(r.verdict.status for r in rs)
+            ordered = sorted(counts.items(), key=lambda kv: kv[0].severity)
+            notes = note_of.get((cell_id, pid), [])
+            heads = [(r.variant, r.parts, h) for r in rs
+                     if r.verdict.status is Status.PASS and (h := headline(r.verdict.metrics, fields[pid]))]
+            title = ", ".join(f"{n} {s}" for s, n in ordered)
+            is_stale = any(r.key in stale for r in rs)
+            if is_stale:
+                title += "; made by other probe code than this checkout's, or by code no clean commit names"
+            quick = any(level_of(r) == QUICK for r in rs)
+            if quick:
+                title += "; made by a quick run"
+            static = proven_statically(rs, facts["gpu_count"])
+            if static:
+                title += "; proven without a GPU (static)"
+            cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title,
+                                   is_stale, cached_label(rs, fields[pid]), reused_label(rs), quick, static)
+        rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells,
+                     "statuses": sorted({str(st) for c in cells.values() if c for st, _ in c.counts})})
+    probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
+    refresh = refresh_list([(r, stale[r.key]) for r in results if r.key in stale], executors)
+    ml = memlock.summary(((r.run_id, r.verdict.evidence.get("memlock")) for r in results),
+                         run_rows[-1]["run_id"] if run_rows else None)
+    return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml,
+                       plots=plots.latency_plots(results))
+
+
+def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str, str]] | None = None,
+                catalogue_messages: dict[str, str] | None = None,
+                current: Mapping[str, str] | None = None,
+                catalogue_remediations: Mapping[str, str] | None = None) -> tuple[list[HostSection], list[str]]:
+    """Every host's section. ``current``: probe id -> source hash now (default: this checkout's probes);
+    verdicts made by other hashes, or recording none, are marked stale."""
+    if current is None:
+        current = current_probe_hashes()
+    per_host: dict[str, list[tuple[str, Path]]] = defaultdict(list)
+    found, skipped = scan(results_dir)
+    for host, run_id, path in found:
+        per_host[host].append((run_id, path))
+    sections = [build_host(h, runs, out_dir, probe_info or {}, catalogue_messages or {}, current,
+                           catalogue_remediations)
+                for h, runs in sorted(per_host.items())]
+    warnings = skipped + [w for s in sections for w in s.warnings]
+    attach_decisions(sections, results_dir)
+    return [s for s in sections if s.rows], warnings
+
+
+def _catalogue() -> tuple[dict[str, str], dict[str, str]]:
+    """The reason catalogue's messages and next steps by code."""
+    from common.reasons import default
+
+    reasons = default().reasons
+    return {r.code: r.message for r in reasons}, {r.code: r.remediation for r in reasons}
+
+
+def link(relpath: str) -> str:
+    """A relative path as a link target: every segment percent-encoded (a ``:`` included), so no folder
+    name can make a link with a scheme such as ``javascript:``."""
+    return "/".join(urllib.parse.quote(part, safe="") for part in relpath.split(os.sep))
+
+
+_MD_LINE = str.maketrans({"|": "\\|", "<": "&lt;", "\n": " ", "\r": " "})  # a lone > opens no HTML
+_MD_TEXT = str.maketrans({"|": "\\|", "<": "&lt;", "\n": " ", "\r": " ", "`": "\\`"})
+
+
+def md_line(text: Any) -> str:
+    """Composed prose for one Markdown line or table cell: no raw HTML, no ``|`` that splits a cell, no
+    link of its own; backticks stay (the text's code spans hold only checked ids and quoted commands)."""
+    return str(text).translate(_MD_LINE).replace("](", "]\\(")
+
+
+def md_text(text: Any) -> str:
+    """A string from a results file for a Markdown line or table cell: as :func:`md_line`, and a backtick
+    is shown, not taken as a code span."""
+    return str(text).translate(_MD_TEXT).replace("](", "]\\(")
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
+                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["md"] = md_text
+    env.filters["mdline"] = md_line
+    env.filters["anchor"] = anchor
+    env.globals["MARK"] = MARK
+    env.globals["VERSION_COLUMNS"] = VERSION_COLUMNS
+    env.globals["STALE_MARK"] = STALE_MARK
+    return env
+
+
+def across_hosts(sections: list[HostSection]) -> dict[str, Any] | None:
+    """With results from more than one host (gathered by the Slurm executor or copied by hand): one row per
+    cell and probe with each host's worst verdict and its variant counts (None where the host did not run
+    it), and whether the hosts that ran it agree. None for a single host."""
+    if len(sections) < 2:
+        return None
+    hosts = [{"host_id": s.host_id, "label": f"{s.facts.get('gpu_name') or 'no GPU'}"
+              + (f" ×{s.facts['gpu_count']}" if s.facts.get("gpu_count") else "")} for s in sections]
+    cells: dict[tuple[str, str], list[TableCell | None]] = {}
+    for i, s in enumerate(sections):
+        for row in s.rows:
+            for pid, c in row["cells"].items():
+                if c is not None:
+                    cells.setdefault((row["cell_id"], pid), [None] * len(sections))[i] = c
+    rows = []
+    for (cell_id, pid), per_host in sorted(cells.items()):
+        worst = {c.worst for c in per_host if c is not None}
+        ran = sum(c is not None for c in per_host)
+        rows.append({"cell_id": cell_id, "probe": pid, "cells": per_host,
+                     "agree": "one host" if ran == 1 else "yes" if len(worst) == 1 else "no"})
+    return {"hosts": hosts, "rows": rows}
+
+
+def plot_figures(s: HostSection) -> list[dict[str, Any]]:
+    """Per cell and rank count of a host, its latency plot and the estimate's bars (either may be missing), as
+    SVG text with a caption."""
+    latency = {(p.cell_id, p.ranks): p for p in s.plots}
+    estimate = {(e.cell_id, str(e.ranks)): e for e in s.estimates}
+    out = []
+    for key in sorted(latency.keys() | estimate.keys()):
+        p, e = latency.get(key), estimate.get(key)
+        out.append({
+            "title": f"{key[0]}, {key[1]} ranks",
+            "latency": markupsafe.Markup(plots.latency_svg(p)) if p else None,
+            "estimate": markupsafe.Markup(plots.estimate_svg(f"Estimated allreduce time per step, {key[0]}",
+                                                             plots.estimate_bars(e))) if e else None,
+            "model": f"{e.model.label}, batch {e.batch}, draft {e.draft}" if e else "",
+        })
+    return out
+
+
+def page_extras(sections: list[HostSection]) -> dict[str, Any]:
+    """What only the HTML page shows: the overview across hosts, the sections in page order (hosts with GPUs
+    first, most GPUs first), and the plots as SVG text."""
+    order = sorted(sections, key=lambda s: (not s.facts.get("gpu_count"), -int(s.facts.get("gpu_count") or 0),
+                                            s.host_id))
+    svgs = {s.host_id: plot_figures(s) for s in sections}
+    return {"overview": overview.build(order), "page_sections": order, "svgs": svgs, "STATUS_LABEL": STATUS_LABEL,
+            "FILTERS": FILTERS}
+
+
+def anchor(host_id: str) -> str:
+    """A host id as the page's element ids, links and CSS selectors use it: the id itself when it is of the
+    host id grammar (letters, digits, '-'), else a hash of it, so no other text reaches a selector or a link."""
+    if ids.valid("host id", host_id):
+        return host_id
+    return "x" + hashlib.sha256(host_id.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def render(sections: list[HostSection], kind: str, results_rel: str, skipped: int = 0) -> str:
+    """One document; ``skipped``: how many unreadable items the results held (said at the top when any)."""
+    env = environment()
+    extras: dict[str, Any] = {}
+    if kind == "html":
+        env.autoescape = True
+        extras = page_extras(sections)
+    sm12 = any(str(s.facts.get("compute_capability") or "").startswith("12.") for s in sections)
+    cells = [c for s in sections for row in s.rows for c in row["cells"].values() if c]
+    return env.get_template(f"compatibility.{kind}.j2").render(
+        sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel,
+        any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
+        any_reused=any(c.reused for c in cells), any_quick=any(c.quick for c in cells),
+        any_static=any(c.static for c in cells),
+        across=across_hosts(sections), skipped=skipped, **extras)
+
+
+def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
+             current: Mapping[str, str] | None = None, quiet: bool = False) -> int:
+    """Write (or with ``check``, compare) the Markdown and HTML table. ``current``: probe id -> source hash
+    that verdicts must have been made by (default: this checkout's probes). ``quiet``: no line saying what
+    was written (the caller says it)."""
+    if not results_dir.is_dir():
+        print(f"checks report: no results directory {results_dir} (run `checks run` first)", file=sys.stderr)
+        return 2
+    html = html or out.with_suffix(".html")
+    messages, remediations = _catalogue()
+    sections, warnings = build_model(results_dir, out.parent, {}, messages, current, remediations)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if warnings:
+        print(f"checks report: {len(warnings)} unreadable item(s) in {ids.shown(str(results_dir))} skipped "
+              "(warnings above); the table says how many", file=sys.stderr)
+    if not sections:
+        print(f"checks report: no valid results under {results_dir}", file=sys.stderr)
+        return 2
+    rel = os.path.relpath(results_dir, out.parent)
+    md = render(sections, "md", rel, len(warnings))
+    page = render(sections, "html", os.path.relpath(results_dir, html.parent), len(warnings))
+    if check:
+        stale = [str(p) for p, text in ((out, md), (html, page)) if not p.exists() or p.read_text() != text]
+        if stale:
+            print(f"checks report: stale: {', '.join(stale)}; run `checks report` and commit", file=sys.stderr)
+            return 1
+        print(f"up to date: {out}, {html}", file=sys.stderr)
+        return 0
+    atomic.write_text(out, md)
+    atomic.write_text(html, page)
+    if not quiet:
+        print(f"wrote {out} and {html} ({len(sections)} host(s))", file=sys.stderr)
+    return 0
+
+
+# --- decision notes: advice, launch settings, an estimate, nearest green, changes (checks advise) ------------------
+def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
+    """Each host section gets the text blocks `checks advise` prints for it, with the estimate for the default
+    model shape at every rank count advised on (checks.report.decisions; the same results, so the same bytes)."""
+    from checks.report import decisions, launch
+    from checks.report.estimate import default_shape
+    from checks.results import hostresults
+    from common import catalog
+
+    hosts = hostresults.load(results_dir)
+    pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}
+    engines, model = launch.load(), default_shape()
+    for s in sections:
+        if s.host_id in hosts:
+            decided = decisions.decide(hosts[s.host_id], engines, pins, model=model)
+            s.decisions = decisions.blocks(decided)
+            s.estimates = [c.estimate for c in decided.cells if c.estimate is not None]

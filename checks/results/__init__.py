@@ -1,0 +1,1 @@
+"""Results: the typed result, the store, provenance, freshness, manifests."""

@@ -1,0 +1,96 @@
+"""Whether a recorded verdict was made by the probe code of this checkout, and how to refresh it (pure).
+
+A verdict is *stale* when the hash of its probe's source recorded with it differs from the hash of the
+probe's source now (the probe or a helper it imports changed since), or when it records no code at all
+(results written before results named their code). It is *unidentified* when no commit names the code that
+made it: ``commit: unknown`` (run outside a git checkout) or ``dirty`` true or unknown (checks/ differed from
+the commit, or nobody could tell); both are marked and refreshed alike. Verdicts decided without running a
+probe (``not-run``: the image did not build; ``unavailable``: the cell cannot be provisioned) are never
+stale for these reasons.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from checks.report import shellwords
+from checks.results.result import ProbeResult
+from inenv.status import Status
+
+UNRECORDED = "unrecorded"
+CHANGED = "changed"
+UNKNOWN_COMMIT = "unknown-commit"
+DIRTY = "dirty"
+NOT_BY_PROBE = frozenset({Status.NOT_RUN, Status.UNAVAILABLE})
+_PHRASE = {
+    UNRECORDED: "recorded before results named the code that made them",
+    CHANGED: "the probe's source changed since",
+    UNKNOWN_COMMIT: "made by code outside a git checkout (commit unknown)",
+    DIRTY: "made by code with uncommitted changes, or changes nobody recorded (dirty true or unknown)",
+}
+_ORDER = (UNRECORDED, CHANGED, UNKNOWN_COMMIT, DIRTY)
+
+
+def why(reasons: frozenset[str]) -> str:
+    """One phrase for a group of stale verdicts' reasons."""
+    if reasons == {UNRECORDED, CHANGED}:
+        return "made by older or unrecorded probe code"
+    return "; ".join(_PHRASE[r] for r in _ORDER if r in reasons)
+
+
+def staleness(result: ProbeResult, current: Mapping[str, str]) -> str:
+    """"" when ``result`` was made by the current source of its probe (``current``: probe id -> hash) at a
+    known, clean commit, else UNRECORDED, CHANGED, UNKNOWN_COMMIT or DIRTY (the first that applies)."""
+    if result.verdict.status in NOT_BY_PROBE:
+        return ""
+    if result.code is None:
+        return UNRECORDED
+    if current.get(result.probe_id) != result.code.probe_hash:
+        return CHANGED
+    if result.code.commit == "unknown":
+        return UNKNOWN_COMMIT
+    return "" if result.code.dirty is False else DIRTY
+
+
+@dataclass(frozen=True)
+class Refresh:
+    """Probes whose verdicts on some cells are stale, for the same reason, and the command that reruns them."""
+
+    probes: tuple[str, ...]
+    cells: tuple[str, ...]
+    variants: int
+    why: str
+    command: str
+    local: bool  # made with --local: the command reruns them in the environment the cell names
+
+
+def command(probes: tuple[str, ...], cells: tuple[str, ...], executor: str) -> str:
+    """`checks run` for exactly these probes on these cells, with the executor that made them (a local cell is
+    the environment it ran in; venv cells are rebuilt and run as venvs). Probes are named one by one, never as
+    --all, so the table does not change when a probe is added."""
+    picks = [w for p in probes for w in ("--probe", p)]
+    if executor == "local":
+        return shellwords.command(["checks", "run", "--local", *picks])
+    how = ["--backend", "venv"] if executor == "venv" else []
+    return shellwords.command(["checks", "run", *how, *(w for c in cells for w in ("--only", c)), *picks])
+
+
+def refresh_list(stale: list[tuple[ProbeResult, str]], executors: Mapping[str, str]) -> list[Refresh]:
+    """Group stale results (with their staleness) by executor, cells and reason, one command per group.
+    ``executors``: the executor each run id was made with (local, docker, venv; docker when unknown)."""
+    per_probe: dict[tuple[str, str], list[tuple[ProbeResult, str]]] = defaultdict(list)
+    for r, reason in stale:
+        per_probe[(executors.get(r.run_id, "docker"), r.probe_id)].append((r, reason))
+    groups: dict[tuple[str, tuple[str, ...], str], list[tuple[str, int]]] = defaultdict(list)
+    for (executor, pid), rs in sorted(per_probe.items()):
+        cells = tuple(sorted({r.cell_id for r, _ in rs}))
+        groups[(executor, cells, why(frozenset(w for _, w in rs)))].append((pid, len(rs)))
+    out = []
+    for (executor, cells, reason), members in sorted(groups.items(),
+                                                     key=lambda kv: (kv[0][0] == "local", kv[1][0][0])):
+        probes = tuple(p for p, _ in members)
+        out.append(Refresh(probes, cells, sum(n for _, n in members), reason, command(probes, cells, executor),
+                           executor == "local"))
+    return out

@@ -1,0 +1,75 @@
+"""Every recorded result of one host, with its runs and host facts, read once for the decision commands
+(`checks advise`, `checks diff`, the report's decision notes). Reading is the only side effect here.
+
+A host's results are the union of its runs; ``latest`` keeps, per (cell, probe, variant), the result of the
+newest run, which is what the table shows too.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from checks.results.result import ProbeResult
+from checks.results.store import read_file, read_manifest, scan
+
+
+@dataclass(frozen=True)
+class HostResults:
+    host_id: str
+    runs: tuple[str, ...]  # run ids, oldest first (run ids sort by time)
+    results: tuple[ProbeResult, ...]  # every valid result of every run
+    facts: Mapping[str, Any]  # the newest manifest's host facts ({} when no manifest could be read)
+    warnings: tuple[str, ...] = ()
+
+    def latest(self, before: str | None = None) -> list[ProbeResult]:
+        """Per (cell, probe, variant), the result of the newest run (of the runs before ``before`` if given)."""
+        best: dict[tuple[str, str, str], ProbeResult] = {}
+        for r in sorted(self.results, key=lambda r: (r.run_id, r.started_at)):
+            if before is None or r.run_id < before:
+                best[r.key] = r
+        return [best[k] for k in sorted(best)]
+
+    def of_run(self, run_id: str) -> list[ProbeResult]:
+        return sorted((r for r in self.results if r.run_id == run_id), key=lambda r: r.key)
+
+    @property
+    def gpu_count(self) -> int | None:
+        """The GPU count the newest manifest recorded; None when no manifest says."""
+        n = self.facts.get("gpu_count")
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def load(results_dir: Path) -> dict[str, HostResults]:
+    """Every host under ``results_dir``; unreadable lines and manifests become warnings, never errors."""
+    return load_all(results_dir)[0]
+
+
+def load_all(results_dir: Path) -> tuple[dict[str, HostResults], list[str]]:
+    """Every host under ``results_dir``, and a warning for each folder or file skipped outside any host
+    (each host's own warnings are in its HostResults)."""
+    found, skipped = scan(results_dir)
+    per_host: dict[str, list[tuple[str, Path]]] = defaultdict(list)
+    for host, run_id, path in found:
+        per_host[host].append((run_id, path))
+    out: dict[str, HostResults] = {}
+    for host, runs in sorted(per_host.items()):
+        results: list[ProbeResult] = []
+        warnings: list[str] = []
+        facts: dict[str, Any] = {}
+        for run_id, path in runs:
+            res, warn = read_file(path)
+            results.extend(res)
+            warnings.extend(warn)
+            if not res:
+                continue  # a run with nothing readable describes nothing: its manifest is not read
+            manifest, why = read_manifest(path.with_name(f"{run_id}.manifest.json"))
+            if manifest is not None and isinstance(manifest.get("facts"), Mapping):
+                facts = dict(manifest["facts"])  # runs are in time order: the newest wins
+            elif why:
+                warnings.append(why)
+        out[host] = HostResults(host, tuple(r for r, _ in runs), tuple(results), facts, tuple(warnings))
+    return out, skipped

@@ -1,0 +1,139 @@
+"""Incremental runs (host side): a variant whose inputs match the result this host recorded last for it is not
+run again; that result is carried into the new run as a copy marked with the run that measured it.
+
+A verdict's inputs: the host (its results folder), the cell, the cell's environment (a Docker image's id; for
+a venv or a local interpreter, its installed distributions, toolkit, host compiler and the run-shaping
+environment variables the ranks inherit), the probe's source hash, the variant (its key holds its params),
+the host facts the probe can read (the GPUs and their driver for every probe, since compile and inventory
+probes look at the local GPU too; the cross-compile targets for CPU-only probes) and the run's level.
+
+Only verdicts a rerun would repeat are carried: what a probe itself decided (pass, partial, fail, skip),
+never a hang, a crash, a not-run, a worker that died without an answer, or a result made by code that
+differed from its commit (``code.dirty`` true or unknown). A full run never carries a quick run's result.
+
+Everything here is pure but :func:`latest`, which reads the results folder (each executor's ``fingerprint``
+asks its cell's environment what it is).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from checks.results.result import ProbeResult, Verdict
+from checks.results.store import REUSED_FROM, latest_results
+from checks.run.executor import digest
+from checks.run.plan import WorkItem
+from inenv.probe import FULL, QUICK
+from inenv.status import Status
+
+Key = tuple[str, str, str]
+INPUTS = "inputs"  # evidence key: the Inputs a result was made from
+LEVEL = "level"  # evidence key: "quick" on results of a quick run (absent: full)
+CARRIED = frozenset({Status.PASS, Status.PARTIAL, Status.FAIL, Status.SKIP})
+# fail verdicts the harness made when the worker gave no answer: nothing says a rerun would repeat them
+NO_ANSWER = frozenset({"bad-result", "no-result", "nonzero-exit"})
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The inputs of one variant's verdict beyond its host, cell, key and probe hash (which the result holds)."""
+
+    env: str  # the cell environment's fingerprint
+    host: str  # digest of the host facts the probe can read
+
+    def to_json(self) -> dict[str, str]:
+        return {"env": self.env, "host": self.host}
+
+
+def host_inputs(needs_gpu: bool, facts: Mapping[str, Any], target_archs: tuple[str, ...]) -> str:
+    """The host facts a probe's verdict can depend on, digested."""
+    gpus = [str(g.get("name")) for g in facts.get("gpus") or [] if isinstance(g, Mapping)]
+    seen: dict[str, Any] = {"gpus": gpus, "gpu_count": facts.get("gpu_count"), "driver": facts.get("driver"),
+                            "compute_capability": facts.get("compute_capability")}
+    if not needs_gpu:
+        seen["target_archs"] = list(target_archs)  # the compile probes build for every one of them
+    return digest(seen)
+
+
+def inputs_for(item: WorkItem, env: str | None, facts: Mapping[str, Any],
+               target_archs: tuple[str, ...]) -> Inputs | None:
+    """None when the environment's fingerprint is unknown: such a result can never be matched."""
+    return Inputs(env, host_inputs(item.spec.needs_gpu, facts, target_archs)) if env else None
+
+
+def level_of(result: ProbeResult) -> str:
+    return QUICK if result.verdict.evidence.get(LEVEL) == QUICK else FULL
+
+
+def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, level: str) -> str:
+    """'' when ``result`` answers a variant with these inputs in a run at ``level``; else why it does not."""
+    v = result.verdict
+    if v.status not in CARRIED or (v.status is Status.FAIL and v.reason_code in NO_ANSWER):
+        return f"its verdict ({v.status} {v.reason_code}) is not one a rerun repeats"
+    if result.code is None or result.code.dirty is not False:
+        return "made by code that differed from its commit (or by unrecorded code)"
+    if result.code.probe_hash != probe_hash:
+        return "the probe's source changed"
+    if inputs is None:
+        return "this cell's environment has no fingerprint"
+    if v.evidence.get(INPUTS) != inputs.to_json():
+        return "the environment or the host facts changed"
+    if level == FULL and level_of(result) == QUICK:
+        return "made by a quick run"
+    return ""
+
+
+def decide(items: list[WorkItem], latest: Mapping[Key, ProbeResult], inputs: Mapping[Key, Inputs | None],
+           hashes: Mapping[str, str], level: str) -> list[WorkItem]:
+    """``items`` with ``reused`` set where the newest recorded result of the same key answers it (variants
+    decided without running are decided again: that costs nothing)."""
+    out = []
+    for it in items:
+        r = latest.get(it.key)
+        if it.decided is None and r is not None and not why_not(r, inputs.get(it.key), hashes.get(it.spec.id),
+                                                                level):
+            it = dataclasses.replace(it, reused=r)
+        out.append(it)
+    return out
+
+
+def origin(result: ProbeResult) -> str:
+    """The run that measured ``result`` (itself, unless it was carried)."""
+    return str(result.verdict.evidence.get(REUSED_FROM) or result.run_id)
+
+
+def carried(result: ProbeResult, run_id: str) -> ProbeResult:
+    """The copy of ``result`` recorded in run ``run_id``: same verdict, code, start time and inputs, naming the
+    run that measured it."""
+    return dataclasses.replace(result, run_id=run_id,
+                               verdict=result.verdict.with_evidence(**{REUSED_FROM: origin(result)}))
+
+
+def stamped(verdict: Verdict, inputs: Inputs | None, level: str) -> Verdict:
+    """A fresh verdict with what a later run needs to carry it: its inputs, and the level when quick."""
+    extra: dict[str, Any] = {INPUTS: inputs.to_json()} if inputs else {}
+    if level == QUICK:
+        extra[LEVEL] = QUICK
+    return verdict.with_evidence(**extra) if extra else verdict
+
+
+def reused_line(items: Iterable[WorkItem]) -> str:
+    """``40 unchanged, reused from run X; --fresh reruns them``; '' when nothing is reused."""
+    runs = sorted({origin(it.reused) for it in items if it.reused is not None})
+    n = sum(1 for it in items if it.reused is not None)
+    if not n:
+        return ""
+    where = f"run {runs[0]}" if len(runs) == 1 else f"runs {', '.join(runs[:3])}" + (
+        f" +{len(runs) - 3} more" if len(runs) > 3 else "")
+    return f"{n} unchanged, reused from {where}; --fresh reruns them"
+
+
+# --- the readers -----------------------------------------------------------------------------------------------
+def latest(folder: Path) -> dict[Key, ProbeResult]:
+    """Per (cell, probe, variant), the result of the newest run in a host's results folder (what the table
+    shows)."""
+    return latest_results(folder)

@@ -1,0 +1,219 @@
+"""Which code made a result: the stackprobe version, the git commit and whether ``checks/`` differed from it,
+and a hash of the probe's own source (host side).
+
+The probe hash covers the probe module, the private helper modules of ``inenv/probes/`` (``_*.py``) and
+the in-environment fact modules of ``checks/`` (toolkit lookup, target parsing, distribution table...) it
+imports, found by reading its imports with ``ast``, transitively. The probe API itself (``inenv.probe``,
+``inenv.status``) is left out: it is the contract every probe shares, not a probe's judgement.
+It is computed on the host from the ``checks/`` tree that is mounted into the containers, so it names the
+code the ranks ran. Two checkouts with the same probe source give the same hash wherever they live (file
+names, not paths, are hashed).
+A verdict whose recorded hash differs from the current source's was made by other code: `checks report`
+marks it for a rerun.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.metadata
+import subprocess
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from inenv.probe import DECLARED_MARK
+
+CODE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `checks` package
+HELPERS = CODE_ROOT / "inenv" / "probes"
+HELPER_PACKAGE = "inenv.probes"
+SUPPORT_PACKAGE = "checks"
+API_MODULES = frozenset({"probe", "status", "probes"})  # shared by every probe: not part of a probe's hash
+UNKNOWN = "unknown"
+HASH_CHARS = 16
+GIT_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """The code of a whole run: the package version and the git commit it came from."""
+
+    version: str
+    commit: str  # "unknown" outside a git checkout
+    dirty: bool | None  # checks/ differs from the commit (None: unknown)
+
+    def for_probe(self, probe_hash: str) -> Provenance:
+        return Provenance(self.version, self.commit, self.dirty, probe_hash)
+
+    def to_json(self, probe_hashes: Mapping[str, str]) -> dict[str, Any]:
+        """``code`` in a run manifest: this checkout and the hash of each probe the run selected."""
+        return {"version": self.version, "commit": self.commit, "dirty": self.dirty,
+                "probe_hashes": dict(sorted(probe_hashes.items()))}
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """The code one result was made by (``code`` in a ProbeResult's JSON)."""
+
+    version: str
+    commit: str
+    dirty: bool | None
+    probe_hash: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "commit": self.commit, "dirty": self.dirty, "probe_hash": self.probe_hash}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Provenance | None:
+        """None when ``obj`` is not a well-formed ``code`` object."""
+        if not isinstance(obj, dict):
+            return None
+        if not all(isinstance(obj.get(k), str) for k in ("version", "commit", "probe_hash")):
+            return None
+        if obj.get("dirty") is not None and not isinstance(obj.get("dirty"), bool):
+            return None
+        return cls(obj["version"], obj["commit"], obj.get("dirty"), obj["probe_hash"])
+
+
+# --- the checkout -------------------------------------------------------------------------------------------
+def package_version(root: Path = CODE_ROOT) -> str:
+    """The version in the checkout's pyproject.toml, else the installed package's, else "unknown"."""
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
+        if project.get("name") == "stackprobe" and isinstance(project.get("version"), str):
+            return project["version"]
+    except (OSError, tomllib.TOMLDecodeError):
+        pass
+    try:
+        return importlib.metadata.version("stackprobe")
+    except importlib.metadata.PackageNotFoundError:
+        return UNKNOWN
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def checkout(root: Path = CODE_ROOT) -> Checkout:
+    """Version, commit and dirty flag of the code under ``root``. A ``root`` that is not itself the top of a
+    git checkout (an installed package, even one inside somebody's checkout) has commit "unknown"."""
+    version = package_version(root)
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is None or Path(top.strip()).resolve() != root.resolve():
+        return Checkout(version, UNKNOWN, None)
+    commit = (_git(root, "rev-parse", "--verify", "HEAD") or "").strip()
+    status = _git(root, "status", "--porcelain", "--untracked-files=normal", "--", "checks")
+    if not commit:
+        return Checkout(version, UNKNOWN, None)
+    return Checkout(version, commit, None if status is None else bool(status.strip()))
+
+
+# --- probe source hashes ------------------------------------------------------------------------------------
+def helper_imports(source: str, in_helpers: bool = False) -> set[str]:
+    """Names of the private ``inenv.probes`` modules (``_x``) that ``source`` imports. ``in_helpers``: the
+    source is itself a module of ``inenv/probes/``, so its relative imports name helpers too."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(HELPER_PACKAGE + "."):
+                    found.add(alias.name[len(HELPER_PACKAGE) + 1:].split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                module = node.module or ""
+            elif node.level == 1 and in_helpers:
+                module = HELPER_PACKAGE + (f".{node.module}" if node.module else "")
+            else:
+                continue
+            if module == HELPER_PACKAGE:
+                found.update(a.name for a in node.names)
+            elif module.startswith(HELPER_PACKAGE + "."):
+                found.add(module[len(HELPER_PACKAGE) + 1:].split(".")[0])
+    return {name for name in found if name.startswith("_") and name != "__init__"}
+
+
+def support_imports(source: str) -> set[str]:
+    """Names of the ``checks`` modules (``inenv.toolkit``, ...) that ``source`` imports, the probe API aside."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] if node.module != SUPPORT_PACKAGE else [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[0] == SUPPORT_PACKAGE and parts[1] not in API_MODULES:
+                found.add(parts[1])
+    return found
+
+
+def probe_sources(path: Path, helpers: Path = HELPERS) -> list[Path]:
+    """The probe file and every helper and support module it imports, transitively, in a stable order."""
+    seen: dict[str, Path] = {}
+    todo = [(path, path.resolve().parent == helpers.resolve())]
+    sources = [path]
+    while todo:
+        current, in_helpers = todo.pop()
+        text = current.read_text()
+        wanted = [(n, helpers / f"{n}.py", True) for n in sorted(helper_imports(text, in_helpers))]
+        wanted += [(f"checks.{n}", helpers.parent / f"{n}.py", False) for n in sorted(support_imports(text))]
+        for key, file, is_helper in wanted:
+            if key not in seen and file.is_file():
+                seen[key] = file
+                todo.append((file, is_helper))
+    return sources + [seen[n] for n in sorted(seen)]
+
+
+DECLARED_NAMES = frozenset({"METRICS", "EVIDENCE", "ALLREDUCE_PATH"})
+
+
+def hashed_bytes(path: Path) -> bytes:
+    """The bytes of a source that count for its hash: all of them, less a probe's declaration block at the end
+    of the file (from the line starting with ``inenv.probe.DECLARED_MARK``), which describes what the probe
+    records and changes no verdict. The block is left out only when it holds nothing but assignments of
+    the declared names; anything else in it counts like the rest of the file."""
+    data = path.read_bytes()
+    mark = ("\n" + DECLARED_MARK).encode()
+    at = data.find(mark)
+    if at < 0:
+        return data
+    try:
+        block = ast.parse(data[at:].decode())
+    except (SyntaxError, UnicodeDecodeError):
+        return data
+    if not all(isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+               and node.targets[0].id in DECLARED_NAMES for node in block.body):
+        return data
+    return data[:at].rstrip(b"\n") + b"\n"
+
+
+def source_hash(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode() + b"\0" + hashed_bytes(p) + b"\0")
+    return h.hexdigest()[:HASH_CHARS]
+
+
+def probe_hash(path: Path, helpers: Path = HELPERS) -> str:
+    return source_hash(probe_sources(path, helpers))
+
+
+def probe_hashes(modules: Mapping[str, ModuleType], helpers: Path = HELPERS) -> dict[str, str]:
+    """Probe id -> hash of its source, for loaded probe modules."""
+    return {pid: probe_hash(Path(str(m.__file__)), helpers) for pid, m in sorted(modules.items())}
+
+
+def current_probe_hashes() -> dict[str, str]:
+    """The hash of every probe this checkout has (including those on STACKPROBE_PROBE_PATH)."""
+    from inenv import registry
+
+    return probe_hashes({pid: mod for pid, (_, mod) in registry.discover().items()})

@@ -1,0 +1,1 @@
+"""Running a plan: work items, executors and backends, isolation, Slurm."""

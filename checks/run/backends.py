@@ -1,0 +1,108 @@
+"""The registry of backends (checks.run.backend.Backend), keyed by the name `checks run --backend` takes, and the
+backends that run cells on this host through one executor per cell: Docker images, venv cells and one
+local interpreter. Slurm's is in checks.run.slurm_run."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from checks.results import hostfacts
+from checks.run import cells, runner
+from checks.run.backend import Backend, Targets
+from checks.run.container import client, unreachable
+from checks.run.executor import Executor, ExecutorError, compile_cache_dir, for_run, gpu_lock_path
+from checks.run.options import AUTO, DOCKER, LOCAL, SLURM, VENV, RunOptions, UsageError
+from checks.run.runner import Hooks, RunReport, Work
+from checks.run.slurm_run import SlurmBackend
+from common import backend as provision_backend
+from common.errors import InputError
+
+
+def _peer_facts(executors: dict[str, Executor], gpus: int) -> dict[str, Any] | None:
+    """What one environment reports about the GPUs (peer access, multicast), when one can be asked."""
+    if not executors or not gpus:
+        return None
+    try:
+        return next(iter(executors.values())).inspect()
+    except ExecutorError as exc:  # one broken environment must not stop the run; its variants say why
+        print(f"warning: peer access and multicast unknown: {exc}", file=sys.stderr)
+        return None
+
+
+@dataclass
+class HostBackend:
+    """Cells that run on this host, one executor per cell, up to ``--jobs`` variants at once."""
+
+    name: str
+    find: Callable[[RunOptions, int], cells.Cells]
+    gpu_lock: bool = True
+    executors: dict[str, Executor] = field(default_factory=dict)
+
+    def targets(self, opts: RunOptions) -> Targets:
+        smi = hostfacts.collect()
+        gpus = int(smi["gpu_count"])
+        found, self.executors = self.find(opts, gpus)
+        inspect = _peer_facts(self.executors, gpus)
+        return Targets(found, hostfacts.collect(inspect) if inspect else smi, gpus)
+
+    def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, str | None]:
+        cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
+        lock = gpu_lock_path() if self.gpu_lock and targets.gpus else None
+        self.executors = for_run(self.executors, opts.target_archs, cache, str(targets.facts["host_id"]), lock)
+        return {cid: ex.fingerprint() for cid, ex in self.executors.items()}
+
+    def run(self, opts: RunOptions, work: Work, hooks: Hooks) -> RunReport:
+        return runner.execute(opts, replace(work, executors=self.executors), hooks)
+
+    def cancel(self) -> None:
+        for ex in self.executors.values():
+            ex.sweep()
+
+
+def _local(opts: RunOptions, gpus: int) -> cells.Cells:
+    cell, ex, _ = cells.local(opts, opts.python or sys.executable)
+    return [cell], {cell.cell_id: ex}
+
+
+def docker_backend() -> Backend:
+    return HostBackend(DOCKER, cells.docker)
+
+
+def venv_backend() -> Backend:
+    return HostBackend(VENV, lambda opts, gpus: cells.venv(opts))
+
+
+def local_backend() -> Backend:
+    return HostBackend(LOCAL, _local)
+
+
+BACKENDS: dict[str, Callable[[], Backend]] = {
+    DOCKER: docker_backend,
+    VENV: venv_backend,
+    LOCAL: local_backend,
+    SLURM: SlurmBackend,
+}
+
+
+def resolve(requested: str) -> tuple[str, str]:
+    """The backend a run uses and the line that says why, when ``auto`` chose it: Docker when its daemon
+    answers, else venv cells (one rule with `provision build`, common.backend)."""
+    if requested != AUTO:
+        if requested == DOCKER:
+            client()  # insisted on: fails now (ExecutorError with the fix), even when no image would run
+        return requested, ""
+    try:
+        chosen = provision_backend.choose(AUTO, unreachable, doing=provision_backend.RUN_VENVS)
+    except InputError as exc:
+        raise UsageError(f"checks run: {exc.one_line()}") from None
+    return chosen.backend, chosen.line
+
+
+def open_backend(requested: str) -> Backend:
+    name, line = resolve(requested)
+    if line:
+        print(f"checks: {line}", file=sys.stderr, flush=True)
+    return BACKENDS[name]()

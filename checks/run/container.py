@@ -1,0 +1,319 @@
+"""The docker executor: one container per variant, through the Docker SDK (host side).
+
+The container gets every GPU when the host has any, the host IPC namespace (NCCL and CUDA IPC need
+shared memory and fd passing between ranks), unlimited memlock, the checks code mounted read-only,
+no privileges, no Docker socket and no network (ranks talk over loopback). It is removed afterwards,
+also at the timeout and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from checks.results.result import Verdict
+from checks.run import classify
+from checks.run.executor import (
+    CODE_ROOT,
+    ExecutorError,
+    RunEnv,
+    apply_env,
+    hard_timeout,
+    is_gated,
+    parse_result_text,
+    probe_path_dirs,
+    worker_args,
+)
+from checks.run.isolate import ProcessOutcome
+from common import memlock
+from common.reasons import Catalogue
+from inenv import gpugate
+from inenv.kit import _compile_cache
+from inenv.probe import Variant
+from inenv.registry import PROBE_PATH_ENV
+from inenv.worker import bytecode_folder_name
+
+MOUNT_ROOT = "/opt/stackprobe-code"  # apart from /opt/stackprobe, where cell images keep their locks
+COMPILE_CACHE_MOUNT = "/opt/stackprobe-compile-cache"  # the host's shared compile cache, read-write
+BYTECODE_ROOT = CODE_ROOT / ".cache" / "pycache"  # per image: the bytecode its ranks compiled
+IN_ENV_PACKAGES = ("inenv",)  # what the ranks import from this checkout: mounted read-only
+LABEL = "stackprobe.run"
+# KEY=VALUE labels added to every container, so whoever started a run (a test session, a CI job) can find
+# and remove whatever its runs left behind, and nothing else
+LABELS_ENV = "STACKPROBE_CONTAINER_LABELS"
+TAIL_LINES = 200
+
+
+def bytecode_key(image_id: str) -> str:
+    """The name of an image's folder under BYTECODE_ROOT (`provision prune` reads it back to find stale ones)."""
+    return image_id.removeprefix("sha256:")[:16]
+
+
+def _connect() -> tuple[Any, str | None]:
+    """(a Docker SDK client that answered a ping, None), or (None, why not in one line, no fix)."""
+    try:
+        import docker
+
+        c = docker.from_env(timeout=120)
+        c.ping()
+        return c, None
+    except Exception as exc:
+        return None, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def unreachable() -> str | None:
+    """Why no Docker daemon can be used from here (the SDK's error), or None when one answers."""
+    return _connect()[1]
+
+
+def client() -> Any:
+    """A Docker SDK client, or ExecutorError with one line saying why not and what to do."""
+    c, problem = _connect()
+    if problem is not None:
+        raise ExecutorError(f"Docker is not reachable ({problem}); start dockerd, or leave out --backend docker "
+                            "to run venv cells, or use --backend local")
+    return c
+
+
+def extra_labels(value: str | None = None) -> dict[str, str]:
+    """``a=1,b=2`` from STACKPROBE_CONTAINER_LABELS (or ``value``) as labels; an entry without ``=`` is a
+    label with an empty value."""
+    raw = os.environ.get(LABELS_ENV, "") if value is None else value
+    return {k.strip(): v.strip() for k, _, v in (p.partition("=") for p in raw.split(",")) if k.strip()}
+
+
+def exit_to_returncode(code: int) -> int:
+    """Docker reports death by signal N as exit status 128+N; map it back to -N like subprocess does."""
+    return -(code - 128) if 128 < code < 128 + 65 else code
+
+
+@dataclass
+class DockerExecutor:
+    image: str
+    python: str = "python3"
+    gpus_on_host: int = 0
+    run_label: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    memlock_unlimited: bool = True
+    memlock_note: str = "unlimited"
+    last_container: str = ""
+    image_id: str | None = None
+    use_init: bool = True  # PID 1 ignores default-action signals; an init makes a crash look like one
+    name: str = "docker"
+    run_env: RunEnv = ()  # the run's settings for this cell (checks.run.executor.run_env), host paths as given
+    _client: Any = None
+
+    @property
+    def gated(self) -> bool:
+        return is_gated(self.run_env)
+
+    def with_run_env(self, run_env: RunEnv) -> DockerExecutor:
+        return replace(self, run_env=run_env)
+
+    def fingerprint(self) -> str | None:
+        """The image's id (None when the image vanished or the daemon went away: the run says so per variant)."""
+        try:
+            return f"image {self.docker.images.get(self.image).id}"
+        except Exception:
+            return None
+
+    def sweep(self) -> None:
+        """Remove this executor's containers: a worker thread waiting on the daemon cannot be interrupted
+        until its container is gone."""
+        try:
+            for name in self.leftovers():
+                self.docker.api.remove_container(name, force=True)
+        except Exception as exc:  # the daemon went away: the sweep of the test or the next run finds them
+            print(f"warning: could not remove the containers of {self.image}: {exc}", file=sys.stderr)
+
+    @property
+    def docker(self) -> Any:
+        if self._client is None:
+            self._client = client()
+        return self._client
+
+    def _config(self, command: list[str]) -> dict[str, Any]:
+        from docker.types import DeviceRequest, Ulimit
+
+        volumes = {str(CODE_ROOT / pkg): {"bind": f"{MOUNT_ROOT}/{pkg}", "mode": "ro"} for pkg in IN_ENV_PACKAGES}
+        extra = []
+        for i, d in enumerate(probe_path_dirs()):
+            target = f"{MOUNT_ROOT}/extra-probes-{i}"
+            volumes[str(d.resolve())] = {"bind": target, "mode": "ro"}
+            extra.append(target)
+        env = {"PYTHONPATH": MOUNT_ROOT, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+        if extra:
+            env[PROBE_PATH_ENV] = ":".join(extra)
+        apply_env(env, self.run_env)
+        cache = env.get(_compile_cache.ENV)
+        if cache:  # outside the image, so what one container builds the next one, and the next run, finds
+            volumes[cache] = {"bind": COMPILE_CACHE_MOUNT, "mode": "rw"}
+            env[_compile_cache.ENV] = COMPILE_CACHE_MOUNT
+        lock = env.get(gpugate.ENV)
+        if lock:  # one lock file for the host's every worker, in a container or not (inenv.gpugate)
+            volumes[lock] = {"bind": f"/tmp/{gpugate.LOCK_NAME}", "mode": "rw"}
+            env[gpugate.ENV] = f"/tmp/{gpugate.LOCK_NAME}"
+        pycache = self._bytecode_dir()
+        if pycache:  # the ranks' bytecode outlives the container (inenv.worker.bytecode_cache)
+            volumes[pycache] = {"bind": f"/tmp/{bytecode_folder_name(0)}", "mode": "rw"}
+        cfg: dict[str, Any] = {
+            "image": self.image,
+            "command": command,
+            "detach": True,
+            "environment": env,
+            "volumes": volumes,
+            "working_dir": "/tmp",
+            "ipc_mode": "host",
+            "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1)] if self.memlock_unlimited else [],
+            "privileged": False,
+            "init": self.use_init,
+            "network_mode": "none",
+            "labels": {**extra_labels(), LABEL: self.run_label},
+            "name": f"stackprobe-{self.run_label}-{uuid.uuid4().hex[:8]}",
+        }
+        if self.gpus_on_host:
+            cfg["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        return cfg
+
+    def _start(self, command: list[str]) -> Any:
+        """Create, then start; a container that fails to start is removed, not left behind.
+
+        The name is chosen before ``create`` and the removal goes by name: a Ctrl-C that lands while the
+        daemon's reply to ``create`` is in flight leaves a container this process never got a handle to."""
+        cfg = self._config(command)
+        cfg.pop("detach")
+        self.last_container = cfg["name"]
+        try:
+            ctr = self.docker.containers.create(**cfg)
+            ctr.start()
+        except BaseException:
+            self._remove(cfg["name"])
+            raise
+        return ctr
+
+    def _remove(self, name: str) -> None:
+        import docker.errors
+
+        if name:
+            with contextlib.suppress(docker.errors.APIError):  # NotFound included: already gone
+                self.docker.api.remove_container(name, force=True)
+
+    def _start_degrading(self, command: list[str]) -> Any:
+        import docker.errors
+
+        while True:
+            try:
+                return self._start(command)
+            except docker.errors.APIError as exc:
+                # A daemon that itself runs under a memlock cap cannot raise it for containers; NCCL and
+                # CUDA IPC then work with the cap. Recorded in the results as evidence.memlock.
+                if self.memlock_unlimited and "rlimit" in str(exc):
+                    self.memlock_unlimited = False
+                    self.memlock_note = memlock.refused(str(exc.explanation or exc))
+                elif self.use_init and "init" in str(exc):
+                    self.use_init = False  # no docker-init on this host: the worker runs as PID 1
+                else:
+                    raise
+
+    def _run(self, command: list[str], timeout_s: float) -> ProcessOutcome:
+        import docker.errors
+        import requests.exceptions
+
+        started = time.monotonic()
+        timed_out = False
+        code: int | None = None
+        self.last_container = ""
+        try:
+            try:
+                ctr = self._start_degrading(command)
+            except docker.errors.ImageNotFound:
+                raise ExecutorError(f"image {self.image} not found: run `provision build` first") from None
+            except docker.errors.APIError as exc:
+                why = str(exc.explanation or exc)
+                hint = "; install the NVIDIA container toolkit for GPU access" if "device driver" in why else ""
+                raise ExecutorError(f"cannot start a container from {self.image}: {why}{hint}") from None
+            try:
+                code = int(ctr.wait(timeout=timeout_s).get("StatusCode", -1))
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                timed_out = True
+                ctr.kill()
+            out = ctr.logs(stdout=True, stderr=False, tail=TAIL_LINES).decode(errors="replace")
+            err = ctr.logs(stdout=False, stderr=True, tail=TAIL_LINES).decode(errors="replace")
+            oom = False
+            if not timed_out:
+                ctr.reload()
+                oom = bool(ctr.attrs.get("State", {}).get("OOMKilled"))
+        finally:
+            # by name, so that no moment between create and this point leaves a container behind
+            self._remove(self.last_container)
+        result, result_error = parse_result_text(out)
+        if oom:
+            err += "\ncontainer OOMKilled: host memory exhausted"
+        return ProcessOutcome(
+            returncode=None if timed_out else exit_to_returncode(code if code is not None else -1),
+            timed_out=timed_out,
+            result=result,
+            result_error=result_error,
+            stdout_tail=out[-4000:],
+            stderr_tail=err[-4000:],
+            duration_s=round(time.monotonic() - started, 3),
+            leftovers=0,
+        )
+
+    def inspect(self) -> dict[str, Any]:
+        p = self._run([self.python, "-m", "inenv.worker", "--inspect"], 300)
+        if p.result is None:
+            last = (p.stderr_tail.strip().splitlines() or ["no output"])[-1]
+            raise ExecutorError(f"image {self.image}: environment inspection failed: {p.result_error or last}")
+        return p.result
+
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
+            queue_s: float = 0.0) -> Verdict:
+        limit = hard_timeout(timeout_s, queue_s)
+        p = self._run([self.python, *worker_args(variant, gpus, timeout_s, queue_s)], limit)
+        verdict = classify.from_process(p, catalogue, limit)
+        return verdict.with_evidence(
+            image=self.image, image_id=self._image_id(), memlock=self.memlock_note, container=self.last_container,
+            command=f"docker run {self.image} {self.python} -m inenv.worker --probe {variant.probe_id}")
+
+    def _bytecode_dir(self) -> str | None:
+        """A host folder for the bytecode the ranks of this image compile, mounted where the container's root
+        keeps it. One per image id, since an image's sources never change: Python's check of a bytecode
+        file against its source's size and time then never meets another image's file of the same path.
+        The worker uses it only when it is its user's alone (mode 0700), so a host user other than root
+        gets no cache in a root container, and loses nothing else."""
+        image_id = bytecode_key(self._image_id() or "")
+        if not image_id:
+            return None
+        folder = BYTECODE_ROOT / image_id
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder.chmod(0o700)
+        except OSError:
+            return None
+        return str(folder)
+
+    def _image_id(self) -> str | None:
+        if self.image_id is None:
+            try:
+                self.image_id = str(self.docker.images.get(self.image).id)
+            except Exception:
+                self.image_id = ""
+        return self.image_id or None
+
+    def leftovers(self) -> list[str]:
+        """Containers of this executor that still exist (should always be none)."""
+        # one list call: containers.list() inspects each one and fails on any that vanishes meanwhile
+        found = self.docker.api.containers(all=True, filters={"label": f"{LABEL}={self.run_label}"})
+        return [n.lstrip("/") for c in found for n in c["Names"]]
+
+
+def image_digest(image: str) -> str | None:
+    try:
+        return str(client().images.get(image).id)
+    except Exception:
+        return None

@@ -1,0 +1,237 @@
+"""Where a variant runs: the Executor protocol and the local executor (a given Python interpreter).
+
+Both executors run the same in-environment worker (``python -m inenv.worker``) and turn whatever
+comes back into a verdict with :mod:`checks.run.classify`. The docker executor is in checks/run/container.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from checks.results.hostfacts import safe_env
+from checks.results.result import Verdict
+from checks.run import classify, isolate
+from common.reasons import Catalogue
+from inenv import gpugate
+from inenv.kit import _compile_cache
+from inenv.probe import RESULT_MARKER, Variant
+from inenv.probes.fi_jit import ARCHS_ENV
+from inenv.registry import PROBE_PATH_ENV
+
+CODE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `checks` package
+HARD_TIMEOUT_MARGIN_S = 30.0  # the worker's own watchdog fires first and collects stacks
+# Builds every cell and run share (inenv.kit._compile_cache); outside every image, kept between runs.
+DEFAULT_COMPILE_CACHE = CODE_ROOT / ".cache" / "compile"
+FINGERPRINT_TIMEOUT_S = 120.0
+RunEnv = tuple[tuple[str, str], ...]  # NAME=value for every worker of a cell; an empty value unsets NAME
+
+
+class ExecutorError(RuntimeError):
+    """The executor cannot run at all (no interpreter, no Docker): bad environment, exit 2."""
+
+
+def worker_args(variant: Variant, gpus: int, timeout_s: float, queue_s: float = 0.0) -> list[str]:
+    queue = ["--queue", f"{queue_s:g}"] if queue_s > 0 else []
+    return ["-m", "inenv.worker", "--probe", variant.probe_id, "--variant", json.dumps(variant.to_json()),
+            "--gpus", str(gpus), "--timeout", f"{timeout_s:g}", *queue]
+
+
+def hard_timeout(timeout_s: float, queue_s: float = 0.0) -> float:
+    """The host's watchdog: the worker's own soft timeout, the margin it needs to report a hang, and the
+    time it may wait at the GPU gate (inenv.gpugate) before its soft timeout starts."""
+    return timeout_s + HARD_TIMEOUT_MARGIN_S + queue_s
+
+
+def gpu_lock_path() -> Path | None:
+    """The host's GPU lock file (inenv.gpugate), created if missing so that a container can have it mounted;
+    None when it cannot be (the run then starts each GPU variant only after the last one ended)."""
+    path = Path(tempfile.gettempdir()) / gpugate.LOCK_NAME
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    except OSError as exc:
+        print(f"warning: no GPU lock file ({path}: {exc}); GPU variants will not start up ahead", file=sys.stderr)
+        return None
+    return path
+
+
+def compile_cache_dir(given: Path | None, off: bool, env: Mapping[str, str] | None = None) -> Path | None:
+    """The host folder of the shared compile cache: ``--compile-cache``, else STACKPROBE_COMPILE_CACHE,
+    else the repository's .cache/compile; None with ``--no-compile-cache``."""
+    if off:
+        return None
+    named = (os.environ if env is None else env).get(_compile_cache.ENV)
+    folder = (given or (Path(named) if named else DEFAULT_COMPILE_CACHE)).resolve()
+    if folder.exists() and not folder.is_dir():
+        raise ExecutorError(f"the compile cache {folder} is not a folder; give --compile-cache a folder "
+                            "(or --no-compile-cache)")
+    return folder
+
+
+def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, host_id: str = "",
+            gpu_lock: Path | None = None) -> RunEnv:
+    """What every worker of a cell is told beyond its variant: the shared compile cache (its host path;
+    a container gets it mounted), every cross-compile target of the run (fi-jit builds them in one go),
+    which cell and host built what the cache holds, and the host's GPU lock (inenv.gpugate; mounted too)."""
+    return ((_compile_cache.ENV, str(compile_cache or "")), (ARCHS_ENV, " ".join(archs)),
+            (_compile_cache.CELL_ENV, cell_id), (_compile_cache.HOST_ENV, host_id),
+            (gpugate.ENV, str(gpu_lock or "")))
+
+
+def for_run(executors: Mapping[str, Executor], archs: tuple[str, ...], compile_cache: Path | None,
+            host_id: str = "", gpu_lock: Path | None = None) -> dict[str, Executor]:
+    """Each cell's executor with its run environment."""
+    if compile_cache is not None:
+        compile_cache.mkdir(parents=True, exist_ok=True)  # a bind mount of a missing folder makes a root-owned one
+    return {cid: ex.with_run_env(run_env(cid, archs, compile_cache, host_id, gpu_lock))
+            for cid, ex in executors.items()}
+
+
+def is_gated(run_env: RunEnv) -> bool:
+    """Whether workers given ``run_env`` take turns on the GPU lock (inenv.gpugate)."""
+    return any(name == gpugate.ENV and value for name, value in run_env)
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def apply_env(env: dict[str, str], changes: RunEnv) -> dict[str, str]:
+    for name, value in changes:
+        if value:
+            env[name] = value
+        else:
+            env.pop(name, None)
+    return env
+
+
+class Executor(Protocol):
+    """Runs one cell's variants on this host, one process tree (or container) per variant."""
+
+    name: str
+
+    @property
+    def gated(self) -> bool:
+        """Whether its workers take turns on the host's GPU lock, so the runner may start the next GPU variant
+        while one runs (inenv.gpugate)."""
+        ...
+
+    def with_run_env(self, run_env: RunEnv) -> Executor:
+        """The same executor with the run's settings for its cell (run_env())."""
+        ...
+
+    def inspect(self) -> dict[str, Any]:
+        """`python -m inenv.worker --inspect` in the environment: versions and GPU facts."""
+        ...
+
+    def fingerprint(self) -> str | None:
+        """What identifies the environment for incremental runs (checks.results.incremental), or None when it cannot
+        be told (then nothing of this cell is reused)."""
+        ...
+
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
+            queue_s: float = 0.0) -> Verdict:
+        """Run one variant isolated; always returns a verdict (never raises for a probe's failure).
+        ``queue_s``: how long it may wait at the GPU gate (only for a gated executor)."""
+        ...
+
+    def sweep(self) -> None:
+        """Ctrl-C, from the main thread: remove what a running variant holds outside its process group (a
+        container), so the thread waiting on it returns."""
+        ...
+
+
+def parse_result_text(text: str) -> tuple[dict[str, Any] | None, str]:
+    lines = [ln for ln in text.splitlines() if ln.startswith(RESULT_MARKER)]
+    if not lines:
+        return None, ""
+    try:
+        data = json.loads(lines[-1][len(RESULT_MARKER):])
+    except ValueError as exc:
+        return None, f"invalid JSON after the result marker: {exc}"
+    return (data, "") if isinstance(data, dict) else (None, "the result line is not a JSON object")
+
+
+@dataclass(frozen=True)
+class LocalExecutor:
+    """A given interpreter on this host: ``--backend local``, or a venv cell (``name`` "venv", whose ``extra_env``
+    sets its PATH, PYTHONPATH and CUDA_HOME: checks.run.venvcell)."""
+
+    python: str = sys.executable
+    name: str = "local"
+    extra_env: tuple[tuple[str, str], ...] = ()  # set last, over the runner's own environment; "" unsets
+    run_env: RunEnv = ()  # the run's settings for this cell (run_env()), before extra_env
+
+    def __post_init__(self) -> None:
+        resolved = shutil.which(self.python) if os.sep not in self.python else self.python
+        if not resolved or not os.access(resolved, os.X_OK):
+            raise ExecutorError(f"{self._what}: no such executable interpreter")
+
+    @property
+    def _what(self) -> str:
+        return f"--python {self.python}" if self.name == "local" else f"{self.name} cell {self.python}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("VIRTUAL_ENV", None)  # the interpreter chosen, not the venv stackprobe itself runs in
+        apply_env(env, self.run_env)
+        apply_env(env, self.extra_env)
+        return env
+
+    @property
+    def gated(self) -> bool:
+        return is_gated(self.run_env)
+
+    def with_run_env(self, run_env: RunEnv) -> LocalExecutor:
+        return replace(self, run_env=run_env)
+
+    def sweep(self) -> None:
+        """Nothing outside the variant's process group, which its own thread ends."""
+
+    def fingerprint(self) -> str | None:
+        """What inenv.envinfo.fingerprint reads in the interpreter, with the run-shaping variables of the
+        environment its ranks get."""
+        env = self.env()
+        code = "import json, inenv.envinfo as e; print(json.dumps(e.fingerprint()))"
+        try:
+            proc = subprocess.run([self.python, "-c", code], capture_output=True, text=True, env=env,
+                                  timeout=FINGERPRINT_TIMEOUT_S)
+            found = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            found = None
+        return f"{self.name} {digest([found, safe_env(env)])}" if found else None
+
+    def inspect(self) -> dict[str, Any]:
+        try:
+            proc = subprocess.run([self.python, "-m", "inenv.worker", "--inspect"], capture_output=True, text=True,
+                                  env=self.env(), timeout=300)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ExecutorError(f"{self._what}: cannot inspect the environment ({exc})") from None
+        data, err = parse_result_text(proc.stdout)
+        if data is None:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ExecutorError(f"{self._what}: environment inspection failed: {err or last}")
+        return data
+
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
+            queue_s: float = 0.0) -> Verdict:
+        cmd = [self.python, *worker_args(variant, gpus, timeout_s, queue_s)]
+        limit = hard_timeout(timeout_s, queue_s)
+        p = isolate.run_isolated(cmd, self.env(), limit)
+        verdict = classify.from_process(p, catalogue, limit)
+        return verdict.with_evidence(command=" ".join(cmd[:3] + [variant.probe_id]))
+
+
+def probe_path_dirs() -> list[Path]:
+    return [Path(p) for p in os.environ.get(PROBE_PATH_ENV, "").split(os.pathsep) if p]

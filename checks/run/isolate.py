@@ -1,0 +1,160 @@
+"""Run one command so that nothing it starts survives it (host side).
+
+The command gets its own session (process group) and a unique token in its environment. Output goes
+to files, not pipes, so a probe printing gigabytes cannot block; only bounded tails are kept. At the
+end (normal exit, timeout or Ctrl-C) the group is killed, then every process still carrying the token
+is found in /proc and killed too, which catches grandchildren that called setsid().
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from inenv.lifetime import die_with_parent
+from inenv.probe import RESULT_MARKER
+
+TOKEN_ENV = "STACKPROBE_RUN_TOKEN"
+TAIL_BYTES = 4000
+KILL_ROUNDS = 50
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    returncode: int | None  # None when it had to be killed at the timeout
+    timed_out: bool
+    result: dict[str, Any] | None  # the parsed result line, if one came back
+    result_error: str  # the result line was there but not valid JSON
+    stdout_tail: str
+    stderr_tail: str
+    duration_s: float
+    leftovers: int  # processes still alive after the command ended, killed by the sweep
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode is None or self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+
+def _tail(f: Any, limit: int = TAIL_BYTES) -> str:
+    f.seek(0, os.SEEK_END)
+    size = f.tell()
+    f.seek(max(0, size - limit))
+    return f.read().decode(errors="replace")
+
+
+def _find_result(f: Any) -> tuple[dict[str, Any] | None, str]:
+    """The last result line on stdout, read line by line (stdout may be huge)."""
+    f.seek(0)
+    found: bytes | None = None
+    marker = RESULT_MARKER.encode()
+    for line in f:
+        if line.startswith(marker):
+            found = line
+    if found is None:
+        return None, ""
+    try:
+        data = json.loads(found[len(marker):])
+    except ValueError as exc:
+        return None, f"invalid JSON after the result marker: {exc}"
+    if not isinstance(data, dict):
+        return None, "the result line is not a JSON object"
+    return data, ""
+
+
+def pids_with_token(token: str) -> list[int]:
+    needle = f"{TOKEN_ENV}={token}".encode()
+    me = os.getpid()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.append(int(entry))
+        except OSError:
+            continue
+    return out
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def sweep(token: str) -> int:
+    """Stop, then kill, every live process carrying the token; repeat until none is left (forks race)."""
+    killed: set[int] = set()
+    for _ in range(KILL_ROUNDS):
+        live = [p for p in pids_with_token(token) if not _is_zombie(p)]
+        if not live:
+            break
+        for pid in live:  # stop first so a forking process cannot outrun the kill
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.01)
+    return len(killed)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def run_isolated(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: str | None = None,
+                 on_start: Callable[[subprocess.Popen[bytes]], None] | None = None) -> ProcessOutcome:
+    """Run `cmd` in its own session with a hard timeout. KeyboardInterrupt is re-raised after cleanup."""
+    token = uuid.uuid4().hex
+    env = {**env, TOKEN_ENV: token}
+    started = time.monotonic()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                start_new_session=True, preexec_fn=die_with_parent)
+        if on_start:
+            on_start(proc)
+        timed_out = interrupted = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            _kill_group(proc.pid)
+            proc.wait()
+            leftovers = sweep(token)
+        duration = time.monotonic() - started
+        if interrupted:
+            raise KeyboardInterrupt
+        result, result_error = _find_result(out)
+        return ProcessOutcome(
+            returncode=None if timed_out else proc.returncode,
+            timed_out=timed_out,
+            result=result,
+            result_error=result_error,
+            stdout_tail=_tail(out),
+            stderr_tail=_tail(err),
+            duration_s=round(duration, 3),
+            leftovers=leftovers,
+        )

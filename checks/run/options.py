@@ -1,0 +1,102 @@
+"""What one `checks run` was asked to do: the command line resolved once into a frozen :class:`RunOptions`
+(host side). Every later step takes the options or the values it needs; nothing changes them.
+
+Where cells come from and where their variants run is one choice, ``backend`` (the registry is
+checks.run.backends.BACKENDS): ``docker`` (cell images), ``venv`` (venv cells), ``local`` (one interpreter,
+``--python``), ``slurm`` (jobs on a cluster) or ``auto`` (Docker when its daemon answers, else venv cells).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from inenv.probe import FULL, LEVELS
+
+REPO = Path(__file__).resolve().parents[2]
+AUTO, DOCKER, VENV, LOCAL, SLURM = "auto", "docker", "venv", "local", "slurm"
+BACKEND_CHOICES = (AUTO, DOCKER, VENV, LOCAL, SLURM)
+MAX_DEFAULT_JOBS = 4
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit 2."""
+
+
+def default_jobs() -> int:
+    """The CPU cores this process may use, at most MAX_DEFAULT_JOBS (each compile job is itself parallel)."""
+    return max(1, min(MAX_DEFAULT_JOBS, len(os.sched_getaffinity(0))))
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What the Slurm backend asks of the cluster."""
+
+    partition: str | None = None
+    gpus_per_job: int | None = None  # None: the partition's GPUs per node
+    time_minutes: int | None = None  # None: each job's own estimate
+    container_image: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """One `checks run`, validated (:meth:`check`) before anything runs."""
+
+    probes: tuple[str, ...] = ()  # probe ids; empty with all_probes
+    all_probes: bool = False
+    cuda: str | None = None
+    only: tuple[str, ...] = ()
+    backend: str = AUTO
+    python: str | None = None  # the interpreter of the local backend (and of Slurm nodes when given)
+    slurm: SlurmOptions = SlurmOptions()
+    resume: bool = False
+    fresh: bool = False
+    jobs: int = 1
+    level: str = FULL
+    as_json: bool = False
+    timeout_scale: float = 1.0
+    target_archs: tuple[str, ...] = ("12.0a", "12.0f")
+    compile_cache: Path | None = None
+    no_compile_cache: bool = False
+    results: Path = REPO / "results"
+    matrix: Path = REPO / "matrix.yaml"
+    envs: Path = REPO / "envs"
+    report: Path | None = None  # the table regenerated at the end; None: not regenerated
+    argv: tuple[str, ...] = ()
+
+    def check(self) -> RunOptions:
+        """The options themselves when they are consistent; else UsageError naming the option."""
+        if self.timeout_scale <= 0:
+            raise UsageError("checks run: --timeout-scale must be > 0")
+        if self.jobs < 1:
+            raise UsageError(f"checks run: --jobs {self.jobs}: give 1 or more")
+        if self.backend not in BACKEND_CHOICES:
+            raise UsageError(f"checks run: --backend {self.backend}: choose one of {', '.join(BACKEND_CHOICES)}")
+        if self.level not in LEVELS:
+            raise UsageError(f"checks run: --level {self.level}: choose one of {', '.join(LEVELS)}")
+        if self.all_probes and self.probes:
+            raise UsageError("checks run: give --all or --probe, not both")
+        if not self.all_probes and not self.probes:
+            raise UsageError("checks run: choose probes with --all or --probe ID (see `checks list`)")
+        if self.slurm.gpus_per_job is not None and self.slurm.gpus_per_job < 0:
+            raise UsageError(f"checks run: --gpus-per-job {self.slurm.gpus_per_job}: give 0 or more")
+        if self.slurm.time_minutes is not None and self.slurm.time_minutes < 1:
+            raise UsageError(f"checks run: --time {self.slurm.time_minutes}: give 1 or more minutes")
+        return self
+
+
+def backend_from_flags(backend: str, executor: str | None, local: bool) -> str:
+    """The one backend of ``--backend``, given the older spellings ``--executor local|docker|slurm`` and
+    ``--local`` (deprecated aliases of ``--backend local|docker|slurm``); two that disagree are refused."""
+    named = [(f"--backend {backend}", backend)] if backend != AUTO else []
+    if executor:
+        named.append((f"--executor {executor}", executor))
+    if local:
+        named.append(("--local", LOCAL))
+    chosen = {value for _, value in named}
+    if len(chosen) > 1:
+        raise UsageError(f"checks run: {' and '.join(flag for flag, _ in named)} name different backends; "
+                         "give one --backend")
+    return chosen.pop() if chosen else AUTO

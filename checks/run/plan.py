@@ -1,0 +1,177 @@
+"""What a `checks run` will do: cells x probes x variants, and which are decided without running (pure)."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from checks.results.result import ProbeResult
+from common import cellid
+from inenv.probe import HostView, ProbeSpec, Variant, default_variants
+from inenv.status import Status
+
+
+class CellState(StrEnum):
+    """Where a cell stands before any probe runs (the JSON of the manifest spells the value)."""
+
+    RESOLVED = "resolved"  # the matrix resolved its versions: it has an image or a venv to run in
+    UNAVAILABLE = "unavailable"  # a version it names cannot be installed (no such wheel)
+    UNREACHABLE = "unreachable"  # the resolver could not reach an index to decide
+    LOCAL = "local"  # an existing environment, run with `checks run --local`
+
+
+class ImageState(StrEnum):
+    """Whether the environment a resolved cell runs in (an image or a venv) is there."""
+
+    NONE = ""  # nothing was looked for: the cell did not resolve
+    BUILT = "built"
+    FAILED = "failed"  # its build failed
+    MISSING = "missing"  # never built, or its record is unreadable or names the other backend
+    LOCAL = "local"  # the interpreter of `checks run --local`
+
+
+@dataclass(frozen=True)
+class CellTarget:
+    """A cell as the checks see it: its versions and where it runs (an image, or a local interpreter).
+    ``status`` and ``image_status`` may be given spelled; they are kept as their enums (ValueError otherwise)."""
+
+    cell_id: str
+    status: CellState
+    reason: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
+    image_status: ImageState = ImageState.NONE
+    image_reason: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", CellState(self.status))
+        object.__setattr__(self, "image_status", ImageState(self.image_status))
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A verdict reached without running anything (a cell that cannot run, a planned skip, a planner error)."""
+
+    status: Status
+    reason_code: str
+    note: str
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    cell: CellTarget
+    spec: ProbeSpec
+    variant: Variant
+    timeout_s: float
+    decided: Decided | None = None
+    # a result recorded earlier from the same inputs (checks.results.incremental): carried into this run, not rerun
+    reused: ProbeResult | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.cell.cell_id, self.spec.id, self.variant.key)
+
+    @property
+    def runs(self) -> bool:
+        """Whether this item starts a worker (else it is decided in advance or reused)."""
+        return self.decided is None and self.reused is None
+
+
+def cell_decided(cell: CellTarget) -> Decided | None:
+    if cell.status is CellState.UNAVAILABLE:
+        return Decided(Status.UNAVAILABLE, "cell-unavailable", cell.reason)
+    if cell.status is CellState.UNREACHABLE:
+        return Decided(Status.NOT_RUN, "cell-unreachable", cell.reason)
+    if cell.image_status is ImageState.FAILED:
+        return Decided(Status.NOT_RUN, "image-failed", cell.image_reason or "the image failed to build")
+    if cell.image_status is ImageState.MISSING:
+        return Decided(Status.NOT_RUN, "image-missing", cell.image_reason or "the image was never built")
+    return None
+
+
+def variants_for(module: ModuleType, host: HostView) -> list[Variant]:
+    spec: ProbeSpec = module.SPEC
+    planner = getattr(module, "variants", None)
+    return list(planner(host)) if planner else default_variants(spec, host)
+
+
+def plan_work(cells: list[CellTarget], probes: dict[str, ModuleType], host: HostView,
+              timeout_scale: float = 1.0) -> list[WorkItem]:
+    items: list[WorkItem] = []
+    planned: dict[str, list[Variant] | Exception] = {}
+    for pid in sorted(probes):
+        try:
+            planned[pid] = variants_for(probes[pid], host)
+        except Exception as exc:  # a probe's planner bug must not stop the run
+            planned[pid] = exc
+    # In each cell the probes that need no GPU come first: GPU variants run alone, and each one starts up while
+    # the one before it runs (inenv.gpugate), so a CPU variant between two GPU ones would cost a cold start.
+    order = sorted(probes, key=lambda pid: (probes[pid].SPEC.needs_gpu, pid))
+    for cell in cells:
+        decided = cell_decided(cell)
+        for pid in order:
+            spec: ProbeSpec = probes[pid].SPEC
+            variants = planned[pid]
+            if isinstance(variants, Exception):
+                items.append(WorkItem(cell, spec, Variant(pid), spec.timeout_s * timeout_scale,
+                                      Decided(Status.FAIL, "probe-bug", f"variants() raised {variants!r}"[:300])))
+                continue
+            for v in variants:
+                p = decided or (Decided(Status.SKIP, v.skip.code, v.skip.note) if v.skip else None)
+                items.append(WorkItem(cell, spec, v, spec.timeout_s * timeout_scale, p))
+    return items
+
+
+def select_cells(cells: list[CellTarget], only: list[str]) -> list[CellTarget]:
+    if not only:
+        return cells
+    return [c for c in cells if any(fnmatch.fnmatchcase(c.cell_id, g) for g in only)]
+
+
+def matches_cuda(cell_cuda: str, wanted: str) -> bool:
+    """`--cuda 13` selects every 13.x cell; `--cuda 12.8` exactly 12.8."""
+    return cell_cuda == wanted or cell_cuda.startswith(wanted + ".")
+
+
+def local_cell_id(versions: dict[str, Any]) -> str:
+    """A readable id for an existing environment, in the order of provisioned cell ids, plus its nvcc."""
+    return str(cellid.local(versions))
+
+
+def image_state(envs_dir: Path, cell_id: str) -> tuple[ImageState, str | None, str]:
+    """(built | failed | missing, image tag, reason) from envs/<cell>/build.json written by `provision build`."""
+    path = envs_dir / cell_id / "build.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return ImageState.MISSING, None, f"no {path}: run `provision build --only {cell_id}`"
+    except (OSError, ValueError) as exc:
+        return ImageState.MISSING, None, f"{path} unreadable ({exc}): rerun `provision build --only {cell_id}`"
+    if data.get("backend") == "venv":  # the latest `provision build` of this cell made a venv, not an image
+        return ImageState.MISSING, None, (f"{path} records a venv cell: checks run --backend venv, or "
+                                 f"`provision build --backend docker --only {cell_id}`")
+    status = str(data.get("status", ""))
+    if status in ("built", "skipped-unchanged") and data.get("tag"):
+        return ImageState.BUILT, str(data["tag"]), ""
+    return ImageState.FAILED, data.get("tag"), str(data.get("reason") or f"build status {status!r}")
+
+
+REUSED = "reused"  # summary_counts' key for the variants an earlier run answered
+
+
+def summary_counts(items: list[WorkItem]) -> dict[str, Counter[str]]:
+    """Per cell: how many variants run, how many are reused, and how many are decided in advance, by reason."""
+    out: dict[str, Counter[str]] = {}
+    for it in items:
+        c = out.setdefault(it.cell.cell_id, Counter())
+        if it.decided is not None:
+            c[f"{it.decided.status}: {it.decided.note}"] += 1
+        else:
+            c[REUSED if it.reused is not None else "run"] += 1
+    return out

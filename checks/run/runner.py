@@ -1,0 +1,316 @@
+"""Executes a planned run on this host's executors: up to ``jobs`` variants at once, each result appended to the
+store as it arrives. :func:`begin` and :class:`Recorder` are shared with every backend (checks.run.slurm_run too):
+resumed and reused items are settled first, and every verdict is stamped, stored and reported one way.
+
+Which variant may start is decided by :func:`pick` (pure): one variant per cell at a time, in plan order
+within the cell; CPU-only variants of different cells side by side up to ``jobs``, two builds another cell
+may share (``ProbeSpec.build_param``) not side by side while anything else can start; a variant that needs the
+GPU alone, with nothing else running, so a latency is never measured beside a compile and no CPU-only probe
+that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it; when the executors
+take turns on the host's GPU lock (inenv.gpugate), the next GPU variant in plan order starts beside the
+running one and waits at the gate, its ranks already started, so their start-up costs no time. Variants run in
+worker threads (each blocks on its worker process or container); only the main thread records results and
+calls back, so progress lines and the store see one event at a time. Ctrl-C reaches the main thread: it
+interrupts every worker thread, whose executor then ends its process group or removes its container.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from checks.results import incremental
+from checks.results.incremental import Inputs, Key
+from checks.results.provenance import Provenance
+from checks.results.result import ProbeResult, Verdict
+from checks.results.store import RunStore
+from checks.run import classify
+from checks.run.executor import Executor, ExecutorError, hard_timeout
+from checks.run.options import RunOptions
+from checks.run.plan import WorkItem
+from common.reasons import Catalogue
+from inenv.gpugate import DEFAULT_QUEUE_S
+from inenv.probe import LEVEL_ENV, QUICK, Variant
+from inenv.status import Status
+
+STOP_WAIT_S = 60.0  # how long Ctrl-C waits for the running variants' cleanup (containers removed, groups killed)
+
+
+@dataclass
+class RunReport:
+    results: list[ProbeResult] = field(default_factory=list)
+    resumed: int = 0  # variants skipped because --resume found them recorded
+    interrupted: bool = False
+
+    @property
+    def reused(self) -> list[ProbeResult]:
+        """The results carried from earlier runs (checks.results.incremental), not run again."""
+        return [r for r in self.results if incremental.REUSED_FROM in r.verdict.evidence]
+
+
+def iso(stamp: float) -> str:
+    """A POSIX time as the results record it: UTC, to the second."""
+    return datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def now_iso() -> str:
+    return iso(datetime.now(UTC).timestamp())
+
+
+def assemble(item: WorkItem, verdict: Verdict, run_id: str, host_id: str, started_at: str,
+             code: Provenance | None) -> ProbeResult:
+    return ProbeResult(run_id, host_id, item.cell.cell_id, item.spec.id, item.variant.key, verdict, started_at, code)
+
+
+def decided_verdict(item: WorkItem, catalogue: Catalogue) -> Verdict:
+    assert item.decided is not None
+    p = item.decided
+    return classify.decided(p.status, p.reason_code, p.note, catalogue)
+
+
+def uses_gpu(item: WorkItem) -> bool:
+    return item.runs and item.spec.needs_gpu
+
+
+def shared_build(item: WorkItem) -> tuple[str, str] | None:
+    """The build ``item`` may share with other cells (probe, value of its ``build_param``), if any."""
+    name = item.spec.build_param
+    value = item.variant.param(name) if name and item.runs else None
+    return (item.spec.id, value) if value else None
+
+
+def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: bool = False) -> WorkItem | None:
+    """The first pending item (plan order) that may start beside ``running``, or None. An item that would
+    build what a running item of another cell is building goes after any other that can start: the two
+    would share one build, and the second would only hold a job slot waiting for it. ``ahead``: the GPU
+    variants take turns on the GPU lock, so while one runs, the item that would start next once it ended
+    starts now if it is a GPU variant too (one such at a time): it waits at the gate with its ranks started.
+    A variant decided at plan time (a planned skip) runs nothing and goes first, beside anything: between two GPU
+    variants it would otherwise hold the second one's start-up until the first had ended."""
+    decided = next((it for it in pending if not it.runs), None)
+    if decided is not None:
+        return decided  # decided at plan time: recorded at once; it takes no job slot and no turn on the GPUs
+    on_gpu = [r for r in running if uses_gpu(r)]
+    if on_gpu:
+        if not ahead or len(on_gpu) > 1:
+            return None
+        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs)
+        return after if after is not None and uses_gpu(after) else None
+    if len(running) >= jobs:
+        return None
+    busy = {r.cell.cell_id for r in running}
+    building = {shared_build(r) for r in running} - {None}
+    later: WorkItem | None = None
+    for it in pending:
+        if it.cell.cell_id in busy:
+            continue
+        if uses_gpu(it) and running:
+            continue
+        if shared_build(it) in building:
+            later = later or it
+            busy.add(it.cell.cell_id)  # the cell's later items keep their plan order behind this one
+            continue
+        return it
+    return later
+
+
+def level_variant(item: WorkItem, level: str) -> Variant:
+    """The variant as the worker gets it: a quick run's GPU variant tells its ranks the level through an
+    ``env.`` param; the recorded key stays the planned one (results say their level in evidence)."""
+    v = item.variant
+    if level == QUICK and item.spec.needs_gpu:
+        return Variant(v.probe_id, v.ranks, (*v.params, (f"env.{LEVEL_ENV}", QUICK)), v.share_gpu, v.skip)
+    return v
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """Raise KeyboardInterrupt in ``thread`` at its next bytecode: a worker thread polling its process ends
+    it as on Ctrl-C (the process group killed, stragglers swept); one blocked in a call returns first."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one run executes: the planned items, where each cell runs (an executor per cell, none for a
+    backend that starts its variants itself), the store the results go to, and what recording needs."""
+
+    items: list[WorkItem]
+    store: RunStore
+    catalogue: Catalogue
+    gpus: int  # the GPU count every worker is told
+    codes: Mapping[str, Provenance] = field(default_factory=dict)  # the code each probe id runs with
+    inputs: Mapping[Key, Inputs | None] = field(default_factory=dict)  # what a fresh result records for reuse
+    executors: Mapping[str, Executor] = field(default_factory=dict)
+    manifest: Mapping[str, Any] = field(default_factory=dict)  # the run's manifest, as the store records it
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Calls the run makes as it goes (on the main thread): a variant starts, a result is recorded."""
+
+    on_start: Callable[[WorkItem], None] | None = None
+    on_result: Callable[[WorkItem, ProbeResult], None] | None = None
+    say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+@dataclass
+class Recorder:
+    """Turns verdicts into results of this run: stamped with their inputs and level, stored, reported."""
+
+    work: Work
+    level: str
+    hooks: Hooks
+    report: RunReport = field(default_factory=RunReport)
+
+    def record(self, item: WorkItem, verdict: Verdict, started: str, store: RunStore | None = None) -> ProbeResult:
+        """``store``: where the result goes when not the run's own (a Slurm node of another kind)."""
+        store = store or self.work.store
+        if item.runs:
+            verdict = incremental.stamped(verdict, self.work.inputs.get(item.key), self.level)
+        result = assemble(item, verdict, store.run_id, store.host_id, started, self.work.codes.get(item.spec.id))
+        store.append(result)
+        self.report.results.append(result)
+        if self.hooks.on_result:
+            self.hooks.on_result(item, result)
+        return result
+
+    def decided(self, item: WorkItem) -> None:
+        """A variant decided at plan time, recorded without running."""
+        if self.hooks.on_start:
+            self.hooks.on_start(item)
+        self.record(item, decided_verdict(item, self.work.catalogue), now_iso())
+
+
+def begin(resume: bool, level: str, work: Work, hooks: Hooks) -> tuple[Recorder, list[WorkItem]]:
+    """The first steps every backend shares: items a resumed run recorded are counted and left out; those
+    with ``reused`` are carried into this run as copies (one write for all of them). Returns the recorder
+    and the items still to start or decide, in plan order."""
+    rec = Recorder(work, level, hooks)
+    done = work.store.recorded() if resume else set()
+    pending: list[WorkItem] = []
+    for it in work.items:
+        if it.key in done:
+            rec.report.resumed += 1
+        else:
+            pending.append(it)
+    carried = [(it, incremental.carried(it.reused, work.store.run_id)) for it in pending if it.reused is not None]
+    work.store.append_all([r for _, r in carried])
+    for it, r in carried:
+        rec.report.results.append(r)
+        if hooks.on_result:
+            hooks.on_result(it, r)
+    return rec, [it for it in pending if it.reused is None]
+
+
+def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunReport:
+    """Run every item of ``work`` not yet recorded on its cell's executor, up to ``opts.jobs`` at once.
+    Ctrl-C stops after cleanup; what finished stays in the store."""
+    rec, pending = begin(opts.resume, opts.level, work, hooks or Hooks())
+    executors, catalogue, gpus = work.executors, work.catalogue, work.gpus
+    broken: dict[str, str] = {}  # cell -> why its executor cannot start (e.g. image vanished)
+    # Only when every cell's workers take turns on the lock: a variant started ahead on an ungated executor
+    # would not wait at any gate and would share the GPUs with the running one.
+    ahead = bool(gpus) and bool(executors) and all(ex.gated for ex in executors.values())
+    queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
+
+    def run_one(item: WorkItem) -> Verdict:
+        cell = item.cell.cell_id
+        if cell in broken:
+            return classify.decided(Status.NOT_RUN, "image-missing", broken[cell], catalogue)
+        executor = executors[cell]
+        try:
+            if executor.gated and uses_gpu(item):
+                return executor.run(level_variant(item, opts.level), gpus, item.timeout_s, catalogue,
+                                    queue_s=queue_for.get(item.key, DEFAULT_QUEUE_S))
+            return executor.run(level_variant(item, opts.level), gpus, item.timeout_s, catalogue)
+        except ExecutorError as exc:
+            broken[cell] = str(exc)
+            return classify.decided(Status.NOT_RUN, "image-missing", str(exc), catalogue)
+
+    pool = _Pool(run_one)
+    try:
+        while pending or pool.running:
+            while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead)) is not None:
+                pending.remove(item)
+                if item.decided is not None:
+                    rec.decided(item)
+                    continue
+                before = [r for r in pool.running.values() if uses_gpu(r)]
+                # behind a running GPU variant: it may wait for all of that one's time
+                queue_for[item.key] = max([DEFAULT_QUEUE_S, *(hard_timeout(r.timeout_s) for r in before)])
+                if rec.hooks.on_start:
+                    rec.hooks.on_start(item)
+                pool.start(item, now_iso())
+            if pool.running:
+                item, started, outcome = pool.next_done()
+                if isinstance(outcome, BaseException):
+                    raise outcome  # a bug in the runner or executor, not a verdict: as without threads
+                rec.record(item, outcome, started)
+    except KeyboardInterrupt:
+        rec.report.interrupted = True
+        pool.stop(executors)
+        print("interrupted: results finished so far are kept in " + str(work.store.results_path), file=sys.stderr)
+    return rec.report
+
+
+Outcome = tuple[WorkItem, str, Verdict | BaseException]
+
+
+class _Pool:
+    """One thread per running variant; finished ones are collected by the main thread only."""
+
+    def __init__(self, run_one: Callable[[WorkItem], Verdict]) -> None:
+        self.run_one = run_one
+        self.running: dict[threading.Thread, WorkItem] = {}
+        self.done: queue.Queue[Outcome] = queue.Queue()
+        self.lock = threading.Lock()
+        self.live: set[threading.Thread] = set()  # threads inside run_one: the ones Ctrl-C may interrupt
+
+    def start(self, item: WorkItem, started: str) -> None:
+        th = threading.Thread(target=self._body, args=(item, started), name=f"variant {item.spec.id}", daemon=True)
+        with self.lock:
+            self.live.add(th)
+        self.running[th] = item
+        th.start()
+
+    def _body(self, item: WorkItem, started: str) -> None:
+        me = threading.current_thread()
+        outcome: Verdict | BaseException
+        try:
+            try:
+                outcome = self.run_one(item)
+            finally:
+                with self.lock:
+                    self.live.discard(me)  # from here on no interrupt is aimed at this thread
+        except BaseException as exc:  # KeyboardInterrupt from stop(), or a bug: the main thread decides
+            outcome = exc
+        self.done.put((item, started, outcome))
+
+    def next_done(self) -> Outcome:
+        """The next finished variant; waits in short slices so Ctrl-C reaches the main thread at once."""
+        while True:
+            try:
+                got = self.done.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            self.running = {th: it for th, it in self.running.items() if it is not got[0]}
+            return got
+
+    def stop(self, executors: Mapping[str, Executor]) -> None:
+        """Ctrl-C: end every running variant and wait (bounded) for the cleanup."""
+        with self.lock:
+            for th in self.live:
+                _interrupt(th)
+        for item in self.running.values():
+            executors[item.cell.cell_id].sweep()  # a thread waiting on a container's daemon returns once it is gone
+        deadline = time.monotonic() + STOP_WAIT_S
+        for th in list(self.running):
+            th.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,202 @@
+"""One `checks run`, whatever the backend (host side): a chain of small steps, each returning a value.
+
+    backend -> probes -> targets -> prepare -> plan -> store -> reuse -> (run lock) manifest -> execute
+            -> summary -> table
+
+The backend (checks.run.backend) answers where cells come from and where their variants run; every other step
+is the same for Docker images, venv cells, a local interpreter and Slurm jobs, so each gets resuming, reuse
+of unchanged results, the run lock, the summary, the regenerated table and ``--json`` from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from checks.report import shellwords, summary
+from checks.report.report import generate
+from checks.results import hostfacts, incremental, manifest, provenance
+from checks.results.provenance import Checkout
+from checks.results.store import RunLock, RunStore, latest_run, new_run_id, read_manifest
+from checks.run import runconsole, runprogress
+from checks.run.backend import Backend, Targets
+from checks.run.backends import open_backend
+from checks.run.executor import compile_cache_dir
+from checks.run.options import REPO, RunOptions, UsageError
+from checks.run.plan import REUSED, WorkItem, plan_work, summary_counts
+from checks.run.runner import RunReport, Work, now_iso
+from common import reasons
+from inenv import registry
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The run's work before it starts: every item, the probe hashes and code they run with, and what each
+    fresh result records so a later run can reuse it."""
+
+    items: list[WorkItem]
+    hashes: dict[str, str]
+    code: Checkout
+    inputs: dict[tuple[str, str, str], incremental.Inputs | None]
+    fingerprints: dict[str, str | None]
+
+
+def run(opts: RunOptions, con: Any) -> int:
+    """`checks run`: the whole chain; the exit code (0 done, 130 interrupted)."""
+    backend = open_backend(opts.backend)
+    probes = select_probes(opts)
+    targets = backend.targets(opts)
+    planned = plan(opts, probes, targets, backend.prepare(opts, targets))
+    store = open_store(opts, str(targets.facts["host_id"]))
+    planned = reuse(opts, planned, store)
+    show_plan(con, targets.facts, planned.items, probes)
+    with RunLock(store.folder):
+        written = write_manifest(opts, store, backend.name, targets, probes, planned)
+        report = execute(con, opts, backend, store, targets, planned, written)
+    if not store.results_path.exists() and not store.unstored:  # the store makes a run's files with its first news
+        con.print("results: nothing new, so no run recorded (each variant reused or decided as before)",
+                  markup=False)
+    code = finish(con, opts, report, targets.gpus)
+    return unstored(store) or code
+
+
+def unstored(store: RunStore) -> int:
+    """What a failed write (a full disk) kept from the results files, said at the end; 2 when anything."""
+    if not store.unstored:
+        return 0
+    print(f"checks: {len(store.unstored)} result(s) were measured but not stored ({store.write_error}); "
+          "free space and rerun them:", file=sys.stderr)
+    for r in store.unstored:
+        print(f"  not stored: {r.result_id} {r.verdict.status.value}", file=sys.stderr)
+    return 2
+
+
+def select_probes(opts: RunOptions) -> dict[str, ModuleType]:
+    probes = {pid: mod for pid, (_, mod) in registry.discover().items()}
+    if opts.all_probes:
+        if not probes:
+            raise UsageError("checks run: no probes found in inenv/probes")
+        return probes
+    for pid in opts.probes:
+        if pid not in probes:
+            close = difflib.get_close_matches(pid, list(probes), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "; see `checks list`"
+            raise UsageError(f"checks run: unknown probe {pid!r}{hint}")
+    return {pid: probes[pid] for pid in opts.probes}
+
+
+def plan(opts: RunOptions, probes: dict[str, ModuleType], targets: Targets,
+         fingerprints: dict[str, str | None]) -> Planned:
+    """Cells x probes x variants on the targets' host, with the inputs each fresh result will record."""
+    host = dataclasses.replace(hostfacts.host_view(targets.facts, opts.target_archs), gpu_count=targets.gpus,
+                               level=opts.level)
+    items = plan_work(targets.cells, probes, host, opts.timeout_scale)
+    inputs = {it.key: incremental.inputs_for(it, fingerprints.get(it.cell.cell_id), targets.facts, opts.target_archs)
+              for it in items if it.runs}
+    return Planned(items, provenance.probe_hashes(probes), provenance.checkout(), inputs, fingerprints)
+
+
+def open_store(opts: RunOptions, host_id: str) -> RunStore:
+    """The store of a new run, or with --resume of the host's latest run."""
+    folder = opts.results / host_id
+    return RunStore(opts.results, host_id, (latest_run(folder) if opts.resume else None) or new_run_id())
+
+
+def reuse(opts: RunOptions, planned: Planned, store: RunStore) -> Planned:
+    """Items whose inputs match the result this host recorded last carry it (none with --fresh)."""
+    if opts.fresh:
+        return planned
+    earlier = incremental.latest(store.folder)
+    items = incremental.decide(planned.items, earlier, planned.inputs, planned.hashes, opts.level)
+    return dataclasses.replace(planned, items=items)
+
+
+def show_plan(con: Any, facts: dict[str, Any], items: list[WorkItem], probes: dict[str, Any]) -> None:
+    gpu = f"{facts['gpu_count']}x {facts['gpu_name']} (CC {facts['compute_capability']})" if facts.get("gpu_count") \
+        else f"no GPU ({facts.get('no_gpu_reason')})"
+    con.print(f"[bold]host[/] {facts['host_id']}: {gpu}", highlight=False)
+    counts = summary_counts(items)
+    con.print(f"[bold]plan[/] {len(counts)} cell(s) x {len(probes)} probe(s) = {len(items)} variant(s)")
+    for cell_id, c in counts.items():
+        run, reused = c.pop("run", 0), c.pop(REUSED, 0)
+        con.print(f"  {cell_id}: {run} to run" + (f", {reused} unchanged" if reused else ""), markup=False)
+        for why, n in sorted(c.items()):
+            con.print(f"    {n} decided without running, {why}", markup=False)
+    if line := incremental.reused_line(items):
+        con.print(f"[bold]reused[/] {line}", highlight=False)
+
+
+def write_manifest(opts: RunOptions, store: RunStore, executor: str, targets: Targets,
+                   probes: dict[str, ModuleType], planned: Planned) -> dict[str, Any]:
+    new = manifest.build(store.run_id, store.host_id, now_iso(), executor, targets.facts, targets.cells, probes,
+                         planned.code, planned.hashes, list(opts.argv), opts.level, planned.fingerprints)
+    old = read_manifest(store.manifest_path)[0] if opts.resume else None
+    merged = manifest.merge(old, new)
+    store.write_manifest(merged)
+    return merged
+
+
+def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targets: Targets, planned: Planned,
+            written: dict[str, Any]) -> RunReport:
+    """The backend runs the work; progress is shown as it goes. Ctrl-C outside the backend's own handling
+    still ends what it started."""
+    con.print(f"[bold]results[/] {store.results_path}", highlight=False)
+    codes = {pid: planned.code.for_probe(h) for pid, h in planned.hashes.items()}
+    work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written)
+    done = store.recorded() if opts.resume else set()
+    todo = [it for it in planned.items if it.key not in done]
+    recorded = runprogress.learned(store.folder)  # before this run adds to it
+    view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend.name), jobs=opts.jobs,
+                               compile_note=runprogress.compile_note(compile_cache_dir(opts.compile_cache,
+                                                                                       opts.no_compile_cache)))
+    try:
+        return runconsole.with_progress(con, view, lambda hooks: backend.run(opts, work, hooks))
+    except KeyboardInterrupt:
+        backend.cancel()
+        raise
+
+
+def finish(con: Any, opts: RunOptions, report: RunReport, gpus: int | None = None) -> int:
+    """The summary, ``--json``, the regenerated table, and last the verdict count and where the table is."""
+    if report.resumed:
+        con.print(f"resumed: {report.resumed} variant(s) already recorded were not run again", markup=False)
+    if reused := report.reused:
+        runs = sorted({incremental.origin(r) for r in reused})
+        con.print(f"reused: {len(reused)} variant(s) unchanged since run{'s' if len(runs) > 1 else ''} "
+                  f"{', '.join(runs)} were not run again (--fresh reruns them)", markup=False)
+    for line in summary.lines(report.results, gpus):
+        con.print(line, markup=False)
+    if opts.as_json:
+        print(json.dumps([r.to_json() for r in report.results], indent=2, sort_keys=True))
+    where = regenerate(opts.report, opts.results, report.interrupted)
+    con.print(f"verdicts: {summary.totals_line(report.results)}", markup=False)
+    con.print(where, markup=False)
+    return 130 if report.interrupted else 0
+
+
+def regenerate(table: Path | None, results_dir: Path, interrupted: bool) -> str:
+    """Regenerate the table from every run under ``results_dir``; the line that says where it is (or why
+    it was not written)."""
+    words = ["checks", "report", "--results", str(results_dir), *(["--out", str(table)] if table else [])]
+    rerun = f"`{shellwords.command(words)}`"
+    if table is None:
+        return f"table: not regenerated (--no-report); {rerun} writes it"
+    if interrupted:
+        return f"table: not regenerated (interrupted); {rerun} writes it from what finished"
+    if generate(results_dir, table, None, False, repo=REPO, quiet=True) != 0:
+        return f"table: not written (see above); {rerun} retries"
+    return f"table: {shown(table)} and {shown(table.with_suffix('.html'))}, from every run in {shown(results_dir)}"
+
+
+def shown(path: Path) -> str:
+    """A path relative to the working directory when it is under it, as a user would type it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

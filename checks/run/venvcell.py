@@ -1,0 +1,89 @@
+"""A venv cell as `checks run --backend venv` runs it, read from the envs/<cell>/build.json that
+`provision build --backend venv` wrote: its interpreter, the environment its ranks get, and which packages
+its base environment provides (an overlay cell)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from checks.run.executor import CODE_ROOT
+from checks.run.plan import ImageState
+
+BACKEND = "venv"
+
+
+@dataclass(frozen=True)
+class VenvCell:
+    state: ImageState  # built | failed | missing
+    python: str | None = None
+    reason: str = ""
+    env: tuple[tuple[str, str], ...] = ()  # set for the ranks on top of the runner's environment
+    from_base: str = ""  # e.g. "torch, triton, nvidia-*, cuda-* +12 others"; "" for a full cell
+
+
+# What an image of the cell leaves unset: a host value would pick another toolkit or compiler than the cell's.
+UNSET = ("CUDA_PATH", "FLASHINFER_NVCC")
+# flashinfer's import loads ``$CUDA_LIB_PATH/libcudart.so.12`` globally when it exists, CUDA_LIB_PATH defaulting to
+# /usr/local/cuda/targets/x86_64-linux/lib: in a venv cell that default is the host's toolkit, not the cell's.
+CUDA_LIB = ("targets", "x86_64-linux", "lib")
+
+
+def without_nvcc(path: str, keep: Sequence[str] = ()) -> str:
+    """``path`` without the directories that hold an ``nvcc`` (a host toolkit's bin/, a wrapper script in
+    /usr/local/bin), except those in ``keep``: flashinfer and torch take the first nvcc on PATH when CUDA_HOME
+    is unset, and a build step may call plain ``nvcc``."""
+    return os.pathsep.join(d for d in path.split(os.pathsep)
+                           if d and (d in keep or not os.path.isfile(os.path.join(d, "nvcc"))))
+
+
+def toolkit_home(record: Mapping[str, object]) -> str:
+    """The cell's own CUDA_HOME: the toolkit assembled from the registry's wheels, else ``<venv>/cuda``, which
+    then holds no nvcc (the registry's CUDA 12 nvcc wheels have only ptxas), as the image's /usr/local/cuda."""
+    if record.get("cuda_home"):
+        return str(record["cuda_home"])
+    venv = record.get("venv") or os.path.dirname(os.path.dirname(str(record.get("python") or "")))
+    return os.path.join(str(venv), "cuda")
+
+
+def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The venv's scripts first on PATH (then the base's: its ninja, say); only this checkout on PYTHONPATH, so
+    the caller's path cannot put other packages in front of the cell's. A full cell is the environment its image
+    is: CUDA_HOME (and flashinfer's CUDA_LIB_PATH) is the cell's own toolkit (an empty one where the registry has
+    no nvcc), no host nvcc stays on PATH, and CUDA_PATH and FLASHINFER_NVCC are unset (an empty value unsets).
+    An overlay cell (a base environment's torch and CUDA libraries) compiles with the toolkit the host has, as
+    ``--local`` does."""
+    path = [str(p) for p in record.get("path") or [] if p]  # type: ignore[union-attr]
+    host_path = environ.get("PATH", os.defpath)
+    if record.get("base_python"):
+        return (("PATH", os.pathsep.join([*path, host_path])), ("PYTHONPATH", str(CODE_ROOT)),
+                *((("CUDA_HOME", str(record["cuda_home"])),) if record.get("cuda_home") else ()))
+    home = toolkit_home(record)
+    own = [*path, os.path.join(home, "bin")]
+    return (("PATH", without_nvcc(os.pathsep.join([*own, host_path]), keep=own)), ("PYTHONPATH", str(CODE_ROOT)),
+            ("CUDA_HOME", home), ("CUDA_LIB_PATH", os.path.join(home, *CUDA_LIB)), *((name, "") for name in UNSET))
+
+
+def read(envs_dir: Path, cell_id: str, environ: Mapping[str, str] = os.environ) -> VenvCell:
+    path = envs_dir / cell_id / "build.json"
+    build = f"`provision build --backend venv --only {cell_id}`"
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return VenvCell(ImageState.MISSING, reason=f"no {path}: run {build}")
+    except (OSError, ValueError) as exc:
+        return VenvCell(ImageState.MISSING, reason=f"{path} unreadable ({exc}): rerun {build}")
+    if record.get("backend") != BACKEND:
+        what = f"a Docker image ({record.get('tag')})" if record.get("tag") else "no venv"
+        return VenvCell(ImageState.MISSING,
+                        reason=f"{path} records {what}: run {build}, or checks run --backend docker")
+    status = str(record.get("status", ""))
+    if status not in ("built", "skipped-unchanged"):
+        return VenvCell(ImageState.FAILED, reason=str(record.get("reason") or f"build status {status!r}"))
+    python = str(record.get("python") or "")
+    if not python or not os.access(python, os.X_OK):
+        return VenvCell(ImageState.MISSING, reason=f"the venv's interpreter {python or '?'} is gone: rerun {build}")
+    return VenvCell(ImageState.BUILT, python, "", rank_env(record, environ), str(record.get("from_base_summary") or ""))

@@ -1,0 +1,250 @@
+"""Bundles: one host's runs in one file for another machine (``checks share``), read back as untrusted input
+(``checks import``, ``checks validate``).
+
+A bundle is one UTF-8 JSON document (ASCII only: every other character is a ``\\u`` escape, so no control or
+bidirectional character reaches a terminal that shows it), keys sorted, one space of indentation::
+
+    {"schema": "stackprobe.bundle/1",
+     "host_id": "h200x2-5bce98f7",
+     "host": {GPU model and count, compute capability, interconnect, topology, driver, CUDA of the driver,
+              NCCL, peer access, multicast, CPU, OS: from the newest run's manifest},
+     "code": {"runs": [{version, commit, dirty}, ...], "shared_by": {version, commit, dirty},
+              "clean": true when every run names a commit and none was dirty, "warnings": [...]},
+     "scrubbed": {kind: count},
+     "runs": [{"run_id": ..., "manifest": {...} or null, "results": [result, ...]}, ...]}
+
+``results`` are the lines of ``results/<host>/<run>.jsonl`` as JSON objects and ``manifest`` the run's
+manifest, both scrubbed (checks.share.scrub), so an import writes the same files back. Building goes through the
+same strict reader as importing (checks.share.intake): a bundle never carries an item an import would refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from checks.results import ids
+from checks.results.provenance import UNKNOWN, Checkout
+from checks.share import intake
+from checks.share.intake import Problem, Run
+from checks.share.scrub import Scrubber
+from inenv import atomic
+
+SCHEMA = "stackprobe.bundle/1"
+SCHEMA_PREFIX = "stackprobe.bundle/"
+KEYS = frozenset({"schema", "host_id", "host", "code", "scrubbed", "runs"})
+RUN_KEYS = frozenset({"run_id", "manifest", "results"})
+HOST_FACTS = ("gpu_name", "gpu_count", "compute_capability", "interconnect", "topology", "driver", "driver_cuda",
+              "nccl", "peer_access", "multicast", "cpu", "cpu_count", "os")
+BUNDLE_DEPTH = intake.MAX_DEPTH + 4  # a result nests four levels inside a bundle
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be made (no such host, nothing to share); one line."""
+
+
+# --- making one ---------------------------------------------------------------------------------------------
+def code_of(runs: Sequence[Run], shared_by: Checkout) -> dict[str, Any]:
+    """The checkouts that made the runs, whether all were clean and known, and a warning for each that was not."""
+    seen: dict[tuple[str, str, Any], None] = {}
+    warnings: list[str] = []
+    for run in runs:
+        code = (run.manifest or {}).get("code")
+        made = [code] if isinstance(code, Mapping) else []
+        made += [r["code"] for r in run.results if isinstance(r.get("code"), Mapping)]
+        if not made:
+            warnings.append(f"run {run.run_id}: the code that made it is unknown (it names no commit)")
+        for c in made:
+            seen.setdefault((str(c.get("version")), str(c.get("commit")), c.get("dirty")), None)
+    for version, commit, dirty in seen:
+        if commit == UNKNOWN:
+            warnings.append(f"stackprobe {version} from an unknown commit (not a git checkout) made some runs")
+        elif dirty is not False:
+            state = "a dirty checkout" if dirty else "a checkout whose state is unknown"
+            warnings.append(f"stackprobe {version} from {state} of commit {commit} made some runs")
+    warnings = list(dict.fromkeys(warnings))
+    return {"runs": [{"version": v, "commit": c, "dirty": d} for v, c, d in sorted(seen, key=str)],
+            "shared_by": {"version": shared_by.version, "commit": shared_by.commit, "dirty": shared_by.dirty},
+            "clean": not warnings, "warnings": warnings}
+
+
+def host_facts(runs: Sequence[Run]) -> dict[str, Any]:
+    """The host facts of the newest run whose manifest has them."""
+    for run in reversed(runs):
+        facts = (run.manifest or {}).get("facts")
+        if isinstance(facts, Mapping) and facts:
+            return {k: facts.get(k) for k in HOST_FACTS}
+    return {k: None for k in HOST_FACTS}
+
+
+def build(results_dir: Path, host_id: str, scrubber: Scrubber, shared_by: Checkout) -> tuple[dict[str, Any],
+                                                                                         list[Problem]]:
+    """The bundle of ``host_id``'s runs under ``results_dir`` and the problems met reading them (those items
+    are left out)."""
+    if why := ids.problem("host id", host_id):
+        raise BundleError(f"checks share: --host: {why}")
+    folder = results_dir / host_id
+    if not folder.is_dir():
+        known = sorted(p.name for p in results_dir.iterdir() if p.is_dir()) if results_dir.is_dir() else []
+        raise BundleError(f"checks share: no results for host {host_id} under {results_dir} "
+                          f"(hosts there: {', '.join(known) or 'none'})")
+    problems: list[Problem] = []
+    runs = [r for r in intake.read_host(folder, problems).values() if r.results]
+    if not runs:
+        raise BundleError(f"checks share: {folder} holds no readable result")
+    body = {"host": host_facts(runs), "code": code_of(runs, shared_by),
+            "runs": [{"run_id": r.run_id, "manifest": r.manifest, "results": list(r.results)} for r in runs]}
+    clean = scrubber.scrub(body)
+    bundle = {"schema": SCHEMA, "host_id": host_id, **clean, "scrubbed": dict(sorted(scrubber.counts.items()))}
+    return bundle, problems
+
+
+def dumps(bundle: Mapping[str, Any]) -> bytes:
+    """The bytes of a bundle file: exactly what ``checks share --show`` prints."""
+    return (json.dumps(bundle, indent=1, sort_keys=True, ensure_ascii=True) + "\n").encode("ascii")
+
+
+# --- reading one --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Bundle:
+    path: str
+    host_id: str
+    host: Mapping[str, Any]
+    code: Mapping[str, Any]
+    runs: tuple[Run, ...]
+    problems: tuple[Problem, ...] = field(default=())
+
+
+def read(path: Path) -> tuple[Bundle | None, list[Problem]]:
+    """A bundle file read strictly: (None, [a fatal problem]) when it is not a bundle at all; else the bundle
+    with every well-formed run and result, and a problem for each item left out."""
+    where = intake._shown(path)
+    data, why = intake.read_bytes(path, intake.MAX_FILE_BYTES)
+    obj = None
+    if data is not None:
+        obj, why = intake.parse_json(data, BUNDLE_DEPTH)
+    if why:
+        return None, [Problem(where, why, fatal=True)]
+    fatal = _top_problem(obj)
+    if fatal:
+        return None, [Problem(where, fatal, fatal=True)]
+    host_id = obj["host_id"]
+    problems: list[Problem] = []
+    runs: list[Run] = []
+    seen: set[str] = set()
+    for n, raw in enumerate(obj["runs"][: intake.MAX_RUNS], 1):
+        run, why = _run(raw, host_id, f"{where}: run {n}", problems)
+        if why:
+            problems.append(Problem(f"{where}: run {n}", f"{why}; skipped"))
+        elif run is not None and run.run_id in seen:
+            problems.append(Problem(f"{where}: run {n}", f"run {run.run_id} appears twice; the second skipped"))
+        elif run is not None:
+            seen.add(run.run_id)
+            runs.append(run)
+    if len(obj["runs"]) > intake.MAX_RUNS:
+        problems.append(Problem(where, f"more than {intake.MAX_RUNS} runs; the rest skipped"))
+    return Bundle(where, host_id, obj["host"], obj["code"], tuple(runs), tuple(problems)), problems
+
+
+def _top_problem(obj: Any) -> str | None:
+    if not isinstance(obj, dict):
+        return "not a stackprobe bundle (not a JSON object)"
+    schema = obj.get("schema")
+    if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
+        return "not a stackprobe bundle (no schema stackprobe.bundle/N)"
+    if schema != SCHEMA:
+        return f"schema {schema[:40]!r}: this stackprobe reads {SCHEMA} only; update stackprobe"
+    if missing := sorted(KEYS - set(obj)):
+        return f"missing field(s) {', '.join(missing)}"
+    if extra := sorted(set(obj) - KEYS):
+        return f"unknown field(s) {', '.join(map(repr, extra[:5]))}"
+    if why := ids.problem("host id", obj["host_id"]):
+        return why
+    for key in ("host", "code", "scrubbed"):
+        if not isinstance(obj[key], dict):
+            return f"{key} is not an object"
+    if not isinstance(obj["runs"], list):
+        return "runs is not a list"
+    warnings = obj["code"].get("warnings", [])
+    if not (isinstance(warnings, list) and all(isinstance(w, str) for w in warnings)):
+        return "code.warnings is not a list of strings"
+    return None
+
+
+def _run(raw: Any, host_id: str, where: str, problems: list[Problem]) -> tuple[Run | None, str | None]:
+    if not isinstance(raw, dict):
+        return None, "not a JSON object"
+    if set(raw) != RUN_KEYS:
+        return None, f"fields {sorted(raw)[:6]}, expected {sorted(RUN_KEYS)}"
+    run_id = raw["run_id"]
+    if why := ids.problem("run id", run_id):
+        return None, why
+    if not isinstance(raw["results"], list):
+        return None, "results is not a list"
+    manifest = raw["manifest"]
+    if manifest is not None and (why := intake.check_manifest(manifest, host_id, run_id)):
+        problems.append(Problem(f"{where} ({run_id}) manifest", f"{why}; left out"))
+        manifest = None
+    lines = [(f"{where} ({run_id}) result {i}", json.dumps(r, ensure_ascii=True).encode())
+             for i, r in enumerate(raw["results"], 1)]
+    results = intake.results_of(lines, host_id, run_id, problems)
+    if not results:
+        return None, "no well-formed result"
+    return Run(run_id, manifest, tuple(results)), None
+
+
+# --- importing one ------------------------------------------------------------------------------------------
+def result_lines(results: Sequence[Mapping[str, Any]]) -> bytes:
+    """A run's results file, each result serialised as the results store writes it."""
+    return b"".join((json.dumps(r, sort_keys=True, default=str, separators=(",", ":")) + "\n").encode()
+                    for r in results)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    imported: tuple[str, ...] = ()  # host/run written
+    present: tuple[str, ...] = ()  # host/run already there with the same content
+    refused: tuple[Problem, ...] = ()  # a run id that collides with different content
+
+
+def import_bundle(b: Bundle, results_dir: Path) -> Outcome:
+    """Write each run of ``b`` under ``results_dir/<host>/``: new runs are written (atomically), runs already
+    there with the same results are skipped, a run id there with different results is refused. OSError
+    propagates (the caller says it in one line)."""
+    folder = results_dir / b.host_id
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        return Outcome(refused=(Problem(intake._shown(folder), "not a plain folder; nothing written there"),))
+    imported, present, refused = [], [], []
+    for run in b.runs:
+        name = f"{b.host_id}/{run.run_id}"
+        path = folder / f"{run.run_id}{intake.RESULTS_SUFFIX}"
+        mpath = folder / f"{run.run_id}{intake.MANIFEST_SUFFIX}"
+        if os.path.dirname(os.path.normpath(path)) != os.path.normpath(folder):  # ids forbid it; kept as a guard
+            refused.append(Problem(b.path, f"run {run.run_id[:30]!r} would land outside {folder}"))
+            continue
+        if os.path.lexists(path):
+            have: list[Problem] = []
+            existing = intake.read_run(folder, b.host_id, run.run_id, have)
+            if not _same(existing.results, run.results):
+                refused.append(Problem(b.path, f"run {name} is already under {results_dir} with different "
+                                               "results; refused (nothing of it written)"))
+                continue
+            present.append(name)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            atomic.write_bytes(path, result_lines(run.results))
+            imported.append(name)
+        if run.manifest is not None and not os.path.lexists(mpath):  # written last: an import cut short in
+            atomic.write_json(mpath, run.manifest)  # between is completed by the next one
+    return Outcome(tuple(imported), tuple(present), tuple(refused))
+
+
+def _same(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
+    def canon(rs: Sequence[Mapping[str, Any]]) -> list[str]:
+        return sorted(json.dumps(r, sort_keys=True) for r in rs)
+
+    return canon(a) == canon(b)

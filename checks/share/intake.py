@@ -1,0 +1,314 @@
+"""Read results folders and bundles as untrusted input (host side; reading is the only side effect).
+
+Everything here may come from another machine: ``checks import`` and ``checks validate`` read through it,
+and ``checks share`` too, so that a bundle never carries what an import would refuse. Every item that is
+not well formed becomes one :class:`Problem` naming the file (and line or run) and why; nothing else is
+dropped. Limits: file and line sizes, JSON nesting depth, counts of runs and results. JSON is parsed with
+NaN/Infinity refused, and strings holding lone surrogates (which no UTF-8 page can carry) are refused.
+Ids are checked against ``checks.results.ids``; statuses against ``inenv.status`` (through ``ProbeResult``).
+Files are opened only when ``lstat`` says they are regular files: symbolic links, FIFOs and devices are
+reported, never followed or read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from checks.results import ids
+from checks.results.result import FIELDS, ProbeResult, ResultError
+
+MAX_FILE_BYTES = 256 << 20  # one run's results or one bundle
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_LINE_BYTES = 1 << 20  # one result (the largest recorded so far is under 8 KiB)
+MAX_DEPTH = 32  # nesting of one JSON document (results nest 6 deep, a bundle 11)
+MAX_RUNS = 10_000
+MAX_RESULTS = 1_000_000  # per run
+RESULT_KEYS = frozenset(FIELDS) | {"code"}
+MANIFEST_SCHEMAS = ("stackprobe.manifest/1", "stackprobe.manifest/2")
+MANIFEST_KEYS = frozenset({"schema", "run_id", "host_id", "written_at", "executor", "level", "facts", "cells",
+                           "probes", "code", "argv"})
+REPORT_FILES = frozenset({"compatibility.md", "compatibility.html"})  # `checks run --results X` writes these
+RESULTS_SUFFIX = ".jsonl"
+MANIFEST_SUFFIX = ".manifest.json"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One bad item: where (file, file:line, or bundle: run) and why. ``fatal``: the whole input is unreadable."""
+
+    where: str
+    why: str
+    fatal: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.why}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run's well-formed manifest (None when absent or refused) and results (parsed JSON objects)."""
+
+    run_id: str
+    manifest: Mapping[str, Any] | None
+    results: tuple[Mapping[str, Any], ...]
+
+
+def _shown(path: Path | str) -> str:
+    """A path as text that a terminal shows safely (undecodable bytes and control characters escaped)."""
+    text = os.fsdecode(path) if isinstance(path, Path) else path
+    if text.isprintable() and not any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        return text
+    return text.encode("unicode_escape").decode("ascii")  # undecodable bytes show as \udcXX
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def check_value(obj: Any, max_depth: int = MAX_DEPTH) -> str | None:
+    """Why a parsed JSON value cannot be kept (too deep, a string no UTF-8 text can hold), or None."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            return f"nested deeper than {max_depth} levels"
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if _bad_text(k):
+                    return "a key is not valid Unicode text (a lone surrogate)"
+                stack.append((v, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, str) and _bad_text(item):
+            return "a string is not valid Unicode text (a lone surrogate)"
+    return None
+
+
+def _bad_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def parse_json(raw: bytes, max_depth: int = MAX_DEPTH) -> tuple[Any, str | None]:
+    """(value, None), or (None, why) for bytes that are not one bounded, valid UTF-8 JSON document."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 text (byte {exc.start})"
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        return None, f"nested deeper than {max_depth} levels"
+    except ValueError as exc:
+        return None, f"not valid JSON ({getattr(exc, 'msg', exc)})"
+    why = check_value(obj, max_depth)
+    return (None, why) if why else (obj, None)
+
+
+def check_result(obj: Any, host_id: str, run_id: str) -> str | None:
+    """Why one parsed result line is refused, or None: the result schema, known keys and status, id grammars,
+    and the host and run it claims match where it was found."""
+    if isinstance(obj, dict) and (extra := sorted(set(obj) - RESULT_KEYS)):
+        return f"unknown field(s) {', '.join(map(repr, extra[:5]))}"
+    try:
+        r = ProbeResult.from_json(obj)
+    except ResultError as exc:
+        return str(exc)
+    for kind, value in (("cell id", r.cell_id), ("probe id", r.probe_id), ("variant", r.variant)):
+        if why := ids.problem(kind, value):
+            return why
+    if r.run_id != run_id:
+        return f"run id {ids.problem('run id', r.run_id) or r.run_id} differs from its run {run_id}"
+    if r.host_id != host_id:
+        return f"host id {r.host_id[:60]!r} differs from its host {host_id}"
+    return None
+
+
+def check_manifest(obj: Any, host_id: str, run_id: str) -> str | None:
+    """Why a parsed manifest is refused, or None."""
+    if not isinstance(obj, dict):
+        return "not a JSON object"
+    if obj.get("schema") not in MANIFEST_SCHEMAS:
+        return f"schema {str(obj.get('schema'))[:40]!r}, expected one of {', '.join(MANIFEST_SCHEMAS)}"
+    if extra := sorted(set(obj) - MANIFEST_KEYS):
+        return f"unknown field(s) {', '.join(map(repr, extra[:5]))}"
+    if obj.get("run_id") != run_id or obj.get("host_id") != host_id:
+        return f"names run {str(obj.get('run_id'))[:30]!r} of host {str(obj.get('host_id'))[:60]!r}, " \
+               f"not {run_id} of {host_id}"
+    for key in ("facts", "cells", "code"):
+        if key in obj and not isinstance(obj[key], dict):
+            return f"{key} is not an object"
+    if "probes" in obj and not isinstance(obj["probes"], dict | list):  # schema 1: a list of probe ids
+        return "probes is neither an object nor a list"
+    for cell in obj.get("cells") or {}:
+        if why := ids.problem("cell id", cell):
+            return f"cells: {why}"
+    for probe in obj.get("probes") or {}:
+        if why := ids.problem("probe id", probe):
+            return f"probes: {why}"
+    if "argv" in obj and not (isinstance(obj["argv"], list) and all(isinstance(a, str) for a in obj["argv"])):
+        return "argv is not a list of strings"
+    return None
+
+
+def _regular(path: Path, limit: int) -> str | None:
+    """Why ``path`` is not read (not a regular file, too large), or None; never follows a link."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link; not followed"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file; not read"
+    if st.st_size > limit:
+        return f"{st.st_size} bytes, more than the limit of {limit}"
+    return None
+
+
+def read_bytes(path: Path, limit: int) -> tuple[bytes | None, str | None]:
+    if why := _regular(path, limit):
+        return None, why
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror})"
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror})"
+    return (None, f"more than the limit of {limit} bytes") if len(data) > limit else (data, None)
+
+
+def results_of(lines: Iterable[tuple[str, bytes]], host_id: str, run_id: str,
+               problems: list[Problem]) -> list[Mapping[str, Any]]:
+    """The well-formed results among ``(where, raw line)``; a problem for each other line and each repeat of a
+    (cell, probe, variant) already seen in the run."""
+    out: list[Mapping[str, Any]] = []
+    seen: set[tuple[str, str, str]] = set()
+    for where, raw in lines:
+        if len(raw) > MAX_LINE_BYTES:
+            problems.append(Problem(where, f"line of {len(raw)} bytes, more than the limit of {MAX_LINE_BYTES}"))
+            continue
+        obj, why = parse_json(raw)
+        why = why or check_result(obj, host_id, run_id)
+        if why:
+            problems.append(Problem(where, f"{why}; skipped"))
+            continue
+        key = (obj["cell_id"], obj["probe_id"], obj["variant"])
+        if key in seen:
+            problems.append(Problem(where, f"a second result for {'/'.join(key)} in one run; skipped"))
+            continue
+        if len(out) >= MAX_RESULTS:
+            problems.append(Problem(where, f"more than {MAX_RESULTS} results in one run; the rest skipped"))
+            break
+        seen.add(key)
+        out.append(obj)
+    return out
+
+
+def read_run(folder: Path, host_id: str, run_id: str, problems: list[Problem]) -> Run:
+    """One run of a host folder: its results file and manifest, read strictly."""
+    path = folder / f"{run_id}{RESULTS_SUFFIX}"
+    data, why = read_bytes(path, MAX_FILE_BYTES)
+    results: list[Mapping[str, Any]] = []
+    if why:
+        problems.append(Problem(_shown(path), why))
+    elif data is not None:
+        lines = data.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline
+        numbered = [(f"{_shown(path)}:{n}", raw) for n, raw in enumerate(lines, 1) if raw.strip()]
+        results = results_of(numbered, host_id, run_id, problems)
+        if tail.strip():
+            problems.append(Problem(f"{_shown(path)}:{len(lines) + 1}",
+                                    "unterminated last line (a run was interrupted mid-write); skipped"))
+    manifest = None
+    mpath = folder / f"{run_id}{MANIFEST_SUFFIX}"
+    if not os.path.lexists(mpath):
+        problems.append(Problem(_shown(mpath), "missing (host facts unknown)"))
+    else:
+        data, why = read_bytes(mpath, MAX_MANIFEST_BYTES)
+        obj = None
+        if data is not None:
+            obj, why = parse_json(data)
+            why = why or check_manifest(obj, host_id, run_id)
+        if why:
+            problems.append(Problem(_shown(mpath), why))
+        else:
+            manifest = obj
+    return Run(run_id, manifest, tuple(results))
+
+
+def _run_file(name: str) -> str | None:
+    """The run id a host folder's file name stands for, or None for any other name."""
+    for suffix in (MANIFEST_SUFFIX, RESULTS_SUFFIX):
+        if name.endswith(suffix) and ids.valid("run id", name[: -len(suffix)]):
+            return name[: -len(suffix)]
+    return None
+
+
+def read_host(folder: Path, problems: list[Problem]) -> dict[str, Run]:
+    """Every run of one host folder (named by its host id), by run id; a problem for every other entry."""
+    host_id = folder.name
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as exc:
+        problems.append(Problem(_shown(folder), f"cannot be listed ({exc.strerror})"))
+        return {}
+    run_ids: set[str] = set()
+    for name in names:
+        run_id = _run_file(name)
+        if run_id is None:
+            problems.append(Problem(_shown(folder / name), "not a run's .jsonl or .manifest.json; not read"))
+            continue
+        if name.endswith(MANIFEST_SUFFIX) and f"{run_id}{RESULTS_SUFFIX}" not in names:
+            problems.append(Problem(_shown(folder / name), "a manifest without its results file"))
+            continue
+        run_ids.add(run_id)
+    if len(run_ids) > MAX_RUNS:
+        problems.append(Problem(_shown(folder), f"more than {MAX_RUNS} runs; only the newest {MAX_RUNS} read"))
+    return {r: read_run(folder, host_id, r, problems) for r in sorted(run_ids)[-MAX_RUNS:]}
+
+
+def read_results(root: Path) -> tuple[dict[str, dict[str, Run]], list[Problem]]:
+    """Every host folder under a results directory: host id -> run id -> Run, and the problems found."""
+    problems: list[Problem] = []
+    try:
+        st = os.stat(root)
+    except OSError as exc:
+        return {}, [Problem(_shown(root), f"cannot be read ({exc.strerror})", fatal=True)]
+    if not stat.S_ISDIR(st.st_mode):
+        return {}, [Problem(_shown(root), "not a directory", fatal=True)]
+    try:
+        names = sorted(os.listdir(root))
+    except OSError as exc:
+        return {}, [Problem(_shown(root), f"cannot be listed ({exc.strerror})", fatal=True)]
+    hosts: dict[str, dict[str, Run]] = {}
+    for name in names:
+        path = root / name
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            problems.append(Problem(_shown(path), f"cannot be read ({exc.strerror})"))
+            continue
+        if stat.S_ISREG(st.st_mode) and name in REPORT_FILES:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            what = "a symbolic link; not followed" if stat.S_ISLNK(st.st_mode) else "not a host folder; not read"
+            problems.append(Problem(_shown(path), what))
+            continue
+        if why := ids.problem("host id", name):
+            problems.append(Problem(_shown(path), f"folder name: {why}; not read"))
+            continue
+        hosts[name] = read_host(path, problems)
+    return hosts, problems

@@ -1,0 +1,156 @@
+"""The ranks' process group: joining it, exchanging small values, and agreeing on a decision.
+
+In-environment side: standard library at module level; torch is imported inside the functions that
+need it, so the host-side planner can import the probe modules without torch. The data the probes
+send, the exact checks, timing, symmetric memory and NCCL's logs live in their own modules
+(``_data``, ``_timing``, ``_symm``, ``_nccllog``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from inenv.probe import RankContext, outcome
+
+# NVLink multicast can take a shared host's GPUs out of service; these stay set in every rank.
+# A user who wants multicast probed on their own NVSwitch machine opts in explicitly.
+MULTICAST_OFF: dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+ALLOW_MULTICAST_ENV = "STACKPROBE_ALLOW_MULTICAST"
+# What a rank of a probe that starts with torch may import before the GPUs are its (ProbeSpec.preload): torch
+# reads no variable a probe sets at import (NCCL and the caching allocator read theirs when first used).
+PRELOAD_TORCH = ("torch", "torch.distributed")
+# ... and, for a probe that joins its process group with init_dist, the rendezvous too: the store is a TCP
+# server in rank 0 and a client in each other rank, loopback only. Joined at the gate, every rank is let go at
+# once, so the clients no longer retry against a server that is not yet listening (0.24-0.6 s per variant).
+PRELOAD_DIST = (*PRELOAD_TORCH, "inenv.kit._dist:prepare_rendezvous")
+
+# The store prepare_rendezvous joined, for this process's init_dist (a rank runs one variant).
+_prepared: dict[str, Any] = {}
+
+
+def keep_multicast_off(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Make sure the multicast-off variables are set in this process (never unsets anything).
+
+    Returns the values in force, for the evidence. Call before torch initialises CUDA or NCCL.
+    """
+    target = os.environ if env is None else env
+    if target.get(ALLOW_MULTICAST_ENV) != "1":
+        for key, value in MULTICAST_OFF.items():
+            target.setdefault(key, value)
+    return {key: target.get(key, "") for key in MULTICAST_OFF}
+
+
+def gpu_precheck(ctx: RankContext, shared: bool = False) -> dict[str, Any] | None:
+    """A `skip` outcome when this rank has no GPU, or too few are visible for one GPU per rank."""
+    import torch
+
+    if not torch.cuda.is_available() or ctx.device_index is None:
+        return outcome("skip", "no CUDA device in this rank", "no-gpu")
+    if not shared and torch.cuda.device_count() < ctx.world_size:
+        return outcome("skip", f"needs {ctx.world_size} GPUs, {torch.cuda.device_count()} visible", "too-few-gpus")
+    return None
+
+
+def _master_env(ctx: RankContext) -> None:
+    os.environ.setdefault("MASTER_ADDR", ctx.master_addr)
+    if ctx.master_port:
+        os.environ.setdefault("MASTER_PORT", str(ctx.master_port))
+
+
+def prepare_rendezvous(ctx: RankContext, timeout_s: float = 120.0) -> None:
+    """Join the env:// rendezvous store now, before this rank has the GPUs (a ``preload`` step): it is the
+    store ``init_process_group`` would have made, by torch's own ``rendezvous``, and uses no GPU. A failure is
+    left for init_dist, which then joins as it would have without this."""
+    import datetime
+
+    import torch.distributed as dist
+
+    _master_env(ctx)
+    store, _, _ = next(dist.rendezvous(
+        "env://", rank=ctx.rank, world_size=ctx.world_size, timeout=datetime.timedelta(seconds=timeout_s)))
+    _prepared["store"] = store
+
+
+def init_dist(ctx: RankContext, backend: str = "nccl", timeout_s: float = 120.0) -> Any:
+    """Bind this rank to its GPU (if any) and join the env:// rendezvous; returns the torch device.
+
+    With NCCL the communicator is created eagerly (``device_id``) so that the first collective a
+    probe issues, possibly inside a graph capture, is the first *collective*, not the first init.
+    A store joined before the gate (prepare_rendezvous) is used as init_process_group uses its own:
+    with this timeout and under the default group's key prefix.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    keep_multicast_off()
+    if ctx.device_index is not None and torch.cuda.is_available():
+        torch.cuda.set_device(ctx.device_index)
+        device = torch.device("cuda", ctx.device_index)
+    else:
+        device = torch.device("cpu")
+    _master_env(ctx)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    kwargs: dict[str, Any] = {}
+    if backend == "nccl":
+        kwargs["device_id"] = device
+    store = _prepared.pop("store", None)
+    if store is not None:
+        store.set_timeout(timeout)
+        kwargs["store"] = dist.PrefixStore("default_pg", store)
+    else:
+        kwargs["init_method"] = "env://"
+    dist.init_process_group(backend=backend, rank=ctx.rank, world_size=ctx.world_size, timeout=timeout, **kwargs)
+    return device
+
+
+def cpu_group() -> Any:
+    """A gloo group beside the main one: host-side exchanges that must not touch NCCL's state."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo")
+
+
+def gather_objects(value: Any, group: Any = None) -> list[Any]:
+    """Every rank's JSON-able ``value``, in rank order. Unlike ``all_gather_object`` this needs no
+    numpy (cell images may lack it): JSON bytes travel as uint8 tensors."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    on_gpu = dist.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    data = json.dumps(value).encode()
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    longest = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(max(longest, 1), dtype=torch.uint8, device=device)
+    if data:
+        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    bufs = [torch.empty_like(buf) for _ in range(world)]
+    dist.all_gather(bufs, buf, group=group)
+    return [json.loads(bytes(b[: int(s.item())].cpu().tolist())) for b, s in zip(bufs, sizes, strict=True)]
+
+
+VERDICT_ORDER = ("ok", "close", "error", "zero", "no-op", "wrong", "hang")
+
+
+def worst_verdict(verdicts: Sequence[str]) -> str:
+    """The most serious of several ranks' verdicts (unknown words rank as errors)."""
+    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
+    return max(verdicts, key=lambda v: rank.get(v, rank["error"]), default="ok")
+
+
+def agree(ok: bool, group: Any = None) -> bool:
+    """True only if every rank says True (a verdict must not differ between ranks)."""
+    return all(gather_objects(bool(ok), group))

@@ -1,0 +1,88 @@
+"""Start the builds of several comm modules at once, longest first, into the shared compile cache.
+
+Run as ``python -m inenv.kit._fi_prebuild MODULE...`` in the environment a build runs in (the arch list,
+the JIT workspace and the compile cache already set). fi-jit's first variant for the local GPU starts it
+for the cell's other local modules and waits for it before it ends: each build holds its key in the compile cache
+(``_compile_cache.building``), so the variant of that module, when its turn comes, waits for the build
+already running and finds its library, and the modules compile side by side on a host with the cores for it
+instead of one variant after another. The order: the longest first, by what the compile cache recorded for
+the module (its ``compile_s``), else by the bytes of the sources its ninja file compiles.
+
+In-environment side: standard library at import time; flashinfer is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from inenv.kit import _compile_cache
+from inenv.kit._flashinfer import JIT_GENERATORS, jit_generator
+
+
+def recorded_s(store: Path | None, module: str, arch_list: str) -> float | None:
+    """The longest compile the store recorded for ``module`` built for ``arch_list``; None when none."""
+    if store is None or not store.is_dir():
+        return None
+    seen: list[float] = []
+    for record in store.glob(f"*/*/{_compile_cache.RECORD}"):
+        try:
+            body = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        took = body.get("compile_s") if isinstance(body, dict) else None
+        if body.get("module") == module and body.get("arch_list") == arch_list and isinstance(took, int | float):
+            seen.append(float(took))
+    return max(seen) if seen else None
+
+
+def source_bytes(module: str) -> int:
+    """The bytes of the sources the module's ninja file compiles (0 when flashinfer cannot say)."""
+    gen = jit_generator(module)
+    try:
+        spec = gen() if gen is not None else None
+        return sum(os.path.getsize(s) for s in getattr(spec, "sources", []) or [] if os.path.isfile(s))
+    except Exception:
+        return 0
+
+
+def longest_first(modules: list[str], recorded: Mapping[str, float | None], sizes: Mapping[str, int]) -> list[str]:
+    """Modules with a recorded time first, longest first; then the rest by source bytes, largest first (a
+    recorded time and a byte count are not on one scale, and a recorded time is the better guess)."""
+    timed = sorted((m for m in modules if recorded.get(m) is not None), key=lambda m: -float(recorded[m] or 0))
+    rest = sorted((m for m in modules if recorded.get(m) is None), key=lambda m: -sizes.get(m, 0))
+    return timed + rest
+
+
+def start(modules: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+    """Start this module's main in the background, or None when it could not start. Its output goes nowhere:
+    each build's result is read from the compile cache by that module's variant."""
+    try:
+        return subprocess.Popen([sys.executable, "-m", "inenv.kit._fi_prebuild", *modules], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+def _main(argv: list[str]) -> int:
+    modules = [m for m in argv if m in JIT_GENERATORS]
+    if not modules or len(modules) != len(argv):
+        sys.stderr.write("usage: python -m inenv.kit._fi_prebuild MODULE...\n")
+        return 2
+    import flashinfer  # noqa: F401  (fixes the arch list from the environment, as each build will)
+
+    store = _compile_cache.root()
+    arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or "local"
+    order = longest_first(modules, {m: recorded_s(store, m, arch_list) for m in modules},
+                          {m: source_bytes(m) for m in modules})
+    procs = [subprocess.Popen([sys.executable, "-m", "inenv.kit._fi_build", m], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for m in order]
+    return max((p.wait() for p in procs), default=0)
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

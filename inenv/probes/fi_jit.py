@@ -1,0 +1,463 @@
+"""fi-jit: does each flashinfer comm module compile for this GPU, and cross-compile for a target arch?
+
+Each variant builds one JIT module (vllm_comm, trtllm_comm, moe_a2a, pcie_ipc) for one architecture in a
+fresh interpreter (flashinfer fixes its arch list and toolkit at import), with the toolkit flashinfer
+itself finds in this environment (``CUDA_HOME``, ``CUDA_PATH``, ``PATH``, ``/usr/local/cuda``:
+``inenv.toolkit``): the environment is passed on untouched, so a ``CUDA_HOME`` without nvcc, or an older
+nvcc first on ``PATH``, fails here as it fails for flashinfer. Every result records that toolkit (path,
+version, how it was found) and flags an nvcc whose CUDA major differs from torch's.
+
+``arch=local`` lets flashinfer pick the architecture of the visible GPU itself, the path a user takes; any
+other value is passed as ``FLASHINFER_CUDA_ARCH_LIST`` (no GPU needed), which flashinfer may normalise
+(``12.0`` becomes ``sm_120f``: ``inenv.gpuarch.flashinfer_sass``). Compile and link are reported apart: a
+toolkit without a ``libcuda.so`` stub compiles every object but cannot link, which is ``partial``. A pass
+needs proof: the built code is read back and must hold SASS for the requested architecture (output whose
+architectures cannot be read is ``partial``), and the library's dynamic dependencies must let it load:
+driver calls (``cu*``) need a ``libcuda.so.1`` dependency, which the linker drops when the link stub does
+not export them. For ``arch=local`` the module is also loaded.
+
+Nothing is compiled twice when a cache outlives the variant: the shared compile cache
+(``STACKPROBE_COMPILE_CACHE``, ``inenv.kit._compile_cache``: a build with the same sources, flags,
+compilers and the same bytes in every header it reads, in another cell or run, even of another flashinfer
+release), or ninja finding every object up to date in ``STACKPROBE_JIT_CACHE``.
+The result then says ``cached`` (metrics) and which build made the library (evidence ``cached_from``); the
+library is still read back for proof.
+
+One build for several targets: when the host lists every cross-compile target in
+``STACKPROBE_FI_JIT_ARCHS`` (space separated) and such a cache is there, a variant first builds for the
+whole list in one go (``FLASHINFER_CUDA_ARCH_LIST="12.0a 12.0f"``), so the next target's variant finds it
+cached; each variant is still judged on the SASS of its own target in that library. When the combined
+build fails, the variant builds for its own target alone, so one target nvcc or flashinfer refuses never
+fails another, unless the failure cannot depend on the targets (no nvcc, no host compiler, flashinfer
+does not import, a link failure after every object compiled): then the combined build's failure is the
+answer; evidence ``built_for`` names the list the library was built (or failed to build) for.
+
+A combined build gives nvcc one thread per target (``--threads N``, left out of the cache key). A combined
+build whose every object compiled and whose link failed keeps its objects in the compile cache, so the next
+target's variant (and a rerun) only links them again; its link is judged afresh, never shown as cached.
+
+For the GPU probes: the first ``arch=local`` variant of a cell also builds every other comm module for the
+local GPU side by side, longest first (``inenv.kit._fi_prebuild``), and waits for them; each local build
+that passes and loads is published in the compile cache as flashinfer's AOT folder
+(``_flashinfer.publish``), which the GPU probes point flashinfer at (``_flashinfer.use_prebuilt``), so they
+load what was built and proved here instead of compiling inside their watchdog.
+
+Planning filter: ``STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a,trtllm_comm@local"`` keeps only those pairs
+(CI compiles the smallest module for one arch). JIT cache: ``STACKPROBE_JIT_CACHE`` (reused between runs),
+else the variant's scratch directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from inenv import gpuarch, toolkit
+from inenv.envinfo import torch_cuda_version
+from inenv.kit import _compile_cache, _fatbin, _fi_build, _fi_prebuild
+from inenv.kit import _flashinfer as fi
+from inenv.probe import QUICK, HostView, ProbeSpec, RankContext, Skip, Variant, outcome
+
+SPEC = ProbeSpec(
+    id="fi-jit",
+    title="flashinfer comm JIT (local GPU and cross-compile)",
+    feature="Do flashinfer's allreduce-fusion, custom-AR, MoE-A2A and PCIe-IPC modules compile for my GPU "
+    "and for a target architecture such as sm_120, with this environment's nvcc?",
+    ranks=(1,),
+    requires=("flashinfer",),
+    needs_gpu=False,
+    build_param="module",
+    # On 2 cores trtllm_comm takes 450-1000 s of wall time for one target (by load) and 964 s for 12.0a and
+    # 12.0f in one build; when that fails, the build for the variant's own target gets what is left of this
+    timeout_s=3000.0,
+)
+
+ONLY_ENV = "STACKPROBE_FI_JIT_ONLY"
+CACHE_ENV = "STACKPROBE_JIT_CACHE"
+ARCHS_ENV = "STACKPROBE_FI_JIT_ARCHS"  # every cross-compile target of the run, for one combined build
+LOCAL = "local"
+QUICK_MODULE = "vllm_comm"  # the smallest comm module: all that `checks run --level quick` compiles
+
+
+def plan(host: HostView, modules: tuple[str, ...] = fi.COMM_MODULES, only: str = "") -> list[Variant]:
+    wanted = {tuple(p.strip().split("@", 1)) for p in only.split(",") if "@" in p}
+    out: list[Variant] = []
+    for module in modules:
+        for arch in (LOCAL, *host.target_archs):
+            if (wanted and (module, arch) not in wanted) or (host.level == QUICK and module != QUICK_MODULE):
+                continue
+            params = (("module", module), ("arch", arch))
+            no_gpu = arch == LOCAL and not host.gpu_count
+            skip = Skip("no-gpu", "no GPU on this host: only cross-compile targets run") if no_gpu else None
+            out.append(Variant(SPEC.id, 1, params=params, skip=skip))
+    return out
+
+
+def variants(host: HostView) -> list[Variant]:
+    return plan(host, only=os.environ.get(ONLY_ENV, ""))
+
+
+def _repo_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def build_env(arch: str, cache: str) -> dict[str, str]:
+    """The builder's environment: this one, with only the arch, the JIT cache and this code's path set.
+    CUDA_HOME, CUDA_PATH and PATH stay as they are: which toolkit flashinfer finds is part of the answer."""
+    env = dict(os.environ)
+    env["FLASHINFER_WORKSPACE_BASE"] = cache
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_repo_root(), env.get("PYTHONPATH", "")) if p)
+    if arch == LOCAL:
+        env.pop("FLASHINFER_CUDA_ARCH_LIST", None)  # flashinfer's own detection is what is under test
+    else:
+        env["FLASHINFER_CUDA_ARCH_LIST"] = arch
+    targets = len(arch.split()) if arch != LOCAL else 1
+    if targets > 1:  # nvcc compiles each object for the targets in parallel; no part of the cache key
+        env[_fi_build.THREADS_ENV] = env["FLASHINFER_NVCC_THREADS"] = str(targets)
+    return env
+
+
+def combined_archs(arch: str, listed: str) -> str:
+    """The arch list to build first for ``arch``: every listed target in one build when ``arch`` is one
+    of two or more, else "" (build for ``arch`` alone). Listed names are normalised like ``arch``."""
+    names: list[str] = []
+    for part in listed.replace(",", " ").split():
+        try:
+            name = str(gpuarch.parse_target(part))
+        except gpuarch.TargetError:
+            continue
+        if name not in names:
+            names.append(name)
+    return " ".join(names) if arch in names and len(names) > 1 else ""
+
+
+def _objects_targets(result: dict[str, Any]) -> list[str]:
+    lib = result.get("library") or ""
+    if lib and os.path.exists(lib):
+        return _fatbin.archs([lib])
+    build_dir = result.get("build_dir") or ""
+    return _fatbin.archs(glob.glob(os.path.join(build_dir, "*.o"))) if build_dir else []
+
+
+def expected_sass(arch: str) -> frozenset[str]:
+    """SASS that proves a build for ``arch``: ``12.0a`` -> sm_120a; ``12.0`` -> sm_120, sm_120a or sm_120f."""
+    return gpuarch.flashinfer_sass(gpuarch.parse_target(arch))
+
+
+def _headline(lines: list[str]) -> str:
+    """The first error line from its error keyword on (compiler lines start with long paths)."""
+    line = lines[0]
+    m = re.search(r"(?:fatal )?error\b.*|\w*Error\b.*", line)
+    return (m.group(0) if m else line)[:300]
+
+
+def _toolkit(result: dict[str, Any]) -> toolkit.Toolkit | None:
+    raw = result.get("toolkit")
+    return toolkit.from_dict(raw) if isinstance(raw, dict) else None
+
+
+# Failures where which toolkit flashinfer found is the first thing to look at.
+_TOOLKIT_CODES = frozenset(
+    {"fi-no-nvcc", "fi-nvcc-too-old", "nvcc-unsupported-arch", "fi-nvcc-error", "fi-link-missing-lib"}
+)
+
+
+def _proof(arch: str, result: dict[str, Any], targets: list[str]) -> tuple[str, str, str] | None:
+    """Why a finished build does not prove the requested architecture: (status, reason, note), or None."""
+    where = result.get("library") or result.get("build_dir") or "the build"
+    if arch == LOCAL:
+        local = result.get("local_capability")
+        if not local:
+            return "partial", "fi-arch-unverified", "built, but the local GPU's compute capability is unknown"
+        if not targets:
+            return "partial", "fi-arch-unverified", f"built, but no CUDA code could be read from {where}"
+        if not _fatbin.runs_on(targets, local):
+            return "fail", "fi-wrong-arch", f"built, but the library holds {targets}: nothing runs on {local}"
+        return None
+    want = expected_sass(arch)
+    named = " or ".join(sorted(want))
+    if not targets:
+        return "partial", "fi-arch-unverified", f"built, but no CUDA code could be read from {where}: {named} unproven"
+    if not want & set(targets):
+        return "fail", "fi-wrong-arch", f"built, but the library holds {targets}, not {named}"
+    return None
+
+
+def cached_note(result: dict[str, Any]) -> str:
+    """Where a build that compiled nothing came from: the shared compile cache (which cell or host built it,
+    when, with which flashinfer, for which targets) or objects ninja found up to date."""
+    origin = result.get("cached_from") or {}
+    stamp = origin.get("built_at") or origin.get("objects_written_at") or "an unrecorded time"
+    if result.get("cached_by") == "store-objects":
+        who = origin.get("cell") or origin.get("host") or "an unrecorded build"
+        return (f"cached: linked here from objects in the compile cache, compiled {stamp} by {who} for "
+                f"{origin.get('arch_list')} (that build failed at the link)")
+    if result.get("cached_by") == "store":
+        who = origin.get("cell") or origin.get("host") or "an unrecorded build"
+        return (f"cached: from the compile cache, built {stamp} by {who} with flashinfer "
+                f"{origin.get('flashinfer')} for {origin.get('arch_list')}")
+    return f"cached: ninja found every object up to date (built {stamp})"
+
+
+def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) -> dict[str, Any]:
+    """Map one build result to an outcome; pure, so it is tested on recorded results."""
+    stage = result.get("stage", "")
+    err = str(result.get("error", ""))
+    cached = bool(result.get("cached"))
+    keys = ("link_s", "library_bytes", "objects") if cached else ("compile_s", "compile_cpu_s", "link_s",
+                                                                    "library_bytes", "objects")
+    metrics: dict[str, Any] = {k: result[k] for k in keys if k in result}
+    tk = _toolkit(result)
+    evidence: dict[str, Any] = {
+        "module": module,
+        "arch": arch,
+        "flashinfer": result.get("flashinfer"),
+        "nvcc": tk.version if tk else result.get("nvcc"),
+        "toolkit": result.get("toolkit"),
+        "local_capability": result.get("local_capability"),
+        "gencode": result.get("gencode", []),
+        "stage": stage,
+        "targets_in_output": targets,
+    }
+    for key in ("toolkit_rule", "flashinfer_cuda_home", "flashinfer_cuda_home_error", "torch_cuda", "one_step",
+                "absent_by"):
+        if key in result:
+            evidence[key] = result[key]
+    warning = toolkit.major_mismatch(tk, result.get("torch_cuda")) if tk else ""
+    if warning:
+        evidence["toolkit_warning"] = warning
+    for key in ("library", "cache_key", "cache_entry", "cache_headers", "cache_misses", "cache_error",
+                "combined_attempt", "objects_cached", "objects_from", "objects_stored"):
+        if key in result:
+            evidence[key] = result[key]
+    if result.get("arch_list"):
+        evidence["built_for"] = result["arch_list"]
+    if cached:
+        metrics["cached"] = True  # nothing was compiled in this run; compile_s would time nothing
+        evidence["cached_from"] = result.get("cached_from")
+    if err:
+        evidence["error_lines"] = _fi_build.error_lines(err)
+        evidence["error_tail"] = err[-1500:]
+
+    def done(status: str, note: str = "", reason_code: str = "") -> dict[str, Any]:
+        note = "; ".join(p for p in (note, cached_note(result) if cached else "", warning) if p)
+        return outcome(status, note=note, reason_code=reason_code, metrics=metrics, evidence=evidence)
+
+    if stage == "absent":
+        return done("skip", f"flashinfer {result.get('flashinfer')} has no {module} module", "fi-module-absent")
+    for key in ("needed", "driver_calls", "loaded"):
+        if key in result:
+            evidence[key] = result[key]
+    if stage == "done":
+        unresolved = result.get("unresolved_driver_calls") or []
+        if unresolved:
+            return done(
+                "fail",
+                f"built, but it calls {len(unresolved)} CUDA driver function(s) ({', '.join(unresolved[:3])}) "
+                "with no libcuda.so.1 dependency: it will not load where libcuda is loaded privately, as the "
+                "CUDA runtime does (the link-time libcuda stub lacks those symbols)",
+                "fi-link-unresolved",
+            )
+        unproven = _proof(arch, result, targets)
+        if unproven:
+            return done(unproven[0], unproven[2], unproven[1])
+        return done("pass")
+    code = _fi_build.classify_jit_error(err)
+    named = _fi_build.signature_line(err)
+    last = err.strip().splitlines()[-1] if err.strip() else stage
+    first = _headline([named] if named else _fi_build.error_lines(err) or [last])
+    missing = _fi_build.missing_libraries(err)
+    if missing:
+        evidence["missing_libraries"] = missing
+    if stage == "link" and code == "fi-link-missing-lib":
+        home = f"{tk.cuda_home} (from {tk.found_by})" if tk and tk.cuda_home else "the CUDA_HOME flashinfer took"
+        return done(
+            "fail",
+            f"every object compiled for {', '.join(targets) or arch}; the final link could not find "
+            f"{', '.join('-l' + lib for lib in missing)}: {home} is not a toolkit root (no lib64/ with the CUDA "
+            "runtime), so a GPU host's driver would not finish this link; set CUDA_HOME to the toolkit root",
+            code,
+        )
+    if stage == "link" and code == "fi-link-no-libcuda":
+        origin = result.get("objects_from") or {}
+        how = (f" (objects from the compile cache, compiled {origin.get('built_at') or 'earlier'} by "
+               f"{origin.get('cell') or origin.get('host') or 'an unrecorded build'})"
+               if result.get("objects_cached") else "")
+        return done(
+            "partial",
+            f"every object compiled for {', '.join(targets) or arch}{how}; the final link failed: this toolkit "
+            "has no libcuda.so stub (lib64/stubs), which a GPU host's driver provides",
+            code,
+        )
+    where = {
+        "spec": "refused before compiling",
+        "compile": "compile failed",
+        "link": "link failed",
+        "build": "build failed",
+        "load": "built but failed to load",
+        "import": "import flashinfer failed",
+        "timeout": "timed out",
+        "crash": "builder crashed",
+    }.get(stage, stage)
+    note = f"{module} for {arch}: {where}: {first}"
+    if tk and code in _TOOLKIT_CODES:
+        note += f" [nvcc: {tk.describe()}]"
+    return done("fail", note, code)
+
+
+def run(ctx: RankContext) -> dict[str, Any]:
+    module = ctx.param("module") or "vllm_comm"
+    arch = ctx.param("arch") or LOCAL
+    if module not in fi.JIT_GENERATORS:
+        return outcome("fail", note=f"unknown module {module!r}", reason_code="probe-bug")
+    if arch != LOCAL:
+        try:
+            arch = str(gpuarch.parse_target(arch))
+        except gpuarch.TargetError as exc:
+            return outcome("fail", note=f"arch: {exc}", reason_code="probe-bug")
+    if fi.generator_named_in_sources(module) is False:  # decided without the 10-30 s import of flashinfer
+        absent = {"module": module, "flashinfer": fi.version(), "stage": "absent", "ok": False,
+                  "absent_by": f"no Python source of this flashinfer names {module}'s generator"}
+        return verdict(module, arch, absent, [])
+    cache = os.environ.get(CACHE_ENV) or str(ctx.workdir / "jit-cache")
+    env = build_env(arch, cache)
+    tk = toolkit.resolve(env, flashinfer=True)
+    if not tk.found:
+        return outcome(
+            "skip",
+            note="no nvcc in this environment: flashinfer cannot JIT anything here",
+            reason_code="fi-no-nvcc",
+            evidence={"toolkit": tk.as_dict()},
+        )
+    local_cc = None
+    if arch == LOCAL:
+        import torch
+
+        if not torch.cuda.is_available():
+            return outcome("skip", note="no GPU visible: nothing local to compile for", reason_code="no-gpu")
+        major, minor = torch.cuda.get_device_capability(0)
+        local_cc = f"{major}.{minor}"
+    os.makedirs(cache, exist_ok=True)
+    side = _prebuild_others(ctx, module, cache) if arch == LOCAL else None
+    lasting = bool(_compile_cache.root() or os.environ.get(CACHE_ENV))  # a combined build outlives this variant
+    combined = combined_archs(arch, os.environ.get(ARCHS_ENV, "")) if lasting and arch != LOCAL else ""
+    result = _build(ctx, module, arch, combined, cache, tk)
+    result.setdefault("toolkit", tk.as_dict())  # a builder that died early still says which toolkit it had
+    torch_cuda = torch_cuda_version()
+    if torch_cuda:
+        result["torch_cuda"] = torch_cuda
+    if local_cc:
+        result["local_capability"] = local_cc
+    out = verdict(module, arch, result, _objects_targets(result))
+    if side is not None:
+        out["evidence"]["side_builds"] = _await_side_builds(side)
+    if arch == LOCAL and out["status"] == "pass" and result.get("loaded"):
+        # what the GPU probes of this cell load instead of compiling it again (_flashinfer.use_prebuilt)
+        where = fi.publish(str(result.get("name") or module), str(result.get("library") or ""),
+                           result.get("flashinfer"), str(result.get("arch_dir") or ""))
+        if where:
+            fi.mark_published(module, where)
+            out["evidence"]["published_for_probes"] = where
+    return out
+
+
+def _prebuild_others(ctx: RankContext, module: str, cache: str) -> tuple[Any, list[str], float] | None:
+    """Start, once per cell, flashinfer release and run, the local builds of every other comm module side by
+    side into the compile cache (``_fi_prebuild``), beside this variant's own build: the GPU probes load them
+    (``_flashinfer.use_prebuilt``), and each module's own variant then finds its build done instead of
+    compiling in turn. Nothing a variant starts outlives it (``checks.run.isolate``), so this variant waits for
+    them before it ends (:func:`_await_side_builds`). None when nothing was started."""
+    root = fi.prebuilt_root()
+    if _compile_cache.root() is None or root is None:
+        return None
+    marker = root / f".prebuild-{fi.version() or 'unknown'}"
+    try:
+        if marker.exists() and time.time() - marker.stat().st_mtime < SPEC.timeout_s:
+            return None
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{os.getpid()}\n")
+    except OSError:
+        return None
+    others = [m for m in fi.COMM_MODULES if m != module]
+    # a workspace of their own: a probe that compiles a module itself meanwhile never shares a build folder
+    # with them (the workspace is a placeholder in the key, so their builds are the variants' cache hits)
+    proc = _fi_prebuild.start(others, build_env(LOCAL, os.path.join(cache, "prebuild")))
+    ctx.log(f"started the local builds of {', '.join(others)} side by side" if proc else
+            "could not start the local builds of the other modules")
+    return (proc, others, time.monotonic()) if proc else None
+
+
+def _await_side_builds(side: tuple[Any, list[str], float]) -> dict[str, Any]:
+    """Wait for the side builds (within this variant's watchdog, less a minute for the verdict); what they
+    were and how long they took from their start. A build still running then is stopped: its module's
+    variant builds it."""
+    proc, modules, t0 = side
+    try:
+        rc = proc.wait(timeout=max(1.0, t0 + SPEC.timeout_s - 120 - time.monotonic()))
+    except Exception:
+        proc.kill()
+        rc = None
+    return {"modules": modules, "exit": rc, "wall_s": round(time.monotonic() - t0, 1)}
+
+
+# Failures no arch list changes: flashinfer did not import or has no such module, nvcc or the host compiler
+# is missing, or every object compiled and the link failed. The combined build's failure then answers for
+# each target; a build for one target alone would only repeat it (after compiling it all again, for a link).
+ARCH_INDEPENDENT_STAGES = frozenset({"import", "absent"})
+ARCH_INDEPENDENT_CODES = frozenset({"fi-no-nvcc", "fi-no-host-compiler", "fi-link-no-libcuda", "fi-link-missing-lib"})
+
+
+def arch_independent(failed: dict[str, Any]) -> bool:
+    return failed.get("stage") in ARCH_INDEPENDENT_STAGES or failed.get("reason_code") in ARCH_INDEPENDENT_CODES
+
+
+def _combined_failure(arch: str, arch_list: str, result: dict[str, Any]) -> dict[str, Any] | None:
+    """Why a combined build does not answer for ``arch``, or None when it does. It may have finished
+    without ``arch``: flashinfer keeps the targets of the majors a module supports and drops the rest, where
+    a build for ``arch`` alone is refused, and that refusal is the answer."""
+    if result.get("ok"):
+        targets = _objects_targets(result)
+        if not targets or expected_sass(arch) & set(targets):
+            return None  # unreadable output is judged as it would be for a build of its own
+        return {"arch_list": arch_list, "stage": "done", "reason_code": "fi-wrong-arch",
+                "line": f"the combined build holds {targets}, nothing for {arch}"}
+    err = str(result.get("error", ""))
+    return {"arch_list": arch_list, "stage": result.get("stage"), "reason_code": _fi_build.classify_jit_error(err),
+            "line": _fi_build.signature_line(err) or err.strip()[-300:]}
+
+
+def _build(ctx: RankContext, module: str, arch: str, combined: str, cache: str,
+           tk: toolkit.Toolkit) -> dict[str, Any]:
+    """The build that answers for ``arch``: the combined one when it is asked for and finishes, else one
+    for ``arch`` alone (the failed combined attempt is kept in the result)."""
+    deadline = time.monotonic() + SPEC.timeout_s - 60
+    failed: dict[str, Any] | None = None
+    for arch_list in (combined, arch) if combined else (arch,):
+        ctx.log(f"building {module} for {arch_list} with {tk.describe()}, cache {cache}")
+        result = _fi_build.run_build_subprocess(module, build_env(arch_list, cache),
+                                                timeout_s=max(1.0, deadline - time.monotonic()), load=arch == LOCAL)
+        if arch_list == arch:
+            break
+        failed = _combined_failure(arch, arch_list, result)
+        if failed is None or arch_independent(failed):
+            failed = None  # the combined result is the answer (evidence built_for names its list)
+            break
+    if failed:
+        result["combined_attempt"] = failed
+    return result
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (inenv.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("compile_s", "s", "wall time of compiling the module's sources", "compile-time"),
+    ("compile_cpu_s", "s", "CPU time of the compilers", None),
+    ("link_s", "s", "wall time of the final link", None),
+    ("library_bytes", "bytes", "size of the linked module", None),
+    ("objects", "count", "object files the build produced", None),
+    ("cached", "bool", "the module came from the compile cache; nothing was compiled in this run", "cached"),
+)

@@ -1,0 +1,364 @@
+"""NCCL algorithms under CUDA graphs (docs/probes.md, nccl-graphs).
+
+Each variant is one fresh set of rank processes with one NCCL configuration (NCCL reads its
+environment when the communicator is created). Four collectives are run eagerly and captured in a
+CUDA graph, each checked exactly. Per-op results tell the two known failure mechanisms apart:
+
+- a global ``NCCL_ALGO=Tree`` leaves all_gather / reduce_scatter / broadcast without an algorithm:
+  they fail *eagerly too*, so it is a configuration problem, not a graph problem
+  (``nccl-algo-unavailable``);
+- a collective whose channels are connected lazily on first use inside a global-mode capture
+  fails *only when captured* (``nccl-capture-failed``); eager warm-up or ``NCCL_RUNTIME_CONNECT=0``
+  avoid it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from inenv.kit import _data, _device, _dist, _errors, _nccllog
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+
+SPEC = ProbeSpec(
+    id="nccl-graphs",
+    title="NCCL algorithms under CUDA graphs",
+    feature="Do all_reduce, all_gather, reduce_scatter and broadcast work eagerly and captured in a CUDA graph "
+    "with NCCL_ALGO unset / Ring / Tree / allreduce:tree, with and without eager warm-up and lazy connection?",
+    ranks=(2,),
+    min_ranks=2,  # over one rank every collective returns its input: all four ops would pass untested
+    distinct_gpus=True,  # NCCL refuses two ranks on one GPU
+    requires=("torch",),
+    timeout_s=180.0,
+    preload=_dist.PRELOAD_DIST,
+)
+
+ALGOS = ("default", "Ring", "Tree", "allreduce:tree")
+WARMUPS = ("yes", "no")
+RUNTIME_CONNECT = ("default", "0")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+ELEMS = _data.HIDDEN * 4  # per-rank elements: a 4-token decode step, 56 KiB in bf16
+CAPTURED_CALLS = 3
+OP_DEADLINE_S = 30.0  # a collective that does not finish by then is recorded as a hang for that op
+
+
+def variants(host: HostView) -> list[Variant]:
+    worlds = [2] + ([host.gpu_count] if host.gpu_count > 2 else [])
+    out: list[Variant] = []
+    for n in worlds:
+        skip = gpu_shortfall(host, n, "NCCL refuses two ranks on one GPU")
+        for algo in ALGOS:
+            for warm in WARMUPS:
+                for rc in RUNTIME_CONNECT:
+                    params = (("algo", algo), ("warmup", warm), ("runtime_connect", rc))
+                    out.append(Variant(SPEC.id, n, params=params, skip=skip))
+    return out
+
+
+def nccl_env(algo: str, runtime_connect: str) -> tuple[dict[str, str], list[str]]:
+    """Variables to set and to remove for one variant; ``default`` means NCCL decides."""
+    set_: dict[str, str] = {}
+    unset: list[str] = []
+    if algo == "default":
+        unset.append("NCCL_ALGO")
+    else:
+        set_["NCCL_ALGO"] = algo
+    if runtime_connect == "default":
+        unset.append("NCCL_RUNTIME_CONNECT")
+    else:
+        set_["NCCL_RUNTIME_CONNECT"] = runtime_connect
+    return set_, unset
+
+
+# --------------------------------------------------------------------------------------------------
+# Verdict logic (pure: unit-tested without a GPU)
+
+
+def merge_rank_results(per_rank: list[dict[str, dict[str, dict[str, str]]]]) -> dict[str, dict[str, dict[str, str]]]:
+    """Per op and mode, the worst rank's result (anything not ``ok`` beats ``ok``)."""
+    merged: dict[str, dict[str, dict[str, str]]] = {}
+    for rank_result in per_rank:
+        for op, modes in rank_result.items():
+            for mode, res in modes.items():
+                cur = merged.setdefault(op, {}).get(mode)
+                if cur is None or (cur.get("verdict") == "ok" and res.get("verdict") != "ok"):
+                    merged[op][mode] = res
+    return merged
+
+
+def op_class(modes: dict[str, dict[str, str]]) -> str:
+    """ok | algo-unavailable | capture-only | wrong | hang | error | not-run for one collective."""
+    verdicts = {m: r.get("verdict", "not-run") for m, r in modes.items()}
+    if verdicts and all(v == "ok" for v in verdicts.values()):
+        return "ok"
+    if "hang" in verdicts.values():
+        return "hang"
+    if any(v in ("wrong", "no-op", "zero") for v in verdicts.values()):
+        return "wrong"
+    eager = [verdicts[m] for m in ("eager", "eager_after") if m in verdicts]
+    codes = {r.get("code", "") for r in modes.values()}
+    if "nccl-algo-unavailable" in codes and any(v != "ok" for v in eager):
+        return "algo-unavailable"
+    if eager and all(v == "ok" for v in eager) and verdicts.get("graph") not in (None, "ok"):
+        return "capture-only"
+    if set(verdicts.values()) == {"not-run"}:
+        return "not-run"
+    return "error"
+
+
+def verdict(per_op: dict[str, dict[str, dict[str, str]]], algo: str) -> dict[str, Any]:
+    classes = {op: op_class(per_op.get(op, {})) for op in OPS}
+    bad = {op: c for op, c in classes.items() if c != "ok"}
+    metrics = {"ops_ok": sum(c == "ok" for c in classes.values()), "ops_total": len(OPS)}
+    evidence = {"op_classes": classes, "ops": per_op}
+    if not bad:
+        return outcome("pass", metrics=metrics, evidence=evidence)
+    names = ", ".join(sorted(bad))
+    kinds = set(bad.values())
+    if "hang" in kinds:
+        return outcome(
+            "fail",
+            f"{names}: a collective did not finish within {OP_DEADLINE_S:.0f} s",
+            "nccl-op-hang",
+            metrics,
+            evidence,
+        )
+    if "wrong" in kinds:
+        return outcome("fail", f"{names}: wrong numbers or no-op output", "nccl-wrong-result", metrics, evidence)
+    if kinds == {"algo-unavailable"} and classes["all_reduce"] == "ok":
+        note = (
+            f"all_reduce works eagerly and captured; {names} fail eagerly too: NCCL_ALGO={algo} leaves them "
+            "without an algorithm (configuration, not graph capture); use NCCL_ALGO='allreduce:tree'"
+        )
+        return outcome("partial", note, "nccl-algo-unavailable", metrics, evidence)
+    if "capture-only" in kinds:
+        only = ", ".join(sorted(op for op, c in bad.items() if c == "capture-only"))
+        note = f"{only}: eager works, CUDA-graph capture fails"
+        others = sorted(op for op, c in bad.items() if c != "capture-only")
+        if others:
+            note += f"; also failing: {', '.join(others)}"
+        return outcome("fail", note, "nccl-capture-failed", metrics, evidence)
+    if "algo-unavailable" in kinds:
+        return outcome(
+            "fail",
+            f"{names}: no algorithm available under NCCL_ALGO={algo}",
+            "nccl-algo-unavailable",
+            metrics,
+            evidence,
+        )
+    first = next(iter(per_op.get(sorted(bad)[0], {}).values()), {})
+    return outcome(
+        "fail", f"{names}: {first.get('error', 'failed')[:300]}", first.get("code") or "nccl-error", metrics, evidence
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# In-rank execution
+
+
+@dataclass
+class OpCase:
+    name: str
+    load: Callable[[int], None]  # write this seed's inputs, fill outputs with the sentinel
+    step: Callable[[], None]  # one collective (what gets captured)
+    out: Any
+    expected: Callable[[int], Any]
+    own: Callable[[int], Any] | None  # this rank's contribution when it has the output's shape
+
+
+def build_cases(rank: int, world: int, device: Any) -> list[OpCase]:
+    import torch
+    import torch.distributed as dist
+
+    n = ELEMS
+    bf16 = torch.bfloat16
+
+    ar_in = torch.empty(n, device=device, dtype=bf16)
+    ar_buf = torch.empty(n, device=device, dtype=bf16)
+
+    def ar_load(seed: int) -> None:
+        ar_in.copy_(_data.pattern((n,), rank, seed, device))
+        ar_buf.fill_(_data.SENTINEL)
+
+    def ar_step() -> None:
+        ar_buf.copy_(ar_in)  # copy first so K captured calls give the same result, not world**K times it
+        dist.all_reduce(ar_buf)
+
+    ag_in = torch.empty(n, device=device, dtype=bf16)
+    ag_out = torch.empty(world * n, device=device, dtype=bf16)
+
+    def ag_load(seed: int) -> None:
+        ag_in.copy_(_data.pattern((n,), rank, seed, device))
+        ag_out.fill_(_data.SENTINEL)
+
+    def ag_expected(seed: int) -> Any:
+        return torch.cat([_data.pattern((n,), r, seed, device) for r in range(world)])
+
+    rs_in = torch.empty(world * n, device=device, dtype=bf16)
+    rs_out = torch.empty(n, device=device, dtype=bf16)
+
+    def rs_load(seed: int) -> None:
+        rs_in.copy_(_data.pattern((world * n,), rank, seed, device))
+        rs_out.fill_(_data.SENTINEL)
+
+    def rs_expected(seed: int) -> Any:
+        return _data.pattern_sum((world * n,), world, seed, device)[rank * n : (rank + 1) * n]
+
+    bc_src = torch.empty(n, device=device, dtype=bf16)
+    bc_buf = torch.empty(n, device=device, dtype=bf16)
+
+    def bc_load(seed: int) -> None:
+        if rank == 0:
+            bc_src.copy_(_data.pattern((n,), 0, seed, device))
+        else:
+            bc_src.fill_(_data.SENTINEL)
+        bc_buf.fill_(_data.SENTINEL)
+
+    def bc_step() -> None:
+        bc_buf.copy_(bc_src)
+        dist.broadcast(bc_buf, src=0)
+
+    return [
+        OpCase(
+            "all_reduce",
+            ar_load,
+            ar_step,
+            ar_buf,
+            lambda s: _data.pattern_sum((n,), world, s, device),
+            lambda s: _data.pattern((n,), rank, s, device),
+        ),
+        OpCase("all_gather", ag_load, lambda: dist.all_gather_into_tensor(ag_out, ag_in), ag_out, ag_expected, None),
+        OpCase("reduce_scatter", rs_load, lambda: dist.reduce_scatter_tensor(rs_out, rs_in), rs_out, rs_expected, None),
+        OpCase("broadcast", bc_load, bc_step, bc_buf, lambda s: _data.pattern((n,), 0, s, device), None),
+    ]
+
+
+def _failure(exc: BaseException) -> dict[str, str]:
+    text = _errors.error_tail(exc)
+    return {"verdict": "error", "code": _nccllog.classify_error(text), "error": text}
+
+
+def _judge(case: OpCase, seed: int) -> dict[str, str]:
+    """References are made on the GPU and compared there; the host-side comparison runs only to name a mismatch
+    (references on the host cost a second per variant on 2x H200)."""
+    expected = case.expected(seed)
+    if _data.equal_exactly(case.out, expected):
+        return {"verdict": "ok"}
+    own = case.own(seed) if case.own else None
+    chk = _data.check_exact(case.out, expected, own_input=own, prior=_data.filled(case.out.shape))
+    if chk.ok:
+        return {"verdict": "ok"}
+    return {"verdict": chk.verdict, "code": "nccl-wrong-result", "error": chk.detail}
+
+
+def run_eager(case: OpCase, seed: int) -> dict[str, str]:
+    try:
+        case.load(seed)
+        case.step()
+        _device.wait_device(OP_DEADLINE_S)
+    except _device.Hung as exc:
+        return {"verdict": "hang", "code": "nccl-op-hang", "error": str(exc)}
+    except Exception as exc:
+        return _failure(exc)
+    return _judge(case, seed)
+
+
+def run_graph(case: OpCase, warmup: int, seeds: tuple[int, ...], gloo: Any) -> dict[str, str]:
+    graph = None
+    captured: dict[str, str] = {}
+    try:
+        case.load(seeds[0])
+        graph = _device.capture(case.step, CAPTURED_CALLS, warmup=warmup)
+    except Exception as exc:
+        captured = _failure(exc)
+    # Replaying while a peer failed to capture would leave this rank spinning: agree first.
+    if not _dist.agree(graph is not None, gloo):
+        return captured or {"verdict": "error", "code": "nccl-capture-failed", "error": "a peer rank failed to capture"}
+    assert graph is not None
+    for seed in seeds:
+        try:
+            case.load(seed)  # fresh inputs per replay: a stale result from the previous replay is caught
+            graph.replay()
+            _device.wait_device(OP_DEADLINE_S)
+        except _device.Hung as exc:
+            return {"verdict": "hang", "code": "nccl-op-hang", "error": str(exc)}
+        except Exception as exc:
+            return _failure(exc)
+        res = _judge(case, seed)
+        if res["verdict"] != "ok":
+            return res
+    return {"verdict": "ok"}
+
+
+def exercise(cases: list[OpCase], warm: bool, gloo: Any, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    for case in cases:
+        modes: dict[str, Any] = {}
+        results[case.name] = modes
+        if warm:
+            modes["eager"] = run_eager(case, 1)
+        modes["graph"] = run_graph(case, 1 if warm else 0, (2, 3), gloo)
+        if not warm:
+            modes["eager_after"] = run_eager(case, 4)
+        log(f"{case.name}: " + ", ".join(f"{m}={r['verdict']}" for m, r in modes.items()))
+        # Decided together: a rank that stopped alone would leave its peers waiting in the next exchange.
+        if not _dist.agree(all(r["verdict"] != "hang" for r in modes.values()), gloo):
+            break  # a stream is stuck behind the hung collective; nothing later can run
+    return results
+
+
+def run(ctx: RankContext) -> dict[str, Any]:
+    algo = ctx.param("algo", "default") or "default"
+    warm = (ctx.param("warmup", "yes") or "yes") == "yes"
+    rc = ctx.param("runtime_connect", "default") or "default"
+    set_, unset = nccl_env(algo, rc)
+    removed = {k: os.environ.pop(k) for k in unset if k in os.environ}
+    os.environ.update(set_)
+    os.environ.update(_nccllog.nccl_debug_env(ctx.workdir))
+    # Keep the rank alive after an NCCL error so that it can report which op failed and how.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    multicast = _dist.keep_multicast_off()
+
+    import torch
+
+    if (skipped := _dist.gpu_precheck(ctx)) is not None:
+        return skipped
+
+    device = _dist.init_dist(ctx, "nccl")
+    gloo = _dist.cpu_group()
+    cases = build_cases(ctx.rank, ctx.world_size, device)
+    mine = exercise(cases, warm, gloo, ctx.log)
+    everyone = _dist.gather_objects(mine, gloo)
+    per_op = merge_rank_results(everyone)
+    result = verdict(per_op, algo)
+    logs = [_nccllog.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
+    result["evidence"].update(
+        {
+            "nccl_env": {**set_, **{k: "(unset)" for k in unset}},
+            "removed_from_env": removed,
+            "multicast_env": multicast,
+            "torch": torch.__version__,
+            "nccl_version": ".".join(str(x) for x in torch.cuda.nccl.version()),
+            "transports": sorted({t for lg in logs for t in lg["transports"]}),
+            "algorithms_chosen": logs[0]["algorithms"] if logs else {},
+            "nccl_warnings": [w for lg in logs for w in lg["warnings"]][-6:],
+            "captured_calls": CAPTURED_CALLS,
+            "elements_per_rank": ELEMS,
+        }
+    )
+    return result
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (inenv.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("ops_ok", "count", "collectives exact eagerly and in a CUDA graph", None),
+    ("ops_total", "count", "collectives checked", None),
+)
+EVIDENCE = (
+    ("ops", "record", "per collective, the eager and graph results against the exact answer", "op-checks"),
+)
+ALLREDUCE_PATH = True

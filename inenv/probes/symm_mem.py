@@ -1,0 +1,421 @@
+"""torch symmetric memory: rendezvous, peer reads, one-shot / two-shot allreduce eager and captured,
+and the multicast (multimem) ops, which must be refused where multicast is absent or disabled
+(stackprobe keeps it disabled unless STACKPROBE_ALLOW_MULTICAST=1; docs/probes.md, symm-mem, says how to
+read each verdict).
+
+PyTorch core has no compute-capability allow-list here: the P2P ops need only peer access. The
+framework wrappers (SGLang, vLLM) additionally demand multicast, so a pass on the P2P ops with a
+multicast refusal is reported as ``partial`` with the refusal named: that is the verdict a PCIe
+user needs. Ranks sharing one GPU use ``TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1`` and a gloo
+group (NCCL refuses two ranks on one device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from inenv.kit import _data, _device, _dist, _errors, _symm
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, gpu_shortfall, outcome
+
+SPEC = ProbeSpec(
+    id="symm-mem",
+    title="torch symmetric memory",
+    feature="Do torch symmetric-memory rendezvous and the one-shot / two-shot allreduce work (eager and in a "
+    "CUDA graph), and are the multicast ops refused where multicast is unavailable?",
+    ranks=(2, 4, 8),
+    min_ranks=2,  # over one rank an allreduce returns its input
+    distinct_gpus=False,  # the gpus=shared variant puts both ranks on one GPU
+    requires=("torch",),
+    timeout_s=180.0,
+    # torch reads TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES at the symmetric-memory rendezvous, not at import.
+    # Its symmetric-memory module pulls in sympy (through symbolic_shapes) on first use: 0.5 s, pure Python.
+    preload=(*_dist.PRELOAD_DIST, "torch.distributed._symmetric_memory", "torch.fx.experimental.symbolic_shapes"),
+)
+
+TOKENS = (1, 16, 128)  # 14 KiB, 224 KiB, 1.75 MiB of bf16 at hidden 7168
+OP_DEADLINE_S = 30.0
+OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
+P2P_OPS = ("one_shot", "two_shot")
+# What multimem_all_reduce_ can give, best first: `refused` and `missing` are the expected negatives
+# (no multicast; an older torch), the rest are failures. The worst rank's word is the group's.
+MULTIMEM_RESULTS = ("ok", "refused", "missing", "error", "zero", "no-op", "wrong", "hang")
+MULTIMEM_FAILED = MULTIMEM_RESULTS[3:]
+# torch's own refusal (a TORCH_CHECK before any launch) when the rendezvous gave no multicast mapping;
+# any other error, even one that mentions multicast, is a failure.
+MULTIMEM_REFUSAL = re.compile(r"multimem_all_reduce_: multicast support is required")
+
+
+def variants(host: HostView) -> list[Variant]:
+    out: list[Variant] = []
+    for n in SPEC.ranks:
+        out.append(Variant(SPEC.id, n, skip=gpu_shortfall(host, n)))
+    out.append(Variant(SPEC.id, 2, share_gpu=True, skip=gpu_shortfall(host, 1)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Verdict (pure)
+
+
+def multicast_reason(device_supports: bool | None, disabled_by_env: bool) -> str:
+    if disabled_by_env:
+        return "symm-mem-multicast-disabled"
+    return "symm-mem-no-multicast" if not device_supports else ""
+
+
+def verdict(facts: dict[str, Any]) -> dict[str, Any]:
+    """facts: rendezvous / p2p_read / ops[op][mode] / multimem / multicast_* gathered from all ranks."""
+    metrics = {
+        "ops_exact": sum(1 for op in facts.get("ops", {}).values() for r in op.values() if r.get("verdict") == "ok"),
+        "ops_total": sum(len(op) for op in facts.get("ops", {}).values()),
+        "multicast_ptr_nonzero": int(bool(facts.get("multicast_ptr"))),
+    }
+    if facts.get("rendezvous", {}).get("verdict") != "ok":
+        err = facts.get("rendezvous", {}).get("error", "")
+        code = "symm-mem-no-p2p" if facts.get("peer_access") is False else "symm-mem-rendezvous-failed"
+        return outcome("fail", f"rendezvous failed: {err[:300]}", code, metrics, facts)
+    if facts.get("p2p_read", {}).get("verdict") != "ok":
+        return outcome(
+            "fail",
+            f"peer buffer read: {facts['p2p_read'].get('error', '')[:300]}",
+            "symm-mem-wrong-result",
+            metrics,
+            facts,
+        )
+    bad = []
+    for op, modes in facts.get("ops", {}).items():
+        for mode, res in modes.items():
+            if res.get("verdict") != "ok":
+                bad.append((op, mode, res))
+    missing = [op for op in P2P_OPS if op not in facts.get("ops", {})]
+    wrong = [b for b in bad if b[2].get("verdict") in ("wrong", "no-op", "zero")]
+    if wrong:
+        op, mode, res = wrong[0]
+        return outcome(
+            "fail",
+            f"{op} {mode}: {res.get('verdict')} ({res.get('detail', '')})",
+            "symm-mem-wrong-result",
+            metrics,
+            facts,
+        )
+    if bad:
+        names = ", ".join(f"{op} {mode}" for op, mode, _ in bad)
+        first = bad[0][2]
+        code = "symm-mem-capture-failed" if all(m == "graph" for _, m, _ in bad) else "symm-mem-op-failed"
+        return outcome("fail", f"{names}: {first.get('error', first.get('verdict', ''))[:300]}", code, metrics, facts)
+    if missing:
+        return outcome("partial", f"this torch lacks {', '.join(missing)}", "symm-mem-op-missing", metrics, facts)
+    return multimem_verdict(facts, metrics)
+
+
+def multimem_verdict(facts: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    """The verdict once the P2P ops are exact, from the multimem result; every result word is named here,
+    so an unexpected one is a failure of the probe, never a pass."""
+    mm = facts.get("multimem", {})
+    got = mm.get("verdict")
+    if got == "ok":
+        return outcome("pass", metrics=metrics, evidence=facts)
+    if got == "refused":
+        reason = facts.get("multicast_reason") or "symm-mem-no-multicast"
+        why = "disabled by TORCH_SYMM_MEM_DISABLE_MULTICAST" if reason.endswith("disabled") else "no multicast"
+        note = f"one-shot and two-shot exact eager and captured; multimem ops refused ({why})"
+        return outcome("partial", note, reason, metrics, facts)
+    if got == "missing":
+        note = "one-shot and two-shot exact eager and captured; this torch has no multimem_all_reduce_"
+        return outcome("partial", note, "symm-mem-op-missing", metrics, facts)
+    if got in MULTIMEM_FAILED:
+        return outcome(
+            "fail",
+            f"multimem_all_reduce_: {got} {mm.get('error', mm.get('detail', ''))[:200]}",
+            "symm-mem-multimem-failed",
+            metrics,
+            facts,
+        )
+    return outcome("fail", f"multimem_all_reduce_ was not judged (result {got!r})", "probe-bug", metrics, facts)
+
+
+# --------------------------------------------------------------------------------------------------
+# In-rank execution
+
+
+def _err(exc: BaseException) -> dict[str, str]:
+    return {"verdict": "error", "error": _errors.error_tail(exc)}
+
+
+def _judge(out: Any, expected: Any, own: Callable[[], Any] | None) -> dict[str, str]:
+    """``expected`` on the device of ``out``: compared there; the host-side comparison (with this rank's own
+    input, made only then) runs only to name a mismatch."""
+    if _data.equal_exactly(out, expected):
+        return {"verdict": "ok"}
+    chk = _data.check_exact(out, expected, prior=_data.filled(out.shape), own_input=own() if own else None)
+    return {"verdict": "ok"} if chk.ok else {"verdict": chk.verdict, "detail": chk.detail}
+
+
+StepBuilder = Callable[[Any, Any, Any], Callable[[], None]]
+
+
+def exercise_op(
+    builder: StepBuilder, buf: Any, rank: int, world: int, device: Any, gloo: Any
+) -> dict[str, dict[str, Any]]:
+    """Eager then captured, per size; the first size that fails on any rank decides the mode's verdict.
+
+    Every exchange below is reached by every rank in the same order, whatever fails locally."""
+    import torch
+
+    results: dict[str, dict[str, Any]] = {}
+    for mode in ("eager", "graph"):
+        res: dict[str, Any] = {"verdict": "ok"}
+        everyone = ["ok"]
+        for tokens in at_level(TOKENS):
+            shape = (tokens, _data.HIDDEN)
+            inp = buf[: tokens * _data.HIDDEN].view(shape)  # a view of the symmetric buffer, as the ops need
+            out = torch.empty(shape, device=device, dtype=torch.bfloat16)
+            staged = torch.empty(shape, device=device, dtype=torch.bfloat16)
+            step = builder(inp, out, staged)
+
+            def load(seed: int, staged: Any = staged, out: Any = out, shape: tuple[int, int] = shape) -> None:
+                staged.copy_(_data.pattern(shape, rank, seed, device))
+                out.fill_(_data.SENTINEL)
+
+            seeds = (1,) if mode == "eager" else (2, 3)
+            graph = None
+            if mode == "graph":
+                try:
+                    load(seeds[0])
+                    graph = _device.capture(step, 2, warmup=1)
+                except Exception as exc:
+                    res = _err(exc)
+                # Replaying while a peer failed to capture would spin forever: agree first.
+                if not _dist.agree(graph is not None, gloo):
+                    if res["verdict"] == "ok":
+                        res = {"verdict": "error", "error": "a peer rank failed to capture"}
+                    res["tokens"] = tokens
+                    everyone = ["error"]
+                    break
+            try:
+                for seed in seeds:
+                    load(seed)
+                    if graph is not None:
+                        graph.replay()
+                    else:
+                        step()
+                    _device.wait_device(OP_DEADLINE_S)
+                    res = _judge(out, _data.pattern_sum(shape, world, seed, device),
+                                 lambda shape=shape, seed=seed: _data.pattern(shape, rank, seed))
+                    if res["verdict"] != "ok":
+                        break
+            except _device.Hung as exc:
+                res = {"verdict": "hang", "error": str(exc)}
+            except Exception as exc:
+                res = _err(exc)
+            everyone = _dist.gather_objects(res["verdict"], gloo)
+            if _dist.worst_verdict(everyone) != "ok":
+                res = dict(res, tokens=tokens)
+                if res["verdict"] == "ok":
+                    res = {"verdict": _dist.worst_verdict(everyone), "error": "failed on a peer rank", "tokens": tokens}
+                break
+        results[mode] = res
+        if "hang" in everyone:
+            break  # a stream is stuck; nothing later can run
+    return results
+
+
+def steps(group_name: str) -> dict[str, StepBuilder]:
+    """Per op: a builder of one captured step that reads ``staged`` and leaves the sum in ``out``."""
+    one_out = _symm.symm_op("one_shot_all_reduce_out")
+    one = _symm.symm_op("one_shot_all_reduce")
+    two_out = _symm.symm_op("two_shot_all_reduce_out")
+    two = _symm.symm_op("two_shot_all_reduce_")
+    found: dict[str, StepBuilder] = {}
+    if one_out is not None or one is not None:
+
+        def one_shot(inp: Any, out: Any, staged: Any) -> Callable[[], None]:
+            def step() -> None:
+                inp.copy_(staged)
+                if one_out is not None:
+                    one_out(inp, "sum", group_name, out)
+                else:
+                    out.copy_(one(inp, "sum", group_name))
+
+            return step
+
+        found["one_shot"] = one_shot
+    if two_out is not None or two is not None:
+
+        def two_shot(inp: Any, out: Any, staged: Any) -> Callable[[], None]:
+            def step() -> None:
+                inp.copy_(staged)
+                if two_out is not None:
+                    two_out(inp, "sum", group_name, out)
+                else:
+                    two(inp, "sum", group_name)
+                    out.copy_(inp)
+
+            return step
+
+        found["two_shot"] = two_shot
+    return found
+
+
+def multimem_error(text: str, multicast: bool) -> dict[str, str]:
+    """The result for an error from multimem_all_reduce_: ``refused`` only for torch's own refusal, and only
+    when the rendezvous gave no multicast address (with one, the same words would be a failure)."""
+    refused = not multicast and MULTIMEM_REFUSAL.search(text) is not None
+    return {"verdict": "refused" if refused else "error", "error": text}
+
+
+def worst_multimem(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The group's multimem result: the worst rank's (an unknown word counts as the worst)."""
+    order = {v: i for i, v in enumerate(MULTIMEM_RESULTS)}
+    return max(results, key=lambda r: order.get(r.get("verdict"), len(order)), default={})
+
+
+def try_multimem(buf: Any, group_name: str, rank: int, world: int, device: Any, multicast: bool) -> dict[str, Any]:
+    """Call multimem_all_reduce_. Without a multicast mapping torch refuses before launching anything
+    (a TORCH_CHECK on the handle), which is the expected negative; it is only run for real when the
+    rendezvous produced a multicast address, i.e. when the user allowed multicast."""
+    op = _symm.symm_op("multimem_all_reduce_")
+    if op is None:
+        return {"verdict": "missing"}
+    shape = (16, _data.HIDDEN)
+    inp = buf[: 16 * _data.HIDDEN].view(shape)
+    inp.copy_(_data.pattern(shape, rank, 5, device))
+    try:
+        op(inp, "sum", group_name)
+        _device.wait_device(OP_DEADLINE_S)
+    except _device.Hung as exc:
+        return {"verdict": "hang", "error": str(exc)}
+    except Exception as exc:
+        return multimem_error(_errors.error_tail(exc), multicast)
+    if not multicast:
+        return {"verdict": "error", "error": "ran without a multicast address (unexpected)"}
+    return _judge(inp, _data.pattern_sum(shape, world, 5, device), lambda: _data.pattern(shape, rank, 5))
+
+
+def run(ctx: RankContext) -> dict[str, Any]:
+    multicast_env = _dist.keep_multicast_off()
+    shared = ctx.variant.share_gpu
+    if shared:
+        os.environ[OVERLAP_ENV] = "1"
+
+    import torch
+
+    if (skipped := _dist.gpu_precheck(ctx, shared)) is not None:
+        return skipped
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError as exc:
+        return outcome("skip", f"this torch has no symmetric memory: {exc}", "symm-mem-absent")
+
+    if shared:
+        ctx = dataclasses.replace(ctx, device_index=0)  # every rank on the first visible GPU
+    device = _dist.init_dist(ctx, "gloo" if shared else "nccl")
+    import torch.distributed as dist
+
+    gloo = _dist.cpu_group() if not shared else dist.group.WORLD
+    group = dist.group.WORLD
+    facts: dict[str, Any] = {
+        "torch": torch.__version__,
+        "shared_gpu": shared,
+        "multicast_env": multicast_env,
+        "devices": _dist.gather_objects(ctx.device_index, gloo),
+    }
+    try:
+        from torch._C._autograd import DeviceType
+        from torch._C._distributed_c10d import _SymmetricMemory
+
+        facts["device_multicast_support"] = bool(_SymmetricMemory.has_multicast_support(DeviceType.CUDA, device.index))
+    except Exception as exc:
+        facts["device_multicast_support"] = None
+        facts["device_multicast_support_error"] = _errors.error_tail(exc, 200)
+    if not shared:
+        n = torch.cuda.device_count()
+        facts["peer_access"] = all(
+            torch.cuda.can_device_access_peer(a, b)
+            for a in range(min(n, ctx.world_size))
+            for b in range(min(n, ctx.world_size))
+            if a != b
+        )
+    get_backend = getattr(symm_mem, "get_backend", None)
+    if get_backend is not None:
+        try:
+            facts["backend"] = get_backend(device)
+        except Exception as exc:
+            facts["backend"] = f"? {_errors.error_tail(exc, 120)}"
+
+    numel = max(TOKENS) * _data.HIDDEN
+    rendezvous: dict[str, Any] = {"verdict": "ok"}
+    try:
+        buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=device)
+        handle, enabled_here = _symm.symm_rendezvous(buf, group)
+        facts["enable_symm_mem_for_group_called"] = enabled_here
+        facts["multicast_ptr"] = int(getattr(handle, "multicast_ptr", 0) or 0)
+        facts["signal_pad_size"] = int(getattr(handle, "signal_pad_size", 0) or 0)
+    except Exception as exc:
+        rendezvous = _err(exc)
+    # Every rank takes part in this one exchange whatever happened, so nobody waits on a missing peer.
+    everyone = _dist.gather_objects(rendezvous, gloo)
+    facts["rendezvous"] = next((r for r in everyone if r["verdict"] != "ok"), rendezvous)
+    if facts["rendezvous"]["verdict"] != "ok":
+        return verdict(facts)
+    disabled = multicast_env.get("TORCH_SYMM_MEM_DISABLE_MULTICAST", "") not in ("", "0")
+    facts["multicast_reason"] = multicast_reason(facts.get("device_multicast_support"), disabled)
+
+    # Direct peer read: every rank writes its pattern, then reads its neighbour's buffer.
+    try:
+        n = 4096
+        buf[:n].copy_(_data.pattern((n,), ctx.rank, 9, device))
+        torch.cuda.synchronize()
+        handle.barrier()
+        peer = (ctx.rank + 1) % ctx.world_size
+        seen = handle.get_buffer(peer, (n,), torch.bfloat16).clone()
+        handle.barrier()  # nobody overwrites its buffer before its neighbour has read it
+        _device.wait_device(OP_DEADLINE_S)
+        facts["p2p_read"] = _judge(seen, _data.pattern((n,), peer, 9, device), None)
+    except Exception as exc:
+        facts["p2p_read"] = _err(exc)
+
+    ops: dict[str, Any] = {}
+    for name, builder in steps(group.group_name).items():
+        ops[name] = exercise_op(builder, buf, ctx.rank, ctx.world_size, device, gloo)
+        ctx.log(f"{name}: " + ", ".join(f"{m}={r['verdict']}" for m, r in ops[name].items()))
+    facts["ops"] = ops
+    if not any(r.get("verdict") == "hang" for modes in ops.values() for r in modes.values()):
+        facts["multimem"] = try_multimem(
+            buf, group.group_name, ctx.rank, ctx.world_size, device, bool(facts["multicast_ptr"])
+        )
+        ctx.log(f"multimem_all_reduce_: {facts['multimem']['verdict']}")
+
+    # Every rank decides on the same merged facts: the worst rank's op results.
+    everyone = _dist.gather_objects(
+        {"ops": facts["ops"], "p2p_read": facts["p2p_read"], "multimem": facts.get("multimem", {})}, gloo
+    )
+    for other in everyone:
+        for op, modes in other["ops"].items():
+            for mode, res in modes.items():
+                if res.get("verdict") != "ok" and facts["ops"].get(op, {}).get(mode, {}).get("verdict") == "ok":
+                    facts["ops"][op][mode] = res
+        if other["p2p_read"].get("verdict") != "ok":
+            facts["p2p_read"] = other["p2p_read"]
+    if "multimem" in facts:
+        facts["multimem"] = worst_multimem([other["multimem"] for other in everyone])
+    return verdict(facts)
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (inenv.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("ops_exact", "count", "(op, mode) checks exact against the exact result", None),
+    ("ops_total", "count", "(op, mode) checks made", None),
+    ("multicast_ptr_nonzero", "bool", "the symmetric memory handle has a multicast address", None),
+)
+EVIDENCE = (
+    ("ops", "record", "per symmetric-memory op, the eager and graph results against the exact answer",
+     "op-checks"),
+    ("device_multicast_support", "bool", "the CUDA device attribute for multicast objects", "multicast"),
+)
+ALLREDUCE_PATH = True
