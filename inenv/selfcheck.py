@@ -1,7 +1,7 @@
 """Self-check that runs inside a freshly built cell image: what is really installed there.
 
 Standard library only: `provision build` mounts this file read-only into the container beside the
-repository's `checks/` package (whose ELF, fatbin and distribution-table modules it shares with the
+repository's `inenv/` package (whose ELF, fatbin and distribution-table modules it shares with the
 probes) and runs it with the cell's Python (`python selfcheck.py [--compile]`); it prints one JSON object
 on stdout. The host compares it with what the cell asked for (provision/verify.py). No GPU is needed:
 compiled GPU architectures are read from the CUDA fatbin headers inside the shared objects, not from

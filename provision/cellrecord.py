@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from common import canonical
 from inenv import atomic
 from inenv.selfcheck import SHARED as SELFCHECK_SHARED
 
@@ -24,7 +25,9 @@ def selfcheck_files() -> list[tuple[Path, str]]:
 
 
 def selfcheck_texts() -> list[str]:
-    return [host.read_text() for host, _ in selfcheck_files()]
+    """The self-check's files as the image tag hashes them: in the canonical spelling (common.canonical), so
+    a module that changes package leaves built images current."""
+    return [canonical.spell_source(host.read_text()) for host, _ in selfcheck_files()]
 
 
 def versions(facts: dict[str, Any]) -> dict[str, str | None]:

@@ -30,6 +30,7 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
+from common import canonical
 from common.catalog import load as load_catalog
 from common.errors import InputError
 from common.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
@@ -282,7 +283,10 @@ def pinned(lock: str, package: str) -> str | None:
 
 def inputs_hash(r: Resolved, uv: str) -> str:
     wheel_nvcc = load_catalog().cuda[r.cell.cuda].wheel_nvcc
-    parts: list[Any] = [requirements_in(r), compile_args(r), toolkit_requirement(r.toolkit), uv, wheel_nvcc]
+    # requirements.in names the catalog's path: hashed in the canonical spelling (common.canonical), so a
+    # catalog that changes package leaves every lock current
+    parts: list[Any] = [canonical.spell(requirements_in(r)), compile_args(r), toolkit_requirement(r.toolkit), uv,
+                        wheel_nvcc]
     if r.overrides or r.expect:  # only cells that have them, so every other cell keeps its lock
         parts += [list(r.overrides), list(r.expect)]
     payload = json.dumps(parts)

@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks.run.container import BYTECODE_ROOT, bytecode_key
+from common.caches import BYTECODE_ROOT, bytecode_key, compile_cache_dir
 from provision.render import CELL_LABEL
 
 GB = 1_000_000_000
@@ -318,7 +318,6 @@ def gather(matrices: Sequence[Path], envs: Path, venvs: Path, docker: str | None
     """The removals for this machine (``docker`` None: no engine, venv cells only); ``scope`` narrows the
     images that may go to these refs; ``compile_cache``: also the shared compile cache `checks run` uses;
     ``bytecode_root``: where the docker executor keeps its bytecode folders (default: BYTECODE_ROOT)."""
-    from checks.run.executor import compile_cache_dir
     from provision.baseimage import DEFAULT_TAG, DEV_TAG
 
     cache = compile_cache_dir(None, not compile_cache)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checks.run import venvcell
+from common import celltoolkit
 from common.errors import InputError
 from common.progress import TICK_S, Ticker
 from common.resolve import RESOLVED, Resolved
@@ -122,13 +122,13 @@ def build_hash(folder: Path, base: interp.Interpreter | None, wheels: wheeldir.W
 
 def selfcheck(python: Path, cuda_home: Path, compile_test: bool) -> dict[str, Any]:
     """inenv/selfcheck.py run by the cell's interpreter, with the cell's CUDA_HOME and no host nvcc on PATH
-    (checks.run.venvcell.rank_env); the same facts an image's self-check reports.
+    (common.celltoolkit, as the ranks of a venv cell get it); the same facts an image's self-check reports.
     It runs from a folder holding only it and the checks/ modules it shares, as in an image: run from
     provision/, that folder would come first on its path and common/select.py would hide the standard
     library's select."""
     env = installer.env()
     env["CUDA_HOME"] = str(cuda_home)
-    env["PATH"] = venvcell.without_nvcc(env.get("PATH", os.defpath), keep=[str(cuda_home / "bin")])
+    env["PATH"] = celltoolkit.without_nvcc(env.get("PATH", os.defpath), keep=[str(cuda_home / "bin")])
     with tempfile.TemporaryDirectory(prefix="stackprobe-selfcheck-") as d:
         for host, inside in selfcheck_files():
             staged = Path(d) / Path(inside).relative_to(SELFCHECK_ROOT)
@@ -255,7 +255,7 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
               "cuda_home": str(cuda_home) if cuda_home else None, "path": [str(venv / "bin")] + (
                   [base.scripts] if base else [])}
     report(cid, "self-check")
-    facts = selfcheck(python, cuda_home or Path(venvcell.toolkit_home(origin | common)),
+    facts = selfcheck(python, cuda_home or Path(celltoolkit.toolkit_home(origin | common)),
                       compile_test=cuda_home is not None)
     problems = [facts["error"]] if "error" in facts else mismatches(
         cell["expected"], facts, compiled_toolkit=cuda_home is not None)

@@ -90,6 +90,7 @@ def test_standard_library_only() -> None:
 
 def test_every_writer_uses_it() -> None:
     """No other module of the host or the environment side renames files into place itself."""
-    offenders = [str(p.relative_to(ROOT)) for d in ("checks", "provision") for p in (ROOT / d).rglob("*.py")
+    offenders = [str(p.relative_to(ROOT)) for d in ("checks", "provision", "inenv", "common")
+                 for p in (ROOT / d).rglob("*.py")
                  if p.name != "atomic.py" and ("os.replace(" in p.read_text() or "mkstemp(" in p.read_text())]
     assert offenders == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import tomllib
@@ -17,22 +18,23 @@ def _git(cwd: Path, *args: str) -> str:
 
 
 def test_helper_imports_reads_every_import_form() -> None:
-    src = ("import os\nimport inenv.probes._a\nfrom inenv.probes import _b, inventory\n"
-           "from inenv.probes._c import thing\nfrom inenv.probe import outcome\nfrom . import _d\n"
-           "def run():\n    from inenv.probes import _e as e\n")
-    assert helper_imports(src) == {"_a", "_b", "_c", "_e"}  # a relative import outside inenv/probes names no helper
+    src = ("import os\nimport inenv.kit._a\nfrom inenv.kit import _b\nfrom inenv.probes import inventory\n"
+           "from inenv.kit._c import thing\nfrom inenv.probe import outcome\nfrom . import _d\n"
+           "def run():\n    from inenv.kit import _e as e\n")
+    assert helper_imports(src) == {"_a", "_b", "_c", "_e"}  # a relative import outside inenv/kit names no helper
     assert helper_imports(src, in_helpers=True) == {"_a", "_b", "_c", "_d", "_e"}
 
 
 def _helpers(tmp: Path) -> tuple[Path, Path]:
-    helpers = tmp / "inenv" / "probes"
+    helpers = tmp / "inenv" / "kit"
     helpers.mkdir(parents=True)
+    (tmp / "inenv" / "probes").mkdir()
     (helpers / "_a.py").write_text("from . import _b\n")
-    (helpers / "_b.py").write_text("from inenv.probes._c import x\n")
+    (helpers / "_b.py").write_text("from inenv.kit._c import x\n")
     (helpers / "_c.py").write_text("x = 1\n")
     (helpers / "_unused.py").write_text("y = 2\n")
-    probe = helpers / "myprobe.py"
-    probe.write_text("from inenv.probes import _a\n")
+    probe = tmp / "inenv" / "probes" / "myprobe.py"
+    probe.write_text("from inenv.kit import _a\n")
     return helpers, probe
 
 
@@ -46,8 +48,8 @@ def test_probe_hash_follows_helpers_transitively(tmp_path: Path) -> None:
     changed = probe_hash(probe, helpers)
     assert changed != before  # two imports away
     moved = tmp_path / "elsewhere"
-    shutil.copytree(tmp_path / "checks", moved / "checks")
-    assert probe_hash(moved / "inenv" / "probes" / "myprobe.py", moved / "inenv" / "probes") == changed
+    shutil.copytree(tmp_path / "inenv", moved / "inenv")
+    assert probe_hash(moved / "inenv" / "probes" / "myprobe.py", moved / "inenv" / "kit") == changed
 
 
 def test_probe_hash_covers_the_checks_modules_it_uses_but_not_the_probe_api(tmp_path: Path) -> None:
@@ -82,7 +84,7 @@ def test_checkout_of_this_repository() -> None:
 
 def test_checkout_dirty_flag_and_no_checkout(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    (repo / "checks").mkdir(parents=True)
+    (repo / "inenv").mkdir(parents=True)
     (repo / "inenv" / "probe.py").write_text("a = 1\n")
     (repo / "README.md").write_text("x\n")
     _git(tmp_path, "init", "-q", str(repo))
@@ -90,13 +92,16 @@ def test_checkout_dirty_flag_and_no_checkout(tmp_path: Path) -> None:
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
     assert checkout(repo).dirty is False and len(checkout(repo).commit) == 40
     (repo / "README.md").write_text("y\n")
-    assert checkout(repo).dirty is False  # only the checks/ tree makes verdicts
-    (repo / "checks" / "new_probe.py").write_text("b = 2\n")
-    assert checkout(repo).dirty is True  # an untracked probe counts
-    (repo / "checks" / "new_probe.py").unlink()
+    assert checkout(repo).dirty is False  # only the code trees (checks/, inenv/, common/) make verdicts
+    for tree in ("inenv", "checks", "common"):
+        (repo / tree).mkdir(exist_ok=True)
+        (repo / tree / "new_module.py").write_text("b = 2\n")
+        assert checkout(repo).dirty is True, tree  # an untracked module counts, in every code tree
+        (repo / tree / "new_module.py").unlink()
+        assert checkout(repo).dirty is False
     (repo / "inenv" / "probe.py").write_text("a = 2\n")
     assert checkout(repo).dirty is True
-    assert checkout(repo / "checks").commit == "unknown"  # inside a checkout, not its top: not this code's commit
+    assert checkout(repo / "inenv").commit == "unknown"  # inside a checkout, not its top: not this code's commit
     plain = tmp_path / "plain"
     plain.mkdir()
     assert (checkout(plain).commit, checkout(plain).dirty) == ("unknown", None)
@@ -107,3 +112,38 @@ def test_provenance_json_round_trip() -> None:
     assert Provenance.from_json(p.to_json()) == p
     assert Provenance.from_json({"version": "0.1.0", "commit": "abc", "dirty": "yes", "probe_hash": "x"}) is None
     assert Provenance.from_json(None) is None
+
+
+def test_probe_hash_is_the_same_whichever_package_the_modules_sit_in(tmp_path: Path) -> None:
+    """A probe and helper that only changed package (their imports, paths and import order follow the new
+    names) hash as the flat layout's bytes did (all under one package, helpers beside the probes):
+    committed verdicts stay current."""
+    flat = "checks"  # the canonical package, kept out of literal module paths that a rewriting tool would change
+    old = tmp_path / "old" / flat / "probes"
+    old.mkdir(parents=True)
+    old_probe = (f"from {flat}.probe import outcome\nfrom {flat}.probes import _a\n\n"
+                 f"# helpers in {flat}/probes/_a.py; catalogue in {flat}/reasons.yaml\n")
+    old_helper, old_toolkit = f"from {flat} import toolkit\n", f"from {flat} import dists\n"
+    (old / "myprobe.py").write_text(old_probe)
+    (old / "_a.py").write_text(old_helper)
+    (old.parent / "toolkit.py").write_text(old_toolkit)
+    (old.parent / "dists.py").write_text("TABLE = 1\n")
+    new = tmp_path / "new" / "inenv"
+    (new / "probes").mkdir(parents=True)
+    (new / "kit").mkdir()
+    (new / "probes" / "myprobe.py").write_text(
+        "from inenv.kit import _a\nfrom inenv.probe import outcome\n\n"
+        "# helpers in inenv/kit/_a.py; catalogue in common/reasons.yaml\n")
+    (new / "kit" / "_a.py").write_text("from inenv import toolkit\n")
+    (new / "toolkit.py").write_text("from inenv import dists\n")
+    (new / "dists.py").write_text("TABLE = 1\n")
+    # the hash of the flat layout's files as bytes, in the order probe, helpers, fact modules
+    h = hashlib.sha256()
+    for name, text in (("myprobe.py", old_probe), ("_a.py", old_helper), ("dists.py", "TABLE = 1\n"),
+                       ("toolkit.py", old_toolkit)):
+        h.update(name.encode() + b"\0" + text.encode() + b"\0")
+    expected = h.hexdigest()[:16]
+    assert probe_hash(old / "myprobe.py", old) == expected
+    assert probe_hash(new / "probes" / "myprobe.py", new / "kit") == expected
+    (new / "dists.py").write_text("TABLE = 2\n")
+    assert probe_hash(new / "probes" / "myprobe.py", new / "kit") != expected  # a real change still counts

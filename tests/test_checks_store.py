@@ -130,7 +130,8 @@ def test_results_record_their_code_and_old_lines_still_read(tmp_path: Path) -> N
 
 def test_run_lock_is_exclusive(tmp_path: Path) -> None:
     with RunLock(tmp_path):
-        holder = subprocess.run([sys.executable, "-c", "from pathlib import Path; from checks.results.store import RunLock\n"
+        holder = subprocess.run([sys.executable, "-c", "from pathlib import Path; "
+                                 "from checks.results.store import RunLock\n"
                                  f"with RunLock(Path({str(tmp_path)!r})): pass"], cwd=ROOT, capture_output=True,
                                 text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert holder.returncode != 0 and "StoreBusy" in holder.stderr and "another `checks run`" in holder.stderr

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from checks.run.container import COMPILE_CACHE_MOUNT, DockerExecutor
-from checks.run.executor import DEFAULT_COMPILE_CACHE, LocalExecutor, compile_cache_dir, for_run, run_env
+from checks.run.executor import LocalExecutor, for_run, run_env
+from common.caches import DEFAULT_COMPILE_CACHE, compile_cache_dir
 from inenv.kit import _compile_cache as cc
 from provision import prune
 

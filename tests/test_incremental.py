@@ -83,12 +83,12 @@ def run(ctx: RankContext) -> dict:
 
 
 def clean_checkout(tmp_path: Path) -> Path:
-    """This code (checks/, provision/, pyproject.toml) committed in a fresh git repository: `code.dirty` of
-    its results is false, as in a clean clone."""
+    """This code (checks/, provision/, inenv/, common/, pyproject.toml) committed in a fresh git repository:
+    `code.dirty` of its results is false, as in a clean clone."""
     root = tmp_path / "checkout"
     root.mkdir()
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("checks", "provision"):
+    for name in ("checks", "provision", "inenv", "common"):
         shutil.copytree(ROOT / name, root / name, ignore=skip)
     shutil.copy2(ROOT / "pyproject.toml", root / "pyproject.toml")
     git = ["git", "-C", str(root), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]

@@ -88,7 +88,8 @@ def venv_with(tmp: Path, wheels: list[Path]) -> Path:
     return venv / "bin" / "python"
 
 
-FINDINGS = ("import json, sys; from inenv.kit import _installed; from inenv.probes import inventory; snap = _installed.snapshot(); "
+FINDINGS = ("import json, sys; from inenv.kit import _installed; from inenv.probes import inventory; "
+            "snap = _installed.snapshot(); "
             "print(json.dumps({'snap': snap, 'findings': inventory.metadata_findings(snap), "
             "'packaging_loaded': 'packaging' in sys.modules}))")
 

@@ -73,7 +73,7 @@ class HostSection:
     decisions: list[Any] = field(default_factory=list)  # decision notes (attach_decisions): text blocks
     memlock: str = ""  # containers ran without memlock unlimited: why, and for how many variants
     plots: list[Any] = field(default_factory=list)  # checks.report.plots.LatencyPlot per cell and rank count
-    estimates: list[Any] = field(default_factory=list)  # checks.report.estimate.Estimate of the advice (attach_decisions)
+    estimates: list[Any] = field(default_factory=list)  # estimate.Estimate of the advice (attach_decisions)
 
 
 MAX_HEADLINES = 5

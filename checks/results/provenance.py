@@ -1,13 +1,15 @@
-"""Which code made a result: the stackprobe version, the git commit and whether ``checks/`` differed from it,
-and a hash of the probe's own source (host side).
+"""Which code made a result: the stackprobe version, the git commit and whether the code trees (``checks/``,
+``inenv/``, ``common/``) differed from it, and a hash of the probe's own source (host side).
 
-The probe hash covers the probe module, the private helper modules of ``inenv/probes/`` (``_*.py``) and
-the in-environment fact modules of ``checks/`` (toolkit lookup, target parsing, distribution table...) it
+The probe hash covers the probe module, the private helper modules of ``inenv/kit/`` (``_*.py``) and
+the in-environment fact modules of ``inenv/`` (toolkit lookup, target parsing, distribution table...) it
 imports, found by reading its imports with ``ast``, transitively. The probe API itself (``inenv.probe``,
 ``inenv.status``) is left out: it is the contract every probe shares, not a probe's judgement.
-It is computed on the host from the ``checks/`` tree that is mounted into the containers, so it names the
+It is computed on the host from the ``inenv/`` tree that is mounted into the containers, so it names the
 code the ranks ran. Two checkouts with the same probe source give the same hash wherever they live (file
-names, not paths, are hashed).
+names, not paths, are hashed), and in whichever package a module sits: the text is hashed with the
+project's module names and paths in their canonical spelling (common.canonical), and the imports are read
+from that spelling.
 A verdict whose recorded hash differs from the current source's was made by other code: `checks report`
 marks it for a rerun.
 """
@@ -25,12 +27,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from common import canonical
 from inenv.probe import DECLARED_MARK
 
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `checks` package
-HELPERS = CODE_ROOT / "inenv" / "probes"
-HELPER_PACKAGE = "inenv.probes"
-SUPPORT_PACKAGE = "checks"
+HELPERS = CODE_ROOT / "inenv" / "kit"  # the probes' helpers; the fact modules are in its parent folder
+CODE_TREES = ("checks", "inenv", "common")  # what a verdict's code comes from: their changes make a run dirty
+# Imports are read in the canonical spelling (common.canonical), which names these two packages.
+HELPER_PACKAGE = canonical.HELPER_PACKAGE
+SUPPORT_PACKAGE = canonical.SUPPORT_PACKAGE
 API_MODULES = frozenset({"probe", "status", "probes"})  # shared by every probe: not part of a probe's hash
 UNKNOWN = "unknown"
 HASH_CHARS = 16
@@ -109,7 +114,7 @@ def checkout(root: Path = CODE_ROOT) -> Checkout:
     if top is None or Path(top.strip()).resolve() != root.resolve():
         return Checkout(version, UNKNOWN, None)
     commit = (_git(root, "rev-parse", "--verify", "HEAD") or "").strip()
-    status = _git(root, "status", "--porcelain", "--untracked-files=normal", "--", "checks")
+    status = _git(root, "status", "--porcelain", "--untracked-files=normal", "--", *CODE_TREES)
     if not commit:
         return Checkout(version, UNKNOWN, None)
     return Checkout(version, commit, None if status is None else bool(status.strip()))
@@ -117,10 +122,10 @@ def checkout(root: Path = CODE_ROOT) -> Checkout:
 
 # --- probe source hashes ------------------------------------------------------------------------------------
 def helper_imports(source: str, in_helpers: bool = False) -> set[str]:
-    """Names of the private ``inenv.probes`` modules (``_x``) that ``source`` imports. ``in_helpers``: the
-    source is itself a module of ``inenv/probes/``, so its relative imports name helpers too."""
+    """Names of the private helper modules (``_x``) that ``source`` imports. ``in_helpers``: the source is
+    itself a helper module, so its relative imports name helpers too."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(ast.parse(canonical.spell(source))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith(HELPER_PACKAGE + "."):
@@ -140,9 +145,10 @@ def helper_imports(source: str, in_helpers: bool = False) -> set[str]:
 
 
 def support_imports(source: str) -> set[str]:
-    """Names of the ``checks`` modules (``inenv.toolkit``, ...) that ``source`` imports, the probe API aside."""
+    """Names of the in-environment fact modules (``inenv.toolkit``, ...) that ``source`` imports, the probe API
+    aside."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(ast.parse(canonical.spell(source))):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -165,7 +171,7 @@ def probe_sources(path: Path, helpers: Path = HELPERS) -> list[Path]:
         current, in_helpers = todo.pop()
         text = current.read_text()
         wanted = [(n, helpers / f"{n}.py", True) for n in sorted(helper_imports(text, in_helpers))]
-        wanted += [(f"checks.{n}", helpers.parent / f"{n}.py", False) for n in sorted(support_imports(text))]
+        wanted += [(f"inenv.{n}", helpers.parent / f"{n}.py", False) for n in sorted(support_imports(text))]
         for key, file, is_helper in wanted:
             if key not in seen and file.is_file():
                 seen[key] = file
@@ -199,7 +205,7 @@ def hashed_bytes(path: Path) -> bytes:
 def source_hash(paths: list[Path]) -> str:
     h = hashlib.sha256()
     for p in paths:
-        h.update(p.name.encode() + b"\0" + hashed_bytes(p) + b"\0")
+        h.update(p.name.encode() + b"\0" + canonical.spell_source(hashed_bytes(p).decode()).encode() + b"\0")
     return h.hexdigest()[:HASH_CHARS]
 
 

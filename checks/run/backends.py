@@ -13,11 +13,12 @@ from checks.results import hostfacts
 from checks.run import cells, runner
 from checks.run.backend import Backend, Targets
 from checks.run.container import client, unreachable
-from checks.run.executor import Executor, ExecutorError, compile_cache_dir, for_run, gpu_lock_path
+from checks.run.executor import Executor, ExecutorError, for_run, gpu_lock_path
 from checks.run.options import AUTO, DOCKER, LOCAL, SLURM, VENV, RunOptions, UsageError
 from checks.run.runner import Hooks, RunReport, Work
 from checks.run.slurm_run import SlurmBackend
 from common import backend as provision_backend
+from common.caches import compile_cache_dir
 from common.errors import InputError
 
 

@@ -1,8 +1,8 @@
 """The docker executor: one container per variant, through the Docker SDK (host side).
 
 The container gets every GPU when the host has any, the host IPC namespace (NCCL and CUDA IPC need
-shared memory and fd passing between ranks), unlimited memlock, the checks code mounted read-only,
-no privileges, no Docker socket and no network (ranks talk over loopback). It is removed afterwards,
+shared memory and fd passing between ranks), unlimited memlock, the in-environment code (inenv/) mounted
+read-only, no privileges, no Docker socket and no network (ranks talk over loopback). It is removed afterwards,
 also at the timeout and on Ctrl-C.
 """
 
@@ -31,6 +31,7 @@ from checks.run.executor import (
 )
 from checks.run.isolate import ProcessOutcome
 from common import memlock
+from common.caches import BYTECODE_ROOT, bytecode_key
 from common.reasons import Catalogue
 from inenv import gpugate
 from inenv.kit import _compile_cache
@@ -40,18 +41,12 @@ from inenv.worker import bytecode_folder_name
 
 MOUNT_ROOT = "/opt/stackprobe-code"  # apart from /opt/stackprobe, where cell images keep their locks
 COMPILE_CACHE_MOUNT = "/opt/stackprobe-compile-cache"  # the host's shared compile cache, read-write
-BYTECODE_ROOT = CODE_ROOT / ".cache" / "pycache"  # per image: the bytecode its ranks compiled
 IN_ENV_PACKAGES = ("inenv",)  # what the ranks import from this checkout: mounted read-only
 LABEL = "stackprobe.run"
 # KEY=VALUE labels added to every container, so whoever started a run (a test session, a CI job) can find
 # and remove whatever its runs left behind, and nothing else
 LABELS_ENV = "STACKPROBE_CONTAINER_LABELS"
 TAIL_LINES = 200
-
-
-def bytecode_key(image_id: str) -> str:
-    """The name of an image's folder under BYTECODE_ROOT (`provision prune` reads it back to find stale ones)."""
-    return image_id.removeprefix("sha256:")[:16]
 
 
 def _connect() -> tuple[Any, str | None]:

@@ -30,8 +30,6 @@ from inenv.registry import PROBE_PATH_ENV
 
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `checks` package
 HARD_TIMEOUT_MARGIN_S = 30.0  # the worker's own watchdog fires first and collects stacks
-# Builds every cell and run share (inenv.kit._compile_cache); outside every image, kept between runs.
-DEFAULT_COMPILE_CACHE = CODE_ROOT / ".cache" / "compile"
 FINGERPRINT_TIMEOUT_S = 120.0
 RunEnv = tuple[tuple[str, str], ...]  # NAME=value for every worker of a cell; an empty value unsets NAME
 
@@ -62,19 +60,6 @@ def gpu_lock_path() -> Path | None:
         print(f"warning: no GPU lock file ({path}: {exc}); GPU variants will not start up ahead", file=sys.stderr)
         return None
     return path
-
-
-def compile_cache_dir(given: Path | None, off: bool, env: Mapping[str, str] | None = None) -> Path | None:
-    """The host folder of the shared compile cache: ``--compile-cache``, else STACKPROBE_COMPILE_CACHE,
-    else the repository's .cache/compile; None with ``--no-compile-cache``."""
-    if off:
-        return None
-    named = (os.environ if env is None else env).get(_compile_cache.ENV)
-    folder = (given or (Path(named) if named else DEFAULT_COMPILE_CACHE)).resolve()
-    if folder.exists() and not folder.is_dir():
-        raise ExecutorError(f"the compile cache {folder} is not a folder; give --compile-cache a folder "
-                            "(or --no-compile-cache)")
-    return folder
 
 
 def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, host_id: str = "",

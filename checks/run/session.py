@@ -27,11 +27,11 @@ from checks.results.store import RunLock, RunStore, latest_run, new_run_id, read
 from checks.run import runconsole, runprogress
 from checks.run.backend import Backend, Targets
 from checks.run.backends import open_backend
-from checks.run.executor import compile_cache_dir
 from checks.run.options import REPO, RunOptions, UsageError
 from checks.run.plan import REUSED, WorkItem, plan_work, summary_counts
 from checks.run.runner import RunReport, Work, now_iso
 from common import reasons
+from common.caches import compile_cache_dir
 from inenv import registry
 
 

@@ -34,7 +34,6 @@ from checks.run.executor import (
     CODE_ROOT,
     ExecutorError,
     LocalExecutor,
-    compile_cache_dir,
     hard_timeout,
     parse_result_text,
     run_env,
@@ -46,6 +45,7 @@ from checks.run.plan import CellState, CellTarget, ImageState, WorkItem, local_c
 from checks.run.runner import Hooks, Recorder, RunReport, Work, begin, iso, level_variant, now_iso
 from checks.run.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
 from common import reasons
+from common.caches import compile_cache_dir
 from inenv import atomic
 from inenv.registry import PROBE_PATH_ENV
 from inenv.status import Status

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from checks.run.executor import CODE_ROOT
 from checks.run.plan import ImageState
+from common.celltoolkit import CUDA_LIB, UNSET, toolkit_home, without_nvcc
 
 BACKEND = "venv"
 
@@ -23,30 +24,6 @@ class VenvCell:
     reason: str = ""
     env: tuple[tuple[str, str], ...] = ()  # set for the ranks on top of the runner's environment
     from_base: str = ""  # e.g. "torch, triton, nvidia-*, cuda-* +12 others"; "" for a full cell
-
-
-# What an image of the cell leaves unset: a host value would pick another toolkit or compiler than the cell's.
-UNSET = ("CUDA_PATH", "FLASHINFER_NVCC")
-# flashinfer's import loads ``$CUDA_LIB_PATH/libcudart.so.12`` globally when it exists, CUDA_LIB_PATH defaulting to
-# /usr/local/cuda/targets/x86_64-linux/lib: in a venv cell that default is the host's toolkit, not the cell's.
-CUDA_LIB = ("targets", "x86_64-linux", "lib")
-
-
-def without_nvcc(path: str, keep: Sequence[str] = ()) -> str:
-    """``path`` without the directories that hold an ``nvcc`` (a host toolkit's bin/, a wrapper script in
-    /usr/local/bin), except those in ``keep``: flashinfer and torch take the first nvcc on PATH when CUDA_HOME
-    is unset, and a build step may call plain ``nvcc``."""
-    return os.pathsep.join(d for d in path.split(os.pathsep)
-                           if d and (d in keep or not os.path.isfile(os.path.join(d, "nvcc"))))
-
-
-def toolkit_home(record: Mapping[str, object]) -> str:
-    """The cell's own CUDA_HOME: the toolkit assembled from the registry's wheels, else ``<venv>/cuda``, which
-    then holds no nvcc (the registry's CUDA 12 nvcc wheels have only ptxas), as the image's /usr/local/cuda."""
-    if record.get("cuda_home"):
-        return str(record["cuda_home"])
-    venv = record.get("venv") or os.path.dirname(os.path.dirname(str(record.get("python") or "")))
-    return os.path.join(str(venv), "cuda")
 
 
 def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

@@ -1,0 +1,34 @@
+"""Where runs keep what later runs reuse, on the host: the shared compile cache and the docker executor's
+per-image bytecode folders. `checks run` writes them; `provision prune` measures and removes them."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from inenv.kit._compile_cache import ENV as COMPILE_CACHE_ENV
+
+CODE_ROOT = Path(__file__).resolve().parent.parent  # the checkout: the directory that holds the packages
+# Builds every cell and run share (inenv.kit._compile_cache); outside every image, kept between runs.
+DEFAULT_COMPILE_CACHE = CODE_ROOT / ".cache" / "compile"
+BYTECODE_ROOT = CODE_ROOT / ".cache" / "pycache"  # per image: the bytecode its ranks compiled
+
+
+def bytecode_key(image_id: str) -> str:
+    """The name of an image's folder under BYTECODE_ROOT (`provision prune` reads it back to find stale ones)."""
+    return image_id.removeprefix("sha256:")[:16]
+
+
+def compile_cache_dir(given: Path | None, off: bool, env: Mapping[str, str] | None = None) -> Path | None:
+    """The host folder of the shared compile cache: ``--compile-cache``, else STACKPROBE_COMPILE_CACHE,
+    else the repository's .cache/compile; None with ``--no-compile-cache``."""
+    if off:
+        return None
+    named = (os.environ if env is None else env).get(COMPILE_CACHE_ENV)
+    folder = (given or (Path(named) if named else DEFAULT_COMPILE_CACHE)).resolve()
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "the compile cache is not a folder; give --compile-cache a folder "
+                                 "(or --no-compile-cache)", str(folder))
+    return folder

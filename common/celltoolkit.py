@@ -1,0 +1,30 @@
+"""The CUDA toolkit a venv cell shows its code (host side): the same one its image has, so a cell id means
+one environment on every backend. `provision build` runs the self-check with it, `checks run` the ranks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+# What an image of the cell leaves unset: a host value would pick another toolkit or compiler than the cell's.
+UNSET = ("CUDA_PATH", "FLASHINFER_NVCC")
+# flashinfer's import loads ``$CUDA_LIB_PATH/libcudart.so.12`` globally when it exists, CUDA_LIB_PATH defaulting to
+# /usr/local/cuda/targets/x86_64-linux/lib: in a venv cell that default is the host's toolkit, not the cell's.
+CUDA_LIB = ("targets", "x86_64-linux", "lib")
+
+
+def without_nvcc(path: str, keep: Sequence[str] = ()) -> str:
+    """``path`` without the directories that hold an ``nvcc`` (a host toolkit's bin/, a wrapper script in
+    /usr/local/bin), except those in ``keep``: flashinfer and torch take the first nvcc on PATH when CUDA_HOME
+    is unset, and a build step may call plain ``nvcc``."""
+    return os.pathsep.join(d for d in path.split(os.pathsep)
+                           if d and (d in keep or not os.path.isfile(os.path.join(d, "nvcc"))))
+
+
+def toolkit_home(record: Mapping[str, object]) -> str:
+    """The cell's own CUDA_HOME: the toolkit assembled from the registry's wheels, else ``<venv>/cuda``, which
+    then holds no nvcc (the registry's CUDA 12 nvcc wheels have only ptxas), as the image's /usr/local/cuda."""
+    if record.get("cuda_home"):
+        return str(record["cuda_home"])
+    venv = record.get("venv") or os.path.dirname(os.path.dirname(str(record.get("python") or "")))
+    return os.path.join(str(venv), "cuda")

@@ -1,0 +1,157 @@
+"""The package layout, checked from the sources: the import graph of inenv/, common/, provision/ and
+checks/ (every import, those inside functions too), read with ast.
+
+- no import circles;
+- provision and checks do not import each other; common imports neither;
+- inenv (the in-environment side) imports only the standard library, itself and the libraries under test;
+- every folder of these packages holds fewer than 25 modules.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+from tests.checks_helpers import ROOT
+
+PACKAGES = ("inenv", "common", "provision", "checks")
+# What the probes and the self-check may import inside an environment besides the standard library.
+LIBRARIES_UNDER_TEST = frozenset({"torch", "flashinfer", "sgl_kernel", "triton", "numpy", "cuda", "pynvml"})
+FORBIDDEN = {"provision": {"checks"}, "checks": {"provision"}, "common": {"checks", "provision"}}
+MAX_MODULES = 25
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sources() -> dict[str, Path]:
+    return {module_of(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+            if "__pycache__" not in p.parts}
+
+
+def imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """Every module ``path`` imports (absolute names; ``from pkg import mod`` names ``pkg.mod`` when that is a
+    module), wherever in the file the import is."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in known)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    src = sources()
+    known = set(src)
+    edges: dict[str, set[str]] = {}
+    for name, path in src.items():
+        found = set()
+        for mod in imports(path, name, known):
+            while mod and mod not in known:  # `import checks.run.plan.x` -> the module that holds it
+                mod = mod.rpartition(".")[0]
+            if mod and mod != name and not name.startswith(mod + ".") and src[mod].name != "__init__.py":
+                found.add(mod)
+        edges[name] = found
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[tuple[str, ...]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(tuple(sorted(comp)))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_circles() -> None:
+    found = cycles(graph())
+    assert found == [], "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_provision_and_checks_do_not_import_each_other() -> None:
+    bad = sorted(f"{a} -> {b}" for a, deps in graph().items() for b in deps
+                 if b.split(".")[0] in FORBIDDEN.get(a.split(".")[0], set()))
+    assert bad == []
+
+
+def test_inenv_imports_only_the_standard_library_itself_and_the_libraries_under_test() -> None:
+    src = sources()
+    allowed = set(sys.stdlib_module_names) | {"__future__", "inenv"} | LIBRARIES_UNDER_TEST
+    bad = []
+    for name, path in src.items():
+        if name.split(".")[0] != "inenv":
+            continue
+        for mod in sorted(imports(path, name, set(src))):
+            if mod.split(".")[0] not in allowed:
+                bad.append(f"{name} -> {mod}")
+    assert bad == []
+
+
+def test_every_folder_holds_fewer_than_25_modules() -> None:
+    folders: dict[Path, int] = {}
+    for path in sources().values():
+        folders[path.parent] = folders.get(path.parent, 0) + 1
+    assert {str(f.relative_to(ROOT)): n for f, n in folders.items() if n >= MAX_MODULES} == {}
+
+
+def test_the_graph_sees_imports_inside_functions(tmp_path: Path) -> None:
+    """The reader finds an import in a function body and a `from pkg import module` form."""
+    mod = tmp_path / "m.py"
+    mod.write_text("def f():\n    from checks.run import plan\n    import common.cellid\n")
+    found = imports(mod, "checks.x", {"checks.run.plan"})
+    assert {"checks.run.plan", "common.cellid"} <= found
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [("a", "b", "c")]
+
+
+def test_containers_get_every_package_the_in_environment_side_imports() -> None:
+    """The docker executor mounts inenv/ read-only, and inenv imports no other package of this checkout."""
+    from checks.run.container import MOUNT_ROOT, DockerExecutor
+
+    volumes = DockerExecutor(image="stackprobe/x:1")._config(["true"])["volumes"]
+    mounted = {Path(host).name for host, spec in volumes.items()
+               if spec["mode"] == "ro" and spec["bind"] == f"{MOUNT_ROOT}/{Path(host).name}"}
+    edges = graph()
+    needed = {dep.split(".")[0] for mod, deps in edges.items() if mod.split(".")[0] == "inenv" for dep in deps}
+    assert needed == {"inenv"} and needed <= mounted
