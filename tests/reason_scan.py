@@ -373,9 +373,9 @@ class Scanner:
 
 def in_environment_sources(root: Path) -> list[Path]:
     """The in-environment side: the probe API, the worker, the rank launcher, the GPU gate, every probe."""
-    checks = root / "checks"
-    return [checks / n for n in ("probe.py", "worker.py", "rank.py", "gpugate.py")] + sorted(
-        (checks / "probes").glob("*.py"))
+    inenv = root / "inenv"
+    return [inenv / n for n in ("probe.py", "worker.py", "rank.py", "gpugate.py")] + sorted(
+        [*(inenv / "probes").glob("*.py"), *(inenv / "kit").glob("*.py")])
 
 
 def emitted_codes(root: Path) -> Scan:
