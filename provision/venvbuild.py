@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import celltoolkit
+from common import canonical, celltoolkit
 from common.errors import InputError
 from common.progress import TICK_S, Ticker
 from common.resolve import RESOLVED, Resolved
@@ -97,7 +97,9 @@ def _offline() -> bool:
 
 def _same_inputs(folder: Path, r: Resolved) -> bool:
     try:
-        return (folder / "requirements.in").read_text() == requirements_in(r) and (
+        # compared in the canonical spelling (common.canonical): the header names the catalog's path
+        same = canonical.spell((folder / "requirements.in").read_text()) == canonical.spell(requirements_in(r))
+        return same and (
             folder / "requirements.lock").exists() and (folder / "cell.json").exists()
     except OSError:
         return False

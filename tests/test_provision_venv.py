@@ -446,3 +446,24 @@ def test_venv_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(world: 
     assert [r["status"] for r in rebuilt] == ["skipped-unchanged"] * 2
     assert again[-1] == "venv cells: 0 to build, 2 unchanged"
     assert [r["build_s"] for r in rebuilt] == [r["build_s"] for r in records]
+
+
+def test_a_committed_lock_naming_the_catalog_at_its_earlier_path_is_still_the_same_inputs(tmp_path: Path) -> None:
+    """Where no index answers (a lent GPU host, UV_OFFLINE=1), the lock in envs/ is used when it was made from
+    the same requirements; a requirements.in whose header names the catalog as provision/catalog.yaml is the
+    same requirements as one naming common/catalog.yaml, or every committed lock would need an index."""
+    from common import api
+    from provision import venvbuild
+
+    (r,) = [r for r in api.resolve_all(CODE_ROOT / "matrices" / "h200-overlay.yaml", offline=True)
+            if r.cell_id == "cu130-torch2.11.0-sglnone-fi0.7.4"]
+    folder = tmp_path / r.cell_id
+    folder.mkdir()
+    text = venvbuild.requirements_in(r)
+    assert "common/catalog.yaml" in text
+    (folder / "requirements.in").write_text(text.replace("common/catalog.yaml", "provision/catalog.yaml"))
+    (folder / "requirements.lock").write_text("torch==2.11.0\n")
+    (folder / "cell.json").write_text("{}")
+    assert venvbuild._same_inputs(folder, r)
+    (folder / "requirements.in").write_text(text.replace("flashinfer-python==0.7.4", "flashinfer-python==0.7.3"))
+    assert not venvbuild._same_inputs(folder, r)
