@@ -63,8 +63,8 @@ def test_the_ranks_bytecode_outlives_the_container(venv_image: str, tmp_path: Pa
     [folder] = (tmp_path / "pycache").iterdir()  # one folder per image id
     assert folder.name == ex.image_id.removeprefix("sha256:")[:16] and (folder.stat().st_mode & 0o777) == 0o700
     kept = {p.relative_to(folder).as_posix() for p in folder.rglob("*.pyc")}
-    # the ranks compiled the checks code they import (mounted from this repository) into it
-    assert any(k.endswith(".pyc") and "/checks/" in k for k in kept), sorted(kept)[:10]
+    # the ranks compiled the in-environment code they import (mounted from this repository) into it
+    assert any(k.endswith(".pyc") and "/inenv/" in k for k in kept), sorted(kept)[:10]
     assert ex.run(Variant("t-trivial", 2), 0, 60, CAT).status == "pass"  # and the next container reads it
     assert ex.leftovers() == []
 
@@ -102,9 +102,11 @@ def test_gpu_and_torch_probes_skip_honestly(executor: DockerExecutor) -> None:
     assert gpu.remediation
 
 
-def test_checks_code_is_mounted_read_only(executor: DockerExecutor) -> None:
-    p = executor._run(["python3", "-c", "open('/opt/stackprobe-code/checks/x', 'w')"], 60)
+def test_in_environment_code_is_mounted_read_only(executor: DockerExecutor) -> None:
+    p = executor._run(["python3", "-c", "open('/opt/stackprobe-code/inenv/x', 'w')"], 60)
     assert p.returncode == 1 and "Read-only file system" in p.stderr_tail
+    p = executor._run(["python3", "-c", "import os; print(sorted(os.listdir('/opt/stackprobe-code')))"], 60)
+    assert "'checks'" not in p.stdout_tail and "'provision'" not in p.stdout_tail  # the host side stays outside
 
 
 def test_hang_in_container_is_killed_and_removed(executor: DockerExecutor) -> None:
