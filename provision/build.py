@@ -21,9 +21,9 @@ from common.errors import InputError
 from common.progress import TICK_S, Ticker
 from common.resolve import RESOLVED, Resolved
 from inenv import atomic
-from provision import buildlog, doctor
+from provision import buildlog, buildprogress, doctor
 from provision.baseimage import DEFAULT_TAG, DEV_TAG, ensure_base, ensure_dev
-from provision.buildprogress import BuildProgress, Step
+from provision.buildprogress import Step
 from provision.cellrecord import BUILT, SELFCHECK_ROOT, previous, record, selfcheck_files, selfcheck_texts, versions
 from provision.dockercli import Docker
 from provision.lock import LockError, lock_cell, uv_version
@@ -154,12 +154,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             return record(folder, status="failed", reason=f"{type(e).__name__}: {e}")
 
     prepared = {folder: prepare(folder) for folder in folders}
-    steps = [p for p in prepared.values() if isinstance(p, Step)]
-    progress = BuildProgress(steps)
-    if folders:
-        records = [p for p in prepared.values() if not isinstance(p, Step)]
-        report("", progress.opening(sum(1 for r in records if r["status"] == "skipped-unchanged"),
-                                    sum(1 for r in records if r["status"] == "failed")))
+    steps, progress = buildprogress.begin(list(prepared.values()), Step, report)
     lock = threading.Lock()
 
     def build(step: Step, ticker: Ticker) -> dict[str, Any]:

@@ -4,7 +4,7 @@ how many, what it is doing and for how long, and the time left estimated from ea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -115,3 +115,17 @@ class BuildProgress:
         rest = f", {left.text()} left" if left.steps else ""
         count = f"{len(self.done)} of {len(self.steps)} done"
         return f"{self._number(step)}: {status} after {duration(elapsed)} · {count}{rest}"
+
+
+def begin(prepared: Sequence[Any], step_type: type, report: Callable[[str, str], None],
+          noun: str = "images") -> tuple[list[Any], BuildProgress]:
+    """The cells of one `provision build` that build (those prepared as ``step_type``) and their progress,
+    after saying once how many build, how many are unchanged and how many failed before building (the other
+    prepared values are their build records)."""
+    steps = [p for p in prepared if isinstance(p, step_type)]
+    progress = BuildProgress(steps, noun=noun)
+    if prepared:
+        records = [p for p in prepared if not isinstance(p, step_type)]
+        report("", progress.opening(sum(1 for r in records if r["status"] == "skipped-unchanged"),
+                                    sum(1 for r in records if r["status"] == "failed")))
+    return steps, progress

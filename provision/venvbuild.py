@@ -33,8 +33,8 @@ from common import canonical, celltoolkit
 from common.errors import InputError
 from common.progress import TICK_S, Ticker
 from common.resolve import RESOLVED, Resolved
-from provision import cudahome, doctor, installer, interp, overlay, wheeldir
-from provision.buildprogress import BuildProgress, VenvStep
+from provision import buildprogress, cudahome, doctor, installer, interp, overlay, wheeldir
+from provision.buildprogress import VenvStep
 from provision.cellrecord import (
     BUILT,
     SELFCHECK,
@@ -293,12 +293,7 @@ def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
             return record(folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
 
     prepared = {folder: ready(folder) for folder in folders}
-    steps = [p for p in prepared.values() if isinstance(p, VenvStep)]
-    progress = BuildProgress(steps, noun="venv cells")
-    if folders:
-        records = [p for p in prepared.values() if not isinstance(p, VenvStep)]
-        report("", progress.opening(sum(1 for r in records if r["status"] == "skipped-unchanged"),
-                                    sum(1 for r in records if r["status"] == "failed")))
+    steps, progress = buildprogress.begin(list(prepared.values()), VenvStep, report, noun="venv cells")
     lock = threading.Lock()
 
     def one(step: VenvStep, ticker: Ticker) -> dict[str, Any]:
