@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 from checks.results.result import ProbeResult  # noqa: E402
 from checks.results.store import RunStore, read_file  # noqa: E402
 from checks.run.plan import CellTarget, plan_work  # noqa: E402
-from checks.run.runner import execute  # noqa: E402
+from checks.run.options import RunOptions  # noqa: E402
+from checks.run.runner import Work, execute  # noqa: E402
 from common import reasons  # noqa: E402
 from inenv import registry  # noqa: E402
 from inenv.probe import HostView  # noqa: E402
@@ -71,7 +72,7 @@ def decided(folder: Path, cells: int, probe_ids: list[str]) -> tuple[int, float]
     items = plan_work(targets, probes, HostView(gpu_count=0, compute_capability=None, gpu_name=None))
     store = RunStore(folder, HOST, RUN)
     t = time.perf_counter()
-    report = execute(items, {}, store, reasons.default(), 0, {})
+    report = execute(RunOptions(all_probes=True), Work(items, store, reasons.default(), 0))
     took = time.perf_counter() - t
     assert len(report.results) == len(items) and not store.unstored
     return len(items), took

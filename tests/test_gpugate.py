@@ -175,14 +175,35 @@ def test_pick_starts_the_next_gpu_variant_ahead_in_plan_order_only() -> None:
     assert pick([g3], [g1, g2], 4, ahead=True) is None  # one ahead at most
     assert pick([c1, g2], [g1], 4, ahead=True) is None  # the next in plan order is no GPU variant: it waits
     assert pick([gb], [g1], 1, ahead=True) is gb
-    # a variant decided at plan time (ranks=4 on a 2-GPU host) between two GPU ones is recorded at once, so the
-    # one after it still starts ahead
-    decided = WorkItem(a, gpu, Variant("g", 4), 60.0, Decided(Status.SKIP, "too-few-gpus", "needs 4 GPUs"))
-    assert pick([decided, g2], [g1], 1, ahead=True) is decided
     assert pick([g2], [g1], 1, ahead=True) is g2
-    assert pick([g3, decided], [g1, g2], 4, ahead=True) is decided  # even with one already waiting
-    assert pick([g2, decided], [g1], 1) is decided  # and without the gate, or all job slots taken
-    assert pick([c1, decided], [WorkItem(b, cpu, Variant("c", 1), 60.0)], 1) is decided
+
+
+def test_variants_decided_at_plan_time_are_recorded_first_in_one_write(tmp_path: Path) -> None:
+    """A variant decided at plan time (ranks=4 on a 2-GPU host) never stands between two GPU variants: the
+    run records every such variant before the first one starts, with one append for all of them."""
+    from checks.results.provenance import Provenance
+    from checks.results.store import RunStore, read_file
+    from checks.run.runner import Hooks, Work, begin
+
+    gpu = ProbeSpec("g", "g", "f", needs_gpu=True)
+    a = CellTarget("cu130-torch2.11.0-sglnone-fi0.6.18", "resolved")
+    g1, g2 = (WorkItem(a, gpu, Variant("g", n), 60.0) for n in (1, 2))
+    decided = [WorkItem(a, gpu, Variant("g", n), 60.0, Decided(Status.SKIP, "too-few-gpus", f"needs {n} GPUs"))
+               for n in (4, 8)]
+    store = RunStore(tmp_path, "h200x2-0123abcd", "20261201T000000Z-abcd")
+    writes: list[int] = []
+    real = store.append_all
+    store.append_all = lambda rs: (writes.append(len(rs)), real(rs))[1]  # type: ignore[method-assign]
+    started: list[str] = []
+    work = Work([g1, decided[0], g2, decided[1]], store, reasons.default(), 2,
+                codes={"g": Provenance("0.1.0", "0" * 40, False, "0" * 16)})
+    rec, pending = begin(False, "full", work,
+                         Hooks(on_start=lambda it: started.append(it.variant.key)))
+    assert pending == [g1, g2]
+    assert started == ["ranks=4", "ranks=8"] and writes == [0, 2]  # nothing carried, both decided in one write
+    assert [(r.variant, r.verdict.status, r.verdict.reason_code) for r in rec.report.results] == [
+        ("ranks=4", Status.SKIP, "too-few-gpus"), ("ranks=8", Status.SKIP, "too-few-gpus")]
+    assert [r.variant for r in read_file(store.results_path)[0]] == ["ranks=4", "ranks=8"]
 
 
 def test_the_runner_starts_gpu_variants_ahead_and_they_take_turns(tmp_path: Path,

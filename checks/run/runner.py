@@ -92,11 +92,8 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: boo
     would share one build, and the second would only hold a job slot waiting for it. ``ahead``: the GPU
     variants take turns on the GPU lock, so while one runs, the item that would start next once it ended
     starts now if it is a GPU variant too (one such at a time): it waits at the gate with its ranks started.
-    A variant decided at plan time (a planned skip) runs nothing and goes first, beside anything: between two GPU
-    variants it would otherwise hold the second one's start-up until the first had ended."""
-    decided = next((it for it in pending if not it.runs), None)
-    if decided is not None:
-        return decided  # decided at plan time: recorded at once; it takes no job slot and no turn on the GPUs
+    Variants decided at plan time are recorded before (:func:`begin`), so none stands between two GPU
+    variants here."""
     on_gpu = [r for r in running if uses_gpu(r)]
     if on_gpu:
         if not ahead or len(on_gpu) > 1:
@@ -182,17 +179,26 @@ class Recorder:
             self.hooks.on_result(item, result)
         return result
 
-    def decided(self, item: WorkItem) -> None:
-        """A variant decided at plan time, recorded without running."""
-        if self.hooks.on_start:
-            self.hooks.on_start(item)
-        self.record(item, decided_verdict(item, self.work.catalogue), now_iso())
+    def decided(self, items: list[WorkItem]) -> None:
+        """Variants decided at plan time, recorded without running, in one write (a plan of thousands of
+        cells that cannot be provisioned records its lines in seconds)."""
+        store, started, results = self.work.store, now_iso(), []
+        for item in items:
+            if self.hooks.on_start:
+                self.hooks.on_start(item)
+            results.append(assemble(item, decided_verdict(item, self.work.catalogue), store.run_id, store.host_id,
+                                    started, self.work.codes.get(item.spec.id)))
+        store.append_all(results)
+        for item, result in zip(items, results, strict=True):
+            self.report.results.append(result)
+            if self.hooks.on_result:
+                self.hooks.on_result(item, result)
 
 
 def begin(resume: bool, level: str, work: Work, hooks: Hooks) -> tuple[Recorder, list[WorkItem]]:
     """The first steps every backend shares: items a resumed run recorded are counted and left out; those
-    with ``reused`` are carried into this run as copies (one write for all of them). Returns the recorder
-    and the items still to start or decide, in plan order."""
+    with ``reused`` are carried into this run as copies, and those decided at plan time are recorded (one
+    write for each kind). Returns the recorder and the items still to start, in plan order."""
     rec = Recorder(work, level, hooks)
     done = work.store.recorded() if resume else set()
     pending: list[WorkItem] = []
@@ -207,7 +213,8 @@ def begin(resume: bool, level: str, work: Work, hooks: Hooks) -> tuple[Recorder,
         rec.report.results.append(r)
         if hooks.on_result:
             hooks.on_result(it, r)
-    return rec, [it for it in pending if it.reused is None]
+    rec.decided([it for it in pending if it.reused is None and it.decided is not None])
+    return rec, [it for it in pending if it.reused is None and it.decided is None]
 
 
 def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunReport:
@@ -240,9 +247,6 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
         while pending or pool.running:
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead)) is not None:
                 pending.remove(item)
-                if item.decided is not None:
-                    rec.decided(item)
-                    continue
                 before = [r for r in pool.running.values() if uses_gpu(r)]
                 # behind a running GPU variant: it may wait for all of that one's time
                 queue_for[item.key] = max([DEFAULT_QUEUE_S, *(hard_timeout(r.timeout_s) for r in before)])

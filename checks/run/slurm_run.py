@@ -391,11 +391,7 @@ class SlurmBackend:
         """Record what needs no job, submit a job per group of the rest, follow them until every variant is
         recorded; Ctrl-C cancels every job and keeps what finished."""
         assert self.site is not None, "targets() first"
-        rec, pending = begin(opts.resume, opts.level, work, hooks)
-        for it in pending:
-            if not it.runs:
-                rec.decided(it)
-        items = [it for it in pending if it.runs]
+        rec, items = begin(opts.resume, opts.level, work, hooks)
         self.job_name = f"stackprobe-{work.store.run_id}"
         jobs = self._jobs(opts, work, items)
         for line in _plan_lines(self.site, work.gpus, jobs):
