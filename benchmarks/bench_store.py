@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from checks.results.result import ProbeResult  # noqa: E402
 from checks.results.store import RunStore, read_file  # noqa: E402
-from checks.run.plan import CellTarget, plan_work  # noqa: E402
 from checks.run.options import RunOptions  # noqa: E402
+from checks.run.plan import CellTarget, plan_work  # noqa: E402
 from checks.run.runner import Work, execute  # noqa: E402
 from common import reasons  # noqa: E402
 from inenv import registry  # noqa: E402
