@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import signal
@@ -11,7 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from checks.results import ids
+from rich.console import Console
+from rich.table import Table
+
+from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, ModelError, model_shapes, parse_model
+from checks.report.report import generate
+from checks.results import hostresults, ids
 from checks.results.store import StoreBusy
 from checks.run import session
 from checks.run.executor import ExecutorError
@@ -25,7 +31,7 @@ from checks.run.options import (
     backend_from_flags,
     default_jobs,
 )
-from common import progress, reasons
+from common import catalog, progress, reasons
 from inenv import gpuarch, registry
 from inenv.probe import FULL, LEVELS
 
@@ -112,9 +118,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table("id", "title", "ranks", "gpu", "needs", title=f"{len(rows)} probes")
     for r in rows:
         t.add_row(r["id"], r["title"], ",".join(map(str, r["ranks"])) + ("" if r["distinct_gpus"] else " (may share)"),
@@ -163,15 +166,11 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
 
 # --- report ------------------------------------------------------------------------------------------------
 def cmd_report(args: argparse.Namespace) -> int:
-    from checks.report.report import generate
-
     return generate(args.results, args.out or table_for(args.results), args.html, args.check, repo=REPO)
 
 
 # --- advise, diff: decisions from recorded results only --------------------------------------------------------
 def decision_parsers(sub: Any) -> None:
-    from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, model_shapes
-
     p = sub.add_parser("advise", help="per host and cell, the allreduce path to use per decode size, from results")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
     p.add_argument("--host", help="one host id (default: every host)")
@@ -191,8 +190,6 @@ def decision_parsers(sub: Any) -> None:
 
 
 def _hosts(results: Path, cmd: str) -> dict[str, Any]:
-    from checks.results import hostresults
-
     if not results.is_dir():
         raise UsageError(f"checks {cmd}: no results directory {results} (give --results DIR)")
     hosts, skipped = hostresults.load_all(results)
@@ -207,8 +204,6 @@ def _hosts(results: Path, cmd: str) -> dict[str, Any]:
 
 def _one(name: str, known: list[str], option: str) -> None:
     if name not in known:
-        import difflib
-
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known) or 'none'}"
         raise UsageError(f"checks advise: {option} {name!r} has no results; {hint}")
@@ -229,9 +224,8 @@ def gpu_hosts(hosts: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 def advise(args: argparse.Namespace) -> list[Any]:
     """One HostDecision per selected host."""
+    # lazy: checks.report.decisions (with launch, diff, nearest) adds 15 ms to every `checks` start
     from checks.report import decisions, launch
-    from checks.report.estimate import ModelError, parse_model
-    from common import catalog
 
     if args.tp is not None and args.tp < 2:
         raise UsageError(f"checks advise: --tp {args.tp}: an allreduce needs 2 or more ranks; give --tp 2, 4 or 8")
@@ -261,6 +255,7 @@ def advise(args: argparse.Namespace) -> list[Any]:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
+    # lazy: checks.report.decisions (with launch, diff, nearest) adds 15 ms to every `checks` start
     from checks.report import decisions
 
     found = advise(args)
@@ -272,6 +267,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 
 def diff(args: argparse.Namespace) -> Any:
+    # lazy: checks.report.diff (with nearest) adds 3 ms to every `checks` start; only `checks diff` needs it
     from checks.report import diff as diffmod
 
     hosts = _hosts(args.results, "diff")
@@ -282,6 +278,7 @@ def diff(args: argparse.Namespace) -> Any:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    # lazy: checks.report.decisions (with launch, diff, nearest) adds 15 ms to every `checks` start
     from checks.report import decisions
 
     d = diff(args)
@@ -312,6 +309,7 @@ def exchange_parsers(sub: Any) -> None:
 
 
 def cmd_share(args: argparse.Namespace) -> int:
+    # lazy: checks.share (its scrub rules compile on import) costs 15 ms at every `checks` start
     from checks.share import bundle, exchange
 
     try:
@@ -321,12 +319,14 @@ def cmd_share(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    # lazy: checks.share (its scrub rules compile on import) costs 15 ms at every `checks` start
     from checks.share import exchange
 
     return exchange.import_bundles(exchange.ImportOptions(tuple(args.bundles), args.results))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    # lazy: checks.share (its scrub rules compile on import) costs 15 ms at every `checks` start
     from checks.share import exchange
 
     return exchange.validate(args.path, args.json)

@@ -12,7 +12,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+
+from rich.console import Console
 
 TICK_S = 60.0  # how often a long-running step is mentioned again on a non-terminal
 
@@ -54,11 +55,9 @@ def estimate(recorded: Iterable[float | None]) -> Estimate:
     return Estimate(sum(known), len(values) - len(known), len(values))
 
 
-def console(stderr: bool = True) -> Any:
+def console(stderr: bool = True) -> Console:
     """A rich console that never wraps (soft_wrap) or highlights: a non-terminal gets each event on one line
     however long, with no colour codes."""
-    from rich.console import Console
-
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 

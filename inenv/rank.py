@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from inenv import atomic, gpugate
+from inenv.kit._dist import keep_multicast_off
 from inenv.probe import RUN_STATUSES, RankContext, Variant, outcome
 from inenv.registry import ProbeLocation, load
 
@@ -127,8 +128,6 @@ def preload(location: ProbeLocation, ctx: RankContext) -> None:
     except Exception:
         return
     if steps:
-        from inenv.kit._dist import keep_multicast_off
-
         keep_multicast_off()  # as every GPU probe does before torch starts CUDA: now before anything is imported
     for step in steps:
         name, _, function = step.partition(":")
@@ -170,6 +169,7 @@ def main() -> None:
     result = _profiled(ctx, location, env.get(ENV_PROFILE, ""))
     result[CLOCK_KEY] = {**clock, "probe_done": time.time()}
     if ctx.rank == 0:
+        # lazy: inenv.envinfo costs 8 ms at every rank's start; only rank 0 reads it, after the probe
         from inenv.envinfo import runtime_versions
 
         try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import inenv.probes
 from inenv.probe import Declared, ProbeSpec, declared
 
 PROBE_PATH_ENV = "STACKPROBE_PROBE_PATH"
@@ -70,10 +71,8 @@ def load(location: ProbeLocation) -> ModuleType:
 
 def _candidates(env: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """(module name, file) pairs, shipped probes first, in a stable order."""
-    import inenv.probes as pkg
-
     out: list[tuple[str, str]] = []
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+    for info in sorted(pkgutil.iter_modules(inenv.probes.__path__), key=lambda i: i.name):
         if not info.name.startswith("_"):
             out.append((f"inenv.probes.{info.name}", ""))
     for d in extra_dirs(env):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import reasons
 from common.errors import InputError
 from common.progress import TICK_S, Ticker
 from common.resolve import RESOLVED, Resolved
@@ -28,7 +29,7 @@ from provision.cellrecord import BUILT, SELFCHECK_ROOT, previous, record, selfch
 from provision.dockercli import Docker
 from provision.lock import LockError, lock_cell, uv_version
 from provision.options import BuildOptions
-from provision.render import Base, load_cell, render
+from provision.render import Base, image_tag, load_cell, render
 from provision.verify import mismatches
 
 LOGS = Path(__file__).resolve().parent.parent / ".cache" / "build-logs"
@@ -49,11 +50,6 @@ def choose_base(cell: dict[str, Any], opts: BuildOptions, docker: Docker | None)
     if opts.toolkit and cell.get("wheel_nvcc", True):
         return Base("registry-free", DEV_TAG)
     return Base("registry-free-notoolkit", DEFAULT_TAG)
-
-
-def image_tag(cell_id: str, digest: str) -> str:
-    repo = re.sub(r"[^a-z0-9._-]+", "-", cell_id.lower()).strip("-._")
-    return f"stackprobe/{repo}:{digest}"
 
 
 def build_hash(dockerfile: str, folder: Path, base_id: str, build_args: dict[str, str]) -> str:
@@ -83,9 +79,7 @@ def selfcheck(docker: Docker, tag: str, compile_test: bool) -> dict[str, Any]:
 def no_nvcc_note(cell: dict[str, Any]) -> str:
     """Why a registry-free CUDA 12 image has no nvcc and what to do, in the reason catalogue's words: the
     same message and next step the table gives for the JIT probes that then skip (fi-no-nvcc)."""
-    from common.reasons import default
-
-    reason = default().get("fi-no-nvcc")
+    reason = reasons.default().get("fi-no-nvcc")
     assert reason is not None, "common/reasons.yaml lost fi-no-nvcc"
     return f"{reason.message}; next step: {reason.remediation} (for this cell: {nvidia_image(cell)})"
 

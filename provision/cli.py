@@ -11,9 +11,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.errors import InputError
-from provision.lock import ENVS
+import yaml
+
+from common.api import DEFAULT_MATRIX, plan
+from common.catalog import CATALOG_PATH
+from common.catalog import load as load_catalog
+from common.errors import InputError, suggest
+from provision.baseimage import BaseImageError, ensure_all
+from provision.dockercli import Docker, docker_cli
+from provision.lock import ENVS, live_check, lock_cells
 from provision.options import VENVS, BuildOptions
+from provision.planview import plan_json, plan_lines
 from provision.render import DOCKERFILES
 
 
@@ -86,19 +94,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _matrix(args: argparse.Namespace) -> Path:
-    from common.api import DEFAULT_MATRIX
-
     return Path(args.matrix) if args.matrix else DEFAULT_MATRIX
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from common.api import plan
-    from provision.planview import plan_json, plan_lines
-
     cells = plan(_matrix(args), args.cuda, args.torch, args.only, offline=args.offline)
     if args.live:
-        from provision.lock import live_check
-
         cells = live_check(cells)
     if args.json:
         print(json.dumps(plan_json(cells), indent=1))
@@ -108,9 +109,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from common.api import plan
-    from provision.lock import ENVS, lock_cells
-
     cells = plan(_matrix(args), args.cuda, args.torch, args.only, offline=args.offline)
     results = lock_cells(cells, Path(args.envs) if args.envs else ENVS, echo=not args.json, refresh=args.refresh)
     if args.json:
@@ -129,14 +127,13 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    # lazy: provision.buildsession (rich, both builders) costs 100 ms at every `provision` start
     from provision.buildsession import build_cells
 
     return build_cells(build_options(args))
 
 
 def cmd_base(args: argparse.Namespace) -> int:
-    from provision.baseimage import BaseImageError, ensure_all
-
     try:
         tags = ensure_all()
     except BaseImageError as e:
@@ -146,8 +143,8 @@ def cmd_base(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    # lazy: provision.doctor (its installer, resolution, docker modules) costs 8 ms at every `provision` start
     from provision import doctor
-    from provision.lock import ENVS
 
     facts = doctor.gather(_matrix(args), Path(args.envs) if args.envs else ENVS,
                           Path(args.venvs) if args.venvs else None)
@@ -161,10 +158,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from common.api import DEFAULT_MATRIX
+    # lazy: provision.prune (and the compile cache's layout) costs 10 ms at every `provision` start
     from provision import prune
-    from provision.dockercli import Docker, docker_cli
-    from provision.lock import ENVS
 
     docker = Docker(cli=docker_cli())
     problem = docker.unreachable()
@@ -188,14 +183,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    import yaml
-
-    from common.catalog import CATALOG_PATH, load
+    # lazy: provision.registry and catalogcheck (packaging, wheel readers) cost 21 ms at `provision` start
     from provision import catalogcheck, registry
 
     path = Path(args.catalog) if args.catalog else CATALOG_PATH
     try:
-        catalog = load(path)
+        catalog = load_catalog(path)
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
         raise InputError(f"cannot read the catalog: {type(e).__name__}: {e}", file=str(path)) from None
     outcome = catalogcheck.compare(catalog, registry.read(catalogcheck.wants(catalog), args.index))
@@ -221,8 +214,6 @@ def _subparser(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argpars
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """Like parse_args, but an unknown option is reported with the usage of the subcommand it was given
     to, and the closest option of that subcommand (``--dryrun``: did you mean ``--dry-run``?)."""
-    from common.errors import suggest
-
     ap = parser()
     args, extra = ap.parse_known_args(argv)
     if extra:

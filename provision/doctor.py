@@ -28,6 +28,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from common import memlock
+from common.api import plan_cells
+from provision import installer
+from provision.baseimage import DEFAULT_TAG, DEV_TAG, apt_mirror
+from provision.dockercli import Docker, docker_cli
+from provision.options import VENVS
+
 GB = 1_000_000_000
 # Docker images, measured on the default matrix's images (`docker history`, `docker system df -v`): a torch
 # build's layers (uv, the CUDA toolkit wheels, torch and its CUDA wheels) are 4.5-5.5 GB shared by the cells on
@@ -240,10 +247,8 @@ def _container_memlock(f: Facts) -> Check:
     if f.memlock_in_container is None:
         return Check("memlock in containers", INFO, "not tried (no local image yet or no engine)")
     if f.memlock_in_container:
-        from common.memlock import FIX
-
         return Check("memlock in containers", WARN, f"--ulimit memlock=-1 refused ({f.memlock_in_container}): runs "
-                     "go on with the daemon's limit and say so", FIX)
+                     "go on with the daemon's limit and say so", memlock.FIX)
     return Check("memlock in containers", OK, "unlimited, as the runs ask")
 
 
@@ -293,8 +298,6 @@ def _last_line(text: str) -> str:
 
 def _daemon_error(text: str) -> str:
     """The daemon's refusal in `docker run` output (which also holds the CLI's own chatter), in short."""
-    from common import memlock
-
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     line = next((ln for ln in lines if "Error response from daemon" in ln), None) or _last_line(text)
     return memlock.daemon_reason(line.split("Error response from daemon:", 1)[-1])
@@ -302,8 +305,6 @@ def _daemon_error(text: str) -> str:
 
 def _matrix_needs(matrix: Path, envs: Path, docker: str) -> tuple[int, int, int]:
     """(cells still to build, distinct (CUDA, torch) pairs among them, resolved cells in all)."""
-    from common.api import plan_cells
-
     cells = [c for c in plan_cells(matrix) if c.status == "resolved"]
     todo = []
     for c in cells:
@@ -322,8 +323,6 @@ def _matrix_needs(matrix: Path, envs: Path, docker: str) -> tuple[int, int, int]
 
 def _venv_needs(matrix: Path, envs: Path) -> tuple[int, int]:
     """(venv cells still to build, torch builds among them that no built venv cell has in uv's cache)."""
-    from common.api import plan_cells
-
     todo, present = [], set()
     for c in (c for c in plan_cells(matrix) if c.status == "resolved"):
         try:
@@ -345,8 +344,6 @@ def _existing(path: Path) -> Path | None:
 
 def _venv_facts(matrix: Path, envs: Path, venvs: Path) -> dict[str, object]:
     """uv, the C compiler, and the disk where venv cells' bytes land (uv's cache)."""
-    from provision import installer
-
     kw: dict[str, object] = {"cc": shutil.which("gcc") or shutil.which("cc")}
     uv = installer.uv()
     if uv is None:
@@ -369,15 +366,9 @@ def _venv_facts(matrix: Path, envs: Path, venvs: Path) -> dict[str, object]:
 
 def gather(matrix: Path, envs: Path, venvs: Path | None = None) -> Facts:
     """Ask the machine; every question that cannot be asked leaves its field at the default."""
-    from provision.baseimage import DEFAULT_TAG, DEV_TAG, apt_mirror
-    from provision.dockercli import Docker, docker_cli
-    from provision.options import VENVS
-
     kw: dict[str, object] = {"debootstrap": shutil.which("debootstrap"), "is_root": os.geteuid() == 0,
                              **_venv_facts(matrix, envs, venvs or VENVS)}
     with contextlib.suppress(Exception):  # the cells of the matrix, whatever the backend
-        from common.api import plan_cells
-
         kw["cells_total"] = sum(1 for c in plan_cells(matrix) if c.status == "resolved")
     try:
         apt_mirror()

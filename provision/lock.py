@@ -29,6 +29,7 @@ from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
+from uv import find_uv_bin  # the `uv` package in our own dependencies: its binary when none is on PATH
 
 from common import canonical
 from common.catalog import load as load_catalog
@@ -59,8 +60,6 @@ def uv_bin() -> str:
     if found:
         return found
     try:
-        from uv import find_uv_bin  # the `uv` package in our own dependencies
-
         return find_uv_bin()
     except Exception:
         return "uv"

@@ -26,8 +26,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.api import resolve_all
 from common.caches import BYTECODE_ROOT, bytecode_key, compile_cache_dir
-from provision.render import CELL_LABEL
+from provision.baseimage import DEFAULT_TAG, DEV_TAG
+from provision.render import CELL_LABEL, image_tag
 
 GB = 1_000_000_000
 IMAGE, VENV, BUILD_CACHE, COMPILE_CACHE, BYTECODE = "image", "venv", "build-cache", "compile-cache", "bytecode"
@@ -66,9 +68,7 @@ class Removal:
 
 
 def cell_repo(cell_id: str) -> str:
-    """The image repository of a cell, as `provision build` names it (image_tag in provision/build.py)."""
-    from provision.build import image_tag
-
+    """The image repository of a cell, as `provision build` names it (provision.render.image_tag)."""
     return image_tag(cell_id, "x").rsplit(":", 1)[0]
 
 
@@ -265,8 +265,6 @@ def recorded_tags(envs: Path) -> dict[str, str]:
 
 def matrix_cells(matrices: Iterable[Path]) -> set[str]:
     """Every cell id of the matrices, resolvable or not (offline: no index is asked)."""
-    from common.api import resolve_all
-
     return {r.cell_id for m in matrices for r in resolve_all(m, offline=True)}
 
 
@@ -318,8 +316,6 @@ def gather(matrices: Sequence[Path], envs: Path, venvs: Path, docker: str | None
     """The removals for this machine (``docker`` None: no engine, venv cells only); ``scope`` narrows the
     images that may go to these refs; ``compile_cache``: also the shared compile cache `checks run` uses;
     ``bytecode_root``: where the docker executor keeps its bytecode folders (default: BYTECODE_ROOT)."""
-    from provision.baseimage import DEFAULT_TAG, DEV_TAG
-
     cache = compile_cache_dir(None, not compile_cache)
     images = list_images(docker) if docker else []
     return plan(images, recorded_tags(envs), matrix_cells(matrices), folder_sizes(venvs), (DEFAULT_TAG, DEV_TAG),

@@ -45,7 +45,9 @@ from packaging.version import Version
 
 from common.errors import InputError
 from inenv import atomic
+from inenv.kit._elf import linkage  # the project's stdlib ELF reader
 from provision.catalogcheck import KernelSeen, Readings, Seen, Wants
+from provision.lock import uv_bin
 
 TIMEOUT_S = 30.0
 # A kernel wheel is 0.4-0.6 GB; its CUDA release is read from the smallest shared objects, up to this many
@@ -155,8 +157,6 @@ def pick_wheel(filenames: Iterable[str], version: str) -> str | None:
 
 def configured_index() -> str:
     """The default index uv resolves against here (its config files, UV_DEFAULT_INDEX, UV_INDEX_URL)."""
-    from provision.lock import uv_bin
-
     try:
         proc = subprocess.run([uv_bin(), "pip", "compile", "-", "--emit-index-url", "--no-header", "--quiet"],
                               input="", capture_output=True, text=True, timeout=60)
@@ -451,8 +451,6 @@ def _kernel(package: str, version: str, pages: dict[str, dict[str, str] | None],
     wheel, url = found
     zf = _wheel(url, store, KERNEL_READ_BUDGET + (8 << 20))  # the members plus the zip directory and METADATA
     torch = Seen(pins(_metadata(zf)).get("torch"), f"{wheel} METADATA Requires-Dist")
-    from inenv.kit._elf import linkage  # the project's stdlib ELF reader
-
     releases: set[str] = set()
     cudart: str | None = None
     read_from: list[str] = []

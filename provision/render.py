@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,13 @@ def _env(folder: Path = DOCKERFILES) -> jinja2.Environment:
 
 
 CELL_LABEL = "org.stackprobe.cell"  # names the cell an image was built for (provision prune reads it)
+
+
+def image_tag(cell_id: str, digest: str) -> str:
+    """The image reference `provision build` gives a cell's image: stackprobe/<cell id as a repository
+    name>:<digest> (provision prune finds a cell's images by the repository part)."""
+    repo = re.sub(r"[^a-z0-9._-]+", "-", cell_id.lower()).strip("-._")
+    return f"stackprobe/{repo}:{digest}"
 
 
 def labels(cell: dict[str, Any]) -> list[tuple[str, str]]:

@@ -4,13 +4,18 @@ checks/ (every import, those inside functions too), read with ast.
 - no import circles;
 - provision and checks do not import each other; common imports neither;
 - inenv (the in-environment side) imports only the standard library, itself and the libraries under test;
-- every folder of these packages holds fewer than 25 modules.
+- every folder of these packages holds fewer than 25 modules;
+- on the host side (common/, provision/, checks/) project modules are imported at module top; an import
+  inside a function carries a ``# lazy:`` comment (on its line or the line above) saying what importing it
+  at the top would cost a command's start.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import sys
+import tokenize
 from pathlib import Path
 
 from tests.checks_helpers import ROOT
@@ -20,6 +25,8 @@ PACKAGES = ("inenv", "common", "provision", "checks")
 LIBRARIES_UNDER_TEST = frozenset({"torch", "flashinfer", "sgl_kernel", "triton", "numpy", "cuda", "pynvml"})
 FORBIDDEN = {"provision": {"checks"}, "checks": {"provision"}, "common": {"checks", "provision"}}
 MAX_MODULES = 25
+HOST_SIDE = ("common", "provision", "checks")
+LAZY_MARK = "# lazy:"
 
 
 def module_of(path: Path) -> str:
@@ -155,3 +162,62 @@ def test_containers_get_every_package_the_in_environment_side_imports() -> None:
     edges = graph()
     needed = {dep.split(".")[0] for mod, deps in edges.items() if mod.split(".")[0] == "inenv" for dep in deps}
     assert needed == {"inenv"} and needed <= mounted
+
+
+def unexplained_function_imports(path: Path) -> list[int]:
+    """Lines of ``path`` where a function imports a project module (or a relative one) with no comment
+    starting with ``# lazy:`` on that line or on a comment line right above it."""
+    text = path.read_text()
+    comments = {tok.start[0]: tok.string for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+                if tok.type == tokenize.COMMENT}
+    lines = text.splitlines()
+    bad: set[int] = set()
+    for fn in ast.walk(ast.parse(text)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = ["." if node.level else node.module or ""]
+            else:
+                continue
+            if not any(n == "." or n.split(".")[0] in PACKAGES for n in names):
+                continue
+            above = node.lineno - 1
+            own = comments.get(node.lineno, "")
+            before = comments.get(above, "") if above >= 1 and lines[above - 1].lstrip().startswith("#") else ""
+            if not (own.startswith(LAZY_MARK) or before.startswith(LAZY_MARK)):
+                bad.add(node.lineno)
+    return sorted(bad)
+
+
+def test_host_side_imports_project_modules_at_module_top_unless_a_lazy_comment_says_why() -> None:
+    bad = [f"{path.relative_to(ROOT)}:{line}" for name, path in sources().items()
+           if name.split(".")[0] in HOST_SIDE for line in unexplained_function_imports(path)]
+    assert bad == [], ("project imports inside functions without a `# lazy: <what importing it at the top costs, "
+                       "measured>` comment (move them to the module top): " + ", ".join(bad))
+
+
+def test_the_lazy_import_check_sees_an_unexplained_import(tmp_path: Path) -> None:
+    """An import of a project module in a function fails the check unless a `# lazy:` comment sits on its line
+    or the comment line above; a standard-library or third-party import, a module-level one, another comment
+    and a code line in between do not count."""
+    mod = tmp_path / "m.py"
+    mod.write_text(
+        "import checks.cli\n"
+        "def f():\n"
+        "    import json\n"
+        "    import rich\n"
+        "    from common import cellid\n"                                   # 5: bad
+        "    # lazy: provision.doctor costs 20 ms at start\n"
+        "    from provision import doctor\n"                                # 7: ok (line above)
+        "    from checks.share import exchange  # lazy: 17 ms at start\n"   # 8: ok (own line)
+        "    x = '# lazy: not a comment'\n"
+        "    from inenv import atomic\n"                                    # 10: bad (code line above)
+        "    # a comment that gives no reason\n"
+        "    from . import sibling\n"                                       # 12: bad (relative)
+        "    async def g():\n"
+        "        from checks.report import diff\n"                          # 14: bad (nested)
+    )
+    assert unexplained_function_imports(mod) == [5, 10, 12, 14]

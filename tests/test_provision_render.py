@@ -7,8 +7,7 @@ import json
 import pytest
 from test_provision_matrix import GOLDEN, check_golden
 
-from provision.build import image_tag
-from provision.render import Base, render
+from provision.render import Base, image_tag, render
 
 CASES = [
     ("cell-registry.json", Base("registry-free", "stackprobe/base-dev:bookworm"), True, "registry-free.Dockerfile"),

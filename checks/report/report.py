@@ -20,16 +20,17 @@ import jinja2
 import markupsafe
 
 from checks.report import overview, plots
+from checks.report.estimate import default_shape
 from checks.report.footnotes import Footnote, Occurrence, footnotes
 from checks.report.headline import headline
 from checks.report.summary import proven_statically
-from checks.results import ids
+from checks.results import hostresults, ids
 from checks.results.freshness import Refresh, refresh_list, staleness
 from checks.results.incremental import REUSED_FROM, level_of
 from checks.results.provenance import current_probe_hashes
 from checks.results.result import ProbeResult
 from checks.results.store import read_file, read_manifest, scan
-from common import memlock
+from common import catalog, memlock, reasons
 from inenv import atomic, registry
 from inenv.probe import QUICK, Declared, Params, Role
 from inenv.status import ORDER, Status
@@ -261,10 +262,8 @@ def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str
 
 def _catalogue() -> tuple[dict[str, str], dict[str, str]]:
     """The reason catalogue's messages and next steps by code."""
-    from common.reasons import default
-
-    reasons = default().reasons
-    return {r.code: r.message for r in reasons}, {r.code: r.remediation for r in reasons}
+    known = reasons.default().reasons
+    return {r.code: r.message for r in known}, {r.code: r.remediation for r in known}
 
 
 def link(relpath: str) -> str:
@@ -418,10 +417,8 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
 def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
     """Each host section gets the text blocks `checks advise` prints for it, with the estimate for the default
     model shape at every rank count advised on (checks.report.decisions; the same results, so the same bytes)."""
+    # lazy: checks.report.decisions (with launch, diff, nearest) adds 15 ms to every `checks` start (via session)
     from checks.report import decisions, launch
-    from checks.report.estimate import default_shape
-    from checks.results import hostresults
-    from common import catalog
 
     hosts = hostresults.load(results_dir)
     pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from common import canonical
+from inenv import registry
 from inenv.probe import DECLARED_MARK
 
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `checks` package
@@ -220,6 +221,4 @@ def probe_hashes(modules: Mapping[str, ModuleType], helpers: Path = HELPERS) -> 
 
 def current_probe_hashes() -> dict[str, str]:
     """The hash of every probe this checkout has (including those on STACKPROBE_PROBE_PATH)."""
-    from inenv import registry
-
     return probe_hashes({pid: mod for pid, (_, mod) in registry.discover().items()})

@@ -52,6 +52,7 @@ TAIL_LINES = 200
 def _connect() -> tuple[Any, str | None]:
     """(a Docker SDK client that answered a ping, None), or (None, why not in one line, no fix)."""
     try:
+        # lazy: the Docker SDK costs 170 ms at every `checks` start (checks.cli imports this module)
         import docker
 
         c = docker.from_env(timeout=120)
@@ -132,6 +133,7 @@ class DockerExecutor:
         return self._client
 
     def _config(self, command: list[str]) -> dict[str, Any]:
+        # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         from docker.types import DeviceRequest, Ulimit
 
         volumes = {str(CODE_ROOT / pkg): {"bind": f"{MOUNT_ROOT}/{pkg}", "mode": "ro"} for pkg in IN_ENV_PACKAGES}
@@ -191,6 +193,7 @@ class DockerExecutor:
         return ctr
 
     def _remove(self, name: str) -> None:
+        # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         import docker.errors
 
         if name:
@@ -198,6 +201,7 @@ class DockerExecutor:
                 self.docker.api.remove_container(name, force=True)
 
     def _start_degrading(self, command: list[str]) -> Any:
+        # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         import docker.errors
 
         while True:
@@ -215,6 +219,7 @@ class DockerExecutor:
                     raise
 
     def _run(self, command: list[str], timeout_s: float) -> ProcessOutcome:
+        # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         import docker.errors
         import requests.exceptions
 

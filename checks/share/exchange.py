@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks.results import ids, provenance
+from checks.results import hostfacts, ids, provenance
 from checks.share import bundle, intake
 from checks.share.intake import Problem
 from checks.share.scrub import Identity, Scrubber
+from inenv import atomic
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,6 @@ def _warn(problems: Sequence[Problem]) -> None:
 
 def default_host(results: Path) -> str:
     """This machine's host id when it has results here, else the only host there is."""
-    from checks.results import hostfacts
-
     here = str(hostfacts.collect(env={})["host_id"])
     if (results / here).is_dir():
         return here
@@ -76,8 +75,6 @@ def share(opts: ShareOptions) -> int:
             print("nothing written (--show); without it the bundle goes to a file", file=sys.stderr)
             return 1 if problems else 0
     out = opts.out or Path(f"stackprobe-{host}.bundle.json")
-    from inenv import atomic
-
     try:
         atomic.write_bytes(out, payload)
     except OSError as exc:
