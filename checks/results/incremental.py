@@ -11,7 +11,9 @@ Only verdicts a rerun would repeat are carried: what a probe itself decided (pas
 never a hang, a crash, a not-run, a worker that died without an answer, or a result made by code that
 differed from its commit (``code.dirty`` true or unknown). A full run never carries a result marked quick:
 only a variant the quick level shortens (one whose probe needs a GPU: its ranks measure fewer sizes) is
-marked; every other variant of a quick run does the same work as at the full level and answers it.
+marked; every other variant of a quick run does the same work as at the full level and answers it. The full
+pass of a `checks run` without --level carries every unmarked result its own quick pass made, whatever the
+verdict and the code's state (see :func:`why_not`).
 
 Everything here is pure but :func:`latest`, which reads the results folder (each executor's ``fingerprint``
 asks its cell's environment what it is).
@@ -74,10 +76,12 @@ def level_of(result: ProbeResult) -> str:
 def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, level: str,
             same_command: bool = False) -> str:
     """'' when ``result`` answers a variant with these inputs in a run at ``level``; else why it does not.
-    ``same_command``: the result was recorded by an earlier pass of this very command, so it was made by the
-    code now running even when that code differs from its commit (the probe's hash is still compared)."""
+    ``same_command``: the result was recorded by an earlier pass of this very command: made by the code now
+    running even when that code differs from its commit (the probe's hash is still compared), and carried
+    whatever its verdict, since running it again minutes later would repeat its cost (a hang's timeout)
+    for an answer no fresher."""
     v = result.verdict
-    if v.status not in CARRIED or (v.status is Status.FAIL and v.reason_code in NO_ANSWER):
+    if not same_command and (v.status not in CARRIED or (v.status is Status.FAIL and v.reason_code in NO_ANSWER)):
         return f"its verdict ({v.status} {v.reason_code}) is not one a rerun repeats"
     if result.code is None or (result.code.dirty is not False and not same_command):
         return "made by code that differed from its commit (or by unrecorded code)"

@@ -63,6 +63,7 @@ class Pass:
     code: int
     results: list[ProbeResult]
     seconds: float
+    recorded: bool = False  # the pass recorded a run of its own (not everything was carried or decided)
     skipped: bool = False  # a resumed full run made the quick pass needless
 
 
@@ -79,8 +80,19 @@ def run(opts: RunOptions, con: Any) -> int:
         if outcome.code:
             break
     if opts.as_json:
-        print(json.dumps([r.to_json() for p in done for r in p.results], indent=2, sort_keys=True))
+        print(json.dumps([r.to_json() for r in answer(done)], indent=2, sort_keys=True))
     return done[-1].code
+
+
+def answer(passes: list[Pass]) -> list[ProbeResult]:
+    """Every variant once: its result from the last pass that recorded it (the quick pass's where the full
+    pass was stopped before it), in the order the passes made them."""
+    out: dict[tuple[str, str, str], ProbeResult] = {}
+    for p in passes:
+        for r in p.results:
+            out.pop(r.key, None)
+            out[r.key] = r
+    return list(out.values())
 
 
 def levels(opts: RunOptions) -> tuple[RunOptions, ...]:
@@ -109,11 +121,13 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None) -> Pa
     with RunLock(store.folder):
         written = write_manifest(opts, store, backend.name, targets, probes, planned)
         report = execute(con, opts, backend, store, targets, planned, written)
+        if first is not None and first.recorded and not report.interrupted:
+            store.keep()  # the quick pass's answers, now recorded at the full level: the table drops "quick"
     if not store.results_path.exists() and not store.unstored:  # the store makes a run's files with its first news
         con.print("results: nothing new, so no run recorded (each variant reused or decided as before)",
                   markup=False)
     code = finish(con, opts, report, targets.gpus, staged)
-    return Pass(unstored(store) or code, report.results, time.monotonic() - started)
+    return Pass(unstored(store) or code, report.results, time.monotonic() - started, store.results_path.exists())
 
 
 def between(first: Pass, planned: Planned, opts: RunOptions, backend: str, store: RunStore) -> str:
