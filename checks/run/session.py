@@ -135,12 +135,13 @@ def between(first: Pass, planned: Planned, opts: RunOptions, backend: str, store
     that should take by the durations this host recorded."""
     todo = to_run(opts, planned, store)
     view = progress_view(opts, backend, store, todo)
+    answer = "table written" if opts.report is not None else "done"
+    head = f"first answer: {answer} (quick level, {len(first.results)} variant(s) in {duration(first.seconds)})"
+    if not view.expected:
+        return f"{head}; now the full level: nothing more to run"
     est = view.left()
     by = "by earlier runs" if est.unknown < len(view.expected) else "no earlier run to go by"
-    answer = "table written" if opts.report is not None else "done"
-    return (f"first answer: {answer} (quick level, {len(first.results)} variant(s) in "
-            f"{duration(first.seconds)}); now the full level: {len(view.expected)} variant(s) to run, "
-            f"{est.text()} ({by})")
+    return f"{head}; now the full level: {len(view.expected)} variant(s) to run, {est.text()} ({by})"
 
 
 def unstored(store: RunStore) -> int:
