@@ -218,6 +218,7 @@ def test_level_quick_alone_runs_one_pass(tmp_path: Path) -> None:
     assert c.ran() == sorted([*ALL, DEEP[0]])
     assert len(c.runs()) == 1 and len(table_lines(p.stderr)) == 1 and "first answer" not in p.stderr
     assert len(json.loads(p.stdout)) == 4 and "| ✅ *(quick)* *(static)* |" in table.read_text()
+    assert not any("level" in r["evidence"] for r in json.loads(p.stdout))  # no variant here is shortened
 
 
 def test_ctrl_c_in_the_full_pass_keeps_the_quick_table_and_every_finished_result(tmp_path: Path) -> None:
@@ -250,3 +251,23 @@ def test_ctrl_c_in_the_full_pass_keeps_the_quick_table_and_every_finished_result
     assert len(read_file(quick_run)[0]) == 4
     again = c.run("--level", "full", env=env)  # what the quick pass measured answers the full level
     assert c.ran() == [DEEP[1]] and "reused 4 unchanged" in again.stderr
+
+
+def test_resume_without_level_continues_the_latest_run_in_the_pass_of_its_level(tmp_path: Path) -> None:
+    c, table, env = deeper(tmp_path)
+    c.run("--level", "full", env=env)
+    [full_run] = c.runs()
+    c.ran()
+    p = c.run("--staged", "--resume", env=env)  # the latest run is full: no quick pass, that run continued
+    assert c.ran() == [] and "quick level: not run; --resume continues the latest run" in p.stderr
+    assert "resumed: 5 variant(s)" in p.stderr and c.runs() == [full_run]
+    quick = c.run("--level", "quick", "--fresh", env=env)  # now the latest run is a quick one
+    assert c.ran() == sorted([*ALL, DEEP[0]])
+    p = c.run("--staged", "--resume", env=env)  # its quick pass continues it; the full pass is a run of its own
+    assert "resumed: 4 variant(s)" in p.stderr and c.ran() == []  # depth 2: the first full run's, reused
+    assert len(c.runs()) == 3 and c.runs()[1] == Path(str(quick_run(quick)))
+
+
+def quick_run(p: subprocess.CompletedProcess[str]) -> str:
+    """The results file a run names on its `results` line."""
+    return next(line.split(" ", 1)[1] for line in p.stderr.splitlines() if line.startswith("results /"))
