@@ -33,7 +33,7 @@ from checks.run.options import (
 )
 from common import catalog, progress, reasons
 from inenv import gpuarch, registry
-from inenv.probe import FULL, LEVELS
+from inenv.probe import LEVELS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,8 +76,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
                    help="CPU-only variants of different cells run up to N at once; GPU variants run alone "
                         f"(default: the CPU cores, at most {MAX_DEFAULT_JOBS}: {default_jobs()} here)")
-    p.add_argument("--level", choices=LEVELS, default=FULL, help="quick: fi-jit's smallest module only and the GPU "
-                   "probes at one message size, marked as such in the table; full (default): everything")
+    p.add_argument("--level", choices=LEVELS, help="quick: fi-jit's smallest module only and the GPU probes at one "
+                   "message size, marked as such in the table; full: everything; not given: quick first (its table "
+                   "is the first answer), then what full adds, and the table again")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X", help="multiply every probe timeout")
     p.add_argument("--target-arch", default="12.0a,12.0f", help="cross-compile targets for compile probes")

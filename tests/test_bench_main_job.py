@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.checks_helpers import fixture_env
+
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "benchmarks" / "results" / "main-job-vm-20261201T052628Z.json"
 
@@ -74,3 +76,43 @@ def test_a_recorded_file_that_is_not_a_result_is_one_line_and_exit_2(tmp_path: P
     assert bench.main(["--recorded", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"{bad}: not a bench_main_job result")
+
+
+SLOW_FULL = '''"""One variant at every level, and one more at the full level that takes 3 s."""
+
+import time
+
+from inenv.probe import FULL, HostView, ProbeSpec, RankContext, Variant, outcome
+
+SPEC = ProbeSpec(id="t-slow-full", title="slow full", feature="levels", ranks=(1,), needs_gpu=False, timeout_s=60)
+
+
+def variants(host: HostView) -> list[Variant]:
+    return [Variant(SPEC.id, 1, params=(("depth", d),)) for d in (("1", "2") if host.level == FULL else ("1",))]
+
+
+def run(ctx: RankContext) -> dict:
+    if ctx.variant.param("depth") == "2":
+        time.sleep(3)
+    return outcome("pass")
+'''
+
+
+def test_the_main_job_without_level_times_the_quick_pass_table(tmp_path: Path) -> None:
+    """The main job's `checks run` gives no --level, and its first table is the quick pass's: written before the
+    full pass spends its 3 s (a real `checks run --backend local`, watched as the benchmark watches it)."""
+    bench = _bench()
+    results, table = tmp_path / "results", tmp_path / "results" / "compatibility.md"
+    cmd = bench.checks_run(ROOT / "matrix.yaml", results, tmp_path / "cache", table, None, "local")
+    assert "--level" not in cmd and "--level" in bench.checks_run(ROOT / "matrix.yaml", results,
+                                                                   tmp_path / "cache", table, "full", "local")
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "t_slow_full.py").write_text(SLOW_FULL)
+    cmd = [a for a in cmd if a != "--all"] + ["--probe", "t-slow-full"]
+    env = fixture_env(STACKPROBE_PROBE_PATH=str(probes))
+    run_s, rc, first = bench.watched(cmd, table, tmp_path / "log.txt", env)
+    log = (tmp_path / "log.txt").read_text()
+    assert rc == 0, log
+    assert "first answer: table written (quick level, 1 variant(s)" in log
+    assert first is not None and first < run_s - 2.5, (first, run_s)

@@ -31,7 +31,7 @@ def _jsonl(results: Path) -> list[Path]:
 
 def test_run_local_records_results_and_manifest(tmp_path: Path) -> None:
     p = checks("run", "--backend", "local", "--probe", "t-trivial", "--probe", "t-gpu", "--probe", "t-missing",
-               "--json", "--results", str(tmp_path))
+               "--json", "--results", str(tmp_path), "--level", "full")
     assert p.returncode == 0, p.stderr
     assert "plan 1 cell(s) x 3 probe(s) = 5 variant(s)" in p.stderr
     assert "2 decided without running, skip: no GPU on this host" in p.stderr
@@ -80,7 +80,7 @@ def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_
     # made at a clean commit, whatever state this checkout is in (a dirty one is marked too: asserted below)
     monkeypatch.setattr(provenance, "checkout", lambda root=None: provenance.Checkout("0.1.0", "c0ffee", False))
     handler = signal.getsignal(signal.SIGTERM)
-    argv = ["run", "--backend", "local", "--probe", "t-fresh", "--results", str(results), "--json"]
+    argv = ["run", "--backend", "local", "--probe", "t-fresh", "--results", str(results), "--json", "--level", "full"]
     assert main(argv) == 0
     assert signal.getsignal(signal.SIGTERM) is handler  # main's Ctrl-C handlers do not outlive it
     [printed] = json.loads(capsys.readouterr().out)
@@ -104,9 +104,9 @@ def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_
 
 
 def test_resume_skips_recorded_variants(tmp_path: Path) -> None:
-    assert checks("run", "--backend", "local", "--probe", "t-trivial", "--results", str(tmp_path)).returncode == 0
-    p = checks("run", "--backend", "local", "--resume", "--probe", "t-trivial", "--probe", "t-raise", "--results",
-               str(tmp_path))
+    one = ("--backend", "local", "--level", "full", "--results", str(tmp_path))  # one run, resumed
+    assert checks("run", *one, "--probe", "t-trivial").returncode == 0
+    p = checks("run", *one, "--resume", "--probe", "t-trivial", "--probe", "t-raise")
     assert p.returncode == 0, p.stderr
     assert "resumed: 2 variant(s)" in p.stderr
     [path] = _jsonl(tmp_path)
@@ -216,7 +216,7 @@ def test_run_ends_with_the_table_and_a_verdict_count_and_summarises_what_is_wort
     monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
     results = tmp_path / "results"
     argv = ["run", "--backend", "local", "--probe", "t-trivial", "--probe", "t-gpu", "--probe", "t-missing", "--probe",
-            "t-raise", "--results", str(results)]
+            "t-raise", "--results", str(results), "--level", "full"]
     code, err = _run_in_process(argv, capsys)
     assert code == 0, err
     [path] = _jsonl(results)

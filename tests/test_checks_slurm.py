@@ -122,9 +122,14 @@ def test_inventory_through_slurm_gives_the_local_verdict(slurm: None, tmp_path: 
     results = json.loads(p.stdout)
     _same_verdicts(json.loads(local.stdout), results)
     assert {r["status"] for r in results} == {"pass"}
-    [path] = sorted((tmp_path / "slurm").glob("*/*.jsonl"))
-    manifest = json.loads(path.with_name(path.name.replace(".jsonl", ".manifest.json")).read_text())
-    assert manifest["executor"] == "slurm" and manifest["facts"]["slurm"]["job_id"]
+    # no --level: the quick pass ran both CPU probes in Slurm jobs; the full pass carried all of it, no job
+    manifests = [json.loads(path.with_name(path.name.replace(".jsonl", ".manifest.json")).read_text())
+                 for path in sorted((tmp_path / "slurm").glob("*/*.jsonl"))]
+    assert [m["level"] for m in manifests] == ["quick", "full"]
+    assert all(m["executor"] == "slurm" and m["facts"]["slurm"]["job_id"] for m in manifests)
+    assert p.stderr.count("in 2 job(s)") == 1 and "now the full level: nothing more to run" in p.stderr
+    quick_run = {r["evidence"]["reused_from"] for r in results}
+    assert len(quick_run) == 1 and {r["run_id"] for r in results} == {manifests[1]["run_id"]}
     ids = {r["evidence"]["slurm"]["job"] for r in results}
     assert len(ids) == 2 and all(i.isdigit() for i in ids)
 
@@ -146,7 +151,7 @@ def test_venv_cells_are_the_default_and_run_as_the_local_executor_runs_them(slur
         "venv": str(bindir.parent), "path": [str(bindir)], "cuda_home": str(tmp_path / "cuda")}))
     (tmp_path / "matrix.yaml").write_text(MATRIX)
     where = ["--matrix", str(tmp_path / "matrix.yaml"), "--envs", str(envs), "--probe", "t-trivial",
-             "--probe", "inventory", "--json"]
+             "--probe", "inventory", "--json", "--level", "full"]
     env = _env(tmp_path)
     local = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--backend", "venv", *where, "--results",
                             str(tmp_path / "local")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
@@ -239,7 +244,7 @@ def test_ctrl_c_cancels_running_and_queued_jobs(slurm: None, tmp_path: Path) -> 
 
 def test_a_job_at_its_time_limit_is_recorded_as_timeout_never_as_pass(slurm: None, tmp_path: Path) -> None:
     env = _env(tmp_path)
-    p = checks(env, "--backend", "slurm", "--probe", "t-slurm-sleep", "--time", "1", "--json",
+    p = checks(env, "--backend", "slurm", "--probe", "t-slurm-sleep", "--time", "1", "--json", "--level", "full",
                "--results", str(tmp_path / "r"), timeout=400)
     assert p.returncode == 0, p.stderr
     by = {r["variant"]: r for r in json.loads(p.stdout)}
@@ -300,7 +305,7 @@ def test_a_killed_slurm_run_resumed_records_every_variant_exactly_once(slurm: No
     env = _env(tmp_path, STACKPROBE_TEST_GO=str(tmp_path / "go"))
     (tmp_path / "probes" / "t_zz_wait.py").write_text(WAITER)
     argv = [sys.executable, "-m", "checks.cli", "run", "--backend", "slurm", "--python", sys.executable, "--probe",
-            "t-trivial", "--probe", "t-zz-wait", "--results", str(tmp_path / "r"), "--no-report"]
+            "t-trivial", "--probe", "t-zz-wait", "--results", str(tmp_path / "r"), "--no-report", "--level", "full"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         seen = _read_until(proc, ["t-zz-wait ranks=1 started", "ended COMPLETED"], 180)
@@ -339,15 +344,14 @@ def test_quick_level_reuse_json_and_the_table_through_slurm(slurm: None, tmp_pat
     assert "plan 1 cell(s) x 3 probe(s) = 6 variant(s)" in quick.stderr  # fi-jit: vllm_comm x (local, 12.0a, 12.0f)
     assert c.ran() == ALL
     printed = json.loads(quick.stdout)
-    assert len(printed) == 6 and {r["evidence"].get("level") for r in printed if r["reason_code"] != "no-gpu"} == {
-        "quick"}
+    assert len(printed) == 6 and not any("level" in r["evidence"] for r in printed)  # no GPU variant: none shortened
     [run] = c.runs()
     manifest = json.loads(run.with_name(run.stem + ".manifest.json").read_text())
     assert (manifest["executor"], manifest["level"]) == ("slurm", "quick")
 
     table = c.results / "compatibility.md"
-    full = c.run(report=table)  # full level: a quick result is never reused
-    assert c.ran() == ALL and "unchanged" not in full.stderr
+    full = c.run(report=table)  # full level: the quick run's unshortened results answer it, no job runs
+    assert c.ran() == [] and "3 unchanged, reused from run" in full.stderr and "0 variant(s) in 0 job(s)" in full.stderr
     assert all(r["evidence"]["slurm"]["job"] for r in json.loads(full.stdout))
     assert f"table: {table} and {table.with_suffix('.html')}" in full.stderr
     assert "t-count-a" in table.read_text()
@@ -356,7 +360,7 @@ def test_quick_level_reuse_json_and_the_table_through_slurm(slurm: None, tmp_pat
     assert c.ran() == []
     assert "3 unchanged, reused from run" in again.stderr and "0 variant(s) in 0 job(s)" in again.stderr
     carried = json.loads(again.stdout)
-    assert len(carried) == 3 and {r["evidence"]["reused_from"] for r in carried} == {c.runs()[1].stem}
+    assert len(carried) == 3 and {r["evidence"]["reused_from"] for r in carried} == {run.stem}
 
 
 def test_a_slurm_run_takes_the_run_lock_of_its_host(slurm: None, tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ class TableCell:
     stale: bool = False  # a verdict here was made by other probe code than this checkout's (STALE_MARK)
     cached: str = ""  # e.g. "cached" or "1 of 2 cached": results reused a compile instead of compiling
     reused: str = ""  # e.g. "reused" or "3 of 4 reused": carried from an earlier run, not rerun
-    quick: bool = False  # a result here was made by a quick run (`checks run --level quick`)
+    quick: bool = False  # a result here was made by a quick run or is shortened by the quick level
     static: bool = False  # its pass or partial was proven on a host without a GPU (summary.proven_statically)
 
 
@@ -182,6 +182,7 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             run_rows.append({"run_id": run_id, "date": date, "path": link(os.path.relpath(path, out_dir)),
                              "quick": quick})
     results = latest_results(all_results)
+    quick_runs = {row["run_id"] for row in run_rows if row["quick"]}  # a cell they answer is marked quick
     stale = {r.key: why for r in results if (why := staleness(r, current))}
     executors = {str(m.get("run_id")): str(m.get("executor") or "docker") for m in manifests}
     probe_info = dict(probe_info)
@@ -222,7 +223,7 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             is_stale = any(r.key in stale for r in rs)
             if is_stale:
                 title += "; made by other probe code than this checkout's, or by code no clean commit names"
-            quick = any(level_of(r) == QUICK for r in rs)
+            quick = any(level_of(r) == QUICK or r.run_id in quick_runs for r in rs)
             if quick:
                 title += "; made by a quick run"
             static = proven_statically(rs, facts["gpu_count"])

@@ -9,7 +9,11 @@ probes look at the local GPU too; the cross-compile targets for CPU-only probes)
 
 Only verdicts a rerun would repeat are carried: what a probe itself decided (pass, partial, fail, skip),
 never a hang, a crash, a not-run, a worker that died without an answer, or a result made by code that
-differed from its commit (``code.dirty`` true or unknown). A full run never carries a quick run's result.
+differed from its commit (``code.dirty`` true or unknown). A full run never carries a result marked quick:
+only a variant the quick level shortens (one whose probe needs a GPU: its ranks measure fewer sizes) is
+marked; every other variant of a quick run does the same work as at the full level and answers it. The full
+pass of a `checks run` without --level carries every unmarked result its own quick pass made, whatever the
+verdict and the code's state (see :func:`why_not`).
 
 Everything here is pure but :func:`latest`, which reads the results folder (each executor's ``fingerprint``
 asks its cell's environment what it is).
@@ -69,12 +73,17 @@ def level_of(result: ProbeResult) -> str:
     return QUICK if result.verdict.evidence.get(LEVEL) == QUICK else FULL
 
 
-def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, level: str) -> str:
-    """'' when ``result`` answers a variant with these inputs in a run at ``level``; else why it does not."""
+def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, level: str,
+            same_command: bool = False) -> str:
+    """'' when ``result`` answers a variant with these inputs in a run at ``level``; else why it does not.
+    ``same_command``: the result was recorded by an earlier pass of this very command: made by the code now
+    running even when that code differs from its commit (the probe's hash is still compared), and carried
+    whatever its verdict, since running it again minutes later would repeat its cost (a hang's timeout)
+    for an answer no fresher."""
     v = result.verdict
-    if v.status not in CARRIED or (v.status is Status.FAIL and v.reason_code in NO_ANSWER):
+    if not same_command and (v.status not in CARRIED or (v.status is Status.FAIL and v.reason_code in NO_ANSWER)):
         return f"its verdict ({v.status} {v.reason_code}) is not one a rerun repeats"
-    if result.code is None or result.code.dirty is not False:
+    if result.code is None or (result.code.dirty is not False and not same_command):
         return "made by code that differed from its commit (or by unrecorded code)"
     if result.code.probe_hash != probe_hash:
         return "the probe's source changed"
@@ -88,14 +97,15 @@ def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, 
 
 
 def decide(items: list[WorkItem], latest: Mapping[Key, ProbeResult], inputs: Mapping[Key, Inputs | None],
-           hashes: Mapping[str, str], level: str) -> list[WorkItem]:
+           hashes: Mapping[str, str], level: str, this_command: frozenset[str] = frozenset()) -> list[WorkItem]:
     """``items`` with ``reused`` set where the newest recorded result of the same key answers it (variants
-    decided without running are decided again: that costs nothing)."""
+    decided without running are decided again: that costs nothing). ``this_command``: the runs an earlier
+    pass of this command recorded."""
     out = []
     for it in items:
         r = latest.get(it.key)
         if it.decided is None and r is not None and not why_not(r, inputs.get(it.key), hashes.get(it.spec.id),
-                                                                level):
+                                                                level, r.run_id in this_command):
             it = dataclasses.replace(it, reused=r)
         out.append(it)
     return out
@@ -113,10 +123,16 @@ def carried(result: ProbeResult, run_id: str) -> ProbeResult:
                                verdict=result.verdict.with_evidence(**{REUSED_FROM: origin(result)}))
 
 
-def stamped(verdict: Verdict, inputs: Inputs | None, level: str) -> Verdict:
-    """A fresh verdict with what a later run needs to carry it: its inputs, and the level when quick."""
+def shortened(item: WorkItem, level: str | None) -> bool:
+    """Whether ``item`` does less at ``level`` than at the full level: a GPU variant of a quick run."""
+    return level == QUICK and item.spec.needs_gpu
+
+
+def stamped(verdict: Verdict, inputs: Inputs | None, quick: bool) -> Verdict:
+    """A fresh verdict with what a later run needs to carry it: its inputs, and the quick level when the
+    level shortened it."""
     extra: dict[str, Any] = {INPUTS: inputs.to_json()} if inputs else {}
-    if level == QUICK:
+    if quick:
         extra[LEVEL] = QUICK
     return verdict.with_evidence(**extra) if extra else verdict
 

@@ -205,6 +205,24 @@ class RunStore:
                     self._manifest = None
             self._write(results)
 
+    def keep(self) -> None:
+        """Write what was held back (carried copies, and the manifest) although none of it is news: the run
+        then answers at its own level what a run of another level answered (the full pass after a quick
+        one). Nothing when the run's file exists or nothing was held."""
+        with self._gate:
+            if self.results_path.exists() or not self._held:
+                return
+            results, self._held = self._held, []
+            if self._manifest is not None:
+                try:
+                    self.folder.mkdir(parents=True, exist_ok=True)
+                    atomic.write_json(self.manifest_path, self._manifest)
+                except OSError as exc:
+                    self._failed(results, exc)
+                    return
+                self._manifest = None
+            self._write(results)
+
     def _write(self, results: list[ProbeResult]) -> None:
         data = b"".join(_line(r) for r in results)
         try:

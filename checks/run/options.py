@@ -54,7 +54,7 @@ class RunOptions:
     resume: bool = False
     fresh: bool = False
     jobs: int = 1
-    level: str = FULL
+    level: str | None = FULL  # None: quick first, then full (two passes; checks.run.session)
     as_json: bool = False
     timeout_scale: float = 1.0
     target_archs: tuple[str, ...] = ("12.0a", "12.0f")
@@ -74,7 +74,7 @@ class RunOptions:
             raise UsageError(f"checks run: --jobs {self.jobs}: give 1 or more")
         if self.backend not in BACKEND_CHOICES:
             raise UsageError(f"checks run: --backend {self.backend}: choose one of {', '.join(BACKEND_CHOICES)}")
-        if self.level not in LEVELS:
+        if self.level is not None and self.level not in LEVELS:
             raise UsageError(f"checks run: --level {self.level}: choose one of {', '.join(LEVELS)}")
         if self.all_probes and self.probes:
             raise UsageError("checks run: give --all or --probe, not both")

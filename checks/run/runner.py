@@ -122,7 +122,7 @@ def level_variant(item: WorkItem, level: str) -> Variant:
     """The variant as the worker gets it: a quick run's GPU variant tells its ranks the level through an
     ``env.`` param; the recorded key stays the planned one (results say their level in evidence)."""
     v = item.variant
-    if level == QUICK and item.spec.needs_gpu:
+    if incremental.shortened(item, level):
         return Variant(v.probe_id, v.ranks, (*v.params, (f"env.{LEVEL_ENV}", QUICK)), v.share_gpu, v.skip)
     return v
 
@@ -171,7 +171,8 @@ class Recorder:
         """``store``: where the result goes when not the run's own (a Slurm node of another kind)."""
         store = store or self.work.store
         if item.runs:
-            verdict = incremental.stamped(verdict, self.work.inputs.get(item.key), self.level)
+            verdict = incremental.stamped(verdict, self.work.inputs.get(item.key),
+                                         incremental.shortened(item, self.level))
         result = assemble(item, verdict, store.run_id, store.host_id, started, self.work.codes.get(item.spec.id))
         store.append(result)
         self.report.results.append(result)

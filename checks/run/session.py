@@ -3,6 +3,11 @@
     backend -> probes -> targets -> prepare -> plan -> store -> reuse -> (run lock) manifest -> execute
             -> summary -> table
 
+With no ``--level`` the chain runs twice: at the quick level over every selected cell (its table is the first
+answer), then at the full level, which reuses every result the quick pass made at full fidelity (what a quick
+run does not shorten: every variant of a probe without a GPU) and runs the rest. Each pass is a run of its own
+(its store, manifest and run lock); Ctrl-C in the full pass leaves the quick pass's table as it was.
+
 The backend (checks.run.backend) answers where cells come from and where their variants run; every other step
 is the same for Docker images, venv cells, a local interpreter and Slurm jobs, so each gets resuming, reuse
 of unchanged results, the run lock, the summary, the regenerated table and ``--json`` from here.
@@ -14,6 +19,7 @@ import dataclasses
 import difflib
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +29,7 @@ from checks.report import shellwords, summary
 from checks.report.report import generate
 from checks.results import hostfacts, incremental, manifest, provenance
 from checks.results.provenance import Checkout
+from checks.results.result import ProbeResult
 from checks.results.store import RunLock, RunStore, latest_run, new_run_id, read_manifest
 from checks.run import runconsole, runprogress
 from checks.run.backend import Backend, Targets
@@ -32,7 +39,9 @@ from checks.run.plan import REUSED, WorkItem, plan_work, summary_counts
 from checks.run.runner import RunReport, Work, now_iso
 from common import reasons
 from common.caches import compile_cache_dir
+from common.progress import duration
 from inenv import registry
+from inenv.probe import FULL, QUICK
 
 
 @dataclass(frozen=True)
@@ -47,23 +56,92 @@ class Planned:
     fingerprints: dict[str, str | None]
 
 
+@dataclass(frozen=True)
+class Pass:
+    """What one pass of the chain ended with: its exit code, its results, and how long it took."""
+
+    code: int
+    results: list[ProbeResult]
+    seconds: float
+    recorded: bool = False  # the pass recorded a run of its own (not everything was carried or decided)
+    skipped: bool = False  # a resumed full run made the quick pass needless
+
+
 def run(opts: RunOptions, con: Any) -> int:
-    """`checks run`: the whole chain; the exit code (0 done, 130 interrupted)."""
+    """`checks run`: the chain once at the level given, or with none given at the quick level and then at the
+    full level; the exit code (0 done, 130 interrupted, 2 results not stored)."""
+    passes = levels(opts)
+    staged = len(passes) > 1
+    done: list[Pass] = []
+    for i, level_opts in enumerate(passes):
+        first = done[-1] if i and not done[-1].skipped else None
+        outcome = one_pass(level_opts, con, staged, first)
+        done.append(outcome)
+        if outcome.code:
+            break
+    if opts.as_json:
+        print(json.dumps([r.to_json() for r in answer(done)], indent=2, sort_keys=True))
+    return done[-1].code
+
+
+def answer(passes: list[Pass]) -> list[ProbeResult]:
+    """Every variant once: its result from the last pass that recorded it (the quick pass's where the full
+    pass was stopped before it), in the order the passes made them."""
+    out: dict[tuple[str, str, str], ProbeResult] = {}
+    for p in passes:
+        for r in p.results:
+            out.pop(r.key, None)
+            out[r.key] = r
+    return list(out.values())
+
+
+def levels(opts: RunOptions) -> tuple[RunOptions, ...]:
+    """One options value per pass: the level given alone, or (no --level) quick and then full."""
+    if opts.level is not None:
+        return (opts,)
+    return (dataclasses.replace(opts, level=QUICK), dataclasses.replace(opts, level=FULL))
+
+
+def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None) -> Pass:
+    """The chain at ``opts.level``. ``staged``: one of two passes; ``first``: the quick pass before this one
+    (said in the line between them, and with --fresh the only results this pass may reuse)."""
+    started = time.monotonic()
     backend = open_backend(opts.backend)
     probes = select_probes(opts)
     targets = backend.targets(opts)
     planned = plan(opts, probes, targets, backend.prepare(opts, targets))
-    store = open_store(opts, str(targets.facts["host_id"]))
-    planned = reuse(opts, planned, store)
+    store = open_store(opts, str(targets.facts["host_id"]), staged)
+    if store is None:
+        con.print("quick level: not run; --resume continues the latest run, a full-level one", markup=False)
+        return Pass(0, [], 0.0, skipped=True)
+    planned = reuse(opts, planned, store, first.results if first else None)
+    if first is not None:
+        con.print(between(first, planned, opts, backend.name, store), markup=False, highlight=False)
     show_plan(con, targets.facts, planned.items, probes)
     with RunLock(store.folder):
         written = write_manifest(opts, store, backend.name, targets, probes, planned)
         report = execute(con, opts, backend, store, targets, planned, written)
+        if first is not None and first.recorded and not report.interrupted:
+            store.keep()  # the quick pass's answers, now recorded at the full level: the table drops "quick"
     if not store.results_path.exists() and not store.unstored:  # the store makes a run's files with its first news
         con.print("results: nothing new, so no run recorded (each variant reused or decided as before)",
                   markup=False)
-    code = finish(con, opts, report, targets.gpus)
-    return unstored(store) or code
+    code = finish(con, opts, report, targets.gpus, staged)
+    return Pass(unstored(store) or code, report.results, time.monotonic() - started, store.results_path.exists())
+
+
+def between(first: Pass, planned: Planned, opts: RunOptions, backend: str, store: RunStore) -> str:
+    """The line between the passes: what the first answer covered, what the full level adds and how long
+    that should take by the durations this host recorded."""
+    todo = to_run(opts, planned, store)
+    view = progress_view(opts, backend, store, todo)
+    answer = "table written" if opts.report is not None else "done"
+    head = f"first answer: {answer} (quick level, {len(first.results)} variant(s) in {duration(first.seconds)})"
+    if not view.expected:
+        return f"{head}; now the full level: nothing more to run"
+    est = view.left()
+    by = "by earlier runs" if est.unknown < len(view.expected) else "no earlier run to go by"
+    return f"{head}; now the full level: {len(view.expected)} variant(s) to run, {est.text()} ({by})"
 
 
 def unstored(store: RunStore) -> int:
@@ -102,18 +180,31 @@ def plan(opts: RunOptions, probes: dict[str, ModuleType], targets: Targets,
     return Planned(items, provenance.probe_hashes(probes), provenance.checkout(), inputs, fingerprints)
 
 
-def open_store(opts: RunOptions, host_id: str) -> RunStore:
-    """The store of a new run, or with --resume of the host's latest run."""
+def open_store(opts: RunOptions, host_id: str, staged: bool = False) -> RunStore | None:
+    """The store of a new run, or with --resume of the host's latest run. In a staged run (quick, then
+    full) --resume continues the latest run in the pass of its level, and the other pass starts a run of its
+    own; None for the quick pass when that run is a full one (the full level answers every quick question)."""
     folder = opts.results / host_id
-    return RunStore(opts.results, host_id, (latest_run(folder) if opts.resume else None) or new_run_id())
+    latest = latest_run(folder) if opts.resume else None
+    if latest and staged:
+        made = read_manifest(folder / f"{latest}.manifest.json")[0]
+        level = made.get("level") if isinstance(made, dict) else None
+        if level == FULL and opts.level == QUICK:
+            return None
+        if level != opts.level:
+            latest = None
+    return RunStore(opts.results, host_id, latest or new_run_id())
 
 
-def reuse(opts: RunOptions, planned: Planned, store: RunStore) -> Planned:
-    """Items whose inputs match the result this host recorded last carry it (none with --fresh)."""
-    if opts.fresh:
+def reuse(opts: RunOptions, planned: Planned, store: RunStore,
+          first: list[ProbeResult] | None = None) -> Planned:
+    """Items whose inputs match the result this host recorded last carry it. With --fresh none do, except
+    in the full pass of a staged run the results its quick pass just made (``first``)."""
+    if opts.fresh and first is None:
         return planned
-    earlier = incremental.latest(store.folder)
-    items = incremental.decide(planned.items, earlier, planned.inputs, planned.hashes, opts.level)
+    earlier = {r.key: r for r in first} if opts.fresh and first is not None else incremental.latest(store.folder)
+    ours = frozenset(r.run_id for r in first or [])
+    items = incremental.decide(planned.items, earlier, planned.inputs, planned.hashes, opts.level, ours)
     return dataclasses.replace(planned, items=items)
 
 
@@ -149,12 +240,7 @@ def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targe
     con.print(f"[bold]results[/] {store.results_path}", highlight=False)
     codes = {pid: planned.code.for_probe(h) for pid, h in planned.hashes.items()}
     work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written)
-    done = store.recorded() if opts.resume else set()
-    todo = [it for it in planned.items if it.key not in done]
-    recorded = runprogress.learned(store.folder)  # before this run adds to it
-    view = runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend.name), jobs=opts.jobs,
-                               compile_note=runprogress.compile_note(compile_cache_dir(opts.compile_cache,
-                                                                                       opts.no_compile_cache)))
+    view = progress_view(opts, backend.name, store, to_run(opts, planned, store))
     try:
         return runconsole.with_progress(con, view, lambda hooks: backend.run(opts, work, hooks))
     except KeyboardInterrupt:
@@ -162,20 +248,37 @@ def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targe
         raise
 
 
-def finish(con: Any, opts: RunOptions, report: RunReport, gpus: int | None = None) -> int:
-    """The summary, ``--json``, the regenerated table, and last the verdict count and where the table is."""
+def to_run(opts: RunOptions, planned: Planned, store: RunStore) -> list[WorkItem]:
+    """The items this invocation goes through: all but those a resumed run recorded."""
+    done = store.recorded() if opts.resume else set()
+    return [it for it in planned.items if it.key not in done]
+
+
+def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[WorkItem]) -> runprogress.RunView:
+    """Counts and time estimates of ``todo``, from the durations this host recorded before this run."""
+    recorded = runprogress.learned(store.folder)
+    return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend), jobs=opts.jobs,
+                               compile_note=runprogress.compile_note(compile_cache_dir(opts.compile_cache,
+                                                                                       opts.no_compile_cache)))
+
+
+def finish(con: Any, opts: RunOptions, report: RunReport, gpus: int | None = None, staged: bool = False) -> int:
+    """The summary, the regenerated table, and last the verdict count and where the table is (``--json`` is
+    printed once after every pass)."""
     if report.resumed:
         con.print(f"resumed: {report.resumed} variant(s) already recorded were not run again", markup=False)
     if reused := report.reused:
         runs = sorted({incremental.origin(r) for r in reused})
         con.print(f"reused: {len(reused)} variant(s) unchanged since run{'s' if len(runs) > 1 else ''} "
                   f"{', '.join(runs)} were not run again (--fresh reruns them)", markup=False)
+    if staged:
+        con.print(f"level: {opts.level}" + (" (the first answer; the full level follows)" if opts.level == QUICK
+                                           else " (every variant; the quick answer is replaced)"), markup=False)
     for line in summary.lines(report.results, gpus):
         con.print(line, markup=False)
-    if opts.as_json:
-        print(json.dumps([r.to_json() for r in report.results], indent=2, sort_keys=True))
     where = regenerate(opts.report, opts.results, report.interrupted)
-    con.print(f"verdicts: {summary.totals_line(report.results)}", markup=False)
+    con.print(f"verdicts: {summary.totals_line(report.results)}" + (" (quick level)" if opts.level == QUICK
+                                                                    else ""), markup=False)
     con.print(where, markup=False)
     return 130 if report.interrupted else 0
 
