@@ -199,12 +199,13 @@ def test_page_renders_overview_picker_and_plots_in_chromium(tmp_path: Path) -> N
     assert seen["overview_shown"] and seen["overview_rows"] >= 9  # a header and one row per probe
     assert 0 <= seen["overview_top"] < 2000  # the page opens on the overview
     assert {"pick-gpu", "pick-all", "f-any", "f-bad"} <= set(seen["picker_labels"])
-    assert seen["gpu_sections"] == [True, True] and seen["nogpu_sections"] == [False]  # opens on the GPU hosts
+    # opens on the GPU hosts (the committed results hold several), the GPU-less one hidden
+    assert len(seen["gpu_sections"]) >= 2 and all(seen["gpu_sections"]) and seen["nogpu_sections"] == [False]
     assert seen["plots"] >= 10 and all(w >= 300 and h >= 100 for w, h in seen["plot_boxes"])
     assert max(seen["plot_lines"]) >= 5  # NCCL and four other backends on one plot
     assert any(n >= 8 for n in seen["plot_bars"])  # the estimate's bars
     assert seen["status_tags"] > 100 and seen["status_tag_boxes_ok"] and not seen["emoji"]
-    assert picked_cpu["nogpu_sections"] == [True] and picked_cpu["gpu_sections"] == [False, False]
+    assert picked_cpu["nogpu_sections"] == [True] and not any(picked_cpu["gpu_sections"])
     assert filtered["rows"] > 0 and filtered["rows_without_bad"] == 0
     assert unfiltered["rows"] > filtered["rows"]
     assert errors == []

@@ -194,7 +194,7 @@ def test_checks_run_uses_venv_cells_when_docker_is_absent(world: dict[str, Path]
     monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
     results = tmp_path / "results"
     argv = ["run", "--probe", "t-trivial", "--matrix", str(world["matrix"]), "--envs", str(world["envs"]),
-            "--results", str(results), "--json"]
+            "--results", str(results), "--json", "--level", "full"]  # one pass, so one run and one manifest
     assert checks_main(argv) == 0
     out, err = capsys.readouterr()
     assert "checks: no Docker daemon answers (Error while fetching server API version" in err
