@@ -154,7 +154,7 @@ def test_checks_run_docker_mode_end_to_end(venv_image: str, tmp_path: Path) -> N
     only = [a for c in (unavailable, *resolved) for a in ("--only", c.cell_id)]
     p = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--probe", "t-trivial", "--probe", "t-gpu",
                         *only, "--matrix", str(matrix), "--envs", str(envs), "--results", str(tmp_path / "res"),
-                        "--json"],
+                        "--json", "--level", "full"],  # one pass: one run file
                        capture_output=True, text=True, env=fixture_env(), cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
     [path] = sorted((tmp_path / "res").glob("*/*.jsonl"))
