@@ -366,13 +366,13 @@ def test_id_grammars_accept_every_committed_id_and_refuse_crafted_ones() -> None
     found, warnings = scan(ROOT / "results")
     assert found and warnings == []
     for host, run, path in found:
-        assert ids.host_ok(host) and ids.run_ok(run)
+        assert ids.valid("host id", host) and ids.valid("run id", run)
         rs, bad = read_file(path)
         assert rs and bad == []
     for crafted in ("javascript:alert(1)-01234567", "cpu-0123abc", "../cpu-0123abcd", "CPU-0123abcd"):
-        assert not ids.host_ok(crafted)
-    assert not ids.cell_ok("cu130-torch2|x-sgl1-fi1") and not ids.cell_ok("cu130-torch`x`-sgl1-fi1")
-    assert not ids.run_ok("20261201T000000Z-0001;x") and not ids.variant_ok("ranks=1,algo=$(x)")
+        assert not ids.valid("host id", crafted)
+    assert not ids.valid("cell id", "cu130-torch2|x-sgl1-fi1") and not ids.valid("cell id", "cu130-torch`x`-sgl1-fi1")
+    assert not ids.valid("run id", "20261201T000000Z-0001;x") and not ids.valid("variant", "ranks=1,algo=$(x)")
 
 
 # --- litter, permissions, secrets --------------------------------------------------------------------------

@@ -60,30 +60,6 @@ def problem(kind: str, value: object) -> str | None:
     return f"{kind} {shown_value} is not of the form {SHAPE[kind]}"
 
 
-def host_ok(text: str) -> bool:
-    return valid("host id", text)
-
-
-def run_ok(text: str) -> bool:
-    return valid("run id", text)
-
-
-def probe_ok(text: str) -> bool:
-    return valid("probe id", text)
-
-
-def variant_ok(text: str) -> bool:
-    return valid("variant", text)
-
-
-def reason_ok(text: str) -> bool:
-    return valid("reason code", text)
-
-
-def cell_ok(text: str) -> bool:
-    return valid("cell id", text)
-
-
 def shown(text: str) -> str:
     """A name from disk as one printable line: escapes for undecodable bytes, control and format characters."""
     return ascii(text)[1:-1] if not text.isprintable() or "\\" in text else text

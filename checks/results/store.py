@@ -308,7 +308,7 @@ class RunLock:
 
 
 def latest_run(folder: Path) -> str | None:
-    runs = sorted(n for p in folder.glob("*.jsonl") if ids.run_ok(n := p.name[: -len(".jsonl")])) \
+    runs = sorted(n for p in folder.glob("*.jsonl") if ids.valid("run id", n := p.name[: -len(".jsonl")])) \
         if folder.is_dir() else []
     return runs[-1] if runs else None
 
@@ -380,11 +380,9 @@ def parse_json(raw: bytes) -> Any:
 
 
 def _ids_wrong(r: ProbeResult) -> str | None:
-    for name, value, ok in (("run_id", r.run_id, ids.run_ok), ("host_id", r.host_id, ids.host_ok),
-                            ("cell_id", r.cell_id, ids.cell_ok), ("probe_id", r.probe_id, ids.probe_ok),
-                            ("variant", r.variant, ids.variant_ok),
-                            ("reason_code", r.verdict.reason_code, ids.reason_ok)):
-        if not ok(value):
+    for name, value in (("run_id", r.run_id), ("host_id", r.host_id), ("cell_id", r.cell_id),
+                        ("probe_id", r.probe_id), ("variant", r.variant), ("reason_code", r.verdict.reason_code)):
+        if not ids.valid(name.replace("_", " "), value):
             return f"{name} {ids.shown(value)[:80]!r} is outside its grammar (see checks/results/ids.py)"
     return None
 
@@ -445,7 +443,7 @@ def scan(root: Path) -> tuple[list[tuple[str, str, Path]], list[str]]:
             is_dir = False
         if not is_dir:
             continue
-        if not ids.host_ok(h.name):
+        if not ids.valid("host id", h.name):
             warnings.append(f"{where(Path(h.path))}: folder name is not a host id (<label>-<8 hex digits>); "
                             "skipped")
             continue
@@ -458,7 +456,7 @@ def scan(root: Path) -> tuple[list[tuple[str, str, Path]], list[str]]:
             if f.name.startswith(".") or not f.name.endswith(".jsonl"):
                 continue
             run = f.name[: -len(".jsonl")]
-            if not ids.run_ok(run):
+            if not ids.valid("run id", run):
                 warnings.append(f"{where(Path(f.path))}: file name is not a run id (<UTC time>-<4 hex digits>)"
                                 ".jsonl; skipped")
                 continue

@@ -149,7 +149,7 @@ class Stores:
 
     def for_facts(self, facts: dict[str, Any]) -> RunStore:
         host_id = str(facts.get("host_id") or self.run.host_id)
-        if not ids.host_ok(host_id):  # a node's facts name the results folder: never a path or a crafted name
+        if not ids.valid("host id", host_id):  # a node's facts name the results folder: never a path or a crafted name
             raise ExecutorError(f"a node reported host id {ids.shown(host_id)[:80]!r}, not <label>-<8 hex digits>")
         if host_id == self.run.host_id:
             return self.run
