@@ -46,7 +46,7 @@ DECLARED = registry.declarations()  # what each probe records: advise reads keys
 PATH_PROBES = tuple(pid for pid, d in DECLARED.items() if d.allreduce_path)
 
 
-def _metric(r: ProbeResult, role: Role) -> Any:
+def declared_metric(r: ProbeResult, role: Role) -> Any:
     """The value of the metric ``r``'s probe declares with ``role`` (None: it declares none, or r lacks it)."""
     key = DECLARED.get(r.probe_id, Declared()).metric(role)
     return r.verdict.metrics.get(key) if key is not None else None
@@ -200,7 +200,7 @@ def spreads(results: Iterable[ProbeResult], cell_id: str, ranks: int) -> Spreads
                 or r.verdict.status not in (Status.PASS, Status.PARTIAL)):
             continue
         backend = r.params.get("backend", "")
-        for n, us in _sizes(_metric(r, Role.LATENCY)).items():
+        for n, us in _sizes(declared_metric(r, Role.LATENCY)).items():
             seen[(backend, n)].append(us)
     out = {}
     for (backend, n), xs in seen.items():
@@ -320,7 +320,7 @@ def _curves(cell_id: str, cell: CellId | None, rs: Sequence[ProbeResult]) -> tup
         if lat.verdict.status is Status.SKIP:
             missing.append(Missing(backend, _skip_why([lat])))
             continue
-        latency = _sizes(_metric(lat, Role.LATENCY))
+        latency = _sizes(declared_metric(lat, Role.LATENCY))
         if lat.verdict.status not in (Status.PASS, Status.PARTIAL) or not latency:
             continue  # listed under avoid with its verdict
         proof, _ = _eager_proof(backend, rs)
@@ -331,7 +331,7 @@ def _curves(cell_id: str, cell: CellId | None, rs: Sequence[ProbeResult]) -> tup
             missing.append(Missing(f"{backend} (eager exactness)", why,
                                    "" if why.startswith("skip") else _rerun(check.probe, cell_id, cell)))
             continue
-        ratio = _sizes(_metric(lat, Role.RATIO_VS_NCCL))
+        ratio = _sizes(declared_metric(lat, Role.RATIO_VS_NCCL))
         if backend == BASELINE:
             ratio = dict.fromkeys(latency, 1.0)
         curves.append(Curve(backend, dict(sorted(latency.items())), dict(sorted(ratio.items())),

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from checks.report.advise import declared_metric
 from checks.results.result import ProbeResult, is_number
+from inenv.probe import Role
 from inenv.status import Status
 
 LATENCY_PROBE = "ar-latency"
@@ -53,10 +55,6 @@ class LatencyPlot:
         return f"{self.cell_id}, {self.ranks} ranks"
 
 
-def _params(variant: str) -> dict[str, str]:
-    return dict(p.split("=", 1) for p in variant.split(",") if "=" in p)
-
-
 def _points(metric: Any) -> tuple[tuple[int, float], ...]:
     if not isinstance(metric, Mapping):
         return ()
@@ -71,10 +69,10 @@ def latency_plots(results: Iterable[ProbeResult]) -> list[LatencyPlot]:
     for r in results:
         if r.verdict.status not in GOOD:
             continue
-        p = _params(r.variant)
-        if p.get("gpus") == "shared":  # several ranks on one GPU: not a latency anyone would deploy
+        p = r.params
+        if r.shared_gpu:  # several ranks on one GPU: not a latency anyone would deploy
             continue
-        pts = _points(r.verdict.metrics.get("latency_us"))
+        pts = _points(declared_metric(r, Role.LATENCY))
         if not pts:
             continue
         if r.probe_id == LATENCY_PROBE and p.get("backend"):
@@ -83,7 +81,8 @@ def latency_plots(results: Iterable[ProbeResult]) -> list[LatencyPlot]:
             label = "pcie-ipc probe (all-reduce)"
         else:
             continue
-        groups[(r.cell_id, p.get("ranks", "?"))][label] = Series(label, pts, label == REFERENCE)
+        ranks = str(r.ranks) if r.ranks is not None else "?"
+        groups[(r.cell_id, ranks)][label] = Series(label, pts, label == REFERENCE)
     out = []
     for (cell, ranks), by_label in sorted(groups.items()):
         series = sorted(by_label.values(), key=lambda s: (not s.reference, s.label))
