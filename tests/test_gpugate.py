@@ -47,7 +47,7 @@ def events(log: Path) -> dict[tuple[str, str], list[float]]:
 def test_one_holder_at_a_time_and_a_bounded_wait(tmp_path: Path) -> None:
     lock = str(tmp_path / "gpu.lock")
     first, second = gpugate.Gate(lock), gpugate.Gate(lock, queue_s=0.3)
-    assert first.open() and first.waited_s < 0.2
+    assert first.open() and first.waited_s < 2  # no holder: no wait (bound loose for a loaded machine)
     started = time.monotonic()
     assert not second.open()  # held all along: it gives up after its wait
     assert 0.3 <= time.monotonic() - started < 2 and second.waited_s >= 0.3
@@ -62,7 +62,7 @@ def test_a_waiting_gate_goes_as_soon_as_the_holder_lets_go(tmp_path: Path) -> No
     assert holder.open()
     threading.Timer(0.4, holder.release).start()
     assert waiter.open()
-    assert 0.35 <= waiter.waited_s < 1.0
+    assert 0.35 <= waiter.waited_s < 5  # it goes at the release, long before its 10 s
     waiter.close()
 
 
