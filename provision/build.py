@@ -141,7 +141,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             if image_id and (adopted := adopt(folder, cell, base, tag, image_id)) is not None:
                 report(cid, "unchanged, not rebuilt (its image was already here; self-checked again)")
                 return adopted
-            return Step(folder, cell, base, dockerfile, tag, prev)
+            return Step(folder=folder, cell=cell, previous=prev, base=base, dockerfile=dockerfile, tag=tag)
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others

@@ -33,23 +33,16 @@ class Planned(Protocol):
 
 
 @dataclass(frozen=True)
-class Step:
-    """A locked cell ready to build: its Dockerfile written, its tag known, the record of its last build."""
+class Locked:
+    """A locked cell about to be built, with the record of its last build (its build.json)."""
 
     folder: Path
     cell: dict[str, Any]
-    base: Base
-    dockerfile: Path
-    tag: str
     previous: dict[str, Any]
 
     @property
     def cell_id(self) -> str:
         return str(self.cell["cell_id"])
-
-    @property
-    def target(self) -> str:
-        return self.tag
 
     @property
     def last_build_s(self) -> float | None:
@@ -57,25 +50,27 @@ class Step:
 
 
 @dataclass(frozen=True)
-class VenvStep:
-    """A locked cell to make as a virtual environment at ``venv``, with the record of its last build."""
+class Step(Locked):
+    """A cell ready to build as an image: its Dockerfile written, its tag known."""
 
-    folder: Path
-    cell: dict[str, Any]
-    venv: Path
-    previous: dict[str, Any]
+    base: Base
+    dockerfile: Path
+    tag: str
 
     @property
-    def cell_id(self) -> str:
-        return str(self.cell["cell_id"])
+    def target(self) -> str:
+        return self.tag
+
+
+@dataclass(frozen=True)
+class VenvStep(Locked):
+    """A cell to make as a virtual environment at ``venv``."""
+
+    venv: Path
 
     @property
     def target(self) -> str:
         return str(self.venv)
-
-    @property
-    def last_build_s(self) -> float | None:
-        return last_build_s(self.previous)
 
 
 @dataclass

@@ -216,7 +216,7 @@ def prepare(folder: Path, opts: BuildOptions, tool: installer.Installer, base: i
         report(cid, "unchanged, not rebuilt")
         keep = {k: v for k, v in prev.items() if k not in ("cell_id", "status", "built_at")}
         return record(folder, status="skipped-unchanged", **keep)
-    return VenvStep(folder, cell, venv, prev)
+    return VenvStep(folder=folder, cell=cell, previous=prev, venv=venv)
 
 
 def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, base: interp.Interpreter | None,
