@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -17,6 +18,12 @@ import pytest
 from checks.run.container import LABELS_ENV
 
 REQUIRE_DOCKER = os.environ.get("STACKPROBE_REQUIRE_DOCKER") == "1"
+
+# Tests send Ctrl-C (SIGINT) to the runs they start. A test session started in the background by a
+# non-interactive shell inherits SIGINT ignored, and an ignored signal stays ignored across exec, so those runs
+# would never see it: give this process a handler, which exec resets to the default in every child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def docker_cli() -> str:
