@@ -1,14 +1,16 @@
 """The README's main job on a matrix, cold and then warm: time per phase, disk growth, ratios to the targets.
 
-    uv run python benchmarks/bench_main_job.py [--backend docker|venv] [--matrix matrix.yaml] [--with-images]
+    uv run python benchmarks/bench_main_job.py [--backend docker|venv] [--matrix matrix.yaml] [--with-cells]
                                                [--skip-warm]
     uv run python benchmarks/bench_main_job.py --recorded benchmarks/results/main-job-<host>-<stamp>.json
 
-The main job is ``provision build && checks run --all``. Cold means: the cells' images are built (unless
-``--with-images``), and everything else starts empty: a fresh results folder (so no result can be reused)
+The main job is ``provision build && checks run --all``. Cold means: the cells are built already (unless
+``--with-cells``), and everything else starts empty: a fresh results folder (so no result can be reused)
 and a fresh compile cache (so every fi-jit module is compiled). Warm is the same job again, with nothing
-changed: same results folder, same compile cache. ``--with-images`` first removes the matrix's images and the
-BuildKit cache (``provision prune``), so the cold run also builds every image: the whole cost a new user pays.
+changed: same results folder, same compile cache. ``--with-cells`` (``--with-images``) first removes the
+matrix's built cells, so the cold run also builds every one: for ``--backend docker`` the cells' images and the
+BuildKit cache, for ``--backend venv`` the cells' virtual environments (uv's download cache stays, as it does
+for a user who ran the tests first).
 
 Phases, from the job's own output and records: build (``provision build`` wall time), then inside ``checks
 run``: compile probes (fi-jit), GPU probes (every probe whose spec needs a GPU) and the rest (inventory), each
@@ -246,6 +248,19 @@ def remove_images(matrix: Path, log: Path) -> None:
     timed(["docker", "builder", "prune", "-af"], log)
 
 
+def remove_venvs(matrix: Path, log: Path) -> None:
+    """Remove the virtual environments of the matrix's cells, so the cold pass makes them again."""
+    from provision.options import VENVS  # lazy: the benchmark's one use of the project's layout
+
+    plan = subprocess.run(_tool("provision", "plan", "--offline", "--json", "--matrix", str(matrix)), cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    with log.open("a") as fh:
+        for cell in sorted({c["cell_id"] for c in json.loads(plan.stdout)}):
+            if (VENVS / cell).is_dir():
+                fh.write(f"$ rm -r {VENVS / cell}\n")
+                shutil.rmtree(VENVS / cell)
+
+
 def checks_run(matrix: Path, results: Path, cache: Path, table: Path, level: str | None,
                backend: str) -> list[str]:
     """The main job's `checks run --all`; ``level`` None leaves --level out: the quick pass, then the full."""
@@ -339,8 +354,9 @@ def render(meta: dict[str, Any], passes: list[dict[str, Any]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--matrix", type=Path, default=ROOT / "matrix.yaml")
-    ap.add_argument("--with-images", action="store_true",
-                    help="remove the matrix's images and the BuildKit cache first, so the cold run builds them")
+    ap.add_argument("--with-cells", "--with-images", dest="with_cells", action="store_true",
+                    help="remove the matrix's built cells first (images and BuildKit cache, or venvs), so the "
+                    "cold run builds them")
     ap.add_argument("--skip-warm", action="store_true")
     ap.add_argument("--level", choices=("quick", "full"), help="checks run --level (default: none, so the quick "
                     "pass writes the first table and the full pass follows)")
@@ -352,9 +368,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.recorded:
         return show_recorded(args.recorded)
-    if args.with_images and args.backend != "docker":
-        print("--with-images removes Docker images: give it with --backend docker", file=sys.stderr)
-        return 2
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-main-job-"))
     work.mkdir(parents=True, exist_ok=True)
     results, cache = work / "results", work / "compile-cache"
@@ -368,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     log = OUT_DIR / f"main-job-{host}-{stamp}.log"
     uv_cache = uv_cache_dir()
     watch = [ROOT, uv_cache, *([r] if (r := docker_root()) else [])]
-    if args.with_images:
-        remove_images(args.matrix, log)
+    if args.with_cells:
+        (remove_images if args.backend == "docker" else remove_venvs)(args.matrix, log)
     free0 = free_bytes(watch)
     gpu = gpu_probes()
     passes = [one_pass("cold", args.matrix, results, cache, log, gpu, watch, args.level, args.backend)]
@@ -378,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "backend": args.backend,
         "matrix": str(args.matrix.relative_to(ROOT) if args.matrix.is_relative_to(ROOT) else args.matrix),
-        "host": host, "cores": os.cpu_count(), "date": stamp, "with_images": args.with_images,
+        "host": host, "cores": os.cpu_count(), "date": stamp, "with_cells": args.with_cells,
         "level": args.level or "quick, then full",
         "disk_growth_b": growth(free0, free_bytes(watch)),
         "docker_df": docker_df(),
