@@ -138,6 +138,9 @@ class Declared:
     metrics: tuple[Field, ...] = ()
     evidence: tuple[Field, ...] = ()
     allreduce_path: bool = False  # a failure rules out an allreduce path (`checks advise` lists it to avoid)
+    # (value of the spec's ``build_param``, seconds): how long that build takes, for a host that has timed none
+    # of it yet; the host starts the longest expected build first (an earlier run's time wins over this).
+    build_cost: tuple[tuple[str, float], ...] = ()
 
     def metric(self, role: Role) -> str | None:
         """The key of the metric holding ``role``, if the probe writes one."""
@@ -171,7 +174,8 @@ def _fields(rows: Any, where: str) -> tuple[Field, ...]:
 
 
 def declared(module: ModuleType | Mapping[str, Any]) -> Declared:
-    """A probe module's declaration (its ``METRICS``, ``EVIDENCE`` and ``ALLREDUCE_PATH``), checked; a probe
+    """A probe module's declaration (its ``METRICS``, ``EVIDENCE``, ``ALLREDUCE_PATH`` and ``BUILD_COST``),
+    checked; a probe
     that declares nothing has no fields the host may read. ValueError names what is malformed."""
     attrs = module if isinstance(module, Mapping) else vars(module)
     spec = attrs.get("SPEC")
@@ -180,7 +184,22 @@ def declared(module: ModuleType | Mapping[str, Any]) -> Declared:
     if not isinstance(path, bool):
         raise ValueError(f"{where}.ALLREDUCE_PATH: True or False")
     return Declared(_fields(attrs.get("METRICS", ()), f"{where}.METRICS"),
-                    _fields(attrs.get("EVIDENCE", ()), f"{where}.EVIDENCE"), path)
+                    _fields(attrs.get("EVIDENCE", ()), f"{where}.EVIDENCE"), path,
+                    _build_cost(attrs.get("BUILD_COST", ()), f"{where}.BUILD_COST"))
+
+
+def _build_cost(raw: Any, where: str) -> tuple[tuple[str, float], ...]:
+    """``BUILD_COST``: pairs of a build parameter's value and the seconds its build takes (>= 0)."""
+    if not isinstance(raw, tuple | list):
+        raise ValueError(f"{where}: a tuple of (value, seconds) pairs")
+    out = []
+    for pair in raw:
+        ok = isinstance(pair, tuple | list) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(
+            pair[1], int | float) and not isinstance(pair[1], bool) and pair[1] >= 0
+        if not ok:
+            raise ValueError(f"{where}: {pair!r} is not a (value, seconds >= 0) pair")
+        out.append((pair[0], float(pair[1])))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

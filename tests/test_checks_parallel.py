@@ -16,6 +16,7 @@ import pytest
 from checks.results.provenance import checkout, probe_hashes
 from checks.results.result import ProbeResult
 from checks.results.store import RunStore, read_file
+from checks.run import runprogress
 from checks.run.executor import LocalExecutor
 from checks.run.options import RunOptions
 from checks.run.plan import CellTarget, WorkItem, plan_work
@@ -183,6 +184,36 @@ def test_two_cells_do_not_build_what_they_could_share_side_by_side() -> None:
     plain = ProbeSpec("c", "c", "f", needs_gpu=False)  # no build_param: plan order, as before
     b_plain = WorkItem(b, plain, Variant("c", 1, (("module", "trtllm_comm"),)), 60.0)
     assert pick([b_plain, c_moe], [a_trt], 2) is b_plain
+
+
+def test_the_longest_expected_build_among_the_cells_ready_starts_first() -> None:
+    """Each cell's next variant in plan order may start; of those the CPU-only one expected to take longest
+    goes first (declared build times when nothing was timed, an earlier run's time over them), ties in plan
+    order, and a GPU variant first in plan order still goes first."""
+    jit = ProbeSpec("j", "j", "f", needs_gpu=False, build_param="module")
+    costs = {"j": {"big": 900.0, "mid": 300.0, "small": 10.0}}
+    gpu = ProbeSpec("g", "g", "f", needs_gpu=True)
+    a, b, c, d = (CellTarget(f"cell{i}", "resolved") for i in "abcd")
+
+    def item(cell: CellTarget, module: str) -> WorkItem:
+        return WorkItem(cell, jit, Variant(jit.id, 1, (("module", module), ("arch", "12.0a"))), 60.0)
+
+    pending = [item(a, "small"), item(a, "big"), item(b, "mid"), item(c, "big"), item(d, "big")]
+    a_small, _, b_mid, c_big, d_big = pending
+    declared = runprogress.start_costs(pending, {}, costs)
+    assert [declared[it.key] for it in pending] == [10.0, 900.0, 300.0, 900.0, 900.0]
+    assert pick(pending, [], 2, cost=lambda it: declared[it.key]) is c_big  # a's big waits behind a's small
+    assert pick(pending, [c_big], 2, cost=lambda it: declared[it.key]) is b_mid  # d's big would share c's
+    assert pick(pending, [b_mid], 2, cost=lambda it: declared[it.key]) is c_big
+    assert pick([a_small, b_mid], [], 2, cost=lambda it: declared[it.key]) is b_mid
+    assert pick(pending, [], 2) is a_small  # no costs: plan order
+    learnt = runprogress.start_costs(pending, {c_big.key: runprogress.Expected(5.0, True),
+                                               d_big.key: runprogress.Expected(None)}, costs)
+    assert learnt[c_big.key] == 5.0 and learnt[d_big.key] == 900.0  # an earlier run's time wins; none: declared
+    assert pick([b_mid, c_big], [], 2, cost=lambda it: learnt[it.key]) is b_mid
+    on_gpu = WorkItem(d, gpu, Variant(gpu.id, 1), 60.0)
+    assert pick([on_gpu, c_big], [], 2, cost=lambda it: declared[it.key] if it is c_big else 0.0) is on_gpu
+    assert pick([c_big, on_gpu], [], 2, cost=lambda it: declared[it.key] if it is c_big else 0.0) is c_big
 
 
 def test_store_appends_from_many_threads_keep_every_whole_line(tmp_path: Path) -> None:

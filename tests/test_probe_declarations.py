@@ -50,10 +50,18 @@ def test_every_metric_in_the_committed_results_is_declared_by_its_probe() -> Non
     ({"METRICS": (("a", "µs", "x", "latency"), ("b", "µs", "y", "latency"))}, "a field name or a role appears twice"),
     ({"EVIDENCE": [("a", "bool", "x", None)]}, "EVIDENCE: a tuple"),
     ({"ALLREDUCE_PATH": "yes"}, "ALLREDUCE_PATH: True or False"),
+    ({"BUILD_COST": {"a": 1.0}}, "BUILD_COST: a tuple of (value, seconds) pairs"),
+    ({"BUILD_COST": (("a", -1.0),)}, "('a', -1.0) is not a (value, seconds >= 0) pair"),
+    ({"BUILD_COST": (("a", True),)}, "('a', True) is not a (value, seconds >= 0) pair"),
 ])
 def test_a_malformed_declaration_says_what_is_wrong(attrs: dict[str, object], error: str) -> None:
     with pytest.raises(ValueError, match=error.replace("(", r"\(").replace(")", r"\)")):
         declared({"__name__": "t_probe", **attrs})
+
+
+def test_build_costs_are_read_as_seconds_per_build() -> None:
+    d = declared({"__name__": "t_probe", "BUILD_COST": (("big", 900), ("small", 10.5))})
+    assert d.build_cost == (("big", 900.0), ("small", 10.5))
 
 
 def test_a_probe_declaring_nothing_gives_the_host_no_key() -> None:
@@ -63,7 +71,8 @@ def test_a_probe_declaring_nothing_gives_the_host_no_key() -> None:
 
 BODY = 'SPEC = None\n\n\ndef run(ctx):\n    return 1\n'
 BLOCK = (f"\n\n{DECLARED_MARK}: what this probe records\n"
-         'METRICS = (\n    ("t_us", "µs", "time", "latency"),\n)\nALLREDUCE_PATH = True\n')
+         'METRICS = (\n    ("t_us", "µs", "time", "latency"),\n)\nALLREDUCE_PATH = True\n'
+         'BUILD_COST = (("big", 900.0), ("small", 10))\n')
 
 
 def test_the_declaration_block_is_left_out_of_the_probe_hash(tmp_path: Path) -> None:

@@ -86,8 +86,12 @@ def shared_build(item: WorkItem) -> tuple[str, str] | None:
     return (item.spec.id, value) if value else None
 
 
-def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: bool = False) -> WorkItem | None:
-    """The first pending item (plan order) that may start beside ``running``, or None. An item that would
+def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: bool = False,
+         cost: Callable[[WorkItem], float] = lambda _: 0.0) -> WorkItem | None:
+    """The pending item that may start beside ``running``, or None: each cell's first in plan order may, and
+    of those the first one (plan order) when it needs the GPU, else the CPU-only one of the highest ``cost``
+    (its expected seconds; ties in plan order), so the longest compiles of different cells start first and
+    overlap instead of one running alone at the end. An item that would
     build what a running item of another cell is building goes after any other that can start: the two
     would share one build, and the second would only hold a job slot waiting for it. ``ahead``: the GPU
     variants take turns on the GPU lock, so while one runs, the item that would start next once it ended
@@ -98,24 +102,28 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: boo
     if on_gpu:
         if not ahead or len(on_gpu) > 1:
             return None
-        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs)
+        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs, cost=cost)
         return after if after is not None and uses_gpu(after) else None
     if len(running) >= jobs:
         return None
     busy = {r.cell.cell_id for r in running}
     building = {shared_build(r) for r in running} - {None}
     later: WorkItem | None = None
+    ready: list[WorkItem] = []
     for it in pending:
         if it.cell.cell_id in busy:
             continue
         if uses_gpu(it) and running:
             continue
+        busy.add(it.cell.cell_id)  # the cell's later items keep their plan order behind this one
         if shared_build(it) in building:
             later = later or it
-            busy.add(it.cell.cell_id)  # the cell's later items keep their plan order behind this one
             continue
-        return it
-    return later
+        if uses_gpu(it) and not ready:
+            return it
+        if not uses_gpu(it):
+            ready.append(it)
+    return max(ready, key=cost) if ready else later
 
 
 def level_variant(item: WorkItem, level: str) -> Variant:
@@ -147,6 +155,7 @@ class Work:
     inputs: Mapping[Key, Inputs | None] = field(default_factory=dict)  # what a fresh result records for reuse
     executors: Mapping[str, Executor] = field(default_factory=dict)
     manifest: Mapping[str, Any] = field(default_factory=dict)  # the run's manifest, as the store records it
+    costs: Mapping[Key, float] = field(default_factory=dict)  # expected seconds: the longest starts first
 
 
 @dataclass(frozen=True)
@@ -246,7 +255,8 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     pool = _Pool(run_one)
     try:
         while pending or pool.running:
-            while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead)) is not None:
+            while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
+                                lambda it: work.costs.get(it.key, 0.0))) is not None:
                 pending.remove(item)
                 before = [r for r in pool.running.values() if uses_gpu(r)]
                 # behind a running GPU variant: it may wait for all of that one's time

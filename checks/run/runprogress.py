@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +117,21 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
             out[it.key] = Expected(sum(took) / len(took), False, outcome, backend, module)
         else:
             out[it.key] = Expected(None)
+    return out
+
+
+def start_costs(items: Iterable[WorkItem], expected: Mapping[Key, Expected],
+                declared: Mapping[str, Mapping[str, float]]) -> dict[Key, float]:
+    """How long each item should take, for starting the longest first: what an earlier run took (its own
+    record, else its probe's for the same build), else what its probe declares for that build (``declared``:
+    probe id -> build parameter value -> seconds, from ``BUILD_COST``), else 0."""
+    out: dict[Key, float] = {}
+    for it in items:
+        learnt = expected.get(it.key)
+        if learnt is not None and learnt.seconds is not None:
+            out[it.key] = learnt.seconds
+        else:
+            out[it.key] = declared.get(it.spec.id, {}).get(_module(it), 0.0)
     return out
 
 

@@ -41,7 +41,7 @@ from common import reasons
 from common.caches import compile_cache_dir
 from common.progress import duration
 from inenv import registry
-from inenv.probe import FULL, QUICK
+from inenv.probe import FULL, QUICK, declared
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class Planned:
     code: Checkout
     inputs: dict[tuple[str, str, str], incremental.Inputs | None]
     fingerprints: dict[str, str | None]
+    build_costs: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # probe -> build -> s
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,8 @@ def plan(opts: RunOptions, probes: dict[str, ModuleType], targets: Targets,
     items = plan_work(targets.cells, probes, host, opts.timeout_scale)
     inputs = {it.key: incremental.inputs_for(it, fingerprints.get(it.cell.cell_id), targets.facts, opts.target_archs)
               for it in items if it.runs}
-    return Planned(items, provenance.probe_hashes(probes), provenance.checkout(), inputs, fingerprints)
+    costs = {pid: dict(declared(mod).build_cost) for pid, mod in probes.items()}
+    return Planned(items, provenance.probe_hashes(probes), provenance.checkout(), inputs, fingerprints, costs)
 
 
 def open_store(opts: RunOptions, host_id: str, staged: bool = False) -> RunStore | None:
@@ -239,8 +241,9 @@ def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targe
     still ends what it started."""
     con.print(f"[bold]results[/] {store.results_path}", highlight=False)
     codes = {pid: planned.code.for_probe(h) for pid, h in planned.hashes.items()}
-    work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written)
     view = progress_view(opts, backend.name, store, to_run(opts, planned, store))
+    work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written,
+                costs=runprogress.start_costs(view.items, view.expected, planned.build_costs))
     try:
         return runconsole.with_progress(con, view, lambda hooks: backend.run(opts, work, hooks))
     except KeyboardInterrupt:
