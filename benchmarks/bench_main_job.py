@@ -311,6 +311,8 @@ def ratio_line(name: str, value: float, target: float, unit: str) -> str:
 def floor_line(p: dict[str, Any], cores: int) -> str:
     """The pass's compile CPU-s, its floor and its wall against it."""
     cpu = float(p.get("compile_cpu_s") or 0.0)
+    if cpu <= 0:
+        return "    compile CPU 0 s: nothing compiled, no floor to compare with"
     floor = floor_s(cpu, cores, float(p["build_s"]))
     ratio = f"{p['total_s'] / floor:.2f}x" if floor > 0 else "n/a"
     return (f"    compile CPU {cpu:.0f} s; floor {cpu:.0f} / {cores} cores + build {p['build_s']:.1f} s = "
