@@ -186,6 +186,24 @@ def test_two_cells_do_not_build_what_they_could_share_side_by_side() -> None:
     assert pick([b_plain, c_moe], [a_trt], 2) is b_plain
 
 
+def test_cells_of_other_library_versions_build_the_same_module_side_by_side() -> None:
+    """A build is shared only by cells with the same CUDA and the same versions of what the probe requires;
+    another flashinfer release builds other sources, so its trtllm_comm starts beside the running one."""
+    jit = ProbeSpec("j", "j", "f", needs_gpu=False, build_param="module", requires=("flashinfer",))
+
+    def item(cell_id: str, fi: str, cuda: str = "cu130", module: str = "trtllm_comm") -> WorkItem:
+        cell = CellTarget(cell_id, "resolved", versions={"flashinfer": fi, "torch_cuda": cuda, "torch": cell_id})
+        return WorkItem(cell, jit, Variant(jit.id, 1, (("module", module), ("arch", "12.0a"))), 60.0)
+
+    running = item("a", "0.6.17")
+    same, other_fi, other_cuda = item("b", "0.6.17"), item("c", "0.7.2"), item("d", "0.6.17", "cu128")
+    later = item("e", "0.6.17", module="moe_a2a")
+    assert pick([same, other_fi], [running], 2) is other_fi
+    assert pick([same, other_cuda], [running], 2) is other_cuda
+    assert pick([same, later], [running], 2) is later  # b's would share a's build: it waits while e can start
+    assert pick([same], [running], 2) is same
+
+
 def test_the_longest_expected_build_among_the_cells_ready_starts_first() -> None:
     """Each cell's next variant in plan order may start; of those the CPU-only one expected to take longest
     goes first (declared build times when nothing was timed, an earlier run's time over them), ties in plan

@@ -79,11 +79,16 @@ def uses_gpu(item: WorkItem) -> bool:
     return item.runs and item.spec.needs_gpu
 
 
-def shared_build(item: WorkItem) -> tuple[str, str] | None:
-    """The build ``item`` may share with other cells (probe, value of its ``build_param``), if any."""
+def shared_build(item: WorkItem) -> tuple[str, ...] | None:
+    """The build ``item`` shares with other cells, if any: the same probe and value of its ``build_param``,
+    with the same CUDA and the same versions of the libraries the probe requires (the sources it builds).
+    Cells with other versions build other sources, so their builds may run side by side."""
     name = item.spec.build_param
     value = item.variant.param(name) if name and item.runs else None
-    return (item.spec.id, value) if value else None
+    if not value:
+        return None
+    versions = item.cell.versions
+    return (item.spec.id, value, versions.get("torch_cuda", ""), *(versions.get(lib, "") for lib in item.spec.requires))
 
 
 def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: bool = False,
