@@ -29,7 +29,11 @@ from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
-from uv import find_uv_bin  # the `uv` package in our own dependencies: its binary when none is on PATH
+
+try:  # the `uv` package in our own dependencies: its binary when none is on PATH
+    from uv import find_uv_bin
+except ImportError:  # an interpreter without it (a GPU host's own Python running the tool): uv from PATH only
+    find_uv_bin = None
 
 from common import canonical
 from common.catalog import load as load_catalog
@@ -57,8 +61,8 @@ class TorchLockConflict(InputError):
 
 def uv_bin() -> str:
     found = shutil.which("uv")
-    if found:
-        return found
+    if found or find_uv_bin is None:
+        return found or "uv"
     try:
         return find_uv_bin()
     except Exception:
