@@ -6,7 +6,9 @@ a libcuda stub fails (``cannot find -lcuda``)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -131,6 +133,54 @@ def test_recorded_compile_times_come_from_the_store(tmp_path: Path) -> None:
     cc.store(tmp_path / "store", "k2", str(lib), {"module": "trtllm_comm", "arch_list": "12.0a", "compile_s": 900.0})
     assert _fi_prebuild.recorded_s(tmp_path / "store", "trtllm_comm", "local") == 290.8
     assert _fi_prebuild.recorded_s(tmp_path / "store", "moe_a2a", "local") is None
+
+
+def test_side_builds_run_side_by_side_load_and_publish_what_loaded(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quick run's fi-jit variant builds one module; the side builds are what give the GPU probes the
+    others, so each one that loaded is published (and marked for the host) as it finishes."""
+    monkeypatch.setenv(cc.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cc.CELL_ENV, "cu130-fi0.7.4")
+    together = threading.Barrier(3, timeout=20)  # passes only when all three builds are running at once
+    calls: list[tuple[str, bool]] = []
+
+    def build(module: str, env: dict[str, str], timeout_s: float, python: str | None = None,
+              load: bool = False) -> dict:
+        calls.append((module, load))
+        together.wait()
+        lib = tmp_path / f"{module}.built.so"
+        lib.write_bytes(b"\x7fELF " + module.encode())
+        result = {"module": module, "name": module, "library": str(lib), "flashinfer": "0.7.4", "arch_dir": "90a",
+                  "ok": True, "loaded": load}
+        if module == "moe_a2a":  # compiled, then failed to load on the GPU: nothing a probe could use
+            result.update(ok=False, loaded=False, stage="load")
+        return result
+
+    monkeypatch.setattr(_fi_build, "run_build_subprocess", build)
+    published = _fi_prebuild.build_and_publish(["trtllm_comm", "moe_a2a", "pcie_ipc"], dict(os.environ))
+    assert sorted(calls) == [("moe_a2a", True), ("pcie_ipc", True), ("trtllm_comm", True)]
+    base = tmp_path / "cache/prebuilt/cu130-fi0.7.4/0.7.4/90a"
+    assert published == {"trtllm_comm": str(base / "trtllm_comm/trtllm_comm.so"), "moe_a2a": None,
+                         "pcie_ipc": str(base / "pcie_ipc/pcie_ipc.so")}
+    assert (base / "trtllm_comm/trtllm_comm.so").read_bytes() == b"\x7fELF trtllm_comm"
+    # what the host reads to tell a GPU variant that will compile from one that will not
+    env = {cc.ENV: str(tmp_path / "cache"), cc.CELL_ENV: "cu130-fi0.7.4"}
+    assert fi.unpublished(["trtllm_comm", "moe_a2a", "pcie_ipc"], "0.7.4", env) == ["moe_a2a"]
+
+
+def test_only_a_build_that_finished_and_loaded_is_published(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cc.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cc.CELL_ENV, "c")
+    lib = tmp_path / "m.so"
+    lib.write_bytes(b"\x7fELF")
+    done = {"ok": True, "library": str(lib), "flashinfer": "0.7.4", "arch_dir": "90a"}
+    assert _fi_prebuild.publish_loaded("vllm_comm", done) is None  # built without a GPU load
+    assert _fi_prebuild.publish_loaded("vllm_comm", {**done, "ok": False, "loaded": True}) is None
+    assert _fi_prebuild.publish_loaded("vllm_comm", {**done, "loaded": True, "library": ""}) is None
+    assert not any((tmp_path / "cache").rglob("*.so"))
+    where = _fi_prebuild.publish_loaded("vllm_comm", {**done, "loaded": True})
+    assert where == str(tmp_path / "cache/prebuilt/c/0.7.4/90a/vllm_comm/vllm_comm.so")
+    assert fi.unpublished(["vllm_comm"], "0.7.4", {cc.ENV: str(tmp_path / "cache"), cc.CELL_ENV: "c"}) == []
 
 
 # --- published for the GPU probes ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@
 set -u
 cd "$(dirname "$0")/.."
 ONLY="${1:-*}"
-SUITE_S="${2:-480}"
+SUITE_S="${2:-560}"
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 M=matrices/h200-overlay.yaml
 export PYTHONUNBUFFERED=1 STACKPROBE_JIT_CACHE=/tmp/jit FLASHINFER_WORKSPACE_BASE=/tmp/jit UV_OFFLINE=1

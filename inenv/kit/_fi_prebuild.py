@@ -1,12 +1,16 @@
-"""Start the builds of several comm modules at once, longest first, into the shared compile cache.
+"""Build several comm modules at once, longest first, into the shared compile cache, and publish each one
+that loads for the GPU probes.
 
 Run as ``python -m inenv.kit._fi_prebuild MODULE...`` in the environment a build runs in (the arch list,
 the JIT workspace and the compile cache already set). fi-jit's first variant for the local GPU starts it
 for the cell's other local modules and waits for it before it ends: each build holds its key in the compile cache
 (``_compile_cache.building``), so the variant of that module, when its turn comes, waits for the build
 already running and finds its library, and the modules compile side by side on a host with the cores for it
-instead of one variant after another. The order: the longest first, by what the compile cache recorded for
-the module (its ``compile_s``), else by the bytes of the sources its ninja file compiles.
+instead of one variant after another. Each build also loads its library on the GPU, as a probe would, and a
+library that loaded is published where the GPU probes read it (``_flashinfer.publish``): a quick run, which
+runs fi-jit's smallest module only, gives its GPU probes every module without one of them compiling in its
+turn. The order: the longest first, by what the compile cache recorded for the module (its ``compile_s``),
+else by the bytes of the sources its ninja file compiles.
 
 In-environment side: standard library at import time; flashinfer is imported inside functions.
 """
@@ -18,10 +22,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from inenv.kit import _compile_cache
-from inenv.kit._flashinfer import JIT_GENERATORS, jit_generator
+from inenv.kit import _compile_cache, _fi_build
+from inenv.kit._flashinfer import JIT_GENERATORS, jit_generator, mark_published, publish
+
+# A build's own limit; the variant that started the builds stops them sooner, at its watchdog.
+BUILD_LIMIT_S = 4 * 3600.0
 
 
 def recorded_s(store: Path | None, module: str, arch_list: str) -> float | None:
@@ -58,9 +67,35 @@ def longest_first(modules: list[str], recorded: Mapping[str, float | None], size
     return timed + rest
 
 
+def publish_loaded(module: str, result: Mapping[str, Any]) -> str | None:
+    """Publish the library of a build that finished and loaded on this GPU for the cell's GPU probes, and mark
+    it by the module's name for the host (``_flashinfer.unpublished``); where it went, or None when the build
+    did not load or there is nowhere to publish."""
+    if not (result.get("ok") and result.get("loaded")):
+        return None
+    where = publish(str(result.get("name") or module), str(result.get("library") or ""), result.get("flashinfer"),
+                    str(result.get("arch_dir") or ""))
+    if where:
+        mark_published(module, where)
+    return where
+
+
+def build_and_publish(order: list[str], env: Mapping[str, str]) -> dict[str, str | None]:
+    """Build every module of ``order`` side by side (each in its own interpreter, started in that order) with
+    a load, and publish each one that loaded as it finishes; module -> where it was published, or None."""
+    def one(module: str) -> str | None:
+        result = _fi_build.run_build_subprocess(module, dict(env), timeout_s=BUILD_LIMIT_S, load=True)
+        return publish_loaded(module, result)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(order))) as pool:
+        futures = {m: pool.submit(one, m) for m in order}
+    return {m: f.result() for m, f in futures.items()}
+
+
 def start(modules: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
     """Start this module's main in the background, or None when it could not start. Its output goes nowhere:
-    each build's result is read from the compile cache by that module's variant."""
+    each build's result is read from the compile cache by that module's variant, and each published
+    library from the cell's prebuilt folder."""
     try:
         return subprocess.Popen([sys.executable, "-m", "inenv.kit._fi_prebuild", *modules], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -79,9 +114,8 @@ def _main(argv: list[str]) -> int:
     arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or "local"
     order = longest_first(modules, {m: recorded_s(store, m, arch_list) for m in modules},
                           {m: source_bytes(m) for m in modules})
-    procs = [subprocess.Popen([sys.executable, "-m", "inenv.kit._fi_build", m], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for m in order]
-    return max((p.wait() for p in procs), default=0)
+    published = build_and_publish(order, os.environ)
+    return 0 if all(published.values()) else 1
 
 
 if __name__ == "__main__":

@@ -355,12 +355,10 @@ def run(ctx: RankContext) -> dict[str, Any]:
     out = verdict(module, arch, result, _objects_targets(result))
     if side is not None:
         out["evidence"]["side_builds"] = _await_side_builds(side)
-    if arch == LOCAL and out["status"] == "pass" and result.get("loaded"):
+    if arch == LOCAL and out["status"] == "pass":
         # what the GPU probes of this cell load instead of compiling it again (_flashinfer.use_prebuilt)
-        where = fi.publish(str(result.get("name") or module), str(result.get("library") or ""),
-                           result.get("flashinfer"), str(result.get("arch_dir") or ""))
+        where = _fi_prebuild.publish_loaded(module, result)
         if where:
-            fi.mark_published(module, where)
             out["evidence"]["published_for_probes"] = where
     return out
 
@@ -393,15 +391,17 @@ def _prebuild_others(ctx: RankContext, module: str, cache: str) -> tuple[Any, li
 
 def _await_side_builds(side: tuple[Any, list[str], float]) -> dict[str, Any]:
     """Wait for the side builds (within this variant's watchdog, less a minute for the verdict); what they
-    were and how long they took from their start. A build still running then is stopped: its module's
-    variant builds it."""
+    were, how long they took from their start and which of them are published for the GPU probes. A build
+    still running then is stopped: its module's variant builds it."""
     proc, modules, t0 = side
     try:
         rc = proc.wait(timeout=max(1.0, t0 + SPEC.timeout_s - 120 - time.monotonic()))
     except Exception:
         proc.kill()
         rc = None
-    return {"modules": modules, "exit": rc, "wall_s": round(time.monotonic() - t0, 1)}
+    missing = set(fi.unpublished(modules, fi.version() or "unknown", os.environ))
+    return {"modules": modules, "exit": rc, "wall_s": round(time.monotonic() - t0, 1),
+            "published": [m for m in modules if m not in missing]}
 
 
 # Failures no arch list changes: flashinfer did not import or has no such module, nvcc or the host compiler
