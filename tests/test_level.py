@@ -212,6 +212,30 @@ def test_no_level_writes_the_quick_table_then_the_full_one_running_each_variant_
         "ranks=1,depth=2"]
 
 
+def test_no_level_with_nothing_changed_runs_the_full_pass_alone(tmp_path: Path) -> None:
+    """An unchanged rerun: the full level would run nothing, so no quick pass writes a table first."""
+    c, table, env = deeper(tmp_path)
+    c.run("--staged", env=env, report=table)
+    first_runs, answered = c.runs(), table.read_text()
+    c.ran()
+    again = c.run("--staged", env=env, report=table)
+    assert "level: full only: every variant is unchanged since its last run, so one pass answers" in again.stderr
+    assert "first answer" not in again.stderr and "level: quick" not in again.stderr
+    assert len(table_lines(again.stderr)) == 1 and table.read_text() == answered
+    assert c.ran() == [] and c.runs() == first_runs  # nothing ran, nothing recorded
+    printed = json.loads(again.stdout)
+    assert len(printed) == 5 and all(r["evidence"].get("reused_from") for r in printed)
+    # a changed probe: its variants run again, and the quick pass answers first as before
+    probe = c.probes / "t_deeper.py"
+    probe.write_text(probe.read_text() + "\n# changed\n")
+    changed = c.run("--staged", env=env, report=table)
+    assert "level: full only" not in changed.stderr and "first answer: table written" in changed.stderr
+    assert c.ran() == sorted(DEEP)
+    # --fresh reruns everything, in both passes' order
+    fresh = c.run("--staged", "--fresh", env=env, report=table)
+    assert "level: full only" not in fresh.stderr and "first answer" in fresh.stderr
+
+
 def test_level_quick_alone_runs_one_pass(tmp_path: Path) -> None:
     c, table, env = deeper(tmp_path)
     p = c.run("--level", "quick", env=env, report=table)

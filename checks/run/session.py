@@ -33,7 +33,7 @@ from checks.results.result import ProbeResult
 from checks.results.store import RunLock, RunStore, latest_run, new_run_id, read_manifest
 from checks.run import runconsole, runprogress
 from checks.run.backend import Backend, Targets
-from checks.run.backends import open_backend
+from checks.run.backends import BACKENDS, open_backend, resolve
 from checks.run.options import REPO, RunOptions, UsageError
 from checks.run.plan import REUSED, WorkItem, plan_work, summary_counts
 from checks.run.runner import RunReport, Work, now_iso
@@ -72,6 +72,10 @@ def run(opts: RunOptions, con: Any) -> int:
     """`checks run`: the chain once at the level given, or with none given at the quick level and then at the
     full level; the exit code (0 done, 130 interrupted, 2 results not stored)."""
     passes = levels(opts)
+    if len(passes) > 1 and unchanged(passes[-1]):
+        con.print("level: full only: every variant is unchanged since its last run, so one pass answers",
+                  markup=False, highlight=False)
+        passes = passes[-1:]
     staged = len(passes) > 1
     done: list[Pass] = []
     for i, level_opts in enumerate(passes):
@@ -101,6 +105,20 @@ def levels(opts: RunOptions) -> tuple[RunOptions, ...]:
     if opts.level is not None:
         return (opts,)
     return (dataclasses.replace(opts, level=QUICK), dataclasses.replace(opts, level=FULL))
+
+
+def unchanged(opts: RunOptions) -> bool:
+    """Whether the full level would run nothing (every variant reused or decided without running): then the
+    quick pass before it would only write a table the full pass writes again. A resumed or --fresh run is
+    never taken as unchanged. The chain's first steps, without their output (the backend's choice line
+    comes with the pass)."""
+    if opts.resume or opts.fresh:
+        return False
+    backend = BACKENDS[resolve(opts.backend)[0]]()
+    targets = backend.targets(opts)
+    planned = plan(opts, select_probes(opts), targets, backend.prepare(opts, targets))
+    store = RunStore(opts.results, str(targets.facts["host_id"]), new_run_id())  # makes no file until news
+    return not any(it.runs for it in reuse(opts, planned, store).items)
 
 
 def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None) -> Pass:
