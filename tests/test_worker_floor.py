@@ -156,7 +156,9 @@ def test_ranks_exit_by_themselves_once_all_reported_and_say_where_the_time_went(
     phases = result["evidence"]["phases"]
     assert set(phases) == {"start", "probe", "report", "teardown", "total"}
     assert all(v >= 0 for v in phases.values())
-    assert phases["total"] >= phases["start"] + phases["probe"]
+    # each phase is its slowest rank's, and the slowest start and the slowest probe can be two ranks' (spawned
+    # at different times), so only each phase alone is bounded by the launch's total
+    assert phases["total"] >= max(phases["start"], phases["probe"], phases["report"], phases["teardown"])
     assert pids_with_env(token) == []
 
 
