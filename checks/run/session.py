@@ -114,11 +114,16 @@ def unchanged(opts: RunOptions) -> bool:
     comes with the pass)."""
     if opts.resume or opts.fresh:
         return False
-    backend = BACKENDS[resolve(opts.backend)[0]]()
-    targets = backend.targets(opts)
-    planned = plan(opts, select_probes(opts), targets, backend.prepare(opts, targets))
+    _, targets, planned = planned_work(opts, BACKENDS[resolve(opts.backend)[0]]())
     store = RunStore(opts.results, str(targets.facts["host_id"]), new_run_id())  # makes no file until news
     return not any(it.runs for it in reuse(opts, planned, store).items)
+
+
+def planned_work(opts: RunOptions, backend: Backend) -> tuple[dict[str, ModuleType], Targets, Planned]:
+    """The chain's steps from the probes to the plan: probes -> targets -> prepare -> plan."""
+    probes = select_probes(opts)
+    targets = backend.targets(opts)
+    return probes, targets, plan(opts, probes, targets, backend.prepare(opts, targets))
 
 
 def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None) -> Pass:
@@ -126,9 +131,7 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None) -> Pa
     (said in the line between them, and with --fresh the only results this pass may reuse)."""
     started = time.monotonic()
     backend = open_backend(opts.backend)
-    probes = select_probes(opts)
-    targets = backend.targets(opts)
-    planned = plan(opts, probes, targets, backend.prepare(opts, targets))
+    probes, targets, planned = planned_work(opts, backend)
     store = open_store(opts, str(targets.facts["host_id"]), staged)
     if store is None:
         con.print("quick level: not run; --resume continues the latest run, a full-level one", markup=False)
