@@ -234,6 +234,37 @@ def test_the_longest_expected_build_among_the_cells_ready_starts_first() -> None
     assert pick([c_big, on_gpu], [], 2, cost=lambda it: declared[it.key] if it is c_big else 0.0) is c_big
 
 
+def test_without_gpus_a_cells_builds_of_different_modules_run_side_by_side() -> None:
+    """On a host without GPUs a cell's builds of different modules are independent: its biggest build starts
+    beside its own running one, while the same module's next target keeps its plan order behind the first, and
+    a variant that builds nothing waits for the cell to be idle. On a GPU host, one variant per cell."""
+    jit = ProbeSpec("j", "j", "f", needs_gpu=False, build_param="module")
+    plain = ProbeSpec("p", "p", "f", needs_gpu=False)
+    a, b = CellTarget("cella", "resolved"), CellTarget("cellb", "resolved")
+    cost = {"trtllm_comm": 950.0, "moe_a2a": 340.0, "vllm_comm": 14.0}
+
+    def item(cell: CellTarget, module: str, arch: str = "12.0a") -> WorkItem:
+        return WorkItem(cell, jit, Variant(jit.id, 1, (("module", module), ("arch", arch))), 60.0)
+
+    def by_cost(it: WorkItem) -> float:
+        return cost.get(it.variant.param("module") or "", 0.0)
+
+    vllm_a, vllm_f, trt_a, trt_f, moe_a = (item(a, "vllm_comm"), item(a, "vllm_comm", "12.0f"),
+                                           item(a, "trtllm_comm"), item(a, "trtllm_comm", "12.0f"), item(a, "moe_a2a"))
+    pending = [vllm_f, trt_a, trt_f, moe_a]
+    assert pick(pending, [vllm_a], 2, cost=by_cost, in_cell=True) is trt_a  # beside its own vllm_comm build
+    assert pick(pending, [vllm_a], 2, cost=by_cost) is None  # a GPU host: one variant per cell
+    assert pick([trt_f, moe_a], [trt_a], 2, cost=by_cost, in_cell=True) is moe_a  # trtllm's 12.0f waits for 12.0a
+    assert pick([trt_f], [trt_a], 2, cost=by_cost, in_cell=True) is None
+    assert pick(pending, [vllm_a, trt_a], 2, cost=by_cost, in_cell=True) is None  # the job count
+    inventory = WorkItem(a, plain, Variant(plain.id, 1), 60.0)
+    assert pick([inventory, moe_a], [trt_a], 3, cost=by_cost, in_cell=True) is None  # plan order behind it
+    assert pick([inventory], [], 3, cost=by_cost, in_cell=True) is inventory
+    assert pick([moe_a], [inventory], 3, cost=by_cost, in_cell=True) is None  # nothing beside what builds nothing
+    b_trt = item(b, "trtllm_comm")
+    assert pick([b_trt, moe_a], [trt_a], 3, cost=by_cost, in_cell=True) is moe_a  # b's would share a's build
+
+
 def test_store_appends_from_many_threads_keep_every_whole_line(tmp_path: Path) -> None:
     """The runner appends from its main thread; the store itself is safe from threads too (each append opens
     the file anew and holds its own flock), so nothing is lost or torn if a caller appends concurrently."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -234,7 +235,8 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
-RUN_ENV = ("STACKPROBE_COMPILE_CACHE", "STACKPROBE_FI_JIT_ARCHS", "STACKPROBE_CELL_ID", "STACKPROBE_HOST_ID")
+RUN_ENV = ("STACKPROBE_COMPILE_CACHE", "STACKPROBE_FI_JIT_ARCHS", "STACKPROBE_CELL_ID", "STACKPROBE_HOST_ID",
+           "STACKPROBE_HANDOFF_TOKEN")
 
 
 def _fi_jit(site: Path, arch: str, cache: Path, module: str = "vllm_comm", **env: str) -> dict:
@@ -420,6 +422,58 @@ def test_one_build_for_both_targets_each_judged_on_its_own_sass(standin: Path, t
     assert f["status"] == "pass" and f["metrics"]["cached"] is True, f
     assert f["evidence"]["built_for"] == "12.0a 12.0f" and f["evidence"]["cache_key"] == a["evidence"]["cache_key"]
     assert "for 12.0a 12.0f" in f["note"] and len(_entries(store)) == 1
+
+
+def test_the_combined_build_is_handed_to_the_other_target_of_its_run(standin: Path, tmp_path: Path) -> None:
+    """The second target's variant of one run and cell takes the first one's combined build without an
+    interpreter of flashinfer: here its flashinfer cannot even be imported, and it still gets its verdict from
+    the library's own SASS. Another run (token) or a library that is gone gets no handoff."""
+    store = tmp_path / "compile"
+    run = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(store), "STACKPROBE_CELL_ID": "cell-a",
+           "STACKPROBE_FI_JIT_ARCHS": "12.0a 12.0f", "STACKPROBE_HANDOFF_TOKEN": "0123456789abcdef"}
+    a = _fi_jit(standin, "12.0a", tmp_path / "jit-a", **run)
+    assert a["status"] == "pass" and "cached" not in a["metrics"] and "handed_over" not in a["evidence"], a
+    broken = tmp_path / "broken"
+    shutil.copytree(standin, broken)
+    init = broken / "flashinfer" / "__init__.py"
+    init.write_text(init.read_text() + "\nraise ImportError('this flashinfer does not import')\n")
+    f = _fi_jit(broken, "12.0f", tmp_path / "jit-f", **run)
+    assert f["status"] == "pass" and f["metrics"] == {"cached": True, "library_bytes": a["metrics"]["library_bytes"]}, f
+    assert f["evidence"]["handed_over"]["by_arch"] == "12.0a" and f["evidence"]["targets_in_output"] == [
+        "sm_120a", "sm_120f"]
+    assert f["evidence"]["cached_from"]["variant"] == "module=vllm_comm,arch=12.0a"
+    assert f["evidence"]["cached_from"]["cell"] == "cell-a" and f["evidence"]["built_for"] == "12.0a 12.0f"
+    assert "in this run by the variant module=vllm_comm,arch=12.0a of this cell" in f["note"]
+    assert f["evidence"]["library"].startswith(str(store))  # the stored library, not a scratch build folder
+    other_run = _fi_jit(broken, "12.0f", tmp_path / "jit-g", **{**run, "STACKPROBE_HANDOFF_TOKEN": "fedcba9876543210"})
+    assert (other_run["status"], other_run["evidence"]["stage"]) == ("fail", "import"), other_run
+    other_cell = _fi_jit(broken, "12.0f", tmp_path / "jit-h", **{**run, "STACKPROBE_CELL_ID": "cell-b"})
+    assert other_cell["evidence"]["stage"] == "import" and "handed_over" not in other_cell["evidence"]
+    Path(f["evidence"]["library"]).unlink()
+    gone = _fi_jit(broken, "12.0f", tmp_path / "jit-i", **run)
+    assert gone["evidence"]["stage"] == "import" and "handed_over" not in gone["evidence"], gone
+
+
+def test_a_handoff_needs_a_token_and_a_finished_build(tmp_path: Path) -> None:
+    from inenv.kit import _compile_cache as cc
+
+    lib = tmp_path / "m.so"
+    lib.write_bytes(b"\x7fELF")
+    env = {cc.ENV: str(tmp_path / "store"), cc.CELL_ENV: "c", cc.RUN_ENV: "00112233aabbccdd"}
+    done = {"ok": True, "library": str(lib), "module": "m"}
+    for token in ("", "../../etc", "not-hex-at-all!"):
+        assert not cc.hand_over("m", "12.0a 12.0f", done, {**env, cc.RUN_ENV: token})
+    assert not cc.hand_over("m", "12.0a 12.0f", done, {**env, cc.ENV: ""})
+    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").rglob("*.json"))
+    assert cc.hand_over("m", "12.0a 12.0f", done, env)
+    assert cc.handed("m", "12.0a 12.0f", env)["library"] == str(lib)
+    assert cc.handed("m", "12.0a", env) is None and cc.handed("other", "12.0a 12.0f", env) is None
+    assert cc.hand_over("m", "9.0a 12.0a", {**done, "ok": False}, env)
+    assert cc.handed("m", "9.0a 12.0a", env) is None  # a failure is proven again by each target
+    old = tmp_path / "store" / cc.HANDOFF / "99999999aaaaaaaa"
+    old.mkdir(parents=True)
+    os.utime(old, (1.0, 1.0))
+    assert cc.hand_over("m", "12.0a 12.0f", done, env) and not old.exists()  # an old run's folder is removed
 
 
 def test_a_target_nvcc_refuses_falls_back_to_its_own_build(standin: Path, tmp_path: Path) -> None:

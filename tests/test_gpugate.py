@@ -171,11 +171,14 @@ def test_pick_starts_the_next_gpu_variant_ahead_in_plan_order_only() -> None:
     g1, g2, g3 = (WorkItem(a, gpu, Variant("g", n), 60.0) for n in (1, 2, 3))
     c1, gb = WorkItem(a, cpu, Variant("c", 1), 60.0), WorkItem(b, gpu, Variant("g", 1), 60.0)
     assert pick([g2, g3], [g1], 1) is None  # without the gate: one GPU variant at a time, as before
-    assert pick([g2, g3], [g1], 1, ahead=True) is g2  # same cell, beyond the job count: it waits at the gate
-    assert pick([g3], [g1, g2], 4, ahead=True) is None  # one ahead at most
-    assert pick([c1, g2], [g1], 4, ahead=True) is None  # the next in plan order is no GPU variant: it waits
-    assert pick([gb], [g1], 1, ahead=True) is gb
-    assert pick([g2], [g1], 1, ahead=True) is g2
+    assert pick([g2, g3], [g1], 1, ahead=1) is g2  # same cell, beyond the job count: it waits at the gate
+    assert pick([g3], [g1, g2], 4, ahead=1) is None  # one ahead at most
+    assert pick([g3], [g1, g2], 4, ahead=2) is g3  # two ahead: both wait at the gate
+    g4 = WorkItem(a, gpu, Variant("g", 4), 60.0)
+    assert pick([g4], [g1, g2, g3], 4, ahead=2) is None
+    assert pick([c1, g2], [g1], 4, ahead=2) is None  # the next in plan order is no GPU variant: it waits
+    assert pick([gb], [g1], 1, ahead=1) is gb
+    assert pick([g2], [g1], 1, ahead=1) is g2
 
 
 def test_variants_decided_at_plan_time_are_recorded_first_in_one_write(tmp_path: Path) -> None:

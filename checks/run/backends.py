@@ -13,7 +13,7 @@ from checks.results import hostfacts
 from checks.run import cells, runner
 from checks.run.backend import Backend, Targets
 from checks.run.container import client, unreachable
-from checks.run.executor import Executor, ExecutorError, for_run, gpu_lock_path
+from checks.run.executor import Executor, ExecutorError, for_run, gpu_lock_path, run_token
 from checks.run.options import AUTO, DOCKER, LOCAL, SLURM, VENV, RunOptions, UsageError
 from checks.run.runner import Hooks, RunReport, Work
 from checks.run.slurm_run import SlurmBackend
@@ -52,7 +52,8 @@ class HostBackend:
     def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, str | None]:
         cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
         lock = gpu_lock_path() if self.gpu_lock and targets.gpus else None
-        self.executors = for_run(self.executors, opts.target_archs, cache, str(targets.facts["host_id"]), lock)
+        self.executors = for_run(self.executors, opts.target_archs, cache, str(targets.facts["host_id"]), lock,
+                                 run_token())
         return {cid: ex.fingerprint() for cid, ex in self.executors.items()}
 
     def run(self, opts: RunOptions, work: Work, hooks: Hooks) -> RunReport:

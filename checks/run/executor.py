@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -63,21 +64,28 @@ def gpu_lock_path() -> Path | None:
 
 
 def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, host_id: str = "",
-            gpu_lock: Path | None = None) -> RunEnv:
+            gpu_lock: Path | None = None, token: str = "") -> RunEnv:
     """What every worker of a cell is told beyond its variant: the shared compile cache (its host path;
     a container gets it mounted), every cross-compile target of the run (fi-jit builds them in one go),
-    which cell and host built what the cache holds, and the host's GPU lock (inenv.gpugate; mounted too)."""
+    which cell and host built what the cache holds, the host's GPU lock (inenv.gpugate; mounted too) and
+    the run's token (a combined build is handed to the other targets of its run: inenv.kit._compile_cache;
+    it names no environment, so no fingerprint reads it)."""
     return ((_compile_cache.ENV, str(compile_cache or "")), (ARCHS_ENV, " ".join(archs)),
             (_compile_cache.CELL_ENV, cell_id), (_compile_cache.HOST_ENV, host_id),
-            (gpugate.ENV, str(gpu_lock or "")))
+            (gpugate.ENV, str(gpu_lock or "")), (_compile_cache.RUN_ENV, token))
+
+
+def run_token() -> str:
+    """A new run's token (run_env): random, so two runs never share one."""
+    return secrets.token_hex(8)
 
 
 def for_run(executors: Mapping[str, Executor], archs: tuple[str, ...], compile_cache: Path | None,
-            host_id: str = "", gpu_lock: Path | None = None) -> dict[str, Executor]:
+            host_id: str = "", gpu_lock: Path | None = None, token: str = "") -> dict[str, Executor]:
     """Each cell's executor with its run environment."""
     if compile_cache is not None:
         compile_cache.mkdir(parents=True, exist_ok=True)  # a bind mount of a missing folder makes a root-owned one
-    return {cid: ex.with_run_env(run_env(cid, archs, compile_cache, host_id, gpu_lock))
+    return {cid: ex.with_run_env(run_env(cid, archs, compile_cache, host_id, gpu_lock, token))
             for cid, ex in executors.items()}
 
 

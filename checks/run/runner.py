@@ -3,12 +3,14 @@ store as it arrives. :func:`begin` and :class:`Recorder` are shared with every b
 resumed and reused items are settled first, and every verdict is stamped, stored and reported one way.
 
 Which variant may start is decided by :func:`pick` (pure): one variant per cell at a time, in plan order
-within the cell; CPU-only variants of different cells side by side up to ``jobs``, two builds another cell
-may share (``ProbeSpec.build_param``) not side by side while anything else can start; a variant that needs the
-GPU alone, with nothing else running, so a latency is never measured beside a compile and no CPU-only probe
-that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it; when the executors
-take turns on the host's GPU lock (inenv.gpugate), the next GPU variant in plan order starts beside the
-running one and waits at the gate, its ranks already started, so their start-up costs no time. Variants run in
+within the cell, except that on a host without GPUs a cell's builds of different things (fi-jit's modules)
+run side by side; CPU-only variants side by side up to ``jobs``, the longest expected first, two builds
+another cell may share (``ProbeSpec.build_param``) not side by side while anything else can start; a variant
+that needs the GPU alone, with nothing else running, so a latency is never measured beside a compile and no
+CPU-only probe that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it; when
+the executors take turns on the host's GPU lock (inenv.gpugate), the next GPU variants in plan order (up to
+``GATE_DEPTH``) start beside the running one and wait at the gate, their ranks already started, so their
+start-up costs no GPU time. Variants run in
 worker threads (each blocks on its worker process or container); only the main thread records results and
 calls back, so progress lines and the store see one event at a time. Ctrl-C reaches the main thread: it
 interrupts every worker thread, whose executor then ends its process group or removes its container.
@@ -40,6 +42,10 @@ from inenv.gpugate import DEFAULT_QUEUE_S
 from inenv.probe import LEVEL_ENV, QUICK, Variant
 from inenv.status import Status
 
+# GPU variants started ahead, waiting at the gate while one runs: two, so a variant's rank start-up (the
+# interpreter, ``import torch``, its preload: 2-6 s on 1x H200) overlaps two variants' GPU time (1.5-3 s each)
+# and is never what the GPU waits for.
+GATE_DEPTH = 2
 STOP_WAIT_S = 60.0  # how long Ctrl-C waits for the running variants' cleanup (containers removed, groups killed)
 
 
@@ -91,36 +97,55 @@ def shared_build(item: WorkItem) -> tuple[str, ...] | None:
     return (item.spec.id, value, versions.get("torch_cuda", ""), *(versions.get(lib, "") for lib in item.spec.requires))
 
 
-def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: bool = False,
-         cost: Callable[[WorkItem], float] = lambda _: 0.0) -> WorkItem | None:
+def builds_beside(item: WorkItem) -> bool:
+    """Whether ``item`` may run beside other variants of its own cell on a host without GPUs: a CPU-only
+    variant that names its build (``ProbeSpec.build_param``), so two of them build different things (fi-jit's
+    modules). A cell's builds then need not run one after another while the machine has cores to spare."""
+    return item.runs and not item.spec.needs_gpu and shared_build(item) is not None
+
+
+def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int = 0,
+         cost: Callable[[WorkItem], float] = lambda _: 0.0, in_cell: bool = False) -> WorkItem | None:
     """The pending item that may start beside ``running``, or None: each cell's first in plan order may, and
     of those the first one (plan order) when it needs the GPU, else the CPU-only one of the highest ``cost``
-    (its expected seconds; ties in plan order), so the longest compiles of different cells start first and
-    overlap instead of one running alone at the end. An item that would
-    build what a running item of another cell is building goes after any other that can start: the two
-    would share one build, and the second would only hold a job slot waiting for it. ``ahead``: the GPU
-    variants take turns on the GPU lock, so while one runs, the item that would start next once it ended
-    starts now if it is a GPU variant too (one such at a time): it waits at the gate with its ranks started.
+    (its expected seconds; ties in plan order), so the longest compiles start first and overlap instead of
+    one running alone at the end. ``in_cell`` (a host without GPUs): a cell's builds of different things
+    (:func:`builds_beside`) may run side by side, each build's own variants still in plan order, and any
+    other variant of the cell waits for the cell to be idle. An item that would build what a running item of
+    another cell is building goes after any other that can start: the two would share one build, and the
+    second would only hold a job slot waiting for it. ``ahead``: the GPU variants take turns on the GPU
+    lock, so while one runs, the items that would start next once it ended start now, up to ``ahead`` of
+    them, when they are GPU variants too: they wait at the gate with their ranks started.
     Variants decided at plan time are recorded before (:func:`begin`), so none stands between two GPU
     variants here."""
     on_gpu = [r for r in running if uses_gpu(r)]
     if on_gpu:
-        if not ahead or len(on_gpu) > 1:
+        if len(on_gpu) > ahead:
             return None
         after = pick(pending, [r for r in running if not uses_gpu(r)], jobs, cost=cost)
         return after if after is not None and uses_gpu(after) else None
     if len(running) >= jobs:
         return None
-    busy = {r.cell.cell_id for r in running}
+    busy = {r.cell.cell_id for r in running if not (in_cell and builds_beside(r))}
+    started = {r.cell.cell_id for r in running}  # cells with something running
+    claimed = {(r.cell.cell_id, shared_build(r)) for r in running}
     building = {shared_build(r) for r in running} - {None}
     later: WorkItem | None = None
     ready: list[WorkItem] = []
     for it in pending:
-        if it.cell.cell_id in busy:
+        cid = it.cell.cell_id
+        if cid in busy:
             continue
-        if uses_gpu(it) and running:
-            continue
-        busy.add(it.cell.cell_id)  # the cell's later items keep their plan order behind this one
+        if in_cell and builds_beside(it):
+            if (cid, shared_build(it)) in claimed:
+                continue
+            claimed.add((cid, shared_build(it)))  # this build's later variants keep their plan order
+        else:
+            if uses_gpu(it) and running:
+                continue
+            busy.add(cid)  # the cell's later items keep their plan order behind this one
+            if cid in started:
+                continue  # it waits for the cell's builds to end
         if shared_build(it) in building:
             later = later or it
             continue
@@ -240,7 +265,8 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     broken: dict[str, str] = {}  # cell -> why its executor cannot start (e.g. image vanished)
     # Only when every cell's workers take turns on the lock: a variant started ahead on an ungated executor
     # would not wait at any gate and would share the GPUs with the running one.
-    ahead = bool(gpus) and bool(executors) and all(ex.gated for ex in executors.values())
+    ahead = GATE_DEPTH if gpus and executors and all(ex.gated for ex in executors.values()) else 0
+    in_cell = not gpus  # no GPU variant runs and no local build touches one: a cell's builds may overlap
     queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
 
     def run_one(item: WorkItem) -> Verdict:
@@ -261,11 +287,11 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     try:
         while pending or pool.running:
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
-                                lambda it: work.costs.get(it.key, 0.0))) is not None:
+                                lambda it: work.costs.get(it.key, 0.0), in_cell)) is not None:
                 pending.remove(item)
                 before = [r for r in pool.running.values() if uses_gpu(r)]
-                # behind a running GPU variant: it may wait for all of that one's time
-                queue_for[item.key] = max([DEFAULT_QUEUE_S, *(hard_timeout(r.timeout_s) for r in before)])
+                # behind the running GPU variants (the gate picks no order among waiters): all of their time
+                queue_for[item.key] = max(DEFAULT_QUEUE_S, sum(hard_timeout(r.timeout_s) for r in before))
                 if rec.hooks.on_start:
                     rec.hooks.on_start(item)
                 pool.start(item, now_iso())

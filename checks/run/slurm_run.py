@@ -37,6 +37,7 @@ from checks.run.executor import (
     hard_timeout,
     parse_result_text,
     run_env,
+    run_token,
     worker_args,
 )
 from checks.run.isolate import ProcessOutcome
@@ -382,7 +383,8 @@ class SlurmBackend:
         cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)  # on the shared file system the code is on, as the nodes see it
-        envs = {cid: run_env(cid, opts.target_archs, cache) for cid in self.launches}
+        token = run_token()
+        envs = {cid: run_env(cid, opts.target_archs, cache, token=token) for cid in self.launches}
         self.launches = {cid: replace(launch, env=(*envs[cid], *launch.env)) for cid, launch in self.launches.items()}
         # the interpreters are on the file system the nodes share: what they hold is read from here
         return {cid: ex.with_run_env(envs[cid]).fingerprint() for cid, ex in self.executors.items()}

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inenv import atomic
+
 ENV = "STACKPROBE_COMPILE_CACHE"
 CELL_ENV = "STACKPROBE_CELL_ID"  # set by the host for each cell's worker; recorded as who built an entry
 HOST_ENV = "STACKPROBE_HOST_ID"
@@ -424,3 +426,64 @@ def building(store_dir: Path, key: str) -> Iterator[float]:
         yield round(time.monotonic() - t0, 1)
     finally:
         os.close(fd)
+
+
+# --- one combined build, handed to the other targets of its run ------------------------------------------
+# A combined build (every cross-compile target in one go) answers for each of its targets. Its own variant
+# leaves the build's result here; a variant of another target of that list, in the same run and cell, takes
+# it instead of starting an interpreter that imports flashinfer and torch (5-30 s on a loaded 2-core
+# machine) only to compute the same key and find that entry. The token is the host's, new for every run, so
+# a result never crosses into another run, and the reader still judges its own target on the library's code.
+RUN_ENV = "STACKPROBE_HANDOFF_TOKEN"
+HANDOFF = ".handoff"
+HANDOFF_KEEP_S = 86400.0  # folders of runs older than this are removed by the next writer
+
+
+def _handoff_path(module: str, arch_list: str, env: Mapping[str, str]) -> Path | None:
+    store_dir, token = root(env), env.get(RUN_ENV, "")
+    if store_dir is None or not re.fullmatch(r"[0-9a-f]{8,64}", token):
+        return None
+    who = json.dumps([env.get(CELL_ENV, ""), module, arch_list.split()], separators=(",", ":"))
+    return store_dir / HANDOFF / token / (hashlib.sha256(who.encode()).hexdigest()[:32] + ".json")
+
+
+def hand_over(module: str, arch_list: str, result: Mapping[str, Any], env: Mapping[str, str] | None = None) -> bool:
+    """Leave a finished combined build's result for the other targets of ``arch_list`` in this run and
+    cell. False when there is no run token or store, or it cannot be written (the readers then build)."""
+    env = os.environ if env is None else env
+    path = _handoff_path(module, arch_list, env)
+    if path is None:
+        return False
+    try:
+        text = json.dumps({"module": module, "arch_list": arch_list, "result": dict(result),
+                           "written_at": iso(time.time())}, default=str)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(path, text)  # a reader sees the whole record or none
+    except (OSError, TypeError, ValueError):
+        return False
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for old in path.parent.parent.iterdir():
+            if old != path.parent and now - old.stat().st_mtime > HANDOFF_KEEP_S:
+                shutil.rmtree(old, ignore_errors=True)
+    return True
+
+
+def handed(module: str, arch_list: str, env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The result a combined build of ``arch_list`` left in this run and cell (:func:`hand_over`), or None.
+    Only a finished build whose library is still there is handed on."""
+    env = os.environ if env is None else env
+    path = _handoff_path(module, arch_list, env)
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, dict) or data.get("module") != module or data.get("arch_list") != arch_list:
+        return None
+    library = result.get("library")
+    if not result.get("ok") or not isinstance(library, str) or not os.path.isfile(library):
+        return None
+    return {**result, "handed_at": data.get("written_at")}

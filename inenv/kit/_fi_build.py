@@ -392,6 +392,7 @@ def _store(out: dict[str, Any], module: str, store: Path, key: str, library: str
     try:
         entry, out["cache_stored"] = _compile_cache.store(store, key, library, record, items)
         out["cache_entry"] = os.path.basename(os.path.dirname(entry.library))
+        out["cache_library"] = str(entry.library)  # outlives the build folder (a variant's scratch)
         out["cache_headers"] = len(items)
     except OSError as exc:
         out["cache_error"] = f"store: {type(exc).__name__}: {exc}"[:300]

@@ -26,7 +26,10 @@ library is still read back for proof.
 One build for several targets: when the host lists every cross-compile target in
 ``STACKPROBE_FI_JIT_ARCHS`` (space separated) and such a cache is there, a variant first builds for the
 whole list in one go (``FLASHINFER_CUDA_ARCH_LIST="12.0a 12.0f"``), so the next target's variant finds it
-cached; each variant is still judged on the SASS of its own target in that library. When the combined
+cached; each variant is still judged on the SASS of its own target in that library. A finished combined build
+is handed to the other targets' variants of the same run and cell (``_compile_cache.hand_over``, keyed by the
+host's run token): they take its result without an interpreter that imports flashinfer and torch only to find
+the same cache entry (evidence ``handed_over``). When the combined
 build fails, the variant builds for its own target alone, so one target nvcc or flashinfer refuses never
 fails another, unless the failure cannot depend on the targets (no nvcc, no host compiler, flashinfer
 does not import, a link failure after every object compiled): then the combined build's failure is the
@@ -196,6 +199,9 @@ def cached_note(result: dict[str, Any]) -> str:
         who = origin.get("cell") or origin.get("host") or "an unrecorded build"
         return (f"cached: linked here from objects in the compile cache, compiled {stamp} by {who} for "
                 f"{origin.get('arch_list')} (that build failed at the link)")
+    if result.get("cached_by") == "run":
+        return (f"cached: built {stamp} in this run by the variant {origin.get('variant')} of this cell, "
+                f"one build for {origin.get('arch_list')}")
     if result.get("cached_by") == "store":
         who = origin.get("cell") or origin.get("host") or "an unrecorded build"
         return (f"cached: from the compile cache, built {stamp} by {who} with flashinfer "
@@ -231,7 +237,7 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
     if warning:
         evidence["toolkit_warning"] = warning
     for key in ("library", "cache_key", "cache_entry", "cache_headers", "cache_misses", "cache_error",
-                "combined_attempt", "objects_cached", "objects_from", "objects_stored"):
+                "combined_attempt", "objects_cached", "objects_from", "objects_stored", "handed_over"):
         if key in result:
             evidence[key] = result[key]
     if result.get("arch_list"):
@@ -430,6 +436,23 @@ def _combined_failure(arch: str, arch_list: str, result: dict[str, Any]) -> dict
             "line": _fi_build.signature_line(err) or err.strip()[-300:]}
 
 
+def as_handed(given: dict[str, Any]) -> dict[str, Any]:
+    """A combined build's result as another of its targets reports it: nothing compiled for this variant,
+    so it is cached, from where the build's own variant had it (the compile cache, ninja) or from that
+    variant's compile in this run."""
+    made_there = ("handed_by", "handed_at", "log_tail", "compile_s", "compile_cpu_s", "link_s", "objects")
+    out = {k: v for k, v in given.items() if k not in made_there}
+    out["handed_over"] = {"by_arch": given.get("handed_by"), "at": given.get("handed_at")}
+    if not given.get("cached"):
+        out.update({"cached": True, "cached_by": "run",
+                    "cached_from": {"arch_list": given.get("arch_list"), "built_at": given.get("handed_at"),
+                                    "cell": os.environ.get(_compile_cache.CELL_ENV) or None,
+                                    "flashinfer": given.get("flashinfer"), "compile_s": given.get("compile_s"),
+                                    "compile_cpu_s": given.get("compile_cpu_s"),
+                                    "variant": f"module={given.get('module')},arch={given.get('handed_by')}"}})
+    return out
+
+
 def _build(ctx: RankContext, module: str, arch: str, combined: str, cache: str,
            tk: toolkit.Toolkit) -> dict[str, Any]:
     """The build that answers for ``arch``: the combined one when it is asked for and finishes, else one
@@ -437,9 +460,18 @@ def _build(ctx: RankContext, module: str, arch: str, combined: str, cache: str,
     deadline = time.monotonic() + SPEC.timeout_s - 60
     failed: dict[str, Any] | None = None
     for arch_list in (combined, arch) if combined else (arch,):
-        ctx.log(f"building {module} for {arch_list} with {tk.describe()}, cache {cache}")
-        result = _fi_build.run_build_subprocess(module, build_env(arch_list, cache),
-                                                timeout_s=max(1.0, deadline - time.monotonic()), load=arch == LOCAL)
+        given = _compile_cache.handed(module, arch_list) if arch_list == combined else None
+        if given is not None:
+            ctx.log(f"{module} for {arch_list}: this run's combined build, handed over")
+            result = as_handed(given)
+        else:
+            ctx.log(f"building {module} for {arch_list} with {tk.describe()}, cache {cache}")
+            result = _fi_build.run_build_subprocess(module, build_env(arch_list, cache),
+                                                    timeout_s=max(1.0, deadline - time.monotonic()),
+                                                    load=arch == LOCAL)
+            if arch_list == combined and result.get("ok"):  # the stored library: the build folder may go
+                library = result.get("cache_library") or result.get("library")
+                _compile_cache.hand_over(module, arch_list, {**result, "library": library, "handed_by": arch})
         if arch_list == arch:
             break
         failed = _combined_failure(arch, arch_list, result)
