@@ -164,6 +164,7 @@ def main() -> None:
     if env.get(gpugate.GO_FD_ENV):
         preload(location, ctx)
         clock["ready"] = time.time()
+        gpugate.say_ready(env)
         gpugate.wait_for_go(env)
         clock["go"] = time.time()
     result = _profiled(ctx, location, env.get(ENV_PROFILE, ""))

@@ -283,23 +283,25 @@ def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int,
             gate: gpugate.Gate | None) -> LaunchResult:
     pycache = bytecode_cache()
     states: list[RankState] = []
-    go_fd = gate.rank_fd() if gate is not None else None
+    fds = (gate.rank_fd(), gate.ready_fd()) if gate is not None else ()
     try:
         for i in range(variant.ranks):
             env = rank_env(dict(os.environ), variant, location, workdir, i, port,
                            device_for(i, gpus, variant.share_gpu), pycache)
-            if go_fd is not None:
-                env[gpugate.GO_FD_ENV] = str(go_fd)
+            if fds:
+                env[gpugate.GO_FD_ENV], env[gpugate.READY_FD_ENV] = (str(fd) for fd in fds)
             with open(rank.log_path(workdir, i), "wb") as log:
                 spawned = time.time()
                 proc = subprocess.Popen([sys.executable, "-m", "inenv.rank"], env=env, stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
-                                        pass_fds=() if go_fd is None else (go_fd,))
+                                        pass_fds=fds)
             states.append(RankState(i, proc, spawned_at=spawned))
         if gate is not None:
             gate.close_rank_end()
         if while_starting is not None:
             while_starting()
+        if gate is not None:
+            gate.await_ready(variant.ranks, lambda: all(s.proc.poll() is None for s in states))
         if gate is not None and not gate.open():
             raise GpusBusy(f"another variant held this host's GPUs (lock {gate.path}) for the whole "
                            f"{gate.queue_s:.0f} s this one could wait")

@@ -113,17 +113,57 @@ def test_the_next_variant_starts_up_while_one_runs_and_runs_only_after_it(tmp_pa
     assert results["b"]["duration_s"] < 1.5 + queued - 0.5  # the wait is not the variant's time
 
 
+def test_a_variant_asks_for_the_gpus_only_once_its_ranks_are_ready(tmp_path: Path) -> None:
+    """The lock is free, and the first worker's ranks still import (2 s): the second one, started after it
+    but ready first, takes the GPUs, so they never wait on an import while a ready variant waits."""
+    lock = str(tmp_path / "gpu.lock")
+    results: dict[str, dict] = {}
+
+    def work(tag: str, preload_s: float) -> None:
+        env = gate_env(tmp_path, tag, 0.5, STACKPROBE_TEST_PRELOAD_S=str(preload_s), **{gpugate.ENV: lock})
+        results[tag] = run_worker("t-gated", ranks=2, env=env, extra_args=["--gpus", "2", "--queue", "60"])[0]
+
+    slow = threading.Thread(target=work, args=("slow", 2.0))
+    slow.start()
+    time.sleep(0.3)
+    work("fast", 0.0)
+    slow.join()
+    ev = events(tmp_path / "gate.log")
+    assert results["slow"]["status"] == results["fast"]["status"] == "pass", results
+    assert max(ev["fast", "run-end"]) <= min(ev["slow", "run-start"])  # the ready one went first
+    assert min(ev["slow", "run-start"]) >= max(ev["slow", "preload"])
+    assert results["fast"]["evidence"]["phases"]["queued"] < 1.0  # it found the lock free
+
+
+def test_a_rank_that_dies_in_its_preload_ends_the_ready_wait(tmp_path: Path) -> None:
+    gate = gpugate.Gate(str(tmp_path / "gpu.lock"), queue_s=30)
+    go, ready = gate.rank_fd(), gate.ready_fd()
+    code = ("import os; from inenv import gpugate; env = dict(os.environ); "
+            "gpugate.say_ready(env) if env.get('RANK') == '0' else os._exit(3)")
+    ranks = [subprocess.Popen([sys.executable, "-c", code], pass_fds=(go, ready),
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(i),
+                                   gpugate.GO_FD_ENV: str(go), gpugate.READY_FD_ENV: str(ready)}) for i in (0, 1)]
+    gate.close_rank_end()
+    started = time.monotonic()
+    assert gate.await_ready(2) == 1  # one said ready, the other died: the pipe ended, no 30 s wait
+    assert time.monotonic() - started < 10
+    assert gate.open()
+    gate.close()
+    for r in ranks:
+        r.wait(timeout=10)
+
+
 def test_ranks_join_the_rendezvous_while_they_wait_and_the_group_it_forms_is_whole(tmp_path: Path) -> None:
     lock = tmp_path / "gpu.lock"
     with open(lock, "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)  # another variant has the GPUs for 3 s
-        threading.Timer(3.0, lambda: fcntl.flock(held, fcntl.LOCK_UN)).start()
+        fcntl.flock(held, fcntl.LOCK_EX)  # another variant has the GPUs for 8 s (the ranks' imports take 1-5)
+        threading.Timer(8.0, lambda: fcntl.flock(held, fcntl.LOCK_UN)).start()
         gated, _ = run_worker("t-gated-dist", ranks=2, env=floor_env(**{gpugate.ENV: str(lock)}),
                               extra_args=["--gpus", "2", "--queue", "60"])
     assert gated["status"] == "pass", gated
     assert gated["evidence"]["sum"] == 3  # 1 + 2: every rank is in the group formed on the early store
     assert gated["evidence"]["joined_before"] == [True, True]
-    assert gated["evidence"]["phases"]["queued"] > 1.0
+    assert gated["evidence"]["phases"]["queued"] > 0.5  # ready, then held at the gate
     # not gated (no lock named): the probe joins at init_dist, as before, to the same group
     plain, _ = run_worker("t-gated-dist", ranks=2, env=floor_env(), extra_args=["--gpus", "2"])
     assert plain["status"] == "pass" and plain["evidence"]["sum"] == 3, plain
