@@ -236,6 +236,31 @@ def test_no_level_with_nothing_changed_runs_the_full_pass_alone(tmp_path: Path) 
     assert "level: full only" not in fresh.stderr and "first answer" in fresh.stderr
 
 
+def test_an_unchanged_rerun_prepares_its_one_pass_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check that the full level would run nothing prepares the full pass (targets, fingerprints, plan);
+    that pass takes the work instead of preparing it a second time, whether or not a quick pass runs first."""
+    from checks import cli
+    from checks.run import session
+
+    c, table, env = deeper(tmp_path)
+    c.run("--staged", env=env, report=table)
+    c.ran()
+    for name in ("STACKPROBE_PROBE_PATH", "STACKPROBE_TEST_COUNT", "STACKPROBE_TEST_TABLE"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.delenv("NCCL_ALGO", raising=False)
+    levels: list[str | None] = []
+    real = session.prepared
+    monkeypatch.setattr(session, "prepared", lambda opts: (levels.append(opts.level), real(opts))[1])
+    probes = [a for pid in ("t-count-a", "t-count-b", "t-deeper") for a in ("--probe", pid)]
+    argv = ["run", "--backend", "local", *probes, "--results", str(c.results), "--report", str(table)]
+    assert cli.main(argv) == 0
+    assert levels == [FULL] and c.ran() == []  # one preparation, for the one pass, and nothing ran
+    (c.probes / "t_deeper.py").write_text((c.probes / "t_deeper.py").read_text() + "\n# changed\n")
+    levels.clear()
+    assert cli.main(argv) == 0
+    assert levels == [FULL, QUICK] and c.ran() == sorted(DEEP)  # the full pass's, then the quick pass's
+
+
 def test_level_quick_alone_runs_one_pass(tmp_path: Path) -> None:
     c, table, env = deeper(tmp_path)
     p = c.run("--level", "quick", env=env, report=table)

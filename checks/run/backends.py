@@ -101,10 +101,3 @@ def resolve(requested: str) -> tuple[str, str]:
     except InputError as exc:
         raise UsageError(f"checks run: {exc.one_line()}") from None
     return chosen.backend, chosen.line
-
-
-def open_backend(requested: str) -> Backend:
-    name, line = resolve(requested)
-    if line:
-        print(f"checks: {line}", file=sys.stderr, flush=True)
-    return BACKENDS[name]()

@@ -33,7 +33,7 @@ from checks.results.result import ProbeResult
 from checks.results.store import RunLock, RunStore, latest_run, new_run_id, read_manifest
 from checks.run import runconsole, runprogress
 from checks.run.backend import Backend, Targets
-from checks.run.backends import BACKENDS, open_backend, resolve
+from checks.run.backends import BACKENDS, resolve
 from checks.run.options import REPO, RunOptions, UsageError
 from checks.run.plan import REUSED, WorkItem, plan_work, summary_counts
 from checks.run.runner import RunReport, Work, now_iso
@@ -72,7 +72,8 @@ def run(opts: RunOptions, con: Any) -> int:
     """`checks run`: the chain once at the level given, or with none given at the quick level and then at the
     full level; the exit code (0 done, 130 interrupted, 2 results not stored)."""
     passes = levels(opts)
-    if len(passes) > 1 and unchanged(passes[-1]):
+    ready = prepared(passes[-1]) if len(passes) > 1 and not (opts.resume or opts.fresh) else None
+    if ready is not None and unchanged(passes[-1], ready):
         con.print("level: full only: every variant is unchanged since its last run, so one pass answers",
                   markup=False, highlight=False)
         passes = passes[-1:]
@@ -80,7 +81,7 @@ def run(opts: RunOptions, con: Any) -> int:
     done: list[Pass] = []
     for i, level_opts in enumerate(passes):
         first = done[-1] if i and not done[-1].skipped else None
-        outcome = one_pass(level_opts, con, staged, first)
+        outcome = one_pass(level_opts, con, staged, first, ready if i == len(passes) - 1 else None)
         done.append(outcome)
         if outcome.code:
             break
@@ -107,31 +108,45 @@ def levels(opts: RunOptions) -> tuple[RunOptions, ...]:
     return (dataclasses.replace(opts, level=QUICK), dataclasses.replace(opts, level=FULL))
 
 
-def unchanged(opts: RunOptions) -> bool:
-    """Whether the full level would run nothing (every variant reused or decided without running): then the
-    quick pass before it would only write a table the full pass writes again. A resumed or --fresh run is
-    never taken as unchanged. The chain's first steps, without their output (the backend's choice line
-    comes with the pass)."""
-    if opts.resume or opts.fresh:
-        return False
-    _, targets, planned = planned_work(opts, BACKENDS[resolve(opts.backend)[0]]())
-    store = RunStore(opts.results, str(targets.facts["host_id"]), new_run_id())  # makes no file until news
-    return not any(it.runs for it in reuse(opts, planned, store).items)
+@dataclass(frozen=True)
+class Prepared:
+    """The chain's steps up to the plan, done once: the backend (with the line saying why ``auto`` chose
+    it), the probes, the targets and the plan."""
+
+    backend: Backend
+    chosen: str
+    probes: dict[str, ModuleType]
+    targets: Targets
+    planned: Planned
 
 
-def planned_work(opts: RunOptions, backend: Backend) -> tuple[dict[str, ModuleType], Targets, Planned]:
-    """The chain's steps from the probes to the plan: probes -> targets -> prepare -> plan."""
+def unchanged(opts: RunOptions, ready: Prepared) -> bool:
+    """Whether the full level, prepared as ``ready``, would run nothing (every variant reused or decided
+    without running): then the quick pass before it would only write a table the full pass writes again.
+    The full pass takes ``ready`` either way instead of preparing it again. Never asked for a resumed or
+    --fresh run."""
+    store = RunStore(opts.results, str(ready.targets.facts["host_id"]), new_run_id())  # no file until news
+    return not any(it.runs for it in reuse(opts, ready.planned, store).items)
+
+
+def prepared(opts: RunOptions) -> Prepared:
+    """The chain's steps from the backend to the plan: backend -> probes -> targets -> prepare -> plan."""
+    name, chosen = resolve(opts.backend)
+    backend = BACKENDS[name]()
     probes = select_probes(opts)
     targets = backend.targets(opts)
-    return probes, targets, plan(opts, probes, targets, backend.prepare(opts, targets))
+    return Prepared(backend, chosen, probes, targets, plan(opts, probes, targets, backend.prepare(opts, targets)))
 
 
-def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None) -> Pass:
+def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready: Prepared | None = None) -> Pass:
     """The chain at ``opts.level``. ``staged``: one of two passes; ``first``: the quick pass before this one
-    (said in the line between them, and with --fresh the only results this pass may reuse)."""
+    (said in the line between them, and with --fresh the only results this pass may reuse); ``ready``: this
+    pass's steps up to the plan, already done."""
     started = time.monotonic()
-    backend = open_backend(opts.backend)
-    probes, targets, planned = planned_work(opts, backend)
+    ready = ready or prepared(opts)
+    if ready.chosen:
+        print(f"checks: {ready.chosen}", file=sys.stderr, flush=True)
+    backend, probes, targets, planned = ready.backend, ready.probes, ready.targets, ready.planned
     store = open_store(opts, str(targets.facts["host_id"]), staged)
     if store is None:
         con.print("quick level: not run; --resume continues the latest run, a full-level one", markup=False)
