@@ -87,7 +87,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything again, share nothing")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
     p.add_argument("--matrix", type=Path, default=REPO / "matrix.yaml", help="matrix file (docker mode)")
-    p.add_argument("--envs", type=Path, default=REPO / "envs", help="where `provision build` wrote build.json")
+    p.add_argument("--envs", type=Path, default=REPO / "envs",
+                   help="where `provision build` wrote each cell's build record")
     p.add_argument("--report", type=Path, metavar="MD", help="the table regenerated at the end, with its .html "
                    "(default: docs/compatibility.md for the default --results, else <results>/compatibility.md)")
     p.add_argument("--no-report", action="store_true", help="do not regenerate the table at the end")

@@ -1,6 +1,6 @@
 """What `provision build` says while it builds (pure), for Docker images and venv cells alike: which cell of
 how many, what it is doing and for how long, and the time left estimated from each cell's last build
-(``build_s`` in its build.json)."""
+(``build_s`` in its build record)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from provision.render import Base
 
 
 def last_build_s(previous: dict[str, Any]) -> float | None:
-    """How long a cell's last build took (its build.json), if it was ever timed."""
+    """How long a cell's last build took (its build record), if it was ever timed."""
     value = previous.get("build_s")
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -34,7 +34,7 @@ class Planned(Protocol):
 
 @dataclass(frozen=True)
 class Locked:
-    """A locked cell about to be built, with the record of its last build (its build.json)."""
+    """A locked cell about to be built, with the record of its last build (its build record)."""
 
     folder: Path
     cell: dict[str, Any]
@@ -76,7 +76,7 @@ class VenvStep(Locked):
 @dataclass
 class BuildProgress:
     """Counts and text for the builds of one `provision build`: cell n of N (N: the cells that build),
-    what each is doing and for how long, and the time left from each cell's last build (build.json).
+    what each is doing and for how long, and the time left from each cell's last build (its build record).
     ``noun``: what the cells become (images, venv cells)."""
 
     steps: Sequence[Planned]

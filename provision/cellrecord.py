@@ -1,5 +1,5 @@
-"""A cell's build record, ``envs/<cell>/build.json``, and the self-check both builders run (Docker images and
-venv cells): one home for what every builder writes and reads back."""
+"""A cell's build records, ``envs/<cell>/build.json`` (its Docker image) and ``envs/<cell>/build-venv.json`` (its
+venv), and the self-check both builders run: one home for what every builder writes and reads back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import canonical
+from common import backend, canonical
 from inenv import atomic
 from inenv.selfcheck import SHARED as SELFCHECK_SHARED
 
@@ -39,16 +39,20 @@ def versions(facts: dict[str, Any]) -> dict[str, str | None]:
 
 
 def record(folder: Path, **kw: Any) -> dict[str, Any]:
+    """Write the cell's build record for the backend ``kw`` names (``backend``; none: Docker), in that
+    backend's own file (common.backend.RECORD_NAMES)."""
     rec = {"cell_id": folder.name, "status": kw.pop("status"), "tag": kw.pop("tag", None),
            "image_id": kw.pop("image_id", None), "reason": kw.pop("reason", ""),
            "selfcheck": kw.pop("selfcheck", {}), "versions": kw.pop("versions", {}),
            "built_at": datetime.now(UTC).isoformat(timespec="seconds"), **kw}
-    atomic.write_json(folder / "build.json", rec, indent=1)
+    atomic.write_json(folder / backend.RECORD_NAMES[rec.get("backend") or backend.DOCKER], rec, indent=1)
     return rec
 
 
-def previous(folder: Path) -> dict[str, Any]:
+def previous(folder: Path, of: str = backend.DOCKER) -> dict[str, Any]:
+    """The record of the cell's last build by backend ``of``; {} when there is none or it cannot be read."""
     try:
-        return json.loads((folder / "build.json").read_text())
+        rec = json.loads(backend.record_file(folder, of).read_text())
     except (OSError, ValueError):
         return {}
+    return rec if isinstance(rec, dict) else {}

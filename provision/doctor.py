@@ -30,6 +30,7 @@ from pathlib import Path
 
 from common import memlock
 from common.api import plan_cells
+from common.backend import record_file
 from provision import installer
 from provision.baseimage import DEFAULT_TAG, DEV_TAG, apt_mirror
 from provision.dockercli import Docker, docker_cli
@@ -326,7 +327,7 @@ def _venv_needs(matrix: Path, envs: Path) -> tuple[int, int]:
     todo, present = [], set()
     for c in (c for c in plan_cells(matrix) if c.status == "resolved"):
         try:
-            rec = json.loads((envs / c.cell_id / "build.json").read_text())
+            rec = json.loads(record_file(envs / c.cell_id, VENV).read_text())
         except (OSError, ValueError):
             rec = {}
         stack = (c.cuda, c.versions.get("torch", ""))

@@ -35,7 +35,7 @@ try:  # the `uv` package in our own dependencies: its binary when none is on PAT
 except ImportError:  # an interpreter without it (a GPU host's own Python running the tool): uv from PATH only
     find_uv_bin = None
 
-from common import canonical
+from common import backend, canonical
 from common.catalog import load as load_catalog
 from common.errors import InputError
 from common.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
@@ -309,7 +309,7 @@ def toolkit_lock(toolkit: str) -> str:
 def write_dir_atomically(target: Path, files: dict[str, str]) -> None:
     """Replace folder `target` with exactly `files`, never half-written. The cell's build record survives a
     relock: it names the image built from these locks, and the build hash decides whether it is still current."""
-    atomic.replace_dir(target, files, keep=("build.json",))
+    atomic.replace_dir(target, files, keep=tuple(backend.RECORD_NAMES.values()))
 
 
 def cell_json(r: Resolved, lock: str, uv: str, ihash: str) -> dict[str, Any]:

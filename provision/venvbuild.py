@@ -9,7 +9,8 @@ that sees an existing environment's packages after its own (a ``.pth`` file addi
 directories), with only the cell's other packages installed into it, without dependencies
 (provision/overlay.py decides which); it compiles with the toolkit the host has, as the base's CUDA libraries
 are the host's. ``--wheels DIR`` installs from that folder alone (hosts without an index). Then the same
-self-check as in an image, and the same envs/<cell>/build.json record, with ``backend: venv``, the venv, and
+self-check as in an image, and a record of the same shape in envs/<cell>/build-venv.json (the image's is
+build.json, so a cell built both ways keeps both), with ``backend: venv``, the venv, and
 where each package came from.
 """
 
@@ -210,7 +211,7 @@ def prepare(folder: Path, opts: BuildOptions, tool: installer.Installer, base: i
     cid = cell["cell_id"]
     venv = (opts.venvs / cid).absolute()
     digest = build_hash(folder, base, wheels, tool.kind)
-    prev = previous(folder)
+    prev = previous(folder, BACKEND)
     if (prev.get("backend") == BACKEND and prev.get("hash") == digest and prev.get("venv") == str(venv)
             and prev.get("status") in BUILT and venv_python(venv).exists()):
         report(cid, "unchanged, not rebuilt")
@@ -265,7 +266,7 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
         names = [f"{p.name}=={p.version}" for p in plan.absent]
         more = f" +{len(names) - 4} more" if len(names) > 4 else ""
         note = "; ".join(filter(None, [note, f"{len(names)} locked package(s) neither installed nor in the base "
-                                             f"(build.json: absent): {', '.join(names[:4])}{more}"]))
+                                             f"(build-venv.json: absent): {', '.join(names[:4])}{more}"]))
     status = "failed" if problems else "built"
     return record(folder, status=status, reason="self-check: " + "; ".join(problems) if problems else "",
                    selfcheck=facts, versions=versions(facts), build_s=round(time.monotonic() - t0, 1), note=note,
@@ -347,7 +348,7 @@ class VenvBuilder:
     def built(self, folder: Path, opts: BuildOptions) -> bool:
         """A record of a built venv whose folder is still there (its files are linked from uv's cache, so a
         second venv of a torch build is nearly free)."""
-        rec = previous(folder)
+        rec = previous(folder, BACKEND)
         return rec.get("status") in BUILT and bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
 
     def disk_root(self, opts: BuildOptions) -> str | None:

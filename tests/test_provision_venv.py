@@ -1,5 +1,5 @@
 """venv cells: real uv (and pip) environments built from a lock, overlays on a real base environment, the
-self-check, build.json, `checks run --backend venv` through the local executor, and the fallback when no
+self-check, build-venv.json, `checks run --backend venv` through the local executor, and the fallback when no
 Docker daemon answers. The packages are tiny wheels made here; the base is a real venv holding some of them."""
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def test_overlay_cell_installs_only_its_own_packages_and_records_where_each_came
                         wheels=world["wheels"], venvs=world["venvs"])
     [rec] = build_venv_cells([world["folder"]], opts)
     assert rec["status"] == "built", rec["reason"]
-    assert json.loads((world["folder"] / "build.json").read_text()) == rec
+    assert json.loads((world["folder"] / "build-venv.json").read_text()) == rec
     venv = world["venvs"] / CELL
     assert rec["backend"] == "venv" and rec["venv"] == str(venv) and rec["python"] == str(venv / "bin" / "python")
     assert rec["installer"] == "uv" and rec["base_python"] == str(world["base"])
@@ -132,6 +132,27 @@ def test_overlay_cell_installs_only_its_own_packages_and_records_where_each_came
     # unchanged inputs: not rebuilt
     [again] = build_venv_cells([world["folder"]], opts)
     assert again["status"] == "skipped-unchanged" and again["installed"] == rec["installed"]
+
+
+def test_a_cell_built_both_ways_keeps_both_builds(world: dict[str, Path], tmp_path: Path) -> None:
+    """Each backend records its build in its own file: a venv build leaves the image's record as it was, and
+    neither backend rebuilds because the other one built last."""
+    from provision import cellrecord
+
+    folder = tmp_path / "envs" / CELL
+    shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build*.json"))
+    image = {"cell_id": CELL, "status": "built", "tag": "stackprobe/x:1", "image_id": "sha256:1"}
+    (folder / "build.json").write_text(json.dumps(image))
+    opts = BuildOptions(world["matrix"], envs=folder.parent, backend="venv", base_python=str(world["base"]),
+                        wheels=world["wheels"], venvs=tmp_path / "venvs")
+    [rec] = build_venv_cells([folder], opts)
+    assert rec["status"] == "built", rec["reason"]
+    assert json.loads((folder / "build.json").read_text()) == image
+    assert json.loads((folder / "build-venv.json").read_text()) == rec
+    assert cellrecord.previous(folder) == image and cellrecord.previous(folder, "venv") == rec
+    [again] = build_venv_cells([folder], opts)
+    assert again["status"] == "skipped-unchanged" and json.loads((folder / "build.json").read_text()) == image
+    assert venvcell.read(folder.parent, CELL).state == "built"
 
 
 def test_overlay_whose_base_lacks_the_cells_torch_fails_its_self_check(world: dict[str, Path],
@@ -160,7 +181,7 @@ def test_overlay_with_pip_where_there_is_no_uv(world: dict[str, Path], tmp_path:
     opts = BuildOptions(world["matrix"], envs=world["envs"], backend="venv", base_python=str(base / "bin" / "python"),
                         wheels=world["wheels"], venvs=tmp_path / "venvs")
     folder = tmp_path / "envs" / CELL
-    shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build.json"))
+    shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build*.json"))
     [rec] = build_venv_cells([folder], opts)
     assert rec["status"] == "built", rec["reason"]
     assert rec["installer"] == "pip" and rec["installed"]["tinyown"]["version"] == "2.0"
@@ -171,7 +192,7 @@ def test_overlay_with_pip_where_there_is_no_uv(world: dict[str, Path], tmp_path:
 
 def test_full_cell_from_a_wheel_folder_says_it_has_no_toolkit_wheels(world: dict[str, Path], tmp_path: Path) -> None:
     folder = tmp_path / "envs" / CELL
-    shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build.json"))
+    shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build*.json"))
     wheels = tmp_path / "wheels"
     shutil.copytree(world["wheels"], wheels)
     make_wheel(wheels, "tinybase", "1.0")
@@ -188,7 +209,7 @@ def test_full_cell_from_a_wheel_folder_says_it_has_no_toolkit_wheels(world: dict
 def test_checks_run_uses_venv_cells_when_docker_is_absent(world: dict[str, Path], tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    if not (world["folder"] / "build.json").exists():
+    if not (world["folder"] / "build-venv.json").exists():
         test_overlay_cell_installs_only_its_own_packages_and_records_where_each_came_from(world)
     monkeypatch.setenv("DOCKER_HOST", DEAD_DOCKER)
     monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
@@ -222,7 +243,7 @@ def test_provision_build_falls_back_to_venv_cells_in_one_line(world: dict[str, P
     from provision.lock import requirements_in
 
     envs = tmp_path / "envs"
-    shutil.copytree(world["folder"], envs / CELL, ignore=shutil.ignore_patterns("build.json"))
+    shutil.copytree(world["folder"], envs / CELL, ignore=shutil.ignore_patterns("build*.json"))
     [r] = resolve_all(world["matrix"], offline=True)
     assert r.cell_id == CELL
     (envs / CELL / "requirements.in").write_text(requirements_in(r))
@@ -264,21 +285,26 @@ def test_venv_cell_record_gives_the_ranks_its_path_and_cuda_home(tmp_path: Path)
     assert venvcell.read(tmp_path, CELL).state == "missing"
     (folder / "build.json").write_text(json.dumps({"status": "built", "tag": "stackprobe/x:1"}))
     got = venvcell.read(tmp_path, CELL)
-    assert got.state == "missing" and "records a Docker image (stackprobe/x:1)" in got.reason
+    assert got.state == "missing" and f"no {folder / 'build-venv.json'}: run `provision build --backend venv" \
+        in got.reason and "its Docker image stackprobe/x:1 is built" in got.reason
     rec = {"backend": "venv", "status": "failed", "reason": "self-check: torch is 2.9.1, the cell asks 2.11.0"}
-    (folder / "build.json").write_text(json.dumps(rec))
+    (folder / "build-venv.json").write_text(json.dumps(rec))
     assert venvcell.read(tmp_path, CELL) == venvcell.VenvCell("failed", reason=rec["reason"])
     rec = {"backend": "venv", "status": "built", "python": sys.executable, "path": ["/v/bin", "/base/bin"],
            "cuda_home": "/v/cuda", "from_base_summary": "torch, nvidia-*", "base_python": "/base/bin/python"}
-    (folder / "build.json").write_text(json.dumps(rec))
+    (folder / "build-venv.json").write_text(json.dumps(rec))
     got = venvcell.read(tmp_path, CELL, {"PATH": "/usr/bin"})
     assert got.state == "built" and got.python == sys.executable and got.from_base == "torch, nvidia-*"
     env = LocalExecutor(sys.executable, "venv", got.env).env()
     assert env["PATH"] == "/v/bin:/base/bin:/usr/bin" and env["CUDA_HOME"] == "/v/cuda"
     assert env["PYTHONPATH"] == str(CODE_ROOT)  # the caller's PYTHONPATH does not reach a venv cell
     rec["python"] = str(tmp_path / "gone" / "python")
-    (folder / "build.json").write_text(json.dumps(rec))
+    (folder / "build-venv.json").write_text(json.dumps(rec))
     assert "is gone" in venvcell.read(tmp_path, CELL).reason
+    # the one record a checkout kept for both backends: a build.json of a venv cell is its venv record
+    (folder / "build-venv.json").unlink()
+    (folder / "build.json").write_text(json.dumps({**rec, "python": sys.executable}))
+    assert venvcell.read(tmp_path, CELL, {"PATH": "/usr/bin"}).state == "built"
 
 
 def host_with_wrapper_nvcc(root: Path) -> tuple[Path, Path]:
@@ -416,7 +442,7 @@ def test_venv_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(world: 
     folders = []
     for cid, last_s in ((CELL, 90.0), (second, 30.0)):
         folder = tmp_path / "envs" / cid
-        shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build.json"))
+        shutil.copytree(world["folder"], folder, ignore=shutil.ignore_patterns("build*.json"))
         cell = json.loads((folder / "cell.json").read_text())
         cell["cell_id"] = cid
         (folder / "cell.json").write_text(json.dumps(cell))

@@ -43,7 +43,7 @@ def planned(opts: RunOptions) -> list[Any]:
 
 
 def venv(opts: RunOptions) -> Cells:
-    """Each selected cell's venv (envs/<cell>/build.json), run by the local executor with its interpreter."""
+    """Each selected cell's venv (envs/<cell>/build-venv.json), run by the local executor with its interpreter."""
     cells: list[CellTarget] = []
     executors: dict[str, Executor] = {}
     for pc in planned(opts):

@@ -1,4 +1,4 @@
-"""A venv cell as `checks run --backend venv` runs it, read from the envs/<cell>/build.json that
+"""A venv cell as `checks run --backend venv` runs it, read from the envs/<cell>/build-venv.json that
 `provision build --backend venv` wrote: its interpreter, the environment its ranks get, and which packages
 its base environment provides (an overlay cell)."""
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from checks.run.executor import CODE_ROOT
 from checks.run.plan import ImageState
+from common import backend
 from common.celltoolkit import CUDA_LIB, UNSET, toolkit_home, without_nvcc
 
 BACKEND = "venv"
@@ -44,13 +45,26 @@ def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[
             ("CUDA_HOME", home), ("CUDA_LIB_PATH", os.path.join(home, *CUDA_LIB)), *((name, "") for name in UNSET))
 
 
+def built_image(folder: Path) -> str | None:
+    """The image tag the cell's Docker record names when that build succeeded, else None."""
+    try:
+        rec = json.loads(backend.record_file(folder, backend.DOCKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("backend") or rec.get("status") not in ("built", "skipped-unchanged"):
+        return None
+    return str(rec["tag"]) if rec.get("tag") else None
+
+
 def read(envs_dir: Path, cell_id: str, environ: Mapping[str, str] = os.environ) -> VenvCell:
-    path = envs_dir / cell_id / "build.json"
+    path = backend.record_file(envs_dir / cell_id, backend.VENV)
     build = f"`provision build --backend venv --only {cell_id}`"
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
-        return VenvCell(ImageState.MISSING, reason=f"no {path}: run {build}")
+        image = built_image(envs_dir / cell_id)
+        also = f"; its Docker image {image} is built: checks run --backend docker runs that" if image else ""
+        return VenvCell(ImageState.MISSING, reason=f"no {path}: run {build}{also}")
     except (OSError, ValueError) as exc:
         return VenvCell(ImageState.MISSING, reason=f"{path} unreadable ({exc}): rerun {build}")
     if record.get("backend") != BACKEND:
