@@ -168,7 +168,8 @@ def test_pick_rules() -> None:
 
 def test_two_cells_do_not_build_what_they_could_share_side_by_side() -> None:
     """fi-jit's module names a build another cell may share: while cell a builds trtllm_comm, cell b builds
-    another module first if it can (its trtllm_comm then finds a's build stored), and waits in plan order."""
+    another module first if it can (its trtllm_comm then finds a's build stored), and its trtllm_comm goes
+    only when nothing else can start."""
     jit = ProbeSpec("j", "j", "f", needs_gpu=False, build_param="module")
     a, b, c = (CellTarget(f"cell{i}", "resolved") for i in "abc")
 
@@ -177,10 +178,11 @@ def test_two_cells_do_not_build_what_they_could_share_side_by_side() -> None:
 
     a_trt, b_trt, b_moe, c_trt, c_moe = (item(a, "trtllm_comm"), item(b, "trtllm_comm"), item(b, "moe_a2a"),
                                          item(c, "trtllm_comm"), item(c, "moe_a2a"))
-    assert pick([b_trt, b_moe, c_moe], [a_trt], 2) is c_moe  # b's next would share a's build; c's does not
-    assert pick([b_trt, b_moe], [a_trt], 2) is b_trt  # nothing else can start: it goes, and waits for a's
-    assert pick([b_moe, b_trt], [a_trt], 2) is b_moe  # plan order within a cell is kept
-    assert pick([b_trt, c_trt, c_moe], [a_trt], 3) is b_trt  # c's moe is behind its own trtllm, in plan order
+    assert pick([b_trt, b_moe, c_moe], [a_trt], 2) is b_moe  # b's trtllm would share a's build; its moe does not
+    assert pick([b_trt, c_moe], [a_trt, b_moe], 3) is b_trt  # c's moe would share b's: b's trtllm waits for a's
+    assert pick([b_trt], [a_trt], 2) is b_trt  # nothing else can start: it goes, and waits for a's
+    assert pick([b_moe, b_trt], [a_trt], 2) is b_moe
+    assert pick([b_trt, c_trt, c_moe], [a_trt], 3) is c_moe  # c's moe builds beside c's trtllm: another module
     plain = ProbeSpec("c", "c", "f", needs_gpu=False)  # no build_param: plan order, as before
     b_plain = WorkItem(b, plain, Variant("c", 1, (("module", "trtllm_comm"),)), 60.0)
     assert pick([b_plain, c_moe], [a_trt], 2) is b_plain
@@ -220,9 +222,10 @@ def test_the_longest_expected_build_among_the_cells_ready_starts_first() -> None
     a_small, _, b_mid, c_big, d_big = pending
     declared = runprogress.start_costs(pending, {}, costs)
     assert [declared[it.key] for it in pending] == [10.0, 900.0, 300.0, 900.0, 900.0]
-    assert pick(pending, [], 2, cost=lambda it: declared[it.key]) is c_big  # a's big waits behind a's small
-    assert pick(pending, [c_big], 2, cost=lambda it: declared[it.key]) is b_mid  # d's big would share c's
-    assert pick(pending, [b_mid], 2, cost=lambda it: declared[it.key]) is c_big
+    a_big = pending[1]
+    assert pick(pending, [], 2, cost=lambda it: declared[it.key]) is a_big  # beside a's small: another module
+    assert pick(pending, [c_big], 2, cost=lambda it: declared[it.key]) is b_mid  # a's and d's big would share c's
+    assert pick(pending[2:], [b_mid], 2, cost=lambda it: declared[it.key]) is c_big
     assert pick([a_small, b_mid], [], 2, cost=lambda it: declared[it.key]) is b_mid
     assert pick(pending, [], 2) is a_small  # no costs: plan order
     learnt = runprogress.start_costs(pending, {c_big.key: runprogress.Expected(5.0, True),
@@ -234,10 +237,10 @@ def test_the_longest_expected_build_among_the_cells_ready_starts_first() -> None
     assert pick([c_big, on_gpu], [], 2, cost=lambda it: declared[it.key] if it is c_big else 0.0) is c_big
 
 
-def test_without_gpus_a_cells_builds_of_different_modules_run_side_by_side() -> None:
-    """On a host without GPUs a cell's builds of different modules are independent: its biggest build starts
-    beside its own running one, while the same module's next target keeps its plan order behind the first, and
-    a variant that builds nothing waits for the cell to be idle. On a GPU host, one variant per cell."""
+def test_a_cells_builds_of_different_modules_and_its_inventory_run_side_by_side() -> None:
+    """A cell's builds of different modules are independent, and so is a variant that builds nothing: its
+    biggest build starts beside its own running one, while the same module's next target keeps its plan order
+    behind the first, and the cell's variants that build nothing keep theirs among themselves."""
     jit = ProbeSpec("j", "j", "f", needs_gpu=False, build_param="module")
     plain = ProbeSpec("p", "p", "f", needs_gpu=False)
     a, b = CellTarget("cella", "resolved"), CellTarget("cellb", "resolved")
@@ -252,17 +255,16 @@ def test_without_gpus_a_cells_builds_of_different_modules_run_side_by_side() -> 
     vllm_a, vllm_f, trt_a, trt_f, moe_a = (item(a, "vllm_comm"), item(a, "vllm_comm", "12.0f"),
                                            item(a, "trtllm_comm"), item(a, "trtllm_comm", "12.0f"), item(a, "moe_a2a"))
     pending = [vllm_f, trt_a, trt_f, moe_a]
-    assert pick(pending, [vllm_a], 2, cost=by_cost, in_cell=True) is trt_a  # beside its own vllm_comm build
-    assert pick(pending, [vllm_a], 2, cost=by_cost) is None  # a GPU host: one variant per cell
-    assert pick([trt_f, moe_a], [trt_a], 2, cost=by_cost, in_cell=True) is moe_a  # trtllm's 12.0f waits for 12.0a
-    assert pick([trt_f], [trt_a], 2, cost=by_cost, in_cell=True) is None
-    assert pick(pending, [vllm_a, trt_a], 2, cost=by_cost, in_cell=True) is None  # the job count
-    inventory = WorkItem(a, plain, Variant(plain.id, 1), 60.0)
-    assert pick([inventory, moe_a], [trt_a], 3, cost=by_cost, in_cell=True) is None  # plan order behind it
-    assert pick([inventory], [], 3, cost=by_cost, in_cell=True) is inventory
-    assert pick([moe_a], [inventory], 3, cost=by_cost, in_cell=True) is None  # nothing beside what builds nothing
+    assert pick(pending, [vllm_a], 2, cost=by_cost) is trt_a  # beside its own vllm_comm build
+    assert pick([vllm_f], [vllm_a], 2, cost=by_cost) is None  # one build's targets in plan order
+    assert pick([trt_f, moe_a], [trt_a], 2, cost=by_cost) is moe_a  # trtllm's 12.0f waits for 12.0a
+    assert pick(pending, [vllm_a, trt_a], 2, cost=by_cost) is None  # the job count
+    inventory, other = WorkItem(a, plain, Variant(plain.id, 1), 60.0), WorkItem(a, plain, Variant(plain.id, 2), 60.0)
+    assert pick([inventory, moe_a], [trt_a], 3, cost=by_cost) is moe_a  # the costlier of the two that may start
+    assert pick([inventory], [trt_a, moe_a], 3, cost=by_cost) is inventory  # beside the cell's builds
+    assert pick([other, vllm_f], [inventory], 3, cost=by_cost) is vllm_f  # its next non-build waits for it
     b_trt = item(b, "trtllm_comm")
-    assert pick([b_trt, moe_a], [trt_a], 3, cost=by_cost, in_cell=True) is moe_a  # b's would share a's build
+    assert pick([b_trt, moe_a], [trt_a], 3, cost=by_cost) is moe_a  # b's would share a's build
 
 
 def test_store_appends_from_many_threads_keep_every_whole_line(tmp_path: Path) -> None:

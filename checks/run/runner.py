@@ -2,12 +2,12 @@
 store as it arrives. :func:`begin` and :class:`Recorder` are shared with every backend (checks.run.slurm_run too):
 resumed and reused items are settled first, and every verdict is stamped, stored and reported one way.
 
-Which variant may start is decided by :func:`pick` (pure): one variant per cell at a time, in plan order
-within the cell, except that on a host without GPUs a cell's builds of different things (fi-jit's modules)
-run side by side; CPU-only variants side by side up to ``jobs``, the longest expected first, two builds
-another cell may share (``ProbeSpec.build_param``) not side by side while anything else can start; a variant
-that needs the GPU alone, with nothing else running, so a latency is never measured beside a compile and no
-CPU-only probe that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it; when
+Which variant may start is decided by :func:`pick` (pure): CPU-only variants side by side up to ``jobs``, the
+longest expected first, a cell's builds of different things (fi-jit's modules) and its variant that builds
+nothing (inventory) beside one another, each build's variants in plan order; two builds another cell may
+share (``ProbeSpec.build_param``) not side by side while anything else can start; a variant that needs the
+GPU alone, with nothing else running, so a latency is never measured beside a compile and no CPU-only probe
+that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it; when
 the executors take turns on the host's GPU lock (inenv.gpugate), the next GPU variants in plan order (up to
 ``GATE_DEPTH``) start beside the running one and wait at the gate, their ranks already started, so their
 start-up costs no GPU time. Variants run in
@@ -97,25 +97,19 @@ def shared_build(item: WorkItem) -> tuple[str, ...] | None:
     return (item.spec.id, value, versions.get("torch_cuda", ""), *(versions.get(lib, "") for lib in item.spec.requires))
 
 
-def builds_beside(item: WorkItem) -> bool:
-    """Whether ``item`` may run beside other variants of its own cell on a host without GPUs: a CPU-only
-    variant that names its build (``ProbeSpec.build_param``), so two of them build different things (fi-jit's
-    modules). A cell's builds then need not run one after another while the machine has cores to spare."""
-    return item.runs and not item.spec.needs_gpu and shared_build(item) is not None
-
-
 def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int = 0,
-         cost: Callable[[WorkItem], float] = lambda _: 0.0, in_cell: bool = False) -> WorkItem | None:
-    """The pending item that may start beside ``running``, or None: each cell's first in plan order may, and
-    of those the first one (plan order) when it needs the GPU, else the CPU-only one of the highest ``cost``
-    (its expected seconds; ties in plan order), so the longest compiles start first and overlap instead of
-    one running alone at the end. ``in_cell`` (a host without GPUs): a cell's builds of different things
-    (:func:`builds_beside`) may run side by side, each build's own variants still in plan order, and any
-    other variant of the cell waits for the cell to be idle. An item that would build what a running item of
-    another cell is building goes after any other that can start: the two would share one build, and the
-    second would only hold a job slot waiting for it. ``ahead``: the GPU variants take turns on the GPU
-    lock, so while one runs, the items that would start next once it ended start now, up to ``ahead`` of
-    them, when they are GPU variants too: they wait at the gate with their ranks started.
+         cost: Callable[[WorkItem], float] = lambda _: 0.0) -> WorkItem | None:
+    """The pending item that may start beside ``running``, or None. A GPU variant starts alone, the first in
+    plan order, when nothing runs. CPU-only variants start up to ``jobs`` at once, also beside others of
+    their own cell: builds of different things (``ProbeSpec.build_param``: fi-jit's modules) and a variant
+    that builds nothing (inventory) run side by side, while the variants of one build, and the variants
+    that build nothing, keep their plan order within the cell. Of those that may start, the one of the
+    highest ``cost`` (its expected seconds; ties in plan order) goes first, so the longest compiles start
+    first and overlap instead of one running alone at the end. An item that would build what a running
+    item of another cell is building goes after any other that can start: the two would share one build,
+    and the second would only hold a job slot waiting for it. ``ahead``: the GPU variants take turns on the
+    GPU lock, so while one runs, the items that would start next once it ended start now, up to ``ahead``
+    of them, when they are GPU variants too: they wait at the gate with their ranks started.
     Variants decided at plan time are recorded before (:func:`begin`), so none stands between two GPU
     variants here."""
     on_gpu = [r for r in running if uses_gpu(r)]
@@ -126,33 +120,29 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
         return after if after is not None and uses_gpu(after) else None
     if len(running) >= jobs:
         return None
-    busy = {r.cell.cell_id for r in running if not (in_cell and builds_beside(r))}
-    started = {r.cell.cell_id for r in running}  # cells with something running
     claimed = {(r.cell.cell_id, shared_build(r)) for r in running}
     building = {shared_build(r) for r in running} - {None}
+    busy: set[str] = set()  # cells whose later items wait behind a GPU variant that could start
     later: WorkItem | None = None
     ready: list[WorkItem] = []
     for it in pending:
         cid = it.cell.cell_id
         if cid in busy:
             continue
-        if in_cell and builds_beside(it):
-            if (cid, shared_build(it)) in claimed:
-                continue
-            claimed.add((cid, shared_build(it)))  # this build's later variants keep their plan order
-        else:
-            if uses_gpu(it) and running:
-                continue
-            busy.add(cid)  # the cell's later items keep their plan order behind this one
-            if cid in started:
-                continue  # it waits for the cell's builds to end
+        if uses_gpu(it):
+            if running:
+                continue  # it waits for the host to be idle; its cell's CPU-only variants may go meanwhile
+            if not ready:
+                return it
+            busy.add(cid)
+            continue
+        if (cid, shared_build(it)) in claimed:
+            continue
+        claimed.add((cid, shared_build(it)))  # this build's (or the cell's non-building) later items wait
         if shared_build(it) in building:
             later = later or it
             continue
-        if uses_gpu(it) and not ready:
-            return it
-        if not uses_gpu(it):
-            ready.append(it)
+        ready.append(it)
     return max(ready, key=cost) if ready else later
 
 
@@ -266,7 +256,6 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     # Only when every cell's workers take turns on the lock: a variant started ahead on an ungated executor
     # would not wait at any gate and would share the GPUs with the running one.
     ahead = GATE_DEPTH if gpus and executors and all(ex.gated for ex in executors.values()) else 0
-    in_cell = not gpus  # no GPU variant runs and no local build touches one: a cell's builds may overlap
     queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
 
     def run_one(item: WorkItem) -> Verdict:
@@ -287,7 +276,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     try:
         while pending or pool.running:
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
-                                lambda it: work.costs.get(it.key, 0.0), in_cell)) is not None:
+                                lambda it: work.costs.get(it.key, 0.0))) is not None:
                 pending.remove(item)
                 before = [r for r in pool.running.values() if uses_gpu(r)]
                 # behind the running GPU variants (the gate picks no order among waiters): all of their time
