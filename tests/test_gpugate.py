@@ -163,7 +163,7 @@ def test_ranks_join_the_rendezvous_while_they_wait_and_the_group_it_forms_is_who
     assert gated["status"] == "pass", gated
     assert gated["evidence"]["sum"] == 3  # 1 + 2: every rank is in the group formed on the early store
     assert gated["evidence"]["joined_before"] == [True, True]
-    assert gated["evidence"]["phases"]["queued"] > 0.5  # ready, then held at the gate
+    assert gated["evidence"]["phases"]["total"] > 7.5, gated["evidence"]["phases"]  # it ran once the lock was free
     # not gated (no lock named): the probe joins at init_dist, as before, to the same group
     plain, _ = run_worker("t-gated-dist", ranks=2, env=floor_env(), extra_args=["--gpus", "2"])
     assert plain["status"] == "pass" and plain["evidence"]["sum"] == 3, plain
