@@ -301,8 +301,8 @@ def test_ignore_disk_builds_anyway_and_a_built_cell_needs_no_room(
     for cid in ("cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17"):  # _matrix's
         (tmp_path / "venvs" / cid).mkdir(parents=True)
         (tmp_path / "envs" / cid).mkdir(parents=True)
-        (tmp_path / "envs" / cid / "build.json").write_text(
-            json.dumps({"status": "built", "venv": str(tmp_path / "venvs" / cid)}))
+        (tmp_path / "envs" / cid / "build-venv.json").write_text(
+            json.dumps({"backend": "venv", "status": "built", "venv": str(tmp_path / "venvs" / cid)}))
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
         main(_build(tmp_path))
