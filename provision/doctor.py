@@ -30,9 +30,9 @@ from pathlib import Path
 
 from common import memlock
 from common.api import plan_cells
-from common.backend import record_file
 from provision import installer
 from provision.baseimage import DEFAULT_TAG, DEV_TAG, apt_mirror
+from provision.cellrecord import previous
 from provision.dockercli import Docker, docker_cli
 from provision.options import VENVS
 
@@ -309,10 +309,7 @@ def _matrix_needs(matrix: Path, envs: Path, docker: str) -> tuple[int, int, int]
     cells = [c for c in plan_cells(matrix) if c.status == "resolved"]
     todo = []
     for c in cells:
-        try:
-            rec = json.loads((envs / c.cell_id / "build.json").read_text())
-        except (OSError, ValueError):
-            rec = {}
+        rec = previous(envs / c.cell_id)
         tag = rec.get("tag")
         built = rec.get("status") in ("built", "skipped-unchanged") and tag and _run(
             [docker, "image", "inspect", "--format", "{{.Id}}", str(tag)], 30)
@@ -326,10 +323,7 @@ def _venv_needs(matrix: Path, envs: Path) -> tuple[int, int]:
     """(venv cells still to build, torch builds among them that no built venv cell has in uv's cache)."""
     todo, present = [], set()
     for c in (c for c in plan_cells(matrix) if c.status == "resolved"):
-        try:
-            rec = json.loads(record_file(envs / c.cell_id, VENV).read_text())
-        except (OSError, ValueError):
-            rec = {}
+        rec = previous(envs / c.cell_id, VENV)
         stack = (c.cuda, c.versions.get("torch", ""))
         if rec.get("backend") == "venv" and rec.get("status") in ("built", "skipped-unchanged") and rec.get(
                 "venv") and Path(str(rec["venv"])).is_dir():

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checks.run.executor import CODE_ROOT
-from checks.run.plan import ImageState
+from checks.run.plan import ImageState, image_state
 from common import backend
 from common.celltoolkit import CUDA_LIB, UNSET, toolkit_home, without_nvcc
 
@@ -45,25 +45,15 @@ def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[
             ("CUDA_HOME", home), ("CUDA_LIB_PATH", os.path.join(home, *CUDA_LIB)), *((name, "") for name in UNSET))
 
 
-def built_image(folder: Path) -> str | None:
-    """The image tag the cell's Docker record names when that build succeeded, else None."""
-    try:
-        rec = json.loads(backend.record_file(folder, backend.DOCKER).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(rec, dict) or rec.get("backend") or rec.get("status") not in ("built", "skipped-unchanged"):
-        return None
-    return str(rec["tag"]) if rec.get("tag") else None
-
-
 def read(envs_dir: Path, cell_id: str, environ: Mapping[str, str] = os.environ) -> VenvCell:
     path = backend.record_file(envs_dir / cell_id, backend.VENV)
     build = f"`provision build --backend venv --only {cell_id}`"
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:
-        image = built_image(envs_dir / cell_id)
-        also = f"; its Docker image {image} is built: checks run --backend docker runs that" if image else ""
+        state, image, _ = image_state(envs_dir, cell_id)
+        also = (f"; its Docker image {image} is built: checks run --backend docker runs that"
+                if state == ImageState.BUILT else "")
         return VenvCell(ImageState.MISSING, reason=f"no {path}: run {build}{also}")
     except (OSError, ValueError) as exc:
         return VenvCell(ImageState.MISSING, reason=f"{path} unreadable ({exc}): rerun {build}")
