@@ -26,6 +26,7 @@ class Reason:
     patterns: tuple[re.Pattern[str], ...]
     message: str
     remediation: str
+    harness: bool = False  # stackprobe's own failure, not the feature's: never reused
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ class Catalogue:
 
     def get(self, code: str) -> Reason | None:
         return next((r for r in self.reasons if r.code == code), None)
+
+    @property
+    def harness_codes(self) -> frozenset[str]:
+        """The codes of the harness's own failures (``harness: true``)."""
+        return frozenset(r.code for r in self.reasons if r.harness)
 
     def match(self, texts: list[str]) -> Reason | None:
         """The first entry (catalogue order) with a pattern found in any of the texts."""
@@ -53,10 +59,10 @@ def parse(data: Any, source: str) -> Catalogue:
         where = f"{source}: entry {i}"
         if not isinstance(entry, dict):
             raise CatalogueError(f"{where}: expected a mapping with code, patterns, message, remediation")
-        unknown = set(entry) - {"code", "patterns", "message", "remediation"}
+        unknown = set(entry) - {"code", "patterns", "message", "remediation", "harness"}
         if unknown:
             raise CatalogueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: code, patterns, message, "
-                                 "remediation")
+                                 "remediation, harness")
         code = entry.get("code")
         if not isinstance(code, str) or not _CODE.match(code):
             raise CatalogueError(f"{where}: code must be a lowercase slug like 'nccl-error', got {code!r}")
@@ -76,7 +82,10 @@ def parse(data: Any, source: str) -> Catalogue:
                 compiled.append(re.compile(p))
             except re.error as exc:
                 raise CatalogueError(f"{where}.patterns: {p!r} is not a valid regex ({exc})") from None
-        out.append(Reason(code, tuple(compiled), entry["message"].strip(), entry["remediation"].strip()))
+        harness = entry.get("harness", False)
+        if not isinstance(harness, bool):
+            raise CatalogueError(f"{where}.harness: must be true or false, got {harness!r}")
+        out.append(Reason(code, tuple(compiled), entry["message"].strip(), entry["remediation"].strip(), harness))
     if not any(r.code == GENERIC for r in out):
         raise CatalogueError(f"{source}: the generic code {GENERIC!r} must exist")
     return Catalogue(tuple(out))

@@ -52,6 +52,10 @@ TRACEBACK_TAIL_CHARS = 4000
 # After its outcome, how long a rank waits for every peer's before it exits anyway (the launcher's grace
 # after the last outcome is longer, so a rank never outlives it for this wait).
 PEERS_WAIT_S = 2.0
+# A rank whose own code (not the probe's: that is caught in run_probe) raised prints this line with the
+# traceback and exits with HARNESS_EXIT, so the worker records the harness's failure, never the feature's.
+HARNESS_MARK = "stackprobe rank: harness failure"
+HARNESS_EXIT = 3
 
 
 def outcome_path(workdir: Path, rank: int) -> Path:
@@ -152,6 +156,19 @@ def _profiled(ctx: RankContext, location: ProbeLocation, folder: str) -> dict[st
 
 
 def main() -> None:
+    try:
+        _main()
+    except BaseException:  # the rank's own code failed (a gate pipe, the outcome write on a full disk)
+        print(f"{HARNESS_MARK}\n{traceback.format_exc()[-TRACEBACK_TAIL_CHARS:]}", file=sys.stderr, flush=True)
+        os._exit(HARNESS_EXIT)
+
+
+def harness_failed(code: int, log: str) -> bool:
+    """Whether a rank that exited with ``code`` and wrote ``log`` failed in its own code (see HARNESS_MARK)."""
+    return code == HARNESS_EXIT and HARNESS_MARK in log
+
+
+def _main() -> None:
     started = time.time()
     faulthandler.enable()  # a segfault or abort leaves the Python stack in the rank log
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the watchdog asks for stacks before killing

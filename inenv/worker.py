@@ -380,6 +380,11 @@ def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int,
                 made = outcome("fail", note=f"rank {s.index} killed by {signal_name(code)}",
                                evidence={"signal": signal_name(code), "rank_log": own_log})
                 made["status"] = Status.CRASH.value  # outcome() only allows what a probe may return
+            elif rank.harness_failed(code, own_log):
+                last = next((ln for ln in reversed(own_log.splitlines()) if ln.strip()), "")
+                made = outcome("fail", note=f"rank {s.index} failed in stackprobe's own rank code: {last[:300]}",
+                               reason_code="harness-error", evidence={"exit_code": code, "rank_log": own_log})
+                made["status"] = Status.NOT_RUN.value  # the harness failed: the feature was never judged
             else:
                 made = outcome("fail", note=f"rank {s.index} exited with code {code} without reporting",
                                evidence={"exit_code": code, "rank_log": own_log})

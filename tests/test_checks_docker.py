@@ -237,16 +237,18 @@ def test_interrupt_before_create_returns_leaves_no_container(venv_image: str, mo
     from docker.models.containers import ContainerCollection
 
     real_create = ContainerCollection.create
+    created: list[str] = []
 
     def create_then_interrupt(self: ContainerCollection, *args: object, **cfg: object) -> object:
         real_create(self, *args, **cfg)
+        created.append(str(cfg["name"]))
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ContainerCollection, "create", create_then_interrupt)
     ex = DockerExecutor(image=venv_image)
     with pytest.raises(KeyboardInterrupt):
         ex._run(["python3", "-c", "pass"], 30)
-    assert ex.last_container.startswith("stackprobe-")
+    assert len(created) == 1 and created[0].startswith("stackprobe-")
     assert ex.leftovers() == []
 
 
@@ -265,3 +267,55 @@ def test_containers_carry_the_session_label_and_the_sweep_removes_leftovers(venv
     listed = subprocess.run([docker_cli(), "ps", "-a", "--filter", f"label={left}", "-q"], capture_output=True,
                             text=True, check=True).stdout
     assert listed.strip() == ""
+
+
+def test_variants_of_one_cell_at_once_each_own_their_container(executor: DockerExecutor) -> None:
+    """Four variants of one cell run at once on its one executor, ending at different times: each gets its own
+    logs and result (its own ``n``), names its own container, and no container is left behind."""
+    seconds = {1: "6", 2: "0", 3: "3", 4: "1"}
+    got: dict[int, object] = {}
+
+    def one(n: int) -> None:
+        got[n] = executor.run(Variant("t-echo", 1, (("seconds", seconds[n]), ("n", str(n)))), 0, 60, CAT)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in seconds]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert sorted(got) == [1, 2, 3, 4]
+    for n, r in got.items():
+        assert r.status == "pass", r
+        assert r.metrics == {"n": n}
+    names = [r.evidence["container"] for r in got.values()]
+    assert len(set(names)) == 4 and all(n.startswith("stackprobe-") for n in names)
+    assert executor.leftovers() == []
+
+
+def test_a_container_removed_from_outside_is_that_variants_result(executor: DockerExecutor) -> None:
+    """Someone else removes a running variant's container: that variant says so (not-run container-lost) and
+    the one running beside it on the same executor passes."""
+    beside: dict[str, object] = {}
+    th = threading.Thread(target=lambda: beside.update(r=executor.run(
+        Variant("t-echo", 1, (("seconds", "8"), ("n", "2"))), 0, 60, CAT)))
+    lost_box: dict[str, object] = {}
+    victim = threading.Thread(target=lambda: lost_box.update(r=executor.run(
+        Variant("t-echo", 1, (("seconds", "30"), ("n", "1"))), 0, 60, CAT)))
+    th.start()
+    victim.start()
+    deadline = time.monotonic() + 60
+    slow: list[dict[str, object]] = []
+    while time.monotonic() < deadline and not slow:
+        time.sleep(0.2)
+        running = executor.docker.api.containers(filters={"label": f"{container.LABEL}={executor.run_label}"})
+        slow = [c for c in running if '["seconds", "30"]' in str(c.get("Command"))]
+    assert len(slow) == 1, running
+    time.sleep(2)  # its worker and rank are under way
+    executor.docker.api.remove_container(slow[0]["Id"], force=True)
+    victim.join(90)
+    th.join(90)
+    lost = lost_box["r"]
+    assert lost.status == "not-run" and lost.reason_code == "container-lost", lost
+    assert lost.evidence["container"] in lost.note and lost.remediation
+    assert beside["r"].status == "pass" and beside["r"].metrics == {"n": 2}
+    assert executor.leftovers() == []

@@ -4,6 +4,7 @@ which other variants' processes were alive at that moment."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from checks.results.provenance import checkout, probe_hashes
-from checks.results.result import ProbeResult
+from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore, read_file
 from checks.run import runprogress
 from checks.run.executor import LocalExecutor
@@ -340,3 +341,35 @@ def test_ctrl_c_during_parallel_jobs_ends_every_variant_and_keeps_what_finished(
     assert warnings == [] and sorted((r.cell_id, r.probe_id) for r in stored) == sorted(
         (c, "t-a-quick") for c in CELLS for _ in (1, 2))
     assert pids_with_env(env[TOKEN_VAR]) == []
+
+
+@dataclasses.dataclass(frozen=True)
+class _DaemonGone(LocalExecutor):
+    """An executor that fails in the harness (as a Docker SDK call raising mid-variant would)."""
+
+    def run(self, *args: object, **kwargs: object) -> Verdict:
+        raise ConnectionError("409 Client Error: can not get logs from container which is dead")
+
+
+def test_an_executor_failing_a_variant_is_that_variants_result_and_the_run_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probes_dir = write_probes(tmp_path / "probes")
+    env = fixture_env(STACKPROBE_PROBE_PATH=str(probes_dir))
+    for name in ("STACKPROBE_PROBE_PATH", TOKEN_VAR, "PYTHONPATH"):
+        monkeypatch.setenv(name, env[name])
+    probes = {pid: mod for pid, (_, mod) in discover({"STACKPROBE_PROBE_PATH": str(probes_dir)}).items()
+              if pid == "t-par-slow"}
+    cells = [CellTarget(f"cu130-torchcell{i}-sgl1-fi1", "resolved", image_status="built") for i in (1, 2)]
+    items = plan_work(cells, probes, HostView(gpu_count=0))
+    executors = {cells[0].cell_id: _DaemonGone(sys.executable), cells[1].cell_id: LocalExecutor(sys.executable)}
+    store = RunStore(tmp_path / "results", "cpu-0123abcd", "20261201T000000Z-0001")
+    codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
+    report = execute(RunOptions(jobs=2), Work(items, store, reasons.default(), 0, codes, executors=executors))
+    assert not report.interrupted
+    got = {r.cell_id: r.verdict for r in report.results}
+    lost = got[cells[0].cell_id]
+    assert (lost.status, lost.reason_code) == ("not-run", "harness-error")
+    assert "can not get logs" in lost.note and "ConnectionError" in lost.evidence["traceback"]
+    assert got[cells[1].cell_id].status == "pass"
+    stored, warnings = read_file(store.results_path)
+    assert warnings == [] and len(stored) == 2

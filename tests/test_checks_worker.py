@@ -57,6 +57,13 @@ def test_exit_without_report_is_fail_with_code() -> None:
     assert "exited with code 7" in result["note"]
 
 
+def test_a_rank_failing_in_its_own_code_is_the_harness_failure_not_the_features() -> None:
+    """The probe passed; the rank could not write its outcome: not-run harness-error, never a fail."""
+    result, _ = run_worker("t-harness-fail", ranks=2)
+    assert result["status"] == "not-run" and result["reason_code"] == "harness-error", result
+    assert "No space left on device" in result["note"]
+
+
 def test_hang_fires_soft_watchdog_collects_stacks_and_kills_ranks() -> None:
     result, token = run_worker("t-hang", ranks=2, extra_args=["--timeout", "2"])
     assert result["status"] == "hang"

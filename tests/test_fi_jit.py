@@ -562,3 +562,19 @@ def test_the_next_target_of_a_combined_build_links_the_kept_objects(standin: Pat
     assert second["evidence"]["objects_cached"] is True and second["metrics"]["compile_cpu_s"] == 0.0
     assert "objects from the compile cache" in second["note"]
     assert not second["metrics"].get("cached")  # a failed link is never a cached pass
+
+
+@pytest.mark.parametrize(("nvcc", "cxx", "code"), [
+    ("$cuda_home/bin/nvcc", "no-such-c++", "fi-no-nvcc"),   # both missing: nvcc is named, always
+    ("$cuda_home/bin/nvcc", "sh", "fi-no-nvcc"),
+    ("/bin/sh", "no-such-c++", "fi-no-host-compiler"),
+])
+def test_missing_compilers_are_found_before_ninja_in_a_fixed_order(nvcc: str, cxx: str, code: str) -> None:
+    """What a cell lacks is named by the ninja file's own tools, not by whichever compile job failed first."""
+    from inenv.kit import _fi_build
+
+    text = f"ninja_required_version = 1.3\ncuda_home = /nonexistent/cuda\ncxx = {cxx}\nnvcc = {nvcc}\n"
+    missing = _fi_build.missing_tools(text)
+    assert missing and all(m.endswith(": not found") for m in missing)
+    assert _fi_build.classify_jit_error("\n".join(missing)) == code
+    assert _fi_build.missing_tools("cuda_home = /bin\ncxx = sh\nnvcc = $cuda_home/sh\n") == []

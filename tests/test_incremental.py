@@ -264,7 +264,11 @@ def result(status: Status = Status.PASS, reason: str = "", dirty: bool | None = 
     (result(Status.HANG, "hang"), INPUTS, FULL, "is not one a rerun repeats"),
     (result(Status.CRASH, "signal"), INPUTS, FULL, "is not one a rerun repeats"),
     (result(Status.NOT_RUN, "jit-build-timeout"), INPUTS, FULL, "is not one a rerun repeats"),
-    (result(Status.FAIL, "no-result"), INPUTS, FULL, "is not one a rerun repeats"),
+    (result(Status.FAIL, "no-result"), INPUTS, FULL, "the harness's failure"),
+    (result(Status.FAIL, "nonzero-exit"), INPUTS, FULL, "the harness's failure"),
+    (result(Status.NOT_RUN, "container-lost"), INPUTS, FULL, "the harness's failure"),
+    (result(Status.NOT_RUN, "harness-error"), INPUTS, FULL, "the harness's failure"),
+    (result(Status.NOT_RUN, "docker-daemon-error"), INPUTS, FULL, "the harness's failure"),
     (result(dirty=True), INPUTS, FULL, "differed from its commit"),
     (result(dirty=None), INPUTS, FULL, "differed from its commit"),
     (result(probe_hash="old"), INPUTS, FULL, "the probe's source changed"),
@@ -280,6 +284,14 @@ def test_which_results_a_run_carries(r: ProbeResult, inputs: incremental.Inputs 
                                      why: str) -> None:
     got = incremental.why_not(r, inputs, "abc", level)
     assert (why in got and got) if why else got == ""
+
+
+@pytest.mark.parametrize("code", ["container-lost", "docker-daemon-error", "harness-error", "no-result"])
+def test_the_harnesss_failure_is_rerun_even_by_the_full_pass_of_the_same_command(code: str) -> None:
+    """An earlier pass of this very command carries whatever it recorded, but not the harness's own failures."""
+    got = incremental.why_not(result(Status.NOT_RUN, code), INPUTS, "abc", FULL, same_command=True)
+    assert "the harness's failure" in got
+    assert incremental.why_not(result(Status.HANG, "hang"), INPUTS, "abc", FULL, same_command=True) == ""
 
 
 def test_host_facts_that_count_for_gpu_and_compile_probes() -> None:

@@ -31,6 +31,7 @@ from checks.results.result import ProbeResult, Verdict
 from checks.results.store import REUSED_FROM, latest_results
 from checks.run.executor import digest
 from checks.run.plan import WorkItem
+from common import reasons
 from inenv.probe import FULL, QUICK
 from inenv.status import Status
 
@@ -38,8 +39,6 @@ Key = tuple[str, str, str]
 INPUTS = "inputs"  # evidence key: the Inputs a result was made from
 LEVEL = "level"  # evidence key: "quick" on results of a quick run (absent: full)
 CARRIED = frozenset({Status.PASS, Status.PARTIAL, Status.FAIL, Status.SKIP})
-# fail verdicts the harness made when the worker gave no answer: nothing says a rerun would repeat them
-NO_ANSWER = frozenset({"bad-result", "no-result", "nonzero-exit"})
 
 
 @dataclass(frozen=True)
@@ -74,14 +73,17 @@ def level_of(result: ProbeResult) -> str:
 
 
 def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, level: str,
-            same_command: bool = False) -> str:
+            same_command: bool = False, harness: frozenset[str] | None = None) -> str:
     """'' when ``result`` answers a variant with these inputs in a run at ``level``; else why it does not.
     ``same_command``: the result was recorded by an earlier pass of this very command: made by the code now
     running even when that code differs from its commit (the probe's hash is still compared), and carried
     whatever its verdict, since running it again minutes later would repeat its cost (a hang's timeout)
-    for an answer no fresher."""
+    for an answer no fresher. A failure of the harness itself (``harness``: the catalogue's harness codes: a
+    worker that gave no answer, a lost container) is never carried, not even from an earlier pass."""
     v = result.verdict
-    if not same_command and (v.status not in CARRIED or (v.status is Status.FAIL and v.reason_code in NO_ANSWER)):
+    if v.reason_code in (reasons.default().harness_codes if harness is None else harness):
+        return f"its verdict ({v.status} {v.reason_code}) is the harness's failure, not the feature's"
+    if not same_command and v.status not in CARRIED:
         return f"its verdict ({v.status} {v.reason_code}) is not one a rerun repeats"
     if result.code is None or (result.code.dirty is not False and not same_command):
         return "made by code that differed from its commit (or by unrecorded code)"

@@ -37,6 +37,7 @@ from inenv import gpugate
 from inenv.kit import _compile_cache
 from inenv.probe import Variant
 from inenv.registry import PROBE_PATH_ENV
+from inenv.status import Status
 from inenv.worker import bytecode_folder_name
 
 MOUNT_ROOT = "/opt/stackprobe-code"  # apart from /opt/stackprobe, where cell images keep their locks
@@ -88,6 +89,29 @@ def exit_to_returncode(code: int) -> int:
     return -(code - 128) if 128 < code < 128 + 65 else code
 
 
+class ContainerLost(Exception):
+    """The daemon failed a variant after its container started: the container was removed or died outside
+    this variant (``code`` container-lost), or the daemon itself answered with an error or not at all
+    (docker-daemon-error). The harness's failure, recorded as the variant's result."""
+
+    def __init__(self, code: str, note: str, duration_s: float) -> None:
+        super().__init__(note)
+        self.code, self.note, self.duration_s = code, note, round(duration_s, 3)
+
+    @classmethod
+    def of(cls, name: str, exc: BaseException, duration_s: float) -> ContainerLost:
+        # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
+        import docker.errors
+
+        why = str(getattr(exc, "explanation", None) or exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        gone = isinstance(exc, docker.errors.NotFound) or (status == 409 and ("removal" in why or "dead" in why))
+        if gone:
+            return cls("container-lost", f"container {name} was removed or died before its result was read "
+                       f"(Docker: {why})", duration_s)
+        return cls("docker-daemon-error", f"the Docker daemon failed while container {name} ran: {why}", duration_s)
+
+
 @dataclass
 class DockerExecutor:
     image: str
@@ -96,7 +120,6 @@ class DockerExecutor:
     run_label: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     memlock_unlimited: bool = True
     memlock_note: str = "unlimited"
-    last_container: str = ""
     image_id: str | None = None
     use_init: bool = True  # PID 1 ignores default-action signals; an init makes a crash look like one
     name: str = "docker"
@@ -132,7 +155,7 @@ class DockerExecutor:
             self._client = client()
         return self._client
 
-    def _config(self, command: list[str]) -> dict[str, Any]:
+    def _config(self, command: list[str], name: str = "") -> dict[str, Any]:
         # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         from docker.types import DeviceRequest, Ulimit
 
@@ -170,22 +193,19 @@ class DockerExecutor:
             "init": self.use_init,
             "network_mode": "none",
             "labels": {**extra_labels(), LABEL: self.run_label},
-            "name": f"stackprobe-{self.run_label}-{uuid.uuid4().hex[:8]}",
+            "name": name or self.container_name(),
         }
         if self.gpus_on_host:
             cfg["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
         return cfg
 
-    def _start(self, command: list[str]) -> Any:
+    def _start(self, cfg: dict[str, Any]) -> Any:
         """Create, then start; a container that fails to start is removed, not left behind.
 
         The name is chosen before ``create`` and the removal goes by name: a Ctrl-C that lands while the
         daemon's reply to ``create`` is in flight leaves a container this process never got a handle to."""
-        cfg = self._config(command)
-        cfg.pop("detach")
-        self.last_container = cfg["name"]
         try:
-            ctr = self.docker.containers.create(**cfg)
+            ctr = self.docker.containers.create(**{k: v for k, v in cfg.items() if k != "detach"})
             ctr.start()
         except BaseException:
             self._remove(cfg["name"])
@@ -200,56 +220,77 @@ class DockerExecutor:
             with contextlib.suppress(docker.errors.APIError):  # NotFound included: already gone
                 self.docker.api.remove_container(name, force=True)
 
-    def _start_degrading(self, command: list[str]) -> Any:
+    def _start_degrading(self, command: list[str], names: list[str]) -> Any:
+        """Start a container for ``command`` named ``names[0]``; each retry after a refusal takes a new name,
+        appended to ``names`` (the daemon may still be removing the refused one)."""
         # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         import docker.errors
 
         while True:
+            cfg = self._config(command, names[-1])
             try:
-                return self._start(command)
+                return self._start(cfg)
             except docker.errors.APIError as exc:
+                # Judged by what this attempt asked for, not by the executor's state now: variants of one cell
+                # start at once, and another one's refusal may have degraded it meanwhile.
                 # A daemon that itself runs under a memlock cap cannot raise it for containers; NCCL and
                 # CUDA IPC then work with the cap. Recorded in the results as evidence.memlock.
-                if self.memlock_unlimited and "rlimit" in str(exc):
+                if cfg["ulimits"] and "rlimit" in str(exc):
                     self.memlock_unlimited = False
                     self.memlock_note = memlock.refused(str(exc.explanation or exc))
-                elif self.use_init and "init" in str(exc):
+                elif cfg["init"] and "init" in str(exc):
                     self.use_init = False  # no docker-init on this host: the worker runs as PID 1
                 else:
                     raise
+                names.append(f"{names[0]}-{len(names)}")
 
-    def _run(self, command: list[str], timeout_s: float) -> ProcessOutcome:
+    def container_name(self) -> str:
+        """A new container's name: unique, so that every variant owns the container it starts, whatever runs
+        beside it on the same executor."""
+        return f"stackprobe-{self.run_label}-{uuid.uuid4().hex[:8]}"
+
+    def _run(self, command: list[str], timeout_s: float, name: str = "") -> ProcessOutcome:
+        """Run ``command`` in a new container named ``name`` (a new one when empty) and remove that container,
+        and only that one, at the end. The daemon failing after the start (the container removed by someone
+        else, the daemon gone) raises ContainerLost: the variant's result, not the run's end."""
         # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         import docker.errors
         import requests.exceptions
 
+        names = [name or self.container_name()]  # the first, then one per retry (_start_degrading)
         started = time.monotonic()
         timed_out = False
         code: int | None = None
-        self.last_container = ""
         try:
             try:
-                ctr = self._start_degrading(command)
+                ctr = self._start_degrading(command, names)
             except docker.errors.ImageNotFound:
                 raise ExecutorError(f"image {self.image} not found: run `provision build` first") from None
             except docker.errors.APIError as exc:
                 why = str(exc.explanation or exc)
                 hint = "; install the NVIDIA container toolkit for GPU access" if "device driver" in why else ""
-                raise ExecutorError(f"cannot start a container from {self.image}: {why}{hint}") from None
+                raise ExecutorError(f"cannot start a container from {self.image}: {why}{hint}",
+                                    "docker-daemon-error") from None
             try:
-                code = int(ctr.wait(timeout=timeout_s).get("StatusCode", -1))
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                timed_out = True
-                ctr.kill()
-            out = ctr.logs(stdout=True, stderr=False, tail=TAIL_LINES).decode(errors="replace")
-            err = ctr.logs(stdout=False, stderr=True, tail=TAIL_LINES).decode(errors="replace")
-            oom = False
-            if not timed_out:
-                ctr.reload()
-                oom = bool(ctr.attrs.get("State", {}).get("OOMKilled"))
+                try:
+                    code = int(ctr.wait(timeout=timeout_s).get("StatusCode", -1))
+                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                    if time.monotonic() - started < timeout_s:
+                        raise  # the daemon went away before the timeout: not a hang
+                    timed_out = True
+                    ctr.kill()
+                out = ctr.logs(stdout=True, stderr=False, tail=TAIL_LINES).decode(errors="replace")
+                err = ctr.logs(stdout=False, stderr=True, tail=TAIL_LINES).decode(errors="replace")
+                oom = False
+                if not timed_out:
+                    ctr.reload()
+                    oom = bool(ctr.attrs.get("State", {}).get("OOMKilled"))
+            except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+                raise ContainerLost.of(names[-1], exc, time.monotonic() - started) from None
         finally:
             # by name, so that no moment between create and this point leaves a container behind
-            self._remove(self.last_container)
+            for each in names:
+                self._remove(each)
         result, result_error = parse_result_text(out)
         if oom:
             err += "\ncontainer OOMKilled: host memory exhausted"
@@ -274,11 +315,17 @@ class DockerExecutor:
     def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
             queue_s: float = 0.0) -> Verdict:
         limit = hard_timeout(timeout_s, queue_s)
-        p = self._run([self.python, *worker_args(variant, gpus, timeout_s, queue_s)], limit)
-        verdict = classify.from_process(p, catalogue, limit)
-        return verdict.with_evidence(
-            image=self.image, image_id=self._image_id(), memlock=self.memlock_note, container=self.last_container,
-            command=f"docker run {self.image} {self.python} -m inenv.worker --probe {variant.probe_id}")
+        name = self.container_name()
+        command = f"docker run {self.image} {self.python} -m inenv.worker --probe {variant.probe_id}"
+        try:
+            p = self._run([self.python, *worker_args(variant, gpus, timeout_s, queue_s)], limit, name)
+        except ContainerLost as lost:
+            verdict = classify.decided(Status.NOT_RUN, lost.code, lost.note, catalogue)
+            verdict = verdict.replace(duration_s=lost.duration_s)
+        else:
+            verdict = classify.from_process(p, catalogue, limit)
+        return verdict.with_evidence(image=self.image, image_id=self._image_id(), memlock=self.memlock_note,
+                                     container=name, command=command)
 
     def _bytecode_dir(self) -> str | None:
         """A host folder for the bytecode the ranks of this image compile, mounted where the container's root

@@ -36,7 +36,12 @@ RunEnv = tuple[tuple[str, str], ...]  # NAME=value for every worker of a cell; a
 
 
 class ExecutorError(RuntimeError):
-    """The executor cannot run at all (no interpreter, no Docker): bad environment, exit 2."""
+    """The executor cannot run at all (no interpreter, no Docker): bad environment, exit 2. Raised by a running
+    variant, it stops its cell: ``code`` is the reason its variants are not run with."""
+
+    def __init__(self, message: str, code: str = "image-missing") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def worker_args(variant: Variant, gpus: int, timeout_s: float, queue_s: float = 0.0) -> list[str]:

@@ -23,6 +23,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -252,7 +253,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     Ctrl-C stops after cleanup; what finished stays in the store."""
     rec, pending = begin(opts.resume, opts.level, work, hooks or Hooks())
     executors, catalogue, gpus = work.executors, work.catalogue, work.gpus
-    broken: dict[str, str] = {}  # cell -> why its executor cannot start (e.g. image vanished)
+    broken: dict[str, tuple[str, str]] = {}  # cell -> the reason code and why its executor cannot start
     # Only when every cell's workers take turns on the lock: a variant started ahead on an ungated executor
     # would not wait at any gate and would share the GPUs with the running one.
     ahead = GATE_DEPTH if gpus and executors and all(ex.gated for ex in executors.values()) else 0
@@ -261,7 +262,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     def run_one(item: WorkItem) -> Verdict:
         cell = item.cell.cell_id
         if cell in broken:
-            return classify.decided(Status.NOT_RUN, "image-missing", broken[cell], catalogue)
+            return classify.decided(Status.NOT_RUN, *broken[cell], catalogue)
         executor = executors[cell]
         try:
             if executor.gated and uses_gpu(item):
@@ -269,8 +270,10 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                                     queue_s=queue_for.get(item.key, DEFAULT_QUEUE_S))
             return executor.run(level_variant(item, opts.level), gpus, item.timeout_s, catalogue)
         except ExecutorError as exc:
-            broken[cell] = str(exc)
-            return classify.decided(Status.NOT_RUN, "image-missing", str(exc), catalogue)
+            broken[cell] = (exc.code, str(exc))
+            return classify.decided(Status.NOT_RUN, exc.code, str(exc), catalogue)
+        except Exception as exc:  # the harness failed this variant (a bug, the daemon): its result, not the run's end
+            return harness_failure(exc, catalogue)
 
     pool = _Pool(run_one)
     try:
@@ -294,6 +297,15 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
         pool.stop(executors)
         print("interrupted: results finished so far are kept in " + str(work.store.results_path), file=sys.stderr)
     return rec.report
+
+
+def harness_failure(exc: Exception, catalogue: Catalogue) -> Verdict:
+    """The verdict of a variant the harness itself failed (an executor raised): not-run harness-error, with the
+    traceback, so the run goes on and a later run reruns it (harness codes are never reused)."""
+    tb = "".join(traceback.format_exception(exc))[-3000:]
+    print(f"warning: stackprobe failed a variant: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+    v = classify.decided(Status.NOT_RUN, "harness-error", f"{type(exc).__name__}: {str(exc)[:300]}", catalogue)
+    return v.with_evidence(traceback=tb)
 
 
 Outcome = tuple[WorkItem, str, Verdict | BaseException]

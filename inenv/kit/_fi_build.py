@@ -100,6 +100,23 @@ def ninja_toolkit(text: str) -> dict[str, str]:
     return found
 
 
+def missing_tools(text: str) -> list[str]:
+    """The compilers a flashinfer build.ninja names (``nvcc``, then the host compiler ``cxx``) that cannot be
+    run here, each as the shell would report it (``.../nvcc: not found``). Checked before ninja starts, so a
+    cell lacking both says so in the same order whichever job ninja would have started first."""
+    found = dict(re.findall(r"^(cuda_home|nvcc|cxx) = (.*)$", text, re.M))
+    missing = []
+    for name in ("nvcc", "cxx"):
+        command = found.get(name, "").replace("$cuda_home", found.get("cuda_home", "")).split()
+        if not command:
+            continue
+        tool = command[0]
+        usable = os.access(tool, os.X_OK) if os.sep in tool else shutil.which(tool) is not None
+        if not usable:
+            missing.append(f"{tool}: not found")
+    return missing
+
+
 def up_to_date(log: str) -> bool:
     """Whether a ninja step ran nothing because every output was newer than its inputs and command."""
     return _UP_TO_DATE in log
@@ -471,6 +488,8 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
             if store and key and names else None
         if kept is not None:
             stopped = _link_kept(out, kept, build_dir, objs, finals, t0)
+        elif missing := missing_tools(text):
+            stopped = _stopped(out, "compile", "\n".join(missing))
         else:
             stopped = _ninja_build(out, module, build_dir, objs, finals, t0)
         if stopped:
