@@ -90,9 +90,9 @@ def exit_to_returncode(code: int) -> int:
 
 
 class ContainerLost(Exception):
-    """The daemon failed a variant after its container started: the container was removed or died outside
-    this variant (``code`` container-lost), or the daemon itself answered with an error or not at all
-    (docker-daemon-error). The harness's failure, recorded as the variant's result."""
+    """The daemon failed a variant after its container started: the container is gone or dead, removed or
+    killed outside this variant (``code`` container-lost), or the daemon itself answered with an error or not at
+    all (docker-daemon-error). The harness's failure, recorded as the variant's result."""
 
     def __init__(self, code: str, note: str, duration_s: float) -> None:
         super().__init__(note)
@@ -107,8 +107,8 @@ class ContainerLost(Exception):
         status = getattr(getattr(exc, "response", None), "status_code", None)
         gone = isinstance(exc, docker.errors.NotFound) or (status == 409 and ("removal" in why or "dead" in why))
         if gone:
-            return cls("container-lost", f"container {name} was removed or died before its result was read "
-                       f"(Docker: {why})", duration_s)
+            return cls("container-lost", f"container {name} is gone or dead: removed or killed outside this "
+                       f"variant before its result could be read (Docker: {why})", duration_s)
         return cls("docker-daemon-error", f"the Docker daemon failed while container {name} ran: {why}", duration_s)
 
 
