@@ -578,3 +578,4 @@ def test_missing_compilers_are_found_before_ninja_in_a_fixed_order(nvcc: str, cx
     assert missing and all(m.endswith(": not found") for m in missing)
     assert _fi_build.classify_jit_error("\n".join(missing)) == code
     assert _fi_build.missing_tools("cuda_home = /bin\ncxx = sh\nnvcc = $cuda_home/sh\n") == []
+    assert _fi_build.missing_tools("cxx = sh\nnvcc = $somewhere/bin/nvcc\n") == []  # only ninja knows that one

@@ -104,13 +104,12 @@ def missing_tools(text: str) -> list[str]:
     """The compilers a flashinfer build.ninja names (``nvcc``, then the host compiler ``cxx``) that cannot be
     run here, each as the shell would report it (``.../nvcc: not found``). Checked before ninja starts, so a
     cell lacking both says so in the same order whichever job ninja would have started first."""
-    found = dict(re.findall(r"^(cuda_home|nvcc|cxx) = (.*)$", text, re.M))
+    cxx = re.search(r"^cxx = (.*)$", text, re.M)
     missing = []
-    for name in ("nvcc", "cxx"):
-        command = found.get(name, "").replace("$cuda_home", found.get("cuda_home", "")).split()
-        if not command:
+    for command in (ninja_toolkit(text).get("nvcc", ""), cxx.group(1) if cxx else ""):
+        tool = (command.split() or [""])[0]
+        if not tool or "$" in tool:  # absent, or a variable only ninja knows: ninja's own run will tell
             continue
-        tool = command[0]
         usable = os.access(tool, os.X_OK) if os.sep in tool else shutil.which(tool) is not None
         if not usable:
             missing.append(f"{tool}: not found")
