@@ -73,15 +73,15 @@ def level_of(result: ProbeResult) -> str:
 
 
 def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, level: str,
-            same_command: bool = False, harness: frozenset[str] | None = None) -> str:
+            same_command: bool = False) -> str:
     """'' when ``result`` answers a variant with these inputs in a run at ``level``; else why it does not.
     ``same_command``: the result was recorded by an earlier pass of this very command: made by the code now
     running even when that code differs from its commit (the probe's hash is still compared), and carried
     whatever its verdict, since running it again minutes later would repeat its cost (a hang's timeout)
-    for an answer no fresher. A failure of the harness itself (``harness``: the catalogue's harness codes: a
+    for an answer no fresher. A failure of the harness itself (a reason the catalogue marks ``harness``: a
     worker that gave no answer, a lost container) is never carried, not even from an earlier pass."""
     v = result.verdict
-    if v.reason_code in (reasons.default().harness_codes if harness is None else harness):
+    if v.reason_code in reasons.default().harness_codes:
         return f"its verdict ({v.status} {v.reason_code}) is the harness's failure, not the feature's"
     if not same_command and v.status not in CARRIED:
         return f"its verdict ({v.status} {v.reason_code}) is not one a rerun repeats"
