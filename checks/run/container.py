@@ -183,7 +183,6 @@ class DockerExecutor:
         cfg: dict[str, Any] = {
             "image": self.image,
             "command": command,
-            "detach": True,
             "environment": env,
             "volumes": volumes,
             "working_dir": "/tmp",
@@ -205,7 +204,7 @@ class DockerExecutor:
         The name is chosen before ``create`` and the removal goes by name: a Ctrl-C that lands while the
         daemon's reply to ``create`` is in flight leaves a container this process never got a handle to."""
         try:
-            ctr = self.docker.containers.create(**{k: v for k, v in cfg.items() if k != "detach"})
+            ctr = self.docker.containers.create(**cfg)
             ctr.start()
         except BaseException:
             self._remove(cfg["name"])
