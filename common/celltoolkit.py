@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 # What an image of the cell leaves unset: a host value would pick another toolkit or compiler than the cell's.
 UNSET = ("CUDA_PATH", "FLASHINFER_NVCC")
@@ -28,3 +29,21 @@ def toolkit_home(record: Mapping[str, object]) -> str:
         return str(record["cuda_home"])
     venv = record.get("venv") or os.path.dirname(os.path.dirname(str(record.get("python") or "")))
     return os.path.join(str(venv), "cuda")
+
+
+def cell_env(record: Mapping[str, object], environ: Mapping[str, str], code_root: Path) -> tuple[tuple[str, str], ...]:
+    """What a process in a venv cell gets on top of ``environ`` (an empty value unsets): the venv's scripts
+    first on PATH (then the base's: its ninja, say); only ``code_root`` on PYTHONPATH, so the caller's path
+    cannot put other packages in front of the cell's. A full cell is the environment its image is: CUDA_HOME
+    (and flashinfer's CUDA_LIB_PATH) is the cell's own toolkit (an empty one where the registry has no nvcc),
+    no host nvcc stays on PATH, and CUDA_PATH and FLASHINFER_NVCC are unset. An overlay cell (a base
+    environment's torch and CUDA libraries) compiles with the toolkit the host has."""
+    path = [str(p) for p in record.get("path") or [] if p]  # type: ignore[union-attr]
+    host_path = environ.get("PATH", os.defpath)
+    if record.get("base_python"):
+        return (("PATH", os.pathsep.join([*path, host_path])), ("PYTHONPATH", str(code_root)),
+                *((("CUDA_HOME", str(record["cuda_home"])),) if record.get("cuda_home") else ()))
+    home = toolkit_home(record)
+    own = [*path, os.path.join(home, "bin")]
+    return (("PATH", without_nvcc(os.pathsep.join([*own, host_path]), keep=own)), ("PYTHONPATH", str(code_root)),
+            ("CUDA_HOME", home), ("CUDA_LIB_PATH", os.path.join(home, *CUDA_LIB)), *((name, "") for name in UNSET))

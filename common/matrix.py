@@ -14,10 +14,15 @@ from common.catalog import load as load_catalog
 from common.errors import InputError, suggest
 from common.yamlsrc import Path_, Source
 from common.yamlsrc import load as load_yaml
+from inenv.gpuarch import TargetError, parse_target
 
 AXES: tuple[str, ...] = ("cuda", "torch", "sgl_kernel", "flashinfer")
-EXTRA_KEYS: tuple[str, ...] = ("jit_cache",)  # keys an include entry may attach to cells
-TOP_KEYS = ("matrix", "description")
+EXTRA_KEYS: tuple[str, ...] = ("jit_cache", "kernel_archs")  # keys an include entry may attach to cells
+TOP_KEYS = ("matrix", "description", "kernel_archs")
+# The GPU architectures a cell's carried flashinfer comm modules are compiled for when the matrix names none:
+# Hopper (9.0a: the H200 hosts the table has) and the Blackwell targets fi-jit cross-compiles (12.0a, 12.0f:
+# RTX PRO 6000 / RTX 5090 class). `provision build` compiles each module once for the whole list.
+DEFAULT_KERNEL_ARCHS: tuple[str, ...] = ("9.0a", "12.0a", "12.0f")
 MATRIX_KEYS = AXES + ("include", "exclude")
 TORCH_CHANNELS = ("stable", "nightly")
 # Values end up in file names, image tags and shell lines: letters, digits and . + _ - only.
@@ -34,6 +39,8 @@ class Cell:
     flashinfer: str  # version or "none"
     jit_cache: bool = False  # also install flashinfer-jit-cache
     preset: str | None = None
+    # what `provision build` compiles the cell's comm modules for; not part of what the cell is
+    kernel_archs: tuple[str, ...] = field(default=DEFAULT_KERNEL_ARCHS, compare=False)
 
     def axis(self, name: str) -> str:
         return str(getattr(self, name))
@@ -47,6 +54,7 @@ class Matrix:
     include: tuple[tuple[tuple[str, Any], ...], ...]
     description: str = ""
     cells: tuple[Cell, ...] = field(default=())
+    kernel_archs: tuple[str, ...] = DEFAULT_KERNEL_ARCHS
 
 
 def _scalar_str(src: Source, path: Path_, value: Any) -> str:
@@ -88,6 +96,25 @@ def _axis_value(src: Source, path: Path_, axis: str, value: Any, catalog: Catalo
     return _version(src, path, text, axis.replace("_", "-"))
 
 
+def kernel_archs(src: Source, path: Path_, value: Any) -> tuple[str, ...]:
+    """A list of GPU architectures (``["9.0a", "12.0f"]``), or ``none`` / ``[]`` for no carried kernels."""
+    if value == "none" or value == []:
+        return ()
+    if not isinstance(value, list):
+        raise src.error(path, 'expected a list of GPU architectures such as ["9.0a", "12.0a"], or none')
+    out: list[str] = []
+    for i, v in enumerate(value):
+        if not isinstance(v, str | int | float) or isinstance(v, bool):
+            raise src.error(path + (i,), 'expected an architecture string such as "9.0a"')
+        try:
+            name = str(parse_target(str(v)))
+        except TargetError as exc:
+            raise src.error(path + (i,), str(exc)) from None
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
 def _mapping(src: Source, path: Path_, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise src.error(path, f"expected a mapping with keys {', '.join(allowed)}")
@@ -116,6 +143,8 @@ def _entry(src: Source, path: Path_, raw: Any, catalog: Catalog, allowed: tuple[
             if not isinstance(v, bool):
                 raise src.error(path + (k,), "expected true or false")
             out[k] = v
+        elif k == "kernel_archs":
+            out[k] = kernel_archs(src, path + (k,), v)
     return out
 
 
@@ -160,7 +189,9 @@ def parse(src: Source, catalog: Catalog) -> Matrix:
     description = top.get("description", "")
     if not isinstance(description, str):
         raise src.error(("description",), "expected a string")
-    matrix = Matrix(src.file, axes, tuple(exclude), tuple(include), description)
+    archs = kernel_archs(src, ("kernel_archs",), top["kernel_archs"]) if "kernel_archs" in top \
+        else DEFAULT_KERNEL_ARCHS
+    matrix = Matrix(src.file, axes, tuple(exclude), tuple(include), description, kernel_archs=archs)
     cells = expand(matrix)
     for i, (entry, cell) in enumerate(zip(include, cells.new_from_include, strict=True)):
         if cell is None:
@@ -169,7 +200,7 @@ def parse(src: Source, catalog: Catalog) -> Matrix:
         if missing:
             raise src.error(("matrix", "include", i), "this entry matches no cell, so it adds one, but it lacks "
                             f"{', '.join(missing)} (give them, or a preset)")
-    return Matrix(src.file, axes, tuple(exclude), tuple(include), description, cells.cells)
+    return Matrix(src.file, axes, tuple(exclude), tuple(include), description, cells.cells, archs)
 
 
 def _list(src: Source, path: Path_, value: Any) -> list[Any]:
@@ -212,7 +243,7 @@ def expand(matrix: Matrix) -> Expansion:
     seen: set[Cell] = set()
     for c in combos:
         cell = Cell(c["cuda"], c["torch"], c["sgl_kernel"], c["flashinfer"], bool(c.get("jit_cache", False)),
-                    c.get("preset"))
+                    c.get("preset"), tuple(c.get("kernel_archs", matrix.kernel_archs)))
         if cell not in seen:
             seen.add(cell)
             cells.append(cell)

@@ -136,7 +136,8 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             image_id = docker.image_id(tag)
             if prev.get("tag") == tag and prev.get("status") in BUILT and image_id:
                 report(cid, "unchanged, not rebuilt")
-                keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id", "build_s", "base")}
+                keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id", "build_s", "base", "kernels",
+                                                   "kernels_base")}
                 return record(folder, status="skipped-unchanged", tag=tag, note=_note(cell, base, opts), **keep)
             if image_id and (adopted := adopt(folder, cell, base, tag, image_id)) is not None:
                 report(cid, "unchanged, not rebuilt (its image was already here; self-checked again)")

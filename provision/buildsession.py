@@ -9,6 +9,7 @@ A :class:`Builder` makes cells in one way; :data:`BUILDERS` holds every one by t
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import threading
@@ -26,7 +27,7 @@ from common.api import plan
 from common.errors import InputError
 from common.progress import console as progress_console
 from common.resolve import RESOLVED, Resolved
-from provision import doctor
+from provision import doctor, kernels
 from provision.build import DockerBuilder, render_dockerfiles
 from provision.dockercli import Docker
 from provision.lock import torch_key
@@ -87,8 +88,28 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     folders, records = builder.lock(cells, opts)
     disk_gate(cells, opts, builder)  # after locking: a cell counts as built only when its current build is here
     records += builder.build(folders, opts, reporter(opts))
+    records = carry_kernels(cells, records, opts, docker)
     summary(cells, records, opts.json)
     return 1 if any(r["status"] == "failed" for r in records) else 0
+
+
+def kernel_archs(cells: Sequence[Resolved], opts: BuildOptions) -> dict[str, tuple[str, ...]]:
+    """Each resolved cell's carried-kernel archs: ``--kernel-archs``, else its matrix entry's."""
+    return {r.cell_id: (opts.kernel_archs if opts.kernel_archs is not None else r.cell.kernel_archs)
+            for r in cells if r.status == RESOLVED}
+
+
+def memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        return 8 << 30
+
+
+def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOptions, docker: Docker | None) -> Records:
+    """The kernel stage (provision.kernels) over every built cell."""
+    jobs = opts.kernel_parallel(os.cpu_count() or 1, memory_bytes())
+    return kernels.carry(records, kernel_archs(cells, opts), jobs, opts.envs, reporter(opts), docker)
 
 
 def dry_run(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -> int:

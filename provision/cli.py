@@ -17,6 +17,7 @@ from common.api import DEFAULT_MATRIX, plan
 from common.catalog import CATALOG_PATH
 from common.catalog import load as load_catalog
 from common.errors import InputError, suggest
+from inenv.gpuarch import TargetError, parse_targets
 from provision.baseimage import BaseImageError, ensure_all
 from provision.dockercli import Docker, docker_cli
 from provision.lock import ENVS, live_check, lock_cells
@@ -56,6 +57,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--venvs", default=None, help="where venv cells are made (default: .cache/venvs/ of the project)")
     p.add_argument("--dry-run", action="store_true", help="render Dockerfiles and print the plan, build nothing")
     p.add_argument("--jobs", type=int, default=1, help="cells built in parallel")
+    p.add_argument("--kernel-archs", metavar="LIST",
+                   help="compile each cell's flashinfer comm modules for these GPU architectures, comma separated "
+                        "(e.g. 9.0a,12.0f), or none; default: the matrix's kernel_archs (9.0a,12.0a,12.0f)")
+    p.add_argument("--kernel-jobs", type=int, default=None,
+                   help="comm module builds at once (default: the cores, at most one per 8 GiB of memory)")
     p.add_argument("--base", choices=("auto", "nvidia", "registry-free"), default="auto",
                    help="auto: nvidia/cuda if that image is present locally, else the registry-free base")
     p.add_argument("--base-image", help="FROM this image (nvidia/cuda-like, with the CUDA toolkit) instead")
@@ -123,7 +129,23 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
         args.base, args.base_image, Path(args.envs) if args.envs else ENVS,
         Path(args.dockerfiles) if args.dockerfiles else DOCKERFILES, args.json, backend=args.backend,
         base_python=args.base_python, wheels=Path(args.wheels) if args.wheels else None,
-        venvs=Path(args.venvs) if args.venvs else VENVS, ignore_disk=args.ignore_disk).check()
+        venvs=Path(args.venvs) if args.venvs else VENVS, ignore_disk=args.ignore_disk,
+        kernel_archs=kernel_archs_arg(args.kernel_archs), kernel_jobs=args.kernel_jobs).check()
+
+
+def kernel_archs_arg(text: str | None) -> tuple[str, ...] | None:
+    """``--kernel-archs``: None when not given (the matrix decides), () for none, else the normalised list."""
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        archs = parse_targets(text.replace(" ", ","))
+    except TargetError as exc:
+        raise InputError(f"--kernel-archs: {exc}") from None
+    if not archs:
+        raise InputError("--kernel-archs: give architectures such as 9.0a,12.0f, or none")
+    return archs
 
 
 def cmd_build(args: argparse.Namespace) -> int:

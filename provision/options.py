@@ -37,6 +37,15 @@ class BuildOptions:
     wheels: Path | None = None  # venv cells: install from this folder of wheels instead of an index
     venvs: Path = VENVS
     ignore_disk: bool = False  # build even when the free space looks too small
+    kernel_archs: tuple[str, ...] | None = None  # every cell's carried-kernel archs; None: the matrix's per cell
+    kernel_jobs: int | None = None  # comm module builds at once; None: the cores, one per 8 GiB of memory
+
+    def kernel_parallel(self, cores: int, memory_bytes: int) -> int:
+        """How many comm module builds run at once: ``--kernel-jobs``, else the cores, at most one per 8 GiB
+        (one nvcc of trtllm_comm for three targets holds several GiB)."""
+        if self.kernel_jobs is not None:
+            return self.kernel_jobs
+        return max(1, min(cores, memory_bytes // (8 << 30)))
 
     @property
     def overlay(self) -> bool:
@@ -46,6 +55,8 @@ class BuildOptions:
         """The options themselves when they are consistent; else InputError naming the option."""
         if self.jobs < 1:
             raise InputError("--jobs must be 1 or more")
+        if self.kernel_jobs is not None and self.kernel_jobs < 1:
+            raise InputError("--kernel-jobs must be 1 or more")
         if self.base_image and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$", self.base_image):
             raise InputError(f"--base-image '{self.base_image}' is not an image reference")
         if self.backend not in CHOICES:

@@ -111,8 +111,15 @@ def test_plan_cells_interface() -> None:
 
 BAD = [
     ("matrix: [", "not valid YAML", 1),
+    ("kernel_archs: [sm_99z]\nmatrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
+     "kernel_archs[0]: 'sm_99z' is not a GPU architecture", 1),
+    ("kernel_archs: 9.0a\nmatrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
+     "kernel_archs: expected a list of GPU architectures", 1),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n"
+     "  include:\n    - {cuda: '13.0', kernel_archs: [true]}\n",
+     "matrix.include[0].kernel_archs[0]: expected an architecture string", 7),
     ("", "the file is empty", None),
-    ("matrx: {}", "unknown key 'matrx'; allowed: matrix, description (did you mean 'matrix'?)", 1),
+    ("matrx: {}", "unknown key 'matrx'; allowed: matrix, description, kernel_archs (did you mean 'matrix'?)", 1),
     ("matrix:\n  cuda: ['12.8']\n  torch: [stable]\n  sgl_kernel: [none]\n", "missing axis 'flashinfer'", 1),
     ("matrix:\n  cuda: ['12.7']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
      "matrix.cuda[0]: unknown CUDA version '12.7'; allowed: 12.6, 12.8, 12.9, 13.0, 13.2 (did you mean '12.8'?)", 2),
@@ -163,3 +170,19 @@ def test_missing_matrix_file(capsys: pytest.CaptureFixture[str]) -> None:
         main(["plan", "--matrix", "/nonexistent/m.yaml"])
     assert exc.value.code == 2
     assert "file not found" in capsys.readouterr().err
+
+
+def test_kernel_archs_default_matrix_and_include(tmp_path: Path) -> None:
+    """The matrix-wide list, an include entry's own list for the cells it matches, none, and the default."""
+    from common.matrix import load
+
+    f = tmp_path / "m.yaml"
+    f.write_text("kernel_archs: ['sm_100a', '9.0A']\nmatrix:\n  cuda: ['13.0']\n  torch: [stable]\n"
+                 "  sgl_kernel: [none]\n  flashinfer: ['0.6.17', '0.7.4']\n"
+                 "  include:\n    - {flashinfer: '0.7.4', kernel_archs: ['12.0f']}\n"
+                 "    - {cuda: '13.2', torch: stable, sgl_kernel: none, flashinfer: '0.7.4', kernel_archs: none}\n")
+    m = load(f)
+    got = {(c.cuda, c.flashinfer): c.kernel_archs for c in m.cells}
+    assert got == {("13.0", "0.6.17"): ("10.0a", "9.0a"), ("13.0", "0.7.4"): ("12.0f",), ("13.2", "0.7.4"): ()}
+    f.write_text("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: ['0.7.4']\n")
+    assert load(f).cells[0].kernel_archs == ("9.0a", "12.0a", "12.0f")

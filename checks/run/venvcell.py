@@ -13,7 +13,7 @@ from pathlib import Path
 from checks.run.executor import CODE_ROOT
 from checks.run.plan import ImageState, image_state
 from common import backend
-from common.celltoolkit import CUDA_LIB, UNSET, toolkit_home, without_nvcc
+from common.celltoolkit import cell_env
 
 BACKEND = "venv"
 
@@ -28,21 +28,8 @@ class VenvCell:
 
 
 def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The venv's scripts first on PATH (then the base's: its ninja, say); only this checkout on PYTHONPATH, so
-    the caller's path cannot put other packages in front of the cell's. A full cell is the environment its image
-    is: CUDA_HOME (and flashinfer's CUDA_LIB_PATH) is the cell's own toolkit (an empty one where the registry has
-    no nvcc), no host nvcc stays on PATH, and CUDA_PATH and FLASHINFER_NVCC are unset (an empty value unsets).
-    An overlay cell (a base environment's torch and CUDA libraries) compiles with the toolkit the host has, as
-    ``--local`` does."""
-    path = [str(p) for p in record.get("path") or [] if p]  # type: ignore[union-attr]
-    host_path = environ.get("PATH", os.defpath)
-    if record.get("base_python"):
-        return (("PATH", os.pathsep.join([*path, host_path])), ("PYTHONPATH", str(CODE_ROOT)),
-                *((("CUDA_HOME", str(record["cuda_home"])),) if record.get("cuda_home") else ()))
-    home = toolkit_home(record)
-    own = [*path, os.path.join(home, "bin")]
-    return (("PATH", without_nvcc(os.pathsep.join([*own, host_path]), keep=own)), ("PYTHONPATH", str(CODE_ROOT)),
-            ("CUDA_HOME", home), ("CUDA_LIB_PATH", os.path.join(home, *CUDA_LIB)), *((name, "") for name in UNSET))
+    """The ranks' environment on top of the runner's (common.celltoolkit.cell_env, with this checkout)."""
+    return cell_env(record, environ, CODE_ROOT)
 
 
 def read(envs_dir: Path, cell_id: str, environ: Mapping[str, str] = os.environ) -> VenvCell:

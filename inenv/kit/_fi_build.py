@@ -203,6 +203,12 @@ def _library(spec: Any) -> str:
     return str(lib or "")
 
 
+def linkage(out: dict[str, Any]) -> None:
+    """Add the size of ``out["library"]`` and what it needs at load time (its NEEDED entries, the driver
+    functions it calls, those no libcuda.so.1 dependency resolves) to ``out``."""
+    _linkage(out)
+
+
 def _linkage(out: dict[str, Any]) -> None:
     lib = out.get("library") or ""
     out["library_bytes"] = os.path.getsize(lib) if lib and os.path.exists(lib) else 0
@@ -261,8 +267,15 @@ def _loads_from_path(spec: Any) -> bool:
 
 
 def _places(build_dir: str) -> dict[str, str]:
-    """The folders that only say where a build happens, by the placeholder the cache writes for them."""
-    return {"$BUILD": build_dir, "$SITE": _site_root(), "$WORKSPACE": os.environ.get("FLASHINFER_WORKSPACE_BASE", "")}
+    """The folders that only say where a build happens, by the placeholder the cache writes for them: the
+    build directory, the folder holding flashinfer, the JIT workspace, and the CUDA toolkit's folder
+    (flashinfer's ``cuda_home``: a venv cell's own ``<venv>/cuda``). What the toolkit is stays in the key
+    (nvcc's ``--version``) and in each entry's manifest (the toolkit headers a build read, by digest)."""
+    home = toolkit.locate(os.environ, flashinfer=True).cuda_home
+    system = ("/", "/usr", "/usr/local", "/opt")  # a toolkit there is no placeholder: these hold much else
+    cuda = "" if not home or os.path.normpath(home) in system else home
+    return {"$BUILD": build_dir, "$SITE": _site_root(), "$WORKSPACE": os.environ.get("FLASHINFER_WORKSPACE_BASE", ""),
+            "$CUDA": cuda}
 
 
 def _cache_key(module: str, text: str, places: dict[str, str], out: dict[str, Any]) -> str | None:
@@ -507,11 +520,37 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     return {**out, "stage": "done", "ok": True}
 
 
+def load_library(module: str, library: str) -> dict[str, Any]:
+    """Load a library built elsewhere (a cell's carried module) with flashinfer's own loader for ``module``,
+    compiling nothing: what it needs at load time, then the load itself."""
+    out: dict[str, Any] = {"module": module, "flashinfer": version(), "library": library}
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as exc:
+        return _stopped(out, "import", exc)
+    gen = jit_generator(module)
+    if gen is None:
+        return _stopped(out, "absent", f"this flashinfer has no {module} JIT module")
+    try:
+        spec = gen()
+    except Exception as exc:
+        return _stopped(out, "spec", exc)
+    out["name"] = getattr(spec, "name", module)
+    _linkage(out)
+    if not _loads_from_path(spec) and Path(getattr(spec, "aot_path", "") or "") != Path(library):
+        return _stopped(out, "load", "this flashinfer loads only its own build or AOT folder, not this library")
+    stopped = _load(out, spec)
+    return stopped or {**out, "stage": "done", "ok": True}
+
+
 def run_build_subprocess(
-    module: str, env: dict[str, str], timeout_s: float, python: str | None = None, load: bool = False
+    module: str, env: dict[str, str], timeout_s: float, python: str | None = None, load: bool = False,
+    library: str | None = None,
 ) -> dict[str, Any]:
-    """Run :func:`build_module` in a fresh interpreter with ``env``; a timeout or crash is a result too."""
-    cmd = [python or sys.executable, "-m", "inenv.kit._fi_build", module, *(["--load"] if load else [])]
+    """Run :func:`build_module` in a fresh interpreter with ``env`` (with ``library``: :func:`load_library`
+    instead, which compiles nothing); a timeout or crash is a result too."""
+    cmd = [python or sys.executable, "-m", "inenv.kit._fi_build", module, *(["--load"] if load else []),
+           *(["--library", library] if library else [])]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
@@ -532,11 +571,15 @@ def run_build_subprocess(
 
 
 def _main(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[0] in JIT_GENERATORS and argv[1:3] == ["--load", "--library"]:
+        sys.stdout.write(RESULT_PREFIX + json.dumps(load_library(argv[0], argv[3]), default=str) + "\n")
+        return 0
     if len(argv) in (1, 2) and argv[0] in JIT_GENERATORS and argv[1:] in ([], ["--load"]):
         result = build_module(argv[0], load=argv[1:] == ["--load"])
         sys.stdout.write(RESULT_PREFIX + json.dumps(result, default=str) + "\n")
         return 0
-    sys.stderr.write("usage: python -m inenv.kit._fi_build {" + ",".join(JIT_GENERATORS) + "} [--load]\n")
+    names = ",".join(JIT_GENERATORS)
+    sys.stderr.write(f"usage: python -m inenv.kit._fi_build {{{names}}} [--load [--library SO]]\n")
     return 2
 
 

@@ -14,12 +14,13 @@ import importlib.util
 import inspect
 import itertools
 import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from inenv import atomic
-from inenv.kit import _compile_cache
+from inenv.kit import _carried, _compile_cache
 
 # JIT generators by module, newest location first. A module missing from a version is reported as absent.
 JIT_GENERATORS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -101,25 +102,58 @@ def published(name: str, release: str | None, arch_dir: str, env: Mapping[str, s
 
 
 def use_prebuilt() -> str | None:
-    """Point flashinfer's AOT folder at this cell's published modules for the arch flashinfer compiles for
-    here; the folder, or None when none is published (or the installed release ships AOT modules of its own,
-    from flashinfer-jit-cache or in its package: those stay what it loads). Imports flashinfer only when a
-    folder for this release exists, and a probe that calls it imports flashinfer next anyway."""
+    """Point flashinfer's AOT folder at what this cell has for the local GPU; the folder flashinfer then
+    loads from, or None when it has nothing (it compiles what it needs).
+
+    A cell that carries its kernels (``_carried``) keeps them in flashinfer's own AOT folder: when every
+    carried module holds SASS for the local GPU that folder serves as it is; else flashinfer is pointed at a
+    folder of links to the carried modules that run here and the modules fi-jit published for this GPU, so
+    a module built for other GPUs is compiled instead of loaded. A cell without carried kernels gets the
+    modules fi-jit published (or keeps the AOT modules of flashinfer-jit-cache or of its package). Imports
+    flashinfer only when there is something to point at, and a probe that calls it imports flashinfer next."""
+    own_dir = _carried.aot_dir()
+    carried = _carried.kernel_set(own_dir)
     root = prebuilt_root()
-    if root is None or not (root / (version() or "unknown")).is_dir():
+    if not carried and (root is None or not (root / (version() or "unknown")).is_dir()):
         return None
     try:
         from flashinfer.jit import env as jit_env
     except Exception:
         return None
+    folder = prebuilt_dir(version(), Path(jit_env.FLASHINFER_WORKSPACE_DIR).name)
+    published = {p.parent.name: p for p in folder.glob("*/*.so")} if folder is not None and folder.is_dir() else {}
+    if carried and own_dir is not None:
+        capability = local_capability()
+        if capability is None:
+            return str(own_dir)
+        fit = {c.name for c in carried.values() if c.runs_on(capability)}
+        extra = {name: lib for name, lib in published.items() if name not in fit}
+        scratch = Path(os.environ.get("STACKPROBE_JIT_CACHE") or tempfile.gettempdir())
+        linked = _carried.fitting_folder(own_dir, capability, scratch, extra)
+        if linked is None:
+            return str(own_dir)
+        jit_env.FLASHINFER_AOT_DIR = linked
+        return str(linked)
     own = Path(jit_env.FLASHINFER_AOT_DIR)
     if own.is_dir() and any(own.glob("*/*.so")):
         return None
-    folder = prebuilt_dir(version(), Path(jit_env.FLASHINFER_WORKSPACE_DIR).name)
-    if folder is None or not folder.is_dir():
+    if not published or folder is None:
         return None
     jit_env.FLASHINFER_AOT_DIR = folder
     return str(folder)
+
+
+def local_capability() -> str | None:
+    """The compute capability of GPU 0 ("9.0"), or None without torch or a GPU."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability(0)
+    except Exception:
+        return None
+    return f"{major}.{minor}"
 
 
 # The comm modules each GPU probe's variant loads, by probe id: a function of the variant's parameters.

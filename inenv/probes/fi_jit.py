@@ -61,7 +61,7 @@ from typing import Any
 
 from inenv import gpuarch, toolkit
 from inenv.envinfo import torch_cuda_version
-from inenv.kit import _compile_cache, _fatbin, _fi_build, _fi_prebuild
+from inenv.kit import _carried, _compile_cache, _fatbin, _fi_build, _fi_prebuild
 from inenv.kit import _flashinfer as fi
 from inenv.probe import QUICK, HostView, ProbeSpec, RankContext, Skip, Variant, outcome
 
@@ -202,6 +202,9 @@ def cached_note(result: dict[str, Any]) -> str:
     if result.get("cached_by") == "run":
         return (f"cached: built {stamp} in this run by the variant {origin.get('variant')} of this cell, "
                 f"one build for {origin.get('arch_list')}")
+    if result.get("cached_by") == "carried":
+        return (f"carried: the cell's own {origin.get('name') or 'module'} (built {stamp} by provision build "
+                f"with nvcc {origin.get('nvcc') or '?'} for {origin.get('arch_list')}); nothing compiled here")
     if result.get("cached_by") == "store":
         who = origin.get("cell") or origin.get("host") or "an unrecorded build"
         return (f"cached: from the compile cache, built {stamp} by {who} with flashinfer "
@@ -329,6 +332,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
         absent = {"module": module, "flashinfer": fi.version(), "stage": "absent", "ok": False,
                   "absent_by": f"no Python source of this flashinfer names {module}'s generator"}
         return verdict(module, arch, absent, [])
+    carried = _carried.installed(module)
+    if carried is not None:
+        answered = from_carried(ctx, module, arch, carried)
+        if answered is not None:
+            return answered
     cache = os.environ.get(CACHE_ENV) or str(ctx.workdir / "jit-cache")
     env = build_env(arch, cache)
     tk = toolkit.resolve(env, flashinfer=True)
@@ -348,7 +356,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         major, minor = torch.cuda.get_device_capability(0)
         local_cc = f"{major}.{minor}"
     os.makedirs(cache, exist_ok=True)
-    side = _prebuild_others(ctx, module, cache) if arch == LOCAL else None
+    side = _prebuild_others(ctx, module, cache, local_cc) if arch == LOCAL and local_cc else None
     lasting = bool(_compile_cache.root() or os.environ.get(CACHE_ENV))  # a combined build outlives this variant
     combined = combined_archs(arch, os.environ.get(ARCHS_ENV, "")) if lasting and arch != LOCAL else ""
     result = _build(ctx, module, arch, combined, cache, tk)
@@ -369,7 +377,60 @@ def run(ctx: RankContext) -> dict[str, Any]:
     return out
 
 
-def _prebuild_others(ctx: RankContext, module: str, cache: str) -> tuple[Any, list[str], float] | None:
+def carried_result(module: str, carried: _carried.Carried) -> dict[str, Any]:
+    """A carried library as a finished build that compiled nothing here (``cached_by: carried``), with what it
+    needs at load time read from its bytes; the record says which build made it."""
+    rec = carried.record
+    toolkit_rec = rec.get("toolkit") if isinstance(rec.get("toolkit"), dict) else None
+    origin = {k: rec.get(k) for k in ("name", "arch_list", "flashinfer", "torch", "built_at", "cell", "sass")}
+    origin["nvcc"] = toolkit_rec.get("version") if toolkit_rec else None
+    out: dict[str, Any] = {"module": module, "name": carried.name, "flashinfer": fi.version(), "stage": "done",
+                           "ok": True, "library": str(carried.library), "cached": True, "cached_by": "carried",
+                           "cached_from": origin, "arch_list": rec.get("arch_list")}
+    if toolkit_rec:
+        out["toolkit"] = toolkit_rec
+    _fi_build.linkage(out)
+    return out
+
+
+def from_carried(ctx: RankContext, module: str, arch: str, carried: _carried.Carried) -> dict[str, Any] | None:
+    """The verdict on the cell's carried ``module`` when it holds SASS for ``arch`` (the local GPU's, for
+    ``local``: loaded there as a probe loads it); None when it holds none, and the variant builds as usual."""
+    local_cc = None
+    if arch == LOCAL:
+        import torch
+
+        if not torch.cuda.is_available():
+            return outcome("skip", note="no GPU visible: nothing local to compile for", reason_code="no-gpu")
+        major, minor = torch.cuda.get_device_capability(0)
+        local_cc = f"{major}.{minor}"
+        if not carried.runs_on(local_cc):
+            ctx.log(f"the carried {carried.name} holds {carried.sass}, nothing for {local_cc}: building it here")
+            return None
+    elif not expected_sass(arch) & set(carried.sass):
+        ctx.log(f"the carried {carried.name} holds {carried.sass}, nothing for {arch}: building it here")
+        return None
+    result = carried_result(module, carried)
+    if arch == LOCAL:
+        ctx.log(f"loading the carried {carried.library}")
+        env = build_env(LOCAL, str(ctx.workdir / "jit-cache"))
+        loaded = _fi_build.run_build_subprocess(module, env, timeout_s=max(60.0, SPEC.timeout_s / 10), load=True,
+                                                library=str(carried.library))
+        if not loaded.get("ok"):
+            result = {**result, **{k: v for k, v in loaded.items() if k in ("stage", "ok", "error")}}
+        else:
+            result.update({k: loaded[k] for k in ("loaded", "load_s") if k in loaded})
+        result["local_capability"] = local_cc
+    torch_cuda = torch_cuda_version()
+    if torch_cuda:
+        result["torch_cuda"] = torch_cuda
+    out = verdict(module, arch, result, _objects_targets(result))
+    out["evidence"]["carried"] = str(carried.library)
+    return out
+
+
+def _prebuild_others(ctx: RankContext, module: str, cache: str,
+                     local_cc: str) -> tuple[Any, list[str], float] | None:
     """Start, once per cell, flashinfer release and run, the local builds of every other comm module side by
     side into the compile cache (``_fi_prebuild``), beside this variant's own build: the GPU probes load them
     (``_flashinfer.use_prebuilt``), and each module's own variant then finds its build done instead of
@@ -386,7 +447,10 @@ def _prebuild_others(ctx: RankContext, module: str, cache: str) -> tuple[Any, li
         marker.write_text(f"{os.getpid()}\n")
     except OSError:
         return None
-    others = [m for m in fi.COMM_MODULES if m != module]
+    carried = _carried.kernel_set(_carried.aot_dir())
+    others = [m for m in fi.COMM_MODULES if m != module and not (m in carried and carried[m].runs_on(local_cc))]
+    if not others:
+        return None
     # a workspace of their own: a probe that compiles a module itself meanwhile never shares a build folder
     # with them (the workspace is a placeholder in the key, so their builds are the variants' cache hits)
     proc = _fi_prebuild.start(others, build_env(LOCAL, os.path.join(cache, "prebuild")))
