@@ -22,7 +22,7 @@ from common.errors import InputError
 from common.progress import TICK_S, Ticker
 from common.resolve import RESOLVED, Resolved
 from inenv import atomic
-from provision import buildlog, buildprogress, doctor
+from provision import buildprogress, doctor
 from provision.baseimage import DEFAULT_TAG, DEV_TAG, ensure_base, ensure_dev
 from provision.buildprogress import Step
 from provision.cellrecord import BUILT, SELFCHECK_ROOT, previous, record, selfcheck_files, selfcheck_texts, versions
@@ -158,12 +158,12 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
         seen: set[str] = set()  # BuildKit repeats a step's header when its output resumes
 
         def on_line(line: str) -> None:
-            found = buildlog.step(line)
+            found = buildprogress.step(line)
             if found and found[0] not in seen:
                 seen.add(found[0])
                 current["step"] = found[1]
                 report(cid, found[1])
-            elif (err := buildlog.error(line)) is not None:
+            elif (err := buildprogress.error(line)) is not None:
                 report(cid, err)
 
         log = LOGS / f"{cid}.log"

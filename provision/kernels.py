@@ -178,7 +178,7 @@ class VenvCarrier:
 
 def install_tree(kernel_dir: Path, target: Path) -> None:
     """Make ``target``'s carried modules exactly ``kernel_dir``'s: each library and record copied (atomically),
-    a carried module no longer in the set removed; modules without a record (not ours) stay."""
+    a carried module missing from the set removed; modules without a record (not ours) stay."""
     wanted = _carried.kernel_set(kernel_dir)
     for old in _carried.kernel_set(target).values():
         if old.module not in wanted or wanted[old.module].name != old.name:

@@ -155,6 +155,76 @@ def test_another_nvcc_is_another_key(tmp_path: Path) -> None:
     assert keys[0] != keys[1]
 
 
+def _cell_toolkit(venvs: Path, cell: str, release: str = "13.0, V13.0.88") -> Path:
+    """A venv cell's own CUDA_HOME (``<venv>/cuda``) with an nvcc that prints ``release``."""
+    home = venvs / cell / "cuda"
+    (home / "bin").mkdir(parents=True)
+    (home / "include").mkdir()
+    (home / "bin" / "nvcc").write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}'\n")
+    (home / "bin" / "nvcc").chmod(0o755)
+    return home
+
+
+def _cell_recipe(root: Path, site: Path, home: Path, text: str = NINJA) -> dict[str, object]:
+    cc._FILE_DIGESTS.clear()
+    build = str(root / "ws/.cache/flashinfer/0.6.17/120a_120f/cached_ops/vllm_comm")
+    ninja = text.format(site=site, build=build).replace("/usr/local/cuda", str(home))
+    places = {"$BUILD": build, "$SITE": str(site), "$WORKSPACE": str(root / "ws"), "$CUDA": str(home)}
+    return cc.recipe("vllm_comm", ninja, places, {})
+
+
+def test_the_cells_own_toolkit_folder_is_not_in_its_key(tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    old = _cell_recipe(tmp_path, site, _cell_toolkit(tmp_path / "venvs", "cu130-torch2.14.1-sgl0.4.10-fi0.6.16"))
+    new = _cell_recipe(tmp_path, site, _cell_toolkit(tmp_path / "venvs", "cu130-torch2.14.1-sgl0.4.10-fi0.6.17"))
+    assert cc.key_of(old) == cc.key_of(new)  # two cells' toolkits, the same nvcc: one key
+    assert "cuda_home = $CUDA\n" in str(old["ninja"])
+    assert old["tools"]["nvcc"] == "$CUDA/bin/nvcc exit 0: Cuda compilation tools, release 13.0, V13.0.88"
+
+
+def test_beside_the_toolkit_folder_a_flag_or_another_nvcc_is_still_another_key(tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    venvs = tmp_path / "venvs"
+    base = cc.key_of(_cell_recipe(tmp_path, site, _cell_toolkit(venvs, "fi0.6.16")))
+    flag = _cell_recipe(tmp_path, site, _cell_toolkit(venvs, "fi0.6.17"), NINJA.replace("-O3", "-O2"))
+    assert cc.key_of(flag) != base
+    nvcc = _cell_recipe(tmp_path, site, _cell_toolkit(venvs, "fi0.6.18", "13.0, V13.0.48"))
+    assert cc.key_of(nvcc) != base
+
+
+def test_a_place_is_replaced_only_where_its_folder_name_ends() -> None:
+    places = {"$CUDA": "/v/cell/cuda", "$SITE": "/v/cell/lib/python3.11/site-packages"}
+    text = "-I/v/cell/cuda/include -L/v/cell/cuda-wheels/lib -I/v/cell/cuda.old -isystem /v/cell/cuda"
+    assert cc.normalise(text, places) == "-I$CUDA/include -L/v/cell/cuda-wheels/lib -I/v/cell/cuda.old -isystem $CUDA"
+
+
+def test_a_toolkit_header_is_checked_in_this_cells_own_toolkit(tmp_path: Path) -> None:
+    mine = _cell_toolkit(tmp_path, "fi0.6.16")
+    other = _cell_toolkit(tmp_path, "fi0.6.17")
+    for home in (mine, other):
+        (home / "include" / "cuda_runtime.h").write_text("#define CUDART 13000\n")
+    cc._FILE_DIGESTS.clear()
+    items = cc.manifest([str(mine / "bin" / ".." / "include" / "cuda_runtime.h")], [], {"$CUDA": str(mine)})
+    assert list(items) == ["$CUDA/include/cuda_runtime.h"]
+    assert cc.mismatch(items, {"$CUDA": str(other)}, []) is None
+    (other / "include" / "cuda_runtime.h").write_text("#define CUDART 13001\n")
+    cc._FILE_DIGESTS.clear()
+    assert cc.mismatch(items, {"$CUDA": str(other)}, []) == "$CUDA/include/cuda_runtime.h differs"
+
+
+def test_the_places_of_a_build_name_the_toolkits_folder_unless_it_is_a_system_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from inenv.kit import _fi_build
+
+    monkeypatch.setattr(_fi_build, "_site_root", lambda: "/v/cell/lib/python3.11/site-packages")
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", "/jit")
+    monkeypatch.setenv("CUDA_HOME", "/v/cell/cuda")
+    assert _fi_build._places("/jit/b") == {"$BUILD": "/jit/b", "$SITE": "/v/cell/lib/python3.11/site-packages",
+                                           "$WORKSPACE": "/jit", "$CUDA": "/v/cell/cuda"}
+    monkeypatch.setenv("CUDA_HOME", "/usr")
+    assert _fi_build._places("/jit/b")["$CUDA"] == ""
+
+
 def test_include_dirs_expand_ninja_variables() -> None:
     text = "cuda_home = /opt/cuda\nflags = -I/a/inc $\n    -isystem $cuda_home/include -I/a/inc\n"
     assert cc.include_dirs(text) == ["/a/inc", "/opt/cuda/include"]

@@ -600,3 +600,59 @@ def test_a_failed_edge_is_found_under_the_commands_ninja_prints_after_it() -> No
     assert excerpt.startswith("FAILED: [code=1]") and excerpt.endswith("ninja: build stopped: subcommand failed.")
     assert "fatal error: curand_kernel.h" in excerpt and len(excerpt) < 1000
     assert _fi_build.failure_excerpt("no ninja here") == "no ninja here"
+
+
+def _flashinfer_with_own_aot(python: str, site: Path) -> Path:
+    """A flashinfer package in ``site`` made of links to the venv's, with an ``data/aot`` folder of its own (as
+    a cell's is): the carried modules of one test never reach the shared venv. Returns that AOT folder."""
+    real = Path(subprocess.run([python, "-c", "import importlib.util as u; "
+                                "print(list(u.find_spec('flashinfer').submodule_search_locations)[0])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    pkg = site / "flashinfer"
+    pkg.mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name != "data":
+            (pkg / entry.name).symlink_to(entry)
+    (pkg / "data").mkdir()
+    for entry in (real / "data").iterdir():
+        if entry.name != "aot":
+            (pkg / "data" / entry.name).symlink_to(entry)
+    (pkg / "data" / "aot").mkdir()
+    return pkg / "data" / "aot"
+
+
+@pytest.mark.slow
+def test_carried_module_is_built_by_the_kernel_builder_and_answers_fi_jit(fi_python: str, tmp_path: Path) -> None:
+    """The kernel builder compiles vllm_comm for 12.0a into a kernel set (record and library); installed in the
+    cell's AOT folder, fi-jit's 12.0a variant answers from it without compiling, and its 12.0f variant, which
+    the carried library holds no SASS for, compiles as usual."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc for the libcuda stub")
+    env = {**_fi_env(tmp_path, fi_python), "LIBRARY_PATH": str(_stub(tmp_path / "full", _driver_api())),
+           "STACKPROBE_COMPILE_CACHE": str(tmp_path / "store")}
+    kset = tmp_path / "kernels"
+    proc = subprocess.run([fi_python, "-m", "inenv.kit._fi_carry", "vllm_comm", "--archs", "12.0a", "--out", str(kset)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("@@FI-CARRY@@ "))
+    got = json.loads(line.split(" ", 1)[1])
+    assert got["ok"] is True and got["sass"] == ["sm_120a"], got
+    record = json.loads((kset / "vllm_comm" / "stackprobe-kernel.json").read_text())
+    assert (record["module"], record["arch_list"], record["flashinfer"]) == ("vllm_comm", "12.0a", FLASHINFER)
+    assert record["toolkit"]["version"] == "13.0" and "libcuda.so.1" in record["needed"]
+
+    aot = _flashinfer_with_own_aot(fi_python, tmp_path / "site")
+    shutil.copytree(kset / "vllm_comm", aot / "vllm_comm")
+    env["PYTHONPATH"] = f"{tmp_path / 'site'}{os.pathsep}{ROOT}"
+    env.pop("STACKPROBE_COMPILE_CACHE")  # nothing to find there: what answers is the carried module
+    variant = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", "vllm_comm"], ["arch", "12.0a"]]}
+    r = _worker(fi_python, "fi-jit", variant, env)
+    assert r["status"] == "pass", r
+    assert r["evidence"]["carried"] == str(aot / "vllm_comm" / "vllm_comm.so")
+    assert r["evidence"]["targets_in_output"] == ["sm_120a"] and r["metrics"]["cached"] is True
+    assert r["note"].startswith("carried:") and "nothing compiled here" in r["note"]
+    assert not list((tmp_path / "jit").rglob("*.o")), "a carried answer compiles nothing"
+
+    other = {"probe_id": "fi-jit", "ranks": 1, "params": [["module", "vllm_comm"], ["arch", "12.0f"]]}
+    r = _worker(fi_python, "fi-jit", other, env)
+    assert r["status"] == "pass" and "carried" not in r["evidence"], r
+    assert r["evidence"]["targets_in_output"] == ["sm_120f"] and r["metrics"]["compile_s"] > 0

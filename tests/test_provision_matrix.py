@@ -111,9 +111,11 @@ def test_plan_cells_interface() -> None:
 
 BAD = [
     ("matrix: [", "not valid YAML", 1),
-    ("kernel_archs: [sm_99z]\nmatrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
+    ("kernel_archs: [sm_99z]\nmatrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n"
+     "  flashinfer: [none]\n",
      "kernel_archs[0]: 'sm_99z' is not a GPU architecture", 1),
-    ("kernel_archs: 9.0a\nmatrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
+    ("kernel_archs: 9.0a\nmatrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n"
+     "  flashinfer: [none]\n",
      "kernel_archs: expected a list of GPU architectures", 1),
     ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n"
      "  include:\n    - {cuda: '13.0', kernel_archs: [true]}\n",

@@ -16,7 +16,7 @@ import pytest
 
 from common.progress import Ticker, console, duration, estimate
 from common.reasons import default as catalogue
-from provision import build, buildlog
+from provision import build, buildprogress
 from provision.baseimage import DEFAULT_TAG
 from provision.options import BuildOptions
 from tests.checks_helpers import ROOT
@@ -150,14 +150,14 @@ def test_an_image_without_nvcc_says_the_catalogues_reason_and_next_step(tmp_path
 
 
 def test_buildlog_keeps_steps_and_errors_only() -> None:
-    assert buildlog.step("#4 [stage-0 1/7] FROM x") == ("4", "step 1/7: FROM x")
-    assert buildlog.step("Step 3/9 : RUN make") == ("step3", "step 3/9: RUN make")
-    assert buildlog.step("#1 [internal] load build definition from x.Dockerfile") is None
-    assert buildlog.step("#5 sha256:bc9fdab8e16ee2e424b04d3a8bf11c07a9fa5affa0ddd83afa8e3aed453cab39") is None
-    long = buildlog.step("#9 [2/3] RUN " + "x" * 400)
-    assert long is not None and len(long[1]) == len("step 2/3: ") + buildlog.STEP_LIMIT and long[1].endswith("…")
-    assert buildlog.error("#9 ERROR: process \"/bin/sh -c false\" did not complete successfully: exit code: 1")
-    assert buildlog.error("#11 13.80  + numpy==2.4.6") is None
+    assert buildprogress.step("#4 [stage-0 1/7] FROM x") == ("4", "step 1/7: FROM x")
+    assert buildprogress.step("Step 3/9 : RUN make") == ("step3", "step 3/9: RUN make")
+    assert buildprogress.step("#1 [internal] load build definition from x.Dockerfile") is None
+    assert buildprogress.step("#5 sha256:bc9fdab8e16ee2e424b04d3a8bf11c07a9fa5affa0ddd83afa8e3aed453cab39") is None
+    long = buildprogress.step("#9 [2/3] RUN " + "x" * 400)
+    assert long is not None and len(long[1]) == len("step 2/3: ") + buildprogress.STEP_LIMIT and long[1].endswith("…")
+    assert buildprogress.error("#9 ERROR: process \"/bin/sh -c false\" did not complete successfully: exit code: 1")
+    assert buildprogress.error("#11 13.80  + numpy==2.4.6") is None
 
 
 def test_durations_estimates_and_a_console_that_never_wraps() -> None:

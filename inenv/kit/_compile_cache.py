@@ -4,9 +4,9 @@ Lookup works like ccache's direct mode, in two steps:
 
 1. A build's key is a SHA-256 over what is known before compiling: the module, its ninja file with the
    paths that only say where a build happens (its build directory, the site-packages holding flashinfer,
-   the JIT workspace) replaced by placeholders, the ``--version`` of the nvcc and host compiler the ninja
-   file runs, the compiler flags the environment adds (``NVCC_APPEND_FLAGS``...), and the contents of every
-   source the ninja file compiles.
+   the JIT workspace, the CUDA toolkit's folder) replaced by placeholders, the ``--version`` of the nvcc and
+   host compiler the ninja file runs, the compiler flags the environment adds (``NVCC_APPEND_FLAGS``...),
+   and the contents of every source the ninja file compiles.
 2. Under that key each entry carries a manifest: every header the compiler read for it (``ninja -t deps``
    from the build that made it) with its digest. An entry is a hit only when each of those headers, at the
    same place in this environment, has the same bytes, and no folder earlier on the ``-I`` list now holds a
@@ -52,7 +52,7 @@ ENV = "STACKPROBE_COMPILE_CACHE"
 CELL_ENV = "STACKPROBE_CELL_ID"  # set by the host for each cell's worker; recorded as who built an entry
 HOST_ENV = "STACKPROBE_HOST_ID"
 RECORD = "record.json"
-SCHEMA = 2  # bump when the key's recipe changes, so no entry made under another recipe is ever hit
+SCHEMA = 3  # bump when the key's recipe changes, so no entry made under another recipe is ever hit
 # Environment variables nvcc or the compilers read that change what a build makes.
 BUILD_ENV = ("NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "CPATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH")
 
@@ -122,12 +122,17 @@ def include_dirs(text: str) -> list[str]:
     return out
 
 
+_NAME_GOES_ON = r"(?![\w.+-])"  # a path followed by one of these is another folder: /cuda-wheels, not /cuda
+
+
 def normalise(text: str, places: Mapping[str, str]) -> str:
     """The ninja file with each place (placeholder -> path) written as its placeholder, longest path first
-    so that a build directory inside the workspace becomes ``$BUILD``, not ``$WORKSPACE/...``."""
+    so that a build directory inside the workspace becomes ``$BUILD``, not ``$WORKSPACE/...``. A place is
+    replaced only where its folder name ends, so ``<venv>/cuda-wheels`` is not read as ``$CUDA-wheels``."""
     for name, path in sorted(places.items(), key=lambda kv: -len(kv[1])):
-        if path:
-            text = text.replace(path.rstrip("/"), name)
+        folder = path.rstrip("/")
+        if folder:
+            text = re.sub(re.escape(folder) + _NAME_GOES_ON, lambda _m, holder=name: holder, text)
     return text
 
 
@@ -158,7 +163,9 @@ def recipe(module: str, text: str, places: Mapping[str, str], env: Mapping[str, 
     """What the key is a hash of, spelt out (so a miss can be explained by comparing two recipes)."""
     variables = ninja_vars(text)
     srcs = sorted(set(sources(text)))
-    tools = {name: tool_version(expand(variables[name], variables)) for name in ("nvcc", "cxx") if name in variables}
+    # each compiler by its version; the folder it is run from is a place like any other (``$CUDA/bin/nvcc``)
+    tools = {name: normalise(tool_version(expand(variables[name], variables)), places)
+             for name in ("nvcc", "cxx") if name in variables}
     return {
         "schema": SCHEMA,
         "module": module,

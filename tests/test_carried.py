@@ -1,0 +1,165 @@
+"""Carried kernels: the kernel-set reader (inenv.kit._carried), the builder's judgement of a build
+(inenv.kit._fi_carry.judge) and provision's kernel stage (provision.kernels: plan, reuse, install), on small
+libraries nvcc makes here and hand-written records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from inenv.kit import _carried, _fi_carry
+from provision import kernels
+
+NVCC = "/usr/local/cuda/bin/nvcc"
+needs_nvcc = pytest.mark.skipif(not os.access(NVCC, os.X_OK), reason="needs nvcc at /usr/local/cuda")
+
+
+def _so(folder: Path, name: str, *gencode: str) -> Path:
+    """A shared library holding SASS for exactly the given -gencode flags."""
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder / "k.cu"
+    src.write_text("__global__ void k(int* p) { *p = 7; }\n")
+    out = folder / f"{name}.so"
+    subprocess.run([NVCC, "-shared", "-Xcompiler", "-fPIC", *gencode, str(src), "-o", str(out)], check=True,
+                   capture_output=True)
+    return out
+
+
+def _carry(kset: Path, module: str, name: str, sass: list[str], library: bytes = b"\x7fELF", **extra: object) -> None:
+    folder = kset / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.so").write_bytes(library)
+    rec = {"schema": 1, "module": module, "name": name, "sass": sass, "arch_list": "9.0a", "flashinfer": "0.7.4",
+           "torch": "2.11.0", **extra}
+    (folder / "stackprobe-kernel.json").write_text(json.dumps(rec))
+
+
+def test_kernel_set_reads_records_and_skips_what_is_not_one(tmp_path: Path) -> None:
+    kset = tmp_path / "aot"
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"])
+    _carry(kset, "moe_a2a", "moe_alltoall", ["sm_90a", "sm_120f"])
+    (kset / "broken").mkdir()
+    (kset / "broken" / "stackprobe-kernel.json").write_text("{not json")
+    (kset / "broken" / "broken.so").write_bytes(b"x")
+    _carry(kset, "pcie_ipc", "renamed", ["sm_90a"])
+    json_path = kset / "renamed" / "stackprobe-kernel.json"
+    json_path.write_text(json.dumps({**json.loads(json_path.read_text()), "name": "other"}))  # name != folder
+    _carry(kset, "trtllm_comm", "trtllm_comm", ["sm_90a"], schema=99)  # another schema
+    _carry(kset, "pcie_ipc_ag_rs", "nolib", ["sm_90a"])
+    (kset / "nolib" / "nolib.so").unlink()  # a record without its library
+    (kset / "foreign").mkdir()
+    (kset / "foreign" / "foreign.so").write_bytes(b"x")  # flashinfer's own AOT module: no record, not ours
+    got = _carried.kernel_set(kset)
+    assert sorted(got) == ["moe_a2a", "vllm_comm"]
+    assert got["moe_a2a"].name == "moe_alltoall" and got["moe_a2a"].library == kset / "moe_alltoall" / "moe_alltoall.so"
+    assert _carried.kernel_set(tmp_path / "missing") == {} and _carried.kernel_set(None) == {}
+
+
+def test_a_huge_record_is_not_read(tmp_path: Path) -> None:
+    kset = tmp_path / "aot"
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], pad="x" * (2 << 20))
+    assert _carried.kernel_set(kset) == {}
+
+
+def test_runs_on_by_the_recorded_sass(tmp_path: Path) -> None:
+    kset = tmp_path / "aot"
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"])
+    _carry(kset, "pcie_ipc", "pcie_ipc_comm", ["sm_120a", "sm_120f"])
+    got = _carried.kernel_set(kset)
+    assert got["vllm_comm"].runs_on("9.0") and not got["vllm_comm"].runs_on("12.0")
+    assert got["pcie_ipc"].runs_on("12.0") and not got["pcie_ipc"].runs_on("9.0")
+
+
+def test_fitting_folder_links_only_what_runs_here(tmp_path: Path) -> None:
+    kset = tmp_path / "aot"
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"])
+    _carry(kset, "pcie_ipc", "pcie_ipc_comm", ["sm_120a"])
+    built_here = tmp_path / "published" / "pcie_ipc_comm.so"
+    built_here.parent.mkdir()
+    built_here.write_bytes(b"local")
+    folder = _carried.fitting_folder(kset, "9.0", tmp_path / "scratch", {"pcie_ipc_comm": built_here})
+    assert folder is not None
+    assert sorted(p.parent.name for p in folder.glob("*/*.so")) == ["pcie_ipc_comm", "vllm_comm"]
+    assert (folder / "vllm_comm" / "vllm_comm.so").resolve() == (kset / "vllm_comm" / "vllm_comm.so").resolve()
+    assert (folder / "pcie_ipc_comm" / "pcie_ipc_comm.so").read_bytes() == b"local"
+    only = _carried.fitting_folder(kset, "12.0", tmp_path / "scratch2")
+    assert only is not None and [p.parent.name for p in only.glob("*/*.so")] == ["pcie_ipc_comm"]
+    both = tmp_path / "both"
+    _carry(both, "vllm_comm", "vllm_comm", ["sm_90a", "sm_120a"])
+    assert _carried.fitting_folder(both, "9.0", tmp_path / "scratch3") is None  # the set itself serves
+
+
+@needs_nvcc
+def test_judge_carries_only_a_library_with_every_listed_arch(tmp_path: Path) -> None:
+    lib = _so(tmp_path / "a", "vllm_comm", "-gencode=arch=compute_90a,code=sm_90a")
+    ok = {"stage": "done", "ok": True, "name": "vllm_comm", "library": str(lib), "flashinfer": "0.7.4"}
+    got = _fi_carry.judge("vllm_comm", ["9.0a"], ok)
+    assert (got["ok"], got["sass"], got["library_bytes"]) == (True, ["sm_90a"], lib.stat().st_size)
+    short = _fi_carry.judge("vllm_comm", ["9.0a", "12.0a"], ok)
+    assert (short["ok"], short["reason_code"]) == (False, "fi-wrong-arch")
+    assert "nothing for 12.0a" in short["line"]
+    unresolved = _fi_carry.judge("vllm_comm", ["9.0a"], {**ok, "unresolved_driver_calls": ["cuPointerGetAttribute"]})
+    assert (unresolved["ok"], unresolved["reason_code"]) == (False, "fi-link-unresolved")
+
+
+def test_judge_says_why_nothing_is_carried() -> None:
+    absent = _fi_carry.judge("pcie_ipc", ["9.0a"], {"stage": "absent", "ok": False, "flashinfer": "0.6.8"})
+    assert (absent["ok"], absent["reason_code"]) == (False, "fi-module-absent")
+    failed = _fi_carry.judge("vllm_comm", ["9.0a"], {"stage": "compile", "ok": False,
+                                                      "error": "sh: 1: /opt/cuda/bin/nvcc: not found"})
+    assert (failed["ok"], failed["reason_code"]) == (False, "fi-no-nvcc")
+    gone = _fi_carry.judge("vllm_comm", ["9.0a"], {"stage": "done", "ok": True, "library": "/nonexistent.so"})
+    assert gone["ok"] is False
+
+
+def test_plan_groups_one_build_across_cells_longest_first() -> None:
+    cells = [
+        {"cell_id": "a", "flashinfer": "0.7.4", "torch_cuda": "13.0", "archs": ("9.0a", "12.0f")},
+        {"cell_id": "b", "flashinfer": "0.7.4", "torch_cuda": "13.0", "archs": ("9.0a", "12.0f")},
+        {"cell_id": "c", "flashinfer": "0.6.17", "torch_cuda": "13.0", "archs": ("9.0a",)},
+        {"cell_id": "d", "flashinfer": "none", "torch_cuda": "13.0", "archs": ("9.0a",)},
+        {"cell_id": "e", "flashinfer": "0.7.4", "torch_cuda": "13.0", "archs": ()},
+    ]
+    groups = kernels.plan(cells, ("vllm_comm", "trtllm_comm"))
+    got = [[(j.cell_id, j.module) for j in g] for g in groups]
+    # trtllm_comm (950 s a target) before vllm_comm (14 s); two targets before one; a and b share each build
+    assert got == [[("a", "trtllm_comm"), ("b", "trtllm_comm")], [("c", "trtllm_comm")],
+                   [("a", "vllm_comm"), ("b", "vllm_comm")], [("c", "vllm_comm")]]
+
+
+def test_a_kernel_set_is_current_only_for_the_same_list_flashinfer_and_torch(tmp_path: Path) -> None:
+    kset = tmp_path / "k"
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], arch_list="9.0a 12.0f", torch="2.11.0")
+    job = kernels.Job("c", "vllm_comm", ("9.0a", "12.0f"), "0.7.4", "13.0", 1.0)
+    assert kernels.current(kset, job, "2.11.0+cu130") is not None  # the local label is the same release
+    assert kernels.current(kset, job, "2.12.0") is None
+    assert kernels.current(kset, kernels.Job("c", "vllm_comm", ("9.0a",), "0.7.4", "13.0", 1.0), "2.11.0") is None
+    assert kernels.current(kset, kernels.Job("c", "vllm_comm", ("9.0a", "12.0f"), "0.7.3", "13.0", 1.0),
+                           "2.11.0") is None
+    assert kernels.current(kset, kernels.Job("c", "moe_a2a", ("9.0a", "12.0f"), "0.7.4", "13.0", 1.0),
+                           "2.11.0") is None
+
+
+def test_install_tree_makes_the_carried_modules_exactly_the_set(tmp_path: Path) -> None:
+    kset, aot = tmp_path / "k", tmp_path / "aot"
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], library=b"new")
+    _carry(aot, "vllm_comm", "vllm_comm", ["sm_90a"], library=b"old")
+    _carry(aot, "moe_a2a", "moe_alltoall", ["sm_90a"])  # carried before, not in the set any more
+    (aot / "foreign").mkdir()
+    (aot / "foreign" / "foreign.so").write_bytes(b"theirs")
+    kernels.install_tree(kset, aot)
+    assert (aot / "vllm_comm" / "vllm_comm.so").read_bytes() == b"new"
+    assert not (aot / "moe_alltoall").exists()
+    assert (aot / "foreign" / "foreign.so").read_bytes() == b"theirs"
+    assert sorted(_carried.kernel_set(aot)) == ["vllm_comm"]
+
+
+def test_parse_result_of_a_builder_that_said_nothing() -> None:
+    got = kernels.parse_result("garbage\n@@FI-CARRY@@ {bad", 1, "Traceback\nKeyError: x")
+    assert (got["ok"], got["reason_code"]) == (False, "harness-error")
+    assert "exited 1" in got["line"] and "KeyError: x" in got["line"]
+    assert kernels.parse_result('@@FI-CARRY@@ {"ok": true, "name": "m"}\n', 0, "") == {"ok": True, "name": "m"}
