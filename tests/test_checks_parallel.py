@@ -167,6 +167,24 @@ def test_pick_rules() -> None:
     assert pick(pending, [a_cpu], 1) is None
 
 
+def test_a_gpu_variant_that_loads_no_jit_module_starts_beside_compiles() -> None:
+    """NCCL's allreduce needs nothing fi-jit builds: it starts while a cell compiles; a variant that loads a
+    flashinfer module (ar-latency's flashinfer-custom-ar loads vllm_comm) waits for the host to be idle, and
+    no GPU variant starts beside a CPU variant that is not a compile."""
+    build = ProbeSpec("fi-jit", "b", "f", needs_gpu=False, build_param="module")
+    plain = ProbeSpec("c", "c", "f", needs_gpu=False)
+    gpu = ProbeSpec("ar-latency", "g", "f", needs_gpu=True)
+    a, b = CellTarget("cella", "resolved"), CellTarget("cellb", "resolved")
+    compiling = WorkItem(a, build, Variant("fi-jit", 1, (("module", "trtllm_comm"), ("arch", "12.0a"))), 60.0)
+    nccl = WorkItem(b, gpu, Variant("ar-latency", 2, (("backend", "nccl"),)), 60.0)
+    custom = WorkItem(b, gpu, Variant("ar-latency", 2, (("backend", "flashinfer-custom-ar"),)), 60.0)
+    other = WorkItem(a, plain, Variant("c", 1), 60.0)
+    assert pick([nccl], [compiling], 4) is nccl
+    assert pick([custom], [compiling], 4) is None
+    assert pick([nccl], [other], 4) is None
+    assert pick([nccl], [compiling, other], 4) is None
+
+
 def test_two_cells_do_not_build_what_they_could_share_side_by_side() -> None:
     """fi-jit's module names a build another cell may share: while cell a builds trtllm_comm, cell b builds
     another module first if it can (its trtllm_comm then finds a's build stored), and its trtllm_comm goes

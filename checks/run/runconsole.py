@@ -50,7 +50,7 @@ def with_progress(con: Any, view: runprogress.RunView, run: Callable[[Hooks], Ru
                 ticker.start(view.label(item), lambda elapsed: view.tick_line(item, elapsed))
 
         def finished(item: WorkItem, result: ProbeResult) -> None:
-            view.finish(item)
+            view.finish(item, result)
             ticker.stop(view.label(item))
             if bar is not None:
                 bar.advance(view)

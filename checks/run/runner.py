@@ -40,6 +40,7 @@ from checks.run.options import RunOptions
 from checks.run.plan import WorkItem
 from common.reasons import Catalogue
 from inenv.gpugate import DEFAULT_QUEUE_S
+from inenv.kit import _flashinfer as fi
 from inenv.probe import LEVEL_ENV, QUICK, Variant
 from inenv.status import Status
 
@@ -86,6 +87,17 @@ def uses_gpu(item: WorkItem) -> bool:
     return item.runs and item.spec.needs_gpu
 
 
+def compiles(item: WorkItem) -> bool:
+    """A variant that builds something (its probe declares a ``build_param``: fi-jit's modules)."""
+    return bool(item.spec.build_param)
+
+
+def loads_no_jit(item: WorkItem) -> bool:
+    """A GPU variant that loads no flashinfer JIT module (NCCL, torch symmetric memory...): no compile
+    running beside it can be one it waits for."""
+    return not fi.modules_for(item.spec.id, dict(item.variant.params))
+
+
 def shared_build(item: WorkItem) -> tuple[str, ...] | None:
     """The build ``item`` shares with other cells, if any: the same probe and value of its ``build_param``,
     with the same CUDA and the same versions of the libraries the probe requires (the sources it builds).
@@ -101,7 +113,9 @@ def shared_build(item: WorkItem) -> tuple[str, ...] | None:
 def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int = 0,
          cost: Callable[[WorkItem], float] = lambda _: 0.0) -> WorkItem | None:
     """The pending item that may start beside ``running``, or None. A GPU variant starts alone, the first in
-    plan order, when nothing runs. CPU-only variants start up to ``jobs`` at once, also beside others of
+    plan order, when nothing runs, or, when it loads no JIT module, beside running compiles (nothing it
+    needs is among them, and waiting for them would hold every JIT-free answer behind the longest build;
+    its result names what ran beside it). CPU-only variants start up to ``jobs`` at once, also beside others of
     their own cell: builds of different things (``ProbeSpec.build_param``: fi-jit's modules) and a variant
     that builds nothing (inventory) run side by side, while the variants of one build, and the variants
     that build nothing, keep their plan order within the cell. Of those that may start, the one of the
@@ -131,7 +145,7 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
         if cid in busy:
             continue
         if uses_gpu(it):
-            if running:
+            if running and not (loads_no_jit(it) and all(compiles(r) for r in running)):
                 continue  # it waits for the host to be idle; its cell's CPU-only variants may go meanwhile
             if not ready:
                 return it
@@ -258,6 +272,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     # would not wait at any gate and would share the GPUs with the running one.
     ahead = GATE_DEPTH if gpus and executors and all(ex.gated for ex in executors.values()) else 0
     queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
+    beside: dict[Key, list[str]] = {}  # a GPU variant started beside compiles: which
 
     def run_one(item: WorkItem) -> Verdict:
         cell = item.cell.cell_id
@@ -284,6 +299,11 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                 before = [r for r in pool.running.values() if uses_gpu(r)]
                 # behind the running GPU variants (the gate picks no order among waiters): all of their time
                 queue_for[item.key] = max(DEFAULT_QUEUE_S, sum(hard_timeout(r.timeout_s) for r in before))
+                if uses_gpu(item):
+                    others = [f"{r.cell.cell_id} {r.spec.id} {r.variant.key}" for r in pool.running.values()
+                              if not uses_gpu(r)]
+                    if others:
+                        beside[item.key] = others
                 if rec.hooks.on_start:
                     rec.hooks.on_start(item)
                 pool.start(item, now_iso())
@@ -291,6 +311,8 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                 item, started, outcome = pool.next_done()
                 if isinstance(outcome, BaseException):
                     raise outcome  # a bug in the runner or executor, not a verdict: as without threads
+                if item.key in beside:  # measured while these compiled: a reader weighs its timings by it
+                    outcome = outcome.with_evidence(ran_beside=beside.pop(item.key))
                 rec.record(item, outcome, started)
     except KeyboardInterrupt:
         rec.report.interrupted = True

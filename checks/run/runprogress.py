@@ -1,6 +1,12 @@
 """What a `checks run` says while it runs (host side): which cell of how many, which variant is running and
 for how long, how many are done, and the time left estimated from the durations this host recorded before.
 
+A variant this host never timed is estimated from what hosts of its class recorded under the same results
+root (:func:`lent`): the same GPU model and GPU count, or for a host without a GPU any host without one, its
+compile times scaled by cores (theirs / ours: a compile spreads over the cores it has). This host's own
+records always come first, and each result of the run itself is learnt as it arrives (:meth:`RunView.finish`),
+so its own measurements replace borrowed estimates for the variants still to run.
+
 The text is made here from plain values (the clock is an argument), so it can be tested without running
 anything; the command line decides where it goes (one line per event, or a live bar on a terminal).
 """
@@ -8,13 +14,17 @@ anything; the command line decides where it goes (one line per event, or a live 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+import math
+import os
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from checks.results import ids
 from checks.results.result import ProbeResult
-from checks.results.store import read_file
+from checks.results.store import read_file, read_manifest
 from checks.run.plan import WorkItem
 from common.progress import Estimate, duration, estimate
 from inenv.kit import _compile_cache as cc
@@ -22,16 +32,27 @@ from inenv.kit import _flashinfer as fi
 
 Key = tuple[str, str, str]
 
+MAX_LENT_S = 2 * 86400.0  # a borrowed duration longer than two days is no duration: left out
+MAX_LENT_FILE = 64 << 20  # bytes: another host's results file larger than this is not read
+MAX_LENT_RUNS = 64  # the newest runs of each other host that are read
+MAX_GPUS = 1024
+MAX_CORES = 1 << 16
+MAX_GPU_NAME = 200
+
 
 @dataclass(frozen=True)
 class Learned:
     """One recorded duration and what it was learnt from: the backend that ran it (the run manifest's
     ``executor``: docker, venv, local) and how it ended (status and reason code): a compile that failed at
-    once in an image without nvcc says nothing about a full compile with the host's nvcc."""
+    once in an image without nvcc says nothing about a full compile with the host's nvcc. A record borrowed
+    from another host names it (``host``) and why it stands for this one (``basis``); its seconds are already
+    scaled to this host."""
 
     seconds: float
     backend: str
     outcome: str
+    host: str = ""  # "" for this host's own record
+    basis: str = ""  # "same GPU model and count", "a CPU host of 16 cores, scaled to 2"
 
 
 History = dict[Key, dict[str, Learned]]  # per (cell, probe, variant), per backend: the newest record
@@ -52,6 +73,12 @@ def outcome_of(result: ProbeResult) -> str:
     return f"{v.status} {v.reason_code}".strip()
 
 
+def timed(result: ProbeResult) -> bool:
+    """Whether ``result`` measured its variant: it took time, and was not carried from an earlier run
+    (evidence ``reused_from``)."""
+    return result.verdict.duration_s > 0 and not result.verdict.evidence.get("reused_from")
+
+
 def learned(folder: Path) -> History:
     """Every (cell, probe, variant) this host's results folder timed, per backend, newest run last wins.
     A result carried from an earlier run (evidence ``reused_from``) timed nothing and is left out."""
@@ -59,9 +86,134 @@ def learned(folder: Path) -> History:
     for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
         backend = _backend(path)
         for r in read_file(path)[0]:
-            if r.verdict.duration_s > 0 and not r.verdict.evidence.get("reused_from"):
+            if timed(r):
                 out.setdefault(r.key, {})[backend] = Learned(r.verdict.duration_s, backend, outcome_of(r))
     return out
+
+
+@dataclass(frozen=True)
+class HostClass:
+    """What decides whether one host's durations stand for another's: the GPU model and count, and the
+    number of cores (0: not known)."""
+
+    gpu_name: str  # "" on a host without a GPU
+    gpu_count: int
+    cores: int = 0
+
+
+def _count(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def host_class(facts: Any) -> HostClass | None:
+    """The class of the host whose facts (``checks.results.hostfacts.collect``, as a run manifest records
+    them) are ``facts``; None when they do not say (missing, of the wrong type or out of range)."""
+    if not isinstance(facts, Mapping):
+        return None
+    count, name, cores = facts.get("gpu_count"), facts.get("gpu_name"), facts.get("cpu_count")
+    if not _count(count, 0, MAX_GPUS):
+        return None
+    if count and not (isinstance(name, str) and 0 < len(name) <= MAX_GPU_NAME):
+        return None
+    return HostClass(name if count else "", count, cores if _count(cores, 1, MAX_CORES) else 0)
+
+
+def basis(theirs: HostClass, ours: HostClass, scaled: bool) -> str | None:
+    """Why a host of class ``theirs`` stands for one of class ``ours`` (``scaled``: its durations are scaled
+    by cores), or None when it does not: a GPU host stands for one of the same GPU model and count, a host
+    without a GPU for another without one when both say how many cores they have."""
+    if ours.gpu_count:
+        same = theirs.gpu_count == ours.gpu_count and theirs.gpu_name == ours.gpu_name
+        return "same GPU model and count" if same else None
+    if theirs.gpu_count or not theirs.cores or not ours.cores:
+        return None
+    if not scaled:
+        return f"a CPU host of {theirs.cores} cores"
+    if theirs.cores == ours.cores:
+        return f"a CPU host of {theirs.cores} cores, as this one"
+    return f"a CPU host of {theirs.cores} cores, scaled to {ours.cores}"
+
+
+def _sane(seconds: float) -> bool:
+    return math.isfinite(seconds) and 0 < seconds <= MAX_LENT_S
+
+
+def _dirs(root: Path, own: str) -> Iterator[tuple[str, Path]]:
+    """The host folders under ``root`` but ``own``, by name: real folders (not links) named as host ids."""
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return
+    for e in entries:
+        try:
+            is_dir = e.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        if is_dir and e.name != own and ids.valid("host id", e.name):
+            yield e.name, Path(e.path)
+
+
+def _runs(folder: Path) -> list[tuple[str, Path]]:
+    """(run id, results file) of the newest MAX_LENT_RUNS runs in a host folder: regular files named as runs,
+    of at most MAX_LENT_FILE bytes."""
+    found = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    for e in entries:
+        run_id = e.name[: -len(".jsonl")] if e.name.endswith(".jsonl") else ""
+        if not ids.valid("run id", run_id):
+            continue
+        try:
+            ok = e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_size <= MAX_LENT_FILE
+        except OSError:
+            continue
+        if ok:
+            found.append((run_id, Path(e.path)))
+    return sorted(found)[-MAX_LENT_RUNS:]
+
+
+def lent(root: Path, own: str, facts: Mapping[str, Any], compiles: Iterable[str] = ()) -> History:
+    """What the other hosts under the results root ``root`` (one folder per host id; ``own``, this host's,
+    left out) timed, per (cell, probe, variant) and backend, from the runs of hosts of this host's class
+    (``facts``: this host's facts; each run's class from its manifest's): of each host its newest run's
+    record, and of several hosts the :func:`median` one. The durations of probes in ``compiles`` (those with
+    a build parameter: their time is compiling) recorded on a CPU host are scaled by cores, theirs / ours;
+    every other duration is taken as it was recorded.
+
+    The files are other machines' and read as untrusted: a folder or file that is a link, a name outside its
+    grammar, an unreadable or oversized file, a manifest without the host's facts or its executor, and a
+    duration that is not a finite number of seconds up to MAX_LENT_S are left out, never an error."""
+    ours = host_class(facts)
+    if ours is None:
+        return {}
+    compiles = frozenset(compiles)
+    newest: dict[tuple[Key, str], dict[str, tuple[str, Learned]]] = {}  # (key, backend) -> host -> newest
+    for host, folder in _dirs(root, own):
+        for run_id, path in _runs(folder):
+            made = read_manifest(path.with_name(f"{run_id}.manifest.json"))[0] or {}
+            theirs, backend = host_class(made.get("facts")), made.get("executor")
+            if theirs is None or basis(theirs, ours, False) is None or not isinstance(backend, str) or not backend:
+                continue
+            for r in read_file(path)[0]:
+                scaled = r.probe_id in compiles and not ours.gpu_count
+                why = basis(theirs, ours, scaled) or ""
+                seconds = r.verdict.duration_s * (theirs.cores / ours.cores if scaled else 1.0)
+                if timed(r) and _sane(r.verdict.duration_s) and _sane(seconds):
+                    newest.setdefault((r.key, backend), {})[host] = (run_id, Learned(seconds, backend,
+                                                                                     outcome_of(r), host, why))
+    out: History = {}
+    for (key, backend), per_host in newest.items():
+        out.setdefault(key, {})[backend] = median(got for _, got in per_host.values())
+    return out
+
+
+def median(records: Iterable[Learned]) -> Learned:
+    """The record in the middle by seconds (of an even count, the shorter of the middle two; of equal
+    seconds, the first host by id), so one host's outlier, a slow machine or older code, moves nothing."""
+    ordered = sorted(records, key=lambda g: (g.seconds, g.host))
+    return ordered[(len(ordered) - 1) // 2]
 
 
 @dataclass(frozen=True)
@@ -73,12 +225,20 @@ class Expected:
     outcome: str = ""  # how the run it was learnt from ended
     backend: str = ""
     module: str = ""  # the value of the probe's build parameter it was learnt for (fi-jit: the module)
+    host: str = ""  # the other host(s) whose records it was borrowed from; "" for this host's
+    basis: str = ""  # why those hosts stand for this one
 
     def text(self) -> str:
         if self.seconds is None:
             return "no earlier run"
         took = duration(self.seconds)
         how = " ".join(p for p in (self.outcome, f"on {self.backend}" if self.backend else "") if p)
+        if self.host:
+            how = "; ".join(p for p in (how, self.basis) if p)
+            if self.own:
+                return f"about {took} by {self.host}'s record" + (f" ({how})" if how else "")
+            what = " ".join(p for p in ("its probe's", self.module) if p)
+            return f"about {took} by {what} record on {self.host}" + (f" ({how})" if how else "")
         if self.own:
             return f"last time {took}" + (f" ({how})" if how else "")
         what = " ".join(p for p in ("its probe's", self.module) if p)
@@ -90,31 +250,50 @@ def _module(item: WorkItem) -> str:
     return (item.variant.param(name) or "") if name else ""
 
 
-def expected_durations(items: Iterable[WorkItem], history: History, backend: str = "") -> dict[Key, Expected]:
+def expected_durations(items: Iterable[WorkItem], history: History, backend: str = "",
+                       lent: History | None = None) -> dict[Key, Expected]:
     """For each item that will run (not decided in advance, not reused): its own newest record on this
     backend; else the mean of what its probe took for the same module on this backend, from the runs of the
-    one outcome that took longest (a fail-fast outcome does not stand for a full compile); else nothing. A
-    record from another backend is never borrowed: there the same variant can do other work."""
-    siblings: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    items = list(items)
+    one outcome that took longest (a fail-fast outcome does not stand for a full compile); else the same two
+    from what hosts of its class recorded (``lent``, from :func:`lent`), at most the item's timeout; else
+    nothing. A record from another backend is never borrowed: there the same variant can do other work."""
+    items = [it for it in items if it.runs]
+    mine = _from(items, history, backend)
+    theirs = _from(items, lent, backend) if lent else {}
+    out: dict[Key, Expected] = {}
+    for it in items:
+        got = mine[it.key]
+        if got.seconds is None and (other := theirs.get(it.key)) is not None and other.seconds is not None:
+            cap = it.timeout_s if it.timeout_s > 0 else other.seconds
+            got = Expected(min(other.seconds, cap), other.own, other.outcome, other.backend, other.module,
+                           other.host, other.basis)
+        out[it.key] = got
+    return out
+
+
+def _from(items: list[WorkItem], history: History, backend: str) -> dict[Key, Expected]:
+    """:func:`expected_durations` from one history: the item's own record, else its probe's for the same
+    module and the longest outcome, else nothing. Borrowed records name their hosts."""
+    siblings: dict[tuple[str, str], dict[str, list[Learned]]] = defaultdict(lambda: defaultdict(list))
     build_param = {it.spec.id: it.spec.build_param for it in items}
     for (_, probe, variant), per_backend in history.items():
         got = per_backend.get(backend)
         if got is not None:
-            siblings[(probe, _param_of(variant, build_param.get(probe, "")))][got.outcome].append(got.seconds)
+            siblings[(probe, _param_of(variant, build_param.get(probe, "")))][got.outcome].append(got)
     out: dict[Key, Expected] = {}
     for it in items:
-        if not it.runs:
-            continue
         own = history.get(it.key, {}).get(backend)
         if own is not None:
-            out[it.key] = Expected(own.seconds, True, own.outcome, backend)
+            out[it.key] = Expected(own.seconds, True, own.outcome, backend, "", own.host, own.basis)
             continue
         module = _module(it)
         groups = siblings.get((it.spec.id, module), {})
         if groups:
-            outcome, took = max(groups.items(), key=lambda kv: sum(kv[1]) / len(kv[1]))
-            out[it.key] = Expected(sum(took) / len(took), False, outcome, backend, module)
+            outcome, took = max(groups.items(), key=lambda kv: sum(g.seconds for g in kv[1]) / len(kv[1]))
+            hosts = " and ".join(sorted({g.host for g in took if g.host}))
+            why = "; ".join(sorted({g.basis for g in took if g.basis}))
+            out[it.key] = Expected(sum(g.seconds for g in took) / len(took), False, outcome, backend, module,
+                                   hosts, why)
         else:
             out[it.key] = Expected(None)
     return out
@@ -162,13 +341,18 @@ def _param_of(variant_key: str, name: str) -> str:
 @dataclass
 class RunView:
     """Counts and text for one run's progress. ``items``: what this invocation will go through (variants a
-    --resume found recorded are left out by the caller; reused ones are in it, done as the run starts)."""
+    --resume found recorded are left out by the caller; reused ones are in it, done as the run starts).
+    With ``history`` (what ``expected`` was made from: this host's records, ``lent`` and ``backend``), each
+    result :meth:`finish` is given joins it and the variants still to run are estimated again."""
 
     items: list[WorkItem]
     expected: dict[Key, Expected]
     done: set[Key] = field(default_factory=set)
     jobs: int = 1  # CPU-only variants of different cells run this many at once
     compile_note: Callable[[WorkItem], str] | None = None  # what a GPU variant will compile in its turn
+    history: History | None = None  # this host's records, with this run's results as they arrive
+    lent: History | None = None  # what hosts of this host's class recorded
+    backend: str = ""
     cells: list[str] = field(init=False)
     running: set[Key] = field(default_factory=set)
     _shown_cells: set[str] = field(default_factory=set)
@@ -182,9 +366,18 @@ class RunView:
     def total(self) -> int:
         return len(self.items)
 
-    def finish(self, item: WorkItem) -> None:
+    def finish(self, item: WorkItem, result: ProbeResult | None = None) -> None:
+        """``item`` is done. A ``result`` that timed its variant joins this host's history, and every item
+        still to run is estimated again from it: a sibling this run measured replaces a borrowed estimate."""
         self.running.discard(item.key)
         self.done.add(item.key)
+        if self.history is None or result is None or not timed(result):
+            return
+        v = result.verdict
+        self.history.setdefault(result.key, {})[self.backend] = Learned(v.duration_s, self.backend,
+                                                                         outcome_of(result))
+        todo = [it for it in self.items if it.key not in self.done]
+        self.expected.update(expected_durations(todo, self.history, self.backend, self.lent))
 
     def left(self, running: Key | None = None, elapsed: float = 0.0) -> Estimate:
         """Time left: every item still to run; the running one counts what it has left of its record. GPU
@@ -206,9 +399,25 @@ class RunView:
         if not n:
             how = "reused or decided" if any(it.reused is not None for it in self.items) else "decided"
             return f"nothing to run: all {self.total} variant(s) are {how} without running"
-        est = self.left()
-        where = "from the durations this host recorded" if est.unknown < n else "no earlier run on this host"
-        return f"to run: {n} of {self.total} variant(s), {est.text()} ({where})"
+        return f"to run: {n} of {self.total} variant(s), {self.left().text()} ({self.basis()})"
+
+    def basis(self) -> str:
+        """Where the estimate of what is left comes from: ``from the durations this host recorded`` (or
+        ``no earlier run on this host``), then how many variants other hosts' records estimate, which hosts
+        and why they stand for this one: ``4 by h200x1-5bce98f7's records: same GPU model and count``."""
+        known = [e for k, e in self.expected.items() if k not in self.done and e.seconds is not None]
+        lenders: dict[str, Counter[str]] = defaultdict(Counter)  # why -> host -> how many
+        for e in known:
+            if e.host:
+                lenders[e.basis][e.host] += 1
+        own = len(known) - sum(sum(c.values()) for c in lenders.values())
+        parts = ["from the durations this host recorded" if own else "no earlier run on this host"]
+        for why, hosts in sorted(lenders.items()):
+            n = sum(hosts.values())
+            by = f"{next(iter(hosts))}'s records" if len(hosts) == 1 else \
+                "the records of " + ", ".join(f"{h} ({k})" for h, k in sorted(hosts.items()))
+            parts.append(f"{n} by {by}" + (f": {why}" if why else ""))
+        return "; ".join(parts)
 
     def cell_header(self, item: WorkItem) -> str | None:
         """``cell 2 of 5 <id>: 6 to run, 23 decided without running`` the first time a cell comes up."""

@@ -153,7 +153,8 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
         return Pass(0, [], 0.0, skipped=True)
     planned = reuse(opts, planned, store, first.results if first else None)
     if first is not None:
-        con.print(between(first, planned, opts, backend.name, store), markup=False, highlight=False)
+        con.print(between(first, planned, opts, backend.name, store, targets.facts), markup=False,
+                  highlight=False)
     show_plan(con, targets.facts, planned.items, probes)
     with RunLock(store.folder):
         written = write_manifest(opts, store, backend.name, targets, probes, planned)
@@ -167,18 +168,17 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
     return Pass(unstored(store) or code, report.results, time.monotonic() - started, store.results_path.exists())
 
 
-def between(first: Pass, planned: Planned, opts: RunOptions, backend: str, store: RunStore) -> str:
+def between(first: Pass, planned: Planned, opts: RunOptions, backend: str, store: RunStore,
+            facts: dict[str, Any]) -> str:
     """The line between the passes: what the first answer covered, what the full level adds and how long
-    that should take by the durations this host recorded."""
+    that should take by the durations this host recorded (and for what it never timed, hosts of its class)."""
     todo = to_run(opts, planned, store)
-    view = progress_view(opts, backend, store, todo)
+    view = progress_view(opts, backend, store, todo, facts)
     answer = "table written" if opts.report is not None else "done"
     head = f"first answer: {answer} (quick level, {len(first.results)} variant(s) in {duration(first.seconds)})"
     if not view.expected:
         return f"{head}; now the full level: nothing more to run"
-    est = view.left()
-    by = "by earlier runs" if est.unknown < len(view.expected) else "no earlier run to go by"
-    return f"{head}; now the full level: {len(view.expected)} variant(s) to run, {est.text()} ({by})"
+    return f"{head}; now the full level: {len(view.expected)} variant(s) to run, {view.left().text()} ({view.basis()})"
 
 
 def unstored(store: RunStore) -> int:
@@ -277,7 +277,7 @@ def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targe
     still ends what it started."""
     con.print(f"[bold]results[/] {store.results_path}", highlight=False)
     codes = {pid: planned.code.for_probe(h) for pid, h in planned.hashes.items()}
-    view = progress_view(opts, backend.name, store, to_run(opts, planned, store))
+    view = progress_view(opts, backend.name, store, to_run(opts, planned, store), targets.facts)
     work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written,
                 costs=runprogress.start_costs(view.items, view.expected, planned.build_costs))
     try:
@@ -293,12 +293,18 @@ def to_run(opts: RunOptions, planned: Planned, store: RunStore) -> list[WorkItem
     return [it for it in planned.items if it.key not in done]
 
 
-def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[WorkItem]) -> runprogress.RunView:
-    """Counts and time estimates of ``todo``, from the durations this host recorded before this run."""
+def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[WorkItem],
+                  facts: dict[str, Any]) -> runprogress.RunView:
+    """Counts and time estimates of ``todo``, from the durations this host recorded before this run, and
+    for what it never timed from those the hosts of its class (``facts``: this host's) recorded under the
+    same results root."""
     recorded = runprogress.learned(store.folder)
-    return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend), jobs=opts.jobs,
+    compiles = {it.spec.id for it in todo if it.spec.build_param}
+    lent = runprogress.lent(store.folder.parent, store.folder.name, facts, compiles)
+    return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend, lent), jobs=opts.jobs,
                                compile_note=runprogress.compile_note(compile_cache_dir(opts.compile_cache,
-                                                                                       opts.no_compile_cache)))
+                                                                                       opts.no_compile_cache)),
+                               history=recorded, lent=lent, backend=backend)
 
 
 def finish(con: Any, opts: RunOptions, report: RunReport, gpus: int | None = None, staged: bool = False) -> int:
