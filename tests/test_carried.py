@@ -163,3 +163,54 @@ def test_parse_result_of_a_builder_that_said_nothing() -> None:
     assert (got["ok"], got["reason_code"]) == (False, "harness-error")
     assert "exited 1" in got["line"] and "KeyError: x" in got["line"]
     assert kernels.parse_result('@@FI-CARRY@@ {"ok": true, "name": "m"}\n', 0, "") == {"ok": True, "name": "m"}
+
+
+def test_a_build_record_says_what_its_cell_carries_when_installed() -> None:
+    from checks.run.plan import carried
+
+    rec = {"kernels": {"installed": True, "modules": {
+        "vllm_comm": {"carried": True, "sass": ["sm_90a"]},
+        "trtllm_comm": {"carried": False, "reason_code": "fi-no-nvcc"},
+        "moe_a2a": {"carried": True, "sass": "sm_90a"},  # not a list: not trusted
+    }}}
+    assert carried(rec) == {"vllm_comm": ("sm_90a",)}
+    assert carried({"kernels": {**rec["kernels"], "installed": False}}) == {}
+    assert carried({"kernels": "yes"}) == {} and carried({}) == {}
+
+
+def test_quick_pass_defers_only_gpu_variants_that_would_compile_in_their_turn() -> None:
+    from checks.run.plan import CellTarget, WorkItem, deferred
+    from inenv.probe import ProbeSpec, Variant
+
+    gpu = ProbeSpec("ar-latency", "g", "f", needs_gpu=True)
+    fusion = ProbeSpec("fi-fusion", "g", "f", needs_gpu=True)
+    cell = CellTarget("cella", "resolved", versions={"flashinfer": "0.7.4"})
+    nccl = WorkItem(cell, gpu, Variant("ar-latency", 2, (("backend", "nccl"),)), 60.0)
+    custom = WorkItem(cell, gpu, Variant("ar-latency", 2, (("backend", "flashinfer-custom-ar"),)), 60.0)
+    fused = WorkItem(cell, fusion, Variant("fi-fusion", 2), 60.0)
+    every = lambda item, modules: list(modules)  # noqa: E731  (nothing published here)
+    carries = {"cella": {"vllm_comm": ("sm_90a",), "trtllm_comm": ("sm_120a",)}}
+    got = deferred([nccl, custom, fused], carries, "9.0", every)
+    assert [it.decided for it in got[:2]] == [None, None]  # NCCL loads nothing; vllm_comm is carried for 9.0
+    assert got[2].decided is not None and got[2].decided.reason_code == "deferred-compile"
+    assert "trtllm_comm" in got[2].decided.note and "9.0" in got[2].decided.note
+    on_blackwell = deferred([custom, fused], carries, "12.0", every)
+    assert on_blackwell[0].decided is not None and on_blackwell[1].decided is None
+    published = deferred([fused], {}, "9.0", lambda item, modules: [])  # fi-jit built it here: it runs
+    assert published[0].decided is None
+
+
+def test_a_quick_compile_variant_is_told_the_level_and_keeps_its_key() -> None:
+    from checks.run.plan import CellTarget, WorkItem
+    from checks.run.runner import level_variant
+    from inenv.probe import ProbeSpec, Variant
+
+    build = ProbeSpec("fi-jit", "b", "f", needs_gpu=False, build_param="module")
+    plain = ProbeSpec("inventory", "i", "f", needs_gpu=False)
+    cell = CellTarget("cella", "resolved")
+    item = WorkItem(cell, build, Variant("fi-jit", 1, (("module", "vllm_comm"), ("arch", "local"))), 60.0)
+    told = level_variant(item, "quick")
+    assert ("env.STACKPROBE_LEVEL", "quick") in told.params and item.key[2] == "ranks=1,module=vllm_comm,arch=local"
+    assert level_variant(item, "full") == item.variant
+    other = WorkItem(cell, plain, Variant("inventory", 1), 60.0)
+    assert level_variant(other, "quick") == other.variant

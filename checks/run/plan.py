@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -13,6 +15,8 @@ from typing import Any
 
 from checks.results.result import ProbeResult
 from common import cellid
+from inenv.kit import _fatbin
+from inenv.kit import _flashinfer as fi
 from inenv.probe import HostView, ProbeSpec, Variant, default_variants
 from inenv.status import Status
 
@@ -163,6 +167,40 @@ def image_state(envs_dir: Path, cell_id: str) -> tuple[ImageState, str | None, s
 
 
 REUSED = "reused"  # summary_counts' key for the variants an earlier run answered
+
+
+def carried(record: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The comm modules a cell's build record says it carries, installed, with their SASS (provision.kernels);
+    {} when the record has none or is not of that shape (it is read as it lies on disk)."""
+    kernels = record.get("kernels")
+    if not isinstance(kernels, Mapping) or kernels.get("installed") is not True:
+        return {}
+    modules = kernels.get("modules")
+    out: dict[str, tuple[str, ...]] = {}
+    for name, row in (modules.items() if isinstance(modules, Mapping) else ()):
+        sass = row.get("sass") if isinstance(row, Mapping) and row.get("carried") is True else None
+        if isinstance(name, str) and isinstance(sass, list):
+            out[name] = tuple(str(s) for s in sass)
+    return out
+
+
+def deferred(items: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str, ...]]], capability: str | None,
+             unpublished: Callable[[WorkItem, list[str]], list[str]]) -> list[WorkItem]:
+    """A quick pass's GPU variants that would compile a flashinfer module in their turn (neither carried for
+    this GPU's ``capability`` nor built here: ``unpublished``) become decided not-run ``deferred-compile``:
+    the full pass compiles and runs them, and the quick answer does not wait minutes for one build."""
+    out: list[WorkItem] = []
+    for it in items:
+        wanted = list(fi.modules_for(it.spec.id, dict(it.variant.params))) if it.runs and it.spec.needs_gpu else []
+        have = carries.get(it.cell.cell_id, {})
+        lacking = [m for m in wanted if not (capability and m in have and _fatbin.runs_on(have[m], capability))]
+        missing = unpublished(it, lacking) if lacking else []
+        if missing:
+            note = (f"loads {', '.join(missing)}, which this cell does not carry for compute capability "
+                    f"{capability or 'unknown'} and fi-jit has not built here: left to the full pass")
+            it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, "deferred-compile", note))
+        out.append(it)
+    return out
 
 
 def summary_counts(items: list[WorkItem]) -> dict[str, Counter[str]]:

@@ -163,9 +163,10 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
 
 def level_variant(item: WorkItem, level: str) -> Variant:
     """The variant as the worker gets it: a quick run's GPU variant tells its ranks the level through an
-    ``env.`` param; the recorded key stays the planned one (results say their level in evidence)."""
+    ``env.`` param, and so does its compile variant (fi-jit then builds only its own module: the same
+    result at either level); the recorded key stays the planned one (results say their level in evidence)."""
     v = item.variant
-    if incremental.shortened(item, level):
+    if incremental.shortened(item, level) or (level == QUICK and item.runs and compiles(item)):
         return Variant(v.probe_id, v.ranks, (*v.params, (f"env.{LEVEL_ENV}", QUICK)), v.share_gpu, v.skip)
     return v
 

@@ -314,6 +314,11 @@ def start_costs(items: Iterable[WorkItem], expected: Mapping[Key, Expected],
     return out
 
 
+def compile_env(compile_cache: Path | None) -> Callable[[WorkItem], dict[str, str]]:
+    """The compile cache and cell names a cell's ranks see (where fi-jit publishes for its GPU probes)."""
+    return lambda item: {cc.ENV: str(compile_cache or ""), cc.CELL_ENV: item.cell.cell_id}
+
+
 def compile_note(compile_cache: Path | None) -> Callable[[WorkItem], str]:
     """For a GPU variant that loads flashinfer comm modules fi-jit has not published for its cell (in the
     compile cache ``compile_cache``, as the cell's ranks see it), ``; compiles X in its turn (...)``; else ""."""

@@ -35,12 +35,15 @@ from checks.run import runconsole, runprogress
 from checks.run.backend import Backend, Targets
 from checks.run.backends import BACKENDS, resolve
 from checks.run.options import REPO, RunOptions, UsageError
-from checks.run.plan import REUSED, WorkItem, plan_work, summary_counts
+from checks.run.plan import REUSED, WorkItem, deferred, plan_work, summary_counts
+from checks.run.plan import carried as plan_carried
 from checks.run.runner import RunReport, Work, now_iso
 from common import reasons
+from common.backend import RECORD_NAMES, record_file
 from common.caches import compile_cache_dir
 from common.progress import duration
 from inenv import registry
+from inenv.kit import _flashinfer as fi
 from inenv.probe import FULL, QUICK, declared
 
 
@@ -152,6 +155,8 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
         con.print("quick level: not run; --resume continues the latest run, a full-level one", markup=False)
         return Pass(0, [], 0.0, skipped=True)
     planned = reuse(opts, planned, store, first.results if first else None)
+    if opts.level == QUICK:
+        planned = defer(opts, planned, backend.name, targets)
     if first is not None:
         con.print(between(first, planned, opts, backend.name, store, targets.facts), markup=False,
                   highlight=False)
@@ -243,6 +248,26 @@ def reuse(opts: RunOptions, planned: Planned, store: RunStore,
     earlier = {r.key: r for r in first} if opts.fresh and first is not None else incremental.latest(store.folder)
     ours = frozenset(r.run_id for r in first or [])
     items = incremental.decide(planned.items, earlier, planned.inputs, planned.hashes, opts.level, ours)
+    return dataclasses.replace(planned, items=items)
+
+
+def defer(opts: RunOptions, planned: Planned, backend: str, targets: Targets) -> Planned:
+    """A quick pass leaves to the full pass the GPU variants that would compile in their turn (plan.deferred):
+    what each cell carries is read from its build record, what fi-jit built here from the compile cache."""
+    carries: dict[str, dict[str, tuple[str, ...]]] = {}
+    for cell in targets.cells if backend in RECORD_NAMES else ():
+        try:
+            data = json.loads(record_file(opts.envs / cell.cell_id, backend).read_text())
+        except (OSError, ValueError):
+            continue
+        carries[cell.cell_id] = plan_carried(data) if isinstance(data, dict) else {}
+    env_of = runprogress.compile_env(compile_cache_dir(opts.compile_cache, opts.no_compile_cache))
+
+    def unpublished(item: WorkItem, modules: list[str]) -> list[str]:
+        release = item.cell.versions.get("flashinfer") or ""
+        return fi.unpublished(modules, release, env_of(item)) if release and release != "none" else []
+
+    items = deferred(planned.items, carries, targets.facts.get("compute_capability"), unpublished)
     return dataclasses.replace(planned, items=items)
 
 

@@ -63,7 +63,7 @@ from inenv import gpuarch, toolkit
 from inenv.envinfo import torch_cuda_version
 from inenv.kit import _carried, _compile_cache, _fatbin, _fi_build, _fi_prebuild
 from inenv.kit import _flashinfer as fi
-from inenv.probe import QUICK, HostView, ProbeSpec, RankContext, Skip, Variant, outcome
+from inenv.probe import LEVEL_ENV, QUICK, HostView, ProbeSpec, RankContext, Skip, Variant, outcome
 
 SPEC = ProbeSpec(
     id="fi-jit",
@@ -356,7 +356,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
         major, minor = torch.cuda.get_device_capability(0)
         local_cc = f"{major}.{minor}"
     os.makedirs(cache, exist_ok=True)
-    side = _prebuild_others(ctx, module, cache, local_cc) if arch == LOCAL and local_cc else None
+    # a quick pass builds only this module: the others' local builds would hold its answer for minutes
+    quick = os.environ.get(LEVEL_ENV) == QUICK
+    side = _prebuild_others(ctx, module, cache, local_cc) if arch == LOCAL and local_cc and not quick else None
     lasting = bool(_compile_cache.root() or os.environ.get(CACHE_ENV))  # a combined build outlives this variant
     combined = combined_archs(arch, os.environ.get(ARCHS_ENV, "")) if lasting and arch != LOCAL else ""
     result = _build(ctx, module, arch, combined, cache, tk)
