@@ -5,9 +5,12 @@
 # Here first: tools/fetch_overlay_wheels.sh 0.6.8.post1 0.6.17 0.6.18 (or 0.7.4: 64 MiB per call, so two calls).
 # Device call: run(kind=nvidia-h200-x2, carry=[".whl/overlay"],
 #                  command="bash tools/device_run_overlay.sh 'cu130-*-fi0.6.*' 480")
+# Kernels: `provision build` here with this matrix first makes each cell's kernel set in .cache/kernels/<cell>/
+# (the matrix's kernel_archs); carried too (carry=[".cache/kernels"], in a call of its own when the wheels fill
+# 64 MiB), `provision build` there installs it and compiles nothing. Without it the cells compile on the device.
 # Results: $OUT/res/<host>/<run>.jsonl and .manifest.json (copy into results/), $OUT/build.txt (the build and
 # each cell's build.json), $OUT/run.log. FI_JIT_ONLY narrows fi-jit (default: every comm module for the local
-# GPU, which fi-jit publishes for the GPU probes, so none of them compiles in its turn);
+# GPU: its cross-compile targets are the CPU machine's work, and a carried module answers the local target);
 # PROBES="ID ..." runs only those probes; RESUME=DIR continues an interrupted run kept in DIR.
 set -u
 cd "$(dirname "$0")/.."
@@ -26,19 +29,6 @@ for f in envs/cu130-torch2.11.0-sglnone-*/build.json; do
     [ -f "$f" ] && { echo "== $f"; cat "$f"; } >> "$OUT/build.txt"
 done
 grep -E "│ cu130" "$OUT/build.txt" | cut -c1-220
-# Optional: comm modules compiled here for this GPU (tools/prebuild_fi_aot.sh, one folder per flashinfer release
-# under .whl/overlay/aot/) go where flashinfer looks for AOT artifacts, so no device time goes to ptxas; fi-jit
-# still compiles its own modules (and without these, publishes them for the probes).
-for d in .whl/overlay/aot/*/; do
-    [ -d "$d" ] || continue
-    ver=$(basename "$d")
-    for py in .cache/venvs/*-fi"$ver"/bin/python; do
-        [ -x "$py" ] || continue
-        fi_dir=$("$py" -c 'import flashinfer, os; print(os.path.dirname(flashinfer.__file__))' 2>/dev/null) || continue
-        for so in "$d"*.so; do n=$(basename "$so" .so); mkdir -p "$fi_dir/data/aot/$n"; cp "$so" "$fi_dir/data/aot/$n/"; done
-        echo "aot $ver -> $fi_dir/data/aot: $(ls "$d" | tr '\n' ' ')"
-    done
-done
 RES="$OUT/res"; EXTRA=()
 # PROBES="ep-a2a pcie-ipc" narrows the suite (default: every probe).
 if [ -n "${PROBES:-}" ]; then for p in $PROBES; do EXTRA+=(--probe "$p"); done; else EXTRA+=(--all); fi

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Compile flashinfer's comm modules for one GPU architecture on this (GPU-less) machine and leave them in
-# .whl/aot/ (gitignored), so a device run spends no device time in ptxas: trtllm_comm takes about 12 min
+# .whl/aot/ (gitignored), for the device runs of the local backend (tools/device_run_all.sh,
+# device_run_flashinfer.sh): their environment is the machine's own Python, which `provision build` does not
+# make, so no cell carries kernels there (a venv or Docker cell does: provision build compiles them). So a
+# device run spends no device time in ptxas: trtllm_comm takes about 12 min
 # per architecture on 2 cores. The final link needs a libcuda.so, which this toolkit lacks; an empty
 # library with the driver's soname is enough for a shared object (the real driver resolves the symbols
 # at load time). On the device, after installing the wheels into /tmp/site:

@@ -1,0 +1,148 @@
+"""A fresh clone on a GPU host: how soon the first table comes, how long one cell's full suite takes, and how
+many compiler processes the GPU host started, with or without the kernels the cell carries.
+
+    python3 benchmarks/bench_gpu_host.py --matrix matrices/h200-overlay.yaml --only 'cu130-*-fi0.7.4' \
+        --case carried [--wheels .whl/overlay] [--base-python python3] [--limit 600] [--out DIR]
+
+``--case carried``: the cell's kernel set (``.cache/kernels/<cell>/``, made on a CPU machine by `provision build`
+and copied here) is installed by `provision build`; ``--case none``: ``--kernel-archs none``, in a venv folder
+of its own, so nothing is carried and fi-jit compiles on this host. Then `checks run --all` (the quick pass,
+then the full one) with its table watched on disk: ``first_table_s`` is the first write of the table,
+``full_s`` the whole run (None when ``--limit`` stopped it first). ``gpu_host_compiles``: the distinct nvcc,
+cicc, ptxas and ninja processes seen on this host while the build and the run went (the process table read
+every 0.1 s; a compile lasts seconds), and ``objects_compiled`` the object files the JIT workspace holds after.
+The JSON (``backend``, ``host_class``, ``first_table_s``, ``full_s``, ``gpu_host_compiles``) goes to
+``--out``/gpu-host-<case>.json; the run's results to ``--out``/res.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPILERS = ("nvcc", "cicc", "ptxas", "ninja", "fatbinary", "nvlink")
+
+
+class ProcessWatch:
+    """Distinct compiler processes (by pid and start time) seen in /proc while it runs."""
+
+    def __init__(self, every_s: float = 0.1) -> None:
+        self.every_s = every_s
+        self.seen: dict[tuple[str, str], str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for proc in Path("/proc").iterdir():
+                if not proc.name.isdigit():
+                    continue
+                try:
+                    name = (proc / "comm").read_text().strip()
+                    start = (proc / "stat").read_text().rsplit(")", 1)[1].split()[19]
+                except (OSError, IndexError):
+                    continue
+                if name in COMPILERS:
+                    self.seen[(proc.name, start)] = name
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> ProcessWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name in self.seen.values():
+            out[name] = out.get(name, 0) + 1
+        return out
+
+
+def first_write(table: Path, t0: float, stop: threading.Event, got: dict[str, float]) -> None:
+    before = table.stat().st_mtime if table.exists() else None
+    while not stop.is_set():
+        if table.exists() and table.stat().st_mtime != before:
+            got["first"] = time.monotonic() - t0
+            return
+        stop.wait(0.2)
+
+
+def host_class() -> dict[str, Any]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=60).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        out = []
+    return {"gpu_name": out[0] if out else None, "gpu_count": len(out), "cores": os.cpu_count()}
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--matrix", required=True)
+    p.add_argument("--only", required=True)
+    p.add_argument("--case", choices=("carried", "none"), required=True)
+    p.add_argument("--wheels")
+    p.add_argument("--base-python")
+    p.add_argument("--limit", type=float, default=600.0)
+    p.add_argument("--out", default=os.environ.get("OUT", "out"))
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = out / f"res-{args.case}"
+    venvs = ROOT / ".cache" / f"venvs-{args.case}"
+    jit = Path(f"/tmp/jit-{args.case}")
+    env = dict(os.environ, STACKPROBE_JIT_CACHE=str(jit), FLASHINFER_WORKSPACE_BASE=str(jit), PYTHONUNBUFFERED="1",
+               STACKPROBE_COMPILE_CACHE=str(ROOT / ".cache" / f"compile-{args.case}"))
+    build = [sys.executable, "-m", "provision.cli", "build", "--backend", "venv", "--matrix", args.matrix,
+             "--only", args.only, "--venvs", str(venvs)]
+    build += ["--wheels", args.wheels, "--offline"] if args.wheels else []
+    build += ["--base-python", args.base_python] if args.base_python else []
+    build += ["--kernel-archs", "none"] if args.case == "none" else []
+    run = [sys.executable, "-m", "checks.cli", "run", "--all", "--backend", "venv", "--matrix", args.matrix,
+           "--only", args.only, "--results", str(res)]
+    log = out / f"gpu-host-{args.case}.log"
+    table = res / "compatibility.md"
+    got: dict[str, float] = {}
+    with ProcessWatch() as watch, log.open("w") as fh:
+        t0 = time.monotonic()
+        b = subprocess.run(build, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        build_s = time.monotonic() - t0
+        compiles_in_build = sum(watch.counts().values())
+        stop = threading.Event()
+        t1 = time.monotonic()
+        threading.Thread(target=first_write, args=(table, t1, stop, got), daemon=True).start()
+        try:
+            r = subprocess.run(run, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=args.limit)
+            rc: int | None = r.returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+        run_s = time.monotonic() - t1
+        stop.set()
+    objects = sum(1 for _ in jit.rglob("*.o")) if jit.is_dir() else 0
+    result = {
+        "backend": "venv", "case": args.case, "host_class": host_class(),
+        "matrix": args.matrix, "only": args.only,
+        "build_s": round(build_s, 1), "build_rc": b.returncode,
+        "first_table_s": round(got["first"], 1) if "first" in got else None,
+        "full_s": round(run_s, 1) if rc is not None else None, "run_rc": rc, "limit_s": args.limit,
+        "gpu_host_compiles": sum(watch.counts().values()), "compiles_in_build": compiles_in_build,
+        "compiler_processes": watch.counts(), "objects_compiled": objects,
+    }
+    (out / f"gpu-host-{args.case}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
