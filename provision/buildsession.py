@@ -198,6 +198,19 @@ def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -
         raise InputError(refusal)
 
 
+def kernels_line(k: Any) -> str:
+    """``4/5 for 9.0a 12.0f, 31.2 MB (trtllm_comm: fi-arch-gate)``; "" when the cell carries nothing."""
+    if not isinstance(k, dict) or not isinstance(k.get("modules"), dict):
+        return ""
+    mods = k["modules"]
+    ok = [m for m, v in mods.items() if isinstance(v, dict) and v.get("carried")]
+    why = [f"{m}: {v.get('reason_code')}" for m, v in mods.items() if isinstance(v, dict) and not v.get("carried")]
+    text = f"{len(ok)}/{len(mods)} for {k.get('arch_list')}, {float(k.get('bytes') or 0) / 1e6:.1f} MB"
+    if k.get("installed") is False and ok:
+        text += f", not installed: {k.get('install_error') or '?'}"
+    return text + (f" ({'; '.join(why)})" if why else "")
+
+
 def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_out: bool) -> None:
     by_id = {r["cell_id"]: r for r in results}
     rows = []
@@ -207,15 +220,16 @@ def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_o
             rows.append((c.cell_id, c.status, "", c.reason))
         else:
             rows.append((c.cell_id, r["status"], r.get("tag") or r.get("venv") or "",
-                         r.get("reason") or r.get("note") or ""))
+                         r.get("reason") or r.get("note") or "", kernels_line(r.get("kernels"))))
     if json_out:
-        keys = ("cell_id", "status", "tag", "reason")
-        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=1))
+        keys = ("cell_id", "status", "tag", "reason", "kernels")
+        print(json.dumps([dict(zip(keys, row, strict=False)) for row in rows], indent=1))
         return
     table = Table(title="provision build")
-    for col in ("cell", "status", "image", "reason"):
+    for col in ("cell", "status", "image", "reason", "kernels"):
         table.add_column(col, overflow="fold")
     colour = {"built": "green", "skipped-unchanged": "green", "failed": "red", "would-build": "cyan"}
-    for cid, status, tag, reason in rows:
-        table.add_row(cid, f"[{colour.get(status, 'yellow')}]{status}[/]", tag, reason)
+    for cid, status, tag, reason, *carried in rows:
+        table.add_row(cid, f"[{colour.get(status, 'yellow')}]{status}[/]", tag, escape(reason),
+                      escape(carried[0] if carried else ""))
     Console(width=200).print(table)

@@ -22,6 +22,7 @@ from conftest import docker_cli
 from common.catalog import load as load_catalog
 from common.matrix import Cell
 from common.resolve import RESOLVED, resolve
+from provision import kernels
 from provision.build import build_locked
 from provision.buildsession import build_cells
 from provision.cli import main
@@ -57,7 +58,8 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
     matrix.write_text("matrix:\n  cuda: ['13.0']\n  torch: ['2.14.1']\n  sgl_kernel: ['0.4.10']\n"
                       "  flashinfer: ['0.7.2']\n")
     opts = BuildOptions(matrix, envs=tmp_path / "envs", dockerfiles=tmp_path / "df", json=True, base="registry-free",
-                        ignore_disk=True)  # the cell is cached here; the disk gate has its own tests
+                        ignore_disk=True,  # the cell is cached here; the disk gate has its own tests
+                        kernel_archs=())  # its kernels are carried below, one module, not all five for three targets
     docker = Docker(cli=docker_cli())
     tag = None
     before = _tags(REAL)
@@ -142,6 +144,30 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
         assert rec3["status"] == "skipped-unchanged" and rec3["tag"] == tag and rec3["adopted"] is True
         assert rec3["versions"] == rec["versions"] and rec3["image_id"] == rec["image_id"]
         assert rec3["selfcheck"]["toolkit"]["compile_sm_120a"] == "ok"
+
+        # the cell carries its kernels: vllm_comm compiled in a container of the image for 12.0a, then one
+        # more layer under the same tag; a second pass compiles nothing and builds no layer
+        kset = tmp_path / "kernels"
+        said: list[str] = []
+        [carried] = kernels.carry([rec3], {REAL: ("12.0a",)}, 1, tmp_path / "envs", lambda c, m: said.append(m),
+                                  fresh, kernels_root=kset, cache=tmp_path / "cc", modules=("vllm_comm",))
+        k = carried["kernels"]
+        assert k["installed"] is True, k
+        assert k["modules"]["vllm_comm"]["carried"] is True and k["modules"]["vllm_comm"]["sass"] == ["sm_120a"]
+        assert carried["kernels_base"] == rec["image_id"] and carried["image_id"] != rec["image_id"]
+        assert _labels(tag)[kernels.KERNELS_LABEL] == k["digest"] and _labels(tag)["org.stackprobe.cell"] == REAL
+        on_disk = json.loads(record.read_text())
+        assert on_disk["kernels"] == k and on_disk["image_id"] == carried["image_id"]
+        inside = subprocess.run([docker_cli(), "run", "--rm", "--network", "none", "--entrypoint",
+                                 "/opt/venv/bin/python", tag, "-c",
+                                 "import glob, json; [r] = glob.glob('/opt/venv/lib/python3*/site-packages/flashinfer/"
+                                 "data/aot/vllm_comm/stackprobe-kernel.json'); print(json.load(open(r))['arch_list'])"],
+                                capture_output=True, text=True)
+        assert inside.stdout.strip() == "12.0a", inside.stderr
+        [again_k] = kernels.carry([on_disk], {REAL: ("12.0a",)}, 1, tmp_path / "envs", lambda c, m: said.append(m),
+                                  fresh, kernels_root=kset, cache=tmp_path / "cc", modules=("vllm_comm",))
+        assert again_k["image_id"] == carried["image_id"] and again_k["kernels"]["digest"] == k["digest"]
+        assert sum("kernels: vllm_comm for 12.0a" in m for m in said) == 1  # compiled once
     finally:
         _rm(tag, before)
 
