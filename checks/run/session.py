@@ -43,6 +43,7 @@ from common.backend import RECORD_NAMES, record_file
 from common.caches import compile_cache_dir
 from common.progress import duration
 from inenv import registry
+from inenv.kit import _fatbin
 from inenv.kit import _flashinfer as fi
 from inenv.probe import FULL, QUICK, declared
 
@@ -155,12 +156,15 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
         con.print("quick level: not run; --resume continues the latest run, a full-level one", markup=False)
         return Pass(0, [], 0.0, skipped=True)
     planned = reuse(opts, planned, store, first.results if first else None)
+    carries = cell_carries(opts, backend.name, targets)
     if opts.level == QUICK:
-        planned = defer(opts, planned, backend.name, targets)
+        planned = defer(opts, planned, carries, targets)
     if first is not None:
         con.print(between(first, planned, opts, backend.name, store, targets.facts), markup=False,
                   highlight=False)
     show_plan(con, targets.facts, planned.items, probes)
+    for line in kernel_lines(carries, targets.facts.get("compute_capability") if targets.gpus else None):
+        con.print(line, markup=False, highlight=False)
     with RunLock(store.folder):
         written = write_manifest(opts, store, backend.name, targets, probes, planned)
         report = execute(con, opts, backend, store, targets, planned, written)
@@ -251,23 +255,47 @@ def reuse(opts: RunOptions, planned: Planned, store: RunStore,
     return dataclasses.replace(planned, items=items)
 
 
-def defer(opts: RunOptions, planned: Planned, backend: str, targets: Targets) -> Planned:
-    """A quick pass leaves to the full pass the GPU variants that would compile in their turn (plan.deferred):
-    what each cell carries is read from its build record, what fi-jit built here from the compile cache."""
-    carries: dict[str, dict[str, tuple[str, ...]]] = {}
+def cell_carries(opts: RunOptions, backend: str, targets: Targets) -> dict[str, dict[str, tuple[str, ...]]]:
+    """What each cell carries (plan.carried), from its build record for this backend; {} for backends
+    without records (local, Slurm)."""
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
     for cell in targets.cells if backend in RECORD_NAMES else ():
         try:
             data = json.loads(record_file(opts.envs / cell.cell_id, backend).read_text())
         except (OSError, ValueError):
             continue
-        carries[cell.cell_id] = plan_carried(data) if isinstance(data, dict) else {}
+        out[cell.cell_id] = plan_carried(data) if isinstance(data, dict) else {}
+    return out
+
+
+def kernel_lines(carries: dict[str, dict[str, tuple[str, ...]]], capability: str | None) -> list[str]:
+    """On a GPU host, per cell with carried kernels: which of them run on this GPU, and that the rest is
+    compiled here."""
+    if not capability:
+        return []
+    out = []
+    for cid, have in sorted(carries.items()):
+        if not have:
+            continue
+        fit = sorted(m for m, sass in have.items() if _fatbin.runs_on(sass, capability))
+        rest = sorted(set(have) - set(fit))
+        out.append(f"  {cid}: carries {len(fit)} of its {len(have)} comm module(s) for compute capability "
+                   f"{capability}" + (f"; compiles {', '.join(rest)} here (carried for other GPUs)" if rest else ""))
+    return out
+
+
+def defer(opts: RunOptions, planned: Planned, carries: dict[str, dict[str, tuple[str, ...]]],
+          targets: Targets) -> Planned:
+    """A quick pass leaves to the full pass the GPU variants that would compile in their turn (plan.deferred):
+    what each cell carries from its build record, what fi-jit built here from the compile cache."""
     env_of = runprogress.compile_env(compile_cache_dir(opts.compile_cache, opts.no_compile_cache))
 
     def unpublished(item: WorkItem, modules: list[str]) -> list[str]:
         release = item.cell.versions.get("flashinfer") or ""
         return fi.unpublished(modules, release, env_of(item)) if release and release != "none" else []
 
-    items = deferred(planned.items, carries, targets.facts.get("compute_capability"), unpublished)
+    capability = targets.facts.get("compute_capability") if targets.gpus else None
+    items = deferred(planned.items, carries, capability, unpublished)
     return dataclasses.replace(planned, items=items)
 
 
