@@ -8,7 +8,8 @@ many compiler processes the GPU host started, with or without the kernels the ce
 and copied here) is installed by `provision build`; ``--case none``: ``--kernel-archs none``, in a venv folder
 of its own, so nothing is carried and fi-jit compiles on this host. Then `checks run --all` (the quick pass,
 then the full one) with its table watched on disk: ``first_table_s`` is the first write of the table,
-``full_s`` the whole run (None when ``--limit`` stopped it first). ``gpu_host_compiles``: the distinct nvcc,
+``full_s`` the whole run (None when ``--limit`` stopped it first: then it is interrupted as by Ctrl-C, so
+nothing it started outlives it). ``gpu_host_compiles``: the distinct nvcc,
 cicc, ptxas and ninja processes seen on this host while the build and the run went (the process table read
 every 0.1 s; a compile lasts seconds), and ``objects_compiled`` the object files the JIT workspace holds after.
 The JSON (``backend``, ``host_class``, ``first_table_s``, ``full_s``, ``gpu_host_compiles``) goes to
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -122,11 +124,18 @@ def main(argv: list[str]) -> int:
         stop = threading.Event()
         t1 = time.monotonic()
         threading.Thread(target=first_write, args=(table, t1, stop, got), daemon=True).start()
+        proc = subprocess.Popen(run, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        rc: int | None = None
         try:
-            r = subprocess.run(run, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=args.limit)
-            rc: int | None = r.returncode
+            rc = proc.wait(timeout=args.limit)
         except subprocess.TimeoutExpired:
-            rc = None
+            # as Ctrl-C: the run ends its variants (their compiles too) and keeps what finished
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         run_s = time.monotonic() - t1
         stop.set()
     objects = sum(1 for _ in jit.rglob("*.o")) if jit.is_dir() else 0
