@@ -294,9 +294,11 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
         with lock:
             results[(job.cell_id, job.module)] = got
 
+    t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for f in [pool.submit(lambda g=g: [one(j) for j in g]) for g in groups]:
             f.result()
+    stage_s = round(time.monotonic() - t0, 1)
     out = []
     for r in records:
         cid = str(r.get("cell_id"))
@@ -304,7 +306,7 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
             out.append(r)
             continue
         out.append(finish(r, carriers[cid], envs / cid, kernels_root / cid, archs_of[cid],
-                          {m: v for (c, m), v in results.items() if c == cid}, report))
+                          {m: v for (c, m), v in results.items() if c == cid}, report, stage_s))
     return out
 
 
@@ -315,10 +317,16 @@ def _drop(kernel_dir: Path, module: str) -> None:
 
 
 def finish(rec: dict[str, Any], carrier: Carrier, folder: Path, kernel_dir: Path, archs: tuple[str, ...],
-           modules: Mapping[str, Mapping[str, Any]], report: Callable[[str, str], None]) -> dict[str, Any]:
-    """Install the cell's set and rewrite its record with ``kernels``."""
+           modules: Mapping[str, Mapping[str, Any]], report: Callable[[str, str], None],
+           stage_s: float = 0.0) -> dict[str, Any]:
+    """Install the cell's set and rewrite its record with ``kernels``: per module whether it is carried, and
+    the compilers' CPU seconds this build spent on it (0 for a set reused or a cached build); ``stage_s``
+    the kernel stage's wall time (every cell's stage)."""
     summary: dict[str, Any] = {
         "arch_list": " ".join(archs), "folder": str(kernel_dir), "digest": set_digest(kernel_dir),
+        "stage_s": stage_s,
+        "compile_cpu_s": round(sum(float(v.get("compile_cpu_s") or 0.0) for v in modules.values()
+                                   if not v.get("cached") and v.get("from") != "kernel set"), 1),
         "bytes": sum(c.library.stat().st_size for c in _carried.kernel_set(kernel_dir).values()),
         "modules": {m: ({"carried": True, "sass": v.get("sass"), "bytes": v.get("library_bytes")} if v.get("ok")
                         else {"carried": False, "reason_code": v.get("reason_code"), "line": v.get("line")})
