@@ -185,10 +185,7 @@ def install_tree(kernel_dir: Path, target: Path) -> None:
             shutil.rmtree(old.library.parent, ignore_errors=True)
     for c in wanted.values():
         dest = target / c.name
-        dest.mkdir(parents=True, exist_ok=True)
-        tmp = dest / f".{c.name}.so.tmp"
-        shutil.copyfile(c.library, tmp)
-        os.replace(tmp, dest / f"{c.name}.so")
+        atomic.write_bytes(dest / f"{c.name}.so", c.library.read_bytes())
         atomic.write_json(dest / _carried.RECORD, dict(c.record))
 
 
