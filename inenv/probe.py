@@ -74,6 +74,10 @@ class ProbeSpec:
     distinct_gpus: bool = True
     requires: tuple[str, ...] = ()  # importable modules the environment must have, else `skip`
     needs_gpu: bool = True
+    # (param, value): variants of a GPU probe with that param value run on a host without a GPU too, reading
+    # what they can there and skipping their GPU parts with a reason (host-p2p's host facts). On a GPU host
+    # they are GPU variants like the others.
+    gpu_optional: tuple[tuple[str, str], ...] = ()
     timeout_s: float = 300.0  # per variant, enforced by the host-side watchdog
     # The variant param that names a build other cells may share through the compile cache (fi-jit's
     # module): the host does not start two variants with the same value side by side, so the second finds
@@ -90,6 +94,10 @@ class ProbeSpec:
             raise ValueError(f"{self.id}: a minimum rank count is at least 1")
         if any(n < self.min_ranks for n in self.ranks):
             raise ValueError(f"{self.id}: default world sizes {self.ranks} go below min_ranks={self.min_ranks}")
+
+    def runs_without_gpu(self, variant: Variant) -> bool:
+        """Whether ``variant`` runs on a host without a GPU (see ``gpu_optional``)."""
+        return any(variant.param(name) == value for name, value in self.gpu_optional)
 
     def min_ranks_for(self, variant: Variant) -> int:
         """The fewest ranks ``variant`` can test the feature with."""

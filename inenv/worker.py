@@ -466,6 +466,8 @@ def skip_reason(module: ModuleType, variant: Variant, gpus: int) -> tuple[str, s
     if not spec.needs_gpu:
         return None
     if gpus == 0:
+        if spec.runs_without_gpu(variant):
+            return None  # it reads what it can and says what it skipped
         return "no-gpu", "no GPU on this host"
     if variant.share_gpu and spec.distinct_gpus:
         return "not-applicable", f"{spec.id} needs a GPU per rank; this variant puts ranks on shared GPUs"

@@ -566,3 +566,30 @@ def test_ties_use_the_run_to_run_spread_measured_across_cells_of_one_build() -> 
     assert (assumed.use, measured.use) == ("nccl", "symm-mem-two-shot")
     text = decisions.render(decisions.decide(h, ENGINES, PINS, cell=cell, tp=2))
     assert "Ties: a gain smaller than the larger run-to-run spread" in text and "nccl ≤" in text
+
+
+def test_a_host_whose_peer_to_peer_failed_is_not_advised_a_p2p_backend(
+        hosts: dict[str, hostresults.HostResults]) -> None:
+    """The committed 2x H200 rows advise flashinfer-custom-ar at 2 ranks; the same rows plus a host-p2p pair
+    whose first NCCL allreduce with defaults hung (and passed with NCCL_P2P_DISABLE=1) advise no backend that
+    needs peer-to-peer, and say why under avoid."""
+    h = hosts[H200]
+    before = _advice(h)
+    assert "flashinfer-custom-ar" in {c.backend for c in before.curves}
+    hung = ProbeResult("r9", H200, "other-cell", "host-p2p", "ranks=2,check=nccl,pair=0-1,p2p=default",
+                       Verdict(Status.HANG, note="first allreduce did not return in 90 s; bridge 0000:00:01.0 has "
+                               "ACS ReqRedir CmpltRedir set", reason_code="p2p-acs-redirect"), "2026-12-03T00:00:00Z")
+    ok = ProbeResult("r9", H200, "other-cell", "host-p2p", "ranks=2,check=nccl,pair=0-1,p2p=disabled",
+                     Verdict(Status.PASS), "2026-12-03T00:00:00Z")
+    after = advise.advise_cell(h.host_id, CELL, 2, [*h.latest(), hung, ok], h.facts)
+    backends = {c.backend for c in after.curves}
+    assert backends and not backends & {"flashinfer-custom-ar", "flashinfer-pcie-ipc", "symm-mem-one-shot",
+                                        "symm-mem-two-shot"}
+    assert all(s.use not in {"flashinfer-custom-ar", "flashinfer-pcie-ipc"} for s in after.sizes)
+    lines = [a for a in after.avoid if a.status == "host"]
+    assert [a.what for a in lines] == ["flashinfer-custom-ar (needs direct GPU peer-to-peer)",
+                                       "flashinfer-pcie-ipc (needs direct GPU peer-to-peer)",
+                                       "symm-mem-one-shot (needs direct GPU peer-to-peer)",
+                                       "symm-mem-two-shot (needs direct GPU peer-to-peer)"]
+    assert all(a.reason_code == "p2p-acs-redirect" and "ACS ReqRedir" in a.why
+               and "NCCL_P2P_DISABLE=1 passes on GPUs 0-1" in a.why for a in lines)

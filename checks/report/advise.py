@@ -407,6 +407,39 @@ def _label(rs: Sequence[ProbeResult]) -> str:
 
 BAD = frozenset({Status.FAIL, Status.CRASH, Status.HANG, Status.PARTIAL})
 
+# The host's own peer-to-peer check (host-p2p): when a GPU pair's peer copy or its first NCCL allreduce with
+# NCCL's defaults failed, the backends that read and write peer GPU memory directly are not advised on it.
+P2P_PROBE = "host-p2p"
+P2P_BACKENDS = frozenset({"symm-mem-one-shot", "symm-mem-two-shot", "flashinfer-custom-ar", "flashinfer-pcie-ipc"})
+P2P_BROKEN = frozenset({Status.FAIL, Status.CRASH, Status.HANG})
+
+
+def p2p_broken(results: Iterable[ProbeResult]) -> list[ProbeResult]:
+    """The host's host-p2p pair checks that failed: a peer copy, or NCCL with its defaults (any cell: the
+    GPUs' peer-to-peer path is the host's, whatever stack ran the check)."""
+    return [r for r in results if r.probe_id == P2P_PROBE and r.verdict.status in P2P_BROKEN
+            and (r.params.get("check") == "copy"
+                 or (r.params.get("check") == "nccl" and r.params.get("p2p", "default") == "default"))]
+
+
+def p2p_avoid(results: Sequence[ProbeResult], broken: Sequence[ProbeResult]) -> list[Avoid]:
+    """One line per P2P backend the host's failed peer-to-peer check rules out, with that check's reason, and
+    whether NCCL without P2P (``NCCL_P2P_DISABLE=1``) passed on the same pair."""
+    if not broken:
+        return []
+    first = broken[0]
+    pair = first.params.get("pair", "")
+    fallback = [r for r in results if r.probe_id == P2P_PROBE and r.params.get("check") == "nccl"
+                and r.params.get("pair", "") == pair and r.params.get("p2p") == "disabled"
+                and r.verdict.status is Status.PASS]
+    note = " ".join(first.verdict.note.split())[:300]
+    also = (f"; NCCL with NCCL_P2P_DISABLE=1 passes on GPUs {pair}: run with it until the host is fixed"
+            if fallback else "")
+    return [Avoid(f"{b} (needs direct GPU peer-to-peer)", "host", first.verdict.reason_code,
+                  f"host-p2p {first.variant} failed on this host: {note}{also}",
+                  tuple(r.result_id for r in broken[:3]))
+            for b in sorted(P2P_BACKENDS)]
+
 
 def _avoid(rs: Sequence[ProbeResult], curves: Sequence[Curve], spread: Spreads = Spreads({})) -> list[Avoid]:
     groups: dict[tuple[str, str, str, str], list[ProbeResult]] = defaultdict(list)
@@ -492,12 +525,17 @@ def advise_cell(host_id: str, cell_id: str, ranks: int, results: Sequence[ProbeR
         return CellAdvice(host_id, cell_id, ranks, hidden, missing=(
             Missing(f"allreduce latency at {ranks} ranks", "no ar-latency result",
                     _rerun(LATENCY_PROBE, cell_id, cell)),),
-            avoid=tuple(_avoid(rs, ())), untimed=tuple(_untimed(rs)), multicast=mc, full_nvlink=nvl)
+            avoid=(*p2p_avoid(results, p2p_broken(results)), *_avoid(rs, ())), untimed=tuple(_untimed(rs)),
+            multicast=mc, full_nvlink=nvl)
     curves, missing = _curves(cell_id, cell, rs)
+    broken = p2p_broken(results)
+    if broken:  # a backend that needs peer-to-peer is never advised on a host whose peer-to-peer failed
+        curves = [c for c in curves if c.backend not in P2P_BACKENDS]
     spread = spreads(results, cell_id, ranks)
     sizes = _per_size(curves, hidden, spread)
+    avoid = (*p2p_avoid(results, broken), *_avoid(rs, curves, spread))
     return CellAdvice(host_id, cell_id, ranks, hidden, tuple(curves), tuple(sizes),
-                      tuple(_crossovers(sizes, curves)), tuple(_avoid(rs, curves, spread)), tuple(_untimed(rs)),
+                      tuple(_crossovers(sizes, curves)), avoid, tuple(_untimed(rs)),
                       tuple(missing), mc, nvl, spread)
 
 

@@ -73,12 +73,29 @@ def code_of(runs: Sequence[Run], shared_by: Checkout) -> dict[str, Any]:
 
 
 def host_facts(runs: Sequence[Run]) -> dict[str, Any]:
-    """The host facts of the newest run whose manifest has them."""
+    """The host facts of the newest run whose manifest has them, and the host's peer-to-peer answer."""
+    out: dict[str, Any] = {k: None for k in HOST_FACTS}
     for run in reversed(runs):
         facts = (run.manifest or {}).get("facts")
         if isinstance(facts, Mapping) and facts:
-            return {k: facts.get(k) for k in HOST_FACTS}
-    return {k: None for k in HOST_FACTS}
+            out = {k: facts.get(k) for k in HOST_FACTS}
+            break
+    out["host_p2p"] = p2p_summary(runs)
+    return out
+
+
+P2P_PROBE = "host-p2p"
+P2P_KEEP = ("variant", "status", "reason_code", "note")
+
+
+def p2p_summary(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The host-p2p verdicts of the newest run that has any (its variant, status, reason and note: the links,
+    bridges, IOMMU mode and pair checks as the probe worded them; the bundle is scrubbed after)."""
+    for run in reversed(runs):
+        rows = [r for r in run.results if isinstance(r, Mapping) and r.get("probe_id") == P2P_PROBE]
+        if rows:
+            return [{k: str(r.get(k) or "")[:600] for k in P2P_KEEP} for r in rows[:64]]
+    return []
 
 
 def build(results_dir: Path, host_id: str, scrubber: Scrubber, shared_by: Checkout) -> tuple[dict[str, Any],

@@ -1,0 +1,1021 @@
+"""host-p2p: can the GPUs of this host talk to each other directly, how fast, and if not, why (docs/probes.md).
+
+Three kinds of variant:
+
+- ``check=facts`` (one rank; runs on a host without a GPU too): the host below the stack, read without changing
+  anything. Per GPU its PCI address, NUMA node and PCIe link (current against maximum, the speed read again
+  while copies run, since an idle GPU lowers its link speed), the bridges above it up to its root port with
+  each one's ACS capability and control bits (parsed from configuration space, inenv/kit/_pci.py), the IOMMU
+  and its mode, and the driver's view of every pair (NVML: topology, P2P read/write/atomics status). Each fact
+  names where it was read, or why it could not be.
+- ``check=copy,pair=A-B`` (two ranks, one GPU each; rank 0 drives both GPUs, rank 1 holds the second): peer
+  access as CUDA reports it, copies of a known pattern in both directions into a sentinel-filled destination
+  checked exactly (copy engine large and small, and a strided copy a kernel does), then unidirectional and
+  bidirectional bandwidth and small-copy latency against the link's theoretical rate.
+- ``check=nccl,pair=A-B,p2p=default|disabled|level-loc`` (two ranks): the first allreduces in fresh processes
+  with NCCL's defaults, with ``NCCL_P2P_DISABLE=1`` and with ``NCCL_P2P_LEVEL=LOC``, checked exactly.
+
+Every step that touches a GPU waits with a deadline, so a stuck copy or collective becomes this probe's verdict,
+with the cause the facts point to (ACS redirect on a bridge of the path, a translating IOMMU) in its note.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from inenv.kit import _data, _device, _dist, _errors, _nccllog, _pci
+from inenv.kit._pci import Fact, spelled
+from inenv.probe import LEVEL_ENV, QUICK, HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+
+SPEC = ProbeSpec(
+    id="host-p2p",
+    title="Host peer-to-peer health",
+    feature="Can the GPUs of this host talk to each other directly (PCIe links, ACS, IOMMU, peer copies, NCCL's "
+    "first allreduce with and without P2P), how fast, and if not, why and what fixes it?",
+    ranks=(1, 2),  # the facts on one rank; a pair on two, one GPU each
+    min_ranks_by_param=(("check", "copy", 2), ("check", "nccl", 2)),
+    distinct_gpus=True,  # a pair is two GPUs; NCCL refuses two ranks on one
+    needs_gpu=True,
+    gpu_optional=(("check", "facts"),),  # the host facts are read on a host without a GPU too
+    timeout_s=240.0,
+    preload=_dist.PRELOAD_DIST,
+)
+
+P2P_SETTINGS: dict[str, dict[str, str | None]] = {  # None: removed from the ranks' environment
+    "default": {"NCCL_P2P_DISABLE": None, "NCCL_P2P_LEVEL": None},
+    "disabled": {"NCCL_P2P_DISABLE": "1", "NCCL_P2P_LEVEL": None},
+    "level-loc": {"NCCL_P2P_DISABLE": None, "NCCL_P2P_LEVEL": "LOC"},
+}
+COPY_DEADLINE_S = 20.0  # one copy or one timed batch of copies
+NCCL_DEADLINE_S = 90.0  # the communicator and the first allreduces together
+LOAD_DEADLINE_S = 10.0
+COPY_WORDS = 16 << 20  # int32: 64 MiB
+SMALL_WORDS = 1024  # 4 KiB
+STRIDED_WORDS = 4 << 20  # every other word of 16 MiB, written by a kernel
+BW_BYTES = 256 << 20
+BW_REPS = 8
+BW_REPS_QUICK = 3
+LATENCY_REPS = 200
+LOAD_BYTES = 64 << 20
+LOAD_REPS = 32  # host-to-device copies queued while the link speed is read: 2 GiB
+NCCL_ELEMS = (_data.HIDDEN, 4 << 20)  # bf16: one decode token (14 KiB), then 8 MiB
+FILL = -559038737  # 0xDEADBEEF as int32: the pattern (0 .. 2**31-2) never holds it
+# nvml.h values: pynvml spells some of these constants as one-element tuples, which NVML refuses.
+P2P_CAPS = (("read", 0), ("write", 1), ("nvlink", 2), ("atomics", 3), ("pci", 4))
+P2P_STATUS = {0: "ok", 1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
+              4: "disabled by regkey", 5: "not supported", 6: "unknown"}
+TOPOLOGY = {0: "same board", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+NVLINK_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+NVLINK_MAX_LINKS = 18
+NVLINK_GBS = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}  # per link and direction, by NVLink version
+
+
+# --------------------------------------------------------------------------------------------------
+# Planning
+
+
+def pairs_for_copy(n: int, level: str) -> list[tuple[int, int]]:
+    """Every pair on up to 4 GPUs; on more, every GPU against GPU 0 (each GPU's bridges are on such a path);
+    a quick run, and a host of fewer than two GPUs, plans pair 0-1 only."""
+    if n < 2 or level == QUICK:
+        return [(0, 1)]
+    if n <= 4:
+        return [(a, b) for a in range(n) for b in range(a + 1, n)]
+    return [(0, k) for k in range(1, n)]
+
+
+def pairs_for_nccl(n: int, level: str) -> list[tuple[int, int]]:
+    """Pair 0-1 and, on more than two GPUs, 0 and the last GPU (on PCIe hosts the pair farthest apart)."""
+    if n <= 2 or level == QUICK:
+        return [(0, 1)]
+    return [(0, 1), (0, n - 1)]
+
+
+def variants(host: HostView) -> list[Variant]:
+    short = gpu_shortfall(host, 2, "a pair of GPUs")
+    out = [Variant(SPEC.id, 1, (("check", "facts"),))]
+    out += [Variant(SPEC.id, 2, (("check", "copy"), ("pair", f"{a}-{b}")), skip=short)
+            for a, b in pairs_for_copy(host.gpu_count, host.level)]
+    out += [Variant(SPEC.id, 2, (("check", "nccl"), ("pair", f"{a}-{b}"), ("p2p", setting)), skip=short)
+            for a, b in pairs_for_nccl(host.gpu_count, host.level) for setting in P2P_SETTINGS]
+    return out
+
+
+def parse_pair(text: str | None) -> tuple[int, int]:
+    a, _, b = (text or "0-1").partition("-")
+    return int(a), int(b)
+
+
+def quick() -> bool:
+    return os.environ.get(LEVEL_ENV) == QUICK
+
+
+# --------------------------------------------------------------------------------------------------
+# NVML: the driver's view of each GPU and pair
+
+
+def _ask(fn: Callable[..., Any], *args: Any) -> tuple[Any, str]:
+    try:
+        return fn(*args), ""
+    except Exception as exc:  # NVML raises its own error types for "not supported" and the like
+        return None, f"{type(exc).__name__}: {exc}"[:160]
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+@contextlib.contextmanager
+def nvml_session() -> Iterator[tuple[Any, str]]:
+    """(pynvml initialised, "") or (None, why not); shut down afterwards."""
+    try:
+        import pynvml
+    except ImportError:
+        yield None, "pynvml is not installed (the nvidia-ml-py package)"
+        return
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        yield None, f"NVML did not initialise ({type(exc).__name__}: {exc})"[:200]
+        return
+    try:
+        yield pynvml, ""
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _nvml_gpu(nv: Any, index: int, handle: Any) -> dict[str, Any]:
+    info, err = _ask(nv.nvmlDeviceGetPciInfo, handle)
+    out: dict[str, Any] = {"index": index, "address": _pci.normal_address(_text(info.busId)) if info else None}
+    if err:
+        out["address_error"] = err
+    name, _ = _ask(nv.nvmlDeviceGetName, handle)
+    out["name"] = _text(name) if name is not None else None
+    link: dict[str, Any] = {}
+    for key, fn in (("gen", "nvmlDeviceGetCurrPcieLinkGeneration"), ("max_gen", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                    ("gpu_max_gen", "nvmlDeviceGetGpuMaxPcieLinkGeneration"),
+                    ("width", "nvmlDeviceGetCurrPcieLinkWidth"), ("max_width", "nvmlDeviceGetMaxPcieLinkWidth")):
+        value, err = _ask(getattr(nv, fn), handle) if hasattr(nv, fn) else (None, "not in this pynvml")
+        link[key] = value if err == "" else {"not_visible": err, "source": fn}
+    out["link"] = link
+    active: list[dict[str, Any]] = []
+    why = ""
+    for n in range(NVLINK_MAX_LINKS):
+        state, err = _ask(nv.nvmlDeviceGetNvLinkState, handle, n)
+        if err:
+            why = why or err
+            break
+        if not state:
+            continue
+        remote, _ = _ask(nv.nvmlDeviceGetNvLinkRemotePciInfo, handle, n)
+        kind, _ = _ask(nv.nvmlDeviceGetNvLinkRemoteDeviceType, handle, n) if hasattr(
+            nv, "nvmlDeviceGetNvLinkRemoteDeviceType") else (None, "")
+        version, _ = _ask(nv.nvmlDeviceGetNvLinkVersion, handle, n)
+        active.append({"link": n, "remote": _pci.normal_address(_text(remote.busId)) if remote else None,
+                       "switch": kind == NVLINK_SWITCH, "version": version})
+    out["nvlink"] = {"active": active, **({"stopped_at": why} if why and not active else {})}
+    return out
+
+
+def nvlinks_between(a: dict[str, Any], b: dict[str, Any]) -> int:
+    """NVLink links joining two GPUs (pure): direct links to the other, or links into NVSwitches on both."""
+    links_a, links_b = a.get("nvlink", {}).get("active", []), b.get("nvlink", {}).get("active", [])
+    direct = sum(1 for link in links_a if link.get("remote") == b.get("address"))
+    if direct:
+        return direct
+    return min(sum(bool(lk.get("switch")) for lk in links_a), sum(bool(lk.get("switch")) for lk in links_b))
+
+
+def nvml_view(nv: Any, why: str, only: list[str] | None = None) -> dict[str, Any]:
+    """Every GPU NVML lists and every pair of them (or of those at the addresses ``only``)."""
+    if nv is None:
+        return {"not_visible": why, "source": "NVML"}
+    count, err = _ask(nv.nvmlDeviceGetCount)
+    if err:
+        return {"not_visible": err, "source": "nvmlDeviceGetCount"}
+    handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    gpus = [_nvml_gpu(nv, i, h) for i, h in enumerate(handles)]
+    driver, _ = _ask(nv.nvmlSystemGetDriverVersion)
+    wanted = [i for i, g in enumerate(gpus) if only is None or g["address"] in only]
+    pairs: dict[str, Any] = {}
+    for x, i in enumerate(wanted):
+        for j in wanted[x + 1:]:
+            level, err = _ask(nv.nvmlDeviceGetTopologyCommonAncestor, handles[i], handles[j])
+            entry: dict[str, Any] = {"addresses": [gpus[i]["address"], gpus[j]["address"]],
+                                     "topology": TOPOLOGY.get(level, str(level)) if not err else None}
+            if err:
+                entry["topology_error"] = err
+            links = nvlinks_between(gpus[i], gpus[j])
+            if links:
+                entry["topology"] = f"NV{links}"
+                entry["nvlinks"] = links
+            status: dict[str, str] = {}
+            for cap, index in P2P_CAPS:
+                value, err = _ask(nv.nvmlDeviceGetP2PStatus, handles[i], handles[j], index)
+                status[cap] = P2P_STATUS.get(value, str(value)) if not err else f"not visible ({err})"
+            entry["p2p"] = status
+            pairs[f"{i}-{j}"] = entry
+    return {"source": "NVML", "driver": _text(driver) if driver else None, "gpus": gpus, "pairs": pairs}
+
+
+def nvml_pair(view: dict[str, Any], a: str | None, b: str | None) -> dict[str, Any] | None:
+    for entry in (view.get("pairs") or {}).values():
+        if set(entry.get("addresses", [])) == {a, b}:
+            return entry
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# What the facts say about one GPU's link and one pair's path (pure parts are tested without a GPU)
+
+
+@dataclass(frozen=True)
+class LinkView:
+    """One GPU's PCIe link as the judgement reads it (GT/s and lanes; None: unknown)."""
+
+    label: str
+    width: int | None = None
+    max_width: int | None = None  # the card's
+    speed: float | None = None  # read while copies ran; None: never read under load
+    idle_speed: float | None = None
+    max_speed: float | None = None  # the card's
+    slot_speed: float | None = None  # the most the port above it allows
+    slot_width: int | None = None
+
+    @property
+    def attainable(self) -> float | None:
+        known = [s for s in (self.max_speed, self.slot_speed) if s]
+        return min(known) if known else None
+
+    def rate_gbs(self) -> float | None:
+        """Its theoretical data rate per direction at the best speed it may train at, on the lanes it has."""
+        return _pci.link_gbs(self.attainable, self.width or self.max_width)
+
+
+def link_problem(v: LinkView) -> str | None:
+    """How far below the card's maximum the link trained (pure); None when it is at its maximum or unknown.
+    The speed counts only as read under load: an idle GPU lowers its link speed on purpose."""
+    issues: list[str] = []
+    if v.width and v.max_width and v.width < v.max_width:
+        slot = f" (the port above it is x{v.slot_width})" if v.slot_width and v.slot_width < v.max_width else ""
+        issues.append(f"trained at x{v.width} of x{v.max_width}{slot}")
+    if v.speed and v.max_speed and v.speed < v.max_speed:
+        slot = (f" (the port above it allows {spelled(v.slot_speed)})"
+                if v.slot_speed and v.slot_speed < v.max_speed else "")
+        issues.append(f"ran at {spelled(v.speed)} under load, the card supports {spelled(v.max_speed)}{slot}")
+    if not issues:
+        return None
+    have = _pci.link_gbs(v.speed or v.max_speed, v.width or v.max_width)
+    best = _pci.link_gbs(v.max_speed, v.max_width)
+    share = f": {have / best:.0%} of its {best:.1f} GB/s per direction" if have and best else ""
+    return f"{v.label} " + "; ".join(issues) + share
+
+
+@dataclass(frozen=True)
+class PathView:
+    """What the facts say about the path between two GPUs, as the verdict names it."""
+
+    labels: tuple[str, str]
+    meets_at: str = "not visible"
+    redirect: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # (bridge, port type, ACS bits on)
+    acs_hidden: tuple[tuple[str, str], ...] = ()  # (bridge, why its ACS is not visible)
+    iommu: Fact = field(default_factory=lambda: _pci.hidden("", "not read"))
+    topology: str | None = None  # NVML's
+    p2p: tuple[tuple[str, str], ...] = ()  # NVML's P2P status per capability
+
+    @property
+    def nvlink(self) -> bool:
+        return bool(self.topology and self.topology.startswith("NV"))
+
+
+def cause_words(code: str, cause: str) -> str:
+    """How a note names the facts: as the likely cause when they point at one, else as what was seen."""
+    return f"likely cause: {cause}" if code else f"the facts name no cause ({cause})"
+
+
+def likely_cause(p: PathView) -> tuple[str, str]:
+    """(reason code, note) for a peer-to-peer failure between the pair, from the facts (pure): ACS redirect on
+    a bridge of the path first, then a translating IOMMU; "" when the facts name no cause."""
+    code = ""
+    notes: list[str] = []
+    if p.redirect:
+        code = "p2p-acs-redirect"
+        notes.append("ACS redirect on the path: " + "; ".join(
+            f"{addr} ({kind}) {'+'.join(bits)}" for addr, kind, bits in p.redirect))
+    mode = p.iommu.value if p.iommu.seen else None
+    if mode in ("translated", "mixed"):
+        code = code or "p2p-iommu-translated"
+        notes.append(f"IOMMU {mode} ({p.iommu.source})")
+    elif mode:
+        notes.append(f"IOMMU {mode}")
+    else:
+        notes.append(f"IOMMU mode not visible ({p.iommu.not_visible})")
+    if p.acs_hidden:
+        notes.append("ACS not visible on " + "; ".join(f"{addr}: {why}" for addr, why in p.acs_hidden[:3]))
+    refused = [f"{cap} {status}" for cap, status in p.p2p if cap in ("read", "write") and status != "ok"]
+    if refused:
+        notes.append("the driver reports P2P " + ", ".join(refused))
+    if p.topology:
+        notes.append(f"NVML topology {p.topology}, meeting at {p.meets_at}")
+    return code, "; ".join(notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading the facts
+
+
+@dataclass
+class Gpu:
+    index: int
+    address: str | None
+    index_source: str
+    port: _pci.Port | None = None
+    bridges: list[_pci.Port] = field(default_factory=list)
+    chain: _pci.Chain | None = None
+    nvml: dict[str, Any] = field(default_factory=dict)
+    loaded: Fact = field(default_factory=lambda: _pci.hidden("", "not read under load"))
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.address or 'address not visible'})"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index, "address": self.address, "index_source": self.index_source}
+        if self.chain is not None:
+            out["chain"] = self.chain.fact.to_json()
+            out["root_complex"] = self.chain.root_complex or None
+        if self.port is not None:
+            out["device"] = self.port.to_json()
+        out["upstream"] = [b.to_json() for b in self.bridges]
+        if self.nvml:
+            out["nvml"] = self.nvml
+        out["link_under_load"] = self.loaded.to_json()
+        return out
+
+
+def _gen_speed(value: Any) -> float | None:
+    return _pci.SPEED_OF_GENERATION.get(value) if isinstance(value, int) else None
+
+
+def _num(value: Any) -> Any:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def link_view(g: Gpu) -> LinkView:
+    """The link as sysfs shows it, NVML's view where sysfs shows nothing; the port above from its sysfs."""
+    nv = g.nvml.get("link", {}) if g.nvml else {}
+    link = g.port.link if g.port else None
+
+    def seen(fact: Fact | None) -> Any:
+        return fact.value if fact is not None and fact.seen else None
+
+    slot = g.bridges[0].link if g.bridges else None
+    slot_speed = seen(slot.max_speed if slot else None)
+    system_max = _gen_speed(nv.get("max_gen"))
+    card_max = seen(link.max_speed if link else None) or _gen_speed(nv.get("gpu_max_gen")) or system_max
+    if system_max and card_max and system_max < card_max and not slot_speed:
+        slot_speed = system_max
+    return LinkView(
+        g.label,
+        width=seen(link.width if link else None) or _num(nv.get("width")),
+        max_width=seen(link.max_width if link else None) or _num(nv.get("max_width")),
+        speed=g.loaded.value if g.loaded.seen else None,
+        idle_speed=seen(link.speed if link else None) or _gen_speed(nv.get("gen")),
+        max_speed=card_max,
+        slot_speed=slot_speed,
+        slot_width=seen(slot.max_width if slot else None),
+    )
+
+
+def read_gpu(host: _pci.Host, g: Gpu, admin: bool | None) -> Gpu:
+    if not g.address:
+        return g
+    g.chain = _pci.chain_of(host, g.address)
+    if g.chain.device_dir is not None:
+        g.port = _pci.read_port(host, g.chain.device_dir, admin)
+        g.bridges = [_pci.read_port(host, d, admin) for _, d in g.chain.bridges]
+    return g
+
+
+def cuda_address(torch: Any, index: int) -> str | None:
+    p = torch.cuda.get_device_properties(index)
+    try:
+        return f"{int(p.pci_domain_id):04x}:{int(p.pci_bus_id):02x}:{int(p.pci_device_id):02x}.0"
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def gpus_seen(torch: Any, nvml: dict[str, Any], sysfs: Fact) -> list[Gpu]:
+    """The GPUs by the index this process's CUDA gives them (the index a pair names), else NVML's, else the
+    order of their addresses in sysfs."""
+    if torch is not None:
+        return [Gpu(i, cuda_address(torch, i), "CUDA") for i in range(torch.cuda.device_count())]
+    if nvml.get("gpus"):
+        return [Gpu(g["index"], g["address"], "NVML") for g in nvml["gpus"]]
+    if sysfs.seen and sysfs.value:
+        return [Gpu(i, a, "sysfs address order") for i, a in enumerate(sysfs.value)]
+    return []
+
+
+def gpu_devices_present(host: _pci.Host) -> bool:
+    return host.at("dev", "nvidiactl").exists() or host.at("dev", "nvidia0").exists()
+
+
+def torch_with_gpu(host: _pci.Host, sysfs: Fact) -> tuple[Any, str]:
+    """torch when it is installed and sees a GPU; else None and why. torch is not imported where neither a
+    device node nor sysfs shows an NVIDIA GPU (its import alone takes seconds)."""
+    if importlib.util.find_spec("torch") is None:
+        return None, "torch is not installed in this environment"
+    if not gpu_devices_present(host) and not (sysfs.seen and sysfs.value):
+        return None, "no NVIDIA device node (/dev/nvidiactl) and no NVIDIA GPU in sysfs"
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return None, "torch sees no CUDA device"
+    return torch, ""
+
+
+def read_under_load(torch: Any, g: Gpu, host: _pci.Host, nv: Any) -> Fact:
+    """The GPU's link speed read while host-to-device copies keep it busy (an idle GPU lowers its speed)."""
+    def now() -> tuple[float | None, str]:
+        if g.port is not None and g.chain is not None and g.chain.device_dir is not None:
+            f = _pci.read_link(host, g.chain.device_dir).speed
+            if f.seen:
+                return f.value, f.source
+        if nv is not None and g.address:
+            with contextlib.suppress(Exception):
+                handle = nv.nvmlDeviceGetHandleByPciBusId(g.address.encode())
+                return _gen_speed(nv.nvmlDeviceGetCurrPcieLinkGeneration(handle)), "nvmlDeviceGetCurrPcieLinkGeneration"
+        return None, ""
+
+    try:
+        src = torch.empty(LOAD_BYTES, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(LOAD_BYTES, dtype=torch.uint8, device=f"cuda:{g.index}")
+        stream = torch.cuda.Stream(device=g.index)
+        with torch.cuda.stream(stream):
+            for _ in range(LOAD_REPS):
+                dst.copy_(src, non_blocking=True)
+        readings = []
+        for _ in range(3):
+            time.sleep(0.005)
+            readings.append(now())
+        settle(torch, [stream], LOAD_DEADLINE_S, "host-to-device copies")
+    except Exception as exc:
+        return _pci.hidden("", f"copies to read the link under load failed: {_errors.last_line(str(exc))}")
+    speeds = [s for s, _ in readings if s]
+    if not speeds:
+        return _pci.hidden(next((w for _, w in readings if w), ""), "no link speed readable under load")
+    return Fact(max(speeds), f"{next(w for s, w in readings if s)} during {LOAD_REPS} x {LOAD_BYTES >> 20} MiB "
+                             "host-to-device copies")
+
+
+def peer_matrix(torch: Any, n: int) -> list[list[bool]]:
+    return [[i == j or bool(torch.cuda.can_device_access_peer(i, j)) for j in range(n)] for i in range(n)]
+
+
+# --------------------------------------------------------------------------------------------------
+# check=facts
+
+
+def pair_path(a: Gpu, b: Gpu, iommu: Fact, nvml: dict[str, Any], vm: Fact) -> PathView:
+    """The path between two GPUs' as their chains and ports show it."""
+    ports = {p.address: p for p in (*a.bridges, *b.bridges)}
+    meets, crossed = ("not visible", [])
+    if a.chain is not None and b.chain is not None:
+        meets, crossed = _pci.path_between(a.chain, b.chain)
+    redirect, hidden = [], []
+    for addr in crossed:
+        p = ports.get(addr)
+        if p is None:
+            continue
+        kind = p.port_type.value if p.port_type.seen else (p.kind.value or "bridge")
+        if not p.acs.seen:
+            hidden.append((addr, p.acs.not_visible))
+        elif p.acs_control is not None and p.acs_control.redirecting:
+            redirect.append((addr, str(kind), tuple(p.acs_control.redirecting)))
+    if not crossed and vm.seen and vm.value:
+        hidden.append(("the host's bridges", "inside a VM the bridges above the GPUs and their ACS are the "
+                                             "host's, not visible here (read them on the host)"))
+    entry = nvml_pair(nvml, a.address, b.address) or {}
+    return PathView((a.label, b.label), meets, tuple(redirect), tuple(hidden), iommu, entry.get("topology"),
+                    tuple(sorted((entry.get("p2p") or {}).items())))
+
+
+# What the facts variant reports, weightiest first: its reason code is the first one found.
+FINDINGS = (
+    ("pcie-link-degraded", "a GPU's link trained below the card's maximum"),
+    ("p2p-unavailable", "the driver refuses peer-to-peer for a pair"),
+    ("p2p-acs-redirect", "ACS redirect on a bridge of a pair's PCIe path"),
+    ("p2p-iommu-translated", "the IOMMU translates the GPUs' DMA"),
+    ("p2p-facts-not-visible", "facts peer-to-peer depends on could not be read"),
+)
+
+
+def facts_verdict(gpus: list[Gpu], paths: dict[str, PathView], iommu: Fact, links: list[str], why_no_gpu: str,
+                  hidden_host: list[str], evidence: dict[str, Any]) -> dict[str, Any]:
+    """The facts variant's outcome (pure over what was read): a degraded link, the driver refusing P2P, ACS
+    redirect on a path, a translating IOMMU and facts that could not be read, in that order of weight; the
+    last three only count for a pair that is not joined by NVLink."""
+    mode = iommu.value if iommu.seen else "not visible"
+    summary = "; ".join([f"{len(gpus)} GPU(s)", *(f"{g.label} {spelled(v.idle_speed, v.width)}" for g, v in
+                         ((g, link_view(g)) for g in gpus)), f"IOMMU {mode}"])
+    metrics: dict[str, Any] = {"gpus": len(gpus), "degraded_links": len(links),
+                               "acs_redirect_bridges": len({a for p in paths.values() for a, _, _ in p.redirect}),
+                               "headline": f"IOMMU {mode}"}
+    if not gpus:
+        also = "".join(f"; {h}" for h in hidden_host)
+        note = f"no GPU visible ({why_no_gpu}): host facts only ({summary}{also}); the GPU parts were skipped"
+        return outcome("skip", note, "no-gpu", metrics, evidence)
+    found: dict[str, str] = {}
+    if links:
+        found["pcie-link-degraded"] = "; ".join(links)
+    pcie = {k: p for k, p in paths.items() if not p.nvlink}
+    refused = [f"GPU {k}: P2P {cap} {status}" for k, p in pcie.items() for cap, status in p.p2p
+               if cap in ("read", "write") and status != "ok" and not status.startswith("not visible")]
+    if refused:
+        found["p2p-unavailable"] = "the driver refuses peer-to-peer: " + "; ".join(refused[:4])
+    bridges: dict[str, tuple[str, tuple[str, ...], set[str]]] = {}
+    for k, p in pcie.items():
+        for addr, kind, bits in p.redirect:
+            bridges.setdefault(addr, (kind, bits, set()))[2].add(k)
+    if bridges:
+        found["p2p-acs-redirect"] = "ACS redirect sends peer traffic up to the root complex: " + "; ".join(
+            f"bridge {addr} ({kind}) has {'+'.join(bits)} on, on the path of pair(s) {', '.join(sorted(pairs))}"
+            for addr, (kind, bits, pairs) in sorted(bridges.items()))
+    if pcie and mode in ("translated", "mixed"):
+        found["p2p-iommu-translated"] = (f"the IOMMU translates the GPUs' DMA ({mode}: {iommu.source}); "
+                                         "peer-to-peer over PCIe goes through it")
+    unseen = sorted({f"{addr}: {why}" for p in pcie.values() for addr, why in p.acs_hidden})
+    if pcie and not iommu.seen:
+        unseen.append(f"IOMMU mode: {iommu.not_visible}")
+    if pcie:
+        unseen += hidden_host
+    if unseen:
+        found["p2p-facts-not-visible"] = "not visible: " + "; ".join(unseen[:4]) + (
+            f" (and {len(unseen) - 4} more)" if len(unseen) > 4 else "")
+    metrics["headline"] = f"{len(gpus)} GPU(s), IOMMU {mode}" + (f", {len(links)} degraded link(s)" if links else "")
+    if found:
+        for code, _ in FINDINGS:
+            if code in found:
+                break
+        return outcome("partial", "; ".join(found[c] for c, _ in FINDINGS if c in found), code, metrics, evidence)
+    one = "; one GPU: no pair to check" + "".join(f"; {h}" for h in hidden_host) if len(gpus) == 1 else ""
+    return outcome("pass", summary + one, metrics=metrics, evidence=evidence)
+
+
+def run_facts(ctx: RankContext) -> dict[str, Any]:
+    host = _pci.Host()
+    torch, why_torch = torch_with_gpu(host, _pci.nvidia_gpus(host))
+    with nvml_session() as (nv, why_nvml):
+        return host_facts(host, torch, why_torch, nv, why_nvml)
+
+
+def host_facts(host: _pci.Host, torch: Any, why_torch: str, nv: Any, why_nvml: str) -> dict[str, Any]:
+    """The facts variant's outcome: everything read under ``host``, with NVML ``nv`` (None: ``why_nvml``) and
+    torch (None: ``why_torch``; then nothing is read under load and no peer access)."""
+    admin = _pci.sys_admin(host)
+    vm = _pci.virtual_machine(host)
+    sysfs = _pci.nvidia_gpus(host)
+    nvml = nvml_view(nv, why_nvml)
+    gpus = gpus_seen(torch, nvml, sysfs)
+    by_address = {g["address"]: g for g in nvml.get("gpus") or []}
+    for g in gpus:
+        g.nvml = by_address.get(g.address, {})
+        read_gpu(host, g, admin.value if admin.seen else None)
+        if torch is not None:
+            g.loaded = read_under_load(torch, g, host, nv)
+    types = [g.port.iommu_type for g in gpus if g.port is not None]
+    iommu, iommu_json = _pci.read_iommu(host, types)
+    paths = {f"{a.index}-{b.index}": pair_path(a, b, iommu, nvml, vm)
+             for x, a in enumerate(gpus) for b in gpus[x + 1:]}
+    links = [p for p in (link_problem(link_view(g)) for g in gpus) if p]
+    hidden_host = []
+    if not host.pci.is_dir():
+        hidden_host.append(f"{host.shown(host.pci)}: no PCI tree here (a container or VM without the host's sysfs)")
+    evidence: dict[str, Any] = {
+        "host": {"virtual_machine": vm.to_json(), "cap_sys_admin": admin.to_json(),
+                 "nvidia_in_sysfs": sysfs.to_json()},
+        "gpus": [g.to_json() for g in gpus],
+        "iommu": iommu_json,
+        "nvml": nvml,
+        "paths": {k: dataclasses.asdict(p) | {"iommu": p.iommu.to_json()} for k, p in paths.items()},
+    }
+    if torch is not None:
+        evidence["peer_access"] = peer_matrix(torch, len(gpus))
+    else:
+        evidence["torch"] = why_torch
+    why = "; ".join(w for w in (why_torch, nvml.get("not_visible", ""),
+                                "" if sysfs.seen else f"sysfs: {sysfs.not_visible}") if w)
+    if vm.seen and vm.value:
+        hidden_host.append("inside a VM: the IOMMU and bridges read here are the guest's, not the host's")
+    return facts_verdict(gpus, paths, iommu, links, why, hidden_host, evidence)
+
+
+# --------------------------------------------------------------------------------------------------
+# Device work with deadlines on several GPUs
+
+
+def settle(torch: Any, streams: list[Any], deadline_s: float, what: str) -> None:
+    """Until the work queued on ``streams`` (of any GPUs) is done; :class:`_device.Hung` after the deadline."""
+    events = []
+    for s in streams:
+        done = torch.cuda.Event()
+        done.record(s)
+        events.append(done)
+    end = time.monotonic() + deadline_s
+    while not all(e.query() for e in events):
+        if time.monotonic() > end:
+            raise _device.Hung(f"{_device.HUNG_WORDS} {deadline_s:.0f} s ({what})")
+        time.sleep(0.0005)
+
+
+def copy_kind(numel: int, mismatches: int, untouched: int, zeros: int) -> dict[str, Any]:
+    """What a copy into a FILL-filled destination did (pure): ``exact``, ``no-op`` (every word still holds
+    the fill: nothing arrived), ``zero``, or ``wrong``."""
+    if mismatches == 0:
+        return {"verdict": "exact"}
+    if untouched == numel:
+        return {"verdict": "no-op", "detail": "the destination still holds its fill: nothing arrived"}
+    if zeros == numel:
+        return {"verdict": "zero", "detail": "the destination is all zero"}
+    return {"verdict": "wrong", "detail": f"{mismatches}/{numel} words differ ({untouched} still hold the fill)"}
+
+
+def _words(torch: Any, n: int, seed: int, device: Any) -> Any:
+    i = torch.arange(n, dtype=torch.int64, device=device)
+    return ((i * 2654435761 + seed * 40503) % 2147483647).to(torch.int32)
+
+
+def copy_once(torch: Any, src: int, dst: int, n: int, strided: bool, seed: int) -> dict[str, Any]:
+    """One copy of ``n`` pattern words from GPU ``src`` to GPU ``dst``, checked exactly on ``dst``."""
+    data = _words(torch, n, seed, f"cuda:{src}")
+    out = torch.full((n,), FILL, dtype=torch.int32, device=f"cuda:{dst}")
+    want = _words(torch, n, seed, f"cuda:{dst}")
+    if strided:
+        want[1::2] = FILL
+    settle(torch, [torch.cuda.current_stream(src), torch.cuda.current_stream(dst)], COPY_DEADLINE_S, "setup")
+    t0 = time.perf_counter()
+    if strided:
+        out[::2].copy_(data[::2])
+    else:
+        out.copy_(data)
+    settle(torch, [torch.cuda.current_stream(src), torch.cuda.current_stream(dst)], COPY_DEADLINE_S,
+           f"copy GPU {src} -> GPU {dst}")
+    took = time.perf_counter() - t0
+    if torch.equal(out, want):
+        return {"verdict": "exact", "s": round(took, 6)}
+    return copy_kind(n, int((out != want).sum()), int((out == FILL).sum()), int((out == 0).sum()))
+
+
+COPIES = (("copy-engine", COPY_WORDS, False), ("small", SMALL_WORDS, False), ("kernel-strided", STRIDED_WORDS, True))
+
+
+def copy_checks(torch: Any, a: int, b: int) -> dict[str, dict[str, Any]]:
+    """Every kind of copy in both directions, each checked exactly; a copy that hangs ends the checks (the
+    GPUs' queues are stuck behind it)."""
+    checks: dict[str, dict[str, Any]] = {}
+    for src, dst in ((a, b), (b, a)):
+        for seed, (kind, n, strided) in enumerate(COPIES, 1):
+            key = f"{src}->{dst} {kind}"
+            try:
+                checks[key] = copy_once(torch, src, dst, n, strided, seed)
+            except _device.Hung as exc:
+                checks[key] = {"verdict": "hang", "detail": str(exc)}
+                return checks
+            except Exception as exc:
+                checks[key] = {"verdict": "error", "detail": _errors.last_line(_errors.error_tail(exc))}
+    return checks
+
+
+def bandwidth_gbs(torch: Any, a: int, b: int, both: bool, reps: int, during: Callable[[], None] | None = None
+                  ) -> float:
+    """GB/s of ``reps`` copies of BW_BYTES from GPU ``a`` to ``b`` (and ``b`` to ``a`` at once when ``both``),
+    each direction on streams of its own, timed on the host from the first enqueue to the last completion.
+    ``during`` is called while four untimed copies run, before the timed ones."""
+    xa = torch.empty(BW_BYTES, dtype=torch.uint8, device=f"cuda:{a}")
+    ya = torch.empty(BW_BYTES, dtype=torch.uint8, device=f"cuda:{b}")
+    xb = torch.empty(BW_BYTES, dtype=torch.uint8, device=f"cuda:{b}")
+    yb = torch.empty(BW_BYTES, dtype=torch.uint8, device=f"cuda:{a}")
+    # Each direction: a stream on its source and one on its destination, so the two directions never wait on
+    # each other's streams (torch orders a cross-device copy with the current stream of both devices).
+    lanes = [(torch.cuda.Stream(device=a), torch.cuda.Stream(device=b), ya, xa)]
+    if both:
+        lanes.append((torch.cuda.Stream(device=b), torch.cuda.Stream(device=a), yb, xb))
+    streams = [s for lane in lanes for s in lane[:2]]
+
+    def enqueue(count: int) -> None:
+        for _ in range(count):
+            for out_s, in_s, dst, src in lanes:
+                with torch.cuda.stream(out_s), torch.cuda.stream(in_s):
+                    dst.copy_(src, non_blocking=True)
+
+    enqueue(1)
+    settle(torch, streams, COPY_DEADLINE_S, "warm-up copy")
+    if during is not None:  # untimed: what it reads while the link is busy costs the timed copies nothing
+        enqueue(4)
+        during()
+        settle(torch, streams, COPY_DEADLINE_S, "copies read under load")
+    t0 = time.perf_counter()
+    enqueue(reps)
+    settle(torch, streams, COPY_DEADLINE_S * max(1, reps // 4), f"{reps} timed copies")
+    took = time.perf_counter() - t0
+    return reps * BW_BYTES * len(lanes) / took / 1e9
+
+
+def latency_us(torch: Any, a: int, b: int, reps: int) -> float:
+    """Microseconds per 4 KiB torch copy from GPU ``a`` to ``b``, back to back (CUDA events on ``a``)."""
+    src = torch.zeros(SMALL_WORDS, dtype=torch.int32, device=f"cuda:{a}")
+    dst = torch.empty(SMALL_WORDS, dtype=torch.int32, device=f"cuda:{b}")
+    dst.copy_(src)
+    settle(torch, [torch.cuda.current_stream(a), torch.cuda.current_stream(b)], COPY_DEADLINE_S, "warm-up copy")
+    with torch.cuda.device(a):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            dst.copy_(src, non_blocking=True)
+        end.record()
+    settle(torch, [torch.cuda.current_stream(a), torch.cuda.current_stream(b)], COPY_DEADLINE_S, "small copies")
+    return start.elapsed_time(end) * 1000.0 / reps
+
+
+def pair_rate(views: tuple[LinkView, LinkView], path: PathView, links: int, version: int | None
+              ) -> tuple[float | None, str]:
+    """The pair's theoretical rate per direction (GB/s) and what it is: NVLink's links, else the slower of the
+    two GPUs' PCIe links (pure)."""
+    if path.nvlink and links and version in NVLINK_GBS:
+        return links * NVLINK_GBS[version], f"{links} NVLink{version} link(s) x {NVLINK_GBS[version]:g} GB/s"
+    rated = [(v.rate_gbs(), v) for v in views if v.rate_gbs()]
+    if not rated:
+        return None, "no link rate readable"
+    rate, v = min(rated, key=lambda r: r[0] or 0.0)
+    return rate, f"PCIe {spelled(v.attainable, v.width or v.max_width)} of {v.label}, the slower link"
+
+
+def copy_verdict(path: PathView, peer: dict[str, bool], checks: dict[str, dict[str, Any]],
+                 metrics: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:
+    """The copy variant's outcome (pure over what was measured)."""
+    code, cause = likely_cause(path)
+    a, b = path.labels
+    hung = {k: c for k, c in checks.items() if c.get("verdict") == "hang"}
+    bad = {k: c for k, c in checks.items() if c.get("verdict") not in ("exact", "hang")}
+    if hung:
+        what = ", ".join(sorted(hung))
+        detail = next(iter(hung.values())).get("detail", "")
+        return outcome("fail", f"peer copy did not finish ({what}: {detail}); {cause_words(code, cause)}",
+                       code or "p2p-copy-hung", metrics, evidence)
+    wrong = {k: c for k, c in bad.items() if c.get("verdict") != "error"}
+    if wrong:
+        first = next(iter(wrong.values()))
+        what = ", ".join(f"{k}: {c['verdict']}" for k, c in sorted(wrong.items()))
+        return outcome("fail", f"peer copies arrived wrong ({what}; {first.get('detail', '')}); "
+                       f"{cause_words(code, cause)}", code or "p2p-copy-wrong", metrics, evidence)
+    if bad:
+        k, first = next(iter(sorted(bad.items())))
+        return outcome("fail", f"peer copy {k} raised: {first.get('detail', '')}; {cause}", "p2p-copy-failed",
+                       metrics, evidence)
+    rate = metrics.get("unidir_of_link")
+    uni = metrics.get("unidir_gbs") or {}
+    speed = (f"{max(uni.values()):.1f} GB/s one way" + (f", {rate:.0%} of {metrics['link_basis']}" if rate else "")
+             if uni else "bandwidth not measured: " + str(evidence.get("timing_error", "")))
+    if not all(peer.values()):
+        refused = ", ".join(k for k, ok in peer.items() if not ok)
+        return outcome("partial", f"CUDA reports no peer access ({refused}): copies between {a} and {b} are exact "
+                                  f"but staged through host memory ({speed}); {cause}", "p2p-unavailable",
+                       metrics, evidence)
+    return outcome("pass", f"peer access both ways, copies exact, {speed}", metrics=metrics, evidence=evidence)
+
+
+def pair_facts(torch: Any, a: int, b: int) -> tuple[PathView, tuple[LinkView, LinkView], dict[str, Any], int,
+                                                    int | None]:
+    """The facts of one pair, read in a pair variant: the path view, both links, evidence, NVLink links and
+    version."""
+    host = _pci.Host()
+    admin = _pci.sys_admin(host)
+    vm = _pci.virtual_machine(host)
+    gpus = [Gpu(i, cuda_address(torch, i), "CUDA") for i in (a, b)]
+    with nvml_session() as (nv, why):
+        nvml = nvml_view(nv, why, only=[g.address for g in gpus if g.address])
+    by_address = {g["address"]: g for g in nvml.get("gpus") or []}
+    for g in gpus:
+        g.nvml = by_address.get(g.address, {})
+        read_gpu(host, g, admin.value if admin.seen else None)
+    iommu, iommu_json = _pci.read_iommu(host, [g.port.iommu_type for g in gpus if g.port is not None])
+    path = pair_path(gpus[0], gpus[1], iommu, nvml, vm)
+    entry = nvml_pair(nvml, gpus[0].address, gpus[1].address) or {}
+    versions = [lk.get("version") for lk in (gpus[0].nvml.get("nvlink") or {}).get("active", [])]
+    version = next((v for v in versions if isinstance(v, int)), None)
+    evidence = {"gpus": [g.to_json() for g in gpus], "iommu": iommu_json, "nvml_pair": entry,
+                "path": dataclasses.asdict(path) | {"iommu": iommu.to_json()},
+                "host": {"virtual_machine": vm.to_json(), "cap_sys_admin": admin.to_json()}}
+    return path, (link_view(gpus[0]), link_view(gpus[1])), evidence, int(entry.get("nvlinks") or 0), version
+
+
+def pair_precheck(ctx: RankContext) -> tuple[Any, tuple[int, int], dict[str, Any] | None]:
+    """torch, the pair, and a skip outcome when this environment cannot run it."""
+    if importlib.util.find_spec("torch") is None:
+        return None, (0, 1), outcome("skip", "torch is not installed in this environment", "missing-package")
+    import torch
+
+    pair = parse_pair(ctx.param("pair"))
+    if not torch.cuda.is_available():
+        return torch, pair, outcome("skip", "no CUDA device in this rank", "no-gpu")
+    if torch.cuda.device_count() <= max(pair):
+        return torch, pair, outcome("skip", f"pair {pair[0]}-{pair[1]} needs GPU {max(pair)}; "
+                                            f"{torch.cuda.device_count()} visible", "too-few-gpus")
+    return torch, pair, None
+
+
+def run_copy(ctx: RankContext) -> dict[str, Any]:
+    if ctx.rank != 0:
+        return outcome("pass", "holds the pair's second GPU while rank 0 drives both", evidence={"role": "holder"})
+    torch, (a, b), skipped = pair_precheck(ctx)
+    if skipped is not None:
+        return skipped
+    path, views, evidence, nvlinks, version = pair_facts(torch, a, b)
+    peer = {f"{a}->{b}": bool(torch.cuda.can_device_access_peer(a, b)),
+            f"{b}->{a}": bool(torch.cuda.can_device_access_peer(b, a))}
+    checks = copy_checks(torch, a, b)
+    rate, basis = pair_rate(views, path, nvlinks, version)
+    metrics: dict[str, Any] = {"link_gbs": round(rate, 2) if rate else None, "link_basis": basis}
+    evidence.update({"peer_access": peer, "copies": checks})
+    if all(c["verdict"] == "exact" for c in checks.values()):
+        reps = BW_REPS_QUICK if quick() else BW_REPS
+        loaded: dict[str, Any] = {}
+        host = _pci.Host()
+
+        def read_links() -> None:
+            time.sleep(0.005)
+            for g in evidence["gpus"]:
+                chain = _pci.chain_of(host, g["address"]) if g.get("address") else None
+                if chain is not None and chain.device_dir is not None:
+                    loaded[g["address"]] = _pci.read_link(host, chain.device_dir).speed.to_json()
+
+        try:
+            uni = {f"{a}->{b}": bandwidth_gbs(torch, a, b, False, reps, read_links),
+                   f"{b}->{a}": bandwidth_gbs(torch, b, a, False, reps)}
+            metrics["unidir_gbs"] = {k: round(v, 2) for k, v in uni.items()}
+            metrics["bidir_gbs"] = round(bandwidth_gbs(torch, a, b, True, reps), 2)
+            metrics["copy_latency_us"] = round(latency_us(torch, a, b, LATENCY_REPS), 2)
+        except _device.Hung as exc:
+            checks["bandwidth"] = {"verdict": "hang", "detail": str(exc)}
+        except Exception as exc:
+            evidence["timing_error"] = _errors.last_line(_errors.error_tail(exc))
+        evidence["link_under_load"] = loaded
+        if rate and metrics.get("unidir_gbs"):
+            metrics["unidir_of_link"] = round(max(metrics["unidir_gbs"].values()) / rate, 3)
+            metrics["bidir_of_link"] = round(metrics.get("bidir_gbs", 0.0) / (2 * rate), 3)
+        if metrics.get("unidir_gbs"):
+            metrics["headline"] = (f"{max(metrics['unidir_gbs'].values()):.1f} GB/s"
+                                   + (f" ({metrics['unidir_of_link']:.0%} of link)" if rate else ""))
+    return copy_verdict(path, peer, checks, metrics, evidence)
+
+
+# --------------------------------------------------------------------------------------------------
+# check=nccl
+
+
+def p2p_env(setting: str) -> tuple[dict[str, str], list[str]]:
+    """Variables to set and to remove for one setting (KeyError for an unknown one)."""
+    wanted = P2P_SETTINGS[setting]
+    return {k: v for k, v in wanted.items() if v is not None}, [k for k, v in wanted.items() if v is None]
+
+
+def first_allreduces(ctx: RankContext, device_index: int, deadline_s: float) -> dict[str, Any]:
+    """The communicator and the first allreduces, in a thread the rank waits for with a deadline: a step
+    stuck inside NCCL (even its initialisation) becomes a ``hang`` here, and the rank still reports it."""
+    box: dict[str, Any] = {"step": "communicator initialisation"}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            import torch
+            import torch.distributed as dist
+
+            t0 = time.monotonic()
+            device = _dist.init_dist(dataclasses.replace(ctx, device_index=device_index), "nccl", deadline_s)
+            box["init_s"] = round(time.monotonic() - t0, 3)
+            checks: dict[str, Any] = {}
+            box["checks"] = checks
+            for seed, n in enumerate(NCCL_ELEMS, 1):
+                box["step"] = f"allreduce of {n * 2} bytes"
+                x = _data.pattern((n,), ctx.rank, seed, device)
+                buf = torch.full((n,), _data.SENTINEL, dtype=torch.bfloat16, device=device)
+                buf.copy_(x)
+                t = time.monotonic()
+                dist.all_reduce(buf)
+                _device.wait_device(max(1.0, deadline_s - (time.monotonic() - t0)))
+                if "first_allreduce_s" not in box:
+                    box["first_allreduce_s"] = round(time.monotonic() - t, 3)
+                chk = _data.check_exact(buf, _data.pattern_sum((n,), ctx.world_size, seed, device),
+                                        prior=_data.filled((n,)), own_input=x)
+                checks[str(n * 2)] = chk.to_json()
+                if not chk.ok:
+                    break
+            box["step"] = "done"
+        except _device.Hung as exc:
+            box["hung"] = str(exc)
+        except Exception as exc:
+            box["error"] = _errors.error_tail(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="stackprobe-first-allreduce", daemon=True).start()
+    if not done.wait(deadline_s):
+        box["hung"] = f"not finished after {deadline_s:.0f} s"
+    return box
+
+
+def nccl_verdict(setting: str, box: dict[str, Any], path: PathView, metrics: dict[str, Any],
+                 evidence: dict[str, Any]) -> dict[str, Any]:
+    """One NCCL setting's outcome (pure over its result): without peer-to-peer a failure is NCCL's own; with it,
+    the note names the cause the facts point to."""
+    env = {"default": "NCCL's defaults", "disabled": "NCCL_P2P_DISABLE=1", "level-loc": "NCCL_P2P_LEVEL=LOC"}[setting]
+    transports = ", ".join(evidence.get("transports") or []) or "none logged"
+    checks = box.get("checks") or {}
+    wrong = {k: c for k, c in checks.items() if c.get("verdict") != "exact"}
+    if not box.get("hung") and not box.get("error") and checks and not wrong:
+        return outcome("pass", f"first allreduces exact with {env} (transports: {transports})", metrics=metrics,
+                       evidence=evidence)
+    if box.get("hung"):
+        what, fallback = f"{box['step']} hung ({box['hung']})", "nccl-op-hang"
+    elif box.get("error"):
+        what, fallback = f"{box['step']} failed: {_errors.last_line(box['error'])}", _nccllog.classify_error(
+            box["error"])
+    else:
+        size, c = next(iter(wrong.items())) if wrong else ("", {"verdict": "missing", "detail": "no check ran"})
+        what, fallback = f"allreduce of {size} bytes {c['verdict']} ({c.get('detail', '')})", "nccl-wrong-result"
+    if setting == "default":
+        code, cause = likely_cause(path)
+        note = (f"with {env}: {what}; transports: {transports}; {cause_words(code, cause)}; the p2p=disabled "
+                "variant of this pair runs the same allreduces without peer-to-peer")
+        return outcome("fail", note, code or fallback, metrics, evidence)
+    note = f"with {env}: {what}; transports: {transports}; without peer-to-peer this is NCCL's own failure"
+    return outcome("fail", note, fallback, metrics, evidence)
+
+
+def run_nccl(ctx: RankContext) -> dict[str, Any]:
+    setting = ctx.param("p2p", "default") or "default"
+    if setting not in P2P_SETTINGS:
+        return outcome("fail", f"unknown p2p setting {setting!r}; known: {', '.join(P2P_SETTINGS)}", "probe-bug")
+    set_, unset = p2p_env(setting)
+    removed = {k: os.environ.pop(k) for k in unset if k in os.environ}
+    os.environ.update(set_)
+    os.environ.update(_nccllog.nccl_debug_env(ctx.workdir))
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    multicast = _dist.keep_multicast_off()
+    torch, pair, skipped = pair_precheck(ctx)
+    if skipped is not None:
+        return skipped
+    path, _, facts, _, _ = pair_facts(torch, *pair)
+    box = first_allreduces(ctx, pair[ctx.rank], NCCL_DEADLINE_S)
+    log = _nccllog.read_nccl_logs(ctx.workdir, os.getpid())
+    metrics = {k: box[k] for k in ("init_s", "first_allreduce_s") if k in box}
+    evidence = {"nccl_env": {**set_, **{k: "(unset)" for k in unset}}, "removed_from_env": removed,
+                "multicast_env": multicast, "transports": log["transports"], "nccl_version": log["nccl_version"],
+                "nccl_warnings": log["warnings"], "result": box, "facts": facts}
+    return nccl_verdict(setting, box, path, metrics, evidence)
+
+
+def run(ctx: RankContext) -> dict[str, Any]:
+    check = ctx.param("check", "facts")
+    if check == "facts":
+        return run_facts(ctx)
+    if check == "copy":
+        return run_copy(ctx)
+    if check == "nccl":
+        return run_nccl(ctx)
+    return outcome("fail", f"unknown check {check!r}; known: facts, copy, nccl", "probe-bug")
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (inenv.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("headline", "text", "the variant's answer in a few words (IOMMU mode, bandwidth against the link)", "headline"),
+    ("gpus", "count", "GPUs the facts variant found", None),
+    ("degraded_links", "count", "GPUs whose PCIe link trained below the card's maximum", None),
+    ("acs_redirect_bridges", "count", "bridges on a GPU pair's PCIe path with ACS redirect bits on", None),
+    ("link_gbs", "GB/s", "the pair's theoretical rate per direction (NVLink links, else the slower PCIe link)", None),
+    ("link_basis", "text", "what link_gbs is computed from", None),
+    ("unidir_gbs", "GB/s by direction", "one-way peer copy bandwidth, 256 MiB copies", None),
+    ("bidir_gbs", "GB/s", "both directions at once, bytes of both over the time", None),
+    ("unidir_of_link", "fraction", "the faster direction's bandwidth over link_gbs", None),
+    ("bidir_of_link", "fraction", "bidir_gbs over twice link_gbs", None),
+    ("copy_latency_us", "µs", "one 4 KiB torch copy between the pair, back to back", None),
+    ("init_s", "s", "NCCL communicator creation", None),
+    ("first_allreduce_s", "s", "the first allreduce, its connection set-up included", None),
+)
+EVIDENCE = (
+    ("gpus", "record", "per GPU: address, link, NUMA node, IOMMU group, the bridges above it with ACS", None),
+    ("iommu", "record", "the IOMMU's mode and every fact it was decided from", None),
+    ("nvml", "record", "NVML's view: links, NVLink, topology and P2P status per pair", None),
+    ("copies", "record", "per direction and kind, each peer copy's result against the exact pattern", None),
+)
