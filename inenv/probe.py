@@ -79,6 +79,9 @@ class ProbeSpec:
     # they are GPU variants like the others.
     gpu_optional: tuple[tuple[str, str], ...] = ()
     timeout_s: float = 300.0  # per variant, enforced by the host-side watchdog
+    # False: a later run never carries this probe's result forward (what it reads, such as a bridge's ACS
+    # bits or the IOMMU mode, changes with the host's state, which no recorded input captures)
+    reusable: bool = True
     # The variant param that names a build other cells may share through the compile cache (fi-jit's
     # module): the host does not start two variants with the same value side by side, so the second finds
     # the first one's build stored instead of holding a job slot while it waits for it.

@@ -314,3 +314,18 @@ def test_decide_and_carry() -> None:
     [kept] = incremental.decide([item], {item.key: result()}, {item.key: INPUTS}, {"p": "new"}, FULL)
     assert kept.reused is None and kept.runs
     assert incremental.reused_line([decided, kept]) == "1 unchanged, reused from run run1; --fresh reruns them"
+
+
+def test_a_probe_that_reads_host_state_is_never_carried_forward() -> None:
+    """host-p2p reads a bridge's ACS bits and the IOMMU mode, which a host fix changes with nothing else: its
+    results record no inputs, so no later run reuses one; a probe of the stack records them."""
+    from checks.run.plan import CellTarget, WorkItem
+    from inenv.probe import ProbeSpec, Variant
+    from inenv.probes.host_p2p import SPEC as P2P
+
+    cell = CellTarget("cella", "resolved")
+    facts = {"gpu_count": 1, "gpus": [{"name": "NVIDIA H200"}], "driver": "580", "compute_capability": "9.0"}
+    host_item = WorkItem(cell, P2P, Variant("host-p2p", 1, (("check", "facts"),)), 60.0)
+    stack_item = WorkItem(cell, ProbeSpec("nccl-graphs", "t", "f"), Variant("nccl-graphs", 2), 60.0)
+    assert incremental.inputs_for(host_item, "venv abc", facts, ()) is None
+    assert incremental.inputs_for(stack_item, "venv abc", facts, ()) is not None

@@ -64,8 +64,11 @@ def host_inputs(needs_gpu: bool, facts: Mapping[str, Any], target_archs: tuple[s
 
 def inputs_for(item: WorkItem, env: str | None, facts: Mapping[str, Any],
                target_archs: tuple[str, ...]) -> Inputs | None:
-    """None when the environment's fingerprint is unknown: such a result can never be matched."""
-    return Inputs(env, host_inputs(item.spec.needs_gpu, facts, target_archs)) if env else None
+    """None when the environment's fingerprint is unknown or the probe reads host state no input captures
+    (``ProbeSpec.reusable``): such a result can never be matched."""
+    if not env or not item.spec.reusable:
+        return None
+    return Inputs(env, host_inputs(item.spec.needs_gpu, facts, target_archs))
 
 
 def level_of(result: ProbeResult) -> str:

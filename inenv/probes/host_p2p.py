@@ -46,6 +46,7 @@ SPEC = ProbeSpec(
     needs_gpu=True,
     gpu_optional=(("check", "facts"),),  # the host facts are read on a host without a GPU too
     timeout_s=240.0,
+    reusable=False,  # ACS bits, the IOMMU mode and link training change with the host, not the stack
     preload=_dist.PRELOAD_DIST,
 )
 
