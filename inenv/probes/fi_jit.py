@@ -347,14 +347,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
             reason_code="fi-no-nvcc",
             evidence={"toolkit": tk.as_dict()},
         )
-    local_cc = None
-    if arch == LOCAL:
-        import torch
-
-        if not torch.cuda.is_available():
-            return outcome("skip", note="no GPU visible: nothing local to compile for", reason_code="no-gpu")
-        major, minor = torch.cuda.get_device_capability(0)
-        local_cc = f"{major}.{minor}"
+    local_cc = _local_cc() if arch == LOCAL else None
+    if arch == LOCAL and local_cc is None:
+        return _no_gpu()
     os.makedirs(cache, exist_ok=True)
     # a quick pass builds only this module: the others' local builds would hold its answer for minutes
     quick = os.environ.get(LEVEL_ENV) == QUICK
@@ -379,6 +374,20 @@ def run(ctx: RankContext) -> dict[str, Any]:
     return out
 
 
+def _local_cc() -> str | None:
+    """The compute capability of the visible GPU 0 ("9.0"), or None when torch sees no GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"{major}.{minor}"
+
+
+def _no_gpu() -> dict[str, Any]:
+    return outcome("skip", note="no GPU visible: nothing local to compile for", reason_code="no-gpu")
+
+
 def carried_result(module: str, carried: _carried.Carried) -> dict[str, Any]:
     """A carried library as a finished build that compiled nothing here (``cached_by: carried``), with what it
     needs at load time read from its bytes; the record says which build made it."""
@@ -398,14 +407,10 @@ def carried_result(module: str, carried: _carried.Carried) -> dict[str, Any]:
 def from_carried(ctx: RankContext, module: str, arch: str, carried: _carried.Carried) -> dict[str, Any] | None:
     """The verdict on the cell's carried ``module`` when it holds SASS for ``arch`` (the local GPU's, for
     ``local``: loaded there as a probe loads it); None when it holds none, and the variant builds as usual."""
-    local_cc = None
+    local_cc = _local_cc() if arch == LOCAL else None
     if arch == LOCAL:
-        import torch
-
-        if not torch.cuda.is_available():
-            return outcome("skip", note="no GPU visible: nothing local to compile for", reason_code="no-gpu")
-        major, minor = torch.cuda.get_device_capability(0)
-        local_cc = f"{major}.{minor}"
+        if local_cc is None:
+            return _no_gpu()
         if not carried.runs_on(local_cc):
             ctx.log(f"the carried {carried.name} holds {carried.sass}, nothing for {local_cc}: building it here")
             return None
