@@ -86,6 +86,10 @@ class ProbeSpec:
     # module): the host does not start two variants with the same value side by side, so the second finds
     # the first one's build stored instead of holding a job slot while it waits for it.
     build_param: str = ""
+    # (param, value, flashinfer JIT modules): what a variant with that param value loads, for a probe that
+    # declares it here rather than in inenv.kit._flashinfer.PROBE_MODULES (the host starts such a variant
+    # after fi-jit has built them, and a quick pass defers it while they are unbuilt)
+    loads: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
     # What a rank does before it waits for the GPUs (inenv.gpugate), while another variant runs: modules to
     # import, and ``module:function`` steps called with the RankContext (the rendezvous). None may read anything
     # the probe sets before it would have done the step itself, and none may touch a GPU.
@@ -101,6 +105,10 @@ class ProbeSpec:
     def runs_without_gpu(self, variant: Variant) -> bool:
         """Whether ``variant`` runs on a host without a GPU (see ``gpu_optional``)."""
         return any(variant.param(name) == value for name, value in self.gpu_optional)
+
+    def loads_for(self, params: Mapping[str, str]) -> tuple[str, ...]:
+        """The flashinfer JIT modules ``loads`` names for a variant with these params."""
+        return tuple(m for name, value, mods in self.loads if params.get(name) == value for m in mods)
 
     def min_ranks_for(self, variant: Variant) -> int:
         """The fewest ranks ``variant`` can test the feature with."""

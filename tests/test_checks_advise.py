@@ -110,17 +110,16 @@ def _at(curve: dict[int, float], nbytes: int) -> float:
 
 
 def _assert_estimate_facts(text: str, batch: int, draft: int) -> None:
-    """What every model's estimate must say, worked out here from checks/report/models.yaml and the measured curves:
+    """What every model's estimate must say, worked out here from the model table's data and the measured curves:
     the allreduce count and sizes of a step, and each backend's time per call and per step."""
-    import yaml
+    from inenv import models as table
 
-    shapes = yaml.safe_load((ROOT / "checks" / "report" / "models.yaml").read_text())
-    models = shapes["shapes"]
+    models = table.SHAPES
     measured = _measured_latency()
     assert sorted(measured) == ["flashinfer-custom-ar", "nccl", "nccl-direct", "symm-mem-one-shot",
                                 "symm-mem-two-shot"]
     blocks = text.split("\nEstimate, not a measurement")
-    assert len(blocks) == len(models) == 4
+    assert len(blocks) == len(models) == 6
     for model, block in zip((models[k] for k in sorted(models)), blocks, strict=True):
         hidden, layers = model["hidden"], model["layers"]
         calls = layers * 2
@@ -128,7 +127,8 @@ def _assert_estimate_facts(text: str, batch: int, draft: int) -> None:
         assert f"hidden {hidden}, {layers} layers × 2 allreduces = {calls} allreduces per forward pass" in block
         decode, verify = batch * hidden * 2, batch * draft * hidden * 2
         shown = {458752: "448 KiB", 1835008: "1.75 MiB", 524288: "512 KiB", 2097152: "2 MiB", 262144: "256 KiB",
-                 1048576: "1 MiB"}  # bf16 bytes of 32 and 128 tokens at hidden 7168, 8192, 4096
+                 1048576: "1 MiB", 393216: "384 KiB", 1572864: "1.5 MiB", 327680: "320 KiB",
+                 1310720: "1.25 MiB"}  # bf16 bytes of 32 and 128 tokens at hidden 7168, 8192, 4096, 6144, 5120
         assert f"decode step {batch} tokens = {shown[decode]} per allreduce" in block
         assert f"= {batch * draft} tokens = {shown[verify]} per allreduce" in block
         for backend, curve in measured.items():

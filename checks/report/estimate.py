@@ -1,5 +1,5 @@
-"""Model-aware estimate: the allreduce time of one decode step and one speculative verify step (pure, but for
-reading ``models.yaml``).
+"""Model-aware estimate: the allreduce time of one decode step and one speculative verify step (pure; the model
+shapes are ``inenv.models``, which the ``step`` probe measures in the cells too).
 
 Under tensor parallelism every decoder layer ends its attention and its MLP/MoE block with an allreduce of
 ``tokens x hidden`` elements, so a forward pass of ``tokens`` tokens issues ``layers x allreduces_per_layer``
@@ -13,17 +13,12 @@ above the largest, nothing is estimated. It is an estimate, and every output say
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-import yaml
 
 from checks.report.advise import BASELINE, CellAdvice, Curve
+from inenv import models as model_table
 
-MODELS = Path(__file__).with_name("models.yaml")
 DEFAULT_BATCH = 8  # decode tokens per step
 DEFAULT_DRAFT = 4  # tokens each sequence verifies per speculative step (ar-latency's 4x verify sizes)
 
@@ -51,30 +46,27 @@ class Model:
         return tokens * self.hidden * self.dtype_bytes
 
 
-@functools.cache
-def _raw(path: Path = MODELS) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text())
+def model_shapes() -> dict[str, Model]:
+    """The model shapes of ``inenv.models`` by name."""
+    sizes = model_table.DTYPE_BYTES
+    out: dict[str, Model] = {}
+    for name, d in model_table.SHAPES.items():
+        dtype = str(d["dtype"])
+        out[name] = Model(name, str(d["label"]), int(str(d["hidden"])), int(str(d["layers"])), dtype, sizes[dtype],
+                          int(str(d.get("allreduces_per_layer", 2))), f"{d['config']}. {d['checked']}")
+    return out
 
 
-def model_shapes(path: Path = MODELS) -> dict[str, Model]:
-    """The model shapes of checks/report/models.yaml by name."""
-    raw = _raw(path)
-    sizes = raw["dtype_bytes"]
-    return {name: Model(name, d["label"], int(d["hidden"]), int(d["layers"]), d["dtype"], int(sizes[d["dtype"]]),
-                        int(d.get("allreduces_per_layer", 2)), f"{d['config']}. {d['checked']}")
-            for name, d in raw["shapes"].items()}
+def default_shape() -> Model:
+    return model_shapes()[model_table.DEFAULT]
 
 
-def default_shape(path: Path = MODELS) -> Model:
-    return model_shapes(path)[_raw(path)["default"]]
-
-
-def parse_model(spec: str, path: Path = MODELS) -> Model:
+def parse_model(spec: str) -> Model:
     """A model shape's name, or ``hidden=7168,layers=61[,dtype=bf16][,allreduces=2]``; ModelError says what is wrong."""
-    known = model_shapes(path)
+    known = model_shapes()
     if spec in known:
         return known[spec]
-    sizes: dict[str, int] = _raw(path)["dtype_bytes"]
+    sizes: dict[str, int] = model_table.DTYPE_BYTES
     if "=" not in spec:
         raise ModelError(f"unknown model {spec!r}; model shapes: {', '.join(sorted(known))}, "
                          "or give hidden=..,layers=..[,dtype=bf16][,allreduces=2]")

@@ -145,6 +145,21 @@ def helper_imports(source: str, in_helpers: bool = False) -> set[str]:
     return {name for name in found if name.startswith("_") and name != "__init__"}
 
 
+def probe_imports(source: str) -> set[str]:
+    """Names of the other probe modules (``inenv.probes.x``, spelt as helpers are) that ``source`` imports."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(canonical.spell(source))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == HELPER_PACKAGE:
+                found.update(a.name for a in node.names)
+            elif node.module.startswith(HELPER_PACKAGE + "."):
+                found.add(node.module[len(HELPER_PACKAGE) + 1:].split(".")[0])
+        elif isinstance(node, ast.Import):
+            found.update(a.name[len(HELPER_PACKAGE) + 1:].split(".")[0] for a in node.names
+                         if a.name.startswith(HELPER_PACKAGE + "."))
+    return {name for name in found if not name.startswith("_")}
+
+
 def support_imports(source: str) -> set[str]:
     """Names of the in-environment fact modules (``inenv.toolkit``, ...) that ``source`` imports, the probe API
     aside."""
@@ -173,6 +188,8 @@ def probe_sources(path: Path, helpers: Path = HELPERS) -> list[Path]:
         text = current.read_text()
         wanted = [(n, helpers / f"{n}.py", True) for n in sorted(helper_imports(text, in_helpers))]
         wanted += [(f"inenv.{n}", helpers.parent / f"{n}.py", False) for n in sorted(support_imports(text))]
+        # another probe's module that this one imports parts of: its code is part of this probe's
+        wanted += [(f"probe {n}", helpers.parent / "probes" / f"{n}.py", False) for n in sorted(probe_imports(text))]
         for key, file, is_helper in wanted:
             if key not in seen and file.is_file():
                 seen[key] = file

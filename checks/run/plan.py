@@ -184,6 +184,13 @@ def carried(record: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     return out
 
 
+def jit_modules(item: WorkItem) -> tuple[str, ...]:
+    """The flashinfer JIT modules a variant loads: its probe's entry in the flashinfer kit, or what the probe
+    declares itself (ProbeSpec.loads)."""
+    params = dict(item.variant.params)
+    return fi.modules_for(item.spec.id, params) or item.spec.loads_for(params)
+
+
 def deferred(items: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str, ...]]], capability: str | None,
              unpublished: Callable[[WorkItem, list[str]], list[str]]) -> list[WorkItem]:
     """A quick pass's GPU variants that would compile a flashinfer module in their turn (neither carried for
@@ -191,7 +198,7 @@ def deferred(items: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str
     the full pass compiles and runs them, and the quick answer does not wait minutes for one build."""
     out: list[WorkItem] = []
     for it in items:
-        wanted = list(fi.modules_for(it.spec.id, dict(it.variant.params))) if it.runs and it.spec.needs_gpu else []
+        wanted = list(jit_modules(it)) if it.runs and it.spec.needs_gpu else []
         have = carries.get(it.cell.cell_id, {})
         lacking = [m for m in wanted if not (capability and m in have and _fatbin.runs_on(have[m], capability))]
         missing = unpublished(it, lacking) if lacking else []

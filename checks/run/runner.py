@@ -37,10 +37,9 @@ from checks.results.store import RunStore
 from checks.run import classify
 from checks.run.executor import Executor, ExecutorError, hard_timeout
 from checks.run.options import RunOptions
-from checks.run.plan import WorkItem
+from checks.run.plan import WorkItem, jit_modules
 from common.reasons import Catalogue
 from inenv.gpugate import DEFAULT_QUEUE_S
-from inenv.kit import _flashinfer as fi
 from inenv.probe import LEVEL_ENV, QUICK, Variant
 from inenv.status import Status
 
@@ -95,7 +94,7 @@ def compiles(item: WorkItem) -> bool:
 def loads_no_jit(item: WorkItem) -> bool:
     """A GPU variant that loads no flashinfer JIT module (NCCL, torch symmetric memory...): no compile
     running beside it can be one it waits for."""
-    return not fi.modules_for(item.spec.id, dict(item.variant.params))
+    return not jit_modules(item)
 
 
 def shared_build(item: WorkItem) -> tuple[str, ...] | None:

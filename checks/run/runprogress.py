@@ -25,7 +25,7 @@ from typing import Any
 from checks.results import ids
 from checks.results.result import ProbeResult
 from checks.results.store import read_file, read_manifest
-from checks.run.plan import WorkItem
+from checks.run.plan import WorkItem, jit_modules
 from common.progress import Estimate, duration, estimate
 from inenv.kit import _compile_cache as cc
 from inenv.kit import _flashinfer as fi
@@ -327,7 +327,7 @@ def compile_note(compile_cache: Path | None) -> Callable[[WorkItem], str]:
         release = item.cell.versions.get("flashinfer") or ""
         if not item.spec.needs_gpu or not release or release == "none":
             return ""
-        wanted = fi.modules_for(item.spec.id, dict(item.variant.params))
+        wanted = jit_modules(item)
         env = {cc.ENV: str(compile_cache or ""), cc.CELL_ENV: item.cell.cell_id}
         missing = fi.unpublished(wanted, release, env)
         return (f"; compiles {', '.join(missing)} in its turn: fi-jit has not built it for this GPU here"
