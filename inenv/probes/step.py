@@ -88,13 +88,19 @@ class Case:
 
 
 CASES = (*(Case("decode", b) for b in DECODE_BATCHES), *(Case("verify", b, d) for b, d in VERIFY))
+# Ranks sharing a GPU wait for each other's turn at every allreduce (2-9 ms a call on an H200): the smallest
+# and the largest step of each model are checked there
+SHARED_CASES = (CASES[0], CASES[-1])
 MAX_TOKENS = max(c.tokens for c in CASES)
+ONLY_ENV = "STACKPROBE_STEP_ONLY"  # planning filter: "nccl,flashinfer-fusion" plans only those backends
 
 
 def variants(host: HostView) -> list[Variant]:
-    out = per_world_size(SPEC, host, ((("backend", b),) for b in BACKENDS))
+    only = {b.strip() for b in os.environ.get(ONLY_ENV, "").split(",") if b.strip()}
+    backends = [b for b in BACKENDS if not only or b in only]
+    out = per_world_size(SPEC, host, ((("backend", b),) for b in backends))
     if host.gpu_count == 1:  # NCCL refuses two ranks on one GPU: every other backend is checked there
-        out += [Variant(SPEC.id, 2, params=(("backend", b),), share_gpu=True) for b in BACKENDS if b != "nccl"]
+        out += [Variant(SPEC.id, 2, params=(("backend", b),), share_gpu=True) for b in backends if b != "nccl"]
     return out
 
 
@@ -685,7 +691,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
         "backend": name,
         "placement": f"shared: {world} ranks on one GPU (checked, not timed)" if shared else "one GPU per rank",
         "models": {s.name: dataclasses.asdict(s) for s in wanted},
-        "cases": [dataclasses.asdict(c) | {"key": c.key, "tokens": c.tokens} for c in at_level(CASES)],
+        "cases": [dataclasses.asdict(c) | {"key": c.key, "tokens": c.tokens}
+                  for c in at_level(SHARED_CASES if shared else CASES)],
         "replays": REPLAYS,
         "multicast_env": multicast_env,
         "torch": torch.__version__,
@@ -718,7 +725,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
                 per_model[shape.name] = {"setup": {"verdict": "error", "error": err or "failed on a peer rank"}}
                 continue
             cases = per_model[shape.name] = {}
-            for case in at_level(CASES):
+            for case in at_level(SHARED_CASES if shared else CASES):
                 cases[case.key] = r = run_case(model, case, gloo, barrier, timed=not shared)
                 ctx.log(f"{name} {shape.name} {case.key}: {r.get('verdict')} {r.get('timing', {}).get('step', '')}")
                 if r.get("verdict") == "hang":
