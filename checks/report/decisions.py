@@ -26,6 +26,7 @@ from checks.report.advise import (
 )
 from checks.report.diff import Diff, since_previous
 from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, Estimate, Model, StepCost, estimate
+from checks.report.measured import STEP_PROBE, Measured, MeasuredRow, StepTime, consistent, measured
 from checks.report.nearest import Green, nearest_green
 from checks.results.hostresults import HostResults
 from inenv.status import Status
@@ -37,6 +38,7 @@ class CellDecision:
     launch: launch.Launch
     estimate: Estimate | None = None
     usable: tuple[str, ...] = ()  # working backends some shown engine release can use on this host
+    measured: Measured | None = None  # the step probe's timed steps for the model (ranked on, when present)
 
 
 @dataclass(frozen=True)
@@ -78,17 +80,27 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
     cells = [cell] if cell else sorted({r.cell_id for r in latest})
     out = []
     for c in cells:
-        for n in ([tp] if tp else rank_counts(latest, c)):
+        for n in ([tp] if tp else _rank_counts(latest, c)):
             a = advise_cell(h.host_id, c, n, latest, h.facts)
             if tp and h.gpu_count is not None and tp > h.gpu_count and not a.curves:
                 a = dataclasses.replace(a, missing=(Missing(f"allreduce latency at {tp} ranks",
                                                             f"this host has {h.gpu_count} GPUs"),))
             est = estimate(a, model, batch, draft) if model is not None and a.curves else None
+            order = [r.backend for r in sorted(est.rows, key=lambda r: (r.decode.total_us is None,
+                                                                         r.decode.total_us or 0.0))] if est else None
+            meas = measured(latest, c, n, model.name, batch, draft, order) if model is not None else None
             usable = tuple(x.backend for x in a.curves if launch.usable(x.backend, a, engines, sglang_pins))
-            out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable))
+            out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas))
     green = tuple(g for g in nearest_green(latest) if cell is None or g.cell_id == cell)
     return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),
                         "" if out else _why_nothing(h))
+
+
+def _rank_counts(results: Sequence[Any], cell_id: str) -> list[int]:
+    """The rank counts ar-latency was measured at in a cell, and those the step probe timed there."""
+    timed = {r.ranks for r in results if r.cell_id == cell_id and r.probe_id == STEP_PROBE and not r.shared_gpu
+             and r.ranks is not None and r.verdict.metrics.get("step_us")}
+    return sorted(set(rank_counts(results, cell_id)) | timed)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -228,6 +240,53 @@ def estimate_block(e: Estimate, usable: Sequence[str] | None = None) -> Block:
     return b
 
 
+def _ms(t: StepTime | None, label: str) -> str:
+    if t is None:
+        return f"{label} not timed"
+    fell = "; launched NCCL's kernels: not its own speed" if t.fell_back else ""
+    kern = f"; kernel {', '.join(t.kernels)}" if t.kernels else ""
+    return (f"{label} {t.step_us / 1000:.3f} ms ({t.comm_share:.0%} communication, {t.per_allreduce_us:.1f} µs "
+            f"per allreduce over the {t.baseline_us / 1000:.3f} ms without it{kern}{fell})")
+
+
+def _row_line(r: MeasuredRow) -> str:
+    status = "" if r.status == "pass" else f" [{r.status}]"
+    return f"- {r.backend}{status}: {_ms(r.decode, 'decode')}; {_ms(r.verify, 'verify')}"
+
+
+def measured_block(m: Measured, est: Estimate | None, curves: Sequence[Any] = ()) -> Block:
+    """The step probe's measured steps, fastest decode first, how the estimate's ranking compares, and whether
+    each backend's allreduces alone cost in the step what ar-latency measured (``curves``) at that size."""
+    dec, ver = case_keys_text(m)
+    b = Block(f"Measured step — {m.model}, tp {m.ranks}, cell `{m.cell_id}` (ranked on this)")
+    b.lines.append(f"Cases: decode {dec}, verify {ver}; each a CUDA graph of every layer's row-parallel matmuls, "
+                   "allreduces, residual adds and RMSNorms, checked exactly, against the same graph without the "
+                   "allreduce.")
+    latency = {c.backend: c.latency_us for c in curves}
+    for r in m.rows:
+        b.lines.append(_row_line(r) + b.ref(r.ids))
+        agree = consistent(r, latency.get(r.backend, {}), NOISE)
+        if agree is not None and r.comm_only_us is not None and r.decode_bytes is not None:
+            ref = latency[r.backend][r.decode_bytes]
+            b.lines.append(f"  its allreduces alone: {r.comm_only_us:.2f} µs per call; ar-latency at "
+                           f"{human_bytes(r.decode_bytes)}: {ref:.2f} µs "
+                           + ("(agree within the noise)" if agree else f"(differ by more than {NOISE:.0%})"))
+    if all(r.decode is None for r in m.rows):
+        b.lines.append(f"Not timed at this batch and draft: the probe timed {', '.join(m.measured_cases)}.")
+    if est is not None and m.verdict != "no-estimate":
+        fastest = next((r.backend for r in m.rows if r.decode is not None and not r.decode.fell_back), "")
+        est_best = min((r for r in est.rows if r.decode.total_us is not None),
+                       key=lambda r: r.decode.total_us or 0.0, default=None)
+        word = {"agree": "agrees with", "disagree": "disagrees with"}[m.verdict]
+        b.lines.append(f"The estimate below {word} the measurement: measured fastest decode {fastest}, estimated "
+                       f"{est_best.backend if est_best else 'none'}.")
+    return b
+
+
+def case_keys_text(m: Measured) -> tuple[str, str]:
+    return (f"{m.batch} tokens", f"{m.batch} × {m.draft} tokens ({m.draft - 1} draft)")
+
+
 def green_block(greens: Sequence[Green]) -> Block:
     b = Block("Nearest green: for each variant that fails in a cell, the nearest cell of this host where it passes")
     for g in greens:
@@ -280,6 +339,8 @@ def blocks(d: HostDecision) -> list[Block]:
     out = []
     for c in d.cells:
         out.append(advice_block(c))
+        if c.measured is not None:
+            out.append(measured_block(c.measured, c.estimate, c.advice.curves))
         if c.estimate is not None:
             out.append(estimate_block(c.estimate, c.usable))
     if not d.cells:
