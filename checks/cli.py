@@ -250,7 +250,7 @@ def advise(args: argparse.Namespace) -> list[Any]:
         selected = [h for h in selected if any(r.cell_id == args.cell for r in h.results)]
     if line:
         print(f"checks advise: {line}", file=sys.stderr)
-    pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}
+    pins = catalog.load().sglang_pins
     engines = launch.load()
     return [decisions.decide(h, engines, pins, cell=args.cell, tp=args.tp, model=model, batch=args.batch,
                              draft=args.draft) for h in selected]

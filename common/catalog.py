@@ -57,7 +57,18 @@ class Preset:
     torch: str
     sgl_kernel: str
     flashinfer: str
-    version: str = ""  # the SGLang release
+    version: str = ""  # the engine's release
+    engine: str = "sglang"  # sglang | vllm
+    platform: str = ""  # the manylinux tag of the release's wheel ("": pure Python, no glibc floor)
+    unserved: str = ""  # why the registry alone cannot install the release ("": it can)
+
+
+def glibc_floor(platform: str) -> tuple[int, int] | None:
+    """(2, 34) for ``manylinux_2_34``; None for a tag without a glibc floor."""
+    parts = platform.split("_")
+    if len(parts) == 3 and parts[0] == "manylinux" and parts[1].isdigit() and parts[2].isdigit():
+        return int(parts[1]), int(parts[2])
+    return None
 
 
 @dataclass(frozen=True)
@@ -81,8 +92,17 @@ class Catalog:
     jit_cache: tuple[JitCacheRange, ...]
     presets: dict[str, Preset]
     presets_source: str
+    vllm_source: str
     newest: dict[str, str]  # package -> newest release when the catalog was last checked
     newest_source: str
+
+    @property
+    def sglang_pins(self) -> dict[str, str]:
+        """SGLang release -> the sgl-kernel it pins (the SGLang presets only)."""
+        return {p.version: p.sgl_kernel for p in self.presets.values() if p.engine == "sglang"}
+
+    def engine_presets(self, engine: str) -> list[Preset]:
+        return [p for p in self.presets.values() if p.engine == engine]
 
     def cuda_by_variant(self, variant: str) -> CudaFact | None:
         return next((c for c in self.cuda.values() if c.variant == variant), None)
@@ -115,13 +135,24 @@ def parse(raw: dict) -> Catalog:
         jit_cache_index=f["jit_cache_index"],
         jit_cache=tuple(JitCacheRange(Version(r["until"]), tuple(r["variants"]), r["source"]) for r in f["jit_cache"]),
         presets={
-            f"sglang-{v}": Preset(f"sglang-{v}", d["torch"], d["sgl_kernel"], d["flashinfer"], v)
-            for v, d in s["releases"].items()
+            **{f"sglang-{v}": Preset(f"sglang-{v}", d["torch"], d["sgl_kernel"], d["flashinfer"], v,
+                                     platform=_sglang_platform(raw, v))
+               for v, d in s["releases"].items()},
+            **{f"vllm-{v}": Preset(f"vllm-{v}", d["torch"], "none", d["flashinfer"], v, "vllm",
+                                   str(d.get("platform", "")), str(d.get("unserved", "")))
+               for v, d in raw["vllm"]["releases"].items()},
         },
         presets_source=s["source"],
+        vllm_source=raw["vllm"]["source"],
         newest=dict(raw["newest"]["releases"]),
         newest_source=raw["newest"]["source"],
     )
+
+
+def _sglang_platform(raw: dict, version: str) -> str:
+    """The manylinux tag of an SGLang release's wheel: that of the newest listed release not after it."""
+    found = [(Version(v), tag) for v, tag in raw["sglang_platform"]["from"].items() if Version(v) <= Version(version)]
+    return str(max(found)[1]) if found else ""
 
 
 @functools.cache

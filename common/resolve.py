@@ -163,6 +163,11 @@ def resolve(cell: Cell, catalog: Catalog, reach: Reach | None = None) -> Resolve
     asked = {"cuda": cell.cuda, "torch": torch_label(cell, catalog), "sgl_kernel": cell.sgl_kernel,
              "flashinfer": cell.flashinfer}
     try:
+        preset = catalog.presets.get(cell.preset or "")
+        if preset is not None and preset.unserved:
+            raise _Unavailable(f"{preset.engine} {preset.version} pins what the registry does not serve: "
+                               f"{preset.unserved}; use another {preset.engine} release or give the wheel "
+                               f"[{catalog.vllm_source if preset.engine == 'vllm' else catalog.presets_source}]")
         if not cuda.sm120:
             raise _Unavailable(f"CUDA {cell.cuda} builds stop at sm_90 (no SM120 code); use CUDA 12.8 or newer "
                                f"[{cuda.source}]")

@@ -8,7 +8,7 @@ wheel, and the newest release of each package.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
@@ -37,15 +37,20 @@ class Wants:
     sglang: tuple[str, ...]  # versions
     kernels: tuple[tuple[str, str], ...]  # (package, version)
     torch: tuple[str, ...]  # versions
+    vllm: tuple[str, ...] = ()  # versions
 
 
 @dataclass(frozen=True)
 class Readings:
     index: str
     newest: dict[str, Seen]
-    sglang: dict[str, dict[str, Seen]]  # version -> {"torch"|"sgl_kernel"|"flashinfer": Seen}, or {"release": Seen}
+    # version -> {"torch"|"sgl_kernel"|"flashinfer"|"platform": Seen}, or {"release": Seen}
+    sglang: dict[str, dict[str, Seen]]
     kernels: dict[str, KernelSeen]
     torch: dict[str, Seen]
+    # version -> {"torch"|"flashinfer"|"platform"|"unserved": Seen}, or {"release": Seen}; unserved's value is
+    # the pins the index does not serve ("" when it serves them all)
+    vllm: dict[str, dict[str, Seen]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,10 @@ class Outcome:
 def wants(catalog: Catalog) -> Wants:
     return Wants(
         newest=tuple(catalog.newest),
-        sglang=tuple(p.version for p in catalog.presets.values()),
+        sglang=tuple(p.version for p in catalog.engine_presets("sglang")),
         kernels=tuple((k.package, k.version) for k in catalog.kernels.values()),
         torch=tuple(catalog.torch),
+        vllm=tuple(p.version for p in catalog.engine_presets("vllm")),
     )
 
 
@@ -83,6 +89,10 @@ def same(recorded: str, seen: str | None) -> bool:
         return Version(recorded) == Version(seen)
     except InvalidVersion:
         return recorded == seen
+
+
+def _same_text(recorded: str, seen: str | None) -> bool:
+    return seen is not None and recorded == seen
 
 
 def _cuda_matches(recorded: str, seen: str | None) -> bool:
@@ -120,7 +130,7 @@ def compare(catalog: Catalog, readings: Readings) -> Outcome:
     for pkg, version in catalog.newest.items():
         check(f"newest.{pkg}", version, readings.newest[pkg], catalog.newest_source)
 
-    for preset in catalog.presets.values():
+    for preset in catalog.engine_presets("sglang"):
         base = f"sglang.releases[{preset.version}]"
         seen = readings.sglang[preset.version]
         if "release" in seen:
@@ -128,6 +138,23 @@ def compare(catalog: Catalog, readings: Readings) -> Outcome:
             continue
         for axis in ("torch", "sgl_kernel", "flashinfer"):
             check(f"{base}.{axis}", getattr(preset, axis), seen[axis], catalog.presets_source)
+        if "platform" in seen:
+            check(f"sglang_platform (sglang {preset.version})", preset.platform or "none", seen["platform"],
+                  catalog.presets_source, _same_text)
+
+    for preset in catalog.engine_presets("vllm"):
+        base = f"vllm.releases[{preset.version}]"
+        seen = readings.vllm.get(preset.version, {"release": Seen(None, "not read")})
+        if "release" in seen:
+            check(base, preset.version, seen["release"], catalog.vllm_source)
+            continue
+        for axis in ("torch", "flashinfer"):
+            check(f"{base}.{axis}", getattr(preset, axis), seen[axis], catalog.vllm_source)
+        check(f"{base}.platform", preset.platform or "none", seen["platform"], catalog.vllm_source, _same_text)
+        served = Seen("unserved" if seen["unserved"].value else "served", seen["unserved"].evidence
+                      + (f": {seen['unserved'].value}" if seen["unserved"].value else ""))
+        check(f"{base}.unserved", "unserved" if preset.unserved else "served", served, catalog.vllm_source,
+              _same_text)
 
     for k in catalog.kernels.values():
         base = f"sgl_kernel.releases[{k.version}]"

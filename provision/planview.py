@@ -30,6 +30,10 @@ def _expect(r: Resolved) -> str:
     return "".join(f"; note: {e}" for e in r.expect)
 
 
+def _preset(r: Resolved) -> str:
+    return f"[{r.cell.preset}] " if r.cell.preset else ""
+
+
 def plan_lines(cells: Sequence[Resolved]) -> list[str]:
     width = max(len(r.cell_id) for r in cells)
     lines = []
@@ -37,9 +41,9 @@ def plan_lines(cells: Sequence[Resolved]) -> list[str]:
         if r.status == "resolved":
             where = ", ".join(f"{s.requirement.split(' @ ')[0]} ({'registry' if s.where == 'registry' else s.where})"
                               for s in r.sources)
-            lines.append(f"{r.cell_id:<{width}}  resolved     {where}{_expect(r)}")
+            lines.append(f"{r.cell_id:<{width}}  resolved     {_preset(r)}{where}{_expect(r)}")
         else:
-            lines.append(f"{r.cell_id:<{width}}  {r.status:<11}  {r.reason}{_expect(r)}")
+            lines.append(f"{r.cell_id:<{width}}  {r.status:<11}  {_preset(r)}{r.reason}{_expect(r)}")
     counts = Counter(r.status for r in cells)
     lines.append(f"{len(cells)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     return lines

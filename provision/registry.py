@@ -440,7 +440,38 @@ def _sglang(version: str, pages: dict[str, dict[str, str] | None], store: Store)
     kernel = next((n for n in ("sglang-kernel", "sgl-kernel") if n in declared), None)
     return {"torch": Seen(declared.get("torch"), where),
             "sgl_kernel": Seen(declared.get(kernel) if kernel else None, where),
-            "flashinfer": Seen(declared.get("flashinfer-python"), where)}
+            "flashinfer": Seen(declared.get("flashinfer-python"), where),
+            "platform": Seen(wheel_platform(wheel), f"{wheel} file name")}
+
+
+def wheel_platform(filename: str) -> str:
+    """The manylinux tag of a wheel's file name (``manylinux_2_34``), or "none" for a pure-Python wheel."""
+    try:
+        _, _, _, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return "none"
+    found = sorted({t.platform.removesuffix("_x86_64") for t in tags if t.platform.startswith("manylinux_")})
+    return found[0] if found else "none"
+
+
+def _served(package: str, version: str, pages: dict[str, dict[str, str] | None]) -> bool:
+    """Whether the index lists a file of that release (a wheel or a source distribution)."""
+    listing = pages.get(package) or {}
+    return any((dv := _dist_version(f)) is not None and dv[1] == Version(version) for f in listing)
+
+
+def _vllm(version: str, pages: dict[str, dict[str, str] | None], store: Store) -> dict[str, Seen]:
+    found = _release_wheel("vllm", version, pages)
+    if isinstance(found, Seen):
+        return {"release": found}
+    wheel, url = found
+    declared = pins(_metadata(_wheel(url, store)))
+    where = f"{wheel} METADATA Requires-Dist"
+    missing = [f"{name} {declared[name]} is not on the index" for name in ("torch", "flashinfer-python")
+               if declared.get(name) and not _served(name, declared[name], pages)]
+    return {"torch": Seen(declared.get("torch"), where), "flashinfer": Seen(declared.get("flashinfer-python"), where),
+            "platform": Seen(wheel_platform(wheel), f"{wheel} file name"),
+            "unserved": Seen("; ".join(missing), "the index's release lists of torch and flashinfer-python")}
 
 
 def _kernel(package: str, version: str, pages: dict[str, dict[str, str] | None],
@@ -509,15 +540,18 @@ def read(wants: Wants, index: str | None = None, workers: int = 8, store: Store 
     index = index or configured_index()
     store = store or default_store()
     packages = sorted({*wants.newest, *(p for p, _ in wants.kernels)}
-                      | ({"sglang"} if wants.sglang else set()) | ({"torch"} if wants.torch else set()))
+                      | ({"sglang"} if wants.sglang else set()) | ({"torch"} if wants.torch else set())
+                      | ({"vllm", "torch", "flashinfer-python"} if wants.vllm else set()))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         pages = dict(zip(packages, pool.map(lambda p: files(index, p, store), packages), strict=True))
         sglang = pool.map(_guarded(lambda v: _sglang(v, pages, store)), wants.sglang)
         kernels = pool.map(_guarded(lambda pv: _kernel(pv[0], pv[1], pages, store)), wants.kernels)
         torch = pool.map(_guarded(lambda v: _torch(v, pages, store)), wants.torch)
+        vllm = pool.map(_guarded(lambda v: _vllm(v, pages, store)), wants.vllm)
         newest = {p: Seen(newest_release(pages[p]) if pages[p] is not None else None,
                           f"{p} release list" if pages[p] is not None else f"{p} is not on the index")
                   for p in wants.newest}
         return Readings(index=index, newest=newest, sglang=dict(zip(wants.sglang, sglang, strict=True)),
                         kernels=dict(zip((v for _, v in wants.kernels), kernels, strict=True)),
-                        torch=dict(zip(wants.torch, torch, strict=True)))
+                        torch=dict(zip(wants.torch, torch, strict=True)),
+                        vllm=dict(zip(wants.vllm, vllm, strict=True)))

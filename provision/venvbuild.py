@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from common import canonical, celltoolkit
+from common.catalog import glibc_floor
+from common.catalog import load as load_catalog
 from common.errors import InputError
 from common.progress import TICK_S, Ticker
 from common.resolve import RESOLVED, Resolved
@@ -73,8 +75,12 @@ def lock_for_venv(cells: Sequence[Resolved], envs: Path) -> tuple[list[Path], li
     has_uv = installer.uv() is not None
     uv = uv_version() if has_uv else ""
     folders, failed = [], []
+    host_glibc = glibc_here()
     for r in cells:
         if r.status != RESOLVED:
+            continue
+        if (why := below_floor(r, host_glibc)) is not None:
+            failed.append({"cell_id": r.cell_id, "status": "unavailable", "reason": why})
             continue
         folder = envs / r.cell_id
         try:
@@ -89,6 +95,28 @@ def lock_for_venv(cells: Sequence[Resolved], envs: Path) -> tuple[list[Path], li
         except LockError as e:
             failed.append({"cell_id": r.cell_id, "status": "failed", "reason": f"lock: {e.args[1]}"})
     return folders, failed
+
+
+def glibc_here() -> tuple[int, int] | None:
+    """This machine's glibc release, (2, 36); None when it has none (musl) or it cannot be read."""
+    try:
+        text = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        return None
+    _, _, version = text.partition(" ")
+    major, _, minor = version.partition(".")
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+
+
+def below_floor(r: Resolved, host_glibc: tuple[int, int] | None) -> str | None:
+    """Why a preset cell cannot be a venv on this host: its engine's wheels need a newer glibc than it has."""
+    preset = load_catalog().presets.get(r.cell.preset or "")
+    floor = glibc_floor(preset.platform) if preset is not None else None
+    if preset is None or floor is None or host_glibc is None or host_glibc >= floor:
+        return None
+    return (f"{preset.engine} {preset.version} ships only {preset.platform} wheels (glibc {floor[0]}.{floor[1]} or "
+            f"newer) and this host has glibc {host_glibc[0]}.{host_glibc[1]}: build it as a Docker cell "
+            "(`--backend docker`, whose base is newer) or on a newer host")
 
 
 def _offline() -> bool:

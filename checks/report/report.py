@@ -422,7 +422,7 @@ def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
     from checks.report import decisions, launch
 
     hosts = hostresults.load(results_dir)
-    pins = {p.version: p.sgl_kernel for p in catalog.load().presets.values()}
+    pins = catalog.load().sglang_pins
     engines, model = launch.load(), default_shape()
     for s in sections:
         if s.host_id in hosts:
