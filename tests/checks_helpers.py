@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,6 +20,28 @@ from inenv.probe import RESULT_MARKER
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "probes_fixtures"
 TOKEN_VAR = "STACKPROBE_TEST_TOKEN"
+
+
+_COMMITTED: dict[str, Path] = {}
+
+
+def committed(folder: str = "results") -> Path:
+    """``folder`` of the checkout as its HEAD commit holds it, exported once per test process: tests read the
+    committed results, never what a user's own runs of the main job added to the working tree. Outside a git
+    checkout (an unpacked release) the working folder is what was shipped, and is copied as it is."""
+    if folder in _COMMITTED:
+        return _COMMITTED[folder]
+    dest = Path(tempfile.mkdtemp(prefix="stackprobe-committed-"))
+    atexit.register(shutil.rmtree, dest, True)
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", folder], capture_output=True,
+                                 check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(dest, filter="data")
+    except (OSError, subprocess.CalledProcessError, tarfile.TarError):
+        shutil.copytree(ROOT / folder, dest / folder)
+    _COMMITTED[folder] = dest / folder
+    return dest / folder
 
 
 def fixture_env(**extra: str) -> dict[str, str]:

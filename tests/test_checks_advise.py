@@ -25,7 +25,7 @@ from checks.results import hostresults
 from checks.results.result import ProbeResult, Verdict
 from common import catalog
 from inenv.status import Status
-from tests.checks_helpers import ROOT
+from tests.checks_helpers import ROOT, committed
 
 GOLDEN = ROOT / "tests" / "golden" / "advise"
 FIXTURE = GOLDEN / "results"
@@ -114,7 +114,7 @@ def _assert_estimate_facts(text: str, batch: int, draft: int) -> None:
     the allreduce count and sizes of a step, and each backend's time per call and per step."""
     from inenv import models as table
 
-    models = table.SHAPES
+    models = {name: {**d, **table.SOURCES[name]} for name, d in table.SHAPES.items()}
     measured = _measured_latency()
     assert sorted(measured) == ["flashinfer-custom-ar", "nccl", "nccl-direct", "symm-mem-one-shot",
                                 "symm-mem-two-shot"]
@@ -256,7 +256,7 @@ def test_model_shapes_are_the_published_ones() -> None:
     p = estimate.model_shapes()
     assert {k: (m.hidden, m.layers, m.allreduces) for k, m in p.items()} == {
         "deepseek-v3": (7168, 61, 122), "kimi-k2": (7168, 61, 122), "llama-3.1-70b": (8192, 80, 160),
-        "qwen3-235b-a22b": (4096, 94, 188)}
+        "qwen3-235b-a22b": (4096, 94, 188), "qwen3-32b": (5120, 64, 128), "qwen3-coder-480b-a35b": (6144, 62, 124)}
     assert all("huggingface.co" in m.source and "checked against" in m.source for m in p.values())
     assert estimate.parse_model("hidden=4096,layers=94,dtype=fp32").dtype_bytes == 4
 
@@ -526,17 +526,17 @@ def test_advise_without_host_leaves_out_gpu_less_hosts_in_one_line(tmp_path: Pat
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """The committed results hold a GPU-less host beside two H200 hosts: advise without --host prints the H200
     hosts only, and one line says which host was left out and how to pick one; --host still shows it."""
-    assert main(["advise", "--results", str(ROOT / "results")]) == 0
+    assert main(["advise", "--results", str(committed())]) == 0
     out, err = capsys.readouterr()
     assert "host cpu-5bce98f7" not in out and "no GPU on this host" not in out
     assert "host h200x1-5bce98f7" in out and "host h200x2-5bce98f7" in out
     [line] = [ln for ln in err.splitlines() if ln.startswith("checks advise:")]
     assert "left out cpu-5bce98f7" in line and "`--host ID` picks one" in line
-    assert main(["advise", "--results", str(ROOT / "results"), "--host", "cpu-5bce98f7"]) == 0
+    assert main(["advise", "--results", str(committed()), "--host", "cpu-5bce98f7"]) == 0
     assert "host cpu-5bce98f7" in capsys.readouterr().out
     only = tmp_path / "results"
     only.mkdir()
-    (only / "cpu-5bce98f7").symlink_to(ROOT / "results" / "cpu-5bce98f7")
+    (only / "cpu-5bce98f7").symlink_to(committed() / "cpu-5bce98f7")
     assert main(["advise", "--results", str(only)]) == 0
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "no host has GPU results" in err
@@ -547,7 +547,7 @@ def test_ties_use_the_run_to_run_spread_measured_across_cells_of_one_build() -> 
     flashinfer 0.6.8.post1 / 0.6.17 / 0.6.18 / 0.7.4). At 14 KiB, 2 ranks, their latest results read NCCL
     7.480, 7.493, 7.574, 7.586 µs and flashinfer-custom-ar 4.407, 4.410, 4.412, 4.425 µs (read off the jsonl
     files): spreads 0.106/7.5335 and 0.018/4.411 of the median."""
-    h = hostresults.load(ROOT / "results")["h200x2-5bce98f7"]
+    h = hostresults.load(committed())["h200x2-5bce98f7"]
     cell = "cu130-torch2.11.0-sglnone-fi0.6.17"
     sp = advise.spreads(h.latest(), cell, 2)
     nccl, car = sp.by[("nccl", 14336)], sp.by[("flashinfer-custom-ar", 14336)]

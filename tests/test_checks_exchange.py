@@ -15,7 +15,7 @@ from checks import cli
 from checks.results.provenance import Checkout
 from checks.share import bundle, intake
 from checks.share.scrub import Identity, Scrubber
-from tests.checks_helpers import ROOT
+from tests.checks_helpers import committed
 
 H2 = "h200x2-5bce98f7"
 RUN = "20261201T021126Z-b42a"
@@ -39,7 +39,7 @@ def _section(md: str, host: str) -> str:
 
 def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(tmp_path: Path) -> None:
     whole = tmp_path / "whole"
-    shutil.copytree(ROOT / "results", whole / "results")
+    shutil.copytree(committed(), whole / "results")
     path = tmp_path / "h2.bundle.json"
     data = _bundle_of(whole / "results", H2, path)
     assert data["schema"] == "stackprobe.bundle/1" and data["host"]["gpu_name"] == "NVIDIA H200"
@@ -51,11 +51,11 @@ def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(tmp
     a, b = ((d / "docs" / "compatibility.md").read_text() for d in (whole, fresh))
     assert _section(b, H2) == _section(a, H2)
     # the results files come back as the store wrote them (nothing in them needed scrubbing)
-    for src in sorted((ROOT / "results" / H2).glob("*.jsonl")):
+    for src in sorted((committed() / H2).glob("*.jsonl")):
         assert (fresh / "results" / H2 / src.name).read_bytes() == src.read_bytes()
     # and the whole page of that host alone is the same from the bundle as from a copy of its folder
     alone = tmp_path / "alone"
-    shutil.copytree(ROOT / "results" / H2, alone / "results" / H2)
+    shutil.copytree(committed() / H2, alone / "results" / H2)
     assert _main("report", "--results", alone / "results", "--out", alone / "docs" / "compatibility.md") == 0
     for name in ("compatibility.md", "compatibility.html"):
         assert (alone / "docs" / name).read_bytes() == (fresh / "docs" / name).read_bytes(), name
@@ -63,7 +63,7 @@ def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(tmp
 
 def test_importing_twice_skips_and_a_colliding_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = tmp_path / "b.json"
-    data = _bundle_of(ROOT / "results", H2, path)
+    data = _bundle_of(committed(), H2, path)
     res = tmp_path / "results"
     assert _main("import", path, "--results", res) == 0
     assert _main("import", path, "--results", res) == 0
@@ -233,7 +233,7 @@ def test_validate_warns_once_per_bad_item_and_keeps_the_rest(tmp_path: Path,
 
 
 def test_validate_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert _main("validate", ROOT / "results") == 0
+    assert _main("validate", committed()) == 0
     assert "all well formed" in capsys.readouterr().err
     assert _main("validate", tmp_path / "missing") == 2
     notbundle = tmp_path / "x.json"

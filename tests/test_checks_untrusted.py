@@ -27,7 +27,7 @@ from checks.results.store import RunLock, RunStore, read_file
 from common import memlock
 from inenv import atomic
 from inenv.status import Status
-from tests.checks_helpers import ROOT, fixture_env
+from tests.checks_helpers import ROOT, committed, fixture_env
 
 HOST = "cpu-0123abcd"
 RUNS = ("20261130T120000Z-aaaa", "20261201T120000Z-bbbb")
@@ -363,7 +363,7 @@ def test_id_grammars_accept_every_committed_id_and_refuse_crafted_ones() -> None
     from checks.results import ids
     from checks.results.store import scan
 
-    found, warnings = scan(ROOT / "results")
+    found, warnings = scan(committed())
     assert found and warnings == []
     for host, run, path in found:
         assert ids.valid("host id", host) and ids.valid("run id", run)

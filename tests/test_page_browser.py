@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from checks.report.report import generate
-from tests.checks_helpers import ROOT
+from tests.checks_helpers import ROOT, committed
 
 ARTIFACTS = ROOT / ".cache" / "ci-artifacts"
 REQUIRE = os.environ.get("STACKPROBE_REQUIRE_BROWSER") == "1"
@@ -165,7 +165,7 @@ def _errors(events: list[dict[str, Any]]) -> list[str]:
 def test_page_renders_overview_picker_and_plots_in_chromium(tmp_path: Path) -> None:
     binary = _chromium()
     out = tmp_path / "docs" / "compatibility.md"
-    assert generate(ROOT / "results", out, None, check=False, quiet=True) == 0
+    assert generate(committed(), out, None, check=False, quiet=True) == 0
     page = out.with_suffix(".html")
     profile = Path(tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp_path))
     browser = Browser(binary, profile)

@@ -13,7 +13,7 @@ from checks.results.result import ProbeResult, Verdict
 from inenv import registry
 from inenv.probe import DECLARED_MARK, Declared, Role, declared
 from inenv.status import Status
-from tests.checks_helpers import ROOT
+from tests.checks_helpers import ROOT, committed
 
 
 def test_every_shipped_probe_declares_valid_fields() -> None:
@@ -31,7 +31,7 @@ def test_every_metric_in_the_committed_results_is_declared_by_its_probe() -> Non
     decl = registry.declarations()
     undeclared: dict[str, set[str]] = {}
     fixture = ROOT / "tests" / "golden" / "advise" / "results"
-    files = [*(ROOT / "results").glob("*/*.jsonl"), *fixture.glob("*/*.jsonl")]
+    files = [*(committed()).glob("*/*.jsonl"), *fixture.glob("*/*.jsonl")]
     assert files
     for path in files:
         for line in path.read_text().splitlines():
@@ -110,7 +110,7 @@ def test_a_result_carries_its_variant_params_and_its_cell() -> None:
 
 def test_the_json_of_a_result_is_what_it_was() -> None:
     """The parsed parts are not written: a committed line reads and writes back to the same object."""
-    line = next((ROOT / "results").glob("*/*.jsonl")).read_text().splitlines()[0]
+    line = next((committed()).glob("*/*.jsonl")).read_text().splitlines()[0]
     obj = json.loads(line)
     back = ProbeResult.from_json(obj).to_json()
     assert back == obj

@@ -220,9 +220,10 @@ def test_model_shapes_give_every_row_parallel_width_divisible_by_the_world_sizes
 
     hiddens = {int(str(d["hidden"])) for d in models.SHAPES.values()}
     assert {4096, 5120, 6144, 7168, 8192} <= hiddens
-    for d in models.SHAPES.values():
+    for name, d in models.SHAPES.items():
         for key in ("attn_out", "mlp_out"):
-            assert all(int(str(d[key])) % n == 0 for n in step.SPEC.ranks), (d["label"], key)
+            assert all(int(str(d[key])) % n == 0 for n in step.SPEC.ranks), (name, key)
+    assert set(models.SOURCES) == set(models.SHAPES)
 
 
 # --- advise on timed step results -----------------------------------------------------------------------

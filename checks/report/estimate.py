@@ -51,9 +51,9 @@ def model_shapes() -> dict[str, Model]:
     sizes = model_table.DTYPE_BYTES
     out: dict[str, Model] = {}
     for name, d in model_table.SHAPES.items():
-        dtype = str(d["dtype"])
-        out[name] = Model(name, str(d["label"]), int(str(d["hidden"])), int(str(d["layers"])), dtype, sizes[dtype],
-                          int(str(d.get("allreduces_per_layer", 2))), f"{d['config']}. {d['checked']}")
+        dtype, src = str(d["dtype"]), model_table.SOURCES[name]
+        out[name] = Model(name, src["label"], int(str(d["hidden"])), int(str(d["layers"])), dtype, sizes[dtype],
+                          int(str(d.get("allreduces_per_layer", 2))), f"{src['config']}. {src['checked']}")
     return out
 
 

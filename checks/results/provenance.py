@@ -197,7 +197,7 @@ def probe_sources(path: Path, helpers: Path = HELPERS) -> list[Path]:
     return sources + [seen[n] for n in sorted(seen)]
 
 
-DECLARED_NAMES = frozenset({"METRICS", "EVIDENCE", "ALLREDUCE_PATH", "BUILD_COST"})
+DECLARED_NAMES = frozenset({"METRICS", "EVIDENCE", "ALLREDUCE_PATH", "BUILD_COST", "SOURCES"})
 
 
 def hashed_bytes(path: Path) -> bytes:
