@@ -100,7 +100,7 @@ def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_
     assert main(["report", "--results", str(results), "--out", str(out)]) == 0
     md = out.read_text()
     assert re.search(r"✅ ↻( \*\(static\)\*)? \|", md)
-    assert "the probe's source changed since): `checks run --local --probe t-fresh`" in md
+    assert "the probe's source changed since): `checks run --backend local --probe t-fresh`" in md
 
 
 def test_resume_skips_recorded_variants(tmp_path: Path) -> None:

@@ -73,7 +73,8 @@ def test_report_marks_stale_verdicts_and_says_how_to_refresh(tmp_path: Path) -> 
     assert [("↻" in c) for c in local[5:10]] == [True, False, True, True, True]
     assert ("- ar-latency, inventory, nccl-graphs, symm-mem (6 variants, in the environment of "
             "`local-cu130-torch2.11.0-sglnone-fi0.6.18`; recorded before results named the code that made them): "
-            "`checks run --local --probe ar-latency --probe inventory --probe nccl-graphs --probe symm-mem`") in h200
+            "`checks run --backend local --probe ar-latency --probe inventory --probe nccl-graphs "
+            "--probe symm-mem`") in h200
     # No GPU: fi-jit's source changed since the run; nccl-graphs did not; a cell that could not be provisioned
     # or built is not a verdict of the probe and needs no rerun of it.
     a, b = "cu130-torch2.11.0-sgl0.4.2-fi0.6.16", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17"
@@ -82,10 +83,10 @@ def test_report_marks_stale_verdicts_and_says_how_to_refresh(tmp_path: Path) -> 
     assert not any("↻" in c for c in _row(cpu, "cu128-torch2.9.1-sgl0.4.1-fi0.6.17")[5:])  # not-run, crash
     assert not any("↻" in c for c in _row(cpu, "cu128-torchnightly-sgl0.4.1-fi0.6.16")[5:])  # unavailable
     assert (f"- fi-jit (4 variants on 2 cells; the probe's source changed since): "
-            f"`checks run --only {a} --only {b} --probe fi-jit`") in cpu
+            f"`checks run --backend docker --only {a} --only {b} --probe fi-jit`") in cpu
     assert "↻: made by other\nprobe code than this checkout's" in md
     html = out.with_suffix(".html").read_text()
-    assert f"<code>checks run --only {a} --only {b} --probe fi-jit</code>" in html
+    assert f"<code>checks run --backend docker --only {a} --only {b} --probe fi-jit</code>" in html
     # The same results against the fi-jit source they were made by: nothing on that host is stale.
     generate(results, out, None, check=False, current={**CURRENT, "fi-jit": "0a6c3e9f2b7d4e18"})
     cpu = out.read_text().split("## No GPU")[1].split("## NVIDIA H200")[0]
@@ -95,8 +96,10 @@ def test_report_marks_stale_verdicts_and_says_how_to_refresh(tmp_path: Path) -> 
 def test_refresh_command_names_exactly_what_to_rerun() -> None:
     from checks.results.freshness import command
 
-    assert command(("fi-jit",), ("c1", "c2"), "docker") == "checks run --only c1 --only c2 --probe fi-jit"
-    assert command(("a", "b"), ("local-x",), "local") == "checks run --local --probe a --probe b"
+    assert (command(("fi-jit",), ("c1", "c2"), "docker")
+            == "checks run --backend docker --only c1 --only c2 --probe fi-jit")
+    assert command(("a", "b"), ("local-x",), "local") == "checks run --backend local --probe a --probe b"
+    assert command(("nccl-graphs",), ("c1",), "slurm") == "checks run --backend slurm --only c1 --probe nccl-graphs"
     # a venv cell is rerun as a venv cell, wherever Docker also answers
     assert command(("pcie-ipc",), ("c1",), "venv") == "checks run --backend venv --only c1 --probe pcie-ipc"
 
@@ -327,9 +330,11 @@ def test_verdicts_of_unknown_or_dirty_code_are_marked_with_the_command_that_refr
     assert got == {"clean": "", "unknown": "unknown-commit", "dirty": "dirty", "untold": "dirty",
                    "changed": "changed", "not-run": ""}
     [unknown] = refresh_list([(results["unknown"], got["unknown"])], {})
-    assert unknown.command == "checks run --only c1 --probe inventory" and "commit unknown" in unknown.why
+    assert unknown.command == "checks run --backend docker --only c1 --probe inventory"
+    assert "commit unknown" in unknown.why
     [dirty] = refresh_list([(results[k], got[k]) for k in ("dirty", "untold")], {})
-    assert dirty.command == "checks run --only c2 --only c3 --probe inventory"
+    assert dirty.command == ("checks run --backend docker --only c2 --only c3 "
+                             "--probe inventory")
     assert "uncommitted changes" in dirty.why
 
 

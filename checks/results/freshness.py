@@ -67,14 +67,16 @@ class Refresh:
 
 
 def command(probes: tuple[str, ...], cells: tuple[str, ...], executor: str) -> str:
-    """`checks run` for exactly these probes on these cells, with the executor that made them (a local cell is
-    the environment it ran in; venv cells are rebuilt and run as venvs). Probes are named one by one, never as
-    --all, so the table does not change when a probe is added."""
+    """`checks run --backend B` for exactly these probes on these cells, B the backend that made them (a local
+    cell is the environment it ran in, so no cell is named; venv cells are rebuilt and run as venvs; docker
+    when the run did not say). Probes are named one by one, never as --all, so the table does not change when
+    a probe is added."""
     picks = [w for p in probes for w in ("--probe", p)]
-    if executor == "local":
-        return shellwords.command(["checks", "run", "--local", *picks])
-    how = ["--backend", "venv"] if executor == "venv" else []
-    return shellwords.command(["checks", "run", *how, *(w for c in cells for w in ("--only", c)), *picks])
+    backend = executor if executor in ("local", "venv", "slurm", "docker") else "docker"
+    if backend == "local":
+        return shellwords.command(["checks", "run", "--backend", "local", *picks])
+    return shellwords.command(["checks", "run", "--backend", backend, *(w for c in cells for w in ("--only", c)),
+                               *picks])
 
 
 def refresh_list(stale: list[tuple[ProbeResult, str]], executors: Mapping[str, str]) -> list[Refresh]:
