@@ -73,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the latest run, skipping recorded variants")
     p.add_argument("--fresh", action="store_true", help="run every variant, even those whose inputs (environment, "
                    "probe source, host facts) match a result this host recorded (by default reused)")
-    p.add_argument("--jobs", type=int, default=default_jobs(), metavar="N",
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="CPU-only variants of different cells run up to N at once; GPU variants run alone "
                         f"(default: the CPU cores, at most {MAX_DEFAULT_JOBS}: {default_jobs()} here)")
     p.add_argument("--level", choices=LEVELS, help="quick: fi-jit's smallest module only and the GPU probes at one "
@@ -156,7 +156,8 @@ def run_options(args: argparse.Namespace, argv: list[str]) -> RunOptions:
     return RunOptions(
         probes=tuple(args.probe), all_probes=args.all, cuda=args.cuda, only=tuple(args.only),
         backend=backend_from_flags(args.backend, args.executor, args.local), python=args.python, slurm=slurm,
-        resume=args.resume, fresh=args.fresh, jobs=args.jobs, level=args.level, as_json=args.json,
+        resume=args.resume, fresh=args.fresh, jobs=default_jobs() if args.jobs is None else args.jobs,
+        level=args.level, as_json=args.json,
         timeout_scale=args.timeout_scale, target_archs=archs, compile_cache=args.compile_cache,
         no_compile_cache=args.no_compile_cache, results=args.results, matrix=args.matrix, envs=args.envs,
         report=report_path(args), argv=tuple(argv)).check()

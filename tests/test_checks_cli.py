@@ -361,3 +361,25 @@ def test_every_backend_the_command_line_offers_is_in_the_registry() -> None:
         backend = make()
         assert all(callable(getattr(backend, m)) for m in ("targets", "prepare", "run", "cancel"))
         assert isinstance(backend.name, str) and isinstance(backend.gpu_lock, bool)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--resume", "--fresh"], "--resume continues the latest run and --fresh reruns everything; give one"),
+    (["--compile-cache", "/tmp/c", "--no-compile-cache"], "--compile-cache names a cache and --no-compile-cache"),
+    (["--backend", "docker", "--python", "python3"], "--python is the interpreter of --backend local (or slurm)"),
+    (["--backend", "venv", "--partition", "gpu", "--time", "5"], "--partition, --time are for --backend slurm"),
+])
+def test_run_refuses_contradicting_options_with_one_line(argv: list[str], says: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--all", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+
+
+def test_run_options_defaults_are_the_command_lines() -> None:
+    from checks.cli import parser, run_options
+    from checks.run.options import RunOptions, default_jobs
+
+    given = run_options(parser().parse_args(["run", "--all"]), ["run", "--all"])
+    plain = RunOptions(all_probes=True)
+    assert (given.jobs, given.level) == (plain.jobs, plain.level) == (default_jobs(), None)

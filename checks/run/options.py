@@ -9,10 +9,10 @@ checks.run.backends.BACKENDS): ``docker`` (cell images), ``venv`` (venv cells), 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from inenv.probe import FULL, LEVELS
+from inenv.probe import LEVELS
 
 REPO = Path(__file__).resolve().parents[2]
 AUTO, DOCKER, VENV, LOCAL, SLURM = "auto", "docker", "venv", "local", "slurm"
@@ -53,8 +53,8 @@ class RunOptions:
     slurm: SlurmOptions = SlurmOptions()
     resume: bool = False
     fresh: bool = False
-    jobs: int = 1
-    level: str | None = FULL  # None: quick first, then full (two passes; checks.run.session)
+    jobs: int = field(default_factory=lambda: default_jobs())  # the command line's default too
+    level: str | None = None  # None: quick first, then full (two passes; checks.run.session)
     as_json: bool = False
     timeout_scale: float = 1.0
     target_archs: tuple[str, ...] = ("12.0a", "12.0f")
@@ -78,6 +78,19 @@ class RunOptions:
             raise UsageError(f"checks run: --level {self.level}: choose one of {', '.join(LEVELS)}")
         if self.all_probes and self.probes:
             raise UsageError("checks run: give --all or --probe, not both")
+        if self.resume and self.fresh:
+            raise UsageError("checks run: --resume continues the latest run and --fresh reruns everything; give one")
+        if self.compile_cache is not None and self.no_compile_cache:
+            raise UsageError("checks run: --compile-cache names a cache and --no-compile-cache shares none; give one")
+        if self.python is not None and self.backend not in (LOCAL, SLURM):
+            raise UsageError(f"checks run: --python is the interpreter of --backend local (or slurm); with "
+                             f"--backend {self.backend} the cells bring their own")
+        given = [flag for flag, value in (("--partition", self.slurm.partition), ("--gpus-per-job",
+                 self.slurm.gpus_per_job), ("--time", self.slurm.time_minutes), ("--container-image",
+                 self.slurm.container_image), ("--sbatch-arg", self.slurm.sbatch_args or None)) if value is not None]
+        if given and self.backend != SLURM:
+            raise UsageError(f"checks run: {', '.join(given)} {'is' if len(given) == 1 else 'are'} for --backend "
+                             f"slurm, not --backend {self.backend}")
         if not self.all_probes and not self.probes:
             raise UsageError("checks run: choose probes with --all or --probe ID (see `checks list`)")
         if self.slurm.gpus_per_job is not None and self.slurm.gpus_per_job < 0:
