@@ -430,18 +430,28 @@ def _release_wheel(package: str, version: str, pages: dict[str, dict[str, str] |
     return wheel, listing[wheel]
 
 
-def _sglang(version: str, pages: dict[str, dict[str, str] | None], store: Store) -> dict[str, Seen]:
-    found = _release_wheel("sglang", version, pages)
+def _engine(package: str, version: str, pages: dict[str, dict[str, str] | None],
+            store: Store) -> tuple[dict[str, str], dict[str, Seen]] | dict[str, Seen]:
+    """An engine release's declared pins and the readings every engine has (torch, flashinfer, the wheel's
+    platform); ``{"release": Seen}`` when the index has no wheel of it."""
+    found = _release_wheel(package, version, pages)
     if isinstance(found, Seen):
         return {"release": found}
     wheel, url = found
     declared = pins(_metadata(_wheel(url, store)))
     where = f"{wheel} METADATA Requires-Dist"
+    return declared, {"torch": Seen(declared.get("torch"), where),
+                      "flashinfer": Seen(declared.get("flashinfer-python"), where),
+                      "platform": Seen(wheel_platform(wheel), f"{wheel} file name")}
+
+
+def _sglang(version: str, pages: dict[str, dict[str, str] | None], store: Store) -> dict[str, Seen]:
+    found = _engine("sglang", version, pages, store)
+    if isinstance(found, dict):
+        return found
+    declared, seen = found
     kernel = next((n for n in ("sglang-kernel", "sgl-kernel") if n in declared), None)
-    return {"torch": Seen(declared.get("torch"), where),
-            "sgl_kernel": Seen(declared.get(kernel) if kernel else None, where),
-            "flashinfer": Seen(declared.get("flashinfer-python"), where),
-            "platform": Seen(wheel_platform(wheel), f"{wheel} file name")}
+    return {**seen, "sgl_kernel": Seen(declared.get(kernel) if kernel else None, seen["torch"].evidence)}
 
 
 def wheel_platform(filename: str) -> str:
@@ -461,17 +471,13 @@ def _served(package: str, version: str, pages: dict[str, dict[str, str] | None])
 
 
 def _vllm(version: str, pages: dict[str, dict[str, str] | None], store: Store) -> dict[str, Seen]:
-    found = _release_wheel("vllm", version, pages)
-    if isinstance(found, Seen):
-        return {"release": found}
-    wheel, url = found
-    declared = pins(_metadata(_wheel(url, store)))
-    where = f"{wheel} METADATA Requires-Dist"
+    found = _engine("vllm", version, pages, store)
+    if isinstance(found, dict):
+        return found
+    declared, seen = found
     missing = [f"{name} {declared[name]} is not on the index" for name in ("torch", "flashinfer-python")
                if declared.get(name) and not _served(name, declared[name], pages)]
-    return {"torch": Seen(declared.get("torch"), where), "flashinfer": Seen(declared.get("flashinfer-python"), where),
-            "platform": Seen(wheel_platform(wheel), f"{wheel} file name"),
-            "unserved": Seen("; ".join(missing), "the index's release lists of torch and flashinfer-python")}
+    return {**seen, "unserved": Seen("; ".join(missing), "the index's release lists of torch and flashinfer-python")}
 
 
 def _kernel(package: str, version: str, pages: dict[str, dict[str, str] | None],
