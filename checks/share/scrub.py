@@ -40,6 +40,16 @@ _RULES: tuple[tuple[str, re.Pattern[str], str], ...] = (
     ("credential", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}"
                               r"|AKIA[0-9A-Z]{16}|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}"
                               r"|glpat-[A-Za-z0-9_-]{20,})\b"), REDACTED),
+    ("private key", re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----[\s\S]*?(?:-----END \1PRIVATE KEY-----|$)"),
+     REDACTED),
+    ("token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), REDACTED),  # a JWT
+    ("credential", re.compile(r"\b(?:AIza[0-9A-Za-z_-]{35}|(?:sk|rk)_live_[A-Za-z0-9]{16,}|ASIA[0-9A-Z]{16}"
+                              r"|ya29\.[0-9A-Za-z_-]{20,})"), REDACTED),
+    ("credential", re.compile(r"(?i)\b(aws_secret_access_key|aws_session_token|secret_access_key)([\"']?\s*[:=]\s*"
+                              r"[\"']?)[A-Za-z0-9/+=]{16,}"), r"\1\2" + REDACTED),
+    # a Slurm node list names a range or several nodes (gpu[01-08], n[1,3-4]); x[0] is an index, kept
+    ("node list", re.compile(r"(?<![\w-])[A-Za-z][\w-]*\[\d+(?:-\d+(?:,\d+(?:-\d+)?)*|(?:,\d+(?:-\d+)?)+)\]"),
+     "<nodes>"),
     ("home path", re.compile(r"(?<![\w.])/(?:home|Users)/[^/\s'\":]+"), "~"),
     ("home path", re.compile(r"(?<![\w.])/root(?=/|\b)"), "~"),
     ("home path", re.compile(r"(?i)\b[A-Z]:\\Users\\[^\\\s'\"]+"), "~"),
