@@ -97,6 +97,24 @@ def current(kernel_dir: Path, job: Job, torch: str | None) -> _carried.Carried |
     return found if same else None
 
 
+def known_failure(rec: Mapping[str, Any], job: Job) -> dict[str, Any] | None:
+    """The answer the cell's last kernel stage gave for ``job`` when the module was not carried for a reason
+    of the cell's own (no nvcc, a module this flashinfer lacks, an architecture gate) and nothing it was
+    decided from has changed: the cell is unchanged since (its build was skipped) and the list is the same.
+    None otherwise: a failure of the builder itself (``harness-error``, a time-out) is always tried again."""
+    kernels = rec.get("kernels")
+    if rec.get("status") != "skipped-unchanged" or not isinstance(kernels, Mapping):
+        return None
+    row = (kernels.get("modules") or {}).get(job.module) if isinstance(kernels.get("modules"), Mapping) else None
+    if (kernels.get("arch_list") != " ".join(job.archs) or not isinstance(row, Mapping)
+            or row.get("carried") is not False):
+        return None
+    code = str(row.get("reason_code") or "")
+    if not code or code == "harness-error" or "timeout" in code or "unknown" in code:
+        return None
+    return {"ok": False, "reason_code": code, "line": row.get("line"), "from": "the cell's last kernel stage"}
+
+
 def _base(version: Any) -> str:
     """A torch version without its local label (2.11.0+cu130 and 2.11.0 are one release)."""
     return str(version or "").split("+", 1)[0]
@@ -264,7 +282,8 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
     groups = plan(rows, modules)
     if not groups:
         return list(records)
-    todo = sum(len(g) for g in groups)
+    todo = sum(1 for g in groups for j in g if current(kernels_root / j.cell_id, j, torch_of(built[j.cell_id])) is None
+               and known_failure(built[j.cell_id], j) is None)
     report("", f"kernels: {todo} module build(s) in {len({j.cell_id for g in groups for j in g})} cell(s), "
                f"{jobs} at a time, longest first")
     carriers = {cid: CARRIERS[str(r.get("backend") or backend.DOCKER)](r, cache, docker or Docker())
@@ -275,9 +294,12 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
     def one(job: Job) -> None:
         kernel_dir = kernels_root / job.cell_id
         have = current(kernel_dir, job, torch_of(built[job.cell_id]))
+        known = known_failure(built[job.cell_id], job) if have is None else None
         if have is not None:
             got: dict[str, Any] = {"ok": True, "name": have.name, "sass": have.sass, "from": "kernel set",
                                    "library_bytes": have.library.stat().st_size}
+        elif known is not None:
+            got = known
         else:
             report(job.cell_id, f"kernels: {job.module} for {' '.join(job.archs)}")
             t0 = time.monotonic()
