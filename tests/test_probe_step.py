@@ -17,7 +17,7 @@ from checks.report import measured
 from inenv.kit import _data
 from inenv.probe import HostView
 from inenv.probes import step
-from tests.checks_helpers import ROOT
+from tests.checks_helpers import ROOT, committed
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 FIXTURE = ROOT / "tests" / "golden" / "advise" / "results"
@@ -299,7 +299,19 @@ def test_advise_ranks_backends_by_the_measured_step_and_says_when_the_estimate_d
     assert got["rows"][0]["decode"]["step_us"] == 3100.0
 
 
+def test_advise_names_the_shared_gpu_step_checks_without_ranking_them(capsys: pytest.CaptureFixture[str]) -> None:
+    host = "h200x1-1052b574"  # the committed 1x H200 step run: ranks sharing the GPU
+    assert main(["advise", "--results", str(committed()), "--host", host, "--model", "deepseek-v3", "--tp", "2"]) == 0
+    out = capsys.readouterr().out
+    block = out.split("cell `cu130-torch2.11.0-sglnone-fi0.7.4`: checked, not timed")[1].split("\n\n")[0]
+    assert "- flashinfer-fusion (allreduce_fusion_kernel_oneshot_lamport)" in block
+    assert "- symm-mem-one-shot (one_shot_all_reduce_kernel)" in block
+    assert "Measured step —" not in out
+
+
 def test_case_keys_follow_advise_draft_counting() -> None:
     assert measured.case_keys(8, 4) == ("decode:8", "verify:8x3")
     assert measured.short_kernel("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankData*)") \
         == "cross_device_reduce_1stage"
+    assert measured.short_kernel("void (anonymous namespace)::one_shot_all_reduce_kernel<c10::BFloat16, 16, 2>"
+                                 "(c10::BFloat16**, unsigned long)") == "one_shot_all_reduce_kernel"

@@ -26,7 +26,15 @@ from checks.report.advise import (
 )
 from checks.report.diff import Diff, since_previous
 from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, Estimate, Model, StepCost, estimate
-from checks.report.measured import STEP_PROBE, Measured, MeasuredRow, StepTime, consistent, measured
+from checks.report.measured import (
+    STEP_PROBE,
+    Measured,
+    MeasuredRow,
+    StepTime,
+    checked_shared,
+    consistent,
+    measured,
+)
 from checks.report.nearest import Green, nearest_green
 from checks.results.hostresults import HostResults
 from inenv.status import Status
@@ -39,6 +47,7 @@ class CellDecision:
     estimate: Estimate | None = None
     usable: tuple[str, ...] = ()  # working backends some shown engine release can use on this host
     measured: Measured | None = None  # the step probe's timed steps for the model (ranked on, when present)
+    shared_step: tuple[str, ...] = ()  # step backends exact with ranks sharing one GPU (checked, not timed)
 
 
 @dataclass(frozen=True)
@@ -89,17 +98,18 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
             order = [r.backend for r in sorted(est.rows, key=lambda r: (r.decode.total_us is None,
                                                                          r.decode.total_us or 0.0))] if est else None
             meas = measured(latest, c, n, model.name, batch, draft, order) if model is not None else None
+            shared = checked_shared(latest, c, n, model.name) if model is not None and meas is None else ()
             usable = tuple(x.backend for x in a.curves if launch.usable(x.backend, a, engines, sglang_pins))
-            out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas))
+            out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas, shared))
     green = tuple(g for g in nearest_green(latest) if cell is None or g.cell_id == cell)
     return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),
                         "" if out else _why_nothing(h))
 
 
 def _rank_counts(results: Sequence[Any], cell_id: str) -> list[int]:
-    """The rank counts ar-latency was measured at in a cell, and those the step probe timed there."""
-    timed = {r.ranks for r in results if r.cell_id == cell_id and r.probe_id == STEP_PROBE and not r.shared_gpu
-             and r.ranks is not None and r.verdict.metrics.get("step_us")}
+    """The rank counts ar-latency was measured at in a cell, and those the step probe ran at there."""
+    timed = {r.ranks for r in results if r.cell_id == cell_id and r.probe_id == STEP_PROBE and r.ranks is not None
+             and (r.verdict.metrics.get("step_us") or (r.shared_gpu and r.verdict.status is Status.PASS))}
     return sorted(set(rank_counts(results, cell_id)) | timed)
 
 
@@ -341,6 +351,12 @@ def blocks(d: HostDecision) -> list[Block]:
         out.append(advice_block(c))
         if c.measured is not None:
             out.append(measured_block(c.measured, c.estimate, c.advice.curves))
+        elif c.shared_step:
+            out.append(Block(f"Step — tp {c.advice.ranks}, cell `{c.advice.cell_id}`: checked, not timed",
+                             ["The step probe ran every layer's blocks of this model with the ranks sharing one GPU: "
+                              "exact, with the kernels it launched, but a time-sliced GPU's times mean nothing, so "
+                              "nothing is ranked on it; run it on a host with a GPU per rank.",
+                              *(f"- {x}" for x in c.shared_step)]))
         if c.estimate is not None:
             out.append(estimate_block(c.estimate, c.usable))
     if not d.cells:

@@ -70,7 +70,7 @@ def _num(obj: Any, *keys: str) -> float | None:
 
 def short_kernel(name: str) -> str:
     """A kernel's name without its template arguments and parameter list (``cross_device_reduce_1stage``)."""
-    head = name.split("(", 1)[0].split("<", 1)[0].strip()
+    head = name.replace("(anonymous namespace)::", "").split("(", 1)[0].split("<", 1)[0].strip()
     return head.rsplit("::", 1)[-1].split()[-1] if head else name[:60]
 
 
@@ -137,3 +137,21 @@ def consistent(row: MeasuredRow, latency_us: Mapping[int, float], noise: float) 
         return None
     ref = latency_us[row.decode_bytes]
     return ref > 0 and abs(row.comm_only_us - ref) <= noise * ref
+
+
+def checked_shared(results: Iterable[ProbeResult], cell_id: str, ranks: int, model: str) -> tuple[str, ...]:
+    """``backend (kernel, ...)`` for every step variant of this cell and rank count that ran with ranks sharing
+    one GPU and passed for ``model``: exact there, never timed."""
+    out = []
+    for r in results:
+        if (r.probe_id != STEP_PROBE or r.cell_id != cell_id or r.ranks != ranks or not r.shared_gpu
+                or r.verdict.status is not Status.PASS):
+            continue
+        cases = r.verdict.evidence.get("per_case")
+        mine = cases.get(model) if isinstance(cases, Mapping) else None
+        if not isinstance(mine, Mapping) or not mine:
+            continue
+        names = sorted({short_kernel(str(k)) for c in mine.values() if isinstance(c, Mapping)
+                        for k in ((c.get("launched") or {}).get("kernels") or {})})
+        out.append(f"{r.params.get('backend', '?')} ({', '.join(names) or 'kernels not read'})")
+    return tuple(sorted(out))
