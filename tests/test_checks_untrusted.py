@@ -339,7 +339,7 @@ def test_pasted_commands_and_settings_are_shell_quoted(tmp_path: Path) -> None:
 
     cell = "cu130-$(touch pwned)-x;touch pwned2"
     line = command(("fi-jit",), (cell,), "docker")
-    assert _shell_words(line, tmp_path) == ["run", "--only", cell, "--probe", "fi-jit"]
+    assert _shell_words(line, tmp_path) == ["run", "--backend", "docker", "--only", cell, "--probe", "fi-jit"]
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
     setting = shellwords.setting("NCCL_ALGO=Ring;touch pwned|sh")
     assert _shell_words(f"env {setting}", tmp_path) == ["NCCL_ALGO=Ring;touch pwned|sh"]

@@ -116,7 +116,8 @@ def small_catalog():  # type: ignore[no-untyped-def]
     return replace(
         cat,
         newest={"torch": "2.15.0", "sglang": "0.5.23"},
-        presets={"sglang-0.5.23": Preset("sglang-0.5.23", "2.14.1", "0.4.10", "0.7.2", "0.5.23"),
+        presets={"sglang-0.5.23": Preset("sglang-0.5.23", "2.14.1", "0.4.10", "0.7.2", "0.5.23",
+                                          platform="manylinux_2_34"),
                  "sglang-0.5.10": Preset("sglang-0.5.10", "2.9.1", "0.4.1", "0.6.7.post2", "0.5.10")},
         kernels={"0.4.10": KernelRelease("0.4.10", "sglang-kernel", "13.0", "2.14.1", (), "k10 source"),
                  "0.4.1": KernelRelease("0.4.1", "sglang-kernel", "12.9", "2.9.1", ("cu130",), "k1 source"),
@@ -305,7 +306,7 @@ def _pages(tmp: Path) -> dict[str, list[tuple[str, bytes, bool]]]:
     kernel_meta = b"Metadata-Version: 2.1\nName: sglang-kernel\nVersion: 0.4.10\nRequires-Dist: torch==2.14.1\n"
     cpu_py = TORCH_2150_VERSION_PY.replace("+cu132", "+cpu").replace("'13.2'", "None").encode()
     return {
-        "sglang": [("sglang-0.5.23-py3-none-any.whl", _wheel({
+        "sglang": [("sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl", _wheel({
             "sglang/__init__.py": b"", "sglang-0.5.23.dist-info/METADATA": SGLANG_0523_METADATA.encode()}), False)],
         "sglang-kernel": [("sglang_kernel-0.4.10-cp310-abi3-manylinux2014_x86_64.whl", _wheel({
             "sgl_kernel/big_ops.abi3.so": big, "sgl_kernel/spatial_ops.abi3.so": small,
@@ -372,6 +373,7 @@ def _catalog_file(tmp_path: Path, name: str, edit) -> Path:  # type: ignore[no-u
     raw["sgl_kernel"]["releases"] = {"0.4.10": raw["sgl_kernel"]["releases"]["0.4.10"]}
     raw["torch"]["releases"] = {"2.15.0": raw["torch"]["releases"]["2.15.0"]}
     raw["newest"]["releases"] = {"torch": "2.15.0"}
+    raw["vllm"]["releases"] = {}
     edit(raw)
     path = tmp_path / name  # one name per content: catalog.load is cached by path
     path.write_text(yaml.safe_dump(raw))
@@ -389,7 +391,7 @@ def test_cli_exit_codes_against_a_local_index(local_index: _Index, tmp_path: Pat
                                               capsys: pytest.CaptureFixture[str]) -> None:
     clean = _catalog_file(tmp_path, "clean.yaml", lambda raw: None)
     code, out, _ = _cli(["catalog", "check", "--catalog", str(clean), "--index", local_index.url], capsys)
-    assert code == 0 and out.strip() == f"catalog check: 7 facts against {local_index.url}: no drift"
+    assert code == 0 and out.strip() == f"catalog check: 8 facts against {local_index.url}: no drift"
 
     def drift(raw: dict) -> None:
         raw["sglang"]["releases"]["0.5.23"]["flashinfer"] = "0.7.1"
@@ -398,7 +400,8 @@ def test_cli_exit_codes_against_a_local_index(local_index: _Index, tmp_path: Pat
     code, out, _ = _cli(["catalog", "check", "--catalog", str(drifted), "--index", local_index.url], capsys)
     assert code == 1
     assert out.splitlines()[0] == (
-        "sglang.releases[0.5.23].flashinfer: catalog 0.7.1, registry 0.7.2 (sglang-0.5.23-py3-none-any.whl "
+        "sglang.releases[0.5.23].flashinfer: catalog 0.7.1, registry 0.7.2 ("
+        "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl "
         "METADATA Requires-Dist) [catalog source: registry metadata of each sglang release (Requires-Dist); "
         "all confirmed by `provision catalog check` on 2026-11-30]")
     code, out, _ = _cli(["catalog", "check", "--json", "--catalog", str(drifted), "--index", local_index.url], capsys)

@@ -36,6 +36,7 @@ def _subset(tmp_path: Path) -> Path:
                                      "0.4.1": {**kernels["0.4.1"], "registry_cuda": "13.0"}}
     raw["torch"]["releases"] = {"2.14.1": torch["2.14.1"], "2.15.0": {**torch["2.15.0"], "registry": "cu130"}}
     raw["newest"]["releases"] = {"torch": "2.0.0"}
+    raw["vllm"]["releases"] = {"0.34.0": raw["vllm"]["releases"]["0.34.0"]}  # its pins, platform and unserved pin
     path = tmp_path / "subset.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -75,7 +76,7 @@ def test_catalog_check_on_the_real_index(tmp_path: Path, capsys: pytest.CaptureF
     assert "METADATA Requires-Dist" in evidence["sglang.releases[0.5.21].flashinfer"]
     assert "libcudart.so.12" in evidence["sgl_kernel.releases[0.4.1].registry_cuda"]
     # 1 newest + 2x3 pins + 2 kernel CUDA + 1 kernel torch (0.4.10's wheel pins torch 2.14.1) + 2 torch builds.
-    assert report["checked"] == 12
+    assert report["checked"] == 18  # 12, the two SGLang wheels' platforms, vLLM 0.34.0's four facts
     assert report["unchecked"] == ["sgl_kernel.releases[0.4.1].torch: the wheel declares no torch and no "
                                    "catalogued SGLang release pins sglang-kernel 0.4.1"]
     assert elapsed < 60  # budget ~30 s; reads only byte ranges of the wheels

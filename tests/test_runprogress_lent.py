@@ -215,7 +215,7 @@ def test_the_run_reads_the_hosts_beside_its_own_folder(tmp_path: Path) -> None:
     store = RunStore(tmp_path, "h200x1-eeeeeeee", "20261202T010000Z-eeee")
     items = [_item("trtllm_comm"), _item("moe_a2a")]
     facts = {**H200, "host_id": store.host_id}
-    view = session.progress_view(RunOptions(results=tmp_path), "venv", store, items, facts)
+    view = session.progress_view(RunOptions(results=tmp_path, jobs=1), "venv", store, items, facts)
     assert view.opening() == ("to run: 2 of 2 variant(s), about 2m10s (from the durations this host recorded; "
                               "1 by h200x1-aaaaaaaa's records: same GPU model and count)")
     assert view.start_line(items[1]).endswith(
