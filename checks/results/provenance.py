@@ -122,9 +122,10 @@ def checkout(root: Path = CODE_ROOT) -> Checkout:
 
 
 # --- probe source hashes ------------------------------------------------------------------------------------
-def helper_imports(source: str, in_helpers: bool = False) -> set[str]:
-    """Names of the private helper modules (``_x``) that ``source`` imports. ``in_helpers``: the source is
-    itself a helper module, so its relative imports name helpers too."""
+def _package_imports(source: str, in_helpers: bool) -> set[str]:
+    """Names of the modules of the probes' package (probes and their helpers, one package in the canonical
+    spelling) that ``source`` imports. ``in_helpers``: the source is itself a helper module, so its relative
+    imports name helpers too."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(canonical.spell(source))):
         if isinstance(node, ast.Import):
@@ -142,22 +143,17 @@ def helper_imports(source: str, in_helpers: bool = False) -> set[str]:
                 found.update(a.name for a in node.names)
             elif module.startswith(HELPER_PACKAGE + "."):
                 found.add(module[len(HELPER_PACKAGE) + 1:].split(".")[0])
-    return {name for name in found if name.startswith("_") and name != "__init__"}
+    return found
+
+
+def helper_imports(source: str, in_helpers: bool = False) -> set[str]:
+    """Names of the private helper modules (``_x``) that ``source`` imports."""
+    return {name for name in _package_imports(source, in_helpers) if name.startswith("_") and name != "__init__"}
 
 
 def probe_imports(source: str) -> set[str]:
-    """Names of the other probe modules (``inenv.probes.x``, spelt as helpers are) that ``source`` imports."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(canonical.spell(source))):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == HELPER_PACKAGE:
-                found.update(a.name for a in node.names)
-            elif node.module.startswith(HELPER_PACKAGE + "."):
-                found.add(node.module[len(HELPER_PACKAGE) + 1:].split(".")[0])
-        elif isinstance(node, ast.Import):
-            found.update(a.name[len(HELPER_PACKAGE) + 1:].split(".")[0] for a in node.names
-                         if a.name.startswith(HELPER_PACKAGE + "."))
-    return {name for name in found if not name.startswith("_")}
+    """Names of the other probe modules (``inenv.probes.x``) that ``source`` imports."""
+    return {name for name in _package_imports(source, False) if not name.startswith("_")}
 
 
 def support_imports(source: str) -> set[str]:
