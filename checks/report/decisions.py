@@ -285,11 +285,9 @@ def measured_block(m: Measured, est: Estimate | None, curves: Sequence[Any] = ()
         b.lines.append(f"Not timed at this batch and draft: the probe timed {', '.join(m.measured_cases)}.")
     if est is not None and m.verdict != "no-estimate":
         fastest = next((r.backend for r in m.rows if r.decode is not None and not r.decode.fell_back), "")
-        est_best = min((r for r in est.rows if r.decode.total_us is not None),
-                       key=lambda r: r.decode.total_us or 0.0, default=None)
         word = {"agree": "agrees with", "disagree": "disagrees with"}[m.verdict]
         b.lines.append(f"The estimate below {word} the measurement: measured fastest decode {fastest}, estimated "
-                       f"{est_best.backend if est_best else 'none'}.")
+                       f"{m.estimated_fastest} (the estimate's fastest among the measured backends).")
     return b
 
 

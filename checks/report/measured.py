@@ -60,6 +60,7 @@ class Measured:
     rows: tuple[MeasuredRow, ...]  # fastest decode step first; rows without one last
     measured_cases: tuple[str, ...]  # every case key some backend timed, for "not measured at this batch"
     verdict: str  # how the ranking compares with the estimate's: agree | disagree | no-estimate
+    estimated_fastest: str = ""  # the estimate's fastest decode backend among those measured ("": none)
 
 
 def _num(obj: Any, *keys: str) -> float | None:
@@ -115,19 +116,20 @@ def measured(results: Iterable[ProbeResult], cell_id: str, ranks: int, model: st
     if not rows:
         return None
     rows.sort(key=lambda x: (x.decode is None or x.decode.fell_back, x.decode.step_us if x.decode else 0.0, x.backend))
-    return Measured(model, ranks, batch, draft, cell_id, tuple(rows), tuple(sorted(cases)),
-                    compare(rows, estimated_order))
+    verdict, estimated = compare(rows, estimated_order)
+    return Measured(model, ranks, batch, draft, cell_id, tuple(rows), tuple(sorted(cases)), verdict, estimated)
 
 
-def compare(rows: Sequence[MeasuredRow], estimated_order: Sequence[str] | None) -> str:
-    """``agree`` when the estimate's fastest backend (among those measured) is the measured fastest or within
-    ``DISAGREE`` of it, ``disagree`` otherwise, ``no-estimate`` when there is nothing to compare."""
+def compare(rows: Sequence[MeasuredRow], estimated_order: Sequence[str] | None) -> tuple[str, str]:
+    """(verdict, the backend compared): ``agree`` when the estimate's fastest backend among those measured is
+    the measured fastest or within ``DISAGREE`` of it, ``disagree`` otherwise, ``no-estimate`` (and "") when
+    there is nothing to compare."""
     timed = {r.backend: r.decode.step_us for r in rows if r.decode is not None and not r.decode.fell_back}
     order = [b for b in (estimated_order or ()) if b in timed]
     if not timed or not order:
-        return "no-estimate"
+        return "no-estimate", ""
     best = min(timed.values())
-    return "agree" if timed[order[0]] <= best * (1 + DISAGREE) else "disagree"
+    return ("agree" if timed[order[0]] <= best * (1 + DISAGREE) else "disagree"), order[0]
 
 
 def consistent(row: MeasuredRow, latency_us: Mapping[int, float], noise: float) -> bool | None:
