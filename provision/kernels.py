@@ -115,6 +115,16 @@ def known_failure(rec: Mapping[str, Any], job: Job) -> dict[str, Any] | None:
     return {"ok": False, "reason_code": code, "line": row.get("line"), "from": "the cell's last kernel stage"}
 
 
+def ready_answer(kernel_dir: Path, job: Job, rec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a job answers without compiling: the module its kernel set holds for the same inputs, or the
+    cell's own known failure; None when it must be built."""
+    have = current(kernel_dir, job, torch_of(rec))
+    if have is not None:
+        return {"ok": True, "name": have.name, "sass": have.sass, "from": "kernel set",
+                "library_bytes": have.library.stat().st_size}
+    return known_failure(rec, job)
+
+
 def _base(version: Any) -> str:
     """A torch version without its local label (2.11.0+cu130 and 2.11.0 are one release)."""
     return str(version or "").split("+", 1)[0]
@@ -282,8 +292,9 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
     groups = plan(rows, modules)
     if not groups:
         return list(records)
-    todo = sum(1 for g in groups for j in g if current(kernels_root / j.cell_id, j, torch_of(built[j.cell_id])) is None
-               and known_failure(built[j.cell_id], j) is None)
+    answered = {(j.cell_id, j.module): answer for g in groups for j in g
+                if (answer := ready_answer(kernels_root / j.cell_id, j, built[j.cell_id])) is not None}
+    todo = sum(len(g) for g in groups) - len(answered)
     report("", f"kernels: {todo} module build(s) in {len({j.cell_id for g in groups for j in g})} cell(s), "
                f"{jobs} at a time, longest first")
     carriers = {cid: CARRIERS[str(r.get("backend") or backend.DOCKER)](r, cache, docker or Docker())
@@ -293,14 +304,8 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
 
     def one(job: Job) -> None:
         kernel_dir = kernels_root / job.cell_id
-        have = current(kernel_dir, job, torch_of(built[job.cell_id]))
-        known = known_failure(built[job.cell_id], job) if have is None else None
-        if have is not None:
-            got: dict[str, Any] = {"ok": True, "name": have.name, "sass": have.sass, "from": "kernel set",
-                                   "library_bytes": have.library.stat().st_size}
-        elif known is not None:
-            got = known
-        else:
+        got = answered.get((job.cell_id, job.module))
+        if got is None:
             report(job.cell_id, f"kernels: {job.module} for {' '.join(job.archs)}")
             t0 = time.monotonic()
             got = carriers[job.cell_id].compile(job, kernel_dir)

@@ -53,7 +53,7 @@ class RunOptions:
     slurm: SlurmOptions = SlurmOptions()
     resume: bool = False
     fresh: bool = False
-    jobs: int = field(default_factory=lambda: default_jobs())  # the command line's default too
+    jobs: int = field(default_factory=default_jobs)  # the command line's default too
     level: str | None = None  # None: quick first, then full (two passes; checks.run.session)
     as_json: bool = False
     timeout_scale: float = 1.0
