@@ -20,6 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from inenv.probe import SHARED, key_parts
+
 TARGET_S = 60.0  # one model's decode + verify sweep for every backend of one cell, on a 2-GPU host
 
 
@@ -38,9 +40,9 @@ def rows(path: Path) -> list[dict[str, Any]]:
 def summarize(found: list[dict[str, Any]]) -> list[str]:
     groups: dict[tuple[str, str, str, str], list[tuple[str, float, int]]] = defaultdict(list)
     for r in found:
-        parts = dict(p.partition("=")[::2] for p in str(r.get("variant", "")).split(","))
+        parts = dict(key_parts(str(r.get("variant", ""))))
         models = r.get("evidence", {}).get("per_case") or {}  # the models this variant swept
-        place = "shared GPU" if parts.get("gpus") == "shared" else "a GPU per rank"
+        place = "shared GPU" if parts.get("gpus") == SHARED else "a GPU per rank"
         key = (str(r.get("run_id")), str(r.get("cell_id")), parts.get("ranks", "?"), place)
         groups[key].append((parts.get("backend", "?"), float(r.get("duration_s") or 0.0), max(len(models), 1)))
     out = []
