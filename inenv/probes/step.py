@@ -685,7 +685,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     gloo = group if shared else _dist.cpu_group()
     barrier = None if shared else _timing.stream_barrier(device, group)
     world = ctx.world_size
-    wanted = shapes(world)
+    wanted = at_level(tuple(shapes(world)))  # the shapes this level runs, and only those in the evidence
     max_numel = MAX_TOKENS * max(s.hidden for s in wanted)
     evidence: dict[str, Any] = {
         "backend": name,
@@ -714,7 +714,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
             for k in ("res0", "res_a", "res_b", "norm", "out")}
     per_model: dict[str, dict[str, dict[str, Any]]] = {}
     with _timing.side_stream(device):
-        for shape in at_level(tuple(wanted)):
+        for shape in wanted:
             ok, err = True, ""
             try:
                 comm.for_model(shape.hidden)
