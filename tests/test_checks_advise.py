@@ -593,3 +593,27 @@ def test_a_host_whose_peer_to_peer_failed_is_not_advised_a_p2p_backend(
                                        "symm-mem-two-shot (needs direct GPU peer-to-peer)"]
     assert all(a.reason_code == "p2p-acs-redirect" and "ACS ReqRedir" in a.why
                and "NCCL_P2P_DISABLE=1 passes on GPUs 0-1" in a.why for a in lines)
+
+
+@pytest.mark.parametrize("executor", ["venv", "docker", "slurm"])
+def test_missing_latency_names_the_back_end_that_ran_the_cell(tmp_path: Path, executor: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The command for a missing ar-latency result reruns the cell the way its runs were made: a venv
+    host is told `--backend venv`, never a Docker command it cannot run. The fixture's local cell is renamed
+    to a built cell's id (a local cell is rerun with `--backend local` and no cell)."""
+    cell = CELL.removeprefix("local-")
+    host = tmp_path / H200
+    host.mkdir()
+    for src in (FIXTURE / H200).iterdir():
+        if src.name.endswith(".manifest.json"):
+            m = json.loads(src.read_text())
+            m["executor"] = executor
+            (host / src.name).write_text(json.dumps(m))
+        elif src.suffix == ".jsonl":
+            keep = [ln for ln in src.read_text().splitlines() if json.loads(ln)["probe_id"] != "ar-latency"]
+            (host / src.name).write_text("".join(f"{ln.replace(CELL, cell)}\n" for ln in keep))
+    code, out, _ = _cli(capsys, "advise", "--results", str(tmp_path), "--host", H200, "--cell", cell, "--tp", "2")
+    assert code == 0
+    assert f"checks run --backend {executor} --only {cell} --probe ar-latency" in out
+    others = {"venv", "docker", "slurm"} - {executor}
+    assert not any(f"--backend {o} " in out for o in others), out

@@ -279,8 +279,9 @@ def _sizes(metric: Any) -> dict[int, float]:
     return out
 
 
-def _rerun(probe: str, cell_id: str, cell: CellId | None) -> str:
-    return command((probe,), (cell_id,), "local" if cell is not None and cell.local else "docker")
+def _rerun(probe: str, cell_id: str, cell: CellId | None, executor: str) -> str:
+    """The command that runs ``probe`` on the cell again, through the back end that made its results."""
+    return command((probe,), (cell_id,), "local" if cell is not None and cell.local else executor)
 
 
 def _plain(r: ProbeResult) -> int:
@@ -307,7 +308,8 @@ def _skip_why(rs: Iterable[ProbeResult]) -> str:
     return f"skip ({v.reason_code}): {v.note}" if v.reason_code else f"skip: {v.note}"
 
 
-def _curves(cell_id: str, cell: CellId | None, rs: Sequence[ProbeResult]) -> tuple[list[Curve], list[Missing]]:
+def _curves(cell_id: str, cell: CellId | None, rs: Sequence[ProbeResult],
+            executor: str) -> tuple[list[Curve], list[Missing]]:
     """Working backends' curves and what is missing for the others."""
     timed = {r.params.get("backend", ""): r for r in rs if r.probe_id == LATENCY_PROBE}
     curves: list[Curve] = []
@@ -315,7 +317,7 @@ def _curves(cell_id: str, cell: CellId | None, rs: Sequence[ProbeResult]) -> tup
     for backend in BACKENDS:
         lat = timed.get(backend)
         if lat is None:
-            missing.append(Missing(backend, "no ar-latency result", _rerun(LATENCY_PROBE, cell_id, cell)))
+            missing.append(Missing(backend, "no ar-latency result", _rerun(LATENCY_PROBE, cell_id, cell, executor)))
             continue
         if lat.verdict.status is Status.SKIP:
             missing.append(Missing(backend, _skip_why([lat])))
@@ -329,7 +331,7 @@ def _curves(cell_id: str, cell: CellId | None, rs: Sequence[ProbeResult]) -> tup
             cands = [r for r in rs if r.probe_id == check.probe]
             why = _skip_why(cands) or f"{check.probe} recorded no exact eager run for it"
             missing.append(Missing(f"{backend} (eager exactness)", why,
-                                   "" if why.startswith("skip") else _rerun(check.probe, cell_id, cell)))
+                                   "" if why.startswith("skip") else _rerun(check.probe, cell_id, cell, executor)))
             continue
         ratio = _sizes(declared_metric(lat, Role.RATIO_VS_NCCL))
         if backend == BASELINE:
@@ -514,8 +516,9 @@ def measured_hidden(rs: Iterable[ProbeResult]) -> int | None:
 
 
 def advise_cell(host_id: str, cell_id: str, ranks: int, results: Sequence[ProbeResult],
-                host_facts: Mapping[str, Any] | None = None) -> CellAdvice:
-    """The advice for one cell at ``ranks`` from the host's latest results (other cells and ranks are ignored)."""
+                host_facts: Mapping[str, Any] | None = None, executor: str = "docker") -> CellAdvice:
+    """The advice for one cell at ``ranks`` from the host's latest results (other cells and ranks are ignored);
+    ``executor``: the back end that ran the cell there, which the commands for what is missing name."""
     rs = [r for r in results if r.cell_id == cell_id and r.ranks == ranks]
     hidden = measured_hidden(rs)
     in_cell = [r for r in results if r.cell_id == cell_id]
@@ -524,10 +527,10 @@ def advise_cell(host_id: str, cell_id: str, ranks: int, results: Sequence[ProbeR
     if not any(r.probe_id == LATENCY_PROBE for r in rs):
         return CellAdvice(host_id, cell_id, ranks, hidden, missing=(
             Missing(f"allreduce latency at {ranks} ranks", "no ar-latency result",
-                    _rerun(LATENCY_PROBE, cell_id, cell)),),
+                    _rerun(LATENCY_PROBE, cell_id, cell, executor)),),
             avoid=(*p2p_avoid(results, p2p_broken(results)), *_avoid(rs, ())), untimed=tuple(_untimed(rs)),
             multicast=mc, full_nvlink=nvl)
-    curves, missing = _curves(cell_id, cell, rs)
+    curves, missing = _curves(cell_id, cell, rs, executor)
     broken = p2p_broken(results)
     if broken:  # a backend that needs peer-to-peer is never advised on a host whose peer-to-peer failed
         curves = [c for c in curves if c.backend not in P2P_BACKENDS]

@@ -90,7 +90,7 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
     out = []
     for c in cells:
         for n in ([tp] if tp else _rank_counts(latest, c)):
-            a = advise_cell(h.host_id, c, n, latest, h.facts)
+            a = advise_cell(h.host_id, c, n, latest, h.facts, h.executor(c))
             if tp and h.gpu_count is not None and tp > h.gpu_count and not a.curves:
                 a = dataclasses.replace(a, missing=(Missing(f"allreduce latency at {tp} ranks",
                                                             f"this host has {h.gpu_count} GPUs"),))

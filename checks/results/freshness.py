@@ -66,13 +66,16 @@ class Refresh:
     local: bool  # made with --local: the command reruns them in the environment the cell names
 
 
+EXECUTORS = ("local", "venv", "slurm", "docker")  # the back ends a manifest may name, each one a --backend
+
+
 def command(probes: tuple[str, ...], cells: tuple[str, ...], executor: str) -> str:
     """`checks run --backend B` for exactly these probes on these cells, B the backend that made them (a local
     cell is the environment it ran in, so no cell is named; venv cells are rebuilt and run as venvs; docker
     when the run did not say). Probes are named one by one, never as --all, so the table does not change when
     a probe is added."""
     picks = [w for p in probes for w in ("--probe", p)]
-    backend = executor if executor in ("local", "venv", "slurm", "docker") else "docker"
+    backend = executor if executor in EXECUTORS else "docker"
     if backend == "local":
         return shellwords.command(["checks", "run", "--backend", "local", *picks])
     return shellwords.command(["checks", "run", "--backend", backend, *(w for c in cells for w in ("--only", c)),

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checks.results.freshness import EXECUTORS
 from checks.results.result import ProbeResult
 from checks.results.store import read_file, read_manifest, scan
 
@@ -24,6 +25,13 @@ class HostResults:
     results: tuple[ProbeResult, ...]  # every valid result of every run
     facts: Mapping[str, Any]  # the newest manifest's host facts ({} when no manifest could be read)
     warnings: tuple[str, ...] = ()
+    executors: Mapping[str, str] = field(default_factory=dict)  # run id -> the back end its manifest names
+
+    def executor(self, cell_id: str) -> str:
+        """The back end of the newest run holding a result of ``cell_id``: the one a rerun of it uses
+        (``docker`` when no manifest says)."""
+        runs = sorted({r.run_id for r in self.results if r.cell_id == cell_id})
+        return next((self.executors[r] for r in reversed(runs) if r in self.executors), "docker")
 
     def latest(self, before: str | None = None) -> list[ProbeResult]:
         """Per (cell, probe, variant), the result of the newest run (of the runs before ``before`` if given)."""
@@ -60,6 +68,7 @@ def load_all(results_dir: Path) -> tuple[dict[str, HostResults], list[str]]:
         results: list[ProbeResult] = []
         warnings: list[str] = []
         facts: dict[str, Any] = {}
+        executors: dict[str, str] = {}
         for run_id, path in runs:
             res, warn = read_file(path)
             results.extend(res)
@@ -69,7 +78,9 @@ def load_all(results_dir: Path) -> tuple[dict[str, HostResults], list[str]]:
             manifest, why = read_manifest(path.with_name(f"{run_id}.manifest.json"))
             if manifest is not None and isinstance(manifest.get("facts"), Mapping):
                 facts = dict(manifest["facts"])  # runs are in time order: the newest wins
+            if manifest is not None and manifest.get("executor") in EXECUTORS:
+                executors[run_id] = str(manifest["executor"])
             elif why:
                 warnings.append(why)
-        out[host] = HostResults(host, tuple(r for r, _ in runs), tuple(results), facts, tuple(warnings))
+        out[host] = HostResults(host, tuple(r for r, _ in runs), tuple(results), facts, tuple(warnings), executors)
     return out, skipped
