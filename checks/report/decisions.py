@@ -26,6 +26,8 @@ from checks.report.advise import (
 )
 from checks.report.diff import Diff, since_previous
 from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, Estimate, Model, StepCost, estimate
+from checks.report.gates import EngineGates, engine_gates, tp_sizes
+from checks.report.gates import capabilities as gate_caps
 from checks.report.measured import (
     STEP_PROBE,
     Measured,
@@ -48,6 +50,7 @@ class CellDecision:
     usable: tuple[str, ...] = ()  # working backends some shown engine release can use on this host
     measured: Measured | None = None  # the step probe's timed steps for the model (ranked on, when present)
     shared_step: tuple[str, ...] = ()  # step backends exact with ranks sharing one GPU (checked, not timed)
+    gated_off: tuple[str, ...] = ()  # an engine in this cell whose own gate data leaves an advised backend out
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class HostDecision:
     green: tuple[Green, ...]
     changes: Diff | None
     note: str = ""  # why nothing is advised, when nothing is
+    engines: tuple[EngineGates, ...] = ()  # the gates of the engines installed in the cells, at this host
 
 
 def describe_host(facts: Mapping[str, Any]) -> str:
@@ -87,6 +91,8 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
            draft: int = DEFAULT_DRAFT) -> HostDecision:
     latest = h.latest()
     cells = [cell] if cell else sorted({r.cell_id for r in latest})
+    caps = gate_caps(h.facts, latest)
+    gates = engine_gates(latest, caps, tp_sizes(h.gpu_count, tp), cell)
     out = []
     for c in cells:
         for n in ([tp] if tp else _rank_counts(latest, c)):
@@ -100,10 +106,14 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
             meas = measured(latest, c, n, model.name, batch, draft, order) if model is not None else None
             shared = checked_shared(latest, c, n, model.name) if model is not None and meas is None else ()
             usable = tuple(x.backend for x in a.curves if launch.usable(x.backend, a, engines, sglang_pins))
-            out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas, shared))
+            off = tuple(f"{g.engine} {g.version} in this cell: its own gate data admits no {b} at tp {n} here: "
+                        f"{line.text}"
+                        for b in a.used for g in gates if g.cell_id == c for n in (a.ranks,)
+                        for line in g.off_for(b, n))
+            out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas, shared, off))
     green = tuple(g for g in nearest_green(latest) if cell is None or g.cell_id == cell)
     return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),
-                        "" if out else _why_nothing(h))
+                        "" if out or gates else _why_nothing(h), tuple(gates))
 
 
 def _rank_counts(results: Sequence[Any], cell_id: str) -> list[int]:
@@ -188,6 +198,8 @@ def advice_block(d: CellDecision) -> Block:
         b.lines.append(f"Avoid: {x.what}: {why}: {x.why}{b.ref(x.ids)}")
     for u in a.untimed:
         b.lines.append(f"Works, not ranked: {u.feature}: {u.why}{b.ref(u.ids)}")
+    for x in d.gated_off:
+        b.lines.append(f"Engine gate: {x}")
     for m in a.missing:
         run = f"; run `{m.run}`" if m.run else ""
         b.lines.append(f"Missing: {m.what}: {m.why}{run}")
@@ -334,6 +346,17 @@ def diff_block(d: Diff) -> Block:
     return b
 
 
+def gates_block(g: EngineGates) -> Block:
+    at = f"compute capability {g.capability}" if g.capability else "no compute capability to look up"
+    b = Block(f"Engine gates — cell `{g.cell_id}`: {g.engine} {g.version} ({at}, tp {'/'.join(map(str, g.tps))})")
+    b.lines.append("The engine's own world-size lists and size tables, read from its modules in the cell; how the "
+                   f"engine acts on a missing entry is its code, not restated here{b.ref([g.result_id])}")
+    if g.status != Status.PASS.value and g.note:
+        b.lines.append(f"{g.status}: {g.note}")
+    b.lines += [f"- {line.text}" for line in g.lines]
+    return b
+
+
 def changes_block(d: Diff) -> Block:
     b = Block(f"Since the newest run `{d.b}`: what it changed against the latest earlier result of each variant it "
               f"reran ({_count(d.compared, 'variant')})")
@@ -357,7 +380,9 @@ def blocks(d: HostDecision) -> list[Block]:
                               *(f"- {x}" for x in c.shared_step)]))
         if c.estimate is not None:
             out.append(estimate_block(c.estimate, c.usable))
-    if not d.cells:
+    for g in d.engines:
+        out.append(gates_block(g))
+    if not d.cells and not d.engines:
         out.append(Block("Advice", [f"Nothing to advise on this host: {d.note}."]))
     if d.green:
         out.append(green_block(d.green))

@@ -1,0 +1,179 @@
+"""engine: the gates a serving engine installed in the cell puts on its allreduce backends, read from the
+engine's own modules.
+
+SGLang and vLLM decide per host which allreduce path runs: a custom allreduce only at the world sizes its
+class lists, symmetric memory only up to a per-architecture size table, PCIe IPC only at some world sizes.
+Those rules are data in the engine's modules. This probe imports each module the engine defines the data
+in and records the values as the engine holds them (keys as the engine spells them: vLLM keys its tables
+by ``"major.minor"``, SGLang by the major as an integer). Nothing here restates an engine's rule: a value
+the release does not define where this probe looks is recorded as not found, with the module and name,
+so a moved gate is a visible fact instead of a guess. It reads no GPU, so a GPU-less host records the gates
+for every architecture the tables name, and the host side compares them with a GPU host's facts.
+
+One variant per engine. The engine absent from the cell: ``skip`` (missing-package). Its top-level package
+failing to import: ``fail`` (engine-import-error), since a user of that cell cannot start it either. A gate
+module that cannot be imported here (one needing the CUDA driver on a host without one) or a name the
+release does not define: ``partial``, naming each gate and why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+
+SPEC = ProbeSpec(
+    id="engine",
+    title="Engine allreduce gates",
+    feature="Which allreduce backends will SGLang or vLLM itself use on my GPUs at my tensor-parallel size: "
+    "the world sizes and per-architecture message-size limits its own modules hold?",
+    ranks=(1,),
+    needs_gpu=False,
+    timeout_s=240.0,
+)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One piece of an engine's backend rule: where it lives and what it limits."""
+
+    name: str  # the id results use, the same for both engines where the meaning is the same
+    module: str
+    attribute: str  # dotted inside the module: "CustomAllreduce._SUPPORTED_WORLD_SIZES"
+    backend: str  # the stackprobe backend it gates (ar-latency's names)
+    meaning: str
+
+
+_VLLM = "vllm.distributed.device_communicators"
+_SGL = "sglang.srt.distributed.device_communicators"
+ENGINES: dict[str, tuple[str, tuple[Gate, ...]]] = {  # engine -> (distribution, its gates)
+    "vllm": ("vllm", (
+        Gate("custom-ar-world-sizes", f"{_VLLM}.custom_all_reduce", "CustomAllreduce._SUPPORTED_WORLD_SIZES",
+             "custom-ar", "world sizes the custom allreduce accepts"),
+        Gate("custom-ar-max-bytes", f"{_VLLM}.all_reduce_utils", "CUSTOM_ALL_REDUCE_MAX_SIZES", "custom-ar",
+             "largest message in bytes the custom allreduce takes, by compute capability and world size"),
+        Gate("symm-mem-max-bytes", f"{_VLLM}.all_reduce_utils", "SYMM_MEM_ALL_REDUCE_MAX_SIZES", "symm-mem",
+             "largest message in bytes the symmetric-memory allreduce takes, by compute capability and world "
+             "size"),
+        Gate("symm-mem-multimem-world-sizes", f"{_VLLM}.symm_mem", "SymmMemCommunicator._WORLD_SIZES_MULTIMEM",
+             "symm-mem", "world sizes that use the multimem (multicast) kernel, by compute capability"),
+        Gate("pcie-ipc-world-sizes", f"{_VLLM}.flashinfer_pcie_ipc_all_reduce", "_SUPPORTED_WORLD_SIZES",
+             "pcie-ipc", "world sizes the flashinfer PCIe IPC allreduce accepts"),
+    )),
+    "sglang": ("sglang", (
+        Gate("custom-ar-world-sizes", f"{_SGL}.custom_all_reduce", "CustomAllreduce._SUPPORTED_WORLD_SIZES",
+             "custom-ar", "world sizes the custom allreduce accepts"),
+        Gate("custom-ar-max-bytes", f"{_SGL}.custom_all_reduce", "CustomAllreduce._MAX_CAR_SIZE", "custom-ar",
+             "largest message in bytes the custom allreduce takes (one limit for every architecture)"),
+        Gate("symm-mem-max-bytes", f"{_SGL}.all_reduce_utils", "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", "symm-mem",
+             "largest message in bytes the torch symmetric-memory allreduce takes, by compute capability major "
+             "and world size"),
+        Gate("symm-mem-multimem-world-sizes", f"{_SGL}.torch_symm_mem",
+             "TorchSymmMemCommunicator._WORLD_SIZES_MULTIMEM", "symm-mem",
+             "world sizes that use the multimem (multicast) kernel, by compute capability major"),
+        Gate("pcie-ipc-world-sizes", f"{_SGL}.pcie_ipc_ar", "_SUPPORTED_WORLD_SIZES", "pcie-ipc",
+             "world sizes the PCIe IPC allreduce accepts"),
+    )),
+}
+
+
+def variants(host: HostView) -> list[Variant]:
+    return [Variant(SPEC.id, 1, (("engine", name),)) for name in ENGINES]
+
+
+def plain(value: Any, depth: int = 0) -> Any:
+    """The engine's value as JSON: mapping keys as strings (the engine's spelling kept: ``9`` -> ``"9"``),
+    tuples and sets as lists, numbers and strings as they are; anything else as its repr, so a type this
+    probe did not expect is recorded instead of dropped."""
+    if depth > 6:
+        return repr(value)
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v, depth + 1) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted((plain(v, depth + 1) for v in value), key=repr)
+    return repr(value)
+
+
+def key_kind(value: Any) -> str | None:
+    """How a table's keys are spelled: ``int`` (compute capability major), ``str`` ("major.minor"), or None
+    for a value that is not a table."""
+    if not isinstance(value, dict) or not value:
+        return None
+    kinds = {type(k).__name__ for k in value}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def read_gate(gate: Gate) -> dict[str, Any]:
+    """The gate's value as the engine holds it, or why it could not be read."""
+    where = f"{gate.module}:{gate.attribute}"
+    try:
+        obj: Any = importlib.import_module(gate.module)
+    except Exception as exc:  # an engine module's own import error is the fact recorded
+        return {"found": False, "where": where, "why": f"import {gate.module} failed: {_one_line(exc)}",
+                "kind": "import"}
+    for part in gate.attribute.split("."):
+        if not hasattr(obj, part):
+            return {"found": False, "where": where, "kind": "absent",
+                    "why": f"{gate.module} defines no {gate.attribute} in this release"}
+        obj = getattr(obj, part)
+    out: dict[str, Any] = {"found": True, "where": where, "value": plain(obj)}
+    if (kind := key_kind(obj)) is not None:
+        out["keys"] = kind
+    return out
+
+
+def run(ctx: RankContext) -> dict[str, Any]:
+    name = ctx.param("engine", "") or ""
+    if name not in ENGINES:
+        return outcome("fail", f"unknown engine {name!r}; known: {', '.join(ENGINES)}", "probe-bug")
+    dist, gates = ENGINES[name]
+    try:
+        version = md.version(dist)
+    except md.PackageNotFoundError:
+        return outcome("skip", f"{dist} is not installed in this cell", "missing-package")
+    evidence: dict[str, Any] = {"engine": name, "version": version, "python": sys.version.split()[0]}
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # the engine's own package does not import: a user of this cell cannot start it
+        evidence["import_error"] = _one_line(exc)
+        return outcome("fail", f"import {name} ({dist} {version}) failed: {_one_line(exc)}",
+                       "engine-import-error", {"gates_read": 0}, evidence)
+    read = {g.name: read_gate(g) | {"backend": g.backend} for g in gates}
+    evidence["gates"] = read
+    found = [g for g in gates if read[g.name]["found"]]
+    metrics = {"gates_read": len(found), "headline": f"{dist} {version}: {len(found)} of {len(gates)} gates read"}
+    missing = [g for g in gates if not read[g.name]["found"]]
+    if not missing:
+        return outcome("pass", metrics=metrics, evidence=evidence)
+    moved = [g for g in missing if read[g.name]["kind"] == "absent"]
+    parts = [f"{g.name}: {read[g.name]['why']}" for g in missing]
+    code = "engine-gate-moved" if len(moved) == len(missing) else "engine-gate-unread"
+    return outcome("partial", f"{dist} {version}: " + "; ".join(parts), code, metrics, evidence)
+
+
+# --- declared fields: what this probe records, and the roles checks report and checks advise read them by
+# (inenv.probe.Field: name, unit, meaning, role). Left out of the probe hash: it changes no verdict.
+METRICS = (
+    ("headline", "text", "the engine, its version and how many of its gates were read", "headline"),
+    ("gates_read", "count", "gates whose value the engine's modules gave", None),
+)
+EVIDENCE = (
+    ("engine", "text", "the engine this variant read", None),
+    ("version", "text", "the engine's installed version", None),
+    ("gates", "record", "per gate: where it lives, whether it was found, the value as the engine holds it, how "
+     "its table keys are spelled, the backend it gates", None),
+    ("import_error", "text", "the engine's own import error, when its package does not import", None),
+)

@@ -1,0 +1,129 @@
+"""The engine probe's reader, on engine packages laid out in a temporary folder.
+
+Each case builds an installed-looking distribution (its dist-info, so importlib.metadata finds it) holding
+the modules where a real engine release defines its gates, then runs the probe in a fresh interpreter with
+that folder first on the path, the way the worker runs it in a cell. The values are written here and checked
+as written: the probe must hand them over as the engine holds them, keys spelled as the engine spells them.
+The run against a real vLLM release is recorded under results/ by `checks run --probe engine`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.checks_helpers import ROOT
+
+VLLM_COMM = "vllm/distributed/device_communicators"
+
+RUN = """
+import json, sys
+from pathlib import Path
+from inenv.probe import RankContext, Variant
+from inenv.probes import engine
+ctx = RankContext(0, 1, 0, None, Variant("engine", 1, (("engine", sys.argv[1]),)), Path(sys.argv[2]))
+print(json.dumps(engine.run(ctx)))
+"""
+
+
+def _dist(root: Path, name: str, version: str, files: dict[str, str]) -> None:
+    info = root / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def _run(root: Path, engine: str) -> dict:
+    env = {"PYTHONPATH": f"{root}:{ROOT}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", RUN, engine, str(root)], capture_output=True, text=True,
+                          env=env, timeout=60, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _vllm(root: Path, utils: str, pcie: str = "_SUPPORTED_WORLD_SIZES = (2, 4, 8)\n") -> None:
+    _dist(root, "vllm", "9.1.0", {
+        "vllm/__init__.py": "",
+        "vllm/distributed/__init__.py": "",
+        f"{VLLM_COMM}/__init__.py": "",
+        f"{VLLM_COMM}/all_reduce_utils.py": utils,
+        f"{VLLM_COMM}/custom_all_reduce.py": "class CustomAllreduce:\n    _SUPPORTED_WORLD_SIZES = [2, 4, 6, 8]\n",
+        f"{VLLM_COMM}/symm_mem.py": "class SymmMemCommunicator:\n    _WORLD_SIZES_MULTIMEM = {'9.0': [4, 8]}\n",
+        f"{VLLM_COMM}/flashinfer_pcie_ipc_all_reduce.py": pcie,
+    })
+
+
+UTILS = """
+CUSTOM_ALL_REDUCE_MAX_SIZES = {"9.0": {2: 1024, 4: 512}}
+SYMM_MEM_ALL_REDUCE_MAX_SIZES = {"9.0": {2: 2048}, "10.0": {8: 4096}}
+"""
+
+
+def test_every_gate_read_as_the_engine_holds_it(tmp_path: Path) -> None:
+    _vllm(tmp_path, UTILS)
+    out = _run(tmp_path, "vllm")
+    assert out["status"] == "pass", out
+    assert out["metrics"]["gates_read"] == 5
+    gates = out["evidence"]["gates"]
+    assert gates["custom-ar-max-bytes"]["value"] == {"9.0": {"2": 1024, "4": 512}}
+    assert gates["custom-ar-max-bytes"]["keys"] == "str"
+    assert gates["symm-mem-max-bytes"]["value"] == {"9.0": {"2": 2048}, "10.0": {"8": 4096}}
+    assert gates["custom-ar-world-sizes"]["value"] == [2, 4, 6, 8]
+    assert gates["pcie-ipc-world-sizes"]["value"] == [2, 4, 8]
+    assert gates["symm-mem-multimem-world-sizes"]["value"] == {"9.0": [4, 8]}
+    assert gates["symm-mem-max-bytes"]["where"].endswith("all_reduce_utils:SYMM_MEM_ALL_REDUCE_MAX_SIZES")
+    assert out["evidence"]["version"] == "9.1.0"
+
+
+def test_a_gate_the_release_does_not_define_is_named_not_guessed(tmp_path: Path) -> None:
+    _vllm(tmp_path, 'CUSTOM_ALL_REDUCE_MAX_SIZES = {"9.0": {2: 1024}}\n')
+    out = _run(tmp_path, "vllm")
+    assert out["status"] == "partial" and out["reason_code"] == "engine-gate-moved", out
+    assert "SYMM_MEM_ALL_REDUCE_MAX_SIZES" in out["note"] and "9.1.0" in out["note"]
+    assert out["evidence"]["gates"]["symm-mem-max-bytes"]["found"] is False
+    assert out["metrics"]["gates_read"] == 4
+
+
+def test_a_gate_module_that_does_not_import_is_unread_with_its_error(tmp_path: Path) -> None:
+    _vllm(tmp_path, UTILS, pcie="import libcuda_driver_here  # noqa\n")
+    out = _run(tmp_path, "vllm")
+    assert out["status"] == "partial" and out["reason_code"] == "engine-gate-unread", out
+    why = out["evidence"]["gates"]["pcie-ipc-world-sizes"]["why"]
+    assert "ModuleNotFoundError" in why and "libcuda_driver_here" in why
+
+
+def test_an_engine_that_does_not_import_fails_the_cell(tmp_path: Path) -> None:
+    _dist(tmp_path, "vllm", "9.1.0", {"vllm/__init__.py": "raise ImportError('undefined symbol: _ZN3c10')\n"})
+    out = _run(tmp_path, "vllm")
+    assert out["status"] == "fail" and out["reason_code"] == "engine-import-error", out
+    assert "undefined symbol: _ZN3c10" in out["note"]
+
+
+def test_an_absent_engine_is_a_skip(tmp_path: Path) -> None:
+    out = _run(tmp_path, "sglang")
+    assert out["status"] == "skip" and out["reason_code"] == "missing-package"
+    assert "sglang" in out["note"]
+
+
+def test_sglang_tables_keep_their_integer_keys_spelled_as_integers(tmp_path: Path) -> None:
+    comm = "sglang/srt/distributed/device_communicators"
+    _dist(tmp_path, "sglang", "0.9.0", {
+        "sglang/__init__.py": "", "sglang/srt/__init__.py": "", "sglang/srt/distributed/__init__.py": "",
+        f"{comm}/__init__.py": "",
+        f"{comm}/all_reduce_utils.py": "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES = {9: {2: 64}, 10: {2: 32}}\n",
+        f"{comm}/custom_all_reduce.py": "class CustomAllreduce:\n    _SUPPORTED_WORLD_SIZES = [2, 4]\n"
+                                        "    _MAX_CAR_SIZE = 8192\n",
+        f"{comm}/torch_symm_mem.py": "class TorchSymmMemCommunicator:\n    _WORLD_SIZES_MULTIMEM = {9: [4]}\n",
+        f"{comm}/pcie_ipc_ar.py": "_SUPPORTED_WORLD_SIZES = (2, 4, 8)\n",
+    })
+    out = _run(tmp_path, "sglang")
+    assert out["status"] == "pass", out
+    gates = out["evidence"]["gates"]
+    assert gates["symm-mem-max-bytes"] == {**gates["symm-mem-max-bytes"], "keys": "int",
+                                           "value": {"9": {"2": 64}, "10": {"2": 32}}}
+    assert gates["custom-ar-max-bytes"]["value"] == 8192 and "keys" not in gates["custom-ar-max-bytes"]
