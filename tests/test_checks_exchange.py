@@ -259,3 +259,44 @@ def test_size_limits_and_one_host_folder(tmp_path: Path, capsys: pytest.CaptureF
     monkeypatch.setattr(intake, "MAX_FILE_BYTES", 1000)
     assert _main("validate", path) == 2
     assert "more than the limit of 1000" in capsys.readouterr().err
+
+
+def test_a_bundle_naming_this_machine_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Its runs would pass for this machine's own: the target of --resume, reuse and this host's advice."""
+    from checks.results import hostfacts
+
+    own = hostfacts.own_host_id()
+    assert own == hostfacts.collect()["host_id"]  # the id every run here records
+    _host_folder(tmp_path / "src", host=own)
+    path = tmp_path / "b.json"
+    assert _main("share", "--results", tmp_path / "src", "--host", own, "--out", path) in (0, 1)
+    capsys.readouterr()
+    res = tmp_path / "results"
+    assert _main("import", path, "--results", res) == 1
+    err = capsys.readouterr().err
+    assert f"names this machine's own host id {own}" in err and "nothing written" in err
+    assert not (res / own).exists()
+
+
+def test_a_bundle_contradicting_the_gpus_of_a_host_already_here_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    host = "gpux2-0123abcd"
+    res = tmp_path / "results"
+    _host_folder(res, host=host)  # GPU X, 2 GPUs
+    src = tmp_path / "src"
+    folder = _host_folder(src, host=host, run="20260102T000000Z-abcd")
+    m = folder / "20260102T000000Z-abcd.manifest.json"
+    m.write_text(m.read_text().replace('"gpu_count": 2', '"gpu_count": 8'))
+    path = tmp_path / "b.json"
+    assert _main("share", "--results", src, "--host", host, "--out", path) in (0, 1)
+    capsys.readouterr()
+    assert _main("import", path, "--results", res) == 1
+    err = capsys.readouterr().err
+    assert f"names host {host}" in err and "gpu_count 8 here 2" in err and "nothing written" in err
+    assert sorted(p.name for p in (res / host).iterdir()) == ["20260101T000000Z-abcd.jsonl",
+                                                              "20260101T000000Z-abcd.manifest.json"]
+    # the same GPUs: the new run is imported beside the one already there
+    m.write_text(m.read_text().replace('"gpu_count": 8', '"gpu_count": 2'))
+    assert _main("share", "--results", src, "--host", host, "--out", path) in (0, 1)
+    assert _main("import", path, "--results", res) == 0
+    assert (res / host / "20260102T000000Z-abcd.jsonl").is_file()

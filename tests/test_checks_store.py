@@ -146,5 +146,15 @@ def test_run_ids_sort_by_time(tmp_path: Path) -> None:
     a, b = new_run_id(), new_run_id()
     assert len(a) == len(b) == len("20261129T135438Z-c7fd")
     (tmp_path / f"{a}.jsonl").touch()
-    (tmp_path / "20990101T000000Z-0000.jsonl").touch()
-    assert latest_run(tmp_path) == "20990101T000000Z-0000"
+    (tmp_path / "20200101T000000Z-0000.jsonl").touch()
+    assert latest_run(tmp_path) == a
+
+
+def test_a_run_dated_in_the_future_or_spelled_with_other_digits_is_no_run(tmp_path: Path) -> None:
+    """Neither becomes the folder's newest run (the target of --resume and of this host's advice)."""
+    a = new_run_id()
+    (tmp_path / f"{a}.jsonl").touch()
+    (tmp_path / "20990101T000000Z-0000.jsonl").touch()  # far ahead of any clock
+    (tmp_path / "2099\u0661101T000000Z-0000.jsonl").touch()  # Arabic-Indic 1
+    (tmp_path / "20261399T000000Z-0000.jsonl").touch()  # month 13
+    assert latest_run(tmp_path) == a

@@ -375,6 +375,32 @@ def test_id_grammars_accept_every_committed_id_and_refuse_crafted_ones() -> None
     assert not ids.valid("run id", "20261201T000000Z-0001;x") and not ids.valid("variant", "ranks=1,algo=$(x)")
 
 
+@pytest.mark.parametrize("kind, crafted", [
+    ("run id", "2026\u0661201T000000Z-0001"),  # an Arabic-Indic digit one
+    ("run id", "\uff12\uff10\uff12\uff16" + "1201T000000Z-0001"),  # fullwidth 2026
+    ("run id", "20261301T000000Z-0001"),  # month 13
+    ("run id", "20260230T000000Z-0001"),  # 30 February
+    ("run id", "20990101T000000Z-0001"),  # decades ahead of any clock
+    ("host id", "h200x2-5bce98f\u0667"),  # Arabic-Indic seven in the hash
+    ("probe id", "ar-l\u0430tency"),  # Cyrillic a
+    ("reason code", "fi-no-nv\u0441c"),  # Cyrillic s
+])
+def test_look_alike_and_impossible_ids_are_refused(kind: str, crafted: str) -> None:
+    from checks.results import ids
+
+    assert not ids.valid(kind, crafted) and ids.problem(kind, crafted) is not None
+
+
+def test_a_run_id_of_this_minute_is_valid_and_one_beyond_the_skew_is_not() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from checks.results import ids
+
+    now = datetime.now(UTC)
+    assert ids.valid("run id", (now + timedelta(minutes=5)).strftime("%Y%m%dT%H%M%SZ") + "-abcd")
+    assert not ids.valid("run id", (now + timedelta(hours=2)).strftime("%Y%m%dT%H%M%SZ") + "-abcd")
+
+
 # --- litter, permissions, secrets --------------------------------------------------------------------------
 def test_the_next_run_removes_a_killed_writers_temporary_files(tmp_path: Path) -> None:
     folder = tmp_path / HOST

@@ -174,14 +174,23 @@ def safe_env(env: dict[str, str]) -> dict[str, str]:
             if k.startswith(ENV_PREFIXES) and not SECRET.search(k) and not k.startswith(NOISE)}
 
 
+def _gpus(smi: str) -> list[dict[str, Any]]:
+    return parse_gpu_csv(_run([smi, f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"]) or "")
+
+
+def own_host_id() -> str:
+    """This machine's host id, as ``collect`` makes it (its GPUs and machine key), without the other facts."""
+    smi = shutil.which("nvidia-smi")
+    return host_id(_gpus(smi) if smi else [], machine_key(), gpu_uuids(smi))
+
+
 def collect(inspect: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Host facts. `inspect` is the environment's `inenv.worker --inspect` output, if one was run."""
     smi = shutil.which("nvidia-smi")
     gpus: list[dict[str, Any]] = []
     facts: dict[str, Any] = {}
     if smi:
-        q = _run([smi, f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"])
-        gpus = parse_gpu_csv(q or "")
+        gpus = _gpus(smi)
         banner = _run([smi]) or ""
         facts["driver_cuda"] = parse_driver_cuda(banner)
         facts["topology"] = strip_ansi(_run([smi, "topo", "-m"]) or "").rstrip() or None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,10 +228,46 @@ class Outcome:
     refused: tuple[Problem, ...] = ()  # a run id that collides with different content
 
 
-def import_bundle(b: Bundle, results_dir: Path) -> Outcome:
+IDENTITY = ("gpu_name", "gpu_count", "compute_capability")  # the facts that tell one host's GPUs from another's
+
+
+def _identity(manifests: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """The identity facts of the newest manifest that has them (manifests oldest first)."""
+    for m in reversed(list(manifests)):
+        facts = m.get("facts") if isinstance(m, Mapping) else None
+        if isinstance(facts, Mapping):
+            return {k: facts.get(k) for k in IDENTITY}
+    return None
+
+
+def claim_problem(b: Bundle, results_dir: Path, own_host: str) -> Problem | None:
+    """Why ``b`` may not be imported under its host id: it names this machine (its runs would pass for this
+    machine's own: the target of --resume, reuse and this host's advice), or a host already under
+    ``results_dir`` whose GPUs its facts contradict."""
+    if b.host_id == own_host:
+        return Problem(b.path, f"the bundle names this machine's own host id {b.host_id}: its runs would pass "
+                               "for runs made here (--resume, reuse, this host's advice); refused, nothing written")
+    folder = results_dir / b.host_id
+    if not folder.is_dir() or folder.is_symlink():
+        return None
+    problems: list[Problem] = []
+    here = intake.read_host(folder, problems)
+    mine = _identity(here[r].manifest for r in sorted(here))
+    theirs = _identity(run.manifest for run in b.runs)
+    if mine is not None and theirs is not None and mine != theirs:
+        said = ", ".join(f"{k} {theirs[k]!r} here {mine[k]!r}" for k in IDENTITY if mine[k] != theirs[k])
+        return Problem(b.path, f"the bundle names host {b.host_id}, already under {intake._shown(results_dir)}, "
+                               f"with other GPUs ({said[:200]}); refused, nothing written")
+    return None
+
+
+def import_bundle(b: Bundle, results_dir: Path, own_host: str = "") -> Outcome:
     """Write each run of ``b`` under ``results_dir/<host>/``: new runs are written (atomically), runs already
-    there with the same results are skipped, a run id there with different results is refused. OSError
-    propagates (the caller says it in one line)."""
+    there with the same results are skipped, a run id there with different results is refused; a bundle
+    naming this machine (``own_host``) or contradicting the GPUs of the host it names is refused whole
+    (claim_problem). OSError propagates (the caller says it in one line)."""
+    if (claim := claim_problem(b, results_dir, own_host)) is not None:
+        return Outcome(refused=(claim,))
     folder = results_dir / b.host_id
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         return Outcome(refused=(Problem(intake._shown(folder), "not a plain folder; nothing written there"),))

@@ -86,6 +86,7 @@ def share(opts: ShareOptions) -> int:
 
 def import_bundles(opts: ImportOptions) -> int:
     code = 0
+    own = hostfacts.own_host_id()
     for path in opts.bundles:
         b, problems = bundle.read(path)
         _warn(problems)
@@ -96,7 +97,7 @@ def import_bundles(opts: ImportOptions) -> int:
         for w in b.code.get("warnings") or []:
             print(f"note: {intake._shown(path)}: {intake._shown(str(w)[:300])}", file=sys.stderr)
         try:
-            outcome = bundle.import_bundle(b, opts.results)
+            outcome = bundle.import_bundle(b, opts.results, own)
         except OSError as exc:
             print(f"checks import: cannot write under {intake._shown(opts.results)}: {exc.strerror or exc}",
                   file=sys.stderr)
