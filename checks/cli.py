@@ -31,7 +31,7 @@ from checks.run.options import (
     backend_from_flags,
     default_jobs,
 )
-from common import catalog, progress, reasons
+from common import catalog, outputs, progress, reasons
 from inenv import gpuarch, registry
 from inenv.probe import LEVELS
 
@@ -169,7 +169,16 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
 
 # --- report ------------------------------------------------------------------------------------------------
 def cmd_report(args: argparse.Namespace) -> int:
-    return generate(args.results, args.out or table_for(args.results), args.html, args.check, repo=REPO)
+    out = args.out or table_for(args.results)
+    _writable((out, "checks report: --out"), ((args.html or out.with_suffix(".html")), "checks report: --html"))
+    return generate(args.results, out, args.html, args.check, repo=REPO)
+
+
+def _writable(*paths: tuple[Path, str]) -> None:
+    """Refuse, in one line, an output path that is not a new name or a regular file (common.outputs)."""
+    for path, what in paths:
+        if (why := outputs.problem(path, what)) is not None:
+            raise UsageError(why)
 
 
 # --- advise, diff: decisions from recorded results only --------------------------------------------------------
@@ -315,6 +324,8 @@ def cmd_share(args: argparse.Namespace) -> int:
     # lazy: checks.share (its scrub rules compile on import) costs 15 ms at every `checks` start
     from checks.share import bundle, exchange
 
+    if args.out is not None:
+        _writable((args.out, "checks share: --out"))
     try:
         return exchange.share(exchange.ShareOptions(args.results, args.host, args.out, args.show))
     except bundle.BundleError as exc:

@@ -496,3 +496,39 @@ def test_a_version_written_as_a_float_gets_a_hint_to_quote_it(tmp_path: Path) ->
     p = _plan(m)
     assert p.returncode == 2, p.stdout + p.stderr
     assert f"{m}:3: matrix.torch[0]: 2.10 reads as the number 2.1; quote it" in p.stderr
+
+
+@pytest.mark.parametrize("make, kind", [
+    (lambda p: os.mkfifo(p), "a FIFO"),
+    (lambda p: p.mkdir(), "a directory"),
+    (lambda p: p.symlink_to(p.parent / "elsewhere.md"), "a symbolic link"),
+])
+def test_user_named_outputs_refuse_anything_but_a_regular_file(tmp_path: Path, make, kind: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """report --out, run --report and share --out: one line, exit 2, nothing replaced or written."""
+    from checks.cli import main
+
+    res = tmp_path / "results"
+    shutil.copytree(committed() / "h200x2-5bce98f7", res / "h200x2-5bce98f7")
+    target = tmp_path / "t.md"
+    make(target)
+    argvs = [["report", "--results", str(res), "--out", str(target)],
+             ["run", "--backend", "local", "--probe", "inventory", "--results", str(res), "--report", str(target)],
+             ["share", "--results", str(res), "--host", "h200x2-5bce98f7", "--out", str(target)]]
+    for argv in argvs:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and kind in err[0] and "t.md" in err[0], (argv, err)
+    assert os.path.lexists(target) and not (tmp_path / "elsewhere.md").exists()
+    assert not target.with_suffix(".html").exists()
+    assert sorted(p.name for p in (res / "h200x2-5bce98f7").iterdir()) == sorted(
+        p.name for p in (committed() / "h200x2-5bce98f7").iterdir())
+
+
+def test_an_output_under_a_file_or_a_device_is_refused() -> None:
+    from common import outputs
+
+    assert "character device" in outputs.problem(Path("/dev/null"), "--out")
+    assert "is not a directory" in outputs.problem(Path("/dev/null/x.md"), "--out")
+    assert "is not a directory" in outputs.problem(Path("/dev/null/x/y.md"), "--out")
+    assert outputs.problem(Path("/nonexistent-dir-for-test/x.md"), "--out") is None  # made on write

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import outputs
 from inenv.probe import LEVELS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +71,9 @@ class RunOptions:
         """The options themselves when they are consistent; else UsageError naming the option."""
         if self.timeout_scale <= 0:
             raise UsageError("checks run: --timeout-scale must be > 0")
+        for path in (self.report, self.report.with_suffix(".html")) if self.report is not None else ():
+            if (why := outputs.problem(path, "checks run: --report")) is not None:
+                raise UsageError(why)
         if self.jobs < 1:
             raise UsageError(f"checks run: --jobs {self.jobs}: give 1 or more")
         if self.backend not in BACKEND_CHOICES:
