@@ -300,3 +300,49 @@ def test_a_bundle_contradicting_the_gpus_of_a_host_already_here_is_refused(
     assert _main("share", "--results", src, "--host", host, "--out", path) in (0, 1)
     assert _main("import", path, "--results", res) == 0
     assert (res / host / "20260102T000000Z-abcd.jsonl").is_file()
+
+
+def test_an_import_is_refused_while_a_run_holds_the_host_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from checks.results.store import RunLock
+
+    path = tmp_path / "b.json"
+    _bundle_of(committed(), H2, path)
+    capsys.readouterr()
+    res = tmp_path / "results"
+    with RunLock(res / H2):
+        assert _main("import", path, "--results", res) == 2
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("note: ")]
+    assert len(err) == 1 and "is writing to" in err[0] and H2 in err[0], err
+    assert list((res / H2).iterdir()) == []
+    assert _main("import", path, "--results", res) == 0  # once the folder is free
+
+
+def test_an_import_onto_a_full_disk_writes_whole_runs_and_lists_them(tmp_path: Path) -> None:
+    import shlex
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("a tmpfs needs root or a user namespace with its own mounts")
+    path = tmp_path / "b.json"
+    data = _bundle_of(committed(), H2, path)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    argv = [sys.executable, "-m", "checks.cli", "import", str(path), "--results", str(disk / "results")]
+    # enough for the host's first runs, not for all of them; listed after, while the tmpfs is still mounted
+    script = (f"mount -t tmpfs -o size=300k tmpfs {shlex.quote(str(disk))} && {shlex.join(argv)}; rc=$?; "
+              f"ls {shlex.quote(str(disk / 'results' / H2))}; exit $rc")
+    p = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and "No space left on device" in p.stderr
+    listed = p.stdout.split()
+    runs = {n.split(".")[0] for n in listed}
+    assert runs and len(runs) < len(data["runs"])  # some fit, not all
+    for run in runs:  # each run there is whole: its results and its manifest, no temporary file
+        assert {f"{run}.jsonl", f"{run}.manifest.json"} <= set(listed), listed
+    assert not [n for n in listed if n.endswith(".tmp")]
+    written = [ln for ln in p.stderr.splitlines() if ln.startswith("imported ")]
+    assert sorted(w.removeprefix(f"imported {H2}/") for w in written) == sorted(runs)
+    assert "the run it stopped at is not there" in p.stderr

@@ -371,6 +371,6 @@ def test_a_slurm_run_takes_the_run_lock_of_its_host(slurm: None, tmp_path: Path)
     with RunLock(tmp_path / "r" / host):
         p = checks(_env(tmp_path), "--backend", "slurm", "--probe", "t-trivial", "--results", str(tmp_path / "r"))
     assert p.returncode == 2, p.stderr
-    assert p.stderr.strip().splitlines()[-1] == (f"checks: another `checks run` is writing to {tmp_path / 'r' / host}; "
-                                                 "wait for it to finish")
+    assert p.stderr.strip().splitlines()[-1] == ("checks: another `checks run` or `checks import` is writing to "
+                                                 f"{tmp_path / 'r' / host}; wait for it to finish")
     assert "submitted" not in p.stderr and not list((tmp_path / "r").glob("*/*.jsonl"))  # nothing was submitted

@@ -199,8 +199,9 @@ def test_page_renders_overview_picker_and_plots_in_chromium(tmp_path: Path) -> N
     assert seen["overview_shown"] and seen["overview_rows"] >= 9  # a header and one row per probe
     assert 0 <= seen["overview_top"] < 2000  # the page opens on the overview
     assert {"pick-gpu", "pick-all", "f-any", "f-bad"} <= set(seen["picker_labels"])
-    # opens on the GPU hosts (the committed results hold several), the GPU-less one hidden
-    assert len(seen["gpu_sections"]) >= 2 and all(seen["gpu_sections"]) and seen["nogpu_sections"] == [False]
+    # opens on the GPU hosts (the committed results hold several), the GPU-less ones hidden
+    assert len(seen["gpu_sections"]) >= 2 and all(seen["gpu_sections"])
+    assert seen["nogpu_sections"] and not any(seen["nogpu_sections"])
     assert seen["plots"] >= 10 and all(w >= 300 and h >= 100 for w, h in seen["plot_boxes"])
     assert max(seen["plot_lines"]) >= 5  # NCCL and four other backends on one plot
     assert any(n >= 8 for n in seen["plot_bars"])  # the estimate's bars

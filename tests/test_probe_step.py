@@ -300,12 +300,14 @@ def test_advise_ranks_backends_by_the_measured_step_and_says_when_the_estimate_d
 
 
 def test_advise_names_the_shared_gpu_step_checks_without_ranking_them(capsys: pytest.CaptureFixture[str]) -> None:
-    host = "h200x1-1052b574"  # the committed 1x H200 step run: ranks sharing the GPU
+    host = "h200x1-a18818d1"  # the committed 1x H200 step run: ranks sharing the GPU
     assert main(["advise", "--results", str(committed()), "--host", host, "--model", "deepseek-v3", "--tp", "2"]) == 0
     out = capsys.readouterr().out
     block = out.split("cell `cu130-torch2.11.0-sglnone-fi0.7.4`: checked, not timed")[1].split("\n\n")[0]
     assert "- flashinfer-fusion (allreduce_fusion_kernel_oneshot_lamport)" in block
     assert "- symm-mem-one-shot (one_shot_all_reduce_kernel)" in block
+    assert "- flashinfer-custom-ar (cross_device_reduce_1stage)" in block
+    assert "- flashinfer-pcie-ipc (ipc_tp2_remote_push_kernel)" in block
     assert "Measured step —" not in out
 
 

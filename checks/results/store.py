@@ -296,7 +296,8 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise StoreBusy(f"another `checks run` is writing to {self.folder}; wait for it to finish") from None
+            raise StoreBusy(f"another `checks run` or `checks import` is writing to {self.folder}; wait for it to "
+                            "finish") from None
         self.fd = fd
         clean_leftovers(self.folder)
         return self

@@ -29,6 +29,7 @@ from typing import Any
 
 from checks.results import ids
 from checks.results.provenance import UNKNOWN, Checkout
+from checks.results.store import RunLock
 from checks.share import intake
 from checks.share.intake import Problem, Run
 from checks.share.scrub import Scrubber
@@ -226,6 +227,7 @@ class Outcome:
     imported: tuple[str, ...] = ()  # host/run written
     present: tuple[str, ...] = ()  # host/run already there with the same content
     refused: tuple[Problem, ...] = ()  # a run id that collides with different content
+    error: str = ""  # why writing stopped (the disk's error); the runs before it are in ``imported``
 
 
 IDENTITY = ("gpu_name", "gpu_count", "compute_capability")  # the facts that tell one host's GPUs from another's
@@ -262,38 +264,56 @@ def claim_problem(b: Bundle, results_dir: Path, own_host: str) -> Problem | None
 
 
 def import_bundle(b: Bundle, results_dir: Path, own_host: str = "") -> Outcome:
-    """Write each run of ``b`` under ``results_dir/<host>/``: new runs are written (atomically), runs already
-    there with the same results are skipped, a run id there with different results is refused; a bundle
-    naming this machine (``own_host``) or contradicting the GPUs of the host it names is refused whole
-    (claim_problem). OSError propagates (the caller says it in one line)."""
+    """Write each run of ``b`` under ``results_dir/<host>/``, holding the host folder's lock (the one `checks
+    run` holds): new runs are written (atomically), runs already there with the same results are skipped, a
+    run id there with different results is refused; a bundle naming this machine (``own_host``) or
+    contradicting the GPUs of the host it names is refused whole (claim_problem). A run is all or nothing:
+    when its manifest cannot be written its results file is removed again, and the import stops there with
+    what it wrote so far and the error (``Outcome.error``). StoreBusy propagates."""
     if (claim := claim_problem(b, results_dir, own_host)) is not None:
         return Outcome(refused=(claim,))
     folder = results_dir / b.host_id
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
         return Outcome(refused=(Problem(intake._shown(folder), "not a plain folder; nothing written there"),))
-    imported, present, refused = [], [], []
-    for run in b.runs:
-        name = f"{b.host_id}/{run.run_id}"
-        path = folder / f"{run.run_id}{intake.RESULTS_SUFFIX}"
-        mpath = folder / f"{run.run_id}{intake.MANIFEST_SUFFIX}"
-        if os.path.dirname(os.path.normpath(path)) != os.path.normpath(folder):  # ids forbid it; kept as a guard
-            refused.append(Problem(b.path, f"run {run.run_id[:30]!r} would land outside {folder}"))
-            continue
-        if os.path.lexists(path):
-            have: list[Problem] = []
-            existing = intake.read_run(folder, b.host_id, run.run_id, have)
-            if not _same(existing.results, run.results):
-                refused.append(Problem(b.path, f"run {name} is already under {results_dir} with different "
-                                               "results; refused (nothing of it written)"))
-                continue
-            present.append(name)
-        else:
-            folder.mkdir(parents=True, exist_ok=True)
-            atomic.write_bytes(path, result_lines(run.results))
-            imported.append(name)
-        if run.manifest is not None and not os.path.lexists(mpath):  # written last: an import cut short in
-            atomic.write_json(mpath, run.manifest)  # between is completed by the next one
+    imported: list[str] = []
+    present: list[str] = []
+    refused: list[Problem] = []
+    try:
+        with RunLock(folder):
+            for run in b.runs:
+                _import_run(b, run, folder, results_dir, imported, present, refused)
+    except OSError as exc:
+        return Outcome(tuple(imported), tuple(present), tuple(refused), exc.strerror or str(exc))
     return Outcome(tuple(imported), tuple(present), tuple(refused))
+
+
+def _import_run(b: Bundle, run: intake.Run, folder: Path, results_dir: Path, imported: list[str],
+                present: list[str], refused: list[Problem]) -> None:
+    name = f"{b.host_id}/{run.run_id}"
+    path = folder / f"{run.run_id}{intake.RESULTS_SUFFIX}"
+    mpath = folder / f"{run.run_id}{intake.MANIFEST_SUFFIX}"
+    if os.path.dirname(os.path.normpath(path)) != os.path.normpath(folder):  # ids forbid it; kept as a guard
+        refused.append(Problem(b.path, f"run {run.run_id[:30]!r} would land outside {folder}"))
+        return
+    if os.path.lexists(path):
+        have: list[Problem] = []
+        existing = intake.read_run(folder, b.host_id, run.run_id, have)
+        if not _same(existing.results, run.results):
+            refused.append(Problem(b.path, f"run {name} is already under {results_dir} with different "
+                                           "results; refused (nothing of it written)"))
+            return
+        present.append(name)
+        if run.manifest is not None and not os.path.lexists(mpath):  # an earlier import cut short: completed
+            atomic.write_json(mpath, run.manifest)
+        return
+    atomic.write_bytes(path, result_lines(run.results))
+    try:
+        if run.manifest is not None and not os.path.lexists(mpath):
+            atomic.write_json(mpath, run.manifest)
+    except BaseException:
+        path.unlink(missing_ok=True)  # the run is written whole or not at all
+        raise
+    imported.append(name)
 
 
 def _same(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:

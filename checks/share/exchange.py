@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checks.results import hostfacts, ids, provenance
+from checks.results.store import StoreBusy
 from checks.share import bundle, intake
 from checks.share.intake import Problem
 from checks.share.scrub import Identity, Scrubber
@@ -98,9 +99,12 @@ def import_bundles(opts: ImportOptions) -> int:
             print(f"note: {intake._shown(path)}: {intake._shown(str(w)[:300])}", file=sys.stderr)
         try:
             outcome = bundle.import_bundle(b, opts.results, own)
-        except OSError as exc:
-            print(f"checks import: cannot write under {intake._shown(opts.results)}: {exc.strerror or exc}",
-                  file=sys.stderr)
+        except StoreBusy as exc:
+            print(f"checks import: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:  # the host folder could not be made or locked: nothing written
+            print(f"checks import: cannot write under {intake._shown(opts.results)}: {exc.strerror or exc}; "
+                  "nothing of this bundle written", file=sys.stderr)
             return 2
         _warn(outcome.refused)
         if outcome.refused:
@@ -109,6 +113,11 @@ def import_bundles(opts: ImportOptions) -> int:
             print(f"imported {name}", file=sys.stderr)
         for name in outcome.present:
             print(f"already present: {name} (same results); skipped", file=sys.stderr)
+        if outcome.error:
+            print(f"checks import: stopped writing under {intake._shown(opts.results)}: {outcome.error}; "
+                  f"written: {', '.join(outcome.imported) or 'nothing'}; the run it stopped at is not there",
+                  file=sys.stderr)
+            return 2
     if code < 2:
         print(f"next: `checks validate {opts.results}` and `checks report --results {opts.results}`",
               file=sys.stderr)
