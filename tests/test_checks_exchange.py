@@ -37,7 +37,11 @@ def _section(md: str, host: str) -> str:
     return md[start:] if end < 0 else md[start:end]
 
 
-def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(tmp_path: Path) -> None:
+def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # shared as from a machine of no name: NCCL's log lines in these results carry the recording host's
+    # name, which this machine may share (both were "vm"), and would then be scrubbed, rightly
+    monkeypatch.setattr(Identity, "here", classmethod(lambda cls: cls()))
     whole = tmp_path / "whole"
     shutil.copytree(committed(), whole / "results")
     path = tmp_path / "h2.bundle.json"
@@ -346,3 +350,22 @@ def test_an_import_onto_a_full_disk_writes_whole_runs_and_lists_them(tmp_path: P
     written = [ln for ln in p.stderr.splitlines() if ln.startswith("imported ")]
     assert sorted(w.removeprefix(f"imported {H2}/") for w in written) == sorted(runs)
     assert "the run it stopped at is not there" in p.stderr
+
+
+def test_short_host_and_user_names_and_the_machines_domain_are_scrubbed_where_they_name_it() -> None:
+    from checks.share.scrub import domains_of
+
+    assert domains_of({"n1", "n1.corp.example.com"}) == ("corp.example.com",)
+    assert domains_of({"box.local", "box"}) == ()  # a local-only suffix is no domain
+    s = Scrubber(Identity(("n1.corp.example.com", "n1"), ("ab",), (), domains_of({"n1.corp.example.com"})))
+    cases = {
+        "failed on n1 for ab": "failed on <host> for <user>",
+        "NCCL_COMM_ID=n1:29500": "NCCL_COMM_ID=n1:29500",  # glued to '=': not a word of its own
+        "addr n1:29500, peers [n1, n2]": "addr <host>:29500, peers [<host>, n2]",
+        "sm_n1 n1.0 ab12 tab (ab)": "sm_n1 n1.0 ab12 tab (<user>)",
+        "see https://wiki.corp.example.com/x on n1.corp.example.com": "see https://wiki.<domain>/x on <host>",
+    }
+    for text, want in cases.items():
+        assert s.text(text) == want, text
+    assert s.counts["domain name"] == 1 and s.counts["host name"] == 4 and s.counts["user name"] == 2
+    assert "domain name: 1" in s.summary()

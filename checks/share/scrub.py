@@ -3,7 +3,8 @@
 ``checks share`` passes every string of a bundle (keys too) through :func:`text`; ``scrub`` walks a JSON
 value without recursion and returns a scrubbed copy with a count per kind of what it replaces:
 
-- this machine's host names (short and fully qualified) and user name, as whole words;
+- this machine's host names (short and fully qualified), its DNS domain and user name, as whole words (a
+  name of one or two characters only where it stands alone);
 - home folders: this user's ``$HOME``, ``/root``, ``/home/<name>``, ``/Users/<name>``, ``C:\\Users\\<name>``;
 - IPv4, IPv6 and MAC addresses, GPU and MIG UUIDs;
 - credentials inside values: ``user:password@`` in URLs and NCCL/Gloo addresses, ``password=...``-style
@@ -29,7 +30,9 @@ from checks.results.hostfacts import SECRET
 
 REDACTED = "<redacted>"
 GENERIC_NAMES = frozenset({"localhost", "root", "user", "admin", "ubuntu", "debian", "runner", "nobody", "docker"})
-MIN_NAME = 3  # shorter host and user names are not scrubbed as words: they would hit ordinary text
+# Names of one or two characters are scrubbed only where nothing but spaces, quotes, brackets and ends of
+# text stand beside them, so "n1" goes where it names the host but "sm_n1" or "n1.0" stay as written.
+SHORT_NAME = 3
 
 _RULES: tuple[tuple[str, re.Pattern[str], str], ...] = (
     ("credential", re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@:]+:[^\s/@]*@"), r"\1" + REDACTED + "@"),
@@ -71,6 +74,7 @@ class Identity:
     hostnames: tuple[str, ...] = ()
     users: tuple[str, ...] = ()
     homes: tuple[str, ...] = ()
+    domains: tuple[str, ...] = ()  # the DNS domain of the host's fully qualified name ("corp.example.com")
 
     @classmethod
     def here(cls) -> Identity:
@@ -80,12 +84,31 @@ class Identity:
         with contextlib.suppress(KeyError, OSError):  # no passwd entry for this uid (a container)
             users.add(getpass.getuser())
         homes = {str(Path.home())} if Path.home() != Path("/") else set()
-        return cls(_names(hosts), _names(users), tuple(sorted(h for h in homes if len(h) > 1)))
+        return cls(_names(hosts), _names(users), tuple(sorted(h for h in homes if len(h) > 1)),
+                   domains_of(hosts))
+
+
+def domains_of(hosts: set[str]) -> tuple[str, ...]:
+    """The domains of fully qualified host names (``gpu7.corp.example.com`` -> ``corp.example.com``); a
+    one-label remainder (a bare top-level domain) or a local-only suffix is no domain worth scrubbing."""
+    out = set()
+    for h in hosts:
+        label, _, rest = h.partition(".")
+        if label and "." in rest and rest.lower() not in ("localdomain", "local", "lan", "home.arpa"):
+            out.add(rest)
+    return tuple(sorted(out, key=lambda v: (-len(v), v)))
 
 
 def _names(values: set[str]) -> tuple[str, ...]:
-    return tuple(sorted((v for v in values if len(v) >= MIN_NAME and v.lower() not in GENERIC_NAMES),
-                        key=lambda v: (-len(v), v)))
+    return tuple(sorted((v for v in values if v and v.lower() not in GENERIC_NAMES), key=lambda v: (-len(v), v)))
+
+
+def _word(name: str, flags: str = "") -> re.Pattern[str]:
+    """``name`` as a whole word; a short one only between spaces, quotes, brackets or the text's ends (and
+    before a port's colon or a list's comma)."""
+    if len(name) >= SHORT_NAME:
+        return re.compile(flags + r"(?<![\w-])" + re.escape(name) + r"(?![\w-])")
+    return re.compile(flags + r"(?<![^\s\"'(\[<])" + re.escape(name) + r"(?![^\s\"')\]>:,;])")
 
 
 @dataclass
@@ -99,9 +122,12 @@ class Scrubber:
             rules.append(("home path", re.compile(re.escape(home) + r"(?=/|\b|$)"), "~"))
         rules.extend(_RULES)
         for name in self.identity.hostnames:
-            rules.append(("host name", re.compile(r"(?i)(?<![\w-])" + re.escape(name) + r"(?![\w-])"), "<host>"))
+            rules.append(("host name", _word(name, "(?i)"), "<host>"))
+        for name in self.identity.domains:  # after the host names, so a whole FQDN reads <host>
+            rules.append(("domain name", re.compile(r"(?i)(?<![\w-])" + re.escape(name) + r"(?![\w-])"),
+                          "<domain>"))
         for name in self.identity.users:
-            rules.append(("user name", re.compile(r"(?<![\w-])" + re.escape(name) + r"(?![\w-])"), "<user>"))
+            rules.append(("user name", _word(name), "<user>"))
         self.rules = tuple(rules)
 
     def text(self, value: str) -> str:
