@@ -206,7 +206,8 @@ def test_page_renders_overview_picker_and_plots_in_chromium(tmp_path: Path) -> N
     assert max(seen["plot_lines"]) >= 5  # NCCL and four other backends on one plot
     assert any(n >= 8 for n in seen["plot_bars"])  # the estimate's bars
     assert seen["status_tags"] > 100 and seen["status_tag_boxes_ok"] and not seen["emoji"]
-    assert picked_cpu["nogpu_sections"] == [True] and not any(picked_cpu["gpu_sections"])
+    # picking one GPU-less host shows that host alone
+    assert picked_cpu["nogpu_sections"].count(True) == 1 and not any(picked_cpu["gpu_sections"])
     assert filtered["rows"] > 0 and filtered["rows_without_bad"] == 0
     assert unfiltered["rows"] > filtered["rows"]
     assert errors == []
