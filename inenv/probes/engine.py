@@ -41,43 +41,44 @@ SPEC = ProbeSpec(
 class Gate:
     """One piece of an engine's backend rule: where it lives and what it limits."""
 
-    name: str  # the id results use, the same for both engines where the meaning is the same
+    name: str  # the id results use, one meaning for every engine
     module: str
     attribute: str  # dotted inside the module: "CustomAllreduce._SUPPORTED_WORLD_SIZES"
     backend: str  # the stackprobe backend it gates (ar-latency's names)
-    meaning: str
 
 
-_VLLM = "vllm.distributed.device_communicators"
-_SGL = "sglang.srt.distributed.device_communicators"
+# gate -> the backend it gates and what it holds; the same for every engine
+MEANING = {
+    "custom-ar-world-sizes": ("custom-ar", "world sizes the custom allreduce accepts"),
+    "custom-ar-max-bytes": ("custom-ar", "largest message in bytes the custom allreduce takes (per compute "
+                            "capability and world size, or one limit)"),
+    "symm-mem-max-bytes": ("symm-mem", "largest message in bytes the symmetric-memory allreduce takes, per "
+                           "compute capability and world size"),
+    "symm-mem-multimem-world-sizes": ("symm-mem", "world sizes that use the multimem (multicast) kernel, per "
+                                      "compute capability"),
+    "pcie-ipc-world-sizes": ("pcie-ipc", "world sizes the PCIe IPC allreduce accepts"),
+}
+# engine -> (its distribution, the package its gates live under, gate -> (module, attribute) there)
+WHERE: dict[str, tuple[str, str, dict[str, tuple[str, str]]]] = {
+    "vllm": ("vllm", "vllm.distributed.device_communicators", {
+        "custom-ar-world-sizes": ("custom_all_reduce", "CustomAllreduce._SUPPORTED_WORLD_SIZES"),
+        "custom-ar-max-bytes": ("all_reduce_utils", "CUSTOM_ALL_REDUCE_MAX_SIZES"),
+        "symm-mem-max-bytes": ("all_reduce_utils", "SYMM_MEM_ALL_REDUCE_MAX_SIZES"),
+        "symm-mem-multimem-world-sizes": ("symm_mem", "SymmMemCommunicator._WORLD_SIZES_MULTIMEM"),
+        "pcie-ipc-world-sizes": ("flashinfer_pcie_ipc_all_reduce", "_SUPPORTED_WORLD_SIZES"),
+    }),
+    "sglang": ("sglang", "sglang.srt.distributed.device_communicators", {
+        "custom-ar-world-sizes": ("custom_all_reduce", "CustomAllreduce._SUPPORTED_WORLD_SIZES"),
+        "custom-ar-max-bytes": ("custom_all_reduce", "CustomAllreduce._MAX_CAR_SIZE"),
+        "symm-mem-max-bytes": ("all_reduce_utils", "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES"),
+        "symm-mem-multimem-world-sizes": ("torch_symm_mem", "TorchSymmMemCommunicator._WORLD_SIZES_MULTIMEM"),
+        "pcie-ipc-world-sizes": ("pcie_ipc_ar", "_SUPPORTED_WORLD_SIZES"),
+    }),
+}
 ENGINES: dict[str, tuple[str, tuple[Gate, ...]]] = {  # engine -> (distribution, its gates)
-    "vllm": ("vllm", (
-        Gate("custom-ar-world-sizes", f"{_VLLM}.custom_all_reduce", "CustomAllreduce._SUPPORTED_WORLD_SIZES",
-             "custom-ar", "world sizes the custom allreduce accepts"),
-        Gate("custom-ar-max-bytes", f"{_VLLM}.all_reduce_utils", "CUSTOM_ALL_REDUCE_MAX_SIZES", "custom-ar",
-             "largest message in bytes the custom allreduce takes, by compute capability and world size"),
-        Gate("symm-mem-max-bytes", f"{_VLLM}.all_reduce_utils", "SYMM_MEM_ALL_REDUCE_MAX_SIZES", "symm-mem",
-             "largest message in bytes the symmetric-memory allreduce takes, by compute capability and world "
-             "size"),
-        Gate("symm-mem-multimem-world-sizes", f"{_VLLM}.symm_mem", "SymmMemCommunicator._WORLD_SIZES_MULTIMEM",
-             "symm-mem", "world sizes that use the multimem (multicast) kernel, by compute capability"),
-        Gate("pcie-ipc-world-sizes", f"{_VLLM}.flashinfer_pcie_ipc_all_reduce", "_SUPPORTED_WORLD_SIZES",
-             "pcie-ipc", "world sizes the flashinfer PCIe IPC allreduce accepts"),
-    )),
-    "sglang": ("sglang", (
-        Gate("custom-ar-world-sizes", f"{_SGL}.custom_all_reduce", "CustomAllreduce._SUPPORTED_WORLD_SIZES",
-             "custom-ar", "world sizes the custom allreduce accepts"),
-        Gate("custom-ar-max-bytes", f"{_SGL}.custom_all_reduce", "CustomAllreduce._MAX_CAR_SIZE", "custom-ar",
-             "largest message in bytes the custom allreduce takes (one limit for every architecture)"),
-        Gate("symm-mem-max-bytes", f"{_SGL}.all_reduce_utils", "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES", "symm-mem",
-             "largest message in bytes the torch symmetric-memory allreduce takes, by compute capability major "
-             "and world size"),
-        Gate("symm-mem-multimem-world-sizes", f"{_SGL}.torch_symm_mem",
-             "TorchSymmMemCommunicator._WORLD_SIZES_MULTIMEM", "symm-mem",
-             "world sizes that use the multimem (multicast) kernel, by compute capability major"),
-        Gate("pcie-ipc-world-sizes", f"{_SGL}.pcie_ipc_ar", "_SUPPORTED_WORLD_SIZES", "pcie-ipc",
-             "world sizes the PCIe IPC allreduce accepts"),
-    )),
+    engine: (dist, tuple(Gate(name, f"{package}.{module}", attr, MEANING[name][0])
+                         for name, (module, attr) in where.items()))
+    for engine, (dist, package, where) in WHERE.items()
 }
 
 
