@@ -532,3 +532,24 @@ def test_an_output_under_a_file_or_a_device_is_refused() -> None:
     assert "is not a directory" in outputs.problem(Path("/dev/null/x.md"), "--out")
     assert "is not a directory" in outputs.problem(Path("/dev/null/x/y.md"), "--out")
     assert outputs.problem(Path("/nonexistent-dir-for-test/x.md"), "--out") is None  # made on write
+
+
+def test_a_gpu_name_from_a_manifest_reaches_no_heading_as_markup(tmp_path: Path) -> None:
+    """The host heading, its table row and the page's heading and picker show a crafted GPU name as text."""
+    from checks.cli import main
+
+    res = tmp_path / "results"
+    shutil.copytree(committed() / "h200x2-5bce98f7", res / "h200x2-5bce98f7")
+    payload = "H200 [x](javascript:alert(1)) <img src=x onerror=alert(2)> `$(id)` | cell"
+    for m in (res / "h200x2-5bce98f7").glob("*.manifest.json"):
+        data = json.loads(m.read_text())
+        data["facts"]["gpu_name"] = payload
+        m.write_text(json.dumps(data))
+    out = tmp_path / "c.md"
+    assert main(["report", "--results", str(res), "--out", str(out)]) == 0
+    md = out.read_text()
+    heading = next(ln for ln in md.splitlines() if ln.startswith("## ") and "h200x2-5bce98f7" in ln)
+    assert "](" not in heading and "<img" not in heading and "`$(id)`" not in heading and " | cell" not in heading
+    assert "javascript:alert(1)" in heading  # shown as text, not dropped
+    page = out.with_suffix(".html").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(2)&gt;" in page
