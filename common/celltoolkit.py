@@ -14,6 +14,25 @@ UNSET = ("CUDA_PATH", "FLASHINFER_NVCC")
 CUDA_LIB = ("targets", "x86_64-linux", "lib")
 
 
+# What a full venv cell's processes keep of the caller's environment, as an image's container would have it:
+# who and where (the rest an image never sees: LD_LIBRARY_PATH, CPATH, LIBRARY_PATH, NVCC_APPEND_FLAGS,
+# TORCH_CUDA_ARCH_LIST, PYTHONPATH, the caller's NCCL_* settings...), stackprobe's own settings, and of
+# LD_LIBRARY_PATH only the folders holding the GPU driver's libcuda, which a container is given too.
+KEEP = frozenset({"HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "SHELL", "PATH"})
+KEEP_PREFIXES = ("LC_", "STACKPROBE_")
+DRIVER_LIB = "libcuda.so.1"
+
+
+def base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of ``environ`` a full venv cell starts from (KEEP, KEEP_PREFIXES, the driver's folders)."""
+    out = {k: v for k, v in environ.items() if k in KEEP or k.startswith(KEEP_PREFIXES)}
+    driver = [d for d in environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+              if d and os.path.exists(os.path.join(d, DRIVER_LIB))]
+    if driver:
+        out["LD_LIBRARY_PATH"] = os.pathsep.join(driver)
+    return out
+
+
 def without_nvcc(path: str, keep: Sequence[str] = ()) -> str:
     """``path`` without the directories that hold an ``nvcc`` (a host toolkit's bin/, a wrapper script in
     /usr/local/bin), except those in ``keep``: flashinfer and torch take the first nvcc on PATH when CUDA_HOME

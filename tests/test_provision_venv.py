@@ -495,3 +495,47 @@ def test_a_committed_lock_naming_the_catalog_at_its_earlier_path_is_still_the_sa
     assert venvbuild._same_inputs(folder, r)
     (folder / "requirements.in").write_text(text.replace("flashinfer-python==0.7.4", "flashinfer-python==0.7.3"))
     assert not venvbuild._same_inputs(folder, r)
+
+
+HOST_ONLY = {"LD_LIBRARY_PATH": "/opt/host/lib", "CPATH": "/opt/host/include", "LIBRARY_PATH": "/opt/host/lib",
+             "NVCC_APPEND_FLAGS": "-I/opt/host/include", "NVCC_PREPEND_FLAGS": "-ccbin /opt/host/gcc",
+             "TORCH_CUDA_ARCH_LIST": "8.0", "PYTHONPATH": "/opt/host/site", "PYTHONHOME": "/opt/host/py",
+             "NCCL_ALGO": "Tree", "LD_PRELOAD": "/opt/host/libhook.so", "CUDA_PATH": "/opt/host/cuda"}
+
+
+def test_a_full_venv_cells_processes_never_see_the_hosts_build_and_loader_variables(tmp_path: Path) -> None:
+    """What a process of a full venv cell gets is what the cell's container would: none of the host variables
+    above, its own PATH, PYTHONPATH and CUDA_HOME, the user's HOME and stackprobe's own settings; of
+    LD_LIBRARY_PATH only a folder holding the driver's libcuda. An overlay cell runs in its base's (the host's)
+    environment, so the host's variables reach it."""
+    driver = tmp_path / "driver"
+    driver.mkdir()
+    (driver / "libcuda.so.1").write_bytes(b"")
+    folder = tmp_path / "envs" / CELL
+    folder.mkdir(parents=True)
+    venv = tmp_path / "venvs" / CELL
+    rec = {"backend": "venv", "status": "built", "python": sys.executable, "venv": str(venv),
+           "path": [str(venv / "bin")], "cuda_home": None, "base_python": None}
+    (folder / "build-venv.json").write_text(json.dumps(rec))
+    host = {**HOST_ONLY, "LD_LIBRARY_PATH": f"/opt/host/lib:{driver}", "PATH": "/usr/bin:/bin", "HOME": "/root",
+            "STACKPROBE_LEVEL": "quick", "LANG": "C.UTF-8"}
+    got = venvcell.read(tmp_path / "envs", CELL, host)
+    assert got.hermetic
+    with patch.dict("os.environ", host, clear=True):
+        env = LocalExecutor(sys.executable, "venv", got.env, hermetic=got.hermetic).env()
+    seen = json.loads(subprocess.run([sys.executable, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                                     env=env, capture_output=True, text=True, check=True).stdout)
+    for name in HOST_ONLY:
+        if name in ("LD_LIBRARY_PATH", "PYTHONPATH"):
+            continue
+        assert name not in seen, name
+    assert seen["LD_LIBRARY_PATH"] == str(driver)
+    assert seen["PYTHONPATH"] == str(CODE_ROOT) and seen["CUDA_HOME"] == str(venv / "cuda")
+    assert seen["HOME"] == "/root" and seen["STACKPROBE_LEVEL"] == "quick" and seen["LANG"] == "C.UTF-8"
+    # an overlay cell: its base environment is the host's
+    (folder / "build-venv.json").write_text(json.dumps({**rec, "base_python": "/usr/bin/python3"}))
+    over = venvcell.read(tmp_path / "envs", CELL, host)
+    assert not over.hermetic
+    with patch.dict("os.environ", host, clear=True):
+        env = LocalExecutor(sys.executable, "venv", over.env, hermetic=over.hermetic).env()
+    assert env["NVCC_APPEND_FLAGS"] == HOST_ONLY["NVCC_APPEND_FLAGS"] and env["NCCL_ALGO"] == "Tree"

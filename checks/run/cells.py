@@ -54,7 +54,7 @@ def venv(opts: RunOptions) -> Cells:
         versions = {**pc.versions, **({"from_base": vc.from_base} if vc.from_base else {})}
         cells.append(CellTarget(pc.cell_id, pc.status, pc.reason, versions, vc.python, vc.state, vc.reason))
         if vc.state is ImageState.BUILT and vc.python:
-            executors[pc.cell_id] = LocalExecutor(vc.python, venvcell.BACKEND, vc.env)
+            executors[pc.cell_id] = LocalExecutor(vc.python, venvcell.BACKEND, vc.env, hermetic=vc.hermetic)
     return cells, executors
 
 

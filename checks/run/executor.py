@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from checks.results.hostfacts import safe_env
 from checks.results.result import Verdict
 from checks.run import classify, isolate
+from common.celltoolkit import base_env
 from common.reasons import Catalogue
 from inenv import gpugate
 from inenv.kit import _compile_cache
@@ -168,6 +169,9 @@ class LocalExecutor:
     name: str = "local"
     extra_env: tuple[tuple[str, str], ...] = ()  # set last, over the runner's own environment; "" unsets
     run_env: RunEnv = ()  # the run's settings for this cell (run_env()), before extra_env
+    # True for a full venv cell: its processes start from what an image's container would have of the
+    # runner's environment (common.celltoolkit.base_env), not from all of it
+    hermetic: bool = False
 
     def __post_init__(self) -> None:
         resolved = shutil.which(self.python) if os.sep not in self.python else self.python
@@ -179,7 +183,7 @@ class LocalExecutor:
         return f"--python {self.python}" if self.name == "local" else f"{self.name} cell {self.python}"
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = base_env(os.environ) if self.hermetic else dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.pop("VIRTUAL_ENV", None)  # the interpreter chosen, not the venv stackprobe itself runs in

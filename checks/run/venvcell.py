@@ -25,6 +25,7 @@ class VenvCell:
     reason: str = ""
     env: tuple[tuple[str, str], ...] = ()  # set for the ranks on top of the runner's environment
     from_base: str = ""  # e.g. "torch, triton, nvidia-*, cuda-* +12 others"; "" for a full cell
+    hermetic: bool = True  # a full cell; an overlay cell runs in its base environment's, the host's
 
 
 def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -54,4 +55,5 @@ def read(envs_dir: Path, cell_id: str, environ: Mapping[str, str] = os.environ) 
     python = str(record.get("python") or "")
     if not python or not os.access(python, os.X_OK):
         return VenvCell(ImageState.MISSING, reason=f"the venv's interpreter {python or '?'} is gone: rerun {build}")
-    return VenvCell(ImageState.BUILT, python, "", rank_env(record, environ), str(record.get("from_base_summary") or ""))
+    return VenvCell(ImageState.BUILT, python, "", rank_env(record, environ), str(record.get("from_base_summary") or ""),
+                    hermetic=not record.get("base_python"))
