@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from common import backend
 from common.caches import CODE_ROOT, compile_cache_dir
-from common.celltoolkit import cell_env
+from common.celltoolkit import base_env, cell_env
 from inenv import atomic
 from inenv.kit import _carried
 from inenv.kit._compile_cache import CELL_ENV
@@ -174,7 +174,9 @@ class VenvCarrier:
     cache: Path | None
 
     def _python_env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """The cell's environment, as its ranks get it: a full cell's from what its container would have of
+        ours (no host NVCC_APPEND_FLAGS or CPATH changes what it compiles), an overlay cell's from its base's."""
+        env = dict(os.environ) if self.rec.get("base_python") else base_env(os.environ)
         for name, value in cell_env(self.rec, os.environ, CODE_ROOT):
             if value:
                 env[name] = value
