@@ -158,3 +158,16 @@ def test_a_run_dated_in_the_future_or_spelled_with_other_digits_is_no_run(tmp_pa
     (tmp_path / "2099\u0661101T000000Z-0000.jsonl").touch()  # Arabic-Indic 1
     (tmp_path / "20261399T000000Z-0000.jsonl").touch()  # month 13
     assert latest_run(tmp_path) == a
+
+
+def test_a_new_run_sorts_after_a_run_of_the_same_second(tmp_path: Path) -> None:
+    """Runs of one second would sort by their random part; the new one must be the folder's newest."""
+    from checks.results.store import next_run_id
+
+    now = new_run_id()
+    (tmp_path / f"{now[:16]}-ffff.jsonl").touch()  # the highest random part this second can have
+    got = next_run_id(tmp_path)
+    assert got[:16] > now[:16]
+    (tmp_path / f"{got}.jsonl").touch()
+    assert latest_run(tmp_path) == got
+    assert next_run_id(tmp_path / "empty")[:16] >= got[:16]

@@ -66,6 +66,18 @@ def new_run_id(now: datetime | None = None) -> str:
     return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
 
 
+def next_run_id(folder: Path) -> str:
+    """A new run id that sorts after the runs already in ``folder``: two runs started in one second would
+    otherwise sort by their random part, and the older could pass for the newest (the run reuse and --resume
+    continue from). Waits for the next second when the folder's newest run has this one's."""
+    while True:
+        run_id = new_run_id()
+        last = latest_run(folder)
+        if last is None or last[:16] != run_id[:16]:
+            return run_id
+        time.sleep(max(0.01, 1.0 - datetime.now(UTC).microsecond / 1e6))
+
+
 def where(path: Path, line: int | None = None) -> str:
     """A path (and line) for a warning, printable whatever bytes its name holds."""
     return ids.shown(str(path)) + (f":{line}" if line is not None else "")

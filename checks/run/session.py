@@ -30,7 +30,7 @@ from checks.report.report import generate
 from checks.results import hostfacts, incremental, manifest, provenance
 from checks.results.provenance import Checkout
 from checks.results.result import ProbeResult
-from checks.results.store import RunLock, RunStore, latest_run, new_run_id, read_manifest
+from checks.results.store import RunLock, RunStore, latest_run, next_run_id, read_manifest
 from checks.run import runconsole, runprogress
 from checks.run.backend import Backend, Targets
 from checks.run.backends import BACKENDS, resolve
@@ -129,7 +129,8 @@ def unchanged(opts: RunOptions, ready: Prepared) -> bool:
     without running): then the quick pass before it would only write a table the full pass writes again.
     The full pass takes ``ready`` either way instead of preparing it again. Never asked for a resumed or
     --fresh run."""
-    store = RunStore(opts.results, str(ready.targets.facts["host_id"]), new_run_id())  # no file until news
+    host_id = str(ready.targets.facts["host_id"])
+    store = RunStore(opts.results, host_id, next_run_id(opts.results / host_id))  # no file until news
     return not any(it.runs for it in reuse(opts, ready.planned, store).items)
 
 
@@ -240,7 +241,7 @@ def open_store(opts: RunOptions, host_id: str, staged: bool = False) -> RunStore
             return None
         if level != opts.level:
             latest = None
-    return RunStore(opts.results, host_id, latest or new_run_id())
+    return RunStore(opts.results, host_id, latest or next_run_id(folder))
 
 
 def reuse(opts: RunOptions, planned: Planned, store: RunStore,
