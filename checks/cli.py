@@ -176,9 +176,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _writable(*paths: tuple[Path, str]) -> None:
     """Refuse, in one line, an output path that is not a new name or a regular file (common.outputs)."""
-    for path, what in paths:
-        if (why := outputs.problem(path, what)) is not None:
-            raise UsageError(why)
+    if (why := outputs.first_problem(paths)) is not None:
+        raise UsageError(why)
 
 
 # --- advise, diff: decisions from recorded results only --------------------------------------------------------

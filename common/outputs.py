@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def first_problem(paths: Iterable[tuple[Path, str]]) -> str | None:
+    """The first of ``problem(path, what)`` over (path, what) pairs that is not None."""
+    return next((why for path, what in paths if (why := problem(path, what)) is not None), None)
 
 
 def problem(path: Path, what: str) -> str | None:

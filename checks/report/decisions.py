@@ -106,10 +106,9 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
             meas = measured(latest, c, n, model.name, batch, draft, order) if model is not None else None
             shared = checked_shared(latest, c, n, model.name) if model is not None and meas is None else ()
             usable = tuple(x.backend for x in a.curves if launch.usable(x.backend, a, engines, sglang_pins))
-            off = tuple(f"{g.engine} {g.version} in this cell: its own gate data admits no {b} at tp {n} here: "
-                        f"{line.text}"
-                        for b in a.used for g in gates if g.cell_id == c for n in (a.ranks,)
-                        for line in g.off_for(b, n))
+            off = tuple(f"{g.engine} {g.version} in this cell: its own gate data admits no {b} at tp {a.ranks} "
+                        f"here: {line.text}"
+                        for b in a.used for g in gates if g.cell_id == c for line in g.off_for(b, a.ranks))
             out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas, shared, off))
     green = tuple(g for g in nearest_green(latest) if cell is None or g.cell_id == cell)
     return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),

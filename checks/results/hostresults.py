@@ -78,9 +78,9 @@ def load_all(results_dir: Path) -> tuple[dict[str, HostResults], list[str]]:
             manifest, why = read_manifest(path.with_name(f"{run_id}.manifest.json"))
             if manifest is not None and isinstance(manifest.get("facts"), Mapping):
                 facts = dict(manifest["facts"])  # runs are in time order: the newest wins
-            if manifest is not None and manifest.get("executor") in EXECUTORS:
-                executors[run_id] = str(manifest["executor"])
             elif why:
                 warnings.append(why)
+            if manifest is not None and manifest.get("executor") in EXECUTORS:
+                executors[run_id] = str(manifest["executor"])
         out[host] = HostResults(host, tuple(r for r, _ in runs), tuple(results), facts, tuple(warnings), executors)
     return out, skipped

@@ -71,9 +71,9 @@ class RunOptions:
         """The options themselves when they are consistent; else UsageError naming the option."""
         if self.timeout_scale <= 0:
             raise UsageError("checks run: --timeout-scale must be > 0")
-        for path in (self.report, self.report.with_suffix(".html")) if self.report is not None else ():
-            if (why := outputs.problem(path, "checks run: --report")) is not None:
-                raise UsageError(why)
+        reports = (self.report, self.report.with_suffix(".html")) if self.report is not None else ()
+        if (why := outputs.first_problem((p, "checks run: --report") for p in reports)) is not None:
+            raise UsageError(why)
         if self.jobs < 1:
             raise UsageError(f"checks run: --jobs {self.jobs}: give 1 or more")
         if self.backend not in BACKEND_CHOICES:

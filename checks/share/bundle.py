@@ -269,7 +269,8 @@ def import_bundle(b: Bundle, results_dir: Path, own_host: str = "") -> Outcome:
     run id there with different results is refused; a bundle naming this machine (``own_host``) or
     contradicting the GPUs of the host it names is refused whole (claim_problem). A run is all or nothing:
     when its manifest cannot be written its results file is removed again, and the import stops there with
-    what it wrote so far and the error (``Outcome.error``). StoreBusy propagates."""
+    what it wrote so far and the error (``Outcome.error``). StoreBusy, and an OSError making or locking the
+    host folder, propagate."""
     if (claim := claim_problem(b, results_dir, own_host)) is not None:
         return Outcome(refused=(claim,))
     folder = results_dir / b.host_id
@@ -278,12 +279,12 @@ def import_bundle(b: Bundle, results_dir: Path, own_host: str = "") -> Outcome:
     imported: list[str] = []
     present: list[str] = []
     refused: list[Problem] = []
-    try:
-        with RunLock(folder):
+    with RunLock(folder):  # a folder that cannot be made or locked propagates: nothing written
+        try:
             for run in b.runs:
                 _import_run(b, run, folder, results_dir, imported, present, refused)
-    except OSError as exc:
-        return Outcome(tuple(imported), tuple(present), tuple(refused), exc.strerror or str(exc))
+        except OSError as exc:
+            return Outcome(tuple(imported), tuple(present), tuple(refused), exc.strerror or str(exc))
     return Outcome(tuple(imported), tuple(present), tuple(refused))
 
 
