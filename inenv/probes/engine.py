@@ -47,17 +47,13 @@ class Gate:
     backend: str  # the stackprobe backend it gates (ar-latency's names)
 
 
-# gate -> the backend it gates and what it holds; the same for every engine
-MEANING = {
-    "custom-ar-world-sizes": ("custom-ar", "world sizes the custom allreduce accepts"),
-    "custom-ar-max-bytes": ("custom-ar", "largest message in bytes the custom allreduce takes (per compute "
-                            "capability and world size, or one limit)"),
-    "symm-mem-max-bytes": ("symm-mem", "largest message in bytes the symmetric-memory allreduce takes, per "
-                           "compute capability and world size"),
-    "symm-mem-multimem-world-sizes": ("symm-mem", "world sizes that use the multimem (multicast) kernel, per "
-                                      "compute capability"),
-    "pcie-ipc-world-sizes": ("pcie-ipc", "world sizes the PCIe IPC allreduce accepts"),
-}
+# gate -> the stackprobe backend it gates, the same for every engine. What each holds:
+# custom-ar-world-sizes, pcie-ipc-world-sizes: the world sizes that allreduce accepts;
+# custom-ar-max-bytes, symm-mem-max-bytes: its largest message in bytes (per compute capability and world size,
+# or one limit); symm-mem-multimem-world-sizes: the world sizes that use the multimem (multicast) kernel, per
+# compute capability.
+BACKEND = {"custom-ar-world-sizes": "custom-ar", "custom-ar-max-bytes": "custom-ar", "symm-mem-max-bytes": "symm-mem",
+           "symm-mem-multimem-world-sizes": "symm-mem", "pcie-ipc-world-sizes": "pcie-ipc"}
 # engine -> (its distribution, the package its gates live under, gate -> (module, attribute) there)
 WHERE: dict[str, tuple[str, str, dict[str, tuple[str, str]]]] = {
     "vllm": ("vllm", "vllm.distributed.device_communicators", {
@@ -76,7 +72,7 @@ WHERE: dict[str, tuple[str, str, dict[str, tuple[str, str]]]] = {
     }),
 }
 ENGINES: dict[str, tuple[str, tuple[Gate, ...]]] = {  # engine -> (distribution, its gates)
-    engine: (dist, tuple(Gate(name, f"{package}.{module}", attr, MEANING[name][0])
+    engine: (dist, tuple(Gate(name, f"{package}.{module}", attr, BACKEND[name])
                          for name, (module, attr) in where.items()))
     for engine, (dist, package, where) in WHERE.items()
 }
