@@ -84,7 +84,7 @@ def test_an_advised_backend_the_engine_in_the_cell_does_not_admit_is_flagged(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The 2x H200 fixture advises flashinfer-custom-ar at tp 2. An engine in that cell whose custom
     allreduce lists only 4 and 8 is shown beside the advice; the same engine listing 2 is not."""
-    line = json.loads((FIXTURE / HOST / "20261204T013354Z-3d16.jsonl").read_text().splitlines()[0])
+    line = json.loads((FIXTURE / HOST / "20261204T020803Z-d866.jsonl").read_text().splitlines()[0])
     assert line["variant"] == "ranks=1,engine=vllm"
 
     def with_sizes(sizes: list[int]) -> str:
