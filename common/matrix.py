@@ -17,7 +17,7 @@ from common.yamlsrc import load as load_yaml
 from inenv.gpuarch import TargetError, parse_target
 
 AXES: tuple[str, ...] = ("cuda", "torch", "sgl_kernel", "flashinfer")
-EXTRA_KEYS: tuple[str, ...] = ("jit_cache", "kernel_archs")  # keys an include entry may attach to cells
+EXTRA_KEYS: tuple[str, ...] = ("jit_cache", "kernel_archs", "engine")  # keys an include entry may attach to cells
 TOP_KEYS = ("matrix", "description", "kernel_archs")
 # The GPU architectures a cell's carried flashinfer comm modules are compiled for when the matrix names none:
 # Hopper (9.0a: the H200 hosts the table has) and the Blackwell targets fi-jit cross-compiles (12.0a, 12.0f:
@@ -39,6 +39,7 @@ class Cell:
     flashinfer: str  # version or "none"
     jit_cache: bool = False  # also install flashinfer-jit-cache
     preset: str | None = None
+    engine: bool = False  # also install the preset's serving engine itself (vllm / sglang at its release)
     # what `provision build` compiles the cell's comm modules for; not part of what the cell is
     kernel_archs: tuple[str, ...] = field(default=DEFAULT_KERNEL_ARCHS, compare=False)
 
@@ -139,12 +140,15 @@ def _entry(src: Source, path: Path_, raw: Any, catalog: Catalog, allowed: tuple[
     for k, v in entry.items():
         if k in AXES:
             out[k] = _axis_value(src, path + (k,), k, v, catalog)
-        elif k == "jit_cache":
+        elif k in ("jit_cache", "engine"):
             if not isinstance(v, bool):
                 raise src.error(path + (k,), "expected true or false")
             out[k] = v
         elif k == "kernel_archs":
             out[k] = kernel_archs(src, path + (k,), v)
+    if out.get("engine") and "preset" not in out:
+        raise src.error(path + ("engine",), "engine: true installs a preset's engine release; add "
+                        "preset: vllm-<version> or sglang-<version> to this entry")
     return out
 
 
@@ -243,7 +247,7 @@ def expand(matrix: Matrix) -> Expansion:
     seen: set[Cell] = set()
     for c in combos:
         cell = Cell(c["cuda"], c["torch"], c["sgl_kernel"], c["flashinfer"], bool(c.get("jit_cache", False)),
-                    c.get("preset"), tuple(c.get("kernel_archs", matrix.kernel_archs)))
+                    c.get("preset"), bool(c.get("engine", False)), tuple(c.get("kernel_archs", matrix.kernel_archs)))
         if cell not in seen:
             seen.add(cell)
             cells.append(cell)

@@ -69,9 +69,25 @@ def torch_label(cell: Cell, catalog: Catalog) -> str:
     return stable_torch(cell, catalog) if cell.torch == "stable" else cell.torch
 
 
+def engine_label(cell: Cell, catalog: Catalog) -> str:
+    """``vllm0.33.0`` for a cell that carries its preset's engine; "" otherwise."""
+    preset = catalog.presets.get(cell.preset or "")
+    return f"{preset.engine}{preset.version}" if cell.engine and preset is not None else ""
+
+
 def cell_id(cell: Cell, catalog: Catalog) -> str:
     variant = catalog.cuda[cell.cuda].variant
-    return str(CellId(variant, torch_label(cell, catalog), cell.sgl_kernel, cell.flashinfer, cell.jit_cache))
+    return str(CellId(variant, torch_label(cell, catalog), cell.sgl_kernel, cell.flashinfer, cell.jit_cache,
+                      engine=engine_label(cell, catalog)))
+
+
+def _engine(cell: Cell, catalog: Catalog) -> Source | None:
+    """The serving engine itself, at the preset's release: its own pins are the cell's other axes."""
+    preset = catalog.presets.get(cell.preset or "")
+    if not cell.engine or preset is None:
+        return None
+    return Source(preset.engine, f"{preset.engine}=={preset.version}", "registry",
+                  f"the {preset.engine} {preset.version} release itself, with every requirement it declares")
 
 
 def _torch(cell: Cell, catalog: Catalog) -> tuple[Source, str]:
@@ -176,7 +192,10 @@ def resolve(cell: Cell, catalog: Catalog, reach: Reach | None = None) -> Resolve
         fi = _flashinfer(cell, catalog)
     except _Unavailable as e:
         return Resolved(cell, cid, UNAVAILABLE, str(e), asked)
-    sources = tuple(s for s in (torch_src, kernel, *fi) if s is not None)
+    engine = _engine(cell, catalog)
+    if engine is not None:
+        asked["engine"] = engine.requirement.replace("==", " ")
+    sources = tuple(s for s in (torch_src, kernel, *fi, engine) if s is not None)
     versions = dict(asked, torch_cuda=cuda.variant)
     indexes = tuple(dict.fromkeys(s.where for s in sources if s.where != "registry" and " @ " not in s.requirement))
     notes = tuple(f"{s.package}: {s.note}" for s in sources if s.note)

@@ -112,6 +112,20 @@ def toolkit_facts(compile_test: bool) -> dict[str, Any]:
     return out
 
 
+ENGINES = ("vllm", "sglang")  # serving engines an engine cell carries, by distribution name
+
+
+def engine_facts() -> dict[str, str]:
+    """Installed serving-engine distributions and their versions (metadata only: importing vLLM takes seconds)."""
+    out: dict[str, str] = {}
+    for name in ENGINES:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
 def collect(compile_test: bool = False) -> dict[str, Any]:
     return {
         "python": ".".join(map(str, sys.version_info[:3])),
@@ -119,6 +133,7 @@ def collect(compile_test: bool = False) -> dict[str, Any]:
         "sgl_kernel": kernel_facts(),
         "flashinfer": {"version": v} if (v := _dist_version("flashinfer")) else {},
         "toolkit": toolkit_facts(compile_test),
+        "engines": engine_facts(),
     }
 
 

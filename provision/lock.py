@@ -312,7 +312,7 @@ def write_dir_atomically(target: Path, files: dict[str, str]) -> None:
     atomic.replace_dir(target, files, keep=tuple(backend.RECORD_NAMES.values()))
 
 
-def cell_json(r: Resolved, lock: str, uv: str, ihash: str) -> dict[str, Any]:
+def cell_json(r: Resolved, lock: str, uv: str, ihash: str, layer: str = "") -> dict[str, Any]:
     exact = {
         "torch": pinned(lock, "torch") or r.versions.get("torch", ""),
         "sgl_kernel": pinned(lock, "sglang-kernel") or pinned(lock, "sgl-kernel") or "none",
@@ -332,8 +332,12 @@ def cell_json(r: Resolved, lock: str, uv: str, ihash: str) -> dict[str, Any]:
         "python": f">={PYTHON_FLOOR}",
         "uv": uv,
         "inputs_hash": ihash,
-        "torch_lock": torch_key(r),  # the torch build whose torch.lock this cell shares
+        "torch_lock": layer or torch_key(r),  # the torch build whose torch.lock this cell shares
     }
+    preset = load_catalog().presets.get(r.cell.preset or "")
+    if r.cell.engine and preset is not None:  # the serving engine the cell carries, checked in the built cell
+        out["cell"]["engine"] = True
+        out["expected"]["engine"] = f"{preset.engine}=={pinned(lock, preset.engine) or preset.version}"
     if r.expect:  # informational: what a probe is expected to find; the probe's result is the verdict
         out["expect"] = list(r.expect)
     if r.overrides:
@@ -376,6 +380,23 @@ def conflict_message(r: Resolved, differences: Sequence[str], uv_says: str = "")
             f"cell on that build shares as one image layer: {need}; change this cell's versions in the matrix")
 
 
+def engine_locks(r: Resolved, shared: str) -> tuple[str, str, str]:
+    """An engine cell's full lock, its torch.lock and the key that torch.lock is recorded under. Within its torch
+    build's shared torch.lock when the engine's pins allow it (one image layer for the whole build); else the
+    engine release's own resolution decides what sits beside torch, since its pins may contradict what torch
+    alone takes (vLLM 0.33.0 caps setuptools below the release torch 2.14.0 brings on its own), and torch's
+    closure in that resolution is the cell's own torch layer, under a key no other cell of the build takes."""
+    try:
+        return cell_lock(r, shared), shared, torch_key(r)
+    except TorchLockConflict:
+        lock = uv_compile(requirements_in(r), compile_args(r), r.overrides, guards(r))
+        return lock, closure_subset(lock, "torch"), own_layer_key(r)
+
+
+def own_layer_key(r: Resolved) -> str:
+    return hashlib.sha256(json.dumps([torch_key(r), requirements_in(r)]).encode()).hexdigest()[:16]
+
+
 def cell_lock(r: Resolved, torch_lock: str) -> str:
     """The cell's full lock, resolved within the pins of its torch build's torch.lock."""
     constraints = [*guards(r), *constraint_lines(torch_lock)]
@@ -412,22 +433,27 @@ def lock_cell(r: Resolved, envs: Path, uv: str, refresh: bool = False,
         # satisfies them is the one uv gives with them, and the committed locks stay as they are. The same
         # holds for the torch build's lock: a cell whose torch.lock is not it (locked apart) is locked again.
         known = known_torch_lock(envs, torch_key(r), memo)
-        same_torch = known is None or (folder / "torch.lock").exists() and (folder / "torch.lock").read_text() == known
+        own = r.cell.engine and meta.get("torch_lock") == own_layer_key(r)  # an engine's own torch layer
+        same_torch = own or known is None or (folder / "torch.lock").exists() and (
+            folder / "torch.lock").read_text() == known
         if meta.get("inputs_hash") == ihash and same_torch and not guard_violations(
                 (folder / "requirements.lock").read_text(), guards(r)):
             kernel = kernel_lock((folder / "requirements.lock").read_text())
             if kernel and not (folder / "kernel.lock").exists():  # derived from the lock: made, not resolved
                 atomic.write_text(folder / "kernel.lock", kernel)
             return {"cell_id": r.cell_id, "status": "unchanged", "path": str(folder)}
-    torch_lock = torch_lock_for(r, envs, memo, refresh)
-    lock = cell_lock(r, torch_lock)
+    torch_lock, key = torch_lock_for(r, envs, memo, refresh), torch_key(r)
+    if r.cell.engine:
+        lock, torch_lock, key = engine_locks(r, torch_lock)
+    else:
+        lock = cell_lock(r, torch_lock)
     files = {
         "requirements.in": requirements_in(r),
         "requirements.lock": lock,
         "torch.lock": torch_lock,
         **({"kernel.lock": kernel} if (kernel := kernel_lock(lock)) else {}),
         "toolkit.lock": toolkit_lock(r.toolkit),
-        "cell.json": json.dumps(cell_json(r, lock, uv, ihash), indent=1, sort_keys=True) + "\n",
+        "cell.json": json.dumps(cell_json(r, lock, uv, ihash, key), indent=1, sort_keys=True) + "\n",
     }
     write_dir_atomically(folder, files)
     return {"cell_id": r.cell_id, "status": "locked", "path": str(folder)}

@@ -40,6 +40,12 @@ def mismatches(expected: dict[str, Any], facts: dict[str, Any], compiled_toolkit
     want_f = expected.get("flashinfer")
     if want_f and want_f != "none" and _public(str(fi.get("version"))) != _public(want_f):
         out.append(f"flashinfer-python is {fi.get('version') or 'absent'}, the cell asks {want_f}")
+    want_e = str(expected.get("engine") or "")
+    if want_e:
+        name, _, version = want_e.partition("==")
+        have = (facts.get("engines") or {}).get(name)
+        if have is None or _public(str(have)) != _public(version):
+            out.append(f"{name} is {have or 'absent'}, the cell asks {version}")
     tk = facts.get("toolkit") or {}
     if compiled_toolkit:
         if tk.get("error") or not tk.get("nvcc"):

@@ -30,6 +30,8 @@ def test_local_cells_with_another_toolkit_are_other_rows(versions: dict[str, str
         "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1",
         "cu128-torchnightly-sglnone-fi0.6.17",
         "cu130-torch2.13.0-sgl0.4.7-fi0.6.18-jitcache",
+        "cu130-torch2.14.0-sglnone-fi0.7.2.post1-vllm0.33.0",
+        "cu130-torch2.14.1-sgl0.4.10-fi0.7.2-sglang0.5.23-jitcache",
         "local-cu130-torch2.11.0-sglnone-fi0.6.18-nvcc13.0",
         "local-cu130-torch2.11.0-sglnone-fi0.6.18-nonvcc",
         "local-nocuda-notorch-sglnone-finone",  # before local ids named their toolkit
@@ -57,3 +59,9 @@ def test_select_by_torch_reads_the_version_the_cell_id_names() -> None:
     nightly = Resolved(Cell("13.0", "nightly", "none", "0.7.4"), "cu130-torchnightly-sglnone-fi0.7.4", "resolved", "")
     assert select([stable, nightly], torch="2.11.0") == [stable]
     assert select([stable, nightly], torch="nightly") == [nightly]
+
+
+def test_an_engine_cell_names_its_engine_release() -> None:
+    parsed = cellid.parse("cu130-torch2.14.0-sglnone-fi0.7.2.post1-vllm0.33.0")
+    assert parsed == CellId("cu130", "2.14.0", "none", "0.7.2.post1", engine="vllm0.33.0")
+    assert cellid.parse("cu130-torch2.14.0-sglnone-fi0.7.2-tgi1.0") is None  # not an engine the tool knows

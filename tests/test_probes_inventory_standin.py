@@ -71,11 +71,11 @@ def test_inventory_fails_a_kernel_it_could_not_import_for_lack_of_a_driver_when_
 
 def test_inventory_passes_a_driverless_kernel_only_on_proof(tmp_path: Path) -> None:
     driver = build_stub(tmp_path / "drv", "libcuda.so.1")
-    site = _site(tmp_path, ["c10::foo();"], [driver])
+    site = _site(tmp_path, ["c10::foo();"], [driver], requires="==2.11.0")
     driver.unlink()
     r = _inventory(site)
     assert (r["status"], r["reason_code"]) == ("pass", ""), r
-    assert "judged from its binaries: all 1 torch C++ symbols" in r["note"]
+    assert "judged from its binaries: all 1 torch symbols" in r["note"]
     assert r["evidence"]["sgl_kernel_abi"]["libraries_not_found"] == []
 
 
@@ -107,3 +107,71 @@ def test_inventory_lists_what_the_image_removed(tmp_path: Path) -> None:
                    check=True)
     assert inventory.removed_from_image(str(listed)) == [f"{SITE}/sgl_kernel/flash_ops*.so"]
     assert inventory.removed_from_image(str(tmp_path / "none")) == []  # not a stackprobe image: nothing said
+
+
+def _torch_only_site(tmp_path: Path) -> Path:
+    site = _site(tmp_path, [])
+    shutil.rmtree(site / "sgl_kernel")
+    shutil.rmtree(site / "sglang_kernel-0.4.1.dist-info")
+    return site
+
+
+def _dist_info(site: Path, name: str, version: str, requires: str = "") -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires.split(",") if r))
+
+
+def test_a_kernel_linking_torch_without_declaring_one_is_partial_undeclared_torch(tmp_path: Path) -> None:
+    driver = build_stub(tmp_path / "drv", "libcuda.so.1")
+    site = _site(tmp_path, ["c10::foo();"], [driver])  # its METADATA names no torch
+    driver.unlink()
+    r = _inventory(site)
+    assert (r["status"], r["reason_code"]) == ("partial", "undeclared-torch"), r
+    assert "sgl-kernel 0.4.1 links torch (1 torch symbols)" in r["note"] and "declares no torch" in r["note"]
+    assert "2.11.0+cu130" in r["note"]  # the torch it was judged against
+
+
+def test_an_engine_whose_import_loads_no_extension_is_judged_by_loading_each_library(tmp_path: Path) -> None:
+    """vLLM's `import vllm` binds none of its ops; a library needing a stable-ABI function this torch lacks is
+    found by the loader (and by the binaries), and the verdict names the engine and the symbol."""
+    site = _torch_only_site(tmp_path)
+    engine = site / "vllm"
+    engine.mkdir()
+    (engine / "__init__.py").write_text("")  # imports nothing compiled
+    build_ext(engine / "_C_stable_libtorch.abi3.so", [],
+              extra='extern "C" int aoti_torch_new_in_a_later_torch(void); '
+                    "int op() { return aoti_torch_new_in_a_later_torch(); }")
+    _dist_info(site, "vllm", "0.99.0", "torch==2.99.0")
+    _dist_info(site, "torch", "2.11.0+cu130")
+    r = _inventory(site)
+    assert "undefined symbol: aoti_torch_new_in_a_later_torch" in r["evidence"]["vllm_import"]
+    assert (r["status"], r["reason_code"]) == ("fail", "abi-mismatch"), r
+    assert "vLLM does not fit torch 2.11.0+cu130" in r["note"] and "aoti_torch_new_in_a_later_torch" in r["note"]
+    assert "built for torch==2.99.0" in r["note"]
+    assert r["evidence"]["vllm_abi"]["missing_examples"] == ["aoti_torch_new_in_a_later_torch"]
+
+
+def test_flashinfer_kernel_packages_of_another_release_are_partial(tmp_path: Path) -> None:
+    site = _torch_only_site(tmp_path)
+    _dist_info(site, "flashinfer-python", "0.7.2")
+    _dist_info(site, "flashinfer-cubin", "0.6.13")
+    _dist_info(site, "flashinfer-jit-cache", "0.7.2+cu130")  # the same release: its CUDA label is no mismatch
+    r = _inventory(site)
+    assert (r["status"], r["reason_code"]) == ("partial", "flashinfer-package-mismatch"), r
+    assert "flashinfer-cubin 0.6.13 is installed beside flashinfer-python 0.7.2" in r["note"]
+    assert "flashinfer-jit-cache" not in r["note"]
+
+
+def test_a_flashinfer_that_refuses_to_import_fails_the_inventory(tmp_path: Path) -> None:
+    site = _torch_only_site(tmp_path)
+    _dist_info(site, "flashinfer-python", "0.7.2")
+    _dist_info(site, "flashinfer-cubin", "0.6.13")
+    (site / "flashinfer").mkdir()
+    (site / "flashinfer" / "__init__.py").write_text(
+        'raise RuntimeError("flashinfer-cubin version (0.6.13) does not match flashinfer version (0.7.2)")\n')
+    r = _inventory(site)
+    assert (r["status"], r["reason_code"]) == ("fail", "flashinfer-import-error"), r
+    assert "does not match flashinfer version" in r["note"]
+    assert "flashinfer-cubin 0.6.13 is installed beside flashinfer-python 0.7.2" in r["note"]  # the cause, too

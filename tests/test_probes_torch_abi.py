@@ -56,7 +56,7 @@ def test_a_symbol_this_torch_lacks_is_abi_mismatch_naming_it_and_the_torch_built
     assert fit.torch_symbols == 2 and fit.missing == {"common_ops.abi3.so": (BAR,)}
     j = _torch_abi.judge(fit, NO_DRIVER, (), "==2.9.1", "2.11.0+cu130")
     assert j is not None and (j.status, j.reason_code) == ("fail", "abi-mismatch")
-    assert BAR in j.note and "1 of 2 torch C++ symbols" in j.note and "built for torch==2.9.1" in j.note
+    assert BAR in j.note and "1 of 2 torch symbols" in j.note and "built for torch==2.9.1" in j.note
     unknown = _torch_abi.judge(fit, None, (), None, "2.11.0+cu130")  # even when the import itself went through
     assert unknown is not None and unknown.reason_code == "abi-mismatch" and "unknown" in unknown.note
 
@@ -67,7 +67,7 @@ def test_every_symbol_resolved_without_a_driver_passes_saying_what_was_proven(
     fit = _fit(tmp_path, ["c10::foo();", "c10::Tensor t; t.size();"], [cudart])
     j = _torch_abi.judge(fit, NO_DRIVER, (), None, "2.11.0+cu130")
     assert j is not None and (j.status, j.reason_code) == ("pass", "")
-    assert "all 2 torch C++ symbols" in j.note and "(libcudart.so.13) are CUDA 13" in j.note
+    assert "all 2 torch symbols" in j.note and "(libcudart.so.13) are CUDA 13" in j.note
     assert "libcuda.so.1" in j.note
     nothing = _torch_abi.judge(_fit(tmp_path, []), NO_DRIVER, (), None, "2.11.0")  # nothing to prove it with
     assert nothing is not None and (nothing.status, nothing.reason_code) == ("skip", "no-gpu")

@@ -149,3 +149,28 @@ def test_live_check_tells_unpublished_from_unreachable() -> None:
     ghost = type(ghost)(**{**ghost.__dict__, "sources": ghost.sources[1:], "indexes": ()})  # registry only
     (checked,) = live_check([ghost])
     assert checked.status == UNAVAILABLE and "flashinfer-python" in checked.reason
+
+
+def test_engine_cells_lock_for_real_and_share_the_torch_layer_only_where_the_engine_allows(tmp_path: Path) -> None:
+    """vLLM 0.33.0 caps setuptools (<81 on Python > 3.11) below the release torch 2.14.0 takes on its own, so
+    its cell gets a torch layer of its own; SGLang 0.5.23's pins fit its torch build's shared layer."""
+    engines = Path(__file__).resolve().parents[1] / "matrices" / "engines.yaml"
+    for only in ("cu130-torch2.14.1-sgl0.4.10-fi0.7.2", "*-sglang0.5.23", "*-vllm0.33.0"):
+        m = engines if "0.5.23" in only or "vllm" in only else Path(__file__).resolve().parents[1] / "matrix.yaml"
+        with pytest.raises(SystemExit) as exc:
+            main(["lock", "--matrix", str(m), "--only", only, "--envs", str(tmp_path), "--offline"])
+        assert exc.value.code == 0
+    plain = tmp_path / "cu130-torch2.14.1-sgl0.4.10-fi0.7.2"
+    sgl = tmp_path / "cu130-torch2.14.1-sgl0.4.10-fi0.7.2-sglang0.5.23"
+    vllm = tmp_path / "cu130-torch2.14.0-sglnone-fi0.7.2.post1-vllm0.33.0"
+    assert pinned((sgl / "requirements.lock").read_text(), "sglang") == "0.5.23"
+    assert (sgl / "torch.lock").read_text() == (plain / "torch.lock").read_text()
+    assert json.loads((sgl / "cell.json").read_text())["torch_lock"] == json.loads(
+        (plain / "cell.json").read_text())["torch_lock"]
+    full = (vllm / "requirements.lock").read_text()
+    assert pinned(full, "vllm") == "0.33.0" and pinned(full, "torch") == "2.14.0"
+    setuptools = [text for name, text, _ in parse_blocks(full) if name == "setuptools"]
+    assert setuptools and all(text.startswith("setuptools==80.") for text in setuptools)
+    assert "setuptools==80." in (vllm / "torch.lock").read_text()  # torch's closure within vLLM's resolution
+    cell = json.loads((vllm / "cell.json").read_text())
+    assert cell["cell"]["engine"] is True and cell["expected"]["engine"] == "vllm==0.33.0"

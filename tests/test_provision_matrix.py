@@ -144,6 +144,12 @@ BAD = [
      "is not a value of the cuda axis (13.0), so this exclude matches nothing", 7),
     ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n"
      "  include:\n    - {preset: sglang-0.5.99, cuda: '13.0'}\n", "unknown preset 'sglang-0.5.99'", 7),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: ['0.7.4']\n"
+     "  include:\n    - {cuda: '13.0', engine: true}\n",
+     "matrix.include[0].engine: engine: true installs a preset's engine release; add preset: vllm-<version>", 7),
+    ("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: ['0.7.4']\n"
+     "  include:\n    - {preset: vllm-0.33.0, cuda: '13.0', engine: 'yes'}\n",
+     "matrix.include[0].engine: expected true or false", 7),
     ("matrix:\n  cuda: ['13.0', '13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n",
      "duplicate value '13.0'", 2),
     ("matrix:\n  cuda: []\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: [none]\n", "empty list", 2),
@@ -188,3 +194,18 @@ def test_kernel_archs_default_matrix_and_include(tmp_path: Path) -> None:
     assert got == {("13.0", "0.6.17"): ("10.0a", "9.0a"), ("13.0", "0.7.4"): ("12.0f",), ("13.2", "0.7.4"): ()}
     f.write_text("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: ['0.7.4']\n")
     assert load(f).cells[0].kernel_archs == ("9.0a", "12.0a", "12.0f")
+
+
+def test_an_engine_cell_installs_the_release_itself_beside_its_pins(tmp_path: Path) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text("matrix:\n  cuda: ['13.0']\n  torch: [stable]\n  sgl_kernel: [none]\n  flashinfer: ['0.7.4']\n"
+                 "  include:\n    - {preset: vllm-0.33.0, cuda: '13.0', engine: true}\n"
+                 "    - {preset: vllm-0.33.0, cuda: '13.0'}\n")
+    cells = {r.cell_id: r for r in plan(str(f))}
+    # vLLM 0.33.0's published pins: torch 2.14.0 and flashinfer-python 0.7.2.post1, no sgl-kernel
+    engine = cells["cu130-torch2.14.0-sglnone-fi0.7.2.post1-vllm0.33.0"]
+    plain = cells["cu130-torch2.14.0-sglnone-fi0.7.2.post1"]
+    assert [s.requirement for s in engine.sources] == ["torch==2.14.0", "flashinfer-python==0.7.2.post1",
+                                                       "vllm==0.33.0"]
+    assert [s.requirement for s in plain.sources] == ["torch==2.14.0", "flashinfer-python==0.7.2.post1"]
+    assert engine.versions["engine"] == "vllm 0.33.0" and "engine" not in plain.versions

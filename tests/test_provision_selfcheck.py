@@ -133,3 +133,11 @@ def test_verify_rejects_a_mislabelled_torch() -> None:
 def test_verify_names_each_mismatch(facts: dict, needle: str) -> None:
     probs = mismatches(EXPECTED, facts, compiled_toolkit=True)
     assert any(needle in p for p in probs), probs
+
+
+def test_verify_checks_the_engine_an_engine_cell_carries() -> None:
+    want = dict(EXPECTED, engine="vllm==0.33.0")
+    assert mismatches(want, {**GOOD, "engines": {"vllm": "0.33.0"}}, compiled_toolkit=True) == []
+    assert "vllm is absent, the cell asks 0.33.0" in mismatches(want, GOOD, compiled_toolkit=True)
+    assert "vllm is 0.32.0, the cell asks 0.33.0" in mismatches(
+        want, {**GOOD, "engines": {"vllm": "0.32.0"}}, compiled_toolkit=True)

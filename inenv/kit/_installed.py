@@ -341,7 +341,8 @@ class Collision:
     files: tuple[str, ...]  # paths relative to the site directory, sorted
 
     def folders(self) -> list[str]:
-        return sorted({os.path.dirname(f) + "/" for f in self.files})
+        """The folders holding the shared files; a file at the top of the site directory is named itself."""
+        return sorted({os.path.dirname(f) + "/" if os.path.dirname(f) else f for f in self.files})
 
     def describe(self) -> str:
         who = " and ".join(f"{n} {v}" for n, v in self.owners)

@@ -4,9 +4,10 @@ Importing the extension is the real test, but without a CUDA driver the loader s
 before it resolves a single symbol, so a GPU-less host learns nothing from the import. The binaries still
 say what the loader would check next:
 
-- the C++ symbols each extension library imports from torch's namespaces (c10::, at::, torch::) must be
-  exported by one of this torch's libraries (``torch/lib/*.so``); a torch of another release renames or
-  drops some of them, and the import then fails with "undefined symbol";
+- the symbols each extension library imports from torch, C++ ones of its namespaces (c10::, at::, torch::)
+  and C ones of its stable ABI (aoti_torch_*, torch_*), must be exported by one of this torch's libraries
+  (``torch/lib/*.so``); a torch of another release renames, drops or lacks some of them, and the import then
+  fails with "undefined symbol";
 - the CUDA libraries it needs (DT_NEEDED ``libcudart.so.12``, ``libnvrtc.so.12``...) carry the CUDA major
   in their soname and must be of torch's CUDA major: a CUDA 12 build beside a CUDA 13 torch needs
   libraries the cell does not have (and would load a second CUDA runtime if it had them).
@@ -30,6 +31,14 @@ _CUDA_MAJOR_LIB = re.compile(r"^lib(?:cudart|nvrtc|cublas|cublasLt|nvJitLink)\.s
 _UNDEFINED = re.compile(r"undefined symbol: (\S+)")
 _DRIVER_FN = re.compile(r"cu[A-Z]\w*")
 _SHOWN = 3  # missing symbols named in a note; the evidence keeps more
+# torch's stable C ABI (the shim that vLLM's and torchaudio's extensions build against): C functions a torch
+# release adds over time. An extension needing one this torch lacks fails to load as a C++ one does.
+_STABLE_C = re.compile(r"(?:aoti_torch_|torch_)\w+")
+
+
+def torch_symbol(name: str) -> bool:
+    """A symbol only torch's libraries export: its C++ namespaces or its stable C ABI."""
+    return _elf.is_torch_symbol(name) or _STABLE_C.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)
@@ -37,7 +46,7 @@ class Fit:
     """What the extension libraries need and what this torch offers."""
 
     libraries: tuple[str, ...]  # extension files read, relative to their package
-    torch_symbols: int  # distinct torch-namespace symbols they import
+    torch_symbols: int  # distinct torch symbols (C++ namespaces, stable C ABI) they import
     missing: dict[str, tuple[str, ...]]  # file -> imported torch symbols no torch library exports
     cuda_needed: tuple[str, ...]  # DT_NEEDED CUDA libraries with a CUDA-major soname, sorted
     torch_cuda: str | None  # torch.version.cuda, e.g. "13.0"
@@ -90,7 +99,7 @@ def read_fit(extensions: dict[str, str], torch_libraries: Iterable[str], torch_c
         if lib is None:
             not_elf.append(name)
             continue
-        wanted = lib.torch_imports()
+        wanted = tuple(sorted(x for x in lib.undefined if torch_symbol(x)))
         imported.update(wanted)
         gone = tuple(s for s in wanted if s not in exports)
         if gone:
@@ -126,7 +135,7 @@ def failure_reason(error: str) -> str:
         symbol = m.group(1)
         if _DRIVER_FN.fullmatch(symbol):
             return "driver-symbol-unresolved"  # a link-stub or driver-age problem, not torch's ABI
-        return "abi-mismatch" if _elf.is_torch_symbol(symbol) else "undefined-symbol"
+        return "abi-mismatch" if torch_symbol(symbol) else "undefined-symbol"
     line = import_error_line(error)
     if (m := re.search(r"(lib[\w.+-]+\.so\.\d+): cannot open shared object file", line)) and _CUDA_MAJOR_LIB.match(
             m.group(1)):
@@ -147,8 +156,13 @@ def _examples(symbols: Sequence[str]) -> str:
     return ", ".join(symbols[:_SHOWN]) + more
 
 
+def links_torch(fit: Fit) -> bool:
+    """The extensions import torch symbols or need one of torch's libraries (libtorch*, libc10*)."""
+    return fit.torch_symbols > 0 or any(n.startswith(("libtorch", "libc10")) for n in fit.needed)
+
+
 def judge(fit: Fit | None, error: str | None, unloadable: Sequence[str], built_for: str | None,
-          torch_version: str, name: str = "sgl-kernel") -> Judgement | None:
+          torch_version: str, name: str = "sgl-kernel", module: str = "") -> Judgement | None:
     """The verdict on the extension, or None when nothing speaks against it and nothing needs saying.
 
     ``error``: why ``import`` failed (None: it succeeded). ``unloadable``: libraries it needs, other than
@@ -157,7 +171,7 @@ def judge(fit: Fit | None, error: str | None, unloadable: Sequence[str], built_f
     Symbols and CUDA majors are judged even when the import succeeded: sgl-kernel loads one of its
     per-architecture libraries, and the others still fail on the GPUs that select them.
     """
-    module = name.replace("-", "_")
+    module = module or name.replace("-", "_")
     failed = f"import {module} failed: {import_error_line(error)}; " if error and not needs_driver(error) else ""
     built = _built_for(built_for)
     if fit is not None:
@@ -167,7 +181,7 @@ def judge(fit: Fit | None, error: str | None, unloadable: Sequence[str], built_f
             also = f"; it also needs {', '.join(mismatch)}, not torch's CUDA {fit.torch_cuda}" if mismatch else ""
             return Judgement("fail", "abi-mismatch",
                              f"{failed}{name} does not fit torch {torch_version}: {', '.join(sorted(fit.missing))} "
-                             f"import {len(gone)} of {fit.torch_symbols} torch C++ symbols that no library of "
+                             f"import {len(gone)} of {fit.torch_symbols} torch symbols that no library of "
                              f"this torch exports ({_examples(gone)}); {built}{also}")
         if mismatch:
             return Judgement("fail", "cuda-major-mismatch",
@@ -184,7 +198,7 @@ def judge(fit: Fit | None, error: str | None, unloadable: Sequence[str], built_f
     if fit is None or fit.torch_symbols == 0 or fit.not_elf:
         why = ("no extension library was found" if fit is None or not (fit.libraries or fit.not_elf)
                else f"{', '.join(fit.not_elf)} could not be read" if fit.not_elf
-               else "its libraries import no torch C++ symbol to check")
+               else "its libraries import no torch symbol to check")
         return Judgement("skip", "no-gpu",
                          f"import {module} needs the CUDA driver ({DRIVER}), absent here, and its binaries could "
                          f"not stand in for the import ({why}): its fit with this torch is not proven")
@@ -192,7 +206,7 @@ def judge(fit: Fit | None, error: str | None, unloadable: Sequence[str], built_f
             "like torch's, " if fit.cuda_needed and fit.torch_cuda else "")
     return Judgement("pass", "",
                      f"import {module} needs the CUDA driver ({DRIVER}), absent here, so it was judged from its "
-                     f"binaries: all {fit.torch_symbols} torch C++ symbols its {len(fit.libraries)} extension "
+                     f"binaries: all {fit.torch_symbols} torch symbols its {len(fit.libraries)} extension "
                      f"libraries import are exported by torch {torch_version}, {cuda}and every other library "
                      "they need is found here")
 

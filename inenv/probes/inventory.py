@@ -4,15 +4,19 @@ Versions (torch and its CUDA, NCCL, sgl-kernel, flashinfer, nvcc), the GPU archi
 torch and sgl-kernel read from the binaries themselves (``torch.cuda.get_arch_list()`` is empty without a
 GPU), whether the local GPU's architecture is among them, the peer-access matrix and multicast support
 (read from the device attribute only; nothing is created). Without a GPU the GPU fields are absent and the
-rest is still reported. When sgl-kernel is installed it is imported for real (that loads its ops against
-this torch's C++ ABI): a failed import fails the probe with the loader's error. Its binaries are judged
-too (inenv/kit/_torch_abi.py): torch C++ symbols its libraries import that this torch does not export
-fail it as abi-mismatch, CUDA libraries of another CUDA major than torch's as cuda-major-mismatch, with or
-without a GPU. Where the import stops at the missing CUDA driver, the cell passes only when those binary
-checks proved the fit, and the note says what was proven. The installed metadata is judged as ``pip check``
+rest is still reported. When sgl-kernel or a serving engine (vLLM, SGLang) is installed it is imported for
+real and each of its extension libraries is loaded (that binds their ops against this torch's ABI): a failure
+fails the probe with the loader's error. Their binaries are judged too (inenv/kit/_torch_abi.py): torch
+symbols (C++ or stable C ABI) their libraries import that this torch does not export fail it as
+abi-mismatch, CUDA libraries of another CUDA major than torch's as cuda-major-mismatch, with or without a
+GPU. A flashinfer that does not import fails it as flashinfer-import-error. Where the import stops at the
+missing CUDA driver, the cell passes only when those binary checks proved the fit, and the note says what was
+proven. The installed metadata is judged as ``pip check``
 judges it (inenv/kit/_installed.py): a requirement of or on a probed package that is not met, files two
 distributions both own, or an extension module built for another Python make a pass partial, each under its
-own reason, since matching symbol names do not prove a fit the wheel's own pin rules out.
+own reason, since matching symbol names do not prove a fit the wheel's own pin rules out; so do packages that
+must agree without saying so: an extension linking torch whose metadata names no torch (undeclared-torch), and
+flashinfer-cubin or flashinfer-jit-cache at another release than flashinfer-python (flashinfer-package-mismatch).
 """
 
 from __future__ import annotations
@@ -115,34 +119,104 @@ import_error_line = _torch_abi.import_error_line
 sgl_kernel_import_reason = _torch_abi.failure_reason
 
 
-def import_sgl_kernel() -> str | None:
-    """Import sgl_kernel for real (it dlopens its ops against this torch): None, or why it failed."""
+# Packages whose compiled extensions link torch, judged against this torch: the kernel library and the serving
+# engines (import name, name shown, distribution names). Each is imported for real and each of its extension
+# libraries is loaded by the dynamic loader, since an engine's Python import loads none of them (vLLM's ops
+# load on first use), and their binaries are read against this torch (inenv/kit/_torch_abi.py).
+COMPILED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("sgl_kernel", "sgl-kernel", dists.BY_KEY["sgl_kernel"].dists),
+    ("vllm", "vLLM", ("vllm",)),
+    ("sglang", "SGLang", ("sglang",)),
+)
+
+
+def import_module(module: str) -> str | None:
+    """Import the package for real (sgl_kernel dlopens its ops against this torch): None, or why it failed."""
     try:
-        import sgl_kernel  # noqa: F401, PLC0415 - the library under test; the import is the check
-    except Exception as exc:  # a failed import is the finding
+        importlib.import_module(module)  # the library under test; the import is the check
+    except BaseException as exc:  # a failed import is the finding (some call sys.exit on a missing GPU)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         return f"{type(exc).__name__}: {exc}"
     return None
 
 
-def judge_sgl_kernel(torch: Any, evidence: dict[str, Any]) -> _torch_abi.Judgement | None:
-    """Import sgl_kernel, read its binaries against this torch's libraries, and judge the pair."""
-    error = import_sgl_kernel()
-    evidence["sgl_kernel_import"] = "ok" if error is None else error[:4000]
-    extensions = package_files("sgl_kernel", ("**/*.so",))
+def load_libraries(paths: dict[str, str]) -> str | None:
+    """Load each extension library the way Python's import does (every symbol bound now): None when all load,
+    else the first failure that is not the missing CUDA driver, else the driver's."""
+    import ctypes
+
+    driver: str | None = None
+    for rel, path in sorted(paths.items()):
+        try:
+            ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as exc:
+            error = f"ImportError: {rel}: {exc}"
+            if not _torch_abi.needs_driver(error):
+                return error
+            driver = driver or error
+    return driver
+
+
+def judge_package(torch: Any, module: str, name: str, dist_names: tuple[str, ...], evidence: dict[str, Any],
+                  ) -> _torch_abi.Judgement | None:
+    """Import the package, load its extension libraries, read their binaries against this torch's libraries,
+    and judge the pair; evidence under ``<module>_import``, ``<module>_abi``, ``<module>_built_for_torch``."""
+    extensions = package_files(module, ("**/*.so",))
+    error = import_module(module) or (load_libraries(extensions) if extensions else None)
+    evidence[f"{module}_import"] = "ok" if error is None else error[:4000]
     fit = None
     if extensions:
         fit = _torch_abi.read_fit(extensions, package_files("torch", ("lib/*.so", "lib/*.so.*")).values(),
                                   torch.version.cuda)
-        evidence["sgl_kernel_abi"] = fit.evidence()
+        evidence[f"{module}_abi"] = fit.evidence()
     unfound: tuple[str, ...] = ()
     if error is not None and _torch_abi.needs_driver(error) and fit is not None:
         unfound = _torch_abi.not_found(fit)
-        evidence["sgl_kernel_abi"]["libraries_not_found"] = list(unfound)
-    found = dists.installed("sgl_kernel")
-    built_for = dists.requires(found[0], "torch") if found else None
+        evidence[f"{module}_abi"]["libraries_not_found"] = list(unfound)
+    found = next((d for d in dist_names if _has_dist(d)), None)
+    built_for = dists.requires(found, "torch") if found else None
     if built_for is not None:
-        evidence["sgl_kernel_built_for_torch"] = built_for or "any"
-    return _torch_abi.judge(fit, error, unfound, built_for or None, torch.__version__)
+        evidence[f"{module}_built_for_torch"] = built_for or "any"
+    if found and fit is not None and built_for is None and _torch_abi.links_torch(fit):
+        evidence[f"{module}_undeclared_torch"] = True
+    return _torch_abi.judge(fit, error, unfound, built_for or None, torch.__version__, name, module)
+
+
+def _has_dist(name: str) -> bool:
+    import importlib.metadata as md
+
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
+
+
+def package_set_findings(versions: dict[str, Any], evidence: dict[str, Any]) -> list[tuple[str, str]]:
+    """(reason code, note) for packages installed together that declare no requirement on each other but must
+    agree: a compiled extension that links torch without naming a torch release (an installer puts it beside any
+    torch), and flashinfer's kernel packages (flashinfer-cubin, flashinfer-jit-cache) at another release than
+    flashinfer-python, whose kernels they hold. Pure."""
+    out: list[tuple[str, str]] = []
+    for module, name, _ in COMPILED:
+        abi = evidence.get(f"{module}_abi") or {}
+        if evidence.get(f"{module}_undeclared_torch"):
+            out.append(("undeclared-torch", f"{name} {versions.get(module) or ''} links torch "
+                        f"({abi.get('torch_symbols_imported', 0)} torch symbols) but its wheel metadata declares no "
+                        "torch requirement, so an installer puts it beside any torch release; it was judged "
+                        f"against this torch {versions.get('torch_runtime') or versions.get('torch') or ''}"))
+    fi = versions.get("flashinfer")
+    for key, dist in (("flashinfer_cubin", "flashinfer-cubin"), ("flashinfer_jit_cache", "flashinfer-jit-cache")):
+        other = versions.get(key)
+        if fi and other and _public(str(other)) != _public(str(fi)):
+            out.append(("flashinfer-package-mismatch", f"{dist} {other} is installed beside flashinfer-python {fi}: "
+                        "its kernels are another release's"))
+    return out
+
+
+def _public(version: str) -> str:
+    return version.split("+", 1)[0]
 
 
 # The distributions the probes test: a requirement they declare, or one declared on them, that this environment
@@ -191,7 +265,8 @@ def amend(result: dict[str, Any], findings: list[tuple[str, str]]) -> dict[str, 
 def run(ctx: RankContext) -> dict[str, Any]:
     snap = _installed.snapshot()
     result = _run(ctx, snap)
-    return amend(result, metadata_findings(snap))
+    evidence = result["evidence"]
+    return amend(result, metadata_findings(snap) + package_set_findings(evidence.get("versions") or {}, evidence))
 
 
 def _run(ctx: RankContext, snap: dict[str, Any]) -> dict[str, Any]:
@@ -216,10 +291,11 @@ def _run(ctx: RankContext, snap: dict[str, Any]) -> dict[str, Any]:
     if importlib.util.find_spec("flashinfer") is not None and importlib.util.find_spec("torch") is not None:
         from inenv.kit._flashinfer import api_surface
 
-        try:
+        error = import_module("flashinfer")  # a flashinfer that fails to import is itself a finding
+        if error is not None:
+            evidence["flashinfer_import_error"] = error[:600]
+        else:
             evidence["flashinfer_api"] = api_surface()
-        except Exception as exc:  # a flashinfer that fails to import is itself a finding
-            evidence["flashinfer_import_error"] = f"{type(exc).__name__}: {exc}"[:300]
     if importlib.util.find_spec("torch") is None:
         return outcome(
             "skip", note="torch is not installed in this environment", reason_code="no-torch", evidence=evidence
@@ -229,15 +305,22 @@ def _run(ctx: RankContext, snap: dict[str, Any]) -> dict[str, Any]:
     versions["torch_runtime"] = torch.__version__
     versions["torch_cuda"] = torch.version.cuda
     evidence["torch_arch_list"] = list(torch.cuda.get_arch_list())
-    sgl = None
-    if "sgl_kernel" in versions or importlib.util.find_spec("sgl_kernel") is not None:
-        sgl = judge_sgl_kernel(torch, evidence)
+    judged = [j for module, name, names in COMPILED if importlib.util.find_spec(module) is not None
+              and (j := judge_package(torch, module, name, names, evidence)) is not None]
+    bad = next((j for j in judged if j.status != "pass"), None)
+    if "flashinfer_import_error" in evidence:  # every engine and probe using flashinfer stops here
+        fi_fail = _torch_abi.Judgement("fail", "flashinfer-import-error",
+                                       f"import flashinfer failed: {evidence['flashinfer_import_error']}")
+        bad = bad or fi_fail
+        judged.append(fi_fail)
     if not torch.cuda.is_available():
         note = "no GPU visible: versions and compiled architectures only; GPU fields absent"
-        if sgl is not None and sgl.status != "pass":
-            return outcome(sgl.status, note=sgl.note, reason_code=sgl.reason_code, metrics=metrics,
-                           evidence=evidence)
-        return outcome("pass", note=f"{note}; {sgl.note}" if sgl else note, metrics=metrics, evidence=evidence)
+        if bad is not None:
+            others = [j.note for j in judged if j is not bad]
+            return outcome(bad.status, note="; ".join([bad.note, *others]), reason_code=bad.reason_code,
+                           metrics=metrics, evidence=evidence)
+        return outcome("pass", note="; ".join([note, *(j.note for j in judged)]), metrics=metrics,
+                       evidence=evidence)
     try:
         nccl = torch.cuda.nccl.version()
         versions["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
@@ -249,11 +332,9 @@ def _run(ctx: RankContext, snap: dict[str, Any]) -> dict[str, Any]:
     n = len(facts["gpus"])
     metrics["gpus"] = n
     metrics["peer_pairs"] = sum(facts["peer_access"][i][j] for i in range(n) for j in range(n) if i != j)
-    problems: list[str] = []
-    code = "arch-not-compiled"
-    if sgl is not None and sgl.status != "pass":  # with a driver present, a skip cannot arise; a fail is one
-        problems.append(sgl.note)
-        code = sgl.reason_code
+    failing = [j for j in judged if j.status != "pass"]  # with a driver present, a skip cannot arise
+    problems = [j.note for j in failing]
+    code = failing[0].reason_code if failing else "arch-not-compiled"
     if cap:
         torch_targets = sorted({t for ts in torch_bins.values() for t in ts}) or list(evidence["torch_arch_list"])
         evidence["torch_runs_on_gpu"] = _fatbin.runs_on(torch_targets, cap)
