@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from checks import cli
+from checks.results import reader
 from checks.results.provenance import Checkout
-from checks.share import bundle, intake
+from checks.share import bundle
 from checks.share.scrub import Identity, Scrubber
 from tests.checks_helpers import committed
 
@@ -232,7 +233,7 @@ def test_validate_warns_once_per_bad_item_and_keeps_the_rest(tmp_path: Path,
     assert (found["kind"], found["runs"], found["results"], len(found["problems"])) == ("results", 4, 2, expected)
     for why in ("not UTF-8", "nested deeper than", "lone surrogate", "unknown status 'great'", "cell id 'a|b'",
                 "run id '../../etc'", "unknown field(s) 'extra'", "not a JSON number", "unterminated last line",
-                "a symbolic link; not followed", "not a regular file", "folder name: host id"):
+                "a symbolic link; not followed", "; not read", "folder name: host id"):
         assert why in err, why
 
 
@@ -257,10 +258,10 @@ def test_size_limits_and_one_host_folder(tmp_path: Path, capsys: pytest.CaptureF
     assert "host folder, 1 host(s), 1 run(s), 2 result(s); all well formed" in capsys.readouterr().err
     path = tmp_path / "b.json"
     _bundle_of(tmp_path / "results", "gpux2-0123abcd", path)
-    monkeypatch.setattr(intake, "MAX_LINE_BYTES", 503)
+    monkeypatch.setattr(reader, "MAX_LINE", 503)
     assert _main("validate", path) == 1  # the failing result's line is the longer one
     assert "more than the limit of 503" in capsys.readouterr().err
-    monkeypatch.setattr(intake, "MAX_FILE_BYTES", 1000)
+    monkeypatch.setattr(reader, "MAX_FILE", 1000)
     assert _main("validate", path) == 2
     assert "more than the limit of 1000" in capsys.readouterr().err
 

@@ -26,8 +26,9 @@ CELL = "cu130-torch2.11.0-sgl0.4.2-fi0.6.16"
 RUN_IDS = {"r1": "20261129T000000Z-0001", "shared": "20261129T000000Z-0002"}  # store names -> ids in the lines
 
 
-def _result(i: int, run_id: str = "r1", pad: int = 0) -> ProbeResult:
-    return ProbeResult(RUN_IDS.get(run_id, run_id), HOST, CELL, "fi-jit", f"ranks=1,i={i}",
+def _result(i: int, run_id: str = "r1", pad: int = 0, writer: str = "") -> ProbeResult:
+    variant = f"ranks=1,w={writer},i={i}" if writer else f"ranks=1,i={i}"
+    return ProbeResult(RUN_IDS.get(run_id, run_id), HOST, CELL, "fi-jit", variant,
                        Verdict(Status.PASS, note="x" * pad, duration_s=0.1), "2026-11-29T00:00:00Z", CODE)
 
 
@@ -35,22 +36,22 @@ WRITER = """
 import sys
 from pathlib import Path
 from checks.results.store import RunStore
-from tests.test_checks_store import _result
-store = RunStore(Path(sys.argv[1]), "h", sys.argv[2])
+from tests.test_checks_store import HOST, RUN_IDS, _result
+store = RunStore(Path(sys.argv[1]), HOST, RUN_IDS[sys.argv[2]])
 for i in range(int(sys.argv[3])):
-    store.append(_result(i, sys.argv[2], pad=int(sys.argv[4])))
+    store.append(_result(i, sys.argv[2], pad=int(sys.argv[4]), writer=sys.argv[5]))
     if i == 5:
         print("going", flush=True)
 """
 
 
-def _writer(tmp: Path, run_id: str, n: int, pad: int) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(tmp), run_id, str(n), str(pad)], cwd=ROOT,
+def _writer(tmp: Path, run_id: str, n: int, pad: int, writer: str = "") -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(tmp), run_id, str(n), str(pad), writer], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def test_append_and_read_back(tmp_path: Path) -> None:
-    store = RunStore(tmp_path, "h", "r1")
+    store = RunStore(tmp_path, HOST, RUN_IDS["r1"])
     for i in range(3):
         store.append(_result(i))
     results, warnings = read_file(store.results_path)
@@ -65,19 +66,19 @@ def test_kill_9_mid_run_leaves_only_whole_lines(tmp_path: Path) -> None:
     time.sleep(0.3)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    path = tmp_path / "h" / "r1.jsonl"
+    path = tmp_path / HOST / f"{RUN_IDS['r1']}.jsonl"
     results, warnings = read_file(path)
     assert len(results) > 5 and len(warnings) <= 1  # at most the write the kill cut short, said as such
     assert all(":unterminated" not in w and "unterminated last line" in w for w in warnings)
     assert [r.variant for r in results] == [f"ranks=1,i={i}" for i in range(len(results))]
-    RunStore(tmp_path, "h", "r1").append(_result(len(results)))  # the next writer repairs a torn tail
+    RunStore(tmp_path, HOST, RUN_IDS["r1"]).append(_result(len(results)))  # the next writer repairs a torn tail
     again, warnings = read_file(path)
     assert path.read_bytes().endswith(b"\n") and warnings == []
     assert [r.variant for r in again] == [f"ranks=1,i={i}" for i in range(len(results) + 1)]
 
 
 def test_torn_last_line_is_cut_before_the_next_append(tmp_path: Path) -> None:
-    store = RunStore(tmp_path, "h", "r1")
+    store = RunStore(tmp_path, HOST, RUN_IDS["r1"])
     store.append(_result(0))
     with open(store.results_path, "ab") as f:
         f.write(b'{"schema": "stackprobe.res')  # what a power cut mid-write could leave
@@ -89,15 +90,15 @@ def test_torn_last_line_is_cut_before_the_next_append(tmp_path: Path) -> None:
 
 
 def test_concurrent_writers_never_interleave(tmp_path: Path) -> None:
-    procs = [_writer(tmp_path, "shared", 300, 5000) for _ in range(3)]
+    procs = [_writer(tmp_path, "shared", 300, 5000, writer=str(w)) for w in range(3)]
     for p in procs:
         p.wait()
-    results, warnings = read_file(tmp_path / "h" / "shared.jsonl")
+    results, warnings = read_file(tmp_path / HOST / f"{RUN_IDS['shared']}.jsonl")
     assert warnings == [] and len(results) == 900
 
 
 def test_corrupt_lines_are_reported_with_file_and_line(tmp_path: Path) -> None:
-    store = RunStore(tmp_path, "h", "r1")
+    store = RunStore(tmp_path, HOST, RUN_IDS["r1"])
     store.append(_result(0))
     with open(store.results_path, "a") as f:
         f.write("garbage\n")
@@ -112,7 +113,7 @@ def test_corrupt_lines_are_reported_with_file_and_line(tmp_path: Path) -> None:
 
 
 def test_results_record_their_code_and_old_lines_still_read(tmp_path: Path) -> None:
-    store = RunStore(tmp_path, "h", "r1")
+    store = RunStore(tmp_path, HOST, RUN_IDS["r1"])
     store.append(_result(0))
     line = json.loads(store.results_path.read_text())
     assert line["schema"] == "stackprobe.result/2"

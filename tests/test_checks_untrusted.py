@@ -53,7 +53,7 @@ def _good_runs(results: Path, host: str = HOST) -> list[ProbeResult]:
     written = []
     for i, run in enumerate(RUNS):
         store = RunStore(results, host, run)
-        store.write_manifest({"run_id": run, "host_id": host, "executor": "docker",
+        store.write_manifest({"schema": "stackprobe.manifest/2", "run_id": run, "host_id": host, "executor": "docker",
                               "facts": {"host_id": host, "gpu_count": 0}, "cells": {}, "probes": {}})
         rs = [_result(run, c, f"ranks=1,module=m{j}", Status.PASS if (i + j) % 2 else Status.FAIL,
                       note=f"run {i}", host=host) for c in CELLS for j in range(2)]
@@ -88,7 +88,9 @@ class Seeded:
         host = root / HOST
         self.marks: dict[str, str] = {}
         bad_lines = host / "20261202T120000Z-cccc.jsonl"
-        atomic.write_json(host / "20261202T120000Z-cccc.manifest.json", {"facts": {"host_id": HOST, "gpu_count": 0}})
+        atomic.write_json(host / "20261202T120000Z-cccc.manifest.json",
+                          {"schema": "stackprobe.manifest/2", "run_id": "20261202T120000Z-cccc", "host_id": HOST,
+                           "facts": {"host_id": HOST, "gpu_count": 0}})
         good_line = json.dumps(_result("20261202T120000Z-cccc", CELLS[0], "ranks=1,module=last").to_json())
         with open(bad_lines, "wb") as f:
             f.write(b'{"schema": "stackprobe.result/2", "note": "caf\xe9 latin-1"}\n')  # line 1: undecodable
@@ -100,14 +102,14 @@ class Seeded:
             f.write(b" " * (1 << 20) + b"{}\n")  # line 5: too long
             f.write(good_line.encode())  # line 6: complete, no final newline: kept
         self.marks.update({"latin1": f"{bad_lines.name}:1: not UTF-8", "deep": f"{bad_lines.name}:2: nested",
-                           "surrogate": f"{bad_lines.name}:3: a string holds a lone surrogate",
-                           "cell": f"{bad_lines.name}:4: cell_id", "long": f"{bad_lines.name}:5: "})
+                           "surrogate": f"{bad_lines.name}:3: a string is not valid Unicode text (a lone surrogate)",
+                           "cell": f"{bad_lines.name}:4: cell id", "long": f"{bad_lines.name}:5: "})
         (host / "20261202T130000Z-dddd.jsonl").symlink_to(host / "nowhere")
-        self.marks["dangling"] = "20261202T130000Z-dddd.jsonl: missing (or a link to nothing)"
+        self.marks["dangling"] = "20261202T130000Z-dddd.jsonl: a symbolic link; not followed"
         (host / "20261202T140000Z-eeee.jsonl").mkdir()
-        self.marks["folder"] = "20261202T140000Z-eeee.jsonl: a folder, not a results file"
+        self.marks["folder"] = "20261202T140000Z-eeee.jsonl: a folder; not read"
         os.mkfifo(host / "20261202T150000Z-ffff.jsonl")
-        self.marks["fifo"] = "20261202T150000Z-ffff.jsonl: a FIFO, not a results file"
+        self.marks["fifo"] = "20261202T150000Z-ffff.jsonl: a FIFO; not read"
         (host / "20261202T160000Z-0000.jsonl").write_bytes(good_line.encode()[:40])
         self.marks["torn"] = "20261202T160000Z-0000.jsonl:1: unterminated last line"
         (host / "not-a-run.jsonl").write_text(good_line + "\n")
@@ -122,7 +124,7 @@ class Seeded:
             locked = host / "20261202T170000Z-1111.jsonl"
             locked.write_text(good_line + "\n")
             _lock_away(locked)
-            self.marks["unreadable"] = "20261202T170000Z-1111.jsonl: cannot open (Permission denied)"
+            self.marks["unreadable"] = "20261202T170000Z-1111.jsonl: cannot be read (Permission denied)"
             other = root / "h200x2-0123abcd"
             _good_runs(root, "h200x2-0123abcd")
             _lock_away(other, 0)
@@ -193,18 +195,19 @@ def test_a_fifo_named_jsonl_never_blocks_a_reader(tmp_path: Path) -> None:
     results, warnings = got[0]
     assert results == [] and len(warnings) == 1 and "a FIFO" in warnings[0]
     p = checks("report", "--results", str(tmp_path), "--out", str(tmp_path / "t.md"), timeout=60)
-    assert p.returncode == 2 and "a FIFO, not a results file" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "a FIFO; not read" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_undecodable_deep_and_surrogate_lines_name_file_and_line(tmp_path: Path) -> None:
-    path = tmp_path / "r.jsonl"
+    path = tmp_path / HOST / f"{RUNS[0]}.jsonl"
+    path.parent.mkdir()
     good = json.dumps(_result(RUNS[0], CELLS[0], "ranks=1").to_json())
     path.write_bytes(b"\xff\xfe binary\n" + b"[" * 5000 + b"]" * 5000 + b"\n" + b'{"a": "\\udc80"}\n'
                      + b"{" + b'"a":{' * 40 + b"}" * 41 + b"\n" + good.encode() + b"\n")
     results, warnings = read_file(path)
     assert [r.variant for r in results] == ["ranks=1"]
     assert [w.split(": ", 1)[0] for w in warnings] == [f"{path}:{n}" for n in (1, 2, 3, 4)]
-    assert "not UTF-8 (byte 0xff at offset 0)" in warnings[0]
+    assert "not UTF-8 text (byte 0)" in warnings[0]
     assert "nested deeper than 32 levels" in warnings[1] and "nested deeper than 32 levels" in warnings[3]
     assert "lone surrogate" in warnings[2]
 
@@ -222,7 +225,7 @@ def test_unreadable_file_and_host_folder_are_warned_not_dropped(tmp_path: Path) 
     p = checks("report", "--results", str(results), "--out", str(tmp_path / "t.md"), prefix=prefix)
     assert p.returncode == 0, p.stderr
     assert "h200x1-0123abcd: cannot list (Permission denied); skipped" in p.stderr
-    assert f"{RUNS[1]}.jsonl: cannot open (Permission denied); skipped" in p.stderr
+    assert f"{RUNS[1]}.jsonl: cannot be read (Permission denied)" in p.stderr
     assert "**2 unreadable items in the results folder were skipped**" in (tmp_path / "t.md").read_text()
 
 

@@ -12,10 +12,11 @@ kernel holds it); against a power cut an append is fsynced when SYNC_EVERY_S has
 last fsync, so a cut loses at most about that much of a run, not every line's fsync time (thousands of
 decided-without-running lines are recorded in seconds).
 
-Reading: every results folder is untrusted input (folders are copied between hosts). Anything that cannot be
-read (a folder or file name outside its id grammar, a dangling link, a FIFO or folder named ``*.jsonl``,
-undecodable bytes, a line too long or nested too deep, a lone surrogate, an id outside its grammar) is
-skipped with one warning naming the file and line; nothing is dropped without a word and nothing blocks.
+Reading: every results folder is untrusted input (folders are copied between hosts), read by the one reader
+(checks.results.reader) that validate, import and share use too: anything it cannot take (a folder or file
+name outside its id grammar, a link, a FIFO or folder named ``*.jsonl``, undecodable bytes, a line too long or
+nested too deep, NaN, a lone surrogate, an id outside its grammar, a second result for one key) is left out
+with one warning naming the file and line; nothing is dropped without a word and nothing blocks.
 A run records only when it adds something: its files are made when the first result that is news arrives
 (neither carried from an earlier run nor the same verdict as the host's latest result for its key), and the
 results held back until then go in first. A run that reuses everything leaves no file, so the table lists
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import re
 import secrets
@@ -39,26 +41,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from checks.results import ids
-from checks.results.result import ProbeResult, ResultError
+from checks.results import ids, reader
+from checks.results.result import ProbeResult
 from inenv import atomic
 
-MAX_LINE = 1 << 20  # bytes in one results line (the largest recorded is under 8 KB)
-MAX_MANIFEST = 16 << 20  # bytes in one manifest
-MAX_FILE = 1 << 32  # bytes in one results file
 SYNC_EVERY_S = 1.0  # an append reaches the disk within this of the one before it (see the module's note)
-MAX_DEPTH = 32  # nesting of objects and arrays in one line or manifest (results use under 6)
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 LEFTOVER = re.compile(r"\..+\.(jsonl|manifest\.json)\..+\.tmp")  # atomic.write_bytes' temporary files
 
 
 class StoreBusy(RuntimeError):
     pass
-
-
-class Unreadable(Exception):
-    """A file that cannot be read as results; the message says why, without the path."""
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -83,8 +75,21 @@ def where(path: Path, line: int | None = None) -> str:
     return ids.shown(str(path)) + (f":{line}" if line is not None else "")
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None: JSON has no such numbers, and the reader
+    refuses a line holding one, so a probe's NaN must not cost its whole result."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
 def _line(result: ProbeResult) -> bytes:
-    return (json.dumps(result.to_json(), sort_keys=True, default=str, separators=(",", ":")) + "\n").encode()
+    return (json.dumps(finite(result.to_json()), sort_keys=True, default=str, separators=(",", ":"),
+                       allow_nan=False) + "\n").encode()
 
 
 def _complete_json(data: bytes) -> bool:
@@ -326,115 +331,13 @@ def latest_run(folder: Path) -> str | None:
     return runs[-1] if runs else None
 
 
-def read_bytes(path: Path, limit: int) -> bytes:
-    """A regular file's bytes, at most ``limit``; never blocks on a FIFO or device. Unreadable says why."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise Unreadable("missing (or a link to nothing)") from None
-    except OSError as exc:
-        raise Unreadable(f"cannot open ({exc.strerror or exc})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
-                "not a regular file"
-            raise Unreadable(f"{kind}, not a results file")
-        if st.st_size > limit:
-            raise Unreadable(f"{st.st_size} bytes, over the limit of {limit}")
-        chunks = []
-        total = 0
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limit:
-                raise Unreadable(f"over the limit of {limit} bytes")
-        return b"".join(chunks)
-    except OSError as exc:
-        raise Unreadable(f"cannot read ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)
-
-
-def _bounded(obj: Any) -> str | None:
-    """Why a parsed value is refused (nested deeper than MAX_DEPTH, a lone surrogate in a string), or None."""
-    stack = [(obj, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict | list):
-            if depth > MAX_DEPTH:
-                return f"nested deeper than {MAX_DEPTH} levels"
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for k, v in items:
-                if isinstance(k, str) and _LONE_SURROGATE.search(k):
-                    return "a string holds a lone surrogate (not text)"
-                stack.append((v, depth + 1))
-        elif isinstance(value, str) and _LONE_SURROGATE.search(value):
-            return "a string holds a lone surrogate (not text)"
-    return None
-
-
-def parse_json(raw: bytes) -> Any:
-    """One JSON document from untrusted bytes, bounded in depth; ValueError says why it is refused."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
-    try:
-        obj = json.loads(text)
-    except RecursionError:
-        raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as exc:
-        raise ValueError(f"not valid JSON ({getattr(exc, 'msg', exc)})") from None
-    if isinstance(obj, dict | list) and (why := _bounded(obj) if (
-            _ESCAPED_SURROGATE.search(raw) or raw.count(b"[") + raw.count(b"{") > MAX_DEPTH) else None):
-        raise ValueError(why)
-    return obj
-
-
-def _ids_wrong(r: ProbeResult) -> str | None:
-    for name, value in (("run_id", r.run_id), ("host_id", r.host_id), ("cell_id", r.cell_id),
-                        ("probe_id", r.probe_id), ("variant", r.variant), ("reason_code", r.verdict.reason_code)):
-        if not ids.valid(name.replace("_", " "), value):
-            return f"{name} {ids.shown(value)[:80]!r} is outside its grammar (see checks/results/ids.py)"
-    return None
-
-
 def read_file(path: Path) -> tuple[list[ProbeResult], list[str]]:
-    """Valid results of one JSONL file (either schema) and a warning (file:line: why) for each line that is
-    not, or one warning for a file that cannot be read at all. A complete last line without its newline is
-    kept; a torn one is skipped."""
-    results: list[ProbeResult] = []
-    warnings: list[str] = []
-    try:
-        data = read_bytes(path, MAX_FILE)
-    except Unreadable as exc:
-        return [], [f"{where(path)}: {exc}; skipped"]
-    lines = data.split(b"\n")
-    last = len(lines)
-    for n, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        if len(raw) > MAX_LINE:
-            warnings.append(f"{where(path, n)}: {len(raw)} bytes, over the line limit of {MAX_LINE}; skipped")
-            continue
-        try:
-            obj = parse_json(raw)
-        except ValueError as exc:
-            torn = n == last  # no newline after it: an interrupted write
-            why = "unterminated last line (a run was interrupted mid-write)" if torn else str(exc)
-            warnings.append(f"{where(path, n)}: {why}; skipped")
-            continue
-        try:
-            r = ProbeResult.from_json(obj)
-        except ResultError as exc:
-            warnings.append(f"{where(path, n)}: {ids.shown(str(exc))[:300]}; skipped")
-            continue
-        if why := _ids_wrong(r):
-            warnings.append(f"{where(path, n)}: {why}; skipped")
-            continue
-        results.append(r)
-    return results, warnings
+    """Valid results of one run's JSONL file and a warning (file:line: why) for each line left out, or one
+    warning for a file that cannot be read at all; the rules are the one reader's (checks.results.reader)."""
+    problems: list[reader.Problem] = []
+    run_id = path.name[: -len(reader.RESULTS_SUFFIX)] if path.name.endswith(reader.RESULTS_SUFFIX) else path.name
+    objs = reader.read_results_file(path, path.parent.name, run_id, problems)
+    return [ProbeResult.from_json(o) for o in objs], [str(p) for p in problems]
 
 
 def scan(root: Path) -> tuple[list[tuple[str, str, Path]], list[str]]:
@@ -451,9 +354,12 @@ def scan(root: Path) -> tuple[list[tuple[str, str, Path]], list[str]]:
         if h.name.startswith("."):
             continue
         try:
-            is_dir = h.is_dir()
+            is_dir, is_link = h.is_dir(follow_symlinks=False), h.is_symlink()
         except OSError:
-            is_dir = False
+            is_dir, is_link = False, False
+        if is_link:
+            warnings.append(f"{where(Path(h.path))}: a symbolic link; not followed")
+            continue
         if not is_dir:
             continue
         if not ids.valid("host id", h.name):
@@ -483,12 +389,8 @@ def iter_runs(root: Path) -> Iterator[tuple[str, str, Path]]:
 
 
 def read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    try:
-        data = parse_json(read_bytes(path, MAX_MANIFEST))
-    except Unreadable as exc:
-        if str(exc).startswith("missing"):
-            return None, f"{where(path)}: missing (host facts unknown)"
-        return None, f"{where(path)}: {exc}; skipped"
-    except ValueError as exc:
-        return None, f"{where(path)}: unreadable ({exc}); skipped"
-    return (data, None) if isinstance(data, dict) else (None, f"{where(path)}: not a JSON object")
+    """A run's manifest, or None and why (checks.results.reader's rules; a missing one says so)."""
+    problems: list[reader.Problem] = []
+    run_id = path.name.removesuffix(reader.MANIFEST_SUFFIX)
+    data = reader.read_manifest_file(path, path.parent.name, run_id, problems)
+    return (dict(data), None) if data is not None else (None, str(problems[0]) if problems else None)

@@ -15,7 +15,7 @@ bidirectional character reaches a terminal that shows it), keys sorted, one spac
 
 ``results`` are the lines of ``results/<host>/<run>.jsonl`` as JSON objects and ``manifest`` the run's
 manifest, both scrubbed (checks.share.scrub), so an import writes the same files back. Building goes through the
-same strict reader as importing (checks.share.intake): a bundle never carries an item an import would refuse.
+same strict reader as importing (checks.results.reader): a bundle never carries an item an import would refuse.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checks.results import ids
+from checks.results import ids, reader
 from checks.results.provenance import UNKNOWN, Checkout
+from checks.results.reader import Problem, Run
 from checks.results.store import RunLock
-from checks.share import intake
-from checks.share.intake import Problem, Run
 from checks.share.scrub import Scrubber
 from inenv import atomic
 
@@ -41,7 +40,7 @@ KEYS = frozenset({"schema", "host_id", "host", "code", "scrubbed", "runs"})
 RUN_KEYS = frozenset({"run_id", "manifest", "results"})
 HOST_FACTS = ("gpu_name", "gpu_count", "compute_capability", "interconnect", "topology", "driver", "driver_cuda",
               "nccl", "peer_access", "multicast", "cpu", "cpu_count", "os")
-BUNDLE_DEPTH = intake.MAX_DEPTH + 4  # a result nests four levels inside a bundle
+BUNDLE_DEPTH = reader.MAX_DEPTH + 4  # a result nests four levels inside a bundle
 
 
 class BundleError(ValueError):
@@ -111,7 +110,7 @@ def build(results_dir: Path, host_id: str, scrubber: Scrubber, shared_by: Checko
         raise BundleError(f"checks share: no results for host {host_id} under {results_dir} "
                           f"(hosts there: {', '.join(known) or 'none'})")
     problems: list[Problem] = []
-    runs = [r for r in intake.read_host(folder, problems).values() if r.results]
+    runs = [r for r in reader.read_host(folder, problems).values() if r.results]
     if not runs:
         raise BundleError(f"checks share: {folder} holds no readable result")
     body = {"host": host_facts(runs), "code": code_of(runs, shared_by),
@@ -140,11 +139,11 @@ class Bundle:
 def read(path: Path) -> tuple[Bundle | None, list[Problem]]:
     """A bundle file read strictly: (None, [a fatal problem]) when it is not a bundle at all; else the bundle
     with every well-formed run and result, and a problem for each item left out."""
-    where = intake._shown(path)
-    data, why = intake.read_bytes(path, intake.MAX_FILE_BYTES)
+    where = reader.shown(path)
+    data, why = reader.read_bytes(path, reader.MAX_FILE)
     obj = None
     if data is not None:
-        obj, why = intake.parse_json(data, BUNDLE_DEPTH)
+        obj, why = reader.parse_json(data, BUNDLE_DEPTH)
     if why:
         return None, [Problem(where, why, fatal=True)]
     fatal = _top_problem(obj)
@@ -154,7 +153,7 @@ def read(path: Path) -> tuple[Bundle | None, list[Problem]]:
     problems: list[Problem] = []
     runs: list[Run] = []
     seen: set[str] = set()
-    for n, raw in enumerate(obj["runs"][: intake.MAX_RUNS], 1):
+    for n, raw in enumerate(obj["runs"][: reader.MAX_RUNS], 1):
         run, why = _run(raw, host_id, f"{where}: run {n}", problems)
         if why:
             problems.append(Problem(f"{where}: run {n}", f"{why}; skipped"))
@@ -163,8 +162,8 @@ def read(path: Path) -> tuple[Bundle | None, list[Problem]]:
         elif run is not None:
             seen.add(run.run_id)
             runs.append(run)
-    if len(obj["runs"]) > intake.MAX_RUNS:
-        problems.append(Problem(where, f"more than {intake.MAX_RUNS} runs; the rest skipped"))
+    if len(obj["runs"]) > reader.MAX_RUNS:
+        problems.append(Problem(where, f"more than {reader.MAX_RUNS} runs; the rest skipped"))
     return Bundle(where, host_id, obj["host"], obj["code"], tuple(runs), tuple(problems)), problems
 
 
@@ -204,12 +203,12 @@ def _run(raw: Any, host_id: str, where: str, problems: list[Problem]) -> tuple[R
     if not isinstance(raw["results"], list):
         return None, "results is not a list"
     manifest = raw["manifest"]
-    if manifest is not None and (why := intake.check_manifest(manifest, host_id, run_id)):
+    if manifest is not None and (why := reader.check_manifest(manifest, host_id, run_id)):
         problems.append(Problem(f"{where} ({run_id}) manifest", f"{why}; left out"))
         manifest = None
     lines = [(f"{where} ({run_id}) result {i}", json.dumps(r, ensure_ascii=True).encode())
              for i, r in enumerate(raw["results"], 1)]
-    results = intake.results_of(lines, host_id, run_id, problems)
+    results = reader.results_of(lines, host_id, run_id, problems)
     if not results:
         return None, "no well-formed result"
     return Run(run_id, manifest, tuple(results)), None
@@ -253,12 +252,12 @@ def claim_problem(b: Bundle, results_dir: Path, own_host: str) -> Problem | None
     if not folder.is_dir() or folder.is_symlink():
         return None
     problems: list[Problem] = []
-    here = intake.read_host(folder, problems)
+    here = reader.read_host(folder, problems)
     mine = _identity(here[r].manifest for r in sorted(here))
     theirs = _identity(run.manifest for run in b.runs)
     if mine is not None and theirs is not None and mine != theirs:
         said = ", ".join(f"{k} {theirs[k]!r} here {mine[k]!r}" for k in IDENTITY if mine[k] != theirs[k])
-        return Problem(b.path, f"the bundle names host {b.host_id}, already under {intake._shown(results_dir)}, "
+        return Problem(b.path, f"the bundle names host {b.host_id}, already under {reader.shown(results_dir)}, "
                                f"with other GPUs ({said[:200]}); refused, nothing written")
     return None
 
@@ -275,7 +274,7 @@ def import_bundle(b: Bundle, results_dir: Path, own_host: str = "") -> Outcome:
         return Outcome(refused=(claim,))
     folder = results_dir / b.host_id
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        return Outcome(refused=(Problem(intake._shown(folder), "not a plain folder; nothing written there"),))
+        return Outcome(refused=(Problem(reader.shown(folder), "not a plain folder; nothing written there"),))
     imported: list[str] = []
     present: list[str] = []
     refused: list[Problem] = []
@@ -288,17 +287,17 @@ def import_bundle(b: Bundle, results_dir: Path, own_host: str = "") -> Outcome:
     return Outcome(tuple(imported), tuple(present), tuple(refused))
 
 
-def _import_run(b: Bundle, run: intake.Run, folder: Path, results_dir: Path, imported: list[str],
+def _import_run(b: Bundle, run: reader.Run, folder: Path, results_dir: Path, imported: list[str],
                 present: list[str], refused: list[Problem]) -> None:
     name = f"{b.host_id}/{run.run_id}"
-    path = folder / f"{run.run_id}{intake.RESULTS_SUFFIX}"
-    mpath = folder / f"{run.run_id}{intake.MANIFEST_SUFFIX}"
+    path = folder / f"{run.run_id}{reader.RESULTS_SUFFIX}"
+    mpath = folder / f"{run.run_id}{reader.MANIFEST_SUFFIX}"
     if os.path.dirname(os.path.normpath(path)) != os.path.normpath(folder):  # ids forbid it; kept as a guard
         refused.append(Problem(b.path, f"run {run.run_id[:30]!r} would land outside {folder}"))
         return
     if os.path.lexists(path):
         have: list[Problem] = []
-        existing = intake.read_run(folder, b.host_id, run.run_id, have)
+        existing = reader.read_run(folder, b.host_id, run.run_id, have)
         if not _same(existing.results, run.results):
             refused.append(Problem(b.path, f"run {name} is already under {results_dir} with different "
                                            "results; refused (nothing of it written)"))

@@ -8,7 +8,7 @@ Exit codes, the same for the three commands:
 - 2: bad input as a whole: a path that cannot be read, a file that is not a bundle, a results folder that
   cannot be written; one line, nothing written.
 
-Every line printed names files and ids as text escaped for a terminal (checks.share.intake).
+Every line printed names files and ids as text escaped for a terminal (checks.results.reader).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks.results import hostfacts, ids, provenance
+from checks.results import hostfacts, ids, provenance, reader
+from checks.results.reader import Problem
 from checks.results.store import StoreBusy
-from checks.share import bundle, intake
-from checks.share.intake import Problem
+from checks.share import bundle
 from checks.share.scrub import Identity, Scrubber
 from inenv import atomic
 
@@ -79,7 +79,7 @@ def share(opts: ShareOptions) -> int:
     try:
         atomic.write_bytes(out, payload)
     except OSError as exc:
-        print(f"checks share: cannot write {intake._shown(out)}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"checks share: cannot write {reader.shown(out)}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"wrote {out}; send it with your note on the host (see docs/contributing-results.md)", file=sys.stderr)
     return 1 if problems else 0
@@ -96,14 +96,14 @@ def import_bundles(opts: ImportOptions) -> int:
             continue
         code = max(code, 1 if problems else 0)
         for w in b.code.get("warnings") or []:
-            print(f"note: {intake._shown(path)}: {intake._shown(str(w)[:300])}", file=sys.stderr)
+            print(f"note: {reader.shown(path)}: {reader.shown(str(w)[:300])}", file=sys.stderr)
         try:
             outcome = bundle.import_bundle(b, opts.results, own)
         except StoreBusy as exc:
             print(f"checks import: {exc}", file=sys.stderr)
             return 2
         except OSError as exc:  # the host folder could not be made or locked: nothing written
-            print(f"checks import: cannot write under {intake._shown(opts.results)}: {exc.strerror or exc}; "
+            print(f"checks import: cannot write under {reader.shown(opts.results)}: {exc.strerror or exc}; "
                   "nothing of this bundle written", file=sys.stderr)
             return 2
         _warn(outcome.refused)
@@ -114,7 +114,7 @@ def import_bundles(opts: ImportOptions) -> int:
         for name in outcome.present:
             print(f"already present: {name} (same results); skipped", file=sys.stderr)
         if outcome.error:
-            print(f"checks import: stopped writing under {intake._shown(opts.results)}: {outcome.error}; "
+            print(f"checks import: stopped writing under {reader.shown(opts.results)}: {outcome.error}; "
                   f"written: {', '.join(outcome.imported) or 'nothing'}; the run it stopped at is not there",
                   file=sys.stderr)
             return 2
@@ -149,13 +149,13 @@ def _one_host(path: Path) -> bool:
 
 
 def check(path: Path) -> Checked:
-    shown = intake._shown(path)
+    shown = reader.shown(path)
     if _one_host(path):
         problems: list[Problem] = []
-        runs = intake.read_host(path, problems)
+        runs = reader.read_host(path, problems)
         return Checked(shown, "host", 1, len(runs), sum(len(r.results) for r in runs.values()), tuple(problems))
     if path.is_dir():
-        hosts, problems = intake.read_results(path)
+        hosts, problems = reader.read_results(path)
         return Checked(shown, "results", len(hosts), sum(len(h) for h in hosts.values()),
                        sum(len(r.results) for h in hosts.values() for r in h.values()), tuple(problems))
     b, problems = bundle.read(path)

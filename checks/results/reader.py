@@ -1,13 +1,22 @@
-"""Read results folders and bundles as untrusted input (host side; reading is the only side effect).
+"""The one reader of results folders and bundles, all untrusted input (host side; reading is its only side effect).
 
-Everything here may come from another machine: ``checks import`` and ``checks validate`` read through it,
-and ``checks share`` too, so that a bundle never carries what an import would refuse. Every item that is
-not well formed becomes one :class:`Problem` naming the file (and line or run) and why; nothing else is
-dropped. Limits: file and line sizes, JSON nesting depth, counts of runs and results. JSON is parsed with
-NaN/Infinity refused, and strings holding lone surrogates (which no UTF-8 page can carry) are refused.
-Ids are checked against ``checks.results.ids``; statuses against ``inenv.status`` (through ``ProbeResult``).
-Files are opened only when ``lstat`` says they are regular files: symbolic links, FIFOs and devices are
-reported, never followed or read.
+Everything here may come from another machine, and every command reads through it with one set of rules:
+``checks report``, ``advise``, ``diff`` and ``run`` (checks.results.store), and ``checks validate``,
+``import`` and ``share`` (checks.share), so what one command calls bad no other publishes, and a bundle never
+carries what an import would refuse. Every item that is not well formed becomes one :class:`Problem` naming
+the file (and line, or the bundle's run) and why, and is left out; the rest goes on. The rules:
+
+- limits: MAX_FILE bytes per results file or bundle, MAX_LINE per result line, MAX_MANIFEST per manifest,
+  JSON nested at most MAX_DEPTH levels, MAX_RUNS runs per host, MAX_RESULTS results per run;
+- JSON with NaN/Infinity is refused, and so are strings holding lone surrogates (no UTF-8 page can carry them);
+- files are opened only when ``lstat`` says they are regular files: symbolic links (dangling or not), FIFOs,
+  devices and folders are reported, never followed or read;
+- a result line must be a result of its schema with only known fields, ids in their grammars
+  (``checks.results.ids``), and the host and run it claims must be the folder and file it is in;
+- one result per (cell, probe, variant) in a run: a later line for a key already seen is left out;
+- the last line of a file without its newline is kept when it is a complete, valid result (the writer's
+  last append reached the disk whole) and left out as torn otherwise;
+- a manifest must be of a known schema with only known fields, naming the host and run of its file.
 """
 
 from __future__ import annotations
@@ -23,9 +32,9 @@ from typing import Any
 from checks.results import ids
 from checks.results.result import FIELDS, ProbeResult, ResultError
 
-MAX_FILE_BYTES = 256 << 20  # one run's results or one bundle
-MAX_MANIFEST_BYTES = 16 << 20
-MAX_LINE_BYTES = 1 << 20  # one result (the largest recorded so far is under 8 KiB)
+MAX_FILE = 256 << 20  # one run's results or one bundle
+MAX_MANIFEST = 16 << 20
+MAX_LINE = 1 << 20  # one result (the largest recorded so far is under 8 KiB)
 MAX_DEPTH = 32  # nesting of one JSON document (results nest 6 deep, a bundle 11)
 MAX_RUNS = 10_000
 MAX_RESULTS = 1_000_000  # per run
@@ -59,7 +68,7 @@ class Run:
     results: tuple[Mapping[str, Any], ...]
 
 
-def _shown(path: Path | str) -> str:
+def shown(path: Path | str) -> str:
     """A path as text that a terminal shows safely (undecodable bytes and control characters escaped)."""
     text = os.fsdecode(path) if isinstance(path, Path) else path
     if text.isprintable() and not any(0xD800 <= ord(c) <= 0xDFFF for c in text):
@@ -123,7 +132,8 @@ def check_result(obj: Any, host_id: str, run_id: str) -> str | None:
         r = ProbeResult.from_json(obj)
     except ResultError as exc:
         return str(exc)
-    for kind, value in (("cell id", r.cell_id), ("probe id", r.probe_id), ("variant", r.variant)):
+    for kind, value in (("cell id", r.cell_id), ("probe id", r.probe_id), ("variant", r.variant),
+                        ("reason code", r.verdict.reason_code)):
         if why := ids.problem(kind, value):
             return why
     if r.run_id != run_id:
@@ -169,7 +179,9 @@ def _regular(path: Path, limit: int) -> str | None:
     if stat.S_ISLNK(st.st_mode):
         return "a symbolic link; not followed"
     if not stat.S_ISREG(st.st_mode):
-        return "not a regular file; not read"
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+            "not a regular file"
+        return f"{kind}; not read"
     if st.st_size > limit:
         return f"{st.st_size} bytes, more than the limit of {limit}"
     return None
@@ -197,8 +209,8 @@ def results_of(lines: Iterable[tuple[str, bytes]], host_id: str, run_id: str,
     out: list[Mapping[str, Any]] = []
     seen: set[tuple[str, str, str]] = set()
     for where, raw in lines:
-        if len(raw) > MAX_LINE_BYTES:
-            problems.append(Problem(where, f"line of {len(raw)} bytes, more than the limit of {MAX_LINE_BYTES}"))
+        if len(raw) > MAX_LINE:
+            problems.append(Problem(where, f"line of {len(raw)} bytes, more than the limit of {MAX_LINE}; skipped"))
             continue
         obj, why = parse_json(raw)
         why = why or check_result(obj, host_id, run_id)
@@ -217,35 +229,45 @@ def results_of(lines: Iterable[tuple[str, bytes]], host_id: str, run_id: str,
     return out
 
 
-def read_run(folder: Path, host_id: str, run_id: str, problems: list[Problem]) -> Run:
-    """One run of a host folder: its results file and manifest, read strictly."""
-    path = folder / f"{run_id}{RESULTS_SUFFIX}"
-    data, why = read_bytes(path, MAX_FILE_BYTES)
-    results: list[Mapping[str, Any]] = []
-    if why:
-        problems.append(Problem(_shown(path), why))
-    elif data is not None:
-        lines = data.split(b"\n")
-        tail = lines.pop()  # b"" when the file ends with a newline
-        numbered = [(f"{_shown(path)}:{n}", raw) for n, raw in enumerate(lines, 1) if raw.strip()]
-        results = results_of(numbered, host_id, run_id, problems)
-        if tail.strip():
-            problems.append(Problem(f"{_shown(path)}:{len(lines) + 1}",
+def read_results_file(path: Path, host_id: str, run_id: str, problems: list[Problem]) -> list[Mapping[str, Any]]:
+    """The well-formed results of one run's results file; a problem for the file or for each line left out."""
+    data, why = read_bytes(path, MAX_FILE)
+    if why or data is None:
+        problems.append(Problem(shown(path), why or "cannot be read"))
+        return []
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
+    numbered = [(f"{shown(path)}:{n}", raw) for n, raw in enumerate(lines, 1) if raw.strip()]
+    if tail.strip():
+        obj, why = parse_json(tail)
+        if why or check_result(obj, host_id, run_id):  # torn: the rest of the line never reached the disk
+            problems.append(Problem(f"{shown(path)}:{len(lines) + 1}",
                                     "unterminated last line (a run was interrupted mid-write); skipped"))
-    manifest = None
-    mpath = folder / f"{run_id}{MANIFEST_SUFFIX}"
-    if not os.path.lexists(mpath):
-        problems.append(Problem(_shown(mpath), "missing (host facts unknown)"))
-    else:
-        data, why = read_bytes(mpath, MAX_MANIFEST_BYTES)
-        obj = None
-        if data is not None:
-            obj, why = parse_json(data)
-            why = why or check_manifest(obj, host_id, run_id)
-        if why:
-            problems.append(Problem(_shown(mpath), why))
         else:
-            manifest = obj
+            numbered.append((f"{shown(path)}:{len(lines) + 1}", tail))
+    return results_of(numbered, host_id, run_id, problems)
+
+
+def read_manifest_file(path: Path, host_id: str, run_id: str, problems: list[Problem]) -> Mapping[str, Any] | None:
+    """One run's manifest, or None with a problem (a missing one too: its host facts are then unknown)."""
+    if not os.path.lexists(path):
+        problems.append(Problem(shown(path), "missing (host facts unknown)"))
+        return None
+    data, why = read_bytes(path, MAX_MANIFEST)
+    obj = None
+    if data is not None:
+        obj, why = parse_json(data)
+        why = why or check_manifest(obj, host_id, run_id)
+    if why:
+        problems.append(Problem(shown(path), why))
+        return None
+    return obj
+
+
+def read_run(folder: Path, host_id: str, run_id: str, problems: list[Problem]) -> Run:
+    """One run of a host folder: its results file and manifest."""
+    results = read_results_file(folder / f"{run_id}{RESULTS_SUFFIX}", host_id, run_id, problems)
+    manifest = read_manifest_file(folder / f"{run_id}{MANIFEST_SUFFIX}", host_id, run_id, problems)
     return Run(run_id, manifest, tuple(results))
 
 
@@ -263,20 +285,20 @@ def read_host(folder: Path, problems: list[Problem]) -> dict[str, Run]:
     try:
         names = sorted(os.listdir(folder))
     except OSError as exc:
-        problems.append(Problem(_shown(folder), f"cannot be listed ({exc.strerror})"))
+        problems.append(Problem(shown(folder), f"cannot be listed ({exc.strerror})"))
         return {}
     run_ids: set[str] = set()
     for name in names:
         run_id = _run_file(name)
         if run_id is None:
-            problems.append(Problem(_shown(folder / name), "not a run's .jsonl or .manifest.json; not read"))
+            problems.append(Problem(shown(folder / name), "not a run's .jsonl or .manifest.json; not read"))
             continue
         if name.endswith(MANIFEST_SUFFIX) and f"{run_id}{RESULTS_SUFFIX}" not in names:
-            problems.append(Problem(_shown(folder / name), "a manifest without its results file"))
+            problems.append(Problem(shown(folder / name), "a manifest without its results file"))
             continue
         run_ids.add(run_id)
     if len(run_ids) > MAX_RUNS:
-        problems.append(Problem(_shown(folder), f"more than {MAX_RUNS} runs; only the newest {MAX_RUNS} read"))
+        problems.append(Problem(shown(folder), f"more than {MAX_RUNS} runs; only the newest {MAX_RUNS} read"))
     return {r: read_run(folder, host_id, r, problems) for r in sorted(run_ids)[-MAX_RUNS:]}
 
 
@@ -286,29 +308,29 @@ def read_results(root: Path) -> tuple[dict[str, dict[str, Run]], list[Problem]]:
     try:
         st = os.stat(root)
     except OSError as exc:
-        return {}, [Problem(_shown(root), f"cannot be read ({exc.strerror})", fatal=True)]
+        return {}, [Problem(shown(root), f"cannot be read ({exc.strerror})", fatal=True)]
     if not stat.S_ISDIR(st.st_mode):
-        return {}, [Problem(_shown(root), "not a directory", fatal=True)]
+        return {}, [Problem(shown(root), "not a directory", fatal=True)]
     try:
         names = sorted(os.listdir(root))
     except OSError as exc:
-        return {}, [Problem(_shown(root), f"cannot be listed ({exc.strerror})", fatal=True)]
+        return {}, [Problem(shown(root), f"cannot be listed ({exc.strerror})", fatal=True)]
     hosts: dict[str, dict[str, Run]] = {}
     for name in names:
         path = root / name
         try:
             st = os.lstat(path)
         except OSError as exc:
-            problems.append(Problem(_shown(path), f"cannot be read ({exc.strerror})"))
+            problems.append(Problem(shown(path), f"cannot be read ({exc.strerror})"))
             continue
         if stat.S_ISREG(st.st_mode) and name in REPORT_FILES:
             continue
         if not stat.S_ISDIR(st.st_mode):
             what = "a symbolic link; not followed" if stat.S_ISLNK(st.st_mode) else "not a host folder; not read"
-            problems.append(Problem(_shown(path), what))
+            problems.append(Problem(shown(path), what))
             continue
         if why := ids.problem("host id", name):
-            problems.append(Problem(_shown(path), f"folder name: {why}; not read"))
+            problems.append(Problem(shown(path), f"folder name: {why}; not read"))
             continue
         hosts[name] = read_host(path, problems)
     return hosts, problems
