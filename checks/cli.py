@@ -296,9 +296,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(decisions.plain(d), indent=2, sort_keys=True))
     else:
-        b = decisions.diff_block(d)
-        print("\n".join([b.title, *b.lines, *(["ids:"] if b.ids else []),
-                         *(f"  [{n}] {i}" for n, i in enumerate(b.ids, 1))]))
+        print("\n".join(decisions.block_lines(decisions.diff_block(d))))
     return 0
 
 

@@ -31,6 +31,8 @@ def _stop(name: str) -> Callable[[int, FrameType | None], None]:
 
 def _run(name: str, module: str) -> int:
     previous = signal.signal(signal.SIGINT, _stop(name))
+    if previous is not signal.SIG_IGN:  # the package's early handler (common/__init__.py) or Python's own
+        previous = signal.default_int_handler
     try:
         main = importlib.import_module(module).main
     finally:

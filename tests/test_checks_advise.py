@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -536,7 +537,7 @@ def test_advise_without_host_leaves_out_gpu_less_hosts_in_one_line(tmp_path: Pat
     assert "host cpu-5bce98f7" in capsys.readouterr().out
     only = tmp_path / "results"
     only.mkdir()
-    (only / "cpu-5bce98f7").symlink_to(committed() / "cpu-5bce98f7")
+    shutil.copytree(committed() / "cpu-5bce98f7", only / "cpu-5bce98f7")  # a results folder's links are not read
     assert main(["advise", "--results", str(only)]) == 0
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "no host has GPU results" in err

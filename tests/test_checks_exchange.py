@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -215,8 +216,8 @@ def _bad_results(root: Path) -> int:
     os.symlink("/nonexistent", folder / "20260101T000001Z-abcd.jsonl")  # dangling link
     os.mkfifo(folder / "20260101T000002Z-abcd.jsonl")  # would hang a reader
     (folder / "20260101T000003Z-abcd.jsonl").mkdir()  # a folder named like a run
-    (folder / ".20260101T000000Z-abcd.jsonl.x.tmp").write_text("")  # a killed writer's leftover
-    return len(bad_lines) + 1 + 6 + 3  # lines, the torn tail, the six entries, three runs without a manifest
+    (folder / ".20260101T000000Z-abcd.jsonl.x.tmp").write_text("")  # a killed writer's leftover: passed over
+    return len(bad_lines) + 1 + 5 + 3  # lines, the torn tail, the five entries, three runs without a manifest
 
 
 def test_validate_warns_once_per_bad_item_and_keeps_the_rest(tmp_path: Path,
@@ -370,3 +371,65 @@ def test_short_host_and_user_names_and_the_machines_domain_are_scrubbed_where_th
         assert s.text(text) == want, text
     assert s.counts["domain name"] == 1 and s.counts["host name"] == 4 and s.counts["user name"] == 2
     assert "domain name: 1" in s.summary()
+
+
+PAYLOAD = ("a|b <script>alert(1)</script><img src=x onerror=alert(1)> [x](javascript:alert(1)) **bold** "
+           "`tick` $(touch /tmp/pwned) ; rm -rf ~ & 'q' \"dq\" \\ \n# heading")
+# Fields whose grammar or type the reader checks: a payload there refuses the item (tested elsewhere).
+CHECKED = {"schema", "run_id", "host_id", "cell_id", "probe_id", "variant", "status", "reason_code", "started_at",
+           "written_at", "level", "executor", "probe_hash", "commit", "version", "argv"}
+
+
+def _payload_everywhere(value: object, key: str = "") -> object:
+    if key in CHECKED:
+        return value
+    if isinstance(value, str):
+        return PAYLOAD
+    if isinstance(value, dict):
+        return {k: _payload_everywhere(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_payload_everywhere(v, key) for v in value]
+    return value
+
+
+def test_a_bundle_with_payloads_in_every_text_field_lands_escaped_everywhere(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture) -> None:
+    src = tmp_path / "src"
+    folder = _host_folder(src, note="n", env={"NCCL_ALGO": "Ring"})
+    manifest_path = next(folder.glob("*.manifest.json"))
+    manifest = json.loads(manifest_path.read_text())
+    manifest["facts"].update(host_label="GPU X ×2", driver="580.1", topology="NV18", pcie=["x16"])
+    manifest["cells"]["cu130-torch2.11.0-sglnone-fi0.6.18"].update(status="built", reason="r", image="img")
+    manifest_path.write_text(json.dumps(manifest))
+    results = [json.loads(ln) for ln in next(folder.glob("*.jsonl")).read_text().splitlines()]
+    for r in results:
+        r.update(remediation="do x", evidence={"log_tail": "t", "kernel": "k", "nested": {"why": ["w"]}},
+                 metrics={"latency_us": 1.5})
+    next(folder.glob("*.jsonl")).write_text("".join(json.dumps(r) + "\n" for r in results))
+    data, problems = bundle.build(src, "gpux2-0123abcd", Scrubber(), Checkout("0.1.0", "a" * 40, False))
+    assert not problems
+    evil = _payload_everywhere(data)
+    path = tmp_path / "payload.json"
+    path.write_bytes(bundle.dumps(evil))
+    res = tmp_path / "r" / "results"
+    assert _main("import", path, "--results", res) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    out = res.parent / "docs" / "compatibility.md"
+    assert _main("report", "--results", res, "--out", out) == 0
+    md, html = out.read_text(), out.with_suffix(".html").read_text()
+    assert PAYLOAD.split()[0] not in md  # the raw "a|b" never lands: its bar is escaped
+    assert "<script" not in md.lower() and "<img" not in md.lower() and "](javascript:" not in md
+    header = next(ln for ln in md.splitlines() if ln.startswith("| cell |"))
+    cols = len(re.split(r"(?<!\\)\|", header))
+    assert all(len(re.split(r"(?<!\\)\|", ln)) == cols for ln in md.splitlines() if ln.startswith("| `"))
+    assert not any(ln.startswith("# heading") for ln in md.splitlines())  # no line of it starts a heading
+    assert "<script" not in html.lower() and "<img" not in html.lower()
+    assert not re.search(r"(?i)<[a-z][^>]*\son\w+\s*=", html)  # no element carries an event handler
+    assert not re.search(r"""(?i)(href|src|action)\s*=\s*["']?\s*javascript:""", html)
+    assert "&lt;script&gt;" in html  # the payload is shown, as text
+    assert _main("advise", "--results", res) == 0
+    printed = capsys.readouterr().out
+    assert "<script>" in printed  # the recorded text is there, as text
+    assert not any(ln.startswith("# heading") for ln in printed.splitlines())  # and it starts no line of its own
+    for command in re.findall(r"run `([^`]*)`", printed):  # every command printed to paste
+        assert "pwned" not in command and shlex.split(command)[0] == "checks", command

@@ -92,7 +92,7 @@ def test_an_advised_backend_the_engine_in_the_cell_does_not_admit_is_flagged(
         shutil.copytree(ADVISE / H200, tmp_path / "r" / H200)
         runs = sorted(p for p in (tmp_path / "r" / H200).glob("*.jsonl"))
         rec = json.loads(json.dumps(line))
-        rec["cell_id"] = CELL
+        rec.update(cell_id=CELL, host_id=H200, run_id=runs[-1].name.removesuffix(".jsonl"))  # a line of that run
         rec["evidence"]["gates"]["custom-ar-world-sizes"]["value"] = sizes
         with runs[-1].open("a") as f:
             f.write(json.dumps(rec) + "\n")

@@ -100,10 +100,18 @@ class Seeded:
             f.write(json.dumps({**json.loads(good_line), "cell_id": "cu130-torch2|x<script>-sgl1-fi1"}).encode()
                     + b"\n")  # line 4: a cell id outside its grammar
             f.write(b" " * (1 << 20) + b"{}\n")  # line 5: too long
-            f.write(good_line.encode())  # line 6: complete, no final newline: kept
+            f.write(json.dumps({**json.loads(good_line), "variant": "ranks=1,x=2"}).replace(
+                '"duration_s": 1.0', '"duration_s": NaN').encode() + b"\n")  # line 6: NaN
+            f.write(good_line.encode() + b"\n")  # line 7: good
+            f.write(json.dumps({**json.loads(good_line), "note": "again"}).encode() + b"\n")  # line 8: its key again
+            last = _result("20261202T120000Z-cccc", CELLS[1], "ranks=1,module=last")
+            f.write(json.dumps(last.to_json()).encode())  # line 9: complete, no final newline: kept
         self.marks.update({"latin1": f"{bad_lines.name}:1: not UTF-8", "deep": f"{bad_lines.name}:2: nested",
                            "surrogate": f"{bad_lines.name}:3: a string is not valid Unicode text (a lone surrogate)",
-                           "cell": f"{bad_lines.name}:4: cell id", "long": f"{bad_lines.name}:5: "})
+                           "cell": f"{bad_lines.name}:4: cell id", "long": f"{bad_lines.name}:5: ",
+                           "nan": f"{bad_lines.name}:6: not valid JSON (NaN is not a JSON number)",
+                           "duplicate": f"{bad_lines.name}:8: a second result for "
+                                        f"{CELLS[0]}/fi-jit/ranks=1,module=last"})
         (host / "20261202T130000Z-dddd.jsonl").symlink_to(host / "nowhere")
         self.marks["dangling"] = "20261202T130000Z-dddd.jsonl: a symbolic link; not followed"
         (host / "20261202T140000Z-eeee.jsonl").mkdir()
@@ -113,13 +121,13 @@ class Seeded:
         (host / "20261202T160000Z-0000.jsonl").write_bytes(good_line.encode()[:40])
         self.marks["torn"] = "20261202T160000Z-0000.jsonl:1: unterminated last line"
         (host / "not-a-run.jsonl").write_text(good_line + "\n")
-        self.marks["run-name"] = "not-a-run.jsonl: file name is not a run id"
+        self.marks["run-name"] = "not-a-run.jsonl: not a run's .jsonl or .manifest.json; not read"
         (root / "javascript:alert(1)").mkdir()
         (root / "javascript:alert(1)" / f"{RUNS[0]}.jsonl").write_text(good_line + "\n")
-        self.marks["scheme"] = "javascript:alert(1): folder name is not a host id"
+        self.marks["scheme"] = "javascript:alert(1): folder name: host id 'javascript:alert(1)' is not of the form"
         bad_name = os.fsencode(str(root)) + b"/cpu-\xff\xfe-0123abcd"
         os.mkdir(bad_name)
-        self.marks["non-utf8"] = "cpu-\\udcff\\udcfe-0123abcd: folder name is not a host id"
+        self.marks["non-utf8"] = "cpu-\\udcff\\udcfe-0123abcd: folder name: host id"
         if unreadable:
             locked = host / "20261202T170000Z-1111.jsonl"
             locked.write_text(good_line + "\n")
@@ -128,7 +136,7 @@ class Seeded:
             other = root / "h200x2-0123abcd"
             _good_runs(root, "h200x2-0123abcd")
             _lock_away(other, 0)
-            self.marks["unlistable"] = "h200x2-0123abcd: cannot list (Permission denied)"
+            self.marks["unlistable"] = "h200x2-0123abcd: cannot be listed (Permission denied)"
 
     def assert_one_warning_each(self, stderr: str) -> None:
         for what, mark in self.marks.items():
@@ -173,6 +181,13 @@ def test_seeded_folder_report_advise_diff_and_run_warn_once_per_bad_item(seeded:
     assert p.returncode == 0, p.stderr
     seeded.assert_one_warning_each(p.stderr)
     assert "Changes from" in p.stdout
+
+    p = checks("validate", str(seeded.root), prefix=prefix)  # the same reader: the same items left out
+    assert p.returncode == 1, p.stderr
+    seeded.assert_one_warning_each(p.stderr)
+    kept = len(seeded.good) + 2  # the bad-lines run keeps its line 7 and its last line
+    runs = 7 + ("unreadable" in seeded.marks)  # the unreadable file is a run whose results are left out
+    assert f"{runs} run(s), {kept} result(s)" in p.stderr, p.stderr
 
     p = checks("run", "--local", "--probe", "t-trivial", "--results", str(seeded.root), "--level", "full",
                prefix=prefix)  # one pass, one table: its warnings once
@@ -224,7 +239,7 @@ def test_unreadable_file_and_host_folder_are_warned_not_dropped(tmp_path: Path) 
     os.chmod(tmp_path, 0o777)
     p = checks("report", "--results", str(results), "--out", str(tmp_path / "t.md"), prefix=prefix)
     assert p.returncode == 0, p.stderr
-    assert "h200x1-0123abcd: cannot list (Permission denied); skipped" in p.stderr
+    assert "h200x1-0123abcd: cannot be listed (Permission denied)" in p.stderr
     assert f"{RUNS[1]}.jsonl: cannot be read (Permission denied)" in p.stderr
     assert "**2 unreadable items in the results folder were skipped**" in (tmp_path / "t.md").read_text()
 

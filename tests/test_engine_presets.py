@@ -34,9 +34,10 @@ def test_vllm_presets_carry_their_pins_and_no_sgl_kernel() -> None:
 
 def test_engines_matrix_plans_both_engines_and_refuses_the_unserved_vllm_release() -> None:
     cells = {str(c["cell_id"]): c for c in _plan("matrices/engines.yaml")}
-    assert cells["cu130-torch2.14.1-sgl0.4.10-fi0.7.2"]["status"] == "resolved"
-    assert cells["cu130-torch2.14.0-sglnone-fi0.7.2.post1"]["status"] == "resolved"
-    refused = cells["cu130-torch2.14.0-sglnone-fi0.7.3"]
+    assert cells["cu130-torch2.14.1-sgl0.4.10-fi0.7.2-sglang0.5.23"]["status"] == "resolved"
+    assert cells["cu130-torch2.14.0-sglnone-fi0.7.2.post1-vllm0.33.0"]["status"] == "resolved"
+    assert len(cells) == 3  # each release once, carrying its engine
+    refused = cells["cu130-torch2.14.0-sglnone-fi0.7.3-vllm0.34.0"]
     assert refused["status"] == UNAVAILABLE
     assert "vllm 0.34.0" in str(refused["reason"]) and "flashinfer-python 0.7.3 is not on the registry" in str(
         refused["reason"])

@@ -29,12 +29,13 @@ def _run(folder: Path, run_id: str, executor: str, rows: list[tuple[str, str, St
     folder.mkdir(parents=True, exist_ok=True)
     lines = []
     for module, arch, status, reason, seconds in rows:
-        r = ProbeResult(run_id, "cpu-0123abcd", CELL, "fi-jit", _variant(module, arch).key,
+        r = ProbeResult(run_id, folder.name, CELL, "fi-jit", _variant(module, arch).key,
                         Verdict(status, reason, duration_s=seconds), "2026-12-01T00:00:00Z",
                         Provenance("0.1", "abc", False, "h"))
         lines.append(json.dumps(r.to_json()))
     (folder / f"{run_id}.jsonl").write_text("\n".join(lines) + "\n")
-    (folder / f"{run_id}.manifest.json").write_text(json.dumps({"run_id": run_id, "executor": executor}))
+    (folder / f"{run_id}.manifest.json").write_text(json.dumps({"schema": "stackprobe.manifest/2", "run_id": run_id,
+                                                                "host_id": folder.name, "executor": executor}))
 
 
 def test_a_docker_fail_fast_time_is_not_borrowed_for_a_venv_compile(tmp_path: Path) -> None:

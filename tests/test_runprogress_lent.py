@@ -54,7 +54,8 @@ def _run(root: Path, host: str, run_id: str, executor: str, facts: Any, rows: li
     folder.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(_result(run_id, host, cell, probe, key, s).to_json()) for cell, probe, key, s in rows]
     (folder / f"{run_id}.jsonl").write_text("\n".join(lines) + "\n")
-    (folder / f"{run_id}.manifest.json").write_text(json.dumps({"run_id": run_id, "executor": executor,
+    (folder / f"{run_id}.manifest.json").write_text(json.dumps({"schema": "stackprobe.manifest/2", "run_id": run_id,
+                                                                "host_id": host, "executor": executor,
                                                                 "facts": facts}))
     return folder / f"{run_id}.jsonl"
 

@@ -38,6 +38,7 @@ from checks.report.measured import (
     measured,
 )
 from checks.report.nearest import Green, nearest_green
+from checks.results import ids
 from checks.results.hostresults import HostResults
 from inenv.status import Status
 
@@ -337,11 +338,11 @@ def diff_lines(d: Diff, b: Block) -> None:
 def diff_block(d: Diff) -> Block:
     b = Block(f"Changes from {d.a} to {d.b} ({d.kind}s; {_count(d.compared, 'variant')} on both sides)")
     diff_lines(d, b)
-    for side, ids in (("only in " + d.a, d.only_a), ("only in " + d.b, d.only_b)):
-        if ids:
-            probes = Counter(i.split("/")[2] if i.count("/") >= 3 else i for i in ids)
+    for side, only in (("only in " + d.a, d.only_a), ("only in " + d.b, d.only_b)):
+        if only:
+            probes = Counter(i.split("/")[2] if i.count("/") >= 3 else i for i in only)
             per_probe = ", ".join(f"{p} {n}" for p, n in sorted(probes.items()))
-            b.lines.append(f"- {side}: {_count(len(ids), 'result')} ({per_probe})")
+            b.lines.append(f"- {side}: {_count(len(only), 'result')} ({per_probe})")
     return b
 
 
@@ -391,13 +392,17 @@ def blocks(d: HostDecision) -> list[Block]:
 
 
 def render(d: HostDecision) -> str:
+    """The decision as terminal text: each line one line whatever the recorded text in it holds."""
     lines = [f"host {d.host_id}: {d.host}"]
     for b in blocks(d):
-        lines += ["", b.title, *b.lines]
-        if b.ids:
-            lines.append("ids:")
-            lines += [f"  [{n}] {i}" for n, i in enumerate(b.ids, 1)]
-    return "\n".join(lines) + "\n"
+        lines += ["", *block_lines(b)]
+    return "\n".join(ids.one_line(ln) for ln in lines) + "\n"
+
+
+def block_lines(b: Block) -> list[str]:
+    """A block's lines for a terminal, recorded text made one line each (ids.one_line)."""
+    out = [b.title, *b.lines, *(["ids:"] if b.ids else []), *(f"  [{n}] {i}" for n, i in enumerate(b.ids, 1))]
+    return [ids.one_line(ln) for ln in out]
 
 
 # --------------------------------------------------------------------------------------------------

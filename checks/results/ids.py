@@ -75,6 +75,15 @@ def problem(kind: str, value: object) -> str | None:
     return f"{kind} {shown_value} is not of the form {SHAPE[kind]}"
 
 
+def one_line(text: str) -> str:
+    """Text from results as one terminal line: every character that is not printable (newlines, escape
+    sequences, bidirectional overrides) written as its Python escape, the rest as it is, so no recorded text can
+    start a line of its own or move the cursor in what a command prints."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def shown(text: str) -> str:
     """A name from disk as one printable line: escapes for undecodable bytes, control and format characters."""
     return ascii(text)[1:-1] if not text.isprintable() or "\\" in text else text

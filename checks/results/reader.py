@@ -10,7 +10,9 @@ the file (and line, or the bundle's run) and why, and is left out; the rest goes
   JSON nested at most MAX_DEPTH levels, MAX_RUNS runs per host, MAX_RESULTS results per run;
 - JSON with NaN/Infinity is refused, and so are strings holding lone surrogates (no UTF-8 page can carry them);
 - files are opened only when ``lstat`` says they are regular files: symbolic links (dangling or not), FIFOs,
-  devices and folders are reported, never followed or read;
+  devices and folders are reported, never followed or read; names starting with a dot (a writer's temporary
+  files, an editor's) are passed over, every other name outside the layout ``<host id>/<run id>.jsonl`` and
+  ``<host id>/<run id>.manifest.json`` is reported;
 - a result line must be a result of its schema with only known fields, ids in their grammars
   (``checks.results.ids``), and the host and run it claims must be the folder and file it is in;
 - one result per (cell, probe, variant) in a run: a later line for a key already seen is left out;
@@ -279,16 +281,17 @@ def _run_file(name: str) -> str | None:
     return None
 
 
-def read_host(folder: Path, problems: list[Problem]) -> dict[str, Run]:
-    """Every run of one host folder (named by its host id), by run id; a problem for every other entry."""
-    host_id = folder.name
+def run_ids_of(folder: Path, problems: list[Problem]) -> list[str]:
+    """The runs of one host folder, sorted (the newest MAX_RUNS); a problem for every other entry."""
     try:
         names = sorted(os.listdir(folder))
     except OSError as exc:
         problems.append(Problem(shown(folder), f"cannot be listed ({exc.strerror})"))
-        return {}
+        return []
     run_ids: set[str] = set()
     for name in names:
+        if name.startswith("."):  # a writer's temporary file, an editor's: passed over
+            continue
         run_id = _run_file(name)
         if run_id is None:
             problems.append(Problem(shown(folder / name), "not a run's .jsonl or .manifest.json; not read"))
@@ -299,24 +302,34 @@ def read_host(folder: Path, problems: list[Problem]) -> dict[str, Run]:
         run_ids.add(run_id)
     if len(run_ids) > MAX_RUNS:
         problems.append(Problem(shown(folder), f"more than {MAX_RUNS} runs; only the newest {MAX_RUNS} read"))
-    return {r: read_run(folder, host_id, r, problems) for r in sorted(run_ids)[-MAX_RUNS:]}
+    return sorted(run_ids)[-MAX_RUNS:]
 
 
-def read_results(root: Path) -> tuple[dict[str, dict[str, Run]], list[Problem]]:
-    """Every host folder under a results directory: host id -> run id -> Run, and the problems found."""
-    problems: list[Problem] = []
+def read_host(folder: Path, problems: list[Problem]) -> dict[str, Run]:
+    """Every run of one host folder (named by its host id), by run id; a problem for every other entry."""
+    return {r: read_run(folder, folder.name, r, problems) for r in run_ids_of(folder, problems)}
+
+
+def host_folders(root: Path, problems: list[Problem]) -> list[Path]:
+    """The host folders of a results directory, sorted; a problem for every other entry (the tables a run writes
+    beside them excepted), and one fatal problem when the directory itself cannot be read."""
     try:
         st = os.stat(root)
     except OSError as exc:
-        return {}, [Problem(shown(root), f"cannot be read ({exc.strerror})", fatal=True)]
+        problems.append(Problem(shown(root), f"cannot be read ({exc.strerror})", fatal=True))
+        return []
     if not stat.S_ISDIR(st.st_mode):
-        return {}, [Problem(shown(root), "not a directory", fatal=True)]
+        problems.append(Problem(shown(root), "not a directory", fatal=True))
+        return []
     try:
         names = sorted(os.listdir(root))
     except OSError as exc:
-        return {}, [Problem(shown(root), f"cannot be listed ({exc.strerror})", fatal=True)]
-    hosts: dict[str, dict[str, Run]] = {}
+        problems.append(Problem(shown(root), f"cannot be listed ({exc.strerror})", fatal=True))
+        return []
+    out: list[Path] = []
     for name in names:
+        if name.startswith("."):
+            continue
         path = root / name
         try:
             st = os.lstat(path)
@@ -332,5 +345,12 @@ def read_results(root: Path) -> tuple[dict[str, dict[str, Run]], list[Problem]]:
         if why := ids.problem("host id", name):
             problems.append(Problem(shown(path), f"folder name: {why}; not read"))
             continue
-        hosts[name] = read_host(path, problems)
+        out.append(path)
+    return out
+
+
+def read_results(root: Path) -> tuple[dict[str, dict[str, Run]], list[Problem]]:
+    """Every host folder under a results directory: host id -> run id -> Run, and the problems found."""
+    problems: list[Problem] = []
+    hosts = {path.name: read_host(path, problems) for path in host_folders(root, problems)}
     return hosts, problems

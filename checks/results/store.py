@@ -342,45 +342,13 @@ def read_file(path: Path) -> tuple[list[ProbeResult], list[str]]:
 
 def scan(root: Path) -> tuple[list[tuple[str, str, Path]], list[str]]:
     """(host_id, run_id, jsonl path) for every run under a results directory, sorted, and a warning for each
-    folder or file that is skipped: a name outside its id grammar (or not UTF-8), a folder that cannot be
-    listed. Names starting with a dot (temporary files, editors' files) are passed over."""
-    found: list[tuple[str, str, Path]] = []
-    warnings: list[str] = []
-    try:
-        hosts = sorted(os.scandir(root), key=lambda e: e.name)
-    except OSError as exc:
-        return [], [f"{where(root)}: cannot list ({exc.strerror or exc}); skipped"]
-    for h in hosts:
-        if h.name.startswith("."):
-            continue
-        try:
-            is_dir, is_link = h.is_dir(follow_symlinks=False), h.is_symlink()
-        except OSError:
-            is_dir, is_link = False, False
-        if is_link:
-            warnings.append(f"{where(Path(h.path))}: a symbolic link; not followed")
-            continue
-        if not is_dir:
-            continue
-        if not ids.valid("host id", h.name):
-            warnings.append(f"{where(Path(h.path))}: folder name is not a host id (<label>-<8 hex digits>); "
-                            "skipped")
-            continue
-        try:
-            files = sorted(os.scandir(h.path), key=lambda e: e.name)
-        except OSError as exc:
-            warnings.append(f"{where(Path(h.path))}: cannot list ({exc.strerror or exc}); skipped")
-            continue
-        for f in files:
-            if f.name.startswith(".") or not f.name.endswith(".jsonl"):
-                continue
-            run = f.name[: -len(".jsonl")]
-            if not ids.valid("run id", run):
-                warnings.append(f"{where(Path(f.path))}: file name is not a run id (<UTC time>-<4 hex digits>)"
-                                ".jsonl; skipped")
-                continue
-            found.append((h.name, run, Path(f.path)))
-    return found, warnings
+    entry left out (checks.results.reader's listing rules: names outside their id grammar, links, entries that
+    are neither a run's results nor its manifest, a folder that cannot be listed). A results directory that
+    cannot be read at all gives no runs and its one warning."""
+    problems: list[reader.Problem] = []
+    found = [(folder.name, run_id, folder / f"{run_id}{reader.RESULTS_SUFFIX}")
+             for folder in reader.host_folders(root, problems) for run_id in reader.run_ids_of(folder, problems)]
+    return found, [str(p) for p in problems]
 
 
 def iter_runs(root: Path) -> Iterator[tuple[str, str, Path]]:
