@@ -48,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     p = sub.add_parser("list", help="the probes: id, feature, ranks, packages needed")
     p.add_argument("--json", action="store_true")
-    p = sub.add_parser("run", help="run probes in cell images (docker) or in a local Python environment")
+    p = sub.add_parser("run", help="run the probes in each cell: Docker images, venv cells, one local Python or "
+                       "Slurm jobs (--backend)")
     p.add_argument("--all", action="store_true", help="every probe")
     p.add_argument("--probe", action="append", default=[], metavar="ID", help="a probe id (repeatable)")
     p.add_argument("--cuda", help="cells of this CUDA version (13 = every 13.x)")
@@ -86,7 +87,8 @@ def parser() -> argparse.ArgumentParser:
                    "and run (default: $STACKPROBE_COMPILE_CACHE, else .cache/compile in the repository)")
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything again, share nothing")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
-    p.add_argument("--matrix", type=Path, default=REPO / "matrix.yaml", help="matrix file (docker mode)")
+    p.add_argument("--matrix", type=Path, default=REPO / "matrix.yaml",
+                   help="matrix file naming the cells (every backend but local)")
     p.add_argument("--envs", type=Path, default=REPO / "envs",
                    help="where `provision build` wrote each cell's build record")
     p.add_argument("--report", type=Path, metavar="MD", help="the table regenerated at the end, with its .html "

@@ -31,7 +31,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda", help="select cells by CUDA version; '13' selects every 13.x")
     p.add_argument("--torch", help="select cells by torch channel (stable, nightly) or version")
     p.add_argument("--only", action="append", metavar="GLOB", help="select cells whose id matches (repeatable)")
-    p.add_argument("--offline", action="store_true", help="do not check whether index hosts are reachable")
+    p.add_argument("--no-reach-check", dest="offline", action="store_true",
+                   help="do not check whether the index hosts are reachable (lock and build still use the network)")
+    p.add_argument("--offline", dest="offline", action="store_true", help=argparse.SUPPRESS)  # the earlier name
 
 
 def parser() -> argparse.ArgumentParser:

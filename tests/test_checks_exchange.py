@@ -392,8 +392,9 @@ def _payload_everywhere(value: object, key: str = "") -> object:
     return value
 
 
-def test_a_bundle_with_payloads_in_every_text_field_lands_escaped_everywhere(tmp_path: Path,
-                                                                             capsys: pytest.CaptureFixture) -> None:
+def payload_results(tmp_path: Path) -> Path:
+    """A results folder imported from a bundle whose every free-text field (notes, remediations, evidence, host
+    facts, cell reasons and versions) holds PAYLOAD; the import's own checks pass it."""
     src = tmp_path / "src"
     folder = _host_folder(src, note="n", env={"NCCL_ALGO": "Ring"})
     manifest_path = next(folder.glob("*.manifest.json"))
@@ -408,11 +409,16 @@ def test_a_bundle_with_payloads_in_every_text_field_lands_escaped_everywhere(tmp
     next(folder.glob("*.jsonl")).write_text("".join(json.dumps(r) + "\n" for r in results))
     data, problems = bundle.build(src, "gpux2-0123abcd", Scrubber(), Checkout("0.1.0", "a" * 40, False))
     assert not problems
-    evil = _payload_everywhere(data)
     path = tmp_path / "payload.json"
-    path.write_bytes(bundle.dumps(evil))
+    path.write_bytes(bundle.dumps(_payload_everywhere(data)))
     res = tmp_path / "r" / "results"
-    assert _main("import", path, "--results", res) == 0, capsys.readouterr().err
+    assert _main("import", path, "--results", res) == 0
+    return res
+
+
+def test_a_bundle_with_payloads_in_every_text_field_lands_escaped_everywhere(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture) -> None:
+    res = payload_results(tmp_path)
     capsys.readouterr()
     out = res.parent / "docs" / "compatibility.md"
     assert _main("report", "--results", res, "--out", out) == 0

@@ -26,7 +26,7 @@ def _commands(tmp: Path) -> dict[str, list[str]]:
         "checks advise": ["checks", "advise"],
         "checks validate": ["checks", "validate", "results/"],
         "checks run": ["checks", "run", "--backend", "local", "--probe", "inventory", "--results", str(tmp / "r")],
-        "provision plan": ["provision", "plan", "--offline"],
+        "provision plan": ["provision", "plan", "--no-reach-check"],
     }
 
 

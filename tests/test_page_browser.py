@@ -212,3 +212,43 @@ def test_page_renders_overview_picker_and_plots_in_chromium(tmp_path: Path) -> N
     assert unfiltered["rows"] > filtered["rows"]
     assert errors == []
     assert (ARTIFACTS / "compatibility.png").stat().st_size > 10_000
+
+
+PAYLOAD_PAGE = """(() => ({
+  scripts: document.querySelectorAll('script').length,
+  images: document.querySelectorAll('img').length,
+  handlers: [...document.querySelectorAll('*')].filter(el => [...el.attributes].some(a => /^on/i.test(a.name)))
+    .length,
+  js_links: [...document.querySelectorAll('[href],[src],[action]')].filter(el =>
+    /^\\s*javascript:/i.test(el.getAttribute('href') || el.getAttribute('src') || el.getAttribute('action') || ''))
+    .length,
+  alerted: !!window.__alerted,
+  shown: document.body.innerText.includes('<script>alert(1)</script>'),
+}))()"""
+
+
+def test_a_page_from_payload_results_runs_none_of_them(tmp_path: Path) -> None:
+    """Every text field of an imported bundle carries HTML, markdown and shell payloads
+    (tests/test_checks_exchange.py): opened in Chromium, the page shows them as text and runs none."""
+    from tests.test_checks_exchange import payload_results
+
+    binary = _chromium()
+    res = payload_results(tmp_path)
+    out = tmp_path / "docs" / "compatibility.md"
+    assert generate(res, out, None, check=False, quiet=True) == 0
+    browser = Browser(binary, Path(tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp_path)))
+    try:
+        targets = browser.send("Target.getTargets", session=False)["targetInfos"]
+        page_target = next(t for t in targets if t["type"] == "page")
+        browser.session = browser.send("Target.attachToTarget", {"targetId": page_target["targetId"],
+                                                                 "flatten": True}, session=False)["sessionId"]
+        for domain in ("Page", "Runtime", "Log"):
+            browser.send(f"{domain}.enable")
+        browser.send("Page.addScriptToEvaluateOnNewDocument",  # an alert anywhere would be recorded
+                     {"source": "window.alert = () => { window.__alerted = true; };"})
+        browser.send("Page.navigate", {"url": out.with_suffix(".html").as_uri()})
+        browser.wait_for("Page.loadEventFired")
+        seen = browser.evaluate(PAYLOAD_PAGE)
+    finally:
+        browser.close()
+    assert seen == {"scripts": 0, "images": 0, "handlers": 0, "js_links": 0, "alerted": False, "shown": True}, seen

@@ -164,6 +164,17 @@ def test_a_version_typed_with_a_letter_o_suggests_the_version_meant() -> None:
     assert suggest("12.7", cuda) == " (did you mean '12.8'?)"  # as near in spelling and number: the newer
     assert suggest("nigthly", ["stable", "nightly"]) == " (did you mean 'nightly'?)"
     assert suggest("xyz", ["stable", "nightly"]) == ""
-    p = subprocess.run([sys.executable, "-m", "provision.cli", "plan", "--offline", "--cuda", "13.O"],
+    p = subprocess.run([sys.executable, "-m", "provision.cli", "plan", "--no-reach-check", "--cuda", "13.O"],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "no cell matches --cuda 13.O (did you mean '13.0'?)" in p.stderr
+
+
+def test_the_reach_check_flag_says_what_it_skips_and_the_earlier_name_still_works() -> None:
+    helped = subprocess.run([sys.executable, "-m", "provision.cli", "plan", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout
+    assert "--no-reach-check" in helped and "--offline" not in helped
+    assert "still use the network" in " ".join(helped.split())
+    plans = [subprocess.run([sys.executable, "-m", "provision.cli", "plan", flag, "--json"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout for flag in ("--no-reach-check",
+                                                                                            "--offline")]
+    assert plans[0] == plans[1] and json.loads(plans[0])

@@ -201,7 +201,7 @@ def test_no_daemon_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
                                       monkeypatch: pytest.MonkeyPatch, docker_available: str) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
     with pytest.raises(SystemExit) as exc:
-        main(["build", "--backend", "docker", "--only", REAL, "--offline", "--json"])
+        main(["build", "--backend", "docker", "--only", REAL, "--no-reach-check", "--json"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("provision: cannot talk to the Docker daemon") and err.count("\n") == 1, err

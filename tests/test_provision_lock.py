@@ -75,7 +75,8 @@ def test_write_dir_atomically_replaces_and_keeps_build_json(tmp_path: Path) -> N
 def test_lock_registry_cell_for_real(tmp_path: Path) -> None:
     """The registry alone resolves the CUDA 12.8 cell (torch 2.9.1 there is a cu128 build)."""
     with pytest.raises(SystemExit) as exc:
-        main(["lock", "--only", "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "--envs", str(tmp_path), "--json", "--offline"])
+        main(["lock", "--only", "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "--envs", str(tmp_path), "--json",
+              "--no-reach-check"])
     assert exc.value.code == 0
     folder = tmp_path / "cu128-torch2.9.1-sgl0.4.1-fi0.6.17"
     lock = (folder / "requirements.lock").read_text()
@@ -87,7 +88,7 @@ def test_lock_registry_cell_for_real(tmp_path: Path) -> None:
     assert cell["expected"] == {"cuda": "12.8", "torch_cuda": "cu128", "torch": "2.9.1", "sgl_kernel": "0.4.1",
                                 "flashinfer": "0.6.17", "nccl": pinned(lock, "nvidia-nccl-cu12")}
     before = (folder / "requirements.lock").stat().st_mtime_ns
-    main_again = ["lock", "--only", "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "--envs", str(tmp_path), "--offline"]
+    main_again = ["lock", "--only", "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "--envs", str(tmp_path), "--no-reach-check"]
     with pytest.raises(SystemExit):
         main(main_again)
     assert (folder / "requirements.lock").stat().st_mtime_ns == before  # unchanged inputs: not re-resolved
@@ -100,7 +101,7 @@ def test_dry_run_renders_without_docker(tmp_path: Path, capsys: pytest.CaptureFi
                       " flashinfer: none}\n")
     with pytest.raises(SystemExit) as exc:
         main(["build", "--dry-run", "--matrix", str(matrix), "--envs", str(tmp_path / "e"),
-              "--dockerfiles", str(tmp_path / "d"), "--json", "--offline"])
+              "--dockerfiles", str(tmp_path / "d"), "--json", "--no-reach-check"])
     assert exc.value.code == 0
     rows = {r["cell_id"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["cu130-torch2.11.0-sgl0.4.2-fi0.6.17"]["status"] == "would-build"
@@ -158,7 +159,7 @@ def test_engine_cells_lock_for_real_and_share_the_torch_layer_only_where_the_eng
     for only in ("cu130-torch2.14.1-sgl0.4.10-fi0.7.2", "*-sglang0.5.23", "*-vllm0.33.0"):
         m = engines if "0.5.23" in only or "vllm" in only else Path(__file__).resolve().parents[1] / "matrix.yaml"
         with pytest.raises(SystemExit) as exc:
-            main(["lock", "--matrix", str(m), "--only", only, "--envs", str(tmp_path), "--offline"])
+            main(["lock", "--matrix", str(m), "--only", only, "--envs", str(tmp_path), "--no-reach-check"])
         assert exc.value.code == 0
     plain = tmp_path / "cu130-torch2.14.1-sgl0.4.10-fi0.7.2"
     sgl = tmp_path / "cu130-torch2.14.1-sgl0.4.10-fi0.7.2-sglang0.5.23"

@@ -165,7 +165,7 @@ def test_bad_matrix_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     f = tmp_path / "m.yaml"
     f.write_text(text)
     with pytest.raises(SystemExit) as exc:
-        main(["plan", "--matrix", str(f), "--offline"])
+        main(["plan", "--matrix", str(f), "--no-reach-check"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err

@@ -249,7 +249,7 @@ def test_provision_build_falls_back_to_venv_cells_in_one_line(world: dict[str, P
     (envs / CELL / "requirements.in").write_text(requirements_in(r))
     monkeypatch.setenv("DOCKER_HOST", DEAD_DOCKER)
     monkeypatch.setattr(installer, "uv", lambda: None)
-    args = ["build", "--dry-run", "--matrix", str(world["matrix"]), "--envs", str(envs), "--offline", "--json",
+    args = ["build", "--dry-run", "--matrix", str(world["matrix"]), "--envs", str(envs), "--no-reach-check", "--json",
             "--venvs", str(tmp_path / "venvs"), "--dockerfiles", str(tmp_path / "d")]
     with pytest.raises(SystemExit) as done:
         provision_main(args)
