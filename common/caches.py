@@ -8,10 +8,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from inenv.kit._compile_cache import ENV as COMPILE_CACHE_ENV
+from inenv.kit import COMPILE_CACHE_ENV
 
 CODE_ROOT = Path(__file__).resolve().parent.parent  # the checkout: the directory that holds the packages
-# Builds every cell and run share (inenv.kit._compile_cache); outside every image, kept between runs.
+# Builds every cell and run share (the compile cache of inenv.kit); outside every image, kept between runs.
 DEFAULT_COMPILE_CACHE = CODE_ROOT / ".cache" / "compile"
 BYTECODE_ROOT = CODE_ROOT / ".cache" / "pycache"  # per image: the bytecode its ranks compiled
 

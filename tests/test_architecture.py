@@ -2,6 +2,8 @@
 checks/ (every import, those inside functions too), read with ast.
 
 - no import circles;
+- a layer order (LAYERS): inenv, common, provision and checks.results, checks.report and checks.share,
+  checks.run, the command line; no package imports one above it or beside it, and common no private helper;
 - provision and checks do not import each other; common imports neither;
 - inenv (the in-environment side) imports only the standard library, itself and the libraries under test;
 - every folder of these packages holds fewer than 25 modules;
@@ -115,6 +117,50 @@ def cycles(edges: dict[str, set[str]]) -> list[tuple[str, ...]]:
 def test_no_import_circles() -> None:
     found = cycles(graph())
     assert found == [], "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+# The layers, lowest first: a package imports only its own layer's modules and those of layers below, never a
+# sibling of its layer. (inenv's own subpackages are one layer; its helpers and probes import each other.)
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("inenv",),
+    ("common",),
+    ("provision", "checks.results"),
+    ("checks.report", "checks.share"),
+    ("checks.run",),
+    ("checks",),  # the command line
+)
+
+
+def layer_package(module: str) -> str:
+    """The package of the layer table a module belongs to."""
+    parts = module.split(".")
+    if parts[0] == "checks" and len(parts) > 2:
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def test_no_package_imports_one_above_it_or_beside_it() -> None:
+    rank = {pkg: n for n, layer in enumerate(LAYERS) for pkg in layer}
+    wrong = []
+    for mod, targets in graph().items():
+        a = layer_package(mod)
+        for target in targets:
+            b = layer_package(target)
+            if a != b and rank[b] >= rank[a]:
+                wrong.append(f"{mod} -> {target} ({a} is layer {rank[a]}, {b} layer {rank[b]})")
+    assert wrong == [], "\n".join(sorted(wrong))
+
+
+def test_the_layer_check_sees_an_import_from_above() -> None:
+    rank = {pkg: n for n, layer in enumerate(LAYERS) for pkg in layer}
+    assert rank[layer_package("checks.results.store")] < rank[layer_package("checks.run.session")]
+    assert layer_package("checks.cli") == "checks" and layer_package("inenv.kit._elf") == "inenv"
+
+
+def test_the_host_side_reaches_no_private_helper_of_inenv_from_common() -> None:
+    private = sorted(f"{m} -> {t}" for m, ts in graph().items() if m.startswith("common.")
+                     for t in ts if any(part.startswith("_") for part in t.split(".")))
+    assert private == []
 
 
 def test_provision_and_checks_do_not_import_each_other() -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from checks.report.report import across_hosts, build_model, generate
-from checks.results import manifest
 from checks.results.provenance import Checkout, Provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore
+from checks.run import manifest
 from checks.run.plan import CellTarget
 from inenv.status import Status
 

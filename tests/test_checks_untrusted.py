@@ -353,7 +353,7 @@ def _shell_words(line: str, cwd: Path) -> list[str]:
 
 
 def test_pasted_commands_and_settings_are_shell_quoted(tmp_path: Path) -> None:
-    from checks.report import shellwords
+    from common import shellwords
 
     cell = "cu130-$(touch pwned)-x;touch pwned2"
     line = command(("fi-jit",), (cell,), "docker")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from checks.results import incremental
 from checks.results.provenance import Provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import read_file
+from checks.run import incremental
 from checks.run.plan import CellTarget, WorkItem
 from inenv.probe import FULL, QUICK, ProbeSpec, Variant
 from inenv.status import Status

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from checks.results import incremental
 from checks.results.provenance import Provenance, checkout, probe_hashes
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore, read_file
+from checks.run import incremental
 from checks.run.executor import LocalExecutor
 from checks.run.options import RunOptions
 from checks.run.plan import CellTarget, WorkItem, plan_work

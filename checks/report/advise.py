@@ -25,10 +25,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checks.report import shellwords
 from checks.results.freshness import command
 from checks.results.result import ProbeResult
-from common import cellid
+from common import cellid, shellwords
 from common.cellid import CellId
 from inenv import registry
 from inenv.probe import Declared, Role

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from checks.report.headline import headline
 from checks.results.hostresults import HostResults
-from checks.results.incremental import REUSED_FROM
 from checks.results.result import ProbeResult
+from checks.results.store import REUSED_FROM
 from inenv import registry
 from inenv.probe import Declared
 

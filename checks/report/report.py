@@ -26,10 +26,9 @@ from checks.report.headline import headline
 from checks.report.summary import proven_statically
 from checks.results import hostresults, ids
 from checks.results.freshness import Refresh, refresh_list, staleness
-from checks.results.incremental import REUSED_FROM, level_of
 from checks.results.provenance import current_probe_hashes
 from checks.results.result import ProbeResult
-from checks.results.store import read_file, read_manifest, scan
+from checks.results.store import REUSED_FROM, level_of, read_file, read_manifest, scan
 from common import catalog, memlock, reasons
 from inenv import atomic, registry
 from inenv.probe import QUICK, Declared, Params, Role
@@ -151,7 +150,7 @@ def cached_label(results: list[ProbeResult], fields: Declared) -> str:
 
 
 def reused_label(results: list[ProbeResult]) -> str:
-    """Whether the latest results were carried from an earlier run (checks.results.incremental) instead of run."""
+    """Whether the latest results were carried from an earlier run (checks.run.incremental) instead of run."""
     n = sum(1 for r in results if REUSED_FROM in r.verdict.evidence)
     return "" if not n else "reused" if n == len(results) else f"{n} of {len(results)} reused"
 

@@ -15,8 +15,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from checks.report import shellwords
 from checks.results.result import ProbeResult
+from common import shellwords
 from inenv.status import Status
 
 UNRECORDED = "unrecorded"

@@ -44,6 +44,7 @@ from typing import Any
 from checks.results import ids, reader
 from checks.results.result import ProbeResult
 from inenv import atomic
+from inenv.probe import FULL, QUICK
 
 SYNC_EVERY_S = 1.0  # an append reaches the disk within this of the one before it (see the module's note)
 LEFTOVER = re.compile(r"\..+\.(jsonl|manifest\.json)\..+\.tmp")  # atomic.write_bytes' temporary files
@@ -127,6 +128,11 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 REUSED_FROM = "reused_from"  # evidence key: the run that measured a carried result
+LEVEL = "level"  # evidence key: "quick" on results of a quick run (absent: full)
+
+
+def level_of(result: ProbeResult) -> str:
+    return QUICK if result.verdict.evidence.get(LEVEL) == QUICK else FULL
 Key = tuple[str, str, str]
 
 

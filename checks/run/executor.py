@@ -133,7 +133,7 @@ class Executor(Protocol):
         ...
 
     def fingerprint(self) -> str | None:
-        """What identifies the environment for incremental runs (checks.results.incremental), or None when it cannot
+        """What identifies the environment for incremental runs (checks.run.incremental), or None when it cannot
         be told (then nothing of this cell is reused)."""
         ...
 

@@ -74,7 +74,7 @@ class WorkItem:
     variant: Variant
     timeout_s: float
     decided: Decided | None = None
-    # a result recorded earlier from the same inputs (checks.results.incremental): carried into this run, not rerun
+    # a result recorded earlier from the same inputs (checks.run.incremental): carried into this run, not rerun
     reused: ProbeResult | None = None
 
     @property

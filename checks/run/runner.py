@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from checks.results import incremental
-from checks.results.incremental import Inputs, Key
 from checks.results.provenance import Provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore
-from checks.run import classify
+from checks.run import classify, incremental
 from checks.run.executor import Executor, ExecutorError, hard_timeout
+from checks.run.incremental import Inputs, Key
 from checks.run.options import RunOptions
 from checks.run.plan import WorkItem, jit_modules
 from common.reasons import Catalogue
@@ -58,7 +57,7 @@ class RunReport:
 
     @property
     def reused(self) -> list[ProbeResult]:
-        """The results carried from earlier runs (checks.results.incremental), not run again."""
+        """The results carried from earlier runs (checks.run.incremental), not run again."""
         return [r for r in self.results if incremental.REUSED_FROM in r.verdict.evidence]
 
 

@@ -25,20 +25,20 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from checks.report import shellwords, summary
+from checks.report import summary
 from checks.report.report import generate
-from checks.results import hostfacts, incremental, manifest, provenance
+from checks.results import hostfacts, provenance
 from checks.results.provenance import Checkout
 from checks.results.result import ProbeResult
 from checks.results.store import RunLock, RunStore, latest_run, next_run_id, read_manifest
-from checks.run import runconsole, runprogress
+from checks.run import incremental, manifest, runconsole, runprogress
 from checks.run.backend import Backend, Targets
 from checks.run.backends import BACKENDS, resolve
 from checks.run.options import REPO, RunOptions, UsageError
 from checks.run.plan import REUSED, WorkItem, deferred, plan_work, summary_counts
 from checks.run.plan import carried as plan_carried
 from checks.run.runner import RunReport, Work, now_iso
-from common import reasons
+from common import reasons, shellwords
 from common.backend import RECORD_NAMES, record_file
 from common.caches import compile_cache_dir
 from common.progress import duration

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.results.result import ProbeResult, Verdict
-from checks.results.store import REUSED_FROM, latest_results
+from checks.results.store import LEVEL, REUSED_FROM, latest_results, level_of
 from checks.run.executor import digest
 from checks.run.plan import WorkItem
 from common import reasons
@@ -37,7 +37,6 @@ from inenv.status import Status
 
 Key = tuple[str, str, str]
 INPUTS = "inputs"  # evidence key: the Inputs a result was made from
-LEVEL = "level"  # evidence key: "quick" on results of a quick run (absent: full)
 CARRIED = frozenset({Status.PASS, Status.PARTIAL, Status.FAIL, Status.SKIP})
 
 
@@ -69,10 +68,6 @@ def inputs_for(item: WorkItem, env: str | None, facts: Mapping[str, Any],
     if not env or not item.spec.reusable:
         return None
     return Inputs(env, host_inputs(item.spec.needs_gpu, facts, target_archs))
-
-
-def level_of(result: ProbeResult) -> str:
-    return QUICK if result.verdict.evidence.get(LEVEL) == QUICK else FULL
 
 
 def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, level: str,
