@@ -19,6 +19,7 @@ CELL, OTHER = "cu130-torch2.11.0-sglnone-fi0.6.18", "cu130-torch2.11.0-sglnone-f
 FACTS = {
     "h200x8-1a2b3c4d": {"gpu_name": "NVIDIA H200", "gpu_count": 8, "compute_capability": "9.0"},
     "b200x8-5e6f7a8b": {"gpu_name": "NVIDIA B200", "gpu_count": 8, "compute_capability": "10.0"},
+    "cpu-9c8d7e6f": {"gpu_count": 0},
 }
 
 
@@ -83,3 +84,23 @@ def test_a_single_host_has_no_cross_host_table(tmp_path: Path) -> None:
     out = tmp_path / "docs" / "compatibility.md"
     generate(root, out, None, check=False, current=CURRENT)
     assert "Across hosts" not in out.read_text() and "Across hosts" not in out.with_suffix(".html").read_text()
+
+
+def test_a_verdict_proven_without_a_gpu_is_marked_static_in_the_overview_and_across_hosts(tmp_path: Path) -> None:
+    """A CPU host's fi-jit pass (compiled, never run) beside a GPU host's: the hosts agree only in part, and the
+    overview's no-GPU column says its pass is static."""
+    root = _results(tmp_path)
+    _host(root, "cpu-9c8d7e6f", {(OTHER, "fi-jit", "ranks=1"): Status.PASS})
+    sections, _ = build_model(root, tmp_path / "docs", current=CURRENT)
+    rows = {(r["cell_id"], r["probe"]): r for r in across_hosts(sections)["rows"]}
+    assert rows[(OTHER, "fi-jit")]["agree"] == "yes, static on cpu-9c8d7e6f"
+    assert rows[(CELL, "nccl-graphs")]["agree"] == "yes"  # two GPU hosts that ran it
+    out = tmp_path / "docs" / "compatibility.md"
+    assert generate(root, out, None, check=False, current=CURRENT) == 0
+    table = out.read_text().partition("## Across hosts")[2]
+    assert f"| `{OTHER}` | fi-jit | · | ✅ *(static)* | ✅ | yes, static on cpu-9c8d7e6f |" in table
+    html = out.with_suffix(".html").read_text()
+    overview = html.partition('<section id="overview">')[2].partition("</section>")[0]
+    fi_jit = next(ln for ln in overview.splitlines() if "<b>fi-jit</b>" in ln)
+    cells = fi_jit.split("<td")[2:]  # per host class: the GPU classes first, no GPU last
+    assert "(static)" in cells[-1] and not any("(static)" in c for c in cells[:-1])

@@ -35,6 +35,7 @@ class Verdict:
     ran: int  # stacks it has verdicts on
     newest: str  # the newest passing stack, in words ("" when none)
     newest_cell: str
+    static: bool = False  # the verdict shown was proven without a GPU (read from binaries or compiled), not run
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,11 @@ def _verdict(cells: Sequence[tuple[Any, Mapping[str, str], str]]) -> Verdict:
     passing = [(v, cid) for c, v, cid in cells if {s for s, _ in c.counts} & OK and not {s for s, _ in c.counts} & BAD]
     if passing:
         versions, cell_id = max(passing, key=lambda p: (_stack_key(p[0]), p[1]))
+        newest = [c for c, _, cid in cells if cid == cell_id]
         status = Status.PASS if any(c.worst != Status.PARTIAL and Status.PASS in {s for s, _ in c.counts}
-                                    for c, _, cid in cells if cid == cell_id) else Status.PARTIAL
-        return Verdict(status, len(passing), len(cells), stack_words(versions), cell_id)
+                                    for c in newest) else Status.PARTIAL
+        return Verdict(status, len(passing), len(cells), stack_words(versions), cell_id,
+                       all(getattr(c, "static", False) for c in newest))
     seen = [Status(s) for c, _, _ in cells for s, _ in c.counts]
     bad = [s for s in seen if s in BAD]
     status = max(bad, key=lambda s: s.severity) if bad else min(seen, key=lambda s: s.severity)

@@ -319,8 +319,11 @@ def across_hosts(sections: list[HostSection]) -> dict[str, Any] | None:
     for (cell_id, pid), per_host in sorted(cells.items()):
         worst = {c.worst for c in per_host if c is not None}
         ran = sum(c is not None for c in per_host)
-        rows.append({"cell_id": cell_id, "probe": pid, "cells": per_host,
-                     "agree": "one host" if ran == 1 else "yes" if len(worst) == 1 else "no"})
+        static = [hosts[i]["host_id"] for i, c in enumerate(per_host) if c is not None and c.static]
+        # a verdict proven without a GPU and one a GPU host ran say the same only in part: said as such
+        agree = "one host" if ran == 1 else "no" if len(worst) != 1 else \
+            "yes" if not static or len(static) == ran else f"yes, static on {', '.join(static)}"
+        rows.append({"cell_id": cell_id, "probe": pid, "cells": per_host, "agree": agree})
     return {"hosts": hosts, "rows": rows}
 
 
