@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -391,3 +393,39 @@ def test_an_executor_failing_a_variant_is_that_variants_result_and_the_run_goes_
     assert got[cells[1].cell_id].status == "pass"
     stored, warnings = read_file(store.results_path)
     assert warnings == [] and len(stored) == 2
+
+
+def test_a_cancelled_run_ends_a_waiting_variant_by_the_event_it_checks(tmp_path: Path) -> None:
+    """The worker thread's own wait sees isolate.STOP and ends its process group, then raises KeyboardInterrupt
+    itself: nothing is injected into the thread, and the process is gone within a poll."""
+    from checks.run import isolate
+
+    pid_file = tmp_path / "pid"
+    cmd = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+           "time.sleep(60)"]
+    raised: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            isolate.run_isolated(cmd, dict(os.environ), 120)
+        except BaseException as exc:  # what the thread's own code raised
+            raised.append(exc)
+
+    isolate.STOP.clear()
+    th = threading.Thread(target=body)
+    th.start()
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    set_at = time.monotonic()
+    isolate.STOP.set()
+    try:
+        th.join(timeout=10)
+        assert not th.is_alive() and time.monotonic() - set_at < 5
+        assert len(raised) == 1 and isinstance(raised[0], KeyboardInterrupt)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # its process was killed, not left running
+    finally:
+        isolate.STOP.clear()

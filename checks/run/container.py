@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from checks.results.result import Verdict
-from checks.run import classify
+from checks.run import classify, isolate
 from checks.run.executor import (
     CODE_ROOT,
     ExecutorError,
@@ -258,7 +258,7 @@ class DockerExecutor:
 
         names = [name or self.container_name()]  # the first, then one per retry (_start_degrading)
         started = time.monotonic()
-        timed_out = False
+        timed_out = interrupted = False
         code: int | None = None
         try:
             try:
@@ -271,13 +271,23 @@ class DockerExecutor:
                 raise ExecutorError(f"cannot start a container from {self.image}: {why}{hint}",
                                     "docker-daemon-error") from None
             try:
-                try:
-                    code = int(ctr.wait(timeout=timeout_s).get("StatusCode", -1))
-                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                    if time.monotonic() - started < timeout_s:
-                        raise  # the daemon went away before the timeout: not a hang
-                    timed_out = True
-                    ctr.kill()
+                while code is None:  # short waits, so a cancelled run (isolate.STOP) ends it within POLL_S
+                    try:
+                        code = int(ctr.wait(timeout=isolate.POLL_S * 5).get("StatusCode", -1))
+                    except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as exc:
+                        # over the daemon's socket a read timeout can come as a ConnectionError saying so
+                        if not isinstance(exc, requests.exceptions.ReadTimeout) and "timed out" not in str(exc):
+                            raise  # the daemon went away: not a hang
+                        if isolate.STOP.is_set():
+                            interrupted = True
+                        elif time.monotonic() - started >= timeout_s:
+                            timed_out = True
+                        else:
+                            continue
+                        ctr.kill()
+                        break
+                if interrupted:
+                    raise KeyboardInterrupt  # after the finally below removed the container
                 out = ctr.logs(stdout=True, stderr=False, tail=TAIL_LINES).decode(errors="replace")
                 err = ctr.logs(stdout=False, stderr=True, tail=TAIL_LINES).decode(errors="replace")
                 oom = False

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +25,11 @@ from inenv.lifetime import die_with_parent
 from inenv.probe import RESULT_MARKER
 
 TOKEN_ENV = "STACKPROBE_RUN_TOKEN"
+# Set when the run is cancelled (Ctrl-C, SIGTERM): each thread waiting on a variant's process or container
+# checks it every POLL_S and ends that variant as Ctrl-C would (its process group killed, its container
+# removed), then raises KeyboardInterrupt from its own code. No exception is ever injected into a thread.
+STOP = threading.Event()
+POLL_S = 0.2
 TAIL_BYTES = 4000
 KILL_ROUNDS = 50
 
@@ -124,7 +130,8 @@ def _kill_group(pgid: int) -> None:
 
 def run_isolated(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: str | None = None,
                  on_start: Callable[[subprocess.Popen[bytes]], None] | None = None) -> ProcessOutcome:
-    """Run `cmd` in its own session with a hard timeout. KeyboardInterrupt is re-raised after cleanup."""
+    """Run `cmd` in its own session with a hard timeout. Ctrl-C (KeyboardInterrupt here, or STOP set while a
+    worker thread waits) ends it and is raised after cleanup."""
     token = uuid.uuid4().hex
     env = {**env, TOKEN_ENV: token}
     started = time.monotonic()
@@ -134,10 +141,19 @@ def run_isolated(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: str
         if on_start:
             on_start(proc)
         timed_out = interrupted = False
+        deadline = started + timeout_s
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            while True:
+                try:
+                    proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    if STOP.is_set():
+                        interrupted = True
+                        break
+                    if time.monotonic() >= deadline:
+                        timed_out = True
+                        break
         except KeyboardInterrupt:
             interrupted = True
         finally:

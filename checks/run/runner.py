@@ -18,7 +18,6 @@ interrupts every worker thread, whose executor then ends its process group or re
 
 from __future__ import annotations
 
-import ctypes
 import queue
 import sys
 import threading
@@ -32,7 +31,7 @@ from typing import Any
 from checks.results.provenance import Provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore
-from checks.run import classify, incremental
+from checks.run import classify, incremental, isolate
 from checks.run.executor import Executor, ExecutorError, hard_timeout
 from checks.run.incremental import Inputs, Key
 from checks.run.options import RunOptions
@@ -169,13 +168,6 @@ def level_variant(item: WorkItem, level: str) -> Variant:
     return v
 
 
-def _interrupt(thread: threading.Thread) -> None:
-    """Raise KeyboardInterrupt in ``thread`` at its next bytecode: a worker thread polling its process ends
-    it as on Ctrl-C (the process group killed, stragglers swept); one blocked in a call returns first."""
-    if thread.ident is not None:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
-
-
 @dataclass(frozen=True)
 class Work:
     """What one run executes: the planned items, where each cell runs (an executor per cell, none for a
@@ -290,6 +282,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
             return harness_failure(exc, catalogue)
 
     pool = _Pool(run_one)
+    isolate.STOP.clear()  # a run in this process after an interrupted one starts afresh
     try:
         while pending or pool.running:
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
@@ -339,26 +332,17 @@ class _Pool:
         self.run_one = run_one
         self.running: dict[threading.Thread, WorkItem] = {}
         self.done: queue.Queue[Outcome] = queue.Queue()
-        self.lock = threading.Lock()
-        self.live: set[threading.Thread] = set()  # threads inside run_one: the ones Ctrl-C may interrupt
 
     def start(self, item: WorkItem, started: str) -> None:
         th = threading.Thread(target=self._body, args=(item, started), name=f"variant {item.spec.id}", daemon=True)
-        with self.lock:
-            self.live.add(th)
         self.running[th] = item
         th.start()
 
     def _body(self, item: WorkItem, started: str) -> None:
-        me = threading.current_thread()
         outcome: Verdict | BaseException
         try:
-            try:
-                outcome = self.run_one(item)
-            finally:
-                with self.lock:
-                    self.live.discard(me)  # from here on no interrupt is aimed at this thread
-        except BaseException as exc:  # KeyboardInterrupt from stop(), or a bug: the main thread decides
+            outcome = self.run_one(item)
+        except BaseException as exc:  # KeyboardInterrupt once stop() set isolate.STOP, or a bug: main decides
             outcome = exc
         self.done.put((item, started, outcome))
 
@@ -373,10 +357,9 @@ class _Pool:
             return got
 
     def stop(self, executors: Mapping[str, Executor]) -> None:
-        """Ctrl-C: end every running variant and wait (bounded) for the cleanup."""
-        with self.lock:
-            for th in self.live:
-                _interrupt(th)
+        """Ctrl-C: tell every running variant to end (isolate.STOP, which their waits check) and wait (bounded)
+        for the cleanup."""
+        isolate.STOP.set()
         for item in self.running.values():
             executors[item.cell.cell_id].sweep()  # a thread waiting on a container's daemon returns once it is gone
         deadline = time.monotonic() + STOP_WAIT_S
