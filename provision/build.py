@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import reasons
+from common import buildrecord, reasons
+from common.buildrecord import BuildStatus
 from common.errors import InputError
 from common.progress import TICK_S, Ticker
 from common.resolve import RESOLVED, Resolved
@@ -25,7 +26,7 @@ from inenv import atomic
 from provision import buildprogress, doctor
 from provision.baseimage import DEFAULT_TAG, DEV_TAG, ensure_base, ensure_dev
 from provision.buildprogress import Step
-from provision.cellrecord import BUILT, SELFCHECK_ROOT, previous, record, selfcheck_files, selfcheck_texts, versions
+from provision.cellrecord import SELFCHECK_ROOT, previous, record, selfcheck_files, selfcheck_texts, versions
 from provision.dockercli import Docker
 from provision.lock import LockError, lock_cell, uv_version
 from provision.options import BuildOptions
@@ -118,7 +119,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
         facts = selfcheck(docker, tag, compile_test=base.kind == "registry-free")
         if "error" in facts or mismatches(cell["expected"], facts, compiled_toolkit=base.kind == "registry-free"):
             return None
-        return record(folder, status="skipped-unchanged", tag=tag, image_id=image_id, selfcheck=facts,
+        return record(folder, status=BuildStatus.UNCHANGED, tag=tag, image_id=image_id, selfcheck=facts,
                        versions=versions(facts), build_s=None, base=base.image, adopted=True,
                        note=_note(cell, base, opts))
 
@@ -134,11 +135,11 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             tag = image_tag(cid, build_hash(text, folder, base_id(base), {}))
             prev = previous(folder)
             image_id = docker.image_id(tag)
-            if prev.get("tag") == tag and prev.get("status") in BUILT and image_id:
+            if prev.get("tag") == tag and buildrecord.runnable(prev) and image_id:
                 report(cid, "unchanged, not rebuilt")
                 keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id", "build_s", "base", "kernels",
                                                    "kernels_base")}
-                return record(folder, status="skipped-unchanged", tag=tag, note=_note(cell, base, opts), **keep)
+                return record(folder, status=BuildStatus.UNCHANGED, tag=tag, note=_note(cell, base, opts), **keep)
             if image_id and (adopted := adopt(folder, cell, base, tag, image_id)) is not None:
                 report(cid, "unchanged, not rebuilt (its image was already here; self-checked again)")
                 return adopted
@@ -146,7 +147,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
-            return record(folder, status="failed", reason=f"{type(e).__name__}: {e}")
+            return record(folder, status=BuildStatus.FAILED, reason=f"{type(e).__name__}: {e}")
 
     prepared = {folder: prepare(folder) for folder in folders}
     steps, progress = buildprogress.begin(list(prepared.values()), Step, report)
@@ -176,7 +177,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
         if rc != 0:
             tail = _log_tail(log)
             reason = f"docker build exited {rc}: {tail} (log: {log})"
-            return record(folder, status="failed", tag=tag, reason=reason)
+            return record(folder, status=BuildStatus.FAILED, tag=tag, reason=reason)
         build_s = round(time.monotonic() - t0, 1)
         report(cid, "self-check")
         facts = selfcheck(docker, tag, compile_test=step.base.kind == "registry-free")
@@ -184,9 +185,9 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             step.cell["expected"], facts, compiled_toolkit=step.base.kind == "registry-free")
         if problems:
             docker.run("image", "rm", "--no-prune", tag)  # never leave a wrong image under a valid tag
-            return record(folder, status="failed", tag=tag, reason="self-check: " + "; ".join(problems),
+            return record(folder, status=BuildStatus.FAILED, tag=tag, reason="self-check: " + "; ".join(problems),
                            selfcheck=facts, versions=versions(facts))
-        return record(folder, status="built", tag=tag, image_id=docker.image_id(tag), selfcheck=facts,
+        return record(folder, status=BuildStatus.BUILT, tag=tag, image_id=docker.image_id(tag), selfcheck=facts,
                        versions=versions(facts), build_s=build_s, base=step.base.image,
                        note=_note(step.cell, step.base, opts))
 
@@ -198,7 +199,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
-            rec = record(step.folder, status="failed", tag=step.tag, reason=f"{type(e).__name__}: {e}")
+            rec = record(step.folder, status=BuildStatus.FAILED, tag=step.tag, reason=f"{type(e).__name__}: {e}")
         with lock:
             progress.done.add(step.cell_id)
             report(step.cell_id, progress.end_line(step, str(rec["status"]), time.monotonic() - t0))
@@ -233,7 +234,7 @@ def lock_for_build(cells: Sequence[Resolved], opts: BuildOptions) -> tuple[list[
             lock_cell(r, opts.envs, uv)
             folders.append(opts.envs / r.cell_id)
         except LockError as e:
-            failed.append({"cell_id": r.cell_id, "status": "failed", "reason": f"lock: uv: {e.args[1]}"})
+            failed.append({"cell_id": r.cell_id, "status": BuildStatus.FAILED, "reason": f"lock: uv: {e.args[1]}"})
     return folders, failed
 
 
@@ -301,7 +302,7 @@ class DockerBuilder:
                                               torch_stacks=torch_stacks, cells_to_build=cells))
 
     def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
-        return [{"cell_id": f.name, "status": "would-build", "reason": ""} for f in folders]
+        return [{"cell_id": f.name, "status": BuildStatus.WOULD_BUILD, "reason": ""} for f in folders]
 
     def build(self, folders: Sequence[Path], opts: BuildOptions,
               report: Callable[[str, str], None]) -> list[dict[str, Any]]:

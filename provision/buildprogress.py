@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from common.buildrecord import BuildStatus
 from common.progress import Estimate, duration, estimate
 from provision.render import CERTENV, Base
 
@@ -127,8 +128,8 @@ def begin(prepared: Sequence[Any], step_type: type, report: Callable[[str, str],
     progress = BuildProgress(steps, noun=noun)
     if prepared:
         records = [p for p in prepared if not isinstance(p, step_type)]
-        report("", progress.opening(sum(1 for r in records if r["status"] == "skipped-unchanged"),
-                                    sum(1 for r in records if r["status"] == "failed")))
+        report("", progress.opening(sum(1 for r in records if r["status"] == BuildStatus.UNCHANGED),
+                                    sum(1 for r in records if r["status"] == BuildStatus.FAILED)))
     return steps, progress
 
 

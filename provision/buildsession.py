@@ -24,6 +24,7 @@ from rich.table import Table
 
 from common import backend
 from common.api import plan
+from common.buildrecord import BuildStatus
 from common.errors import InputError
 from common.progress import console as progress_console
 from common.resolve import RESOLVED, Resolved
@@ -90,7 +91,7 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     records += builder.build(folders, opts, reporter(opts))
     records = carry_kernels(cells, records, opts, docker)
     summary(cells, records, opts.json)
-    return 1 if any(r["status"] == "failed" for r in records) else 0
+    return 1 if any(r["status"] == BuildStatus.FAILED for r in records) else 0
 
 
 def kernel_archs(cells: Sequence[Resolved], opts: BuildOptions) -> dict[str, tuple[str, ...]]:
@@ -228,7 +229,8 @@ def summary(cells: Sequence[Resolved], results: Sequence[dict[str, Any]], json_o
     table = Table(title="provision build")
     for col in ("cell", "status", "image", "reason", "kernels"):
         table.add_column(col, overflow="fold")
-    colour = {"built": "green", "skipped-unchanged": "green", "failed": "red", "would-build": "cyan"}
+    colour = {BuildStatus.BUILT: "green", BuildStatus.UNCHANGED: "green", BuildStatus.FAILED: "red",
+              BuildStatus.WOULD_BUILD: "cyan"}
     for cid, status, tag, reason, *carried in rows:
         table.add_row(cid, f"[{colour.get(status, 'yellow')}]{status}[/]", tag, escape(reason),
                       escape(carried[0] if carried else ""))

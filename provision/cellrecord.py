@@ -3,18 +3,17 @@ venv), and the self-check both builders run: one home for what every builder wri
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import backend, canonical
+from common import backend, buildrecord, canonical
+from common.buildrecord import BuildStatus
 from inenv import atomic
 from inenv.selfcheck import SHARED as SELFCHECK_SHARED
 
 SELFCHECK = Path(__file__).resolve().parent.parent / "inenv" / "selfcheck.py"
 SELFCHECK_ROOT = "/opt/stackprobe-code"  # in the image: the self-check beside the checks/ modules it imports
-BUILT = ("built", "skipped-unchanged")  # the statuses of a record whose cell can run
 
 
 def selfcheck_files() -> list[tuple[Path, str]]:
@@ -41,7 +40,8 @@ def versions(facts: dict[str, Any]) -> dict[str, str | None]:
 def record(folder: Path, **kw: Any) -> dict[str, Any]:
     """Write the cell's build record for the backend ``kw`` names (``backend``; none: Docker), in that
     backend's own file (common.backend.RECORD_NAMES)."""
-    rec = {"cell_id": folder.name, "status": kw.pop("status"), "tag": kw.pop("tag", None),
+    status: BuildStatus = kw.pop("status")
+    rec = {"cell_id": folder.name, "status": status.value, "tag": kw.pop("tag", None),
            "image_id": kw.pop("image_id", None), "reason": kw.pop("reason", ""),
            "selfcheck": kw.pop("selfcheck", {}), "versions": kw.pop("versions", {}),
            "built_at": datetime.now(UTC).isoformat(timespec="seconds"), **kw}
@@ -51,8 +51,4 @@ def record(folder: Path, **kw: Any) -> dict[str, Any]:
 
 def previous(folder: Path, of: str = backend.DOCKER) -> dict[str, Any]:
     """The record of the cell's last build by backend ``of``; {} when there is none or it cannot be read."""
-    try:
-        rec = json.loads(backend.record_file(folder, of).read_text())
-    except (OSError, ValueError):
-        return {}
-    return rec if isinstance(rec, dict) else {}
+    return buildrecord.read(folder, of).record or {}

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from common import memlock
+from common import buildrecord, memlock
 from common.api import plan_cells
 from provision import installer
 from provision.baseimage import DEFAULT_TAG, DEV_TAG, apt_mirror
@@ -311,7 +311,7 @@ def _matrix_needs(matrix: Path, envs: Path, docker: str) -> tuple[int, int, int]
     for c in cells:
         rec = previous(envs / c.cell_id)
         tag = rec.get("tag")
-        built = rec.get("status") in ("built", "skipped-unchanged") and tag and _run(
+        built = buildrecord.runnable(rec) and tag and _run(
             [docker, "image", "inspect", "--format", "{{.Id}}", str(tag)], 30)
         if not (built and built.returncode == 0):
             todo.append(c)
@@ -325,7 +325,7 @@ def _venv_needs(matrix: Path, envs: Path) -> tuple[int, int]:
     for c in (c for c in plan_cells(matrix) if c.status == "resolved"):
         rec = previous(envs / c.cell_id, VENV)
         stack = (c.cuda, c.versions.get("torch", ""))
-        if rec.get("backend") == "venv" and rec.get("status") in ("built", "skipped-unchanged") and rec.get(
+        if rec.get("backend") == "venv" and buildrecord.runnable(rec) and rec.get(
                 "venv") and Path(str(rec["venv"])).is_dir():
             present.add(stack)
         else:

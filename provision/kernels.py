@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from common import backend
+from common import backend, buildrecord
+from common.buildrecord import BuildStatus
 from common.caches import CODE_ROOT, compile_cache_dir
 from common.celltoolkit import base_env, cell_env
 from inenv import atomic
@@ -45,7 +46,6 @@ from inenv.kit._compile_cache import ENV as COMPILE_CACHE_ENV
 from inenv.kit._fi_carry import RESULT_PREFIX
 from inenv.kit._flashinfer import COMM_MODULES
 from inenv.probes.fi_jit import BUILD_COST
-from provision.cellrecord import BUILT
 from provision.dockercli import Docker
 
 KERNELS = CODE_ROOT / ".cache" / "kernels"  # one kernel set per cell: <cell id>/<name>/<name>.so + record
@@ -103,7 +103,7 @@ def known_failure(rec: Mapping[str, Any], job: Job) -> dict[str, Any] | None:
     decided from has changed: the cell is unchanged since (its build was skipped) and the list is the same.
     None otherwise: a failure of the builder itself (``harness-error``, a time-out) is always tried again."""
     kernels = rec.get("kernels")
-    if rec.get("status") != "skipped-unchanged" or not isinstance(kernels, Mapping):
+    if BuildStatus.of(rec) is not BuildStatus.UNCHANGED or not isinstance(kernels, Mapping):
         return None
     row = (kernels.get("modules") or {}).get(job.module) if isinstance(kernels.get("modules"), Mapping) else None
     if (kernels.get("arch_list") != " ".join(job.archs) or not isinstance(row, Mapping)
@@ -287,7 +287,7 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
           modules: Sequence[str] = COMM_MODULES) -> list[dict[str, Any]]:
     """Compile and install every built cell's kernels; each record gains ``kernels`` (and is rewritten)."""
     cache = cache if cache is not None else compile_cache_dir(None, False)
-    built = {str(r["cell_id"]): r for r in records if r.get("status") in BUILT}
+    built = {str(r["cell_id"]): r for r in records if buildrecord.runnable(r)}
     rows = [{"cell_id": cid, "flashinfer": (r.get("versions") or {}).get("flashinfer"),
              "torch_cuda": (r.get("versions") or {}).get("torch_cuda"), "archs": archs_of.get(cid, ())}
             for cid, r in built.items()]

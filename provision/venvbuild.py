@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import canonical, celltoolkit
+from common import buildrecord, canonical, celltoolkit
+from common.buildrecord import BuildStatus
 from common.catalog import glibc_floor
 from common.catalog import load as load_catalog
 from common.errors import InputError
@@ -39,7 +40,6 @@ from common.resolve import RESOLVED, Resolved
 from provision import buildprogress, cudahome, doctor, installer, interp, overlay, wheeldir
 from provision.buildprogress import VenvStep
 from provision.cellrecord import (
-    BUILT,
     SELFCHECK,
     SELFCHECK_ROOT,
     previous,
@@ -93,7 +93,7 @@ def lock_for_venv(cells: Sequence[Resolved], envs: Path) -> tuple[list[Path], li
                                     "run `provision lock` where uv is and bring envs/ along")
             folders.append(folder)
         except LockError as e:
-            failed.append({"cell_id": r.cell_id, "status": "failed", "reason": f"lock: {e.args[1]}"})
+            failed.append({"cell_id": r.cell_id, "status": BuildStatus.FAILED, "reason": f"lock: {e.args[1]}"})
     return folders, failed
 
 
@@ -241,10 +241,10 @@ def prepare(folder: Path, opts: BuildOptions, tool: installer.Installer, base: i
     digest = build_hash(folder, base, wheels, tool.kind)
     prev = previous(folder, BACKEND)
     if (prev.get("backend") == BACKEND and prev.get("hash") == digest and prev.get("venv") == str(venv)
-            and prev.get("status") in BUILT and venv_python(venv).exists()):
+            and buildrecord.runnable(prev) and venv_python(venv).exists()):
         report(cid, "unchanged, not rebuilt")
         keep = {k: v for k, v in prev.items() if k not in ("cell_id", "status", "built_at")}
-        return record(folder, status="skipped-unchanged", **keep)
+        return record(folder, status=BuildStatus.UNCHANGED, **keep)
     return VenvStep(folder=folder, cell=cell, previous=prev, venv=venv)
 
 
@@ -262,7 +262,7 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
         shutil.rmtree(venv)
     rc, last = installer.run(tool.venv_cmd(venv, base.python if base else PYTHON_REQUEST))
     if rc != 0:
-        return record(folder, status="failed", reason=f"{tool.kind} venv exited {rc}: {last}", **common)
+        return record(folder, status=BuildStatus.FAILED, reason=f"{tool.kind} venv exited {rc}: {last}", **common)
     try:
         target = interp.read(str(python))
         if base is not None:
@@ -279,7 +279,7 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
             report(cid, "CUDA_HOME from the toolkit wheels")
         cuda_home, note = (None, "") if base else _toolkit(tool, python, target.markers, folder, venv, cell, wheels)
     except (CellFailed, InputError, OSError) as exc:
-        return record(folder, status="failed", reason=str(exc), **common)
+        return record(folder, status=BuildStatus.FAILED, reason=str(exc), **common)
     origin = {"installed": _sources(plan, wheels), "from_base": plan.base_json(),
               "from_base_summary": overlay.summary(p.name for p in plan.from_base) if base else "",
               "base_differs": plan.differs_json(), "absent": {p.name: p.version for p in plan.absent},
@@ -295,7 +295,7 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
         more = f" +{len(names) - 4} more" if len(names) > 4 else ""
         note = "; ".join(filter(None, [note, f"{len(names)} locked package(s) neither installed nor in the base "
                                              f"(build-venv.json: absent): {', '.join(names[:4])}{more}"]))
-    status = "failed" if problems else "built"
+    status = BuildStatus.FAILED if problems else BuildStatus.BUILT
     return record(folder, status=status, reason="self-check: " + "; ".join(problems) if problems else "",
                    selfcheck=facts, versions=versions(facts), build_s=round(time.monotonic() - t0, 1), note=note,
                    **common, **origin)
@@ -319,7 +319,7 @@ def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
-            return record(folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
+            return record(folder, status=BuildStatus.FAILED, reason=f"{type(e).__name__}: {e}", backend=BACKEND)
 
     prepared = {folder: ready(folder) for folder in folders}
     steps, progress = buildprogress.begin(list(prepared.values()), VenvStep, report, noun="venv cells")
@@ -341,7 +341,7 @@ def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
-            rec = record(step.folder, status="failed", reason=f"{type(e).__name__}: {e}", backend=BACKEND)
+            rec = record(step.folder, status=BuildStatus.FAILED, reason=f"{type(e).__name__}: {e}", backend=BACKEND)
         finally:
             ticker.stop(cid)
         with lock:
@@ -357,7 +357,7 @@ def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
 
 def dry_run(folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
     over = f" over {opts.base_python}" if opts.base_python else ""
-    return [{"cell_id": f.name, "status": "would-build", "reason": f"venv {opts.venvs / f.name}{over}"}
+    return [{"cell_id": f.name, "status": BuildStatus.WOULD_BUILD, "reason": f"venv {opts.venvs / f.name}{over}"}
             for f in folders]
 
 
@@ -377,7 +377,7 @@ class VenvBuilder:
         """A record of a built venv whose folder is still there (its files are linked from uv's cache, so a
         second venv of a torch build is nearly free)."""
         rec = previous(folder, BACKEND)
-        return rec.get("status") in BUILT and bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
+        return buildrecord.runnable(rec) and bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
 
     def disk_root(self, opts: BuildOptions) -> str | None:
         return str(opts.venvs)

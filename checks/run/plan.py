@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from checks.results.result import ProbeResult
-from common import cellid
+from common import backend, buildrecord, cellid
 from inenv.kit import _fatbin
 from inenv.kit import _flashinfer as fi
 from inenv.probe import HostView, ProbeSpec, Variant, default_variants
@@ -150,19 +149,18 @@ def local_cell_id(versions: dict[str, Any]) -> str:
 
 def image_state(envs_dir: Path, cell_id: str) -> tuple[ImageState, str | None, str]:
     """(built | failed | missing, image tag, reason) from envs/<cell>/build.json written by `provision build`."""
-    path = envs_dir / cell_id / "build.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    loaded = buildrecord.read(envs_dir / cell_id, backend.DOCKER)
+    path, data = loaded.path, loaded.record
+    if data is None:
+        if loaded.problem:
+            return ImageState.MISSING, None, f"{path} {loaded.problem}: rerun `provision build --only {cell_id}`"
         return ImageState.MISSING, None, f"no {path}: run `provision build --only {cell_id}`"
-    except (OSError, ValueError) as exc:
-        return ImageState.MISSING, None, f"{path} unreadable ({exc}): rerun `provision build --only {cell_id}`"
-    if data.get("backend") == "venv":  # the latest `provision build` of this cell made a venv, not an image
+    if data.get("backend") == backend.VENV:  # the latest `provision build` of this cell made a venv, not an image
         return ImageState.MISSING, None, (f"{path} records a venv cell: checks run --backend venv, or "
                                  f"`provision build --backend docker --only {cell_id}`")
-    status = str(data.get("status", ""))
-    if status in ("built", "skipped-unchanged") and data.get("tag"):
+    if loaded.runnable and data.get("tag"):
         return ImageState.BUILT, str(data["tag"]), ""
+    status = data.get("status", "")
     return ImageState.FAILED, data.get("tag"), str(data.get("reason") or f"build status {status!r}")
 
 

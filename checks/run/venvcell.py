@@ -4,7 +4,6 @@ its base environment provides (an overlay cell)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,10 +11,10 @@ from pathlib import Path
 
 from checks.run.executor import CODE_ROOT
 from checks.run.plan import ImageState, image_state
-from common import backend
+from common import backend, buildrecord
 from common.celltoolkit import cell_env
 
-BACKEND = "venv"
+BACKEND = backend.VENV
 
 
 @dataclass(frozen=True)
@@ -34,23 +33,22 @@ def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[
 
 
 def read(envs_dir: Path, cell_id: str, environ: Mapping[str, str] = os.environ) -> VenvCell:
-    path = backend.record_file(envs_dir / cell_id, backend.VENV)
+    loaded = buildrecord.read(envs_dir / cell_id, backend.VENV)
+    path, record = loaded.path, loaded.record
     build = f"`provision build --backend venv --only {cell_id}`"
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
+    if record is None:
+        if loaded.problem:
+            return VenvCell(ImageState.MISSING, reason=f"{path} {loaded.problem}: rerun {build}")
         state, image, _ = image_state(envs_dir, cell_id)
         also = (f"; its Docker image {image} is built: checks run --backend docker runs that"
                 if state == ImageState.BUILT else "")
         return VenvCell(ImageState.MISSING, reason=f"no {path}: run {build}{also}")
-    except (OSError, ValueError) as exc:
-        return VenvCell(ImageState.MISSING, reason=f"{path} unreadable ({exc}): rerun {build}")
     if record.get("backend") != BACKEND:
         what = f"a Docker image ({record.get('tag')})" if record.get("tag") else "no venv"
         return VenvCell(ImageState.MISSING,
                         reason=f"{path} records {what}: run {build}, or checks run --backend docker")
-    status = str(record.get("status", ""))
-    if status not in ("built", "skipped-unchanged"):
+    if not loaded.runnable:
+        status = record.get("status", "")
         return VenvCell(ImageState.FAILED, reason=str(record.get("reason") or f"build status {status!r}"))
     python = str(record.get("python") or "")
     if not python or not os.access(python, os.X_OK):
