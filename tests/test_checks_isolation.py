@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -55,10 +54,9 @@ def test_host_watchdog_kills_whole_group_as_hang() -> None:
     env = dict(os.environ)
     cmd = [sys.executable, "-m", "inenv.worker", "--probe", "t-hang", "--variant",
            '{"probe_id": "t-hang", "ranks": 2}', "--timeout", "60"]
-    t0 = time.monotonic()
     p = isolate.run_isolated(cmd, env, 4)
     result = classify.from_process(p, CAT, 4)
-    assert time.monotonic() - t0 < 15
+    assert p.timed_out and p.duration_s < 60  # ended by the host, before the worker's own 60 s ran out
     assert result.status == "hang" and result.reason_code == "hang"
     assert "host watchdog" in result.note
     assert result.remediation

@@ -47,10 +47,10 @@ def events(log: Path) -> dict[tuple[str, str], list[float]]:
 def test_one_holder_at_a_time_and_a_bounded_wait(tmp_path: Path) -> None:
     lock = str(tmp_path / "gpu.lock")
     first, second = gpugate.Gate(lock), gpugate.Gate(lock, queue_s=0.3)
-    assert first.open() and first.waited_s < 2  # no holder: no wait (bound loose for a loaded machine)
+    assert first.open()  # no holder: it opens (the wait below is the second gate's alone)
     started = time.monotonic()
-    assert not second.open()  # held all along: it gives up after its wait
-    assert 0.3 <= time.monotonic() - started < 2 and second.waited_s >= 0.3
+    assert not second.open()  # held all along: it gives up after its wait, while the holder still holds
+    assert time.monotonic() - started >= 0.3 and second.waited_s >= 0.3
     first.release()
     assert second.open()
     second.close()
@@ -60,9 +60,17 @@ def test_a_waiting_gate_goes_as_soon_as_the_holder_lets_go(tmp_path: Path) -> No
     lock = str(tmp_path / "gpu.lock")
     holder, waiter = gpugate.Gate(lock), gpugate.Gate(lock, queue_s=10)
     assert holder.open()
-    threading.Timer(0.4, holder.release).start()
+    released: list[float] = []
+
+    def release() -> None:
+        released.append(time.monotonic())
+        holder.release()
+
+    started = time.monotonic()
+    threading.Timer(0.4, release).start()
     assert waiter.open()
-    assert 0.35 <= waiter.waited_s < 5  # it goes at the release, long before its 10 s
+    opened = time.monotonic()
+    assert released and released[0] <= opened < started + 10  # after the release, before its own 10 s ended
     waiter.close()
 
 
@@ -146,7 +154,7 @@ def test_a_rank_that_dies_in_its_preload_ends_the_ready_wait(tmp_path: Path) -> 
     gate.close_rank_end()
     started = time.monotonic()
     assert gate.await_ready(2) == 1  # one said ready, the other died: the pipe ended, no 30 s wait
-    assert time.monotonic() - started < 10
+    assert ranks[1].poll() is not None and time.monotonic() - started < 30  # after the death, before 30 s
     assert gate.open()
     gate.close()
     for r in ranks:
