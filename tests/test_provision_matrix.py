@@ -60,6 +60,13 @@ def test_github_actions_semantics_golden() -> None:
     assert len(cells) == 7
     assert sum(c.startswith("cu130") and "-jitcache" in c for c in cells) == 3  # attached to originals only
     assert "cu130-torchnightly-sglnone-fi0.6.17" in cells
+    # the same list worked out by hand from GitHub Actions' rules (stable: 2.9.1 for sgl-kernel 0.4.1, 2.11.0 for
+    # 0.4.2, the torch each links): the golden file holds this, and a regenerated one must still
+    assert [c.split("  ")[0] for c in cells] == [
+        "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "cu128-torch2.11.0-sgl0.4.2-fi0.6.17",
+        "cu130-torch2.9.1-sgl0.4.1-fi0.6.17-jitcache", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17-jitcache",
+        "cu130-torchnightly-sgl0.4.2-fi0.6.17-jitcache", "cu130-torchnightly-sglnone-fi0.6.17",
+        "cu130-torch2.11.0-sgl0.4.2-fi0.6.8.post1"]
     check_golden("semantics-cells.txt", "\n".join(cells) + "\n")
 
 
