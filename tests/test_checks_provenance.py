@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 import tomllib
 from pathlib import Path
+
+import pytest
 
 from checks.results import provenance
 from checks.results.provenance import Provenance, checkout, helper_imports, probe_hash, probe_sources
@@ -116,8 +119,8 @@ def test_provenance_json_round_trip() -> None:
 
 def test_probe_hash_is_the_same_whichever_package_the_modules_sit_in(tmp_path: Path) -> None:
     """A probe and helper that only changed package (their imports, paths and import order follow the new
-    names) hash as the flat layout's bytes did (all under one package, helpers beside the probes):
-    committed verdicts stay current."""
+    names) hash alike: the hash is of the text with every module reduced to its own name, written out here by
+    hand, so no folder of either layout reaches it and no rule is needed for a move."""
     flat = "checks"  # the canonical package, kept out of literal module paths that a rewriting tool would change
     old = tmp_path / "old" / flat / "probes"
     old.mkdir(parents=True)
@@ -137,13 +140,52 @@ def test_probe_hash_is_the_same_whichever_package_the_modules_sit_in(tmp_path: P
     (new / "kit" / "_a.py").write_text("from inenv import toolkit\n")
     (new / "toolkit.py").write_text("from inenv import dists\n")
     (new / "dists.py").write_text("TABLE = 1\n")
-    # the hash of the flat layout's files as bytes, in the order probe, helpers, fact modules
+    # the layout-free text of each file, in the order probe, helpers, fact modules
     h = hashlib.sha256()
-    for name, text in (("myprobe.py", old_probe), ("_a.py", old_helper), ("dists.py", "TABLE = 1\n"),
-                       ("toolkit.py", old_toolkit)):
+    for name, text in (("myprobe.py", "from . import _a\nfrom . import outcome\n\n"
+                                      "# helpers in _a.py; catalogue in reasons.yaml\n"),
+                       ("_a.py", "from . import toolkit\n"), ("dists.py", "TABLE = 1\n"),
+                       ("toolkit.py", "from . import dists\n")):
         h.update(name.encode() + b"\0" + text.encode() + b"\0")
     expected = h.hexdigest()[:16]
     assert probe_hash(old / "myprobe.py", old) == expected
     assert probe_hash(new / "probes" / "myprobe.py", new / "kit") == expected
+    moved = tmp_path / "moved" / "inenv"  # a move no spelling rule knows: the helpers under inenv/helpers
+    (moved / "probes").mkdir(parents=True)
+    (moved / "helpers").mkdir()
+    (moved / "probes" / "myprobe.py").write_text(
+        "from inenv.helpers import _a\nfrom inenv.probe import outcome\n\n"
+        "# helpers in inenv/helpers/_a.py; catalogue in common/reasons.yaml\n")
+    (moved / "helpers" / "_a.py").write_text("from inenv import toolkit\n")
+    (moved / "toolkit.py").write_text("from inenv import dists\n")
+    (moved / "dists.py").write_text("TABLE = 1\n")
+    assert probe_hash(moved / "probes" / "myprobe.py", moved / "helpers") == expected
     (new / "dists.py").write_text("TABLE = 2\n")
     assert probe_hash(new / "probes" / "myprobe.py", new / "kit") != expected  # a real change still counts
+
+
+def test_results_hashed_in_the_earlier_spelling_stay_current_while_their_code_is_unchanged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result recorded with the canonical spelling's hash of some code is current exactly when the alias
+    table maps that hash to the current layout-free hash; and every alias names the same code on both sides:
+    the earlier spelling's hash of each probe as it is now, where the table has it, maps to its hash now."""
+    from checks.results import provenance
+    from common import canonical
+    from inenv import registry
+
+    monkeypatch.setattr(provenance, "_aliases", lambda: {"0ld0ld0ld0ld0ld0": "n3wn3wn3wn3wn3wn"})
+    assert provenance.same_code("0ld0ld0ld0ld0ld0", "n3wn3wn3wn3wn3wn")
+    assert provenance.same_code("n3wn3wn3wn3wn3wn", "n3wn3wn3wn3wn3wn")
+    assert not provenance.same_code("0ld0ld0ld0ld0ld0", "0therc0de0therc0")
+    assert not provenance.same_code("0ld0ld0ld0ld0ld0", None)
+    monkeypatch.undo()
+    table = json.loads(provenance.ALIASES.read_text())
+    for pid, (_, mod) in registry.discover().items():
+        paths = probe_sources(Path(str(mod.__file__)))
+        h = hashlib.sha256()
+        for p in paths:  # the canonical spelling, as hashes were taken before
+            h.update(p.name.encode() + b"\0" + canonical.spell_source(provenance.hashed_bytes(p).decode()).encode()
+                     + b"\0")
+        old = h.hexdigest()[:16]
+        if old in table:
+            assert table[old] == provenance.source_hash(paths), pid

@@ -66,7 +66,8 @@ def test_report_marks_stale_verdicts_and_says_how_to_refresh(tmp_path: Path) -> 
     results, out = _layout(tmp_path)
     generate(results, out, None, check=False, current=CURRENT)
     md = out.read_text()
-    h200, cpu = md.split("## NVIDIA H200")[1], md.split("## No GPU")[1].split("## NVIDIA H200")[0]
+    h200 = md.split("## NVIDIA H200")[1].split("## Across hosts")[0]  # its own section
+    cpu = md.split("## No GPU")[1].split("## NVIDIA H200")[0]
     # H200: the first run recorded no code; fi-fusion was re-measured by today's probe source.
     assert "| flashinfer | ar-latency | fi-fusion | inventory | nccl-graphs | symm-mem |" in h200
     local = _row(h200, "local-cu130-torch2.11.0-sglnone-fi0.6.18")
@@ -357,7 +358,8 @@ def test_report_marks_static_only_on_the_gpu_less_host(tmp_path: Path) -> None:
     results, out = _layout(tmp_path)
     generate(results, out, None, check=False, current=CURRENT)
     md = out.read_text()
-    h200, cpu = md.split("## NVIDIA H200")[1], md.split("## No GPU")[1].split("## NVIDIA H200")[0]
+    h200 = md.split("## NVIDIA H200")[1].split("## Across hosts")[0]  # its own section
+    cpu = md.split("## No GPU")[1].split("## NVIDIA H200")[0]
     assert "*(static)*" in _row(cpu, "cu130-torch2.11.0-sgl0.4.2-fi0.6.17")[5]
     assert "*(static)*" not in h200
     assert "*static*: proven without a GPU" in md

@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from checks.results import provenance
 from checks.results.result import ProbeResult
 from common import shellwords
 from inenv.status import Status
@@ -47,7 +48,7 @@ def staleness(result: ProbeResult, current: Mapping[str, str]) -> str:
         return ""
     if result.code is None:
         return UNRECORDED
-    if current.get(result.probe_id) != result.code.probe_hash:
+    if not provenance.same_code(result.code.probe_hash, current.get(result.probe_id)):
         return CHANGED
     if result.code.commit == "unknown":
         return UNKNOWN_COMMIT

@@ -7,9 +7,10 @@ imports, found by reading its imports with ``ast``, transitively. The probe API 
 ``inenv.status``) is left out: it is the contract every probe shares, not a probe's judgement.
 It is computed on the host from the ``inenv/`` tree that is mounted into the containers, so it names the
 code the ranks ran. Two checkouts with the same probe source give the same hash wherever they live (file
-names, not paths, are hashed), and in whichever package a module sits: the text is hashed with the
-project's module names and paths in their canonical spelling (common.canonical), and the imports are read
-from that spelling.
+names, not paths, are hashed), and in whichever package a module sits: the text is hashed with every project
+module name and path reduced to the module's own name (common.canonical.layout_free), so moving a folder
+changes no hash and needs no rule; results hashed in the earlier canonical spelling stay current through
+ALIASES. The modules a probe imports are found by their own names, so a move changes that neither.
 A verdict whose recorded hash differs from the current source's was made by other code: `checks report`
 marks it for a rerun.
 """
@@ -17,8 +18,10 @@ marks it for a rerun.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.metadata
+import json
 import subprocess
 import tomllib
 from collections.abc import Mapping
@@ -34,9 +37,6 @@ from inenv.probe import DECLARED_MARK
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `checks` package
 HELPERS = CODE_ROOT / "inenv" / "kit"  # the probes' helpers; the fact modules are in its parent folder
 CODE_TREES = ("checks", "inenv", "common")  # what a verdict's code comes from: their changes make a run dirty
-# Imports are read in the canonical spelling (common.canonical), which names these two packages.
-HELPER_PACKAGE = canonical.HELPER_PACKAGE
-SUPPORT_PACKAGE = canonical.SUPPORT_PACKAGE
 API_MODULES = frozenset({"probe", "status", "probes"})  # shared by every probe: not part of a probe's hash
 UNKNOWN = "unknown"
 HASH_CHARS = 16
@@ -122,56 +122,50 @@ def checkout(root: Path = CODE_ROOT) -> Checkout:
 
 
 # --- probe source hashes ------------------------------------------------------------------------------------
-def _package_imports(source: str, in_helpers: bool) -> set[str]:
-    """Names of the modules of the probes' package (probes and their helpers, one package in the canonical
-    spelling) that ``source`` imports. ``in_helpers``: the source is itself a helper module, so its relative
-    imports name helpers too."""
+PROJECT_PACKAGES = frozenset({"inenv", "common", "provision", "checks"})
+
+
+def _imported_names(source: str, in_helpers: bool) -> set[str]:
+    """The own names of the project modules ``source`` imports and of what it imports from them, whatever
+    package they sit in: ``from inenv.kit import _a`` gives ``kit`` and ``_a``, ``import inenv.toolkit``
+    gives ``toolkit``; third-party imports give nothing. A relative import counts only from a helper module
+    (``in_helpers``): from a probe it names a module of the probes' own folder, not a helper. Each name is then
+    looked up as a file where helpers, fact modules and probes live (probe_sources), so no folder name of
+    the project decides what is found."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(canonical.spell(source))):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.startswith(HELPER_PACKAGE + "."):
-                    found.add(alias.name[len(HELPER_PACKAGE) + 1:].split(".")[0])
+                parts = alias.name.split(".")
+                if parts[0] in PROJECT_PACKAGES:
+                    found.update(parts[1:])
         elif isinstance(node, ast.ImportFrom):
-            if node.level == 0:
-                module = node.module or ""
-            elif node.level == 1 and in_helpers:
-                module = HELPER_PACKAGE + (f".{node.module}" if node.module else "")
-            else:
+            parts = node.module.split(".") if node.module else []
+            if node.level == 0 and parts and parts[0] in PROJECT_PACKAGES:
+                found.update(parts[1:])
+            elif not (node.level == 1 and in_helpers):
                 continue
-            if module == HELPER_PACKAGE:
-                found.update(a.name for a in node.names)
-            elif module.startswith(HELPER_PACKAGE + "."):
-                found.add(module[len(HELPER_PACKAGE) + 1:].split(".")[0])
+            else:
+                found.update(parts)
+            found.update(a.name for a in node.names)
     return found
 
 
 def helper_imports(source: str, in_helpers: bool = False) -> set[str]:
     """Names of the private helper modules (``_x``) that ``source`` imports."""
-    return {name for name in _package_imports(source, in_helpers) if name.startswith("_") and name != "__init__"}
+    return {name for name in _imported_names(source, in_helpers) if name.startswith("_") and name != "__init__"}
 
 
 def probe_imports(source: str) -> set[str]:
-    """Names of the other probe modules (``inenv.probes.x``) that ``source`` imports."""
-    return {name for name in _package_imports(source, False) if not name.startswith("_")}
+    """Names of the other probe modules (``inenv.probes.x``) that ``source`` may import (a name is a probe
+    only where a probe file has it)."""
+    return {name for name in _imported_names(source, False) if not name.startswith("_")}
 
 
 def support_imports(source: str) -> set[str]:
-    """Names of the in-environment fact modules (``inenv.toolkit``, ...) that ``source`` imports, the probe API
-    aside."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(canonical.spell(source))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] if node.module != SUPPORT_PACKAGE else [f"{node.module}.{a.name}" for a in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if len(parts) >= 2 and parts[0] == SUPPORT_PACKAGE and parts[1] not in API_MODULES:
-                found.add(parts[1])
-    return found
+    """Names of the in-environment fact modules (``inenv.toolkit``, ...) that ``source`` may import, the probe
+    API aside (a name is one only where a fact module's file has it)."""
+    return {name for name in _imported_names(source, False) if not name.startswith("_") and name not in API_MODULES}
 
 
 def probe_sources(path: Path, helpers: Path = HELPERS) -> list[Path]:
@@ -219,8 +213,24 @@ def hashed_bytes(path: Path) -> bytes:
 def source_hash(paths: list[Path]) -> str:
     h = hashlib.sha256()
     for p in paths:
-        h.update(p.name.encode() + b"\0" + canonical.spell_source(hashed_bytes(p).decode()).encode() + b"\0")
+        h.update(p.name.encode() + b"\0" + canonical.layout_free_source(hashed_bytes(p).decode()).encode() + b"\0")
     return h.hexdigest()[:HASH_CHARS]
+
+
+# Results made before probe hashes were taken in the layout-free spelling carry the hash of the canonical
+# spelling. This table, made once at that change from the probes as they were then, maps each such hash to
+# the layout-free hash of the same code, so those results stay current while their probe's code is unchanged.
+ALIASES = Path(__file__).with_name("probe_hash_aliases.json")
+
+
+@functools.cache
+def _aliases() -> dict[str, str]:
+    return dict(json.loads(ALIASES.read_text()))
+
+
+def same_code(recorded: str | None, current: str | None) -> bool:
+    """Whether a result's recorded probe hash names the probe code that ``current`` hashes."""
+    return current is not None and recorded is not None and current in (recorded, _aliases().get(recorded))
 
 
 def probe_hash(path: Path, helpers: Path = HELPERS) -> str:

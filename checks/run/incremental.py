@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checks.results import provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import LEVEL, REUSED_FROM, latest_results, level_of
 from checks.run.executor import digest
@@ -85,7 +86,7 @@ def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, 
         return f"its verdict ({v.status} {v.reason_code}) is not one a rerun repeats"
     if result.code is None or (result.code.dirty is not False and not same_command):
         return "made by code that differed from its commit (or by unrecorded code)"
-    if result.code.probe_hash != probe_hash:
+    if not provenance.same_code(result.code.probe_hash, probe_hash):
         return "the probe's source changed"
     if inputs is None:
         return "this cell's environment has no fingerprint"
