@@ -281,6 +281,27 @@ def launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, 
 def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, timeout_s: float, port: int,
             grace_s: float, peer_grace_s: float, failed_grace_s: float, while_starting: Any,
             gate: gpugate.Gate | None) -> LaunchResult:
+    states = _start_ranks(location, variant, workdir, gpus, port, while_starting, gate)
+    hang = _watch(states, workdir, timeout_s, peer_grace_s, failed_grace_s)
+    if gate is not None:
+        gate.release()  # the GPUs are done with: the next variant may go while these ranks exit
+    # Every outcome is in (or never will be): allow a short exit, then end whatever is left.
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and any(s.proc.poll() is None for s in states):
+        _note_exits(states)
+        time.sleep(0.02)
+    _kill(states, f"still running {grace_s:.0f}s after reporting (exit hang)")
+    for s in states:
+        s.proc.wait()
+    finished = time.time()
+
+    return _collect(states, workdir, hang, finished, gate)
+
+
+def _start_ranks(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int, port: int,
+                 while_starting: Any, gate: gpugate.Gate | None) -> list[RankState]:
+    """Every rank process started and, with a gate, every rank ready and the GPUs this variant's; on any
+    failure the ranks started are ended before it is raised."""
     pycache = bytecode_cache()
     states: list[RankState] = []
     fds = (gate.rank_fd(), gate.ready_fd()) if gate is not None else ()
@@ -311,6 +332,13 @@ def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int,
             s.proc.wait()
         raise
 
+    return states
+
+
+def _watch(states: list[RankState], workdir: Path, timeout_s: float, peer_grace_s: float,
+           failed_grace_s: float) -> bool:
+    """Wait for every rank's outcome, ending the ranks a dead or failed peer leaves waiting; True when the
+    watchdog ended them (a hang)."""
     deadline = time.monotonic() + timeout_s
     hang = False
     while True:
@@ -349,18 +377,12 @@ def _launch(location: ProbeLocation, variant: Variant, workdir: Path, gpus: int,
             break
         time.sleep(0.02)
 
-    if gate is not None:
-        gate.release()  # the GPUs are done with: the next variant may go while these ranks exit
-    # Every outcome is in (or never will be): allow a short exit, then end whatever is left.
-    end = time.monotonic() + grace_s
-    while time.monotonic() < end and any(s.proc.poll() is None for s in states):
-        _note_exits(states)
-        time.sleep(0.02)
-    _kill(states, f"still running {grace_s:.0f}s after reporting (exit hang)")
-    for s in states:
-        s.proc.wait()
-    finished = time.time()
+    return hang
 
+
+def _collect(states: list[RankState], workdir: Path, hang: bool, finished: float,
+             gate: gpugate.Gate | None) -> LaunchResult:
+    """The outcome of every rank, made for those that ended without reporting, and what the verdict shows."""
     outcomes: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
     tails: dict[str, str] = {}

@@ -96,52 +96,71 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
     and tag (so the unchanged cells are known and the rest can be counted and timed from their last
     builds), then the builds, each saying which of how many it is, its steps, and every ``tick_s`` how long
     it has been building."""
-    buildkit = docker.buildkit()
-    base_ids: dict[str, str] = {}
+    run = _LockedBuild(opts, docker, report, docker.buildkit())
+    prepared = {folder: run.prepare(folder) for folder in folders}
+    steps, run.progress = buildprogress.begin(list(prepared.values()), Step, report)
+    with Ticker(lambda line: report("", line), tick_s) as ticker, \
+            ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+        built = dict(zip((s.folder for s in steps), pool.map(lambda s: run.one(s, ticker), steps), strict=True))
+    return [built[f] if isinstance(p, Step) else p for f, p in prepared.items()]
 
-    def base_id(base: Base) -> str:
-        if base.image not in base_ids:
-            if base.kind.startswith("registry-free") and docker.image_id(base.image) is None:
-                report("base", f"making {base.image} (debootstrap, once)")
-                (ensure_dev if base.kind == "registry-free" else ensure_base)(docker=docker.cli)
-            bid = docker.image_id(base.image)
+
+@dataclass
+class _LockedBuild:
+    """One `build_locked` call: the Docker builds of its cells, the base images they share, their progress."""
+
+    opts: BuildOptions
+    docker: Docker
+    report: Callable[[str, str], None]
+    buildkit: bool
+    base_ids: dict[str, str] = field(default_factory=dict)
+    progress: Any = None  # buildprogress.begin's, once every cell is prepared
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def base_id(self, base: Base) -> str:
+        if base.image not in self.base_ids:
+            if base.kind.startswith("registry-free") and self.docker.image_id(base.image) is None:
+                self.report("base", f"making {base.image} (debootstrap, once)")
+                (ensure_dev if base.kind == "registry-free" else ensure_base)(docker=self.docker.cli)
+            bid = self.docker.image_id(base.image)
             if bid is None:
                 raise InputError(f"base image {base.image} is not present locally and no registry is used: "
                                  "docker load it, or pass --base registry-free")
-            base_ids[base.image] = bid
-        return base_ids[base.image]
+            self.base_ids[base.image] = bid
+        return self.base_ids[base.image]
 
-    def adopt(folder: Path, cell: dict[str, Any], base: Base, tag: str, image_id: str) -> dict[str, Any] | None:
+    def adopt(self, folder: Path, cell: dict[str, Any], base: Base, tag: str, image_id: str) -> dict[str, Any] | None:
         """The record of an image already under ``tag`` that this checkout has no record of (another checkout
         built it, or envs/ was cleaned). The tag is a digest of everything the build reads, and a build whose
         self-check failed never keeps its tag, so the image is this build: its self-check runs again for the
         record. None (build it) if that self-check now fails."""
-        facts = selfcheck(docker, tag, compile_test=base.kind == "registry-free")
+        facts = selfcheck(self.docker, tag, compile_test=base.kind == "registry-free")
         if "error" in facts or mismatches(cell["expected"], facts, compiled_toolkit=base.kind == "registry-free"):
             return None
         return record(folder, status=BuildStatus.UNCHANGED, tag=tag, image_id=image_id, selfcheck=facts,
-                       versions=versions(facts), build_s=None, base=base.image, adopted=True,
-                       note=_note(cell, base, opts))
+                      versions=versions(facts), build_s=None, base=base.image, adopted=True,
+                      note=_note(cell, base, self.opts))
 
-    def prepare(folder: Path) -> Step | dict[str, Any]:
+    def prepare(self, folder: Path) -> Step | dict[str, Any]:
         """The cell's step, or its record when nothing is to be built (unchanged, or failed already)."""
         cell = load_cell(folder)
         cid = cell["cell_id"]
         try:
-            base = choose_base(cell, opts, docker)
-            text = render(cell, base, buildkit=buildkit)
-            dockerfile = opts.dockerfiles / f"{cid}.Dockerfile"
+            base = choose_base(cell, self.opts, self.docker)
+            text = render(cell, base, buildkit=self.buildkit)
+            dockerfile = self.opts.dockerfiles / f"{cid}.Dockerfile"
             atomic.write_text(dockerfile, text)
-            tag = image_tag(cid, build_hash(text, folder, base_id(base), {}))
+            tag = image_tag(cid, build_hash(text, folder, self.base_id(base), {}))
             prev = previous(folder)
-            image_id = docker.image_id(tag)
+            image_id = self.docker.image_id(tag)
             if prev.get("tag") == tag and buildrecord.runnable(prev) and image_id:
-                report(cid, "unchanged, not rebuilt")
+                self.report(cid, "unchanged, not rebuilt")
                 keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id", "build_s", "base", "kernels",
                                                    "kernels_base")}
-                return record(folder, status=BuildStatus.UNCHANGED, tag=tag, note=_note(cell, base, opts), **keep)
-            if image_id and (adopted := adopt(folder, cell, base, tag, image_id)) is not None:
-                report(cid, "unchanged, not rebuilt (its image was already here; self-checked again)")
+                return record(folder, status=BuildStatus.UNCHANGED, tag=tag, note=_note(cell, base, self.opts),
+                              **keep)
+            if image_id and (adopted := self.adopt(folder, cell, base, tag, image_id)) is not None:
+                self.report(cid, "unchanged, not rebuilt (its image was already here; self-checked again)")
                 return adopted
             return Step(folder=folder, cell=cell, previous=prev, base=base, dockerfile=dockerfile, tag=tag)
         except InputError:
@@ -149,11 +168,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
         except Exception as e:  # one broken cell must not stop the others
             return record(folder, status=BuildStatus.FAILED, reason=f"{type(e).__name__}: {e}")
 
-    prepared = {folder: prepare(folder) for folder in folders}
-    steps, progress = buildprogress.begin(list(prepared.values()), Step, report)
-    lock = threading.Lock()
-
-    def build(step: Step, ticker: Ticker) -> dict[str, Any]:
+    def build(self, step: Step, ticker: Ticker) -> dict[str, Any]:
         cid, folder, tag = step.cell_id, step.folder, step.tag
         current = {"step": ""}
         seen: set[str] = set()  # BuildKit repeats a step's header when its output resumes
@@ -163,52 +178,52 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
             if found and found[0] not in seen:
                 seen.add(found[0])
                 current["step"] = found[1]
-                report(cid, found[1])
+                self.report(cid, found[1])
             elif (err := buildprogress.error(line)) is not None:
-                report(cid, err)
+                self.report(cid, err)
 
         log = LOGS / f"{cid}.log"
         t0 = time.monotonic()
-        ticker.start(cid, lambda elapsed: progress.tick_line(step, elapsed, current["step"]))
+        ticker.start(cid, lambda elapsed: self.progress.tick_line(step, elapsed, current["step"]))
         try:
-            rc = docker.build(step.dockerfile, folder, tag, buildkit, log, on_line)
+            rc = self.docker.build(step.dockerfile, folder, tag, self.buildkit, log, on_line)
         finally:
             ticker.stop(cid)
         if rc != 0:
-            tail = _log_tail(log)
-            reason = f"docker build exited {rc}: {tail} (log: {log})"
+            reason = f"docker build exited {rc}: {_log_tail(log)} (log: {log})"
             return record(folder, status=BuildStatus.FAILED, tag=tag, reason=reason)
         build_s = round(time.monotonic() - t0, 1)
-        report(cid, "self-check")
-        facts = selfcheck(docker, tag, compile_test=step.base.kind == "registry-free")
-        problems = [facts["error"]] if "error" in facts else mismatches(
-            step.cell["expected"], facts, compiled_toolkit=step.base.kind == "registry-free")
-        if problems:
-            docker.run("image", "rm", "--no-prune", tag)  # never leave a wrong image under a valid tag
-            return record(folder, status=BuildStatus.FAILED, tag=tag, reason="self-check: " + "; ".join(problems),
-                           selfcheck=facts, versions=versions(facts))
-        return record(folder, status=BuildStatus.BUILT, tag=tag, image_id=docker.image_id(tag), selfcheck=facts,
-                       versions=versions(facts), build_s=build_s, base=step.base.image,
-                       note=_note(step.cell, step.base, opts))
+        return self.checked(step, build_s)
 
-    def one(step: Step, ticker: Ticker) -> dict[str, Any]:
-        report(step.cell_id, progress.start_line(step))
+    def checked(self, step: Step, build_s: float) -> dict[str, Any]:
+        """The record of a built image after its self-check: built, or failed (the image removed) when the
+        image is not what the cell asks."""
+        self.report(step.cell_id, "self-check")
+        compiled = step.base.kind == "registry-free"
+        facts = selfcheck(self.docker, step.tag, compile_test=compiled)
+        problems = [facts["error"]] if "error" in facts else mismatches(step.cell["expected"], facts,
+                                                                         compiled_toolkit=compiled)
+        if problems:
+            self.docker.run("image", "rm", "--no-prune", step.tag)  # never leave a wrong image under a valid tag
+            return record(step.folder, status=BuildStatus.FAILED, tag=step.tag,
+                          reason="self-check: " + "; ".join(problems), selfcheck=facts, versions=versions(facts))
+        return record(step.folder, status=BuildStatus.BUILT, tag=step.tag, image_id=self.docker.image_id(step.tag),
+                      selfcheck=facts, versions=versions(facts), build_s=build_s, base=step.base.image,
+                      note=_note(step.cell, step.base, self.opts))
+
+    def one(self, step: Step, ticker: Ticker) -> dict[str, Any]:
+        self.report(step.cell_id, self.progress.start_line(step))
         t0 = time.monotonic()
         try:
-            rec = build(step, ticker)
+            rec = self.build(step, ticker)
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
             rec = record(step.folder, status=BuildStatus.FAILED, tag=step.tag, reason=f"{type(e).__name__}: {e}")
-        with lock:
-            progress.done.add(step.cell_id)
-            report(step.cell_id, progress.end_line(step, str(rec["status"]), time.monotonic() - t0))
+        with self.lock:
+            self.progress.done.add(step.cell_id)
+            self.report(step.cell_id, self.progress.end_line(step, str(rec["status"]), time.monotonic() - t0))
         return rec
-
-    with Ticker(lambda line: report("", line), tick_s) as ticker, \
-            ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
-        built = dict(zip((s.folder for s in steps), pool.map(lambda s: one(s, ticker), steps), strict=True))
-    return [built[f] if isinstance(p, Step) else p for f, p in prepared.items()]
 
 
 def _log_tail(log: Path) -> str:

@@ -155,11 +155,10 @@ def reused_label(results: list[ProbeResult]) -> str:
     return "" if not n else "reused" if n == len(results) else f"{n} of {len(results)} reused"
 
 
-def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_info: dict[str, dict[str, str]],
-               catalogue_messages: dict[str, str], current: Mapping[str, str],
-               catalogue_remediations: Mapping[str, str] | None = None) -> HostSection:
-    """One host's section. ``current``: probe id -> hash of that probe's source in this checkout;
-    ``catalogue_*``: the reason catalogue's text by code (it wins over the text a result recorded)."""
+def _read_runs(runs: list[tuple[str, Path]], out_dir: Path) -> tuple[list[ProbeResult], list[str],
+                                                                    list[dict[str, Any]], list[dict[str, Any]]]:
+    """A host's runs read: every result, the warnings, the manifests of runs with a readable result, and a
+    row per such run for the section's list of runs."""
     all_results: list[ProbeResult] = []
     warnings: list[str] = []
     manifests: list[dict[str, Any]] = []
@@ -175,11 +174,36 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             manifests.append(m)
         elif why:
             warnings.append(why)
-        if res:
-            date = min(r.started_at for r in res)[:10]
-            quick = m is not None and m.get("level") == QUICK
-            run_rows.append({"run_id": run_id, "date": date, "path": link(os.path.relpath(path, out_dir)),
-                             "quick": quick})
+        run_rows.append({"run_id": run_id, "date": min(r.started_at for r in res)[:10],
+                         "path": link(os.path.relpath(path, out_dir)),
+                         "quick": m is not None and m.get("level") == QUICK})
+    return all_results, warnings, manifests, run_rows
+
+
+def _table_cell(rs: list[ProbeResult], declared: Declared, notes: list[int], stale: bool, quick: bool,
+                static: bool) -> TableCell:
+    """One probe's cell of a table row from its results there, with the marks that qualify it."""
+    counts = Counter(r.verdict.status for r in rs)
+    ordered = sorted(counts.items(), key=lambda kv: kv[0].severity)
+    heads = [(r.variant, r.parts, h) for r in rs
+             if r.verdict.status is Status.PASS and (h := headline(r.verdict.metrics, declared))]
+    title = ", ".join(f"{n} {s}" for s, n in ordered)
+    if stale:
+        title += "; made by other probe code than this checkout's, or by code no clean commit names"
+    if quick:
+        title += "; made by a quick run"
+    if static:
+        title += "; proven without a GPU (static)"
+    return TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title, stale,
+                     cached_label(rs, declared), reused_label(rs), quick, static)
+
+
+def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_info: dict[str, dict[str, str]],
+               catalogue_messages: dict[str, str], current: Mapping[str, str],
+               catalogue_remediations: Mapping[str, str] | None = None) -> HostSection:
+    """One host's section. ``current``: probe id -> hash of that probe's source in this checkout;
+    ``catalogue_*``: the reason catalogue's text by code (it wins over the text a result recorded)."""
+    all_results, warnings, manifests, run_rows = _read_runs(runs, out_dir)
     results = latest_results(all_results)
     quick_runs = {row["run_id"] for row in run_rows if row["quick"]}  # a cell they answer is marked quick
     stale = {r.key: why for r in results if (why := staleness(r, current))}
@@ -213,23 +237,10 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
             if not rs:
                 cells[pid] = None
                 continue
-            counts = Counter(r.verdict.status for r in rs)
-            ordered = sorted(counts.items(), key=lambda kv: kv[0].severity)
-            notes = note_of.get((cell_id, pid), [])
-            heads = [(r.variant, r.parts, h) for r in rs
-                     if r.verdict.status is Status.PASS and (h := headline(r.verdict.metrics, fields[pid]))]
-            title = ", ".join(f"{n} {s}" for s, n in ordered)
-            is_stale = any(r.key in stale for r in rs)
-            if is_stale:
-                title += "; made by other probe code than this checkout's, or by code no clean commit names"
-            quick = any(level_of(r) == QUICK or r.run_id in quick_runs for r in rs)
-            if quick:
-                title += "; made by a quick run"
-            static = proven_statically(rs, facts["gpu_count"])
-            if static:
-                title += "; proven without a GPU (static)"
-            cells[pid] = TableCell(ordered, ordered[-1][0], sorted(notes), labelled_headlines(heads), title,
-                                   is_stale, cached_label(rs, fields[pid]), reused_label(rs), quick, static)
+            cells[pid] = _table_cell(rs, fields[pid], note_of.get((cell_id, pid), []),
+                                     any(r.key in stale for r in rs),
+                                     any(level_of(r) == QUICK or r.run_id in quick_runs for r in rs),
+                                     proven_statically(rs, facts["gpu_count"]))
         rows.append({"cell_id": cell_id, "versions": _versions(cell_id, manifests, results), "cells": cells,
                      "statuses": sorted({str(st) for c in cells.values() if c for st, _ in c.counts})})
     probes = [{"id": p, **probe_info.get(p, {"title": p, "feature": ""})} for p in probe_ids]
