@@ -1,59 +1,30 @@
-"""The installed-metadata judge (inenv/kit/_installed.py) and what inventory makes of it: its small PEP 440 /
-PEP 508 evaluator against the `packaging` library, and real environments made by uv from wheels built here
-(a wheel pinning another release of torch, two wheels owning the same files, an extension of another Python)
-and, where the index or uv's cache has them, the real cuda-python 12.6.2.post1 and cuda-bindings 13.5.0."""
+"""The installed metadata (inenv/kit/_installed.py) and what is made of it: the host's requirement judge
+(checks.run.hostjudge, with `packaging`) against a real `pip check` in the same environment, and real
+environments made by uv from wheels built here (a wheel pinning another release of torch, two wheels owning the
+same files, an extension of another Python) and, where the index or uv's cache has them, the real cuda-python
+12.6.2.post1 and cuda-bindings 13.5.0."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
-from packaging.markers import Marker
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+from packaging.utils import canonicalize_name
 
-from inenv.kit import _installed
-from inenv.probes import inventory
+from checks.results.result import Verdict
+from checks.run import hostjudge
+from inenv.status import Status
 from provision import installer
 
 ROOT = Path(__file__).resolve().parents[1]
-
-VERSIONS = ["2.9.1", "2.9.1+cu128", "2.14.1", "2.15.0", "2.15.0rc1", "2.15.0.dev20261130+cu130", "2.15.0.post1",
-            "1!0.1", "12.6.2.post1", "13.4.4", "13.5.0", "0.4.10", "0.4.1", "2.0", "2.0.0", "2.0a1", "1.9.9"]
-SPECIFIERS = ["==2.14.1", "==2.9.1", ">=2.14", "<2.15", ">2.15.0", "<=2.15.0", "!=2.15.0", "~=2.14.0", "~=2.14",
-              "==2.15.*", "!=2.9.*", ">=12.8,<13", "~=13.4.4", "", ">=2.0,!=2.0.0", "<2.0", "==2.9.1+cu128",
-              ">=0.4.1,<0.5"]
-MARKERS = ["python_version >= '3.10'", "python_version < '3.11'", "sys_platform == 'win32'",
-           "platform_machine == 'x86_64' and sys_platform == 'linux'", "extra == 'all'",
-           "(python_version > '3.8' or os_name == 'nt') and platform_system != 'Darwin'",
-           "'linux' in sys_platform", "implementation_name == 'cpython'", "python_full_version >= '3.11.7'"]
-
-
-@pytest.mark.parametrize("spec", SPECIFIERS)
-def test_specifiers_agree_with_packaging(spec: str) -> None:
-    for v in VERSIONS:
-        want = SpecifierSet(spec).contains(Version(v), prereleases=True)
-        assert _installed.satisfies(v, spec) == want, (v, spec)
-
-
-@pytest.mark.parametrize("marker", MARKERS)
-def test_markers_agree_with_packaging(marker: str) -> None:
-    env = _installed.environment()
-    assert _installed.marker_true(marker, env) == Marker(marker).evaluate({"extra": ""})
-
-
-def test_unreadable_input_is_never_taken_as_met() -> None:
-    with pytest.raises(_installed.Unreadable):
-        _installed.satisfies("not a version", ">=1")
-    with pytest.raises(_installed.Unreadable):
-        _installed.marker_true("python_version >= ", _installed.environment())
-
 
 def make_wheel(folder: Path, name: str, version: str, files: dict[str, bytes], requires: tuple[str, ...] = (),
                tag: str = "py3-none-any") -> Path:
@@ -78,11 +49,13 @@ def make_wheel(folder: Path, name: str, version: str, files: dict[str, bytes], r
     return wheel
 
 
-def venv_with(tmp: Path, wheels: list[Path]) -> Path:
+def venv_with(tmp: Path, wheels: list[Path], seed: bool = False) -> Path:
+    """A venv holding ``wheels`` (no dependencies resolved); ``seed``: with pip in it too."""
     uv = installer.uv()
     assert uv, "uv is a dependency of stackprobe"
     venv = tmp / "venv"
-    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, env=installer.env())
+    subprocess.run([uv, "venv", "--quiet", *(["--seed"] if seed else []), "--python", sys.executable, str(venv)],
+                   check=True, env=installer.env())
     subprocess.run([uv, "pip", "install", "--quiet", "--no-deps", "--python", str(venv / "bin" / "python"),
                     *map(str, wheels)], check=True, env=installer.env())
     return venv / "bin" / "python"
@@ -114,33 +87,73 @@ def test_pin_collision_and_foreign_extension_in_a_real_environment(tmp_path: Pat
         make_wheel(w, "cuda-bindings", "13.5.0", {"cuda/__init__.py": b"", "cuda/bindings/driver.py": b"new\n"}),
     ]
     got = findings_in(venv_with(tmp_path, wheels))
-    assert got["packaging_loaded"] is False
-    assert got["snap"]["broken_requirements"] == [
+    assert got["packaging_loaded"] is False  # the environment under test needs no packaging
+    assert got["snap"]["requirements"]["sglang-kernel"] == {
+        "version": "0.4.10", "requires": ["torch==2.14.1", "tinywin ; sys_platform == 'win32'",
+                                          "tinyall ; extra == 'all'"]}
+    broken, unread = hostjudge.broken_requirements(got["snap"]["requirements"], got["snap"]["markers"])
+    assert [b.as_dict() for b in broken] == [
         {"dist": "sglang-kernel", "version": "0.4.10", "requirement": "torch==2.14.1", "required": "torch",
-         "installed": "2.15.0"}]
+         "installed": "2.15.0"}] and unread == []
     assert [(c["owners"], c["files"], c["folders"]) for c in got["snap"]["collisions"]] == [
         (["cuda-bindings==13.5.0", "cuda-python==12.6.2.post1"], 1, ["cuda/bindings/"])]
     tag = sys.implementation.cache_tag
     assert got["snap"]["foreign_extensions"] == ({} if tag == "cpython-310" else {"sglang-kernel==0.4.10": [foreign]})
-    codes = [c for c, _ in got["findings"]]
-    assert codes[:2] == ["dependency-pin-violated", "file-collision"]
-    assert "sglang-kernel 0.4.10 requires torch==2.14.1, torch 2.15.0 is installed" in got["findings"][0][1]
+    assert [c for c, _ in got["findings"]][:1] == ["file-collision"]  # the requirements are the host's to judge
 
 
 def test_a_pass_with_a_violated_pin_becomes_partial_and_keeps_both_facts() -> None:
-    sym = "import sgl_kernel needs the CUDA driver; all 121 torch C++ symbols its libraries import are exported"
-    snap = {"broken_requirements": [{"dist": "sglang-kernel", "version": "0.4.10", "requirement": "torch==2.14.1",
-                                     "required": "torch", "installed": "2.15.0"},
-                                    {"dist": "rich", "version": "15", "requirement": "pygments>=2",
-                                     "required": "pygments", "installed": None}]}
-    out = inventory.amend({"status": "pass", "note": sym, "reason_code": "", "evidence": {}},
-                          inventory.metadata_findings(snap))
-    assert (out["status"], out["reason_code"]) == ("partial", "dependency-pin-violated")
-    assert out["note"] == f"sglang-kernel 0.4.10 requires torch==2.14.1, torch 2.15.0 is installed; {sym}"
-    assert "rich" not in out["note"]  # an unprobed package's requirement is evidence, not the verdict
-    failed = inventory.amend({"status": "fail", "note": "abi", "reason_code": "abi-mismatch", "evidence": {}},
-                             inventory.metadata_findings(snap))
-    assert (failed["status"], failed["reason_code"]) == ("fail", "abi-mismatch") and failed["note"].startswith("abi; ")
+    sym = "import sgl_kernel needs the CUDA driver; all 121 torch symbols its libraries import are exported"
+    installed = {"markers": {"python_version": "3.11", "sys_platform": "linux"}, "requirements": {
+        "sglang-kernel": {"version": "0.4.10", "requires": ["torch==2.14.1"]},
+        "torch": {"version": "2.15.0", "requires": []},
+        "rich": {"version": "15", "requires": ["pygments>=2", "colorama ; sys_platform == 'win32'"]}}}
+    out = hostjudge.judge("inventory", Verdict(Status.PASS, note=sym, evidence={"installed": installed}))
+    assert (out.status, out.reason_code) == (Status.PARTIAL, "dependency-pin-violated")
+    assert out.note == ("rich 15 requires pygments>=2, pygments is absent; "
+                        f"sglang-kernel 0.4.10 requires torch==2.14.1, torch 2.15.0 is installed; {sym}")
+    assert "requirements" not in out.evidence["installed"] and out.evidence["installed"]["requirements_read"] == 3
+    failed = hostjudge.judge("inventory", Verdict(Status.FAIL, "abi-mismatch", "abi",
+                                                  evidence={"installed": installed}))
+    assert (failed.status, failed.reason_code) == (Status.FAIL, "abi-mismatch") and failed.note.startswith("abi; ")
+    assert hostjudge.judge("fi-jit", Verdict(Status.PASS)) == Verdict(Status.PASS)  # no judge: as it came
+    old = Verdict(Status.PASS, evidence={"installed": {"broken_requirements": []}})  # recorded no requirements
+    assert hostjudge.judge("inventory", old) == old
+
+
+PIP_CHECK = "import subprocess, sys; print(subprocess.run([sys.executable, '-m', 'pip', 'check'], " \
+            "capture_output=True, text=True).stdout)"
+
+
+def test_the_requirement_judge_agrees_with_pip_check_in_a_real_environment(tmp_path: Path) -> None:
+    """Legal forms a hand-written evaluator gets wrong: names spelt differently, ~= and ===, pre-releases and
+    local labels, markers on versions and extras, a requirement on a missing distribution behind a true and a
+    false marker. pip itself (installed into the same venv) says which are broken; the judge must say the same."""
+    w = tmp_path / "wheels"
+    wheels = [
+        make_wheel(w, "Foo_Bar", "1.0rc1", {"foo_bar/__init__.py": b""}),
+        make_wheel(w, "base-lib", "2.9.1+cu128", {"base_lib/__init__.py": b""}),
+        make_wheel(w, "app", "3.0", {"app/__init__.py": b""}, requires=(
+            "foo.bar>=0.9", "base_lib==2.9.1", "BASE-LIB~=2.9.0", "base-lib===2.9.1",
+            "foo-bar<1.0 ; python_version >= '3'", "missing-one ; python_version >= '3'",
+            "missing-two ; python_version < '3'", "missing-three ; extra == 'all'",
+            "base-lib>=3 ; platform_system == 'Linux' or platform_system == 'Darwin'")),
+    ]
+    python = venv_with(tmp_path, wheels, seed=True)
+    said = subprocess.run([str(python), "-c", PIP_CHECK], capture_output=True, text=True, check=True).stdout
+    missing = re.compile(r"^(\S+) \S+ requires (\S+), which is not installed\.$")
+    conflict = re.compile(r"^(\S+) \S+ has requirement .+, but you have (\S+) \S+\.$")
+    pip_broken = Counter()
+    for line in said.splitlines():
+        if m := missing.match(line) or conflict.match(line):
+            pip_broken[(canonicalize_name(m[1]), canonicalize_name(m[2]))] += 1
+    snap = findings_in(python)["snap"]
+    broken, unread = hostjudge.broken_requirements(snap["requirements"], snap["markers"])
+    ours = Counter((canonicalize_name(b.dist), b.required) for b in broken)
+    assert unread == [] and pip_broken, said
+    assert ours == pip_broken, (said, [b.describe() for b in broken])
+    assert ours[("app", "missing-one")] == 1 and ours[("app", "foo-bar")] == 1 and ours[("app", "base-lib")] == 2
+    assert not any(r in ("missing-two", "missing-three") for _, r in ours)
 
 
 def test_real_cuda_python_and_cuda_bindings_of_two_releases_collide(tmp_path: Path) -> None:

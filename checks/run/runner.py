@@ -31,7 +31,7 @@ from typing import Any
 from checks.results.provenance import Provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore
-from checks.run import classify, incremental, isolate
+from checks.run import classify, hostjudge, incremental, isolate
 from checks.run.executor import Executor, ExecutorError, hard_timeout
 from checks.run.incremental import Inputs, Key
 from checks.run.options import RunOptions
@@ -205,6 +205,7 @@ class Recorder:
     def record(self, item: WorkItem, verdict: Verdict, started: str, store: RunStore | None = None) -> ProbeResult:
         """``store``: where the result goes when not the run's own (a Slurm node of another kind)."""
         store = store or self.work.store
+        verdict = hostjudge.judge(item.spec.id, verdict)
         if item.runs:
             verdict = incremental.stamped(verdict, self.work.inputs.get(item.key),
                                          incremental.shortened(item, self.level))
