@@ -293,7 +293,7 @@ def test_ctrl_c_in_the_full_pass_keeps_the_quick_table_and_every_finished_result
         if proc.poll() is None:
             proc.kill()
     said = err.read_text()
-    assert "first answer: table written" in said and "table: not regenerated (interrupted)" in said
+    assert "first answer: table written" in said and "table: not regenerated after the stop" in said
     assert table.read_bytes() == quick_table == snapshot.read_bytes() and b"*(quick)*" in quick_table
     assert c.ran() == sorted([*ALL, *DEEP])  # depth 2 started, and was stopped
     [quick_run] = c.runs()  # the full pass recorded nothing new: its carried copies are not written alone
