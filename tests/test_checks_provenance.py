@@ -117,6 +117,20 @@ def test_provenance_json_round_trip() -> None:
     assert Provenance.from_json(None) is None
 
 
+def _layout(root: Path, helpers: str) -> Path:
+    """The probe, its helper and two fact modules under ``root/inenv``, the helper in ``inenv/<helpers>``."""
+    pkg = root / "inenv"
+    (pkg / "probes").mkdir(parents=True)
+    (pkg / helpers).mkdir()
+    (pkg / "probes" / "myprobe.py").write_text(
+        f"from inenv.{helpers} import _a\nfrom inenv.probe import outcome\n\n"
+        f"# helpers in inenv/{helpers}/_a.py; catalogue in common/reasons.yaml\n")
+    (pkg / helpers / "_a.py").write_text("from inenv import toolkit\n")
+    (pkg / "toolkit.py").write_text("from inenv import dists\n")
+    (pkg / "dists.py").write_text("TABLE = 1\n")
+    return pkg
+
+
 def test_probe_hash_is_the_same_whichever_package_the_modules_sit_in(tmp_path: Path) -> None:
     """A probe and helper that only changed package (their imports, paths and import order follow the new
     names) hash alike: the hash is of the text with every module reduced to its own name, written out here by
@@ -131,15 +145,7 @@ def test_probe_hash_is_the_same_whichever_package_the_modules_sit_in(tmp_path: P
     (old / "_a.py").write_text(old_helper)
     (old.parent / "toolkit.py").write_text(old_toolkit)
     (old.parent / "dists.py").write_text("TABLE = 1\n")
-    new = tmp_path / "new" / "inenv"
-    (new / "probes").mkdir(parents=True)
-    (new / "kit").mkdir()
-    (new / "probes" / "myprobe.py").write_text(
-        "from inenv.kit import _a\nfrom inenv.probe import outcome\n\n"
-        "# helpers in inenv/kit/_a.py; catalogue in common/reasons.yaml\n")
-    (new / "kit" / "_a.py").write_text("from inenv import toolkit\n")
-    (new / "toolkit.py").write_text("from inenv import dists\n")
-    (new / "dists.py").write_text("TABLE = 1\n")
+    new = _layout(tmp_path / "new", "kit")
     # the layout-free text of each file, in the order probe, helpers, fact modules
     h = hashlib.sha256()
     for name, text in (("myprobe.py", "from . import _a\nfrom . import outcome\n\n"
@@ -150,15 +156,7 @@ def test_probe_hash_is_the_same_whichever_package_the_modules_sit_in(tmp_path: P
     expected = h.hexdigest()[:16]
     assert probe_hash(old / "myprobe.py", old) == expected
     assert probe_hash(new / "probes" / "myprobe.py", new / "kit") == expected
-    moved = tmp_path / "moved" / "inenv"  # a move no spelling rule knows: the helpers under inenv/helpers
-    (moved / "probes").mkdir(parents=True)
-    (moved / "helpers").mkdir()
-    (moved / "probes" / "myprobe.py").write_text(
-        "from inenv.helpers import _a\nfrom inenv.probe import outcome\n\n"
-        "# helpers in inenv/helpers/_a.py; catalogue in common/reasons.yaml\n")
-    (moved / "helpers" / "_a.py").write_text("from inenv import toolkit\n")
-    (moved / "toolkit.py").write_text("from inenv import dists\n")
-    (moved / "dists.py").write_text("TABLE = 1\n")
+    moved = _layout(tmp_path / "moved", "helpers")  # a move no spelling rule knows: the helpers in inenv/helpers
     assert probe_hash(moved / "probes" / "myprobe.py", moved / "helpers") == expected
     (new / "dists.py").write_text("TABLE = 2\n")
     assert probe_hash(new / "probes" / "myprobe.py", new / "kit") != expected  # a real change still counts

@@ -89,6 +89,15 @@ class Browser:
                 return reply.get("result", {})
             self.events.append(reply)
 
+    def attach(self) -> None:
+        """Speak to the browser's page from here on, with its page, runtime and log events reported."""
+        targets = self.send("Target.getTargets", session=False)["targetInfos"]
+        page_target = next(t for t in targets if t["type"] == "page")
+        self.session = self.send("Target.attachToTarget", {"targetId": page_target["targetId"], "flatten": True},
+                                 session=False)["sessionId"]
+        for domain in ("Page", "Runtime", "Log"):
+            self.send(f"{domain}.enable")
+
     def wait_for(self, method: str) -> None:
         deadline = time.monotonic() + TIMEOUT_S
         while not any(e.get("method") == method for e in self.events):
@@ -170,12 +179,7 @@ def test_page_renders_overview_picker_and_plots_in_chromium(tmp_path: Path) -> N
     profile = Path(tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp_path))
     browser = Browser(binary, profile)
     try:
-        targets = browser.send("Target.getTargets", session=False)["targetInfos"]
-        page_target = next(t for t in targets if t["type"] == "page")
-        browser.session = browser.send("Target.attachToTarget", {"targetId": page_target["targetId"],
-                                                                 "flatten": True}, session=False)["sessionId"]
-        for domain in ("Page", "Runtime", "Log"):
-            browser.send(f"{domain}.enable")
+        browser.attach()
         browser.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 2000, "deviceScaleFactor": 1,
                                                             "mobile": False})
         browser.send("Page.navigate", {"url": page.as_uri()})
@@ -238,12 +242,7 @@ def test_a_page_from_payload_results_runs_none_of_them(tmp_path: Path) -> None:
     assert generate(res, out, None, check=False, quiet=True) == 0
     browser = Browser(binary, Path(tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp_path)))
     try:
-        targets = browser.send("Target.getTargets", session=False)["targetInfos"]
-        page_target = next(t for t in targets if t["type"] == "page")
-        browser.session = browser.send("Target.attachToTarget", {"targetId": page_target["targetId"],
-                                                                 "flatten": True}, session=False)["sessionId"]
-        for domain in ("Page", "Runtime", "Log"):
-            browser.send(f"{domain}.enable")
+        browser.attach()
         browser.send("Page.addScriptToEvaluateOnNewDocument",  # an alert anywhere would be recorded
                      {"source": "window.alert = () => { window.__alerted = true; };"})
         browser.send("Page.navigate", {"url": out.with_suffix(".html").as_uri()})
