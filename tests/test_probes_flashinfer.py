@@ -656,3 +656,33 @@ def test_carried_module_is_built_by_the_kernel_builder_and_answers_fi_jit(fi_pyt
     r = _worker(fi_python, "fi-jit", other, env)
     assert r["status"] == "pass" and "carried" not in r["evidence"], r
     assert r["evidence"]["targets_in_output"] == ["sm_120f"] and r["metrics"]["compile_s"] > 0
+
+
+HEADER_FAIL = {
+    "stage": "compile", "flashinfer": FLASHINFER,
+    "error": "csrc/trtllm_allreduce.cu:3:10: fatal error: cuda_runtime.h: No such file or directory\n",
+    "toolkit": {"nvcc": "/opt/cuda-13.0/bin/nvcc", "cuda_home": "/usr", "found_by": "PATH"},
+}
+
+
+def test_a_missing_header_from_another_toolkit_root_names_the_root_and_the_fix() -> None:
+    """flashinfer took CUDA_HOME=/usr (a wrapper nvcc on PATH), the nvcc that ran lives in /opt/cuda-13.0: the
+    cause is the root, not a toolkit without headers."""
+    wrong = fi_jit.verdict("trtllm_comm", "12.0a", {**HEADER_FAIL, "flashinfer_cuda_home": "/usr",
+                                                    "nvcc_root": "/opt/cuda-13.0"}, [])
+    assert (wrong["status"], wrong["reason_code"]) == ("fail", "fi-toolkit-root")
+    assert "under /usr (its CUDA_HOME)" in wrong["note"] and "set CUDA_HOME=/opt/cuda-13.0" in wrong["note"]
+    assert wrong["evidence"]["nvcc_root"] == "/opt/cuda-13.0"
+    same = fi_jit.verdict("trtllm_comm", "12.0a", {**HEADER_FAIL, "flashinfer_cuda_home": "/opt/cuda-13.0/",
+                                                   "nvcc_root": "/opt/cuda-13.0"}, [])
+    assert same["reason_code"] == "fi-missing-header"  # one toolkit, and it lacks the header
+    unknown = fi_jit.verdict("trtllm_comm", "12.0a", HEADER_FAIL, [])
+    assert unknown["reason_code"] == "fi-missing-header"  # nothing recorded says where either lives
+
+
+def test_a_link_without_the_libcuda_stub_names_where_cuda_home_came_from() -> None:
+    o = fi_jit.verdict("vllm_comm", "12.0a", {**LINK_FAIL, "toolkit": {"nvcc": "/usr/local/cuda/bin/nvcc",
+                                                                      "cuda_home": "/usr/local/cuda",
+                                                                      "found_by": "default"}}, ["sm_120a"])
+    assert o["reason_code"] == "fi-link-no-libcuda"
+    assert "(/usr/local/cuda, CUDA_HOME from default) has no libcuda.so stub" in o["note"]

@@ -169,6 +169,20 @@ _TOOLKIT_CODES = frozenset(
 )
 
 
+# A compile that cannot find a header: the first suspect is the toolkit flashinfer looked in.
+_HEADER_CODES = frozenset({"fi-missing-header"})
+
+
+def _wrong_root(result: dict[str, Any], code: str) -> str:
+    """Why a header went missing when the toolkit root flashinfer derived (its CUDA_HOME) is not the one the
+    nvcc that ran lives in: the cause, with the fix. "" when the two agree or either is unknown."""
+    fi_home, root = str(result.get("flashinfer_cuda_home") or ""), str(result.get("nvcc_root") or "")
+    if code not in _HEADER_CODES or not fi_home or not root or os.path.normpath(fi_home) == os.path.normpath(root):
+        return ""
+    return (f"flashinfer looks for the CUDA headers under {fi_home} (its CUDA_HOME), but the nvcc it runs lives "
+            f"in {root}: set CUDA_HOME={root} so both are one toolkit")
+
+
 def _proof(arch: str, result: dict[str, Any], targets: list[str]) -> tuple[str, str, str] | None:
     """Why a finished build does not prove the requested architecture: (status, reason, note), or None."""
     where = result.get("library") or result.get("build_dir") or "the build"
@@ -232,8 +246,8 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
         "stage": stage,
         "targets_in_output": targets,
     }
-    for key in ("toolkit_rule", "flashinfer_cuda_home", "flashinfer_cuda_home_error", "torch_cuda", "one_step",
-                "absent_by"):
+    for key in ("toolkit_rule", "flashinfer_cuda_home", "flashinfer_cuda_home_error", "nvcc_root", "torch_cuda",
+                "one_step", "absent_by"):
         if key in result:
             evidence[key] = result[key]
     warning = toolkit.major_mismatch(tk, result.get("torch_cuda")) if tk else ""
@@ -296,12 +310,16 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
         how = (f" (objects from the compile cache, compiled {origin.get('built_at') or 'earlier'} by "
                f"{origin.get('cell') or origin.get('host') or 'an unrecorded build'})"
                if result.get("objects_cached") else "")
+        home = f" ({tk.cuda_home}, CUDA_HOME from {tk.found_by})" if tk and tk.cuda_home else ""
         return done(
             "partial",
-            f"every object compiled for {', '.join(targets) or arch}{how}; the final link failed: this toolkit "
-            "has no libcuda.so stub (lib64/stubs), which a GPU host's driver provides",
+            f"every object compiled for {', '.join(targets) or arch}{how}; the final link failed: this toolkit"
+            f"{home} has no libcuda.so stub (lib64/stubs), which a GPU host's driver provides",
             code,
         )
+    wrong_root = _wrong_root(result, code)
+    if wrong_root:
+        return done("fail", f"{module} for {arch}: compile failed: {first}; {wrong_root}", "fi-toolkit-root")
     where = {
         "spec": "refused before compiling",
         "compile": "compile failed",
@@ -358,6 +376,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
     combined = combined_archs(arch, os.environ.get(ARCHS_ENV, "")) if lasting and arch != LOCAL else ""
     result = _build(ctx, module, arch, combined, cache, tk)
     result.setdefault("toolkit", tk.as_dict())  # a builder that died early still says which toolkit it had
+    if tk.nvcc:  # the toolkit the nvcc that runs belongs to, links followed: where its headers are
+        result.setdefault("nvcc_root", os.path.dirname(os.path.dirname(os.path.realpath(tk.nvcc))))
     torch_cuda = torch_cuda_version()
     if torch_cuda:
         result["torch_cuda"] = torch_cuda
