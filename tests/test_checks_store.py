@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -202,3 +203,17 @@ def test_the_lock_keeps_every_line_while_torn_tails_are_repaired_beside_other_wr
     assert warnings == []
     assert sorted(r.variant for r in results) == sorted(
         [f"ranks=1,w={w},i={i}" for w in range(4) for i in range(800)] + ["ranks=1,w=last,i=0"])
+
+
+def test_a_probes_nan_is_written_as_null_so_the_reader_keeps_its_result(tmp_path: Path) -> None:
+    """JSON has no NaN and the reader refuses a line holding one: the writer stores a non-finite number as
+    null, and the result, its other numbers with it, reads back."""
+    store = RunStore(tmp_path, HOST, RUN_IDS["r1"])
+    r = _result(0)
+    verdict = r.verdict.replace(metrics={"latency_us": float("nan"), "ratio": float("inf"), "ok": 1.5},
+                                evidence={"per_size": [float("-inf"), 2.0]})
+    store.append(dataclasses.replace(r, verdict=verdict))
+    assert b"NaN" not in store.results_path.read_bytes() and b"Infinity" not in store.results_path.read_bytes()
+    [back], warnings = read_file(store.results_path)
+    assert warnings == [] and dict(back.verdict.metrics) == {"latency_us": None, "ratio": None, "ok": 1.5}
+    assert back.verdict.evidence["per_size"] == [None, 2.0]
