@@ -305,6 +305,12 @@ class DockerBuilder:
     def built(self, folder: Path, opts: BuildOptions) -> bool:
         return image_built(folder, opts, self.docker, self._buildkit())
 
+    def layers_here(self, folder: Path, opts: BuildOptions) -> bool:
+        """The image the cell's last build made is still in the daemon: Docker's build cache reuses its layers
+        for every step whose inputs did not change."""
+        image_id = previous(folder).get("image_id")
+        return bool(image_id) and self.docker.image_id(str(image_id)) is not None
+
     def disk_root(self, opts: BuildOptions) -> str | None:
         """Where images take their disk: the Docker root."""
         proc = self.docker.run("info", "--format", "{{.DockerRootDir}}")

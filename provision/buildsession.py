@@ -54,6 +54,11 @@ class Builder(Protocol):
         """The cell's current build (of its current locks) is here already."""
         ...
 
+    def layers_here(self, folder: Path, opts: BuildOptions) -> bool:
+        """The cell's previous build is still here although not current (its tag moved with the build's
+        inputs): a rebuild reuses what it holds, so it takes next to no disk."""
+        ...
+
     def disk_root(self, opts: BuildOptions) -> str | None:
         """Where its builds take disk (None: unknown)."""
         ...
@@ -177,8 +182,12 @@ def disk_check(need: int, free: int | None, where: str, todo: int, torch_builds:
 
 def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -> None:
     """Print the disk the cells still to build need (doctor's estimate rule for the builder, with each torch
-    build counted once and not at all when a build here already holds it) and refuse when it is not free."""
+    build counted once and not at all when a build here already holds it, and no cell whose previous image is
+    still here) and refuse when it is not free."""
     todo = [c for c in cells if c.status == RESOLVED and not builder.built(opts.envs / c.cell_id, opts)]
+    # a cell whose previous image is still here rebuilds from its cached layers: next to no disk
+    reused = {c.cell_id for c in todo if builder.layers_here(opts.envs / c.cell_id, opts)}
+    todo = [c for c in todo if c.cell_id not in reused]
     wanted = {torch_key(c) for c in todo}
     present = set()
     for meta in sorted(opts.envs.glob("*/cell.json")):  # any cell of this machine, of any matrix
@@ -186,8 +195,12 @@ def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -
             key = json.loads(meta.read_text()).get("torch_lock")
         except (OSError, ValueError):
             continue
-        if key in wanted and key not in present and builder.built(meta.parent, opts):
+        if key in wanted and key not in present and (builder.built(meta.parent, opts)
+                                                     or builder.layers_here(meta.parent, opts)):
             present.add(key)
+    if reused:
+        print(f"provision: {len(reused)} cell(s) rebuild from the layers of their previous image, still here "
+              "(next to no disk)", file=sys.stderr, flush=True)
     need = builder.need_bytes(len(wanted - present), len(todo))
     if not need:
         return

@@ -379,6 +379,10 @@ class VenvBuilder:
         rec = previous(folder, BACKEND)
         return buildrecord.runnable(rec) and bool(rec.get("venv")) and Path(str(rec["venv"])).is_dir()
 
+    def layers_here(self, folder: Path, opts: BuildOptions) -> bool:
+        """A venv is made anew, from uv's cache: nothing of a previous one is reused in place."""
+        return False
+
     def disk_root(self, opts: BuildOptions) -> str | None:
         return str(opts.venvs)
 

@@ -499,3 +499,44 @@ def test_prune_gives_back_the_bytes_of_a_buildkit_image_it_removes(docker_availa
         assert prune.layer_sizes(cli, [top]) is None  # gone from the layer store: the bytes came back
     finally:
         subprocess.run([cli, "image", "rm", tag], capture_output=True)
+
+
+def test_a_cell_whose_previous_image_is_still_here_needs_no_disk_to_rebuild(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its tag moved with an input of the build (the self-check's code, say) but the image its last build made
+    is still in the daemon: Docker's cache holds its layers, so the gate counts neither it nor its torch build,
+    and says so; a cell built nowhere still counts."""
+    import shutil
+
+    from common.api import DEFAULT_MATRIX
+    from common.api import plan as plan_cells
+    from provision.baseimage import DEV_TAG
+
+    root = Path(__file__).resolve().parent.parent
+    cells = plan_cells(DEFAULT_MATRIX, only=["cu130-torch2.14.1-*"], offline=True)
+    for c in cells:
+        shutil.copytree(root / "envs" / c.cell_id, tmp_path / "envs" / c.cell_id,
+                        ignore=shutil.ignore_patterns("build.json"))
+    for c in cells[:2]:  # two of the three were built before, under tags that are not current any more
+        (tmp_path / "envs" / c.cell_id / "build.json").write_text(json.dumps(
+            {"cell_id": c.cell_id, "status": "built", "tag": f"stackprobe/{c.cell_id}:0ld", "image_id": "sha256:prev"}))
+
+    class StandIn:
+        images = {DEV_TAG: "sha256:dev", "sha256:prev": "sha256:prev"}
+
+        def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.CompletedProcess(args, 0, "/var/lib/docker\n", "")
+
+        def image_id(self, ref: str) -> str | None:
+            return self.images.get(ref)
+
+        def buildkit(self) -> bool:
+            return True
+
+    monkeypatch.setattr(buildsession, "free_bytes", lambda p: 100 * GB)
+    opts = BuildOptions(DEFAULT_MATRIX, envs=tmp_path / "envs", offline=True)
+    buildsession.disk_gate(cells, opts, DockerBuilder(StandIn()))  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert "2 cell(s) rebuild from the layers of their previous image" in err
+    # the third needs its own layers only: its torch build is in the two images still here
+    assert "1 cell(s) to build (0 new torch build(s), 1 already here) need about 1 GB" in err
