@@ -334,6 +334,23 @@ def test_the_docker_gate_counts_the_base_image_when_it_is_missing(monkeypatch: p
     assert seen == [Path("/var/lib/docker")]
 
 
+def _daemon(images: dict[str, str]) -> type:
+    """A stand-in Docker CLI that knows ``images`` (tag or id -> id) and the default Docker root."""
+
+    class StandIn:
+        def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.CompletedProcess(args, 0, "/var/lib/docker\n", "")
+
+        def image_id(self, ref: str) -> str | None:
+            return StandIn.images.get(ref)
+
+        def buildkit(self) -> bool:
+            return True
+
+    StandIn.images = dict(images)  # type: ignore[attr-defined]
+    return StandIn
+
+
 def test_the_docker_gate_counts_a_torch_build_an_image_here_holds_as_zero(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The three cells of the default matrix on torch 2.14.1 (one torch build): with nothing built they need
@@ -355,17 +372,7 @@ def test_the_docker_gate_counts_a_torch_build_an_image_here_holds_as_zero(
     first, second = (tmp_path / "envs" / c.cell_id for c in cells[:2])
     opts = BuildOptions(DEFAULT_MATRIX, envs=tmp_path / "envs", offline=True)
 
-    class StandIn:
-        images = {DEV_TAG: "sha256:dev"}
-
-        def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.CompletedProcess(args, 0, "/var/lib/docker\n", "")
-
-        def image_id(self, ref: str) -> str | None:
-            return self.images.get(ref)
-
-        def buildkit(self) -> bool:
-            return True
+    StandIn = _daemon({DEV_TAG: "sha256:dev"})
 
     monkeypatch.setattr(buildsession, "free_bytes", lambda p: 100 * GB)
     buildsession.disk_gate(cells, opts, DockerBuilder(StandIn()))  # type: ignore[arg-type]
@@ -521,17 +528,7 @@ def test_a_cell_whose_previous_image_is_still_here_needs_no_disk_to_rebuild(
         (tmp_path / "envs" / c.cell_id / "build.json").write_text(json.dumps(
             {"cell_id": c.cell_id, "status": "built", "tag": f"stackprobe/{c.cell_id}:0ld", "image_id": "sha256:prev"}))
 
-    class StandIn:
-        images = {DEV_TAG: "sha256:dev", "sha256:prev": "sha256:prev"}
-
-        def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.CompletedProcess(args, 0, "/var/lib/docker\n", "")
-
-        def image_id(self, ref: str) -> str | None:
-            return self.images.get(ref)
-
-        def buildkit(self) -> bool:
-            return True
+    StandIn = _daemon({DEV_TAG: "sha256:dev", "sha256:prev": "sha256:prev"})
 
     monkeypatch.setattr(buildsession, "free_bytes", lambda p: 100 * GB)
     opts = BuildOptions(DEFAULT_MATRIX, envs=tmp_path / "envs", offline=True)
