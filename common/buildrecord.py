@@ -5,7 +5,7 @@ which cells can run (checks.run.plan, checks.run.venvcell)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,6 @@ class Loaded:
     path: Path
     record: dict[str, Any] | None = None
     problem: str = ""
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def status(self) -> BuildStatus | None:

@@ -56,7 +56,12 @@ class LockError(RuntimeError):
 
 class TorchLockConflict(InputError):
     """A cell's packages need other versions of what its torch build's shared torch.lock pins: bad input (the
-    matrix pairs them), never a silent second torch layer."""
+    matrix pairs them), never a silent second torch layer. ``free``: the cell's lock resolved without those pins,
+    when working out the conflict resolved it."""
+
+    def __init__(self, message: str, free: str | None = None) -> None:
+        super().__init__(message)
+        self.free = free
 
 
 def uv_bin() -> str:
@@ -388,8 +393,8 @@ def engine_locks(r: Resolved, shared: str) -> tuple[str, str, str]:
     closure in that resolution is the cell's own torch layer, under a key no other cell of the build takes."""
     try:
         return cell_lock(r, shared), shared, torch_key(r)
-    except TorchLockConflict:
-        lock = uv_compile(requirements_in(r), compile_args(r), r.overrides, guards(r))
+    except TorchLockConflict as conflict:
+        lock = conflict.free or uv_compile(requirements_in(r), compile_args(r), r.overrides, guards(r))
         return lock, closure_subset(lock, "torch"), own_layer_key(r)
 
 
@@ -409,7 +414,8 @@ def cell_lock(r: Resolved, torch_lock: str) -> str:
             free = uv_compile(requirements_in(r), compile_args(r), r.overrides, guards(r))
         except LockError:
             raise e from None
-        raise TorchLockConflict(conflict_message(r, torch_lock_differences(torch_lock, free), e.args[1])) from None
+        raise TorchLockConflict(conflict_message(r, torch_lock_differences(torch_lock, free), e.args[1]),
+                                free) from None
     differences = torch_lock_differences(torch_lock, lock)
     if differences:
         raise TorchLockConflict(conflict_message(r, differences))

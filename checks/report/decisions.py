@@ -393,10 +393,10 @@ def blocks(d: HostDecision) -> list[Block]:
 
 def render(d: HostDecision) -> str:
     """The decision as terminal text: each line one line whatever the recorded text in it holds."""
-    lines = [f"host {d.host_id}: {d.host}"]
+    lines = [ids.one_line(f"host {d.host_id}: {d.host}")]
     for b in blocks(d):
         lines += ["", *block_lines(b)]
-    return "\n".join(ids.one_line(ln) for ln in lines) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 def block_lines(b: Block) -> list[str]:

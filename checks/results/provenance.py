@@ -151,21 +151,33 @@ def _imported_names(source: str, in_helpers: bool) -> set[str]:
     return found
 
 
+def _helpers_of(names: set[str]) -> set[str]:
+    return {name for name in names if name.startswith("_") and name != "__init__"}
+
+
+def _probes_of(names: set[str]) -> set[str]:
+    return {name for name in names if not name.startswith("_")}
+
+
+def _supports_of(names: set[str]) -> set[str]:
+    return {name for name in _probes_of(names) if name not in API_MODULES}
+
+
 def helper_imports(source: str, in_helpers: bool = False) -> set[str]:
     """Names of the private helper modules (``_x``) that ``source`` imports."""
-    return {name for name in _imported_names(source, in_helpers) if name.startswith("_") and name != "__init__"}
+    return _helpers_of(_imported_names(source, in_helpers))
 
 
 def probe_imports(source: str) -> set[str]:
     """Names of the other probe modules (``inenv.probes.x``) that ``source`` may import (a name is a probe
     only where a probe file has it)."""
-    return {name for name in _imported_names(source, False) if not name.startswith("_")}
+    return _probes_of(_imported_names(source, False))
 
 
 def support_imports(source: str) -> set[str]:
     """Names of the in-environment fact modules (``inenv.toolkit``, ...) that ``source`` may import, the probe
     API aside (a name is one only where a fact module's file has it)."""
-    return {name for name in _imported_names(source, False) if not name.startswith("_") and name not in API_MODULES}
+    return _supports_of(_imported_names(source, False))
 
 
 def probe_sources(path: Path, helpers: Path = HELPERS) -> list[Path]:
@@ -176,10 +188,12 @@ def probe_sources(path: Path, helpers: Path = HELPERS) -> list[Path]:
     while todo:
         current, in_helpers = todo.pop()
         text = current.read_text()
-        wanted = [(n, helpers / f"{n}.py", True) for n in sorted(helper_imports(text, in_helpers))]
-        wanted += [(f"inenv.{n}", helpers.parent / f"{n}.py", False) for n in sorted(support_imports(text))]
+        names = _imported_names(text, in_helpers)
+        plain = _imported_names(text, False) if in_helpers else names  # relative imports name helpers only
+        wanted = [(n, helpers / f"{n}.py", True) for n in sorted(_helpers_of(names))]
+        wanted += [(f"inenv.{n}", helpers.parent / f"{n}.py", False) for n in sorted(_supports_of(plain))]
         # another probe's module that this one imports parts of: its code is part of this probe's
-        wanted += [(f"probe {n}", helpers.parent / "probes" / f"{n}.py", False) for n in sorted(probe_imports(text))]
+        wanted += [(f"probe {n}", helpers.parent / "probes" / f"{n}.py", False) for n in sorted(_probes_of(plain))]
         for key, file, is_helper in wanted:
             if key not in seen and file.is_file():
                 seen[key] = file
