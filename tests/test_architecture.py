@@ -1,5 +1,6 @@
 """The package layout, checked from the sources: the import graph of inenv/, common/, provision/ and
-checks/ (every import, those inside functions too), read with ast.
+checks/ (every import, those inside functions too, and those in a package's ``__init__.py``, which counts as a
+module of that package's layer), read with ast.
 
 - no import circles;
 - a layer order (LAYERS): inenv, common, provision and checks.results, checks.report and checks.share,
@@ -31,13 +32,13 @@ HOST_SIDE = ("common", "provision", "checks")
 LAZY_MARK = "# lazy:"
 
 
-def module_of(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_of(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def sources() -> dict[str, Path]:
-    return {module_of(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+def sources(root: Path = ROOT) -> dict[str, Path]:
+    return {module_of(p, root): p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))
             if "__pycache__" not in p.parts}
 
 
@@ -61,8 +62,8 @@ def imports(path: Path, name: str, known: set[str]) -> set[str]:
     return out
 
 
-def graph() -> dict[str, set[str]]:
-    src = sources()
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    src = sources(root)
     known = set(src)
     edges: dict[str, set[str]] = {}
     for name, path in src.items():
@@ -70,7 +71,9 @@ def graph() -> dict[str, set[str]]:
         for mod in imports(path, name, known):
             while mod and mod not in known:  # `import checks.run.plan.x` -> the module that holds it
                 mod = mod.rpartition(".")[0]
-            if mod and mod != name and not name.startswith(mod + ".") and src[mod].name != "__init__.py":
+            # a package's own __init__ runs before any of its modules: an edge from a module to its
+            # enclosing packages says nothing; one to another package's __init__ is an import like any other
+            if mod and mod != name and not name.startswith(mod + "."):
                 found.add(mod)
         edges[name] = found
     return edges
@@ -131,24 +134,56 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 
+LAYER_PACKAGES = frozenset(pkg for layer in LAYERS for pkg in layer)
+
+
 def layer_package(module: str) -> str:
-    """The package of the layer table a module belongs to."""
+    """The package of the layer table a module belongs to; a package's ``__init__`` (named like the package,
+    ``checks.results``) belongs to that package's layer."""
     parts = module.split(".")
-    if parts[0] == "checks" and len(parts) > 2:
-        return ".".join(parts[:2])
-    return parts[0]
+    two = ".".join(parts[:2])
+    return two if two in LAYER_PACKAGES else parts[0]
 
 
-def test_no_package_imports_one_above_it_or_beside_it() -> None:
+def layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Each import of a layer above the importer's or beside it, as one line."""
     rank = {pkg: n for n, layer in enumerate(LAYERS) for pkg in layer}
     wrong = []
-    for mod, targets in graph().items():
+    for mod, targets in edges.items():
         a = layer_package(mod)
         for target in targets:
             b = layer_package(target)
             if a != b and rank[b] >= rank[a]:
                 wrong.append(f"{mod} -> {target} ({a} is layer {rank[a]}, {b} layer {rank[b]})")
-    assert wrong == [], "\n".join(sorted(wrong))
+    return sorted(wrong)
+
+
+def test_no_package_imports_one_above_it_or_beside_it() -> None:
+    wrong = layer_violations(graph())
+    assert wrong == [], "\n".join(wrong)
+
+
+def _planted(tmp_path: Path, file: str, text: str) -> Path:
+    """A copy of the packages' sources under ``tmp_path`` with ``text`` added to ``file``."""
+    for path in sources().values():
+        copy = tmp_path / path.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(path.read_text())
+    with (tmp_path / file).open("a") as f:
+        f.write(text)
+    return tmp_path
+
+
+def test_the_layer_check_sees_an_import_in_a_package_init(tmp_path: Path) -> None:
+    """A layer violation written in a package's ``__init__.py`` fails the layer test like one in any module,
+    and so does an import of another package's ``__init__`` from below it."""
+    root = _planted(tmp_path / "a", "checks/results/__init__.py", "from checks.run import session\n")
+    assert layer_violations(graph(root)) == [  # the package checks.run (its __init__) and the module
+        "checks.results -> checks.run (checks.results is layer 2, checks.run layer 4)",
+        "checks.results -> checks.run.session (checks.results is layer 2, checks.run layer 4)"]
+    root = _planted(tmp_path / "b", "common/cellid.py", "import checks.report\n")
+    assert layer_violations(graph(root)) == ["common.cellid -> checks.report (common is layer 1, "
+                                             "checks.report layer 3)"]
 
 
 def test_the_layer_check_sees_an_import_from_above() -> None:
