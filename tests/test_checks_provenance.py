@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import subprocess
 import tomllib
 from pathlib import Path
-
-import pytest
 
 from checks.results import provenance
 from checks.results.provenance import Provenance, checkout, helper_imports, probe_hash, probe_sources
@@ -160,30 +157,3 @@ def test_probe_hash_is_the_same_whichever_package_the_modules_sit_in(tmp_path: P
     assert probe_hash(moved / "probes" / "myprobe.py", moved / "helpers") == expected
     (new / "dists.py").write_text("TABLE = 2\n")
     assert probe_hash(new / "probes" / "myprobe.py", new / "kit") != expected  # a real change still counts
-
-
-def test_results_hashed_in_the_earlier_spelling_stay_current_while_their_code_is_unchanged(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A result recorded with the canonical spelling's hash of some code is current exactly when the alias
-    table maps that hash to the current layout-free hash; and every alias names the same code on both sides:
-    the earlier spelling's hash of each probe as it is now, where the table has it, maps to its hash now."""
-    from checks.results import provenance
-    from common import canonical
-    from inenv import registry
-
-    monkeypatch.setattr(provenance, "_aliases", lambda: {"0ld0ld0ld0ld0ld0": "n3wn3wn3wn3wn3wn"})
-    assert provenance.same_code("0ld0ld0ld0ld0ld0", "n3wn3wn3wn3wn3wn")
-    assert provenance.same_code("n3wn3wn3wn3wn3wn", "n3wn3wn3wn3wn3wn")
-    assert not provenance.same_code("0ld0ld0ld0ld0ld0", "0therc0de0therc0")
-    assert not provenance.same_code("0ld0ld0ld0ld0ld0", None)
-    monkeypatch.undo()
-    table = json.loads(provenance.ALIASES.read_text())
-    for pid, (_, mod) in registry.discover().items():
-        paths = probe_sources(Path(str(mod.__file__)))
-        h = hashlib.sha256()
-        for p in paths:  # the canonical spelling, as hashes were taken before
-            h.update(p.name.encode() + b"\0" + canonical.spell_source(provenance.hashed_bytes(p).decode()).encode()
-                     + b"\0")
-        old = h.hexdigest()[:16]
-        if old in table:
-            assert table[old] == provenance.source_hash(paths), pid

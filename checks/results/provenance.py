@@ -9,8 +9,9 @@ It is computed on the host from the ``inenv/`` tree that is mounted into the con
 code the ranks ran. Two checkouts with the same probe source give the same hash wherever they live (file
 names, not paths, are hashed), and in whichever package a module sits: the text is hashed with every project
 module name and path reduced to the module's own name (common.canonical.layout_free), so moving a folder
-changes no hash and needs no rule; results hashed in the earlier canonical spelling stay current through
-ALIASES. The modules a probe imports are found by their own names, so a move changes that neither.
+changes no hash and needs no rule; results hashed in the earlier spelling stay current through ALIASES, each
+entry of which names the commit that proves it. The modules a probe imports are found by their own names, so
+a move changes that neither.
 A verdict whose recorded hash differs from the current source's was made by other code: `checks report`
 marks it for a rerun.
 """
@@ -231,15 +232,57 @@ def source_hash(paths: list[Path]) -> str:
     return h.hexdigest()[:HASH_CHARS]
 
 
-# Results made before probe hashes were taken in the layout-free spelling carry the hash of the canonical
-# spelling. This table, made once at that change from the probes as they were then, maps each such hash to
-# the layout-free hash of the same code, so those results stay current while their probe's code is unchanged.
+# Results made before probe hashes were taken in the layout-free spelling carry the hash that the code of
+# their day took of the probe. Each entry of this table says: at commit ``commit``, the probe file ``probe``
+# hashed to the entry's key by that commit's own hashing code, and to ``hash`` by this checkout's; so a result
+# recorded with the key was made by the code that ``hash`` names. tests/test_probe_hash_aliases.py recomputes
+# both sides of every entry from the repository's history; an entry it cannot prove does not belong here.
 ALIASES = Path(__file__).with_name("probe_hash_aliases.json")
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class Alias:
+    """One entry of the alias table: ``old`` (a hash results recorded) names the code ``new`` hashes now."""
+
+    old: str
+    new: str
+    probe: str  # the probe's file, relative to the repository, at ``commit``
+    commit: str  # 40 hex digits: the commit whose code hashed ``probe`` to ``old``
+
+    @classmethod
+    def from_json(cls, old: str, obj: Any) -> Alias | None:
+        """None unless ``obj`` is ``{"hash": <16 hex>, "probe": "<path>.py", "commit": <40 hex>}``."""
+        if not isinstance(obj, dict) or set(obj) != {"hash", "probe", "commit"}:
+            return None
+        new, probe, commit = obj["hash"], obj["probe"], obj["commit"]
+        if not all(isinstance(v, str) for v in (new, probe, commit)):
+            return None
+        if not (_is_hash(old) and _is_hash(new) and len(commit) == 40 and set(commit) <= _HEX
+                and probe.endswith(".py") and not probe.startswith("/") and ".." not in probe.split("/")):
+            return None
+        return cls(old, new, probe, commit)
+
+
+def _is_hash(text: str) -> bool:
+    return len(text) == HASH_CHARS and set(text) <= _HEX
+
+
+def read_aliases(path: Path = ALIASES) -> list[Alias | str]:
+    """Every entry of the alias table, or for an entry that is not well formed its key (a malformed entry
+    aliases nothing); [] when the file is absent or unreadable."""
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(table, dict):
+        return []
+    return [Alias.from_json(k, v) or k for k, v in sorted(table.items())]
 
 
 @functools.cache
 def _aliases() -> dict[str, str]:
-    return dict(json.loads(ALIASES.read_text()))
+    return {a.old: a.new for a in read_aliases() if isinstance(a, Alias)}
 
 
 def same_code(recorded: str | None, current: str | None) -> bool:
