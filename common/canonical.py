@@ -1,49 +1,18 @@
-"""One spelling of the project's module names and file paths, for hashes of project text.
+"""One spelling of the project's module names and file paths, for every hash of project text: probe hashes,
+image tags (the self-check's files) and lock keys (a cell's requirements.in).
 
-Probe hashes use the layout-free spelling (:func:`layout_free_source`): every project module name and path is
-reduced to the module's own name, so where a module's folder is never reaches the hash. Image tags and lock
-keys use the canonical spelling below.
-
-A hash of project text (a probe's source, the image self-check, a cell's requirements.in) should change
-when what the text says changes, not when a module it names sits in another package. Before such text is
-hashed, :func:`spell` writes every project module name and path in a canonical form that does not depend
-on the package a module sits in: the in-environment modules under ``checks`` (the probes and their helpers
-under ``checks.probes``), the run, results and report modules directly under ``checks``, the shared
-modules under ``provision`` (``memlock``, ``progress`` and ``reasons`` under ``checks``). Module file names
-are the same in every spelling, so the file names the hashes include stay as they are.
+A hash of project text should change when what the text says changes, not when a module it names sits in
+another folder. :func:`layout_free` reduces every project module name and path to the module's own name
+(``inenv.kit._elf`` and ``inenv/kit/_elf.py`` to ``_elf`` and ``_elf.py``, ``common/catalog.yaml`` to
+``catalog.yaml``), so where a module's folder is never reaches a hash and a move needs no rule here.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Callable
-from typing import Any
 
-# The packages the canonical spelling puts the probes' helpers and the in-environment fact modules in.
-HELPER_PACKAGE = "checks.probes"
-SUPPORT_PACKAGE = "checks"
-# Shared modules that the canonical spelling places under checks rather than provision.
-CHECKS_SHARED = frozenset({"memlock", "progress", "reasons"})
-# In-environment modules that the canonical spelling places under provision rather than checks.
-PROVISION_IN_ENV = frozenset({"selfcheck"})
-
-_SEP = r"(?P<sep>[./])"
-_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
-    # probes and their helpers: inenv.probes.x, inenv.kit._x, inenv/kit/_x.py
-    (re.compile(r"(?<![\w.])inenv" + _SEP + r"(?:probes|kit)\b"), r"checks\g<sep>probes"),
-    (re.compile(r"(?<![\w.])inenv" + _SEP + r"(?P<mod>" + "|".join(sorted(PROVISION_IN_ENV)) + r")\b"),
-     r"provision\g<sep>\g<mod>"),
-    (re.compile(r"(?<![\w.])inenv\b"), "checks"),
-    (re.compile(r"(?<![\w.])common" + _SEP + r"(?P<mod>" + "|".join(sorted(CHECKS_SHARED)) + r")\b"),
-     r"checks\g<sep>\g<mod>"),
-    (re.compile(r"(?<![\w.])common(?=[./]\w)"), "provision"),
-    (re.compile(r"(?<![\w.])checks" + _SEP + r"(?:run|results|report)(?P=sep)(?=\w)"), r"checks\g<sep>"),
-)
-
-
-# Layout-free spelling, for probe hashes: no package path survives, so a module that moves to another folder
-# leaves every probe hash as it was, with no rule to add for the move.
+# No package path survives: a module that moves to another folder leaves every hash as it was.
 _PROJECT = r"(?:inenv|common|provision|checks)"
 _LAYOUT_FREE: tuple[tuple[re.Pattern[str], str], ...] = (
     # `from inenv.kit import _timing`, `from checks.run.plan import X`: the package named is where it lives
@@ -62,17 +31,13 @@ def layout_free(text: str) -> str:
     return text
 
 
-def spell(text: str) -> str:
-    """``text`` with the project's module names and paths in their canonical spelling."""
-    for pattern, repl in _RULES:
-        text = pattern.sub(repl, text)
-    return text
-
-
-def _import_key(node: ast.Import | ast.ImportFrom) -> tuple[int, int, str]:
+def _import_key(node: ast.Import | ast.ImportFrom) -> tuple[int, int, str, tuple[str, ...]]:
+    """Where an import sorts: plain imports first, then absolute and relative ``from`` imports, by module and
+    then by the names imported (``from . import _a`` and ``from . import outcome`` tie on module)."""
+    names = tuple(a.name.lower() for a in node.names)
     if isinstance(node, ast.Import):
-        return (0, 0, node.names[0].name.lower())
-    return (1 if node.level else 0, 1, (node.module or "").lower())
+        return (0, 0, node.names[0].name.lower(), names)
+    return (1 if node.level else 0, 1, (node.module or "").lower(), names)
 
 
 def _runs(body: list[ast.stmt]) -> list[list[ast.Import | ast.ImportFrom]]:
@@ -92,24 +57,13 @@ def _runs(body: list[ast.stmt]) -> list[list[ast.Import | ast.ImportFrom]]:
     return runs
 
 
-def spell_source(text: str) -> str:
-    """Python source in the canonical spelling, each block of imports in the order an import sorter gives it
-    in that spelling (the order a sorter picks follows the names, so a renamed package moves its lines)."""
-    return _sorted_imports(spell(text))
-
-
 def layout_free_source(text: str) -> str:
     """Python source in the layout-free spelling (:func:`layout_free`), each block of imports sorted in it by
     module and then by the names imported (``from . import _a`` and ``from . import outcome`` tie on module)."""
-    return _sorted_imports(layout_free(text), _names_key)
+    return _sorted_imports(layout_free(text))
 
 
-def _names_key(node: ast.Import | ast.ImportFrom) -> tuple[int, int, str, tuple[str, ...]]:
-    return (*_import_key(node), tuple(a.name.lower() for a in node.names))
-
-
-def _sorted_imports(text: str, key: Callable[[ast.Import | ast.ImportFrom], Any] | None = None) -> str:
-    key = key or _import_key
+def _sorted_imports(text: str) -> str:
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -122,7 +76,7 @@ def _sorted_imports(text: str, key: Callable[[ast.Import | ast.ImportFrom], Any]
             if not isinstance(body, list):
                 continue
             for run in _runs(body):
-                ordered = sorted(run, key=key)
+                ordered = sorted(run, key=_import_key)
                 if ordered == run:
                     continue
                 start, end = run[0].lineno - 1, run[-1].end_lineno or run[-1].lineno

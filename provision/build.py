@@ -6,7 +6,6 @@ Side effects live here: docker subprocesses and the files under envs/ and docker
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import threading
@@ -53,14 +52,19 @@ def choose_base(cell: dict[str, Any], opts: BuildOptions, docker: Docker | None)
     return Base("registry-free-notoolkit", DEFAULT_TAG)
 
 
-def build_hash(dockerfile: str, folder: Path, base_id: str, build_args: dict[str, str]) -> str:
-    h = hashlib.sha256()
-    for part in (dockerfile, base_id, json.dumps(build_args, sort_keys=True), *selfcheck_texts()):
-        h.update(part.encode() + b"\0")
+def build_inputs(dockerfile: str, folder: Path, base_id: str, build_args: dict[str, str]) -> dict[str, str]:
+    """Everything an image is built from, each by name with a digest of it: what its tag hashes, and what
+    its build record keeps so that a rebuild can name the input that changed."""
+    parts = {"Dockerfile": dockerfile, "base image": base_id, "build args": json.dumps(build_args, sort_keys=True),
+             "self-check": "\0".join(selfcheck_texts())}
     for name in ("toolkit.lock", "torch.lock", "kernel.lock", "requirements.lock"):
         p = folder / name
-        h.update(name.encode() + b"\0" + (p.read_bytes() if p.exists() else b"") + b"\0")
-    return h.hexdigest()[:12]
+        parts[name] = p.read_text() if p.exists() else ""
+    return buildprogress.digests(parts)
+
+
+def build_hash(dockerfile: str, folder: Path, base_id: str, build_args: dict[str, str]) -> str:
+    return buildprogress.inputs_hash(build_inputs(dockerfile, folder, base_id, build_args))
 
 
 def selfcheck(docker: Docker, tag: str, compile_test: bool) -> dict[str, Any]:
@@ -129,7 +133,8 @@ class _LockedBuild:
             self.base_ids[base.image] = bid
         return self.base_ids[base.image]
 
-    def adopt(self, folder: Path, cell: dict[str, Any], base: Base, tag: str, image_id: str) -> dict[str, Any] | None:
+    def adopt(self, folder: Path, cell: dict[str, Any], base: Base, tag: str, image_id: str,
+              inputs: dict[str, str]) -> dict[str, Any] | None:
         """The record of an image already under ``tag`` that this checkout has no record of (another checkout
         built it, or envs/ was cleaned). The tag is a digest of everything the build reads, and a build whose
         self-check failed never keeps its tag, so the image is this build: its self-check runs again for the
@@ -139,7 +144,7 @@ class _LockedBuild:
             return None
         return record(folder, status=BuildStatus.UNCHANGED, tag=tag, image_id=image_id, selfcheck=facts,
                       versions=versions(facts), build_s=None, base=base.image, adopted=True,
-                      note=_note(cell, base, self.opts))
+                      note=_note(cell, base, self.opts), inputs=inputs)
 
     def prepare(self, folder: Path) -> Step | dict[str, Any]:
         """The cell's step, or its record when nothing is to be built (unchanged, or failed already)."""
@@ -150,7 +155,8 @@ class _LockedBuild:
             text = render(cell, base, buildkit=self.buildkit)
             dockerfile = self.opts.dockerfiles / f"{cid}.Dockerfile"
             atomic.write_text(dockerfile, text)
-            tag = image_tag(cid, build_hash(text, folder, self.base_id(base), {}))
+            inputs = build_inputs(text, folder, self.base_id(base), {})
+            tag = image_tag(cid, buildprogress.inputs_hash(inputs))
             prev = previous(folder)
             image_id = self.docker.image_id(tag)
             if prev.get("tag") == tag and buildrecord.runnable(prev) and image_id:
@@ -158,11 +164,12 @@ class _LockedBuild:
                 keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id", "build_s", "base", "kernels",
                                                    "kernels_base")}
                 return record(folder, status=BuildStatus.UNCHANGED, tag=tag, note=_note(cell, base, self.opts),
-                              **keep)
-            if image_id and (adopted := self.adopt(folder, cell, base, tag, image_id)) is not None:
+                              inputs=inputs, **keep)
+            if image_id and (adopted := self.adopt(folder, cell, base, tag, image_id, inputs)) is not None:
                 self.report(cid, "unchanged, not rebuilt (its image was already here; self-checked again)")
                 return adopted
-            return Step(folder=folder, cell=cell, previous=prev, base=base, dockerfile=dockerfile, tag=tag)
+            return Step(folder=folder, cell=cell, previous=prev, base=base, dockerfile=dockerfile, tag=tag,
+                        inputs=inputs)
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
@@ -209,7 +216,7 @@ class _LockedBuild:
                           reason="self-check: " + "; ".join(problems), selfcheck=facts, versions=versions(facts))
         return record(step.folder, status=BuildStatus.BUILT, tag=step.tag, image_id=self.docker.image_id(step.tag),
                       selfcheck=facts, versions=versions(facts), build_s=build_s, base=step.base.image,
-                      note=_note(step.cell, step.base, self.opts))
+                      note=_note(step.cell, step.base, self.opts), inputs=step.inputs)
 
     def one(self, step: Step, ticker: Ticker) -> dict[str, Any]:
         self.report(step.cell_id, self.progress.start_line(step))

@@ -9,6 +9,8 @@ the log."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +28,36 @@ def last_build_s(previous: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+DIGEST_CHARS = 16
+
+
+def digests(parts: dict[str, str]) -> dict[str, str]:
+    """Each named input of a build by a digest of its text."""
+    return {name: hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS] for name, text in parts.items()}
+
+
+def inputs_hash(inputs: dict[str, str]) -> str:
+    """One digest of a build's named inputs (``digests``): what an image tag or a venv's build hash says."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def why_built(previous: dict[str, Any], inputs: dict[str, str]) -> str:
+    """Why a cell that was built before builds again, from its last build record: the inputs whose digest
+    differs from the one that build recorded, else what else sends it back ("" when it was never built)."""
+    if not previous:
+        return ""
+    status = BuildStatus.of(previous)
+    if status is not None and not status.runnable:
+        return "its last build failed"
+    before = previous.get("inputs")
+    if not isinstance(before, dict):
+        return "its last build recorded no inputs to compare"
+    changed = sorted(k for k in set(inputs) | set(before) if before.get(k) != inputs.get(k))
+    if changed:
+        return f"{', '.join(changed)} changed since its last build"
+    return "what its last build made is gone"
+
+
 class Planned(Protocol):
     """A cell about to be built, as the progress lines name it."""
 
@@ -38,6 +70,9 @@ class Planned(Protocol):
     @property
     def last_build_s(self) -> float | None: ...
 
+    @property
+    def why(self) -> str: ...  # why it builds again ("" when never built)
+
 
 @dataclass(frozen=True)
 class Locked:
@@ -46,6 +81,7 @@ class Locked:
     folder: Path
     cell: dict[str, Any]
     previous: dict[str, Any]
+    inputs: dict[str, str] = field(default_factory=dict, kw_only=True)  # digests, as why_built compares them
 
     @property
     def cell_id(self) -> str:
@@ -54,6 +90,10 @@ class Locked:
     @property
     def last_build_s(self) -> float | None:
         return last_build_s(self.previous)
+
+    @property
+    def why(self) -> str:
+        return why_built(self.previous, self.inputs)
 
 
 @dataclass(frozen=True)
@@ -105,7 +145,8 @@ class BuildProgress:
 
     def start_line(self, step: Planned) -> str:
         last = f"last build {duration(step.last_build_s)}" if step.last_build_s is not None else "never built here"
-        return f"{self._number(step)}: building {step.target} ({last})"
+        why = f"; {step.why}" if step.why else ""
+        return f"{self._number(step)}: building {step.target} ({last}{why})"
 
     def tick_line(self, step: Planned, elapsed: float, current: str) -> str:
         last = f" of {duration(step.last_build_s)} last time" if step.last_build_s is not None else ""

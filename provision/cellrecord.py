@@ -24,9 +24,9 @@ def selfcheck_files() -> list[tuple[Path, str]]:
 
 
 def selfcheck_texts() -> list[str]:
-    """The self-check's files as the image tag hashes them: in the canonical spelling (common.canonical), so
-    a module that changes package leaves built images current."""
-    return [canonical.spell_source(host.read_text()) for host, _ in selfcheck_files()]
+    """The self-check's files as the image tag hashes them: layout-free (common.canonical, the spelling of
+    probe hashes), so a module that moves to another folder leaves built images current."""
+    return [canonical.layout_free_source(host.read_text()) for host, _ in selfcheck_files()]
 
 
 def versions(facts: dict[str, Any]) -> dict[str, str | None]:

@@ -291,9 +291,9 @@ def pinned(lock: str, package: str) -> str | None:
 
 def inputs_hash(r: Resolved, uv: str) -> str:
     wheel_nvcc = load_catalog().cuda[r.cell.cuda].wheel_nvcc
-    # requirements.in names the catalog's path: hashed in the canonical spelling (common.canonical), so a
-    # catalog that changes package leaves every lock current
-    parts: list[Any] = [canonical.spell(requirements_in(r)), compile_args(r), toolkit_requirement(r.toolkit), uv,
+    # requirements.in names the catalog's path: hashed layout-free (common.canonical), so a catalog that
+    # moves to another folder leaves every lock current
+    parts: list[Any] = [canonical.layout_free(requirements_in(r)), compile_args(r), toolkit_requirement(r.toolkit), uv,
                         wheel_nvcc]
     if r.overrides or r.expect:  # only cells that have them, so every other cell keeps its lock
         parts += [list(r.overrides), list(r.expect)]

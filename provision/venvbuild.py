@@ -16,7 +16,6 @@ where each package came from.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -126,29 +125,30 @@ def _offline() -> bool:
 
 def _same_inputs(folder: Path, r: Resolved) -> bool:
     try:
-        # compared in the canonical spelling (common.canonical): the header names the catalog's path
-        same = canonical.spell((folder / "requirements.in").read_text()) == canonical.spell(requirements_in(r))
+        # compared layout-free (common.canonical): the header names the catalog's path
+        same = canonical.layout_free((folder / "requirements.in").read_text()) == canonical.layout_free(
+            requirements_in(r))
         return same and (
             folder / "requirements.lock").exists() and (folder / "cell.json").exists()
     except OSError:
         return False
 
 
-def build_hash(folder: Path, base: interp.Interpreter | None, wheels: wheeldir.WheelDir | None, tool: str) -> str:
-    """Everything a venv cell is made from: locks, base environment, wheel bytes, installer, the code that
-    lays it out, self-check."""
-    h = hashlib.sha256()
-    layout = [Path(m.__file__).read_text() for m in (overlay, cudahome)]  # what decides a venv's contents
-    parts = [BACKEND, tool, PYTHON_REQUEST, *selfcheck_texts(), *layout,
-             json.dumps([base.to_json(), base.dists], sort_keys=True) if base else "no base"]
+def build_inputs(folder: Path, base: interp.Interpreter | None, wheels: wheeldir.WheelDir | None,
+                 tool: str) -> dict[str, str]:
+    """Everything a venv cell is made from, each by name with a digest of it: locks, base environment, wheel
+    bytes, installer, the code that lays it out, self-check."""
+    parts = {"installer": f"{BACKEND} {tool} {PYTHON_REQUEST}", "self-check": "\0".join(selfcheck_texts()),
+             # what decides a venv's contents
+             "venv layout code": "\0".join(Path(m.__file__).read_text() for m in (overlay, cudahome)),
+             "base environment": json.dumps([base.to_json(), base.dists], sort_keys=True) if base else "no base",
+             "wheels": "\0".join(sorted(f"{w.name} {w.version} {w.sha256}" for w in wheels.wheels))
+             if wheels is not None else "index"}
     for name in ("toolkit.lock", "torch.lock", "requirements.lock"):
         p = folder / name
-        parts.append(name + "\0" + (p.read_text() if p.exists() else ""))
-    if wheels is not None:
-        parts += sorted(f"{w.name} {w.version} {w.sha256}" for w in wheels.wheels)
-    for part in parts:
-        h.update(part.encode() + b"\0")
-    return h.hexdigest()[:12]
+        parts[name] = p.read_text() if p.exists() else ""
+    return buildprogress.digests(parts)
+
 
 
 def selfcheck(python: Path, cuda_home: Path, compile_test: bool) -> dict[str, Any]:
@@ -238,22 +238,23 @@ def prepare(folder: Path, opts: BuildOptions, tool: installer.Installer, base: i
     cell = load_cell(folder)
     cid = cell["cell_id"]
     venv = (opts.venvs / cid).absolute()
-    digest = build_hash(folder, base, wheels, tool.kind)
+    inputs = build_inputs(folder, base, wheels, tool.kind)
+    digest = buildprogress.inputs_hash(inputs)
     prev = previous(folder, BACKEND)
     if (prev.get("backend") == BACKEND and prev.get("hash") == digest and prev.get("venv") == str(venv)
             and buildrecord.runnable(prev) and venv_python(venv).exists()):
         report(cid, "unchanged, not rebuilt")
-        keep = {k: v for k, v in prev.items() if k not in ("cell_id", "status", "built_at")}
-        return record(folder, status=BuildStatus.UNCHANGED, **keep)
-    return VenvStep(folder=folder, cell=cell, previous=prev, venv=venv)
+        keep = {k: v for k, v in prev.items() if k not in ("cell_id", "status", "built_at", "inputs")}
+        return record(folder, status=BuildStatus.UNCHANGED, inputs=inputs, **keep)
+    return VenvStep(folder=folder, cell=cell, previous=prev, venv=venv, inputs=inputs)
 
 
 def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, base: interp.Interpreter | None,
                wheels: wheeldir.WheelDir | None, report: Callable[[str, str], None]) -> dict[str, Any]:
     folder, cell, cid, venv = step.folder, step.cell, step.cell_id, step.venv
     python = venv_python(venv)
-    digest = build_hash(folder, base, wheels, tool.kind)
-    common: dict[str, Any] = {"backend": BACKEND, "venv": str(venv), "python": str(python), "hash": digest,
+    common: dict[str, Any] = {"backend": BACKEND, "venv": str(venv), "python": str(python),
+                              "hash": buildprogress.inputs_hash(step.inputs), "inputs": step.inputs,
                               "installer": tool.kind, "base_python": base.python if base else None,
                               "wheels": str(wheels.path) if wheels else None}
     t0 = time.monotonic()

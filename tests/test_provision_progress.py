@@ -101,8 +101,10 @@ def test_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(tmp_path: Pa
     assert lines[0] == "images: 2 to build; about 9m00s by their last builds"
     a, b = CELLS
     tag_a = records[0]["tag"]
-    assert f"{a} cell 1 of 2: building {tag_a} (last build 8m00s)" in lines
-    assert f"{b} cell 2 of 2: building {records[1]['tag']} (last build 1m00s)" in lines
+    # and why each builds again: a record with no inputs to compare, a failed build
+    assert f"{a} cell 1 of 2: building {tag_a} (last build 8m00s; its last build recorded no inputs to compare)" \
+        in lines
+    assert f"{b} cell 2 of 2: building {records[1]['tag']} (last build 1m00s; its last build failed)" in lines
     steps = [msg for cid, msg in said if cid == a and msg.startswith(("step ", "exporting"))]
     assert steps == [
         "step 1/7: FROM docker.io/stackprobe/base:bookworm-20aff611",
@@ -134,6 +136,29 @@ def test_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(tmp_path: Pa
     assert [r["status"] for r in rebuilt] == ["skipped-unchanged"] * 2 and docker.builds == 2
     assert again[-1] == " images: 0 to build, 2 unchanged"
     assert json.loads((first / "build.json").read_text())["build_s"] == records[0]["build_s"]
+
+
+def test_a_rebuild_names_the_inputs_that_changed(tmp_path: Path, cells: list[Path],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each build records a digest of each input of its tag; a later build that changes the tag says which
+    input differs: a lock, or the self-check's files."""
+    docker = ReplayDocker()
+    first = build.build_locked(cells, _opts(tmp_path), docker, lambda cid, msg: None)
+    assert [r["status"] for r in first] == ["built", "built"]
+    assert set(first[0]["inputs"]) == {"Dockerfile", "base image", "build args", "self-check", "toolkit.lock",
+                                       "torch.lock", "kernel.lock", "requirements.lock"}
+    with (cells[0] / "requirements.lock").open("a") as f:
+        f.write("# one more line\n")
+    texts = build.selfcheck_texts()
+    monkeypatch.setattr(build, "selfcheck_texts", lambda: [*texts[:-1], texts[-1] + "\nX = 1\n"])
+    said: list[str] = []
+    again = build.build_locked(cells, _opts(tmp_path), docker, lambda cid, msg: said.append(f"{cid} {msg}"))
+    assert [r["status"] for r in again] == ["built", "built"] and docker.builds == 4
+    a, b = CELLS
+    starts = sorted(ln for ln in said if " cell " in ln and ": building " in ln)
+    assert starts[0].startswith(f"{a} cell 1 of 2: building ")
+    assert starts[0].endswith("; requirements.lock, self-check changed since its last build)")
+    assert starts[1].endswith("; self-check changed since its last build)")
 
 
 def test_an_image_without_nvcc_says_the_catalogues_reason_and_next_step(tmp_path: Path, cells: list[Path]) -> None:

@@ -458,7 +458,8 @@ def test_venv_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(world: 
     assert [r["status"] for r in records] == ["built", "built"]
     assert said[0] == "venv cells: 2 to build; about 2m00s by their last builds"
     mine = [ln[len(CELL) + 1:] for ln in said if ln.startswith(CELL + " ") and not ln.startswith(CELL + " (cell")]
-    assert mine[0] == f"cell 1 of 2: building {venvs / CELL} (last build 1m30s)"
+    assert mine[0] == (f"cell 1 of 2: building {venvs / CELL} (last build 1m30s; its last build recorded no inputs "
+                       "to compare)")
     assert mine[1:4] == [f"making {venvs / CELL} over {world['base']}", "installing 1 package(s), 3 from the base",
                          "self-check"]
     assert mine[4].startswith("cell 1 of 2: built after ") and mine[4].endswith("· 1 of 2 done, about 30 s left")
