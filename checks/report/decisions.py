@@ -38,7 +38,7 @@ from checks.report.measured import (
     measured,
 )
 from checks.report.nearest import Green, nearest_green
-from checks.results import ids
+from checks.results import ids, provenance
 from checks.results.hostresults import HostResults
 from inenv.status import Status
 
@@ -63,6 +63,7 @@ class HostDecision:
     changes: Diff | None
     note: str = ""  # why nothing is advised, when nothing is
     engines: tuple[EngineGates, ...] = ()  # the gates of the engines installed in the cells, at this host
+    gate_reader: str = ""  # the version of the code that read them (checks/report/gates.py), when there are any
 
 
 def describe_host(facts: Mapping[str, Any]) -> str:
@@ -112,8 +113,9 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
                         for b in a.used for g in gates if g.cell_id == c for line in g.off_for(b, a.ranks))
             out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas, shared, off))
     green = tuple(g for g in nearest_green(latest) if cell is None or g.cell_id == cell)
+    reader = provenance.verdict_code_versions().get("gates.py", "unknown") if gates else ""
     return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),
-                        "" if out or gates else _why_nothing(h), tuple(gates))
+                        "" if out or gates else _why_nothing(h), tuple(gates), reader)
 
 
 def _rank_counts(results: Sequence[Any], cell_id: str) -> list[int]:
@@ -346,7 +348,7 @@ def diff_block(d: Diff) -> Block:
     return b
 
 
-def gates_block(g: EngineGates) -> Block:
+def gates_block(g: EngineGates, reader: str = "") -> Block:
     at = f"compute capability {g.capability}" if g.capability else "no compute capability to look up"
     b = Block(f"Engine gates — cell `{g.cell_id}`: {g.engine} {g.version} ({at}, tp {'/'.join(map(str, g.tps))})")
     b.lines.append("The engine's own world-size lists and size tables, read from its modules in the cell; how the "
@@ -354,6 +356,8 @@ def gates_block(g: EngineGates) -> Block:
     if g.status != Status.PASS.value and g.note:
         b.lines.append(f"{g.status}: {g.note}")
     b.lines += [f"- {line.text}" for line in g.lines]
+    if reader:  # the host-side code that applied the data here: a change to it changes these lines, named
+        b.lines.append(f"Read by stackprobe's gate reader gates.py {reader}.")
     return b
 
 
@@ -381,7 +385,7 @@ def blocks(d: HostDecision) -> list[Block]:
         if c.estimate is not None:
             out.append(estimate_block(c.estimate, c.usable))
     for g in d.engines:
-        out.append(gates_block(g))
+        out.append(gates_block(g, d.gate_reader))
     if not d.cells and not d.engines:
         out.append(Block("Advice", [f"Nothing to advise on this host: {d.note}."]))
     if d.green:
@@ -423,5 +427,7 @@ def plain(obj: Any) -> Any:
 
 def to_json(d: HostDecision) -> dict[str, Any]:
     out = plain(d)
+    if not d.engines:  # the gate reader's version goes with the gates it read, and only with them
+        out.pop("gate_reader", None)
     out["estimate_is"] = "an estimate from measured latency curves, not a measurement"
     return out

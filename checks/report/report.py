@@ -25,8 +25,8 @@ from checks.report.footnotes import Footnote, Occurrence, footnotes
 from checks.report.headline import headline
 from checks.report.summary import proven_statically
 from checks.results import hostresults, ids
-from checks.results.freshness import Refresh, refresh_list, staleness
-from checks.results.provenance import current_probe_hashes
+from checks.results.freshness import Refresh, judged_by, refresh_list, staleness
+from checks.results.provenance import VERDICT_CODE_ROLE, current_probe_hashes, verdict_code_versions
 from checks.results.result import ProbeResult
 from checks.results.store import REUSED_FROM, level_of, read_file, read_manifest, scan
 from common import catalog, memlock, reasons
@@ -74,6 +74,25 @@ class HostSection:
     memlock: str = ""  # containers ran without memlock unlimited: why, and for how many variants
     plots: list[Any] = field(default_factory=list)  # checks.report.plots.LatencyPlot per cell and rank count
     estimates: list[Any] = field(default_factory=list)  # estimate.Estimate of the advice (attach_decisions)
+    judged: list[str] = field(default_factory=list)  # host-side code that judged verdicts, with its version
+
+
+def judged_lines(results: list[ProbeResult]) -> list[str]:
+    """Which host-side code judged which probe's verdicts after the probe ran, by the version each verdict
+    recorded: one line per probe, file and version (judged_by)."""
+    count: Counter[tuple[str, str, str]] = Counter()
+    for r in results:
+        shaped = judged_by(r)
+        for name, version in (shaped or {"": ""}).items() if shaped is not None else ():
+            count[(r.probe_id, name, version)] += 1
+    out = []
+    for (probe, name, version), n in sorted(count.items()):
+        what = f"{n} variant{'s' if n > 1 else ''}"
+        if not name:
+            out.append(f"{probe} ({what}): by a version of the host's code that the results did not record")
+        else:
+            out.append(f"{probe} ({what}): by the {VERDICT_CODE_ROLE.get(name, 'host-side code')} {name} {version}")
+    return out
 
 
 MAX_HEADLINES = 5
@@ -206,7 +225,8 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
     all_results, warnings, manifests, run_rows = _read_runs(runs, out_dir)
     results = latest_results(all_results)
     quick_runs = {row["run_id"] for row in run_rows if row["quick"]}  # a cell they answer is marked quick
-    stale = {r.key: why for r in results if (why := staleness(r, current))}
+    judges = verdict_code_versions()
+    stale = {r.key: why for r in results if (why := staleness(r, current, judges))}
     executors = {str(m.get("run_id")): str(m.get("executor") or "docker") for m in manifests}
     probe_info = dict(probe_info)
     for m in manifests:  # what each run recorded about its probes; newer runs win
@@ -248,7 +268,7 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
     ml = memlock.summary(((r.run_id, r.verdict.evidence.get("memlock")) for r in results),
                          run_rows[-1]["run_id"] if run_rows else None)
     return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml,
-                       plots=plots.latency_plots(results))
+                       plots=plots.latency_plots(results), judged=judged_lines(results))
 
 
 def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str, str]] | None = None,

@@ -4,7 +4,9 @@ A verdict is *stale* when the hash of its probe's source recorded with it differ
 probe's source now (the probe or a helper it imports changed since), or when it records no code at all
 (results written before results named their code). It is *unidentified* when no commit names the code that
 made it: ``commit: unknown`` (run outside a git checkout) or ``dirty`` true or unknown (checks/ differed from
-the commit, or nobody could tell); both are marked and refreshed alike. Verdicts decided without running a
+the commit, or nobody could tell); both are marked and refreshed alike. A verdict that host-side code shaped
+after the probe ran (the requirement judge, provenance.VERDICT_CODE) is stale too when the version it records
+of that code is not this checkout's, or when it records none. Verdicts decided without running a
 probe (``not-run``: the image did not build; ``unavailable``: the cell cannot be provisioned) are never
 stale for these reasons.
 """
@@ -22,16 +24,19 @@ from inenv.status import Status
 
 UNRECORDED = "unrecorded"
 CHANGED = "changed"
+JUDGE_CHANGED = "judge-changed"
 UNKNOWN_COMMIT = "unknown-commit"
 DIRTY = "dirty"
 NOT_BY_PROBE = frozenset({Status.NOT_RUN, Status.UNAVAILABLE})
 _PHRASE = {
     UNRECORDED: "recorded before results named the code that made them",
     CHANGED: "the probe's source changed since",
+    JUDGE_CHANGED: "judged on the host by another version of the requirement judge (hostjudge.py) than this "
+                   "checkout's, or by one no result recorded",
     UNKNOWN_COMMIT: "made by code outside a git checkout (commit unknown)",
     DIRTY: "made by code with uncommitted changes, or changes nobody recorded (dirty true or unknown)",
 }
-_ORDER = (UNRECORDED, CHANGED, UNKNOWN_COMMIT, DIRTY)
+_ORDER = (UNRECORDED, CHANGED, JUDGE_CHANGED, UNKNOWN_COMMIT, DIRTY)
 
 
 def why(reasons: frozenset[str]) -> str:
@@ -41,15 +46,34 @@ def why(reasons: frozenset[str]) -> str:
     return "; ".join(_PHRASE[r] for r in _ORDER if r in reasons)
 
 
-def staleness(result: ProbeResult, current: Mapping[str, str]) -> str:
+def judged_by(result: ProbeResult) -> dict[str, str] | None:
+    """The host-side code that shaped ``result`` after its probe ran, file name -> version, as it recorded it;
+    {} when it names none but was shaped (the requirement judge's counts in its evidence, written before
+    results named the judge's version); None when no host-side code shaped it."""
+    recorded = result.verdict.evidence.get(provenance.JUDGED_BY)
+    if isinstance(recorded, dict):  # untrusted: only a known file with a hash-shaped version counts
+        return {k: v for k, v in recorded.items() if k in provenance.VERDICT_CODE and isinstance(v, str)
+                and len(v) == provenance.HASH_CHARS and v.isalnum() and v.isascii()}
+    installed = result.verdict.evidence.get("installed")
+    return {} if isinstance(installed, dict) and "requirements_read" in installed else None
+
+
+def staleness(result: ProbeResult, current: Mapping[str, str], judges: Mapping[str, str] | None = None) -> str:
     """"" when ``result`` was made by the current source of its probe (``current``: probe id -> hash) at a
-    known, clean commit, else UNRECORDED, CHANGED, UNKNOWN_COMMIT or DIRTY (the first that applies)."""
+    known, clean commit, and judged by this checkout's host-side code where that shaped it (``judges``: file
+    name -> version; default provenance.verdict_code_versions()), else UNRECORDED, CHANGED, JUDGE_CHANGED,
+    UNKNOWN_COMMIT or DIRTY (the first that applies)."""
     if result.verdict.status in NOT_BY_PROBE:
         return ""
     if result.code is None:
         return UNRECORDED
     if not provenance.same_code(result.code.probe_hash, current.get(result.probe_id)):
         return CHANGED
+    shaped = judged_by(result)
+    if shaped is not None:
+        now = provenance.verdict_code_versions() if judges is None else judges
+        if not shaped or any(now.get(name) != version for name, version in shaped.items()):
+            return JUDGE_CHANGED
     if result.code.commit == "unknown":
         return UNKNOWN_COMMIT
     return "" if result.code.dirty is False else DIRTY

@@ -290,6 +290,27 @@ def same_code(recorded: str | None, current: str | None) -> bool:
     return current is not None and recorded is not None and current in (recorded, _aliases().get(recorded))
 
 
+# Host-side code that decides verdicts after a probe ran, versioned like probe code (the layout-free hash of
+# the whole file, code_version): the requirement judge, applied as a result is recorded, writes its version into
+# the result's evidence under JUDGED_BY (file name -> version); the gate reader, applied whenever advice is
+# given, is shown with its version beside the gates it read. A verdict judged by another version than this
+# checkout's is stale (checks.results.freshness).
+VERDICT_CODE = {"hostjudge.py": CODE_ROOT / "checks" / "run" / "hostjudge.py",
+                "gates.py": CODE_ROOT / "checks" / "report" / "gates.py"}
+VERDICT_CODE_ROLE = {"hostjudge.py": "requirement judge", "gates.py": "gate reader"}
+JUDGED_BY = "judged_by"
+
+
+def code_version(path: Path) -> str:
+    """The version of one host-side module: its file hashed as probe sources are (layout-free)."""
+    return source_hash([path])
+
+
+def verdict_code_versions() -> dict[str, str]:
+    """File name -> version of each host-side module of VERDICT_CODE, as this checkout has it."""
+    return {name: code_version(path) for name, path in VERDICT_CODE.items() if path.is_file()}
+
+
 def probe_hash(path: Path, helpers: Path = HELPERS) -> str:
     return source_hash(probe_sources(path, helpers))
 

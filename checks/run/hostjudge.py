@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
@@ -19,6 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from checks.results import provenance
 from checks.results.result import Verdict
 from inenv.status import Status
 
@@ -108,7 +110,17 @@ def pip_check(v: Verdict) -> Verdict:
 JUDGES: dict[str, Callable[[Verdict], Verdict]] = {"inventory": pip_check}
 
 
+NAME = "hostjudge.py"  # this file, as checks.results.provenance.VERDICT_CODE names it
+
+
 def judge(probe_id: str, verdict: Verdict) -> Verdict:
-    """``verdict`` with the host's judgement of probe ``probe_id`` added, if that probe has one."""
+    """``verdict`` with the host's judgement of probe ``probe_id`` added, if that probe has one; a verdict
+    the judge changed records the judge's version (provenance.JUDGED_BY), so that a later change of this
+    file marks it stale instead of leaving it silently different from what this code would say."""
     found = JUDGES.get(probe_id)
-    return found(verdict) if found is not None else verdict
+    if found is None:
+        return verdict
+    judged = found(verdict)
+    if judged is verdict:  # nothing recorded for it to judge
+        return verdict
+    return judged.with_evidence(**{provenance.JUDGED_BY: {NAME: provenance.code_version(Path(__file__))}})

@@ -1,0 +1,120 @@
+"""Host-side code that decides verdicts after a probe ran has a version recorded and shown with what it decided:
+the requirement judge (checks/run/hostjudge.py) stamps the verdicts it shapes, a later change to that file marks
+them stale on the page, and advice names the version of the gate reader (checks/report/gates.py) beside the gates
+it read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from checks.cli import main
+from checks.report import report
+from checks.results import freshness, provenance
+from checks.results.provenance import Provenance
+from checks.results.result import ProbeResult, Verdict
+from checks.run import hostjudge
+from common.canonical import layout_free_source
+from inenv.status import Status
+from tests.checks_helpers import ROOT
+
+HOST, RUN, CELL = "cpu-0a1b2c3d", "20261204T020803Z-abcd", "cu130-torch2.14.0-sglnone-fi0.7.2.post1"
+INVENTORY_HASH = "0123456789abcdef"
+
+
+def _file_version(path: Path) -> str:
+    """A file's version written out: sha256 of its name, NUL, its layout-free text, NUL (16 hex)."""
+    h = hashlib.sha256(path.name.encode() + b"\0" + layout_free_source(path.read_text()).encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _raw(requires: list[str]) -> Verdict:
+    """An inventory pass that recorded its environment's declared requirements, for the host to judge."""
+    return Verdict(Status.PASS, evidence={"installed": {
+        "markers": {"python_version": "3.12", "sys_platform": "linux"},
+        "requirements": {"vllm": {"version": "0.33.0", "requires": requires},
+                         "torch": {"version": "2.15.0", "requires": []}}}})
+
+
+def _result(verdict: Verdict) -> ProbeResult:
+    return ProbeResult(RUN, HOST, CELL, "inventory", "ranks=1", verdict, "2026-12-04T02:08:03+00:00",
+                       Provenance("0.1.0", "a" * 40, False, INVENTORY_HASH))
+
+
+def test_the_requirement_judge_stamps_the_verdicts_it_shapes_with_its_version() -> None:
+    judged = hostjudge.judge("inventory", _raw(["torch==2.14.0"]))
+    assert judged.status is Status.PARTIAL and judged.reason_code == "dependency-pin-violated"
+    version = _file_version(ROOT / "checks" / "run" / "hostjudge.py")
+    assert judged.evidence[provenance.JUDGED_BY] == {"hostjudge.py": version}
+    nothing = Verdict(Status.PASS, evidence={"installed": {}})  # no requirements recorded: nothing judged
+    assert provenance.JUDGED_BY not in hostjudge.judge("inventory", nothing).evidence
+    assert provenance.VERDICT_CODE["hostjudge.py"] == Path(hostjudge.__file__).resolve()
+
+
+def _page(results: Path, out: Path) -> str:
+    (results / HOST).mkdir(parents=True, exist_ok=True)
+    manifest = {"schema": "stackprobe.manifest/2", "run_id": RUN, "host_id": HOST, "executor": "docker",
+                "facts": {}, "code": {"version": "0.1.0", "commit": "a" * 40, "dirty": False,
+                                      "probe_hashes": {"inventory": INVENTORY_HASH}}}
+    (results / HOST / f"{RUN}.manifest.json").write_text(json.dumps(manifest))
+    sections, _ = report.build_model(results, out, current={"inventory": INVENTORY_HASH})
+    (s,) = sections
+    cell = s.rows[0]["cells"]["inventory"]
+    return ("stale " if cell.stale else "current ") + " | ".join([*s.judged, *(f.why for f in s.refresh)])
+
+
+def test_changing_the_requirement_judge_marks_the_verdicts_it_shaped(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verdict judged by this checkout's judge is current, and the page names the judge's version; a copy
+    of the judge with one value changed, taken as this checkout's, makes the same verdict stale, with why."""
+    judged = _result(hostjudge.judge("inventory", _raw(["torch==2.14.0"])))
+    version = _file_version(ROOT / "checks" / "run" / "hostjudge.py")
+    results = tmp_path / "results"
+    (results / HOST).mkdir(parents=True)
+    (results / HOST / f"{RUN}.jsonl").write_text(json.dumps(judged.to_json()) + "\n")
+
+    copy = tmp_path / "judge" / "hostjudge.py"
+    copy.parent.mkdir()
+    shutil.copy(ROOT / "checks" / "run" / "hostjudge.py", copy)
+    monkeypatch.setitem(provenance.VERDICT_CODE, "hostjudge.py", copy)
+    assert freshness.staleness(judged, {"inventory": INVENTORY_HASH}) == ""
+    assert _page(results, tmp_path / "out") == (
+        f"current inventory (1 variant): by the requirement judge hostjudge.py {version}")
+
+    text = copy.read_text()
+    assert "\nSHOWN = 3 " in text
+    copy.write_text(text.replace("\nSHOWN = 3 ", "\nSHOWN = 4 "))
+    assert freshness.staleness(judged, {"inventory": INVENTORY_HASH}) == freshness.JUDGE_CHANGED
+    page = _page(results, tmp_path / "out")
+    assert page.startswith(f"stale inventory (1 variant): by the requirement judge hostjudge.py {version} | ")
+    assert "judged on the host by another version of the requirement judge (hostjudge.py)" in page
+
+
+def test_a_judged_verdict_that_names_no_judge_version_is_stale(tmp_path: Path) -> None:
+    """Judged before results named the judge (its counts in the evidence, no version), or naming a version
+    that is not a hash: stale, never taken as current."""
+    judged = hostjudge.judge("inventory", _raw([]))
+    unnamed = _result(judged.replace(evidence={k: v for k, v in judged.evidence.items()
+                                               if k != provenance.JUDGED_BY}))
+    assert "requirements_read" in unnamed.verdict.evidence["installed"]
+    assert freshness.staleness(unnamed, {"inventory": INVENTORY_HASH}) == freshness.JUDGE_CHANGED
+    forged = _result(judged.with_evidence(judged_by={"hostjudge.py": "<b>any</b>"}))
+    assert freshness.staleness(forged, {"inventory": INVENTORY_HASH}) == freshness.JUDGE_CHANGED
+    assert freshness.staleness(_result(judged), {"inventory": INVENTORY_HASH}) == ""
+    untouched = _result(Verdict(Status.PASS, evidence={"installed": {}}))  # no host-side code shaped it
+    assert freshness.staleness(untouched, {"inventory": INVENTORY_HASH}) == ""
+
+
+def test_advice_names_the_gate_readers_version_beside_the_gates(capsys: pytest.CaptureFixture[str]) -> None:
+    fixture, host = ROOT / "tests" / "golden" / "gates" / "results", "cpu-7eb23414"
+    version = _file_version(ROOT / "checks" / "report" / "gates.py")
+    assert main(["advise", "--results", str(fixture), "--host", host]) == 0
+    out = capsys.readouterr().out
+    assert f"Read by stackprobe's gate reader gates.py {version}." in out
+    assert main(["advise", "--results", str(fixture), "--host", host, "--json"]) == 0
+    (decision,) = json.loads(capsys.readouterr().out)
+    assert decision["gate_reader"] == version
