@@ -89,7 +89,8 @@ def judged_lines(results: list[ProbeResult]) -> list[str]:
     for (probe, name, version), n in sorted(count.items()):
         what = f"{n} variant{'s' if n > 1 else ''}"
         if not name:
-            out.append(f"{probe} ({what}): by a version of the host's code that the results did not record")
+            out.append(f"{probe} ({what}): by the requirement judge hostjudge.py, in a version these results did "
+                       "not record")
         else:
             out.append(f"{probe} ({what}): by the {VERDICT_CODE_ROLE.get(name, 'host-side code')} {name} {version}")
     return out
