@@ -55,6 +55,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from common import buildrecord
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "benchmarks" / "results"
 GB = 1e9
@@ -205,12 +207,11 @@ def kernel_stage(matrix: Path, backend: str) -> tuple[float, float]:
     build records (``kernels``); (0, 0) where none has one."""
     plan = subprocess.run(_tool("provision", "plan", "--no-reach-check", "--json", "--matrix", str(matrix)), cwd=ROOT,
                           capture_output=True, text=True)
-    name = "build-venv.json" if backend == "venv" else "build.json"
     cpu, wall = 0.0, 0.0
     for cell in {c["cell_id"] for c in json.loads(plan.stdout or "[]")}:
-        try:
-            k = json.loads((ROOT / "envs" / cell / name).read_text()).get("kernels") or {}
-        except (OSError, ValueError, AttributeError):
+        found = buildrecord.read(ROOT / "envs" / cell, backend).record
+        k = found.data.get("kernels") if found is not None else None
+        if not isinstance(k, dict):
             continue
         cpu += float(k.get("compile_cpu_s") or 0.0)
         wall = max(wall, float(k.get("stage_s") or 0.0))

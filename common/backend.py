@@ -3,31 +3,17 @@ Docker daemon. One rule for `provision build` and `checks run` (pure; the caller
 
 from __future__ import annotations
 
-import contextlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from common.errors import InputError
 
 DOCKER, VENV, AUTO = "docker", "venv", "auto"
 CHOICES = (AUTO, DOCKER, VENV)
 # Each backend keeps its own record of a cell's build in the cell's folder, so building a cell one way leaves
-# the other way's build as it was: switching backends rebuilds nothing either one built before.
+# the other way's build as it was: switching backends rebuilds nothing either one built before. The one reader
+# of these files is common.buildrecord.
 RECORD_NAMES = {DOCKER: "build.json", VENV: "build-venv.json"}
-
-
-def record_file(folder: Path, backend: str) -> Path:
-    """The file holding ``backend``'s record of the cell in ``folder``. A build.json that records a venv
-    cell (``backend: venv``) is read as the venv record while there is no build-venv.json."""
-    path = folder / RECORD_NAMES[backend]
-    if backend == VENV and not path.exists():
-        shared = folder / RECORD_NAMES[DOCKER]
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            if json.loads(shared.read_text()).get("backend") == VENV:
-                return shared
-    return path
 
 
 @dataclass(frozen=True)

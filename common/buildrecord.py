@@ -1,13 +1,16 @@
 """A cell's build record (``envs/<cell>/build.json``, ``build-venv.json``): its status, one type, and one reader
-for both sides: `provision build` writes and rereads it (provision.cellrecord), `checks run` reads it to know
-which cells can run (checks.run.plan, checks.run.venvcell)."""
+that gives one typed value (BuildRecord) for both sides: `provision build` writes and rereads it
+(provision.cellrecord), `checks run` reads it to know which cells can run and what they carry
+(checks.run.plan, checks.run.venvcell, checks.run.session). Nothing else opens these files."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from common import backend
@@ -42,26 +45,75 @@ def runnable(record: dict[str, Any]) -> bool:
 
 
 @dataclass(frozen=True)
+class BuildRecord:
+    """A cell's build record as read back: one typed value. The fields the run side decides on are checked once
+    here (a value of the wrong type reads as absent); ``data`` is the whole record as it lies on disk, for
+    what only its writer (provision) reads back."""
+
+    cell_id: str
+    status: BuildStatus | None  # None: a status this type does not know
+    backend: str  # backend.DOCKER or backend.VENV; a record that names neither is Docker's
+    tag: str | None  # the image's tag (Docker)
+    reason: str  # why the build failed, when it did
+    python: str | None  # the venv's interpreter (venv)
+    base_python: str | None  # the base environment's interpreter of an overlay venv cell
+    from_base_summary: str  # what an overlay venv cell takes from its base ("" for a full cell)
+    carried: Mapping[str, tuple[str, ...]]  # installed carried comm modules -> their SASS targets
+    data: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def runnable(self) -> bool:
+        return self.status is not None and self.status.runnable
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BuildRecord:
+        named = data.get("backend")
+        return cls(cell_id=_text(data.get("cell_id")) or "", status=BuildStatus.of(dict(data)),
+                   backend=named if named in backend.RECORD_NAMES else backend.DOCKER,
+                   tag=_text(data.get("tag")), reason=_text(data.get("reason")) or "",
+                   python=_text(data.get("python")), base_python=_text(data.get("base_python")),
+                   from_base_summary=_text(data.get("from_base_summary")) or "", carried=_carried(data),
+                   data=MappingProxyType(dict(data)))
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _carried(data: Mapping[str, Any]) -> Mapping[str, tuple[str, ...]]:
+    """The comm modules a record says its cell carries, installed, with their SASS (provision.kernels); {}
+    when it has none or they are not of that shape."""
+    kernels = data.get("kernels")
+    if not isinstance(kernels, Mapping) or kernels.get("installed") is not True:
+        return MappingProxyType({})
+    modules = kernels.get("modules")
+    out: dict[str, tuple[str, ...]] = {}
+    for name, row in (modules.items() if isinstance(modules, Mapping) else ()):
+        sass = row.get("sass") if isinstance(row, Mapping) and row.get("carried") is True else None
+        if isinstance(name, str) and isinstance(sass, list):
+            out[name] = tuple(str(s) for s in sass)
+    return MappingProxyType(out)
+
+
+@dataclass(frozen=True)
 class Loaded:
     """What reading a cell's record gave: the record (None when absent or unreadable) and, when unreadable,
     why (without the path)."""
 
     path: Path
-    record: dict[str, Any] | None = None
+    record: BuildRecord | None = None
     problem: str = ""
 
     @property
     def status(self) -> BuildStatus | None:
-        return BuildStatus.of(self.record) if self.record is not None else None
+        return self.record.status if self.record is not None else None
 
     @property
     def runnable(self) -> bool:
-        return self.record is not None and runnable(self.record)
+        return self.record is not None and self.record.runnable
 
 
-def read(folder: Path, of: str = backend.DOCKER) -> Loaded:
-    """The record of the cell in ``folder`` that backend ``of`` wrote; absent or unreadable says so."""
-    path = backend.record_file(folder, of)
+def _load(path: Path) -> Loaded:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -70,4 +122,16 @@ def read(folder: Path, of: str = backend.DOCKER) -> Loaded:
         return Loaded(path, problem=f"unreadable ({exc})")
     if not isinstance(data, dict):
         return Loaded(path, problem="unreadable (not a JSON object)")
-    return Loaded(path, data)
+    return Loaded(path, BuildRecord.from_json(data))
+
+
+def read(folder: Path, of: str = backend.DOCKER) -> Loaded:
+    """The record of the cell in ``folder`` that backend ``of`` wrote (its own file, backend.RECORD_NAMES);
+    absent or unreadable says so. A build.json that records a venv cell (``backend: venv``) is read as the
+    venv record while there is no build-venv.json."""
+    own = _load(folder / backend.RECORD_NAMES[of])
+    if of == backend.VENV and own.record is None and not own.problem:
+        shared = _load(folder / backend.RECORD_NAMES[backend.DOCKER])
+        if shared.record is not None and shared.record.backend == backend.VENV:
+            return shared
+    return own

@@ -51,4 +51,5 @@ def record(folder: Path, **kw: Any) -> dict[str, Any]:
 
 def previous(folder: Path, of: str = backend.DOCKER) -> dict[str, Any]:
     """The record of the cell's last build by backend ``of``; {} when there is none or it cannot be read."""
-    return buildrecord.read(folder, of).record or {}
+    found = buildrecord.read(folder, of).record
+    return dict(found.data) if found is not None else {}

@@ -26,6 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import backend, buildrecord
 from common.api import resolve_all
 from common.caches import BYTECODE_ROOT, bytecode_key, compile_cache_dir
 from provision.baseimage import DEFAULT_TAG, DEV_TAG
@@ -253,13 +254,10 @@ def layer_sizes(docker: str, chains: Iterable[str]) -> dict[str, int] | None:
 def recorded_tags(envs: Path) -> dict[str, str]:
     """cell -> the image tag its envs/<cell>/build.json records."""
     out = {}
-    for f in sorted(envs.glob("*/build.json")):
-        try:
-            tag = json.loads(f.read_text()).get("tag")
-        except (OSError, ValueError):
-            continue
-        if isinstance(tag, str) and tag:
-            out[f.parent.name] = tag
+    for f in sorted(envs.glob(f"*/{backend.RECORD_NAMES[backend.DOCKER]}")):
+        found = buildrecord.read(f.parent, backend.DOCKER).record
+        if found is not None and found.tag:
+            out[f.parent.name] = found.tag
     return out
 
 

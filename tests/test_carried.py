@@ -166,7 +166,10 @@ def test_parse_result_of_a_builder_that_said_nothing() -> None:
 
 
 def test_a_build_record_says_what_its_cell_carries_when_installed() -> None:
-    from checks.run.plan import carried
+    from common.buildrecord import BuildRecord
+
+    def carried(data: dict) -> dict:
+        return dict(BuildRecord.from_json(data).carried)
 
     rec = {"kernels": {"installed": True, "modules": {
         "vllm_comm": {"carried": True, "sass": ["sm_90a"]},

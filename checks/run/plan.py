@@ -150,36 +150,20 @@ def local_cell_id(versions: dict[str, Any]) -> str:
 def image_state(envs_dir: Path, cell_id: str) -> tuple[ImageState, str | None, str]:
     """(built | failed | missing, image tag, reason) from envs/<cell>/build.json written by `provision build`."""
     loaded = buildrecord.read(envs_dir / cell_id, backend.DOCKER)
-    path, data = loaded.path, loaded.record
-    if data is None:
+    path, rec = loaded.path, loaded.record
+    if rec is None:
         if loaded.problem:
             return ImageState.MISSING, None, f"{path} {loaded.problem}: rerun `provision build --only {cell_id}`"
         return ImageState.MISSING, None, f"no {path}: run `provision build --only {cell_id}`"
-    if data.get("backend") == backend.VENV:  # the latest `provision build` of this cell made a venv, not an image
+    if rec.backend == backend.VENV:  # the latest `provision build` of this cell made a venv, not an image
         return ImageState.MISSING, None, (f"{path} records a venv cell: checks run --backend venv, or "
                                  f"`provision build --backend docker --only {cell_id}`")
-    if loaded.runnable and data.get("tag"):
-        return ImageState.BUILT, str(data["tag"]), ""
-    status = data.get("status", "")
-    return ImageState.FAILED, data.get("tag"), str(data.get("reason") or f"build status {status!r}")
+    if rec.runnable and rec.tag:
+        return ImageState.BUILT, rec.tag, ""
+    return ImageState.FAILED, rec.tag, rec.reason or f"build status {rec.data.get('status', '')!r}"
 
 
 REUSED = "reused"  # summary_counts' key for the variants an earlier run answered
-
-
-def carried(record: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
-    """The comm modules a cell's build record says it carries, installed, with their SASS (provision.kernels);
-    {} when the record has none or is not of that shape (it is read as it lies on disk)."""
-    kernels = record.get("kernels")
-    if not isinstance(kernels, Mapping) or kernels.get("installed") is not True:
-        return {}
-    modules = kernels.get("modules")
-    out: dict[str, tuple[str, ...]] = {}
-    for name, row in (modules.items() if isinstance(modules, Mapping) else ()):
-        sass = row.get("sass") if isinstance(row, Mapping) and row.get("carried") is True else None
-        if isinstance(name, str) and isinstance(sass, list):
-            out[name] = tuple(str(s) for s in sass)
-    return out
 
 
 def jit_modules(item: WorkItem) -> tuple[str, ...]:

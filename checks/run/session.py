@@ -36,10 +36,9 @@ from checks.run.backend import Backend, Targets
 from checks.run.backends import BACKENDS, resolve
 from checks.run.options import REPO, RunOptions, UsageError
 from checks.run.plan import REUSED, WorkItem, deferred, plan_work, summary_counts
-from checks.run.plan import carried as plan_carried
 from checks.run.runner import RunReport, Work, now_iso
-from common import reasons, shellwords
-from common.backend import RECORD_NAMES, record_file
+from common import buildrecord, reasons, shellwords
+from common.backend import RECORD_NAMES
 from common.caches import compile_cache_dir
 from common.progress import duration
 from inenv import registry
@@ -257,15 +256,13 @@ def reuse(opts: RunOptions, planned: Planned, store: RunStore,
 
 
 def cell_carries(opts: RunOptions, backend: str, targets: Targets) -> dict[str, dict[str, tuple[str, ...]]]:
-    """What each cell carries (plan.carried), from its build record for this backend; {} for backends
-    without records (local, Slurm)."""
+    """What each cell carries (common.buildrecord.BuildRecord.carried), from its build record for this
+    backend; {} for backends without records (local, Slurm)."""
     out: dict[str, dict[str, tuple[str, ...]]] = {}
     for cell in targets.cells if backend in RECORD_NAMES else ():
-        try:
-            data = json.loads(record_file(opts.envs / cell.cell_id, backend).read_text())
-        except (OSError, ValueError):
-            continue
-        out[cell.cell_id] = plan_carried(data) if isinstance(data, dict) else {}
+        record = buildrecord.read(opts.envs / cell.cell_id, backend).record
+        if record is not None:
+            out[cell.cell_id] = dict(record.carried)
     return out
 
 

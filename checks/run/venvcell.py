@@ -43,15 +43,14 @@ def read(envs_dir: Path, cell_id: str, environ: Mapping[str, str] = os.environ) 
         also = (f"; its Docker image {image} is built: checks run --backend docker runs that"
                 if state == ImageState.BUILT else "")
         return VenvCell(ImageState.MISSING, reason=f"no {path}: run {build}{also}")
-    if record.get("backend") != BACKEND:
-        what = f"a Docker image ({record.get('tag')})" if record.get("tag") else "no venv"
+    if record.backend != BACKEND:
+        what = f"a Docker image ({record.tag})" if record.tag else "no venv"
         return VenvCell(ImageState.MISSING,
                         reason=f"{path} records {what}: run {build}, or checks run --backend docker")
-    if not loaded.runnable:
-        status = record.get("status", "")
-        return VenvCell(ImageState.FAILED, reason=str(record.get("reason") or f"build status {status!r}"))
-    python = str(record.get("python") or "")
+    if not record.runnable:
+        return VenvCell(ImageState.FAILED, reason=record.reason or f"build status {record.data.get('status', '')!r}")
+    python = record.python or ""
     if not python or not os.access(python, os.X_OK):
         return VenvCell(ImageState.MISSING, reason=f"the venv's interpreter {python or '?'} is gone: rerun {build}")
-    return VenvCell(ImageState.BUILT, python, "", rank_env(record, environ), str(record.get("from_base_summary") or ""),
-                    hermetic=not record.get("base_python"))
+    return VenvCell(ImageState.BUILT, python, "", rank_env(record.data, environ), record.from_base_summary,
+                    hermetic=not record.base_python)
