@@ -4,7 +4,8 @@ Each entry says: at commit C, that commit's own hashing code gave the probe file
 checkout's hashing code gives the same file the entry's ``hash``. Both sides are recomputed here from
 ``git archive C``: the key by running C's ``checks.results.provenance`` on C's tree in a subprocess, the
 ``hash`` by this checkout's ``probe_hash`` on the same files. An entry whose commit the clone lacks is skipped
-with the reason, and fails instead where STACKPROBE_REQUIRE_HISTORY=1 (CI, whose clone is full).
+with the reason, and fails instead where STACKPROBE_REQUIRE_HISTORY=1 (.ci/run sets it: CI must run on a
+clone that holds those commits).
 """
 
 from __future__ import annotations

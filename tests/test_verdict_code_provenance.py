@@ -17,7 +17,7 @@ from checks.report import report
 from checks.results import freshness, provenance
 from checks.results.provenance import Provenance
 from checks.results.result import ProbeResult, Verdict
-from checks.run import hostjudge
+from checks.run import hostjudge, incremental
 from common.canonical import layout_free_source
 from inenv.status import Status
 from tests.checks_helpers import ROOT
@@ -92,6 +92,21 @@ def test_changing_the_requirement_judge_marks_the_verdicts_it_shaped(tmp_path: P
     page = _page(results, tmp_path / "out")
     assert page.startswith(f"stale inventory (1 variant): by the requirement judge hostjudge.py {version} | ")
     assert "judged on the host by another version of the requirement judge (hostjudge.py)" in page
+
+
+def test_a_rerun_does_not_carry_a_verdict_judged_by_another_version(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refresh command the page prints reruns what the judge shaped: a changed judge is a reason not to
+    carry the earlier verdict forward (it would stay stale), like a changed probe."""
+    inputs = incremental.Inputs("sha256:env", "host")
+    judged = _result(incremental.stamped(hostjudge.judge("inventory", _raw(["torch==2.14.0"])), inputs, False))
+    copy = tmp_path / "hostjudge.py"
+    shutil.copy(ROOT / "checks" / "run" / "hostjudge.py", copy)
+    monkeypatch.setitem(provenance.VERDICT_CODE, "hostjudge.py", copy)
+    assert incremental.why_not(judged, inputs, INVENTORY_HASH, "full") == ""
+    copy.write_text(copy.read_text() + "\nEXTRA = 1\n")
+    assert incremental.why_not(judged, inputs, INVENTORY_HASH, "full") == (
+        "the host-side code that judged it changed (or it recorded no version of it)")
 
 
 def test_a_judged_verdict_that_names_no_judge_version_is_stale(tmp_path: Path) -> None:

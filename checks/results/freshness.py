@@ -58,6 +58,16 @@ def judged_by(result: ProbeResult) -> dict[str, str] | None:
     return {} if isinstance(installed, dict) and "requirements_read" in installed else None
 
 
+def judge_changed(result: ProbeResult, judges: Mapping[str, str] | None = None) -> bool:
+    """Whether host-side code shaped ``result`` in a version other than this checkout's (``judges``: file
+    name -> version; default provenance.verdict_code_versions()), or in one it did not record."""
+    shaped = judged_by(result)
+    if shaped is None:
+        return False
+    now = provenance.verdict_code_versions() if judges is None else judges
+    return not shaped or any(now.get(name) != version for name, version in shaped.items())
+
+
 def staleness(result: ProbeResult, current: Mapping[str, str], judges: Mapping[str, str] | None = None) -> str:
     """"" when ``result`` was made by the current source of its probe (``current``: probe id -> hash) at a
     known, clean commit, and judged by this checkout's host-side code where that shaped it (``judges``: file
@@ -69,11 +79,8 @@ def staleness(result: ProbeResult, current: Mapping[str, str], judges: Mapping[s
         return UNRECORDED
     if not provenance.same_code(result.code.probe_hash, current.get(result.probe_id)):
         return CHANGED
-    shaped = judged_by(result)
-    if shaped is not None:
-        now = provenance.verdict_code_versions() if judges is None else judges
-        if not shaped or any(now.get(name) != version for name, version in shaped.items()):
-            return JUDGE_CHANGED
+    if judge_changed(result, judges):
+        return JUDGE_CHANGED
     if result.code.commit == "unknown":
         return UNKNOWN_COMMIT
     return "" if result.code.dirty is False else DIRTY

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checks.results import provenance
+from checks.results import freshness, provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import LEVEL, REUSED_FROM, latest_results, level_of
 from checks.run.executor import digest
@@ -88,6 +88,8 @@ def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, 
         return "made by code that differed from its commit (or by unrecorded code)"
     if not provenance.same_code(result.code.probe_hash, probe_hash):
         return "the probe's source changed"
+    if freshness.judge_changed(result):
+        return "the host-side code that judged it changed (or it recorded no version of it)"
     if inputs is None:
         return "this cell's environment has no fingerprint"
     if v.evidence.get(INPUTS) != inputs.to_json():
