@@ -139,8 +139,9 @@ def build_inputs(folder: Path, base: interp.Interpreter | None, wheels: wheeldir
     """Everything a venv cell is made from, each by name with a digest of it: locks, base environment, wheel
     bytes, installer, the code that lays it out, self-check."""
     parts = {"installer": f"{BACKEND} {tool} {PYTHON_REQUEST}", "self-check": "\0".join(selfcheck_texts()),
-             # what decides a venv's contents
-             "venv layout code": "\0".join(Path(m.__file__).read_text() for m in (overlay, cudahome)),
+             # what decides a venv's contents, spelled layout-free as all project text that is hashed
+             "venv layout code": "\0".join(canonical.layout_free_source(Path(m.__file__).read_text())
+                                           for m in (overlay, cudahome)),
              "base environment": json.dumps([base.to_json(), base.dists], sort_keys=True) if base else "no base",
              "wheels": "\0".join(sorted(f"{w.name} {w.version} {w.sha256}" for w in wheels.wheels))
              if wheels is not None else "index"}
