@@ -399,7 +399,9 @@ def engine_locks(r: Resolved, shared: str) -> tuple[str, str, str]:
 
 
 def own_layer_key(r: Resolved) -> str:
-    return hashlib.sha256(json.dumps([torch_key(r), requirements_in(r)]).encode()).hexdigest()[:16]
+    """Names an engine cell's own torch layer; requirements.in hashed layout-free, as in inputs_hash."""
+    return hashlib.sha256(json.dumps([torch_key(r), canonical.layout_free(requirements_in(r))]).encode()
+                          ).hexdigest()[:16]
 
 
 def cell_lock(r: Resolved, torch_lock: str) -> str:

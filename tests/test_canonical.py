@@ -52,17 +52,18 @@ def resolved() -> lock.Resolved:
 
 def test_the_lock_key_does_not_depend_on_where_the_catalog_sits(resolved: lock.Resolved,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cell's requirements.in names the catalog's path; in whichever folder the catalog sits, the lock key
-    (inputs_hash) is one, and a changed requirement changes it."""
+    """A cell's requirements.in names the catalog's path; in whichever folder the catalog sits, the lock keys
+    (inputs_hash, and an engine cell's own torch layer) are one, and a changed requirement changes them."""
     body = "".join(f"{s.requirement}\n" for s in resolved.sources)
     keys = set()
     for folder in (M, P, f"{E}/data"):
         monkeypatch.setattr(lock, "requirements_in", lambda r, f=folder: f"# {r.cell_id}: from {f}/catalog.yaml\n"
                                                                           + body)
-        keys.add(lock.inputs_hash(resolved, "0.13.9"))
+        keys.add((lock.inputs_hash(resolved, "0.13.9"), lock.own_layer_key(resolved)))
     assert len(keys) == 1
     monkeypatch.setattr(lock, "requirements_in", lambda r: f"# {r.cell_id}: from {M}/catalog.yaml\n{body}x==1\n")
-    assert lock.inputs_hash(resolved, "0.13.9") not in keys
+    assert lock.inputs_hash(resolved, "0.13.9") not in {k for k, _ in keys}
+    assert lock.own_layer_key(resolved) not in {k for _, k in keys}
 
 
 def _selfcheck(tmp: Path, package: str, helpers: str, value: int) -> list[tuple[Path, str]]:
