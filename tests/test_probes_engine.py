@@ -127,3 +127,52 @@ def test_sglang_tables_keep_their_integer_keys_spelled_as_integers(tmp_path: Pat
     assert gates["symm-mem-max-bytes"] == {**gates["symm-mem-max-bytes"], "keys": "int",
                                            "value": {"9": {"2": 64}, "10": {"2": 32}}}
     assert gates["custom-ar-max-bytes"]["value"] == 8192 and "keys" not in gates["custom-ar-max-bytes"]
+
+
+def test_a_gate_module_that_exits_at_import_loses_only_that_gate(tmp_path: Path) -> None:
+    _vllm(tmp_path, UTILS, pcie="import sys\nsys.exit('no PCIe IPC here')\n")
+    out = _run(tmp_path, "vllm")
+    assert out["status"] == "partial" and out["reason_code"] == "engine-gate-unread", out
+    pcie = out["evidence"]["gates"]["pcie-ipc-world-sizes"]
+    assert pcie["found"] is False and "SystemExit: no PCIe IPC here" in pcie["why"]
+    assert out["metrics"]["gates_read"] == 4
+    assert out["evidence"]["gates"]["custom-ar-world-sizes"]["value"] == [2, 4, 6, 8]
+
+
+def test_a_gate_attribute_that_raises_on_access_loses_only_that_gate(tmp_path: Path) -> None:
+    raising = ("class _Meta(type):\n"
+               "    @property\n"
+               "    def _SUPPORTED_WORLD_SIZES(cls):\n"
+               "        raise RuntimeError('needs the CUDA driver')\n"
+               "class CustomAllreduce(metaclass=_Meta):\n"
+               "    pass\n")
+    exits = "def __getattr__(name):\n    raise SystemExit(3)\n"
+    _vllm(tmp_path, UTILS, pcie=exits)
+    (tmp_path / VLLM_COMM / "custom_all_reduce.py").write_text(raising)
+    out = _run(tmp_path, "vllm")
+    assert out["status"] == "partial" and out["reason_code"] == "engine-gate-unread", out
+    gates = out["evidence"]["gates"]
+    assert gates["custom-ar-world-sizes"]["found"] is False
+    assert "RuntimeError: needs the CUDA driver" in gates["custom-ar-world-sizes"]["why"]
+    assert gates["pcie-ipc-world-sizes"]["found"] is False and "SystemExit: 3" in gates["pcie-ipc-world-sizes"]["why"]
+    assert out["metrics"]["gates_read"] == 3
+    assert gates["symm-mem-max-bytes"]["value"] == {"9.0": {"2": 2048}, "10.0": {"8": 4096}}
+    assert "custom-ar-world-sizes" in out["note"] and "pcie-ipc-world-sizes" in out["note"]
+
+
+def test_a_ctrl_c_during_a_gate_import_still_stops_the_run(tmp_path: Path) -> None:
+    """SIGINT delivered to the probe's own process while a gate module imports: the run stops with
+    KeyboardInterrupt instead of the gate being recorded as unread."""
+    _vllm(tmp_path, UTILS, pcie="import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
+    env = {"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", RUN, "vllm", str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr, (proc.returncode, proc.stderr[-500:])
+    assert '"status"' not in proc.stdout
+
+
+def test_an_engine_package_that_exits_at_import_fails_the_cell_with_its_message(tmp_path: Path) -> None:
+    _dist(tmp_path, "vllm", "9.1.0", {"vllm/__init__.py": "raise SystemExit('CUDA is required')\n"})
+    out = _run(tmp_path, "vllm")
+    assert out["status"] == "fail" and out["reason_code"] == "engine-import-error", out
+    assert "SystemExit: CUDA is required" in out["note"]

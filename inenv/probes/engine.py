@@ -12,8 +12,9 @@ for every architecture the tables name, and the host side compares them with a G
 
 One variant per engine. The engine absent from the cell: ``skip`` (missing-package). Its top-level package
 failing to import: ``fail`` (engine-import-error), since a user of that cell cannot start it either. A gate
-module that cannot be imported here (one needing the CUDA driver on a host without one) or a name the
-release does not define: ``partial``, naming each gate and why.
+module that cannot be imported here (one needing the CUDA driver on a host without one, or one that calls
+``sys.exit`` at import), a name the release does not define, or an attribute whose access raises: ``partial``,
+naming each gate and why, with every other gate still recorded. A Ctrl-C stops the run as anywhere else.
 """
 
 from __future__ import annotations
@@ -109,25 +110,50 @@ def key_kind(value: Any) -> str | None:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    try:
+        text = str(exc).strip().splitlines()
+    except Exception:  # an exception whose own text raises: its type is what is left to say
+        text = ["(its message could not be read)"]
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
+def _interrupt(exc: BaseException) -> bool:
+    """A Ctrl-C (or a generator closing): what stops the run, never a fact about one gate."""
+    return isinstance(exc, KeyboardInterrupt | GeneratorExit)
+
+
 def read_gate(gate: Gate) -> dict[str, Any]:
-    """The gate's value as the engine holds it, or why it could not be read."""
+    """The gate's value as the engine holds it, or why it could not be read. Whatever an engine module does
+    at import or on an attribute's access (an error, ``sys.exit``) is recorded against this gate alone; a
+    Ctrl-C is re-raised."""
     where = f"{gate.module}:{gate.attribute}"
     try:
         obj: Any = importlib.import_module(gate.module)
-    except Exception as exc:  # an engine module's own import error is the fact recorded
+    except BaseException as exc:  # the engine module's own import error (or exit) is the fact recorded
+        if _interrupt(exc):
+            raise
         return {"found": False, "where": where, "why": f"import {gate.module} failed: {_one_line(exc)}",
                 "kind": "import"}
     for part in gate.attribute.split("."):
-        if not hasattr(obj, part):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
             return {"found": False, "where": where, "kind": "absent",
                     "why": f"{gate.module} defines no {gate.attribute} in this release"}
-        obj = getattr(obj, part)
-    out: dict[str, Any] = {"found": True, "where": where, "value": plain(obj)}
-    if (kind := key_kind(obj)) is not None:
+        except BaseException as exc:  # a property or module __getattr__ of the engine's that raises or exits
+            if _interrupt(exc):
+                raise
+            return {"found": False, "where": where, "kind": "access",
+                    "why": f"reading {gate.attribute} raised {_one_line(exc)}"}
+    try:
+        out: dict[str, Any] = {"found": True, "where": where, "value": plain(obj)}
+        kind = key_kind(obj)
+    except BaseException as exc:  # a value whose iteration or repr raises: unreadable, said so
+        if _interrupt(exc):
+            raise
+        return {"found": False, "where": where, "kind": "access",
+                "why": f"reading the value of {gate.attribute} raised {_one_line(exc)}"}
+    if kind is not None:
         out["keys"] = kind
     return out
 
@@ -144,7 +170,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
     evidence: dict[str, Any] = {"engine": name, "version": version, "python": sys.version.split()[0]}
     try:
         importlib.import_module(name)
-    except Exception as exc:  # the engine's own package does not import: a user of this cell cannot start it
+    except BaseException as exc:  # the engine's own package does not import: a user of this cell cannot start it
+        if _interrupt(exc):
+            raise
         evidence["import_error"] = _one_line(exc)
         return outcome("fail", f"import {name} ({dist} {version}) failed: {_one_line(exc)}",
                        "engine-import-error", {"gates_read": 0}, evidence)
