@@ -176,3 +176,82 @@ def test_an_engine_package_that_exits_at_import_fails_the_cell_with_its_message(
     out = _run(tmp_path, "vllm")
     assert out["status"] == "fail" and out["reason_code"] == "engine-import-error", out
     assert "SystemExit: CUDA is required" in out["note"]
+
+
+SGL_COMM = "sglang/srt/distributed/device_communicators"
+STANDIN_TORCH = """
+class cuda:
+    @staticmethod
+    def get_device_capability(device=None):
+        raise RuntimeError("Found no NVIDIA driver on your system")
+    @staticmethod
+    def get_device_properties(device=None):
+        raise RuntimeError("Found no NVIDIA driver on your system")
+"""
+
+
+def _sglang(root: Path, configs: str) -> None:
+    _dist(root, "sglang", "0.9.0", {
+        "torch/__init__.py": STANDIN_TORCH,
+        "sglang/__init__.py": "", "sglang/srt/__init__.py": "", "sglang/srt/distributed/__init__.py": "",
+        f"{SGL_COMM}/all_reduce_utils.py": "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES = {9: {2: 64}}\n",
+        f"{SGL_COMM}/custom_all_reduce.py": "class CustomAllreduce:\n    _SUPPORTED_WORLD_SIZES = [2, 4]\n"
+                                            "    _MAX_CAR_SIZE = 8192\n",
+        f"{SGL_COMM}/torch_symm_mem.py": "class TorchSymmMemCommunicator:\n    _WORLD_SIZES_MULTIMEM = {9: [4]}\n",
+        f"{SGL_COMM}/pcie_ipc_ar.py": "_SUPPORTED_WORLD_SIZES = (2, 4, 8)\n",
+        f"{SGL_COMM}/configs/custom_all_reduce_v2.py": configs,
+    })
+
+
+CONFIGS = """
+from functools import cache
+import torch
+
+@cache
+def _configs():
+    major, minor = torch.cuda.get_device_capability()
+    sms = torch.cuda.get_device_properties().multi_processor_count
+    assert sms == 1, sms
+    if major == 9:
+        return {n: "sm90" for n in (2, 4, 8)}
+    if (major, minor) == (10, 3):
+        return {n: "sm103" for n in (2, 3, 4, 5, 6, 7, 8, 16)}
+    return {n: "default" for n in range(2, 17)}
+
+@cache
+def get_supported_world_sizes():
+    return tuple(_configs())
+"""
+
+
+def test_an_engine_function_that_applies_its_gate_table_is_asked_per_capability(tmp_path: Path) -> None:
+    """SGLang's custom allreduce world sizes come from a function reading the GPU through torch.cuda (cached).
+    On a host without a GPU the probe asks it at each capability, and each answer is that capability's own:
+    no answer from one capability leaks into the next through the engine's caches."""
+    _sglang(tmp_path, CONFIGS)
+    out = _run(tmp_path, "sglang")
+    assert out["status"] == "pass", out
+    ans = out["evidence"]["answers"]["custom-ar-v2-world-sizes"]
+    assert ans["found"] is True and ans["backend"] == "custom-ar"
+    assert ans["where"].endswith("configs.custom_all_reduce_v2:get_supported_world_sizes")
+    assert ans["at"]["9.0"]["world_sizes"] == [2, 4, 8]
+    assert ans["at"]["9.0"]["admits"] == {"2": True, "3": False, "4": True, "5": False, "6": False, "7": False,
+                                          "8": True}
+    assert ans["at"]["10.3"]["world_sizes"] == [2, 3, 4, 5, 6, 7, 8, 16]
+    assert ans["at"]["12.0"]["world_sizes"] == list(range(2, 17))
+    assert ans["at"]["10.0"]["world_sizes"] == list(range(2, 17))  # (10, 0) is not (10, 3): the default
+
+
+def test_an_engine_function_that_fails_is_recorded_per_capability(tmp_path: Path) -> None:
+    _sglang(tmp_path, CONFIGS.replace('return {n: "default" for n in range(2, 17)}',
+                                      'raise SystemExit("unknown arch")'))
+    out = _run(tmp_path, "sglang")
+    at = out["evidence"]["answers"]["custom-ar-v2-world-sizes"]["at"]
+    assert at["9.0"]["world_sizes"] == [2, 4, 8]
+    assert at["12.0"] == {"why": "SystemExit: unknown arch"}
+    assert out["status"] == "pass"  # the gates themselves were all read
+
+
+def test_vllm_has_no_gate_function_to_ask(tmp_path: Path) -> None:
+    _vllm(tmp_path, UTILS)
+    assert _run(tmp_path, "vllm")["evidence"]["answers"] == {}

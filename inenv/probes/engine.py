@@ -72,6 +72,21 @@ WHERE: dict[str, tuple[str, str, dict[str, tuple[str, str]]]] = {
         "pcie-ipc-world-sizes": ("pcie_ipc_ar", "_SUPPORTED_WORLD_SIZES"),
     }),
 }
+# Functions of an engine's that apply one of its gate tables, where the engine has one: engine -> answer id ->
+# (module, function, the stackprobe backend it gates). Each answers for the GPU torch reports, so the probe asks
+# it at every capability below (torch's answer substituted for the call) and records the world sizes it admits.
+# vLLM 0.33.0 has none: its gates are applied inside its communicators' constructors, which need a process group.
+FUNCTIONS: dict[str, dict[str, tuple[str, str, str]]] = {
+    "sglang": {
+        # CustomAllReduceV2, SGLang's custom allreduce on CUDA: the world sizes its per-architecture table holds
+        "custom-ar-v2-world-sizes": ("sglang.srt.distributed.device_communicators.configs.custom_all_reduce_v2",
+                                     "get_supported_world_sizes", "custom-ar"),
+    },
+}
+# The compute capabilities an engine function is asked at (with the GPU's own, where there is one), and the tp
+# sizes its answer is recorded for.
+CAPABILITIES = ("8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "10.7", "11.0", "12.0", "12.1")
+TPS = tuple(range(2, 9))
 ENGINES: dict[str, tuple[str, tuple[Gate, ...]]] = {  # engine -> (distribution, its gates)
     engine: (dist, tuple(Gate(name, f"{package}.{module}", attr, BACKEND[name])
                          for name, (module, attr) in where.items()))
@@ -158,6 +173,71 @@ def read_gate(gate: Gate) -> dict[str, Any]:
     return out
 
 
+def _gpu(ctx: RankContext) -> tuple[str, int] | None:
+    """(compute capability, SM count) of this rank's GPU, or None without one (or without torch)."""
+    if ctx.device_index is None:
+        return None
+    try:
+        import torch
+
+        p = torch.cuda.get_device_properties(ctx.device_index)
+        return f"{p.major}.{p.minor}", int(p.multi_processor_count)
+    except Exception:
+        return None
+
+
+def ask(module: str, function: str, capabilities: tuple[str, ...], sm_count: int) -> dict[str, Any]:
+    """The engine function's answer at each capability: the world sizes it returns and, per tp in TPS, whether
+    it admits that size. The function reads the GPU from torch.cuda; for each call torch's two answers
+    (capability, and the properties the function reads the SM count from) are the capability asked and
+    ``sm_count``. The module's cached functions (functools) are cleared before each call and after the last, so
+    no answer leaks from one capability into the next, nor a substituted one into the engine's caches."""
+    where = f"{module}:{function}"
+    try:
+        mod = importlib.import_module(module)
+        fn = getattr(mod, function)
+        import torch
+    except BaseException as exc:
+        if _interrupt(exc):
+            raise
+        return {"found": False, "where": where, "why": f"{where} could not be read: {_one_line(exc)}"}
+    from types import SimpleNamespace
+    from unittest import mock
+
+    caches = [f for f in vars(mod).values() if callable(getattr(f, "cache_clear", None))]
+    at: dict[str, Any] = {}
+    try:
+        for cap in capabilities:
+            major, minor = (int(x) for x in cap.split("."))
+            props = SimpleNamespace(major=major, minor=minor, multi_processor_count=sm_count,
+                                    name=f"sm_{major}{minor}")
+            try:
+                for f in caches:
+                    f.cache_clear()
+                with mock.patch.object(torch.cuda, "get_device_capability", return_value=(major, minor)), \
+                        mock.patch.object(torch.cuda, "get_device_properties", return_value=props):
+                    answer = fn()
+                sizes = sorted(int(n) for n in answer)
+            except BaseException as exc:
+                if _interrupt(exc):
+                    raise
+                at[cap] = {"why": _one_line(exc)}
+                continue
+            at[cap] = {"world_sizes": sizes, "admits": {str(n): n in sizes for n in TPS}}
+    finally:
+        for f in caches:
+            f.cache_clear()
+    return {"found": True, "where": where, "sm_count": sm_count, "at": at}
+
+
+def answers(name: str, ctx: RankContext) -> dict[str, Any]:
+    """Every gate function the engine has (FUNCTIONS), asked at CAPABILITIES and this GPU's own."""
+    gpu = _gpu(ctx)
+    caps = tuple(dict.fromkeys((*CAPABILITIES, *((gpu[0],) if gpu else ()))))
+    return {aid: ask(module, function, caps, gpu[1] if gpu else 1) | {"backend": backend}
+            for aid, (module, function, backend) in FUNCTIONS.get(name, {}).items()}
+
+
 def run(ctx: RankContext) -> dict[str, Any]:
     name = ctx.param("engine", "") or ""
     if name not in ENGINES:
@@ -178,6 +258,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
                        "engine-import-error", {"gates_read": 0}, evidence)
     read = {g.name: read_gate(g) | {"backend": g.backend} for g in gates}
     evidence["gates"] = read
+    evidence["answers"] = answers(name, ctx)
     found = [g for g in gates if read[g.name]["found"]]
     metrics = {"gates_read": len(found), "headline": f"{dist} {version}: {len(found)} of {len(gates)} gates read"}
     missing = [g for g in gates if not read[g.name]["found"]]
@@ -200,5 +281,7 @@ EVIDENCE = (
     ("version", "text", "the engine's installed version", None),
     ("gates", "record", "per gate: where it lives, whether it was found, the value as the engine holds it, how "
      "its table keys are spelled, the backend it gates", None),
+    ("answers", "record", "per gate function the engine has: the function, and at each compute capability the "
+     "world sizes it returned and whether it admits each tp from 2 to 8 (or why it could not answer)", None),
     ("import_error", "text", "the engine's own import error, when its package does not import", None),
 )
