@@ -249,7 +249,28 @@ def test_an_engine_function_that_fails_is_recorded_per_capability(tmp_path: Path
     at = out["evidence"]["answers"]["custom-ar-v2-world-sizes"]["at"]
     assert at["9.0"]["world_sizes"] == [2, 4, 8]
     assert at["12.0"] == {"why": "SystemExit: unknown arch"}
-    assert out["status"] == "pass"  # the gates themselves were all read
+    assert (out["status"], out["reason_code"]) == ("partial", "engine-gate-unread"), out
+    assert "custom-ar-v2-world-sizes" in out["note"] and "gave no answer at 8.0, 8.6" in out["note"]
+    assert "SystemExit: unknown arch" in out["note"]
+    assert out["metrics"]["gates_read"] == 5  # the gates themselves were all read
+
+
+def test_an_engine_function_the_release_does_not_have_is_recorded_as_absent(tmp_path: Path) -> None:
+    """An older release without the function: nothing to ask there, not a failure (the pass stands)."""
+    _sglang(tmp_path, "def other():\n    return ()\n")
+    out = _run(tmp_path, "sglang")
+    ans = out["evidence"]["answers"]["custom-ar-v2-world-sizes"]
+    assert ans["found"] is False and ans["kind"] == "absent" and "AttributeError" in ans["why"]
+    assert out["status"] == "pass", out
+
+
+def test_an_engine_function_whose_module_fails_to_import_makes_the_run_partial(tmp_path: Path) -> None:
+    _sglang(tmp_path, "import sys\nsys.exit('JIT toolchain missing')\n")
+    out = _run(tmp_path, "sglang")
+    ans = out["evidence"]["answers"]["custom-ar-v2-world-sizes"]
+    assert ans["found"] is False and ans["kind"] == "import" and "SystemExit: JIT toolchain missing" in ans["why"]
+    assert (out["status"], out["reason_code"]) == ("partial", "engine-gate-unread"), out
+    assert "custom-ar-v2-world-sizes" in out["note"]
 
 
 def test_vllm_has_no_gate_function_to_ask(tmp_path: Path) -> None:

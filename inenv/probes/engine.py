@@ -8,7 +8,9 @@ in and records the values as the engine holds them (keys as the engine spells th
 by ``"major.minor"``, SGLang by the major as an integer). Nothing here restates an engine's rule: a value
 the release does not define where this probe looks is recorded as not found, with the module and name,
 so a moved gate is a visible fact instead of a guess. It reads no GPU, so a GPU-less host records the gates
-for every architecture the tables name, and the host side compares them with a GPU host's facts.
+for every architecture the tables name, and the host side compares them with a GPU host's facts. Where the
+engine has a function that applies a gate table (FUNCTIONS), the probe calls it at each compute capability
+and records the engine's own answer per tp; a release without that function has nothing to ask there.
 
 One variant per engine. The engine absent from the cell: ``skip`` (missing-package). Its top-level package
 failing to import: ``fail`` (engine-import-error), since a user of that cell cannot start it either. A gate
@@ -200,7 +202,11 @@ def ask(module: str, function: str, capabilities: tuple[str, ...], sm_count: int
     except BaseException as exc:
         if _interrupt(exc):
             raise
-        return {"found": False, "where": where, "why": f"{where} could not be read: {_one_line(exc)}"}
+        # a release without the function (its module or name absent) has that rule nowhere to ask: not a failure
+        absent = isinstance(exc, AttributeError) or (
+            isinstance(exc, ModuleNotFoundError) and bool(exc.name) and module.startswith(str(exc.name)))
+        return {"found": False, "where": where, "kind": "absent" if absent else "import",
+                "why": f"{where} could not be read: {_one_line(exc)}"}
     from types import SimpleNamespace
     from unittest import mock
 
@@ -262,12 +268,28 @@ def run(ctx: RankContext) -> dict[str, Any]:
     found = [g for g in gates if read[g.name]["found"]]
     metrics = {"gates_read": len(found), "headline": f"{dist} {version}: {len(found)} of {len(gates)} gates read"}
     missing = [g for g in gates if not read[g.name]["found"]]
-    if not missing:
+    unanswered = _unanswered(evidence["answers"])
+    if not missing and not unanswered:
         return outcome("pass", metrics=metrics, evidence=evidence)
     moved = [g for g in missing if read[g.name]["kind"] == "absent"]
-    parts = [f"{g.name}: {read[g.name]['why']}" for g in missing]
-    code = "engine-gate-moved" if len(moved) == len(missing) else "engine-gate-unread"
+    parts = [f"{g.name}: {read[g.name]['why']}" for g in missing] + unanswered
+    code = "engine-gate-moved" if len(moved) == len(missing) and not unanswered else "engine-gate-unread"
     return outcome("partial", f"{dist} {version}: " + "; ".join(parts), code, metrics, evidence)
+
+
+def _unanswered(asked: dict[str, Any]) -> list[str]:
+    """One line per engine function that could not be read, or gave no answer at some capability."""
+    out = []
+    for aid, ans in asked.items():
+        if not ans.get("found"):
+            if ans.get("kind") != "absent":
+                out.append(f"{aid}: {ans.get('why')}")
+            continue
+        failed = {cap: a["why"] for cap, a in ans["at"].items() if "why" in a}
+        if failed:
+            first = next(iter(failed.values()))
+            out.append(f"{aid}: {ans['where']} gave no answer at {', '.join(failed)} ({first})")
+    return out
 
 
 # --- declared fields: what this probe records, and the roles checks report and checks advise read them by
