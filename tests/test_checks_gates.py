@@ -175,8 +175,9 @@ def test_sglang_custom_allreduce_follows_the_engines_own_function_where_it_answe
                          "get_supported_world_sizes"}}
         return edit
 
-    yes = _by(gates.engine_gates(_edited(tmp_path / "a", "sglang", answered(True)), ("12.0",), (2, 3)), "SGLang")
-    assert yes["custom-ar-world-sizes"].off == ()
+    yes = _by(gates.engine_gates(_edited(tmp_path / "a", "sglang", answered(True)), ("12.0",), (2, 3, 16)),
+              "SGLang")
+    assert yes["custom-ar-world-sizes"].off == (16,)  # the answer's world sizes stop at 4
     assert "tp 3 not listed, admitted by the engine's own" in yes["custom-ar-world-sizes"].text
     no = _by(gates.engine_gates(_edited(tmp_path / "b", "sglang", answered(False)), ("12.0",), (2, 3)), "SGLang")
     assert no["custom-ar-world-sizes"].off == (3,)

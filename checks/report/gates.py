@@ -92,7 +92,7 @@ def _answer(answers: Mapping[str, Any], rule: Rule, capability: str | None) -> t
     name = str(ans.get("where") or rule.answered_by)
     at = ans.get("at")
     got = at.get(capability) if isinstance(at, Mapping) and capability else None
-    return name, got if isinstance(got, Mapping) and isinstance(got.get("admits"), Mapping) else None
+    return name, got if isinstance(got, Mapping) and _ints(got.get("world_sizes")) is not None else None
 
 
 def _list(name: str, backend: str, where: str, sizes: list[int], capability: str | None, tps: Sequence[int],
@@ -108,9 +108,9 @@ def _list(name: str, backend: str, where: str, sizes: list[int], capability: str
         elif not rule.answered_by:
             off.append(n)
             said.append(f"tp {n} not listed")
-        elif answer is not None and answer["admits"].get(str(n)) is True:
+        elif answer is not None and n in answer["world_sizes"]:
             said.append(f"tp {n} not listed, admitted by the engine's own {fn}")
-        elif answer is not None and answer["admits"].get(str(n)) is False:
+        elif answer is not None:
             off.append(n)
             said.append(f"tp {n} not listed, nor admitted by the engine's own {fn}")
         else:
