@@ -130,7 +130,7 @@ def test_a_broken_stack_pin_leads_a_long_list_and_the_rest_is_counted() -> None:
     torch pin is far down; it leads, with flashinfer's, and the other 74 are a count."""
     others = [f"dep{i:02d}>=1" for i in range(74)]
     installed = {"markers": {"python_version": "3.11", "sys_platform": "linux"}, "requirements": {
-        "vllm": {"version": "0.33.0", "requires": [*others, "torch==2.14.0", "flashinfer-python==0.7.2.post1"]},
+        "vllm": {"version": "0.33.0", "requires": [*others, "flashinfer-python==0.7.2.post1", "torch==2.14.0"]},
         "torch": {"version": "2.15.0", "requires": []}}}
     abi = {"torch_symbols_imported": 412, "torch_symbols_missing": 0}
     out = hostjudge.judge("inventory", Verdict(Status.FAIL, "import-error",

@@ -129,7 +129,7 @@ def _cause_first(broken: list[Broken], evidence: Mapping[str, Any]) -> tuple[str
     (at most SHOWN, then their count), and after the note the count of the other requirements not met. With
     none: nothing leads on a failed verdict (its own cause does), and the first SHOWN broken requirements
     and the count of the rest follow."""
-    stack = [b for b in broken if b.on_stack]
+    stack = sorted((b for b in broken if b.on_stack), key=lambda b: b.required != "torch")  # torch's first
     others = [b for b in broken if not b.on_stack]
     if not stack:
         return "", _named(others)
