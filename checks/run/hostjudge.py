@@ -127,8 +127,8 @@ def pip_check(v: Verdict) -> Verdict:
 def _cause_first(broken: list[Broken], evidence: Mapping[str, Any]) -> tuple[str, str]:
     """(what leads the note, what follows the probe's own note). With a broken pin on the stack: those pins
     (at most SHOWN, then their count), and after the note the count of the other requirements not met. With
-    none: nothing leads on a failed verdict (its own cause does), and the first SHOWN broken requirements
-    and the count of the rest follow."""
+    none: the first SHOWN broken requirements and the count of the rest, which lead a pass's note and follow
+    a failed verdict's own cause."""
     stack = sorted((b for b in broken if b.on_stack), key=lambda b: b.required != "torch")  # torch's first
     others = [b for b in broken if not b.on_stack]
     if not stack:
