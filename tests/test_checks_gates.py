@@ -192,3 +192,18 @@ def test_advise_names_whose_rules_decided_the_engine_gates(capsys: pytest.Captur
     out = capsys.readouterr().out
     assert "Rules: stackprobe's reading of vLLM 0.33.0's code" in out
     assert "Rules: stackprobe's reading of SGLang 0.5.23's code" in out
+
+
+ANSWERED = ROOT / "tests" / "golden" / "gates" / "answered"
+
+
+def test_sglang_0_5_23s_own_function_decides_its_custom_allreduce_in_a_real_run() -> None:
+    """The engine probe's run on SGLang 0.5.23 installed from the registry (copied from results/cpu-7eb23414,
+    run 20261204T234259Z-b76d). Its configs/custom_all_reduce_v2.py, read by hand: Hopper (major 9) has tables
+    for world sizes 2 to 8, an architecture with no table of its own (12.0) the default for 2 to 16. So tp 3,
+    which the older list [2, 4, 6, 8] lacks, is admitted at 12.0 and 9.0, and tp 16 only at 12.0."""
+    latest = hostresults.load(ANSWERED)[HOST].latest()
+    at120 = _by(gates.engine_gates(latest, ("12.0",), (3, 16)), "SGLang")["custom-ar-world-sizes"]
+    assert at120.off == () and "tp 3 not listed, admitted by the engine's own" in at120.text
+    at90 = _by(gates.engine_gates(latest, ("9.0",), (3, 16)), "SGLang")["custom-ar-world-sizes"]
+    assert at90.off == (16,) and "tp 16 not listed, nor admitted by the engine's own" in at90.text
