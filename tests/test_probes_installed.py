@@ -110,12 +110,42 @@ def test_a_pass_with_a_violated_pin_becomes_partial_and_keeps_both_facts() -> No
         "rich": {"version": "15", "requires": ["pygments>=2", "colorama ; sys_platform == 'win32'"]}}}
     out = hostjudge.judge("inventory", Verdict(Status.PASS, note=sym, evidence={"installed": installed}))
     assert (out.status, out.reason_code) == (Status.PARTIAL, "dependency-pin-violated")
-    assert out.note == ("rich 15 requires pygments>=2, pygments is absent; "
-                        f"sglang-kernel 0.4.10 requires torch==2.14.1, torch 2.15.0 is installed; {sym}")
+    # the broken torch pin leads, before the other requirement (sorted first) and the probe's own note
+    assert out.note == ("sglang-kernel 0.4.10 requires torch==2.14.1; 2.15.0 is installed; "
+                        f"1 other declared requirement(s) not met (pygments); {sym}")
     assert "requirements" not in out.evidence["installed"] and out.evidence["installed"]["requirements_read"] == 3
     failed = hostjudge.judge("inventory", Verdict(Status.FAIL, "abi-mismatch", "abi",
                                                   evidence={"installed": installed}))
-    assert (failed.status, failed.reason_code) == (Status.FAIL, "abi-mismatch") and failed.note.startswith("abi; ")
+    assert (failed.status, failed.reason_code) == (Status.FAIL, "abi-mismatch")
+    assert failed.note == ("sglang-kernel 0.4.10 requires torch==2.14.1; 2.15.0 is installed; abi; "
+                           "1 other declared requirement(s) not met (pygments)")
+    off_stack = {**installed["requirements"], "sglang-kernel": {"version": "0.4.10", "requires": []}}
+    plain = hostjudge.judge("inventory", Verdict(Status.FAIL, "import-error", "import failed",
+                                                 evidence={"installed": {**installed, "requirements": off_stack}}))
+    assert plain.note == "import failed; rich 15 requires pygments>=2; pygments is absent"  # its own cause leads
+
+
+def test_a_broken_stack_pin_leads_a_long_list_and_the_rest_is_counted() -> None:
+    """vLLM 0.33.0 installed with --no-deps beside torch 2.15.0: 76 requirements unmet, sorted by name the
+    torch pin is far down; it leads, with flashinfer's, and the other 74 are a count."""
+    others = [f"dep{i:02d}>=1" for i in range(74)]
+    installed = {"markers": {"python_version": "3.11", "sys_platform": "linux"}, "requirements": {
+        "vllm": {"version": "0.33.0", "requires": [*others, "flashinfer-python==0.7.2.post1", "torch==2.14.0"]},
+        "torch": {"version": "2.15.0", "requires": []}}}
+    abi = {"torch_symbols_imported": 412, "torch_symbols_missing": 0}
+    out = hostjudge.judge("inventory", Verdict(Status.FAIL, "import-error",
+                                               "import vllm failed: No module named 'packaging'",
+                                               evidence={"installed": installed, "vllm_abi": abi}))
+    assert out.note.startswith("vllm 0.33.0 requires torch==2.14.0; 2.15.0 is installed (the 412 torch symbols "
+                               "its extensions import all resolve in torch 2.15.0: the pin is broken, not the ABI); "
+                               "vllm 0.33.0 requires flashinfer-python==0.7.2.post1; flashinfer-python is absent; "
+                               "import vllm failed: No module named 'packaging'; "
+                               "74 other declared requirement(s) not met (dep00, dep01, dep02, ...)"), out.note
+    broke = hostjudge.judge("inventory", Verdict(Status.FAIL, "import-error", "x", evidence={
+        "installed": installed, "vllm_abi": {**abi, "torch_symbols_missing": 3}}))
+    assert broke.note.startswith("vllm 0.33.0 requires torch==2.14.0; 2.15.0 is installed; vllm 0.33.0 requires")
+    assert "resolve" not in broke.note  # symbols missing: nothing said for the ABI here
+    assert len(out.evidence["installed"]["broken_requirements"]) == 76  # the evidence keeps every one
     assert hostjudge.judge("fi-jit", Verdict(Status.PASS)) == Verdict(Status.PASS)  # no judge: as it came
     old = Verdict(Status.PASS, evidence={"installed": {"broken_requirements": []}})  # recorded no requirements
     assert hostjudge.judge("inventory", old) == old

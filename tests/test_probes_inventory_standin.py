@@ -175,3 +175,33 @@ def test_a_flashinfer_that_refuses_to_import_fails_the_inventory(tmp_path: Path)
     assert (r["status"], r["reason_code"]) == ("fail", "flashinfer-import-error"), r
     assert "does not match flashinfer version" in r["note"]
     assert "flashinfer-cubin 0.6.13 is installed beside flashinfer-python 0.7.2" in r["note"]  # the cause, too
+
+
+def test_vllm_installed_without_its_dependencies_beside_another_torch_names_the_torch_pin_first(
+        tmp_path: Path) -> None:
+    """vLLM 0.33.0 with --no-deps beside torch 2.15.0: its import stops at a missing dependency, its extension's
+    torch symbols all resolve in this torch. The note, as the runner records it (inventory, then the host's
+    requirement judge), leads with the torch pin, counts the rest, and claims no ABI break."""
+    from checks.results.result import Verdict
+    from checks.run import hostjudge
+
+    site = _torch_only_site(tmp_path)
+    init = site / "torch" / "__init__.py"
+    init.write_text(init.read_text().replace("2.11.0+cu130", "2.15.0+cu130"))
+    _dist_info(site, "torch", "2.15.0")
+    engine = site / "vllm"
+    engine.mkdir()
+    (engine / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'packaging'\", name='packaging')\n")
+    build_ext(engine / "_C.abi3.so", ["c10::foo();"])
+    others = [f"dep{i:02d}" for i in range(74)]  # the test's own interpreter holds packaging: not among them
+    _dist_info(site, "vllm", "0.33.0", ",".join([*others, "torch==2.14.0"]))
+    r = _inventory(site)
+    assert r["evidence"]["vllm_abi"]["torch_symbols_missing"] == 0, r["evidence"]["vllm_abi"]
+    v = hostjudge.judge("inventory", Verdict.from_outcome(r))
+    assert (v.status.value, v.reason_code) == ("fail", "import-error"), v
+    assert v.note.startswith("vllm 0.33.0 requires torch==2.14.0; 2.15.0 is installed (the 1 torch symbols its "
+                             "extensions import all resolve in torch 2.15.0"), v.note
+    assert "ModuleNotFoundError: No module named 'packaging'" in v.note
+    assert v.note.endswith("74 other declared requirement(s) not met (dep00, dep01, dep02, ...)"), v.note
+    assert "does not fit" not in v.note and "abi" not in v.reason_code

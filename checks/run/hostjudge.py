@@ -6,6 +6,12 @@ inventory: every installed distribution's declared requirements, judged as ``pip
 ``packaging``, the library pip uses: a requirement whose marker holds for the environment's recorded marker
 variables (no extra requested) must name an installed distribution whose version its specifier allows,
 pre-releases included. Any that does not makes a pass partial (dependency-pin-violated).
+
+The note leads with the cause: a broken pin on the stack the probes judge (torch, CUDA's packages, NCCL,
+flashinfer, sgl-kernel) comes first, before the probe's own note and before the count of the other requirements
+not met, since a reader (and the table, which shortens long notes from the end) stops at the first clause.
+A torch pin is said as a pin: where the inventory read the declaring package's extensions and every torch
+symbol they import resolves in this torch, the note says so, so the pin is not read as an ABI break.
 """
 
 from __future__ import annotations
@@ -22,9 +28,19 @@ from packaging.version import InvalidVersion, Version
 
 from checks.results import provenance
 from checks.results.result import Verdict
+from inenv import dists
+from inenv.probes.inventory import COMPILED
 from inenv.status import Status
 
 SHOWN = 3  # broken requirements named in a note; the evidence lists them all
+# The stack whose pins lead a note: torch, flashinfer's packages, sgl-kernel, NCCL and CUDA's Python packages
+# (dists.LIBRARIES, triton left out), and CUDA's runtime wheels by their family prefix.
+STACK_KEYS = ("torch", "flashinfer", "flashinfer_jit_cache", "flashinfer_cubin", "sgl_kernel", "nccl",
+              "cuda_bindings", "cuda_python")
+STACK = frozenset(canonicalize_name(d) for key in STACK_KEYS for d in dists.BY_KEY[key].dists) | {"cuda-toolkit"}
+STACK_PREFIXES = ("nvidia-cuda-",)
+# distribution -> the evidence key the inventory records its extensions' fit with torch under
+ABI_EVIDENCE = {canonicalize_name(d): f"{module}_abi" for module, _, names in COMPILED for d in names}
 
 
 @dataclass(frozen=True)
@@ -36,8 +52,12 @@ class Broken:
     installed: str | None  # that distribution's version here; None when absent
 
     def describe(self) -> str:
-        have = f"{self.required} {self.installed} is installed" if self.installed else f"{self.required} is absent"
-        return f"{self.dist} {self.version} requires {self.requirement}, {have}"
+        have = f"{self.installed} is installed" if self.installed else f"{self.required} is absent"
+        return f"{self.dist} {self.version} requires {self.requirement}; {have}"
+
+    @property
+    def on_stack(self) -> bool:
+        return self.required in STACK or self.required.startswith(STACK_PREFIXES)
 
     def as_dict(self) -> dict[str, Any]:
         return {"dist": self.dist, "version": self.version, "requirement": self.requirement,
@@ -97,14 +117,50 @@ def pip_check(v: Verdict) -> Verdict:
     v = v.with_evidence(installed=kept)
     if not broken:
         return v
-    more = f" and {len(broken) - SHOWN} more" if len(broken) > SHOWN else ""
-    said = "; ".join(b.describe() for b in broken[:SHOWN]) + more
+    lead, rest = _cause_first(broken, v.evidence)
     findings = [*(v.evidence.get("metadata_findings") or []), "dependency-pin-violated"]
     v = v.with_evidence(metadata_findings=findings)
     if v.status is Status.PASS:
         return v.replace(status=Status.PARTIAL, reason_code="dependency-pin-violated",
-                         note="; ".join(p for p in (said, v.note) if p))
-    return v.replace(note="; ".join(p for p in (v.note, said) if p))
+                         note="; ".join(p for p in (lead, rest, v.note) if p))
+    return v.replace(note="; ".join(p for p in (lead, v.note, rest) if p))
+
+
+def _cause_first(broken: list[Broken], evidence: Mapping[str, Any]) -> tuple[str, str]:
+    """(what leads the note, what follows the probe's own note). With a broken pin on the stack: those pins
+    (at most SHOWN, then their count), and after the note the count of the other requirements not met. With
+    none: the first SHOWN broken requirements and the count of the rest, which lead a pass's note and follow
+    a failed verdict's own cause."""
+    stack = sorted((b for b in broken if b.on_stack), key=lambda b: b.required != "torch")  # torch's first
+    others = [b for b in broken if not b.on_stack]
+    if not stack:
+        return "", _named(others)
+    lead = "; ".join(_said(b, evidence) for b in stack[:SHOWN])
+    if len(stack) > SHOWN:
+        lead += f"; {len(stack) - SHOWN} more pins on torch, CUDA, flashinfer or sgl-kernel are broken"
+    if not others:
+        return lead, ""
+    names = ", ".join(dict.fromkeys(b.required for b in others[:SHOWN])) + (", ..." if len(others) > SHOWN else "")
+    return lead, f"{len(others)} other declared requirement(s) not met ({names})"
+
+
+def _named(broken: list[Broken]) -> str:
+    more = f" and {len(broken) - SHOWN} more" if len(broken) > SHOWN else ""
+    return "; ".join(b.describe() for b in broken[:SHOWN]) + more
+
+
+def _said(b: Broken, evidence: Mapping[str, Any]) -> str:
+    """A broken pin; for torch, with what the inventory read of the declaring package's extensions: every
+    torch symbol they import resolving means the pin is broken, not the ABI."""
+    text = b.describe()
+    abi = evidence.get(ABI_EVIDENCE.get(canonicalize_name(b.dist), ""))
+    if b.required != "torch" or not b.installed or not isinstance(abi, Mapping):
+        return text
+    imported, missing = abi.get("torch_symbols_imported"), abi.get("torch_symbols_missing")
+    if isinstance(imported, int) and imported > 0 and missing == 0:
+        return (f"{text} (the {imported} torch symbols its extensions import all resolve in torch {b.installed}: "
+                "the pin is broken, not the ABI)")
+    return text
 
 
 JUDGES: dict[str, Callable[[Verdict], Verdict]] = {"inventory": pip_check}
