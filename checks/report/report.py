@@ -24,7 +24,7 @@ from checks.report.estimate import default_shape
 from checks.report.footnotes import Footnote, Occurrence, footnotes
 from checks.report.headline import headline
 from checks.report.summary import proven_statically
-from checks.results import hostresults, ids
+from checks.results import hostresults, ids, portable
 from checks.results.freshness import Refresh, refresh_list, staleness
 from checks.results.provenance import current_probe_hashes
 from checks.results.result import ProbeResult
@@ -168,7 +168,7 @@ def _read_runs(runs: list[tuple[str, Path]], out_dir: Path) -> tuple[list[ProbeR
         warnings.extend(warn)
         if not res:
             continue  # a run with nothing readable describes nothing: its manifest is not read
-        all_results.extend(res)
+        all_results.extend(portable.result(r) for r in res)
         m, why = read_manifest(path.with_name(f"{run_id}.manifest.json"))
         if m is not None:
             manifests.append(m)
