@@ -16,7 +16,7 @@ from checks.results import portable
 from checks.results.result import ProbeResult, Verdict
 from checks.run import container
 from inenv.status import Status
-from tests.checks_helpers import ROOT
+from tests.checks_helpers import ROOT, committed
 
 
 @pytest.mark.parametrize(("said", "written"), [
@@ -58,7 +58,7 @@ def _clone(where: Path) -> Path:
     where.mkdir(parents=True)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in PARTS:
-        src = ROOT / name
+        src = committed() if name == "results" else ROOT / name
         if src.is_dir():
             shutil.copytree(src, where / name, ignore=skip)
         elif src.exists():
