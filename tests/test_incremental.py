@@ -264,6 +264,24 @@ def test_a_warm_run_that_reads_the_same_host_facts_records_nothing(tmp_path: Pat
     assert new.stem in table.read_text()  # the table lists the run that recorded the change
 
 
+def test_the_real_host_p2p_facts_rerun_on_this_host_record_nothing(tmp_path: Path) -> None:
+    """host-p2p itself (its facts variant reads this machine's PCI bridges and IOMMU; the pair variants skip
+    without GPUs) through `checks run --backend local`, twice: the second run reads the same facts and writes
+    no run."""
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "checks.cli", "run", "--backend", "local", "--probe", "host-p2p", "--results",
+           str(results), "--no-report"]
+    env = {k: v for k, v in os.environ.items() if k != "STACKPROBE_PROBE_PATH"}
+    first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr
+    runs = sorted(results.glob("*/*"))
+    assert runs
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "level: full only" in again.stderr and "results: nothing new, so no run recorded" in again.stderr
+    assert sorted(results.glob("*/*")) == runs
+
+
 def test_a_changed_probe_a_changed_environment_and_fresh_rerun(tmp_path: Path) -> None:
     c = Checkout(tmp_path)
     c.run()
