@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.table import Table
 
+from checks.report import here
 from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, ModelError, model_shapes, parse_model
 from checks.report.report import generate
 from checks.results import hostfacts, hostresults, ids
@@ -242,9 +243,6 @@ def advise(args: argparse.Namespace) -> list[Any]:
 
 
 def _standing(h: Any, title: str) -> list[str]:
-    # lazy: checks.report.here is for advise alone; the reason catalogue is loaded already
-    from checks.report import here
-
     return here.lines(here.standing(h, {r.code: r.message for r in reasons.default().reasons}), title)
 
 
