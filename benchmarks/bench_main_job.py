@@ -347,6 +347,7 @@ def one_pass(label: str, matrix: Path, results: Path, cache: Path, log: Path, gp
         "phases": {k: {kk: round(vv, 1) for kk, vv in v.items()} for k, v in phased.items()},
         "disk_growth_b": growth(free0, free1),
         "compile_cpu_s": compile_cpu_s(new),
+        "runs_recorded": len(new),  # a warm pass that learns nothing records none
     }
     p["floor_s"] = round(pass_floor(p, os.cpu_count() or 1)[2], 1)
     return p
@@ -373,9 +374,10 @@ def render(meta: dict[str, Any], passes: list[dict[str, Any]]) -> list[str]:
     for p in passes:
         first = (f"first table {p['first_table_s']} s into checks run, {first_answer_s(p)} s after the first "
                  "command; ") if "first_table_s" in p else ""
+        recorded = f"; {p['runs_recorded']} run(s) recorded" if "runs_recorded" in p else ""
         lines.append(f"[{p['label']}] build {p['build_s']} s (rc {p['build_rc']}), checks run {p['run_s']} s "
                      f"(rc {p['run_rc']}), report {p['report_s']} s; {first}total {p['total_s']} s; "
-                     f"disk +{p['disk_growth_b'] / GB:.2f} GB")
+                     f"disk +{p['disk_growth_b'] / GB:.2f} GB{recorded}")
         lines.append(floor_line(p, int(meta["cores"])))
         for name, ph in sorted(p["phases"].items()):
             lines.append(f"    {name:8} span {ph['span_s']:7.1f} s  busy {ph['busy_s']:7.1f} s  "

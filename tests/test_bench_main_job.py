@@ -167,3 +167,9 @@ def test_one_pass_counts_the_first_answer_from_the_build(tmp_path: Path, monkeyp
     assert p["first_answer_s"] <= p["build_s"] + p["first_table_s"] + 1.5
     assert p["compile_cpu_s"] == 0.0 and p["floor_s"] == p["build_s"]
     assert bench.first_answer_s(p) == p["first_answer_s"]
+    assert p["runs_recorded"] == 2  # the quick pass's run and the full pass's
+    warm = bench.one_pass("warm", ROOT / "matrix.yaml", results, tmp_path / "cache", tmp_path / "log.txt", set(),
+                          [tmp_path], None, "local")
+    assert warm["run_rc"] == 0 and warm["runs_recorded"] == 0  # nothing new learned: nothing recorded
+    assert warm["phases"] == {}  # no run file to read phases from
+    assert "level: full only" in (tmp_path / "log.txt").read_text()
