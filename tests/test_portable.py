@@ -34,6 +34,7 @@ from tests.checks_helpers import ROOT, committed
     ("nvcc: /usr/local/cuda/bin/nvcc not found; see https://example.org/tmp/page",
      "nvcc: /usr/local/cuda/bin/nvcc not found; see https://example.org/tmp/page"),
     ("torch 2.11.0 and CUDA 13.0.2", "torch 2.11.0 and CUDA 13.0.2"),
+    ("requires Python 3.10.2 or later", "requires Python 3.10.2 or later"),  # a floor's patch release is the fact
 ])
 def test_a_results_words_name_no_folder_of_this_machine(said: str, written: str) -> None:
     assert portable.text(said) == written

@@ -22,7 +22,7 @@ _IN_CLONE = re.compile(r"(?<![\w.~$-])/(?:[^\s/'\"`]+/)*?(?=(?:\.cache/(?:venvs|
 _HOME = re.compile(r"(?<![\w.~$-])/(?:root|home/[^\s/'\"`]+)(?=/|\b)")
 _TMP = re.compile(r"(?<![\w.~$-])/(?:var/)?tmp(?=/|\b)(?:/(?P<name>[^\s/'\"`\])]+))?")
 _MADE_UP = re.compile(r"(?<=.)[a-z0-9_]{8}$")  # mkdtemp's names end in 8 characters of [a-z0-9_]
-_CPYTHON = re.compile(r"\b(cpython|CPython|Python) (\d+\.\d+)\.\d+\b")
+_CPYTHON = re.compile(r"\b([cC][pP]ython) (\d+\.\d+)\.\d+\b")  # the interpreter as a tag names it
 
 
 def _tmp(m: re.Match[str]) -> str:
