@@ -24,15 +24,18 @@ the build (``provision build``) that must come first: floor = compile CPU-s / co
 the build compiles for its cells (its last stage) are compiles too: their CPU seconds (the build records'
 ``kernels.compile_cpu_s``) join the compile CPU, and the stage's wall (``kernels.stage_s``) leaves the build
 wall. The cold
-wall (build + checks run + report) is printed against it as a ratio (target: within 1.10x), per backend
+wall (build + checks run + report) is printed against it as a ratio (target: within 1.05x), per backend
 (``--backend docker`` builds images and runs in containers, ``--backend venv`` builds virtual environments);
 the JSON records the backend. ``first_table_s`` (per pass): seconds from the start of ``checks run`` to the
 first time the table it regenerates is written (watched on disk). With no ``--level`` (the default, as the
 README's main job runs it) that is the quick pass's table, the first answer, written before the full pass
-starts; when the run writes none, the separate ``checks report`` makes it.
+starts; when the run writes none, the separate ``checks report`` makes it. ``first_answer_s`` (per pass): the
+same table counted as the user counts it, from the start of the main job's first command (``provision build``
+included); ``floor_s`` (per pass): the floor above, in seconds.
 
-Targets (for this 2-core machine): cold under 13.5 min (today 40 min 37 s), warm under 60 s, disk
-growth under 20 GB (today 59 GB). Printed as ratios: under 1.00 meets the target. Output is also written to
+Targets (for this 2-core machine): cold under 13.5 min (today 40 min 37 s), the first answer within 5 min of
+the first command, warm under 60 s, disk growth under 20 GB (today 59 GB). Printed as ratios: under 1.00 meets
+the target. Output is also written to
 ``benchmarks/results/main-job-<host>-<stamp>.json`` and ``.txt``. ``--recorded FILE`` prints a recorded
 result again, with the floor worked out from its numbers, and runs nothing.
 """
@@ -64,9 +67,10 @@ GB = 1e9
 # The targets and the measurement they were set against (this machine, the default matrix of that day).
 TARGET_COLD_S = 13.5 * 60
 TARGET_WARM_S = 60.0
+TARGET_FIRST_ANSWER_S = 5 * 60.0
 TARGET_DISK_B = 20 * GB
 BEFORE = {"cold_s": 40 * 60 + 37, "disk_b": 59 * GB, "build_s": 8.5 * 60}
-TARGET_FLOOR_RATIO = 1.10  # the cold wall within this much of its floor, per backend
+TARGET_FLOOR_RATIO = 1.05  # the cold wall within this much of its floor, per backend
 BACKENDS = ("docker", "venv")
 
 
@@ -225,6 +229,15 @@ def pass_floor(p: dict[str, Any], cores: int) -> tuple[float, float, float]:
     return cpu, build, floor_s(cpu, cores, build)
 
 
+def first_answer_s(p: dict[str, Any]) -> float:
+    """Seconds from the start of the main job's first command (``provision build``) to the first table: the
+    recorded figure, or for a pass recorded without one, the build's wall plus the first table's seconds into
+    ``checks run`` (the two commands run back to back)."""
+    if p.get("first_answer_s") is not None:
+        return float(p["first_answer_s"])
+    return round(float(p["build_s"]) + float(p["first_table_s"]), 1)
+
+
 class TableWatch:
     """When a file is first written after :meth:`start` (its modification time changes or it appears),
     polled from a thread: the time to the first table, whoever writes it."""
@@ -242,7 +255,7 @@ class TableWatch:
             return None
 
     def start(self) -> TableWatch:
-        self._t0, self._before = time.monotonic(), self._mtime()
+        self.t0, self._before = time.monotonic(), self._mtime()
         self._thread.start()
         return self
 
@@ -253,7 +266,7 @@ class TableWatch:
     def _check(self) -> None:
         now = self._mtime()
         if self.first_s is None and now is not None and now != self._before:
-            self.first_s = time.monotonic() - self._t0
+            self.first_s = time.monotonic() - self.t0
 
     def stop(self) -> float | None:
         self._stop.set()
@@ -311,16 +324,19 @@ def one_pass(label: str, matrix: Path, results: Path, cache: Path, log: Path, gp
     and when the first table was written."""
     free0 = free_bytes(watch)
     env = dict(os.environ, STACKPROBE_COMPILE_CACHE=str(cache))
+    table = results / "compatibility.md"
+    job = TableWatch(table).start()  # the user's clock: from the start of the first command
     build_s, build_rc = timed(_tool("provision", "build", "--backend", backend, "--matrix", str(matrix)), log, env)
     kernel_cpu, kernel_wall = kernel_stage(matrix, backend)
     before = set(results.glob("*/*.jsonl"))
-    table = results / "compatibility.md"
+    run_at = time.monotonic() - job.t0
     run_s, run_rc, first = watched(checks_run(matrix, results, cache, table, level, backend), table, log, env)
     report_s, report_rc = timed(_tool("checks", "report", "--results", str(results), "--out", str(table)), log, env)
+    answered = job.stop()
     free1 = free_bytes(watch)
     new = set(results.glob("*/*.jsonl")) - before
     phased = phases(new, gpu)
-    return {
+    p: dict[str, Any] = {
         "label": label,
         "build_s": round(build_s, 1), "build_rc": build_rc,
         "kernel_cpu_s": kernel_cpu, "kernel_stage_s": kernel_wall,
@@ -328,10 +344,14 @@ def one_pass(label: str, matrix: Path, results: Path, cache: Path, log: Path, gp
         "report_s": round(report_s, 1), "report_rc": report_rc,
         "total_s": round(build_s + run_s + report_s, 1),
         "first_table_s": round(first if first is not None else run_s + report_s, 1),
+        "first_answer_s": round(answered if answered is not None else run_at + run_s + report_s, 1),
         "phases": {k: {kk: round(vv, 1) for kk, vv in v.items()} for k, v in phased.items()},
         "disk_growth_b": growth(free0, free1),
         "compile_cpu_s": compile_cpu_s(new),
+        "runs_recorded": len(new),  # a warm pass that learns nothing records none
     }
+    p["floor_s"] = round(pass_floor(p, os.cpu_count() or 1)[2], 1)
+    return p
 
 
 def ratio_line(name: str, value: float, target: float, unit: str) -> str:
@@ -353,10 +373,12 @@ def render(meta: dict[str, Any], passes: list[dict[str, Any]]) -> list[str]:
     lines = [f"main job on {meta['matrix']} ({meta['host']}, {meta['cores']} cores, {meta['date']}, "
              f"level {meta.get('level', 'full')}, backend {backend})"]
     for p in passes:
-        first = f"first table {p['first_table_s']} s; " if "first_table_s" in p else ""
+        first = (f"first table {p['first_table_s']} s into checks run, {first_answer_s(p)} s after the first "
+                 "command; ") if "first_table_s" in p else ""
+        recorded = f"; {p['runs_recorded']} run(s) recorded" if "runs_recorded" in p else ""
         lines.append(f"[{p['label']}] build {p['build_s']} s (rc {p['build_rc']}), checks run {p['run_s']} s "
                      f"(rc {p['run_rc']}), report {p['report_s']} s; {first}total {p['total_s']} s; "
-                     f"disk +{p['disk_growth_b'] / GB:.2f} GB")
+                     f"disk +{p['disk_growth_b'] / GB:.2f} GB{recorded}")
         lines.append(floor_line(p, int(meta["cores"])))
         for name, ph in sorted(p["phases"].items()):
             lines.append(f"    {name:8} span {ph['span_s']:7.1f} s  busy {ph['busy_s']:7.1f} s  "
@@ -370,6 +392,8 @@ def render(meta: dict[str, Any], passes: list[dict[str, Any]]) -> list[str]:
             lines.append(f"cold wall / floor ({backend}): {cold['total_s'] / 60:.1f} / {floor / 60:.1f} min = "
                          f"{cold['total_s'] / floor:.2f}x / target {TARGET_FLOOR_RATIO:.2f}x = "
                          f"{cold['total_s'] / floor / TARGET_FLOOR_RATIO:.2f}x")
+        if "first_table_s" in cold:
+            lines.append(ratio_line("first answer", first_answer_s(cold) / 60, TARGET_FIRST_ANSWER_S / 60, "min"))
         lines.append(ratio_line("cold total", cold["total_s"] / 60, TARGET_COLD_S / 60, "min")
                      + f" (before: {BEFORE['cold_s'] / 60:.1f} min, now {cold['total_s'] / BEFORE['cold_s']:.2f}x)")
         disk = meta["disk_growth_b"]

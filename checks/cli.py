@@ -15,9 +15,10 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.table import Table
 
+from checks.report import here
 from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, ModelError, model_shapes, parse_model
 from checks.report.report import generate
-from checks.results import hostresults, ids
+from checks.results import hostfacts, hostresults, ids
 from checks.results.store import StoreBusy
 from checks.run import session
 from checks.run.executor import ExecutorError
@@ -186,7 +187,8 @@ def _writable(*paths: tuple[Path, str]) -> None:
 def decision_parsers(sub: Any) -> None:
     p = sub.add_parser("advise", help="per host and cell, the allreduce path to use per decode size, from results")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
-    p.add_argument("--host", help="one host id (default: every host)")
+    p.add_argument("--host", help="one host id (default: every host, this one first)")
+    p.add_argument("--here", metavar="HOST_ID", help="the host to start with (default: this machine's host id)")
     p.add_argument("--cell", help="one cell id (default: every cell the host recorded)")
     p.add_argument("--model", metavar="SHAPE|hidden=N,layers=N[,dtype=bf16]",
                    help=f"estimate the allreduce time per decode and verify step ({', '.join(model_shapes())})")
@@ -237,6 +239,17 @@ def gpu_hosts(hosts: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 def advise(args: argparse.Namespace) -> list[Any]:
     """One HostDecision per selected host."""
+    return advise_here(args, brief=False)[0]
+
+
+def _standing(h: Any, title: str) -> list[str]:
+    return here.lines(here.standing(h, {r.code: r.message for r in reasons.default().reasons}), title)
+
+
+def advise_here(args: argparse.Namespace, brief: bool = True) -> tuple[list[Any], list[str]]:
+    """One HostDecision per selected host, this host's first, and the lines that start the advice: this
+    host's standing (checks.report.here). ``brief`` (the text output): a host without a GPU is said in its
+    standing alone, not in a decision per cell that has no latency to decide from."""
     # lazy: checks.report.decisions (with launch, diff, nearest) adds 15 ms to every `checks` start
     from checks.report import decisions, launch
 
@@ -250,11 +263,25 @@ def advise(args: argparse.Namespace) -> list[Any]:
     except ModelError as exc:
         raise UsageError(f"checks advise: --model: {exc}") from None
     hosts = _hosts(args.results, "advise")
-    line = ""
+    line, first = "", []
+    mine = args.here or hostfacts.own_host_id()
     if args.host:
         _one(args.host, sorted(hosts), "--host")
+        if brief and not hosts[args.host].gpu_count:
+            return [], _standing(hosts[args.host], "host")
     else:
+        if mine in hosts:
+            first = _standing(hosts[mine], "this host")
+            if brief and not hosts[mine].gpu_count and not args.cell:
+                others = sorted(n for n, h in hosts.items() if h.gpu_count and n != mine)
+                if others:
+                    first.append(f"other hosts with GPU results: {', '.join(others)}; `checks advise --host ID` "
+                                 "advises on one")
+                return [], first
+        elif brief:
+            first = [f"this host: {mine} has no results in {args.results}; `uv run checks run --all` records them"]
         hosts, line = gpu_hosts(hosts)
+        hosts = dict(sorted(hosts.items(), key=lambda kv: kv[0] != mine))  # this host's advice first
     selected = [h for name, h in hosts.items() if not args.host or name == args.host]
     if args.cell:
         _one(args.cell, sorted({r.cell_id for h in selected for r in h.results}), "--cell")
@@ -264,18 +291,20 @@ def advise(args: argparse.Namespace) -> list[Any]:
     pins = catalog.load().sglang_pins
     engines = launch.load()
     return [decisions.decide(h, engines, pins, cell=args.cell, tp=args.tp, model=model, batch=args.batch,
-                             draft=args.draft) for h in selected]
+                             draft=args.draft) for h in selected], first
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
     # lazy: checks.report.decisions (with launch, diff, nearest) adds 15 ms to every `checks` start
     from checks.report import decisions
 
-    found = advise(args)
     if args.json:
-        print(json.dumps([decisions.to_json(d) for d in found], indent=2, sort_keys=True))
-    else:
-        print("\n".join(decisions.render(d) for d in found), end="")
+        print(json.dumps([decisions.to_json(d) for d in advise(args)], indent=2, sort_keys=True))
+        return 0
+    found, first = advise_here(args)
+    if first:
+        print("\n".join(first) + ("\n\n" if found else "\n"), end="")
+    print("\n".join(decisions.render(d) for d in found), end="")
     return 0
 
 

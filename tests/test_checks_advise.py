@@ -526,21 +526,23 @@ def test_report_sections_carry_the_advice_the_default_estimate_and_nearest_green
 def test_advise_without_host_leaves_out_gpu_less_hosts_in_one_line(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """The committed results hold a GPU-less host beside two H200 hosts: advise without --host prints the H200
-    hosts only, and one line says which host was left out and how to pick one; --host still shows it."""
-    assert main(["advise", "--results", str(committed())]) == 0
+    hosts only, and one line says which host was left out and how to pick one; --host still shows it. (On a
+    machine whose own host is none of them: --here names one that is not.)"""
+    assert main(["advise", "--results", str(committed()), "--here", "cpu-00000000"]) == 0
     out, err = capsys.readouterr()
     assert "host cpu-5bce98f7" not in out and "no GPU on this host" not in out
     assert "host h200x1-5bce98f7" in out and "host h200x2-5bce98f7" in out
     [line] = [ln for ln in err.splitlines() if ln.startswith("checks advise:")]
     assert "left out cpu-5bce98f7" in line and "`--host ID` picks one" in line
     assert main(["advise", "--results", str(committed()), "--host", "cpu-5bce98f7"]) == 0
-    assert "host cpu-5bce98f7" in capsys.readouterr().out
+    assert capsys.readouterr().out.startswith("host: cpu-5bce98f7 (no GPU), newest run ")
     only = tmp_path / "results"
     only.mkdir()
     shutil.copytree(committed() / "cpu-5bce98f7", only / "cpu-5bce98f7")  # a results folder's links are not read
-    assert main(["advise", "--results", str(only)]) == 0
+    assert main(["advise", "--results", str(only), "--here", "cpu-00000000"]) == 0
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "no host has GPU results" in err
+    assert out == f"this host: cpu-00000000 has no results in {only}; `uv run checks run --all` records them\n"
+    assert err.count("\n") == 1 and "no host has GPU results" in err
 
 
 def test_ties_use_the_run_to_run_spread_measured_across_cells_of_one_build() -> None:

@@ -207,6 +207,81 @@ def test_a_second_identical_run_reuses_every_variant_says_so_and_records_nothing
     assert "✅2 *(reused)*" in md and "*reused*: carried from\nthe earlier run that measured it" in md
 
 
+HOST_STATE = '''"""Reads a host fact no input captures (the file STACKPROBE_TEST_HOST_STATE names), taking a
+different time on every run."""
+
+import os
+import random
+import time
+
+from inenv.probe import ProbeSpec, RankContext, outcome
+
+SPEC = ProbeSpec(id="t-host-state", title="host state", feature="incremental runs", ranks=(1,), needs_gpu=False,
+                 timeout_s=60, reusable=False)
+
+
+def run(ctx: RankContext) -> dict:
+    with open(os.environ["STACKPROBE_TEST_COUNT"], "a") as f:
+        f.write("t-host-state " + ctx.variant.key + "\\n")
+    time.sleep(0.05 + random.random() / 10)
+    with open(os.environ["STACKPROBE_TEST_HOST_STATE"]) as f:
+        fact = f.read().strip()
+    return outcome("pass", note="the host reads " + fact, evidence={"fact": fact})
+'''
+
+
+def test_a_warm_run_that_reads_the_same_host_facts_records_nothing(tmp_path: Path) -> None:
+    """A probe that reads host state (not reusable, as host-p2p) runs again on every `checks run`; when it
+    reads what this host's latest record holds, the run learns nothing: one pass (no quick pass first), no run
+    recorded, the table and its page byte for byte as they were. A changed fact is recorded."""
+    c = Checkout(tmp_path)
+    (c.probes / "t_host_state.py").write_text(HOST_STATE)
+    state = tmp_path / "host-state"
+    state.write_text("IOMMU off\n")
+    env = {**c.env, "STACKPROBE_TEST_HOST_STATE": str(state)}
+    table = tmp_path / "table.md"
+    c.run("--staged", env=env, report=table)
+    assert "t-host-state ranks=1" in c.ran()
+    runs = c.runs()
+    written = {p: p.read_bytes() for p in (table, table.with_suffix(".html"))}
+
+    again = c.run("--staged", env=env, report=table)
+    assert c.ran() == ["t-host-state ranks=1"]  # read again, once: the full pass alone
+    assert ("level: full only: every variant is unchanged since its last run (1 variant(s) read this host's "
+            "state again), so one pass answers") in again.stderr
+    assert "first answer" not in again.stderr
+    assert "results: nothing new, so no run recorded" in again.stderr
+    assert c.runs() == runs
+    assert {p: p.read_bytes() for p in written} == written
+
+    state.write_text("IOMMU translated\n")
+    changed = c.run("--staged", env=env, report=table)
+    assert c.ran() == ["t-host-state ranks=1"]
+    assert "results: nothing new" not in changed.stderr
+    [new] = sorted(set(c.runs()) - set(runs))
+    [fresh] = [r for r in read_file(new)[0] if r.probe_id == "t-host-state"]
+    assert fresh.verdict.note == "the host reads IOMMU translated" and "reused_from" not in fresh.verdict.evidence
+    assert new.stem in table.read_text()  # the table lists the run that recorded the change
+
+
+def test_the_real_host_p2p_facts_rerun_on_this_host_record_nothing(tmp_path: Path) -> None:
+    """host-p2p itself (its facts variant reads this machine's PCI bridges and IOMMU; the pair variants skip
+    without GPUs) through `checks run --backend local`, twice: the second run reads the same facts and writes
+    no run."""
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "checks.cli", "run", "--backend", "local", "--probe", "host-p2p", "--results",
+           str(results), "--no-report"]
+    env = {k: v for k, v in os.environ.items() if k != "STACKPROBE_PROBE_PATH"}
+    first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr
+    runs = sorted(results.glob("*/*"))
+    assert runs
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "level: full only" in again.stderr and "results: nothing new, so no run recorded" in again.stderr
+    assert sorted(results.glob("*/*")) == runs
+
+
 def test_a_changed_probe_a_changed_environment_and_fresh_rerun(tmp_path: Path) -> None:
     c = Checkout(tmp_path)
     c.run()

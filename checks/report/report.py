@@ -19,12 +19,12 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from checks.report import overview, plots
+from checks.report import here, overview, plots
 from checks.report.estimate import default_shape
 from checks.report.footnotes import Footnote, Occurrence, footnotes
 from checks.report.headline import headline
 from checks.report.summary import proven_statically
-from checks.results import hostresults, ids
+from checks.results import hostresults, ids, portable
 from checks.results.freshness import Refresh, judged_by, refresh_list, staleness
 from checks.results.provenance import VERDICT_CODE_ROLE, current_probe_hashes, verdict_code_versions
 from checks.results.result import ProbeResult
@@ -75,6 +75,7 @@ class HostSection:
     plots: list[Any] = field(default_factory=list)  # checks.report.plots.LatencyPlot per cell and rank count
     estimates: list[Any] = field(default_factory=list)  # estimate.Estimate of the advice (attach_decisions)
     judged: list[str] = field(default_factory=list)  # host-side code that judged verdicts, with its version
+    standing: list[str] = field(default_factory=list)  # the newest run's host only: here.rows, said first
 
 
 def judged_lines(results: list[ProbeResult]) -> list[str]:
@@ -188,7 +189,7 @@ def _read_runs(runs: list[tuple[str, Path]], out_dir: Path) -> tuple[list[ProbeR
         warnings.extend(warn)
         if not res:
             continue  # a run with nothing readable describes nothing: its manifest is not read
-        all_results.extend(res)
+        all_results.extend(portable.result(r) for r in res)
         m, why = read_manifest(path.with_name(f"{run_id}.manifest.json"))
         if m is not None:
             manifests.append(m)
@@ -406,6 +407,7 @@ def render(sections: list[HostSection], kind: str, results_rel: str, skipped: in
     cells = [c for s in sections for row in s.rows for c in row["cells"].values() if c]
     return env.get_template(f"compatibility.{kind}.j2").render(
         sections=sections, statuses=list(ORDER), measured_sm12=sm12, results_rel=results_rel,
+        newest=next((s for s in sections if s.standing), None),
         any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
         any_reused=any(c.reused for c in cells), any_quick=any(c.quick for c in cells),
         any_static=any(c.static for c in cells),
@@ -463,3 +465,7 @@ def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
             decided = decisions.decide(hosts[s.host_id], engines, pins, model=model)
             s.decisions = decisions.blocks(decided)
             s.estimates = [c.estimate for c in decided.cells if c.estimate is not None]
+    newest = here.newest_host({s.host_id: [r["run_id"] for r in s.runs] for s in sections if s.rows})
+    for s in sections:
+        if s.host_id == newest and newest in hosts:
+            s.standing = here.rows(here.standing(hosts[newest], _catalogue()[0]))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checks.results import portable
 from checks.results.freshness import EXECUTORS
 from checks.results.result import ProbeResult
 from checks.results.store import read_file, read_manifest, scan
@@ -71,7 +72,7 @@ def load_all(results_dir: Path) -> tuple[dict[str, HostResults], list[str]]:
         executors: dict[str, str] = {}
         for run_id, path in runs:
             res, warn = read_file(path)
-            results.extend(res)
+            results.extend(portable.result(r) for r in res)
             warnings.extend(warn)
             if not res:
                 continue  # a run with nothing readable describes nothing: its manifest is not read

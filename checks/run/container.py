@@ -60,7 +60,46 @@ def _connect() -> tuple[Any, str | None]:
         c.ping()
         return c, None
     except Exception as exc:
-        return None, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        return None, why_no_daemon(exc, os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET)
+
+
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"  # where the SDK looks without DOCKER_HOST
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The operating system's error under the SDK's wrappers (its causes, contexts and the arguments the
+    HTTP library nests them in), else ``exc`` itself."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return e
+        todo += [x for x in (e.__cause__, e.__context__, *e.args) if isinstance(x, BaseException)]
+        todo += [getattr(e, "reason", None)] if isinstance(getattr(e, "reason", None), BaseException) else []
+    return exc
+
+
+def why_no_daemon(exc: BaseException, where: str) -> str:
+    """Why no daemon answered at ``where`` (DOCKER_HOST's spelling), as a sentence: no Python exception's
+    repr."""
+    cause = _root_cause(exc)
+    if isinstance(cause, FileNotFoundError):
+        return f"no socket at {where}"
+    if isinstance(cause, ConnectionRefusedError):
+        return f"nothing listens at {where}"
+    if isinstance(cause, PermissionError):
+        return f"this user may not open {where}: permission denied"
+    if isinstance(cause, TimeoutError) or "timed out" in str(cause).lower():
+        return f"the daemon at {where} did not answer in time"
+    if isinstance(cause, OSError) and cause.strerror:
+        return f"the daemon at {where} cannot be reached: {cause.strerror.lower()}"
+    text = str(getattr(exc, "explanation", None) or exc).splitlines()
+    first = text[0].strip()[:200] if text else ""
+    return f"the daemon at {where} did not answer" + (f": {first}" if first and "(" not in first else "")
 
 
 def unreachable() -> str | None:

@@ -114,6 +114,16 @@ def decide(items: list[WorkItem], latest: Mapping[Key, ProbeResult], inputs: Map
     return out
 
 
+def rechecked(item: WorkItem, latest: Mapping[Key, ProbeResult], hashes: Mapping[str, str]) -> bool:
+    """Whether ``item`` runs only to read again the host state no input captures (its probe is not
+    ``reusable``) while this host holds its latest record, made by the same probe code. Reading the same facts
+    again, it learns nothing and the store records nothing for it (checks.results.store.is_news); so it asks for
+    no quick pass before the full one."""
+    r = latest.get(item.key)
+    return (item.runs and not item.spec.reusable and r is not None and r.code is not None
+            and provenance.same_code(r.code.probe_hash, hashes.get(item.spec.id)))
+
+
 def origin(result: ProbeResult) -> str:
     """The run that measured ``result`` (itself, unless it was carried)."""
     return str(result.verdict.evidence.get(REUSED_FROM) or result.run_id)

@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from checks.results import portable
 from checks.results.provenance import Provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore
 from checks.run import classify, hostjudge, incremental, isolate
 from checks.run.executor import Executor, ExecutorError, hard_timeout
 from checks.run.incremental import Inputs, Key
-from checks.run.options import RunOptions
+from checks.run.options import REPO, RunOptions
 from checks.run.plan import WorkItem, jit_modules
 from common.reasons import Catalogue
 from inenv.gpugate import DEFAULT_QUEUE_S
@@ -71,7 +72,9 @@ def now_iso() -> str:
 
 def assemble(item: WorkItem, verdict: Verdict, run_id: str, host_id: str, started_at: str,
              code: Provenance | None) -> ProbeResult:
-    return ProbeResult(run_id, host_id, item.cell.cell_id, item.spec.id, item.variant.key, verdict, started_at, code)
+    """The result as recorded: its words name no folder of this machine (checks.results.portable)."""
+    return portable.result(ProbeResult(run_id, host_id, item.cell.cell_id, item.spec.id, item.variant.key, verdict,
+                                       started_at, code), str(REPO))
 
 
 def decided_verdict(item: WorkItem, catalogue: Catalogue) -> Verdict:

@@ -76,8 +76,9 @@ def run(opts: RunOptions, con: Any) -> int:
     full level; the exit code (0 done, 130 interrupted, 2 results not stored)."""
     passes = levels(opts)
     ready = prepared(passes[-1]) if len(passes) > 1 and not (opts.resume or opts.fresh) else None
-    if ready is not None and unchanged(passes[-1], ready):
-        con.print("level: full only: every variant is unchanged since its last run, so one pass answers",
+    if ready is not None and (again := unchanged(passes[-1], ready)) is not None:
+        reread = f" ({again} variant(s) read this host's state again)" if again else ""
+        con.print(f"level: full only: every variant is unchanged since its last run{reread}, so one pass answers",
                   markup=False, highlight=False)
         passes = passes[-1:]
     staged = len(passes) > 1
@@ -123,14 +124,19 @@ class Prepared:
     planned: Planned
 
 
-def unchanged(opts: RunOptions, ready: Prepared) -> bool:
-    """Whether the full level, prepared as ``ready``, would run nothing (every variant reused or decided
-    without running): then the quick pass before it would only write a table the full pass writes again.
-    The full pass takes ``ready`` either way instead of preparing it again. Never asked for a resumed or
-    --fresh run."""
+def unchanged(opts: RunOptions, ready: Prepared) -> int | None:
+    """Whether the full level, prepared as ``ready``, would learn nothing new: every variant reused or decided
+    without running, or only reading this host's state again (incremental.rechecked). Then the quick pass
+    before it would only write a table the full pass writes again. The number of variants that read the host
+    again, or None when the full level has something to run. The full pass takes ``ready`` either way instead
+    of preparing it again. Never asked for a resumed or --fresh run."""
     host_id = str(ready.targets.facts["host_id"])
     store = RunStore(opts.results, host_id, next_run_id(opts.results / host_id))  # no file until news
-    return not any(it.runs for it in reuse(opts, ready.planned, store).items)
+    latest = incremental.latest(store.folder)
+    runs = [it for it in reuse(opts, ready.planned, store).items if it.runs]
+    if all(incremental.rechecked(it, latest, ready.planned.hashes) for it in runs):
+        return len(runs)
+    return None
 
 
 def prepared(opts: RunOptions) -> Prepared:
@@ -240,7 +246,7 @@ def open_store(opts: RunOptions, host_id: str, staged: bool = False) -> RunStore
             return None
         if level != opts.level:
             latest = None
-    return RunStore(opts.results, host_id, latest or next_run_id(folder))
+    return RunStore(opts.results, host_id, latest or next_run_id(folder), exact=opts.fresh)
 
 
 def reuse(opts: RunOptions, planned: Planned, store: RunStore,
