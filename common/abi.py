@@ -33,6 +33,7 @@ from common.caches import CODE_ROOT
 from inenv import atomic
 
 ABI_CACHE = CODE_ROOT / ".cache" / "abi"
+GRID_DATA = CODE_ROOT / "docs" / "abi-grid.json"  # the grid `provision abi` keeps for the page
 FORMAT = 1  # the layout of an index file; another number is read as absent (made again)
 SHOWN = 3  # missing symbols named in a cell
 
@@ -305,3 +306,25 @@ def cached(packages: Sequence[tuple[str, str]], root: Path = ABI_CACHE
         elif (e := load_extension(key, root)) is not None:
             exts.append(e)
     return torches, exts
+
+
+def save_grid_data(data: dict[str, Any], path: Path = GRID_DATA) -> None:
+    """The grid as the page publishes it; rewritten only when its content changed."""
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        pass
+    atomic.write_text(path, text)
+
+
+def load_grid_data(path: Path = GRID_DATA) -> dict[str, Any] | None:
+    """The kept grid, None when absent or not a grid (untrusted: the page escapes every string)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or not isinstance(raw.get("torch"), list):
+        return None
+    return raw

@@ -1,0 +1,85 @@
+"""`provision abi` shown: the grid extension release x torch build as text for people, JSON for tooling,
+and the plan's warnings for cells whose extension will not load. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from common import abi
+from common.catalog import Catalog
+from common.resolve import Resolved
+from provision.abi.index import Made
+
+LEGEND = ("ok: loads; xN: N imported torch symbols this torch does not export (undefined symbol at import); "
+          "cuda: needs another CUDA major's libraries; >=X: built on torch's stable C ABI alone, loads from torch X; "
+          "!: the wheel's declared torch requirement says the opposite")
+_MIB = 1 << 20
+
+
+def grid_lines(g: abi.Grid, detail: bool = False) -> list[str]:
+    if not g.torches or not g.extensions:
+        return ["no extension or torch build is indexed"]
+    width = max(len(e.label) for e in g.extensions) + 2
+    col = max(7, *(len(t.version) + 1 for t in g.torches))
+    lines = [" " * width + "".join(f"{t.version:<{col}}" for t in g.torches),
+             " " * width + "".join(f"{t.variant:<{col}}" for t in g.torches)]
+    for e in g.extensions:
+        cells = [g.cell(e.label, t.label) for t in g.torches]
+        lines.append(f"{e.label:<{width}}" + "".join(f"{c.short() if c else '-':<{col}}" for c in cells))
+    lines.append(LEGEND)
+    shown = g.cells if detail else g.findings()
+    if shown:
+        lines.append("pin and binary disagree:" if not detail else "every cell:")
+        lines += [f"  {c.extension} beside torch {c.torch}: {c.says()}; declared torch{_spec(c.pin)}"
+                  + (f" ({c.finding})" if c.finding else "") for c in shown]
+    return lines
+
+
+def _spec(pin: str | None) -> str:
+    if not pin:
+        return ": none"
+    return pin if pin[0] in "=<>!~" else f"=={pin}"
+
+
+def summary(made: Sequence[Made], seconds: float, cold: dict[str, Any] | None) -> list[str]:
+    """The closing note: what was indexed and from where, what is missing and why, the time taken."""
+    new = [m for m in made if m.index is not None and m.origin != "cache"]
+    gone = [m for m in made if m.index is None]
+    lines = [f"  not indexed: {m.want.package} {m.want.version}: {m.why}" for m in gone]
+    streamed = sum(m.read_bytes for m in new)
+    now = (f"made {len(new)} now ({sum(m.origin == 'uv cache' for m in new)} from uv's cache, "
+           f"{sum(m.origin == 'registry' for m in new)} streamed from the registry: {streamed / _MIB:.0f} MiB "
+           "of compressed members)" if new else "every one from .cache/abi (warm)")
+    lines.append(f"{sum(m.index is not None for m in made)} indexes: {now}; took {seconds:.1f} s")
+    if not new and cold:
+        lines.append(f"the run that made them took {cold.get('seconds', 0):.0f} s and streamed "
+                     f"{int(cold.get('streamed', 0)) / _MIB:.0f} MiB")
+    return lines
+
+
+def cell_warnings(cells: Sequence[Resolved], catalog: Catalog, torches: Sequence[abi.TorchIndex],
+                  exts: Sequence[abi.ExtensionIndex]) -> list[str]:
+    """One line per resolved cell whose sgl-kernel will not load beside its torch, judged from the indexes
+    at hand. The symbols come from the indexed build of the cell's torch release (the release's builds for
+    other CUDA versions export the same torch symbols); the CUDA major is the cell's."""
+    by_release = {t.version: t for t in torches}
+    by_ext = {(e.package, e.version): e for e in exts}
+    out = []
+    for r in cells:
+        kernel = catalog.kernels.get(r.versions.get("sgl_kernel", ""))
+        torch = by_release.get(r.versions.get("torch", ""))
+        if r.status != "resolved" or kernel is None or torch is None:
+            continue
+        ext = by_ext.get((kernel.package, kernel.version))
+        variant = r.versions.get("torch_cuda") or torch.variant
+        cuda = catalog.cuda_by_variant(variant)
+        build = replace(torch, variant=variant, cuda_major=cuda.major if cuda else torch.cuda_major)
+        if ext is None:
+            continue
+        cell = abi.judge(ext, build, abi.stable_floor(ext, torches))
+        if not cell.loads:
+            read = "" if variant == torch.variant else f" (symbols read from the {torch.label} wheel)"
+            out.append(f"{r.cell_id}: {ext.label} will not load beside torch {build.label}: {cell.says()}{read}")
+    return out
