@@ -36,6 +36,9 @@ ABI_CACHE = CODE_ROOT / ".cache" / "abi"
 GRID_DATA = CODE_ROOT / "docs" / "abi-grid.json"  # the grid `provision abi` keeps for the page
 FORMAT = 1  # the layout of an index file; another number is read as absent (made again)
 SHOWN = 3  # missing symbols named in a cell
+LEGEND = ("ok: loads; xN: N imported torch symbols this torch does not export (the import fails with undefined "
+          "symbol); cuda: needs another CUDA major's libraries (+cuda: that too); >=X: built on torch's stable C "
+          "ABI alone, loads from torch X; !: the wheel's declared torch requirement says the opposite")
 
 
 @dataclass(frozen=True)
@@ -115,23 +118,55 @@ class Cell:
         if self.fit is Fit.CUDA:
             return f"CUDA major mismatch: needs {', '.join(self.cuda_libs)}"
         named = ", ".join(self.missing[:SHOWN]) + (", ..." if len(self.missing) > SHOWN else "")
+        also = f"; also needs {', '.join(self.cuda_libs)} (another CUDA major)" if self.cuda_libs else ""
         if self.fit is Fit.STABLE:
             floor = (f"needs torch >= {self.needs_torch}" if self.needs_torch
                      else "no indexed torch exports all it needs")
-            return f"stable ABI only: {floor} ({len(self.missing)} undefined: {named})"
-        return f"{len(self.missing)} undefined symbol(s): {named}"
+            return f"stable ABI only: {floor} ({len(self.missing)} undefined: {named}){also}"
+        return f"{len(self.missing)} undefined symbol(s): {named}{also}"
 
     def short(self) -> str:
-        """A grid cell: ok, x<N> (N undefined symbols), cuda, >=X; '!' marks a pin that disagrees."""
-        text = {Fit.LOADS: "ok", Fit.CUDA: "cuda", Fit.UNDEFINED: f"x{len(self.missing)}",
-                Fit.STABLE: f">={self.needs_torch}" if self.needs_torch else f"x{len(self.missing)}"}[self.fit]
-        return text + ("!" if self.finding else "")
+        """A grid cell: ok, x<N> (N undefined symbols), cuda, >=X; '+cuda' where the CUDA major differs too,
+        '!' where the declared pin disagrees."""
+        return short(self.as_dict())
 
     def as_dict(self) -> dict[str, Any]:
         return {"extension": self.extension, "torch": self.torch, "fit": self.fit.value, "loads": self.loads,
                 "undefined": len(self.missing), "undefined_first": list(self.missing[:SHOWN]),
                 "cuda_libraries": list(self.cuda_libs), "needs_torch": self.needs_torch, "pin": self.pin,
                 "pin_allows": self.pin_allows, "finding": self.finding or None, "says": self.says()}
+
+
+def short(cell: dict[str, Any]) -> str:
+    """A cell of the grid as `Cell.as_dict` writes it, in a few characters (the page reads the kept JSON)."""
+    fit, floor = cell.get("fit"), cell.get("needs_torch")
+    text = {"loads": "ok", "cuda-major-mismatch": "cuda"}.get(str(fit))
+    if text is None:
+        text = f">={floor}" if fit == Fit.STABLE.value and floor else f"x{cell.get('undefined')}"
+        text += "+cuda" if cell.get("cuda_libraries") else ""
+    return text + ("!" if cell.get("finding") else "")
+
+
+def finding_lines(cells: Iterable[dict[str, Any]]) -> list[str]:
+    """Where the declared torch pin and the binary disagree, from cells as `Cell.as_dict` writes them: each
+    pin-says-yes-binary-says-no pair on its own line; the releases a binary loads on beyond its pin, one line
+    per extension."""
+    cells = [c for c in cells if c.get("finding")]
+    lines = [f"{c.get('extension')}: declares torch{spec_text(c.get('pin'))} but does not load beside its "
+             f"{c.get('torch')}: {c.get('says')}" for c in cells if c.get("finding") == "pin-yes-binary-no"]
+    wider: dict[str, list[dict[str, Any]]] = {}
+    for c in cells:
+        if c.get("finding") == "pin-no-binary-yes":
+            wider.setdefault(str(c.get("extension")), []).append(c)
+    lines += [f"{ext}: declares torch{spec_text(cs[0].get('pin'))} yet its binary loads beside "
+              f"{', '.join(str(c.get('torch')) for c in cs)} too" for ext, cs in wider.items()]
+    return lines
+
+
+def spec_text(pin: Any) -> str:
+    """A declared torch requirement as text: "==2.14.1" for the bare version `registry.pins` gives."""
+    text = str(pin or "")
+    return text if text[:1] in ("=", "<", ">", "!", "~") else f"=={text}" if text else " (none)"
 
 
 def soname_major(soname: str) -> int | None:
@@ -167,18 +202,17 @@ def stable_floor(ext: ExtensionIndex, torches: Iterable[TorchIndex]) -> str | No
 
 def judge(ext: ExtensionIndex, torch: TorchIndex, floor: str | None = None) -> Cell:
     """The verdict on ``ext`` beside ``torch``. ``floor``: `stable_floor` of the extension, for the stable-ABI
-    verdict. Symbols first (the loader's own error), then the CUDA major."""
+    verdict. Symbols decide first (the loader's own error); libraries of another CUDA major are named either way."""
     pin, allows = ext.torch_pin, pin_allows(ext.torch_pin, torch.version)
+    other = tuple(lib for lib in ext.cuda_libs if torch.cuda_major is not None
+                  and soname_major(lib) not in (None, torch.cuda_major))
     missing = tuple(sorted((ext.cxx | ext.stable) - torch.exports))
     if missing:
         fit = Fit.STABLE if not ext.cxx else Fit.UNDEFINED
-        return Cell(ext.label, torch.label, fit, missing, needs_torch=floor if fit is Fit.STABLE else None,
+        return Cell(ext.label, torch.label, fit, missing, other, needs_torch=floor if fit is Fit.STABLE else None,
                     pin=pin, pin_allows=allows)
-    other = tuple(lib for lib in ext.cuda_libs if torch.cuda_major is not None
-                  and soname_major(lib) not in (None, torch.cuda_major))
-    if other:
-        return Cell(ext.label, torch.label, Fit.CUDA, cuda_libs=other, pin=pin, pin_allows=allows)
-    return Cell(ext.label, torch.label, Fit.LOADS, pin=pin, pin_allows=allows)
+    return Cell(ext.label, torch.label, Fit.CUDA if other else Fit.LOADS, cuda_libs=other, pin=pin,
+                pin_allows=allows)
 
 
 @dataclass(frozen=True)
@@ -328,3 +362,64 @@ def load_grid_data(path: Path = GRID_DATA) -> dict[str, Any] | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or not isinstance(raw.get("torch"), list):
         return None
     return raw
+
+
+# ---- checked against reality: the inventory probe's verdict in a built cell --------------------------------
+
+# The import name the inventory probe records an extension under -> the distributions it comes from.
+MODULE_PACKAGES = {"sgl_kernel": ("sgl-kernel", "sglang-kernel"), "vllm": ("vllm",), "sglang": ("sglang",)}
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a built cell's inventory said about one extension beside its torch."""
+
+    where: str  # "<host>/<cell>"
+    module: str  # import name: sgl_kernel, vllm, sglang
+    version: str  # the extension's release
+    torch: str  # the torch build, "2.14.1+cu130"
+    loads: bool
+    said: str  # why, in the inventory's terms
+
+
+@dataclass(frozen=True)
+class Comparison:
+    seen: Observed
+    predicted: dict[str, Any] | None  # the grid's cell, None when the grid has no such pair
+
+    @property
+    def agrees(self) -> bool | None:
+        return None if self.predicted is None else bool(self.predicted.get("loads")) == self.seen.loads
+
+
+def observed(where: str, evidence: dict[str, Any], engine_versions: dict[str, str]) -> list[Observed]:
+    """The extensions an inventory result judged from their binaries (``<module>_abi`` evidence): loads when
+    no imported torch symbol is missing and every CUDA library they need is of torch's CUDA major.
+    ``engine_versions``: module -> release for engines whose version the result does not list (from the
+    cell id). Untrusted input: anything of the wrong type is left out."""
+    versions = evidence.get("versions") if isinstance(evidence.get("versions"), dict) else {}
+    torch = versions.get("torch_runtime")
+    out = []
+    for module in MODULE_PACKAGES:
+        fit = evidence.get(f"{module}_abi")
+        version = versions.get(module) or engine_versions.get(module)
+        if not isinstance(fit, dict) or not isinstance(version, str) or not isinstance(torch, str):
+            continue
+        missing = fit.get("torch_symbols_missing")
+        cuda = str(fit.get("torch_cuda") or "").split(".")[0]
+        libs = [x for x in fit.get("cuda_libraries_needed") or [] if isinstance(x, str)]
+        other = [x for x in libs if cuda.isdigit() and soname_major(x) not in (None, int(cuda))]
+        if not isinstance(missing, int):
+            continue
+        said = (f"{missing} imported torch symbol(s) missing" if missing else
+                f"needs {', '.join(other)} beside CUDA {cuda}" if other else "every imported torch symbol exported")
+        out.append(Observed(where, module, version, torch, missing == 0 and not other, said))
+    return out
+
+
+def compare(data: dict[str, Any], seen: Iterable[Observed]) -> list[Comparison]:
+    """Each observation beside the grid's prediction for the same extension release and torch build."""
+    labels = {(m, e.get("version")): e.get("label") for e in data.get("extensions") or [] if isinstance(e, dict)
+              for m, pkgs in MODULE_PACKAGES.items() if e.get("package") in pkgs}
+    cells = {(c.get("extension"), c.get("torch")): c for c in data.get("cells") or [] if isinstance(c, dict)}
+    return [Comparison(s, cells.get((labels.get((s.module, s.version)), s.torch))) for s in seen]

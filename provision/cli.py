@@ -13,11 +13,14 @@ from pathlib import Path
 
 import yaml
 
+from common.abi import ABI_CACHE, cached
 from common.api import DEFAULT_MATRIX, plan
 from common.catalog import CATALOG_PATH, Catalog
 from common.catalog import load as load_catalog
 from common.errors import InputError, suggest
+from common.resolve import Resolved
 from inenv.gpuarch import TargetError, parse_targets
+from provision.abi.view import cell_warnings
 from provision.baseimage import BaseImageError, ensure_all
 from provision.dockercli import Docker, docker_cli
 from provision.lock import ENVS, live_check, lock_cells
@@ -121,7 +124,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(plan_json(cells), indent=1))
     else:
         print("\n".join(plan_lines(cells)))
+    for line in abi_warnings(cells):
+        print(f"provision: warning: {line}", file=sys.stderr)
     return 0
+
+
+def abi_warnings(cells: Sequence[Resolved], root: Path = ABI_CACHE) -> list[str]:
+    """Cells whose sgl-kernel will not load beside their torch, from the indexes `provision abi` made (no
+    network; a release not indexed yet is not judged)."""
+    catalog = load_catalog()
+    wanted = {("torch", r.versions.get("torch", "")) for r in cells}
+    wanted |= {(k.package, k.version) for r in cells if (k := catalog.kernels.get(r.versions.get("sgl_kernel", "")))}
+    torches, exts = cached(sorted(wanted), root)
+    return cell_warnings(cells, catalog, torches, exts)
 
 
 def cmd_lock(args: argparse.Namespace) -> int:

@@ -31,6 +31,11 @@ _CUDA_RELEASE = re.compile(r"""^cuda\b[^=]*=\s*['"](\d+)\.\d+""", re.M)
 _SHARED = re.compile(r"[^/]+(?:/[^/]+)*\.so(?:\.\d+)*")
 
 
+# A manifest entry for a release the index serves no wheel of (released files do not change, so it is asked
+# once; deleting .cache/abi asks again).
+ABSENT = "absent: "
+
+
 @dataclass(frozen=True)
 class Want:
     package: str  # "torch" or an extension's distribution name
@@ -107,10 +112,11 @@ class Made:
 def _locate(want: Want, listing: dict[str, str] | None, uv_cache: Path | None) -> Wheel | str:
     """The wheel of a release: uv's cache first, else the registry; a string saying why there is none."""
     if listing is None:
-        return f"{want.package} is not on the index"
+        return "the index does not list the package"
     chosen = registry.pick_wheel(listing, want.version)
     if chosen is None:
-        return f"{want.package} {want.version} has no Linux x86-64 wheel on the index"
+        listed = registry._served(want.package, want.version, {want.package: listing})
+        return "no Linux x86-64 wheel on the index" if listed else "not on the index"
     same_release = [f for f in listing if f.endswith(".whl") and registry.pick_wheel([f], want.version) == f
                     and registry.wheel_platform(f) != "none"] or [chosen]
     for filename in [chosen, *(f for f in same_release if f != chosen)]:
@@ -149,6 +155,9 @@ def ensure(want_list: Sequence[Want], root: Path = abi.ABI_CACHE, index_url: str
     todo: list[Want] = []
     for w in want_list:
         key = manifest.get(abi.release_key(w.package, w.version))
+        if key is not None and key.startswith(ABSENT):  # the index had no wheel of it: asked once
+            out[w] = Made(w, None, key.removeprefix(ABSENT), "cache", 0, 0.0)
+            continue
         found = (abi.load_torch(key, root) if w.package == "torch" else abi.load_extension(key, root)) if key else None
         if found is not None:
             out[w] = Made(w, found, "", "cache", 0, 0.0)
@@ -168,11 +177,11 @@ def ensure(want_list: Sequence[Want], root: Path = abi.ABI_CACHE, index_url: str
 
             def one(w: Want) -> Made:
                 made = make(w, pages[w.package], uv_cache, root, say)
-                if made.index is not None:
-                    with lock:
-                        entries = abi.load_manifest(root)
-                        entries[abi.release_key(w.package, w.version)] = made.index.key
-                        abi.save_manifest(entries, root)
+                with lock:
+                    entries = abi.load_manifest(root)
+                    entries[abi.release_key(w.package, w.version)] = (made.index.key if made.index is not None
+                                                                      else ABSENT + made.why)
+                    abi.save_manifest(entries, root)
                 return made
 
             for made in pool.map(one, todo):

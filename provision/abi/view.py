@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common import abi
 from common.catalog import Catalog
 from common.resolve import Resolved
-from provision.abi.index import Made
 
-LEGEND = ("ok: loads; xN: N imported torch symbols this torch does not export (undefined symbol at import); "
-          "cuda: needs another CUDA major's libraries; >=X: built on torch's stable C ABI alone, loads from torch X; "
-          "!: the wheel's declared torch requirement says the opposite")
+if TYPE_CHECKING:  # the registry reader behind it is not needed for the plan's warnings
+    from provision.abi.index import Made
+
 _MIB = 1 << 20
 
 
@@ -22,40 +21,39 @@ def grid_lines(g: abi.Grid, detail: bool = False) -> list[str]:
     if not g.torches or not g.extensions:
         return ["no extension or torch build is indexed"]
     width = max(len(e.label) for e in g.extensions) + 2
-    col = max(7, *(len(t.version) + 1 for t in g.torches))
+    col = max(7, *(len(t.version) + 1 for t in g.torches), *(len(c.short()) + 1 for c in g.cells))
     lines = [" " * width + "".join(f"{t.version:<{col}}" for t in g.torches),
              " " * width + "".join(f"{t.variant:<{col}}" for t in g.torches)]
     for e in g.extensions:
         cells = [g.cell(e.label, t.label) for t in g.torches]
         lines.append(f"{e.label:<{width}}" + "".join(f"{c.short() if c else '-':<{col}}" for c in cells))
-    lines.append(LEGEND)
-    shown = g.cells if detail else g.findings()
-    if shown:
-        lines.append("pin and binary disagree:" if not detail else "every cell:")
-        lines += [f"  {c.extension} beside torch {c.torch}: {c.says()}; declared torch{_spec(c.pin)}"
-                  + (f" ({c.finding})" if c.finding else "") for c in shown]
+    lines.append(abi.LEGEND)
+    found = abi.finding_lines(c.as_dict() for c in g.cells)
+    if found:
+        lines.append("declared torch pin and binary disagree:")
+        lines += [f"  {line}" for line in found]
+    if detail:
+        lines.append("every cell:")
+        lines += [f"  {c.extension} beside torch {c.torch}: {c.says()}" for c in g.cells]
     return lines
-
-
-def _spec(pin: str | None) -> str:
-    if not pin:
-        return ": none"
-    return pin if pin[0] in "=<>!~" else f"=={pin}"
 
 
 def summary(made: Sequence[Made], seconds: float, cold: dict[str, Any] | None) -> list[str]:
     """The closing note: what was indexed and from where, what is missing and why, the time taken."""
     new = [m for m in made if m.index is not None and m.origin != "cache"]
-    gone = [m for m in made if m.index is None]
-    lines = [f"  not indexed: {m.want.package} {m.want.version}: {m.why}" for m in gone]
+    gone: dict[tuple[str, str], list[str]] = {}
+    for m in made:
+        if m.index is None:
+            gone.setdefault((m.want.package, m.why), []).append(m.want.version)
+    lines = [f"  not indexed: {package} {', '.join(versions)}: {why}" for (package, why), versions in gone.items()]
     streamed = sum(m.read_bytes for m in new)
     now = (f"made {len(new)} now ({sum(m.origin == 'uv cache' for m in new)} from uv's cache, "
            f"{sum(m.origin == 'registry' for m in new)} streamed from the registry: {streamed / _MIB:.0f} MiB "
            "of compressed members)" if new else "every one from .cache/abi (warm)")
     lines.append(f"{sum(m.index is not None for m in made)} indexes: {now}; took {seconds:.1f} s")
     if not new and cold:
-        lines.append(f"the run that made them took {cold.get('seconds', 0):.0f} s and streamed "
-                     f"{int(cold.get('streamed', 0)) / _MIB:.0f} MiB")
+        lines.append(f"cold: the last run that made indexes made {cold.get('made', 0)} in "
+                     f"{cold.get('seconds', 0):.0f} s, streaming {int(cold.get('streamed', 0)) / _MIB:.0f} MiB")
     return lines
 
 
