@@ -129,13 +129,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def abi_warnings(cells: Sequence[Resolved], root: Path = ABI_CACHE) -> list[str]:
+def abi_warnings(cells: Sequence[Resolved], root: Path | None = None) -> list[str]:
     """Cells whose sgl-kernel will not load beside their torch, from the indexes `provision abi` made (no
     network; a release not indexed yet is not judged)."""
     catalog = load_catalog()
     wanted = {("torch", r.versions.get("torch", "")) for r in cells}
     wanted |= {(k.package, k.version) for r in cells if (k := catalog.kernels.get(r.versions.get("sgl_kernel", "")))}
-    torches, exts = cached(sorted(wanted), root)
+    torches, exts = cached(sorted(wanted), root or ABI_CACHE)
     return cell_warnings(cells, catalog, torches, exts)
 
 

@@ -13,6 +13,7 @@ from checks.results.reader import read_results
 from common import abi
 from common.cellid import parse as parse_cell
 
+GRID_FILE = abi.GRID_DATA.name  # the grid is read from beside the page it is shown on
 _ENGINE = re.compile(r"(vllm|sglang)(\d[0-9A-Za-z._+]*)")
 
 
@@ -55,8 +56,9 @@ def model(data: Mapping[str, Any] | None, seen: list[abi.Observed]) -> dict[str,
                                    for c in compared if c.agrees is None})}
 
 
-def section(results_dir: Path, grid_data: Path = abi.GRID_DATA) -> dict[str, Any] | None:
-    """The section's model from the kept grid and every inventory result under ``results_dir``."""
+def section(results_dir: Path, grid_data: Path) -> dict[str, Any] | None:
+    """The section's model from the kept grid and every inventory result under ``results_dir``; None
+    when no grid is kept there."""
     data = abi.load_grid_data(grid_data)
     if data is None:
         return None

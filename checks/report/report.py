@@ -413,7 +413,7 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
         print(f"checks report: no valid results under {results_dir}", file=sys.stderr)
         return 2
     rel = os.path.relpath(results_dir, out.parent)
-    grid = abigrid.section(results_dir)
+    grid = abigrid.section(results_dir, out.parent / abigrid.GRID_FILE)  # kept beside the page by provision abi
     md = render(sections, "md", rel, len(warnings), grid)
     page = render(sections, "html", os.path.relpath(results_dir, html.parent), len(warnings), grid)
     if check:
