@@ -10,8 +10,11 @@ one built on the stable C ABI alone. One test reads a real torch wheel, only whe
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -231,3 +234,18 @@ def test_the_page_shows_the_grid_kept_beside_it_escaped(tmp_path: Path) -> None:
     assert "| sglang-kernel &lt;script>x&lt;/script>\\|1 | ==2.1.0 | x2! |" in md
     assert "<script>x" not in page and "sglang-kernel &lt;script&gt;x&lt;/script&gt;|1" in page
     assert "declares torch==2.1.0 but does not load beside its 2.1.0+cu130" in md
+
+
+def test_inventory_names_the_nccl_library_torch_loaded() -> None:
+    """In this project's environment (torch with the NCCL wheel it pins): after `import torch` the inventory
+    finds the mapped libnccl, the release it reports, and the wheel that holds it, as the metadata says."""
+    code = ("import json, torch\nfrom inenv.probes.inventory import loaded_nccl\nprint(json.dumps(loaded_nccl()))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    if proc.returncode != 0 and "No module named 'torch'" in proc.stderr:
+        pytest.skip("no torch in this environment")
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    dists = [d for d in md.distributions() if (d.metadata["Name"] or "").startswith("nvidia-nccl")]
+    if not dists:
+        pytest.skip("no NCCL wheel in this environment")
+    assert found["package"] == dists[0].metadata["Name"] and found["version"] == dists[0].version
+    assert found["path"].endswith("libnccl.so.2") and "/nvidia/nccl/lib/" in found["path"]
