@@ -20,7 +20,7 @@ from common.catalog import load as load_catalog
 from common.errors import InputError, suggest
 from common.resolve import Resolved
 from inenv.gpuarch import TargetError, parse_targets
-from provision.abi.view import cell_warnings
+from provision.abi.view import cell_warnings, extensions_of
 from provision.baseimage import BaseImageError, ensure_all
 from provision.dockercli import Docker, docker_cli
 from provision.lock import ENVS, live_check, lock_cells
@@ -130,11 +130,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def abi_warnings(cells: Sequence[Resolved], root: Path | None = None) -> list[str]:
-    """Cells whose sgl-kernel will not load beside their torch, from the indexes `provision abi` made (no
-    network; a release not indexed yet is not judged)."""
+    """Cells whose sgl-kernel or serving engine will not load beside their torch, from the indexes `provision
+    abi` made (no network; a release not indexed yet is not judged)."""
     catalog = load_catalog()
     wanted = {("torch", r.versions.get("torch", "")) for r in cells}
-    wanted |= {(k.package, k.version) for r in cells if (k := catalog.kernels.get(r.versions.get("sgl_kernel", "")))}
+    wanted |= {pair for r in cells for pair in extensions_of(r, catalog)}
     torches, exts = cached(sorted(wanted), root or ABI_CACHE)
     return cell_warnings(cells, catalog, torches, exts)
 

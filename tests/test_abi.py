@@ -249,3 +249,18 @@ def test_inventory_names_the_nccl_library_torch_loaded() -> None:
         pytest.skip("no NCCL wheel in this environment")
     assert found["package"] == dists[0].metadata["Name"] and found["version"] == dists[0].version
     assert found["path"].endswith("libnccl.so.2") and "/nvidia/nccl/lib/" in found["path"]
+
+
+def test_plan_warns_for_an_engine_cell_too(tmp_path: Path) -> None:
+    """An engine cell's engine is judged like its sgl-kernel: a vLLM 0.33.0 index importing a stable-ABI
+    function the test's torch 2.14.0 index lacks makes its cell's warning name it."""
+    root = tmp_path / "abi"
+    torch = abi.TorchIndex("2.14.0", "cu130", 13, "t.whl", "sha256-" + "3" * 64, frozenset({FOO}))
+    vllm = abi.ExtensionIndex("vllm", "0.33.0", "v.whl", "sha256-" + "4" * 64, "2.14.0", frozenset(),
+                              frozenset({STABLE}), (), ("vllm/_C.abi3.so",))
+    for index in (torch, vllm):
+        abi.save(index, root)
+    abi.save_manifest({"torch 2.14.0": torch.key, "vllm 0.33.0": vllm.key}, root)
+    warned = abi_warnings(plan(ROOT / "matrices" / "engines.yaml", offline=True), root)
+    assert warned == ["cu130-torch2.14.0-sglnone-fi0.7.2.post1-vllm0.33.0: vllm 0.33.0 will not load beside torch "
+                      f"2.14.0+cu130: stable ABI only: no indexed torch exports all it needs (1 undefined: {STABLE})"]

@@ -57,27 +57,38 @@ def summary(made: Sequence[Made], seconds: float, cold: dict[str, Any] | None) -
     return lines
 
 
+def extensions_of(r: Resolved, catalog: Catalog) -> list[tuple[str, str]]:
+    """(distribution, release) of the compiled extensions a cell installs beside torch: its sgl-kernel, and the
+    serving engine it carries."""
+    out = []
+    kernel = catalog.kernels.get(r.versions.get("sgl_kernel", ""))
+    if kernel is not None:
+        out.append((kernel.package, kernel.version))
+    preset = catalog.presets.get(r.cell.preset or "")
+    if r.cell.engine and preset is not None:
+        out.append((preset.engine, preset.version))
+    return out
+
+
 def cell_warnings(cells: Sequence[Resolved], catalog: Catalog, torches: Sequence[abi.TorchIndex],
                   exts: Sequence[abi.ExtensionIndex]) -> list[str]:
-    """One line per resolved cell whose sgl-kernel will not load beside its torch, judged from the indexes
-    at hand. The symbols come from the indexed build of the cell's torch release (the release's builds for
-    other CUDA versions export the same torch symbols); the CUDA major is the cell's."""
+    """One line per resolved cell and extension (its sgl-kernel, the engine it carries) that will not load
+    beside its torch, judged from the indexes at hand. The symbols come from the indexed build of the cell's
+    torch release (the release's builds for other CUDA versions export the same torch symbols); the CUDA
+    major is the cell's."""
     by_release = {t.version: t for t in torches}
     by_ext = {(e.package, e.version): e for e in exts}
     out = []
     for r in cells:
-        kernel = catalog.kernels.get(r.versions.get("sgl_kernel", ""))
         torch = by_release.get(r.versions.get("torch", ""))
-        if r.status != "resolved" or kernel is None or torch is None:
+        if r.status != "resolved" or torch is None:
             continue
-        ext = by_ext.get((kernel.package, kernel.version))
         variant = r.versions.get("torch_cuda") or torch.variant
         cuda = catalog.cuda_by_variant(variant)
         build = replace(torch, variant=variant, cuda_major=cuda.major if cuda else torch.cuda_major)
-        if ext is None:
-            continue
-        cell = abi.judge(ext, build, abi.stable_floor(ext, torches))
-        if not cell.loads:
-            read = "" if variant == torch.variant else f" (symbols read from the {torch.label} wheel)"
-            out.append(f"{r.cell_id}: {ext.label} will not load beside torch {build.label}: {cell.says()}{read}")
+        for ext in (by_ext[pair] for pair in extensions_of(r, catalog) if pair in by_ext):
+            cell = abi.judge(ext, build, abi.stable_floor(ext, torches))
+            if not cell.loads:
+                read = "" if variant == torch.variant else f" (symbols read from the {torch.label} wheel)"
+                out.append(f"{r.cell_id}: {ext.label} will not load beside torch {build.label}: {cell.says()}{read}")
     return out
