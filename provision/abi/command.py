@@ -44,7 +44,8 @@ def run(opts: AbiOptions) -> int:
         cold = None
     data = {**abi.grid_json(g), "unlinked": sorted(e.label for e in exts if e not in g.extensions),
             "not_indexed": {f"{m.want.package} {m.want.version}": m.why for m in made if m.index is None}}
-    if opts.page_data is not None and not opts.packages and torches:
+    whole = not opts.packages and not any(m.why == index.NOT_YET for m in made)  # the page's grid is never partial
+    if opts.page_data is not None and whole and torches:
         abi.save_grid_data(data, opts.page_data)
     if opts.json:
         print(json.dumps({**data, "seconds": round(seconds, 2), "cold": cold}, indent=1))

@@ -34,6 +34,7 @@ _SHARED = re.compile(r"[^/]+(?:/[^/]+)*\.so(?:\.\d+)*")
 # A manifest entry for a release the index serves no wheel of (released files do not change, so it is asked
 # once; deleting .cache/abi asks again).
 ABSENT = "absent: "
+NOT_YET = "not indexed yet (run `provision abi` where the registry is reachable)"
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def ensure(want_list: Sequence[Want], root: Path = abi.ABI_CACHE, index_url: str
             todo.append(w)
     if todo and offline:
         for w in todo:
-            out[w] = Made(w, None, "not indexed yet (run `provision abi` where the registry is reachable)", "", 0, 0)
+            out[w] = Made(w, None, NOT_YET, "", 0, 0)
         todo = []
     if todo:
         index = index_url or registry.configured_index()
