@@ -264,3 +264,20 @@ def test_plan_warns_for_an_engine_cell_too(tmp_path: Path) -> None:
     warned = abi_warnings(plan(ROOT / "matrices" / "engines.yaml", offline=True), root)
     assert warned == ["cu130-torch2.14.0-sglnone-fi0.7.2.post1-vllm0.33.0: vllm 0.33.0 will not load beside torch "
                       f"2.14.0+cu130: stable ABI only: no indexed torch exports all it needs (1 undefined: {STABLE})"]
+
+
+def test_cached_on_an_incomplete_cache_leaves_the_page_grid_alone(
+        tmp_path: Path, index: _Index, capsys: pytest.CaptureFixture[str]) -> None:
+    """One torch indexed, the rest not: `--cached` judges what it has, asks the index nothing, and does not
+    replace the page's grid with a partial one."""
+    root, page = tmp_path / "abi", tmp_path / "grid.json"
+    page.write_text("{}")
+    catalog = _catalog(tmp_path)
+    command.run(command.AbiOptions(catalog, ("vllm",), json=True, index_url=index.url, root=root, page_data=page))
+    capsys.readouterr()
+    asked = len(index.requests)
+    assert command.run(command.AbiOptions(catalog, json=True, offline=True, root=root, page_data=page)) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(index.requests) == asked and page.read_text() == "{}"
+    assert [c["extension"] for c in out["cells"]] == ["vllm 0.99.0", "vllm 0.99.0"]
+    assert set(out["not_indexed"]) == {"sglang-kernel 0.9.0", "sglang-kernel 0.9.1"}
