@@ -174,18 +174,16 @@ class RemoteWheel:
         slack = 30 + len(info.filename.encode()) + 4096  # local header, name, extra field
         raw = registry.stream(self.url, info.header_offset, info.header_offset + slack + info.compress_size - 1)
         buf = b""
-        for block in raw:
+        while len(buf) < 30 and (block := next(raw, b"")):
             buf += block
-            if len(buf) >= 30:
-                break
-        fields = _LOCAL.unpack_from(buf, 0)
+        fields = _LOCAL.unpack_from(buf, 0) if len(buf) >= 30 else (0,)
         if fields[0] != 0x04034B50:
             raise registry.RegistryError(f"{self.filename}: {info.filename} has no local header where the "
                                          "zip directory says")
         start = 30 + fields[9] + fields[10]
+        while len(buf) < start and (block := next(raw, b"")):
+            buf += block
         left = info.compress_size
-        while len(buf) < start:
-            buf += next(raw)
         first = buf[start : start + left]
         left -= len(first)
         yield first
@@ -194,6 +192,9 @@ class RemoteWheel:
                 break
             yield block[:left]
             left -= min(left, len(block))
+        if left > 0:
+            raise registry.RegistryError(f"{self.filename}: the index stopped sending {info.filename} "
+                                         f"{left} bytes before its end")
 
     def linkage(self, name: str) -> _elf.Linkage | None:
         info = self.zip.getinfo(name)
