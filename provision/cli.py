@@ -100,6 +100,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--package", action="append", metavar="NAME", help="only this extension (repeatable)")
     p.add_argument("--detail", action="store_true", help="say every cell's verdict, not only the findings")
     p.add_argument("--cached", action="store_true", help="only the indexes already made; ask the registry nothing")
+    p.add_argument("--variants", action="store_true",
+                   help="also each torch release's other CUDA builds, from the PyTorch index (where reachable)")
     p.add_argument("--catalog", default=None, help="catalog file (default: common/catalog.yaml)")
     p.add_argument("--index", default=None, help="simple-API index URL (default: the one uv is configured with)")
     p = sub.add_parser("catalog", help="the catalog of publication facts")
@@ -242,7 +244,7 @@ def cmd_abi(args: argparse.Namespace) -> int:
     from provision.abi import command
 
     return command.run(command.AbiOptions(_read_catalog(args.catalog), tuple(args.package or ()), args.json,
-                                          args.detail, args.cached, args.index))
+                                          args.detail, args.cached, variants=args.variants, index_url=args.index))
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,10 +54,11 @@ def _padded(source: str, size: int) -> str:
     return source + f"__attribute__((used)) static const unsigned char pad[] = {{{noise}}};\n"
 
 
-def _torch_wheel(tmp: Path, version: str, source: str) -> bytes:
-    lib = build_so(tmp / f"libc10-{version}.so", source)
+def _torch_wheel(tmp: Path, version: str, source: str, variant: str = "cu130") -> bytes:
+    lib = build_so(tmp / f"libc10-{version}-{variant}.so", source)
+    cuda = f"{variant[2:-1]}.{variant[-1]}"
     return _wheel({"torch/lib/libc10.so": lib.read_bytes(),
-                   "torch/version.py": f"__version__ = '{version}+cu130'\ncuda = '13.0'\n".encode(),
+                   "torch/version.py": f"__version__ = '{version}+{variant}'\ncuda = '{cuda}'\n".encode(),
                    "torch/big.bin": random.Random(2).randbytes(1 << 20),  # a member never read
                    f"torch-{version}.dist-info/METADATA": f"Name: torch\nVersion: {version}\n".encode()})
 
@@ -281,3 +283,22 @@ def test_cached_on_an_incomplete_cache_leaves_the_page_grid_alone(
     assert len(index.requests) == asked and page.read_text() == "{}"
     assert [c["extension"] for c in out["cells"]] == ["vllm 0.99.0", "vllm 0.99.0"]
     assert set(out["not_indexed"]) == {"sglang-kernel 0.9.0", "sglang-kernel 0.9.1"}
+
+
+def test_variants_adds_the_pytorch_index_builds(tmp_path: Path, index: _Index,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """With variants, torch 2.1.0's CUDA 12.6 build comes from its own index: beside it the extension that
+    needs libcudart.so.12 loads, where beside the CUDA 13 build of the same release it does not."""
+    pytorch = _Index({"torch": [("torch-2.1.0+cu126-cp312-cp312-manylinux_2_28_x86_64.whl",
+                                 _torch_wheel(tmp_path, "2.1.0", TORCH_21, "cu126"), False)]})
+    try:
+        catalog = replace(_catalog(tmp_path), torch_stable_index=pytorch.url)
+        catalog.torch["2.1.0"] = replace(catalog.torch["2.1.0"], variants=("cu126", "cu130"))
+        opts = command.AbiOptions(catalog, ("sglang-kernel",), json=True, variants=True, index_url=index.url,
+                                  root=tmp_path / "abi", page_data=None)
+        assert command.run(opts) == 0
+    finally:
+        pytorch.close()
+    cells = {(c["extension"], c["torch"]): c for c in json.loads(capsys.readouterr().out)["cells"]}
+    assert cells[("sglang-kernel 0.9.1", "2.1.0+cu126")]["loads"]
+    assert cells[("sglang-kernel 0.9.1", "2.1.0+cu130")]["fit"] == "cuda-major-mismatch"

@@ -21,6 +21,7 @@ class AbiOptions:
     json: bool = False
     detail: bool = False
     offline: bool = False  # only indexes already made
+    variants: bool = False  # also the torch releases' other CUDA builds, from the PyTorch index
     index_url: str | None = None
     root: Path = abi.ABI_CACHE
     page_data: Path | None = abi.GRID_DATA  # where the grid is kept for `checks report`; None: nowhere
@@ -28,7 +29,8 @@ class AbiOptions:
 
 def run(opts: AbiOptions) -> int:
     start = time.monotonic()
-    made = index.ensure(index.wants(opts.catalog, opts.packages), opts.root, opts.index_url, offline=opts.offline)
+    made = index.ensure(index.wants(opts.catalog, opts.packages, opts.variants), opts.root, opts.index_url,
+                        offline=opts.offline)
     torches = [m.index for m in made if isinstance(m.index, abi.TorchIndex)]
     exts = [m.index for m in made if isinstance(m.index, abi.ExtensionIndex)]
     g = abi.grid(torches, exts)
@@ -43,7 +45,7 @@ def run(opts: AbiOptions) -> int:
     except (OSError, ValueError):
         cold = None
     data = {**abi.grid_json(g), "unlinked": sorted(e.label for e in exts if e not in g.extensions),
-            "not_indexed": {f"{m.want.package} {m.want.version}": m.why for m in made if m.index is None}}
+            "not_indexed": {m.want.key: m.why for m in made if m.index is None}}
     whole = not opts.packages and not any(m.why == index.NOT_YET for m in made)  # the page's grid is never partial
     if opts.page_data is not None and whole and torches:
         abi.save_grid_data(data, opts.page_data)

@@ -41,13 +41,28 @@ NOT_YET = "not indexed yet (run `provision abi` where the registry is reachable)
 class Want:
     package: str  # "torch" or an extension's distribution name
     version: str
+    variant: str = ""  # torch only: a CUDA build on the PyTorch index ("cu126"); "": the registry's own build
+    index: str = ""  # the simple index that serves it; "": the registry uv is configured with
+
+    @property
+    def key(self) -> str:
+        """The manifest's name of the release (and build)."""
+        return abi.release_key(self.package, f"{self.version}+{self.variant}" if self.variant else self.version)
+
+    @property
+    def wanted_version(self) -> str:
+        return f"{self.version}+{self.variant}" if self.variant else self.version
 
 
-def wants(catalog: Catalog, packages: Sequence[str] = ()) -> list[Want]:
+def wants(catalog: Catalog, packages: Sequence[str] = (), variants: bool = False) -> list[Want]:
     """Every release the catalogue lists: torch's, sgl-kernel/sglang-kernel's, vLLM's and SGLang's (their wheels
     carry compiled parts) and flashinfer-cubin at each flashinfer release an engine pins. ``packages``
-    narrows the extensions to those names."""
+    narrows the extensions to those names. ``variants``: also each torch release's other CUDA builds, from the
+    PyTorch index."""
     out = [Want("torch", v) for v in catalog.torch]
+    if variants:
+        out += [Want("torch", v, var, catalog.torch_stable_index.format(variant=var))
+                for v, rel in catalog.torch.items() for var in rel.variants if var != rel.registry]
     exts = [Want(k.package, k.version) for k in catalog.kernels.values()]
     exts += [Want(p.engine, p.version) for p in catalog.presets.values() if not p.unserved]
     exts += [Want("flashinfer-cubin", v) for v in sorted({p.flashinfer for p in catalog.presets.values()
@@ -114,11 +129,11 @@ def _locate(want: Want, listing: dict[str, str] | None, uv_cache: Path | None) -
     """The wheel of a release: uv's cache first, else the registry; a string saying why there is none."""
     if listing is None:
         return "the index does not list the package"
-    chosen = registry.pick_wheel(listing, want.version)
+    chosen = registry.pick_wheel(listing, want.wanted_version)
     if chosen is None:
-        listed = registry._served(want.package, want.version, {want.package: listing})
+        listed = registry._served(want.package, want.wanted_version, {want.package: listing})
         return "no Linux x86-64 wheel on the index" if listed else "not on the index"
-    same_release = [f for f in listing if f.endswith(".whl") and registry.pick_wheel([f], want.version) == f
+    same_release = [f for f in listing if f.endswith(".whl") and registry.pick_wheel([f], want.wanted_version) == f
                     and registry.wheel_platform(f) != "none"] or [chosen]
     for filename in [chosen, *(f for f in same_release if f != chosen)]:
         sha = registry.wheel_key(listing[filename]).removeprefix("sha256-")
@@ -134,7 +149,7 @@ def make(want: Want, listing: dict[str, str] | None, uv_cache: Path | None, root
     wheel = _locate(want, listing, uv_cache)
     if isinstance(wheel, str):
         return Made(want, None, wheel, "", 0, time.monotonic() - start)
-    say(f"abi: reading {want.package} {want.version} from {wheel.origin} ({wheel.filename})")
+    say(f"abi: reading {want.package} {want.wanted_version} from {wheel.origin} ({wheel.filename})")
     index: abi.TorchIndex | abi.ExtensionIndex
     if want.package == "torch":
         index = torch_index(wheel)
@@ -146,6 +161,14 @@ def make(want: Want, listing: dict[str, str] | None, uv_cache: Path | None, root
     return Made(want, index, "", wheel.origin, sum(wheel.size_of(n) for n in members), time.monotonic() - start)
 
 
+def _listing(index: str, package: str) -> dict[str, str] | None | registry.RegistryError:
+    """A project's files on an index; the registry's failure stops the command, another index's is its answer."""
+    try:
+        return registry.files(index, package)
+    except registry.RegistryError as e:
+        return e
+
+
 def ensure(want_list: Sequence[Want], root: Path = abi.ABI_CACHE, index_url: str | None = None, workers: int = 2,
            offline: bool = False, say: Callable[[str], None] | None = None) -> list[Made]:
     """The index of every wanted release: from .cache/abi when made before, else made now (network).
@@ -155,7 +178,7 @@ def ensure(want_list: Sequence[Want], root: Path = abi.ABI_CACHE, index_url: str
     out: dict[Want, Made] = {}
     todo: list[Want] = []
     for w in want_list:
-        key = manifest.get(abi.release_key(w.package, w.version))
+        key = manifest.get(w.key)
         if key is not None and key.startswith(ABSENT):  # the index had no wheel of it: asked once
             out[w] = Made(w, None, key.removeprefix(ABSENT), "cache", 0, 0.0)
             continue
@@ -169,19 +192,23 @@ def ensure(want_list: Sequence[Want], root: Path = abi.ABI_CACHE, index_url: str
             out[w] = Made(w, None, NOT_YET, "", 0, 0)
         todo = []
     if todo:
-        index = index_url or registry.configured_index()
-        packages = sorted({w.package for w in todo})
+        default = index_url or registry.configured_index()
+        pairs = sorted({(w.index or default, w.package) for w in todo})
         uv_cache = uv_cache_dir()
         lock = threading.Lock()
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            pages = dict(zip(packages, pool.map(lambda p: registry.files(index, p), packages), strict=True))
+            pages = dict(zip(pairs, pool.map(lambda p: _listing(*p), pairs), strict=True))
 
             def one(w: Want) -> Made:
-                made = make(w, pages[w.package], uv_cache, root, say)
+                listing = pages[(w.index or default, w.package)]
+                if isinstance(listing, registry.RegistryError):
+                    if not w.index:  # the registry itself: the command cannot answer (exit 2)
+                        raise listing
+                    return Made(w, None, str(listing), "", 0, 0.0)  # another index: said, not fatal
+                made = make(w, listing, uv_cache, root, say)
                 with lock:
                     entries = abi.load_manifest(root)
-                    entries[abi.release_key(w.package, w.version)] = (made.index.key if made.index is not None
-                                                                      else ABSENT + made.why)
+                    entries[w.key] = made.index.key if made.index is not None else ABSENT + made.why
                     abi.save_manifest(entries, root)
                 return made
 

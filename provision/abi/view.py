@@ -44,7 +44,7 @@ def summary(made: Sequence[Made], seconds: float, cold: dict[str, Any] | None) -
     gone: dict[tuple[str, str], list[str]] = {}
     for m in made:
         if m.index is None:
-            gone.setdefault((m.want.package, m.why), []).append(m.want.version)
+            gone.setdefault((m.want.package, m.why), []).append(m.want.wanted_version)
     lines = [f"  not indexed: {package} {', '.join(versions)}: {why}" for (package, why), versions in gone.items()]
     streamed = sum(m.read_bytes for m in new)
     now = (f"made {len(new)} now ({sum(m.origin == 'uv cache' for m in new)} from uv's cache, "
@@ -76,14 +76,16 @@ def cell_warnings(cells: Sequence[Resolved], catalog: Catalog, torches: Sequence
     beside its torch, judged from the indexes at hand. The symbols come from the indexed build of the cell's
     torch release (the release's builds for other CUDA versions export the same torch symbols); the CUDA
     major is the cell's."""
-    by_release = {t.version: t for t in torches}
+    by_release = {t.version: t for t in sorted(torches, key=lambda t: t.label, reverse=True)}
+    by_build = {t.label: t for t in torches}
     by_ext = {(e.package, e.version): e for e in exts}
     out = []
     for r in cells:
-        torch = by_release.get(r.versions.get("torch", ""))
+        release, variant = r.versions.get("torch", ""), r.versions.get("torch_cuda", "")
+        torch = by_build.get(f"{release}+{variant}") or by_release.get(release)
         if r.status != "resolved" or torch is None:
             continue
-        variant = r.versions.get("torch_cuda") or torch.variant
+        variant = variant or torch.variant
         cuda = catalog.cuda_by_variant(variant)
         build = replace(torch, variant=variant, cuda_major=cuda.major if cuda else torch.cuda_major)
         for ext in (by_ext[pair] for pair in extensions_of(r, catalog) if pair in by_ext):
