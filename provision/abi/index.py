@@ -144,12 +144,12 @@ def _locate(want: Want, listing: dict[str, str] | None, uv_cache: Path | None) -
 
 
 def make(want: Want, listing: dict[str, str] | None, uv_cache: Path | None, root: Path,
-         say: Callable[[str], None]) -> Made:
+         say: Callable[[str], None], place: str = "") -> Made:
     start = time.monotonic()
     wheel = _locate(want, listing, uv_cache)
     if isinstance(wheel, str):
         return Made(want, None, wheel, "", 0, time.monotonic() - start)
-    say(f"abi: reading {want.package} {want.wanted_version} from {wheel.origin} ({wheel.filename})")
+    say(f"abi: {place}reading {want.package} {want.wanted_version} from {wheel.origin} ({wheel.filename})")
     index: abi.TorchIndex | abi.ExtensionIndex
     if want.package == "torch":
         index = torch_index(wheel)
@@ -199,19 +199,24 @@ def ensure(want_list: Sequence[Want], root: Path = abi.ABI_CACHE, index_url: str
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             pages = dict(zip(pairs, pool.map(lambda p: _listing(*p), pairs), strict=True))
 
-            def one(w: Want) -> Made:
+            def one(item: tuple[int, Want]) -> Made:
+                n, w = item
                 listing = pages[(w.index or default, w.package)]
                 if isinstance(listing, registry.RegistryError):
                     if not w.index:  # the registry itself: the command cannot answer (exit 2)
                         raise listing
                     return Made(w, None, str(listing), "", 0, 0.0)  # another index: said, not fatal
-                made = make(w, listing, uv_cache, root, say)
+                made = make(w, listing, uv_cache, root, say, f"{n} of {len(todo)}: ")
                 with lock:
                     entries = abi.load_manifest(root)
                     entries[w.key] = made.index.key if made.index is not None else ABSENT + made.why
                     abi.save_manifest(entries, root)
                 return made
 
-            for made in pool.map(one, todo):
-                out[made.want] = made
+            try:
+                for made in pool.map(one, enumerate(todo, 1)):
+                    out[made.want] = made
+            except KeyboardInterrupt:  # the indexes made so far are kept; start no other
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     return [out[w] for w in want_list]
