@@ -1,7 +1,8 @@
 """The cell id (contract): one readable name per stack, built and read here only.
 
 ``cu130-torch2.11.0-sgl0.4.2-fi0.6.18`` for a provisioned cell (``-vllm0.33.0`` / ``-sglang0.5.23`` when it
-also carries that serving engine, ``-jitcache`` when it also installs flashinfer-jit-cache); an existing
+also carries that serving engine, ``-nccl2.32.6`` when another NCCL wheel than torch's pin sits beside torch,
+``-jitcache`` when it also installs flashinfer-jit-cache); an existing
 environment run with ``checks run --backend local`` is ``local-cu130-torch2.11.0-sglnone-fi0.6.18-nvcc13.0``:
 its toolkit is part of what it is (an image fixes nvcc; a local environment takes it from CUDA_HOME/PATH), and
 ``-nonvcc`` when no nvcc runs.
@@ -26,6 +27,7 @@ class CellId:
     local: bool = False
     nvcc: str | None = None  # local only: "13.0", "" (no nvcc runs); None leaves it out
     engine: str = ""  # "vllm0.33.0": the serving-engine release the cell carries; "" for none
+    nccl: str = ""  # "2.32.6": the NCCL release put beside torch instead of the one torch pins; "" for torch's
 
     def __str__(self) -> str:
         torch = "notorch" if self.torch == NONE else f"torch{self.torch}"
@@ -34,6 +36,8 @@ class CellId:
             parts.insert(0, "local")
         if self.engine:
             parts.append(self.engine)
+        if self.nccl:
+            parts.append(f"nccl{self.nccl}")
         if self.jit_cache:
             parts.append("jitcache")
         if self.nvcc is not None:
@@ -44,7 +48,7 @@ class CellId:
 _PATTERN = re.compile(
     r"(?P<local>local-)?(?P<cuda>cu\d+|nocuda)-(?:torch(?P<torch>[0-9A-Za-z._+]+)|notorch)"
     r"-sgl(?P<sgl>[0-9A-Za-z._+]+)-fi(?P<fi>[0-9A-Za-z._+]+)(?:-(?P<engine>(?:vllm|sglang)[0-9][0-9A-Za-z._+]*))?"
-    r"(?P<jit>-jitcache)?"
+    r"(?:-nccl(?P<nccl>[0-9][0-9A-Za-z._+]*))?(?P<jit>-jitcache)?"
     r"(?:-nvcc(?P<nvcc>\d+\.\d+)|(?P<nonvcc>-nonvcc))?"
 )
 
@@ -57,7 +61,7 @@ def parse(text: str) -> CellId | None:
         return None
     nvcc = m["nvcc"] if m["nvcc"] else ("" if m["nonvcc"] else None)
     return CellId(m["cuda"], m["torch"] or NONE, m["sgl"], m["fi"], bool(m["jit"]), bool(m["local"]), nvcc,
-                  m["engine"] or "")
+                  m["engine"] or "", m["nccl"] or "")
 
 
 def cuda_variant(version: str | None) -> str:

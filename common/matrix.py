@@ -17,13 +17,18 @@ from common.yamlsrc import load as load_yaml
 from inenv.gpuarch import TargetError, parse_target
 
 AXES: tuple[str, ...] = ("cuda", "torch", "sgl_kernel", "flashinfer")
+# Axes a matrix may leave out, with the value every cell then has. nccl: "pinned" keeps the NCCL wheel torch
+# pins; a version puts that release of the NCCL wheel of the cell's CUDA major beside the same torch.
+OPTIONAL_AXES: dict[str, tuple[str, ...]] = {"nccl": ("pinned",)}
+ALL_AXES: tuple[str, ...] = AXES + tuple(OPTIONAL_AXES)
+NCCL_PINNED = "pinned"
 EXTRA_KEYS: tuple[str, ...] = ("jit_cache", "kernel_archs", "engine")  # keys an include entry may attach to cells
 TOP_KEYS = ("matrix", "description", "kernel_archs")
 # The GPU architectures a cell's carried flashinfer comm modules are compiled for when the matrix names none:
 # Hopper (9.0a: the H200 hosts the table has) and the Blackwell targets fi-jit cross-compiles (12.0a, 12.0f:
 # RTX PRO 6000 / RTX 5090 class). `provision build` compiles each module once for the whole list.
 DEFAULT_KERNEL_ARCHS: tuple[str, ...] = ("9.0a", "12.0a", "12.0f")
-MATRIX_KEYS = AXES + ("include", "exclude")
+MATRIX_KEYS = ALL_AXES + ("include", "exclude")
 TORCH_CHANNELS = ("stable", "nightly")
 # Values end up in file names, image tags and shell lines: letters, digits and . + _ - only.
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}$")
@@ -40,6 +45,7 @@ class Cell:
     jit_cache: bool = False  # also install flashinfer-jit-cache
     preset: str | None = None
     engine: bool = False  # also install the preset's serving engine itself (vllm / sglang at its release)
+    nccl: str = NCCL_PINNED  # "pinned" (torch's own NCCL wheel) or the NCCL release put beside torch instead
     # what `provision build` compiles the cell's comm modules for; not part of what the cell is
     kernel_archs: tuple[str, ...] = field(default=DEFAULT_KERNEL_ARCHS, compare=False)
 
@@ -85,6 +91,8 @@ def _axis_value(src: Source, path: Path_, axis: str, value: Any, catalog: Catalo
             allowed = ", ".join(catalog.cuda)
             raise src.error(path, f"unknown CUDA version '{text}'; allowed: {allowed}{suggest(text, catalog.cuda)}")
         return text
+    if axis == "nccl":
+        return text if text == NCCL_PINNED else _version(src, path, text, "NCCL (or pinned: torch's own)")
     if axis == "torch":
         if text in TORCH_CHANNELS:
             return text
@@ -138,7 +146,7 @@ def _entry(src: Source, path: Path_, raw: Any, catalog: Catalog, allowed: tuple[
                             + suggest(name, catalog.presets))
         out.update(torch=preset.torch, sgl_kernel=preset.sgl_kernel, flashinfer=preset.flashinfer, preset=name)
     for k, v in entry.items():
-        if k in AXES:
+        if k in ALL_AXES:
             out[k] = _axis_value(src, path + (k,), k, v, catalog)
         elif k in ("jit_cache", "engine"):
             if not isinstance(v, bool):
@@ -161,8 +169,11 @@ def parse(src: Source, catalog: Catalog) -> Matrix:
         raise src.error((), "missing key 'matrix' (a mapping of axes cuda, torch, sgl_kernel, flashinfer)")
     m = _mapping(src, ("matrix",), top["matrix"], MATRIX_KEYS)
     axes: dict[str, tuple[str, ...]] = {}
-    for axis in AXES:
+    for axis in ALL_AXES:
         path = ("matrix", axis)
+        if axis not in m and axis in OPTIONAL_AXES:
+            axes[axis] = OPTIONAL_AXES[axis]
+            continue
         if axis not in m:
             raise src.error(("matrix",), f"missing axis '{axis}' (a list of values)")
         values = m[axis]
@@ -180,7 +191,7 @@ def parse(src: Source, catalog: Catalog) -> Matrix:
     exclude = []
     for i, raw in enumerate(_list(src, ("matrix", "exclude"), m.get("exclude"))):
         path = ("matrix", "exclude", i)
-        e = _entry(src, path, raw, catalog, AXES)
+        e = _entry(src, path, raw, catalog, ALL_AXES)
         for k, v in e.items():
             if v not in axes[k]:
                 raise src.error(path + (k,), f"'{v}' is not a value of the {k} axis ({', '.join(axes[k])}), "
@@ -188,7 +199,7 @@ def parse(src: Source, catalog: Catalog) -> Matrix:
         exclude.append(tuple(sorted(e.items())))
     include = []
     for i, raw in enumerate(_list(src, ("matrix", "include"), m.get("include"))):
-        entry = _entry(src, ("matrix", "include", i), raw, catalog, AXES + EXTRA_KEYS + ("preset",))
+        entry = _entry(src, ("matrix", "include", i), raw, catalog, ALL_AXES + EXTRA_KEYS + ("preset",))
         include.append(tuple(entry.items()))
     description = top.get("description", "")
     if not isinstance(description, str):
@@ -225,15 +236,15 @@ def expand(matrix: Matrix) -> Expansion:
     """Cartesian product, minus excludes, then includes: an include entry attaches its extra keys to
     every original combination whose axis values it matches; one that matches none adds a cell."""
     combos: list[dict[str, Any]] = [{}]
-    for axis in AXES:
-        combos = [dict(c, **{axis: v}) for c in combos for v in matrix.axes[axis]]
+    for axis in ALL_AXES:
+        combos = [dict(c, **{axis: v}) for c in combos for v in matrix.axes.get(axis, OPTIONAL_AXES.get(axis, ()))]
     combos = [c for c in combos if not any(all(c[k] == v for k, v in ex) for ex in matrix.exclude)]
     originals = list(combos)
     added: list[bool | None] = []
     for entry in matrix.include:
         e = dict(entry)
-        axis_items = {k: v for k, v in e.items() if k in AXES}
-        extras = {k: v for k, v in e.items() if k not in AXES}
+        axis_items = {k: v for k, v in e.items() if k in ALL_AXES}
+        extras = {k: v for k, v in e.items() if k not in ALL_AXES}
         matched = [c for c in originals if all(c[k] == v for k, v in axis_items.items())]
         for c in matched:
             c.update(extras)
@@ -242,12 +253,13 @@ def expand(matrix: Matrix) -> Expansion:
         else:
             added.append(True)
             if all(a in e for a in AXES):
-                combos.append(e)
+                combos.append({**{a: OPTIONAL_AXES[a][0] for a in OPTIONAL_AXES}, **e})
     cells: list[Cell] = []
     seen: set[Cell] = set()
     for c in combos:
         cell = Cell(c["cuda"], c["torch"], c["sgl_kernel"], c["flashinfer"], bool(c.get("jit_cache", False)),
-                    c.get("preset"), bool(c.get("engine", False)), tuple(c.get("kernel_archs", matrix.kernel_archs)))
+                    c.get("preset"), bool(c.get("engine", False)), c.get("nccl", NCCL_PINNED),
+                    tuple(c.get("kernel_archs", matrix.kernel_archs)))
         if cell not in seen:
             seen.add(cell)
             cells.append(cell)

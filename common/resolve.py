@@ -13,7 +13,7 @@ from packaging.version import Version
 
 from common.catalog import Catalog
 from common.cellid import CellId
-from common.matrix import Cell
+from common.matrix import NCCL_PINNED, Cell
 
 RESOLVED, UNAVAILABLE, UNREACHABLE = "resolved", "unavailable", "unreachable"
 
@@ -78,7 +78,25 @@ def engine_label(cell: Cell, catalog: Catalog) -> str:
 def cell_id(cell: Cell, catalog: Catalog) -> str:
     variant = catalog.cuda[cell.cuda].variant
     return str(CellId(variant, torch_label(cell, catalog), cell.sgl_kernel, cell.flashinfer, cell.jit_cache,
-                      engine=engine_label(cell, catalog)))
+                      engine=engine_label(cell, catalog), nccl="" if cell.nccl == NCCL_PINNED else cell.nccl))
+
+
+def nccl_package(cuda_major: int) -> str:
+    """The registry's NCCL wheel for a CUDA major (torch's CUDA 12 and 13 builds pin these)."""
+    return f"nvidia-nccl-cu{cuda_major}"
+
+
+def _nccl(cell: Cell, catalog: Catalog) -> Source | None:
+    """Another NCCL wheel than torch pins, beside the same torch: its requirement (and an override, below, so
+    torch's own pin gives way)."""
+    if cell.nccl == NCCL_PINNED:
+        return None
+    package = nccl_package(catalog.cuda[cell.cuda].major)
+    known = catalog.newest.get(package)
+    note = "in place of the NCCL torch pins"
+    if known and Version(cell.nccl) > Version(known):
+        note += f"; newer than the newest the catalogue knows ({known})"
+    return Source(package, f"{package}=={cell.nccl}", "registry", note)
 
 
 def _engine(cell: Cell, catalog: Catalog) -> Source | None:
@@ -195,12 +213,15 @@ def resolve(cell: Cell, catalog: Catalog, reach: Reach | None = None) -> Resolve
     engine = _engine(cell, catalog)
     if engine is not None:
         asked["engine"] = engine.requirement.replace("==", " ")
-    sources = tuple(s for s in (torch_src, kernel, *fi, engine) if s is not None)
+    nccl = _nccl(cell, catalog)
+    if nccl is not None:
+        asked["nccl"] = cell.nccl
+    sources = tuple(s for s in (torch_src, kernel, *fi, engine, nccl) if s is not None)
     versions = dict(asked, torch_cuda=cuda.variant)
     indexes = tuple(dict.fromkeys(s.where for s in sources if s.where != "registry" and " @ " not in s.requirement))
     notes = tuple(f"{s.package}: {s.note}" for s in sources if s.note)
     # A kernel pinned to a torch release (0.4.7+ declare torch==X) must not veto the cell's torch.
-    overrides = ("torch",) if expect else ()
+    overrides = (("torch",) if expect else ()) + ((nccl.requirement,) if nccl is not None else ())
     base = Resolved(cell, cid, RESOLVED, "", versions, sources, indexes, cell.torch == "nightly", cuda.toolkit, notes,
                     expect, overrides)
     if reach is None:

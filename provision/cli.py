@@ -1,4 +1,4 @@
-"""`provision` command line: plan, lock, build, prune, base, doctor, catalog check.
+"""`provision` command line: plan, lock, build, prune, base, doctor, abi, catalog check.
 
 Exit 0 ok, 1 a cell failed (catalog check: a fact drifted), 2 bad input or unreachable index, 130 Ctrl-C.
 """
@@ -13,11 +13,14 @@ from pathlib import Path
 
 import yaml
 
+from common.abi import ABI_CACHE, cached
 from common.api import DEFAULT_MATRIX, plan
-from common.catalog import CATALOG_PATH
+from common.catalog import CATALOG_PATH, Catalog
 from common.catalog import load as load_catalog
 from common.errors import InputError, suggest
+from common.resolve import Resolved
 from inenv.gpuarch import TargetError, parse_targets
+from provision.abi.view import cell_warnings, extensions_of
 from provision.baseimage import BaseImageError, ensure_all
 from provision.dockercli import Docker, docker_cli
 from provision.lock import ENVS, live_check, lock_cells
@@ -91,6 +94,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object: backend, why, ready, checks")
     p = sub.add_parser("base", help="make the registry-free base images (debootstrap + docker import)")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("abi", help="which extension release (sgl-kernel, vLLM...) loads beside which torch build, "
+                                   "from their binaries' symbol tables")
+    p.add_argument("--json", action="store_true", help="one JSON object: torch, extensions, cells")
+    p.add_argument("--package", action="append", metavar="NAME", help="only this extension (repeatable)")
+    p.add_argument("--detail", action="store_true", help="say every cell's verdict, not only the findings")
+    p.add_argument("--cached", action="store_true", help="only the indexes already made; ask the registry nothing")
+    p.add_argument("--variants", action="store_true",
+                   help="also each torch release's other CUDA builds, from the PyTorch index (where reachable)")
+    p.add_argument("--catalog", default=None, help="catalog file (default: common/catalog.yaml)")
+    p.add_argument("--index", default=None, help="simple-API index URL (default: the one uv is configured with)")
     p = sub.add_parser("catalog", help="the catalog of publication facts")
     csub = p.add_subparsers(dest="catalog_cmd", required=True)
     p = csub.add_parser("check", help="re-read from the package index every catalog fact it can confirm; "
@@ -113,7 +126,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(plan_json(cells), indent=1))
     else:
         print("\n".join(plan_lines(cells)))
+    for line in abi_warnings(cells):
+        print(f"provision: warning: {line}", file=sys.stderr)
     return 0
+
+
+def abi_warnings(cells: Sequence[Resolved], root: Path | None = None) -> list[str]:
+    """Cells whose sgl-kernel or serving engine will not load beside their torch, from the indexes `provision
+    abi` made (no network; a release not indexed yet is not judged)."""
+    catalog = load_catalog()
+    wanted = {("torch", r.versions.get("torch", "")) for r in cells}
+    wanted |= {pair for r in cells for pair in extensions_of(r, catalog)}
+    torches, exts = cached(sorted(wanted), root or ABI_CACHE)
+    return cell_warnings(cells, catalog, torches, exts)
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
@@ -206,6 +231,22 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _read_catalog(given: str | None) -> Catalog:
+    path = Path(given) if given else CATALOG_PATH
+    try:
+        return load_catalog(path)
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
+        raise InputError(f"cannot read the catalog: {type(e).__name__}: {e}", file=str(path)) from None
+
+
+def cmd_abi(args: argparse.Namespace) -> int:
+    # lazy: provision.abi (the registry reader, packaging, the ELF reader) costs 20 ms at every `provision` start
+    from provision.abi import command
+
+    return command.run(command.AbiOptions(_read_catalog(args.catalog), tuple(args.package or ()), args.json,
+                                          args.detail, args.cached, variants=args.variants, index_url=args.index))
+
+
 def cmd_catalog(args: argparse.Namespace) -> int:
     # lazy: provision.registry and catalogcheck (packaging, wheel readers) cost 21 ms at `provision` start
     from provision import catalogcheck, registry
@@ -252,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     try:
         handler = {"plan": cmd_plan, "lock": cmd_lock, "build": cmd_build, "base": cmd_base,
-                   "catalog": cmd_catalog, "doctor": cmd_doctor,
+                   "catalog": cmd_catalog, "abi": cmd_abi, "doctor": cmd_doctor,
                    "prune": cmd_prune}[args.cmd]
         code = handler(args)
     except InputError as e:

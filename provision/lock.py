@@ -122,8 +122,19 @@ def torch_requirements(r: Resolved) -> str:
     """What the torch lock resolves: torch, and cuda-python under the CUDA-major guard as a requirement, so
     the cuda-bindings torch brings is one a cuda-python release pairs with (the kernels of a CUDA 13 cell
     import cuda-python; alone, torch takes the newest cuda-bindings, which no cuda-python may match yet).
-    Only torch's own closure is kept (closure_subset)."""
-    return "".join(f"{line}\n" for line in (torch_source(r)[0], *guards(r)))
+    Only torch's own closure is kept (closure_subset). A cell with another NCCL wheel than torch pins names it
+    here too (with its override, `torch_overrides`), so its torch layer is its own: torch beside that NCCL."""
+    return "".join(f"{line}\n" for line in (torch_source(r)[0], *guards(r), *nccl_lines(r)))
+
+
+def nccl_lines(r: Resolved) -> tuple[str, ...]:
+    """The requirement on the NCCL wheel a cell puts beside torch in place of torch's pin; () for torch's own."""
+    return tuple(s.requirement for s in r.sources if s.package.startswith("nvidia-nccl-"))
+
+
+def torch_overrides(r: Resolved) -> tuple[str, ...]:
+    """What overrides torch's own requirements when its lock is resolved: the cell's NCCL release, if any."""
+    return tuple(o for o in r.overrides if o in nccl_lines(r))
 
 
 def torch_compile_args(r: Resolved) -> list[str]:
@@ -372,7 +383,7 @@ def torch_lock_for(r: Resolved, envs: Path, memo: dict[str, str], refresh: bool 
     key = torch_key(r)
     known = memo.get(key) if refresh else known_torch_lock(envs, key, memo)
     if known is None:
-        known = closure_subset(uv_compile(torch_requirements(r), torch_compile_args(r)), "torch")
+        known = closure_subset(uv_compile(torch_requirements(r), torch_compile_args(r), torch_overrides(r)), "torch")
     memo[key] = known
     return known
 

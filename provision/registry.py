@@ -1,6 +1,7 @@
 """The Python package index configured on this machine, read over HTTP: what `provision catalog check` asks it.
 
-The edge of the catalog check. Every network access goes through `_get`; `read` is the one entry point
+The edge of the catalog check. Every network access goes through `_get` (`stream` for a wheel member read
+whole, by `provision abi`); `read` is the one entry point
 (tests call it for real on a few releases). Nothing is downloaded whole: index pages are the simple API
 (PEP 691 JSON, or PEP 503 HTML), and a wheel is read with HTTP byte ranges (its zip directory, then only
 the members needed: METADATA, torch/version.py, the smallest sgl-kernel shared objects). The index is the
@@ -25,7 +26,7 @@ import threading
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -205,6 +206,26 @@ def _get(url: str, headers: dict[str, str] | None = None) -> _Response | None:
     except (urllib.error.URLError, OSError) as e:
         why = getattr(e, "reason", e)
         raise RegistryError(f"index unreachable: {_where(url)}: {why}") from None
+
+
+def stream(url: str, first: int, last: int, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """Bytes ``first``..``last`` (inclusive) of a file with one HTTP Range request, chunk by chunk as they arrive,
+    so a member of a wheel is read without holding it (or the wheel) in memory; counted in `received_bytes`."""
+    req = urllib.request.Request(url.split("#")[0], headers={"User-Agent": "stackprobe-abi",
+                                                               "Range": f"bytes={first}-{last}"})
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+            if resp.status != 206:
+                raise RegistryError(f"{_where(url)} does not serve byte ranges; cannot read a wheel member "
+                                    "without downloading the wheel")
+            while block := resp.read(chunk):
+                with _received_lock:
+                    _received[0] += len(block)
+                yield block
+    except urllib.error.HTTPError as e:
+        raise RegistryError(f"{_where(url)} answered HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise RegistryError(f"index unreachable: {_where(url)}: {getattr(e, 'reason', e)}") from None
 
 
 def _where(url: str) -> str:

@@ -543,3 +543,15 @@ def test_json_pages_carry_the_sha256_into_the_wheel_url(tmp_path: Path) -> None:
     got = registry.files("https://index.test/simple", "a", store)
     assert got == {"a-1.0-py3-none-any.whl": f"https://index.test/f/a-1.0-py3-none-any.whl#sha256={sha}",
                    "a-0.9-py3-none-any.whl": "https://index.test/f/a-0.9-py3-none-any.whl"}
+
+
+def test_a_newer_nccl_or_cuda_toolkit_wheel_than_the_catalog_knows_is_drift() -> None:
+    """The catalogue tracks the NCCL wheels (both CUDA majors) and cuda-toolkit in `newest`; a newer release
+    on the index is reported under its key, the ones it knows are not."""
+    catalog = replace(load_catalog(), presets={}, kernels={}, torch={})
+    assert {"nvidia-nccl-cu12", "nvidia-nccl-cu13", "cuda-toolkit"} <= set(catalog.newest)
+    newer = {"nvidia-nccl-cu13": "2.33.1", "cuda-toolkit": "13.6.0"}
+    seen = {p: Seen(newer.get(p, v), f"{p} release list") for p, v in catalog.newest.items()}
+    out = cc.compare(catalog, Readings(index="test", newest=seen, sglang={}, kernels={}, torch={}))
+    assert {(d.key, d.registry) for d in out.drift} == {("newest.nvidia-nccl-cu13", "2.33.1"),
+                                                        ("newest.cuda-toolkit", "13.6.0")}

@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from checks.report import here, overview, plots
+from checks.report import abigrid, here, overview, plots
 from checks.report.estimate import default_shape
 from checks.report.footnotes import Footnote, Occurrence, footnotes
 from checks.report.headline import headline
@@ -396,8 +396,10 @@ def anchor(host_id: str) -> str:
     return "x" + hashlib.sha256(host_id.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def render(sections: list[HostSection], kind: str, results_rel: str, skipped: int = 0) -> str:
-    """One document; ``skipped``: how many unreadable items the results held (said at the top when any)."""
+def render(sections: list[HostSection], kind: str, results_rel: str, skipped: int = 0,
+           abi: dict[str, Any] | None = None) -> str:
+    """One document; ``skipped``: how many unreadable items the results held (said at the top when any);
+    ``abi``: the extension x torch grid's section (checks/report/abigrid.py), None for none."""
     env = environment()
     extras: dict[str, Any] = {}
     if kind == "html":
@@ -411,7 +413,7 @@ def render(sections: list[HostSection], kind: str, results_rel: str, skipped: in
         any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
         any_reused=any(c.reused for c in cells), any_quick=any(c.quick for c in cells),
         any_static=any(c.static for c in cells),
-        across=across_hosts(sections), skipped=skipped, **extras)
+        across=across_hosts(sections), skipped=skipped, abi=abi, **extras)
 
 
 def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
@@ -434,8 +436,9 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
         print(f"checks report: no valid results under {results_dir}", file=sys.stderr)
         return 2
     rel = os.path.relpath(results_dir, out.parent)
-    md = render(sections, "md", rel, len(warnings))
-    page = render(sections, "html", os.path.relpath(results_dir, html.parent), len(warnings))
+    grid = abigrid.section(results_dir, out.parent / abigrid.GRID_FILE)  # kept beside the page by provision abi
+    md = render(sections, "md", rel, len(warnings), grid)
+    page = render(sections, "html", os.path.relpath(results_dir, html.parent), len(warnings), grid)
     if check:
         stale = [str(p) for p, text in ((out, md), (html, page)) if not p.exists() or p.read_text() != text]
         if stale:

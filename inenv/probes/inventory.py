@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from inenv import dists, toolkit
-from inenv.kit import _fatbin, _installed, _torch_abi
+from inenv.kit import _fatbin, _installed, _nccl, _torch_abi
 from inenv.probe import ProbeSpec, RankContext, outcome
 
 # Where a stackprobe image lists the files it removed because no probe or import uses them (globs, one per
@@ -114,6 +114,42 @@ def _multicast(index: int) -> bool | None:
         return bool(_SymmetricMemory.has_multicast_support(torch._C._autograd.DeviceType.CUDA, index))
     except Exception:
         return None
+
+
+def nccl_version_text(code: int) -> str:
+    """NCCL_VERSION_CODE as a release: major*10000 + minor*100 + patch from 2.9, major*1000 + ... before."""
+    major = code // 10000 if code >= 20900 else code // 1000
+    minor, patch = ((code % 10000) // 100, code % 100) if code >= 20900 else ((code % 1000) // 100, code % 100)
+    return f"{major}.{minor}.{patch}"
+
+
+def loaded_nccl() -> dict[str, Any] | None:
+    """The NCCL library this process mapped (torch loads it at import, no GPU needed): its path, the release it
+    says it is (ncclGetVersion), and the installed distribution whose files hold it. A cell with another NCCL
+    wheel beside torch proves here which library the ranks use. None when no NCCL is mapped."""
+    import ctypes
+    import importlib.metadata as md
+
+    path = _nccl.loaded_library(default="")
+    if not path:
+        return None
+    out: dict[str, Any] = {"path": path}
+    try:
+        code = ctypes.c_int()
+        if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) == 0:
+            out["version"] = nccl_version_text(code.value)
+    except (OSError, AttributeError) as exc:
+        out["error"] = str(exc)[:200]
+    real = os.path.realpath(path)
+    for dist in md.distributions():
+        name = dist.metadata["Name"] or ""
+        if "nccl" not in name.lower():
+            continue
+        for f in dist.files or ():
+            if os.path.realpath(str(dist.locate_file(f))) == real:
+                out["package"], out["package_version"] = name, dist.version
+                return out
+    return out
 
 
 import_error_line = _torch_abi.import_error_line
@@ -295,6 +331,9 @@ def _run(ctx: RankContext, snap: dict[str, Any]) -> dict[str, Any]:
 
     versions["torch_runtime"] = torch.__version__
     versions["torch_cuda"] = torch.version.cuda
+    nccl_loaded = loaded_nccl()
+    if nccl_loaded:
+        evidence["nccl_loaded"] = nccl_loaded
     evidence["torch_arch_list"] = list(torch.cuda.get_arch_list())
     judged = [j for module, name, names in COMPILED if importlib.util.find_spec(module) is not None
               and (j := judge_package(torch, module, name, names, evidence)) is not None]
