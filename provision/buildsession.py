@@ -213,12 +213,18 @@ def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -
 
 
 def kernels_line(k: Any) -> str:
-    """``4/5 for 9.0a 12.0f, 31.2 MB (trtllm_comm: fi-arch-gate)``; "" when the cell carries nothing."""
+    """``4/5 for 9.0a 12.0f, 31.2 MB (trtllm_comm: fi-module-absent; trtllm_comm for 9.0a only, 12.0f refused:
+    fi-arch-gate)``; "" when the cell carries nothing."""
     if not isinstance(k, dict) or not isinstance(k.get("modules"), dict):
         return ""
     mods = k["modules"]
     ok = [m for m, v in mods.items() if isinstance(v, dict) and v.get("carried")]
     why = [f"{m}: {v.get('reason_code')}" for m, v in mods.items() if isinstance(v, dict) and not v.get("carried")]
+    for m, v in mods.items():
+        refused = v.get("refused") if isinstance(v, dict) else None
+        if v.get("carried") and isinstance(refused, dict) and refused:
+            codes = sorted({str(r.get("reason_code")) for r in refused.values() if isinstance(r, dict)})
+            why.append(f"{m} for {v.get('arch_list')} only, {' '.join(sorted(refused))} refused: {', '.join(codes)}")
     text = f"{len(ok)}/{len(mods)} for {k.get('arch_list')}, {float(k.get('bytes') or 0) / 1e6:.1f} MB"
     if k.get("installed") is False and ok:
         text += f", not installed: {k.get('install_error') or '?'}"

@@ -96,6 +96,30 @@ def tree_digest(folder: str) -> str:
     return _TREE_DIGESTS[folder]
 
 
+SITE = "$SITE"  # the placeholder of the folder that holds the flashinfer package
+
+
+def source_names(text: str, site: str) -> list[str]:
+    """The sources a flashinfer build.ninja compiles that flashinfer's package holds, by placed name
+    (``$SITE/flashinfer/data/csrc/...``), sorted: what a module's source hash covers (generated sources in
+    the JIT workspace follow from flashinfer's version, which is compared on its own)."""
+    names = {place(s, {SITE: site}) for s in sources(text)}
+    return sorted(n for n in names if n.startswith(SITE + "/"))
+
+
+def source_hash(names: list[str], site: str) -> str | None:
+    """A digest of each placed source's name and bytes under ``site``; None when one is not a plain file
+    there (a link is not followed)."""
+    h = hashlib.sha256()
+    for name in sorted(names):
+        path = unplace(name, {SITE: site})
+        if not name.startswith(SITE + "/") or ".." in name.split("/") or os.path.islink(path) \
+                or not os.path.isfile(path):
+            return None
+        h.update(f"{name}\0{file_digest(path)}\n".encode())
+    return h.hexdigest()[:32]
+
+
 def ninja_vars(text: str) -> dict[str, str]:
     return dict(_VAR.findall(text))
 

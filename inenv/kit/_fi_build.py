@@ -218,6 +218,8 @@ def _linkage(out: dict[str, Any]) -> None:
             out["needed"] = list(linked.needed)
             out["driver_calls"] = list(linked.driver_calls())
             out["unresolved_driver_calls"] = list(linked.unresolved_driver_calls())
+        else:  # unread is not "needs nothing": whoever judges the library must know it was not read
+            out["linkage_error"] = _elf.unread(lib) or "not read"
 
 
 _EDGE = re.compile(r"\[\d+/\d+\] ")  # ninja's line for the next command it runs
@@ -471,6 +473,9 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     out["build_dir"] = build_dir
     text = ninja_path.read_text()
     objs, finals = ninja_targets(text)
+    site = _site_root()
+    out["sources"] = _compile_cache.source_names(text, site)
+    out["source_hash"] = _compile_cache.source_hash(out["sources"], site)
     out["gencode"] = sorted(set(re.findall(r"-gencode=\S+", text)))
     out.update(_toolkit_used(mirror, ninja_toolkit(text)))
     store = _compile_cache.root()
