@@ -22,13 +22,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from common import backend
+from common import backend, buildrecord, kernelstage
 from common.api import plan
 from common.buildrecord import BuildStatus
 from common.errors import InputError
 from common.progress import console as progress_console
 from common.resolve import RESOLVED, Resolved
 from provision import doctor, kernels
+from provision import kernelstage as kernelstage_cli
 from provision.build import DockerBuilder, render_dockerfiles
 from provision.dockercli import Docker
 from provision.lock import torch_key
@@ -113,9 +114,44 @@ def memory_bytes() -> int:
 
 
 def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOptions, docker: Docker | None) -> Records:
-    """The kernel stage (provision.kernels) over every built cell."""
+    """The kernel stage (provision.kernels) over every built cell: the quick module here (what `checks run`'s
+    quick pass loads), then the long ones in a process of their own that this command does not wait for
+    (provision.kernelstage; with --wait-kernels, here too), so the first table comes before the long compiles.
+    A stage an earlier build started is waited for first: one build of each module at a time."""
     jobs = opts.kernel_parallel(os.cpu_count() or 1, memory_bytes())
-    return kernels.carry(records, kernel_archs(cells, opts), jobs, opts.envs, reporter(opts), docker)
+    report = reporter(opts)
+    archs = kernel_archs(cells, opts)
+    kernelstage.wait(lambda line: report("", line))
+    records = kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.QUICK_MODULES)
+    if opts.wait_kernels:
+        return kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
+    backend_of = {str(r.get("cell_id")): str(r.get("backend") or backend.DOCKER) for r in records}
+    rows = [{"cell_id": cid, "flashinfer": (r.get("versions") or {}).get("flashinfer"),
+             "torch_cuda": (r.get("versions") or {}).get("torch_cuda"), "archs": archs.get(cid, ())}
+            for r in records if buildrecord.runnable(r) and (cid := str(r.get("cell_id")))]
+    groups = kernels.plan(rows, kernels.LONG_MODULES)
+    if not groups:
+        return records
+    cells_of = sorted({j.cell_id for g in groups for j in g})
+    for kind in sorted({backend_of[c] for c in cells_of}):
+        mine = [c for c in cells_of if backend_of[c] == kind]
+        stage = kernelstage_cli.start({"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
+                                       "archs": {c: list(archs[c]) for c in mine},
+                                       "modules": list(kernels.LONG_MODULES),
+                                       "builds": sum(1 for g in groups for j in g if j.cell_id in mine)})
+        report("", f"kernels: {stage.builds} build(s) of the long modules ({', '.join(kernels.LONG_MODULES)}) "
+                   f"go on after this command (pid {stage.pid}, log {shown_path(stage.log)}); `checks run` "
+                   "answers at the quick level meanwhile and waits for them before its full level")
+        if kind != sorted({backend_of[c] for c in cells_of})[-1]:
+            kernelstage.wait(lambda line: report("", line))  # one stage at a time
+    return records
+
+
+def shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def dry_run(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -> int:

@@ -47,9 +47,13 @@ from inenv.kit._compile_cache import CELL_ENV
 from inenv.kit._compile_cache import ENV as COMPILE_CACHE_ENV
 from inenv.kit._fi_carry import RESULT_PREFIX
 from inenv.kit._flashinfer import COMM_MODULES
-from inenv.probes.fi_jit import BUILD_COST
+from inenv.probes.fi_jit import BUILD_COST, QUICK_MODULE
 from provision.dockercli import Docker
 
+# `provision build` carries the quick module in its own run (what `checks run`'s quick pass loads) and the
+# long ones after it returns (provision.kernelstage), so the first table does not wait for them
+QUICK_MODULES = (QUICK_MODULE,)
+LONG_MODULES = tuple(m for m in COMM_MODULES if m not in QUICK_MODULES)
 KERNELS = CODE_ROOT / ".cache" / "kernels"  # one kernel set per cell: <cell id>/<name>/<name>.so + record
 STAGE_TICK_S = 30.0  # the kernel stage says where it is at least this often: no silence of a minute
 JOB_LIMIT_S = 3 * 3600.0  # one module's build (trtllm_comm for three targets: about 45 min on 2 cores)
@@ -606,6 +610,14 @@ def finish(rec: dict[str, Any], carrier: Carrier, folder: Path, kernel_dir: Path
                                    if not v.get("cached") and v.get("from") != "kernel set"), 1),
         "bytes": sum(c.library.stat().st_size for c in _carried.kernel_set(kernel_dir).values()),
         "modules": {m: module_row(v, len(archs)) for m, v in sorted(modules.items())}}
+    prev_rows = (rec.get("kernels") or {}).get("modules") if isinstance(rec.get("kernels"), Mapping) else None
+    if isinstance(prev_rows, Mapping) and (rec.get("kernels") or {}).get("arch_list") == summary["arch_list"]:
+        # the other part of the stage (the quick module, or the long ones) keeps its rows
+        summary["modules"] = dict(sorted({**{m: r for m, r in prev_rows.items() if m in COMM_MODULES},
+                                          **summary["modules"]}.items()))
+        summary["compile_cpu_s"] = round(summary["compile_cpu_s"] + sum(
+            float(r.get("compile_cpu_s") or 0.0) for m, r in prev_rows.items()
+            if isinstance(r, Mapping) and m not in modules), 1)
     if identity is not None:
         summary["identity"] = dict(identity)
     changed: dict[str, Any] = {}
