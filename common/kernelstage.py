@@ -39,15 +39,22 @@ def state_path(folder: Path = FOLDER) -> Path:
     return folder / STATE
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a live kernel-stage process (its command line names the stage's module)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return MARKER.encode() in cmdline and state != "Z"
+def _alive(pid: int, settle_s: float = 2.0) -> bool:
+    """Whether ``pid`` is a live kernel-stage process (its command line names the stage's module). A process
+    that has just started shows an empty command line for a moment: it is read again for up to ``settle_s``."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state == "Z":
+            return False
+        if cmdline or time.monotonic() >= deadline:
+            return MARKER.encode() in cmdline
+        time.sleep(0.05)
 
 
 def running(folder: Path = FOLDER) -> Stage | None:

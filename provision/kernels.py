@@ -553,9 +553,9 @@ class StageProgress:
                 own, prior = own + learned, prior + (not learned)
                 total += max(0.0, cost - (now - self.running[key]) * min(len(j.archs), 2)) if key in self.running \
                     else cost
-        basis = ("from this host's earlier kernel builds" if not prior else
-                 "from flashinfer's declared build costs (no build of these modules here yet)" if not own else
-                 f"from this host's earlier builds for {own} and declared costs for {prior}")
+        basis = ("by this host's earlier kernel builds" if not prior else
+                 "by fi-jit's declared build costs: no build of these modules here yet" if not own else
+                 f"by this host's earlier builds for {own}, declared costs for {prior}")
         cores = max(1, min(self.jobs * 2, os.cpu_count() or 1))
         return total / cores, basis
 

@@ -55,7 +55,8 @@ def run(job: dict[str, Any], log: Any) -> int:
             records.append(dict(loaded.record))
     archs = {cid: tuple(a) for cid, a in job["archs"].items()}
     t0 = time.monotonic()
-    done = kernels.carry(records, archs, int(job["jobs"]), envs, report, modules=tuple(job["modules"]))
+    where = {k: Path(job[k]) for k in ("kernels_root", "cache") if job.get(k)}  # tests keep them in their folder
+    done = kernels.carry(records, archs, int(job["jobs"]), envs, report, modules=tuple(job["modules"]), **where)
     carried = sum(1 for r in done for row in ((r.get("kernels") or {}).get("modules") or {}).values()
                   if isinstance(row, dict) and row.get("carried"))
     report("", f"kernels: the stage ended after {round(time.monotonic() - t0)} s; {carried} module(s) carried "
