@@ -260,3 +260,43 @@ def test_a_quick_compile_variant_is_told_the_level_and_keeps_its_key() -> None:
     assert level_variant(item, "full") == item.variant
     other = WorkItem(cell, plain, Variant("inventory", 1), 60.0)
     assert level_variant(other, "quick") == other.variant
+
+
+GATE = "RuntimeError: No supported CUDA architectures found for major versions [9, 10]."
+
+
+@needs_nvcc
+def test_a_build_flashinfers_gate_made_for_part_of_the_list_is_carried_for_that_part(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flashinfer 0.6.16 builds trtllm_comm for SM9x only: asked for 9.0a and 12.0a it returns a library with
+    sm_90a alone. That library is carried for 9.0a, and 12.0a is recorded with flashinfer's own refusal of a
+    build for it alone (fi-arch-gate, the name fi-jit gives the same refusal). The builder and flashinfer's
+    spec are stood in for: the library is real (nvcc), the rest is what flashinfer 0.6.16 answers."""
+    lib = _so(tmp_path / "lib", "trtllm_comm", "-gencode=arch=compute_90a,code=sm_90a")
+    built: list[str] = []
+
+    def build(module: str, env: dict[str, str], timeout_s: float, **kw: object) -> dict[str, object]:
+        built.append(env["FLASHINFER_CUDA_ARCH_LIST"])
+        return {"stage": "done", "ok": True, "name": "trtllm_comm", "library": str(lib), "flashinfer": "0.6.16",
+                "needed": ["libcuda.so.1"], "unresolved_driver_calls": [], "toolkit": {"version": "13.0"}}
+
+    monkeypatch.setattr(_fi_carry._fi_build, "run_build_subprocess", build)
+    monkeypatch.setattr(_fi_carry, "spec_refusal", lambda module, arch, env: GATE if arch == "12.0a" else "")
+    got = _fi_carry.carry("trtllm_comm", ["9.0a", "12.0a"], tmp_path / "out", 60.0)
+    assert built == ["9.0a 12.0a"]  # compiled once; nothing of it thrown away
+    assert (got["ok"], got["arch_list"], got["declared"]) == (True, "9.0a", "9.0a 12.0a")
+    assert got["refused"] == {"12.0a": {"reason_code": "fi-arch-gate", "line": GATE}}
+    rec = json.loads((tmp_path / "out" / "trtllm_comm" / "stackprobe-kernel.json").read_text())
+    assert (rec["arch_list"], rec["declared"], rec["refused"]) == ("9.0a", "9.0a 12.0a", got["refused"])
+    assert rec["nvcc"] == "13.0" and rec["torch"] == _fi_carry.torch_version()
+    # flashinfer accepts 12.0a alone, yet the library lacks it: carried for 9.0a, 12.0a recorded as fi-wrong-arch
+    monkeypatch.setattr(_fi_carry, "spec_refusal", lambda module, arch, env: "")
+    other = _fi_carry.carry("trtllm_comm", ["9.0a", "12.0a"], tmp_path / "out2", 60.0)
+    assert other["ok"] and other["refused"]["12.0a"]["reason_code"] == "fi-wrong-arch"
+
+
+def test_a_builder_that_stopped_without_a_verdict_is_a_harness_failure() -> None:
+    timeout = _fi_carry.judge("trtllm_comm", ["9.0a"], {"stage": "timeout", "ok": False, "error": "no result in 60 s"})
+    crash = _fi_carry.judge("trtllm_comm", ["9.0a"], {"stage": "crash", "ok": False, "error": "builder exited -9"})
+    assert (timeout["reason_code"], crash["reason_code"]) == ("kernel-build-timeout", "harness-error")
+    assert kernels.retried(timeout["reason_code"]) and kernels.retried(crash["reason_code"])
