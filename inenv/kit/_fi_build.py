@@ -512,8 +512,12 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
         if stopped:
             if stopped.get("stage") == "link" and kept is None and store and key and names:
                 _keep_objects(stopped, module, store, key, build_dir, objs, names, text, places)
+                if not stopped.get("cached"):
+                    _compile_cache.note_compile(store, key, {**_compile_cache.provenance(), **stopped})
             return stopped  # a failed build is never stored as a library: it is proven again on every run
         out["library"] = _library(spec)
+        if store and key and kept is None and not out.get("cached"):  # the compilers ran: counted once per key
+            _compile_cache.note_compile(store, key, {**_compile_cache.provenance(), **out})
         if store and key and os.path.isfile(out["library"]):
             items, how = headers_read(build_dir, objs, text, places)
             _store(out, module, store, key, out["library"], items, how)
