@@ -16,6 +16,7 @@ In-environment side: standard library only (the package folder is found without 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -224,6 +225,24 @@ def record_for(module: str, name: str, result: Mapping[str, Any], sass: Iterable
             **{k: result[k] for k in keep if k in result}, **extra}
 
 
+def _sweep(scratch: Path) -> None:
+    """Remove the link folders of processes that have ended (``aot-<cc>-<pid>-*``): links only, nothing else."""
+    for old in scratch.glob("aot-*-*-*"):
+        parts = old.name.split("-")
+        if len(parts) < 4 or not parts[2].isdigit() or old.is_symlink() or not old.is_dir():
+            continue
+        if int(parts[2]) != os.getpid() and os.path.exists(f"/proc/{parts[2]}"):
+            continue
+        for link in old.glob("*/*.so"):
+            if link.is_symlink():
+                link.unlink()
+        for folder in sorted(old.glob("*"), reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        with contextlib.suppress(OSError):
+            old.rmdir()
+
+
 def fitting_folder(folder: Path, capability: str, scratch: Path, extra: Mapping[str, Path] = {}) -> Path | None:
     """A folder laid out as flashinfer's AOT folder holding links to the carried modules of ``folder`` whose
     SASS runs on ``capability`` and to ``extra`` (name -> library: modules built here for this GPU), inside
@@ -235,7 +254,8 @@ def fitting_folder(folder: Path, capability: str, scratch: Path, extra: Mapping[
     if len(fits) == len(carried) and not extra:
         return None
     scratch.mkdir(parents=True, exist_ok=True)
-    target = Path(tempfile.mkdtemp(prefix=f"aot-{capability.replace('.', '')}-", dir=scratch))
+    _sweep(scratch)
+    target = Path(tempfile.mkdtemp(prefix=f"aot-{capability.replace('.', '')}-{os.getpid()}-", dir=scratch))
     for name, library in {**fits, **extra}.items():
         link = target / name / f"{name}.so"
         try:
