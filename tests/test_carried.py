@@ -95,10 +95,13 @@ def test_runs_on_by_the_recorded_sass(tmp_path: Path) -> None:
     assert got["pcie_ipc"].runs_on("12.0") and not got["pcie_ipc"].runs_on("9.0")
 
 
-def test_fitting_folder_links_only_what_runs_here(tmp_path: Path) -> None:
+def test_fitting_folder_links_only_what_runs_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_kernel_identity import this_cell
+
+    facts = this_cell(tmp_path, monkeypatch)
     kset = tmp_path / "aot"
-    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"])
-    _carry(kset, "pcie_ipc", "pcie_ipc_comm", ["sm_120a"])
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], **facts)
+    _carry(kset, "pcie_ipc", "pcie_ipc_comm", ["sm_120a"], **facts)
     built_here = tmp_path / "published" / "pcie_ipc_comm.so"
     built_here.parent.mkdir()
     built_here.write_bytes(b"local")
@@ -110,7 +113,7 @@ def test_fitting_folder_links_only_what_runs_here(tmp_path: Path) -> None:
     only = _carried.fitting_folder(kset, "12.0", tmp_path / "scratch2")
     assert only is not None and [p.parent.name for p in only.glob("*/*.so")] == ["pcie_ipc_comm"]
     both = tmp_path / "both"
-    _carry(both, "vllm_comm", "vllm_comm", ["sm_90a", "sm_120a"])
+    _carry(both, "vllm_comm", "vllm_comm", ["sm_90a", "sm_120a"], **facts)
     assert _carried.fitting_folder(both, "9.0", tmp_path / "scratch3") is None  # the set itself serves
 
 

@@ -147,7 +147,9 @@ def test_the_retry_rule_is_the_catalogues_harness_flag() -> None:
     assert kernels.known_failure(rec("fi-arch-gate"), job) is not None
 
 
-def test_fitting_folder_for_cell_b_links_none_of_cell_as_modules(tmp_path: Path) -> None:
+def test_fitting_folder_for_cell_b_links_none_of_cell_as_modules(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    facts = this_cell(tmp_path, monkeypatch)
     a, b, scratch = tmp_path / "a", tmp_path / "b", tmp_path / "scratch"
     for kset, module in ((a, "vllm_comm"), (a, "pcie_ipc"), (b, "pcie_ipc")):
         folder = kset / module
@@ -155,7 +157,7 @@ def test_fitting_folder_for_cell_b_links_none_of_cell_as_modules(tmp_path: Path)
         (folder / f"{module}.so").write_bytes(module_library(module, kset.name))
         sass = ["sm_90a"] if module == "vllm_comm" else ["sm_120a"]
         (folder / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": module, "name": module,
-                                                          "sass": sass}))
+                                                          "sass": sass, **facts}))
     extra = tmp_path / "local.so"
     extra.write_bytes(module_library("trtllm_comm"))
     first = _carried.fitting_folder(a, "9.0", scratch, {"trtllm_comm": extra})
@@ -253,6 +255,14 @@ def _site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return site
 
 
+def this_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The record facts of a module built in this environment (with the minimal flashinfer of :func:`_site`)."""
+    site = _site(tmp_path, monkeypatch)
+    here = _carried.cell_facts({})
+    return {"flashinfer": "0.7.4", "torch": here["torch"], "torch_cuda": here["torch_cuda"], "nvcc": here["nvcc"],
+            "sources": [], "source_hash": _compile_cache.source_hash([], str(site))}
+
+
 def test_at_run_time_a_record_of_another_torch_cuda_build_is_refused(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     site = _site(tmp_path, monkeypatch)
@@ -274,7 +284,9 @@ def test_at_run_time_a_record_of_another_torch_cuda_build_is_refused(tmp_path: P
     other = str(here["torch"]).split("+")[0] + "+cu128" if "cu128" not in str(here["torch"]) else "2.11.0+cu130"
     (folder / _carried.RECORD).write_text(json.dumps({**base, "torch": other, "torch_cuda": "12.8"}))
     carried, why = fi_jit.carried_for_cell("vllm_comm")
-    assert carried is None and why.startswith(f"its record is not this cell's (torch: {here['torch']} wanted")
+    assert carried is None
+    assert why.startswith(f"the kernel set left out vllm_comm: its record is not this cell's (torch: {here['torch']} "
+                          "wanted")
     (folder / _carried.RECORD).write_text(json.dumps(base))
     (site / "flashinfer" / "data" / "csrc" / "vllm_custom_all_reduce.cu").write_text("// patched here\n")
     _compile_cache._FILE_DIGESTS.clear()
@@ -299,3 +311,17 @@ def test_install_never_writes_through_a_link_in_the_target(tmp_path: Path) -> No
     kernels.install_tree(kset, aot)
     assert (aot / "vllm_comm" / "vllm_comm.so").read_bytes() == module_library("vllm_comm", "new")
     assert not os.path.islink(aot / "vllm_comm" / "vllm_comm.so")
+
+
+def test_a_module_of_another_cell_in_the_aot_folder_is_hidden_from_flashinfer(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    facts = this_cell(tmp_path, monkeypatch)
+    kset = tmp_path / "aot"
+    for module, torch in (("vllm_comm", facts["torch"]), ("pcie_ipc", "2.11.0+cu128")):
+        (kset / module).mkdir(parents=True)
+        (kset / module / f"{module}.so").write_bytes(module_library(module))
+        (kset / module / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": module, "name": module,
+                                                                 "sass": ["sm_90a"], **facts, "torch": torch}))
+    linked = _carried.fitting_folder(kset, "9.0", tmp_path / "scratch")
+    assert linked is not None  # everything runs on 9.0, yet the folder itself would load pcie_ipc
+    assert [p.parent.name for p in linked.glob("*/*.so")] == ["vllm_comm"]

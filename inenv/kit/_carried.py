@@ -20,14 +20,18 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from inenv.kit import _elf, _fatbin
+from inenv import toolkit
+from inenv.envinfo import torch_cuda_version
+from inenv.kit import _compile_cache, _elf, _fatbin
 
 RECORD = "stackprobe-kernel.json"
 SCHEMA = 1
@@ -225,6 +229,67 @@ def record_for(module: str, name: str, result: Mapping[str, Any], sass: Iterable
             **{k: result[k] for k in keep if k in result}, **extra}
 
 
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def torch_version() -> str | None:
+    """torch's full version with its local label (``2.11.0+cu130``): its ``version.py``, not imported."""
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        try:
+            text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+            m = re.search(r"^__version__\s*(?::\s*\S+)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+            if m:
+                return m.group(1)
+        except OSError:
+            pass
+    return _dist_version("torch")
+
+
+def cell_facts(sources: Mapping[str, list[str]]) -> dict[str, Any]:
+    """The facts of this environment a carried module's record must match (:data:`IDENTITY`), read without
+    importing flashinfer or torch: flashinfer's version, torch's with its CUDA build, nvcc's (found as
+    flashinfer finds it), and per module the hash of the sources its record names (``sources``: module ->
+    placed names) as they are here."""
+    spec = importlib.util.find_spec("flashinfer")
+    site = str(Path(next(iter(spec.submodule_search_locations))).parent) if spec and \
+        spec.submodule_search_locations else ""
+    return {"flashinfer": _dist_version("flashinfer-python", "flashinfer"), "torch": torch_version(),
+            "torch_cuda": torch_cuda_version(), "nvcc": toolkit.resolve(flashinfer=True).version,
+            "source_hash": {m: _compile_cache.source_hash(list(names), site) if site else None
+                            for m, names in sources.items()}}
+
+
+def not_here(carried: Carried) -> str:
+    """Why ``carried``'s record is not this environment's ("" when it is: the same flashinfer, torch with its
+    CUDA build, nvcc and module sources), escaped."""
+    names = [str(n) for n in carried.record.get("sources") or [] if isinstance(n, str)]
+    here = cell_facts({carried.module: names})
+    facts = {k: here.get(k) for k in ("flashinfer", "torch", "torch_cuda", "nvcc")}
+    facts["source_hash"] = here["source_hash"].get(carried.module)
+    return differs(carried.record, facts)
+
+
+def usable(folder: Path | None) -> tuple[dict[str, Carried], dict[str, str]]:
+    """The carried modules of ``folder`` this environment may load (the reader accepts them and their
+    records are this environment's), and every entry left out with why, by folder name."""
+    found, refused = scan(folder)
+    out = {}
+    for module, c in found.items():
+        why = not_here(c)
+        if why:
+            refused[c.name] = f"its record is not this cell's ({why})"
+        else:
+            out[module] = c
+    return out, refused
+
+
 def _sweep(scratch: Path) -> None:
     """Remove the link folders of processes that have ended (``aot-<cc>-<pid>-*``): links only, nothing else."""
     for old in scratch.glob("aot-*-*-*"):
@@ -244,14 +309,15 @@ def _sweep(scratch: Path) -> None:
 
 
 def fitting_folder(folder: Path, capability: str, scratch: Path, extra: Mapping[str, Path] = {}) -> Path | None:
-    """A folder laid out as flashinfer's AOT folder holding links to the carried modules of ``folder`` whose
-    SASS runs on ``capability`` and to ``extra`` (name -> library: modules built here for this GPU), inside
-    ``scratch``; None when every carried module runs here and nothing is extra (``folder`` itself serves).
+    """A folder laid out as flashinfer's AOT folder holding links to the carried modules of ``folder`` this
+    environment may load (:func:`usable`) whose SASS runs on ``capability`` and to ``extra`` (name -> library:
+    modules built here for this GPU), inside ``scratch``; None when every carried module is usable and runs
+    here and nothing is extra (``folder`` itself serves).
     Links, so nothing is copied; a new folder for each call (another cell, process or set never shares one,
     so nothing of an earlier call is linked)."""
-    carried = kernel_set(folder)
+    carried, refused = usable(folder)
     fits = {c.name: c.library for c in carried.values() if c.runs_on(capability)}
-    if len(fits) == len(carried) and not extra:
+    if len(fits) == len(carried) and not refused and not extra:
         return None
     scratch.mkdir(parents=True, exist_ok=True)
     _sweep(scratch)

@@ -461,7 +461,8 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
             spec.build_and_load()
         except Exception as exc:
             return _stopped(out, "build", exc)
-        out.update({"compile_s": round(time.monotonic() - t0, 1), "library": _library(spec), "one_step": True})
+        out.update({"compile_s": round(time.monotonic() - t0, 1), "library": _library(spec), "one_step": True,
+                    "sources": [], "source_hash": _compile_cache.source_hash([], _site_root())})  # none listed
         build_dir = getattr(spec, "build_dir", None)
         if build_dir is not None:
             out["build_dir"] = str(build_dir)

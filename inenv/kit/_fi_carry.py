@@ -20,10 +20,8 @@ builder's own interpreter).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -33,7 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from inenv import atomic, gpuarch, toolkit
+from inenv import atomic, gpuarch
 from inenv.envinfo import torch_cuda_version
 from inenv.kit import _carried, _compile_cache, _fatbin, _fi_build
 from inenv.kit._flashinfer import JIT_GENERATORS
@@ -182,29 +180,12 @@ def carry(module: str, archs: list[str], out_dir: Path, timeout_s: float) -> dic
 
 
 def torch_version() -> str | None:
-    """torch's full version with its local label (``2.11.0+cu130``): its ``version.py``, not imported."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return _version("torch")
-    try:
-        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
-    except OSError:
-        return _version("torch")
-    m = re.search(r"^__version__\s*(?::\s*\S+)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
-    return m.group(1) if m else _version("torch")
+    return _carried.torch_version()
 
 
 def identity(sources: dict[str, list[str]]) -> dict[str, Any]:
-    """The facts of this environment a carried module's record must match (``_carried.IDENTITY``), without
-    importing flashinfer or torch: flashinfer's version, torch's with its CUDA build, nvcc's, and per module
-    the hash of the sources its record names (``sources``: module -> placed names) as they are here."""
-    spec = importlib.util.find_spec("flashinfer")
-    site = str(Path(next(iter(spec.submodule_search_locations))).parent) if spec and \
-        spec.submodule_search_locations else ""
-    return {"flashinfer": _version("flashinfer-python") or _version("flashinfer"), "torch": torch_version(),
-            "torch_cuda": torch_cuda_version(), "nvcc": toolkit.resolve(flashinfer=True).version,
-            "source_hash": {m: _compile_cache.source_hash(names, site) if site else None
-                            for m, names in sources.items()}}
+    """The facts of this environment a carried module's record must match (``_carried.cell_facts``)."""
+    return _carried.cell_facts(sources)
 
 
 def _main(argv: list[str]) -> int:

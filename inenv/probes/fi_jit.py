@@ -61,7 +61,7 @@ from typing import Any
 
 from inenv import gpuarch, toolkit
 from inenv.envinfo import torch_cuda_version
-from inenv.kit import _carried, _compile_cache, _fatbin, _fi_build, _fi_carry, _fi_prebuild
+from inenv.kit import _carried, _compile_cache, _fatbin, _fi_build, _fi_prebuild
 from inenv.kit import _flashinfer as fi
 from inenv.probe import LEVEL_ENV, QUICK, HostView, ProbeSpec, RankContext, Skip, Variant, outcome
 
@@ -431,20 +431,15 @@ def carried_result(module: str, carried: _carried.Carried) -> dict[str, Any]:
 
 def carried_for_cell(module: str) -> tuple[_carried.Carried | None, str]:
     """The cell's carried ``module`` when the kernel-set reader accepts it (no link, an ELF shared object with
-    the module's entry points) and its record is this cell's: flashinfer, torch with its CUDA build, nvcc and
-    the module's sources as they are here; else None and why (escaped: the record may come from elsewhere)."""
-    folder = _carried.aot_dir()
-    found, refused = _carried.scan(folder)
+    the module's entry points) and its record is this cell's (``_carried.usable``: flashinfer, torch with its
+    CUDA build, nvcc and the module's sources as they are here); else None and why (escaped: the record may
+    come from elsewhere)."""
+    found, refused = _carried.usable(_carried.aot_dir())
     carried = found.get(module)
-    if carried is None:
-        left_out = [f"{name}: {why}" for name, why in sorted(refused.items())]
-        return None, _carried.visible("the kernel set left out " + "; ".join(left_out), 600) if left_out else ""
-    names = [str(n) for n in carried.record.get("sources") or [] if isinstance(n, str)]
-    here = _fi_carry.identity({module: names})
-    facts = {k: here.get(k) for k in ("flashinfer", "torch", "torch_cuda", "nvcc")}
-    facts["source_hash"] = (here.get("source_hash") or {}).get(module)
-    why = _carried.differs(carried.record, facts)
-    return (None, f"its record is not this cell's ({why})") if why else (carried, "")
+    if carried is not None:
+        return carried, ""
+    left_out = [f"{name}: {why}" for name, why in sorted(refused.items())]
+    return None, _carried.visible("the kernel set left out " + "; ".join(left_out), 600) if left_out else ""
 
 
 def from_carried(ctx: RankContext, module: str, arch: str, carried: _carried.Carried) -> dict[str, Any] | None:
@@ -498,7 +493,7 @@ def _prebuild_others(ctx: RankContext, module: str, cache: str,
         marker.write_text(f"{os.getpid()}\n")
     except OSError:
         return None
-    carried = _carried.kernel_set(_carried.aot_dir())
+    carried = _carried.usable(_carried.aot_dir())[0]
     others = [m for m in fi.COMM_MODULES if m != module and not (m in carried and carried[m].runs_on(local_cc))]
     if not others:
         return None
