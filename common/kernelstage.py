@@ -2,7 +2,7 @@
 not wait for it (host side, shared by provision and checks).
 
 `provision build` carries the quick comm module in its own run (what `checks run`'s quick pass loads), then
-starts the long modules' builds as one process of their own (``python -m provision.kernelstage``) and returns.
+starts the long modules' builds as one process of their own (``python -m provision.kernels JOB``) and returns.
 That process says where it is in a log; this module is how the others find it: :func:`running` names it while
 it lives, and :func:`wait` waits for it and shows its lines as they come (at least one line a ``tick_s``). A
 later `provision build` waits for it before it starts, and `checks run` before its full pass, so the full pass
@@ -22,8 +22,8 @@ from common.caches import CODE_ROOT
 from common.progress import duration
 
 FOLDER = CODE_ROOT / ".cache" / "kernels"
-STATE = "stage.json"  # {pid, started, log, builds}: written by provision.kernelstage while it runs
-MARKER = "provision.kernelstage"  # in the process's command line: a reused pid is not taken for the stage
+STATE = "stage.json"  # {pid, started, log, builds}: written by provision.kernels.start while it runs
+MARKER = "provision.kernels"  # in the process's command line: a reused pid is not taken for the stage
 TICK_S = 30.0
 
 

@@ -29,7 +29,6 @@ from common.errors import InputError
 from common.progress import console as progress_console
 from common.resolve import RESOLVED, Resolved
 from provision import doctor, kernels
-from provision import kernelstage as kernelstage_cli
 from provision.build import DockerBuilder, render_dockerfiles
 from provision.dockercli import Docker
 from provision.lock import torch_key
@@ -116,7 +115,7 @@ def memory_bytes() -> int:
 def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOptions, docker: Docker | None) -> Records:
     """The kernel stage (provision.kernels) over every built cell: the quick module here (what `checks run`'s
     quick pass loads), then the long ones in a process of their own that this command does not wait for
-    (provision.kernelstage; with --wait-kernels, here too), so the first table comes before the long compiles.
+    (``python -m provision.kernels``; with --wait-kernels, here too), so the first table comes before the long compiles.
     A stage an earlier build started is waited for first: one build of each module at a time."""
     jobs = opts.kernel_parallel(os.cpu_count() or 1, memory_bytes())
     report = reporter(opts)
@@ -135,7 +134,7 @@ def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOption
     cells_of = sorted({j.cell_id for g in groups for j in g})
     for kind in sorted({backend_of[c] for c in cells_of}):
         mine = [c for c in cells_of if backend_of[c] == kind]
-        stage = kernelstage_cli.start({"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
+        stage = kernels.start({"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
                                        "archs": {c: list(archs[c]) for c in mine},
                                        "modules": list(kernels.LONG_MODULES),
                                        "builds": sum(1 for g in groups for j in g if j.cell_id in mine)})

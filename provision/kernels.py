@@ -27,6 +27,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from common import backend, buildrecord, reasons
+from common import backend, buildrecord, kernelstage, reasons
 from common.buildrecord import BuildStatus
 from common.caches import CODE_ROOT, compile_cache_dir
 from common.celltoolkit import base_env, cell_env
@@ -51,7 +52,8 @@ from inenv.probes.fi_jit import BUILD_COST, QUICK_MODULE
 from provision.dockercli import Docker
 
 # `provision build` carries the quick module in its own run (what `checks run`'s quick pass loads) and the
-# long ones after it returns (provision.kernelstage), so the first table does not wait for them
+# long ones after it returns (`python -m provision.kernels JOB`, at the end of this file), so the first table
+# does not wait for them
 QUICK_MODULES = (QUICK_MODULE,)
 LONG_MODULES = tuple(m for m in COMM_MODULES if m not in QUICK_MODULES)
 KERNELS = CODE_ROOT / ".cache" / "kernels"  # one kernel set per cell: <cell id>/<name>/<name>.so + record
@@ -636,3 +638,64 @@ def finish(rec: dict[str, Any], carrier: Carrier, folder: Path, kernel_dir: Path
     if folder.is_dir():
         atomic.write_json(folder / backend.RECORD_NAMES[str(rec.get("backend") or backend.DOCKER)], new, indent=1)
     return new
+
+
+# --- the long modules after `provision build` returns (common.kernelstage): ``python -m provision.kernels JOB``
+# ``JOB.json`` (written by provision.buildsession): the cells, their backend and target lists, the parallel
+# builds, the modules, the envs folder. Each cell's record is read again (the quick stage just rewrote it), the
+# modules are built and installed as `provision build --wait-kernels` builds them in its own run, and the lines
+# it says go to the log the state file names, one event a line.
+def start(job: dict[str, Any], folder: Path = kernelstage.FOLDER) -> kernelstage.Stage:
+    """Write the job, start the stage's process (its own session: Ctrl-C in the terminal that started
+    `provision build` does not reach it, and nothing waits on it) and record it in the state file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    job_path = folder / "stage-job.json"
+    job_path.write_text(json.dumps(job, indent=1))
+    log_path = folder / "stage.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", kernelstage.MARKER, str(job_path)], cwd=CODE_ROOT,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    stage = kernelstage.Stage(proc.pid, time.time(), log_path, int(job.get("builds", 0)))
+    kernelstage.write_state(stage, folder)
+    return stage
+
+
+def run(job: dict[str, Any], log: Any) -> int:
+    lock = threading.Lock()
+
+    def report(cid: str, msg: str) -> None:
+        with lock:
+            log.write(f"{time.strftime('%H:%M:%S')} {cid + ' ' if cid else ''}{msg}\n")
+            log.flush()
+
+    envs = Path(job["envs"])
+    records = []
+    for cid in job["cells"]:
+        loaded = buildrecord.read(envs / cid, job["backend"])
+        if loaded.record is not None:
+            records.append(dict(loaded.record))
+    archs = {cid: tuple(a) for cid, a in job["archs"].items()}
+    t0 = time.monotonic()
+    where = {k: Path(job[k]) for k in ("kernels_root", "cache") if job.get(k)}  # tests keep them in their folder
+    done = carry(records, archs, int(job["jobs"]), envs, report, modules=tuple(job["modules"]), **where)
+    carried = sum(1 for r in done for row in ((r.get("kernels") or {}).get("modules") or {}).values()
+                  if isinstance(row, dict) and row.get("carried"))
+    report("", f"kernels: the stage ended after {round(time.monotonic() - t0)} s; {carried} module(s) carried "
+               "in its cells")
+    return 0
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m provision.kernels JOB.json\n")
+        return 2
+    try:
+        job = json.loads(Path(argv[0]).read_text())
+        return run(job, sys.stdout)
+    finally:
+        kernelstage.clear(os.getpid(), Path(argv[0]).parent)
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""The long kernel builds after `provision build` returns (provision.kernelstage) and the wait for them
+"""The long kernel builds after `provision build` returns (``python -m provision.kernels``) and the wait for them
 (common.kernelstage): the stage is a real process, its lines reach whoever waits, at least one line a tick
 while it is silent, and its state file names it only while it lives."""
 
@@ -12,7 +12,6 @@ from pathlib import Path
 
 from common import backend, kernelstage
 from provision import kernels
-from provision import kernelstage as stage_cli
 
 
 def _stand_in(folder: Path, script: str) -> subprocess.Popen[bytes]:
@@ -58,7 +57,7 @@ def test_the_stage_process_builds_records_and_clears_its_state(tmp_path: Path) -
     job = {"cells": ["cellx"], "backend": backend.VENV, "jobs": 1, "envs": str(envs), "archs": {"cellx": ["9.0a"]},
            "modules": ["moe_a2a"], "builds": 1, "kernels_root": str(tmp_path / "kernels"),
            "cache": str(tmp_path / "cache")}
-    stage = stage_cli.start(job, tmp_path / "state")
+    stage = kernels.start(job, tmp_path / "state")
     said: list[str] = []
     assert kernelstage.wait(said.append, tmp_path / "state", poll_s=0.2)
     assert any("kernels: [1/1] moe_a2a for 9.0a" in line for line in said), said
