@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from common import backend, buildrecord, kernelstage
+from common import backend, kernelstage
 from common.api import plan
 from common.buildrecord import BuildStatus
 from common.errors import InputError
@@ -125,23 +125,23 @@ def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOption
     if opts.wait_kernels:
         return kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
     backend_of = {str(r.get("cell_id")): str(r.get("backend") or backend.DOCKER) for r in records}
-    rows = [{"cell_id": cid, "flashinfer": (r.get("versions") or {}).get("flashinfer"),
-             "torch_cuda": (r.get("versions") or {}).get("torch_cuda"), "archs": archs.get(cid, ())}
-            for r in records if buildrecord.runnable(r) and (cid := str(r.get("cell_id")))]
-    groups = kernels.plan(rows, kernels.LONG_MODULES)
-    if not groups:
+    todo = kernels.pending(records, archs, docker, modules=kernels.LONG_MODULES)
+    if not todo:
+        report("", f"kernels: the long modules ({', '.join(kernels.LONG_MODULES)}) are current in every cell "
+                   "(or not carried for a reason of the cell's own): nothing more to build")
         return records
-    cells_of = sorted({j.cell_id for g in groups for j in g})
-    for kind in sorted({backend_of[c] for c in cells_of}):
+    cells_of = sorted({j.cell_id for j in todo})
+    kinds = sorted({backend_of[c] for c in cells_of})
+    for kind in kinds:
         mine = [c for c in cells_of if backend_of[c] == kind]
         stage = kernels.start({"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
-                                       "archs": {c: list(archs[c]) for c in mine},
-                                       "modules": list(kernels.LONG_MODULES),
-                                       "builds": sum(1 for g in groups for j in g if j.cell_id in mine)})
+                               "archs": {c: list(archs[c]) for c in mine},
+                               "modules": list(kernels.LONG_MODULES),
+                               "builds": sum(1 for j in todo if j.cell_id in mine)})
         report("", f"kernels: {stage.builds} build(s) of the long modules ({', '.join(kernels.LONG_MODULES)}) "
                    f"go on after this command (pid {stage.pid}, log {shown_path(stage.log)}); `checks run` "
                    "answers at the quick level meanwhile and waits for them before its full level")
-        if kind != sorted({backend_of[c] for c in cells_of})[-1]:
+        if kind != kinds[-1]:
             kernelstage.wait(lambda line: report("", line))  # one stage at a time
     return records
 

@@ -367,6 +367,25 @@ def cell_identity(rec: Mapping[str, Any], carrier: Carrier, kernel_dir: Path) ->
     return carrier.identity(kernel_dir)
 
 
+def pending(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, ...]], docker: Docker | None = None,
+            kernels_root: Path = KERNELS, cache: Path | None = None, modules: Sequence[str] = COMM_MODULES,
+            carriers: Mapping[str, Carrier] | None = None) -> list[Job]:
+    """The jobs :func:`carry` would build (no current module in the kernel set, no kept failure of the cell's
+    own), compiling nothing: what decides whether the long modules need a stage at all."""
+    built = {str(r["cell_id"]): r for r in records if buildrecord.runnable(r)}
+    rows = [{"cell_id": cid, "flashinfer": (r.get("versions") or {}).get("flashinfer"),
+             "torch_cuda": (r.get("versions") or {}).get("torch_cuda"), "archs": archs_of.get(cid, ())}
+            for cid, r in built.items()]
+    jobs = [j for g in plan(rows, modules) for j in g]
+    cells = sorted({j.cell_id for j in jobs})
+    carriers = dict(carriers) if carriers is not None else {
+        cid: CARRIERS[str(built[cid].get("backend") or backend.DOCKER)](built[cid], cache, docker or Docker())
+        for cid in cells}
+    identities = {cid: cell_identity(built[cid], carriers[cid], kernels_root / cid) for cid in cells}
+    return [j for j in jobs
+            if ready_answer(kernels_root / j.cell_id, j, built[j.cell_id], identities[j.cell_id])[0] is None]
+
+
 def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, ...]], jobs: int, envs: Path,
           report: Callable[[str, str], None], docker: Docker | None = None,
           kernels_root: Path = KERNELS, cache: Path | None = None,
@@ -563,7 +582,11 @@ class StageProgress:
 
     def left_text(self) -> str:
         seconds, basis = self.left_s()
-        return f"about {duration(seconds)} left ({basis})" if self.todo else "nothing to compile"
+        if not self.todo:
+            return "nothing to compile"
+        if seconds < 5 and self.running:
+            return f"running past the estimate ({basis})"
+        return f"about {duration(seconds)} left ({basis})"
 
     def tick_line(self, elapsed: float) -> str:
         now = time.monotonic()
