@@ -100,7 +100,12 @@ def run(opts: RunOptions, con: Any) -> int:
 def wait_for_kernels(con: Any) -> bool:
     """Before a full-level pass: wait for the kernel stage `provision build` left running (its lines shown as
     they come), so the pass loads the modules it carries instead of compiling them again; True when it waited."""
-    return kernelstage.wait(lambda line: con.print(line, markup=False, highlight=False))
+    try:
+        return kernelstage.wait(lambda line: con.print(line, markup=False, highlight=False))
+    except KeyboardInterrupt:
+        con.print("stopped waiting: the kernel stage goes on by itself (`checks run` again waits for it); the "
+                  "quick table stands", markup=False, highlight=False)
+        raise
 
 
 def answer(passes: list[Pass]) -> list[ProbeResult]:
