@@ -386,6 +386,25 @@ def pending(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str,
             if ready_answer(kernels_root / j.cell_id, j, built[j.cell_id], identities[j.cell_id])[0] is None]
 
 
+def prune(kernel_dir: Path, rec: Mapping[str, Any], archs: tuple[str, ...],
+          identity: Mapping[str, Any] | None) -> list[str]:
+    """Remove from a cell's kernel set every module whose record is not the cell's (whichever part of the
+    stage builds it again), so what is installed is only ever the cell's own; what was removed and why.
+    Nothing is removed while the cell's facts are unknown (the cell then refuses it at run time)."""
+    if identity is None:
+        return []
+    versions = rec.get("versions") or {}
+    out = []
+    for module, c in sorted(_carried.kernel_set(kernel_dir).items()):
+        job = Job(str(rec.get("cell_id")), module, archs, str(versions.get("flashinfer")),
+                  str(versions.get("torch_cuda")), 0.0)
+        have, why = current(kernel_dir, job, identity)
+        if have is None and why:
+            shutil.rmtree(c.library.parent, ignore_errors=True)
+            out.append(f"kernels: {module} in the kernel set is not this cell's ({why}): removed, built again")
+    return out
+
+
 def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, ...]], jobs: int, envs: Path,
           report: Callable[[str, str], None], docker: Docker | None = None,
           kernels_root: Path = KERNELS, cache: Path | None = None,
@@ -406,6 +425,9 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
         cid: CARRIERS[str(r.get("backend") or backend.DOCKER)](r, cache, docker or Docker())
         for cid, r in built.items() if cid in planned}
     identities = {cid: cell_identity(built[cid], carriers[cid], kernels_root / cid) for cid in sorted(planned)}
+    for cid in sorted(planned):  # a set copied in is installed only as far as it is this cell's
+        for why in prune(kernels_root / cid, built[cid], archs_of.get(cid, ()), identities[cid]):
+            report(cid, why)
     digests = {cid: set_digest(kernels_root / cid) for cid in planned}
     answered: dict[tuple[str, str], dict[str, Any]] = {}
     for job in (j for g in groups for j in g):

@@ -95,7 +95,8 @@ def test_a_cu128_kernel_set_offered_to_a_cu130_cell_is_rebuilt_naming_the_fact(t
     cell, lines = StandInCell(CU130), []
     rec = _stage(_cell(tmp_path / "envs", cid), cell, tmp_path, ("9.0a",), ("vllm_comm",), lines)
     assert cell.compiles == [("vllm_comm", ("9.0a",))]
-    assert "kernels: vllm_comm is built again: torch: 2.11.0+cu130 wanted, 2.11.0+cu128 in the record" in lines
+    assert ("kernels: vllm_comm in the kernel set is not this cell's (torch: 2.11.0+cu130 wanted, 2.11.0+cu128 in "
+            "the record): removed, built again") in lines
     assert json.loads((kset / _carried.RECORD).read_text())["torch"] == "2.11.0+cu130"
     assert rec["kernels"]["modules"]["vllm_comm"]["carried"] is True and rec["kernels"]["installed"] is True
 
@@ -325,3 +326,21 @@ def test_a_module_of_another_cell_in_the_aot_folder_is_hidden_from_flashinfer(tm
     linked = _carried.fitting_folder(kset, "9.0", tmp_path / "scratch")
     assert linked is not None  # everything runs on 9.0, yet the folder itself would load pcie_ipc
     assert [p.parent.name for p in linked.glob("*/*.so")] == ["vllm_comm"]
+
+
+def test_a_copied_in_module_of_another_cell_is_never_installed_by_the_part_that_does_not_build_it(
+        tmp_path: Path) -> None:
+    cid = "cu130-torch2.11.0-sglnone-fi0.7.4"
+    kset = tmp_path / "kernels" / cid / "trtllm_comm"
+    kset.mkdir(parents=True)
+    (kset / "trtllm_comm.so").write_bytes(module_library("trtllm_comm", "cu128"))
+    (kset / _carried.RECORD).write_text(json.dumps({
+        "schema": 1, "module": "trtllm_comm", "name": "trtllm_comm", "sass": ["sm_90a"], "arch_list": "9.0a",
+        "declared": "9.0a", "flashinfer": "0.7.4", "torch": "2.11.0+cu128", "torch_cuda": "12.8", "nvcc": "13.0",
+        "source_hash": "src2"}))
+    cell, lines = StandInCell(CU130), []
+    rec = _stage(_cell(tmp_path / "envs", cid), cell, tmp_path, ("9.0a",), ("vllm_comm",), lines)  # the quick part
+    assert cell.compiles == [("vllm_comm", ("9.0a",))]
+    assert sorted(_carried.kernel_set(tmp_path / "kernels" / cid)) == ["vllm_comm"]  # what was installed
+    assert any(line.startswith("kernels: trtllm_comm in the kernel set is not this cell's (torch:") for line in lines)
+    assert rec["kernels"]["installed"] is True
