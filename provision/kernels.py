@@ -390,7 +390,7 @@ def pending(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str,
 def prune(kernel_dir: Path, rec: Mapping[str, Any], archs: tuple[str, ...],
           identity: Mapping[str, Any] | None) -> list[str]:
     """Remove from a cell's kernel set every module whose record is not the cell's (whichever part of the
-    stage builds it again), so what is installed is only ever the cell's own; what was removed and why.
+    stage builds it again), so what is installed is only ever the cell's own; a line per module removed, with why.
     Nothing is removed while the cell's facts are unknown (the cell then refuses it at run time)."""
     if identity is None:
         return []
