@@ -266,13 +266,16 @@ def cell_facts(sources: Mapping[str, list[str]]) -> dict[str, Any]:
                             for m, names in sources.items()}}
 
 
-def not_here(carried: Carried) -> str:
+def _names(carried: Carried) -> list[str]:
+    return [str(n) for n in carried.record.get("sources") or [] if isinstance(n, str)]
+
+
+def not_here(carried: Carried, here: Mapping[str, Any] | None = None) -> str:
     """Why ``carried``'s record is not this environment's ("" when it is: the same flashinfer, torch with its
-    CUDA build, nvcc and module sources), escaped."""
-    names = [str(n) for n in carried.record.get("sources") or [] if isinstance(n, str)]
-    here = cell_facts({carried.module: names})
+    CUDA build, nvcc and module sources), escaped; ``here``: :func:`cell_facts` read already."""
+    here = here if here is not None else cell_facts({carried.module: _names(carried)})
     facts = {k: here.get(k) for k in ("flashinfer", "torch", "torch_cuda", "nvcc")}
-    facts["source_hash"] = here["source_hash"].get(carried.module)
+    facts["source_hash"] = (here.get("source_hash") or {}).get(carried.module)
     return differs(carried.record, facts)
 
 
@@ -280,9 +283,10 @@ def usable(folder: Path | None) -> tuple[dict[str, Carried], dict[str, str]]:
     """The carried modules of ``folder`` this environment may load (the reader accepts them and their
     records are this environment's), and every entry left out with why, by folder name."""
     found, refused = scan(folder)
+    here = cell_facts({m: _names(c) for m, c in found.items()}) if found else {}
     out = {}
     for module, c in found.items():
-        why = not_here(c)
+        why = not_here(c, here)
         if why:
             refused[c.name] = f"its record is not this cell's ({why})"
         else:
