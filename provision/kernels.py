@@ -698,7 +698,7 @@ def start(job: dict[str, Any], folder: Path = kernelstage.FOLDER) -> kernelstage
     job_path = folder / "stage-job.json"
     job_path.write_text(json.dumps(job, indent=1))
     log_path = folder / "stage.log"
-    with open(log_path, "ab") as log:
+    with open(log_path, "wb") as log:  # one stage at a time (a running one is waited for first): its own log
         proc = subprocess.Popen([sys.executable, "-m", kernelstage.MARKER, str(job_path)], cwd=CODE_ROOT,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
