@@ -35,8 +35,8 @@ class Stage:
     builds: int  # module builds it was given (most are found done when nothing changed)
 
 
-def state_path(folder: Path = FOLDER) -> Path:
-    return folder / STATE
+def state_path(folder: Path | None = None) -> Path:
+    return (folder or FOLDER) / STATE
 
 
 def _alive(pid: int, settle_s: float = 2.0) -> bool:
@@ -57,8 +57,9 @@ def _alive(pid: int, settle_s: float = 2.0) -> bool:
         time.sleep(0.05)
 
 
-def running(folder: Path = FOLDER) -> Stage | None:
+def running(folder: Path | None = None) -> Stage | None:
     """The kernel stage running now, or None (no state file, a stale one, or one that cannot be read)."""
+    folder = folder or FOLDER
     try:
         data = json.loads(state_path(folder).read_text())
         stage = Stage(int(data["pid"]), float(data["started"]), Path(str(data["log"])), int(data.get("builds", 0)))
@@ -67,7 +68,7 @@ def running(folder: Path = FOLDER) -> Stage | None:
     return stage if _alive(stage.pid) else None
 
 
-def wait(say: Callable[[str], None], folder: Path = FOLDER, tick_s: float = TICK_S, poll_s: float = 1.0) -> bool:
+def wait(say: Callable[[str], None], folder: Path | None = None, tick_s: float = TICK_S, poll_s: float = 1.0) -> bool:
     """Wait for the running kernel stage, saying each line its log gains and, when it is silent for ``tick_s``,
     that it is still running and for how long; True when there was one to wait for. Ctrl-C stops the wait
     (KeyboardInterrupt), never the stage."""
@@ -123,7 +124,8 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def write_state(stage: Stage, folder: Path = FOLDER) -> None:
+def write_state(stage: Stage, folder: Path | None = None) -> None:
+    folder = folder or FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     tmp = state_path(folder).with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"pid": stage.pid, "started": stage.started, "log": str(stage.log),
@@ -131,7 +133,7 @@ def write_state(stage: Stage, folder: Path = FOLDER) -> None:
     os.replace(tmp, state_path(folder))
 
 
-def clear(pid: int, folder: Path = FOLDER) -> None:
+def clear(pid: int, folder: Path | None = None) -> None:
     """Remove the state file when it names ``pid`` (a newer stage's file stays)."""
     try:
         if json.loads(state_path(folder).read_text()).get("pid") == pid:

@@ -136,6 +136,7 @@ def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOption
     for kind in kinds:
         mine = [c for c in cells_of if backend_of[c] == kind]
         stage = kernels.start({"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
+                               "kernels_root": str(kernels.KERNELS),
                                "archs": {c: list(archs[c]) for c in mine},
                                "modules": list(kernels.LONG_MODULES),
                                "builds": sum(1 for j in todo if j.cell_id in mine)})

@@ -369,10 +369,11 @@ def cell_identity(rec: Mapping[str, Any], carrier: Carrier, kernel_dir: Path) ->
 
 
 def pending(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, ...]], docker: Docker | None = None,
-            kernels_root: Path = KERNELS, cache: Path | None = None, modules: Sequence[str] = COMM_MODULES,
+            kernels_root: Path | None = None, cache: Path | None = None, modules: Sequence[str] = COMM_MODULES,
             carriers: Mapping[str, Carrier] | None = None) -> list[Job]:
     """The jobs :func:`carry` would build (no current module in the kernel set, no kept failure of the cell's
     own), compiling nothing: what decides whether the long modules need a stage at all."""
+    kernels_root = kernels_root or KERNELS
     built = {str(r["cell_id"]): r for r in records if buildrecord.runnable(r)}
     rows = [{"cell_id": cid, "flashinfer": (r.get("versions") or {}).get("flashinfer"),
              "torch_cuda": (r.get("versions") or {}).get("torch_cuda"), "archs": archs_of.get(cid, ())}
@@ -408,11 +409,12 @@ def prune(kernel_dir: Path, rec: Mapping[str, Any], archs: tuple[str, ...],
 
 def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, ...]], jobs: int, envs: Path,
           report: Callable[[str, str], None], docker: Docker | None = None,
-          kernels_root: Path = KERNELS, cache: Path | None = None,
+          kernels_root: Path | None = None, cache: Path | None = None,
           modules: Sequence[str] = COMM_MODULES, carriers: Mapping[str, Carrier] | None = None,
           tick_s: float = STAGE_TICK_S) -> list[dict[str, Any]]:
     """Compile and install every built cell's kernels; each record gains ``kernels`` (and is rewritten).
     ``carriers``: one per cell id, instead of the backend's (tests)."""
+    kernels_root = kernels_root or KERNELS
     cache = cache if cache is not None else compile_cache_dir(None, False)
     built = {str(r["cell_id"]): r for r in records if buildrecord.runnable(r)}
     rows = [{"cell_id": cid, "flashinfer": (r.get("versions") or {}).get("flashinfer"),
@@ -691,9 +693,11 @@ def finish(rec: dict[str, Any], carrier: Carrier, folder: Path, kernel_dir: Path
 # builds, the modules, the envs folder. Each cell's record is read again (the quick stage just rewrote it), the
 # modules are built and installed as `provision build --wait-kernels` builds them in its own run, and the lines
 # it says go to the log the state file names, one event a line.
-def start(job: dict[str, Any], folder: Path = kernelstage.FOLDER) -> kernelstage.Stage:
+def start(job: dict[str, Any], folder: Path | None = None) -> kernelstage.Stage:
     """Write the job, start the stage's process (its own session: Ctrl-C in the terminal that started
-    `provision build` does not reach it, and nothing waits on it) and record it in the state file."""
+    `provision build` does not reach it, and nothing waits on it) and record it in the state file
+    (``folder``: common.kernelstage's, unless given)."""
+    folder = folder or kernelstage.FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     job_path = folder / "stage-job.json"
     job_path.write_text(json.dumps(job, indent=1))

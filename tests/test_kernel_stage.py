@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from common import backend, kernelstage
 from provision import kernels
 
@@ -95,3 +97,44 @@ def test_learned_costs_come_from_this_hosts_records(tmp_path: Path) -> None:
             "moe_a2a": {"carried": True, "compile_cpu_s": cpu, "targets": 2},
             "vllm_comm": {"carried": True}}}}))  # reused: no CPU recorded, nothing learned
     assert kernels.learned_costs(tmp_path) == {"moe_a2a": 200.0}
+
+
+def test_provision_build_carries_the_quick_module_then_starts_the_long_stage_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel part of `provision build` on a venv cell of this environment (no flashinfer here, so each
+    build says so fast): the quick module in the command, the long modules in a stage of their own; a second
+    build of the unchanged cell starts no stage (every long module's answer is kept) and `checks run` has
+    nothing to wait for."""
+    from types import SimpleNamespace
+
+    from common.resolve import RESOLVED
+    from provision import buildsession
+    from provision.options import BuildOptions
+
+    monkeypatch.setattr(kernelstage, "FOLDER", tmp_path / "state")
+    monkeypatch.setattr(kernels, "KERNELS", tmp_path / "kernels")
+    monkeypatch.setenv("STACKPROBE_COMPILE_CACHE", str(tmp_path / "cache"))
+    envs = tmp_path / "envs"
+    (envs / "cellx").mkdir(parents=True)
+    rec = {"cell_id": "cellx", "status": "built", "backend": backend.VENV, "python": sys.executable,
+           "base_python": sys.executable, "versions": {"flashinfer": "0.7.4", "torch_cuda": "13.0"}}
+    record_file = envs / "cellx" / backend.RECORD_NAMES[backend.VENV]
+    record_file.write_text(json.dumps(rec))
+    opts = BuildOptions(tmp_path / "matrix.yaml", envs=envs, kernel_archs=("9.0a",), kernel_jobs=1)
+    cells = [SimpleNamespace(cell_id="cellx", status=RESOLVED)]
+    said: list[str] = []
+    monkeypatch.setattr(buildsession, "reporter", lambda o: lambda cid, msg: said.append(msg))
+    out = buildsession.carry_kernels(cells, [rec], opts, None)  # type: ignore[arg-type]
+    assert out[0]["kernels"]["modules"]["vllm_comm"]["reason_code"] == "fi-jit-error"  # the quick part, here
+    assert [m for m in said if m.startswith("kernels: [1/1] vllm_comm for 9.0a")]
+    started = [m for m in said if "go on after this command" in m]
+    assert started and started[0].startswith("kernels: 4 build(s) of the long modules")
+    assert kernelstage.wait(said.append, poll_s=0.2)  # what `checks run` does before its full level
+    after = json.loads(record_file.read_text())
+    assert sorted(after["kernels"]["modules"]) == sorted(kernels.QUICK_MODULES + kernels.LONG_MODULES)
+    # the next `provision build`: the cell unchanged, every answer kept, so nothing is started
+    said.clear()
+    again = buildsession.carry_kernels(cells, [{**after, "status": "skipped-unchanged"}], opts, None)  # type: ignore[arg-type]
+    assert not [m for m in said if "go on after this command" in m or m.startswith("kernels: [")], said
+    assert any("nothing more to build" in m for m in said) and kernelstage.running() is None
+    assert again[0]["kernels"]["modules"]["trtllm_comm"]["carried"] is False
