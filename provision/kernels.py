@@ -332,19 +332,25 @@ class DockerCarrier:
         if probe.returncode != 0 or not target.startswith("/"):
             raise OSError("the image has no flashinfer AOT folder of its own (flashinfer-jit-cache installed, or "
                           "flashinfer not importable)")
-        digest = set_digest(kernel_dir)
         with tempfile.TemporaryDirectory(prefix="stackprobe-kernel-layer-") as ctx:
-            for c in _carried.kernel_set(kernel_dir).values():  # what the reader accepts, no link followed
-                copy_module(c, Path(ctx) / "kernels" / c.name)
-            (Path(ctx) / "kernels").mkdir(exist_ok=True)
-            (Path(ctx) / "Dockerfile").write_text(
-                f"FROM {base}\nCOPY kernels/ {target}/\nLABEL {KERNELS_LABEL}=\"{digest}\"\n")
+            layer_context(kernel_dir, Path(ctx), base, target)
             proc = self.docker.run("build", "-q", "-t", tag, ctx, env=dict(os.environ, DOCKER_BUILDKIT="0"),
                                    timeout=1800)
         if proc.returncode != 0:
             raise OSError(f"docker build of the kernel layer exited {proc.returncode}: "
                           f"{(proc.stderr.strip().splitlines() or [''])[-1][:300]}")
         return {"kernels_base": base, "image_id": self.docker.image_id(tag)}
+
+
+def layer_context(kernel_dir: Path, ctx: Path, base: str, target: str) -> None:
+    """The build context of a Docker cell's kernel layer: the modules the kernel-set reader accepts, each
+    library and record copied without following a link (never the set folder copied as it is), and the
+    Dockerfile that puts them in the image's AOT folder ``target``."""
+    for c in _carried.kernel_set(kernel_dir).values():
+        copy_module(c, ctx / "kernels" / c.name)
+    (ctx / "kernels").mkdir(parents=True, exist_ok=True)
+    (ctx / "Dockerfile").write_text(
+        f"FROM {base}\nCOPY kernels/ {target}/\nLABEL {KERNELS_LABEL}=\"{set_digest(kernel_dir)}\"\n")
 
 
 CARRIERS: dict[str, Callable[[Mapping[str, Any], Path | None, Docker], Carrier]] = {

@@ -194,6 +194,11 @@ def test_a_linked_library_in_a_kernel_set_is_refused_and_its_target_never_copied
     kernels.install_tree(kset, aot)
     copied = [p.read_bytes() for p in aot.rglob("*") if p.is_file()] if aot.exists() else []
     assert not any(b"SECRET-KEY-BYTES" in data for data in copied)
+    ctx = tmp_path / "layer"  # a Docker cell's kernel layer: its build context holds nothing of the links
+    kernels.layer_context(kset, ctx, "sha256:base", "/opt/venv/aot")
+    assert [p.name for p in (ctx / "kernels").iterdir()] == []
+    assert not any(b"SECRET-KEY-BYTES" in p.read_bytes() for p in ctx.rglob("*") if p.is_file())
+    assert not any(p.is_symlink() for p in ctx.rglob("*"))
     record_link = tmp_path / "k2" / "vllm_comm"
     record_link.mkdir(parents=True)
     (record_link / "vllm_comm.so").write_bytes(module_library("vllm_comm"))
