@@ -278,6 +278,8 @@ def copy_module(c: _carried.Carried, dest: Path) -> None:
     data = _carried.read_bytes(c.library, _carried.MAX_LIBRARY_BYTES)
     if data is None:
         raise OSError(f"{c.library} is a link, not a plain file, or too large: not copied")
+    if dest.is_symlink():  # a link where the module's folder goes: replaced, never written through
+        dest.unlink()
     atomic.write_bytes(dest / f"{c.name}.so", data)
     atomic.write_json(dest / _carried.RECORD, dict(c.record))
 

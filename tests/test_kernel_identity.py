@@ -314,9 +314,14 @@ def test_install_never_writes_through_a_link_in_the_target(tmp_path: Path) -> No
     (kset / "vllm_comm" / "vllm_comm.so").write_bytes(module_library("vllm_comm", "new"))
     (kset / "vllm_comm" / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": "vllm_comm",
                                                                   "name": "vllm_comm", "sass": ["sm_90a"]}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    aot.mkdir()
+    (aot / "vllm_comm").symlink_to(elsewhere, target_is_directory=True)  # the module's folder is a link
     kernels.install_tree(kset, aot)
     assert (aot / "vllm_comm" / "vllm_comm.so").read_bytes() == module_library("vllm_comm", "new")
-    assert not os.path.islink(aot / "vllm_comm" / "vllm_comm.so")
+    assert not os.path.islink(aot / "vllm_comm") and not os.path.islink(aot / "vllm_comm" / "vllm_comm.so")
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
 
 
 def test_a_module_of_another_cell_in_the_aot_folder_is_hidden_from_flashinfer(tmp_path: Path,
