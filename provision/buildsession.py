@@ -135,11 +135,16 @@ def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOption
     kinds = sorted({backend_of[c] for c in cells_of})
     for kind in kinds:
         mine = [c for c in cells_of if backend_of[c] == kind]
-        stage = kernels.start({"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
-                               "kernels_root": str(kernels.KERNELS),
-                               "archs": {c: list(archs[c]) for c in mine},
-                               "modules": list(kernels.LONG_MODULES),
-                               "builds": sum(1 for j in todo if j.cell_id in mine)})
+        try:
+            stage = kernels.start({"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
+                                   "kernels_root": str(kernels.KERNELS),
+                                   "archs": {c: list(archs[c]) for c in mine},
+                                   "modules": list(kernels.LONG_MODULES),
+                                   "builds": sum(1 for j in todo if j.cell_id in mine)})
+        except OSError as exc:
+            report("", f"kernels: the long modules' stage could not be started ({exc}); they are built here")
+            records = kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
+            continue
         report("", f"kernels: {stage.builds} build(s) of the long modules ({', '.join(kernels.LONG_MODULES)}) "
                    f"go on after this command (pid {stage.pid}, log {shown_path(stage.log)}); `checks run` "
                    "answers at the quick level meanwhile and waits for them before its full level")
