@@ -143,8 +143,7 @@ def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOption
                                    "builds": sum(1 for j in todo if j.cell_id in mine)})
         except OSError as exc:
             report("", f"kernels: the long modules' stage could not be started ({exc}); they are built here")
-            records = kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
-            continue
+            return kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
         report("", f"kernels: {stage.builds} build(s) of the long modules ({', '.join(kernels.LONG_MODULES)}) "
                    f"go on after this command (pid {stage.pid}, log {shown_path(stage.log)}); `checks run` "
                    "answers at the quick level meanwhile and waits for them before its full level")
