@@ -22,12 +22,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from common import backend
+from common import backend, kernelstage
 from common.api import plan
 from common.buildrecord import BuildStatus
 from common.errors import InputError
 from common.progress import console as progress_console
 from common.resolve import RESOLVED, Resolved
+from inenv.kit import _carried
 from provision import doctor, kernels
 from provision.build import DockerBuilder, render_dockerfiles
 from provision.dockercli import Docker
@@ -113,9 +114,49 @@ def memory_bytes() -> int:
 
 
 def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOptions, docker: Docker | None) -> Records:
-    """The kernel stage (provision.kernels) over every built cell."""
+    """The kernel stage (provision.kernels) over every built cell: the quick module here (what `checks run`'s
+    quick pass loads), then the long ones in a process of their own that this command does not wait for
+    (``python -m provision.kernels``; with --wait-kernels, here too), so the first table comes before the long compiles.
+    A stage an earlier build started is waited for first: one build of each module at a time."""
     jobs = opts.kernel_parallel(os.cpu_count() or 1, memory_bytes())
-    return kernels.carry(records, kernel_archs(cells, opts), jobs, opts.envs, reporter(opts), docker)
+    report = reporter(opts)
+    archs = kernel_archs(cells, opts)
+    kernelstage.wait(lambda line: report("", line))
+    records = kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.QUICK_MODULES)
+    if opts.wait_kernels:
+        return kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
+    backend_of = {str(r.get("cell_id")): str(r.get("backend") or backend.DOCKER) for r in records}
+    todo = kernels.pending(records, archs, docker, modules=kernels.LONG_MODULES)
+    if not todo:
+        report("", f"kernels: the long modules ({', '.join(kernels.LONG_MODULES)}) are current in every cell "
+                   "(or not carried for a reason of the cell's own): nothing more to build")
+        return records
+    cells_of = sorted({j.cell_id for j in todo})
+    kinds = sorted({backend_of[c] for c in cells_of})
+    for kind in kinds:
+        mine = [c for c in cells_of if backend_of[c] == kind]
+        try:
+            stage = kernels.start({"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
+                                   "kernels_root": str(kernels.KERNELS),
+                                   "archs": {c: list(archs[c]) for c in mine},
+                                   "modules": list(kernels.LONG_MODULES),
+                                   "builds": sum(1 for j in todo if j.cell_id in mine)})
+        except OSError as exc:
+            report("", f"kernels: the long modules' stage could not be started ({exc}); they are built here")
+            return kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
+        report("", f"kernels: {stage.builds} build(s) of the long modules ({', '.join(kernels.LONG_MODULES)}) "
+                   f"go on after this command (pid {stage.pid}, log {shown_path(stage.log)}); `checks run` "
+                   "answers at the quick level meanwhile and waits for them before its full level")
+        if kind != kinds[-1]:
+            kernelstage.wait(lambda line: report("", line))  # one stage at a time
+    return records
+
+
+def shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def dry_run(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -> int:
@@ -213,12 +254,21 @@ def disk_gate(cells: Sequence[Resolved], opts: BuildOptions, builder: Builder) -
 
 
 def kernels_line(k: Any) -> str:
-    """``4/5 for 9.0a 12.0f, 31.2 MB (trtllm_comm: fi-arch-gate)``; "" when the cell carries nothing."""
+    """``4/5 for 9.0a 12.0f, 31.2 MB (trtllm_comm: fi-module-absent; trtllm_comm for 9.0a only, 12.0f refused:
+    fi-arch-gate)``; "" when the cell carries nothing."""
     if not isinstance(k, dict) or not isinstance(k.get("modules"), dict):
         return ""
     mods = k["modules"]
     ok = [m for m, v in mods.items() if isinstance(v, dict) and v.get("carried")]
     why = [f"{m}: {v.get('reason_code')}" for m, v in mods.items() if isinstance(v, dict) and not v.get("carried")]
+    for m, v in mods.items():
+        refused = v.get("refused") if isinstance(v, dict) else None
+        if v.get("carried") and isinstance(refused, dict) and refused:  # from a record that may come from elsewhere
+            codes = sorted({_carried.visible(str(r.get("reason_code")), 40) for r in refused.values()
+                            if isinstance(r, dict)})
+            targets = " ".join(sorted(_carried.visible(str(a), 20) for a in refused))
+            why.append(f"{m} for {_carried.visible(str(v.get('arch_list')), 60)} only, {targets} refused: "
+                       f"{', '.join(codes)}")
     text = f"{len(ok)}/{len(mods)} for {k.get('arch_list')}, {float(k.get('bytes') or 0) / 1e6:.1f} MB"
     if k.get("installed") is False and ok:
         text += f", not installed: {k.get('install_error') or '?'}"

@@ -67,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
                         "(e.g. 9.0a,12.0f), or none; default: the matrix's kernel_archs (9.0a,12.0a,12.0f)")
     p.add_argument("--kernel-jobs", type=int, default=None,
                    help="comm module builds at once (default: the cores, at most one per 8 GiB of memory)")
+    p.add_argument("--wait-kernels", action="store_true",
+                   help="build the long comm modules before returning (default: they go on after the command, "
+                        "and `checks run` waits for them before its full level)")
     p.add_argument("--base", choices=("auto", "nvidia", "registry-free"), default="auto",
                    help="auto: nvidia/cuda if that image is present locally, else the registry-free base")
     p.add_argument("--base-image", help="FROM this image (nvidia/cuda-like, with the CUDA toolkit) instead")
@@ -157,7 +160,8 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
         Path(args.dockerfiles) if args.dockerfiles else DOCKERFILES, args.json, backend=args.backend,
         base_python=args.base_python, wheels=Path(args.wheels) if args.wheels else None,
         venvs=Path(args.venvs) if args.venvs else VENVS, ignore_disk=args.ignore_disk,
-        kernel_archs=kernel_archs_arg(args.kernel_archs), kernel_jobs=args.kernel_jobs).check()
+        kernel_archs=kernel_archs_arg(args.kernel_archs), kernel_jobs=args.kernel_jobs,
+        wait_kernels=args.wait_kernels).check()
 
 
 def kernel_archs_arg(text: str | None) -> tuple[str, ...] | None:

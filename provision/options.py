@@ -39,6 +39,7 @@ class BuildOptions:
     ignore_disk: bool = False  # build even when the free space looks too small
     kernel_archs: tuple[str, ...] | None = None  # every cell's carried-kernel archs; None: the matrix's per cell
     kernel_jobs: int | None = None  # comm module builds at once; None: the cores, one per 8 GiB of memory
+    wait_kernels: bool = False  # build the long comm modules in this run instead of after it returns
 
     def kernel_parallel(self, cores: int, memory_bytes: int) -> int:
         """How many comm module builds run at once: ``--kernel-jobs``, else the cores, at most one per 8 GiB

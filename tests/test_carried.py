@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from inenv.kit import _carried, _fi_carry
 from provision import kernels
+from tests.elf_helpers import build_so
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 needs_nvcc = pytest.mark.skipif(not os.access(NVCC, os.X_OK), reason="needs nvcc at /usr/local/cuda")
@@ -29,10 +31,29 @@ def _so(folder: Path, name: str, *gencode: str) -> Path:
     return out
 
 
-def _carry(kset: Path, module: str, name: str, sass: list[str], library: bytes = b"\x7fELF", **extra: object) -> None:
+_LIBS: dict[tuple[str, str], bytes] = {}
+
+
+def module_library(module: str, marker: str = "", entries: tuple[str, ...] | None = None) -> bytes:
+    """The bytes of a real shared object (g++) exporting ``module``'s tvm-ffi entry points, as flashinfer's
+    build of that module does (``entries`` instead, to leave them out), with ``marker`` in its data."""
+    names = _carried.ENTRY_POINTS[module] if entries is None else entries
+    key = (module, marker + "|" + ",".join(names))
+    if key not in _LIBS:
+        with tempfile.TemporaryDirectory() as d:
+            body = "".join(f'extern "C" int __tvm_ffi_{n}(void*, const void*, int, void*) {{ return 0; }}\n'
+                           for n in names)
+            body += f'extern "C" const char marker[] = "{marker}";\n'
+            _LIBS[key] = build_so(Path(d) / "m.so", body).read_bytes()
+    return _LIBS[key]
+
+
+def _carry(kset: Path, module: str, name: str, sass: list[str], library: bytes | str | None = None,
+           **extra: object) -> None:
     folder = kset / name
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.so").write_bytes(library)
+    data = library if isinstance(library, bytes) else module_library(module, library or "")
+    (folder / f"{name}.so").write_bytes(data)
     rec = {"schema": 1, "module": module, "name": name, "sass": sass, "arch_list": "9.0a", "flashinfer": "0.7.4",
            "torch": "2.11.0", **extra}
     (folder / "stackprobe-kernel.json").write_text(json.dumps(rec))
@@ -74,10 +95,13 @@ def test_runs_on_by_the_recorded_sass(tmp_path: Path) -> None:
     assert got["pcie_ipc"].runs_on("12.0") and not got["pcie_ipc"].runs_on("9.0")
 
 
-def test_fitting_folder_links_only_what_runs_here(tmp_path: Path) -> None:
+def test_fitting_folder_links_only_what_runs_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_kernel_identity import this_cell
+
+    facts = this_cell(tmp_path, monkeypatch)
     kset = tmp_path / "aot"
-    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"])
-    _carry(kset, "pcie_ipc", "pcie_ipc_comm", ["sm_120a"])
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], **facts)
+    _carry(kset, "pcie_ipc", "pcie_ipc_comm", ["sm_120a"], **facts)
     built_here = tmp_path / "published" / "pcie_ipc_comm.so"
     built_here.parent.mkdir()
     built_here.write_bytes(b"local")
@@ -89,14 +113,15 @@ def test_fitting_folder_links_only_what_runs_here(tmp_path: Path) -> None:
     only = _carried.fitting_folder(kset, "12.0", tmp_path / "scratch2")
     assert only is not None and [p.parent.name for p in only.glob("*/*.so")] == ["pcie_ipc_comm"]
     both = tmp_path / "both"
-    _carry(both, "vllm_comm", "vllm_comm", ["sm_90a", "sm_120a"])
+    _carry(both, "vllm_comm", "vllm_comm", ["sm_90a", "sm_120a"], **facts)
     assert _carried.fitting_folder(both, "9.0", tmp_path / "scratch3") is None  # the set itself serves
 
 
 @needs_nvcc
 def test_judge_carries_only_a_library_with_every_listed_arch(tmp_path: Path) -> None:
     lib = _so(tmp_path / "a", "vllm_comm", "-gencode=arch=compute_90a,code=sm_90a")
-    ok = {"stage": "done", "ok": True, "name": "vllm_comm", "library": str(lib), "flashinfer": "0.7.4"}
+    ok = {"stage": "done", "ok": True, "name": "vllm_comm", "library": str(lib), "flashinfer": "0.7.4",
+          "needed": ["libcudart.so.13"], "unresolved_driver_calls": []}
     got = _fi_carry.judge("vllm_comm", ["9.0a"], ok)
     assert (got["ok"], got["sass"], got["library_bytes"]) == (True, ["sm_90a"], lib.stat().st_size)
     short = _fi_carry.judge("vllm_comm", ["9.0a", "12.0a"], ok)
@@ -104,6 +129,11 @@ def test_judge_carries_only_a_library_with_every_listed_arch(tmp_path: Path) -> 
     assert "nothing for 12.0a" in short["line"]
     unresolved = _fi_carry.judge("vllm_comm", ["9.0a"], {**ok, "unresolved_driver_calls": ["cuPointerGetAttribute"]})
     assert (unresolved["ok"], unresolved["reason_code"]) == (False, "fi-link-unresolved")
+    # fail-closed: a result without linkage facts is not carried, and says why
+    unread = {k: v for k, v in ok.items() if k not in ("needed", "unresolved_driver_calls")}
+    got = _fi_carry.judge("vllm_comm", ["9.0a"], {**unread, "linkage_error": "32-bit ELF"})
+    assert (got["ok"], got["reason_code"]) == (False, "fi-link-unread") and "32-bit ELF" in got["line"]
+    assert _fi_carry.judge("vllm_comm", ["9.0a"], unread)["reason_code"] == "fi-link-unread"
 
 
 def test_judge_says_why_nothing_is_carried() -> None:
@@ -131,28 +161,47 @@ def test_plan_groups_one_build_across_cells_longest_first() -> None:
                    [("a", "vllm_comm"), ("b", "vllm_comm")], [("c", "vllm_comm")]]
 
 
-def test_a_kernel_set_is_current_only_for_the_same_list_flashinfer_and_torch(tmp_path: Path) -> None:
+IDENTITY = {"flashinfer": "0.7.4", "torch": "2.11.0+cu130", "torch_cuda": "13.0", "nvcc": "13.0.88",
+            "source_hash": {"vllm_comm": "abc"}}
+
+
+def test_a_kernel_set_is_current_only_when_every_fact_of_its_bytes_matches(tmp_path: Path) -> None:
     kset = tmp_path / "k"
-    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], arch_list="9.0a 12.0f", torch="2.11.0")
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], arch_list="9.0a 12.0f", declared="9.0a 12.0f",
+           torch="2.11.0+cu130", torch_cuda="13.0", nvcc="13.0.88", source_hash="abc")
     job = kernels.Job("c", "vllm_comm", ("9.0a", "12.0f"), "0.7.4", "13.0", 1.0)
-    assert kernels.current(kset, job, "2.11.0+cu130") is not None  # the local label is the same release
-    assert kernels.current(kset, job, "2.12.0") is None
-    assert kernels.current(kset, kernels.Job("c", "vllm_comm", ("9.0a",), "0.7.4", "13.0", 1.0), "2.11.0") is None
+    have, why = kernels.current(kset, job, IDENTITY)
+    assert have is not None and why == ""
+    for fact, value in (("torch", "2.11.0+cu128"), ("torch_cuda", "12.8"), ("nvcc", "12.8.93")):
+        have, why = kernels.current(kset, job, {**IDENTITY, fact: value})
+        assert have is None and why.startswith(f"{fact}: {value} wanted")
+    have, why = kernels.current(kset, job, {**IDENTITY, "source_hash": {"vllm_comm": "def"}})
+    assert have is None and why.startswith("source_hash: def wanted, abc in the record")
+    assert kernels.current(kset, kernels.Job("c", "vllm_comm", ("9.0a",), "0.7.4", "13.0", 1.0),
+                           IDENTITY)[1].startswith("declared: 9.0a wanted")
     assert kernels.current(kset, kernels.Job("c", "vllm_comm", ("9.0a", "12.0f"), "0.7.3", "13.0", 1.0),
-                           "2.11.0") is None
+                           IDENTITY)[1].startswith("flashinfer: 0.7.3 wanted")
+    assert kernels.current(kset, job, None)[0] is None  # the cell's facts unread: nothing is current
     assert kernels.current(kset, kernels.Job("c", "moe_a2a", ("9.0a", "12.0f"), "0.7.4", "13.0", 1.0),
-                           "2.11.0") is None
+                           IDENTITY)[0] is None
+
+
+def test_a_record_without_a_fact_is_not_current(tmp_path: Path) -> None:
+    kset = tmp_path / "k"  # a record of the earlier layout: no nvcc, no source hash
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], arch_list="9.0a", torch="2.11.0+cu130", torch_cuda="13.0")
+    have, why = kernels.current(kset, kernels.Job("c", "vllm_comm", ("9.0a",), "0.7.4", "13.0", 1.0), IDENTITY)
+    assert have is None and why == "nvcc: 13.0.88 wanted, none in the record"
 
 
 def test_install_tree_makes_the_carried_modules_exactly_the_set(tmp_path: Path) -> None:
     kset, aot = tmp_path / "k", tmp_path / "aot"
-    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], library=b"new")
-    _carry(aot, "vllm_comm", "vllm_comm", ["sm_90a"], library=b"old")
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], library="new")
+    _carry(aot, "vllm_comm", "vllm_comm", ["sm_90a"], library="old")
     _carry(aot, "moe_a2a", "moe_alltoall", ["sm_90a"])  # carried before, not in the set any more
     (aot / "foreign").mkdir()
     (aot / "foreign" / "foreign.so").write_bytes(b"theirs")
     kernels.install_tree(kset, aot)
-    assert (aot / "vllm_comm" / "vllm_comm.so").read_bytes() == b"new"
+    assert (aot / "vllm_comm" / "vllm_comm.so").read_bytes() == module_library("vllm_comm", "new")
     assert not (aot / "moe_alltoall").exists()
     assert (aot / "foreign" / "foreign.so").read_bytes() == b"theirs"
     assert sorted(_carried.kernel_set(aot)) == ["vllm_comm"]
@@ -217,3 +266,43 @@ def test_a_quick_compile_variant_is_told_the_level_and_keeps_its_key() -> None:
     assert level_variant(item, "full") == item.variant
     other = WorkItem(cell, plain, Variant("inventory", 1), 60.0)
     assert level_variant(other, "quick") == other.variant
+
+
+GATE = "RuntimeError: No supported CUDA architectures found for major versions [9, 10]."
+
+
+@needs_nvcc
+def test_a_build_flashinfers_gate_made_for_part_of_the_list_is_carried_for_that_part(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flashinfer 0.6.16 builds trtllm_comm for SM9x only: asked for 9.0a and 12.0a it returns a library with
+    sm_90a alone. That library is carried for 9.0a, and 12.0a is recorded with flashinfer's own refusal of a
+    build for it alone (fi-arch-gate, the name fi-jit gives the same refusal). The builder and flashinfer's
+    spec are stood in for: the library is real (nvcc), the rest is what flashinfer 0.6.16 answers."""
+    lib = _so(tmp_path / "lib", "trtllm_comm", "-gencode=arch=compute_90a,code=sm_90a")
+    built: list[str] = []
+
+    def build(module: str, env: dict[str, str], timeout_s: float, **kw: object) -> dict[str, object]:
+        built.append(env["FLASHINFER_CUDA_ARCH_LIST"])
+        return {"stage": "done", "ok": True, "name": "trtllm_comm", "library": str(lib), "flashinfer": "0.6.16",
+                "needed": ["libcuda.so.1"], "unresolved_driver_calls": [], "toolkit": {"version": "13.0"}}
+
+    monkeypatch.setattr(_fi_carry._fi_build, "run_build_subprocess", build)
+    monkeypatch.setattr(_fi_carry, "spec_refusal", lambda module, arch, env: GATE if arch == "12.0a" else "")
+    got = _fi_carry.carry("trtllm_comm", ["9.0a", "12.0a"], tmp_path / "out", 60.0)
+    assert built == ["9.0a 12.0a"]  # compiled once; nothing of it thrown away
+    assert (got["ok"], got["arch_list"], got["declared"]) == (True, "9.0a", "9.0a 12.0a")
+    assert got["refused"] == {"12.0a": {"reason_code": "fi-arch-gate", "line": GATE}}
+    rec = json.loads((tmp_path / "out" / "trtllm_comm" / "stackprobe-kernel.json").read_text())
+    assert (rec["arch_list"], rec["declared"], rec["refused"]) == ("9.0a", "9.0a 12.0a", got["refused"])
+    assert rec["nvcc"] == "13.0" and rec["torch"] == _fi_carry.torch_version()
+    # flashinfer accepts 12.0a alone, yet the library lacks it: carried for 9.0a, 12.0a recorded as fi-wrong-arch
+    monkeypatch.setattr(_fi_carry, "spec_refusal", lambda module, arch, env: "")
+    other = _fi_carry.carry("trtllm_comm", ["9.0a", "12.0a"], tmp_path / "out2", 60.0)
+    assert other["ok"] and other["refused"]["12.0a"]["reason_code"] == "fi-wrong-arch"
+
+
+def test_a_builder_that_stopped_without_a_verdict_is_a_harness_failure() -> None:
+    timeout = _fi_carry.judge("trtllm_comm", ["9.0a"], {"stage": "timeout", "ok": False, "error": "no result in 60 s"})
+    crash = _fi_carry.judge("trtllm_comm", ["9.0a"], {"stage": "crash", "ok": False, "error": "builder exited -9"})
+    assert (timeout["reason_code"], crash["reason_code"]) == ("kernel-build-timeout", "harness-error")
+    assert kernels.retried(timeout["reason_code"]) and kernels.retried(crash["reason_code"])

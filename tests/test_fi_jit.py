@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from inenv.kit import _compile_cache, _fi_carry
 from inenv.probes import fi_jit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -353,6 +354,7 @@ def test_another_cell_with_the_same_sources_gets_the_cached_library(standin: Pat
     assert (origin["cell"], origin["flashinfer"], origin["arch_list"]) == ("cell-a", "0.6.18", "12.0a")
     assert f"from the compile cache, built {origin['built_at']} by cell-a with flashinfer 0.6.18" in again["note"]
     assert again["evidence"]["cache_key"] == key and _entries(store) == [key]
+    assert _compile_cache.compiles(store) == {key: 1}  # the store's counter: compiled once, served twice
     # the proof is read from the cached library itself, not from a build directory that was never made
     assert again["evidence"]["targets_in_output"] == ["sm_120a"]
     assert not list((tmp_path / "jit-b").rglob("*.o")) and again["evidence"]["library"].startswith(str(store))
@@ -579,3 +581,24 @@ def test_missing_compilers_are_found_before_ninja_in_a_fixed_order(nvcc: str, cx
     assert _fi_build.classify_jit_error("\n".join(missing)) == code
     assert _fi_build.missing_tools("cuda_home = /bin\ncxx = sh\nnvcc = $cuda_home/sh\n") == []
     assert _fi_build.missing_tools("cxx = sh\nnvcc = $somewhere/bin/nvcc\n") == []  # only ninja knows that one
+
+
+def test_one_compile_serves_the_carried_kernel_and_the_fi_jit_verdict(standin: Path, tmp_path: Path) -> None:
+    """The kernel stage's build of a module for a cell's target list and fi-jit's build for the same list are
+    one compile: whichever runs first, the other finds it in the compile cache (its counter says 1)."""
+    store = tmp_path / "compile"
+    base = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "VIRTUAL_ENV", *RUN_ENV)}
+    env = {**base, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{base['PATH']}", "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": f"{standin}{os.pathsep}{ROOT}", "CUDA_HOME": "/usr/local/cuda",
+           "STACKPROBE_COMPILE_CACHE": str(store), "STACKPROBE_CELL_ID": "cell-a"}
+    proc = subprocess.run([sys.executable, "-m", "inenv.kit._fi_carry", "vllm_comm", "--archs", "12.0a", "--out",
+                           str(tmp_path / "kset")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith(_fi_carry.RESULT_PREFIX)]
+    carried = json.loads(line[len(_fi_carry.RESULT_PREFIX):])
+    assert carried["ok"] and carried["source_hash"], carried
+    record = json.loads((tmp_path / "kset" / "vllm_comm" / "stackprobe-kernel.json").read_text())
+    assert record["sources"] and all(n.startswith("$SITE/") for n in record["sources"])
+    verdict = _fi_jit(standin, "12.0a", tmp_path / "jit", STACKPROBE_CELL_ID="cell-a", CUDA_HOME="/usr/local/cuda",
+                      STACKPROBE_COMPILE_CACHE=str(store))
+    assert verdict["status"] == "pass" and verdict["metrics"]["cached"] is True, verdict
+    assert list(_compile_cache.compiles(store).values()) == [1]

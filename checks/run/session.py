@@ -37,7 +37,7 @@ from checks.run.backends import BACKENDS, resolve
 from checks.run.options import REPO, RunOptions, UsageError
 from checks.run.plan import REUSED, WorkItem, deferred, plan_work, summary_counts
 from checks.run.runner import RunReport, Work, now_iso
-from common import buildrecord, reasons, shellwords
+from common import buildrecord, kernelstage, reasons, shellwords
 from common.backend import RECORD_NAMES
 from common.caches import compile_cache_dir
 from common.progress import duration
@@ -75,7 +75,8 @@ def run(opts: RunOptions, con: Any) -> int:
     """`checks run`: the chain once at the level given, or with none given at the quick level and then at the
     full level; the exit code (0 done, 130 interrupted, 2 results not stored)."""
     passes = levels(opts)
-    ready = prepared(passes[-1]) if len(passes) > 1 and not (opts.resume or opts.fresh) else None
+    compiling = kernelstage.running() is not None  # the full level's plan changes when the stage ends
+    ready = prepared(passes[-1]) if len(passes) > 1 and not (opts.resume or opts.fresh or compiling) else None
     if ready is not None and (again := unchanged(passes[-1], ready)) is not None:
         reread = f" ({again} variant(s) read this host's state again)" if again else ""
         con.print(f"level: full only: every variant is unchanged since its last run{reread}, so one pass answers",
@@ -85,6 +86,8 @@ def run(opts: RunOptions, con: Any) -> int:
     done: list[Pass] = []
     for i, level_opts in enumerate(passes):
         first = done[-1] if i and not done[-1].skipped else None
+        if level_opts.level != QUICK and wait_for_kernels(con):
+            ready = None  # the cells now carry what the stage built: the full level is planned again
         outcome = one_pass(level_opts, con, staged, first, ready if i == len(passes) - 1 else None)
         done.append(outcome)
         if outcome.code:
@@ -92,6 +95,17 @@ def run(opts: RunOptions, con: Any) -> int:
     if opts.as_json:
         print(json.dumps([r.to_json() for r in answer(done)], indent=2, sort_keys=True))
     return done[-1].code
+
+
+def wait_for_kernels(con: Any) -> bool:
+    """Before a full-level pass: wait for the kernel stage `provision build` left running (its lines shown as
+    they come), so the pass loads the modules it carries instead of compiling them again; True when it waited."""
+    try:
+        return kernelstage.wait(lambda line: con.print(line, markup=False, highlight=False))
+    except KeyboardInterrupt:
+        con.print("stopped waiting: the kernel stage goes on by itself (`checks run` again waits for it); the "
+                  "quick table stands", markup=False, highlight=False)
+        raise
 
 
 def answer(passes: list[Pass]) -> list[ProbeResult]:

@@ -96,6 +96,67 @@ def tree_digest(folder: str) -> str:
     return _TREE_DIGESTS[folder]
 
 
+SITE = "$SITE"  # the placeholder of the folder that holds the flashinfer package
+
+
+def source_names(text: str, site: str) -> list[str]:
+    """The sources a flashinfer build.ninja compiles that flashinfer's package holds, by placed name
+    (``$SITE/flashinfer/data/csrc/...``), sorted: what a module's source hash covers (generated sources in
+    the JIT workspace follow from flashinfer's version, which is compared on its own)."""
+    names = {place(s, {SITE: site}) for s in sources(text)}
+    return sorted(n for n in names if n.startswith(SITE + "/"))
+
+
+def source_hash(names: list[str], site: str) -> str | None:
+    """A digest of each placed source's name and bytes under ``site``; None when one is not a plain file
+    there (a link is not followed)."""
+    h = hashlib.sha256()
+    for name in sorted(names):
+        path = unplace(name, {SITE: site})
+        if not name.startswith(SITE + "/") or ".." in name.split("/") or os.path.islink(path) \
+                or not os.path.isfile(path):
+            return None
+        h.update(f"{name}\0{file_digest(path)}\n".encode())
+    return h.hexdigest()[:32]
+
+
+LEDGER = ".compiled.jsonl"  # one line for each build that ran the compilers into this store (not a hit)
+
+
+def note_compile(store_dir: Path, key: str, facts: Mapping[str, Any]) -> None:
+    """Append one line for a build that compiled objects under ``key`` (module, targets, who, CPU seconds):
+    the store's counter of compiles, read by :func:`compiles`. One short write in append mode, so builds
+    in parallel never interleave their lines; a store that cannot be written counts nothing."""
+    line = json.dumps({"key": key, **{k: facts.get(k) for k in ("module", "arch_list", "cell", "compile_cpu_s",
+                                                                 "built_at")}},
+                      sort_keys=True, default=str) + "\n"
+    try:
+        fd = os.open(store_dir / LEDGER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def compiles(store_dir: Path) -> dict[str, int]:
+    """How many times each key was compiled into this store (a key compiled twice is work done twice)."""
+    counts: dict[str, int] = {}
+    try:
+        lines = (store_dir / LEDGER).read_text(errors="replace").splitlines()
+    except OSError:
+        return counts
+    for line in lines:
+        try:
+            key = json.loads(line).get("key")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(key, str):
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def ninja_vars(text: str) -> dict[str, str]:
     return dict(_VAR.findall(text))
 

@@ -13,7 +13,9 @@ Standard library only, so it runs in images without binutils, on the host and in
 - the fatbin reader finds the ``.nv_fatbin`` section.
 
 Symbol names are compared mangled (``_ZN3c10...``): equal mangled names are what the loader matches.
-Only 64-bit little-endian ELF is read (x86-64 and aarch64 Linux); anything else gives ``None``.
+Only 64-bit little-endian ELF is read (x86-64 and aarch64 Linux); anything else gives ``None``, and
+:func:`unread` says which it was (32-bit, big-endian, not ELF), so a caller that must judge fail-closed
+names why it could not read a file instead of taking "nothing read" for "nothing needed".
 Files are mapped, not read: torch's CUDA library is over a gigabyte and only its tables are needed.
 """
 
@@ -30,6 +32,7 @@ _DT_NEEDED = 1
 _DT_SONAME = 14
 _DT_RPATH = 15
 _DT_RUNPATH = 29
+_ET_DYN = 3  # e_type of a shared object
 _SHT_DYNSYM = 11
 _SHT_DYNAMIC = 6
 _SHN_UNDEF = 0
@@ -62,6 +65,11 @@ class Linkage:
     defined: frozenset[str] = frozenset()  # dynamic symbols this file exports
     runpath: tuple[str, ...] = ()  # DT_RUNPATH (else DT_RPATH) entries, $ORIGIN unexpanded
     soname: str | None = None
+    elf_type: int = _ET_DYN  # e_type: 3 for a shared object, 2 an executable, 1 a relocatable object
+
+    @property
+    def shared_object(self) -> bool:
+        return self.elf_type == _ET_DYN
 
     def driver_calls(self) -> tuple[str, ...]:
         return tuple(s for s in self.undefined if _DRIVER_RE.fullmatch(s))
@@ -154,6 +162,27 @@ def _symbols(data: bytes | mmap.mmap, secs: tuple[Section, ...]) -> tuple[set[st
     return defined, undefined
 
 
+def unread(path: str) -> str:
+    """Why :func:`linkage` gives None for ``path``, in words ("" when it reads it): missing, empty, not ELF,
+    32-bit or big-endian ELF (not read by this module), or headers that point outside the file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError as exc:
+        return f"cannot be opened ({type(exc).__name__}: {exc.strerror or exc})"
+    if not head:
+        return "empty file"
+    if head[:4] != b"\x7fELF":
+        return "not an ELF file"
+    if len(head) < 64 or head[4] not in (1, 2) or head[5] not in (1, 2):
+        return "a truncated or malformed ELF header"
+    if head[4] != 2:
+        return "32-bit ELF, which this reader does not read (only 64-bit little-endian)"
+    if head[5] != 1:
+        return "big-endian ELF, which this reader does not read (only 64-bit little-endian)"
+    return "" if linkage(path) is not None else "ELF headers that point outside the file"
+
+
 def linkage(path: str) -> Linkage | None:
     """DT_NEEDED, run path, and the defined and strong undefined dynamic symbols of one ELF file; None
     if it is not 64-bit little-endian ELF (or is empty, or its headers point outside it)."""
@@ -164,10 +193,11 @@ def linkage(path: str) -> Linkage | None:
                 return None
             needed, runpath, soname = _dynamic(m, secs)
             defined, undefined = _symbols(m, secs)
+            elf_type, = struct.unpack_from("<H", m, 0x10)
     except (ValueError, struct.error):  # an empty file cannot be mapped; a truncated one runs off the end
         return None
     return Linkage(needed=tuple(needed), undefined=tuple(sorted(undefined)), defined=frozenset(defined),
-                   runpath=tuple(runpath), soname=soname)
+                   runpath=tuple(runpath), soname=soname, elf_type=elf_type)
 
 
 def fatbin_spans(data: bytes | mmap.mmap) -> list[tuple[int, int]] | None:

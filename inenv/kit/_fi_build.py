@@ -218,6 +218,8 @@ def _linkage(out: dict[str, Any]) -> None:
             out["needed"] = list(linked.needed)
             out["driver_calls"] = list(linked.driver_calls())
             out["unresolved_driver_calls"] = list(linked.unresolved_driver_calls())
+        else:  # unread is not "needs nothing": whoever judges the library must know it was not read
+            out["linkage_error"] = _elf.unread(lib) or "not read"
 
 
 _EDGE = re.compile(r"\[\d+/\d+\] ")  # ninja's line for the next command it runs
@@ -459,7 +461,8 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
             spec.build_and_load()
         except Exception as exc:
             return _stopped(out, "build", exc)
-        out.update({"compile_s": round(time.monotonic() - t0, 1), "library": _library(spec), "one_step": True})
+        out.update({"compile_s": round(time.monotonic() - t0, 1), "library": _library(spec), "one_step": True,
+                    "sources": [], "source_hash": _compile_cache.source_hash([], _site_root())})  # none listed
         build_dir = getattr(spec, "build_dir", None)
         if build_dir is not None:
             out["build_dir"] = str(build_dir)
@@ -471,6 +474,9 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     out["build_dir"] = build_dir
     text = ninja_path.read_text()
     objs, finals = ninja_targets(text)
+    site = _site_root()
+    out["sources"] = _compile_cache.source_names(text, site)
+    out["source_hash"] = _compile_cache.source_hash(out["sources"], site)
     out["gencode"] = sorted(set(re.findall(r"-gencode=\S+", text)))
     out.update(_toolkit_used(mirror, ninja_toolkit(text)))
     store = _compile_cache.root()
@@ -507,8 +513,12 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
         if stopped:
             if stopped.get("stage") == "link" and kept is None and store and key and names:
                 _keep_objects(stopped, module, store, key, build_dir, objs, names, text, places)
+                if not stopped.get("cached"):
+                    _compile_cache.note_compile(store, key, {**_compile_cache.provenance(), **stopped})
             return stopped  # a failed build is never stored as a library: it is proven again on every run
         out["library"] = _library(spec)
+        if store and key and kept is None and not out.get("cached"):  # the compilers ran: counted once per key
+            _compile_cache.note_compile(store, key, {**_compile_cache.provenance(), **out})
         if store and key and os.path.isfile(out["library"]):
             items, how = headers_read(build_dir, objs, text, places)
             _store(out, module, store, key, out["library"], items, how)

@@ -2,6 +2,7 @@
 `provision build` runs inside a cell so the cell carries its kernels.
 
     python -m inenv.kit._fi_carry MODULE --archs "9.0a 12.0a 12.0f" --out DIR [--timeout S]
+    python -m inenv.kit._fi_carry --identity '{"MODULE": [source names]}'   # the facts a record must match
 
 One build for the whole list (``FLASHINFER_CUDA_ARCH_LIST``), through the same builder fi-jit uses
 (``_fi_build``, in a fresh interpreter) and so through the shared compile cache when the host names one
@@ -46,10 +47,10 @@ def missing_sass(archs: list[str], sass: list[str]) -> list[str]:
 
 def judge(module: str, archs: list[str], result: dict[str, Any]) -> dict[str, Any]:
     """What the build result carries: ``ok`` with the library and its SASS, or why not (pure but for reading
-    the library's bytes)."""
+    the library's bytes). Judged fail-closed: a library whose linkage could not be read is not carried."""
     out: dict[str, Any] = {"module": module, "arch_list": " ".join(archs), "stage": result.get("stage"),
                            "flashinfer": result.get("flashinfer")}
-    for key in ("compile_s", "compile_cpu_s", "cached", "cached_by", "toolkit"):
+    for key in ("compile_s", "compile_cpu_s", "cached", "cached_by", "toolkit", "source_hash"):
         if key in result:
             out[key] = result[key]
     if result.get("stage") == "absent":
@@ -58,7 +59,12 @@ def judge(module: str, archs: list[str], result: dict[str, Any]) -> dict[str, An
     if not result.get("ok"):
         err = str(result.get("error", ""))
         line = _fi_build.signature_line(err) or (_fi_build.error_lines(err) or [err.strip()[-300:]])[0]
-        return {**out, "ok": False, "reason_code": _fi_build.classify_jit_error(err), "line": line[:300]}
+        # a builder that stopped without a verdict on the module is stackprobe's own failure (``harness: true``
+        # in the reason catalogue), tried again by the next kernel stage
+        stage = result.get("stage")
+        code = ("kernel-build-timeout" if stage == "timeout" else "harness-error" if stage == "crash"
+                else _fi_build.classify_jit_error(err))
+        return {**out, "ok": False, "reason_code": code, "line": line[:300]}
     library = str(result.get("cache_library") or result.get("library") or "")
     if not library or not os.path.isfile(library):
         return {**out, "ok": False, "reason_code": "fi-arch-unverified", "line": "the build named no library"}
@@ -66,8 +72,12 @@ def judge(module: str, archs: list[str], result: dict[str, Any]) -> dict[str, An
     lacking = missing_sass(archs, sass)
     unresolved = result.get("unresolved_driver_calls") or []
     if lacking:
-        return {**out, "ok": False, "reason_code": "fi-wrong-arch", "sass": sass,
+        return {**out, "ok": False, "reason_code": "fi-wrong-arch", "sass": sass, "lacking": lacking,
                 "line": f"the library holds {sass}, nothing for {', '.join(lacking)}"}
+    if "needed" not in result:
+        why = result.get("linkage_error") or "the build result holds no linkage facts"
+        return {**out, "ok": False, "reason_code": "fi-link-unread",
+                "line": f"what the library needs at load time could not be read ({why}), so it is not carried"}
     if unresolved:
         return {**out, "ok": False, "reason_code": "fi-link-unresolved",
                 "line": f"calls {', '.join(unresolved[:3])} with no libcuda.so.1 dependency"}
@@ -98,41 +108,70 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def carry(module: str, archs: list[str], out_dir: Path, timeout_s: float) -> dict[str, Any]:
-    """Build, judge and, when it proves itself, write the module into ``out_dir``; the judged result."""
-    env = dict(os.environ)
+def refusal(module: str, arch: str, env: dict[str, str], lacking: bool) -> dict[str, str]:
+    """Why a declared target is not in the build, as its record says it: flashinfer's own gate refusing a
+    build for ``arch`` alone (``fi-arch-gate``, with flashinfer's words, whether it refused the list or left
+    the target out of it silently), else a build that lacked the target though flashinfer accepts it
+    (``fi-wrong-arch``)."""
+    why = spec_refusal(module, arch, env)
+    if why:
+        return {"reason_code": "fi-arch-gate", "line": why}
+    return {"reason_code": "fi-wrong-arch" if lacking else "fi-jit-error",
+            "line": "flashinfer accepts this target alone, but the build for the list holds nothing for it"}
+
+
+def _set_archs(env: dict[str, str], archs: list[str]) -> None:
     env["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(archs)
     env[_fi_build.THREADS_ENV] = env["FLASHINFER_NVCC_THREADS"] = str(max(1, len(archs)))
+
+
+def carry(module: str, archs: list[str], out_dir: Path, timeout_s: float) -> dict[str, Any]:
+    """Build, judge and, when it proves itself, write the module into ``out_dir``; the judged result.
+    Nothing compiled is thrown away: when flashinfer's gate builds the module for part of the list (refusing
+    the list, or leaving targets out of the library), it is carried for that part, and each target left out
+    is recorded with flashinfer's reason (``refused``)."""
+    declared = list(archs)
+    env = dict(os.environ)
+    _set_archs(env, archs)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     t0 = time.monotonic()
-    refused: dict[str, str] = {}
+    refused: dict[str, dict[str, str]] = {}
     with tempfile.TemporaryDirectory(prefix="stackprobe-carry-") as scratch:
         env.setdefault("FLASHINFER_WORKSPACE_BASE", scratch)
         result = _fi_build.run_build_subprocess(module, env, timeout_s=timeout_s)
         if result.get("stage") == "spec" and len(archs) > 1:
             # flashinfer refused the list before compiling: an arch gate. Carry what it accepts alone.
-            refused = {a: why for a in archs if (why := spec_refusal(module, a, env))}
+            refused = {a: {"reason_code": "fi-arch-gate", "line": why} for a in archs
+                       if (why := spec_refusal(module, a, env))}
             kept = [a for a in archs if a not in refused]
             if kept and refused:
                 archs = kept
-                env["FLASHINFER_CUDA_ARCH_LIST"] = " ".join(archs)
-                env[_fi_build.THREADS_ENV] = env["FLASHINFER_NVCC_THREADS"] = str(len(archs))
+                _set_archs(env, archs)
                 result = _fi_build.run_build_subprocess(module, env, timeout_s=timeout_s)
         judged = judge(module, archs, result)
+        if not judged["ok"] and judged.get("lacking") and len(judged["lacking"]) < len(archs):
+            # the library holds part of the list (flashinfer's gate dropped the rest without a word): carry it
+            for arch in judged["lacking"]:
+                refused[arch] = refusal(module, arch, env, lacking=True)
+            archs = [a for a in archs if a not in refused]
+            judged = judge(module, archs, result)
         if refused:
             judged["refused"] = refused
+        judged["declared"] = " ".join(declared)
         judged["wall_s"] = round(time.monotonic() - t0, 1)
         if not judged["ok"]:
             return judged
         name = judged["name"]
+        tk = result.get("toolkit") if isinstance(result.get("toolkit"), dict) else {}
         record = _carried.record_for(module, name, {**result, "library_bytes": judged["library_bytes"]},
                                      judged["sass"], {
-                                         "arch_list": " ".join(archs),
-                                         "torch": _version("torch"), "torch_cuda": torch_cuda_version(),
+                                         "arch_list": " ".join(archs), "declared": " ".join(declared),
+                                         "refused": refused,
+                                         "torch": torch_version(), "torch_cuda": torch_cuda_version(),
+                                         "nvcc": tk.get("version"),
                                          "cell": os.environ.get(_compile_cache.CELL_ENV) or None,
-                                         "built_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                         **({"refused": refused} if refused else {})})
+                                         "built_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
         folder = out_dir / name
         atomic.write_bytes(folder / f"{name}.so", Path(judged["library"]).read_bytes())
         atomic.write_json(folder / _carried.RECORD, record)
@@ -140,7 +179,26 @@ def carry(module: str, archs: list[str], out_dir: Path, timeout_s: float) -> dic
     return judged
 
 
+def torch_version() -> str | None:
+    return _carried.torch_version()
+
+
+def identity(sources: dict[str, list[str]]) -> dict[str, Any]:
+    """The facts of this environment a carried module's record must match (``_carried.cell_facts``)."""
+    return _carried.cell_facts(sources)
+
+
 def _main(argv: list[str]) -> int:
+    if argv[:1] == ["--identity"] and len(argv) == 2:
+        try:
+            wanted = json.loads(argv[1])
+        except ValueError:
+            wanted = None
+        if not isinstance(wanted, dict) or not all(isinstance(v, list) for v in wanted.values()):
+            sys.stderr.write("--identity: give a JSON object of module -> list of source names\n")
+            return 2
+        sys.stdout.write(RESULT_PREFIX + json.dumps(identity(wanted), default=str) + "\n")
+        return 0
     p = argparse.ArgumentParser(prog="python -m inenv.kit._fi_carry")
     p.add_argument("module", choices=sorted(JIT_GENERATORS))
     p.add_argument("--archs", required=True)

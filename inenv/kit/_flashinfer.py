@@ -112,9 +112,9 @@ def use_prebuilt() -> str | None:
     modules fi-jit published (or keeps the AOT modules of flashinfer-jit-cache or of its package). Imports
     flashinfer only when there is something to point at, and a probe that calls it imports flashinfer next."""
     own_dir = _carried.aot_dir()
-    carried = _carried.kernel_set(own_dir)
+    carried, refused = _carried.usable(own_dir)  # refused: in the folder, but never to be loaded here
     root = prebuilt_root()
-    if not carried and (root is None or not (root / (version() or "unknown")).is_dir()):
+    if not carried and not refused and (root is None or not (root / (version() or "unknown")).is_dir()):
         return None
     try:
         from flashinfer.jit import env as jit_env
@@ -122,7 +122,7 @@ def use_prebuilt() -> str | None:
         return None
     folder = prebuilt_dir(version(), Path(jit_env.FLASHINFER_WORKSPACE_DIR).name)
     published = {p.parent.name: p for p in folder.glob("*/*.so")} if folder is not None and folder.is_dir() else {}
-    if carried and own_dir is not None:
+    if (carried or refused) and own_dir is not None:
         capability = local_capability()
         if capability is None:
             return str(own_dir)

@@ -207,7 +207,10 @@ def _proof(arch: str, result: dict[str, Any], targets: list[str]) -> tuple[str, 
 def cached_note(result: dict[str, Any]) -> str:
     """Where a build that compiled nothing came from: the shared compile cache (which cell or host built it,
     when, with which flashinfer, for which targets) or objects ninja found up to date."""
-    origin = result.get("cached_from") or {}
+    raw = result.get("cached_from") or {}
+    # what a build record or kernel record says is free text from wherever it was made: shown escaped
+    origin = {k: _carried.visible(str(v)) if isinstance(v, str) else v for k, v in raw.items()} \
+        if isinstance(raw, dict) else {}
     stamp = origin.get("built_at") or origin.get("objects_written_at") or "an unrecorded time"
     if result.get("cached_by") == "store-objects":
         who = origin.get("cell") or origin.get("host") or "an unrecorded build"
@@ -350,11 +353,13 @@ def run(ctx: RankContext) -> dict[str, Any]:
         absent = {"module": module, "flashinfer": fi.version(), "stage": "absent", "ok": False,
                   "absent_by": f"no Python source of this flashinfer names {module}'s generator"}
         return verdict(module, arch, absent, [])
-    carried = _carried.installed(module)
+    carried, why_not = carried_for_cell(module)
     if carried is not None:
         answered = from_carried(ctx, module, arch, carried)
         if answered is not None:
             return answered
+    elif why_not:
+        ctx.log(f"the carried {module} is not used: {why_not}")
     cache = os.environ.get(CACHE_ENV) or str(ctx.workdir / "jit-cache")
     env = build_env(arch, cache)
     tk = toolkit.resolve(env, flashinfer=True)
@@ -424,6 +429,19 @@ def carried_result(module: str, carried: _carried.Carried) -> dict[str, Any]:
     return out
 
 
+def carried_for_cell(module: str) -> tuple[_carried.Carried | None, str]:
+    """The cell's carried ``module`` when the kernel-set reader accepts it (no link, an ELF shared object with
+    the module's entry points) and its record is this cell's (``_carried.usable``: flashinfer, torch with its
+    CUDA build, nvcc and the module's sources as they are here); else None and why (escaped: the record may
+    come from elsewhere)."""
+    found, refused = _carried.usable(_carried.aot_dir())
+    carried = found.get(module)
+    if carried is not None:
+        return carried, ""
+    left_out = [f"{name}: {why}" for name, why in sorted(refused.items())]
+    return None, _carried.visible("the kernel set left out " + "; ".join(left_out), 600) if left_out else ""
+
+
 def from_carried(ctx: RankContext, module: str, arch: str, carried: _carried.Carried) -> dict[str, Any] | None:
     """The verdict on the cell's carried ``module`` when it holds SASS for ``arch`` (the local GPU's, for
     ``local``: loaded there as a probe loads it); None when it holds none, and the variant builds as usual."""
@@ -434,8 +452,9 @@ def from_carried(ctx: RankContext, module: str, arch: str, carried: _carried.Car
         if not carried.runs_on(local_cc):
             ctx.log(f"the carried {carried.name} holds {carried.sass}, nothing for {local_cc}: building it here")
             return None
-    elif not expected_sass(arch) & set(carried.sass):
-        ctx.log(f"the carried {carried.name} holds {carried.sass}, nothing for {arch}: building it here")
+    elif not expected_sass(arch) & set(carried.sass) or arch not in str(carried.record.get("arch_list")).split():
+        ctx.log(f"the carried {carried.name} was built for {_carried.visible(str(carried.record.get('arch_list')))}"
+                f" ({carried.sass}), not {arch}: building it here")
         return None
     result = carried_result(module, carried)
     if arch == LOCAL:
@@ -474,7 +493,7 @@ def _prebuild_others(ctx: RankContext, module: str, cache: str,
         marker.write_text(f"{os.getpid()}\n")
     except OSError:
         return None
-    carried = _carried.kernel_set(_carried.aot_dir())
+    carried = _carried.usable(_carried.aot_dir())[0]
     others = [m for m in fi.COMM_MODULES if m != module and not (m in carried and carried[m].runs_on(local_cc))]
     if not others:
         return None

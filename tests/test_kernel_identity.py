@@ -1,0 +1,356 @@
+"""Same code, same cell, for carried kernels: a kernel set is current only when every fact that decides its bytes
+is the cell's (provision.kernels), the kernel-set reader follows no link and accepts only flashinfer's module
+(inenv.kit._carried), linkage is judged fail-closed (inenv.kit._elf), a target flashinfer's gate refuses is a
+record field that causes no rebuild, and the harness flag of the reason catalogue decides what is retried.
+
+The kernel stage runs here with a stand-in for the builder inside a cell (the test environment has no cell with
+flashinfer and nvcc; the real builder is covered by tests/test_probes_flashinfer.py): it writes a real shared
+object and the record `_fi_carry` writes, and counts the compiles it was asked for."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from common import backend
+from inenv.kit import _carried, _compile_cache, _elf, _fi_carry
+from inenv.probes import fi_jit
+from provision import kernels
+from provision.buildsession import kernels_line
+from tests.checks_helpers import ROOT
+from tests.test_carried import module_library
+
+CU130 = {"flashinfer": "0.7.4", "torch": "2.11.0+cu130", "torch_cuda": "13.0", "nvcc": "13.0",
+         "source_hash": {"vllm_comm": "src1", "trtllm_comm": "src2"}}
+GATE = "RuntimeError: No supported CUDA architectures found for major versions [9, 10]."
+
+
+class StandInCell:
+    """The builder of one cell, as `provision build` drives it: compile writes what `_fi_carry.carry` writes
+    for a build flashinfer's gate made for part of the list (``gated``: target -> refused), identity answers
+    the cell's facts; both count their calls."""
+
+    def __init__(self, facts: Mapping[str, Any], gated: Mapping[str, str] = {}, readable: bool = True) -> None:
+        self.facts, self.gated, self.readable = facts, dict(gated), readable
+        self.compiles: list[tuple[str, tuple[str, ...]]] = []
+        self.identities = 0
+        self.installed: list[Path] = []
+
+    def compile(self, job: kernels.Job, out_dir: Path) -> dict[str, Any]:
+        self.compiles.append((job.module, job.archs))
+        kept = [a for a in job.archs if a not in self.gated]
+        refused = {a: {"reason_code": "fi-arch-gate", "line": GATE} for a in job.archs if a in self.gated}
+        folder = out_dir / job.module
+        folder.mkdir(parents=True, exist_ok=True)
+        library = folder / f"{job.module}.so"
+        library.write_bytes(module_library(job.module, "built"))
+        sass = [f"sm_{a.replace('.', '')}" for a in kept]
+        record = {"schema": 1, "module": job.module, "name": job.module, "sass": sass, "arch_list": " ".join(kept),
+                  "declared": " ".join(job.archs), "refused": refused, "flashinfer": job.flashinfer,
+                  "torch": self.facts["torch"], "torch_cuda": self.facts["torch_cuda"], "nvcc": self.facts["nvcc"],
+                  "source_hash": self.facts["source_hash"][job.module], "built_at": "2026-12-04T00:00:00Z"}
+        (folder / _carried.RECORD).write_text(json.dumps(record))
+        return {"ok": True, "name": job.module, "sass": sass, "arch_list": " ".join(kept), "refused": refused,
+                "library_bytes": library.stat().st_size, "compile_cpu_s": 12.0}
+
+    def identity(self, kernel_dir: Path) -> dict[str, Any] | None:
+        self.identities += 1
+        return dict(self.facts) if self.readable else None
+
+    def install(self, kernel_dir: Path, rec: Mapping[str, Any]) -> dict[str, Any]:
+        self.installed.append(kernel_dir)
+        return {}
+
+
+def _cell(envs: Path, cid: str, status: str = "built") -> dict[str, Any]:
+    (envs / cid).mkdir(parents=True, exist_ok=True)
+    return {"cell_id": cid, "status": status, "backend": backend.VENV,
+            "versions": {"flashinfer": "0.7.4", "torch": "2.11.0+cu130", "torch_cuda": "13.0"}}
+
+
+def _stage(rec: dict[str, Any], cell: StandInCell, tmp: Path, archs: tuple[str, ...], modules: tuple[str, ...],
+           lines: list[str]) -> dict[str, Any]:
+    got = kernels.carry([rec], {rec["cell_id"]: archs}, 1, tmp / "envs", lambda cid, msg: lines.append(msg),
+                        kernels_root=tmp / "kernels", cache=tmp / "cache", modules=modules,
+                        carriers={rec["cell_id"]: cell})
+    return got[0]
+
+
+def test_a_cu128_kernel_set_offered_to_a_cu130_cell_is_rebuilt_naming_the_fact(tmp_path: Path) -> None:
+    cid = "cu130-torch2.11.0-sglnone-fi0.7.4"
+    kset = tmp_path / "kernels" / cid / "vllm_comm"
+    kset.mkdir(parents=True)
+    (kset / "vllm_comm.so").write_bytes(module_library("vllm_comm", "cu128"))
+    (kset / _carried.RECORD).write_text(json.dumps({
+        "schema": 1, "module": "vllm_comm", "name": "vllm_comm", "sass": ["sm_90a"], "arch_list": "9.0a",
+        "declared": "9.0a", "flashinfer": "0.7.4", "torch": "2.11.0+cu128", "torch_cuda": "12.8", "nvcc": "13.0",
+        "source_hash": "src1", "cell": "cu128-torch2.11.0-sglnone-fi0.7.4"}))
+    cell, lines = StandInCell(CU130), []
+    rec = _stage(_cell(tmp_path / "envs", cid), cell, tmp_path, ("9.0a",), ("vllm_comm",), lines)
+    assert cell.compiles == [("vllm_comm", ("9.0a",))]
+    assert ("kernels: vllm_comm in the kernel set is not this cell's (torch: 2.11.0+cu130 wanted, 2.11.0+cu128 in "
+            "the record): removed, built again") in lines
+    assert json.loads((kset / _carried.RECORD).read_text())["torch"] == "2.11.0+cu130"
+    assert rec["kernels"]["modules"]["vllm_comm"]["carried"] is True and rec["kernels"]["installed"] is True
+
+
+def test_unread_cell_facts_build_rather_than_trust(tmp_path: Path) -> None:
+    cid = "cellx"
+    first, lines = StandInCell(CU130), []
+    _stage(_cell(tmp_path / "envs", cid), first, tmp_path, ("9.0a",), ("vllm_comm",), lines)
+    assert first.compiles == [("vllm_comm", ("9.0a",))]
+    blind = StandInCell(CU130, readable=False)  # the same set, but the cell's facts cannot be read
+    _stage(_cell(tmp_path / "envs", cid), blind, tmp_path, ("9.0a",), ("vllm_comm",), lines)
+    assert blind.compiles == [("vllm_comm", ("9.0a",))]
+    assert any("identity (torch, nvcc, sources) could not be read" in line for line in lines)
+
+
+def test_a_refused_target_is_recorded_and_a_second_build_does_nothing_for_that_module(tmp_path: Path) -> None:
+    cid = "cu130-torch2.11.0-sglnone-fi0.6.16"
+    cell, lines = StandInCell(CU130, gated={"12.0a": GATE}), []
+    rec = _stage(_cell(tmp_path / "envs", cid), cell, tmp_path, ("9.0a", "12.0a"), ("trtllm_comm",), lines)
+    assert cell.compiles == [("trtllm_comm", ("9.0a", "12.0a"))]
+    row = rec["kernels"]["modules"]["trtllm_comm"]
+    assert row["carried"] is True and row["arch_list"] == "9.0a"
+    assert row["refused"] == {"12.0a": {"reason_code": "fi-arch-gate", "line": GATE}}
+    assert "trtllm_comm for 9.0a only, 12.0a refused: fi-arch-gate" in kernels_line(rec["kernels"])
+    carried = _carried.kernel_set(tmp_path / "kernels" / cid)["trtllm_comm"]
+    assert carried.refused == {"12.0a": {"reason_code": "fi-arch-gate", "line": GATE}}
+    # the next `provision build`: the cell unchanged, so its record says skipped-unchanged
+    again = StandInCell(CU130, gated={"12.0a": GATE})
+    later = _stage({**rec, "status": "skipped-unchanged"}, again, tmp_path, ("9.0a", "12.0a"), ("trtllm_comm",),
+                   lines)
+    assert again.compiles == [] and again.identities == 0  # nothing compiled, nothing asked of the cell
+    assert later["kernels"]["modules"]["trtllm_comm"]["refused"]["12.0a"]["reason_code"] == "fi-arch-gate"
+
+
+def test_the_retry_rule_is_the_catalogues_harness_flag() -> None:
+    entries = yaml.safe_load((ROOT / "common" / "reasons.yaml").read_text())
+    harness = {e["code"] for e in entries if e.get("harness")}
+    assert {"harness-error", "kernel-build-timeout"} <= harness
+    for entry in entries:
+        assert kernels.retried(entry["code"]) is (entry["code"] in harness), entry["code"]
+    assert kernels.retried("not-a-catalogued-code")
+    job = kernels.Job("c", "trtllm_comm", ("9.0a",), "0.7.4", "13.0", 1.0)
+
+    def rec(code: str) -> dict[str, Any]:
+        return {"status": "skipped-unchanged", "kernels": {"arch_list": "9.0a", "modules": {
+            "trtllm_comm": {"carried": False, "reason_code": code, "line": "x"}}}}
+
+    assert kernels.known_failure(rec("kernel-build-timeout"), job) is None
+    assert kernels.known_failure(rec("fi-arch-gate"), job) is not None
+
+
+def test_fitting_folder_for_cell_b_links_none_of_cell_as_modules(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    facts = this_cell(tmp_path, monkeypatch)
+    a, b, scratch = tmp_path / "a", tmp_path / "b", tmp_path / "scratch"
+    for kset, module in ((a, "vllm_comm"), (a, "pcie_ipc"), (b, "pcie_ipc")):
+        folder = kset / module
+        folder.mkdir(parents=True)
+        (folder / f"{module}.so").write_bytes(module_library(module, kset.name))
+        sass = ["sm_90a"] if module == "vllm_comm" else ["sm_120a"]
+        (folder / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": module, "name": module,
+                                                          "sass": sass, **facts}))
+    extra = tmp_path / "local.so"
+    extra.write_bytes(module_library("trtllm_comm"))
+    first = _carried.fitting_folder(a, "9.0", scratch, {"trtllm_comm": extra})
+    assert first is not None
+    assert sorted(p.parent.name for p in first.glob("*/*.so")) == ["trtllm_comm", "vllm_comm"]
+    second = _carried.fitting_folder(b, "9.0", scratch, {"trtllm_comm": extra})
+    assert second is not None and second != first
+    assert sorted(p.parent.name for p in second.glob("*/*.so")) == ["trtllm_comm"]
+    assert not first.exists() and extra.exists()  # this process's earlier folder is gone, never what it linked
+    assert all(not str(p.resolve()).startswith(str(a)) for p in second.glob("*/*.so"))
+
+
+def test_a_linked_library_in_a_kernel_set_is_refused_and_its_target_never_copied(tmp_path: Path) -> None:
+    secret = tmp_path / "private" / "id_ed25519"
+    secret.parent.mkdir()
+    secret.write_bytes(module_library("vllm_comm", "SECRET-KEY-BYTES"))  # even a library that would pass
+    kset, aot = tmp_path / "k", tmp_path / "aot"
+    folder = kset / "vllm_comm"
+    folder.mkdir(parents=True)
+    (folder / "vllm_comm.so").symlink_to(secret)
+    (folder / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": "vllm_comm", "name": "vllm_comm",
+                                                      "sass": ["sm_90a"]}))
+    linked_dir = kset / "pcie_ipc_comm"  # a whole module folder that is a link
+    real = tmp_path / "elsewhere" / "pcie_ipc_comm"
+    real.mkdir(parents=True)
+    (real / "pcie_ipc_comm.so").write_bytes(module_library("pcie_ipc", "SECRET-KEY-BYTES"))
+    (real / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": "pcie_ipc", "name": "pcie_ipc_comm",
+                                                    "sass": ["sm_90a"]}))
+    linked_dir.symlink_to(real, target_is_directory=True)
+    found, refused = _carried.scan(kset)
+    assert found == {}
+    assert "link" in refused["vllm_comm"] and "link" in refused["pcie_ipc_comm"]
+    kernels.install_tree(kset, aot)
+    copied = [p.read_bytes() for p in aot.rglob("*") if p.is_file()] if aot.exists() else []
+    assert not any(b"SECRET-KEY-BYTES" in data for data in copied)
+    ctx = tmp_path / "layer"  # a Docker cell's kernel layer: its build context holds nothing of the links
+    kernels.layer_context(kset, ctx, "sha256:base", "/opt/venv/aot")
+    assert [p.name for p in (ctx / "kernels").iterdir()] == []
+    assert not any(b"SECRET-KEY-BYTES" in p.read_bytes() for p in ctx.rglob("*") if p.is_file())
+    assert not any(p.is_symlink() for p in ctx.rglob("*"))
+    record_link = tmp_path / "k2" / "vllm_comm"
+    record_link.mkdir(parents=True)
+    (record_link / "vllm_comm.so").write_bytes(module_library("vllm_comm"))
+    (record_link / _carried.RECORD).symlink_to(folder / _carried.RECORD)
+    assert _carried.kernel_set(tmp_path / "k2") == {}  # a record read through a link is no record
+
+
+def test_a_library_without_the_modules_entry_points_is_refused(tmp_path: Path) -> None:
+    kset = tmp_path / "k"
+    cases = {
+        "vllm_comm": module_library("vllm_comm", entries=()),  # a shared object, but not that module
+        "trtllm_comm": module_library("vllm_comm"),  # another module's library under this name
+        "pcie_ipc": module_library("pcie_ipc")[:200],  # a truncated one
+    }
+    for module, data in cases.items():
+        (kset / module).mkdir(parents=True)
+        (kset / module / f"{module}.so").write_bytes(data)
+        (kset / module / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": module, "name": module,
+                                                                 "sass": ["sm_90a"]}))
+    found, refused = _carried.scan(kset)
+    assert found == {}
+    assert "__tvm_ffi_init_custom_ar" in refused["vllm_comm"]
+    assert "__tvm_ffi_trtllm_allreduce_fusion" in refused["trtllm_comm"]
+    assert "not a readable shared object" in refused["pcie_ipc"]
+    ok = tmp_path / "ok" / "vllm_comm"
+    ok.mkdir(parents=True)
+    (ok / "vllm_comm.so").write_bytes(module_library("vllm_comm"))
+    (ok / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": "vllm_comm", "name": "vllm_comm"}))
+    assert list(_carried.kernel_set(ok.parent)) == ["vllm_comm"]  # the control: the same layout, the module
+
+
+def test_elf_that_is_not_64_bit_little_endian_is_refused_by_name(tmp_path: Path) -> None:
+    good = tmp_path / "good.so"
+    good.write_bytes(module_library("vllm_comm"))
+    assert _elf.unread(str(good)) == "" and _elf.linkage(str(good)) is not None
+    for offset, value, words in ((4, 1, "32-bit ELF"), (5, 2, "big-endian ELF")):
+        data = bytearray(good.read_bytes())
+        data[offset] = value
+        bad = tmp_path / f"bad{offset}.so"
+        bad.write_bytes(bytes(data))
+        assert _elf.linkage(str(bad)) is None and _elf.unread(str(bad)).startswith(words)
+        assert "not a readable shared object: " + words in _carried.library_refusal("vllm_comm", bad)
+    text = tmp_path / "t.so"
+    text.write_text("hello")
+    assert _elf.unread(str(text)) == "not an ELF file"
+
+
+def _site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A minimal installed flashinfer 0.7.4 (its package, one source file and its dist-info) first on sys.path."""
+    site = tmp_path / "site"
+    (site / "flashinfer" / "data" / "csrc").mkdir(parents=True)
+    (site / "flashinfer" / "__init__.py").write_text("")
+    (site / "flashinfer" / "data" / "csrc" / "vllm_custom_all_reduce.cu").write_text("// the module's source\n")
+    dist = site / "flashinfer_python-0.7.4.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.7.4\n")
+    monkeypatch.syspath_prepend(str(site))
+    for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
+        monkeypatch.delitem(sys.modules, name)
+    return site
+
+
+def this_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The record facts of a module built in this environment (with the minimal flashinfer of :func:`_site`)."""
+    site = _site(tmp_path, monkeypatch)
+    here = _carried.cell_facts({})
+    return {"flashinfer": "0.7.4", "torch": here["torch"], "torch_cuda": here["torch_cuda"], "nvcc": here["nvcc"],
+            "sources": [], "source_hash": _compile_cache.source_hash([], str(site))}
+
+
+def test_at_run_time_a_record_of_another_torch_cuda_build_is_refused(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    site = _site(tmp_path, monkeypatch)
+    here = _fi_carry.identity({})
+    if not here["torch"] or "+" not in str(here["torch"]):
+        pytest.skip("this environment's torch has no CUDA build label")
+    names = ["$SITE/flashinfer/data/csrc/vllm_custom_all_reduce.cu"]
+    source = _compile_cache.source_hash(names, str(site))
+    folder = site / "flashinfer" / "data" / "aot" / "vllm_comm"
+    folder.mkdir(parents=True)
+    (folder / "vllm_comm.so").write_bytes(module_library("vllm_comm"))
+    base = {"schema": 1, "module": "vllm_comm", "name": "vllm_comm", "sass": ["sm_90a"], "arch_list": "9.0a",
+            "flashinfer": "0.7.4", "torch": here["torch"], "torch_cuda": here["torch_cuda"], "nvcc": here["nvcc"],
+            "sources": names, "source_hash": source}
+    (folder / _carried.RECORD).write_text(json.dumps(base))
+    assert _carried.aot_dir() == site / "flashinfer" / "data" / "aot"
+    carried, why = fi_jit.carried_for_cell("vllm_comm")
+    assert carried is not None and why == ""  # the control: this cell's own record
+    other = str(here["torch"]).split("+")[0] + "+cu128" if "cu128" not in str(here["torch"]) else "2.11.0+cu130"
+    (folder / _carried.RECORD).write_text(json.dumps({**base, "torch": other, "torch_cuda": "12.8"}))
+    carried, why = fi_jit.carried_for_cell("vllm_comm")
+    assert carried is None
+    assert why.startswith(f"the kernel set left out vllm_comm: its record is not this cell's (torch: {here['torch']} "
+                          "wanted")
+    (folder / _carried.RECORD).write_text(json.dumps(base))
+    (site / "flashinfer" / "data" / "csrc" / "vllm_custom_all_reduce.cu").write_text("// patched here\n")
+    _compile_cache._FILE_DIGESTS.clear()
+    carried, why = fi_jit.carried_for_cell("vllm_comm")
+    assert carried is None and "source_hash" in why
+
+
+def test_record_free_text_reaches_a_note_escaped() -> None:
+    result = {"cached": True, "cached_by": "carried", "cached_from": {
+        "name": "vllm_comm", "built_at": "2026\x1b[31m\u202eevil\x07", "nvcc": "13.0\u2066", "arch_list": "9.0a"}}
+    note = fi_jit.cached_note(result)
+    assert not any(c in note for c in ("\x1b", "\u202e", "\x07", "\u2066"))
+    assert "\\x1b" in note and "\\u202e" in note and "\\x07" in note and "\\u2066" in note
+
+
+def test_install_never_writes_through_a_link_in_the_target(tmp_path: Path) -> None:
+    kset, aot = tmp_path / "k", tmp_path / "aot"
+    (kset / "vllm_comm").mkdir(parents=True)
+    (kset / "vllm_comm" / "vllm_comm.so").write_bytes(module_library("vllm_comm", "new"))
+    (kset / "vllm_comm" / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": "vllm_comm",
+                                                                  "name": "vllm_comm", "sass": ["sm_90a"]}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    aot.mkdir()
+    (aot / "vllm_comm").symlink_to(elsewhere, target_is_directory=True)  # the module's folder is a link
+    kernels.install_tree(kset, aot)
+    assert (aot / "vllm_comm" / "vllm_comm.so").read_bytes() == module_library("vllm_comm", "new")
+    assert not os.path.islink(aot / "vllm_comm") and not os.path.islink(aot / "vllm_comm" / "vllm_comm.so")
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
+
+
+def test_a_module_of_another_cell_in_the_aot_folder_is_hidden_from_flashinfer(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    facts = this_cell(tmp_path, monkeypatch)
+    kset = tmp_path / "aot"
+    for module, torch in (("vllm_comm", facts["torch"]), ("pcie_ipc", "2.11.0+cu128")):
+        (kset / module).mkdir(parents=True)
+        (kset / module / f"{module}.so").write_bytes(module_library(module))
+        (kset / module / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": module, "name": module,
+                                                                 "sass": ["sm_90a"], **facts, "torch": torch}))
+    linked = _carried.fitting_folder(kset, "9.0", tmp_path / "scratch")
+    assert linked is not None  # everything runs on 9.0, yet the folder itself would load pcie_ipc
+    assert [p.parent.name for p in linked.glob("*/*.so")] == ["vllm_comm"]
+
+
+def test_a_copied_in_module_of_another_cell_is_never_installed_by_the_part_that_does_not_build_it(
+        tmp_path: Path) -> None:
+    cid = "cu130-torch2.11.0-sglnone-fi0.7.4"
+    kset = tmp_path / "kernels" / cid / "trtllm_comm"
+    kset.mkdir(parents=True)
+    (kset / "trtllm_comm.so").write_bytes(module_library("trtllm_comm", "cu128"))
+    (kset / _carried.RECORD).write_text(json.dumps({
+        "schema": 1, "module": "trtllm_comm", "name": "trtllm_comm", "sass": ["sm_90a"], "arch_list": "9.0a",
+        "declared": "9.0a", "flashinfer": "0.7.4", "torch": "2.11.0+cu128", "torch_cuda": "12.8", "nvcc": "13.0",
+        "source_hash": "src2"}))
+    cell, lines = StandInCell(CU130), []
+    rec = _stage(_cell(tmp_path / "envs", cid), cell, tmp_path, ("9.0a",), ("vllm_comm",), lines)  # the quick part
+    assert cell.compiles == [("vllm_comm", ("9.0a",))]
+    assert sorted(_carried.kernel_set(tmp_path / "kernels" / cid)) == ["vllm_comm"]  # what was installed
+    assert any(line.startswith("kernels: trtllm_comm in the kernel set is not this cell's (torch:") for line in lines)
+    assert rec["kernels"]["installed"] is True

@@ -1,0 +1,140 @@
+"""The long kernel builds after `provision build` returns (``python -m provision.kernels``) and the wait for them
+(common.kernelstage): the stage is a real process, its lines reach whoever waits, at least one line a tick
+while it is silent, and its state file names it only while it lives."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common import backend, kernelstage
+from provision import kernels
+
+
+def _stand_in(folder: Path, script: str) -> subprocess.Popen[bytes]:
+    """A process whose command line names the stage's module (as the real one's does), running ``script``."""
+    return subprocess.Popen([sys.executable, "-c", script, kernelstage.MARKER], cwd=folder)
+
+
+def test_wait_shows_the_stage_lines_and_ticks_while_it_is_silent(tmp_path: Path) -> None:
+    log = tmp_path / "stage.log"
+    log.write_text("")
+    script = (f"import time\nlog = open({str(log)!r}, 'a')\nlog.write('23:00:00 c kernels: [1/2] trtllm_comm\\n')\n"
+              "log.flush()\ntime.sleep(2.5)\nlog.write('23:00:03 c kernels: trtllm_comm carried\\n')\nlog.flush()\n")
+    proc = _stand_in(tmp_path, script)
+    kernelstage.write_state(kernelstage.Stage(proc.pid, time.time(), log, 2), tmp_path)
+    assert kernelstage.running(tmp_path) is not None
+    said: list[str] = []
+    assert kernelstage.wait(said.append, tmp_path, tick_s=1.0, poll_s=0.2) is True
+    proc.wait()
+    assert said[0].startswith(f"waiting for the kernel stage `provision build` started (pid {proc.pid}, 2 module")
+    assert "23:00:03 c kernels: trtllm_comm carried" in said
+    assert any(s.startswith("the kernel stage is still running") for s in said)  # the silent second was said
+    assert kernelstage.running(tmp_path) is None and kernelstage.wait(said.append, tmp_path) is False
+
+
+def test_a_state_file_of_another_process_is_not_a_stage(tmp_path: Path) -> None:
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        kernelstage.write_state(kernelstage.Stage(other.pid, time.time(), tmp_path / "log", 1), tmp_path)
+        assert kernelstage.running(tmp_path) is None  # a live pid, but not the stage (a reused pid)
+    finally:
+        other.kill()
+        other.wait()
+    (tmp_path / kernelstage.STATE).write_text("{not json")
+    assert kernelstage.running(tmp_path) is None
+
+
+def test_the_stage_process_builds_records_and_clears_its_state(tmp_path: Path) -> None:
+    envs = tmp_path / "envs"
+    (envs / "cellx").mkdir(parents=True)
+    rec = {"cell_id": "cellx", "status": "built", "backend": backend.VENV, "python": sys.executable,
+           "base_python": sys.executable, "versions": {"flashinfer": "0.7.4", "torch_cuda": "13.0"}}
+    (envs / "cellx" / backend.RECORD_NAMES[backend.VENV]).write_text(json.dumps(rec))
+    job = {"cells": ["cellx"], "backend": backend.VENV, "jobs": 1, "envs": str(envs), "archs": {"cellx": ["9.0a"]},
+           "modules": ["moe_a2a"], "builds": 1, "kernels_root": str(tmp_path / "kernels"),
+           "cache": str(tmp_path / "cache")}
+    stage = kernels.start(job, tmp_path / "state")
+    said: list[str] = []
+    assert kernelstage.wait(said.append, tmp_path / "state", poll_s=0.2)
+    assert any("kernels: [1/1] moe_a2a for 9.0a" in line for line in said), said
+    assert any("the stage ended" in line for line in said), said
+    assert not (tmp_path / "state" / kernelstage.STATE).exists() and stage.pid > 0
+    after = json.loads((envs / "cellx" / backend.RECORD_NAMES[backend.VENV]).read_text())
+    row = after["kernels"]["modules"]["moe_a2a"]
+    # no flashinfer in this environment: the builder says so, a failure of the cell's own (not retried)
+    assert (row["carried"], row["reason_code"]) == (False, "fi-jit-error") and "flashinfer" in row["line"]
+    assert not kernels.retried(row["reason_code"])
+    assert after["kernels"]["identity"]["torch"] and "source_hash" in after["kernels"]["identity"]
+
+
+def test_the_stage_says_which_module_and_target_cpu_spent_and_time_left() -> None:
+    todo = [kernels.Job("a", "trtllm_comm", ("9.0a", "12.0a"), "0.7.4", "13.0", 1900.0),
+            kernels.Job("a", "moe_a2a", ("9.0a", "12.0a"), "0.7.4", "13.0", 680.0)]
+    prior = kernels.StageProgress(todo, 1, {})
+    assert prior.left_text().endswith("(by fi-jit's declared build costs: no build of these modules here yet)")
+    learned = kernels.StageProgress(todo, 1, {"trtllm_comm": 100.0, "moe_a2a": 50.0})
+    seconds, basis = learned.left_s()
+    cores = max(1, min(2, __import__("os").cpu_count() or 1))
+    assert seconds == (200.0 + 100.0) / cores and basis == "by this host's earlier kernel builds"
+    learned.begin(todo[0])
+    line = learned.tick_line(75.0)
+    assert line.startswith("kernels: 0/2 done, compiling [1/2] trtllm_comm for 9.0a 12.0a in a (")
+    assert "CPU-s spent in 1m15s" in line and "left (by this host's earlier kernel builds)" in line
+    learned.end(todo[0])
+    assert learned.tick_line(80.0).startswith("kernels: 1/2 done, compiling between builds")
+
+
+def test_learned_costs_come_from_this_hosts_records(tmp_path: Path) -> None:
+    for cid, cpu in (("a", 300.0), ("b", 500.0)):
+        (tmp_path / cid).mkdir()
+        (tmp_path / cid / "venv.json").write_text(json.dumps({"kernels": {"modules": {
+            "moe_a2a": {"carried": True, "compile_cpu_s": cpu, "targets": 2},
+            "vllm_comm": {"carried": True}}}}))  # reused: no CPU recorded, nothing learned
+    assert kernels.learned_costs(tmp_path) == {"moe_a2a": 200.0}
+
+
+def test_provision_build_carries_the_quick_module_then_starts_the_long_stage_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel part of `provision build` on a venv cell of this environment (no flashinfer here, so each
+    build says so fast): the quick module in the command, the long modules in a stage of their own; a second
+    build of the unchanged cell starts no stage (every long module's answer is kept) and `checks run` has
+    nothing to wait for."""
+    from types import SimpleNamespace
+
+    from common.resolve import RESOLVED
+    from provision import buildsession
+    from provision.options import BuildOptions
+
+    monkeypatch.setattr(kernelstage, "FOLDER", tmp_path / "state")
+    monkeypatch.setattr(kernels, "KERNELS", tmp_path / "kernels")
+    monkeypatch.setenv("STACKPROBE_COMPILE_CACHE", str(tmp_path / "cache"))
+    envs = tmp_path / "envs"
+    (envs / "cellx").mkdir(parents=True)
+    rec = {"cell_id": "cellx", "status": "built", "backend": backend.VENV, "python": sys.executable,
+           "base_python": sys.executable, "versions": {"flashinfer": "0.7.4", "torch_cuda": "13.0"}}
+    record_file = envs / "cellx" / backend.RECORD_NAMES[backend.VENV]
+    record_file.write_text(json.dumps(rec))
+    opts = BuildOptions(tmp_path / "matrix.yaml", envs=envs, kernel_archs=("9.0a",), kernel_jobs=1)
+    cells = [SimpleNamespace(cell_id="cellx", status=RESOLVED)]
+    said: list[str] = []
+    monkeypatch.setattr(buildsession, "reporter", lambda o: lambda cid, msg: said.append(msg))
+    out = buildsession.carry_kernels(cells, [rec], opts, None)  # type: ignore[arg-type]
+    assert out[0]["kernels"]["modules"]["vllm_comm"]["reason_code"] == "fi-jit-error"  # the quick part, here
+    assert [m for m in said if m.startswith("kernels: [1/1] vllm_comm for 9.0a")]
+    started = [m for m in said if "go on after this command" in m]
+    assert started and started[0].startswith("kernels: 4 build(s) of the long modules")
+    assert kernelstage.wait(said.append, poll_s=0.2)  # what `checks run` does before its full level
+    after = json.loads(record_file.read_text())
+    assert sorted(after["kernels"]["modules"]) == sorted(kernels.QUICK_MODULES + kernels.LONG_MODULES)
+    # the next `provision build`: the cell unchanged, every answer kept, so nothing is started
+    said.clear()
+    again = buildsession.carry_kernels(cells, [{**after, "status": "skipped-unchanged"}], opts, None)  # type: ignore[arg-type]
+    assert not [m for m in said if "go on after this command" in m or m.startswith("kernels: [")], said
+    assert any("nothing more to build" in m for m in said) and kernelstage.running() is None
+    assert again[0]["kernels"]["modules"]["trtllm_comm"]["carried"] is False
