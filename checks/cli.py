@@ -263,16 +263,33 @@ def advise_here(args: argparse.Namespace, brief: bool = True) -> tuple[list[Any]
     except ModelError as exc:
         raise UsageError(f"checks advise: --model: {exc}") from None
     hosts = _hosts(args.results, "advise")
+    pins = catalog.load().sglang_pins
+    engines = launch.load()
+
+    def decide(h: Any) -> Any:
+        return decisions.decide(h, engines, pins, cell=args.cell, tp=args.tp, model=model, batch=args.batch,
+                                draft=args.draft)
+
+    def gpu_less(h: Any, title: str) -> list[str]:
+        """A host without a GPU: its standing, then the engine gates its cells recorded (read without a GPU)."""
+        d = decide(h)
+        return _standing(h, title) + [x for g in d.engines
+                                      for x in ("", *decisions.block_lines(decisions.gates_block(g, d.gate_reader)))]
+
     line, first = "", []
     mine = args.here or hostfacts.own_host_id()
     if args.host:
         _one(args.host, sorted(hosts), "--host")
         if brief and not hosts[args.host].gpu_count:
-            return [], _standing(hosts[args.host], "host")
+            return [], gpu_less(hosts[args.host], "host")
     else:
         if mine in hosts:
             first = _standing(hosts[mine], "this host")
             if brief and not hosts[mine].gpu_count and not args.cell:
+                gated = sorted({g.cell_id for g in decide(hosts[mine]).engines})
+                if gated:
+                    first.append(f"engine gates recorded in {len(gated)} cell(s) here: `checks advise --host {mine}` "
+                                 "shows them")
                 others = sorted(n for n, h in hosts.items() if h.gpu_count and n != mine)
                 if others:
                     first.append(f"other hosts with GPU results: {', '.join(others)}; `checks advise --host ID` "
@@ -288,10 +305,7 @@ def advise_here(args: argparse.Namespace, brief: bool = True) -> tuple[list[Any]
         selected = [h for h in selected if any(r.cell_id == args.cell for r in h.results)]
     if line:
         print(f"checks advise: {line}", file=sys.stderr)
-    pins = catalog.load().sglang_pins
-    engines = launch.load()
-    return [decisions.decide(h, engines, pins, cell=args.cell, tp=args.tp, model=model, batch=args.batch,
-                             draft=args.draft) for h in selected], first
+    return [decide(h) for h in selected], first
 
 
 def cmd_advise(args: argparse.Namespace) -> int:

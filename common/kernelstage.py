@@ -12,7 +12,6 @@ loads what the stage carried instead of compiling it a second time.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from common.caches import CODE_ROOT
 from common.progress import duration
+from inenv import atomic
 
 FOLDER = CODE_ROOT / ".cache" / "kernels"
 STATE = "stage.json"  # {pid, started, log, builds}: written by provision.kernels.start while it runs
@@ -127,10 +127,8 @@ def _shown(path: Path) -> str:
 def write_state(stage: Stage, folder: Path | None = None) -> None:
     folder = folder or FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = state_path(folder).with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"pid": stage.pid, "started": stage.started, "log": str(stage.log),
-                               "builds": stage.builds}))
-    os.replace(tmp, state_path(folder))
+    atomic.write_json(state_path(folder), {"pid": stage.pid, "started": stage.started, "log": str(stage.log),
+                                           "builds": stage.builds}, indent=None)
 
 
 def clear(pid: int, folder: Path | None = None) -> None:

@@ -19,7 +19,7 @@ from inenv.status import Status
 from tests.checks_helpers import committed
 
 CPU = "cpu-7eb23414"  # the committed results' host without a GPU whose run is the newest
-CPU_RUN = "20261204T044003Z-30b2"
+CPU_RUN = "20261204T234512Z-f822"
 GPU = "h200x1-f50bcc97"
 CELL = "cu130-torch2.14.1-sgl0.4.10-fi0.6.16"
 
@@ -83,8 +83,11 @@ def test_advise_on_a_host_without_a_gpu_says_it_in_a_few_lines(capsys: pytest.Ca
     assert out[-1].startswith("other hosts with GPU results: h200x1-") and "`checks advise --host ID`" in out[-1]
     assert len(out) < 30 and not any(line.startswith("host h200") for line in out)  # no other host's advice
     on = _advise(capsys, "--host", CPU)
-    assert on[0] == f"host: {CPU} (no GPU), newest run {CPU_RUN}" and len(on) < 30
+    standing = on[:on.index("")] if "" in on else on  # then the engine gates the host's cells read, if any
+    assert on[0] == f"host: {CPU} (no GPU), newest run {CPU_RUN}" and len(standing) < 30
     assert not any("skip (no-gpu)" in line for line in on)
+    gates = [line for line in on[len(standing):] if line.startswith("Engine gates — cell `")]
+    assert len(gates) == 4 and not any(line.startswith("host h200") for line in on)
 
 
 def test_advise_on_a_gpu_host_starts_with_it(capsys: pytest.CaptureFixture[str]) -> None:
