@@ -31,11 +31,11 @@ from checks.run.options import (
     backend_from_flags,
     default_jobs,
 )
-from common import catalog, outputs, progress, reasons
+from common import catalog, home, outputs, progress, reasons
 from inenv import gpuarch, registry
 from inenv.probe import LEVELS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = home.WORK_ROOT  # results, docs, envs: the checkout's, or the current folder's for an installed wheel
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,10 +84,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X", help="multiply every probe timeout")
     p.add_argument("--target-arch", default="12.0a,12.0f", help="cross-compile targets for compile probes")
     p.add_argument("--compile-cache", type=Path, metavar="DIR", help="compiled JIT modules shared by every cell "
-                   "and run (default: $STACKPROBE_COMPILE_CACHE, else .cache/compile in the repository)")
+                   "and run (default: $STACKPROBE_COMPILE_CACHE, else .cache/compile of the checkout, or of the current folder "
+                   "when installed)")
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything again, share nothing")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
-    p.add_argument("--matrix", type=Path, default=REPO / "matrix.yaml",
+    p.add_argument("--matrix", type=Path, default=home.DATA_ROOT / "matrix.yaml",
                    help="matrix file naming the cells (every backend but local)")
     p.add_argument("--envs", type=Path, default=REPO / "envs",
                    help="where `provision build` wrote each cell's build record")
@@ -141,9 +142,10 @@ def report_path(args: argparse.Namespace) -> Path | None:
 
 
 def table_for(results: Path) -> Path:
-    """The table a results folder gets by default: docs/compatibility.md for the repository's results, else
-    its own compatibility.md (another folder's table never overwrites the committed one)."""
-    if results.resolve() == (REPO / "results").resolve():
+    """The table a results folder gets by default: docs/compatibility.md for a checkout's results, else its own
+    compatibility.md (another folder's table never overwrites the committed one; an installed wheel writes no
+    docs/ into the folder it runs in)."""
+    if home.CHECKOUT and results.resolve() == (REPO / "results").resolve():
         return REPO / "docs" / "compatibility.md"
     return results / "compatibility.md"
 

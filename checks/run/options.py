@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import outputs
+from common.home import DATA_ROOT, WORK_ROOT
 from inenv.probe import LEVELS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = WORK_ROOT  # the checkout, or the current folder for an installed wheel (common.home)
 AUTO, DOCKER, VENV, LOCAL, SLURM = "auto", "docker", "venv", "local", "slurm"
 BACKEND_CHOICES = (AUTO, DOCKER, VENV, LOCAL, SLURM)
 MAX_DEFAULT_JOBS = 4
@@ -62,7 +63,7 @@ class RunOptions:
     compile_cache: Path | None = None
     no_compile_cache: bool = False
     results: Path = REPO / "results"
-    matrix: Path = REPO / "matrix.yaml"
+    matrix: Path = DATA_ROOT / "matrix.yaml"
     envs: Path = REPO / "envs"
     report: Path | None = None  # the table regenerated at the end; None: not regenerated
     argv: tuple[str, ...] = ()
