@@ -84,8 +84,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X", help="multiply every probe timeout")
     p.add_argument("--target-arch", default="12.0a,12.0f", help="cross-compile targets for compile probes")
     p.add_argument("--compile-cache", type=Path, metavar="DIR", help="compiled JIT modules shared by every cell "
-                   "and run (default: $STACKPROBE_COMPILE_CACHE, else .cache/compile of the checkout, or of the current folder "
-                   "when installed)")
+                   "and run (default: $STACKPROBE_COMPILE_CACHE, else .cache/compile of the checkout, or of the "
+                   "current folder when installed)")
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything again, share nothing")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
     p.add_argument("--matrix", type=Path, default=home.DATA_ROOT / "matrix.yaml",
