@@ -25,6 +25,7 @@ from checks.run.options import (
     AUTO,
     BACKEND_CHOICES,
     MAX_DEFAULT_JOBS,
+    SLURM,
     RunOptions,
     SlurmOptions,
     UsageError,
@@ -60,6 +61,10 @@ def parser() -> argparse.ArgumentParser:
                         "(jobs from this host); auto (default): Docker when its daemon answers, else venv cells")
     p.add_argument("--python", help="the interpreter of --backend local (default: this one); with --backend slurm, "
                    "the interpreter on the nodes instead of the venv cells")
+    p.add_argument("--image", action="append", default=[], metavar="IMAGE[,IMAGE...]",
+                   help="probe existing images (the one you serve), each a cell named by what is inside it: "
+                        "torch, CUDA, sgl-kernel, flashinfer, serving engine (Docker; with slurm, its container "
+                        "image); the probe code is mounted read-only and nothing is written into the image")
     p.add_argument("--local", action="store_true", help=argparse.SUPPRESS)  # deprecated: --backend local
     p.add_argument("--executor", choices=("local", "docker", "slurm"), help=argparse.SUPPRESS)  # deprecated
     p.add_argument("--partition", help="Slurm partition (default: the site's default partition)")
@@ -156,10 +161,13 @@ def run_options(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         archs = gpuarch.parse_targets(args.target_arch)
     except gpuarch.TargetError as exc:
         raise UsageError(f"checks run: --target-arch: {exc}") from None
-    slurm = SlurmOptions(args.partition, args.gpus_per_job, args.time, args.container_image, tuple(args.sbatch_arg))
+    images = tuple(dict.fromkeys(i.strip() for given in args.image for i in given.split(",")))
+    backend = backend_from_flags(args.backend, args.executor, args.local, bool(images))
+    container = args.container_image or (images[0] if backend == SLURM and len(images) == 1 else None)
+    slurm = SlurmOptions(args.partition, args.gpus_per_job, args.time, container, tuple(args.sbatch_arg))
     return RunOptions(
         probes=tuple(args.probe), all_probes=args.all, cuda=args.cuda, only=tuple(args.only),
-        backend=backend_from_flags(args.backend, args.executor, args.local), python=args.python, slurm=slurm,
+        backend=backend, python=args.python, images=images, slurm=slurm,
         resume=args.resume, fresh=args.fresh, jobs=default_jobs() if args.jobs is None else args.jobs,
         level=args.level, as_json=args.json,
         timeout_scale=args.timeout_scale, target_archs=archs, compile_cache=args.compile_cache,

@@ -1,18 +1,22 @@
 """Where the selected cells come from (host side): the matrix's cells as `provision build` planned them, each
-with its image state (Docker) or its venv (venv cells), or the one environment of an interpreter (local).
-Each returns the cells and, for those that can run, the executor that runs them here."""
+with its image state (Docker) or its venv (venv cells), the one environment of an interpreter (local), or
+existing images stackprobe did not build (``--image``). Each returns the cells and, for those that can run, the
+executor that runs them here."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from checks.run import venvcell
 from checks.run.container import DockerExecutor, client
-from checks.run.executor import Executor, LocalExecutor
+from checks.run.executor import Executor, ExecutorError, LocalExecutor, parse_result_text
 from checks.run.options import RunOptions, UsageError
 from checks.run.plan import CellState, CellTarget, ImageState, image_state, local_cell_id, matches_cuda, select_cells
+from common import cellid
 from common.api import plan_cells
 from common.errors import InputError
+from inenv.probe import RESULT_MARKER
 
 Cells = tuple[list[CellTarget], dict[str, Executor]]
 
@@ -74,3 +78,88 @@ def docker(opts: RunOptions, gpus: int) -> Cells:
         for c in runnable:
             executors[c.cell_id] = DockerExecutor(image=str(c.image), gpus_on_host=gpus, _client=daemon)
     return cells, executors
+
+
+# Run inside an existing image with its own python3 and the in-environment package mounted read-only: the
+# versions the probes' environment reports (inenv.envinfo) and what the self-check finds by importing torch and
+# reading the installed distributions (inenv.selfcheck: torch, CUDA, sgl-kernel, flashinfer, serving engines).
+FACTS_CODE = ("import json; from inenv import envinfo, selfcheck; "
+              f"print({RESULT_MARKER!r} + json.dumps({{'versions': envinfo.versions(), "
+              "'selfcheck': selfcheck.collect()}))")
+FACTS_TIMEOUT_S = 300.0
+NEEDS = "stackprobe runs its probes with the image's own python3 and torch"
+
+
+def image_facts(ex: DockerExecutor) -> dict[str, Any]:
+    """What is inside ``ex.image``, read in one throwaway container (removed after; nothing is written into
+    the image); UsageError with one line when the image cannot be probed."""
+    image = ex.image
+    try:
+        p = ex._run(["python3", "-c", FACTS_CODE], FACTS_TIMEOUT_S)
+    except ExecutorError as exc:
+        if "executable file not found" in str(exc) or "no such file or directory" in str(exc).lower():
+            raise UsageError(f"checks run: --image {image}: the image has no python3 on its PATH; {NEEDS}") from None
+        raise UsageError(f"checks run: --image {image}: {exc}") from None
+    data, err = parse_result_text(p.stdout_tail)
+    if data is None:
+        last = (p.stderr_tail.strip().splitlines() or [err or f"exit status {p.returncode}"])[-1]
+        if p.returncode == 127 or "python3" in last and "not found" in last:
+            raise UsageError(f"checks run: --image {image}: the image has no python3 on its PATH; {NEEDS}")
+        raise UsageError(f"checks run: --image {image}: reading what is inside failed: {last[:300]}")
+    return data
+
+
+def image_versions(image: str, image_id: str, facts: dict[str, Any]) -> dict[str, str]:
+    """The cell's versions from an image's facts: the environment's own report, torch as it imported, the serving
+    engines, and the image named with its id. UsageError when torch is not there or does not import."""
+    found = facts.get("versions") if isinstance(facts.get("versions"), dict) else {}
+    check = facts.get("selfcheck") if isinstance(facts.get("selfcheck"), dict) else {}
+    torch = check.get("torch") if isinstance(check.get("torch"), dict) else {}
+    if "torch" not in found:
+        raise UsageError(f"checks run: --image {image}: torch is not installed in the image; {NEEDS}")
+    if torch.get("error") or not torch.get("version"):
+        why = str(torch.get("error") or "no version")[:200]
+        raise UsageError(f"checks run: --image {image}: torch does not import in the image ({json.dumps(why)}); "
+                         f"{NEEDS}")
+    versions = {k: str(v) for k, v in found.items() if isinstance(v, str | int | float)}
+    engines = check.get("engines") if isinstance(check.get("engines"), dict) else {}
+    versions.update({str(k): str(v) for k, v in engines.items() if isinstance(v, str)})
+    versions.update(image=image, image_id=image_id)
+    return versions
+
+
+def images(opts: RunOptions, gpus: int) -> Cells:
+    """Each ``--image`` as a cell named by what is inside it, run like a built cell's image (one container per
+    variant, the in-environment code mounted read-only, removed after)."""
+    # lazy: the Docker SDK (170 ms) loads only when a run uses Docker
+    import docker.errors
+
+    daemon = client()  # no Docker: one line, exit 2
+    cells: list[CellTarget] = []
+    executors: dict[str, Executor] = {}
+    for image in opts.images:
+        try:
+            image_id = str(daemon.images.get(image).id)
+        except docker.errors.ImageNotFound:
+            raise UsageError(f"checks run: --image {image}: no such image in the Docker daemon; `docker images` "
+                             "lists those there (pull or load it first)") from None
+        except docker.errors.APIError as exc:
+            raise UsageError(f"checks run: --image {image}: {str(exc.explanation or exc)[:200]}") from None
+        # image_id "" leaves out the bytecode folder: reading the facts writes nothing on the host either
+        facts = image_facts(DockerExecutor(image=image, image_id="", _client=daemon))
+        versions = image_versions(image, image_id, facts)
+        cid = str(cellid.existing_image(versions))
+        if cellid.parse(cid) is None:
+            raise UsageError(f"checks run: --image {image}: the versions inside make no valid cell id "
+                             f"({json.dumps(cid[:160])})")
+        cell = CellTarget(cid, CellState.LOCAL, versions=versions, image=image, image_status=ImageState.BUILT)
+        if cid in executors:
+            raise UsageError(f"checks run: --image {image}: holds the same stack as another --image ({cid}); "
+                             "give one of them")
+        cells.append(cell)
+        executors[cid] = DockerExecutor(image=image, gpus_on_host=gpus, image_id=image_id, _client=daemon)
+    chosen = select_cells([c for c in cells if not opts.cuda or matches_cuda(c.versions.get("torch_cuda", ""),
+                                                                               opts.cuda)], list(opts.only))
+    if not chosen:
+        raise UsageError(f"checks run: no --image ({', '.join(c.cell_id for c in cells)}) matches --cuda/--only")
+    return chosen, {c.cell_id: executors[c.cell_id] for c in chosen}
