@@ -23,11 +23,13 @@ from common import cellid
 from tests.checks_helpers import fixture_env
 
 SITE = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p, "torch").is_dir()))
-# What `import torch` and its gloo ranks need from the venv, and nothing of the host side (rich, docker...).
+# torch and every distribution it requires, from the venv (so the inventory finds no broken requirement), and
+# nothing of the host side (rich, docker...).
 KEEP = ("torch", "torch-*.dist-info", "torchgen", "functorch", "nvidia", "nvidia_*.dist-info", "typing_extensions.py",
         "typing_extensions-*.dist-info", "filelock", "filelock-*.dist-info", "sympy", "sympy-*.dist-info", "mpmath",
         "mpmath-*.dist-info", "networkx", "networkx-*.dist-info", "jinja2", "jinja2-*.dist-info", "markupsafe",
-        "markupsafe-*.dist-info", "fsspec", "fsspec-*.dist-info")
+        "markupsafe-*.dist-info", "fsspec", "fsspec-*.dist-info", "triton", "triton-*.dist-info", "cuda",
+        "cuda_*.dist-info", "setuptools", "setuptools-*.dist-info")
 
 
 def one_line(err: str) -> str:
@@ -44,7 +46,8 @@ def run_checks(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def torch_image(base_image: str, docker_available: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     record = next(SITE.glob("torch-*.dist-info")) / "RECORD"
-    tag = f"stackprobe-test/torch-image:{hashlib.sha256(record.read_bytes() + base_image.encode()).hexdigest()[:12]}"
+    key = record.read_bytes() + base_image.encode() + " ".join(KEEP).encode()
+    tag = f"stackprobe-test/torch-image:{hashlib.sha256(key).hexdigest()[:12]}"
     if subprocess.run([docker_available, "image", "inspect", tag], capture_output=True).returncode == 0:
         return tag
     ctx = tmp_path_factory.mktemp("torch-image")
