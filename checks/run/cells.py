@@ -87,6 +87,7 @@ FACTS_CODE = ("import json; from inenv import envinfo, selfcheck; "
               f"print({RESULT_MARKER!r} + json.dumps({{'versions': envinfo.versions(), "
               "'selfcheck': selfcheck.collect()}))")
 FACTS_TIMEOUT_S = 300.0
+_FACTS: dict[str, dict[str, Any]] = {}  # by image id: read once per process (the quick and full passes ask both)
 NEEDS = "stackprobe runs its probes with the image's own python3 and torch"
 
 
@@ -146,7 +147,9 @@ def images(opts: RunOptions, gpus: int) -> Cells:
         except docker.errors.APIError as exc:
             raise UsageError(f"checks run: --image {image}: {str(exc.explanation or exc)[:200]}") from None
         # image_id "" leaves out the bytecode folder: reading the facts writes nothing on the host either
-        facts = image_facts(DockerExecutor(image=image, image_id="", _client=daemon))
+        if image_id not in _FACTS:
+            _FACTS[image_id] = image_facts(DockerExecutor(image=image, image_id="", _client=daemon))
+        facts = _FACTS[image_id]
         versions = image_versions(image, image_id, facts)
         cid = str(cellid.existing_image(versions))
         if cellid.parse(cid) is None:

@@ -42,10 +42,10 @@ from checks.run.executor import (
 )
 from checks.run.isolate import ProcessOutcome
 from checks.run.options import SLURM, RunOptions
-from checks.run.plan import CellState, CellTarget, ImageState, WorkItem, local_cell_id
+from checks.run.plan import CellState, CellTarget, ImageState, WorkItem
 from checks.run.runner import Hooks, Recorder, RunReport, Work, begin, iso, level_variant, now_iso
 from checks.run.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
-from common import reasons
+from common import cellid, reasons
 from common.caches import compile_cache_dir
 from inenv import atomic
 from inenv.registry import PROBE_PATH_ENV
@@ -290,7 +290,8 @@ def _srun(partition: str, launch: slurm_jobs.Launch, argv: list[str], extra: lis
 
 
 def image_cell(image: str, partition: str) -> CellTarget:
-    """The cell an image holds, asked inside it on a node (pyxis), as the local backend asks an interpreter."""
+    """The cell an image holds, asked inside it on a node (pyxis), as the local backend asks an interpreter; named
+    as `checks run --image` names an image on this host (common.cellid.existing_image)."""
     p = _cmd(_srun(partition, slurm_jobs.Launch("python3", image), ["-m", "inenv.worker", "--inspect"], []),
              timeout=3600)
     data, err = parse_result_text(p.stdout)
@@ -298,7 +299,8 @@ def image_cell(image: str, partition: str) -> CellTarget:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
         raise ExecutorError(f"--container-image {image}: environment inspection failed: {err or last}")
     versions = {k: str(v) for k, v in (data.get("versions") or {}).items() if isinstance(v, str | int | float)}
-    return CellTarget(local_cell_id(versions), CellState.LOCAL, versions=versions, image=image,
+    versions["image"] = image
+    return CellTarget(str(cellid.existing_image(versions)), CellState.LOCAL, versions=versions, image=image,
                       image_status=ImageState.BUILT)
 
 
