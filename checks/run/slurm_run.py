@@ -47,11 +47,12 @@ from checks.run.runner import Hooks, Recorder, RunReport, Work, begin, iso, leve
 from checks.run.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
 from common import cellid, reasons
 from common.caches import compile_cache_dir
+from common.home import CACHE_ROOT
 from inenv import atomic
 from inenv.registry import PROBE_PATH_ENV
 from inenv.status import Status
 
-JOBS_ROOT = CODE_ROOT / ".cache" / "slurm"
+JOBS_ROOT = CACHE_ROOT / "slurm"  # the checkout's .cache, or the current folder's for an installed wheel
 POLL_ENV = "STACKPROBE_SLURM_POLL_S"
 DEFAULT_POLL_S = 5.0  # one squeue per poll: gentle on a site's controller
 END_WAIT_S = 30.0  # a job that left the queue: how long its record (and its files, on NFS) may lag
