@@ -6,6 +6,8 @@ executor that runs them here."""
 from __future__ import annotations
 
 import json
+import sys
+import time
 from typing import Any
 
 from checks.run import venvcell
@@ -110,9 +112,10 @@ def image_facts(ex: DockerExecutor) -> dict[str, Any]:
     return data
 
 
-def image_versions(image: str, image_id: str, facts: dict[str, Any]) -> dict[str, str]:
+def image_versions(image: str, image_id: str, facts: dict[str, Any], digest: str = "") -> dict[str, str]:
     """The cell's versions from an image's facts: the environment's own report, torch as it imported, the serving
-    engines, and the image named with its id. UsageError when torch is not there or does not import."""
+    engines, and the image named with its id (and its registry digest when it was pulled). UsageError when torch
+    is not there or does not import."""
     found = facts.get("versions") if isinstance(facts.get("versions"), dict) else {}
     check = facts.get("selfcheck") if isinstance(facts.get("selfcheck"), dict) else {}
     torch = check.get("torch") if isinstance(check.get("torch"), dict) else {}
@@ -125,7 +128,7 @@ def image_versions(image: str, image_id: str, facts: dict[str, Any]) -> dict[str
     versions = {k: str(v) for k, v in found.items() if isinstance(v, str | int | float)}
     engines = check.get("engines") if isinstance(check.get("engines"), dict) else {}
     versions.update({str(k): str(v) for k, v in engines.items() if isinstance(v, str)})
-    versions.update(image=image, image_id=image_id)
+    versions.update(image=image, image_id=image_id, **({"image_digest": digest} if digest else {}))
     return versions
 
 
@@ -140,21 +143,26 @@ def images(opts: RunOptions, gpus: int) -> Cells:
     executors: dict[str, Executor] = {}
     for image in opts.images:
         try:
-            image_id = str(daemon.images.get(image).id)
+            found = daemon.images.get(image)
         except docker.errors.ImageNotFound:
             raise UsageError(f"checks run: --image {image}: no such image in the Docker daemon; `docker images` "
                              "lists those there (pull or load it first)") from None
         except docker.errors.APIError as exc:
             raise UsageError(f"checks run: --image {image}: {str(exc.explanation or exc)[:200]}") from None
+        image_id = str(found.id)
+        digests = found.attrs.get("RepoDigests") or []
         # image_id "" leaves out the bytecode folder: reading the facts writes nothing on the host either
+        started = time.monotonic()
         if image_id not in _FACTS:
             _FACTS[image_id] = image_facts(DockerExecutor(image=image, image_id="", _client=daemon))
         facts = _FACTS[image_id]
-        versions = image_versions(image, image_id, facts)
+        versions = image_versions(image, image_id, facts, str(digests[0]) if digests else "")
         cid = str(cellid.existing_image(versions))
         if cellid.parse(cid) is None:
             raise UsageError(f"checks run: --image {image}: the versions inside make no valid cell id "
                              f"({json.dumps(cid[:160])})")
+        print(f"checks run: --image {image} is cell {cid} (read inside it in {time.monotonic() - started:.1f} s)",
+              file=sys.stderr, flush=True)
         cell = CellTarget(cid, CellState.LOCAL, versions=versions, image=image, image_status=ImageState.BUILT)
         if cid in executors:
             raise UsageError(f"checks run: --image {image}: holds the same stack as another --image ({cid}); "
