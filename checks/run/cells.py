@@ -100,13 +100,14 @@ def image_facts(ex: DockerExecutor) -> dict[str, Any]:
     try:
         p = ex._run(["python3", "-c", FACTS_CODE], FACTS_TIMEOUT_S)
     except ExecutorError as exc:
-        if "executable file not found" in str(exc) or "no such file or directory" in str(exc).lower():
+        why = " ".join(str(exc).split())  # the daemon's error on one line
+        if "python3" in why and ("executable file not found" in why or "no such file or directory" in why.lower()):
             raise UsageError(f"checks run: --image {image}: the image has no python3 on its PATH; {NEEDS}") from None
-        raise UsageError(f"checks run: --image {image}: {exc}") from None
+        raise UsageError(f"checks run: --image {image}: {why[:300]}") from None
     data, err = parse_result_text(p.stdout_tail)
     if data is None:
         last = (p.stderr_tail.strip().splitlines() or [err or f"exit status {p.returncode}"])[-1]
-        if p.returncode == 127 or "python3" in last and "not found" in last:
+        if p.returncode == 127 or ("python3" in last and "not found" in last):
             raise UsageError(f"checks run: --image {image}: the image has no python3 on its PATH; {NEEDS}")
         raise UsageError(f"checks run: --image {image}: reading what is inside failed: {last[:300]}")
     return data
