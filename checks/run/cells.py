@@ -114,9 +114,9 @@ def image_facts(ex: DockerExecutor) -> dict[str, Any]:
 
 
 def image_versions(image: str, image_id: str, facts: dict[str, Any], digest: str = "") -> dict[str, str]:
-    """The cell's versions from an image's facts: the environment's own report, torch as it imported, the serving
-    engines, and the image named with its id (and its registry digest when it was pulled). UsageError when torch
-    is not there or does not import."""
+    """The cell's versions from an image's facts (FACTS_CODE's output): the environment's own report, torch as it
+    imported, the serving engines, and the image named with its id where known (and its registry digest when it
+    was pulled). UsageError when torch is not there or does not import."""
     found = facts.get("versions") if isinstance(facts.get("versions"), dict) else {}
     check = facts.get("selfcheck") if isinstance(facts.get("selfcheck"), dict) else {}
     torch = check.get("torch") if isinstance(check.get("torch"), dict) else {}
@@ -129,7 +129,8 @@ def image_versions(image: str, image_id: str, facts: dict[str, Any], digest: str
     versions = {k: str(v) for k, v in found.items() if isinstance(v, str | int | float)}
     engines = check.get("engines") if isinstance(check.get("engines"), dict) else {}
     versions.update({str(k): str(v) for k, v in engines.items() if isinstance(v, str)})
-    versions.update(image=image, image_id=image_id, **({"image_digest": digest} if digest else {}))
+    versions.update(image=image, **({"image_id": image_id} if image_id else {}),
+                    **({"image_digest": digest} if digest else {}))
     return versions
 
 

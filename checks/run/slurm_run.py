@@ -291,16 +291,14 @@ def _srun(partition: str, launch: slurm_jobs.Launch, argv: list[str], extra: lis
 
 
 def image_cell(image: str, partition: str) -> CellTarget:
-    """The cell an image holds, asked inside it on a node (pyxis), as the local backend asks an interpreter; named
-    as `checks run --image` names an image on this host (common.cellid.existing_image)."""
-    p = _cmd(_srun(partition, slurm_jobs.Launch("python3", image), ["-m", "inenv.worker", "--inspect"], []),
-             timeout=3600)
+    """The cell an image holds, read inside it on a node (pyxis) as `checks run --image` reads an image on this
+    host (checks.run.cells.FACTS_CODE: versions, torch's import, serving engines), and named the same way."""
+    p = _cmd(_srun(partition, slurm_jobs.Launch("python3", image), ["-c", cells.FACTS_CODE], []), timeout=3600)
     data, err = parse_result_text(p.stdout)
     if data is None:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ExecutorError(f"--container-image {image}: environment inspection failed: {err or last}")
-    versions = {k: str(v) for k, v in (data.get("versions") or {}).items() if isinstance(v, str | int | float)}
-    versions["image"] = image
+        raise ExecutorError(f"--container-image {image}: reading what is inside failed: {err or last}")
+    versions = cells.image_versions(image, "", data)
     return CellTarget(str(cellid.existing_image(versions)), CellState.LOCAL, versions=versions, image=image,
                       image_status=ImageState.BUILT)
 
