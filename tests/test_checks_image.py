@@ -121,6 +121,27 @@ def test_an_existing_image_is_probed_as_a_cell_named_by_what_is_inside(torch_ima
 
 
 @pytest.mark.docker
+def test_a_serving_images_entrypoint_and_user_do_not_get_in_the_way(torch_image: str, docker_available: str,
+                                                                     tmp_path: Path) -> None:
+    """A serving image starts its server from ENTRYPOINT and may run as another user: the probes still run."""
+    tag = "stackprobe-test/serving-entrypoint:1"
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {torch_image}\nENTRYPOINT [\"python3\", \"-c\", \"raise SystemExit(3)\"]\n"
+                                    "USER nobody\n")
+    proc = subprocess.run([docker_available, "build", "-q", "-t", tag, str(ctx)], capture_output=True, text=True,
+                          env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    results = tmp_path / "results"
+    p = run_checks("--image", tag, "--probe", "t-gloo-allreduce", "--level", "full", "--results", str(results),
+                   cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for f in results.glob("*/*.jsonl") for line in f.read_text().splitlines()]
+    assert {(r["variant"], r["status"]) for r in rows} == {("ranks=2", "pass"), ("ranks=3", "pass")}
+    assert containers_of(docker_available, tag) == []
+
+
+@pytest.mark.docker
 def test_an_image_without_torch_is_refused_in_one_line(base_image: str, tmp_path: Path) -> None:
     p = run_checks("--image", base_image, "--all", "--results", str(tmp_path / "results"), cwd=tmp_path)
     assert p.returncode == 2
