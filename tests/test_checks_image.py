@@ -64,6 +64,8 @@ def torch_image(base_image: str, docker_available: str, tmp_path_factory: pytest
 def no_python_image(docker_available: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """An image holding one text file: no shell, no python3."""
     tag = "stackprobe-test/no-python:1"
+    if subprocess.run([docker_available, "image", "inspect", tag], capture_output=True).returncode == 0:
+        return tag
     tar = tmp_path_factory.mktemp("nopython") / "root.tar"
     with tarfile.open(tar, "w") as t:
         src = tar.with_name("hello")
