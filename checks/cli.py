@@ -26,17 +26,18 @@ from checks.run.options import (
     AUTO,
     BACKEND_CHOICES,
     MAX_DEFAULT_JOBS,
+    SLURM,
     RunOptions,
     SlurmOptions,
     UsageError,
     backend_from_flags,
     default_jobs,
 )
-from common import catalog, outputs, progress, reasons
+from common import catalog, home, outputs, progress, reasons
 from inenv import gpuarch, registry
 from inenv.probe import LEVELS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = home.WORK_ROOT  # results, docs, envs: the checkout's, or the current folder's for an installed wheel
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,6 +62,10 @@ def parser() -> argparse.ArgumentParser:
                         "(jobs from this host); auto (default): Docker when its daemon answers, else venv cells")
     p.add_argument("--python", help="the interpreter of --backend local (default: this one); with --backend slurm, "
                    "the interpreter on the nodes instead of the venv cells")
+    p.add_argument("--image", action="append", default=[], metavar="IMAGE[,IMAGE...]",
+                   help="probe existing images (the one you serve), each a cell named by what is inside it: "
+                        "torch, CUDA, sgl-kernel, flashinfer, serving engine (Docker; with slurm, its container "
+                        "image); the probe code is mounted read-only and nothing is written into the image")
     p.add_argument("--local", action="store_true", help=argparse.SUPPRESS)  # deprecated: --backend local
     p.add_argument("--executor", choices=("local", "docker", "slurm"), help=argparse.SUPPRESS)  # deprecated
     p.add_argument("--partition", help="Slurm partition (default: the site's default partition)")
@@ -85,10 +90,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X", help="multiply every probe timeout")
     p.add_argument("--target-arch", default="12.0a,12.0f", help="cross-compile targets for compile probes")
     p.add_argument("--compile-cache", type=Path, metavar="DIR", help="compiled JIT modules shared by every cell "
-                   "and run (default: $STACKPROBE_COMPILE_CACHE, else .cache/compile in the repository)")
+                   "and run (default: $STACKPROBE_COMPILE_CACHE, else .cache/compile of the checkout, or of the "
+                   "current folder when installed)")
     p.add_argument("--no-compile-cache", action="store_true", help="compile everything again, share nothing")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
-    p.add_argument("--matrix", type=Path, default=REPO / "matrix.yaml",
+    p.add_argument("--matrix", type=Path, default=home.DATA_ROOT / "matrix.yaml",
                    help="matrix file naming the cells (every backend but local)")
     p.add_argument("--envs", type=Path, default=REPO / "envs",
                    help="where `provision build` wrote each cell's build record")
@@ -142,9 +148,10 @@ def report_path(args: argparse.Namespace) -> Path | None:
 
 
 def table_for(results: Path) -> Path:
-    """The table a results folder gets by default: docs/compatibility.md for the repository's results, else
-    its own compatibility.md (another folder's table never overwrites the committed one)."""
-    if results.resolve() == (REPO / "results").resolve():
+    """The table a results folder gets by default: docs/compatibility.md for a checkout's results, else its own
+    compatibility.md (another folder's table never overwrites the committed one; an installed wheel writes no
+    docs/ into the folder it runs in)."""
+    if home.CHECKOUT and results.resolve() == (REPO / "results").resolve():
         return REPO / "docs" / "compatibility.md"
     return results / "compatibility.md"
 
@@ -155,10 +162,13 @@ def run_options(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         archs = gpuarch.parse_targets(args.target_arch)
     except gpuarch.TargetError as exc:
         raise UsageError(f"checks run: --target-arch: {exc}") from None
-    slurm = SlurmOptions(args.partition, args.gpus_per_job, args.time, args.container_image, tuple(args.sbatch_arg))
+    images = tuple(dict.fromkeys(i.strip() for given in args.image for i in given.split(",")))
+    backend = backend_from_flags(args.backend, args.executor, args.local, bool(images))
+    container = args.container_image or (images[0] if backend == SLURM and len(images) == 1 else None)
+    slurm = SlurmOptions(args.partition, args.gpus_per_job, args.time, container, tuple(args.sbatch_arg))
     return RunOptions(
         probes=tuple(args.probe), all_probes=args.all, cuda=args.cuda, only=tuple(args.only),
-        backend=backend_from_flags(args.backend, args.executor, args.local), python=args.python, slurm=slurm,
+        backend=backend, python=args.python, images=images, slurm=slurm,
         resume=args.resume, fresh=args.fresh, jobs=default_jobs() if args.jobs is None else args.jobs,
         level=args.level, as_json=args.json,
         timeout_scale=args.timeout_scale, target_archs=archs, compile_cache=args.compile_cache,

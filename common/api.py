@@ -10,11 +10,12 @@ from urllib.parse import urlparse
 from common import reach
 from common.catalog import Catalog
 from common.catalog import load as load_catalog
+from common.home import DATA_ROOT
 from common.matrix import load as load_matrix
 from common.resolve import Resolved, resolve
 from common.select import select
 
-DEFAULT_MATRIX = Path(__file__).resolve().parent.parent / "matrix.yaml"
+DEFAULT_MATRIX = DATA_ROOT / "matrix.yaml"  # the checkout's, or the one packaged in the wheel
 
 
 @dataclass(frozen=True)

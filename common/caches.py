@@ -8,12 +8,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from common.home import CACHE_ROOT, CODE_ROOT
 from inenv.kit import COMPILE_CACHE_ENV
 
-CODE_ROOT = Path(__file__).resolve().parent.parent  # the checkout: the directory that holds the packages
+__all__ = ["BYTECODE_ROOT", "CODE_ROOT", "DEFAULT_COMPILE_CACHE", "bytecode_key", "compile_cache_dir"]
 # Builds every cell and run share (the compile cache of inenv.kit); outside every image, kept between runs.
-DEFAULT_COMPILE_CACHE = CODE_ROOT / ".cache" / "compile"
-BYTECODE_ROOT = CODE_ROOT / ".cache" / "pycache"  # per image: the bytecode its ranks compiled
+# Under the checkout, or under the current folder for an installed wheel (common.home).
+DEFAULT_COMPILE_CACHE = CACHE_ROOT / "compile"
+BYTECODE_ROOT = CACHE_ROOT / "pycache"  # per image: the bytecode its ranks compiled
 
 
 def bytecode_key(image_id: str) -> str:
@@ -23,7 +25,8 @@ def bytecode_key(image_id: str) -> str:
 
 def compile_cache_dir(given: Path | None, off: bool, env: Mapping[str, str] | None = None) -> Path | None:
     """The host folder of the shared compile cache: ``--compile-cache``, else STACKPROBE_COMPILE_CACHE,
-    else the repository's .cache/compile; None with ``--no-compile-cache``."""
+    else .cache/compile of the checkout (of the current folder for an installed wheel); None with
+    ``--no-compile-cache``."""
     if off:
         return None
     named = (os.environ if env is None else env).get(COMPILE_CACHE_ENV)

@@ -19,6 +19,7 @@ from typing import Any
 from common import buildrecord, reasons
 from common.buildrecord import BuildStatus
 from common.errors import InputError
+from common.home import CACHE_ROOT
 from common.progress import TICK_S, Ticker
 from common.resolve import RESOLVED, Resolved
 from inenv import atomic
@@ -32,7 +33,7 @@ from provision.options import BuildOptions
 from provision.render import Base, image_tag, load_cell, render
 from provision.verify import mismatches
 
-LOGS = Path(__file__).resolve().parent.parent / ".cache" / "build-logs"
+LOGS = CACHE_ROOT / "build-logs"
 
 
 def nvidia_image(cell: dict[str, Any]) -> str:

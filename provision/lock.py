@@ -38,10 +38,11 @@ except ImportError:  # an interpreter without it (a GPU host's own Python runnin
 from common import backend, canonical
 from common.catalog import load as load_catalog
 from common.errors import InputError
+from common.home import WORK_ROOT
 from common.resolve import RESOLVED, UNAVAILABLE, UNREACHABLE, Resolved
 from inenv import atomic
 
-ENVS = Path(__file__).resolve().parent.parent / "envs"
+ENVS = WORK_ROOT / "envs"  # the checkout's, or envs/ of the current folder for an installed wheel
 # One lock serves both bases: Debian 12's Python 3.11 and Ubuntu 24.04's 3.12 (markers pick per version).
 PYTHON_FLOOR = "3.11"
 # cublas and curand: headers flashinfer's moe_a2a includes (cublasLt.h; from 0.7.4 the moe_ep all-to-all

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from common.backend import CHOICES
 from common.errors import InputError
+from common.home import CACHE_ROOT
 from provision.lock import ENVS
 from provision.render import DOCKERFILES
 
-VENVS = Path(__file__).resolve().parent.parent / ".cache" / "venvs"  # venv cells (provision/venvbuild.py)
+VENVS = CACHE_ROOT / "venvs"  # venv cells (provision/venvbuild.py)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from packaging.utils import (
 from packaging.version import Version
 
 from common.errors import InputError
+from common.home import CACHE_ROOT
 from inenv import atomic
 from inenv.kit._elf import linkage  # the project's stdlib ELF reader
 from provision.catalogcheck import KernelSeen, Readings, Seen, Wants
@@ -64,7 +65,7 @@ _SIMPLE_ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 _NVCC = re.compile(rb"ptxas\x00[^\x00]{0,48}?release (\d+)\.(\d+)")
 _CUDART = re.compile(r"libcudart\.so\.(\d+)$")
 _SHA256 = re.compile(r"sha256=([0-9a-f]{64})")
-CACHE = Path(__file__).resolve().parent.parent / ".cache" / "registry"
+CACHE = CACHE_ROOT / "registry"
 
 
 class RegistryError(InputError):

@@ -12,10 +12,14 @@ from typing import Any
 
 import jinja2
 
+from common.home import DATA_ROOT, WORK_ROOT
 from inenv.probes.inventory import REMOVED_LIST
 from provision.cudahome import DRIVER_NAME
 
-DOCKERFILES = Path(__file__).resolve().parent.parent / "dockerfiles"
+# The cell template is read from the checkout's dockerfiles/ (the packaged copy for an installed wheel); the
+# rendered Dockerfiles are written to dockerfiles/ of the checkout (of the current folder when installed).
+TEMPLATES = DATA_ROOT / "dockerfiles"
+DOCKERFILES = WORK_ROOT / "dockerfiles"
 TEMPLATE = "cell.Dockerfile.j2"
 # Exported only for the RUN steps that download; the secret is mounted there and never copied.
 CERTENV = ('if [ -f /run/secrets/cacert ]; then export SSL_CERT_FILE=/run/secrets/cacert '
@@ -55,7 +59,7 @@ class Base:
 
 
 @functools.cache
-def _env(folder: Path = DOCKERFILES) -> jinja2.Environment:
+def _env(folder: Path = TEMPLATES) -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True, autoescape=False)
 
@@ -102,7 +106,7 @@ def removed(*groups: tuple[tuple[str, ...], str]) -> str:
     return f"printf '%s\\n' {' '.join(shlex.quote(f) for f in full)} > {REMOVED_LIST}"
 
 
-def render(cell: dict[str, Any], base: Base, buildkit: bool = True, folder: Path = DOCKERFILES) -> str:
+def render(cell: dict[str, Any], base: Base, buildkit: bool = True, folder: Path = TEMPLATES) -> str:
     """Dockerfile text for a locked cell (the cell.json mapping written by `provision lock`)."""
     cuda_major = int(str(cell.get("cell", {}).get("cuda", "0")).split(".")[0])
     toolkit = base.kind == "registry-free"

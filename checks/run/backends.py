@@ -69,8 +69,12 @@ def _local(opts: RunOptions, gpus: int) -> cells.Cells:
     return [cell], {cell.cell_id: ex}
 
 
+def _docker(opts: RunOptions, gpus: int) -> cells.Cells:
+    return cells.images(opts, gpus) if opts.images else cells.docker(opts, gpus)
+
+
 def docker_backend() -> Backend:
-    return HostBackend(DOCKER, cells.docker)
+    return HostBackend(DOCKER, _docker)
 
 
 def venv_backend() -> Backend:

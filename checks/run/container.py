@@ -225,6 +225,8 @@ class DockerExecutor:
             "environment": env,
             "volumes": volumes,
             "working_dir": "/tmp",
+            # the image's own ENTRYPOINT (a serving image's starts its server) is not what runs: the command is
+            "entrypoint": [""],
             "ipc_mode": "host",
             "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1)] if self.memlock_unlimited else [],
             "privileged": False,

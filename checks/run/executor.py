@@ -6,6 +6,7 @@ comes back into a verdict with :mod:`checks.run.classify`. The docker executor i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 from checks.results.hostfacts import safe_env
 from checks.results.result import Verdict
 from checks.run import classify, isolate
+from common import home
 from common.celltoolkit import base_env
 from common.reasons import Catalogue
 from inenv import gpugate
@@ -184,7 +186,7 @@ class LocalExecutor:
 
     def env(self) -> dict[str, str]:
         env = base_env(os.environ) if self.hermetic else dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code_path()), env.get("PYTHONPATH", "")) if p)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.pop("VIRTUAL_ENV", None)  # the interpreter chosen, not the venv stackprobe itself runs in
         apply_env(env, self.run_env)
@@ -233,6 +235,14 @@ class LocalExecutor:
         p = isolate.run_isolated(cmd, self.env(), limit)
         verdict = classify.from_process(p, catalogue, limit)
         return verdict.with_evidence(command=" ".join(cmd[:3] + [variant.probe_id]))
+
+
+@functools.cache
+def code_path() -> Path:
+    """What a local worker puts first on PYTHONPATH to import the probes: the checkout, or for an installed
+    wheel a copy of the in-environment package alone (common.home.in_env_root), so that none of stackprobe's
+    own dependencies shadows a package of the environment under test."""
+    return home.in_env_root()
 
 
 def probe_path_dirs() -> list[Path]:

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import outputs
+from common.home import DATA_ROOT, WORK_ROOT
 from inenv.probe import LEVELS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = WORK_ROOT  # the checkout, or the current folder for an installed wheel (common.home)
 AUTO, DOCKER, VENV, LOCAL, SLURM = "auto", "docker", "venv", "local", "slurm"
 BACKEND_CHOICES = (AUTO, DOCKER, VENV, LOCAL, SLURM)
 MAX_DEFAULT_JOBS = 4
@@ -51,6 +52,7 @@ class RunOptions:
     only: tuple[str, ...] = ()
     backend: str = AUTO
     python: str | None = None  # the interpreter of the local backend (and of Slurm nodes when given)
+    images: tuple[str, ...] = ()  # existing images to probe as cells (docker; slurm: its container image)
     slurm: SlurmOptions = SlurmOptions()
     resume: bool = False
     fresh: bool = False
@@ -62,7 +64,7 @@ class RunOptions:
     compile_cache: Path | None = None
     no_compile_cache: bool = False
     results: Path = REPO / "results"
-    matrix: Path = REPO / "matrix.yaml"
+    matrix: Path = DATA_ROOT / "matrix.yaml"
     envs: Path = REPO / "envs"
     report: Path | None = None  # the table regenerated at the end; None: not regenerated
     argv: tuple[str, ...] = ()
@@ -86,6 +88,17 @@ class RunOptions:
             raise UsageError("checks run: --resume continues the latest run and --fresh reruns everything; give one")
         if self.compile_cache is not None and self.no_compile_cache:
             raise UsageError("checks run: --compile-cache names a cache and --no-compile-cache shares none; give one")
+        if self.images and self.backend not in (DOCKER, SLURM):
+            raise UsageError(f"checks run: --image runs existing images with --backend docker (or slurm), not "
+                             f"--backend {self.backend}")
+        if self.images and self.python is not None:
+            raise UsageError("checks run: --image runs the image's own python3; give --image or --python, not both")
+        if self.backend == SLURM and (len(self.images) > 1 or (self.images and self.slurm.container_image
+                                                               not in (None, self.images[0]))):
+            raise UsageError("checks run: with --backend slurm give one image (--image or --container-image)")
+        if any(not i or i.startswith("-") or any(c.isspace() for c in i) for i in self.images):
+            raise UsageError("checks run: --image: give image names or ids, comma-separated, e.g. "
+                             "--image my/serving:1.2,other:latest")
         if self.python is not None and self.backend not in (LOCAL, SLURM):
             raise UsageError(f"checks run: --python is the interpreter of --backend local (or slurm); with "
                              f"--backend {self.backend} the cells bring their own")
@@ -104,9 +117,10 @@ class RunOptions:
         return self
 
 
-def backend_from_flags(backend: str, executor: str | None, local: bool) -> str:
+def backend_from_flags(backend: str, executor: str | None, local: bool, images: bool = False) -> str:
     """The one backend of ``--backend``, given the older spellings ``--executor local|docker|slurm`` and
-    ``--local`` (deprecated aliases of ``--backend local|docker|slurm``); two that disagree are refused."""
+    ``--local`` (deprecated aliases of ``--backend local|docker|slurm``); two that disagree are refused.
+    ``auto`` with ``--image`` is docker (an image runs in a container)."""
     named = [(f"--backend {backend}", backend)] if backend != AUTO else []
     if executor:
         named.append((f"--executor {executor}", executor))
@@ -116,4 +130,4 @@ def backend_from_flags(backend: str, executor: str | None, local: bool) -> str:
     if len(chosen) > 1:
         raise UsageError(f"checks run: {' and '.join(flag for flag, _ in named)} name different backends; "
                          "give one --backend")
-    return chosen.pop() if chosen else AUTO
+    return chosen.pop() if chosen else DOCKER if images else AUTO

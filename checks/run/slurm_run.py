@@ -42,16 +42,17 @@ from checks.run.executor import (
 )
 from checks.run.isolate import ProcessOutcome
 from checks.run.options import SLURM, RunOptions
-from checks.run.plan import CellState, CellTarget, ImageState, WorkItem, local_cell_id
+from checks.run.plan import CellState, CellTarget, ImageState, WorkItem
 from checks.run.runner import Hooks, Recorder, RunReport, Work, begin, iso, level_variant, now_iso
 from checks.run.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
-from common import reasons
+from common import cellid, reasons
 from common.caches import compile_cache_dir
+from common.home import CACHE_ROOT
 from inenv import atomic
 from inenv.registry import PROBE_PATH_ENV
 from inenv.status import Status
 
-JOBS_ROOT = CODE_ROOT / ".cache" / "slurm"
+JOBS_ROOT = CACHE_ROOT / "slurm"  # the checkout's .cache, or the current folder's for an installed wheel
 POLL_ENV = "STACKPROBE_SLURM_POLL_S"
 DEFAULT_POLL_S = 5.0  # one squeue per poll: gentle on a site's controller
 END_WAIT_S = 30.0  # a job that left the queue: how long its record (and its files, on NFS) may lag
@@ -290,15 +291,15 @@ def _srun(partition: str, launch: slurm_jobs.Launch, argv: list[str], extra: lis
 
 
 def image_cell(image: str, partition: str) -> CellTarget:
-    """The cell an image holds, asked inside it on a node (pyxis), as the local backend asks an interpreter."""
-    p = _cmd(_srun(partition, slurm_jobs.Launch("python3", image), ["-m", "inenv.worker", "--inspect"], []),
-             timeout=3600)
+    """The cell an image holds, read inside it on a node (pyxis) as `checks run --image` reads an image on this
+    host (checks.run.cells.FACTS_CODE: versions, torch's import, serving engines), and named the same way."""
+    p = _cmd(_srun(partition, slurm_jobs.Launch("python3", image), ["-c", cells.FACTS_CODE], []), timeout=3600)
     data, err = parse_result_text(p.stdout)
     if data is None:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ExecutorError(f"--container-image {image}: environment inspection failed: {err or last}")
-    versions = {k: str(v) for k, v in (data.get("versions") or {}).items() if isinstance(v, str | int | float)}
-    return CellTarget(local_cell_id(versions), CellState.LOCAL, versions=versions, image=image,
+        raise ExecutorError(f"--container-image {image}: reading what is inside failed: {err or last}")
+    versions = cells.image_versions(image, "", data)
+    return CellTarget(str(cellid.existing_image(versions)), CellState.LOCAL, versions=versions, image=image,
                       image_status=ImageState.BUILT)
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks.run.executor import CODE_ROOT
+from checks.run.executor import code_path
 from checks.run.plan import ImageState, image_state
 from common import backend, buildrecord
 from common.celltoolkit import cell_env
@@ -28,8 +28,9 @@ class VenvCell:
 
 
 def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The ranks' environment on top of the runner's (common.celltoolkit.cell_env, with this checkout)."""
-    return cell_env(record, environ, CODE_ROOT)
+    """The ranks' environment on top of the runner's (common.celltoolkit.cell_env, with the probes' code: this
+    checkout, or an installed wheel's copy of the in-environment package)."""
+    return cell_env(record, environ, code_path())
 
 
 def read(envs_dir: Path, cell_id: str, environ: Mapping[str, str] = os.environ) -> VenvCell:
