@@ -29,11 +29,11 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from common.caches import CODE_ROOT
+from common.home import CACHE_ROOT, WORK_ROOT
 from inenv import atomic
 
-ABI_CACHE = CODE_ROOT / ".cache" / "abi"
-GRID_DATA = CODE_ROOT / "docs" / "abi-grid.json"  # the grid `provision abi` keeps for the page
+ABI_CACHE = CACHE_ROOT / "abi"
+GRID_DATA = WORK_ROOT / "docs" / "abi-grid.json"  # the grid `provision abi` keeps for the page
 FORMAT = 1  # the layout of an index file; another number is read as absent (made again)
 SHOWN = 3  # missing symbols named in a cell
 LEGEND = ("ok: loads; xN: N imported torch symbols this torch does not export (the import fails with undefined "

@@ -14,10 +14,11 @@ The choice is made once, when this module is imported. Standard library only.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from inenv import atomic
 
 CODE_ROOT = Path(__file__).resolve().parent.parent  # the folder that holds the packages (checkout or site-packages)
 PACKAGED = Path(__file__).resolve().parent / "packaged"  # in a wheel: matrix.yaml, matrices/, dockerfiles/
@@ -62,11 +63,7 @@ def in_env_root(code_root: Path = CODE_ROOT, cache_root: Path = CACHE_ROOT, chec
         shutil.copytree(source, staging / IN_ENV_PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
         for p in (staging / IN_ENV_PACKAGE).rglob("*.py"):  # a copy the probes only read
             p.chmod(0o444)
-        try:
-            os.replace(staging, folder)  # whole or not at all; a concurrent run may have put the same one there
-        except OSError:
-            if not (folder / IN_ENV_PACKAGE).is_dir():
-                raise
+        atomic.publish_dir(staging, folder)  # whole or not at all; a concurrent run may have put it there first
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder

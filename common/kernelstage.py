@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.caches import CODE_ROOT
+from common.home import CACHE_ROOT
 from common.progress import duration
 from inenv import atomic
 
-FOLDER = CODE_ROOT / ".cache" / "kernels"
+FOLDER = CACHE_ROOT / "kernels"
 STATE = "stage.json"  # {pid, started, log, builds}: written by provision.kernels.start while it runs
 MARKER = "provision.kernels"  # in the process's command line: a reused pid is not taken for the stage
 TICK_S = 30.0

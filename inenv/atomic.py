@@ -105,3 +105,17 @@ def replace_dir(target: Path, files: Mapping[str, str], keep: Sequence[str] = ()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync_dir(target.parent)
+
+
+def publish_dir(staging: Path, target: Path) -> bool:
+    """Put the filled folder ``staging`` at ``target`` by one rename, so a reader sees all of it or none; False
+    when ``target`` was already there (another writer published the same content first: ``staging`` is left for
+    the caller to remove)."""
+    try:
+        os.replace(staging, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+        return False
+    _fsync_dir(target.parent)
+    return True

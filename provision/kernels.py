@@ -42,6 +42,7 @@ from common import backend, buildrecord, kernelstage, reasons
 from common.buildrecord import BuildStatus
 from common.caches import CODE_ROOT, compile_cache_dir
 from common.celltoolkit import base_env, cell_env
+from common.home import CACHE_ROOT
 from common.progress import Ticker, duration
 from inenv import atomic
 from inenv.kit import _carried
@@ -57,7 +58,7 @@ from provision.dockercli import Docker
 # does not wait for them
 QUICK_MODULES = (QUICK_MODULE,)
 LONG_MODULES = tuple(m for m in COMM_MODULES if m not in QUICK_MODULES)
-KERNELS = CODE_ROOT / ".cache" / "kernels"  # one kernel set per cell: <cell id>/<name>/<name>.so + record
+KERNELS = CACHE_ROOT / "kernels"  # one kernel set per cell: <cell id>/<name>/<name>.so + record
 STAGE_TICK_S = 30.0  # the kernel stage says where it is at least this often: no silence of a minute
 JOB_LIMIT_S = 3 * 3600.0  # one module's build (trtllm_comm for three targets: about 45 min on 2 cores)
 CODE_MOUNT = "/opt/stackprobe-code"
@@ -732,7 +733,7 @@ def run(job: dict[str, Any], log: Any) -> int:
     for cid in job["cells"]:
         loaded = buildrecord.read(envs / cid, job["backend"])
         if loaded.record is not None:
-            records.append(dict(loaded.record))
+            records.append(dict(loaded.record.data))
     archs = {cid: tuple(a) for cid, a in job["archs"].items()}
     t0 = time.monotonic()
     where = {k: Path(job[k]) for k in ("kernels_root", "cache") if job.get(k)}  # tests keep them in their folder
