@@ -174,6 +174,12 @@ def _spread_line(a: CellAdvice) -> str:
             f"torch build): {shown}")
 
 
+def recorded(text: object) -> str:
+    """Text a result recorded, placed inside a line composed here: its backticks shown as ' so it opens no code
+    span (or fence) of its own where the line's own code spans are kept (the Markdown page's decision notes)."""
+    return str(text).replace("`", "'")
+
+
 def advice_block(d: CellDecision) -> Block:
     a = d.advice
     shape = f"bf16, hidden {a.hidden}" if a.hidden else "bf16"
@@ -195,14 +201,14 @@ def advice_block(d: CellDecision) -> Block:
                        f"{b.ref(c.ids)}")
     for x in a.avoid:
         why = f"{x.status} ({x.reason_code})" if x.reason_code else x.status
-        b.lines.append(f"Avoid: {x.what}: {why}: {x.why}{b.ref(x.ids)}")
+        b.lines.append(f"Avoid: {x.what}: {why}: {recorded(x.why)}{b.ref(x.ids)}")
     for u in a.untimed:
-        b.lines.append(f"Works, not ranked: {u.feature}: {u.why}{b.ref(u.ids)}")
+        b.lines.append(f"Works, not ranked: {u.feature}: {recorded(u.why)}{b.ref(u.ids)}")
     for x in d.gated_off:
         b.lines.append(f"Engine gate: {x}")
     for m in a.missing:
         run = f"; run `{m.run}`" if m.run else ""
-        b.lines.append(f"Missing: {m.what}: {m.why}{run}")
+        b.lines.append(f"Missing: {m.what}: {recorded(m.why)}{run}")
     for note in d.launch.scope:
         b.lines.append(f"Launch settings: {note} (sources per setting: checks/report/launch_flags.yaml)")
     for s in d.launch.settings:
@@ -352,8 +358,8 @@ def gates_block(g: EngineGates) -> Block:
     b.lines.append("The engine's own world-size lists and size tables, read from its modules in the cell; how the "
                    f"engine acts on a missing entry is its code, not restated here{b.ref([g.result_id])}")
     if g.status != Status.PASS.value and g.note:
-        b.lines.append(f"{g.status}: {g.note}")
-    b.lines += [f"- {line.text}" for line in g.lines]
+        b.lines.append(f"{g.status}: {recorded(g.note)}")
+    b.lines += [f"- {recorded(line.text)}" for line in g.lines]
     return b
 
 
@@ -377,7 +383,7 @@ def blocks(d: HostDecision) -> list[Block]:
                              ["The step probe ran every layer's blocks of this model with the ranks sharing one GPU: "
                               "exact, with the kernels it launched, but a time-sliced GPU's times mean nothing, so "
                               "nothing is ranked on it; run it on a host with a GPU per rank.",
-                              *(f"- {x}" for x in c.shared_step)]))
+                              *(f"- {recorded(x)}" for x in c.shared_step)]))
         if c.estimate is not None:
             out.append(estimate_block(c.estimate, c.usable))
     for g in d.engines:

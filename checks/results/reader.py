@@ -33,6 +33,7 @@ from typing import Any
 
 from checks.results import ids
 from checks.results.result import FIELDS, ProbeResult, ResultError
+from common import escape
 
 MAX_FILE = 256 << 20  # one run's results or one bundle
 MAX_MANIFEST = 16 << 20
@@ -73,9 +74,7 @@ class Run:
 def shown(path: Path | str) -> str:
     """A path as text that a terminal shows safely (undecodable bytes and control characters escaped)."""
     text = os.fsdecode(path) if isinstance(path, Path) else path
-    if text.isprintable() and not any(0xD800 <= ord(c) <= 0xDFFF for c in text):
-        return text
-    return text.encode("unicode_escape").decode("ascii")  # undecodable bytes show as \udcXX
+    return escape.terminal(text)  # undecodable bytes show as \udcXX
 
 
 def _reject_constant(name: str) -> Any:
