@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import os
@@ -313,6 +314,9 @@ def exchange_parsers(sub: Any) -> None:
     p = sub.add_parser("import", help="add bundles' runs to a results directory, read as untrusted input")
     p.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
+    p.add_argument("--accept-flips", action="store_true",
+                   help="write a bundle that changes verdicts or advice of a host the results already hold (each "
+                        "change is printed first; without this flag such a bundle is not imported)")
     p = sub.add_parser("validate", help="check a results directory or a bundle as untrusted input")
     p.add_argument("path", nargs="?", type=Path, default=REPO / "results", metavar="PATH",
                    help="a results directory, one host's folder or a bundle file (default: results/)")
@@ -332,10 +336,18 @@ def cmd_share(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    # lazy: checks.share (its scrub rules compile on import) costs 15 ms at every `checks` start
+    # lazy: checks.report.decisions (15 ms) and checks.share (15 ms) would cost every `checks` start
+    from checks.report import decisions, launch
     from checks.share import exchange
 
-    return exchange.import_bundles(exchange.ImportOptions(tuple(args.bundles), args.results))
+    pins, engines = catalog.load().sglang_pins, launch.load()
+
+    def advice_of(h: Any) -> list[str]:  # the advice only: what the newest run changed is history, not advice
+        d = dataclasses.replace(decisions.decide(h, engines, pins), changes=None)
+        return decisions.render(d).splitlines()
+
+    return exchange.import_bundles(exchange.ImportOptions(tuple(args.bundles), args.results, args.accept_flips),
+                                   advice_of)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

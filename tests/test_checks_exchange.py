@@ -318,7 +318,7 @@ def test_an_import_is_refused_while_a_run_holds_the_host_folder(
     res = tmp_path / "results"
     with RunLock(res / H2):
         assert _main("import", path, "--results", res) == 2
-    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("note: ")]
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.startswith("checks")]
     assert len(err) == 1 and "is writing to" in err[0] and H2 in err[0], err
     assert list((res / H2).iterdir()) == []
     assert _main("import", path, "--results", res) == 0  # once the folder is free

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.results.freshness import EXECUTORS
+from checks.results.reader import Run
 from checks.results.result import ProbeResult
 from checks.results.store import read_file, read_manifest, scan
 
@@ -49,6 +50,22 @@ class HostResults:
         """The GPU count the newest manifest recorded; None when no manifest says."""
         n = self.facts.get("gpu_count")
         return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def from_runs(host_id: str, runs: Mapping[str, Run]) -> HostResults:
+    """One host from runs already read by the one reader (a host folder and a bundle's runs together, to see
+    what an import would change before anything is written)."""
+    ordered = sorted(runs)
+    results = tuple(ProbeResult.from_json(o) for r in ordered for o in runs[r].results)
+    facts: dict[str, Any] = {}
+    executors: dict[str, str] = {}
+    for r in ordered:
+        m = runs[r].manifest or {}
+        if runs[r].results and isinstance(m.get("facts"), Mapping):
+            facts = dict(m["facts"])
+        if m.get("executor") in EXECUTORS:
+            executors[r] = str(m["executor"])
+    return HostResults(host_id, tuple(ordered), results, facts, (), executors)
 
 
 def load(results_dir: Path) -> dict[str, HostResults]:

@@ -11,10 +11,12 @@ bidirectional character reaches a terminal that shows it), keys sorted, one spac
      "code": {"runs": [{version, commit, dirty}, ...], "shared_by": {version, commit, dirty},
               "clean": true when every run names a commit and none was dirty, "warnings": [...]},
      "scrubbed": {kind: count},
-     "runs": [{"run_id": ..., "manifest": {...} or null, "results": [result, ...]}, ...]}
+     "runs": [{"run_id": ..., "manifest": {...}, "results": [result, ...]}, ...]}
 
 ``results`` are the lines of ``results/<host>/<run>.jsonl`` as JSON objects and ``manifest`` the run's
-manifest, both scrubbed (checks.share.scrub), so an import writes the same files back. Building goes through the
+manifest, both scrubbed (checks.share.scrub), so an import writes the same files back. A run without a
+manifest is neither shared nor imported: its host facts, the GPUs that tell one host from another included,
+could not be checked against the host it names. Building goes through the
 same strict reader as importing (checks.results.reader): a bundle never carries an item an import would refuse.
 """
 
@@ -110,7 +112,13 @@ def build(results_dir: Path, host_id: str, scrubber: Scrubber, shared_by: Checko
         raise BundleError(f"checks share: no results for host {host_id} under {results_dir} "
                           f"(hosts there: {', '.join(known) or 'none'})")
     problems: list[Problem] = []
-    runs = [r for r in reader.read_host(folder, problems).values() if r.results]
+    runs = []
+    for r in reader.read_host(folder, problems).values():
+        if r.results and r.manifest is None:
+            problems.append(Problem(f"{reader.shown(folder)}/{r.run_id}", "no readable manifest: left out of the "
+                                    "bundle (an import refuses a run whose host facts cannot be checked)"))
+        elif r.results:
+            runs.append(r)
     if not runs:
         raise BundleError(f"checks share: {folder} holds no readable result")
     body = {"host": host_facts(runs), "code": code_of(runs, shared_by),
@@ -203,9 +211,10 @@ def _run(raw: Any, host_id: str, where: str, problems: list[Problem]) -> tuple[R
     if not isinstance(raw["results"], list):
         return None, "results is not a list"
     manifest = raw["manifest"]
-    if manifest is not None and (why := reader.check_manifest(manifest, host_id, run_id)):
-        problems.append(Problem(f"{where} ({run_id}) manifest", f"{why}; left out"))
-        manifest = None
+    if manifest is None:  # without one the GPU identity of the host it names cannot be checked
+        return None, f"run {run_id} has no manifest (its host facts, GPUs included, cannot be checked)"
+    if why := reader.check_manifest(manifest, host_id, run_id):
+        return None, f"run {run_id}: manifest: {why}"
     lines = [(f"{where} ({run_id}) result {i}", json.dumps(r, ensure_ascii=True).encode())
              for i, r in enumerate(raw["results"], 1)]
     results = reader.results_of(lines, host_id, run_id, problems)
