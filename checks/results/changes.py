@@ -198,7 +198,7 @@ def read_at(rev: str, folder: Path) -> tuple[dict[str, dict[str, Run]], tempfile
         subprocess.run(["git", "-C", top, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
                        capture_output=True, check=True)
     except (OSError, subprocess.CalledProcessError, ValueError):
-        raise ChangesError(f"checks diff --base: {escape.terminal(rev)[:80]} is not a commit of the git "
+        raise ChangesError(f"--base {escape.terminal(rev)[:80]} is not a commit of the git "
                            f"repository holding {reader.shown(folder)}; give a revision such as HEAD~1 or "
                            "origin/main") from None
     tmp = tempfile.TemporaryDirectory(prefix="stackprobe-base-")
