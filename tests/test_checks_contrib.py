@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,74 @@ def test_the_regression_gate_fails_on_a_planted_flip_and_passes_with_its_expecte
     assert _main("diff", "--base", "HEAD~1", "--results", res) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expected-changes.yaml: entry 1" in err[0]
+
+
+# --- the writer keeps the readers' limits -------------------------------------------------------------------
+def _checks(*args: str) -> subprocess.CompletedProcess[str]:
+    from tests.checks_helpers import ROOT, fixture_env
+
+    return subprocess.run([sys.executable, "-m", "checks.cli", *args], capture_output=True, text=True,
+                          env=fixture_env(), cwd=ROOT, timeout=300)
+
+
+def test_a_result_too_large_for_the_reader_is_cut_with_a_marker_and_read_back(tmp_path: Path) -> None:
+    """An engine gate value of 3 MB: the line stays under the reader's 1 MiB limit, says what was cut, and
+    the one reader takes it without a warning; the verdict and the other evidence stay."""
+    from checks.results import reader
+    from checks.results.result import ProbeResult
+    from checks.results.store import RunStore, read_file
+
+    host, run = "gpux2-0123abcd", "20260101T000000Z-abcd"
+    obj = {"schema": "stackprobe.result/2", "run_id": run, "host_id": host,
+           "cell_id": "cu130-torch2.11.0-sglnone-fi0.6.18", "probe_id": "engine", "variant": "", "status": "pass",
+           "reason_code": "", "note": "gates read", "remediation": "", "metrics": {"gates": 3},
+           "evidence": {"gates": {"sglang.x": "v" * 3_000_000}, "kept": "small"},
+           "started_at": "2026-01-01T00:00:00+00:00", "duration_s": 1.0,
+           "code": {"version": "0.1.0", "commit": "a" * 40, "dirty": False, "probe_hash": "0" * 16}}
+    store = RunStore(tmp_path, host, run)
+    store.append(ProbeResult.from_json(obj))
+    assert store.unstored == []
+    line = store.results_path.read_bytes()
+    assert len(line) <= reader.MAX_LINE
+    [back], warnings = read_file(store.results_path)
+    assert warnings == [] and back.verdict.status.value == "pass" and back.verdict.evidence["kept"] == "small"
+    assert "evidence.gates (3000" in back.verdict.evidence["cut"] and "gates" not in back.verdict.evidence
+
+
+def test_resume_never_appends_through_a_link(tmp_path: Path) -> None:
+    one = ("--backend", "local", "--level", "full", "--results", str(tmp_path), "--no-report")
+    assert _checks("run", *one, "--probe", "t-trivial").returncode == 0
+    [path] = sorted(tmp_path.glob("*/*.jsonl"))
+    outside = tmp_path.parent / "elsewhere.jsonl"
+    path.rename(outside)
+    path.symlink_to(outside)
+    before = outside.read_bytes()
+    p = _checks("run", *one, "--resume", "--probe", "t-trivial", "--probe", "t-raise")
+    assert p.returncode == 0, p.stderr
+    assert f"{path.name} is a symbolic link, which no reader follows; a new run starts instead" in p.stderr
+    assert outside.read_bytes() == before  # nothing appended through the link
+    runs = sorted(q for q in path.parent.glob("*.jsonl") if not q.is_symlink())
+    assert len(runs) == 1 and b"t-raise" in runs[0].read_bytes()
+
+
+def test_a_read_only_results_folder_is_refused_before_any_probe_runs(tmp_path: Path) -> None:
+    """A results folder on a read-only mount (made in a private mount namespace, so root's write permission does
+    not hide it): one line, exit 2, no probe started."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "keep").write_text("")
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "sh", "-c", f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}"],
+            capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here to make a read-only folder in")
+    from tests.checks_helpers import ROOT, fixture_env
+
+    script = (f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && exec {sys.executable} -m checks.cli run "
+              f"--backend local --level full --probe t-trivial --results {ro}/results")
+    p = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=fixture_env(),
+                       cwd=ROOT, timeout=300)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert "results folder: cannot write under" in lines[0] and "Read-only file system" in lines[0]
+    assert "nothing was run" in lines[0] and "plan" not in p.stderr
+    assert sorted(x.name for x in ro.iterdir()) == ["keep"]

@@ -33,6 +33,7 @@ import re
 import secrets
 import stat
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -88,9 +89,46 @@ def finite(value: Any) -> Any:
     return value
 
 
+def _dumps(obj: Any) -> bytes:
+    return (json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+CUT = "cut"  # evidence key: what was cut from the evidence to keep the line within the reader's limits
+# room kept under the reader's line limit for the marker saying what was cut
+_CUT_ROOM = 4096
+
+
+def fit(obj: dict[str, Any]) -> dict[str, Any]:
+    """A result's JSON within the one reader's limits (reader.MAX_LINE bytes, reader.MAX_DEPTH levels): the
+    largest evidence entries are cut, one by one, until it fits, and ``evidence.cut`` says which and how large
+    they were; then, if still too large, the metrics. The verdict, the note (cut to 4 KiB with a marker when
+    longer) and the ids stay, so the result stays one the reader takes."""
+    line = _dumps(obj)
+    if len(line) <= reader.MAX_LINE and reader.check_value(obj) is None:
+        return obj
+    out = dict(obj)
+    cut: list[str] = []
+    if isinstance(out.get("note"), str) and len(out["note"]) > 4096:
+        cut.append(f"note after 4096 of {len(out['note'])} characters")
+        out["note"] = out["note"][:4096] + " [cut]"
+    for field_name in ("evidence", "metrics"):
+        part = dict(out.get(field_name) or {})
+        sizes = sorted(((len(_dumps(v)), k) for k, v in part.items()), reverse=True)
+        for size, key in sizes:
+            if len(_dumps(out)) <= reader.MAX_LINE - _CUT_ROOM and reader.check_value(out) is None:
+                break
+            del part[key]
+            cut.append(f"{field_name}.{key} ({size} bytes)")
+            out[field_name] = part
+    evidence = dict(out.get("evidence") or {})
+    evidence[CUT] = (f"cut to stay within the results reader's limits ({reader.MAX_LINE} bytes a line, "
+                     f"{reader.MAX_DEPTH} levels): " + "; ".join(cut))[:_CUT_ROOM - 256]
+    out["evidence"] = evidence
+    return out
+
+
 def _line(result: ProbeResult) -> bytes:
-    return (json.dumps(finite(result.to_json()), sort_keys=True, default=str, separators=(",", ":"),
-                       allow_nan=False) + "\n").encode()
+    return _dumps(fit(finite(result.to_json())))
 
 
 def _complete_json(data: bytes) -> bool:
@@ -250,7 +288,8 @@ class RunStore:
         data = b"".join(_line(r) for r in results)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.results_path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+            # never through a link: every reader refuses one, so a result appended there would be lost
+            fd = os.open(self.results_path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
                          atomic.new_file_mode())
         except OSError as exc:
             self._failed(results, exc)
@@ -329,6 +368,35 @@ class RunLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def unwritable(root: Path) -> str | None:
+    """Why no result can be written under ``root`` (a read-only folder or disk, a file in the way), found by
+    writing and removing a hidden file in it (or in its nearest existing parent), before any probe runs; None
+    when it can be written."""
+    probe = root
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{where(probe)} is not a folder"
+    try:
+        fd, name = tempfile.mkstemp(prefix=".stackprobe-write-check-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        return f"cannot write under {where(probe)} ({exc.strerror or exc})"
+    return None
+
+
+def regular_run(folder: Path, run_id: str) -> str | None:
+    """Why a run's results file may not be appended to (a link, not a regular file), or None."""
+    try:
+        st = os.lstat(folder / f"{run_id}.jsonl")
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link, which no reader follows"
+    return None if stat.S_ISREG(st.st_mode) else "is not a regular file"
 
 
 def latest_run(folder: Path) -> str | None:
