@@ -4,6 +4,7 @@ markup or control characters, and CI's regression gate fails on a committed pass
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -294,3 +295,74 @@ def test_a_read_only_results_folder_is_refused_before_any_probe_runs(tmp_path: P
     assert "results folder: cannot write under" in lines[0] and "Read-only file system" in lines[0]
     assert "nothing was run" in lines[0] and "plan" not in p.stderr
     assert sorted(x.name for x in ro.iterdir()) == ["keep"]
+
+
+# --- earlier rounds' items ----------------------------------------------------------------------------------
+def test_a_result_whose_started_at_is_no_time_is_refused() -> None:
+    from checks.results import reader
+
+    obj = {"schema": "stackprobe.result/1", "run_id": "20260101T000000Z-abcd", "host_id": "gpux2-0123abcd",
+           "cell_id": "cu130-torch2.11.0-sglnone-fi0.6.18", "probe_id": "ar-latency", "variant": "", "status": "pass",
+           "reason_code": "", "note": "", "remediation": "", "metrics": {}, "evidence": {}, "started_at": "zzz",
+           "duration_s": 1.0}
+    assert "started_at 'zzz': not an ISO 8601 date and time" in str(
+        reader.check_result(obj, "gpux2-0123abcd", "20260101T000000Z-abcd"))
+    obj["started_at"] = "2026-01-01T00:00:00"
+    assert "without its UTC offset" in str(reader.check_result(obj, "gpux2-0123abcd", "20260101T000000Z-abcd"))
+    obj["started_at"] = "2026-01-01T00:00:00+00:00"
+    assert reader.check_result(obj, "gpux2-0123abcd", "20260101T000000Z-abcd") is None
+
+
+def test_one_result_nested_too_deep_is_left_out_and_the_rest_of_the_bundle_imported(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "b.json"
+    _forged_bundle(path, with_manifest=True)
+    data = json.loads(path.read_text())
+    deep: object = 1
+    for _ in range(40):
+        deep = [deep]
+    data["runs"][0]["results"][0]["evidence"] = {"x": deep}
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert _main("import", path, "--results", tmp_path / "results") == 1
+    err = capsys.readouterr().err
+    assert "result 1: nested deeper than 32 levels; skipped" in err and f"imported {H2}/{FORGED}" in err
+    written = (tmp_path / "results" / H2 / f"{FORGED}.jsonl").read_text().splitlines()
+    assert len(written) == 3
+
+
+def test_a_gzip_bundle_is_said_to_be_compressed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import gzip
+
+    path = tmp_path / "b.json"
+    _forged_bundle(path, with_manifest=True)
+    gz = tmp_path / "b.json.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    capsys.readouterr()
+    assert _main("import", gz, "--results", tmp_path / "results") == 2
+    err = capsys.readouterr().err
+    assert "a gzip-compressed file, not JSON text: decompress it first (gunzip FILE)" in err and "UTF-8" not in err
+
+
+def test_a_bare_cloud_secret_and_a_short_host_name_in_an_assignment_are_scrubbed() -> None:
+    from checks.share.scrub import Identity, Scrubber
+
+    s = Scrubber(Identity(hostnames=("vm",)))
+    assert s.text("key wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY here") == "key <redacted> here"
+    assert s.text("HOSTNAME=vm") == "HOSTNAME=<host>"
+    assert s.text("runs in a VM guest") == "runs in a VM guest"  # the word, not the host
+    commit = "9d1208350136edab352b931e3af3cb23c20a7bed"  # a commit (hex, one case) is no secret
+    assert s.text(f"commit {commit}") == f"commit {commit}"
+
+
+def test_a_worker_killed_mid_run_leaves_no_scratch_folder(tmp_path: Path) -> None:
+    """The worker's scratch folders live in one the host side removes after the process, SIGKILL or not."""
+    from checks.run.isolate import run_isolated
+
+    made = tmp_path / "made"
+    code = ("import os, pathlib, tempfile, time; d = tempfile.mkdtemp(prefix='stackprobe-inventory-', "
+            f"dir=os.environ['STACKPROBE_SCRATCH']); pathlib.Path({str(made)!r}).write_text(d); time.sleep(60)")
+    out = run_isolated([sys.executable, "-c", code], dict(os.environ), timeout_s=3)
+    assert out.timed_out
+    left = Path(made.read_text())
+    assert left.name.startswith("stackprobe-inventory-") and not left.exists() and not left.parent.exists()

@@ -28,6 +28,7 @@ import os
 import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,12 @@ def shown(path: Path | str) -> str:
     return escape.terminal(text)  # undecodable bytes show as \udcXX
 
 
+# compressed files a person may hand over as a bundle or a results file: said as such, not "not UTF-8"
+COMPRESSED = ((b"\x1f\x8b", "gzip-compressed", "gunzip FILE"), (b"\xfd7zXZ\x00", "xz-compressed", "unxz FILE"),
+              (b"BZh", "bzip2-compressed", "bunzip2 FILE"), (b"\x28\xb5\x2f\xfd", "zstd-compressed", "unzstd FILE"),
+              (b"PK\x03\x04", "zip", "unzip FILE"))
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -109,8 +116,13 @@ def _bad_text(text: str) -> bool:
     return False
 
 
-def parse_json(raw: bytes, max_depth: int = MAX_DEPTH) -> tuple[Any, str | None]:
-    """(value, None), or (None, why) for bytes that are not one bounded, valid UTF-8 JSON document."""
+def parse_json(raw: bytes, max_depth: int | None = MAX_DEPTH) -> tuple[Any, str | None]:
+    """(value, None), or (None, why) for bytes that are not one bounded, valid UTF-8 JSON document.
+    ``max_depth`` None: the document is an envelope whose items the caller checks one by one (a bundle), so
+    only what the JSON parser itself cannot read refuses it whole."""
+    for magic, kind, how in COMPRESSED:
+        if raw.startswith(magic):
+            return None, f"a {kind} file, not JSON text: decompress it first ({how})"
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -118,9 +130,12 @@ def parse_json(raw: bytes, max_depth: int = MAX_DEPTH) -> tuple[Any, str | None]
     try:
         obj = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        return None, f"nested deeper than {max_depth} levels"
+        return None, f"nested deeper than {max_depth} levels" if max_depth is not None else \
+            "nested deeper than the JSON parser reads (about 1000 levels)"
     except ValueError as exc:
         return None, f"not valid JSON ({getattr(exc, 'msg', exc)})"
+    if max_depth is None:
+        return obj, None
     why = check_value(obj, max_depth)
     return (None, why) if why else (obj, None)
 
@@ -138,11 +153,22 @@ def check_result(obj: Any, host_id: str, run_id: str) -> str | None:
                         ("reason code", r.verdict.reason_code)):
         if why := ids.problem(kind, value):
             return why
+    if why := _time_problem(r.started_at):
+        return f"started_at {r.started_at[:40]!r}: {why}"
     if r.run_id != run_id:
         return f"run id {ids.problem('run id', r.run_id) or r.run_id} differs from its run {run_id}"
     if r.host_id != host_id:
         return f"host id {r.host_id[:60]!r} differs from its host {host_id}"
     return None
+
+
+def _time_problem(text: str) -> str | None:
+    """Why a recorded time is not one (an ISO 8601 date and time with its UTC offset, as the writer records)."""
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        return "not an ISO 8601 date and time"
+    return None if t.tzinfo is not None else "an ISO 8601 time without its UTC offset"
 
 
 def check_manifest(obj: Any, host_id: str, run_id: str) -> str | None:

@@ -42,7 +42,6 @@ KEYS = frozenset({"schema", "host_id", "host", "code", "scrubbed", "runs"})
 RUN_KEYS = frozenset({"run_id", "manifest", "results"})
 HOST_FACTS = ("gpu_name", "gpu_count", "compute_capability", "interconnect", "topology", "driver", "driver_cuda",
               "nccl", "peer_access", "multicast", "cpu", "cpu_count", "os")
-BUNDLE_DEPTH = reader.MAX_DEPTH + 4  # a result nests four levels inside a bundle
 
 
 class BundleError(ValueError):
@@ -151,7 +150,7 @@ def read(path: Path) -> tuple[Bundle | None, list[Problem]]:
     data, why = reader.read_bytes(path, reader.MAX_FILE)
     obj = None
     if data is not None:
-        obj, why = reader.parse_json(data, BUNDLE_DEPTH)
+        obj, why = reader.parse_json(data, None)  # each run, manifest and result is checked on its own below
     if why:
         return None, [Problem(where, why, fatal=True)]
     fatal = _top_problem(obj)
@@ -159,6 +158,10 @@ def read(path: Path) -> tuple[Bundle | None, list[Problem]]:
         return None, [Problem(where, fatal, fatal=True)]
     host_id = obj["host_id"]
     problems: list[Problem] = []
+    for key in ("host", "code"):
+        if why := reader.check_value(obj[key]):
+            problems.append(Problem(f"{where}: {key}", f"{why}; left out"))
+            obj[key] = {}
     runs: list[Run] = []
     seen: set[str] = set()
     for n, raw in enumerate(obj["runs"][: reader.MAX_RUNS], 1):
@@ -213,7 +216,7 @@ def _run(raw: Any, host_id: str, where: str, problems: list[Problem]) -> tuple[R
     manifest = raw["manifest"]
     if manifest is None:  # without one the GPU identity of the host it names cannot be checked
         return None, f"run {run_id} has no manifest (its host facts, GPUs included, cannot be checked)"
-    if why := reader.check_manifest(manifest, host_id, run_id):
+    if why := reader.check_value(manifest) or reader.check_manifest(manifest, host_id, run_id):
         return None, f"run {run_id}: manifest: {why}"
     lines = [(f"{where} ({run_id}) result {i}", json.dumps(r, ensure_ascii=True).encode())
              for i, r in enumerate(raw["results"], 1)]
