@@ -402,7 +402,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM/SIGHUP clean up like Ctrl-C: workers and containers are ended
+    """SIGTERM/SIGHUP clean up like Ctrl-C: workers and containers are ended, what was recorded is said. Once:
+    a repeat is ignored until ``main`` returns, since a signal sent to the process group under `uv run`
+    arrives twice (uv forwards the one it got too), and the second would cut the clean-up and its summary short."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:

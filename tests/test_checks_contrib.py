@@ -366,3 +366,27 @@ def test_a_worker_killed_mid_run_leaves_no_scratch_folder(tmp_path: Path) -> Non
     assert out.timed_out
     left = Path(made.read_text())
     assert left.name.startswith("stackprobe-inventory-") and not left.exists() and not left.parent.exists()
+
+
+def test_sigterm_twice_as_uv_run_delivers_it_still_says_what_was_kept(tmp_path: Path) -> None:
+    """A SIGTERM to `uv run`'s process group reaches checks twice (uv forwards its own): the second must not cut
+    the clean-up short, so the run still says where its results are and what it recorded."""
+    import signal
+    import time
+
+    from tests.checks_helpers import ROOT, fixture_env
+
+    proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--backend", "local", "--level", "full",
+                             "--probe", "t-trivial", "--probe", "t-zz-slow", "--results", str(tmp_path / "r"),
+                             "--no-report"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=fixture_env(), cwd=ROOT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((tmp_path / "r").glob("*/*.jsonl")):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)  # uv forwards the signal a moment after the group got it; the kernel merges two at once
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "interrupted: results finished so far are kept in" in out and "verdicts:" in out, out
