@@ -292,7 +292,7 @@ def test_a_read_only_results_folder_is_refused_before_any_probe_runs(tmp_path: P
                        cwd=ROOT, timeout=300)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1, p.stderr
-    assert "results folder: cannot write under" in lines[0] and "Read-only file system" in lines[0]
+    assert "results folder: cannot write" in lines[0] and "Read-only file system" in lines[0]
     assert "nothing was run" in lines[0] and "plan" not in p.stderr
     assert sorted(x.name for x in ro.iterdir()) == ["keep"]
 

@@ -362,14 +362,14 @@ def test_short_host_and_user_names_and_the_machines_domain_are_scrubbed_where_th
     s = Scrubber(Identity(("n1.corp.example.com", "n1"), ("ab",), (), domains_of({"n1.corp.example.com"})))
     cases = {
         "failed on n1 for ab": "failed on <host> for <user>",
-        "NCCL_COMM_ID=n1:29500": "NCCL_COMM_ID=n1:29500",  # glued to '=': not a word of its own
+        "NCCL_COMM_ID=n1:29500": "NCCL_COMM_ID=<host>:29500",  # an assignment's value names the host too
         "addr n1:29500, peers [n1, n2]": "addr <host>:29500, peers [<host>, n2]",
         "sm_n1 n1.0 ab12 tab (ab)": "sm_n1 n1.0 ab12 tab (<user>)",
         "see https://wiki.corp.example.com/x on n1.corp.example.com": "see https://wiki.<domain>/x on <host>",
     }
     for text, want in cases.items():
         assert s.text(text) == want, text
-    assert s.counts["domain name"] == 1 and s.counts["host name"] == 4 and s.counts["user name"] == 2
+    assert s.counts["domain name"] == 1 and s.counts["host name"] == 5 and s.counts["user name"] == 2
     assert "domain name: 1" in s.summary()
 
 

@@ -384,7 +384,7 @@ def unwritable(root: Path) -> str | None:
         os.close(fd)
         os.unlink(name)
     except OSError as exc:
-        return f"cannot write under {where(probe)} ({exc.strerror or exc})"
+        return f"cannot write {where(root)} ({where(probe)}: {exc.strerror or exc})"
     return None
 
 
