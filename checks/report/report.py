@@ -27,8 +27,9 @@ from checks.report.summary import proven_statically
 from checks.results import hostresults, ids
 from checks.results.freshness import Refresh, refresh_list, staleness
 from checks.results.provenance import current_probe_hashes
+from checks.results.reader import ORIGIN_SUFFIX
 from checks.results.result import ProbeResult
-from checks.results.store import REUSED_FROM, level_of, read_file, read_manifest, scan
+from checks.results.store import REUSED_FROM, contributed, level_of, read_file, read_manifest, read_origin, scan
 from common import catalog, escape, memlock, reasons
 from inenv import atomic, registry
 from inenv.probe import QUICK, Declared, Params, Role
@@ -174,9 +175,12 @@ def _read_runs(runs: list[tuple[str, Path]], out_dir: Path) -> tuple[list[ProbeR
             manifests.append(m)
         elif why:
             warnings.append(why)
+        origin, why = read_origin(path.with_name(f"{run_id}{ORIGIN_SUFFIX}"))
+        if why:
+            warnings.append(why)
         run_rows.append({"run_id": run_id, "date": min(r.started_at for r in res)[:10],
                          "path": link(os.path.relpath(path, out_dir)),
-                         "quick": m is not None and m.get("level") == QUICK})
+                         "quick": m is not None and m.get("level") == QUICK, "contributed": contributed(origin)})
     return all_results, warnings, manifests, run_rows
 
 

@@ -18,7 +18,9 @@ the file (and line, or the bundle's run) and why, and is left out; the rest goes
 - one result per (cell, probe, variant) in a run: a later line for a key already seen is left out;
 - the last line of a file without its newline is kept when it is a complete, valid result (the writer's
   last append reached the disk whole) and left out as torn otherwise;
-- a manifest must be of a known schema with only known fields, naming the host and run of its file.
+- a manifest must be of a known schema with only known fields, naming the host and run of its file;
+- ``<run id>.origin.json``, written by ``checks import`` beside a run it imported, says where the run came
+  from and whose code measured it (optional; the same rules as a manifest).
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ REPORT_FILES = frozenset({"compatibility.md", "compatibility.html"})  # `checks 
 EXPECTED_CHANGES = "expected-changes.yaml"  # the reviewed list of expected verdict changes (checks.results.changes)
 RESULTS_SUFFIX = ".jsonl"
 MANIFEST_SUFFIX = ".manifest.json"
+# Written by `checks import` beside a run it imported: where the run came from and whose code measured it, so
+# every view shows it as contributed (absent for a run made here)
+ORIGIN_SUFFIX = ".origin.json"
+ORIGIN_SCHEMA = "stackprobe.origin/1"
+ORIGIN_KEYS = frozenset({"schema", "run_id", "host_id", "imported_at", "bundle", "measured_by", "shared_by"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,7 @@ class Run:
     run_id: str
     manifest: Mapping[str, Any] | None
     results: tuple[Mapping[str, Any], ...]
+    origin: Mapping[str, Any] | None = None  # an imported run's origin (ORIGIN_SUFFIX); None for one made here
 
 
 def shown(path: Path | str) -> str:
@@ -198,6 +206,36 @@ def check_manifest(obj: Any, host_id: str, run_id: str) -> str | None:
     return None
 
 
+def check_origin(obj: Any, host_id: str, run_id: str) -> str | None:
+    """Why a parsed origin record is refused, or None."""
+    if not isinstance(obj, dict) or obj.get("schema") != ORIGIN_SCHEMA:
+        return f"not an origin record (schema {ORIGIN_SCHEMA})"
+    if set(obj) != ORIGIN_KEYS:
+        return f"fields {sorted(obj)[:8]}, expected {sorted(ORIGIN_KEYS)}"
+    if obj["run_id"] != run_id or obj["host_id"] != host_id:
+        return f"names run {str(obj['run_id'])[:30]!r} of host {str(obj['host_id'])[:60]!r}, not {run_id} of {host_id}"
+    if not (isinstance(obj["measured_by"], list) and all(isinstance(c, dict) for c in obj["measured_by"])):
+        return "measured_by is not a list of objects"
+    if not isinstance(obj["shared_by"], dict) or not all(isinstance(obj[k], str) for k in ("imported_at", "bundle")):
+        return "shared_by is not an object, or imported_at/bundle not text"
+    return None
+
+
+def read_origin_file(path: Path, host_id: str, run_id: str, problems: list[Problem]) -> Mapping[str, Any] | None:
+    """An imported run's origin record; None when absent (a run made here) or refused (with a problem)."""
+    if not os.path.lexists(path):
+        return None
+    data, why = read_bytes(path, MAX_MANIFEST)
+    obj = None
+    if data is not None:
+        obj, why = parse_json(data)
+        why = why or check_origin(obj, host_id, run_id)
+    if why:
+        problems.append(Problem(shown(path), why))
+        return None
+    return obj
+
+
 def _regular(path: Path, limit: int) -> str | None:
     """Why ``path`` is not read (not a regular file, too large), or None; never follows a link."""
     try:
@@ -296,12 +334,13 @@ def read_run(folder: Path, host_id: str, run_id: str, problems: list[Problem]) -
     """One run of a host folder: its results file and manifest."""
     results = read_results_file(folder / f"{run_id}{RESULTS_SUFFIX}", host_id, run_id, problems)
     manifest = read_manifest_file(folder / f"{run_id}{MANIFEST_SUFFIX}", host_id, run_id, problems)
-    return Run(run_id, manifest, tuple(results))
+    origin = read_origin_file(folder / f"{run_id}{ORIGIN_SUFFIX}", host_id, run_id, problems)
+    return Run(run_id, manifest, tuple(results), origin)
 
 
 def _run_file(name: str) -> str | None:
     """The run id a host folder's file name stands for, or None for any other name."""
-    for suffix in (MANIFEST_SUFFIX, RESULTS_SUFFIX):
+    for suffix in (MANIFEST_SUFFIX, ORIGIN_SUFFIX, RESULTS_SUFFIX):
         if name.endswith(suffix) and ids.valid("run id", name[: -len(suffix)]):
             return name[: -len(suffix)]
     return None
@@ -322,8 +361,9 @@ def run_ids_of(folder: Path, problems: list[Problem]) -> list[str]:
         if run_id is None:
             problems.append(Problem(shown(folder / name), "not a run's .jsonl or .manifest.json; not read"))
             continue
-        if name.endswith(MANIFEST_SUFFIX) and f"{run_id}{RESULTS_SUFFIX}" not in names:
-            problems.append(Problem(shown(folder / name), "a manifest without its results file"))
+        if name.endswith((MANIFEST_SUFFIX, ORIGIN_SUFFIX)) and f"{run_id}{RESULTS_SUFFIX}" not in names:
+            what = "a manifest" if name.endswith(MANIFEST_SUFFIX) else "an origin record"
+            problems.append(Problem(shown(folder / name), f"{what} without its results file"))
             continue
         run_ids.add(run_id)
     if len(run_ids) > MAX_RUNS:

@@ -48,7 +48,7 @@ from inenv import atomic
 from inenv.probe import FULL, QUICK
 
 SYNC_EVERY_S = 1.0  # an append reaches the disk within this of the one before it (see the module's note)
-LEFTOVER = re.compile(r"\..+\.(jsonl|manifest\.json)\..+\.tmp")  # atomic.write_bytes' temporary files
+LEFTOVER = re.compile(r"\..+\.(jsonl|manifest\.json|origin\.json)\..+\.tmp")  # atomic.write_bytes' temporary files
 
 
 class StoreBusy(RuntimeError):
@@ -428,6 +428,26 @@ def scan(root: Path) -> tuple[list[tuple[str, str, Path]], list[str]]:
 def iter_runs(root: Path) -> Iterator[tuple[str, str, Path]]:
     """(host_id, run_id, jsonl path) for every readable-named run under a results directory, sorted."""
     yield from scan(root)[0]
+
+
+def read_origin(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """An imported run's origin record (checks.results.reader), None for a run made here; and why one was refused."""
+    problems: list[reader.Problem] = []
+    run_id = path.name.removesuffix(reader.ORIGIN_SUFFIX)
+    data = reader.read_origin_file(path, path.parent.name, run_id, problems)
+    return (dict(data), None) if data is not None else (None, str(problems[0]) if problems else None)
+
+
+def contributed(origin: Mapping[str, Any] | None) -> str:
+    """How a page or a terminal names an imported run: contributed, from which bundle, measured by which code
+    (version and commit as the bundle says); "" for a run made here."""
+    if not origin:
+        return ""
+    made = [f"stackprobe {c.get('version') or '?'} at {str(c.get('commit') or 'unknown')[:12]}"
+            + ("" if c.get("dirty") is False else " with changes, or unknown ones")
+            for c in origin.get("measured_by") or []]
+    bundle = str(origin.get("bundle"))[:80].replace("(", "[").replace(")", "]")
+    return f"contributed: imported from {bundle}, measured by {'; '.join(made[:3]) or 'unknown code'}"
 
 
 def read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:

@@ -26,6 +26,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -318,14 +319,37 @@ def _import_run(b: Bundle, run: reader.Run, folder: Path, results_dir: Path, imp
         if run.manifest is not None and not os.path.lexists(mpath):  # an earlier import cut short: completed
             atomic.write_json(mpath, run.manifest)
         return
+    opath = folder / f"{run.run_id}{reader.ORIGIN_SUFFIX}"
     atomic.write_bytes(path, result_lines(run.results))
+    wrote_manifest = False
     try:
         if run.manifest is not None and not os.path.lexists(mpath):
             atomic.write_json(mpath, run.manifest)
+            wrote_manifest = True
+        atomic.write_json(opath, origin(b, run))
     except BaseException:
         path.unlink(missing_ok=True)  # the run is written whole or not at all
+        if wrote_manifest:
+            mpath.unlink(missing_ok=True)
         raise
     imported.append(name)
+
+
+def origin(b: Bundle, run: Run) -> dict[str, Any]:
+    """The origin record of a run imported from ``b``: the bundle's file name, when, who shared it and the code
+    that measured the run (its manifest's and results' version, commit and dirty flag), as the bundle says."""
+    made: dict[str, dict[str, Any]] = {}
+    codes = [(run.manifest or {}).get("code"), *(r.get("code") for r in run.results)]
+    for c in codes:
+        if isinstance(c, Mapping):
+            entry = {k: c.get(k) if isinstance(c.get(k), str | bool) else None for k in ("version", "commit", "dirty")}
+            made.setdefault(json.dumps(entry, sort_keys=True), entry)
+    shared = b.code.get("shared_by")
+    return {"schema": reader.ORIGIN_SCHEMA, "run_id": run.run_id, "host_id": b.host_id,
+            "imported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "bundle": os.path.basename(b.path)[:200], "measured_by": list(made.values())[:20],
+            "shared_by": {k: shared.get(k) for k in ("version", "commit", "dirty")} if isinstance(shared, Mapping)
+            else {}}
 
 
 def _same(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
