@@ -141,16 +141,18 @@ def preview(b: bundle.Bundle, results_dir: Path, advice_of: AdviceOf | None) -> 
 
 
 _RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{4}")
+_REFS = re.compile(r" \[\d+(?:,\d+)*\]")  # a line's references into the list of result ids
 
 
 def _advice_text(lines: list[str]) -> list[str]:
     """Advice lines as compared across an import: which run a result came from (run ids, the list of result
-    ids) is not advice, so a bundle that only repeats the host's verdicts changes nothing."""
+    ids, the references into it) is not advice, so a bundle that only repeats the host's verdicts changes nothing
+    and one that changes advice shows only the lines whose words change."""
     out = []
     for ln in lines:
         if ln.strip() == "ids:" or ln.startswith("  ["):
             continue
-        out.append(_RUN_ID.sub("<run>", ln))
+        out.append(_REFS.sub("", _RUN_ID.sub("<run>", ln)))
     return out
 
 
