@@ -81,7 +81,10 @@ def test_a_forged_bundle_for_an_existing_host_changes_none_of_its_advice(tmp_pat
 
     # asked for explicitly, it is applied: the check above can fail
     assert _main("import", forged, "--accept-flips", "--results", res) == 0
-    assert "needs direct GPU peer-to-peer" in _advice(res, capsys)
+    after = _advice(res, capsys)
+    assert "needs direct GPU peer-to-peer" in after
+    # and the advice says which run was measured elsewhere, by which code
+    assert f"run {FORGED}: contributed: imported from forged.json, measured by stackprobe 0.1.0 at " in after
 
 
 def test_import_counts_results_claiming_this_checkouts_probe_code(tmp_path: Path,

@@ -63,6 +63,7 @@ class HostDecision:
     changes: Diff | None
     note: str = ""  # why nothing is advised, when nothing is
     engines: tuple[EngineGates, ...] = ()  # the gates of the engines installed in the cells, at this host
+    contributed: tuple[str, ...] = ()  # "run R: contributed: imported from B, measured by ..." per imported run
 
 
 def describe_host(facts: Mapping[str, Any]) -> str:
@@ -113,7 +114,8 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
             out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas, shared, off))
     green = tuple(g for g in nearest_green(latest) if cell is None or g.cell_id == cell)
     return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),
-                        "" if out or gates else _why_nothing(h), tuple(gates))
+                        "" if out or gates else _why_nothing(h), tuple(gates),
+                        tuple(f"run {r}: {text}" for r, text in sorted(h.contributed.items())))
 
 
 def _rank_counts(results: Sequence[Any], cell_id: str) -> list[int]:
@@ -400,6 +402,7 @@ def blocks(d: HostDecision) -> list[Block]:
 def render(d: HostDecision) -> str:
     """The decision as terminal text: each line one line whatever the recorded text in it holds."""
     lines = [ids.one_line(f"host {d.host_id}: {d.host}")]
+    lines += [ids.one_line(f"  {c}") for c in d.contributed]  # what was measured elsewhere, said first
     for b in blocks(d):
         lines += ["", *block_lines(b)]
     return "\n".join(lines) + "\n"
