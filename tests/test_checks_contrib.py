@@ -247,7 +247,7 @@ def test_a_result_too_large_for_the_reader_is_cut_with_a_marker_and_read_back(tm
     host, run = "gpux2-0123abcd", "20260101T000000Z-abcd"
     obj = {"schema": "stackprobe.result/2", "run_id": run, "host_id": host,
            "cell_id": "cu130-torch2.11.0-sglnone-fi0.6.18", "probe_id": "engine", "variant": "", "status": "pass",
-           "reason_code": "", "note": "gates read", "remediation": "", "metrics": {"gates": 3},
+           "reason_code": "", "note": "gates read \udcff", "remediation": "", "metrics": {"gates": 3},
            "evidence": {"gates": {"sglang.x": "v" * 3_000_000}, "kept": "small"},
            "started_at": "2026-01-01T00:00:00+00:00", "duration_s": 1.0,
            "code": {"version": "0.1.0", "commit": "a" * 40, "dirty": False, "probe_hash": "0" * 16}}
@@ -259,6 +259,7 @@ def test_a_result_too_large_for_the_reader_is_cut_with_a_marker_and_read_back(tm
     [back], warnings = read_file(store.results_path)
     assert warnings == [] and back.verdict.status.value == "pass" and back.verdict.evidence["kept"] == "small"
     assert "evidence.gates (3000" in back.verdict.evidence["cut"] and "gates" not in back.verdict.evidence
+    assert back.verdict.note == "gates read ?"  # a lone surrogate (an undecodable byte) costs one character
 
 
 def test_resume_never_appends_through_a_link(tmp_path: Path) -> None:

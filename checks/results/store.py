@@ -78,12 +78,15 @@ def where(path: Path, line: int | None = None) -> str:
 
 
 def finite(value: Any) -> Any:
-    """``value`` with every NaN or infinite float replaced by None: JSON has no such numbers, and the reader
-    refuses a line holding one, so a probe's NaN must not cost its whole result."""
+    """``value`` with every NaN or infinite float replaced by None and every lone surrogate in a string by '?':
+    JSON has no such numbers and UTF-8 no such characters, and the reader refuses a line holding one, so a
+    probe's NaN or an undecodable byte in a log must not cost its whole result."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
     if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
+        return {finite(k) if isinstance(k, str) else k: finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
