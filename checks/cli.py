@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import os
@@ -18,7 +19,7 @@ from rich.table import Table
 from checks.report import here
 from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, ModelError, model_shapes, parse_model
 from checks.report.report import generate
-from checks.results import hostfacts, hostresults, ids
+from checks.results import changes, hostfacts, hostresults, ids, reader
 from checks.results.store import StoreBusy
 from checks.run import session
 from checks.run.executor import ExecutorError
@@ -208,9 +209,13 @@ def decision_parsers(sub: Any) -> None:
                    help="tokens each sequence verifies per speculative step (--model)")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("diff", help="every verdict and headline that differs between two runs, hosts or cells")
-    p.add_argument("a", help="a run id, host id, cell id or HOST/CELL")
-    p.add_argument("b", help="the same kind as A")
+    p.add_argument("a", nargs="?", help="a run id, host id, cell id or HOST/CELL")
+    p.add_argument("b", nargs="?", help="the same kind as A")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
+    p.add_argument("--base", metavar="REV", help="instead of A and B: what the results directory changes against "
+                   "itself at git revision REV (new hosts and cells, verdict flips, probe-code changes); exit 1 when "
+                   "a pass turned into a fail with the same probe code and results/expected-changes.yaml does not "
+                   "list it")
     p.add_argument("--json", action="store_true")
 
 
@@ -343,10 +348,50 @@ def diff(args: argparse.Namespace) -> Any:
         raise UsageError(f"checks diff: {exc}") from None
 
 
+def diff_base(args: argparse.Namespace) -> int:
+    """`checks diff --base REV`: the results directory against itself at a git revision, and the regression gate."""
+    if args.a or args.b:
+        raise UsageError("checks diff: give either A and B, or --base REV")
+    try:
+        expected = changes.read_expected(args.results / changes.EXPECTED_FILE)
+        before, tmp = changes.read_at(args.base, args.results)
+    except changes.ChangesError as exc:
+        raise UsageError(f"checks diff: {exc}") from None
+    with tmp:
+        after, problems = reader.read_results(args.results)
+        if any(p.fatal for p in problems):
+            raise UsageError(f"checks diff: {problems[0]}")
+        found = changes.compare(before, after)
+    bad = changes.unexpected_regressions(found, expected)
+    if args.json:
+        print(json.dumps({"base": args.base, "new_hosts": found.new_hosts, "new_cells": found.new_cells,
+                          "added": found.added, "flips": [dataclasses.asdict(f) for f in found.flips],
+                          "code_changes": found.code_changes,
+                          "unexpected_regressions": [list(f.key) for f in bad]}, indent=2, sort_keys=True))
+    lines = found.lines() or ["no change"]
+    print(f"{ids.shown(str(args.results))} against {ids.one_line(args.base)}:", file=sys.stderr if args.json else
+          sys.stdout)
+    for line in lines:
+        print(f"  {line}", file=sys.stderr if args.json else sys.stdout)
+    if bad:
+        print(f"checks diff: {len(bad)} committed pass(es) now fail with the same probe code, not listed in "
+              f"{ids.shown(str(args.results / changes.EXPECTED_FILE))}:", file=sys.stderr)
+        for f in bad:
+            print(f"  {f.line()}", file=sys.stderr)
+        print("  if the change is real, add an entry (host, cell, probe, variant, why) there for review; see "
+              "docs/contributing-results.md", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     # lazy: checks.report.decisions (with launch, diff, nearest) adds 15 ms to every `checks` start
     from checks.report import decisions
 
+    if args.base is not None:
+        return diff_base(args)
+    if not (args.a and args.b):
+        raise UsageError("checks diff: give A and B (two runs, hosts or cells), or --base REV")
     d = diff(args)
     if args.json:
         print(json.dumps(decisions.plain(d), indent=2, sort_keys=True))
@@ -366,6 +411,9 @@ def exchange_parsers(sub: Any) -> None:
     p = sub.add_parser("import", help="add bundles' runs to a results directory, read as untrusted input")
     p.add_argument("bundles", nargs="+", type=Path, metavar="BUNDLE")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
+    p.add_argument("--accept-flips", action="store_true",
+                   help="write a bundle that changes verdicts or advice of a host the results already hold (each "
+                        "change is printed first; without this flag such a bundle is not imported)")
     p = sub.add_parser("validate", help="check a results directory or a bundle as untrusted input")
     p.add_argument("path", nargs="?", type=Path, default=REPO / "results", metavar="PATH",
                    help="a results directory, one host's folder or a bundle file (default: results/)")
@@ -385,10 +433,20 @@ def cmd_share(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    # lazy: checks.report.decisions (with launch, diff, nearest) adds 15 ms to every `checks` start
+    from checks.report import decisions, launch
+
     # lazy: checks.share (its scrub rules compile on import) costs 15 ms at every `checks` start
     from checks.share import exchange
 
-    return exchange.import_bundles(exchange.ImportOptions(tuple(args.bundles), args.results))
+    pins, engines = catalog.load().sglang_pins, launch.load()
+
+    def advice_of(h: Any) -> list[str]:  # the advice only: what the newest run changed is history, not advice
+        d = dataclasses.replace(decisions.decide(h, engines, pins), changes=None)
+        return decisions.render(d).splitlines()
+
+    return exchange.import_bundles(exchange.ImportOptions(tuple(args.bundles), args.results, args.accept_flips),
+                                   advice_of)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -399,7 +457,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM/SIGHUP clean up like Ctrl-C: workers and containers are ended
+    """SIGTERM/SIGHUP clean up like Ctrl-C: workers and containers are ended, what was recorded is said. Once:
+    a repeat is ignored until ``main`` returns, since a signal sent to the process group under `uv run`
+    arrives twice (uv forwards the one it got too), and the second would cut the clean-up and its summary short."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:

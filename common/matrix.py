@@ -154,6 +154,16 @@ def _entry(src: Source, path: Path_, raw: Any, catalog: Catalog, allowed: tuple[
             out[k] = v
         elif k == "kernel_archs":
             out[k] = kernel_archs(src, path + (k,), v)
+    if out.get("engine") and "preset" in out:
+        # an engine cell is exactly what serving that release installs: an axis the entry sets otherwise would
+        # replace one of the engine's own pins without a word (without engine: true a preset is a starting point
+        # whose axes an entry may replace, and the cell id shows every version)
+        pinned = catalog.presets[out["preset"]]
+        for k in ("torch", "sgl_kernel", "flashinfer"):
+            if k in entry and out[k] != getattr(pinned, k):
+                raise src.error(path + (k,), f"{out['preset']} with engine: true pins {k} {getattr(pinned, k)}; "
+                                f"this entry's {k} {out[k]} would replace the engine's own pin: drop {k} here, or "
+                                "engine: true")
     if out.get("engine") and "preset" not in out:
         raise src.error(path + ("engine",), "engine: true installs a preset's engine release; add "
                         "preset: vllm-<version> or sglang-<version> to this entry")

@@ -8,20 +8,21 @@ is (``--only cu130-torch2.11.0-sgl0.4.2-fi0.6.16``), so the printed lines read a
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Iterable
+
+from common import escape
 
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def command(words: Iterable[str]) -> str:
     """Words joined into one command line, each quoted where the shell would read it otherwise."""
-    return " ".join(shlex.quote(w) for w in words)
+    return " ".join(escape.shell(w) for w in words)
 
 
 def setting(text: str) -> str:
     """An environment assignment (``NAME=value``: the value quoted) or a flag (quoted as one word)."""
     m = _ASSIGNMENT.match(text)
     if m:
-        return m.group(0) + shlex.quote(text[m.end():])
-    return shlex.quote(text)
+        return m.group(0) + escape.shell(text[m.end():])
+    return escape.shell(text)

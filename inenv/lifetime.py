@@ -9,6 +9,10 @@ import signal
 
 PR_SET_PDEATHSIG = 1
 
+# A folder the host side made for this worker and removes once it has ended (however it ended): the worker's
+# scratch folders go there, so a worker killed by SIGKILL leaves none behind in the temporary folder.
+SCRATCH_ENV = "STACKPROBE_SCRATCH"
+
 
 def die_with_parent() -> None:
     """For `preexec_fn`: runs in the child between fork and exec. A no-op where prctl is unavailable."""

@@ -32,7 +32,7 @@ from types import ModuleType
 from typing import Any
 
 from inenv import envinfo, gpugate, rank
-from inenv.lifetime import die_with_parent
+from inenv.lifetime import SCRATCH_ENV, die_with_parent
 from inenv.probe import RESULT_MARKER, Variant, combine_worst, outcome
 from inenv.registry import ProbeLocation, ProbeNotFound, find
 from inenv.status import GOOD, Status
@@ -521,6 +521,13 @@ def gate_for(spec: Any, gpus: int, queue_s: float | None, env: dict[str, str] | 
     return gpugate.Gate(path, gpugate.DEFAULT_QUEUE_S if queue_s is None else queue_s)
 
 
+def scratch_root() -> str | None:
+    """The folder the host made for this worker's scratch (removed by the host when the worker ends), when it
+    exists here (inside a container the host's path does not: the container's own temporary folder serves)."""
+    root = os.environ.get(SCRATCH_ENV)
+    return root if root and os.path.isdir(root) else None
+
+
 def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None = None,
                 timeout_s: float | None = None, workdir: Path | None = None,
                 keep_workdir: bool = False, queue_s: float | None = None) -> dict[str, Any]:
@@ -542,7 +549,7 @@ def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None 
         result = decided
     else:
         own = workdir is None
-        wd = Path(tempfile.mkdtemp(prefix=f"stackprobe-{probe_id}-")) if own else workdir
+        wd = Path(tempfile.mkdtemp(prefix=f"stackprobe-{probe_id}-", dir=scratch_root())) if own else workdir
         wd.mkdir(parents=True, exist_ok=True)
         gate = gate_for(module.SPEC, gpus, queue_s)
         try:

@@ -39,6 +39,11 @@ def _section(md: str, host: str) -> str:
     return md[start:] if end < 0 else md[start:end]
 
 
+def _uncontributed(page: str) -> str:
+    """A page without the marks of imported runs (each run's ", contributed: ... by CODE")."""
+    return re.sub(r", contributed: imported from [^()]*(?=\))", "", page)
+
+
 def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # shared as from a machine of no name: NCCL's log lines in these results carry the recording host's
@@ -55,7 +60,10 @@ def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(
     for d in (whole, fresh):
         assert _main("report", "--results", d / "results", "--out", d / "docs" / "compatibility.md") == 0
     a, b = ((d / "docs" / "compatibility.md").read_text() for d in (whole, fresh))
-    assert _section(b, H2) == _section(a, H2)
+    # imported runs are shown as contributed, with the code that measured them; otherwise the same section
+    runs = len(list((committed() / H2).glob("*.jsonl")))
+    assert _section(b, H2).count(", contributed: imported from h2.bundle.json, measured by ") == runs
+    assert _uncontributed(_section(b, H2)) == _section(a, H2)
     # the results files come back as the store wrote them (nothing in them needed scrubbing)
     for src in sorted((committed() / H2).glob("*.jsonl")):
         assert (fresh / "results" / H2 / src.name).read_bytes() == src.read_bytes()
@@ -64,7 +72,7 @@ def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(
     shutil.copytree(committed() / H2, alone / "results" / H2)
     assert _main("report", "--results", alone / "results", "--out", alone / "docs" / "compatibility.md") == 0
     for name in ("compatibility.md", "compatibility.html"):
-        assert (alone / "docs" / name).read_bytes() == (fresh / "docs" / name).read_bytes(), name
+        assert (alone / "docs" / name).read_text() == _uncontributed((fresh / "docs" / name).read_text()), name
 
 
 def test_importing_twice_skips_and_a_colliding_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -318,7 +326,7 @@ def test_an_import_is_refused_while_a_run_holds_the_host_folder(
     res = tmp_path / "results"
     with RunLock(res / H2):
         assert _main("import", path, "--results", res) == 2
-    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if not ln.startswith("note: ")]
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.startswith("checks")]
     assert len(err) == 1 and "is writing to" in err[0] and H2 in err[0], err
     assert list((res / H2).iterdir()) == []
     assert _main("import", path, "--results", res) == 0  # once the folder is free
@@ -362,14 +370,14 @@ def test_short_host_and_user_names_and_the_machines_domain_are_scrubbed_where_th
     s = Scrubber(Identity(("n1.corp.example.com", "n1"), ("ab",), (), domains_of({"n1.corp.example.com"})))
     cases = {
         "failed on n1 for ab": "failed on <host> for <user>",
-        "NCCL_COMM_ID=n1:29500": "NCCL_COMM_ID=n1:29500",  # glued to '=': not a word of its own
+        "NCCL_COMM_ID=n1:29500": "NCCL_COMM_ID=<host>:29500",  # an assignment's value names the host too
         "addr n1:29500, peers [n1, n2]": "addr <host>:29500, peers [<host>, n2]",
         "sm_n1 n1.0 ab12 tab (ab)": "sm_n1 n1.0 ab12 tab (<user>)",
         "see https://wiki.corp.example.com/x on n1.corp.example.com": "see https://wiki.<domain>/x on <host>",
     }
     for text, want in cases.items():
         assert s.text(text) == want, text
-    assert s.counts["domain name"] == 1 and s.counts["host name"] == 4 and s.counts["user name"] == 2
+    assert s.counts["domain name"] == 1 and s.counts["host name"] == 5 and s.counts["user name"] == 2
     assert "domain name: 1" in s.summary()
 
 

@@ -52,7 +52,7 @@ def test_report_content_says_what_matters(tmp_path: Path) -> None:
     assert "⏳" not in md.split("Notes:")[-1]  # the newer run's pass replaced the hang
     # the fixture's fi-fusion and inventory rows carry a `headline` metric those probes do not declare: not shown
     assert "exact; 7168 bf16" not in md and "sm_90 in torch arch list" not in md
-    assert "`fi-arch-gate`" in md and "flashinfer >= 0.6.17" in md
+    assert "`fi-arch-gate`" in md and "flashinfer &gt;= 0.6.17" in md
     assert "🚫" in md and "torch nightly has no cu128 builds" in md
     html = out.with_suffix(".html").read_text()
     assert '<td class="fail"' in html and "<style>" in html and "http" not in html  # self-contained
@@ -272,7 +272,7 @@ def test_notes_merge_near_duplicates_compress_where_and_say_memlock_once(tmp_pat
 
     nvcc = default().get("fi-no-nvcc")
     assert nvcc is not None and "nvidia-cuda-nvcc" not in md
-    assert f"*next step:* {nvcc.remediation.replace('<', '&lt;')}" in md
+    assert f"*next step:* {nvcc.remediation.replace('<', '&lt;').replace('>', '&gt;')}" in md
     memlock = ("containers did not get memlock unlimited, the Docker daemon refused (error setting rlimits for ready "
                "process: error setting rlimit type 8: operation not permitted) (2 of 4 variants run in containers, "
                "in run 20261130T120000Z-abcd); "

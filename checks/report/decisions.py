@@ -64,6 +64,7 @@ class HostDecision:
     note: str = ""  # why nothing is advised, when nothing is
     engines: tuple[EngineGates, ...] = ()  # the gates of the engines installed in the cells, at this host
     gate_reader: str = ""  # the version of the code that read them (checks/report/gates.py), when there are any
+    contributed: tuple[str, ...] = ()  # "run R: contributed: imported from B, measured by ..." per imported run
 
 
 def describe_host(facts: Mapping[str, Any]) -> str:
@@ -115,7 +116,8 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
     green = tuple(g for g in nearest_green(latest) if cell is None or g.cell_id == cell)
     reader = provenance.verdict_code_versions().get("gates.py", "unknown") if gates else ""
     return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),
-                        "" if out or gates else _why_nothing(h), tuple(gates), reader)
+                        "" if out or gates else _why_nothing(h), tuple(gates), reader,
+                        tuple(f"run {r}: {text}" for r, text in sorted(h.contributed.items())))
 
 
 def _rank_counts(results: Sequence[Any], cell_id: str) -> list[int]:
@@ -176,6 +178,12 @@ def _spread_line(a: CellAdvice) -> str:
             f"torch build): {shown}")
 
 
+def recorded(text: object) -> str:
+    """Text a result recorded, placed inside a line composed here: its backticks shown as ' so it opens no code
+    span (or fence) of its own where the line's own code spans are kept (the Markdown page's decision notes)."""
+    return str(text).replace("`", "'")
+
+
 def advice_block(d: CellDecision) -> Block:
     a = d.advice
     shape = f"bf16, hidden {a.hidden}" if a.hidden else "bf16"
@@ -197,14 +205,14 @@ def advice_block(d: CellDecision) -> Block:
                        f"{b.ref(c.ids)}")
     for x in a.avoid:
         why = f"{x.status} ({x.reason_code})" if x.reason_code else x.status
-        b.lines.append(f"Avoid: {x.what}: {why}: {x.why}{b.ref(x.ids)}")
+        b.lines.append(f"Avoid: {x.what}: {why}: {recorded(x.why)}{b.ref(x.ids)}")
     for u in a.untimed:
-        b.lines.append(f"Works, not ranked: {u.feature}: {u.why}{b.ref(u.ids)}")
+        b.lines.append(f"Works, not ranked: {u.feature}: {recorded(u.why)}{b.ref(u.ids)}")
     for x in d.gated_off:
         b.lines.append(f"Engine gate: {x}")
     for m in a.missing:
         run = f"; run `{m.run}`" if m.run else ""
-        b.lines.append(f"Missing: {m.what}: {m.why}{run}")
+        b.lines.append(f"Missing: {m.what}: {recorded(m.why)}{run}")
     for note in d.launch.scope:
         b.lines.append(f"Launch settings: {note} (sources per setting: checks/report/launch_flags.yaml)")
     for s in d.launch.settings:
@@ -356,8 +364,8 @@ def gates_block(g: EngineGates, reader: str = "") -> Block:
     if g.rules:
         b.lines.append(g.rules)
     if g.status != Status.PASS.value and g.note:
-        b.lines.append(f"{g.status}: {g.note}")
-    b.lines += [f"- {line.text}" for line in g.lines]
+        b.lines.append(f"{g.status}: {recorded(g.note)}")
+    b.lines += [f"- {recorded(line.text)}" for line in g.lines]
     if reader:  # the host-side code that applied the data here: a change to it changes these lines, named
         b.lines.append(f"Read by stackprobe's gate reader gates.py {reader}.")
     return b
@@ -383,7 +391,7 @@ def blocks(d: HostDecision) -> list[Block]:
                              ["The step probe ran every layer's blocks of this model with the ranks sharing one GPU: "
                               "exact, with the kernels it launched, but a time-sliced GPU's times mean nothing, so "
                               "nothing is ranked on it; run it on a host with a GPU per rank.",
-                              *(f"- {x}" for x in c.shared_step)]))
+                              *(f"- {recorded(x)}" for x in c.shared_step)]))
         if c.estimate is not None:
             out.append(estimate_block(c.estimate, c.usable))
     for g in d.engines:
@@ -400,6 +408,7 @@ def blocks(d: HostDecision) -> list[Block]:
 def render(d: HostDecision) -> str:
     """The decision as terminal text: each line one line whatever the recorded text in it holds."""
     lines = [ids.one_line(f"host {d.host_id}: {d.host}")]
+    lines += [ids.one_line(f"  {c}") for c in d.contributed]  # what was measured elsewhere, said first
     for b in blocks(d):
         lines += ["", *block_lines(b)]
     return "\n".join(lines) + "\n"

@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from common import escape
+
 NOTE_LIMIT = 300
 # a version, an architecture or a count: 2, 12.0a, 0.6.8.post1, sm_120f
 _VALUE = re.compile(r"(?<![\w.])(?:sm_)?\d+(?:\.\d+)*[a-z]?(?:\.post\d+)?(?![\w])")
@@ -75,14 +77,22 @@ def _merged(notes: list[str]) -> list[str] | str:
     return "".join(out)
 
 
+def unknown_reason(code: str) -> str:
+    """The message for a reason code this checkout's catalogue lacks (from a newer stackprobe, or made up)."""
+    return (f"unknown reason code {escape.terminal(code)[:64]} (not in this checkout's catalogue; no next step "
+            "known here)")
+
+
 def footnotes(occurrences: list[Occurrence], messages: Mapping[str, str],
               remediations: Mapping[str, str]) -> tuple[list[Footnote], list[int]]:
     """The notes in first-seen order, and for each occurrence the number of its note. ``messages`` and
-    ``remediations``: the reason catalogue's text by code, which wins over what a result recorded (the
-    catalogue is the one home of a reason's next step; results keep the one of their day)."""
+    ``remediations``: the reason catalogue's text by code. A message and a next step come only from this
+    checkout's catalogue, never from what a result recorded: a results file or bundle from elsewhere is data, and
+    its text must not tell the reader what to run. A code the catalogue lacks is said to be unknown."""
     def text(o: Occurrence) -> tuple[str, str, str]:
-        return clean(o.note), clean(messages.get(o.reason_code, "")), clean(remediations.get(o.reason_code)
-                                                                            or o.remediation)
+        message = messages.get(o.reason_code, "") if o.reason_code in messages or not o.reason_code else \
+            unknown_reason(o.reason_code)
+        return clean(o.note), clean(message), clean(remediations.get(o.reason_code, ""))
 
     groups: dict[tuple[str, ...], list[str]] = {}  # (status, code, note shape, remediation) -> distinct notes
     for o in occurrences:

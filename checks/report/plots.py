@@ -17,11 +17,11 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from html import escape
 from typing import Any
 
 from checks.report.advise import declared_metric
 from checks.results.result import ProbeResult, is_number
+from common.escape import html as escape
 from inenv.probe import Role
 from inenv.status import Status
 

@@ -27,9 +27,10 @@ from checks.report.summary import proven_statically
 from checks.results import hostresults, ids, portable
 from checks.results.freshness import Refresh, judged_by, refresh_list, staleness
 from checks.results.provenance import VERDICT_CODE_ROLE, current_probe_hashes, verdict_code_versions
+from checks.results.reader import ORIGIN_SUFFIX
 from checks.results.result import ProbeResult
-from checks.results.store import REUSED_FROM, level_of, read_file, read_manifest, scan
-from common import catalog, memlock, reasons
+from checks.results.store import REUSED_FROM, contributed, level_of, read_file, read_manifest, read_origin, scan
+from common import catalog, escape, memlock, reasons
 from inenv import atomic, registry
 from inenv.probe import QUICK, Declared, Params, Role
 from inenv.status import ORDER, Status
@@ -195,9 +196,12 @@ def _read_runs(runs: list[tuple[str, Path]], out_dir: Path) -> tuple[list[ProbeR
             manifests.append(m)
         elif why:
             warnings.append(why)
+        origin, why = read_origin(path.with_name(f"{run_id}{ORIGIN_SUFFIX}"))
+        if why:
+            warnings.append(why)
         run_rows.append({"run_id": run_id, "date": min(r.started_at for r in res)[:10],
                          "path": link(os.path.relpath(path, out_dir)),
-                         "quick": m is not None and m.get("level") == QUICK})
+                         "quick": m is not None and m.get("level") == QUICK, "contributed": contributed(origin)})
     return all_results, warnings, manifests, run_rows
 
 
@@ -305,26 +309,31 @@ def link(relpath: str) -> str:
     return "/".join(urllib.parse.quote(part, safe="") for part in relpath.split(os.sep))
 
 
-_MD_LINE = str.maketrans({"|": "\\|", "<": "&lt;", "\n": " ", "\r": " "})  # a lone > opens no HTML
-_MD_TEXT = str.maketrans({"|": "\\|", "<": "&lt;", "\n": " ", "\r": " ", "`": "\\`"})
-
-
 def md_line(text: Any) -> str:
     """Composed prose for one Markdown line or table cell: no raw HTML, no ``|`` that splits a cell, no
     link of its own; backticks stay (the text's code spans hold only checked ids and quoted commands)."""
-    return str(text).translate(_MD_LINE).replace("](", "]\\(")
+    return escape.markdown_prose(text)
 
 
 def md_text(text: Any) -> str:
     """A string from a results file for a Markdown line or table cell: as :func:`md_line`, and a backtick
     is shown, not taken as a code span."""
-    return str(text).translate(_MD_TEXT).replace("](", "]\\(")
+    return escape.markdown(text)
+
+
+def visible(value: Any) -> Any:
+    """Every value a template prints, last: control and bidirectional characters shown as escapes
+    (common.escape), whatever filter the template applied or forgot; markup the code made itself (the SVG
+    plots) is passed as it is."""
+    if isinstance(value, markupsafe.Markup):
+        return value
+    return escape.visible(value, keep="\t\n") if isinstance(value, str) else value
 
 
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
-                             undefined=jinja2.StrictUndefined)
+                             undefined=jinja2.StrictUndefined, finalize=visible)
     env.filters["md"] = md_text
     env.filters["mdline"] = md_line
     env.filters["anchor"] = anchor

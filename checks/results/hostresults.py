@@ -15,8 +15,9 @@ from typing import Any
 
 from checks.results import portable
 from checks.results.freshness import EXECUTORS
+from checks.results.reader import Run
 from checks.results.result import ProbeResult
-from checks.results.store import read_file, read_manifest, scan
+from checks.results.store import contributed, read_file, read_manifest, read_origin, scan
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class HostResults:
     facts: Mapping[str, Any]  # the newest manifest's host facts ({} when no manifest could be read)
     warnings: tuple[str, ...] = ()
     executors: Mapping[str, str] = field(default_factory=dict)  # run id -> the back end its manifest names
+    contributed: Mapping[str, str] = field(default_factory=dict)  # run id -> how an imported run is named (store)
 
     def executor(self, cell_id: str) -> str:
         """The back end of the newest run holding a result of ``cell_id``: the one a rerun of it uses
@@ -52,6 +54,23 @@ class HostResults:
         return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
+def from_runs(host_id: str, runs: Mapping[str, Run]) -> HostResults:
+    """One host from runs already read by the one reader (a host folder and a bundle's runs together, to see
+    what an import would change before anything is written)."""
+    ordered = sorted(runs)
+    results = tuple(ProbeResult.from_json(o) for r in ordered for o in runs[r].results)
+    facts: dict[str, Any] = {}
+    executors: dict[str, str] = {}
+    for r in ordered:
+        m = runs[r].manifest or {}
+        if runs[r].results and isinstance(m.get("facts"), Mapping):
+            facts = dict(m["facts"])
+        if m.get("executor") in EXECUTORS:
+            executors[r] = str(m["executor"])
+    origins = {r: contributed(runs[r].origin) for r in ordered if runs[r].origin}
+    return HostResults(host_id, tuple(ordered), results, facts, (), executors, origins)
+
+
 def load(results_dir: Path) -> dict[str, HostResults]:
     """Every host under ``results_dir``; unreadable lines and manifests become warnings, never errors."""
     return load_all(results_dir)[0]
@@ -70,6 +89,7 @@ def load_all(results_dir: Path) -> tuple[dict[str, HostResults], list[str]]:
         warnings: list[str] = []
         facts: dict[str, Any] = {}
         executors: dict[str, str] = {}
+        origins: dict[str, str] = {}
         for run_id, path in runs:
             res, warn = read_file(path)
             results.extend(portable.result(r) for r in res)
@@ -83,5 +103,11 @@ def load_all(results_dir: Path) -> tuple[dict[str, HostResults], list[str]]:
                 warnings.append(why)
             if manifest is not None and manifest.get("executor") in EXECUTORS:
                 executors[run_id] = str(manifest["executor"])
-        out[host] = HostResults(host, tuple(r for r, _ in runs), tuple(results), facts, tuple(warnings), executors)
+            origin, why = read_origin(path.with_name(f"{run_id}.origin.json"))
+            if origin is not None:
+                origins[run_id] = contributed(origin)
+            elif why:
+                warnings.append(why)
+        out[host] = HostResults(host, tuple(r for r, _ in runs), tuple(results), facts, tuple(warnings), executors,
+                                origins)
     return out, skipped

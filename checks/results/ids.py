@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from common import cellid
+from common import cellid, escape
 
 # <label>-<8 hex>: the label is the GPU model slug and count (h200x2) or "cpu", the hash tells machines apart
 HOST_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*-[0-9a-f]{8}")
@@ -79,11 +79,9 @@ def one_line(text: str) -> str:
     """Text from results as one terminal line: every character that is not printable (newlines, escape
     sequences, bidirectional overrides) written as its Python escape, the rest as it is, so no recorded text can
     start a line of its own or move the cursor in what a command prints."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return escape.terminal(text)
 
 
 def shown(text: str) -> str:
     """A name from disk as one printable line: escapes for undecodable bytes, control and format characters."""
-    return ascii(text)[1:-1] if not text.isprintable() or "\\" in text else text
+    return escape.terminal(text.replace("\\", "\\\\")) if escape.has_unsafe(text, "") or "\\" in text else text

@@ -18,7 +18,9 @@ the file (and line, or the bundle's run) and why, and is left out; the rest goes
 - one result per (cell, probe, variant) in a run: a later line for a key already seen is left out;
 - the last line of a file without its newline is kept when it is a complete, valid result (the writer's
   last append reached the disk whole) and left out as torn otherwise;
-- a manifest must be of a known schema with only known fields, naming the host and run of its file.
+- a manifest must be of a known schema with only known fields, naming the host and run of its file;
+- ``<run id>.origin.json``, written by ``checks import`` beside a run it imported, says where the run came
+  from and whose code measured it (optional; the same rules as a manifest).
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ import os
 import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from checks.results import ids
 from checks.results.result import FIELDS, ProbeResult, ResultError
+from common import escape
 
 MAX_FILE = 256 << 20  # one run's results or one bundle
 MAX_MANIFEST = 16 << 20
@@ -45,8 +49,14 @@ MANIFEST_SCHEMAS = ("stackprobe.manifest/1", "stackprobe.manifest/2")
 MANIFEST_KEYS = frozenset({"schema", "run_id", "host_id", "written_at", "executor", "level", "facts", "cells",
                            "probes", "code", "argv"})
 REPORT_FILES = frozenset({"compatibility.md", "compatibility.html"})  # `checks run --results X` writes these
+EXPECTED_CHANGES = "expected-changes.yaml"  # the reviewed list of expected verdict changes (checks.results.changes)
 RESULTS_SUFFIX = ".jsonl"
 MANIFEST_SUFFIX = ".manifest.json"
+# Written by `checks import` beside a run it imported: where the run came from and whose code measured it, so
+# every view shows it as contributed (absent for a run made here)
+ORIGIN_SUFFIX = ".origin.json"
+ORIGIN_SCHEMA = "stackprobe.origin/1"
+ORIGIN_KEYS = frozenset({"schema", "run_id", "host_id", "imported_at", "bundle", "measured_by", "shared_by"})
 
 
 @dataclass(frozen=True)
@@ -68,14 +78,19 @@ class Run:
     run_id: str
     manifest: Mapping[str, Any] | None
     results: tuple[Mapping[str, Any], ...]
+    origin: Mapping[str, Any] | None = None  # an imported run's origin (ORIGIN_SUFFIX); None for one made here
 
 
 def shown(path: Path | str) -> str:
     """A path as text that a terminal shows safely (undecodable bytes and control characters escaped)."""
     text = os.fsdecode(path) if isinstance(path, Path) else path
-    if text.isprintable() and not any(0xD800 <= ord(c) <= 0xDFFF for c in text):
-        return text
-    return text.encode("unicode_escape").decode("ascii")  # undecodable bytes show as \udcXX
+    return escape.terminal(text)  # undecodable bytes show as \udcXX
+
+
+# compressed files a person may hand over as a bundle or a results file: said as such, not "not UTF-8"
+COMPRESSED = ((b"\x1f\x8b", "gzip-compressed", "gunzip FILE"), (b"\xfd7zXZ\x00", "xz-compressed", "unxz FILE"),
+              (b"BZh", "bzip2-compressed", "bunzip2 FILE"), (b"\x28\xb5\x2f\xfd", "zstd-compressed", "unzstd FILE"),
+              (b"PK\x03\x04", "zip", "unzip FILE"))
 
 
 def _reject_constant(name: str) -> Any:
@@ -109,8 +124,13 @@ def _bad_text(text: str) -> bool:
     return False
 
 
-def parse_json(raw: bytes, max_depth: int = MAX_DEPTH) -> tuple[Any, str | None]:
-    """(value, None), or (None, why) for bytes that are not one bounded, valid UTF-8 JSON document."""
+def parse_json(raw: bytes, max_depth: int | None = MAX_DEPTH) -> tuple[Any, str | None]:
+    """(value, None), or (None, why) for bytes that are not one bounded, valid UTF-8 JSON document.
+    ``max_depth`` None: the document is an envelope whose items the caller checks one by one (a bundle), so
+    only what the JSON parser itself cannot read refuses it whole."""
+    for magic, kind, how in COMPRESSED:
+        if raw.startswith(magic):
+            return None, f"a {kind} file, not JSON text: decompress it first ({how})"
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -118,9 +138,12 @@ def parse_json(raw: bytes, max_depth: int = MAX_DEPTH) -> tuple[Any, str | None]
     try:
         obj = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        return None, f"nested deeper than {max_depth} levels"
+        return None, f"nested deeper than {max_depth} levels" if max_depth is not None else \
+            "nested deeper than the JSON parser reads (about 1000 levels)"
     except ValueError as exc:
         return None, f"not valid JSON ({getattr(exc, 'msg', exc)})"
+    if max_depth is None:
+        return obj, None
     why = check_value(obj, max_depth)
     return (None, why) if why else (obj, None)
 
@@ -138,11 +161,22 @@ def check_result(obj: Any, host_id: str, run_id: str) -> str | None:
                         ("reason code", r.verdict.reason_code)):
         if why := ids.problem(kind, value):
             return why
+    if why := _time_problem(r.started_at):
+        return f"started_at {r.started_at[:40]!r}: {why}"
     if r.run_id != run_id:
         return f"run id {ids.problem('run id', r.run_id) or r.run_id} differs from its run {run_id}"
     if r.host_id != host_id:
         return f"host id {r.host_id[:60]!r} differs from its host {host_id}"
     return None
+
+
+def _time_problem(text: str) -> str | None:
+    """Why a recorded time is not one (an ISO 8601 date and time with its UTC offset, as the writer records)."""
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        return "not an ISO 8601 date and time"
+    return None if t.tzinfo is not None else "an ISO 8601 time without its UTC offset"
 
 
 def check_manifest(obj: Any, host_id: str, run_id: str) -> str | None:
@@ -170,6 +204,36 @@ def check_manifest(obj: Any, host_id: str, run_id: str) -> str | None:
     if "argv" in obj and not (isinstance(obj["argv"], list) and all(isinstance(a, str) for a in obj["argv"])):
         return "argv is not a list of strings"
     return None
+
+
+def check_origin(obj: Any, host_id: str, run_id: str) -> str | None:
+    """Why a parsed origin record is refused, or None."""
+    if not isinstance(obj, dict) or obj.get("schema") != ORIGIN_SCHEMA:
+        return f"not an origin record (schema {ORIGIN_SCHEMA})"
+    if set(obj) != ORIGIN_KEYS:
+        return f"fields {sorted(obj)[:8]}, expected {sorted(ORIGIN_KEYS)}"
+    if obj["run_id"] != run_id or obj["host_id"] != host_id:
+        return f"names run {str(obj['run_id'])[:30]!r} of host {str(obj['host_id'])[:60]!r}, not {run_id} of {host_id}"
+    if not (isinstance(obj["measured_by"], list) and all(isinstance(c, dict) for c in obj["measured_by"])):
+        return "measured_by is not a list of objects"
+    if not isinstance(obj["shared_by"], dict) or not all(isinstance(obj[k], str) for k in ("imported_at", "bundle")):
+        return "shared_by is not an object, or imported_at/bundle not text"
+    return None
+
+
+def read_origin_file(path: Path, host_id: str, run_id: str, problems: list[Problem]) -> Mapping[str, Any] | None:
+    """An imported run's origin record; None when absent (a run made here) or refused (with a problem)."""
+    if not os.path.lexists(path):
+        return None
+    data, why = read_bytes(path, MAX_MANIFEST)
+    obj = None
+    if data is not None:
+        obj, why = parse_json(data)
+        why = why or check_origin(obj, host_id, run_id)
+    if why:
+        problems.append(Problem(shown(path), why))
+        return None
+    return obj
 
 
 def _regular(path: Path, limit: int) -> str | None:
@@ -270,12 +334,13 @@ def read_run(folder: Path, host_id: str, run_id: str, problems: list[Problem]) -
     """One run of a host folder: its results file and manifest."""
     results = read_results_file(folder / f"{run_id}{RESULTS_SUFFIX}", host_id, run_id, problems)
     manifest = read_manifest_file(folder / f"{run_id}{MANIFEST_SUFFIX}", host_id, run_id, problems)
-    return Run(run_id, manifest, tuple(results))
+    origin = read_origin_file(folder / f"{run_id}{ORIGIN_SUFFIX}", host_id, run_id, problems)
+    return Run(run_id, manifest, tuple(results), origin)
 
 
 def _run_file(name: str) -> str | None:
     """The run id a host folder's file name stands for, or None for any other name."""
-    for suffix in (MANIFEST_SUFFIX, RESULTS_SUFFIX):
+    for suffix in (MANIFEST_SUFFIX, ORIGIN_SUFFIX, RESULTS_SUFFIX):
         if name.endswith(suffix) and ids.valid("run id", name[: -len(suffix)]):
             return name[: -len(suffix)]
     return None
@@ -296,8 +361,9 @@ def run_ids_of(folder: Path, problems: list[Problem]) -> list[str]:
         if run_id is None:
             problems.append(Problem(shown(folder / name), "not a run's .jsonl or .manifest.json; not read"))
             continue
-        if name.endswith(MANIFEST_SUFFIX) and f"{run_id}{RESULTS_SUFFIX}" not in names:
-            problems.append(Problem(shown(folder / name), "a manifest without its results file"))
+        if name.endswith((MANIFEST_SUFFIX, ORIGIN_SUFFIX)) and f"{run_id}{RESULTS_SUFFIX}" not in names:
+            what = "a manifest" if name.endswith(MANIFEST_SUFFIX) else "an origin record"
+            problems.append(Problem(shown(folder / name), f"{what} without its results file"))
             continue
         run_ids.add(run_id)
     if len(run_ids) > MAX_RUNS:
@@ -336,7 +402,7 @@ def host_folders(root: Path, problems: list[Problem]) -> list[Path]:
         except OSError as exc:
             problems.append(Problem(shown(path), f"cannot be read ({exc.strerror})"))
             continue
-        if stat.S_ISREG(st.st_mode) and name in REPORT_FILES:
+        if stat.S_ISREG(st.st_mode) and (name in REPORT_FILES or name == EXPECTED_CHANGES):
             continue
         if not stat.S_ISDIR(st.st_mode):
             what = "a symbolic link; not followed" if stat.S_ISLNK(st.st_mode) else "not a host folder; not read"

@@ -33,6 +33,7 @@ import re
 import secrets
 import stat
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -47,7 +48,7 @@ from inenv import atomic
 from inenv.probe import FULL, QUICK
 
 SYNC_EVERY_S = 1.0  # an append reaches the disk within this of the one before it (see the module's note)
-LEFTOVER = re.compile(r"\..+\.(jsonl|manifest\.json)\..+\.tmp")  # atomic.write_bytes' temporary files
+LEFTOVER = re.compile(r"\..+\.(jsonl|manifest\.json|origin\.json)\..+\.tmp")  # atomic.write_bytes' temporary files
 
 
 class StoreBusy(RuntimeError):
@@ -77,20 +78,60 @@ def where(path: Path, line: int | None = None) -> str:
 
 
 def finite(value: Any) -> Any:
-    """``value`` with every NaN or infinite float replaced by None: JSON has no such numbers, and the reader
-    refuses a line holding one, so a probe's NaN must not cost its whole result."""
+    """``value`` with every NaN or infinite float replaced by None and every lone surrogate in a string by '?':
+    JSON has no such numbers and UTF-8 no such characters, and the reader refuses a line holding one, so a
+    probe's NaN or an undecodable byte in a log must not cost its whole result."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
     if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
+        return {finite(k) if isinstance(k, str) else k: finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [finite(v) for v in value]
     return value
 
 
+def _dumps(obj: Any) -> bytes:
+    return (json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+CUT = "cut"  # evidence key: what was cut from the evidence to keep the line within the reader's limits
+# room kept under the reader's line limit for the marker saying what was cut
+_CUT_ROOM = 4096
+
+
+def fit(obj: dict[str, Any]) -> dict[str, Any]:
+    """A result's JSON within the one reader's limits (reader.MAX_LINE bytes, reader.MAX_DEPTH levels): the
+    largest evidence entries are cut, one by one, until it fits, and ``evidence.cut`` says which and how large
+    they were; then, if still too large, the metrics. The verdict, the note (cut to 4 KiB with a marker when
+    longer) and the ids stay, so the result stays one the reader takes."""
+    line = _dumps(obj)
+    if len(line) <= reader.MAX_LINE and reader.check_value(obj) is None:
+        return obj
+    out = dict(obj)
+    cut: list[str] = []
+    if isinstance(out.get("note"), str) and len(out["note"]) > 4096:
+        cut.append(f"note after 4096 of {len(out['note'])} characters")
+        out["note"] = out["note"][:4096] + " [cut]"
+    for field_name in ("evidence", "metrics"):
+        part = dict(out.get(field_name) or {})
+        sizes = sorted(((len(_dumps(v)), k) for k, v in part.items()), reverse=True)
+        for size, key in sizes:
+            if len(_dumps(out)) <= reader.MAX_LINE - _CUT_ROOM and reader.check_value(out) is None:
+                break
+            del part[key]
+            cut.append(f"{field_name}.{key} ({size} bytes)")
+            out[field_name] = part
+    evidence = dict(out.get("evidence") or {})
+    evidence[CUT] = (f"cut to stay within the results reader's limits ({reader.MAX_LINE} bytes a line, "
+                     f"{reader.MAX_DEPTH} levels): " + "; ".join(cut))[:_CUT_ROOM - 256]
+    out["evidence"] = evidence
+    return out
+
+
 def _line(result: ProbeResult) -> bytes:
-    return (json.dumps(finite(result.to_json()), sort_keys=True, default=str, separators=(",", ":"),
-                       allow_nan=False) + "\n").encode()
+    return _dumps(fit(finite(result.to_json())))
 
 
 def _complete_json(data: bytes) -> bool:
@@ -265,7 +306,8 @@ class RunStore:
         data = b"".join(_line(r) for r in results)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.results_path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+            # never through a link: every reader refuses one, so a result appended there would be lost
+            fd = os.open(self.results_path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
                          atomic.new_file_mode())
         except OSError as exc:
             self._failed(results, exc)
@@ -346,6 +388,35 @@ class RunLock:
             self.fd = None
 
 
+def unwritable(root: Path) -> str | None:
+    """Why no result can be written under ``root`` (a read-only folder or disk, a file in the way), found by
+    writing and removing a hidden file in it (or in its nearest existing parent), before any probe runs; None
+    when it can be written."""
+    probe = root
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{where(probe)} is not a folder"
+    try:
+        fd, name = tempfile.mkstemp(prefix=".stackprobe-write-check-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        return f"cannot write {where(root)} ({where(probe)}: {exc.strerror or exc})"
+    return None
+
+
+def regular_run(folder: Path, run_id: str) -> str | None:
+    """Why a run's results file may not be appended to (a link, not a regular file), or None."""
+    try:
+        st = os.lstat(folder / f"{run_id}.jsonl")
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link, which no reader follows"
+    return None if stat.S_ISREG(st.st_mode) else "is not a regular file"
+
+
 def latest_run(folder: Path) -> str | None:
     runs = sorted(n for p in folder.glob("*.jsonl") if ids.valid("run id", n := p.name[: -len(".jsonl")])) \
         if folder.is_dir() else []
@@ -375,6 +446,26 @@ def scan(root: Path) -> tuple[list[tuple[str, str, Path]], list[str]]:
 def iter_runs(root: Path) -> Iterator[tuple[str, str, Path]]:
     """(host_id, run_id, jsonl path) for every readable-named run under a results directory, sorted."""
     yield from scan(root)[0]
+
+
+def read_origin(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """An imported run's origin record (checks.results.reader), None for a run made here; and why one was refused."""
+    problems: list[reader.Problem] = []
+    run_id = path.name.removesuffix(reader.ORIGIN_SUFFIX)
+    data = reader.read_origin_file(path, path.parent.name, run_id, problems)
+    return (dict(data), None) if data is not None else (None, str(problems[0]) if problems else None)
+
+
+def contributed(origin: Mapping[str, Any] | None) -> str:
+    """How a page or a terminal names an imported run: contributed, from which bundle, measured by which code
+    (version and commit as the bundle says); "" for a run made here."""
+    if not origin:
+        return ""
+    made = [f"stackprobe {c.get('version') or '?'} at {str(c.get('commit') or 'unknown')[:12]}"
+            + ("" if c.get("dirty") is False else " with changes, or unknown ones")
+            for c in origin.get("measured_by") or []]
+    bundle = str(origin.get("bundle"))[:80].replace("(", "[").replace(")", "]")
+    return f"contributed: imported from {bundle}, measured by {'; '.join(made[:3]) or 'unknown code'}"
 
 
 def read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:

@@ -11,17 +11,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from inenv.lifetime import die_with_parent
+from inenv.lifetime import SCRATCH_ENV, die_with_parent
 from inenv.probe import RESULT_MARKER
 
 TOKEN_ENV = "STACKPROBE_RUN_TOKEN"
@@ -128,14 +129,25 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+@contextlib.contextmanager
+def _removed(folder: str) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def run_isolated(cmd: list[str], env: dict[str, str], timeout_s: float, cwd: str | None = None,
                  on_start: Callable[[subprocess.Popen[bytes]], None] | None = None) -> ProcessOutcome:
     """Run `cmd` in its own session with a hard timeout. Ctrl-C (KeyboardInterrupt here, or STOP set while a
     worker thread waits) ends it and is raised after cleanup."""
     token = uuid.uuid4().hex
-    env = {**env, TOKEN_ENV: token}
+    # the worker's scratch folders go in one this side removes after the process ends, however it ends: a
+    # worker killed by SIGKILL (Ctrl-C, a timeout) cannot remove its own
+    scratch = tempfile.mkdtemp(prefix="stackprobe-scratch-")
+    env = {**env, TOKEN_ENV: token, SCRATCH_ENV: scratch}
     started = time.monotonic()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, _removed(scratch):
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                 start_new_session=True, preexec_fn=die_with_parent)
         if on_start:

@@ -16,12 +16,18 @@ from checks.results.result import ProbeResult
 from checks.run import runprogress
 from checks.run.plan import WorkItem
 from checks.run.runner import Hooks, RunReport
-from common import memlock, progress
+from common import escape, memlock, progress
 from common.progress import TICK_S
 from inenv.status import Status
 
 STATUS_STYLE = {Status.PASS: "green", Status.PARTIAL: "yellow", Status.SKIP: "dim", Status.FAIL: "red",
                 Status.CRASH: "bold red", Status.HANG: "magenta", Status.NOT_RUN: "cyan", Status.UNAVAILABLE: "blue"}
+
+
+def shown(text: str) -> str:
+    """Lines for the terminal: a verdict's note or a package's version (recorded text) moves no cursor and
+    reorders nothing (common.escape); the line breaks the text was composed with stay."""
+    return "\n".join(escape.terminal(line) for line in text.split("\n"))
 
 
 def with_progress(con: Any, view: runprogress.RunView, run: Callable[[Hooks], RunReport]) -> RunReport:
@@ -30,7 +36,7 @@ def with_progress(con: Any, view: runprogress.RunView, run: Callable[[Hooks], Ru
     said_memlock: list[str] = []
 
     def say(text: str) -> None:
-        con.print(text, markup=False, highlight=False)
+        con.print(shown(text), markup=False, highlight=False)
 
     say(view.opening())
     with contextlib.ExitStack() as stack:
@@ -55,7 +61,8 @@ def with_progress(con: Any, view: runprogress.RunView, run: Callable[[Hooks], Ru
             if bar is not None:
                 bar.advance(view)
             if item.runs:
-                con.print(view.result_line(item, result), markup=False, style=STATUS_STYLE[result.verdict.status])
+                con.print(shown(view.result_line(item, result)), markup=False,
+                          style=STATUS_STYLE[result.verdict.status])
             note = result.verdict.evidence.get("memlock")
             if note and note != memlock.UNLIMITED and not said_memlock:
                 said_memlock.append(str(note))

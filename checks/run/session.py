@@ -27,10 +27,10 @@ from typing import Any
 
 from checks.report import summary
 from checks.report.report import generate
-from checks.results import hostfacts, provenance
+from checks.results import hostfacts, ids, provenance
 from checks.results.provenance import Checkout
 from checks.results.result import ProbeResult
-from checks.results.store import RunLock, RunStore, latest_run, next_run_id, read_manifest
+from checks.results.store import RunLock, RunStore, latest_run, next_run_id, read_manifest, regular_run, unwritable
 from checks.run import incremental, manifest, runconsole, runprogress
 from checks.run.backend import Backend, Targets
 from checks.run.backends import BACKENDS, resolve
@@ -74,6 +74,10 @@ class Pass:
 def run(opts: RunOptions, con: Any) -> int:
     """`checks run`: the chain once at the level given, or with none given at the quick level and then at the
     full level; the exit code (0 done, 130 interrupted, 2 results not stored)."""
+    if why := unwritable(opts.results):
+        print(f"checks run: results folder: {why}; nothing was run (give --results DIR on a writable disk)",
+              file=sys.stderr)
+        return 2
     passes = levels(opts)
     compiling = kernelstage.running() is not None  # the full level's plan changes when the stage ends
     ready = prepared(passes[-1]) if len(passes) > 1 and not (opts.resume or opts.fresh or compiling) else None
@@ -253,6 +257,10 @@ def open_store(opts: RunOptions, host_id: str, staged: bool = False) -> RunStore
     own; None for the quick pass when that run is a full one (the full level answers every quick question)."""
     folder = opts.results / host_id
     latest = latest_run(folder) if opts.resume else None
+    if latest and (why := regular_run(folder, latest)):
+        print(f"checks run: --resume: {ids.shown(str(folder / f'{latest}.jsonl'))} {why}; a new run starts instead",
+              file=sys.stderr, flush=True)
+        latest = None
     if latest and staged:
         made = read_manifest(folder / f"{latest}.manifest.json")[0]
         level = made.get("level") if isinstance(made, dict) else None

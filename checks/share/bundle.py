@@ -11,10 +11,12 @@ bidirectional character reaches a terminal that shows it), keys sorted, one spac
      "code": {"runs": [{version, commit, dirty}, ...], "shared_by": {version, commit, dirty},
               "clean": true when every run names a commit and none was dirty, "warnings": [...]},
      "scrubbed": {kind: count},
-     "runs": [{"run_id": ..., "manifest": {...} or null, "results": [result, ...]}, ...]}
+     "runs": [{"run_id": ..., "manifest": {...}, "results": [result, ...]}, ...]}
 
 ``results`` are the lines of ``results/<host>/<run>.jsonl`` as JSON objects and ``manifest`` the run's
-manifest, both scrubbed (checks.share.scrub), so an import writes the same files back. Building goes through the
+manifest, both scrubbed (checks.share.scrub), so an import writes the same files back. A run without a
+manifest is neither shared nor imported: its host facts, the GPUs that tell one host from another included,
+could not be checked against the host it names. Building goes through the
 same strict reader as importing (checks.results.reader): a bundle never carries an item an import would refuse.
 """
 
@@ -24,6 +26,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +43,6 @@ KEYS = frozenset({"schema", "host_id", "host", "code", "scrubbed", "runs"})
 RUN_KEYS = frozenset({"run_id", "manifest", "results"})
 HOST_FACTS = ("gpu_name", "gpu_count", "compute_capability", "interconnect", "topology", "driver", "driver_cuda",
               "nccl", "peer_access", "multicast", "cpu", "cpu_count", "os")
-BUNDLE_DEPTH = reader.MAX_DEPTH + 4  # a result nests four levels inside a bundle
 
 
 class BundleError(ValueError):
@@ -110,7 +112,13 @@ def build(results_dir: Path, host_id: str, scrubber: Scrubber, shared_by: Checko
         raise BundleError(f"checks share: no results for host {host_id} under {results_dir} "
                           f"(hosts there: {', '.join(known) or 'none'})")
     problems: list[Problem] = []
-    runs = [r for r in reader.read_host(folder, problems).values() if r.results]
+    runs = []
+    for r in reader.read_host(folder, problems).values():
+        if r.results and r.manifest is None:
+            problems.append(Problem(f"{reader.shown(folder)}/{r.run_id}", "no readable manifest: left out of the "
+                                    "bundle (an import refuses a run whose host facts cannot be checked)"))
+        elif r.results:
+            runs.append(r)
     if not runs:
         raise BundleError(f"checks share: {folder} holds no readable result")
     body = {"host": host_facts(runs), "code": code_of(runs, shared_by),
@@ -143,7 +151,7 @@ def read(path: Path) -> tuple[Bundle | None, list[Problem]]:
     data, why = reader.read_bytes(path, reader.MAX_FILE)
     obj = None
     if data is not None:
-        obj, why = reader.parse_json(data, BUNDLE_DEPTH)
+        obj, why = reader.parse_json(data, None)  # each run, manifest and result is checked on its own below
     if why:
         return None, [Problem(where, why, fatal=True)]
     fatal = _top_problem(obj)
@@ -151,6 +159,10 @@ def read(path: Path) -> tuple[Bundle | None, list[Problem]]:
         return None, [Problem(where, fatal, fatal=True)]
     host_id = obj["host_id"]
     problems: list[Problem] = []
+    for key in ("host", "code"):
+        if why := reader.check_value(obj[key]):
+            problems.append(Problem(f"{where}: {key}", f"{why}; left out"))
+            obj[key] = {}
     runs: list[Run] = []
     seen: set[str] = set()
     for n, raw in enumerate(obj["runs"][: reader.MAX_RUNS], 1):
@@ -203,9 +215,10 @@ def _run(raw: Any, host_id: str, where: str, problems: list[Problem]) -> tuple[R
     if not isinstance(raw["results"], list):
         return None, "results is not a list"
     manifest = raw["manifest"]
-    if manifest is not None and (why := reader.check_manifest(manifest, host_id, run_id)):
-        problems.append(Problem(f"{where} ({run_id}) manifest", f"{why}; left out"))
-        manifest = None
+    if manifest is None:  # without one the GPU identity of the host it names cannot be checked
+        return None, f"run {run_id} has no manifest (its host facts, GPUs included, cannot be checked)"
+    if why := reader.check_value(manifest) or reader.check_manifest(manifest, host_id, run_id):
+        return None, f"run {run_id}: manifest: {why}"
     lines = [(f"{where} ({run_id}) result {i}", json.dumps(r, ensure_ascii=True).encode())
              for i, r in enumerate(raw["results"], 1)]
     results = reader.results_of(lines, host_id, run_id, problems)
@@ -306,14 +319,37 @@ def _import_run(b: Bundle, run: reader.Run, folder: Path, results_dir: Path, imp
         if run.manifest is not None and not os.path.lexists(mpath):  # an earlier import cut short: completed
             atomic.write_json(mpath, run.manifest)
         return
+    opath = folder / f"{run.run_id}{reader.ORIGIN_SUFFIX}"
     atomic.write_bytes(path, result_lines(run.results))
+    wrote_manifest = False
     try:
         if run.manifest is not None and not os.path.lexists(mpath):
             atomic.write_json(mpath, run.manifest)
+            wrote_manifest = True
+        atomic.write_json(opath, origin(b, run))
     except BaseException:
         path.unlink(missing_ok=True)  # the run is written whole or not at all
+        if wrote_manifest:
+            mpath.unlink(missing_ok=True)
         raise
     imported.append(name)
+
+
+def origin(b: Bundle, run: Run) -> dict[str, Any]:
+    """The origin record of a run imported from ``b``: the bundle's file name, when, who shared it and the code
+    that measured the run (its manifest's and results' version, commit and dirty flag), as the bundle says."""
+    made: dict[str, dict[str, Any]] = {}
+    codes = [(run.manifest or {}).get("code"), *(r.get("code") for r in run.results)]
+    for c in codes:
+        if isinstance(c, Mapping):
+            entry = {k: c.get(k) if isinstance(c.get(k), str | bool) else None for k in ("version", "commit", "dirty")}
+            made.setdefault(json.dumps(entry, sort_keys=True), entry)
+    shared = b.code.get("shared_by")
+    return {"schema": reader.ORIGIN_SCHEMA, "run_id": run.run_id, "host_id": b.host_id,
+            "imported_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "bundle": os.path.basename(b.path)[:200], "measured_by": list(made.values())[:20],
+            "shared_by": {k: shared.get(k) for k in ("version", "commit", "dirty")} if isinstance(shared, Mapping)
+            else {}}
 
 
 def _same(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:

@@ -14,12 +14,13 @@ Every line printed names files and ids as text escaped for a terminal (checks.re
 from __future__ import annotations
 
 import json
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks.results import hostfacts, ids, provenance, reader
+from checks.results import changes, hostfacts, hostresults, ids, provenance, reader
 from checks.results.reader import Problem
 from checks.results.store import StoreBusy
 from checks.share import bundle
@@ -39,6 +40,12 @@ class ShareOptions:
 class ImportOptions:
     bundles: tuple[Path, ...]
     results: Path
+    accept_flips: bool = False  # write runs that change what the folder says about a host it already holds
+
+
+# The advice lines `checks advise` prints for one host (given by the command line, which reaches the report
+# layer): compared before and after an import to show what a bundle would flip.
+AdviceOf = Callable[[hostresults.HostResults], list[str]]
 
 
 def _warn(problems: Sequence[Problem]) -> None:
@@ -85,9 +92,87 @@ def share(opts: ShareOptions) -> int:
     return 1 if problems else 0
 
 
-def import_bundles(opts: ImportOptions) -> int:
+def claims_current(b: bundle.Bundle, current: Mapping[str, str]) -> tuple[int, int]:
+    """(results whose recorded probe hash is this checkout's hash of that probe, results in all): a claim only,
+    since a bundle can copy any hash; the page decides what is current from this checkout's own hashes."""
+    rows = [r for run in b.runs for r in run.results]
+    same = sum(1 for r in rows if isinstance(r.get("code"), Mapping)
+               and r["code"].get("probe_hash") is not None and r["code"].get("probe_hash") == current.get(
+                   str(r.get("probe_id"))))
+    return same, len(rows)
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a bundle would change about a host the results folder already holds."""
+
+    held: bool  # the folder holds runs of the bundle's host
+    changes: changes.Changes
+    advice_before: tuple[str, ...]
+    advice_after: tuple[str, ...]
+
+    @property
+    def advice_flips(self) -> list[str]:
+        gone = [f"- {ln}" for ln in self.advice_before if ln not in self.advice_after]
+        new = [f"+ {ln}" for ln in self.advice_after if ln not in self.advice_before]
+        return gone + new
+
+    @property
+    def flips(self) -> bool:
+        """Whether writing the bundle changes a verdict or an advice line of a host already here."""
+        return self.held and bool(self.changes.flips or self.advice_flips)
+
+
+def preview(b: bundle.Bundle, results_dir: Path, advice_of: AdviceOf | None) -> Preview:
+    """The bundle's runs against the host's runs already under ``results_dir``: verdict changes, and the advice
+    lines that would go or come (when ``advice_of`` is given); nothing is written."""
+    folder = results_dir / b.host_id
+    here: dict[str, reader.Run] = {}
+    if folder.is_dir() and not folder.is_symlink():
+        here = reader.read_host(folder, [])
+    after = {**here, **{r.run_id: r for r in b.runs if r.run_id not in here}}
+    found = changes.compare({b.host_id: here} if here else {}, {b.host_id: after})
+    before_lines: list[str] = []
+    after_lines: list[str] = []
+    if advice_of is not None and here:
+        before_lines = _advice_text(advice_of(hostresults.from_runs(b.host_id, here)))
+        after_lines = _advice_text(advice_of(hostresults.from_runs(b.host_id, after)))
+    return Preview(bool(here), found, tuple(before_lines), tuple(after_lines))
+
+
+_RUN_ID = re.compile(r"[0-9]{8}T[0-9]{6}Z-[0-9a-f]{4}")
+_REFS = re.compile(r" \[\d+(?:,\d+)*\]")  # a line's references into the list of result ids
+
+
+def _advice_text(lines: list[str]) -> list[str]:
+    """Advice lines as compared across an import: which run a result came from (run ids, the list of result
+    ids, the references into it) is not advice, so a bundle that only repeats the host's verdicts changes nothing
+    and one that changes advice shows only the lines whose words change."""
+    out = []
+    for ln in lines:
+        if ln.strip() == "ids:" or ln.startswith("  ["):
+            continue
+        out.append(_REFS.sub("", _RUN_ID.sub("<run>", ln)))
+    return out
+
+
+def _say_preview(p: Preview, b: bundle.Bundle) -> None:
+    for line in p.changes.lines():
+        print(f"  {line}", file=sys.stderr)
+    flips = p.advice_flips
+    if flips:
+        print(f"  advice for {b.host_id} would change ({len(flips)} line(s); - now, + after):", file=sys.stderr)
+        for line in flips:
+            print(f"    {reader.shown(line)}", file=sys.stderr)
+
+
+def import_bundles(opts: ImportOptions, advice_of: AdviceOf | None = None) -> int:
+    """Import each bundle. A bundle that would change a verdict or an advice line of a host the folder already
+    holds is printed (every flip) and written only with ``opts.accept_flips``; otherwise none of its runs is
+    written (exit 1)."""
     code = 0
     own = hostfacts.own_host_id()
+    current = provenance.current_probe_hashes()
     for path in opts.bundles:
         b, problems = bundle.read(path)
         _warn(problems)
@@ -97,6 +182,30 @@ def import_bundles(opts: ImportOptions) -> int:
         code = max(code, 1 if problems else 0)
         for w in b.code.get("warnings") or []:
             print(f"note: {reader.shown(path)}: {reader.shown(str(w)[:300])}", file=sys.stderr)
+        if not b.runs:
+            print(f"checks import: {reader.shown(path)}: no run to import (every run was left out above)",
+                  file=sys.stderr)
+            code = max(code, 1)
+            continue
+        same, total = claims_current(b, current)
+        print(f"{reader.shown(path)}: contributed results of host {b.host_id}, measured by stackprobe "
+              f"{_commits(b)}; {same} of {total} claim this checkout's probe code (a claim: the page marks "
+              "for a rerun every result whose probe hash this checkout does not compute itself)", file=sys.stderr)
+        if (claim := bundle.claim_problem(b, opts.results, own)) is not None:
+            _warn([claim])
+            code = max(code, 1)
+            continue
+        seen = preview(b, opts.results, advice_of)
+        if not seen.changes.empty or seen.advice_flips:
+            print(f"what {reader.shown(path)} changes under {reader.shown(opts.results)}:", file=sys.stderr)
+            _say_preview(seen, b)
+        if seen.flips and not opts.accept_flips:
+            n, m = len(seen.changes.flips), len(seen.advice_flips)
+            print(f"checks import: {reader.shown(path)}: not imported: it would change {n} verdict(s) and {m} "
+                  f"advice line(s) of host {b.host_id}, which {reader.shown(opts.results)} already holds (listed "
+                  "above); give --accept-flips to apply them", file=sys.stderr)
+            code = max(code, 1)
+            continue
         try:
             outcome = bundle.import_bundle(b, opts.results, own)
         except StoreBusy as exc:
@@ -119,9 +228,17 @@ def import_bundles(opts: ImportOptions) -> int:
                   file=sys.stderr)
             return 2
     if code < 2:
-        print(f"next: `checks validate {opts.results}` and `checks report --results {opts.results}`",
-              file=sys.stderr)
+        print(f"next: `checks validate {reader.shown(opts.results)}` and `checks report --results "
+              f"{reader.shown(opts.results)}`", file=sys.stderr)
     return code
+
+
+def _commits(b: bundle.Bundle) -> str:
+    """The commits (12 digits) the bundle says made its runs, escaped for a terminal."""
+    made = b.code.get("runs")
+    commits = sorted({str(c.get("commit"))[:12] for c in made if isinstance(c, Mapping)}) if isinstance(made, list) \
+        else []
+    return reader.shown(", ".join(commits[:5]) or "of unknown commit")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,105 @@
+"""Text from outside (results files, bundles, kernel records, package metadata) made safe for where it lands:
+one function per destination (pure, standard library only).
+
+Every string a results file or a bundle carries is data, never an instruction: it must not move a terminal's
+cursor, reverse the reading order of the line around it, start a markdown construct, or become shell syntax.
+The characters that can do that in any destination are shown visibly here, as their Python escape
+(``\\x1b``, ``\\u202e``), never passed through and never dropped without a trace:
+
+- C0 controls (U+0000-U+001F) and DEL, except the tab and newline a destination allows;
+- C1 controls (U+0080-U+009F);
+- the bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069) and the other
+  invisible format and separator characters Python calls unprintable (U+200E, U+2028, lone surrogates...).
+
+The destinations:
+
+- :func:`terminal`: one line for stdout/stderr (a newline shows as ``\\n``);
+- :func:`markdown`: one line or table cell of a Markdown page, every construct escaped (emphasis, code, links,
+  images, raw HTML, entities, headings, block quotes, table bars);
+- :func:`markdown_prose`: one line composed by stackprobe itself whose code spans are its own (commands in
+  backticks); everything else as :func:`markdown`;
+- :func:`html`: text for an HTML page (controls visible, then ``& < > " '`` as entities);
+- :func:`shell`: one word of a command line a person pastes (controls visible, then shell-quoted).
+"""
+
+from __future__ import annotations
+
+import html as _html
+import re
+import shlex
+
+BIDI = frozenset(chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A)))
+# Backslash-escaped in Markdown (CommonMark escapes any ASCII punctuation this way): each can open a construct.
+MD_SPECIAL = frozenset("\\`*[]<>|#~&!$")  # $: math on GitHub
+# An underscore opens or closes emphasis only beside a non-alphanumeric (CommonMark): NCCL_ALGO stays as written
+_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_MD_TRANS = {ord(c): "\\" + c for c in MD_SPECIAL} | {ord("<"): "&lt;", ord(">"): "&gt;"}  # no raw HTML
+_MD_PROSE_TRANS = {k: v for k, v in _MD_TRANS.items() if k != ord("`")}
+_LINE_START = re.compile(r"^(\s*)(?:([-+=])|(\d+)([.)]))")  # a list item, a setext underline, a numbered item
+
+
+def _line_start(text: str) -> str:
+    m = _LINE_START.match(text)
+    if not m:
+        return text
+    lead, mark, digits, dot = m.groups()
+    return lead + (f"\\{mark}" if mark else f"{digits}\\{dot}") + text[m.end():]
+_FENCE = re.compile(r"`{3,}|~{3,}")
+
+
+def unsafe(c: str) -> bool:
+    """Whether one character may act rather than read: a control, a bidirectional or another invisible one."""
+    o = ord(c)
+    return o < 0x20 or 0x7F <= o <= 0x9F or c in BIDI or not c.isprintable()
+
+
+def visible(text: object, keep: str = "") -> str:
+    """``text`` with every unsafe character (see :func:`unsafe`) written as its Python escape, the characters in
+    ``keep`` (tab, newline) left as they are."""
+    s = str(text)
+    if s.isprintable() and not any(c in BIDI for c in s):
+        return s
+    return "".join(c if c in keep or not unsafe(c) else ascii(c)[1:-1] for c in s)
+
+
+def has_unsafe(text: str, keep: str = "\t\n") -> bool:
+    """Whether ``text`` holds a character :func:`visible` would escape (``keep`` allowed)."""
+    return any(unsafe(c) and c not in keep for c in text)
+
+
+def terminal(text: object) -> str:
+    """One line for a terminal: nothing in it can start a line of its own, move the cursor or reorder text."""
+    return visible(text)
+
+
+def _md_base(text: object) -> str:
+    return visible(str(text).replace("\r\n", " ").replace("\n", " ").replace("\r", " "))
+
+
+def _inline(text: str, table: dict[int, str]) -> str:
+    return _UNDERSCORE.sub(r"\\_", text.translate(table)).replace("](", "]\\(")
+
+
+def markdown(text: object) -> str:
+    """Text from outside for a table cell or the middle of a Markdown line: shown as written, every inline
+    construct escaped (a block construct opens only at a line's start, where :func:`markdown_prose` goes)."""
+    return _inline(_md_base(text), _MD_TRANS)
+
+
+def markdown_prose(text: object) -> str:
+    """A line stackprobe composed (its own code spans in backticks) for Markdown: controls visible, raw HTML,
+    links, emphasis, entities and table bars escaped, no code fence (a run of three backticks is escaped), and
+    no list item, numbered item or underline opened where the line starts."""
+    out = _line_start(_inline(_md_base(text), _MD_PROSE_TRANS))
+    return _FENCE.sub(lambda m: "".join("\\" + c for c in m.group(0)), out)
+
+
+def html(text: object) -> str:
+    """Text from outside for an HTML page: controls visible, then every markup character an entity."""
+    return _html.escape(visible(text, keep="\t\n"), quote=True)
+
+
+def shell(word: object) -> str:
+    """One word of a command line a person pastes: controls visible (a pasted line cannot hide a character),
+    then quoted where the shell would read it otherwise."""
+    return shlex.quote(visible(word))
