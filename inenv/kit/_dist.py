@@ -154,3 +154,22 @@ def worst_verdict(verdicts: Sequence[str]) -> str:
 def agree(ok: bool, group: Any = None) -> bool:
     """True only if every rank says True (a verdict must not differ between ranks)."""
     return all(gather_objects(bool(ok), group))
+
+
+def settle(local: dict[str, Any], group: Any = None) -> dict[str, Any] | None:
+    """The rank-verdict protocol of a step every rank runs: each rank gives its own ``{"verdict": ...}``
+    (``ok`` to go on) and learns the worst of all. None when every rank says ``ok``; else what this rank
+    reports: its own result when it failed, or the worst verdict with ``on a peer rank`` when a peer did.
+    Every rank must call it at the same point, whatever happened to it, so the ranks stay in step."""
+    worst = worst_verdict(gather_objects(str(local.get("verdict", "error")), group))
+    if worst == "ok":
+        return None
+    return local if local.get("verdict") != "ok" else {"verdict": worst, "detail": "on a peer rank"}
+
+
+def settle_ok(ok: bool, error: str, group: Any = None, peer: str = "a peer rank failed") -> dict[str, Any] | None:
+    """:func:`settle` for a step that either worked or raised ``error``: None when every rank worked, else
+    ``{"verdict": "error", "error": ...}`` (this rank's error, or ``peer`` when only a peer failed)."""
+    if agree(ok, group):
+        return None
+    return {"verdict": "error", "error": error or peer}
