@@ -137,6 +137,8 @@ class Role(StrEnum):
     OP_CHECKS = "op-checks"  # evidence: {op: {"eager": {"verdict"}, "graph": {"verdict"}}} per collective
     EAGER_CHECKS = "eager-checks"  # evidence: {size: {"verdict"}} of eager calls against the exact result
     GRAPH_CHECKS = "graph-checks"  # evidence: {"checks": {size: {"verdict"}}} of graph replays
+    # metrics: the rank-agreement summary of inenv.kit._agree (ranks_identical, deterministic, divergent_cases...)
+    AGREEMENT = "agreement"
 
 
 @dataclass(frozen=True)

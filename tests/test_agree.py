@@ -156,9 +156,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _gloo_ranks(tmp_path: Path, world: int, plant: str) -> list[dict[str, object]]:
+def _gloo_ranks(tmp_path: Path, world: int, plant: str, code: str = _RANK) -> list[dict[str, object]]:
     script = tmp_path / "rank.py"
-    script.write_text(_RANK)
+    script.write_text(code)
     port = _free_port()
     procs = []
     for r in range(world):
@@ -211,3 +211,86 @@ def test_nondeterminism_and_a_refused_dtype(tmp_path: Path) -> None:
         assert isinstance(s, dict)
         assert sorted(s["unsupported"] + s["not_judged"]) == ["fp16:eager:1x4096", "fp16:eager:32x1024"]
         assert s["judged"] == 2 and s["ranks_identical"] is True
+
+
+# --- the probes' own bindings, on gloo ranks with stand-in backends -----------------------------------------
+
+_PROBES_RANK = r"""
+import json, os, sys
+from pathlib import Path
+from inenv.probe import RankContext, Variant
+from inenv.kit import _agree, _dist
+from inenv.probes import ar_latency, step
+import torch, torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+ctx = RankContext(rank, world, rank, None, Variant("t", world), Path(sys.argv[1]))
+_dist.init_dist(ctx, "gloo")
+n = _agree.max_numel()
+
+class GlooComm(step.Comm):  # step's backend interface, reduced by gloo
+    name, in_place, dtypes = "gloo", True, ("bf16", "fp16")
+    def __init__(self):
+        self.flat_in = torch.empty(n, dtype=torch.bfloat16)
+    def reduce(self, inp, out):
+        dist.all_reduce(inp)
+
+class GlooFused(step.Comm):  # allreduce, residual add in bf16, RMSNorm in fp32: as fi-fusion's reference does
+    name, fused = "gloo-fused", True
+    def __init__(self):
+        self.flat_in = torch.empty(n, dtype=torch.bfloat16)
+    def fused_op(self, inp, res_in, gamma, res_out, norm_out):
+        dist.all_reduce(inp)
+        res_out.copy_((inp.float() + res_in.float()).to(torch.bfloat16))
+        x = res_out.float()
+        norm = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + step.EPS) * gamma.float()
+        if rank == 1:  # a rank that rounds its norm another way: the last element one ulp up
+            norm.view(-1)[-1] = norm.view(-1)[-1] * (1 + 2**-7)
+        norm_out.copy_(norm.to(torch.bfloat16))
+
+class GlooBackend(ar_latency.Backend):  # ar-latency's backend interface, out of place
+    name, dtypes = "gloo-out", ("bf16",)
+    def __init__(self):
+        self.inp, self.out = torch.empty(n, dtype=torch.bfloat16), torch.empty(n, dtype=torch.bfloat16)
+    def buffers(self, numel):
+        return self.inp[:numel], self.out[:numel]
+    def step(self, inp, out):
+        def call():
+            out.copy_(inp)
+            dist.all_reduce(out)
+        return call
+
+flat = {k: torch.empty(n, dtype=torch.bfloat16) for k in ("res0", "res_a", "res_b", "norm", "out")}
+wanted = [_agree.Case(d, 8, 1024, "eager") for d in ("bf16", "fp16")]
+got = {}
+for label, bind in (("step", step.agreement_bind(GlooComm(), rank, world, flat)),
+                    ("fused", step.agreement_bind(GlooFused(), rank, world, flat)),
+                    ("ar", ar_latency.agreement_bind(GlooBackend(), rank, world))):
+    results = _agree.run_cases(bind, wanted, None)
+    got[label] = {"results": results, "summary": _agree.summarize(results)}
+    passed = {"status": "pass", "note": "", "reason_code": "", "metrics": {}, "evidence": {}}
+    got[label]["outcome"] = _agree.apply(passed, got[label]["summary"], label)
+Path(sys.argv[1], f"out{rank}.json").write_text(json.dumps(got))
+os._exit(0)
+"""
+
+
+@needs_torch
+def test_the_probes_bindings_on_gloo_ranks(tmp_path: Path) -> None:
+    ranks = _gloo_ranks(tmp_path, 2, "", _PROBES_RANK)
+    assert ranks[0] == ranks[1]
+    got = ranks[0]
+    plain = got["step"]
+    assert isinstance(plain, dict)
+    assert plain["summary"]["judged"] == 2 and plain["summary"]["ranks_identical"] is True
+    assert plain["outcome"]["status"] == "pass"
+    # the fused stand-in: residual agrees, the norm's last element differs on rank 1; fp16 is not its dtype
+    fused = got["fused"]
+    assert isinstance(fused, dict)
+    case = fused["results"]["bf16:eager:8x1024"]
+    assert case["outputs"] == ["norm", "residual"] and case["differing"] == 1 and case["divergent_ranks"] == [1]
+    assert fused["summary"]["unsupported"] == ["fp16:eager:8x1024"]
+    assert (fused["outcome"]["status"], fused["outcome"]["reason_code"]) == ("partial", "rank-divergent")
+    out_of_place = got["ar"]
+    assert isinstance(out_of_place, dict)
+    assert out_of_place["summary"]["ranks_identical"] is True and out_of_place["summary"]["judged"] == 1
+    assert out_of_place["summary"]["unsupported"] == ["fp16:eager:8x1024"]

@@ -28,12 +28,14 @@ In-environment side: standard library at module level, torch inside the function
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from inenv import models
 from inenv.kit import _device, _dist, _errors
+from inenv.probe import LEVEL_ENV, QUICK
 
 REASON = "rank-divergent"
 DTYPES = ("bf16", "fp16")
@@ -45,6 +47,11 @@ TOKENS = (1, 32, 256)
 SEED = 11
 DEADLINE_S = 60.0
 UNTOUCHED = 1024.0  # what an output holds before a call: far beyond any sum of a few normal values
+
+
+def max_numel() -> int:
+    """The most elements one case sends: what a probe's buffers must hold for the agreement check."""
+    return max(TOKENS) * max(hiddens())
 
 
 def hiddens() -> tuple[int, ...]:
@@ -70,8 +77,11 @@ class Case:
         return f"{self.dtype}:{self.mode}:{self.tokens}x{self.hidden}"
 
 
-def cases(dtypes: Sequence[str], quick: bool = False) -> tuple[Case, ...]:
-    """Every dtype x model hidden size x decode/verify token count x mode; ``quick``: one size per dtype and mode."""
+def cases(dtypes: Sequence[str], quick: bool | None = None) -> tuple[Case, ...]:
+    """Every dtype x model hidden size x decode/verify token count x mode; ``quick`` (by default: a quick run,
+    ``inenv.probe.LEVEL_ENV``): the largest size only, per dtype and mode."""
+    if quick is None:
+        quick = os.environ.get(LEVEL_ENV) == QUICK
     sizes = [(t, h) for h in hiddens() for t in TOKENS]
     if quick:
         sizes = [(TOKENS[-1], max(hiddens()))]

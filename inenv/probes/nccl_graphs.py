@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inenv.kit import _data, _device, _dist, _errors, _nccllog
+from inenv.kit import _agree, _data, _device, _dist, _errors, _nccllog
 from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
 
 SPEC = ProbeSpec(
@@ -310,6 +310,30 @@ def exercise(cases: list[OpCase], warm: bool, gloo: Any, log: Callable[[str], No
     return results
 
 
+def checks_agreement(algo: str, warm: bool, runtime_connect: str) -> bool:
+    """The agreement check runs once per algorithm: in its variant with eager warm-up and NCCL's default
+    connection (the warm-up and connection variants change when channels connect, not how the sum is made)."""
+    return warm and runtime_connect == "default"
+
+
+def agreement_bind(rank: int, world: int, device: Any) -> Callable[[_agree.Case], _agree.Bound]:
+    """NCCL's allreduce under this variant's algorithm, in place on a buffer of the case's dtype."""
+    import torch.distributed as dist
+
+    buffers: dict[str, Any] = {}
+
+    def bind(case: _agree.Case) -> _agree.Bound:
+        import torch
+
+        dtype = _agree.torch_dtype(case.dtype)
+        if case.dtype not in buffers:
+            buffers[case.dtype] = torch.empty(_agree.max_numel(), device=device, dtype=dtype)
+        buf = buffers[case.dtype][: case.numel]
+        return _agree.allreduce_bound(case, buf, buf, lambda: dist.all_reduce(buf), rank, world)
+
+    return bind
+
+
 def run(ctx: RankContext) -> dict[str, Any]:
     algo = ctx.param("algo", "default") or "default"
     warm = (ctx.param("warmup", "yes") or "yes") == "yes"
@@ -334,6 +358,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
     everyone = _dist.gather_objects(mine, gloo)
     per_op = merge_rank_results(everyone)
     result = verdict(per_op, algo)
+    agreed: dict[str, Any] = {}
+    if checks_agreement(algo, warm, rc) and op_class(per_op.get("all_reduce", {})) == "ok":
+        agreed = _agree.run_cases(agreement_bind(ctx.rank, ctx.world_size, device), _agree.cases(_agree.DTYPES),
+                                  gloo, ctx.log)
+        result = _agree.apply(result, _agree.summarize(agreed), f"NCCL allreduce (NCCL_ALGO={algo})")
     logs = [_nccllog.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
     result["evidence"].update(
         {
@@ -347,6 +376,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
             "nccl_warnings": [w for lg in logs for w in lg["warnings"]][-6:],
             "captured_calls": CAPTURED_CALLS,
             "elements_per_rank": ELEMS,
+            "agreement": agreed,
         }
     )
     return result
@@ -357,6 +387,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
 METRICS = (
     ("ops_ok", "count", "collectives exact eagerly and in a CUDA graph", None),
     ("ops_total", "count", "collectives checked", None),
+    ("agreement", "record", "rank agreement on random bf16/fp16 data (inenv/kit/_agree.py): ranks identical, "
+     "differing elements, max ulp between ranks, deterministic, max ulp vs the float64 sum, divergent cases",
+     "agreement"),
 )
 EVIDENCE = (
     ("ops", "record", "per collective, the eager and graph results against the exact answer", "op-checks"),
