@@ -303,14 +303,20 @@ def test_keep_multicast_off_sets_defaults_and_never_unsets() -> None:
 
 
 def test_nccl_graphs_variants() -> None:
+    # world sizes 2, 3, 4 and 8 on a small host; all 16 configurations at 2 ranks and at the host's GPU count,
+    # the 4 algorithms (warm-up on, NCCL's default connection) at the other sizes
     two = nccl_graphs.variants(HostView(gpu_count=2))
-    assert len(two) == 16 and len({v.key for v in two}) == 16
-    assert all(v.skip is None and v.ranks == 2 for v in two)
+    assert len(two) == 16 + 3 * 4 and len({v.key for v in two}) == len(two)
+    assert all(v.skip is None for v in two if v.ranks == 2)
+    assert all(v.skip is not None and v.skip.code == "too-few-gpus" for v in two if v.ranks > 2)
     assert "ranks=2,algo=allreduce:tree,warmup=no,runtime_connect=0" in {v.key for v in two}
+    assert {v.key for v in two if v.ranks == 3} == {f"ranks=3,algo={a},warmup=yes,runtime_connect=default"
+                                                   for a in ("default", "Ring", "Tree", "allreduce:tree")}
     one = nccl_graphs.variants(HostView(gpu_count=1))
-    assert len(one) == 16 and all("NCCL refuses two ranks on one GPU" in (v.skip.note if v.skip else "") for v in one)
+    assert len(one) == 28 and all("NCCL refuses two ranks on one GPU" in (v.skip.note if v.skip else "") for v in one)
     eight = nccl_graphs.variants(HostView(gpu_count=8))
-    assert sorted({v.ranks for v in eight}) == [2, 8] and len(eight) == 32
+    assert sorted({v.ranks for v in eight}) == [2, 3, 4, 5, 6, 7, 8] and len(eight) == 2 * 16 + 5 * 4
+    assert all(v.skip is None for v in eight)
 
 
 def test_nccl_env() -> None:
@@ -372,9 +378,10 @@ def test_symm_mem_variants() -> None:
     keys = [(v.key, v.skip.note if v.skip else None) for v in symm_mem.variants(HostView(gpu_count=2))]
     assert keys == [
         ("ranks=2", None),
-        ("ranks=4", "needs 4 GPUs, host has 2"),
-        ("ranks=8", "needs 8 GPUs, host has 2"),
-        ("ranks=2,gpus=shared", None),
+        ("ranks=3,placement=shared,gpus=1", None),
+        ("ranks=4,placement=shared,gpus=1", None),
+        ("ranks=8,placement=shared,gpus=1", None),
+        ("ranks=2,placement=shared,gpus=1", None),
     ]
     assert all(v.skip for v in symm_mem.variants(HostView(gpu_count=0)))
 
@@ -474,7 +481,7 @@ def test_ar_latency_variants_and_sizes() -> None:
     runnable = [v.key for v in vs if v.skip is None]
     assert runnable == [f"ranks=2,backend={b}" for b in backends]
     skipped = sorted((v.ranks, v.skip.code) for v in vs if v.skip is not None)
-    assert skipped == [(4, "too-few-gpus")] * 6 + [(8, "too-few-gpus")] * 6
+    assert skipped == [(3, "too-few-gpus")] * 6 + [(4, "too-few-gpus")] * 6 + [(8, "too-few-gpus")] * 6
     sizes = ar_latency.sizes_bytes()
     assert sizes[0] == 14336 and 1835008 in sizes and sizes[-1] == 4 * 1835008  # 14 KiB .. 1.75 MiB, 4x verify
 

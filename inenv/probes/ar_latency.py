@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inenv.kit import _agree, _data, _device, _dist, _errors, _symm, _timing
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, outcome, per_world_size
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
 
 SPEC = ProbeSpec(
     id="ar-latency",
@@ -45,7 +45,8 @@ OP_DEADLINE_S = 30.0
 
 
 def variants(host: HostView) -> list[Variant]:
-    return per_world_size(SPEC, host, ((("backend", backend),) for backend in BACKENDS))
+    why = "a latency of ranks time-slicing one GPU means nothing; step checks agreement on shared GPUs"
+    return multi_rank(SPEC, host, ((("backend", backend),) for backend in BACKENDS), why=why)
 
 
 def _no_flashinfer(backend: str) -> dict[str, Any] | None:

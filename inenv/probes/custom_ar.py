@@ -25,9 +25,8 @@ from inenv.probe import (
     RankContext,
     Variant,
     at_level,
+    multi_rank,
     outcome,
-    per_world_size,
-    shared_gpu_variants,
 )
 
 SPEC = ProbeSpec(
@@ -37,7 +36,7 @@ SPEC = ProbeSpec(
     "topology's full_nvlink and with it forced, does it silently do nothing, and how fast is it against NCCL?",
     ranks=(2, 4, 8),
     min_ranks=2,  # over one rank an allreduce returns its input
-    # Ranks get a GPU each, except the gpus=shared variants (planned below, correctness only): IPC buffers work
+    # Ranks get a GPU each, except the placement=shared variants (planned below, correctness only): IPC buffers work
     # between processes on one device too, so more ranks than GPUs still test the kernel's result.
     distinct_gpus=False,
     requires=("torch",),  # plus flashinfer or sgl_kernel, per variant: checked in run()
@@ -55,10 +54,11 @@ REPLAYS = 30
 
 
 def variants(host: HostView) -> list[Variant]:
-    own = per_world_size(SPEC, host, ((("impl", impl), ("full_nvlink", mode)) for impl in IMPLS for mode in MODES))
-    # forced: with full_nvlink False the kernel launches nothing at 4 and 8 ranks (the topology variants
-    # above show that); shared GPUs have no NVLink between a GPU and itself.
-    return own + shared_gpu_variants(SPEC, host, (("impl", "flashinfer"), ("full_nvlink", "forced")))
+    # Beyond the host's GPU count only flashinfer's, forced: with full_nvlink False the kernel launches nothing
+    # over 2 ranks (the topology variants show that), and shared GPUs have no NVLink between a GPU and itself.
+    return multi_rank(SPEC, host, ((("impl", impl), ("full_nvlink", mode)) for impl in IMPLS for mode in MODES),
+                      lambda p: p == (("impl", "flashinfer"), ("full_nvlink", "forced")),
+                      why="this implementation and topology mode is checked with a GPU per rank only")
 
 
 def nvlink_matrix(devices: list[int]) -> tuple[bool | None, str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inenv.kit import _agree, _data, _device, _dist, _errors, _nccllog
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome, world_sizes
 
 SPEC = ProbeSpec(
     id="nccl-graphs",
@@ -46,15 +46,19 @@ OP_DEADLINE_S = 30.0  # a collective that does not finish by then is recorded as
 
 
 def variants(host: HostView) -> list[Variant]:
-    worlds = [2] + ([host.gpu_count] if host.gpu_count > 2 else [])
+    """Every algorithm at every world size (``world_sizes``: a size beyond the host's GPUs is a planned skip,
+    NCCL refusing two ranks on one GPU); the warm-up and lazy-connection variants at 2 ranks and at the host's
+    GPU count, where the mechanisms they tell apart were seen."""
+    full = {2, host.gpu_count}
     out: list[Variant] = []
-    for n in worlds:
+    for n in world_sizes(host):
         skip = gpu_shortfall(host, n, "NCCL refuses two ranks on one GPU")
         for algo in ALGOS:
             for warm in WARMUPS:
                 for rc in RUNTIME_CONNECT:
-                    params = (("algo", algo), ("warmup", warm), ("runtime_connect", rc))
-                    out.append(Variant(SPEC.id, n, params=params, skip=skip))
+                    if n in full or checks_agreement(algo, warm == "yes", rc):
+                        params = (("algo", algo), ("warmup", warm), ("runtime_connect", rc))
+                        out.append(Variant(SPEC.id, n, params=params, skip=skip))
     return out
 
 

@@ -19,9 +19,9 @@ Which kernel ran: one replay of each graph is profiled and the kernels the backe
 baseline's are recorded per case; a non-NCCL backend whose kernels are NCCL's fell back, and flashinfer's PCIe
 IPC all-reduce records the launch configuration its own policy chose (or its refusal) per shape.
 
-Ranks sharing one GPU (``gpus=shared``, a host with one GPU) run every check and the profile but are not timed
-(each allreduce there waits for the other process's turn on the GPU: 2 ms a call on an H200), so a shared-GPU
-result has no times for anything to rank or plot.
+Ranks sharing one GPU (``placement=shared``, world sizes over the host's GPU count) run every check, the rank
+agreement check and the profile but are not timed (each allreduce there waits for the other process's turn on
+the GPU: 2 ms a call on an H200), so a shared-GPU result has no times for anything to rank or plot.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 
 from inenv import models
 from inenv.kit import _agree, _data, _device, _dist, _errors, _symm, _timing
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, outcome, per_world_size
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
 from inenv.probes.fi_fusion import EPS, norm_check
 
 SPEC = ProbeSpec(
@@ -46,7 +46,7 @@ SPEC = ProbeSpec(
     "on this host, against the same step without communication, and which kernel actually ran?",
     ranks=(2, 4, 8),
     min_ranks=2,  # over one rank an allreduce returns its input
-    distinct_gpus=False,  # the gpus=shared variants put both ranks on one GPU (checked, not timed)
+    distinct_gpus=False,  # the placement=shared variants put every rank on one GPU (checked, not timed)
     requires=("torch",),
     timeout_s=900.0,
     preload=_dist.PRELOAD_DIST,
@@ -98,10 +98,10 @@ ONLY_ENV = "STACKPROBE_STEP_ONLY"  # planning filter: "nccl,flashinfer-fusion" p
 def variants(host: HostView) -> list[Variant]:
     only = {b.strip() for b in os.environ.get(ONLY_ENV, "").split(",") if b.strip()}
     backends = [b for b in BACKENDS if not only or b in only]
-    out = per_world_size(SPEC, host, ((("backend", b),) for b in backends))
-    if host.gpu_count == 1:  # NCCL refuses two ranks on one GPU: every other backend is checked there
-        out += [Variant(SPEC.id, 2, params=(("backend", b),), share_gpu=True) for b in backends if b != "nccl"]
-    return out
+    # Beyond the host's GPU count every backend but NCCL (which refuses two ranks on one GPU) runs with its
+    # ranks on one GPU: checked and compared across ranks, not timed
+    return multi_rank(SPEC, host, ((("backend", b),) for b in backends), lambda p: dict(p)["backend"] != "nccl",
+                      shared_gpus=1, why="NCCL refuses two ranks on one GPU")
 
 
 def _missing(backend: str) -> dict[str, Any] | None:

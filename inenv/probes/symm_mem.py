@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inenv.kit import _data, _device, _dist, _errors, _symm
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, gpu_shortfall, outcome
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
 
 SPEC = ProbeSpec(
     id="symm-mem",
@@ -28,7 +28,7 @@ SPEC = ProbeSpec(
     "CUDA graph), and are the multicast ops refused where multicast is unavailable?",
     ranks=(2, 4, 8),
     min_ranks=2,  # over one rank an allreduce returns its input
-    distinct_gpus=False,  # the gpus=shared variant puts both ranks on one GPU
+    distinct_gpus=False,  # the placement=shared variants put every rank on one GPU
     requires=("torch",),
     timeout_s=180.0,
     # torch reads TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES at the symmetric-memory rendezvous, not at import.
@@ -50,10 +50,11 @@ MULTIMEM_REFUSAL = re.compile(r"multimem_all_reduce_: multicast support is requi
 
 
 def variants(host: HostView) -> list[Variant]:
-    out: list[Variant] = []
-    for n in SPEC.ranks:
-        out.append(Variant(SPEC.id, n, skip=gpu_shortfall(host, n)))
-    out.append(Variant(SPEC.id, 2, share_gpu=True, skip=gpu_shortfall(host, 1)))
+    # Beyond the host's GPU count the ranks share the first GPU (torch's overlapping-devices switch); at 2 ranks
+    # they also do on a host with more
+    out = multi_rank(SPEC, host, [()], lambda _: True, shared_gpus=1)
+    if host.gpu_count >= 2:
+        out.append(Variant(SPEC.id, 2, share_gpu=True, gpus=1))
     return out
 
 
