@@ -139,6 +139,7 @@ class Role(StrEnum):
     GRAPH_CHECKS = "graph-checks"  # evidence: {"checks": {size: {"verdict"}}} of graph replays
     # metrics: the rank-agreement summary of inenv.kit._agree (ranks_identical, deterministic, divergent_cases...)
     AGREEMENT = "agreement"
+    NO_ATOMICS = "no-atomics"  # metrics: {pair: NVML status} of GPU pairs with peer access but no native atomics
 
 
 @dataclass(frozen=True)

@@ -424,6 +424,31 @@ def p2p_broken(results: Iterable[ProbeResult]) -> list[ProbeResult]:
                  or (r.params.get("check") == "nccl" and r.params.get("p2p", "default") == "default"))]
 
 
+# Backends whose signals are peer-to-peer atomics: torch symmetric memory's one-/two-shot allreduce. A host whose
+# pairs have peer access without native atomics (host-p2p's facts, NVML's atomics bit) does not get them advised.
+ATOMIC_BACKENDS = frozenset({"symm-mem-one-shot", "symm-mem-two-shot"})
+NO_ATOMICS = "p2p-no-native-atomics"
+
+
+def no_atomics(results: Iterable[ProbeResult]) -> list[ProbeResult]:
+    """The host's newest host-p2p facts results (any cell: the pairs are the host's) that name GPU pairs without
+    native peer-to-peer atomics."""
+    return [r for r in results if r.probe_id == P2P_PROBE and r.params.get("check") == "facts"
+            and isinstance(bare := declared_metric(r, Role.NO_ATOMICS), Mapping) and bare]
+
+
+def atomics_avoid(found: Sequence[ProbeResult]) -> list[Avoid]:
+    """One line per backend that needs native P2P atomics, on a host whose pairs lack them."""
+    if not found:
+        return []
+    bare = declared_metric(found[0], Role.NO_ATOMICS)
+    pairs = "; ".join(f"GPUs {k}: {v}" for k, v in sorted(bare.items())[:4])
+    return [Avoid(f"{b} (needs native peer-to-peer atomics)", "host", NO_ATOMICS,
+                  f"host-p2p's facts: NVML reports peer access but no native atomics ({pairs}); torch symmetric "
+                  "memory's signals can wedge under load there", tuple(r.result_id for r in found[:3]))
+            for b in sorted(ATOMIC_BACKENDS)]
+
+
 def p2p_avoid(results: Sequence[ProbeResult], broken: Sequence[ProbeResult]) -> list[Avoid]:
     """One line per P2P backend the host's failed peer-to-peer check rules out, with that check's reason, and
     whether NCCL without P2P (``NCCL_P2P_DISABLE=1``) passed on the same pair."""
@@ -580,15 +605,19 @@ def advise_cell(host_id: str, cell_id: str, ranks: int, results: Sequence[ProbeR
         return CellAdvice(host_id, cell_id, ranks, hidden, missing=(
             Missing(f"allreduce latency at {ranks} ranks", "no ar-latency result",
                     _rerun(LATENCY_PROBE, cell_id, cell, executor)),),
-            avoid=(*p2p_avoid(results, p2p_broken(results)), *_avoid(rs, ())), untimed=tuple(_untimed(rs)),
+            avoid=(*p2p_avoid(results, p2p_broken(results)), *atomics_avoid(no_atomics(results)),
+                   *_avoid(rs, ())), untimed=tuple(_untimed(rs)),
             multicast=mc, full_nvlink=nvl, not_for_verify=tuple(not_for_verify(results, cell_id)))
     curves, missing = _curves(cell_id, cell, rs, executor)
     broken = p2p_broken(results)
     if broken:  # a backend that needs peer-to-peer is never advised on a host whose peer-to-peer failed
         curves = [c for c in curves if c.backend not in P2P_BACKENDS]
+    bare = no_atomics(results)
+    if bare:  # nor one whose signals are peer atomics on a host whose pairs lack them
+        curves = [c for c in curves if c.backend not in ATOMIC_BACKENDS]
     spread = spreads(results, cell_id, ranks)
     sizes = _per_size(curves, hidden, spread)
-    avoid = (*p2p_avoid(results, broken), *_avoid(rs, curves, spread))
+    avoid = (*p2p_avoid(results, broken), *atomics_avoid(bare), *_avoid(rs, curves, spread))
     return CellAdvice(host_id, cell_id, ranks, hidden, tuple(curves), tuple(sizes),
                       tuple(_crossovers(sizes, curves)), avoid, tuple(_untimed(rs)),
                       tuple(missing), mc, nvl, spread, tuple(not_for_verify(results, cell_id)))

@@ -27,7 +27,7 @@ import importlib.util
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -344,6 +344,7 @@ class Gpu:
     chain: _pci.Chain | None = None
     nvml: dict[str, Any] = field(default_factory=dict)
     loaded: Fact = field(default_factory=lambda: _pci.hidden("", "not read under load"))
+    unread: str = ""  # why its sysfs facts could not be read ("": read, or nothing to read)
 
     @property
     def label(self) -> str:
@@ -360,6 +361,8 @@ class Gpu:
         if self.nvml:
             out["nvml"] = self.nvml
         out["link_under_load"] = self.loaded.to_json()
+        if self.unread:
+            out["unread"] = self.unread
         return out
 
 
@@ -398,12 +401,20 @@ def link_view(g: Gpu) -> LinkView:
 
 
 def read_gpu(host: _pci.Host, g: Gpu, admin: bool | None) -> Gpu:
+    """The GPU's chain, port and bridges from sysfs; what cannot be read (a link loop, a file the readers do not
+    expect) leaves this GPU's sysfs facts out and says why in ``unread``, never the other GPUs'."""
     if not g.address:
         return g
-    g.chain = _pci.chain_of(host, g.address)
-    if g.chain.device_dir is not None:
-        g.port = _pci.read_port(host, g.chain.device_dir, admin)
-        g.bridges = [_pci.read_port(host, d, admin) for _, d in g.chain.bridges]
+    try:
+        g.chain = _pci.chain_of(host, g.address)
+        if not g.chain.fact.seen and g.chain.device_dir is None:
+            g.unread = g.chain.fact.not_visible
+        if g.chain.device_dir is not None:
+            g.port = _pci.read_port(host, g.chain.device_dir, admin)
+            g.bridges = [_pci.read_port(host, d, admin) for _, d in g.chain.bridges]
+    except Exception as exc:  # sysfs is the host's, not ours: one GPU's odd tree must not lose the others
+        g.chain, g.port, g.bridges = None, None, []
+        g.unread = f"{type(exc).__name__}: {exc}"[:200]
     return g
 
 
@@ -515,17 +526,31 @@ def pair_path(a: Gpu, b: Gpu, iommu: Fact, nvml: dict[str, Any], vm: Fact) -> Pa
 FINDINGS = (
     ("pcie-link-degraded", "a GPU's link trained below the card's maximum"),
     ("p2p-unavailable", "the driver refuses peer-to-peer for a pair"),
+    ("p2p-no-native-atomics", "a pair has peer access but no native peer-to-peer atomics"),
     ("p2p-acs-redirect", "ACS redirect on a bridge of a pair's PCIe path"),
     ("p2p-iommu-translated", "the IOMMU translates the GPUs' DMA"),
     ("p2p-facts-not-visible", "facts peer-to-peer depends on could not be read"),
 )
 
 
+def no_native_atomics(paths: dict[str, PathView]) -> dict[str, str]:
+    """The pairs NVML reports peer read and write for but not native atomics, with the status it gives (pure)."""
+    out = {}
+    for k, p in paths.items():
+        status = dict(p.p2p)
+        atomics = status.get("atomics", "")
+        if status.get("read") == "ok" and status.get("write") == "ok" and atomics not in ("", "ok") \
+                and not atomics.startswith("not visible"):
+            out[k] = atomics
+    return out
+
+
 def facts_verdict(gpus: list[Gpu], paths: dict[str, PathView], iommu: Fact, links: list[str], why_no_gpu: str,
-                  hidden_host: list[str], evidence: dict[str, Any]) -> dict[str, Any]:
-    """The facts variant's outcome (pure over what was read): a degraded link, the driver refusing P2P, ACS
-    redirect on a path, a translating IOMMU and facts that could not be read, in that order of weight; the
-    last three only count for a pair that is not joined by NVLink."""
+                  hidden_host: list[str], evidence: dict[str, Any], lost: Sequence[str] = ()) -> dict[str, Any]:
+    """The facts variant's outcome (pure over what was read): a degraded link, the driver refusing P2P, a pair
+    without native P2P atomics, ACS redirect on a path, a translating IOMMU and facts that could not be read, in
+    that order of weight; ACS, the IOMMU and hidden bridges only count for a pair that is not joined by NVLink,
+    while a GPU whose sysfs facts could not be read (``lost``: one sysfs could not even classify) always does."""
     mode = iommu.value if iommu.seen else "not visible"
     summary = "; ".join([f"{len(gpus)} GPU(s)", *(f"{g.label} {spelled(v.idle_speed, v.width)}" for g, v in
                          ((g, link_view(g)) for g in gpus)), f"IOMMU {mode}"])
@@ -533,7 +558,7 @@ def facts_verdict(gpus: list[Gpu], paths: dict[str, PathView], iommu: Fact, link
                                "acs_redirect_bridges": len({a for p in paths.values() for a, _, _ in p.redirect}),
                                "headline": f"IOMMU {mode}"}
     if not gpus:
-        also = "".join(f"; {h}" for h in hidden_host)
+        also = "".join(f"; {h}" for h in (*lost, *hidden_host))
         note = f"no GPU visible ({why_no_gpu}): host facts only ({summary}{also}); the GPU parts were skipped"
         return outcome("skip", note, "no-gpu", metrics, evidence)
     found: dict[str, str] = {}
@@ -544,6 +569,12 @@ def facts_verdict(gpus: list[Gpu], paths: dict[str, PathView], iommu: Fact, link
                if cap in ("read", "write") and status != "ok" and not status.startswith("not visible")]
     if refused:
         found["p2p-unavailable"] = "the driver refuses peer-to-peer: " + "; ".join(refused[:4])
+    bare = no_native_atomics(paths)
+    metrics["no_native_atomics"] = bare
+    if bare:
+        found["p2p-no-native-atomics"] = ("peer access without native peer-to-peer atomics (NVML): " + "; ".join(
+            f"GPU {k}: atomics {why}" for k, why in sorted(bare.items())[:4]) + ": torch symmetric memory's signals "
+            "rely on them and can wedge under load")
     bridges: dict[str, tuple[str, tuple[str, ...], set[str]]] = {}
     for k, p in pcie.items():
         for addr, kind, bits in p.redirect:
@@ -555,7 +586,8 @@ def facts_verdict(gpus: list[Gpu], paths: dict[str, PathView], iommu: Fact, link
     if pcie and mode in ("translated", "mixed"):
         found["p2p-iommu-translated"] = (f"the IOMMU translates the GPUs' DMA ({mode}: {iommu.source}); "
                                          "peer-to-peer over PCIe goes through it")
-    unseen = sorted({f"{addr}: {why}" for p in pcie.values() for addr, why in p.acs_hidden})
+    unseen = [*lost, *(f"{g.label}: its sysfs facts could not be read ({g.unread})" for g in gpus if g.unread)]
+    unseen += sorted({f"{addr}: {why}" for p in pcie.values() for addr, why in p.acs_hidden})
     if pcie and not iommu.seen:
         unseen.append(f"IOMMU mode: {iommu.not_visible}")
     if pcie:
@@ -585,7 +617,8 @@ def host_facts(host: _pci.Host, torch: Any, why_torch: str, nv: Any, why_nvml: s
     torch (None: ``why_torch``; then nothing is read under load and no peer access)."""
     admin = _pci.sys_admin(host)
     vm = _pci.virtual_machine(host)
-    sysfs = _pci.nvidia_gpus(host)
+    unread: list[str] = []
+    sysfs = _pci.nvidia_gpus(host, unread)
     nvml = nvml_view(nv, why_nvml)
     gpus = gpus_seen(torch, nvml, sysfs)
     by_address = {g["address"]: g for g in nvml.get("gpus") or []}
@@ -618,7 +651,11 @@ def host_facts(host: _pci.Host, torch: Any, why_torch: str, nv: Any, why_nvml: s
                                 "" if sysfs.seen else f"sysfs: {sysfs.not_visible}") if w)
     if vm.seen and vm.value:
         hidden_host.append("inside a VM: the IOMMU and bridges read here are the guest's, not the host's")
-    return facts_verdict(gpus, paths, iommu, links, why, hidden_host, evidence)
+    seen = {g.address for g in gpus}
+    lost = [f"sysfs {u}: not counted as a GPU" for u in unread if u.split(": ", 1)[0] not in seen]
+    if lost:
+        evidence["host"]["nvidia_unread"] = lost
+    return facts_verdict(gpus, paths, iommu, links, why, hidden_host, evidence, lost)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1004,6 +1041,8 @@ METRICS = (
     ("gpus", "count", "GPUs the facts variant found", None),
     ("degraded_links", "count", "GPUs whose PCIe link trained below the card's maximum", None),
     ("acs_redirect_bridges", "count", "bridges on a GPU pair's PCIe path with ACS redirect bits on", None),
+    ("no_native_atomics", "record", "pairs NVML reports peer read/write for but no native P2P atomics, with its "
+     "status", "no-atomics"),
     ("link_gbs", "GB/s", "the pair's theoretical rate per direction (NVLink links, else the slower PCIe link)", None),
     ("link_basis", "text", "what link_gbs is computed from", None),
     ("unidir_gbs", "GB/s by direction", "one-way peer copy bandwidth, 256 MiB copies", None),
