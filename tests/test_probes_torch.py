@@ -382,8 +382,27 @@ def test_symm_mem_variants() -> None:
         ("ranks=4,placement=shared,gpus=1", None),
         ("ranks=8,placement=shared,gpus=1", None),
         ("ranks=2,placement=shared,gpus=1", None),
+        ("ranks=2,load=sustained", None),
     ]
     assert all(v.skip for v in symm_mem.variants(HostView(gpu_count=0)))
+    one = [v for v in symm_mem.variants(HostView(gpu_count=1)) if v.param("load") == "sustained"]
+    assert [(v.ranks, v.skip.code if v.skip else None) for v in one] == [(2, "too-few-gpus")]
+    eight = [v.ranks for v in symm_mem.variants(HostView(gpu_count=8)) if v.param("load") == "sustained"]
+    assert eight == [2, 8]
+
+
+def test_symm_mem_sustained_load_verdicts() -> None:
+    ok = {"verdict": "ok", "calls": 5000, "seconds": 0.4}
+    passed = symm_mem.sustained_verdict({"one_shot": ok, "two_shot": ok}, {})
+    assert passed["status"] == "pass"
+    assert passed["metrics"]["sustained_calls"] == {"one_shot": 5000, "two_shot": 5000}
+    hung = {"verdict": "hang", "calls": 5000, "error": "device work not finished after 120 s"}
+    wedged = symm_mem.sustained_verdict({"one_shot": ok, "two_shot": hung}, {})
+    assert (wedged["status"], wedged["reason_code"]) == ("hang", "symm-mem-sustained-hang")
+    assert wedged["note"].startswith("two_shot: 5000 captured calls back to back did not finish within 120 s")
+    wrong = symm_mem.sustained_verdict({"one_shot": {"verdict": "wrong", "detail": "3/57344 elements differ"}}, {})
+    assert (wrong["status"], wrong["reason_code"]) == ("fail", "symm-mem-wrong-result")
+    assert symm_mem.sustained_verdict({}, {})["reason_code"] == "symm-mem-op-missing"
 
 
 def _symm_facts(**over: object) -> dict[str, object]:
