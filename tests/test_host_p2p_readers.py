@@ -13,7 +13,7 @@ import pytest
 from checks.report import advise
 from checks.results import hostresults
 from checks.results.result import ProbeResult, Verdict
-from inenv.kit import _pci
+from inenv.kit import _p2p, _pci
 from inenv.probes import host_p2p as hp
 from inenv.status import Status
 from tests.checks_helpers import ROOT
@@ -107,7 +107,7 @@ def test_no_native_atomics_is_the_reason_when_nothing_weighs_more() -> None:
     gpus = [hp.Gpu(0, "0000:03:00.0", "NVML"), hp.Gpu(1, LOOPED, "NVML")]
     r = hp.facts_verdict(gpus, paths, _pci.Fact("off", "x"), [], "", [], {})
     assert (r["status"], r["reason_code"]) == ("partial", "p2p-no-native-atomics")
-    assert hp.no_native_atomics({"0-1": hp.PathView(("a", "b"), p2p=(("read", "ok"), ("write", "ok"),
+    assert _p2p.no_native_atomics({"0-1": hp.PathView(("a", "b"), p2p=(("read", "ok"), ("write", "ok"),
                                                                       ("atomics", "not visible (x)")))}) == {}
 
 

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from inenv.kit import _data, _dist, _errors, _nccllog, _timing
+from inenv.kit import _data, _dist, _errors, _nccl, _timing
 from inenv.probe import RESULT_MARKER, HostView, RankContext, Variant
 from inenv.probes import ar_latency, custom_ar, ep_a2a, fi_fusion, nccl_graphs, pcie_ipc, symm_mem
 from inenv.worker import skip_reason
@@ -246,7 +246,7 @@ h:1:9 [0] NCCL WARN No algorithm/protocol available for function AllGather with 
 
 
 def test_parse_nccl_log() -> None:
-    parsed = _nccllog.parse_nccl_log(NCCL_LOG)
+    parsed = _nccl.parse_nccl_log(NCCL_LOG)
     assert parsed["transports"] == ["P2P/CUMEM/read", "SHM/direct/direct"]
     assert parsed["nccl_version"] == "2.28.9+cuda13.0"
     assert parsed["algorithms"] == {"AllReduce": ["RING/LL", "TREE/LL"], "AllGather": ["RING/LL"]}
@@ -255,11 +255,11 @@ def test_parse_nccl_log() -> None:
 def test_read_nccl_logs_picks_this_process_files(tmp_path: Path) -> None:
     (tmp_path / "nccl.h.123.log").write_text(NCCL_LOG)
     (tmp_path / "nccl.h.456.log").write_text("x [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/Socket/0\n")
-    mine = _nccllog.read_nccl_logs(tmp_path, pid=123)
+    mine = _nccl.read_nccl_logs(tmp_path, pid=123)
     assert mine["transports"] == ["P2P/CUMEM/read", "SHM/direct/direct"]
     assert mine["warnings"] and "No algorithm/protocol available" in mine["warnings"][0]
-    assert _nccllog.read_nccl_logs(tmp_path / "missing", pid=1)["transports"] == []
-    env = _nccllog.nccl_debug_env(tmp_path)
+    assert _nccl.read_nccl_logs(tmp_path / "missing", pid=1)["transports"] == []
+    env = _nccl.nccl_debug_env(tmp_path)
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"].endswith("nccl.%h.%p.log")
 
 
@@ -279,7 +279,7 @@ def test_read_nccl_logs_picks_this_process_files(tmp_path: Path) -> None:
     ],
 )
 def test_classify_error(text: str, code: str) -> None:
-    assert _nccllog.classify_error(text) == code
+    assert _nccl.classify_error(text) == code
 
 
 def test_error_tail_drops_cpp_frames() -> None:

@@ -2,8 +2,8 @@
 
 In-environment side: standard library at module level; torch is imported inside the functions that
 need it, so the host-side planner can import the probe modules without torch. The data the probes
-send, the exact checks, timing, symmetric memory and NCCL's logs live in their own modules
-(``_data``, ``_timing``, ``_symm``, ``_nccllog``).
+send, the exact checks, timing and NCCL's logs live in their own modules (``_data``, ``_timing``,
+``_nccl``); torch symmetric memory's rendezvous and ops across torch versions are at the end here.
 """
 
 from __future__ import annotations
@@ -173,3 +173,33 @@ def settle_ok(ok: bool, error: str, group: Any = None, peer: str = "a peer rank 
     if agree(ok, group):
         return None
     return {"verdict": "error", "error": error or peer}
+
+
+# --- torch symmetric memory (``torch.distributed._symmetric_memory``) across torch versions ---------------
+
+def symm_rendezvous(tensor: Any, group: Any) -> tuple[Any, bool]:
+    """Rendezvous a symmetric tensor over ``group``; the one place that knows torch < 2.11 needs
+    ``enable_symm_mem_for_group`` first. Returns the handle and whether that call was made."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    enabled_here = False
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    is_enabled = getattr(symm_mem, "is_symm_mem_enabled_for_group", None)
+    if enable is not None and (is_enabled is None or not is_enabled(group.group_name)):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated (a no-op need) on newer torch
+            enable(group.group_name)
+        enabled_here = True
+    return symm_mem.rendezvous(tensor, group), enabled_here
+
+
+def symm_op(name: str) -> Any:
+    """``torch.ops.symm_mem.<name>`` or None when this torch does not have it."""
+    import torch
+
+    try:
+        return getattr(torch.ops.symm_mem, name)
+    except (AttributeError, RuntimeError):
+        return None

@@ -14,7 +14,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from inenv.kit import _agree, _data, _device, _dist, _errors, _symm, _timing
+from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
 from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
 
 SPEC = ProbeSpec(
@@ -166,7 +166,7 @@ class SymmMem(Backend):
         self.buf = self.out = None
         self.enabled_here = False
         op_name = "one_shot_all_reduce_out" if kind == "one-shot" else "two_shot_all_reduce_"
-        self.op = _symm.symm_op(op_name)
+        self.op = _dist.symm_op(op_name)
         if self.op is None:
             raise LookupError(f"torch.ops.symm_mem.{op_name} is not in this torch")
 
@@ -175,7 +175,7 @@ class SymmMem(Backend):
         import torch.distributed._symmetric_memory as symm_mem
 
         self.buf = symm_mem.empty(max_numel, dtype=torch.bfloat16, device=self.device)
-        self.handle, self.enabled_here = _symm.symm_rendezvous(self.buf, self.group)
+        self.handle, self.enabled_here = _dist.symm_rendezvous(self.buf, self.group)
         self.out = torch.empty(max_numel, device=self.device, dtype=torch.bfloat16)
 
     def buffers(self, numel: int) -> tuple[Any, Any]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inenv.kit import _agree, _data, _device, _dist, _errors, _nccllog
+from inenv.kit import _agree, _data, _device, _dist, _errors, _nccl
 from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome, world_sizes
 
 SPEC = ProbeSpec(
@@ -242,7 +242,7 @@ def build_cases(rank: int, world: int, device: Any) -> list[OpCase]:
 
 def _failure(exc: BaseException) -> dict[str, str]:
     text = _errors.error_tail(exc)
-    return {"verdict": "error", "code": _nccllog.classify_error(text), "error": text}
+    return {"verdict": "error", "code": _nccl.classify_error(text), "error": text}
 
 
 def _judge(case: OpCase, seed: int) -> dict[str, str]:
@@ -345,7 +345,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     set_, unset = nccl_env(algo, rc)
     removed = {k: os.environ.pop(k) for k in unset if k in os.environ}
     os.environ.update(set_)
-    os.environ.update(_nccllog.nccl_debug_env(ctx.workdir))
+    os.environ.update(_nccl.nccl_debug_env(ctx.workdir))
     # Keep the rank alive after an NCCL error so that it can report which op failed and how.
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     multicast = _dist.keep_multicast_off()
@@ -367,7 +367,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         agreed = _agree.run_cases(agreement_bind(ctx.rank, ctx.world_size, device), _agree.cases(_agree.DTYPES),
                                   gloo, ctx.log)
         result = _agree.apply(result, _agree.summarize(agreed), f"NCCL allreduce (NCCL_ALGO={algo})")
-    logs = [_nccllog.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
+    logs = [_nccl.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
     result["evidence"].update(
         {
             "nccl_env": {**set_, **{k: "(unset)" for k in unset}},

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inenv import models
-from inenv.kit import _agree, _data, _device, _dist, _errors, _symm, _timing
+from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
 from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
 from inenv.probes.fi_fusion import EPS, norm_check
 
@@ -177,12 +177,12 @@ class SymmOneShot(Comm):
         import torch
         import torch.distributed._symmetric_memory as symm_mem
 
-        self.op = _symm.symm_op("one_shot_all_reduce_out")
+        self.op = _dist.symm_op("one_shot_all_reduce_out")
         if self.op is None:
             raise LookupError("torch.ops.symm_mem.one_shot_all_reduce_out is not in this torch")
         self.group_name = group.group_name
         self.flat_in = symm_mem.empty(max_numel, dtype=torch.bfloat16, device=device)
-        self.handle, self.enabled_here = _symm.symm_rendezvous(self.flat_in, group)
+        self.handle, self.enabled_here = _dist.symm_rendezvous(self.flat_in, group)
 
     def reduce(self, inp: Any, out: Any) -> None:
         self.op(inp, "sum", self.group_name, out)

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from inenv.kit import _data, _device, _dist, _errors, _symm
+from inenv.kit import _data, _device, _dist, _errors
 from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, gpu_shortfall, multi_rank, outcome
 
 SPEC = ProbeSpec(
@@ -238,10 +238,10 @@ def exercise_op(
 
 def steps(group_name: str) -> dict[str, StepBuilder]:
     """Per op: a builder of one captured step that reads ``staged`` and leaves the sum in ``out``."""
-    one_out = _symm.symm_op("one_shot_all_reduce_out")
-    one = _symm.symm_op("one_shot_all_reduce")
-    two_out = _symm.symm_op("two_shot_all_reduce_out")
-    two = _symm.symm_op("two_shot_all_reduce_")
+    one_out = _dist.symm_op("one_shot_all_reduce_out")
+    one = _dist.symm_op("one_shot_all_reduce")
+    two_out = _dist.symm_op("two_shot_all_reduce_out")
+    two = _dist.symm_op("two_shot_all_reduce_")
     found: dict[str, StepBuilder] = {}
     if one_out is not None or one is not None:
 
@@ -290,7 +290,7 @@ def try_multimem(buf: Any, group_name: str, rank: int, world: int, device: Any, 
     """Call multimem_all_reduce_. Without a multicast mapping torch refuses before launching anything
     (a TORCH_CHECK on the handle), which is the expected negative; it is only run for real when the
     rendezvous produced a multicast address, i.e. when the user allowed multicast."""
-    op = _symm.symm_op("multimem_all_reduce_")
+    op = _dist.symm_op("multimem_all_reduce_")
     if op is None:
         return {"verdict": "missing"}
     shape = (16, _data.HIDDEN)
@@ -422,7 +422,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     rendezvous: dict[str, Any] = {"verdict": "ok"}
     try:
         buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=device)
-        handle, enabled_here = _symm.symm_rendezvous(buf, group)
+        handle, enabled_here = _dist.symm_rendezvous(buf, group)
         facts["enable_symm_mem_for_group_called"] = enabled_here
         facts["multicast_ptr"] = int(getattr(handle, "multicast_ptr", 0) or 0)
         facts["signal_pad_size"] = int(getattr(handle, "signal_pad_size", 0) or 0)
