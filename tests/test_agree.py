@@ -294,3 +294,47 @@ def test_the_probes_bindings_on_gloo_ranks(tmp_path: Path) -> None:
     assert isinstance(out_of_place, dict)
     assert out_of_place["summary"]["ranks_identical"] is True and out_of_place["summary"]["judged"] == 1
     assert out_of_place["summary"]["unsupported"] == ["fp16:eager:8x1024"]
+
+
+_SYMM_RANK = r"""
+import json, os, sys
+from pathlib import Path
+from inenv.probe import RankContext, Variant
+from inenv.kit import _agree, _dist
+from inenv.probes import symm_mem
+import torch, torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+ctx = RankContext(rank, world, rank, None, Variant("t", world), Path(sys.argv[1]))
+_dist.init_dist(ctx, "gloo")
+_agree.TOKENS = (1,)  # one decode token per model hidden size: gloo on two shared cores
+
+def gloo_op(inp, out, staged):  # symm-mem's step builders' contract: read staged, leave the sum in out
+    def step():
+        inp.copy_(staged)
+        out.copy_(inp)
+        dist.all_reduce(out)
+    return step
+
+symm_mem.steps = lambda group_name: {"one_shot": gloo_op}
+buf = torch.empty(_agree.max_numel(), dtype=torch.bfloat16)
+found = symm_mem.agreement(buf, "g", rank, world, None, lambda _: None)
+Path(sys.argv[1], f"out{rank}.json").write_text(json.dumps({"results": found, "summary": _agree.summarize(found)}))
+os._exit(0)
+"""
+
+
+@needs_torch
+def test_symm_mems_binding_on_gloo_ranks(tmp_path: Path) -> None:
+    """The symm-mem probe's agreement binding with a gloo stand-in for the op: every model hidden size eagerly;
+    the graph cases need CUDA and are recorded as not judged here, never as agreeing."""
+    from inenv import models
+
+    ranks = _gloo_ranks(tmp_path, 2, "", _SYMM_RANK)
+    assert ranks[0] == ranks[1]
+    summary, results = ranks[0]["summary"], ranks[0]["results"]
+    assert isinstance(summary, dict) and isinstance(results, dict)
+    hiddens = sorted({int(str(d["hidden"])) for d in models.SHAPES.values()})
+    assert sorted(k for k, r in results.items() if r["verdict"] == "ok") == sorted(
+        f"one_shot:bf16:eager:1x{h}" for h in hiddens)
+    assert summary["ranks_identical"] is True and summary["judged"] == len(hiddens)
+    assert summary["not_judged"] == sorted(f"one_shot:bf16:graph:1x{h}" for h in hiddens)

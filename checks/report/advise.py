@@ -559,10 +559,12 @@ class NotForVerify:
 
 
 def _agreement_backend(r: ProbeResult) -> str:
-    """The backend a result's agreement check ran: its ``backend`` parameter, or NCCL for nccl-graphs (with the
-    forced algorithm named)."""
+    """The backend a result's agreement check ran: its ``backend`` parameter, NCCL for nccl-graphs (with the
+    forced algorithm named), else the probe's own (symm-mem: torch symmetric memory's ops)."""
     if "backend" in r.params:
         return r.params["backend"]
+    if r.probe_id != "nccl-graphs":
+        return r.probe_id
     algo = r.params.get("algo", "default")
     return BASELINE if algo in ("", "default") else f"{BASELINE} (NCCL_ALGO={algo})"
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from inenv.kit import _data, _device, _dist, _errors
+from inenv.kit import _agree, _data, _device, _dist, _errors
 from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, gpu_shortfall, multi_rank, outcome
 
 SPEC = ProbeSpec(
@@ -367,6 +367,29 @@ def sustained_verdict(results: dict[str, dict[str, Any]], facts: dict[str, Any])
     return outcome("pass", metrics=metrics, evidence=evidence)
 
 
+def agreement(buf: Any, group_name: str, rank: int, world: int, gloo: Any,
+              log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """The rank agreement check (``_agree``) of each op on the symmetric buffer, bf16, keyed ``<op>:<case>``."""
+    import torch
+
+    out_buf = torch.empty_like(buf)
+    found: dict[str, dict[str, Any]] = {}
+    for name, builder in steps(group_name).items():
+
+        def bind(case: _agree.Case, builder: StepBuilder = builder) -> _agree.Bound:
+            inp, out = buf[: case.numel], out_buf[: case.numel]
+            shape = (case.tokens, case.hidden)
+            # the op reads the symmetric buffer itself: its staging copy is a copy onto itself here
+            step = builder(inp.view(shape), out.view(shape), inp.view(shape))
+            return _agree.allreduce_bound(case, inp, out, step, rank, world)
+
+        for key, res in _agree.run_cases(bind, _agree.cases(("bf16",)), gloo, log).items():
+            found[f"{name}:{key}"] = res
+        if any(r.get("verdict") == "hang" for r in found.values()):
+            break
+    return found
+
+
 def run(ctx: RankContext) -> dict[str, Any]:
     multicast_env = _dist.keep_multicast_off()
     shared = ctx.variant.share_gpu
@@ -418,7 +441,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         except Exception as exc:
             facts["backend"] = f"? {_errors.error_tail(exc, 120)}"
 
-    numel = max(TOKENS) * _data.HIDDEN
+    numel = max(max(TOKENS) * _data.HIDDEN, _agree.max_numel())
     rendezvous: dict[str, Any] = {"verdict": "ok"}
     try:
         buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=device)
@@ -484,7 +507,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
             facts["p2p_read"] = other["p2p_read"]
     if "multimem" in facts:
         facts["multimem"] = worst_multimem([other["multimem"] for other in everyone])
-    return verdict(facts)
+    hung = any(r.get("verdict") == "hang" for modes in facts["ops"].values() for r in modes.values())
+    agreed = {} if hung else agreement(buf, group.group_name, ctx.rank, ctx.world_size, gloo, ctx.log)
+    result = verdict(facts)
+    result["evidence"]["agreement"] = agreed
+    return _agree.apply(result, _agree.summarize(agreed), "torch symmetric memory (one-/two-shot)")
 
 
 # --- declared fields: what this probe records, and the roles checks report and checks advise read them by
@@ -493,6 +520,9 @@ METRICS = (
     ("ops_exact", "count", "(op, mode) checks exact against the exact result", None),
     ("ops_total", "count", "(op, mode) checks made", None),
     ("multicast_ptr_nonzero", "bool", "the symmetric memory handle has a multicast address", None),
+    ("agreement", "record", "rank agreement of one-shot and two-shot on random bf16 data (inenv/kit/_agree.py): "
+     "ranks identical, differing elements, max ulp between ranks, deterministic, max ulp vs the float64 sum",
+     "agreement"),
     ("sustained_calls", "count by op", "load=sustained: captured calls run back to back per op", None),
     ("sustained_s", "s by op", "load=sustained: how long those calls took, queued to finished", None),
 )
