@@ -207,14 +207,23 @@ class Agreement:
         }
 
 
+def own_error(first: Mapping[str, Any], second: Mapping[str, Any], reference: Mapping[str, Any],
+              scale: Mapping[str, Any] | None = None) -> float:
+    """The largest error in ulps of one rank's outputs of both calls against the float64 reference."""
+    return max((error_ulps(call[name], reference[name], (scale or {}).get(name))
+                for name in reference for call in (first, second)), default=0.0)
+
+
 def judge(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]],
-          reference: Mapping[str, Any], scale: Mapping[str, Any] | None = None) -> Agreement:
+          reference: Mapping[str, Any] | None, scale: Mapping[str, Any] | None = None,
+          error: float | None = None) -> Agreement:
     """The agreement of every rank's outputs (``first[r][name]``, ``second[r][name]``: the two calls, CPU
     tensors of one 16-bit dtype) with each other and with the float64 ``reference[name]``, its error in ulps
-    at ``scale[name]`` where given (see :func:`error_ulps`) (pure)."""
+    at ``scale[name]`` where given (see :func:`error_ulps`); ``error``: that error already worked out (each
+    rank its own, the largest of all), and then ``reference`` names the outputs only (pure)."""
     import torch
 
-    names = tuple(sorted(reference))
+    names = tuple(sorted(reference or first[0]))
     numel, differing, max_ulp, changed, err = 0, 0, 0, 0, 0.0
     divergent: set[int] = set()
     for name in names:
@@ -235,10 +244,11 @@ def judge(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]
         for r in range(len(first)):
             a, b = first[r][name].reshape(-1), second[r][name].reshape(-1)
             changed = max(changed, int((a.view(torch.int16) != b.view(torch.int16)).sum()))
-            at = (scale or {}).get(name)
-            err = max(err, error_ulps(a, reference[name], at), error_ulps(b, reference[name], at))
+            if error is None and reference is not None:
+                at = (scale or {}).get(name)
+                err = max(err, error_ulps(a, reference[name], at), error_ulps(b, reference[name], at))
     return Agreement(numel, not divergent, differing, max_ulp, tuple(sorted(divergent)), changed == 0, changed,
-                     err, names)
+                     err if error is None else error, names)
 
 
 def gather_outputs(outputs: Mapping[str, Any], group: Any = None) -> list[dict[str, Any]]:
@@ -337,9 +347,18 @@ def check(bound: Bound, mode: str, group: Any, deadline_s: float = DEADLINE_S) -
         local = {"verdict": "error", "error": _errors.error_tail(exc)}
     if (stopped := _dist.settle(local, group)) is not None:
         return stopped
+    # Each rank measures its own outputs against the reference; the bits of every rank travel to every rank.
+    mine: float | str
     try:
-        found = judge(gather_outputs(snaps[0], group), gather_outputs(snaps[1], group), bound.reference(SEED),
-                      bound.scale(SEED) if bound.scale is not None else None)
+        mine = own_error(snaps[0], snaps[1], bound.reference(SEED), bound.scale(SEED) if bound.scale else None)
+    except Exception as exc:
+        mine = f"judging: {_errors.error_tail(exc)}"
+    errors = _dist.gather_objects(mine if isinstance(mine, str) or math.isfinite(mine) else "inf", group)
+    if any(isinstance(e, str) and e != "inf" for e in errors):
+        return {"verdict": "error", "error": next(e for e in errors if isinstance(e, str) and e != "inf")}
+    worst = max((math.inf if e == "inf" else float(e) for e in errors), default=0.0)
+    try:
+        found = judge(gather_outputs(snaps[0], group), gather_outputs(snaps[1], group), None, error=worst)
     except Exception as exc:  # the same bytes on every rank: every rank fails alike here
         return {"verdict": "error", "error": f"judging: {_errors.error_tail(exc)}"}
     return found.to_json()

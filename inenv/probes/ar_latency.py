@@ -26,7 +26,7 @@ SPEC = ProbeSpec(
     min_ranks=2,  # over one rank an allreduce returns its input: there is nothing to time
     distinct_gpus=True,  # latency of ranks time-slicing one GPU means nothing
     requires=("torch",),
-    timeout_s=300.0,
+    timeout_s=420.0,  # with the rank agreement check
     preload=_dist.PRELOAD_DIST,
 )
 

@@ -31,7 +31,7 @@ SPEC = ProbeSpec(
     min_ranks=2,  # over one rank every collective returns its input: all four ops would pass untested
     distinct_gpus=True,  # NCCL refuses two ranks on one GPU
     requires=("torch",),
-    timeout_s=180.0,
+    timeout_s=300.0,  # with the rank agreement check of the algorithm variants
     preload=_dist.PRELOAD_DIST,
 )
 
