@@ -283,6 +283,8 @@ def test_the_probes_bindings_on_gloo_ranks(tmp_path: Path) -> None:
     assert isinstance(plain, dict)
     assert plain["summary"]["judged"] == 2 and plain["summary"]["ranks_identical"] is True
     assert plain["outcome"]["status"] == "pass"
+    # the sums themselves: two random terms rounded once, within an ulp of the exact sum at their magnitude
+    assert 0.0 < plain["summary"]["max_ulp_vs_reference"] <= 1.0
     # the fused stand-in: residual agrees, the norm's last element differs on rank 1; fp16 is not its dtype
     fused = got["fused"]
     assert isinstance(fused, dict)
@@ -293,6 +295,7 @@ def test_the_probes_bindings_on_gloo_ranks(tmp_path: Path) -> None:
     out_of_place = got["ar"]
     assert isinstance(out_of_place, dict)
     assert out_of_place["summary"]["ranks_identical"] is True and out_of_place["summary"]["judged"] == 1
+    assert 0.0 < out_of_place["summary"]["max_ulp_vs_reference"] <= 1.0
     assert out_of_place["summary"]["unsupported"] == ["fp16:eager:8x1024"]
 
 
@@ -337,4 +340,5 @@ def test_symm_mems_binding_on_gloo_ranks(tmp_path: Path) -> None:
     assert sorted(k for k, r in results.items() if r["verdict"] == "ok") == sorted(
         f"one_shot:bf16:eager:1x{h}" for h in hiddens)
     assert summary["ranks_identical"] is True and summary["judged"] == len(hiddens)
+    assert 0.0 < summary["max_ulp_vs_reference"] <= 1.0
     assert summary["not_judged"] == sorted(f"one_shot:bf16:graph:1x{h}" for h in hiddens)
