@@ -220,7 +220,7 @@ import json, os, sys
 from pathlib import Path
 from inenv.probe import RankContext, Variant
 from inenv.kit import _agree, _dist
-from inenv.probes import ar_latency, step
+from inenv.probes import ar_latency, custom_ar, step
 import torch, torch.distributed as dist
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 ctx = RankContext(rank, world, rank, None, Variant("t", world), Path(sys.argv[1]))
@@ -259,12 +259,21 @@ class GlooBackend(ar_latency.Backend):  # ar-latency's backend interface, out of
             dist.all_reduce(out)
         return call
 
+class GlooAR:  # the custom allreduce's calls (staged eagerly, on its own input captured), reduced by gloo
+    def all_reduce_staged(self, inp, out):
+        out.copy_(inp)
+        dist.all_reduce(out)
+    all_reduce_graph = all_reduce_staged
+    def register_graph_buffers(self):
+        return 0
+
 flat = {k: torch.empty(n, dtype=torch.bfloat16) for k in ("res0", "res_a", "res_b", "norm", "out")}
 wanted = [_agree.Case(d, 8, 1024, "eager") for d in ("bf16", "fp16")]
 got = {}
 for label, bind in (("step", step.agreement_bind(GlooComm(), rank, world, flat)),
                     ("fused", step.agreement_bind(GlooFused(), rank, world, flat)),
-                    ("ar", ar_latency.agreement_bind(GlooBackend(), rank, world))):
+                    ("ar", ar_latency.agreement_bind(GlooBackend(), rank, world)),
+                    ("custom", custom_ar.agreement_bind(GlooAR(), rank, world, "cpu"))):
     results = _agree.run_cases(bind, wanted, None)
     got[label] = {"results": results, "summary": _agree.summarize(results)}
     passed = {"status": "pass", "note": "", "reason_code": "", "metrics": {}, "evidence": {}}
@@ -296,6 +305,10 @@ def test_the_probes_bindings_on_gloo_ranks(tmp_path: Path) -> None:
     assert isinstance(out_of_place, dict)
     assert out_of_place["summary"]["ranks_identical"] is True and out_of_place["summary"]["judged"] == 1
     assert 0.0 < out_of_place["summary"]["max_ulp_vs_reference"] <= 1.0
+    custom = got["custom"]
+    assert isinstance(custom, dict)
+    assert custom["summary"]["judged"] == 2 and custom["summary"]["ranks_identical"] is True  # bf16 and fp16
+    assert 0.0 < custom["summary"]["max_ulp_vs_reference"] <= 1.0
     assert out_of_place["summary"]["unsupported"] == ["fp16:eager:8x1024"]
 
 
