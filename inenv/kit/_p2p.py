@@ -206,38 +206,6 @@ class PathView:
         return bool(self.topology and self.topology.startswith("NV"))
 
 
-def cause_words(code: str, cause: str) -> str:
-    """How a note names the facts: as the likely cause when they point at one, else as what was seen."""
-    return f"likely cause: {cause}" if code else f"the facts name no cause ({cause})"
-
-
-def likely_cause(p: PathView) -> tuple[str, str]:
-    """(reason code, note) for a peer-to-peer failure between the pair, from the facts (pure): ACS redirect on
-    a bridge of the path first, then a translating IOMMU; "" when the facts name no cause."""
-    code = ""
-    notes: list[str] = []
-    if p.redirect:
-        code = "p2p-acs-redirect"
-        notes.append("ACS redirect on the path: " + "; ".join(
-            f"{addr} ({kind}) {'+'.join(bits)}" for addr, kind, bits in p.redirect))
-    mode = p.iommu.value if p.iommu.seen else None
-    if mode in ("translated", "mixed"):
-        code = code or "p2p-iommu-translated"
-        notes.append(f"IOMMU {mode} ({p.iommu.source})")
-    elif mode:
-        notes.append(f"IOMMU {mode}")
-    else:
-        notes.append(f"IOMMU mode not visible ({p.iommu.not_visible})")
-    if p.acs_hidden:
-        notes.append("ACS not visible on " + "; ".join(f"{addr}: {why}" for addr, why in p.acs_hidden[:3]))
-    refused = [f"{cap} {status}" for cap, status in p.p2p if cap in ("read", "write") and status != "ok"]
-    if refused:
-        notes.append("the driver reports P2P " + ", ".join(refused))
-    if p.topology:
-        notes.append(f"NVML topology {p.topology}, meeting at {p.meets_at}")
-    return code, "; ".join(notes)
-
-
 # --------------------------------------------------------------------------------------------------
 # Reading the facts
 
