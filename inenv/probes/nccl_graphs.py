@@ -47,8 +47,8 @@ OP_DEADLINE_S = 30.0  # a collective that does not finish by then is recorded as
 
 def variants(host: HostView) -> list[Variant]:
     """Every algorithm at every world size (``world_sizes``: a size beyond the host's GPUs is a planned skip,
-    NCCL refusing two ranks on one GPU); the warm-up and lazy-connection variants at 2 ranks and at the host's
-    GPU count, where the mechanisms they tell apart were seen."""
+    NCCL refusing two ranks on one GPU); the warm-up and lazy-connection variants, which test when channels
+    connect rather than how the sum is made, at 2 ranks and at the host's GPU count only."""
     full = {2, host.gpu_count}
     out: list[Variant] = []
     for n in world_sizes(host):
