@@ -207,6 +207,10 @@ def decision_parsers(sub: Any) -> None:
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, metavar="N", help="decode tokens per step (--model)")
     p.add_argument("--draft", type=int, default=DEFAULT_DRAFT, metavar="N",
                    help="tokens each sequence verifies per speculative step (--model)")
+    p.add_argument("--accept", type=float, metavar="L",
+                   help="mean acceptance length: tokens each sequence keeps per verify step, the verified one included "
+                   "(--model); verify steps are also counted in tokens per second at it (default: a published figure "
+                   "for the model and --draft, where one exists)")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("diff", help="every verdict and headline that differs between two runs, hosts or cells")
     p.add_argument("a", nargs="?", help="a run id, host id, cell id or HOST/CELL")
@@ -273,6 +277,11 @@ def advise_here(args: argparse.Namespace, brief: bool = True) -> tuple[list[Any]
     for opt, n in (("--batch", args.batch), ("--draft", args.draft)):
         if n < 1:
             raise UsageError(f"checks advise: {opt} {n}: give a positive number of tokens")
+    if args.accept is not None and not args.model:
+        raise UsageError("checks advise: --accept counts a model's verify steps in tokens: give --model too")
+    if args.accept is not None and not 1 <= args.accept <= args.draft:
+        raise UsageError(f"checks advise: --accept {args.accept:g}: a sequence keeps 1 to --draft ({args.draft}) "
+                         "tokens per verify step; give a length in that range")
     try:
         model = parse_model(args.model) if args.model else None
     except ModelError as exc:
@@ -283,7 +292,7 @@ def advise_here(args: argparse.Namespace, brief: bool = True) -> tuple[list[Any]
 
     def decide(h: Any) -> Any:
         return decisions.decide(h, engines, pins, cell=args.cell, tp=args.tp, model=model, batch=args.batch,
-                                draft=args.draft)
+                                draft=args.draft, accept=args.accept)
 
     def gpu_less(h: Any, title: str) -> list[str]:
         """A host without a GPU: its standing, then the engine gates its cells recorded (read without a GPU)."""

@@ -33,7 +33,7 @@ first and then tears down (which may hang after graph capture; the launcher ends
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -137,6 +137,9 @@ class Role(StrEnum):
     OP_CHECKS = "op-checks"  # evidence: {op: {"eager": {"verdict"}, "graph": {"verdict"}}} per collective
     EAGER_CHECKS = "eager-checks"  # evidence: {size: {"verdict"}} of eager calls against the exact result
     GRAPH_CHECKS = "graph-checks"  # evidence: {"checks": {size: {"verdict"}}} of graph replays
+    # metrics: the rank-agreement summary of inenv.kit._agree (ranks_identical, deterministic, divergent_cases...)
+    AGREEMENT = "agreement"
+    NO_ATOMICS = "no-atomics"  # metrics: {pair: NVML status} of GPU pairs with peer access but no native atomics
 
 
 @dataclass(frozen=True)
@@ -251,7 +254,10 @@ def gpu_shortfall(host: HostView, ranks: int, why: str = "") -> Skip | None:
 
 
 Params = tuple[tuple[str, str], ...]
-SHARED = "shared"  # the value of ``gpus`` in the key of a variant whose ranks share GPUs
+SHARED = "shared"  # the value of ``placement`` in the key of a variant whose ranks share GPUs
+# World sizes checked with ranks sharing GPUs where the host has fewer: the tensor-parallel sizes engines
+# serve with most (and 3, which the engines' gates treat apart)
+SHARED_WORLDS = (2, 3, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -261,11 +267,21 @@ class Variant:
     params: tuple[tuple[str, str], ...] = ()  # ordered (name, value) pairs
     share_gpu: bool = False  # this variant places several ranks on one GPU
     skip: Skip | None = None  # planned as `skip` without launching (e.g. too few GPUs)
+    gpus: int = 0  # ranks sharing GPUs: how many GPUs they wrap over (0: every GPU the host has)
 
     @property
     def parts(self) -> Params:
-        """The (name, value) pairs of the key in order: ranks, ``gpus=shared`` when ranks share GPUs, params."""
-        return (("ranks", str(self.ranks)), *((("gpus", SHARED),) if self.share_gpu else ()), *self.params)
+        """The (name, value) pairs of the key in order: ranks, ``placement=shared`` and the GPU count when ranks
+        share GPUs, params."""
+        shared: Params = ()
+        if self.share_gpu:
+            shared = (("placement", SHARED), *((("gpus", str(self.gpus)),) if self.gpus else ()))
+        return (("ranks", str(self.ranks)), *shared, *self.params)
+
+    @property
+    def gpu_count(self) -> int:
+        """The GPUs this variant's ranks use: one each, or the count they share (0: the host's, unknown here)."""
+        return self.gpus if self.share_gpu else self.ranks
 
     @property
     def key(self) -> str:
@@ -281,6 +297,7 @@ class Variant:
             "ranks": self.ranks,
             "params": [list(p) for p in self.params],
             "share_gpu": self.share_gpu,
+            "gpus": self.gpus,
         }
 
     @classmethod
@@ -290,6 +307,7 @@ class Variant:
             ranks=int(data.get("ranks", 1)),
             params=tuple((str(k), str(v)) for k, v in data.get("params", [])),
             share_gpu=bool(data.get("share_gpu", False)),
+            gpus=int(data.get("gpus", 0) or 0),
         )
 
 
@@ -398,7 +416,27 @@ def per_world_size(spec: ProbeSpec, host: HostView, param_sets: Iterable[Params]
     return [Variant(spec.id, n, params=p, skip=gpu_shortfall(host, n)) for n in spec.ranks for p in sets]
 
 
-def shared_gpu_variants(spec: ProbeSpec, host: HostView, params: Params = ()) -> list[Variant]:
-    """For each world size of ``spec`` over the host's GPU count (when it has a GPU at all), one variant
-    whose ranks share the host's GPUs."""
-    return [Variant(spec.id, n, params=params, share_gpu=True) for n in spec.ranks if 0 < host.gpu_count < n]
+def world_sizes(host: HostView) -> tuple[int, ...]:
+    """The world sizes a multi-rank probe is planned at: every size from 2 to the host's GPU count (3, 5, 6 and 7
+    included: engines serve with them and their gates treat them apart), and :data:`SHARED_WORLDS` beyond it."""
+    return tuple(sorted({*range(2, host.gpu_count + 1), *SHARED_WORLDS}))
+
+
+def multi_rank(spec: ProbeSpec, host: HostView, param_sets: Iterable[Params],
+               shares: Callable[[Params], bool] = lambda _: False, shared_gpus: int = 0,
+               why: str = "") -> list[Variant]:
+    """One variant per world size (:func:`world_sizes`) and per set of params. Each rank has a GPU of its own
+    where the host has enough; beyond that, a set of params ``shares`` accepts runs with its ranks sharing
+    ``shared_gpus`` GPUs (0: all the host's; correctness and agreement only, never timed against the others)
+    and any other is a planned skip saying ``why`` its ranks cannot share."""
+    sets = list(param_sets)
+    out: list[Variant] = []
+    for n in world_sizes(host):
+        for p in sets:
+            short = gpu_shortfall(host, n, why)
+            if short is not None and short.code != "no-gpu" and shares(p):
+                gpus = min(shared_gpus or host.gpu_count, host.gpu_count)
+                out.append(Variant(spec.id, n, params=p, share_gpu=True, gpus=gpus))
+            else:
+                out.append(Variant(spec.id, n, params=p, skip=short))
+    return out

@@ -6,7 +6,8 @@ Declaration order is best to worst: the worst of several rank outcomes is the ve
 - ``pass``; ``partial``: works with a named limitation (the note names it);
 - ``skip``: not applicable here (too few GPUs, a package absent in this cell);
 - ``fail``: the feature was reached and was wrong or refused;
-- ``crash``: killed by a signal or the CUDA runtime; ``hang``: a watchdog fired;
+- ``crash``: killed by a signal or the CUDA runtime; ``hang``: a watchdog fired (the host's, or a probe's own
+  deadline on device work it keeps queuing, which then reports the hang itself);
 - ``not-run``: a prerequisite failed (the image did not build); ``unavailable``: the cell cannot be provisioned.
 """
 
@@ -33,7 +34,7 @@ class Status(StrEnum):
 
 
 ORDER: tuple[Status, ...] = tuple(Status)
-RUN_STATUSES = frozenset({Status.PASS, Status.PARTIAL, Status.FAIL, Status.SKIP})  # what a probe may return
+RUN_STATUSES = frozenset({Status.PASS, Status.PARTIAL, Status.FAIL, Status.SKIP, Status.HANG})  # a probe may return
 GOOD = frozenset({Status.PASS, Status.PARTIAL, Status.SKIP})  # a rank reporting one of these did not fail
 
 

@@ -80,6 +80,12 @@ def module_available(name: str) -> bool:
     return True
 
 
+def placed_on(variant: Variant, gpus: int) -> int:
+    """How many of the host's ``gpus`` the variant's ranks go on: all of them, or the count a sharing variant
+    names (``Variant.gpus``)."""
+    return min(gpus, variant.gpus) if variant.share_gpu and variant.gpus else gpus
+
+
 def device_for(rank_index: int, gpus: int, share_gpu: bool) -> int | None:
     """Rank i uses GPU i; ranks sharing GPUs wrap around. CUDA_VISIBLE_DEVICES is never narrowed per
     rank, since peer access and IPC need every device visible in every rank."""
@@ -308,7 +314,7 @@ def _start_ranks(location: ProbeLocation, variant: Variant, workdir: Path, gpus:
     try:
         for i in range(variant.ranks):
             env = rank_env(dict(os.environ), variant, location, workdir, i, port,
-                           device_for(i, gpus, variant.share_gpu), pycache)
+                           device_for(i, placed_on(variant, gpus), variant.share_gpu), pycache)
             if fds:
                 env[gpugate.GO_FD_ENV], env[gpugate.READY_FD_ENV] = (str(fd) for fd in fds)
             with open(rank.log_path(workdir, i), "wb") as log:

@@ -72,6 +72,7 @@ def test_a_gpu_less_host_reads_at_its_cross_compile_targets(latest: list) -> Non
     assert gates.capabilities({"compute_capability": "9.0"}, latest) == ("9.0",)
     assert gates.tp_sizes(None, None) == (2, 4, 8) and gates.tp_sizes(2, None) == (2,)
     assert gates.tp_sizes(8, 4) == (4,)
+    assert gates.tp_sizes(8, None) == (2, 3, 4, 5, 6, 7, 8) and gates.tp_sizes(8, 3) == (3,)
 
 
 def test_advise_prints_the_gates_of_a_gpu_less_host(capsys: pytest.CaptureFixture[str]) -> None:

@@ -198,11 +198,15 @@ def _host(gpus: int) -> HostView:
 
 def test_variants_one_gpu_checks_every_backend_but_nccl_on_shared_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(step.ONLY_ENV, raising=False)
+    shareable = sorted(b for b in step.BACKENDS if b != "nccl")
     shared = [v for v in step.variants(_host(1)) if v.share_gpu]
-    assert sorted(v.param("backend") for v in shared) == sorted(b for b in step.BACKENDS if b != "nccl")
-    assert all(v.ranks == 2 for v in shared)
+    # every backend but NCCL at 2, 3, 4 and 8 ranks, all on the one GPU
+    assert sorted((v.param("backend"), v.ranks) for v in shared) == sorted((b, n) for b in shareable
+                                                                           for n in (2, 3, 4, 8))
+    assert all(v.gpus == 1 and v.skip is None for v in shared)
     two = step.variants(_host(2))
-    assert not any(v.share_gpu for v in two)
+    assert sorted((v.param("backend"), v.ranks) for v in two if v.share_gpu) == sorted(
+        (b, n) for b in shareable for n in (3, 4, 8))
     assert {v.param("backend") for v in two if v.ranks == 2 and v.skip is None} == set(step.BACKENDS)
     monkeypatch.setenv(step.ONLY_ENV, "nccl,flashinfer-fusion")
     assert {v.param("backend") for v in step.variants(_host(2))} == {"nccl", "flashinfer-fusion"}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from inenv import worker
-from inenv.kit import _pci
+from inenv.kit import _p2p, _pci
 from inenv.probe import QUICK, HostView, Variant
 from inenv.probes import host_p2p as hp
 from tests.checks_helpers import ROOT
@@ -104,7 +104,7 @@ class FakeNvml:
         return SimpleNamespace(busId=b"00000000:00:00.0")
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: int, link: int) -> int:
-        return hp.NVLINK_SWITCH
+        return _p2p.NVLINK_SWITCH
 
     def nvmlDeviceGetNvLinkVersion(self, h: int, link: int) -> int:
         return 4
@@ -135,10 +135,10 @@ def test_nvml_gives_each_gpu_and_pair() -> None:
 def test_nvlink_between_two_gpus_direct_or_through_switches() -> None:
     a = {"address": "a", "nvlink": {"active": [{"remote": "b"}, {"remote": "b"}, {"remote": "c"}]}}
     b = {"address": "b", "nvlink": {"active": [{"remote": "a"}]}}
-    assert hp.nvlinks_between(a, b) == 2
+    assert _p2p.nvlinks_between(a, b) == 2
     s1 = {"address": "a", "nvlink": {"active": [{"remote": "x", "switch": True}] * 18}}
     s2 = {"address": "b", "nvlink": {"active": [{"remote": "y", "switch": True}] * 12}}
-    assert hp.nvlinks_between(s1, s2) == 12 and hp.nvlinks_between(s1, {"address": "b"}) == 0
+    assert _p2p.nvlinks_between(s1, s2) == 12 and _p2p.nvlinks_between(s1, {"address": "b"}) == 0
 
 
 # --- what the facts say ------------------------------------------------------------------------------------

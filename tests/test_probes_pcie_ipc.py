@@ -31,14 +31,15 @@ def test_plan_on_two_gpus_shares_gpus_only_for_correctness_variants_of_more_rank
         "ranks=2,op=all-reduce",
         "ranks=2,op=all-gather",
         "ranks=2,op=reduce-scatter",
-        "ranks=4,gpus=shared,op=all-reduce",
-        "ranks=8,gpus=shared,op=all-reduce",
+        "ranks=3,placement=shared,gpus=2,op=all-reduce",
+        "ranks=4,placement=shared,gpus=2,op=all-reduce",
+        "ranks=8,placement=shared,gpus=2,op=all-reduce",
     ]
     skipped = [v for v in vs if v.skip]
     assert len(skipped) == 6 and all(v.skip.code == "too-few-gpus" and not v.share_gpu for v in skipped)
 
 
-@pytest.mark.parametrize(("gpus", "shared"), [(0, []), (1, [2, 4, 8]), (4, [8]), (8, [])])
+@pytest.mark.parametrize(("gpus", "shared"), [(0, []), (1, [2, 3, 4, 8]), (4, [8]), (8, [])])
 def test_shared_variants_only_where_the_host_lacks_gpus(gpus: int, shared: list[int]) -> None:
     vs = pcie_ipc.variants(HostView(gpu_count=gpus))
     assert [v.ranks for v in vs if v.share_gpu] == shared

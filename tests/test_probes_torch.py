@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from inenv.kit import _data, _dist, _errors, _nccllog, _timing
+from inenv.kit import _data, _dist, _errors, _nccl, _timing
 from inenv.probe import RESULT_MARKER, HostView, RankContext, Variant
 from inenv.probes import ar_latency, custom_ar, ep_a2a, fi_fusion, nccl_graphs, pcie_ipc, symm_mem
 from inenv.worker import skip_reason
@@ -246,7 +246,7 @@ h:1:9 [0] NCCL WARN No algorithm/protocol available for function AllGather with 
 
 
 def test_parse_nccl_log() -> None:
-    parsed = _nccllog.parse_nccl_log(NCCL_LOG)
+    parsed = _nccl.parse_nccl_log(NCCL_LOG)
     assert parsed["transports"] == ["P2P/CUMEM/read", "SHM/direct/direct"]
     assert parsed["nccl_version"] == "2.28.9+cuda13.0"
     assert parsed["algorithms"] == {"AllReduce": ["RING/LL", "TREE/LL"], "AllGather": ["RING/LL"]}
@@ -255,11 +255,11 @@ def test_parse_nccl_log() -> None:
 def test_read_nccl_logs_picks_this_process_files(tmp_path: Path) -> None:
     (tmp_path / "nccl.h.123.log").write_text(NCCL_LOG)
     (tmp_path / "nccl.h.456.log").write_text("x [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/Socket/0\n")
-    mine = _nccllog.read_nccl_logs(tmp_path, pid=123)
+    mine = _nccl.read_nccl_logs(tmp_path, pid=123)
     assert mine["transports"] == ["P2P/CUMEM/read", "SHM/direct/direct"]
     assert mine["warnings"] and "No algorithm/protocol available" in mine["warnings"][0]
-    assert _nccllog.read_nccl_logs(tmp_path / "missing", pid=1)["transports"] == []
-    env = _nccllog.nccl_debug_env(tmp_path)
+    assert _nccl.read_nccl_logs(tmp_path / "missing", pid=1)["transports"] == []
+    env = _nccl.nccl_debug_env(tmp_path)
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"].endswith("nccl.%h.%p.log")
 
 
@@ -279,7 +279,7 @@ def test_read_nccl_logs_picks_this_process_files(tmp_path: Path) -> None:
     ],
 )
 def test_classify_error(text: str, code: str) -> None:
-    assert _nccllog.classify_error(text) == code
+    assert _nccl.classify_error(text) == code
 
 
 def test_error_tail_drops_cpp_frames() -> None:
@@ -303,14 +303,20 @@ def test_keep_multicast_off_sets_defaults_and_never_unsets() -> None:
 
 
 def test_nccl_graphs_variants() -> None:
+    # world sizes 2, 3, 4 and 8 on a small host; all 16 configurations at 2 ranks and at the host's GPU count,
+    # the 4 algorithms (warm-up on, NCCL's default connection) at the other sizes
     two = nccl_graphs.variants(HostView(gpu_count=2))
-    assert len(two) == 16 and len({v.key for v in two}) == 16
-    assert all(v.skip is None and v.ranks == 2 for v in two)
+    assert len(two) == 16 + 3 * 4 and len({v.key for v in two}) == len(two)
+    assert all(v.skip is None for v in two if v.ranks == 2)
+    assert all(v.skip is not None and v.skip.code == "too-few-gpus" for v in two if v.ranks > 2)
     assert "ranks=2,algo=allreduce:tree,warmup=no,runtime_connect=0" in {v.key for v in two}
+    assert {v.key for v in two if v.ranks == 3} == {f"ranks=3,algo={a},warmup=yes,runtime_connect=default"
+                                                   for a in ("default", "Ring", "Tree", "allreduce:tree")}
     one = nccl_graphs.variants(HostView(gpu_count=1))
-    assert len(one) == 16 and all("NCCL refuses two ranks on one GPU" in (v.skip.note if v.skip else "") for v in one)
+    assert len(one) == 28 and all("NCCL refuses two ranks on one GPU" in (v.skip.note if v.skip else "") for v in one)
     eight = nccl_graphs.variants(HostView(gpu_count=8))
-    assert sorted({v.ranks for v in eight}) == [2, 8] and len(eight) == 32
+    assert sorted({v.ranks for v in eight}) == [2, 3, 4, 5, 6, 7, 8] and len(eight) == 2 * 16 + 5 * 4
+    assert all(v.skip is None for v in eight)
 
 
 def test_nccl_env() -> None:
@@ -372,11 +378,31 @@ def test_symm_mem_variants() -> None:
     keys = [(v.key, v.skip.note if v.skip else None) for v in symm_mem.variants(HostView(gpu_count=2))]
     assert keys == [
         ("ranks=2", None),
-        ("ranks=4", "needs 4 GPUs, host has 2"),
-        ("ranks=8", "needs 8 GPUs, host has 2"),
-        ("ranks=2,gpus=shared", None),
+        ("ranks=3,placement=shared,gpus=1", None),
+        ("ranks=4,placement=shared,gpus=1", None),
+        ("ranks=8,placement=shared,gpus=1", None),
+        ("ranks=2,placement=shared,gpus=1", None),
+        ("ranks=2,load=sustained", None),
     ]
     assert all(v.skip for v in symm_mem.variants(HostView(gpu_count=0)))
+    one = [v for v in symm_mem.variants(HostView(gpu_count=1)) if v.param("load") == "sustained"]
+    assert [(v.ranks, v.skip.code if v.skip else None) for v in one] == [(2, "too-few-gpus")]
+    eight = [v.ranks for v in symm_mem.variants(HostView(gpu_count=8)) if v.param("load") == "sustained"]
+    assert eight == [2, 8]
+
+
+def test_symm_mem_sustained_load_verdicts() -> None:
+    ok = {"verdict": "ok", "calls": 5000, "seconds": 0.4}
+    passed = symm_mem.sustained_verdict({"one_shot": ok, "two_shot": ok}, {})
+    assert passed["status"] == "pass"
+    assert passed["metrics"]["sustained_calls"] == {"one_shot": 5000, "two_shot": 5000}
+    hung = {"verdict": "hang", "calls": 5000, "error": "device work not finished after 120 s"}
+    wedged = symm_mem.sustained_verdict({"one_shot": ok, "two_shot": hung}, {})
+    assert (wedged["status"], wedged["reason_code"]) == ("hang", "symm-mem-sustained-hang")
+    assert wedged["note"].startswith("two_shot: 5000 captured calls back to back did not finish within 120 s")
+    wrong = symm_mem.sustained_verdict({"one_shot": {"verdict": "wrong", "detail": "3/57344 elements differ"}}, {})
+    assert (wrong["status"], wrong["reason_code"]) == ("fail", "symm-mem-wrong-result")
+    assert symm_mem.sustained_verdict({}, {})["reason_code"] == "symm-mem-op-missing"
 
 
 def _symm_facts(**over: object) -> dict[str, object]:
@@ -474,7 +500,7 @@ def test_ar_latency_variants_and_sizes() -> None:
     runnable = [v.key for v in vs if v.skip is None]
     assert runnable == [f"ranks=2,backend={b}" for b in backends]
     skipped = sorted((v.ranks, v.skip.code) for v in vs if v.skip is not None)
-    assert skipped == [(4, "too-few-gpus")] * 6 + [(8, "too-few-gpus")] * 6
+    assert skipped == [(3, "too-few-gpus")] * 6 + [(4, "too-few-gpus")] * 6 + [(8, "too-few-gpus")] * 6
     sizes = ar_latency.sizes_bytes()
     assert sizes[0] == 14336 and 1835008 in sizes and sizes[-1] == 4 * 1835008  # 14 KiB .. 1.75 MiB, 4x verify
 

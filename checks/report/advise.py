@@ -256,6 +256,7 @@ class CellAdvice:
     multicast: bool | None = None  # whether the GPUs support multicast (see ``multicast``); None: unknown
     full_nvlink: bool | None = None  # NVLink between every pair of GPUs, as custom-ar read it from NVML
     spread: Spreads = Spreads({})  # run-to-run spread per backend and size: the tie threshold
+    not_for_verify: tuple[NotForVerify, ...] = ()  # backends whose ranks diverged: never for a verify step
 
     def curve(self, backend: str) -> Curve | None:
         return next((c for c in self.curves if c.backend == backend), None)
@@ -423,6 +424,31 @@ def p2p_broken(results: Iterable[ProbeResult]) -> list[ProbeResult]:
                  or (r.params.get("check") == "nccl" and r.params.get("p2p", "default") == "default"))]
 
 
+# Backends whose signals are peer-to-peer atomics: torch symmetric memory's one-/two-shot allreduce. A host whose
+# pairs have peer access without native atomics (host-p2p's facts, NVML's atomics bit) does not get them advised.
+ATOMIC_BACKENDS = frozenset({"symm-mem-one-shot", "symm-mem-two-shot"})
+NO_ATOMICS = "p2p-no-native-atomics"
+
+
+def no_atomics(results: Iterable[ProbeResult]) -> list[ProbeResult]:
+    """The host's newest host-p2p facts results (any cell: the pairs are the host's) that name GPU pairs without
+    native peer-to-peer atomics."""
+    return [r for r in results if r.probe_id == P2P_PROBE and r.params.get("check") == "facts"
+            and isinstance(bare := declared_metric(r, Role.NO_ATOMICS), Mapping) and bare]
+
+
+def atomics_avoid(found: Sequence[ProbeResult]) -> list[Avoid]:
+    """One line per backend that needs native P2P atomics, on a host whose pairs lack them."""
+    if not found:
+        return []
+    bare = declared_metric(found[0], Role.NO_ATOMICS)
+    pairs = "; ".join(f"GPUs {k}: {v}" for k, v in sorted(bare.items())[:4])
+    return [Avoid(f"{b} (needs native peer-to-peer atomics)", "host", NO_ATOMICS,
+                  f"host-p2p's facts: NVML reports peer access but no native atomics ({pairs}); torch symmetric "
+                  "memory's signals can wedge under load there", tuple(r.result_id for r in found[:3]))
+            for b in sorted(ATOMIC_BACKENDS)]
+
+
 def p2p_avoid(results: Sequence[ProbeResult], broken: Sequence[ProbeResult]) -> list[Avoid]:
     """One line per P2P backend the host's failed peer-to-peer check rules out, with that check's reason, and
     whether NCCL without P2P (``NCCL_P2P_DISABLE=1``) passed on the same pair."""
@@ -446,7 +472,9 @@ def _avoid(rs: Sequence[ProbeResult], curves: Sequence[Curve], spread: Spreads =
     groups: dict[tuple[str, str, str, str], list[ProbeResult]] = defaultdict(list)
     for r in rs:
         # Ranks sharing a GPU test correctness only; no server runs that way.
-        if r.probe_id in PATH_PROBES and r.verdict.status in BAD and not r.shared_gpu:
+        # A rank-divergent backend gives right numbers: it is kept off the verify step only (not_for_verify).
+        if (r.probe_id in PATH_PROBES and r.verdict.status in BAD and not r.shared_gpu
+                and r.verdict.reason_code != DIVERGENT):
             v = r.verdict
             groups[(r.probe_id, v.status.value, v.reason_code, " ".join(v.note.split())[:300])].append(r)
     out = [Avoid(_label(g), status, code, note, tuple(r.result_id for r in g))
@@ -514,6 +542,58 @@ def measured_hidden(rs: Iterable[ProbeResult]) -> int | None:
     return None
 
 
+# Probes that check whether the ranks of an allreduce hold the same bits (inenv/kit/_agree.py): they declare the
+# agreement metric; a backend whose ranks diverged is never advised for a speculative verify step.
+AGREEMENT_PROBES = tuple(pid for pid, d in DECLARED.items() if d.metric(Role.AGREEMENT))
+DIVERGENT = "rank-divergent"
+
+
+@dataclass(frozen=True)
+class NotForVerify:
+    """A backend not to use for a speculative verify step: its ranks' outputs differed bit for bit, so ranks can
+    accept different numbers of draft tokens and wait for each other forever."""
+
+    backend: str
+    why: str
+    ids: tuple[str, ...] = ()
+
+
+def _agreement_backend(r: ProbeResult) -> str:
+    """The backend a result's agreement check ran: its ``backend`` parameter, NCCL for nccl-graphs (with the
+    forced algorithm named), else the probe's own (symm-mem: torch symmetric memory's ops)."""
+    if "backend" in r.params:
+        return r.params["backend"]
+    if r.probe_id != "nccl-graphs":
+        return r.probe_id
+    algo = r.params.get("algo", "default")
+    return BASELINE if algo in ("", "default") else f"{BASELINE} (NCCL_ALGO={algo})"
+
+
+def not_for_verify(results: Iterable[ProbeResult], cell_id: str) -> list[NotForVerify]:
+    """The backends whose ranks diverged in ``cell_id``, at any rank count and placement (ranks sharing a GPU
+    run the same kernels' arithmetic: a divergence there is the backend's)."""
+    found: dict[str, list[ProbeResult]] = defaultdict(list)
+    for r in results:
+        if r.cell_id != cell_id or r.probe_id not in AGREEMENT_PROBES:
+            continue
+        summary = declared_metric(r, Role.AGREEMENT)
+        split = isinstance(summary, Mapping) and bool(summary.get("divergent_cases"))
+        if r.verdict.reason_code == DIVERGENT or split:
+            found[_agreement_backend(r)].append(r)
+    out = []
+    for backend, rs in sorted(found.items()):
+        first = rs[0]
+        summary = declared_metric(first, Role.AGREEMENT)
+        cases = summary.get("divergent_cases", []) if isinstance(summary, Mapping) else []
+        where = ", ".join(sorted({f"{r.ranks} ranks" + (" sharing GPUs" if r.shared_gpu else "") for r in rs}))
+        detail = (f"{len(cases)} case(s), e.g. {cases[0]}, up to {summary.get('max_ulp_between_ranks')} ulp apart"
+                  if cases and isinstance(summary, Mapping) else " ".join(first.verdict.note.split())[:200])
+        out.append(NotForVerify(backend, f"ranks' outputs differ bit for bit ({first.probe_id} at {where}: {detail}); "
+                                "ranks could accept different numbers of draft tokens and deadlock the verify step",
+                                tuple(r.result_id for r in rs[:3])))
+    return out
+
+
 def advise_cell(host_id: str, cell_id: str, ranks: int, results: Sequence[ProbeResult],
                 host_facts: Mapping[str, Any] | None = None, executor: str = "docker") -> CellAdvice:
     """The advice for one cell at ``ranks`` from the host's latest results (other cells and ranks are ignored);
@@ -527,18 +607,22 @@ def advise_cell(host_id: str, cell_id: str, ranks: int, results: Sequence[ProbeR
         return CellAdvice(host_id, cell_id, ranks, hidden, missing=(
             Missing(f"allreduce latency at {ranks} ranks", "no ar-latency result",
                     _rerun(LATENCY_PROBE, cell_id, cell, executor)),),
-            avoid=(*p2p_avoid(results, p2p_broken(results)), *_avoid(rs, ())), untimed=tuple(_untimed(rs)),
-            multicast=mc, full_nvlink=nvl)
+            avoid=(*p2p_avoid(results, p2p_broken(results)), *atomics_avoid(no_atomics(results)),
+                   *_avoid(rs, ())), untimed=tuple(_untimed(rs)),
+            multicast=mc, full_nvlink=nvl, not_for_verify=tuple(not_for_verify(results, cell_id)))
     curves, missing = _curves(cell_id, cell, rs, executor)
     broken = p2p_broken(results)
     if broken:  # a backend that needs peer-to-peer is never advised on a host whose peer-to-peer failed
         curves = [c for c in curves if c.backend not in P2P_BACKENDS]
+    bare = no_atomics(results)
+    if bare:  # nor one whose signals are peer atomics on a host whose pairs lack them
+        curves = [c for c in curves if c.backend not in ATOMIC_BACKENDS]
     spread = spreads(results, cell_id, ranks)
     sizes = _per_size(curves, hidden, spread)
-    avoid = (*p2p_avoid(results, broken), *_avoid(rs, curves, spread))
+    avoid = (*p2p_avoid(results, broken), *atomics_avoid(bare), *_avoid(rs, curves, spread))
     return CellAdvice(host_id, cell_id, ranks, hidden, tuple(curves), tuple(sizes),
                       tuple(_crossovers(sizes, curves)), avoid, tuple(_untimed(rs)),
-                      tuple(missing), mc, nvl, spread)
+                      tuple(missing), mc, nvl, spread, tuple(not_for_verify(results, cell_id)))
 
 
 def rank_counts(results: Iterable[ProbeResult], cell_id: str) -> list[int]:

@@ -25,7 +25,17 @@ from checks.report.advise import (
     rank_counts,
 )
 from checks.report.diff import Diff, since_previous
-from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, Estimate, Model, StepCost, estimate
+from checks.report.estimate import (
+    DEFAULT_BATCH,
+    DEFAULT_DRAFT,
+    Acceptance,
+    Estimate,
+    Model,
+    StepCost,
+    default_acceptance,
+    estimate,
+    tokens_per_s,
+)
 from checks.report.gates import EngineGates, engine_gates, tp_sizes
 from checks.report.gates import capabilities as gate_caps
 from checks.report.measured import (
@@ -52,6 +62,7 @@ class CellDecision:
     measured: Measured | None = None  # the step probe's timed steps for the model (ranked on, when present)
     shared_step: tuple[str, ...] = ()  # step backends exact with ranks sharing one GPU (checked, not timed)
     gated_off: tuple[str, ...] = ()  # an engine in this cell whose own gate data leaves an advised backend out
+    accept: Acceptance | None = None  # the acceptance length verify-step tokens per second are counted at
 
 
 @dataclass(frozen=True)
@@ -91,8 +102,10 @@ def _why_nothing(h: HostResults) -> str:
 
 def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, str], *, cell: str | None = None,
            tp: int | None = None, model: Model | None = None, batch: int = DEFAULT_BATCH,
-           draft: int = DEFAULT_DRAFT) -> HostDecision:
+           draft: int = DEFAULT_DRAFT, accept: float | None = None) -> HostDecision:
     latest = h.latest()
+    acceptance = (Acceptance(accept, draft, "given with --accept") if accept is not None
+                  else default_acceptance(model.name, draft) if model is not None else None)
     cells = [cell] if cell else sorted({r.cell_id for r in latest})
     caps = gate_caps(h.facts, latest)
     gates = engine_gates(latest, caps, tp_sizes(h.gpu_count, tp), cell)
@@ -112,7 +125,8 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
             off = tuple(f"{g.engine} {g.version} in this cell: its own gate data admits no {b} at tp {a.ranks} "
                         f"here: {line.text}"
                         for b in a.used for g in gates if g.cell_id == c for line in g.off_for(b, a.ranks))
-            out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas, shared, off))
+            out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas, shared, off,
+                                    acceptance))
     green = tuple(g for g in nearest_green(latest) if cell is None or g.cell_id == cell)
     reader = provenance.verdict_code_versions().get("gates.py", "unknown") if gates else ""
     return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),
@@ -208,6 +222,8 @@ def advice_block(d: CellDecision) -> Block:
         b.lines.append(f"Avoid: {x.what}: {why}: {recorded(x.why)}{b.ref(x.ids)}")
     for u in a.untimed:
         b.lines.append(f"Works, not ranked: {u.feature}: {recorded(u.why)}{b.ref(u.ids)}")
+    for x in a.not_for_verify:
+        b.lines.append(f"Not for a speculative verify step: {x.backend}: {recorded(x.why)}{b.ref(x.ids)}")
     for x in d.gated_off:
         b.lines.append(f"Engine gate: {x}")
     for m in a.missing:
@@ -237,8 +253,9 @@ def _step(s: StepCost, label: str) -> str:
     return f"{label} {mark}{s.total_us:.1f} µs/step ({mark}{_us(s.per_call.us)} per call{_saving(s)})"
 
 
-def _best(e: Estimate, kind: str, among: Sequence[str] | None) -> str:
-    rows = [(getattr(r, kind), r.backend) for r in e.rows if among is None or r.backend in among]
+def _best(e: Estimate, kind: str, among: Sequence[str] | None, leave: Sequence[str] = ()) -> str:
+    rows = [(getattr(r, kind), r.backend) for r in e.rows if (among is None or r.backend in among)
+            and r.backend not in leave]
     rows = [(s, b) for s, b in rows if s.total_us is not None]
     if not rows:
         return f"{kind}: none"
@@ -246,8 +263,24 @@ def _best(e: Estimate, kind: str, among: Sequence[str] | None) -> str:
     return f"{kind} {b} {s.total_us:.1f} µs/step{_saving(s)}"
 
 
-def estimate_block(e: Estimate, usable: Sequence[str] | None = None) -> Block:
-    """``usable``: the backends an engine release can use on this host (None: not known, nothing marked)."""
+def _per_token(e: Estimate, s: StepCost, base: StepCost | None, accept: Acceptance) -> str:
+    """A verify step's allreduce time per generated token at ``accept``, its saving against NCCL's, and the
+    tokens per second the allreduces alone would allow."""
+    if s.total_us is None:
+        return ""
+    tokens = e.batch * accept.length
+    saved = "" if base is None or base.total_us is None else \
+        f", {(base.total_us - s.total_us) / tokens:+.2f} µs/token vs NCCL"
+    ceiling = tokens_per_s(e.batch, accept.length, s.total_us)
+    return (f"; at acceptance {accept.length:g}: {s.total_us / tokens:.2f} µs of allreduce per generated token"
+            f"{saved}, at most {ceiling:,.0f} tok/s from the allreduces alone" if ceiling else "")
+
+
+def estimate_block(e: Estimate, usable: Sequence[str] | None = None, accept: Acceptance | None = None,
+                   leave: Sequence[Any] = ()) -> Block:
+    """``usable``: the backends an engine release can use on this host (None: not known, nothing marked);
+    ``accept``: the acceptance length to count verify-step tokens at; ``leave``: the backends not for the
+    verify step (``advise.NotForVerify``), left out of the fastest verify and marked."""
     m = e.model
     b = Block(f"Estimate, not a measurement — {m.label}, tp {e.ranks}, cell `{e.cell_id}`")
     dec, ver = e.rows[0].decode if e.rows else None, e.rows[0].verify if e.rows else None
@@ -262,13 +295,24 @@ def estimate_block(e: Estimate, usable: Sequence[str] | None = None) -> Block:
                    f"smallest measured size, its latency is used; savings against the {e.baseline} curve.")
     if m.source:
         b.lines.append(f"Model shape: {m.source}")
+    if accept is not None:
+        b.lines.append(f"Acceptance length {accept.length:g} tokens per sequence per verify step ({accept.source}).")
+    off = {x.backend: x for x in leave}
+    base = next((r.verify for r in e.rows if r.backend == e.baseline), None)
     for r in e.rows:
         mark = "" if usable is None or r.backend in usable else " † no engine release shown can use it on this host"
-        b.lines.append(f"- {r.backend}: {_step(r.decode, 'decode')}; {_step(r.verify, 'verify')}{mark}{b.ref(r.ids)}")
+        if r.backend in off:
+            mark += " ‡ not for the verify step: its ranks' outputs differ bit for bit"
+        per_token = _per_token(e, r.verify, base, accept) if accept is not None else ""
+        b.lines.append(f"- {r.backend}: {_step(r.decode, 'decode')}; {_step(r.verify, 'verify')}{per_token}{mark}"
+                       f"{b.ref(r.ids)}")
     if e.rows:
+        left = tuple(off)
         usable_best = "" if usable is None else (f" Fastest an engine release can use here: "
-                                                 f"{_best(e, 'decode', usable)}; {_best(e, 'verify', usable)}.")
-        b.lines.append(f"Fastest measured: {_best(e, 'decode', None)}; {_best(e, 'verify', None)}.{usable_best}")
+                                                 f"{_best(e, 'decode', usable)}; {_best(e, 'verify', usable, left)}.")
+        b.lines.append(f"Fastest measured: {_best(e, 'decode', None)}; {_best(e, 'verify', None, left)}.{usable_best}")
+        for x in leave:
+            b.lines.append(f"‡ {x.backend} left out of the verify step: {x.why}{b.ref(x.ids)}")
     return b
 
 
@@ -281,12 +325,24 @@ def _ms(t: StepTime | None, label: str) -> str:
             f"per allreduce over the {t.baseline_us / 1000:.3f} ms without it{kern}{fell})")
 
 
-def _row_line(r: MeasuredRow) -> str:
+def _row_line(r: MeasuredRow, rate: str = "") -> str:
     status = "" if r.status == "pass" else f" [{r.status}]"
-    return f"- {r.backend}{status}: {_ms(r.decode, 'decode')}; {_ms(r.verify, 'verify')}"
+    return f"- {r.backend}{status}: {_ms(r.decode, 'decode')}; {_ms(r.verify, 'verify')}{rate}"
 
 
-def measured_block(m: Measured, est: Estimate | None, curves: Sequence[Any] = ()) -> Block:
+def _rate(m: Measured, r: MeasuredRow, base: MeasuredRow | None, accept: Acceptance, off: bool) -> str:
+    """The measured verify step in tokens per second at ``accept``, and its difference from NCCL's."""
+    mine = tokens_per_s(m.batch, accept.length, r.verify.step_us if r.verify else None)
+    if mine is None:
+        return ""
+    theirs = tokens_per_s(m.batch, accept.length, base.verify.step_us if base and base.verify else None)
+    vs = "" if theirs is None or base is r else f", {mine - theirs:+,.0f} tok/s vs NCCL"
+    bad = " ‡ not for the verify step: its ranks' outputs differ bit for bit" if off else ""
+    return f"; verify at acceptance {accept.length:g}: {mine:,.0f} tok/s of this step{vs}{bad}"
+
+
+def measured_block(m: Measured, est: Estimate | None, curves: Sequence[Any] = (), accept: Acceptance | None = None,
+                   leave: Sequence[Any] = ()) -> Block:
     """The step probe's measured steps, fastest decode first, how the estimate's ranking compares, and whether
     each backend's allreduces alone cost in the step what ar-latency measured (``curves``) at that size."""
     dec, ver = case_keys_text(m)
@@ -295,8 +351,15 @@ def measured_block(m: Measured, est: Estimate | None, curves: Sequence[Any] = ()
                    "allreduces, residual adds and RMSNorms, checked exactly, against the same graph without the "
                    "allreduce.")
     latency = {c.backend: c.latency_us for c in curves}
+    base = next((r for r in m.rows if r.backend == BASELINE), None)
+    off = {x.backend for x in leave}
+    if accept is not None:
+        b.lines.append(f"Tokens per second of the measured step (its row-parallel blocks only: the rest of the model "
+                       f"adds time, so a server's rate is lower) at acceptance length {accept.length:g} "
+                       f"({accept.source}).")
     for r in m.rows:
-        b.lines.append(_row_line(r) + b.ref(r.ids))
+        rate = _rate(m, r, base, accept, r.backend in off) if accept is not None else ""
+        b.lines.append(_row_line(r, rate) + b.ref(r.ids))
         agree = consistent(r, latency.get(r.backend, {}), NOISE)
         if agree is not None and r.comm_only_us is not None and r.decode_bytes is not None:
             ref = latency[r.backend][r.decode_bytes]
@@ -385,7 +448,7 @@ def blocks(d: HostDecision) -> list[Block]:
     for c in d.cells:
         out.append(advice_block(c))
         if c.measured is not None:
-            out.append(measured_block(c.measured, c.estimate, c.advice.curves))
+            out.append(measured_block(c.measured, c.estimate, c.advice.curves, c.accept, c.advice.not_for_verify))
         elif c.shared_step:
             out.append(Block(f"Step — tp {c.advice.ranks}, cell `{c.advice.cell_id}`: checked, not timed",
                              ["The step probe ran every layer's blocks of this model with the ranks sharing one GPU: "
@@ -393,7 +456,7 @@ def blocks(d: HostDecision) -> list[Block]:
                               "nothing is ranked on it; run it on a host with a GPU per rank.",
                               *(f"- {recorded(x)}" for x in c.shared_step)]))
         if c.estimate is not None:
-            out.append(estimate_block(c.estimate, c.usable))
+            out.append(estimate_block(c.estimate, c.usable, c.accept, c.advice.not_for_verify))
     for g in d.engines:
         out.append(gates_block(g, d.gate_reader))
     if not d.cells and not d.engines:

@@ -23,6 +23,40 @@ DEFAULT_BATCH = 8  # decode tokens per step
 DEFAULT_DRAFT = 4  # tokens each sequence verifies per speculative step (ar-latency's 4x verify sizes)
 
 
+
+@dataclass(frozen=True)
+class Acceptance:
+    """A published mean acceptance length: tokens each sequence keeps per verify step (the verified token
+    included), for a model shape at a number of tokens verified per sequence (``--draft``)."""
+
+    length: float
+    draft: int
+    source: str
+
+
+# Published figures only, one per model shape where one exists; `--accept` gives any other.
+ACCEPTANCE: dict[str, Acceptance] = {
+    # Kimi-K2.5 (the kimi-k2 shape: the same hidden 7168, 61 layers, 64 heads, 8 of 384 experts + 1 shared)
+    # with an EAGLE-3 draft model, 3 draft tokens per step (4 verified per sequence): mean acceptance length 2.88,
+    # as published with SGLang's Kimi K2.5 EAGLE-3 support (sgl-project/sglang pull request 19689: the
+    # AQ-MedAI/Kimi-K25-eagle3 draft, 3 steps, top-k 1, 4 draft tokens, tp 8 on H200)
+    "kimi-k2": Acceptance(2.88, 4, "Kimi-K2.5 with an EAGLE-3 draft, 3 draft tokens: published mean acceptance "
+                          "length (SGLang's Kimi K2.5 EAGLE-3 support, 8x H200)"),
+}
+
+
+def default_acceptance(model: str, draft: int) -> Acceptance | None:
+    """The published acceptance length for ``model`` at ``draft`` tokens verified per sequence, if one exists."""
+    found = ACCEPTANCE.get(model)
+    return found if found is not None and found.draft == draft else None
+
+
+def tokens_per_s(batch: int, accept: float, step_us: float | None) -> float | None:
+    """Tokens a step of ``step_us`` yields per second when each of ``batch`` sequences keeps ``accept``
+    tokens per step; None without a time."""
+    return None if step_us is None or step_us <= 0 else batch * accept / (step_us * 1e-6)
+
+
 class ModelError(ValueError):
     """A --model value that names no model shape and is not hidden=..,layers=..[,dtype=..][,allreduces=..]."""
 

@@ -243,10 +243,11 @@ def _at(results: Sequence[ProbeResult], capability: str | None, tps: Sequence[in
 
 
 def tp_sizes(gpu_count: int | None, tp: int | None) -> tuple[int, ...]:
-    """The tp sizes to read gates at: the one asked for, else those this host's GPUs allow (every default on
-    a host that does not say)."""
+    """The tp sizes to read gates at: the one asked for (any size), else every size from 2 to this host's GPU
+    count (3, 5, 6 and 7 included: the engines' tables treat some of them apart), every default on a host that
+    does not say."""
     if tp:
         return (tp,)
     if not gpu_count:
         return DEFAULT_TPS
-    return tuple(n for n in DEFAULT_TPS if n <= gpu_count) or (gpu_count,)
+    return tuple(range(2, gpu_count + 1)) or (gpu_count,)

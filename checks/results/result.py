@@ -31,7 +31,7 @@ SCHEMAS = (SCHEMA_V1, SCHEMA)
 FIELDS = ("schema", "run_id", "host_id", "cell_id", "probe_id", "variant", "status", "reason_code", "note",
           "remediation", "metrics", "evidence", "started_at", "duration_s")
 _IDS = ("run_id", "host_id", "cell_id", "probe_id", "variant", "started_at")
-KEY_FIELDS = ("ranks", "gpus")  # parts of a variant key the worker sets, not the probe's own params
+KEY_FIELDS = ("ranks", "placement", "gpus")  # parts of a variant key the worker sets, not the probe's own params
 
 
 class ResultError(ValueError):
@@ -102,7 +102,8 @@ class ProbeResult:
         object.__setattr__(self, "parts", parts)
         object.__setattr__(self, "params", MappingProxyType({k: v for k, v in parts if k not in KEY_FIELDS}))
         object.__setattr__(self, "ranks", int(ranks) if ranks.isdigit() else None)
-        object.__setattr__(self, "shared_gpu", named.get("gpus") == SHARED)
+        # ranks on shared GPUs: ``placement=shared``, or ``gpus=shared`` as keys recorded before the GPU count
+        object.__setattr__(self, "shared_gpu", SHARED in (named.get("placement"), named.get("gpus")))
         object.__setattr__(self, "cell", cellid.parse(self.cell_id))
 
     @property

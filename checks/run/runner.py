@@ -167,7 +167,7 @@ def level_variant(item: WorkItem, level: str) -> Variant:
     result at either level); the recorded key stays the planned one (results say their level in evidence)."""
     v = item.variant
     if incremental.shortened(item, level) or (level == QUICK and item.runs and compiles(item)):
-        return Variant(v.probe_id, v.ranks, (*v.params, (f"env.{LEVEL_ENV}", QUICK)), v.share_gpu, v.skip)
+        return Variant(v.probe_id, v.ranks, (*v.params, (f"env.{LEVEL_ENV}", QUICK)), v.share_gpu, v.skip, v.gpus)
     return v
 
 

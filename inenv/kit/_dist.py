@@ -2,8 +2,8 @@
 
 In-environment side: standard library at module level; torch is imported inside the functions that
 need it, so the host-side planner can import the probe modules without torch. The data the probes
-send, the exact checks, timing, symmetric memory and NCCL's logs live in their own modules
-(``_data``, ``_timing``, ``_symm``, ``_nccllog``).
+send, the exact checks, timing and NCCL's logs live in their own modules (``_data``, ``_timing``,
+``_nccl``); torch symmetric memory's rendezvous and ops across torch versions are at the end here.
 """
 
 from __future__ import annotations
@@ -154,3 +154,52 @@ def worst_verdict(verdicts: Sequence[str]) -> str:
 def agree(ok: bool, group: Any = None) -> bool:
     """True only if every rank says True (a verdict must not differ between ranks)."""
     return all(gather_objects(bool(ok), group))
+
+
+def settle(local: dict[str, Any], group: Any = None) -> dict[str, Any] | None:
+    """The rank-verdict protocol of a step every rank runs: each rank gives its own ``{"verdict": ...}``
+    (``ok`` to go on) and learns the worst of all. None when every rank says ``ok``; else what this rank
+    reports: its own result when it failed, or the worst verdict with ``on a peer rank`` when a peer did.
+    Every rank must call it at the same point, whatever happened to it, so the ranks stay in step."""
+    worst = worst_verdict(gather_objects(str(local.get("verdict", "error")), group))
+    if worst == "ok":
+        return None
+    return local if local.get("verdict") != "ok" else {"verdict": worst, "detail": "on a peer rank"}
+
+
+def settle_ok(ok: bool, error: str, group: Any = None, peer: str = "a peer rank failed") -> dict[str, Any] | None:
+    """:func:`settle` for a step that either worked or raised ``error``: None when every rank worked, else
+    ``{"verdict": "error", "error": ...}`` (this rank's error, or ``peer`` when only a peer failed)."""
+    if agree(ok, group):
+        return None
+    return {"verdict": "error", "error": error or peer}
+
+
+# --- torch symmetric memory (``torch.distributed._symmetric_memory``) across torch versions ---------------
+
+def symm_rendezvous(tensor: Any, group: Any) -> tuple[Any, bool]:
+    """Rendezvous a symmetric tensor over ``group``; the one place that knows torch < 2.11 needs
+    ``enable_symm_mem_for_group`` first. Returns the handle and whether that call was made."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    enabled_here = False
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    is_enabled = getattr(symm_mem, "is_symm_mem_enabled_for_group", None)
+    if enable is not None and (is_enabled is None or not is_enabled(group.group_name)):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated (a no-op need) on newer torch
+            enable(group.group_name)
+        enabled_here = True
+    return symm_mem.rendezvous(tensor, group), enabled_here
+
+
+def symm_op(name: str) -> Any:
+    """``torch.ops.symm_mem.<name>`` or None when this torch does not have it."""
+    import torch
+
+    try:
+        return getattr(torch.ops.symm_mem, name)
+    except (AttributeError, RuntimeError):
+        return None

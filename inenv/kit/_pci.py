@@ -456,8 +456,10 @@ def read_port(host: Host, device_dir: Path, sys_admin: bool | None) -> Port:
         vendor.source, vendor.not_visible or dev.not_visible or "unparsable ids")
     numa = host.text(device_dir / "numa_node")
     if numa.seen:
-        numa = Fact(int(numa.value), numa.source) if numa.value.lstrip("-").isdigit() else hidden(
-            numa.source, f"unparsable {numa.value!r}")
+        try:
+            numa = Fact(int(numa.value, 10), numa.source)
+        except ValueError:
+            numa = hidden(numa.source, f"unparsable {str(numa.value)[:40]!r}")
         if numa.value == -1:
             numa = hidden(numa.source, "the firmware reports no NUMA node (-1)")
     group_link = device_dir / "iommu_group"
@@ -512,6 +514,8 @@ def chain_of(host: Host, address: str) -> Chain:
         real = link.resolve(strict=True)
     except OSError as exc:
         return Chain(address, fact=hidden(host.shown(link), why_unreadable(exc)))
+    except RuntimeError as exc:  # a symbolic link loop (Path.resolve raises RuntimeError before Python 3.13)
+        return Chain(address, fact=hidden(host.shown(link), f"unreadable: {exc}"[:200]))
     parts = real.parts
     at = [i for i, p in enumerate(parts) if is_address(p)]
     if not at or parts[at[-1]] != address:
@@ -521,8 +525,10 @@ def chain_of(host: Host, address: str) -> Chain:
     return Chain(address, bridges, rc, real, Fact([a for a, _ in bridges], host.shown(real)))
 
 
-def nvidia_gpus(host: Host) -> Fact:
-    """The NVIDIA display-class functions sysfs lists (their PCI addresses, in address order)."""
+def nvidia_gpus(host: Host, unread: list[str] | None = None) -> Fact:
+    """The NVIDIA display-class functions sysfs lists (their PCI addresses, in address order). A function that
+    may be one but whose vendor or class file cannot be read or parsed is not counted; it is named in
+    ``unread`` (``"<address>: why"``), so a GPU is never left out without a word."""
     try:
         names = sorted(os.listdir(host.pci))
     except OSError as exc:
@@ -530,8 +536,13 @@ def nvidia_gpus(host: Host) -> Fact:
     found = []
     for name in names:
         vendor, klass = host.text(host.pci / name / "vendor"), host.text(host.pci / name / "class")
-        if _hex(vendor) == NVIDIA and (_hex(klass) or 0) >> 16 == 0x03:
+        v, k = _hex(vendor), _hex(klass)
+        if v == NVIDIA and k is not None and k >> 16 == 0x03:
             found.append(name)
+        elif unread is not None and (v == NVIDIA and k is None or v is None and (k is None or k >> 16 == 0x03)):
+            bad = vendor if v is None else klass
+            why = bad.not_visible or f"unparsable {str(bad.value)[:40]!r}"
+            unread.append(f"{name}: {bad.source or host.shown(host.pci / name)}: {why}")
     return Fact(found, host.shown(host.pci))
 
 

@@ -14,8 +14,8 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from inenv.kit import _data, _device, _dist, _errors, _symm, _timing
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, outcome, per_world_size
+from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
 
 SPEC = ProbeSpec(
     id="ar-latency",
@@ -26,7 +26,7 @@ SPEC = ProbeSpec(
     min_ranks=2,  # over one rank an allreduce returns its input: there is nothing to time
     distinct_gpus=True,  # latency of ranks time-slicing one GPU means nothing
     requires=("torch",),
-    timeout_s=300.0,
+    timeout_s=420.0,  # with the rank agreement check
     preload=_dist.PRELOAD_DIST,
 )
 
@@ -45,7 +45,8 @@ OP_DEADLINE_S = 30.0
 
 
 def variants(host: HostView) -> list[Variant]:
-    return per_world_size(SPEC, host, ((("backend", backend),) for backend in BACKENDS))
+    why = "a latency of ranks time-slicing one GPU means nothing; step checks agreement on shared GPUs"
+    return multi_rank(SPEC, host, ((("backend", backend),) for backend in BACKENDS), why=why)
 
 
 def _no_flashinfer(backend: str) -> dict[str, Any] | None:
@@ -86,6 +87,7 @@ def expected_after(calls: int, world: int, in_place: bool) -> int:
 class Backend:
     name = ""
     in_place = False
+    dtypes: tuple[str, ...] = ("bf16",)  # what the agreement check sends it (``_agree``)
 
     def prepare(self, max_numel: int) -> None: ...
 
@@ -106,6 +108,7 @@ class Backend:
 class Nccl(Backend):
     name = "nccl"
     in_place = True
+    dtypes = ("bf16", "fp16")
 
     def __init__(self, device: Any, group: Any) -> None:
         self.device, self.group, self.buf = device, group, None
@@ -163,7 +166,7 @@ class SymmMem(Backend):
         self.buf = self.out = None
         self.enabled_here = False
         op_name = "one_shot_all_reduce_out" if kind == "one-shot" else "two_shot_all_reduce_"
-        self.op = _symm.symm_op(op_name)
+        self.op = _dist.symm_op(op_name)
         if self.op is None:
             raise LookupError(f"torch.ops.symm_mem.{op_name} is not in this torch")
 
@@ -172,7 +175,7 @@ class SymmMem(Backend):
         import torch.distributed._symmetric_memory as symm_mem
 
         self.buf = symm_mem.empty(max_numel, dtype=torch.bfloat16, device=self.device)
-        self.handle, self.enabled_here = _symm.symm_rendezvous(self.buf, self.group)
+        self.handle, self.enabled_here = _dist.symm_rendezvous(self.buf, self.group)
         self.out = torch.empty(max_numel, device=self.device, dtype=torch.bfloat16)
 
     def buffers(self, numel: int) -> tuple[Any, Any]:
@@ -197,6 +200,7 @@ class FlashinferCustomAR(Backend):
 
     name = "flashinfer-custom-ar"
     in_place = False
+    dtypes = ("bf16", "fp16")  # its kernels are instantiated for half, bfloat16 and float
 
     def __init__(self, rank: int, device: Any, group: Any) -> None:
         from inenv.kit import _flashinfer
@@ -324,8 +328,8 @@ def _measure(
         backend.after_capture()
     except Exception as exc:
         error = _errors.error_tail(exc)
-    if not _dist.agree(graph is not None, gloo):
-        return {"verdict": "error", "error": error or "a peer rank failed to capture"}
+    if (stopped := _dist.settle_ok(graph is not None, error, gloo, "a peer rank failed to capture")) is not None:
+        return stopped
     assert graph is not None
     for seed in (2, 3):
         local: dict[str, Any] = {"verdict": "ok"}
@@ -346,15 +350,30 @@ def _measure(
         except Exception as exc:
             local = {"verdict": "error", "error": _errors.error_tail(exc)}
         # Reached by every rank for every seed, so the ranks stay in step whatever failed where.
-        worst = _dist.worst_verdict(_dist.gather_objects(local["verdict"], gloo))
-        if worst != "ok":
-            return local if local["verdict"] != "ok" else {"verdict": worst, "detail": "on a peer rank"}
+        if (stopped := _dist.settle(local, gloo)) is not None:
+            return stopped
     try:
         inp.zero_()  # timing on zeros: repeated in-place sums stay finite
         timing = _timing.timed_across_ranks(graph.replay, REPLAYS, CALLS_PER_GRAPH, barrier, gloo)
     except Exception as exc:
         return {"verdict": "error", "error": _errors.error_tail(exc)}
     return {"verdict": "ok", "timing": timing.to_json()}
+
+
+def agreement_bind(backend: Backend, rank: int, world: int) -> Callable[[_agree.Case], _agree.Bound]:
+    """How the agreement check (``_agree``) drives a backend: its own buffers viewed in the case's dtype, one
+    call per step. A dtype it does not take, or a size it refuses, raises: that case is recorded unsupported."""
+
+    def bind(case: _agree.Case) -> _agree.Bound:
+        if case.dtype not in backend.dtypes:
+            raise TypeError(f"{backend.name} is checked in {', '.join(backend.dtypes)} only")
+        dtype = _agree.torch_dtype(case.dtype)
+        inp, out = backend.buffers(case.numel)
+        inp = inp.view(dtype)
+        out = inp if backend.in_place else out.view(dtype)
+        return _agree.allreduce_bound(case, inp, out, backend.step(inp, out), rank, world, backend.after_capture)
+
+    return bind
 
 
 def _float64() -> Any:
@@ -441,7 +460,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     gloo = _dist.cpu_group()
     group = dist.group.WORLD
     barrier = _timing.stream_barrier(device, group)
-    max_numel = max(TOKENS) * _data.HIDDEN
+    max_numel = max(max(TOKENS) * _data.HIDDEN, _agree.max_numel())
     evidence: dict[str, Any] = {
         "backend": name,
         "hidden": _data.HIDDEN,
@@ -480,13 +499,18 @@ def run(ctx: RankContext) -> dict[str, Any]:
         ctx.log(f"{name} {nbytes} B: {results[nbytes].get('verdict')} {results[nbytes].get('timing', {})}")
         if results[nbytes].get("verdict") in ("hang", "wrong", "no-op", "zero"):
             break  # a hung stream blocks everything after it; a wrong backend is not timed further
+    hung = any(r.get("verdict") == "hang" for r in results.values())
+    with _timing.side_stream(device):
+        agreed = {} if hung else _agree.run_cases(agreement_bind(backend, ctx.rank, ctx.world_size),
+                                                  _agree.cases(backend.dtypes), gloo, ctx.log)
     result = summarize(name, results, baseline if nccl is not None else None)
     if isinstance(backend, FlashinferPcieIpc):
         result["metrics"].update(backend.metrics())
     result["evidence"].update(evidence)
+    result["evidence"]["agreement"] = agreed
     if baseline:
         result["evidence"]["nccl_per_size"] = {str(b): r for b, r in baseline.items()}
-    return result
+    return _agree.apply(result, _agree.summarize(agreed), name)
 
 
 # --- declared fields: what this probe records, and the roles checks report and checks advise read them by
@@ -497,6 +521,9 @@ METRICS = (
     ("nccl_latency_us", "µs by message bytes", "NCCL timed the same way in the same processes", "nccl-latency"),
     ("ratio_vs_nccl", "ratio by message bytes", "latency_us / nccl_latency_us at each size", "ratio-vs-nccl"),
     ("configs", "record", "flashinfer PCIe IPC configs chosen per message bytes", None),
+    ("agreement", "record", "rank agreement on random bf16/fp16 data (inenv/kit/_agree.py): ranks identical, "
+     "differing elements, max ulp between ranks, deterministic, max ulp vs the float64 sum, divergent cases",
+     "agreement"),
 )
 EVIDENCE = (
     ("hidden", "elements", "hidden size of the timed messages (tokens x hidden bf16 elements)", "hidden"),

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
-from inenv.kit import _data, _device, _dist, _errors, _timing
+from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
 from inenv.kit import _flashinfer as fi
 from inenv.kit._lockstep import Lockstep, Stopped
 from inenv.probe import (
@@ -25,9 +26,8 @@ from inenv.probe import (
     RankContext,
     Variant,
     at_level,
+    multi_rank,
     outcome,
-    per_world_size,
-    shared_gpu_variants,
 )
 
 SPEC = ProbeSpec(
@@ -37,7 +37,7 @@ SPEC = ProbeSpec(
     "topology's full_nvlink and with it forced, does it silently do nothing, and how fast is it against NCCL?",
     ranks=(2, 4, 8),
     min_ranks=2,  # over one rank an allreduce returns its input
-    # Ranks get a GPU each, except the gpus=shared variants (planned below, correctness only): IPC buffers work
+    # Ranks get a GPU each, except the placement=shared variants (planned below, correctness only): IPC buffers work
     # between processes on one device too, so more ranks than GPUs still test the kernel's result.
     distinct_gpus=False,
     requires=("torch",),  # plus flashinfer or sgl_kernel, per variant: checked in run()
@@ -55,10 +55,11 @@ REPLAYS = 30
 
 
 def variants(host: HostView) -> list[Variant]:
-    own = per_world_size(SPEC, host, ((("impl", impl), ("full_nvlink", mode)) for impl in IMPLS for mode in MODES))
-    # forced: with full_nvlink False the kernel launches nothing at 4 and 8 ranks (the topology variants
-    # above show that); shared GPUs have no NVLink between a GPU and itself.
-    return own + shared_gpu_variants(SPEC, host, (("impl", "flashinfer"), ("full_nvlink", "forced")))
+    # Beyond the host's GPU count only flashinfer's, forced: with full_nvlink False the kernel launches nothing
+    # over 2 ranks (the topology variants show that), and shared GPUs have no NVLink between a GPU and itself.
+    return multi_rank(SPEC, host, ((("impl", impl), ("full_nvlink", mode)) for impl in IMPLS for mode in MODES),
+                      lambda p: p == (("impl", "flashinfer"), ("full_nvlink", "forced")),
+                      why="this implementation and topology mode is checked with a GPU per rank only")
 
 
 def nvlink_matrix(devices: list[int]) -> tuple[bool | None, str]:
@@ -168,6 +169,30 @@ def _graph_capture(ar: Any, rank: int, device: Any) -> tuple[Any, list[Any], lis
         for x, o in zip(inps, outs, strict=True):
             ar.all_reduce_graph(x, o)
     return graph, inps, outs
+
+
+def agreement_bind(ar: Any, rank: int, world: int, device: Any) -> Callable[[_agree.Case], _agree.Bound]:
+    """The rank agreement check (``_agree``) of the custom allreduce as engines run it: eager calls staged
+    through its IPC buffer, captured calls on their own input registered after the capture; bf16 and fp16."""
+    import torch
+
+    bufs: dict[str, tuple[Any, Any]] = {}
+
+    def bind(case: _agree.Case) -> _agree.Bound:
+        if case.dtype not in bufs:
+            dtype = _agree.torch_dtype(case.dtype)
+            bufs[case.dtype] = tuple(torch.empty(_agree.max_numel(), dtype=dtype, device=device) for _ in range(2))
+        inp, out = (b[: case.numel] for b in bufs[case.dtype])
+
+        def step() -> None:
+            if inp.is_cuda and torch.cuda.is_current_stream_capturing():
+                ar.all_reduce_graph(inp, out)
+            else:
+                ar.all_reduce_staged(inp, out)
+
+        return _agree.allreduce_bound(case, inp, out, step, rank, world, ar.register_graph_buffers)
+
+    return bind
 
 
 def _graph_replay(ar: Any, captured: tuple[Any, list[Any], list[Any]], rank: int, world: int, device: Any) -> dict:
@@ -331,11 +356,16 @@ def run(ctx: RankContext) -> dict[str, Any]:
             if {c["verdict"] for c in evidence["graph"]["checks"].values()} != {"exact"}:
                 note = f"eager exact; graph replay not exact on rank {ctx.rank}"
                 step.early = outcome("partial", note, "custom-ar-graph-wrong", evidence=evidence)
+        agreed = evidence["agreement"] = _agree.run_cases(agreement_bind(ar, ctx.rank, ctx.world_size, device),
+                                                          _agree.cases(_agree.DTYPES), group, ctx.log)
+        summary = _agree.summarize(agreed)
         if shared:  # ranks time-slicing a GPU: a latency would mean nothing
             gpus = len(set(devices))
             headline = f"exact eagerly and in a graph ({ctx.world_size} ranks sharing {gpus} GPUs: correctness only)"
-            return lock.finish(outcome("pass", metrics={"headline": headline}, evidence=evidence))
-        return lock.finish(latency_outcome(_latency(ar, ctx.rank, ctx.world_size, device, group), evidence))
+            return _agree.apply(lock.finish(outcome("pass", metrics={"headline": headline}, evidence=evidence)),
+                                summary, f"custom allreduce ({impl})")
+        result = lock.finish(latency_outcome(_latency(ar, ctx.rank, ctx.world_size, device, group), evidence))
+        return _agree.apply(result, summary, f"custom allreduce ({impl})")
     except Stopped as stop:
         return stop.outcome
 
@@ -349,6 +379,9 @@ METRICS = (
     ("nccl_latency_us", "µs by message bytes", "NCCL allreduce timed the same way in the same processes",
      "nccl-latency"),
     ("nccl_latency_p99_us", "µs by message bytes", "99th percentile of the NCCL calls", None),
+    ("agreement", "record", "rank agreement on random bf16/fp16 data (inenv/kit/_agree.py): ranks identical, "
+     "differing elements, max ulp between ranks, deterministic, max ulp vs the float64 sum, divergent cases",
+     "agreement"),
 )
 EVIDENCE = (
     ("eager", "record", "per message bytes, the eager call's result against the exact sum", "eager-checks"),

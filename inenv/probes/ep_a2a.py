@@ -24,7 +24,7 @@ from typing import Any
 from inenv.kit import _api, _data, _device, _dist, _fi_moe
 from inenv.kit import _flashinfer as fi
 from inenv.kit._lockstep import Lockstep, Stopped
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, multi_rank, outcome
 
 SPEC = ProbeSpec(
     id="ep-a2a",
@@ -53,8 +53,7 @@ def variants(host: HostView) -> list[Variant]:
     out: list[Variant] = []
     for ep in SPEC.ranks:
         out.append(Variant(SPEC.id, 1, params=(("mode", "sim"), ("ep", str(ep))), skip=gpu_shortfall(host, 1)))
-    for n in SPEC.ranks:
-        out.append(Variant(SPEC.id, n, params=(("mode", "gpus"),), skip=gpu_shortfall(host, n)))
+    out += multi_rank(SPEC, host, [(("mode", "gpus"),)], why="the all-to-all is checked with a GPU per rank")
     return out
 
 

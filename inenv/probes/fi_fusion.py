@@ -7,7 +7,7 @@ rounding to bf16): the count of bit-exact elements is reported and within one bf
 Outputs start as a sentinel, so a kernel that wrote nothing is told apart from one that wrote wrong numbers.
 The graph check refills inputs and outputs after capture, so only a real replay can produce the result.
 
-Ranks on separate GPUs use NCCL for the process group; ``placement=1gpu`` puts every rank on GPU 0 (the
+Ranks on separate GPUs use NCCL for the process group; ``placement=shared`` puts every rank on GPU 0 (the
 layout flashinfer's SM12x work was verified with) and exchanges handles over gloo, since NCCL refuses two
 ranks on one device. The backend is always ``trtllm``: ``auto`` can choose ``mnnvl``, which creates NVLink
 multicast objects, and those are never created by stackprobe.
@@ -22,7 +22,7 @@ from inenv.kit import _data, _device, _dist
 from inenv.kit import _flashinfer as fi
 from inenv.kit._fi_build import classify_jit_error
 from inenv.kit._lockstep import Lockstep, Stopped
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, gpu_shortfall, outcome
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
 
 SPEC = ProbeSpec(
     id="fi-fusion",
@@ -31,7 +31,7 @@ SPEC = ProbeSpec(
     "exact results at decode sizes, eagerly and under CUDA graphs, across GPUs and with ranks sharing a GPU?",
     ranks=(2, 4, 8),
     min_ranks=2,  # over one rank the allreduce part returns its input
-    distinct_gpus=False,  # placement=1gpu puts every rank on GPU 0
+    distinct_gpus=False,  # placement=shared puts every rank on GPU 0
     requires=("flashinfer",),
     timeout_s=900.0,
     preload=_dist.PRELOAD_DIST,
@@ -45,11 +45,10 @@ EPS = 1e-6
 
 
 def variants(host: HostView) -> list[Variant]:
-    out: list[Variant] = []
-    for n in SPEC.ranks:
-        out.append(Variant(SPEC.id, n, skip=gpu_shortfall(host, n)))
-    if host.gpu_count:
-        out.append(Variant(SPEC.id, 2, params=(("placement", "1gpu"),), share_gpu=True))
+    # Beyond the host's GPU count the ranks share GPU 0; at 2 ranks they also do on a host with more
+    out = multi_rank(SPEC, host, [()], lambda _: True, shared_gpus=1)
+    if host.gpu_count >= 2:
+        out.append(Variant(SPEC.id, 2, share_gpu=True, gpus=1))
     return out
 
 
@@ -149,7 +148,7 @@ def _wrong(results: dict[str, dict[str, Any]], status: str, what: str, metrics: 
 
 def run(ctx: RankContext) -> dict[str, Any]:
     fi.prepare_env()
-    one_gpu = ctx.param("placement") == "1gpu"
+    one_gpu = ctx.variant.share_gpu
     if one_gpu:
         ctx = dataclasses.replace(ctx, device_index=0)
     device = _dist.init_dist(ctx, backend="gloo" if one_gpu else "nccl")
@@ -160,7 +159,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     graph: dict[str, dict[str, Any]] = {}
     evidence: dict[str, Any] = {
         "flashinfer": fi.version(),
-        "placement": "1gpu" if one_gpu else "1 gpu per rank",
+        "placement": "shared: every rank on GPU 0" if one_gpu else "1 gpu per rank",
         "process_group": dist.get_backend(),
         "multicast_env": _dist.keep_multicast_off(),
         "eager": eager,

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inenv.kit import _data, _device, _dist, _errors, _nccllog
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+from inenv.kit import _agree, _data, _device, _dist, _errors, _nccl
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome, world_sizes
 
 SPEC = ProbeSpec(
     id="nccl-graphs",
@@ -31,7 +31,7 @@ SPEC = ProbeSpec(
     min_ranks=2,  # over one rank every collective returns its input: all four ops would pass untested
     distinct_gpus=True,  # NCCL refuses two ranks on one GPU
     requires=("torch",),
-    timeout_s=180.0,
+    timeout_s=300.0,  # with the rank agreement check of the algorithm variants
     preload=_dist.PRELOAD_DIST,
 )
 
@@ -46,15 +46,19 @@ OP_DEADLINE_S = 30.0  # a collective that does not finish by then is recorded as
 
 
 def variants(host: HostView) -> list[Variant]:
-    worlds = [2] + ([host.gpu_count] if host.gpu_count > 2 else [])
+    """Every algorithm at every world size (``world_sizes``: a size beyond the host's GPUs is a planned skip,
+    NCCL refusing two ranks on one GPU); the warm-up and lazy-connection variants, which test when channels
+    connect rather than how the sum is made, at 2 ranks and at the host's GPU count only."""
+    full = {2, host.gpu_count}
     out: list[Variant] = []
-    for n in worlds:
+    for n in world_sizes(host):
         skip = gpu_shortfall(host, n, "NCCL refuses two ranks on one GPU")
         for algo in ALGOS:
             for warm in WARMUPS:
                 for rc in RUNTIME_CONNECT:
-                    params = (("algo", algo), ("warmup", warm), ("runtime_connect", rc))
-                    out.append(Variant(SPEC.id, n, params=params, skip=skip))
+                    if n in full or checks_agreement(algo, warm == "yes", rc):
+                        params = (("algo", algo), ("warmup", warm), ("runtime_connect", rc))
+                        out.append(Variant(SPEC.id, n, params=params, skip=skip))
     return out
 
 
@@ -238,7 +242,7 @@ def build_cases(rank: int, world: int, device: Any) -> list[OpCase]:
 
 def _failure(exc: BaseException) -> dict[str, str]:
     text = _errors.error_tail(exc)
-    return {"verdict": "error", "code": _nccllog.classify_error(text), "error": text}
+    return {"verdict": "error", "code": _nccl.classify_error(text), "error": text}
 
 
 def _judge(case: OpCase, seed: int) -> dict[str, str]:
@@ -310,6 +314,30 @@ def exercise(cases: list[OpCase], warm: bool, gloo: Any, log: Callable[[str], No
     return results
 
 
+def checks_agreement(algo: str, warm: bool, runtime_connect: str) -> bool:
+    """The agreement check runs once per algorithm: in its variant with eager warm-up and NCCL's default
+    connection (the warm-up and connection variants change when channels connect, not how the sum is made)."""
+    return warm and runtime_connect == "default"
+
+
+def agreement_bind(rank: int, world: int, device: Any) -> Callable[[_agree.Case], _agree.Bound]:
+    """NCCL's allreduce under this variant's algorithm, in place on a buffer of the case's dtype."""
+    import torch.distributed as dist
+
+    buffers: dict[str, Any] = {}
+
+    def bind(case: _agree.Case) -> _agree.Bound:
+        import torch
+
+        dtype = _agree.torch_dtype(case.dtype)
+        if case.dtype not in buffers:
+            buffers[case.dtype] = torch.empty(_agree.max_numel(), device=device, dtype=dtype)
+        buf = buffers[case.dtype][: case.numel]
+        return _agree.allreduce_bound(case, buf, buf, lambda: dist.all_reduce(buf), rank, world)
+
+    return bind
+
+
 def run(ctx: RankContext) -> dict[str, Any]:
     algo = ctx.param("algo", "default") or "default"
     warm = (ctx.param("warmup", "yes") or "yes") == "yes"
@@ -317,7 +345,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     set_, unset = nccl_env(algo, rc)
     removed = {k: os.environ.pop(k) for k in unset if k in os.environ}
     os.environ.update(set_)
-    os.environ.update(_nccllog.nccl_debug_env(ctx.workdir))
+    os.environ.update(_nccl.nccl_debug_env(ctx.workdir))
     # Keep the rank alive after an NCCL error so that it can report which op failed and how.
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     multicast = _dist.keep_multicast_off()
@@ -334,7 +362,12 @@ def run(ctx: RankContext) -> dict[str, Any]:
     everyone = _dist.gather_objects(mine, gloo)
     per_op = merge_rank_results(everyone)
     result = verdict(per_op, algo)
-    logs = [_nccllog.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
+    agreed: dict[str, Any] = {}
+    if checks_agreement(algo, warm, rc) and op_class(per_op.get("all_reduce", {})) == "ok":
+        agreed = _agree.run_cases(agreement_bind(ctx.rank, ctx.world_size, device), _agree.cases(_agree.DTYPES),
+                                  gloo, ctx.log)
+        result = _agree.apply(result, _agree.summarize(agreed), f"NCCL allreduce (NCCL_ALGO={algo})")
+    logs = [_nccl.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
     result["evidence"].update(
         {
             "nccl_env": {**set_, **{k: "(unset)" for k in unset}},
@@ -347,6 +380,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
             "nccl_warnings": [w for lg in logs for w in lg["warnings"]][-6:],
             "captured_calls": CAPTURED_CALLS,
             "elements_per_rank": ELEMS,
+            "agreement": agreed,
         }
     )
     return result
@@ -357,6 +391,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
 METRICS = (
     ("ops_ok", "count", "collectives exact eagerly and in a CUDA graph", None),
     ("ops_total", "count", "collectives checked", None),
+    ("agreement", "record", "rank agreement on random bf16/fp16 data (inenv/kit/_agree.py): ranks identical, "
+     "differing elements, max ulp between ranks, deterministic, max ulp vs the float64 sum, divergent cases",
+     "agreement"),
 )
 EVIDENCE = (
     ("ops", "record", "per collective, the eager and graph results against the exact answer", "op-checks"),

@@ -14,7 +14,7 @@ The all-reduce runs with flashinfer's seed configuration, then ``tune`` measures
 tuned one is checked the same way; both configurations and their latencies (K calls per captured graph, on a
 side stream, slowest rank per replay) are recorded beside NCCL's in the same processes.
 
-``gpus=shared`` variants put more ranks than GPUs on the host's GPUs (rank i on GPU i mod count; the process
+``placement=shared`` variants put more ranks than GPUs on the host's GPUs (rank i on GPU i mod count; the process
 group is gloo, since NCCL refuses two ranks on one device). They test correctness only: neither tuning nor
 latency means anything on time-sliced GPUs.
 """
@@ -33,9 +33,8 @@ from inenv.probe import (
     RankContext,
     Variant,
     at_level,
+    multi_rank,
     outcome,
-    per_world_size,
-    shared_gpu_variants,
 )
 
 SPEC = ProbeSpec(
@@ -46,7 +45,7 @@ SPEC = ProbeSpec(
     "all-reduce against NCCL?",
     ranks=(2, 4, 8),
     min_ranks=2,
-    distinct_gpus=False,  # only the gpus=shared variants share; they are planned explicitly
+    distinct_gpus=False,  # only the placement=shared variants share; they are planned explicitly
     requires=("flashinfer",),
     timeout_s=600.0,
     preload=_dist.PRELOAD_DIST,
@@ -83,8 +82,8 @@ DEADLINE_S = 60.0
 
 
 def variants(host: HostView) -> list[Variant]:
-    own = per_world_size(SPEC, host, ((("op", op),) for op in _fi_pcie.OPS))
-    return own + shared_gpu_variants(SPEC, host, (("op", "all-reduce"),))
+    return multi_rank(SPEC, host, ((("op", op),) for op in _fi_pcie.OPS), lambda p: p == (("op", "all-reduce"),),
+                      why="only the all-reduce is checked on shared GPUs")
 
 
 def preflight(variant: Variant) -> dict[str, Any] | None:

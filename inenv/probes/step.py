@@ -19,9 +19,9 @@ Which kernel ran: one replay of each graph is profiled and the kernels the backe
 baseline's are recorded per case; a non-NCCL backend whose kernels are NCCL's fell back, and flashinfer's PCIe
 IPC all-reduce records the launch configuration its own policy chose (or its refusal) per shape.
 
-Ranks sharing one GPU (``gpus=shared``, a host with one GPU) run every check and the profile but are not timed
-(each allreduce there waits for the other process's turn on the GPU: 2 ms a call on an H200), so a shared-GPU
-result has no times for anything to rank or plot.
+Ranks sharing one GPU (``placement=shared``, world sizes over the host's GPU count) run every check, the rank
+agreement check and the profile but are not timed (each allreduce there waits for the other process's turn on
+the GPU: 2 ms a call on an H200), so a shared-GPU result has no times for anything to rank or plot.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inenv import models
-from inenv.kit import _data, _device, _dist, _errors, _symm, _timing
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, outcome, per_world_size
+from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
 from inenv.probes.fi_fusion import EPS, norm_check
 
 SPEC = ProbeSpec(
@@ -46,7 +46,7 @@ SPEC = ProbeSpec(
     "on this host, against the same step without communication, and which kernel actually ran?",
     ranks=(2, 4, 8),
     min_ranks=2,  # over one rank an allreduce returns its input
-    distinct_gpus=False,  # the gpus=shared variants put both ranks on one GPU (checked, not timed)
+    distinct_gpus=False,  # the placement=shared variants put every rank on one GPU (checked, not timed)
     requires=("torch",),
     timeout_s=900.0,
     preload=_dist.PRELOAD_DIST,
@@ -98,10 +98,10 @@ ONLY_ENV = "STACKPROBE_STEP_ONLY"  # planning filter: "nccl,flashinfer-fusion" p
 def variants(host: HostView) -> list[Variant]:
     only = {b.strip() for b in os.environ.get(ONLY_ENV, "").split(",") if b.strip()}
     backends = [b for b in BACKENDS if not only or b in only]
-    out = per_world_size(SPEC, host, ((("backend", b),) for b in backends))
-    if host.gpu_count == 1:  # NCCL refuses two ranks on one GPU: every other backend is checked there
-        out += [Variant(SPEC.id, 2, params=(("backend", b),), share_gpu=True) for b in backends if b != "nccl"]
-    return out
+    # Beyond the host's GPU count every backend but NCCL (which refuses two ranks on one GPU) runs with its
+    # ranks on one GPU: checked and compared across ranks, not timed
+    return multi_rank(SPEC, host, ((("backend", b),) for b in backends), lambda p: dict(p)["backend"] != "nccl",
+                      shared_gpus=1, why="NCCL refuses two ranks on one GPU")
 
 
 def _missing(backend: str) -> dict[str, Any] | None:
@@ -126,6 +126,7 @@ class Comm:
     name = ""
     in_place = False
     fused = False
+    dtypes: tuple[str, ...] = ("bf16",)  # what the agreement check sends it (``_agree``)
 
     def comm_input(self, numel: int) -> Any:
         return self.flat_in[:numel]
@@ -155,6 +156,7 @@ class Comm:
 
 class Nccl(Comm):
     name, in_place = "nccl", True
+    dtypes = ("bf16", "fp16")
 
     def __init__(self, device: Any, group: Any, max_numel: int) -> None:
         import torch
@@ -175,12 +177,12 @@ class SymmOneShot(Comm):
         import torch
         import torch.distributed._symmetric_memory as symm_mem
 
-        self.op = _symm.symm_op("one_shot_all_reduce_out")
+        self.op = _dist.symm_op("one_shot_all_reduce_out")
         if self.op is None:
             raise LookupError("torch.ops.symm_mem.one_shot_all_reduce_out is not in this torch")
         self.group_name = group.group_name
         self.flat_in = symm_mem.empty(max_numel, dtype=torch.bfloat16, device=device)
-        self.handle, self.enabled_here = _symm.symm_rendezvous(self.flat_in, group)
+        self.handle, self.enabled_here = _dist.symm_rendezvous(self.flat_in, group)
 
     def reduce(self, inp: Any, out: Any) -> None:
         self.op(inp, "sum", self.group_name, out)
@@ -191,6 +193,8 @@ class SymmOneShot(Comm):
 
 class CustomAR(Comm):
     """vLLM-style custom allreduce (flashinfer's copy, or sgl-kernel's), graph-registered as engines run it."""
+
+    dtypes = ("bf16", "fp16")  # its kernels are instantiated for half, bfloat16 and float
 
     def __init__(self, impl: str, rank: int, device: Any, group: Any, max_numel: int, full_nvlink: bool) -> None:
         import torch
@@ -566,9 +570,8 @@ def run_case(model: Model, case: Case, gloo: Any, barrier: Callable[[], None] | 
             local = {"verdict": "hang", "error": str(exc)}
         except Exception as exc:
             local = {"verdict": "error", "error": _errors.error_tail(exc)}
-        worst = _dist.worst_verdict(_dist.gather_objects(local["verdict"], gloo))
-        if worst != "ok":
-            return {**res, **(local if local["verdict"] != "ok" else {"verdict": worst, "detail": "on a peer rank"})}
+        if (stopped := _dist.settle(local, gloo)) is not None:
+            return {**res, **stopped}
     try:
         res["launched"] = comm_kernels(kernel_names(graphs["step"].replay), kernel_names(graphs["baseline"].replay))
         if not timed:  # ranks time-slicing one GPU: each allreduce waits for the other process's turn
@@ -584,6 +587,63 @@ def run_case(model: Model, case: Case, gloo: Any, barrier: Callable[[], None] | 
         return {**res, "verdict": "error", "error": _errors.error_tail(exc)}
     res["timing"] = {name: {k: t.to_json()[k] for k in ("median_us", "p99_us", "min_us")} for name, t in timing.items()}
     return {**res, "verdict": "ok"}
+
+
+def agreement_bind(comm: Comm, rank: int, world: int, flat: dict[str, Any]) -> Callable[[_agree.Case], _agree.Bound]:
+    """How the agreement check (``_agree``) drives this backend: its own input buffer viewed in the case's dtype,
+    one allreduce per call; a fused backend's residual and RMSNorm outputs both compared, against the float64
+    sum plus residual and its float64 RMSNorm. A dtype the backend does not take, or a shape its policy
+    refuses, raises: that case is recorded as unsupported."""
+
+    def bind(case: _agree.Case) -> _agree.Bound:
+        if case.dtype not in comm.dtypes:
+            raise TypeError(f"{comm.name} is checked in {', '.join(comm.dtypes)} only")
+        dtype = _agree.torch_dtype(case.dtype)
+        shape = (case.tokens, case.hidden)
+        comm.for_model(case.hidden)
+        inp = comm.comm_input(case.numel).view(dtype).view(shape)
+        if not comm.fused:
+            refused = comm.before_capture(inp)
+            if refused is not None:
+                raise ValueError(refused["refused"])
+            out = inp if comm.in_place else flat["out"][: case.numel].view(dtype).view(shape)
+            return _agree.allreduce_bound(case, inp.view(-1), out.view(-1), lambda: comm.reduce(inp, out), rank,
+                                          world, comm.after_capture)
+        return _fused_bound(case, comm, inp, rank, world, flat)
+
+    return bind
+
+
+def _fused_bound(case: _agree.Case, comm: Comm, inp: Any, rank: int, world: int,
+                 flat: dict[str, Any]) -> _agree.Bound:
+    """A fused allreduce + residual add + RMSNorm: the residual stream and gamma are the same on every rank."""
+    import torch
+
+    shape = (case.tokens, case.hidden)
+    res_in, res_out, norm = (flat[k][: case.numel].view(shape) for k in ("res0", "res_a", "norm"))
+    gamma = _agree.random_input((case.hidden,), -1, 99, case.dtype, inp.device)
+
+    def load(seed: int) -> None:
+        inp.copy_(_agree.random_input(shape, rank, seed, case.dtype, inp.device))
+        res_in.copy_(_agree.random_input(shape, -1, seed + 1, case.dtype, inp.device))
+        res_out.fill_(_agree.UNTOUCHED)
+        norm.fill_(_agree.UNTOUCHED)
+
+    def residual(seed: int) -> Any:
+        return _agree.exact_sum(shape, world, seed, case.dtype) + _agree.random_input(
+            shape, -1, seed + 1, case.dtype).to(torch.float64)
+
+    def reference(seed: int) -> dict[str, Any]:
+        res = residual(seed)
+        return {"residual": res, "norm": _agree.rms_norm64(res, gamma.cpu(), EPS)}
+
+    def scale(seed: int) -> dict[str, Any]:
+        magnitude = _agree.exact_sum(shape, world, seed, case.dtype, magnitude=True) + _agree.random_input(
+            shape, -1, seed + 1, case.dtype).to(torch.float64).abs()
+        return {"residual": magnitude}
+
+    return _agree.Bound(load, lambda: comm.fused_op(inp, res_in, gamma, res_out, norm),
+                        lambda: {"residual": res_out, "norm": norm}, reference, comm.after_capture, scale)
 
 
 def summarize(backend: str, per_model: dict[str, dict[str, dict[str, Any]]], blocks: dict[str, int],
@@ -686,7 +746,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     barrier = None if shared else _timing.stream_barrier(device, group)
     world = ctx.world_size
     wanted = at_level(tuple(shapes(world)))  # the shapes this level runs, and only those in the evidence
-    max_numel = MAX_TOKENS * max(s.hidden for s in wanted)
+    max_numel = max(MAX_TOKENS * max(s.hidden for s in wanted), _agree.max_numel())
     evidence: dict[str, Any] = {
         "backend": name,
         "placement": f"shared: {world} ranks on one GPU (checked, not timed)" if shared else "one GPU per rank",
@@ -732,10 +792,14 @@ def run(ctx: RankContext) -> dict[str, Any]:
                     break
             del model
             torch.cuda.empty_cache()
+        hung = any(r.get("verdict") == "hang" for cases in per_model.values() for r in cases.values())
+        agreed = {} if hung else _agree.run_cases(agreement_bind(comm, ctx.rank, world, flat),
+                                                  _agree.cases(comm.dtypes), gloo, ctx.log)
     evidence.update(comm.evidence())
     result = summarize(name, per_model, {s.name: s.blocks for s in wanted}, shared)
     result["evidence"].update(evidence)
-    return result
+    result["evidence"]["agreement"] = agreed
+    return _agree.apply(result, _agree.summarize(agreed), name)
 
 
 # --- declared fields: what this probe records, and the roles checks report and checks advise read them by
@@ -749,4 +813,7 @@ METRICS = (
     ("comm_only_us", "µs by model and case", "one allreduce of the step's size, the step's calls back to back",
      None),
     ("headline", "text", "the default model's decode step and its communication share", "headline"),
+    ("agreement", "record", "rank agreement on random bf16/fp16 data (inenv/kit/_agree.py): ranks identical, "
+     "differing elements, max ulp between ranks, deterministic, max ulp vs the float64 sum, divergent cases",
+     "agreement"),
 )

@@ -18,8 +18,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from inenv.kit import _data, _device, _dist, _errors, _symm
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, gpu_shortfall, outcome
+from inenv.kit import _agree, _data, _device, _dist, _errors
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, gpu_shortfall, multi_rank, outcome
 
 SPEC = ProbeSpec(
     id="symm-mem",
@@ -28,7 +28,7 @@ SPEC = ProbeSpec(
     "CUDA graph), and are the multicast ops refused where multicast is unavailable?",
     ranks=(2, 4, 8),
     min_ranks=2,  # over one rank an allreduce returns its input
-    distinct_gpus=False,  # the gpus=shared variant puts both ranks on one GPU
+    distinct_gpus=False,  # the placement=shared variants put every rank on one GPU
     requires=("torch",),
     timeout_s=180.0,
     # torch reads TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES at the symmetric-memory rendezvous, not at import.
@@ -38,6 +38,13 @@ SPEC = ProbeSpec(
 
 TOKENS = (1, 16, 128)  # 14 KiB, 224 KiB, 1.75 MiB of bf16 at hidden 7168
 OP_DEADLINE_S = 30.0
+# The sustained-load variant (load=sustained): calls captured in one graph, the graph replayed back to back with
+# no host wait between replays, the whole run bounded in time. A signal protocol that wedges under load (peer
+# access without native P2P atomics) stops there, where the short checks above pass.
+SUSTAIN_TOKENS = 8  # a decode step of 8 sequences
+SUSTAIN_CALLS = 100  # per graph
+SUSTAIN_REPLAYS = (50, 10)  # full, quick: 5000 and 1000 calls of each op
+SUSTAIN_DEADLINE_S = 120.0
 OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
 P2P_OPS = ("one_shot", "two_shot")
 # What multimem_all_reduce_ can give, best first: `refused` and `missing` are the expected negatives
@@ -50,10 +57,15 @@ MULTIMEM_REFUSAL = re.compile(r"multimem_all_reduce_: multicast support is requi
 
 
 def variants(host: HostView) -> list[Variant]:
-    out: list[Variant] = []
-    for n in SPEC.ranks:
-        out.append(Variant(SPEC.id, n, skip=gpu_shortfall(host, n)))
-    out.append(Variant(SPEC.id, 2, share_gpu=True, skip=gpu_shortfall(host, 1)))
+    # Beyond the host's GPU count the ranks share the first GPU (torch's overlapping-devices switch); at 2 ranks
+    # they also do on a host with more
+    out = multi_rank(SPEC, host, [()], lambda _: True, shared_gpus=1)
+    if host.gpu_count >= 2:
+        out.append(Variant(SPEC.id, 2, share_gpu=True, gpus=1))
+    # Sustained load on GPUs of their own: at 2 ranks and at the host's GPU count
+    for n in sorted({2, max(host.gpu_count, 2)}):
+        why = "sustained load is measured on peer links, a GPU per rank"
+        out.append(Variant(SPEC.id, n, params=(("load", "sustained"),), skip=gpu_shortfall(host, n, why)))
     return out
 
 
@@ -226,10 +238,10 @@ def exercise_op(
 
 def steps(group_name: str) -> dict[str, StepBuilder]:
     """Per op: a builder of one captured step that reads ``staged`` and leaves the sum in ``out``."""
-    one_out = _symm.symm_op("one_shot_all_reduce_out")
-    one = _symm.symm_op("one_shot_all_reduce")
-    two_out = _symm.symm_op("two_shot_all_reduce_out")
-    two = _symm.symm_op("two_shot_all_reduce_")
+    one_out = _dist.symm_op("one_shot_all_reduce_out")
+    one = _dist.symm_op("one_shot_all_reduce")
+    two_out = _dist.symm_op("two_shot_all_reduce_out")
+    two = _dist.symm_op("two_shot_all_reduce_")
     found: dict[str, StepBuilder] = {}
     if one_out is not None or one is not None:
 
@@ -278,7 +290,7 @@ def try_multimem(buf: Any, group_name: str, rank: int, world: int, device: Any, 
     """Call multimem_all_reduce_. Without a multicast mapping torch refuses before launching anything
     (a TORCH_CHECK on the handle), which is the expected negative; it is only run for real when the
     rendezvous produced a multicast address, i.e. when the user allowed multicast."""
-    op = _symm.symm_op("multimem_all_reduce_")
+    op = _dist.symm_op("multimem_all_reduce_")
     if op is None:
         return {"verdict": "missing"}
     shape = (16, _data.HIDDEN)
@@ -294,6 +306,88 @@ def try_multimem(buf: Any, group_name: str, rank: int, world: int, device: Any, 
     if not multicast:
         return {"verdict": "error", "error": "ran without a multicast address (unexpected)"}
     return _judge(inp, _data.pattern_sum(shape, world, 5, device), lambda: _data.pattern(shape, rank, 5))
+
+
+def sustain_op(builder: StepBuilder, buf: Any, rank: int, world: int, device: Any, gloo: Any,
+               replays: int) -> dict[str, Any]:
+    """``replays`` replays of a graph of ``SUSTAIN_CALLS`` calls, queued back to back, then one wait bounded by
+    ``SUSTAIN_DEADLINE_S`` and an exact check of the last call; every rank settles each step together."""
+    import time
+
+    import torch
+
+    shape = (SUSTAIN_TOKENS, _data.HIDDEN)
+    inp = buf[: SUSTAIN_TOKENS * _data.HIDDEN].view(shape)
+    out = torch.empty(shape, device=device, dtype=torch.bfloat16)
+    staged = _data.pattern(shape, rank, 7, device)
+    local: dict[str, Any] = {"verdict": "ok"}
+    graph = None
+    try:
+        out.fill_(_data.SENTINEL)
+        graph = _device.capture(builder(inp, out, staged), SUSTAIN_CALLS, warmup=1)
+    except Exception as exc:
+        local = _err(exc)
+    if (stopped := _dist.settle(local, gloo)) is not None:
+        return {**stopped, "calls": 0}
+    assert graph is not None
+    start = time.monotonic()
+    try:
+        for _ in range(replays):
+            graph.replay()
+        _device.wait_device(SUSTAIN_DEADLINE_S)
+        local = _judge(out, _data.pattern_sum(shape, world, 7, device), lambda: _data.pattern(shape, rank, 7))
+    except _device.Hung as exc:
+        local = {"verdict": "hang", "error": str(exc)}
+    except Exception as exc:
+        local = _err(exc)
+    local.update(calls=replays * SUSTAIN_CALLS, seconds=round(time.monotonic() - start, 3))
+    return _dist.settle(local, gloo) or local
+
+
+def sustained_verdict(results: dict[str, dict[str, Any]], facts: dict[str, Any]) -> dict[str, Any]:
+    """The sustained-load variant's outcome (pure): a wedge is ``hang``, a wrong sum ``fail``, else ``pass``."""
+    metrics = {"sustained_calls": {op: r.get("calls", 0) for op, r in results.items()},
+               "sustained_s": {op: r.get("seconds") for op, r in results.items()}}
+    evidence = {**facts, "sustained": results}
+    for op, r in results.items():
+        v = r.get("verdict")
+        if v == "hang":
+            note = (f"{op}: {r.get('calls', 0)} captured calls back to back did not finish within "
+                    f"{SUSTAIN_DEADLINE_S:.0f} s ({r.get('error') or r.get('detail', '')})")
+            return outcome("hang", note[:400], "symm-mem-sustained-hang", metrics, evidence)
+        if v in ("wrong", "no-op", "zero"):
+            return outcome("fail", f"{op} under sustained load: {v} ({r.get('detail', '')})"[:400],
+                           "symm-mem-wrong-result", metrics, evidence)
+        if v != "ok":
+            return outcome("fail", f"{op} under sustained load: {r.get('error') or r.get('detail') or v}"[:400],
+                           "symm-mem-op-failed", metrics, evidence)
+    if not results:
+        return outcome("fail", "no one-shot or two-shot op in this torch to load", "symm-mem-op-missing", metrics,
+                       evidence)
+    return outcome("pass", metrics=metrics, evidence=evidence)
+
+
+def agreement(buf: Any, group_name: str, rank: int, world: int, gloo: Any,
+              log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """The rank agreement check (``_agree``) of each op on the symmetric buffer, bf16, keyed ``<op>:<case>``."""
+    import torch
+
+    out_buf = torch.empty_like(buf)
+    found: dict[str, dict[str, Any]] = {}
+    for name, builder in steps(group_name).items():
+
+        def bind(case: _agree.Case, builder: StepBuilder = builder) -> _agree.Bound:
+            inp, out = buf[: case.numel], out_buf[: case.numel]
+            shape = (case.tokens, case.hidden)
+            # the op reads the symmetric buffer itself: its staging copy is a copy onto itself here
+            step = builder(inp.view(shape), out.view(shape), inp.view(shape))
+            return _agree.allreduce_bound(case, inp, out, step, rank, world)
+
+        for key, res in _agree.run_cases(bind, _agree.cases(("bf16",)), gloo, log).items():
+            found[f"{name}:{key}"] = res
+        if any(r.get("verdict") == "hang" for r in found.values()):
+            break
+    return found
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -347,11 +441,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
         except Exception as exc:
             facts["backend"] = f"? {_errors.error_tail(exc, 120)}"
 
-    numel = max(TOKENS) * _data.HIDDEN
+    numel = max(max(TOKENS) * _data.HIDDEN, _agree.max_numel())
     rendezvous: dict[str, Any] = {"verdict": "ok"}
     try:
         buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=device)
-        handle, enabled_here = _symm.symm_rendezvous(buf, group)
+        handle, enabled_here = _dist.symm_rendezvous(buf, group)
         facts["enable_symm_mem_for_group_called"] = enabled_here
         facts["multicast_ptr"] = int(getattr(handle, "multicast_ptr", 0) or 0)
         facts["signal_pad_size"] = int(getattr(handle, "signal_pad_size", 0) or 0)
@@ -379,6 +473,16 @@ def run(ctx: RankContext) -> dict[str, Any]:
     except Exception as exc:
         facts["p2p_read"] = _err(exc)
 
+    if ctx.param("load") == "sustained":
+        replays = SUSTAIN_REPLAYS[1] if at_level((0, 1)) == (0,) else SUSTAIN_REPLAYS[0]
+        sustained: dict[str, dict[str, Any]] = {}
+        for name, builder in steps(group.group_name).items():
+            sustained[name] = sustain_op(builder, buf, ctx.rank, ctx.world_size, device, gloo, replays)
+            ctx.log(f"{name} sustained: {sustained[name]}")
+            if sustained[name].get("verdict") == "hang":
+                break  # the stream is stuck behind it
+        return sustained_verdict(sustained, facts)
+
     ops: dict[str, Any] = {}
     for name, builder in steps(group.group_name).items():
         ops[name] = exercise_op(builder, buf, ctx.rank, ctx.world_size, device, gloo)
@@ -403,7 +507,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
             facts["p2p_read"] = other["p2p_read"]
     if "multimem" in facts:
         facts["multimem"] = worst_multimem([other["multimem"] for other in everyone])
-    return verdict(facts)
+    hung = any(r.get("verdict") == "hang" for modes in facts["ops"].values() for r in modes.values())
+    agreed = {} if hung else agreement(buf, group.group_name, ctx.rank, ctx.world_size, gloo, ctx.log)
+    result = verdict(facts)
+    result["evidence"]["agreement"] = agreed
+    return _agree.apply(result, _agree.summarize(agreed), "torch symmetric memory (one-/two-shot)")
 
 
 # --- declared fields: what this probe records, and the roles checks report and checks advise read them by
@@ -412,6 +520,11 @@ METRICS = (
     ("ops_exact", "count", "(op, mode) checks exact against the exact result", None),
     ("ops_total", "count", "(op, mode) checks made", None),
     ("multicast_ptr_nonzero", "bool", "the symmetric memory handle has a multicast address", None),
+    ("agreement", "record", "rank agreement of one-shot and two-shot on random bf16 data (inenv/kit/_agree.py): "
+     "ranks identical, differing elements, max ulp between ranks, deterministic, max ulp vs the float64 sum",
+     "agreement"),
+    ("sustained_calls", "count by op", "load=sustained: captured calls run back to back per op", None),
+    ("sustained_s", "s by op", "load=sustained: how long those calls took, queued to finished", None),
 )
 EVIDENCE = (
     ("ops", "record", "per symmetric-memory op, the eager and graph results against the exact answer",

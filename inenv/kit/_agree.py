@@ -1,0 +1,427 @@
+"""Rank agreement: whether every rank of an allreduce holds the same bits, call after call, and how far they are
+from the exact sum.
+
+Under tensor parallelism every rank runs the rest of the model on its allreduce's output. Speculative decoding
+decides on each rank how many draft tokens to accept from that output; ranks whose outputs differ by one bit can
+accept different numbers and then wait for each other forever in the next collective. A backend's result can be
+exact on the small integers ``_data`` sends (every sum representable) and still differ between ranks on real
+activations, where the order of the additions decides the rounding. So a check here sends random normal values
+in bf16 (and fp16), and for one case (a dtype, a message of ``tokens x hidden``, eager or in a CUDA graph):
+
+- every rank's output is compared bit for bit with every other rank's (``identical``, ``differing`` elements,
+  ``max_ulp_between_ranks``);
+- a second identical call on the same inputs is compared with the first (``deterministic``);
+- every output is compared with the float64 sum of all ranks' inputs (``max_ulp_vs_reference``: the error in
+  units in the last place of the output's dtype at the size of what was added, the sum of the inputs'
+  magnitudes where the caller gives it: a sum that cancels to near zero has a tiny ulp of its own, and an error
+  from adding large terms is not the backend's fault, so measured at the result alone any order of addition
+  would read as thousands of ulps).
+
+Each rank makes every rank's inputs from the seed (a CPU generator, so the same numbers on every rank and
+device), so the reference needs no collective; the outputs travel as bytes over the group given (gloo beside
+NCCL, so the backend under test never checks itself). Every rank reaches the same verdict from the same
+gathered bytes.
+
+In-environment side: standard library at module level, torch inside the functions.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inenv import models
+from inenv.kit import _device, _dist, _errors
+from inenv.probe import LEVEL_ENV, QUICK
+
+REASON = "rank-divergent"
+DTYPES = ("bf16", "fp16")
+MANTISSA_BITS = {"bf16": 7, "fp16": 10}  # stored fraction bits
+MIN_EXPONENT = {"bf16": -126, "fp16": -14}  # of the smallest normal number
+MODES = ("eager", "graph")
+# Decode steps of 1 and 32 sequences; a speculative verify step of 32 sequences x (1 + 7 draft tokens)
+TOKENS = (1, 32, 256)
+SEED = 11
+DEADLINE_S = 60.0
+UNTOUCHED = 1024.0  # what an output holds before a call: far beyond any sum of a few normal values
+
+
+def max_numel() -> int:
+    """The most elements one case sends: what a probe's buffers must hold for the agreement check."""
+    return max(TOKENS) * max(hiddens())
+
+
+def hiddens() -> tuple[int, ...]:
+    """The hidden sizes of the model shapes ``checks advise`` knows (``inenv.models``), smallest first."""
+    return tuple(sorted({int(str(d["hidden"])) for d in models.SHAPES.values()}))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One agreement check: ``tokens x hidden`` elements of ``dtype``, called eagerly or replayed in a graph."""
+
+    dtype: str
+    tokens: int
+    hidden: int
+    mode: str
+
+    @property
+    def numel(self) -> int:
+        return self.tokens * self.hidden
+
+    @property
+    def key(self) -> str:
+        return f"{self.dtype}:{self.mode}:{self.tokens}x{self.hidden}"
+
+
+def cases(dtypes: Sequence[str], quick: bool | None = None) -> tuple[Case, ...]:
+    """Every dtype x model hidden size x decode/verify token count x mode; ``quick`` (by default: a quick run,
+    ``inenv.probe.LEVEL_ENV``): the largest size only, per dtype and mode."""
+    if quick is None:
+        quick = os.environ.get(LEVEL_ENV) == QUICK
+    sizes = [(t, h) for h in hiddens() for t in TOKENS]
+    if quick:
+        sizes = [(TOKENS[-1], max(hiddens()))]
+    return tuple(Case(d, t, h, m) for d in dtypes for t, h in sizes for m in MODES)
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def dtype_name(dtype: Any) -> str:
+    import torch
+
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def random_input(shape: Sequence[int], rank: int, seed: int, dtype: str, device: Any = "cpu") -> Any:
+    """Normal values (mean 0, std 1) rounded to ``dtype``, different per rank and seed, the same on every rank
+    that makes them (a CPU generator: a CUDA one would give other numbers on another device). ``rank`` -1 gives
+    a tensor every rank holds the same (a residual stream)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
+    vals = torch.randn(tuple(shape), generator=gen, dtype=torch.float32)
+    return vals.to(torch_dtype(dtype)).to(device)
+
+
+def exact_sum(shape: Sequence[int], world: int, seed: int, dtype: str, device: Any = "cpu",
+              magnitude: bool = False) -> Any:
+    """The float64 sum of :func:`random_input` over ranks 0..world-1 (exact: 16-bit inputs, few ranks); with
+    ``magnitude`` the sum of their absolute values (the scale the additions rounded at)."""
+    import torch
+
+    total = torch.zeros(tuple(shape), dtype=torch.float64, device=device)
+    for r in range(world):
+        x = random_input(shape, r, seed, dtype, device).to(torch.float64)
+        total += x.abs() if magnitude else x
+    return total
+
+
+def rms_norm64(x: Any, gamma: Any, eps: float) -> Any:
+    """RMSNorm of ``x`` over its last dimension in float64: the reference for a fused allreduce's norm output."""
+    import torch
+
+    x = x.to(torch.float64)
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * gamma.to(torch.float64)
+
+
+# --------------------------------------------------------------------------------------------------
+# Units in the last place (pure, CPU)
+
+
+def ordered(t: Any) -> Any:
+    """A 16-bit float tensor's bit patterns as int32 on a line where neighbours differ by 1 (sign-magnitude
+    folded: -0 and +0 are both 0), so the distance of two patterns is their distance in ulps."""
+    import torch
+
+    bits = t.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    mag = bits & 0x7FFF
+    return torch.where(bits >= 0x8000, -mag, mag)
+
+
+def ulps_between(a: Any, b: Any) -> Any:
+    """Per element, how many representable values of their (shared 16-bit) dtype lie between ``a`` and ``b``."""
+    return (ordered(a) - ordered(b)).abs()
+
+
+def spacing(ref: Any, dtype: str) -> Any:
+    """The distance between neighbouring ``dtype`` values at each (float64) value of ``ref``."""
+    import torch
+
+    _, exp = torch.frexp(ref.to(torch.float64))
+    e = torch.clamp(exp.to(torch.float64) - 1, min=MIN_EXPONENT[dtype])  # floor(log2|x|), subnormals flat
+    return torch.pow(torch.full_like(e, 2.0), e - MANTISSA_BITS[dtype])
+
+
+def error_ulps(out: Any, ref: Any, scale: Any = None) -> float:
+    """The largest error of ``out`` against the float64 ``ref``, in ulps of ``out``'s dtype at ``ref`` (or at
+    ``scale`` where that is larger: the magnitude of the terms summed); inf when an element is not finite."""
+    import torch
+
+    got = out.detach().to("cpu", torch.float64).reshape(-1)
+    want = ref.detach().to("cpu", torch.float64).reshape(-1)
+    if not got.numel():
+        return 0.0
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    at = want.abs()
+    if scale is not None:
+        at = torch.maximum(at, scale.detach().to("cpu", torch.float64).reshape(-1).abs())
+    err = (got - want).abs() / spacing(at, dtype_name(out.dtype))
+    return round(float(err.max()), 3)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What one case found, the same on every rank."""
+
+    numel: int
+    identical: bool  # every rank's output equals every other rank's, bit for bit, in both calls
+    differing: int  # elements where some rank differs from rank 0 (the worse of the two calls)
+    max_ulp_between_ranks: int
+    divergent_ranks: tuple[int, ...]  # ranks whose output differs from rank 0's
+    deterministic: bool  # the second identical call gave every rank the same bits as the first
+    changed_on_repeat: int  # elements that changed between the calls (the most on any rank)
+    max_ulp_vs_reference: float  # the largest error of any rank's output against the float64 sum
+    outputs: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": "ok",
+            "numel": self.numel,
+            "identical": self.identical,
+            "differing": self.differing,
+            "max_ulp_between_ranks": self.max_ulp_between_ranks,
+            "divergent_ranks": list(self.divergent_ranks),
+            "deterministic": self.deterministic,
+            "changed_on_repeat": self.changed_on_repeat,
+            "max_ulp_vs_reference": self.max_ulp_vs_reference,
+            "outputs": list(self.outputs),
+        }
+
+
+def own_error(first: Mapping[str, Any], second: Mapping[str, Any], reference: Mapping[str, Any],
+              scale: Mapping[str, Any] | None = None) -> float:
+    """The largest error in ulps of one rank's outputs of both calls against the float64 reference."""
+    return max((error_ulps(call[name], reference[name], (scale or {}).get(name))
+                for name in reference for call in (first, second)), default=0.0)
+
+
+def judge(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]],
+          reference: Mapping[str, Any] | None, scale: Mapping[str, Any] | None = None,
+          error: float | None = None) -> Agreement:
+    """The agreement of every rank's outputs (``first[r][name]``, ``second[r][name]``: the two calls, CPU
+    tensors of one 16-bit dtype) with each other and with the float64 ``reference[name]``, its error in ulps
+    at ``scale[name]`` where given (see :func:`error_ulps`); ``error``: that error already worked out (each
+    rank its own, the largest of all), and then ``reference`` names the outputs only (pure)."""
+    import torch
+
+    names = tuple(sorted(reference or first[0]))
+    numel, differing, max_ulp, changed, err = 0, 0, 0, 0, 0.0
+    divergent: set[int] = set()
+    for name in names:
+        numel += int(first[0][name].numel())
+        worst_differing = 0
+        for call in (first, second):
+            base = call[0][name].reshape(-1)
+            apart = torch.zeros(base.numel(), dtype=torch.bool)
+            for r in range(1, len(call)):
+                other = call[r][name].reshape(-1)
+                bits_differ = base.view(torch.int16) != other.view(torch.int16)
+                if bool(bits_differ.any()):
+                    divergent.add(r)
+                    apart |= bits_differ
+                    max_ulp = max(max_ulp, int(ulps_between(base, other).max()))
+            worst_differing = max(worst_differing, int(apart.sum()))
+        differing += worst_differing
+        for r in range(len(first)):
+            a, b = first[r][name].reshape(-1), second[r][name].reshape(-1)
+            changed = max(changed, int((a.view(torch.int16) != b.view(torch.int16)).sum()))
+            if error is None and reference is not None:
+                at = (scale or {}).get(name)
+                err = max(err, error_ulps(a, reference[name], at), error_ulps(b, reference[name], at))
+    return Agreement(numel, not divergent, differing, max_ulp, tuple(sorted(divergent)), changed == 0, changed,
+                     err if error is None else error, names)
+
+
+def gather_outputs(outputs: Mapping[str, Any], group: Any = None) -> list[dict[str, Any]]:
+    """Every rank's ``outputs`` (name -> tensor of one 16-bit dtype), in rank order, as CPU tensors: the bytes
+    travel over ``group`` (on the GPU for an NCCL group, else on the CPU)."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    on_gpu = dist.get_backend(group) == "nccl"
+    out: list[dict[str, Any]] = [{} for _ in range(world)]
+    for name in sorted(outputs):
+        t = outputs[name].detach().contiguous()
+        data = t.reshape(-1).view(torch.uint8)
+        data = data.to(torch.device("cuda", torch.cuda.current_device())) if on_gpu else data.cpu()
+        parts = [torch.empty_like(data) for _ in range(world)]
+        dist.all_gather(parts, data, group=group)
+        for r, p in enumerate(parts):
+            out[r][name] = p.cpu().view(t.dtype).reshape(t.shape)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# One case on a backend
+
+
+@dataclass
+class Bound:
+    """A backend bound to the buffers of one case.
+
+    ``load(seed)`` writes this rank's inputs (and resets outputs); ``step()`` is one call of the backend on those
+    buffers (what a graph captures); ``outputs()`` the tensors to compare; ``reference(seed)`` their float64
+    values, and ``scale(seed)`` (optional) the magnitudes their errors are measured at (``error_ulps``);
+    ``after_capture`` registers a captured graph's buffers with the peers where the backend needs it."""
+
+    load: Callable[[int], None]
+    step: Callable[[], None]
+    outputs: Callable[[], Mapping[str, Any]]
+    reference: Callable[[int], Mapping[str, Any]]
+    after_capture: Callable[[], None] = field(default=lambda: None)
+    scale: Callable[[int], Mapping[str, Any]] | None = None
+
+
+def allreduce_bound(case: Case, inp: Any, out: Any, step: Callable[[], None], rank: int, world: int,
+                    after_capture: Callable[[], None] = lambda: None) -> Bound:
+    """A plain allreduce(sum) bound to its buffers: ``inp`` (this rank's input; ``out`` is ``inp`` in place)
+    holds ``case.numel`` elements of ``case.dtype``; ``step`` reduces it into ``out``. The output is reset
+    before each call to a value no sum of these inputs reaches, so a call that wrote nothing is not read as
+    agreeing ranks."""
+    shape = (case.tokens, case.hidden)
+    if inp.numel() != case.numel or inp.dtype != torch_dtype(case.dtype) or out.dtype != inp.dtype:
+        raise ValueError(f"buffers of {inp.numel()} {inp.dtype} for case {case.key}")
+    in_place = out.data_ptr() == inp.data_ptr()  # two views of one buffer are two objects
+
+    def load(seed: int) -> None:
+        inp.view(shape).copy_(random_input(shape, rank, seed, case.dtype, inp.device))
+        if not in_place:
+            out.fill_(UNTOUCHED)
+
+    return Bound(load, step, lambda: {"out": out.view(shape)},
+                 lambda seed: {"out": exact_sum(shape, world, seed, case.dtype)},
+                 after_capture, lambda seed: {"out": exact_sum(shape, world, seed, case.dtype, magnitude=True)})
+
+
+def _wait(outputs: Mapping[str, Any], deadline_s: float) -> None:
+    if any(getattr(t, "is_cuda", False) for t in outputs.values()):
+        _device.wait_device(deadline_s)
+
+
+def check(bound: Bound, mode: str, group: Any, deadline_s: float = DEADLINE_S) -> dict[str, Any]:
+    """Run one case twice (eagerly, or as replays of one captured call) and judge it on every rank; every rank
+    reaches every exchange whatever failed where (``_dist.settle``). Never raises; a verdict other than ``ok``
+    (``error``, ``hang``) says the case could not be judged."""
+    call: Callable[[], None] = bound.step
+    local: dict[str, Any] = {"verdict": "ok"}
+    try:
+        if mode == "graph":
+            bound.load(SEED)
+            graph = _device.capture(bound.step, calls=1, warmup=1)
+            bound.after_capture()
+            call = graph.replay
+    except Exception as exc:
+        local = {"verdict": "error", "error": f"capture: {_errors.error_tail(exc)}"}
+    if (stopped := _dist.settle(local, group)) is not None:
+        return stopped
+    snaps: list[dict[str, Any]] = []
+    try:
+        for _ in range(2):
+            bound.load(SEED)
+            call()
+            outs = bound.outputs()
+            _wait(outs, deadline_s)
+            snaps.append({k: v.detach().clone() for k, v in outs.items()})
+    except _device.Hung as exc:
+        local = {"verdict": "hang", "error": str(exc)}
+    except Exception as exc:
+        local = {"verdict": "error", "error": _errors.error_tail(exc)}
+    if (stopped := _dist.settle(local, group)) is not None:
+        return stopped
+    # Each rank measures its own outputs against the reference; the bits of every rank travel to every rank.
+    mine: float | str
+    try:
+        mine = own_error(snaps[0], snaps[1], bound.reference(SEED), bound.scale(SEED) if bound.scale else None)
+    except Exception as exc:
+        mine = f"judging: {_errors.error_tail(exc)}"
+    errors = _dist.gather_objects(mine if isinstance(mine, str) or math.isfinite(mine) else "inf", group)
+    if any(isinstance(e, str) and e != "inf" for e in errors):
+        return {"verdict": "error", "error": next(e for e in errors if isinstance(e, str) and e != "inf")}
+    worst = max((math.inf if e == "inf" else float(e) for e in errors), default=0.0)
+    try:
+        found = judge(gather_outputs(snaps[0], group), gather_outputs(snaps[1], group), None, error=worst)
+    except Exception as exc:  # the same bytes on every rank: every rank fails alike here
+        return {"verdict": "error", "error": f"judging: {_errors.error_tail(exc)}"}
+    return found.to_json()
+
+
+def run_cases(bind: Callable[[Case], Bound], wanted: Sequence[Case], group: Any,
+              log: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Any]]:
+    """Every case of ``wanted`` through ``check``; a case the backend cannot bind (a dtype it refuses) is
+    recorded as ``unsupported`` on every rank. Stops after a hang (the stream is stuck behind it)."""
+    results: dict[str, dict[str, Any]] = {}
+    for case in wanted:
+        bound: Bound | None = None
+        local: dict[str, Any] = {"verdict": "ok"}
+        try:
+            bound = bind(case)
+        except Exception as exc:
+            local = {"verdict": "unsupported", "error": _errors.error_tail(exc, 300)}
+        if (stopped := _dist.settle(local, group)) is not None:
+            results[case.key] = stopped
+            continue
+        assert bound is not None
+        results[case.key] = res = check(bound, case.mode, group)
+        log(f"agreement {case.key}: {res.get('verdict')} identical={res.get('identical')} "
+            f"deterministic={res.get('deterministic')} max_ulp_vs_reference={res.get('max_ulp_vs_reference')}")
+        if res.get("verdict") == "hang":
+            break
+    return results
+
+
+# --------------------------------------------------------------------------------------------------
+# Summary and verdict (pure)
+
+
+def summarize(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The result fields over every judged case: ranks identical, differing elements, max ulp between ranks,
+    deterministic, error against the reference; the cases that diverged, were not judged or were refused."""
+    judged = {k: r for k, r in results.items() if r.get("verdict") == "ok"}
+    return {
+        "cases": len(results),
+        "judged": len(judged),
+        "ranks_identical": bool(judged) and all(r.get("identical") is True for r in judged.values()),
+        "differing_elements": sum(int(r.get("differing", 0)) for r in judged.values()),
+        "max_ulp_between_ranks": max((int(r.get("max_ulp_between_ranks", 0)) for r in judged.values()), default=0),
+        "deterministic": bool(judged) and all(r.get("deterministic") is True for r in judged.values()),
+        "max_ulp_vs_reference": max((float(r.get("max_ulp_vs_reference", 0.0)) for r in judged.values()),
+                                    default=0.0),
+        "divergent_cases": sorted(k for k, r in judged.items() if r.get("identical") is not True),
+        "nondeterministic_cases": sorted(k for k, r in judged.items() if r.get("deterministic") is not True),
+        "unsupported": sorted(k for k, r in results.items() if r.get("verdict") == "unsupported"),
+        "not_judged": sorted(k for k, r in results.items() if r.get("verdict") not in ("ok", "unsupported")),
+    }
+
+
+def apply(result: dict[str, Any], summary: Mapping[str, Any], backend: str) -> dict[str, Any]:
+    """``result`` (a probe outcome) with the agreement summary in its metrics; a pass whose ranks diverged
+    becomes ``partial`` with ``rank-divergent`` (its numbers are right, but ranks may decide differently on
+    them), naming the cases. A worse verdict stays as it is."""
+    result.setdefault("metrics", {})["agreement"] = dict(summary)
+    if result.get("status") != "pass" or not summary.get("divergent_cases"):
+        return result
+    cases_ = summary["divergent_cases"]
+    note = (f"{backend}: ranks' outputs differ bit for bit in {len(cases_)} of {summary.get('judged')} agreement "
+            f"cases ({', '.join(cases_[:4])}{' ...' if len(cases_) > 4 else ''}; {summary.get('differing_elements')} "
+            f"elements, up to {summary.get('max_ulp_between_ranks')} ulp apart): not for a speculative verify step")
+    return {**result, "status": "partial", "reason_code": REASON, "note": note[:400]}
