@@ -19,7 +19,8 @@ The destinations:
 - :func:`markdown_prose`: one line composed by stackprobe itself whose code spans are its own (commands in
   backticks); everything else as :func:`markdown`;
 - :func:`html`: text for an HTML page (controls visible, then ``& < > " '`` as entities);
-- :func:`shell`: one word of a command line a person pastes (controls visible, then shell-quoted).
+- :func:`shell`: one word of a command line a person pastes (controls visible, then shell-quoted);
+  :func:`command` and :func:`setting` whole command lines and settings built from such words.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import html as _html
 import re
 import shlex
+from collections.abc import Iterable
 
 BIDI = frozenset(chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A)))
 # Backslash-escaped in Markdown (CommonMark escapes any ASCII punctuation this way): each can open a construct.
@@ -103,3 +105,20 @@ def shell(word: object) -> str:
     """One word of a command line a person pastes: controls visible (a pasted line cannot hide a character),
     then quoted where the shell would read it otherwise."""
     return shlex.quote(visible(word))
+
+
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def command(words: Iterable[str]) -> str:
+    """Words joined into one command line a person pastes, each quoted where the shell would read it otherwise
+    (a plain word stays as it is: ``--only cu130-torch2.11.0-sgl0.4.2-fi0.6.16``)."""
+    return " ".join(shell(w) for w in words)
+
+
+def setting(text: str) -> str:
+    """An environment assignment (``NAME=value``: the value quoted) or a flag (quoted as one word)."""
+    m = _ASSIGNMENT.match(text)
+    if m:
+        return m.group(0) + shell(text[m.end():])
+    return shell(text)

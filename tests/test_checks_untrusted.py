@@ -353,15 +353,15 @@ def _shell_words(line: str, cwd: Path) -> list[str]:
 
 
 def test_pasted_commands_and_settings_are_shell_quoted(tmp_path: Path) -> None:
-    from common import shellwords
+    from common import escape
 
     cell = "cu130-$(touch pwned)-x;touch pwned2"
     line = command(("fi-jit",), (cell,), "docker")
     assert _shell_words(line, tmp_path) == ["run", "--backend", "docker", "--only", cell, "--probe", "fi-jit"]
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
-    setting = shellwords.setting("NCCL_ALGO=Ring;touch pwned|sh")
+    setting = escape.setting("NCCL_ALGO=Ring;touch pwned|sh")
     assert _shell_words(f"env {setting}", tmp_path) == ["NCCL_ALGO=Ring;touch pwned|sh"]
-    assert shellwords.setting("NCCL_ALGO=allreduce:tree") == "NCCL_ALGO=allreduce:tree"  # plain stays plain
+    assert escape.setting("NCCL_ALGO=allreduce:tree") == "NCCL_ALGO=allreduce:tree"  # plain stays plain
     assert not (tmp_path / "pwned").exists()
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from checks.results.freshness import command
 from checks.results.result import ProbeResult
-from common import cellid, shellwords
+from common import cellid, escape
 from common.cellid import CellId
 from inenv import registry
 from inenv.probe import Declared, Role
@@ -506,7 +506,7 @@ def _untimed(rs: Sequence[ProbeResult]) -> list[Untimed]:
         if r.probe_id == "nccl-graphs" and algo not in ("", "default") and r.verdict.status is Status.PASS:
             algos[algo].append(r)
     for algo, ok in sorted(algos.items()):
-        out.append(Untimed(shellwords.setting(f"NCCL_ALGO={algo}"),
+        out.append(Untimed(escape.setting(f"NCCL_ALGO={algo}"),
                            "all four collectives exact eagerly and in a CUDA graph; not timed "
                            "(ar-latency times NCCL's own choice)", tuple(r.result_id for r in ok)))
     return out

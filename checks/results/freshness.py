@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from checks.results import provenance
 from checks.results.result import ProbeResult
-from common import shellwords
+from common import escape
 from inenv.status import Status
 
 UNRECORDED = "unrecorded"
@@ -109,8 +109,8 @@ def command(probes: tuple[str, ...], cells: tuple[str, ...], executor: str) -> s
     picks = [w for p in probes for w in ("--probe", p)]
     backend = executor if executor in EXECUTORS else "docker"
     if backend == "local":
-        return shellwords.command(["checks", "run", "--backend", "local", *picks])
-    return shellwords.command(["checks", "run", "--backend", backend, *(w for c in cells for w in ("--only", c)),
+        return escape.command(["checks", "run", "--backend", "local", *picks])
+    return escape.command(["checks", "run", "--backend", backend, *(w for c in cells for w in ("--only", c)),
                                *picks])
 
 

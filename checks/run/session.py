@@ -37,7 +37,7 @@ from checks.run.backends import BACKENDS, resolve
 from checks.run.options import REPO, RunOptions, UsageError
 from checks.run.plan import REUSED, WorkItem, deferred, plan_work, summary_counts
 from checks.run.runner import RunReport, Work, now_iso
-from common import buildrecord, kernelstage, reasons, shellwords
+from common import buildrecord, escape, kernelstage, reasons
 from common.backend import RECORD_NAMES
 from common.caches import compile_cache_dir
 from common.progress import duration
@@ -411,7 +411,7 @@ def regenerate(table: Path | None, results_dir: Path, interrupted: bool) -> str:
     """Regenerate the table from every run under ``results_dir``; the line that says where it is (or why
     it was not written)."""
     words = ["checks", "report", "--results", str(results_dir), *(["--out", str(table)] if table else [])]
-    rerun = f"`{shellwords.command(words)}`"
+    rerun = f"`{escape.command(words)}`"
     if table is None:
         return f"table: not regenerated (--no-report); {rerun} writes it"
     if interrupted:
