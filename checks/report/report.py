@@ -76,7 +76,8 @@ class HostSection:
     plots: list[Any] = field(default_factory=list)  # checks.report.plots.LatencyPlot per cell and rank count
     estimates: list[Any] = field(default_factory=list)  # estimate.Estimate of the advice (attach_decisions)
     judged: list[str] = field(default_factory=list)  # host-side code that judged verdicts, with its version
-    standing: list[str] = field(default_factory=list)  # the newest run's host only: here.rows, said first
+    # the newest run's host only, said first: here.rows as (text, True where stackprobe composed the whole line)
+    standing: list[tuple[str, bool]] = field(default_factory=list)
 
 
 def judged_lines(results: list[ProbeResult]) -> list[str]:
@@ -480,4 +481,6 @@ def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
     newest = here.newest_host({s.host_id: [r["run_id"] for r in s.runs] for s in sections if s.rows})
     for s in sections:
         if s.host_id == newest and newest in hosts:
-            s.standing = here.rows(here.standing(hosts[newest], _catalogue()[0]))
+            h = here.standing(hosts[newest], _catalogue()[0])
+            added = here.gpu_adds(h)
+            s.standing = [(row, row == added) for row in here.rows(h)]  # (text, composed here with its own code)
