@@ -476,7 +476,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code. SIGTERM and SIGHUP act as Ctrl-C while it runs; the handlers
-    it replaced are restored on return, so it can be called in-process."""
+    it replaced are restored on return, so it can be called in-process, except after one of them interrupted
+    it: then both stay ignored (see ``_interrupt``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -502,7 +503,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            # after an interrupt the repeat stays ignored: the process is about to end, and restoring the
+            # default action here would let a forwarded copy that arrives late kill it before it exits
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

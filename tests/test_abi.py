@@ -233,7 +233,7 @@ def test_the_page_shows_the_grid_kept_beside_it_escaped(tmp_path: Path) -> None:
     (out.parent / "abi-grid.json").write_text(json.dumps(data))
     assert generate(results, out, None, check=False, current=CURRENT) == 0
     md, page = out.read_text(), out.with_suffix(".html").read_text()
-    assert "| sglang-kernel &lt;script>x&lt;/script>\\|1 | ==2.1.0 | x2! |" in md
+    assert "| sglang-kernel &lt;script&gt;x&lt;/script&gt;\\|1 | ==2.1.0 | x2\\! |" in md
     assert "<script>x" not in page and "sglang-kernel &lt;script&gt;x&lt;/script&gt;|1" in page
     assert "declares torch==2.1.0 but does not load beside its 2.1.0+cu130" in md
 

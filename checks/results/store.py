@@ -33,7 +33,6 @@ import re
 import secrets
 import stat
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -397,9 +396,9 @@ def unwritable(root: Path) -> str | None:
         probe = probe.parent
     if not probe.is_dir():
         return f"{where(probe)} is not a folder"
+    name = probe / f".stackprobe-write-check-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        fd, name = tempfile.mkstemp(prefix=".stackprobe-write-check-", dir=probe)
-        os.close(fd)
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         os.unlink(name)
     except OSError as exc:
         return f"cannot write {where(root)} ({where(probe)}: {exc.strerror or exc})"
