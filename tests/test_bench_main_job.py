@@ -173,3 +173,19 @@ def test_one_pass_counts_the_first_answer_from_the_build(tmp_path: Path, monkeyp
     assert warm["run_rc"] == 0 and warm["runs_recorded"] == 0  # nothing new learned: nothing recorded
     assert warm["phases"] == {}  # no run file to read phases from
     assert "level: full only" in (tmp_path / "log.txt").read_text()
+
+
+def test_the_floor_counts_each_compile_the_cache_ledger_holds_once(tmp_path: Path) -> None:
+    """A pass whose compile cache counted its builds: the floor is their CPU over the cores plus the build's wall
+    less its own compiles spread over the cores; a key built twice is named."""
+    bench = _bench()
+    rows = [{"key": "a", "compile_cpu_s": 100.0}, {"key": "b", "compile_cpu_s": 300.0},
+            {"key": "a", "compile_cpu_s": 20.0}, "not json", {"no": "key"}]
+    (tmp_path / bench.LEDGER).write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    found = bench.ledger(tmp_path)
+    assert [r["key"] for r in found] == ["a", "b", "a"] and bench._cpu(found) == 420.0
+    assert {k for k, n in bench._counts(found).items() if n > 1} == {"a"}
+    p = {"build_s": 90.0, "compile_cpu_s": 7.0, "kernel_cpu_s": 9.0, "kernel_stage_s": 50.0,
+         "compiles": {"cpu_s": 420.0, "during_build_cpu_s": 100.0}}
+    # 420 / 2 cores = 210; the build's 90 s less its 100 CPU-s of compiling over 2 cores = 40 s
+    assert bench.pass_floor(p, 2) == (420.0, 40.0, 250.0)
