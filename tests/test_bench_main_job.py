@@ -189,3 +189,16 @@ def test_the_floor_counts_each_compile_the_cache_ledger_holds_once(tmp_path: Pat
          "compiles": {"cpu_s": 420.0, "during_build_cpu_s": 100.0}}
     # 420 / 2 cores = 210; the build's 90 s less its 100 CPU-s of compiling over 2 cores = 40 s
     assert bench.pass_floor(p, 2) == (420.0, 40.0, 250.0)
+
+
+def test_a_key_is_compiled_twice_only_beyond_the_entries_the_store_holds(tmp_path: Path) -> None:
+    """Two builds of one key that read different headers are two stored entries, each compiled once; a second
+    build of a key with one entry is the same object compiled twice."""
+    bench = _bench()
+    for key, entries in (("two-headers", ("e1", "e2")), ("one-entry", ("e1",))):
+        for e in entries:
+            (tmp_path / key / e).mkdir(parents=True)
+            (tmp_path / key / e / "record.json").write_text("{}")
+    rows = [{"key": "two-headers"}, {"key": "two-headers"}, {"key": "one-entry"}, {"key": "one-entry"},
+            {"key": "once"}]
+    assert bench.compiled_twice(tmp_path, rows) == ["one-entry"]
