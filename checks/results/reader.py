@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -225,11 +225,16 @@ def read_origin_file(path: Path, host_id: str, run_id: str, problems: list[Probl
     """An imported run's origin record; None when absent (a run made here) or refused (with a problem)."""
     if not os.path.lexists(path):
         return None
+    return _checked_json(path, lambda obj: check_origin(obj, host_id, run_id), problems)
+
+
+def _checked_json(path: Path, check: Callable[[Any], str | None], problems: list[Problem]) -> Mapping[str, Any] | None:
+    """A small JSON file of a run (within the manifest limit) that ``check`` accepts, or None with a problem."""
     data, why = read_bytes(path, MAX_MANIFEST)
     obj = None
     if data is not None:
         obj, why = parse_json(data)
-        why = why or check_origin(obj, host_id, run_id)
+        why = why or check(obj)
     if why:
         problems.append(Problem(shown(path), why))
         return None
@@ -319,15 +324,7 @@ def read_manifest_file(path: Path, host_id: str, run_id: str, problems: list[Pro
     if not os.path.lexists(path):
         problems.append(Problem(shown(path), "missing (host facts unknown)"))
         return None
-    data, why = read_bytes(path, MAX_MANIFEST)
-    obj = None
-    if data is not None:
-        obj, why = parse_json(data)
-        why = why or check_manifest(obj, host_id, run_id)
-    if why:
-        problems.append(Problem(shown(path), why))
-        return None
-    return obj
+    return _checked_json(path, lambda obj: check_manifest(obj, host_id, run_id), problems)
 
 
 def read_run(folder: Path, host_id: str, run_id: str, problems: list[Problem]) -> Run:

@@ -342,10 +342,8 @@ def check(bound: Bound, mode: str, group: Any, deadline_s: float = DEADLINE_S) -
             outs = bound.outputs()
             _wait(outs, deadline_s)
             snaps.append({k: v.detach().clone() for k, v in outs.items()})
-    except _device.Hung as exc:
-        local = {"verdict": "hang", "error": str(exc)}
     except Exception as exc:
-        local = {"verdict": "error", "error": _errors.error_tail(exc)}
+        local = _dist.raised(exc)
     if (stopped := _dist.settle(local, group)) is not None:
         return stopped
     # Each rank measures its own outputs against the reference; the bits of every rank travel to every rank.

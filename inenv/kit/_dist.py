@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from inenv.kit import _device, _errors
 from inenv.probe import RankContext, outcome
 
 # NVLink multicast can take a shared host's GPUs out of service; these stay set in every rank.
@@ -165,6 +166,14 @@ def settle(local: dict[str, Any], group: Any = None) -> dict[str, Any] | None:
     if worst == "ok":
         return None
     return local if local.get("verdict") != "ok" else {"verdict": worst, "detail": "on a peer rank"}
+
+
+def raised(exc: BaseException) -> dict[str, Any]:
+    """This rank's ``local`` for :func:`settle` when its step raised: ``hang`` for device work that outlived its
+    deadline (:class:`_device.Hung`), ``error`` with the exception's tail otherwise."""
+    if isinstance(exc, _device.Hung):
+        return {"verdict": "hang", "error": str(exc)}
+    return {"verdict": "error", "error": _errors.error_tail(exc)}
 
 
 def settle_ok(ok: bool, error: str, group: Any = None, peer: str = "a peer rank failed") -> dict[str, Any] | None:

@@ -345,10 +345,8 @@ def _measure(
                                         own_input=_own(numel, rank, seed))
                 if not chk.ok:
                     local = {"verdict": chk.verdict, "detail": chk.detail}
-        except _device.Hung as exc:
-            local = {"verdict": "hang", "error": str(exc)}
         except Exception as exc:
-            local = {"verdict": "error", "error": _errors.error_tail(exc)}
+            local = _dist.raised(exc)
         # Reached by every rank for every seed, so the ranks stay in step whatever failed where.
         if (stopped := _dist.settle(local, gloo)) is not None:
             return stopped

@@ -566,10 +566,8 @@ def run_case(model: Model, case: Case, gloo: Any, barrier: Callable[[], None] | 
                 if found["verdict"] != "ok":
                     local = {**found, "graph": name, "seed": seed}
                     break
-        except _device.Hung as exc:
-            local = {"verdict": "hang", "error": str(exc)}
         except Exception as exc:
-            local = {"verdict": "error", "error": _errors.error_tail(exc)}
+            local = _dist.raised(exc)
         if (stopped := _dist.settle(local, gloo)) is not None:
             return {**res, **stopped}
     try:
