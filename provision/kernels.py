@@ -467,7 +467,7 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
             finally:
                 progress.end(job)
             got.setdefault("wall_s", round(time.monotonic() - t0, 1))
-            progress.spent(float(got.get("compile_cpu_s") or 0.0) if not got.get("cached") else 0.0)
+            progress.spent(float(got.get("compile_cpu_s") or 0.0) if not got.get("cached") else 0.0, job)
             if not got.get("ok"):
                 _drop(kernel_dir, job.module)
             refused = got.get("refused") or {}
@@ -554,24 +554,37 @@ def tree_cpu_s(pid: int | None = None) -> float:
 
 class StageProgress:
     """What the kernel stage says while it runs: which module and target of how many is compiling, the CPU
-    seconds spent, and the time left by this host's earlier builds (``learned``: CPU seconds per target by
-    module) or, for a module never built here, fi-jit's declared cost (a prior)."""
+    seconds spent, and the time left. A job's cost is, first, what this stage measured for its module (CPU
+    seconds per target of the builds that finished in it), else this host's earlier builds (``learned``), else
+    fi-jit's declared cost (a prior) scaled by how this stage's finished builds compared with their own
+    estimates, so that the estimate corrects itself as soon as one build ends."""
 
     def __init__(self, todo: Sequence[Job], jobs: int, learned: Mapping[str, float]) -> None:
         self.todo, self.jobs, self.learned = list(todo), max(1, jobs), dict(learned)
         self.index = {(j.cell_id, j.module): i + 1 for i, j in enumerate(self.todo)}
         self.running: dict[tuple[str, str], float] = {}
         self.finished: set[tuple[str, str]] = set()
+        self.measured: dict[str, list[float]] = {}  # module -> CPU seconds per target, this stage's builds
+        self.scale_pairs: list[tuple[float, float]] = []  # (estimated, measured) CPU seconds of finished builds
         self.cpu0 = tree_cpu_s()
         self.reported_cpu = 0.0
         self.lock = threading.Lock()
 
+    def scale(self) -> float | None:
+        """Measured over estimated CPU seconds of the builds that finished in this stage (None before one has)."""
+        estimated = sum(e for e, _ in self.scale_pairs)
+        return sum(m for _, m in self.scale_pairs) / estimated if estimated > 0 else None
+
     def cost(self, job: Job) -> tuple[float, bool]:
-        """(CPU seconds this job should take, whether from this host's own builds)."""
+        """(CPU seconds this job should take, whether from this host's own builds: this stage's or earlier)."""
+        seen = self.measured.get(job.module)
+        if seen:
+            return sum(seen) / len(seen) * len(job.archs), True
         per = self.learned.get(job.module)
         if per is not None:
             return per * len(job.archs), True
-        return job.cost, False
+        factor = self.scale()
+        return job.cost * (factor if factor is not None else 1.0), False
 
     def begin(self, job: Job) -> None:
         with self.lock:
@@ -582,9 +595,17 @@ class StageProgress:
             self.running.pop((job.cell_id, job.module), None)
             self.finished.add((job.cell_id, job.module))
 
-    def spent(self, cpu_s: float) -> None:
+    def spent(self, cpu_s: float, job: Job | None = None) -> None:
+        """A build ended having spent ``cpu_s`` compiling (0 for a cached one); ``job``'s measurement then
+        serves the jobs still to come."""
         with self.lock:
             self.reported_cpu += cpu_s
+            if job is None or cpu_s <= 0 or not job.archs:
+                return
+            estimate = self.cost(job)[0]
+            self.measured.setdefault(job.module, []).append(cpu_s / len(job.archs))
+            if estimate > 0:
+                self.scale_pairs.append((estimate, cpu_s))
 
     def position(self, job: Job) -> str:
         return f"[{self.index.get((job.cell_id, job.module), 0)}/{len(self.todo)}]"
@@ -608,9 +629,12 @@ class StageProgress:
                 own, prior = own + learned, prior + (not learned)
                 total += max(0.0, cost - (now - self.running[key]) * min(len(j.archs), 2)) if key in self.running \
                     else cost
+        factor = self.scale()
+        declared = ("fi-jit's declared build costs: no build of these modules here yet" if factor is None else
+                    f"fi-jit's declared build costs x{factor:.2f} as this stage's finished builds ran")
         basis = ("by this host's earlier kernel builds" if not prior else
-                 "by fi-jit's declared build costs: no build of these modules here yet" if not own else
-                 f"by this host's earlier builds for {own}, declared costs for {prior}")
+                 f"by {declared}" if not own else
+                 f"by this host's builds for {own}, {declared} for {prior}")
         cores = max(1, min(self.jobs * 2, os.cpu_count() or 1))
         return total / cores, basis
 

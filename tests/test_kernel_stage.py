@@ -90,6 +90,27 @@ def test_the_stage_says_which_module_and_target_cpu_spent_and_time_left() -> Non
     assert learned.tick_line(80.0).startswith("kernels: 1/2 done, compiling between builds")
 
 
+def test_the_time_left_learns_from_the_builds_that_finish_in_the_stage() -> None:
+    """Declared costs three times too high: once one build ends, the rest are scaled by what it measured,
+    and a module built once in the stage is estimated by that build alone."""
+    todo = [kernels.Job("a", "trtllm_comm", ("9.0a",), "0.7.4", "13.0", 900.0),
+            kernels.Job("b", "trtllm_comm", ("9.0a", "12.0a"), "0.7.4", "13.0", 1800.0),
+            kernels.Job("a", "moe_a2a", ("9.0a",), "0.7.4", "13.0", 600.0)]
+    progress = kernels.StageProgress(todo, 1, {})
+    cores = max(1, min(2, __import__("os").cpu_count() or 1))
+    assert progress.left_s()[0] == (900.0 + 1800.0 + 600.0) / cores
+    progress.begin(todo[0])
+    progress.end(todo[0])
+    progress.spent(300.0, todo[0])  # a third of its declared 900
+    seconds, basis = progress.left_s()
+    # b's trtllm_comm: 300 per target measured here, two targets; moe_a2a: 600 declared x (300 / 900)
+    assert seconds == (600.0 + 200.0) / cores
+    assert basis == ("by this host's builds for 1, fi-jit's declared build costs x0.33 as this stage's "
+                     "finished builds ran for 1")
+    progress.spent(0.0, todo[1])  # a cached build teaches nothing
+    assert progress.left_s()[0] == seconds
+
+
 def test_learned_costs_come_from_this_hosts_records(tmp_path: Path) -> None:
     for cid, cpu in (("a", 300.0), ("b", 500.0)):
         (tmp_path / cid).mkdir()
