@@ -12,7 +12,9 @@ then the full one) with its table watched on disk: ``first_table_s`` is the firs
 nothing it started outlives it). ``gpu_host_compiles``: the distinct nvcc,
 cicc, ptxas and ninja processes seen on this host while the build and the run went (the process table read
 every 0.1 s; a compile lasts seconds), and ``objects_compiled`` the object files the JIT workspace holds after.
-The JSON (``backend``, ``host_class``, ``first_table_s``, ``full_s``, ``gpu_host_compiles``) goes to
+fi-jit plans only the (module, target) pairs ``STACKPROBE_FI_JIT_ONLY`` names when it is set (recorded as
+``fi_jit_only``): a matrix whose cells carry only this GPU's target leaves the cross-compile targets to cells
+that carry them. The JSON (``backend``, ``host_class``, ``first_table_s``, ``full_s``, ``gpu_host_compiles``) goes to
 ``--out``/gpu-host-<case>.json; the run's results to ``--out``/res.
 """
 
@@ -142,6 +144,7 @@ def main(argv: list[str]) -> int:
     result = {
         "backend": "venv", "case": args.case, "host_class": host_class(),
         "matrix": args.matrix, "only": args.only,
+        "fi_jit_only": os.environ.get("STACKPROBE_FI_JIT_ONLY") or None,  # fi-jit's planned (module, target) pairs
         "build_s": round(build_s, 1), "build_rc": b.returncode,
         "first_table_s": round(got["first"], 1) if "first" in got else None,
         "full_s": round(run_s, 1) if rc is not None else None, "run_rc": rc, "limit_s": args.limit,

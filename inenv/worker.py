@@ -443,6 +443,41 @@ def ranks_in_jit_build(log_tails: dict[str, str]) -> list[str]:
     return out
 
 
+# A feature that refuses a world size says so in its own words; these are the forms seen (torch symmetric
+# memory's two-shot "Not implemented for world_size=3", flashinfer's custom allreduce "Odd num gpus is not
+# supported for now", and a lookup keyed by world size that lacks it, e.g. flashinfer's one-shot heuristics
+# table holding 2, 4 and 8: "KeyError: 3"). ``{n}`` is the world size the variant ran at.
+_WORLD_REFUSALS = (r"world[_ ]size\s*(?:=|of|:)?\s*{n}\b[^\n]*?\bnot (?:implemented|supported)",
+                   r"not (?:implemented|supported)[^\n]*?\bworld[_ ]size\s*(?:=|of|:)?\s*{n}\b",
+                   r"\bKeyError: {n}\s*$")
+_ODD_REFUSAL = r"\bodd (?:num|number)(?: of)? (?:gpus|ranks)\b[^\n]*\bnot supported"
+
+
+def refuses_world_size(note: str, world: int) -> bool:
+    """Whether a rank's failure note is the feature refusing ``world`` ranks (pure)."""
+    text = note.strip()
+    if world % 2 and re.search(_ODD_REFUSAL, text, re.IGNORECASE):
+        return True
+    return any(re.search(pattern.format(n=world), text, re.IGNORECASE | re.MULTILINE)
+               for pattern in _WORLD_REFUSALS)
+
+
+def world_size_refused(merged: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A failed multi-rank verdict whose every failing rank names the feature's refusal of this world size
+    gets ``world-size-refused`` (the feature does not run at this size; not a fault of the run), with the
+    probe's own code kept in evidence; any other verdict is returned as it is."""
+    world = len(ranks)
+    failing = [str(r.get("note") or "") for r in ranks if r.get("status") == Status.FAIL.value]
+    if (world < 2 or merged.get("status") != Status.FAIL.value or not failing
+            or not all(refuses_world_size(n, world) for n in failing)):
+        return merged
+    out = dict(merged)
+    out["evidence"] = {**(merged.get("evidence") or {}), "probe_reason_code": merged.get("reason_code")}
+    out["reason_code"] = "world-size-refused"
+    out["note"] = f"refuses {world} ranks: {merged.get('note') or failing[0]}"
+    return out
+
+
 def merge(module: ModuleType, result: LaunchResult) -> dict[str, Any]:
     building = ranks_in_jit_build(result.log_tails) if result.hang else []
     if building:
@@ -470,7 +505,7 @@ def merge(module: ModuleType, result: LaunchResult) -> dict[str, Any]:
     if result.phases:
         evidence["phases"] = result.phases
     merged["evidence"] = evidence
-    return merged
+    return world_size_refused(merged, result.ranks)
 
 
 def skip_reason(module: ModuleType, variant: Variant, gpus: int) -> tuple[str, str] | None:

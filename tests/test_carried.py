@@ -252,6 +252,31 @@ def test_quick_pass_defers_only_gpu_variants_that_would_compile_in_their_turn() 
     assert published[0].decided is None
 
 
+def test_quick_pass_runs_each_multi_rank_variant_at_its_smallest_world_size() -> None:
+    from checks.run.plan import CellTarget, Decided, WorkItem, deferred_sizes
+    from inenv.probe import ProbeSpec, Variant
+    from inenv.status import Status
+
+    step = ProbeSpec("step", "s", "f", needs_gpu=True)
+    jit = ProbeSpec("fi-jit", "b", "f", needs_gpu=False)
+    cell = CellTarget("cella", "resolved", versions={"flashinfer": "0.7.4"})
+    symm = (("backend", "symm-mem-one-shot"),)
+    fused = (("backend", "flashinfer-fusion"),)
+    items = [WorkItem(cell, step, Variant("step", n, p, share_gpu=True, gpus=1), 60.0)
+             for p in (symm, fused) for n in (2, 3, 4, 8)]
+    # the fusion backend's 2 ranks were decided in advance (as a skip): its smallest runnable size is 3
+    items[4] = WorkItem(cell, step, items[4].variant, 60.0, decided=Decided(Status.SKIP, "too-few-gpus", "x"))
+    items.append(WorkItem(cell, jit, Variant("fi-jit", 1, (("module", "vllm_comm"),)), 60.0))
+    got = deferred_sizes(items)
+    ran = [(it.variant.ranks, dict(it.variant.params).get("backend")) for it in got if it.decided is None]
+    assert ran == [(2, "symm-mem-one-shot"), (3, "flashinfer-fusion"), (1, None)]
+    later = [it for it in got if it.decided is not None and it.decided.reason_code == "deferred-world-size"]
+    assert sorted((it.variant.ranks, dict(it.variant.params)["backend"]) for it in later) == [
+        (3, "symm-mem-one-shot"), (4, "flashinfer-fusion"), (4, "symm-mem-one-shot"), (8, "flashinfer-fusion"),
+        (8, "symm-mem-one-shot")]
+    assert later[0].decided.status is Status.NOT_RUN and "at 2 ranks only" in later[0].decided.note
+
+
 def test_a_quick_compile_variant_is_told_the_level_and_keeps_its_key() -> None:
     from checks.run.plan import CellTarget, WorkItem
     from checks.run.runner import level_variant

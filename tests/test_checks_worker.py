@@ -238,3 +238,45 @@ def test_a_watchdog_firing_inside_a_jit_build_is_not_run_not_hang() -> None:
     assert "rank0" in building["note"]
     stuck = merge(module, LaunchResult([], complete=False, hang=True, ranks=ranks, log_tails={"rank0": _KERNEL_DUMP}))
     assert (stuck["status"], stuck["reason_code"]) == ("hang", "hang")
+
+
+# The refusals below are the notes the device run of 2026-12-05 recorded at 3 ranks sharing one H200
+# (flashinfer 0.6.17, torch 2.11.0): torch's two-shot, flashinfer's custom allreduce and its fusion heuristics.
+_REFUSALS_AT_3 = ("two_shot eager, two_shot graph: RuntimeError: Not implemented for world_size=3",
+                  "rank 0: init failed: RuntimeError: Odd num gpus is not supported for now",
+                  "rank 0: eager call failed: KeyError: 3",
+                  "flashinfer-fusion: deepseek-v3 decode:1: KeyError: 3")
+
+
+@pytest.mark.parametrize("note", _REFUSALS_AT_3)
+def test_a_feature_refusing_the_world_size_is_named_so(note: str) -> None:
+    from types import SimpleNamespace
+
+    from inenv.probe import outcome
+    from inenv.worker import LaunchResult, merge, refuses_world_size
+
+    assert refuses_world_size(note, 3)
+    assert not refuses_world_size(note, 5 if "Odd" not in note else 4)
+    ranks = [{"rank": i, "exit": 0, "status": "fail", "note": note} for i in range(3)]
+    failed = [outcome("fail", note=note, reason_code="custom-ar-init-failed") for _ in range(3)]
+    merged = merge(SimpleNamespace(), LaunchResult(failed, complete=True, hang=False, ranks=ranks))
+    assert (merged["status"], merged["reason_code"]) == ("fail", "world-size-refused")
+    assert merged["note"].startswith("refuses 3 ranks: ") and note in merged["note"]
+    assert merged["evidence"]["probe_reason_code"] == "custom-ar-init-failed"
+
+
+def test_other_failures_keep_the_probes_reason() -> None:
+    from types import SimpleNamespace
+
+    from inenv.probe import outcome
+    from inenv.worker import LaunchResult, merge
+
+    notes = ("rank 0: init failed: RuntimeError: CUDA error: invalid argument", "rank 1: KeyError: 'hidden'")
+    ranks = [{"rank": i, "exit": 0, "status": "fail", "note": n} for i, n in enumerate(notes)]
+    failed = [outcome("fail", note=n, reason_code="custom-ar-init-failed") for n in notes]
+    merged = merge(SimpleNamespace(), LaunchResult(failed, complete=True, hang=False, ranks=ranks))
+    assert merged["reason_code"] == "custom-ar-init-failed"
+    # one refusing rank among others that failed for another reason is not a refusal of the size
+    mixed = [{**ranks[0], "note": "Not implemented for world_size=2"}, ranks[1]]
+    merged = merge(SimpleNamespace(), LaunchResult(failed, complete=True, hang=False, ranks=mixed))
+    assert merged["reason_code"] == "custom-ar-init-failed"

@@ -35,7 +35,7 @@ from checks.run import incremental, manifest, runconsole, runprogress
 from checks.run.backend import Backend, Targets
 from checks.run.backends import BACKENDS, resolve
 from checks.run.options import REPO, RunOptions, UsageError
-from checks.run.plan import REUSED, WorkItem, deferred, plan_work, summary_counts
+from checks.run.plan import REUSED, WorkItem, deferred, deferred_sizes, plan_work, summary_counts
 from checks.run.runner import RunReport, Work, now_iso
 from common import buildrecord, escape, kernelstage, reasons
 from common.backend import RECORD_NAMES
@@ -313,7 +313,8 @@ def kernel_lines(carries: dict[str, dict[str, tuple[str, ...]]], capability: str
 def defer(opts: RunOptions, planned: Planned, carries: dict[str, dict[str, tuple[str, ...]]],
           targets: Targets) -> Planned:
     """A quick pass leaves to the full pass the GPU variants that would compile in their turn (plan.deferred):
-    what each cell carries from its build record, what fi-jit built here from the compile cache."""
+    what each cell carries from its build record, what fi-jit built here from the compile cache; and the
+    multi-rank ones beyond their smallest world size (plan.deferred_sizes)."""
     env_of = runprogress.compile_env(compile_cache_dir(opts.compile_cache, opts.no_compile_cache))
 
     def unpublished(item: WorkItem, modules: list[str]) -> list[str]:
@@ -321,7 +322,7 @@ def defer(opts: RunOptions, planned: Planned, carries: dict[str, dict[str, tuple
         return fi.unpublished(modules, release, env_of(item)) if release and release != "none" else []
 
     capability = targets.facts.get("compute_capability") if targets.gpus else None
-    items = deferred(planned.items, carries, capability, unpublished)
+    items = deferred_sizes(deferred(planned.items, carries, capability, unpublished))
     return dataclasses.replace(planned, items=items)
 
 
