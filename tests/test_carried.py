@@ -331,3 +331,18 @@ def test_a_builder_that_stopped_without_a_verdict_is_a_harness_failure() -> None
     crash = _fi_carry.judge("trtllm_comm", ["9.0a"], {"stage": "crash", "ok": False, "error": "builder exited -9"})
     assert (timeout["reason_code"], crash["reason_code"]) == ("kernel-build-timeout", "harness-error")
     assert kernels.retried(timeout["reason_code"]) and kernels.retried(crash["reason_code"])
+
+
+def test_a_variant_loading_a_carried_module_is_not_said_to_compile(tmp_path: Path) -> None:
+    from checks.run.plan import CellTarget, WorkItem
+    from checks.run.runprogress import compile_note
+    from inenv.probe import ProbeSpec, Variant
+
+    fusion = ProbeSpec("fi-fusion", "g", "f", needs_gpu=True)
+    item = WorkItem(CellTarget("cella", "resolved", versions={"flashinfer": "0.7.4"}), fusion,
+                    Variant("fi-fusion", 2), 60.0)
+    empty_cache = tmp_path / "compile"  # fi-jit published nothing here
+    assert "compiles trtllm_comm in its turn" in compile_note(empty_cache)(item)
+    carried = {"cella": {"trtllm_comm": ("sm_90a",)}}
+    assert compile_note(empty_cache, carried, "9.0")(item) == ""
+    assert "compiles trtllm_comm" in compile_note(empty_cache, carried, "12.0")(item)  # not for this GPU

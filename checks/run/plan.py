@@ -173,6 +173,13 @@ def jit_modules(item: WorkItem) -> tuple[str, ...]:
     return fi.modules_for(item.spec.id, params) or item.spec.loads_for(params)
 
 
+def not_carried(item: WorkItem, carries: Mapping[str, Mapping[str, tuple[str, ...]]],
+                capability: str | None) -> list[str]:
+    """The flashinfer modules ``item`` loads that its cell does not carry for a GPU of ``capability``."""
+    have = carries.get(item.cell.cell_id, {})
+    return [m for m in jit_modules(item) if not (capability and m in have and _fatbin.runs_on(have[m], capability))]
+
+
 def deferred(items: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str, ...]]], capability: str | None,
              unpublished: Callable[[WorkItem, list[str]], list[str]]) -> list[WorkItem]:
     """A quick pass's GPU variants that would compile a flashinfer module in their turn (neither carried for
@@ -180,9 +187,7 @@ def deferred(items: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str
     the full pass compiles and runs them, and the quick answer does not wait minutes for one build."""
     out: list[WorkItem] = []
     for it in items:
-        wanted = list(jit_modules(it)) if it.runs and it.spec.needs_gpu else []
-        have = carries.get(it.cell.cell_id, {})
-        lacking = [m for m in wanted if not (capability and m in have and _fatbin.runs_on(have[m], capability))]
+        lacking = not_carried(it, carries, capability) if it.runs and it.spec.needs_gpu else []
         missing = unpublished(it, lacking) if lacking else []
         if missing:
             note = (f"loads {', '.join(missing)}, which this cell does not carry for compute capability "

@@ -25,7 +25,7 @@ from typing import Any
 from checks.results import ids
 from checks.results.result import ProbeResult
 from checks.results.store import read_file, read_manifest
-from checks.run.plan import WorkItem, jit_modules
+from checks.run.plan import WorkItem, not_carried
 from common.progress import Estimate, duration, estimate
 from inenv.kit import _compile_cache as cc
 from inenv.kit import _flashinfer as fi
@@ -319,15 +319,20 @@ def compile_env(compile_cache: Path | None) -> Callable[[WorkItem], dict[str, st
     return lambda item: {cc.ENV: str(compile_cache or ""), cc.CELL_ENV: item.cell.cell_id}
 
 
-def compile_note(compile_cache: Path | None) -> Callable[[WorkItem], str]:
-    """For a GPU variant that loads flashinfer comm modules fi-jit has not published for its cell (in the
-    compile cache ``compile_cache``, as the cell's ranks see it), ``; compiles X in its turn (...)``; else ""."""
+def compile_note(compile_cache: Path | None, carries: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None,
+                 capability: str | None = None) -> Callable[[WorkItem], str]:
+    """For a GPU variant that loads flashinfer comm modules its cell does not carry for this GPU
+    (``carries``: cell -> module -> SASS targets, ``capability``: this GPU's) and fi-jit has not published for
+    its cell (in the compile cache ``compile_cache``, as the cell's ranks see it), ``; compiles X in its turn
+    (...)``; else ""."""
 
     def note(item: WorkItem) -> str:
         release = item.cell.versions.get("flashinfer") or ""
         if not item.spec.needs_gpu or not release or release == "none":
             return ""
-        wanted = jit_modules(item)
+        wanted = not_carried(item, carries or {}, capability)
+        if not wanted:
+            return ""
         env = {cc.ENV: str(compile_cache or ""), cc.CELL_ENV: item.cell.cell_id}
         missing = fi.unpublished(wanted, release, env)
         return (f"; compiles {', '.join(missing)} in its turn: fi-jit has not built it for this GPU here"

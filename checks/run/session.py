@@ -20,6 +20,7 @@ import difflib
 import json
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -191,7 +192,7 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
         con.print(line, markup=False, highlight=False)
     with RunLock(store.folder):
         written = write_manifest(opts, store, backend.name, targets, probes, planned)
-        report = execute(con, opts, backend, store, targets, planned, written)
+        report = execute(con, opts, backend, store, targets, planned, written, carries)
         if first is not None and first.recorded and not report.interrupted:
             store.keep()  # the quick pass's answers, now recorded at the full level: the table drops "quick"
     if not store.results_path.exists() and not store.unstored:  # the store makes a run's files with its first news
@@ -352,12 +353,13 @@ def write_manifest(opts: RunOptions, store: RunStore, executor: str, targets: Ta
 
 
 def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targets: Targets, planned: Planned,
-            written: dict[str, Any]) -> RunReport:
-    """The backend runs the work; progress is shown as it goes. Ctrl-C outside the backend's own handling
-    still ends what it started."""
+            written: dict[str, Any], carries: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None) -> RunReport:
+    """The backend runs the work; progress is shown as it goes (``carries``: the kernels each cell carries,
+    so a variant that loads them is not said to compile). Ctrl-C outside the backend's own handling still
+    ends what it started."""
     con.print(f"[bold]results[/] {store.results_path}", highlight=False)
     codes = {pid: planned.code.for_probe(h) for pid, h in planned.hashes.items()}
-    view = progress_view(opts, backend.name, store, to_run(opts, planned, store), targets.facts)
+    view = progress_view(opts, backend.name, store, to_run(opts, planned, store), targets.facts, carries)
     work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written,
                 costs=runprogress.start_costs(view.items, view.expected, planned.build_costs))
     try:
@@ -374,7 +376,8 @@ def to_run(opts: RunOptions, planned: Planned, store: RunStore) -> list[WorkItem
 
 
 def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[WorkItem],
-                  facts: dict[str, Any]) -> runprogress.RunView:
+                  facts: dict[str, Any],
+                  carries: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None) -> runprogress.RunView:
     """Counts and time estimates of ``todo``, from the durations this host recorded before this run, and
     for what it never timed from those the hosts of its class (``facts``: this host's) recorded under the
     same results root."""
@@ -382,8 +385,9 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     compiles = {it.spec.id for it in todo if it.spec.build_param}
     lent = runprogress.lent(store.folder.parent, store.folder.name, facts, compiles)
     return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend, lent), jobs=opts.jobs,
-                               compile_note=runprogress.compile_note(compile_cache_dir(opts.compile_cache,
-                                                                                       opts.no_compile_cache)),
+                               compile_note=runprogress.compile_note(
+                                   compile_cache_dir(opts.compile_cache, opts.no_compile_cache), carries,
+                                   facts.get("compute_capability") if facts.get("gpu_count") else None),
                                history=recorded, lent=lent, backend=backend)
 
 
