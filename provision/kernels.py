@@ -561,6 +561,7 @@ class StageProgress:
 
     def __init__(self, todo: Sequence[Job], jobs: int, learned: Mapping[str, float]) -> None:
         self.todo, self.jobs, self.learned = list(todo), max(1, jobs), dict(learned)
+        self.declared = dict(BUILD_COST)  # CPU seconds per target fi-jit declares for each module
         self.index = {(j.cell_id, j.module): i + 1 for i, j in enumerate(self.todo)}
         self.running: dict[tuple[str, str], float] = {}
         self.finished: set[tuple[str, str]] = set()
@@ -571,9 +572,15 @@ class StageProgress:
         self.lock = threading.Lock()
 
     def scale(self) -> float | None:
-        """Measured over estimated CPU seconds of the builds that finished in this stage (None before one has)."""
+        """Measured over estimated CPU seconds of the builds that finished in this stage; before one has, this
+        host's earlier builds over fi-jit's declared costs for the same modules (the quick module built in
+        ``provision build`` gives one); None when neither exists."""
         estimated = sum(e for e, _ in self.scale_pairs)
-        return sum(m for _, m in self.scale_pairs) / estimated if estimated > 0 else None
+        if estimated > 0:
+            return sum(m for _, m in self.scale_pairs) / estimated
+        both = [(self.declared[m], per) for m, per in self.learned.items() if self.declared.get(m, 0.0) > 0]
+        declared = sum(d for d, _ in both)
+        return sum(per for _, per in both) / declared if declared > 0 else None
 
     def cost(self, job: Job) -> tuple[float, bool]:
         """(CPU seconds this job should take, whether from this host's own builds: this stage's or earlier)."""
@@ -631,7 +638,10 @@ class StageProgress:
                     else cost
         factor = self.scale()
         declared = ("fi-jit's declared build costs: no build of these modules here yet" if factor is None else
-                    f"fi-jit's declared build costs x{factor:.2f} as this stage's finished builds ran")
+                    f"fi-jit's declared build costs x{factor:.2f} as this stage's finished builds ran"
+                    if self.scale_pairs else
+                    f"fi-jit's declared build costs x{factor:.2f} as this host's builds of "
+                    f"{', '.join(sorted(self.learned))} ran")
         basis = ("by this host's earlier kernel builds" if not prior else
                  f"by {declared}" if not own else
                  f"by this host's builds for {own}, {declared} for {prior}")

@@ -111,6 +111,17 @@ def test_the_time_left_learns_from_the_builds_that_finish_in_the_stage() -> None
     assert progress.left_s()[0] == seconds
 
 
+def test_before_any_long_build_ends_the_quick_modules_builds_scale_the_declared_costs() -> None:
+    """fi-jit declares 14 CPU-s per target for vllm_comm and 950 for trtllm_comm; this host built vllm_comm
+    (the quick module, in `provision build`) at 7 per target, so trtllm_comm's prior is halved."""
+    todo = [kernels.Job("a", "trtllm_comm", ("9.0a", "12.0a"), "0.7.4", "13.0", 1900.0)]
+    progress = kernels.StageProgress(todo, 1, {"vllm_comm": 7.0})
+    seconds, basis = progress.left_s()
+    cores = max(1, min(2, __import__("os").cpu_count() or 1))
+    assert seconds == 950.0 / cores
+    assert basis == "by fi-jit's declared build costs x0.50 as this host's builds of vllm_comm ran"
+
+
 def test_learned_costs_come_from_this_hosts_records(tmp_path: Path) -> None:
     for cid, cpu in (("a", 300.0), ("b", 500.0)):
         (tmp_path / cid).mkdir()
