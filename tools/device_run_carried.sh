@@ -7,6 +7,9 @@
 #   uv run provision build --backend venv --matrix matrices/h200-overlay.yaml --only 'cu130-*-fiVERSION' --wait-kernels
 # which leaves the cell's kernel set in .cache/kernels/<cell>/.
 # Device call: run(carry=[".whl/overlay", ".cache/kernels"], command="bash tools/device_run_carried.sh 'cu130-*-fi0.6.17'")
+# When the wheels and the kernel set pass the 64 MiB a call carries (flashinfer 0.7.4's wheel is 43 MB), pack
+# the set here, `tar -cJf .whl/k/kernels.tar.xz .cache/kernels/<cell>` (about a third of its size), and carry
+# .whl/k instead of .cache/kernels: every .whl/k/*.tar.xz is unpacked in the repository root first.
 # Back in $OUT: gpu-host-carried.json and .log, and res-carried.tgz (the run's results, for results/).
 set -u
 cd "$(dirname "$0")/.."
@@ -21,6 +24,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 FI_JIT_ONLY="${FI_JIT_ONLY-vllm_comm@local,trtllm_comm@local,moe_a2a@local,pcie_ipc@local,pcie_ipc_ag_rs@local}"
 if [ "$FI_JIT_ONLY" = all ]; then unset STACKPROBE_FI_JIT_ONLY; else export STACKPROBE_FI_JIT_ONLY="$FI_JIT_ONLY"; fi
 W="$(mktemp -d)"
+for t in .whl/k/*.tar.xz; do [ -f "$t" ] && tar -xJf "$t"; done
 nvidia-smi -L
 python3 benchmarks/bench_gpu_host.py --matrix matrices/h200-overlay.yaml --only "$ONLY" --case carried \
     --wheels .whl/overlay --base-python "$(command -v python3)" --limit "$LIMIT" --out "$W" | tail -22
