@@ -467,7 +467,8 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
             finally:
                 progress.end(job)
             got.setdefault("wall_s", round(time.monotonic() - t0, 1))
-            progress.spent(float(got.get("compile_cpu_s") or 0.0) if not got.get("cached") else 0.0, job)
+            built = len(str(got.get("arch_list") or "").split()) if got.get("ok") else None
+            progress.spent(float(got.get("compile_cpu_s") or 0.0) if not got.get("cached") else 0.0, job, built)
             if not got.get("ok"):
                 _drop(kernel_dir, job.module)
             refused = got.get("refused") or {}
@@ -602,15 +603,17 @@ class StageProgress:
             self.running.pop((job.cell_id, job.module), None)
             self.finished.add((job.cell_id, job.module))
 
-    def spent(self, cpu_s: float, job: Job | None = None) -> None:
-        """A build ended having spent ``cpu_s`` compiling (0 for a cached one); ``job``'s measurement then
-        serves the jobs still to come."""
+    def spent(self, cpu_s: float, job: Job | None = None, built: int | None = None) -> None:
+        """A build ended having spent ``cpu_s`` compiling (0 for a cached one) on ``built`` of ``job``'s targets
+        (all of them when None; fewer when flashinfer's gate refused some); the measurement then serves the
+        jobs still to come."""
         with self.lock:
             self.reported_cpu += cpu_s
             if job is None or cpu_s <= 0 or not job.archs:
                 return
-            estimate = self.cost(job)[0]
-            self.measured.setdefault(job.module, []).append(cpu_s / len(job.archs))
+            targets = min(built, len(job.archs)) if built else len(job.archs)
+            estimate = self.cost(job)[0] * targets / len(job.archs)
+            self.measured.setdefault(job.module, []).append(cpu_s / targets)
             if estimate > 0:
                 self.scale_pairs.append((estimate, cpu_s))
 

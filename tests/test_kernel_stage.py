@@ -111,6 +111,21 @@ def test_the_time_left_learns_from_the_builds_that_finish_in_the_stage() -> None
     assert progress.left_s()[0] == seconds
 
 
+def test_a_build_flashinfer_refused_some_targets_of_is_measured_per_target_built() -> None:
+    """trtllm_comm asked for three targets, built for one (the gate refused 12.0a and 12.0f) in 300 CPU-s:
+    300 per target, and the declared costs' scale is 300 over one target's estimate, not three."""
+    todo = [kernels.Job("a", "trtllm_comm", ("9.0a", "12.0a", "12.0f"), "0.6.16", "13.0", 2850.0),
+            kernels.Job("a", "moe_a2a", ("9.0a", "12.0a", "12.0f"), "0.6.16", "13.0", 1020.0),
+            kernels.Job("b", "trtllm_comm", ("9.0a", "12.0a"), "0.7.4", "13.0", 1900.0)]
+    progress = kernels.StageProgress(todo, 1, {})
+    progress.begin(todo[0])
+    progress.end(todo[0])
+    progress.spent(300.0, todo[0], built=1)
+    cores = max(1, min(2, __import__("os").cpu_count() or 1))
+    assert progress.scale() == 300.0 / 950.0
+    assert progress.left_s()[0] == (1020.0 * 300.0 / 950.0 + 2 * 300.0) / cores
+
+
 def test_before_any_long_build_ends_the_quick_modules_builds_scale_the_declared_costs() -> None:
     """fi-jit declares 14 CPU-s per target for vllm_comm and 950 for trtllm_comm; this host built vllm_comm
     (the quick module, in `provision build`) at 7 per target, so trtllm_comm's prior is halved."""
