@@ -636,9 +636,13 @@ def _fused_bound(case: _agree.Case, comm: Comm, inp: Any, rank: int, world: int,
         return {"residual": res, "norm": _agree.rms_norm64(res, gamma.cpu(), EPS)}
 
     def scale(seed: int) -> dict[str, Any]:
+        # the residual's terms' magnitude; the norm's is that magnitude carried through the same row scaling
+        # (an element the norm leaves near zero still carries the rounding of terms of that size)
         magnitude = _agree.exact_sum(shape, world, seed, case.dtype, magnitude=True) + _agree.random_input(
             shape, -1, seed + 1, case.dtype).to(torch.float64).abs()
-        return {"residual": magnitude}
+        res = residual(seed)
+        row = torch.rsqrt(res.pow(2).mean(dim=-1, keepdim=True) + EPS)
+        return {"residual": magnitude, "norm": magnitude * row * gamma.cpu().to(torch.float64).abs()}
 
     return _agree.Bound(load, lambda: comm.fused_op(inp, res_in, gamma, res_out, norm),
                         lambda: {"residual": res_out, "norm": norm}, reference, comm.after_capture, scale)
