@@ -127,11 +127,14 @@ def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOption
         return kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
     backend_of = {str(r.get("cell_id")): str(r.get("backend") or backend.DOCKER) for r in records}
     todo = kernels.pending(records, archs, docker, modules=kernels.LONG_MODULES)
+    cells_of = sorted({j.cell_id for j in todo})
+    answered = {c: a for c, a in archs.items() if c not in cells_of}
+    if answered:  # every long module of these cells is answered by the set they hold: recorded here, compiling nothing
+        records = kernels.carry(records, answered, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
     if not todo:
         report("", f"kernels: the long modules ({', '.join(kernels.LONG_MODULES)}) are current in every cell "
                    "(or not carried for a reason of the cell's own): nothing more to build")
         return records
-    cells_of = sorted({j.cell_id for j in todo})
     kinds = sorted({backend_of[c] for c in cells_of})
     for kind in kinds:
         mine = [c for c in cells_of if backend_of[c] == kind]

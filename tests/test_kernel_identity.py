@@ -354,3 +354,38 @@ def test_a_copied_in_module_of_another_cell_is_never_installed_by_the_part_that_
     assert sorted(_carried.kernel_set(tmp_path / "kernels" / cid)) == ["vllm_comm"]  # what was installed
     assert any(line.startswith("kernels: trtllm_comm in the kernel set is not this cell's (torch:") for line in lines)
     assert rec["kernels"]["installed"] is True
+
+
+def test_a_cell_whose_set_answers_every_long_module_records_them_in_the_command_and_starts_no_stage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU host receiving a cell built elsewhere: its kernel set holds every module, its fresh build record
+    none. `provision build` records the long modules as carried in the command itself (so `checks run`'s quick
+    pass loads them rather than deferring them) and compiles nothing, starting no stage."""
+    from types import SimpleNamespace
+
+    from common import kernelstage
+    from provision import buildsession
+
+    facts = {**CU130, "source_hash": {m: f"src-{m}" for m in kernels.COMM_MODULES}}
+    cid = "cu130-torch2.11.0-sglnone-fi0.7.4"
+    elsewhere = StandInCell(facts)
+    _stage(_cell(tmp_path / "envs-cpu", cid), elsewhere, tmp_path, ("9.0a",), kernels.COMM_MODULES, [])
+    assert len(elsewhere.compiles) == len(kernels.COMM_MODULES)
+
+    here = StandInCell(facts)
+    monkeypatch.setitem(kernels.CARRIERS, backend.VENV, lambda rec, cache, docker: here)
+    monkeypatch.setattr(kernels, "KERNELS", tmp_path / "kernels")
+    monkeypatch.setattr(kernelstage, "wait", lambda say, *a, **k: False)
+
+    def no_stage(*a: object, **k: object) -> None:
+        raise AssertionError("a stage was started for modules the set already answers")
+
+    monkeypatch.setattr(kernels, "start", no_stage)
+    monkeypatch.setattr(buildsession, "kernel_archs", lambda cells, opts: {cid: ("9.0a",)})
+    opts = SimpleNamespace(json=True, envs=tmp_path / "envs-gpu", wait_kernels=False,
+                           kernel_archs=("9.0a",), kernel_parallel=lambda cpus, mem: 1)
+    fresh = _cell(tmp_path / "envs-gpu", cid)
+    out = buildsession.carry_kernels([], [fresh], opts, None)  # type: ignore[arg-type]
+    assert here.compiles == []
+    rows = out[0]["kernels"]["modules"]
+    assert {m for m, r in rows.items() if r.get("carried")} == set(kernels.COMM_MODULES), rows
