@@ -445,10 +445,12 @@ def ranks_in_jit_build(log_tails: dict[str, str]) -> list[str]:
 
 # A feature that refuses a world size says so in its own words; these are the forms seen (torch symmetric
 # memory's two-shot "Not implemented for world_size=3", flashinfer's custom allreduce "Odd num gpus is not
-# supported for now", and a lookup keyed by world size that lacks it, e.g. flashinfer's one-shot heuristics
-# table holding 2, 4 and 8: "KeyError: 3"). ``{n}`` is the world size the variant ran at.
-_WORLD_REFUSALS = (r"world[_ ]size\s*(?:=|of|:)?\s*{n}\b[^\n]*?\bnot (?:implemented|supported)",
-                   r"not (?:implemented|supported)[^\n]*?\bworld[_ ]size\s*(?:=|of|:)?\s*{n}\b",
+# supported for now", its PCIe IPC workspace "world size 3 unsupported; expected one of (2, 4, 8)", and a lookup
+# keyed by world size that lacks it, e.g. flashinfer's one-shot heuristics table holding 2, 4 and 8:
+# "KeyError: 3"). ``{n}`` is the world size the variant ran at.
+_REFUSED = r"(?:not (?:implemented|supported)|unsupported)"
+_WORLD_REFUSALS = (r"world[_ ]size\s*(?:=|of|:)?\s*{n}\b[^\n]*?\b" + _REFUSED,
+                   _REFUSED + r"[^\n]*?\bworld[_ ]size\s*(?:=|of|:)?\s*{n}\b",
                    r"\bKeyError: {n}\s*$")
 _ODD_REFUSAL = r"\bodd (?:num|number)(?: of)? (?:gpus|ranks)\b[^\n]*\bnot supported"
 

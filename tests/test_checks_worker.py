@@ -241,11 +241,14 @@ def test_a_watchdog_firing_inside_a_jit_build_is_not_run_not_hang() -> None:
 
 
 # The refusals below are the notes the device run of 2026-12-05 recorded at 3 ranks sharing one H200
-# (flashinfer 0.6.17, torch 2.11.0): torch's two-shot, flashinfer's custom allreduce and its fusion heuristics.
+# (flashinfer 0.6.17 and 0.7.4, torch 2.11.0): torch's two-shot, flashinfer's custom allreduce, its fusion
+# heuristics and its PCIe IPC workspace.
 _REFUSALS_AT_3 = ("two_shot eager, two_shot graph: RuntimeError: Not implemented for world_size=3",
                   "rank 0: init failed: RuntimeError: Odd num gpus is not supported for now",
                   "rank 0: eager call failed: KeyError: 3",
-                  "flashinfer-fusion: deepseek-v3 decode:1: KeyError: 3")
+                  "flashinfer-fusion: deepseek-v3 decode:1: KeyError: 3",
+                  "flashinfer-pcie-ipc: ValueError: pcie ipc workspace failed while validating arguments: "
+                  "{0: 'world size 3 unsupported; expected one of (2, 4, 8)'}")
 
 
 @pytest.mark.parametrize("note", _REFUSALS_AT_3)
