@@ -128,8 +128,11 @@ def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOption
     backend_of = {str(r.get("cell_id")): str(r.get("backend") or backend.DOCKER) for r in records}
     todo = kernels.pending(records, archs, docker, modules=kernels.LONG_MODULES)
     cells_of = sorted({j.cell_id for j in todo})
-    answered = {c: a for c, a in archs.items() if c not in cells_of}
-    if answered:  # every long module of these cells is answered by the set they hold: recorded here, compiling nothing
+    rows = {str(r.get("cell_id")): kernels.module_rows(r) for r in records}
+    answered = {c: a for c, a in archs.items()
+                if a and c not in cells_of and not set(kernels.LONG_MODULES) <= set(rows.get(c, ()))}
+    if answered:  # every long module of these cells is answered by the set they hold, but their record does not
+        # say so yet (a set copied in from the machine that built it): recorded here, compiling nothing
         records = kernels.carry(records, answered, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
     if not todo:
         report("", f"kernels: the long modules ({', '.join(kernels.LONG_MODULES)}) are current in every cell "

@@ -679,6 +679,13 @@ def _drop(kernel_dir: Path, module: str) -> None:
         shutil.rmtree(stale.library.parent, ignore_errors=True)
 
 
+def module_rows(rec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The modules a cell's build record has a kernel row for (carried or not, with why)."""
+    summary = rec.get("kernels")
+    mods = summary.get("modules") if isinstance(summary, Mapping) else None
+    return tuple(str(m) for m in mods) if isinstance(mods, Mapping) else ()
+
+
 def module_row(v: Mapping[str, Any], targets: int) -> dict[str, Any]:
     """One module's line of the record's ``kernels``: carried (for which targets, the targets flashinfer's gate
     refused and why) or why not; the compilers' CPU seconds when it compiled here (what later estimates learn)."""

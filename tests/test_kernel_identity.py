@@ -389,3 +389,11 @@ def test_a_cell_whose_set_answers_every_long_module_records_them_in_the_command_
     assert here.compiles == []
     rows = out[0]["kernels"]["modules"]
     assert {m for m, r in rows.items() if r.get("carried")} == set(kernels.COMM_MODULES), rows
+    # a rebuild of the same cell, its record now naming every module: the long modules are not gone over again
+    long_passes: list[object] = []
+    carry = kernels.carry
+    monkeypatch.setattr(kernels, "carry", lambda records, archs, *a, modules=kernels.COMM_MODULES, **k: (
+        long_passes.append(archs) if modules == kernels.LONG_MODULES else None,
+        carry(records, archs, *a, modules=modules, **k))[1])
+    buildsession.carry_kernels([], out, opts, None)  # type: ignore[arg-type]
+    assert long_passes == [] and here.compiles == []
