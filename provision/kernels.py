@@ -449,7 +449,9 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
         elif why != "not in the kernel set":
             report(job.cell_id, f"kernels: {job.module} is built again: {why}")
     todo = [j for g in groups for j in g if (j.cell_id, j.module) not in answered]
-    progress = StageProgress(todo, jobs, learned_costs(envs))
+    progress = StageProgress(todo, jobs, learned_costs(envs),
+                             contained=any(str(built[j.cell_id].get("backend") or backend.DOCKER) == backend.DOCKER
+                                           for j in todo))
     report("", f"kernels: {len(todo)} module build(s) in {len({j.cell_id for j in todo})} cell(s), "
                f"{jobs} at a time, longest first; {progress.left_text()}")
     results: dict[tuple[str, str], dict[str, Any]] = {}
@@ -560,7 +562,8 @@ class StageProgress:
     fi-jit's declared cost (a prior) scaled by how this stage's finished builds compared with their own
     estimates, so that the estimate corrects itself as soon as one build ends."""
 
-    def __init__(self, todo: Sequence[Job], jobs: int, learned: Mapping[str, float]) -> None:
+    def __init__(self, todo: Sequence[Job], jobs: int, learned: Mapping[str, float], contained: bool = False) -> None:
+        self.contained = contained  # builds run in containers: their CPU is known only as each one ends
         self.todo, self.jobs, self.learned = list(todo), max(1, jobs), dict(learned)
         self.declared = dict(BUILD_COST)  # CPU seconds per target fi-jit declares for each module
         self.index = {(j.cell_id, j.module): i + 1 for i, j in enumerate(self.todo)}
@@ -666,8 +669,10 @@ class StageProgress:
             done = len(self.finished)
         what = "; ".join(f"{self.position(self._job(k))} {k[1]} for {' '.join(self._job(k).archs)} in {k[0]} "
                          f"({duration(now - t)})" for k, t in running) or "between builds"
-        return (f"kernels: {done}/{len(self.todo)} done, compiling {what}; {self.cpu_s():.0f} CPU-s spent in "
-                f"{duration(elapsed)}; {self.left_text()}")
+        spent = (f"{self.cpu_s():.0f} CPU-s spent by the builds that ended (a build in a container reports its "
+                 f"own when it ends), {duration(elapsed)} in" if self.contained else
+                 f"{self.cpu_s():.0f} CPU-s spent in {duration(elapsed)}")
+        return f"kernels: {done}/{len(self.todo)} done, compiling {what}; {spent}; {self.left_text()}"
 
     def _job(self, key: tuple[str, str]) -> Job:
         return next(j for j in self.todo if (j.cell_id, j.module) == key)

@@ -88,6 +88,11 @@ def test_the_stage_says_which_module_and_target_cpu_spent_and_time_left() -> Non
     assert "CPU-s spent in 1m15s" in line and "left (by this host's earlier kernel builds)" in line
     learned.end(todo[0])
     assert learned.tick_line(80.0).startswith("kernels: 1/2 done, compiling between builds")
+    # builds in containers: their CPU is not this process's to read while they run, and the line says so
+    boxed = kernels.StageProgress(todo, 1, {}, contained=True)
+    boxed.spent(120.0, todo[0])
+    assert "; 120 CPU-s spent by the builds that ended (a build in a container reports its own when it ends), " \
+           "1m15s in; about" in boxed.tick_line(75.0)
 
 
 def test_the_time_left_learns_from_the_builds_that_finish_in_the_stage() -> None:
