@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -198,6 +198,11 @@ class Carrier(Protocol):
 
     def compile(self, job: Job, out_dir: Path) -> dict[str, Any]: ...
 
+    def running_cpu_s(self) -> float | None:
+        """CPU seconds its builds running now have spent where this process cannot count them as its
+        children's (a container's processes); 0.0 when it has none such, None when they cannot be read."""
+        ...
+
     def identity(self, kernel_dir: Path) -> dict[str, Any] | None:
         """The cell's facts a carried record must match (``_fi_carry.identity``), read inside the cell;
         None when they cannot be read."""
@@ -219,6 +224,9 @@ def _env(rec: Mapping[str, Any], cache: Path | None, cell_id: str) -> dict[str, 
 class VenvCarrier:
     rec: Mapping[str, Any]
     cache: Path | None
+
+    def running_cpu_s(self) -> float | None:
+        return 0.0  # its builds are this process's descendants: tree_cpu_s counts them
 
     def _python_env(self) -> dict[str, str]:
         """The cell's environment, as its ranks get it: a full cell's from what its container would have of
@@ -285,15 +293,63 @@ def copy_module(c: _carried.Carried, dest: Path) -> None:
     atomic.write_json(dest / _carried.RECORD, dict(c.record))
 
 
+# Where a container's CPU time is kept: cgroup v1 (cpuacct.usage, nanoseconds) or v2 (cpu.stat usage_usec), under
+# Docker's default cgroup parents (cgroupfs and systemd drivers).
+_CGROUP_CPU = (("cpuacct/docker/{id}/cpuacct.usage", 1e-9), ("cpu,cpuacct/docker/{id}/cpuacct.usage", 1e-9),
+               ("system.slice/docker-{id}.scope/cpu.stat", 1e-6), ("docker/{id}/cpu.stat", 1e-6))
+
+
+def container_cpu_s(container_id: str, root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPU seconds a running container's processes have spent, from its cgroup; None when unreadable."""
+    if not container_id.isalnum():
+        return None
+    for pattern, unit in _CGROUP_CPU:
+        try:
+            text = (root / pattern.format(id=container_id)).read_text()
+        except OSError:
+            continue
+        if text.startswith("usage_usec"):
+            text = text.split()[1]
+        try:
+            return int(text.split()[0]) * unit
+        except (ValueError, IndexError):
+            return None
+    return None
+
+
 @dataclass(frozen=True)
 class DockerCarrier:
     rec: Mapping[str, Any]
     cache: Path | None
     docker: Docker
+    running: dict[str, Path] = field(default_factory=dict)  # job -> the cidfile of its build's container
+
+    def running_cpu_s(self) -> float | None:
+        """The cgroups' CPU seconds of the containers building now; None when one exists and cannot be read."""
+        total = 0.0
+        for cidfile in list(self.running.values()):
+            try:
+                cid = cidfile.read_text().strip()
+            except OSError:
+                continue  # not started yet
+            spent = container_cpu_s(cid)
+            if spent is None:
+                return None
+            total += spent
+        return total
 
     def compile(self, job: Job, out_dir: Path) -> dict[str, Any]:
         out_dir.mkdir(parents=True, exist_ok=True)
-        args = ["run", "--rm", "--network", "none", "-w", "/tmp",
+        with tempfile.TemporaryDirectory(prefix="stackprobe-kernel-build-") as scratch:
+            cidfile = Path(scratch) / "cid"
+            self.running[job.module] = cidfile
+            try:
+                return self._compile(job, out_dir, cidfile)
+            finally:
+                self.running.pop(job.module, None)
+
+    def _compile(self, job: Job, out_dir: Path, cidfile: Path) -> dict[str, Any]:
+        args = ["run", "--rm", "--cidfile", str(cidfile), "--network", "none", "-w", "/tmp",
                 "-v", f"{CODE_ROOT / 'inenv'}:{CODE_MOUNT}/inenv:ro", "-v", f"{out_dir.resolve()}:{OUT_MOUNT}",
                 "-e", f"PYTHONPATH={CODE_MOUNT}", "-e", "PYTHONDONTWRITEBYTECODE=1"]
         for name, value in _env(self.rec, None, str(self.rec.get("cell_id"))).items():
@@ -449,9 +505,11 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
         elif why != "not in the kernel set":
             report(job.cell_id, f"kernels: {job.module} is built again: {why}")
     todo = [j for g in groups for j in g if (j.cell_id, j.module) not in answered]
-    progress = StageProgress(todo, jobs, learned_costs(envs),
-                             contained=any(str(built[j.cell_id].get("backend") or backend.DOCKER) == backend.DOCKER
-                                           for j in todo))
+    def live() -> float | None:
+        spent = [carriers[c].running_cpu_s() for c in sorted({j.cell_id for j in todo})]
+        return None if any(v is None for v in spent) else sum(v for v in spent if v is not None)
+
+    progress = StageProgress(todo, jobs, learned_costs(envs), live)
     report("", f"kernels: {len(todo)} module build(s) in {len({j.cell_id for j in todo})} cell(s), "
                f"{jobs} at a time, longest first; {progress.left_text()}")
     results: dict[tuple[str, str], dict[str, Any]] = {}
@@ -562,8 +620,9 @@ class StageProgress:
     fi-jit's declared cost (a prior) scaled by how this stage's finished builds compared with their own
     estimates, so that the estimate corrects itself as soon as one build ends."""
 
-    def __init__(self, todo: Sequence[Job], jobs: int, learned: Mapping[str, float], contained: bool = False) -> None:
-        self.contained = contained  # builds run in containers: their CPU is known only as each one ends
+    def __init__(self, todo: Sequence[Job], jobs: int, learned: Mapping[str, float],
+                 live: Callable[[], float | None] = lambda: 0.0) -> None:
+        self.live = live  # CPU seconds of running builds outside this process's tree (None: unreadable)
         self.todo, self.jobs, self.learned = list(todo), max(1, jobs), dict(learned)
         self.declared = dict(BUILD_COST)  # CPU seconds per target fi-jit declares for each module
         self.index = {(j.cell_id, j.module): i + 1 for i, j in enumerate(self.todo)}
@@ -625,8 +684,9 @@ class StageProgress:
 
     def cpu_s(self) -> float:
         """CPU seconds the stage's compiles spent so far: read from /proc where the builds are our processes,
-        else (builds in containers) as each finished build reported it."""
-        return max(tree_cpu_s() - self.cpu0, self.reported_cpu)
+        else (builds in containers) as each finished build reported it plus what the running containers'
+        cgroups say."""
+        return max(tree_cpu_s() - self.cpu0, self.reported_cpu + (self.live() or 0.0))
 
     def left_s(self) -> tuple[float, str]:
         """Seconds left (the jobs not finished, less what the running ones have done, over the parallel
@@ -669,8 +729,8 @@ class StageProgress:
             done = len(self.finished)
         what = "; ".join(f"{self.position(self._job(k))} {k[1]} for {' '.join(self._job(k).archs)} in {k[0]} "
                          f"({duration(now - t)})" for k, t in running) or "between builds"
-        spent = (f"{self.cpu_s():.0f} CPU-s spent by the builds that ended (a build in a container reports its "
-                 f"own when it ends), {duration(elapsed)} in" if self.contained else
+        spent = (f"{self.cpu_s():.0f} CPU-s spent by the builds that ended (a running container's could not be "
+                 f"read), {duration(elapsed)} in" if self.live() is None else
                  f"{self.cpu_s():.0f} CPU-s spent in {duration(elapsed)}")
         return f"kernels: {done}/{len(self.todo)} done, compiling {what}; {spent}; {self.left_text()}"
 

@@ -60,6 +60,9 @@ class StandInCell:
         return {"ok": True, "name": job.module, "sass": sass, "arch_list": " ".join(kept), "refused": refused,
                 "library_bytes": library.stat().st_size, "compile_cpu_s": 12.0}
 
+    def running_cpu_s(self) -> float | None:
+        return 0.0
+
     def identity(self, kernel_dir: Path) -> dict[str, Any] | None:
         self.identities += 1
         return dict(self.facts) if self.readable else None

@@ -88,11 +88,27 @@ def test_the_stage_says_which_module_and_target_cpu_spent_and_time_left() -> Non
     assert "CPU-s spent in 1m15s" in line and "left (by this host's earlier kernel builds)" in line
     learned.end(todo[0])
     assert learned.tick_line(80.0).startswith("kernels: 1/2 done, compiling between builds")
-    # builds in containers: their CPU is not this process's to read while they run, and the line says so
-    boxed = kernels.StageProgress(todo, 1, {}, contained=True)
+    # builds in containers: the running ones' CPU comes from their cgroups; when unreadable, the line says so
+    boxed = kernels.StageProgress(todo, 1, {}, live=lambda: 30.0)
     boxed.spent(120.0, todo[0])
-    assert "; 120 CPU-s spent by the builds that ended (a build in a container reports its own when it ends), " \
-           "1m15s in; about" in boxed.tick_line(75.0)
+    assert "; 150 CPU-s spent in 1m15s; about" in boxed.tick_line(75.0)
+    unread = kernels.StageProgress(todo, 1, {}, live=lambda: None)
+    unread.spent(120.0, todo[0])
+    assert "; 120 CPU-s spent by the builds that ended (a running container's could not be read), 1m15s in;" \
+        in unread.tick_line(75.0)
+
+
+def test_a_containers_cpu_is_read_from_its_cgroup(tmp_path: Path) -> None:
+    v1 = tmp_path / "v1" / "cpuacct" / "docker" / "abc123"
+    v1.mkdir(parents=True)
+    (v1 / "cpuacct.usage").write_text("2500000000\n")
+    assert kernels.container_cpu_s("abc123", tmp_path / "v1") == 2.5
+    v2 = tmp_path / "v2" / "system.slice" / "docker-abc123.scope"
+    v2.mkdir(parents=True)
+    (v2 / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n")
+    assert kernels.container_cpu_s("abc123", tmp_path / "v2") == 1.5
+    assert kernels.container_cpu_s("abc123", tmp_path / "none") is None
+    assert kernels.container_cpu_s("../x", tmp_path / "v1") is None
 
 
 def test_the_time_left_learns_from_the_builds_that_finish_in_the_stage() -> None:
@@ -190,3 +206,30 @@ def test_provision_build_carries_the_quick_module_then_starts_the_long_stage_onc
     assert not [m for m in said if "go on after this command" in m or m.startswith("kernels: [")], said
     assert any("nothing more to build" in m for m in said) and kernelstage.running() is None
     assert again[0]["kernels"]["modules"]["trtllm_comm"]["carried"] is False
+
+
+@pytest.mark.docker
+def test_a_running_build_containers_cpu_is_counted_while_it_runs(tmp_path: Path, base_image: str,
+                                                                 container_sweep: str) -> None:
+    """A real container spinning on one core: the Docker carrier's reading of its cgroup grows while it runs
+    (a kernel build in a container is not this process's child, so /proc's tree holds none of its CPU)."""
+    import subprocess
+    import time
+
+    from provision.dockercli import Docker
+
+    cidfile = tmp_path / "cid"
+    cli = Docker().cli
+    started = subprocess.run([cli, "run", "-d", "--rm", "--cidfile", str(cidfile), "--label", container_sweep,
+                              "--network", "none", base_image, "sh", "-c", "while :; do :; done"],
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    try:
+        carrier = kernels.DockerCarrier({"cell_id": "c"}, None, Docker(), running={"moe_a2a": cidfile})
+        first = carrier.running_cpu_s()
+        time.sleep(1.5)
+        later = carrier.running_cpu_s()
+        assert first is not None and later is not None, "the container's cgroup could not be read"
+        assert later - first >= 0.5, (first, later)
+    finally:
+        subprocess.run([cli, "rm", "-f", cidfile.read_text().strip()], capture_output=True, timeout=120)
