@@ -682,11 +682,11 @@ class StageProgress:
     def position(self, job: Job) -> str:
         return f"[{self.index.get((job.cell_id, job.module), 0)}/{len(self.todo)}]"
 
-    def cpu_s(self) -> float:
+    def cpu_s(self, running: float | None) -> float:
         """CPU seconds the stage's compiles spent so far: read from /proc where the builds are our processes,
-        else (builds in containers) as each finished build reported it plus what the running containers'
-        cgroups say."""
-        return max(tree_cpu_s() - self.cpu0, self.reported_cpu + (self.live() or 0.0))
+        else (builds in containers) as each finished build reported it plus ``running``, what the running
+        containers' cgroups say (``live()``, read once by the caller)."""
+        return max(tree_cpu_s() - self.cpu0, self.reported_cpu + (running or 0.0))
 
     def left_s(self) -> tuple[float, str]:
         """Seconds left (the jobs not finished, less what the running ones have done, over the parallel
@@ -729,9 +729,10 @@ class StageProgress:
             done = len(self.finished)
         what = "; ".join(f"{self.position(self._job(k))} {k[1]} for {' '.join(self._job(k).archs)} in {k[0]} "
                          f"({duration(now - t)})" for k, t in running) or "between builds"
-        spent = (f"{self.cpu_s():.0f} CPU-s spent by the builds that ended (a running container's could not be "
-                 f"read), {duration(elapsed)} in" if self.live() is None else
-                 f"{self.cpu_s():.0f} CPU-s spent in {duration(elapsed)}")
+        running_cpu = self.live()
+        spent = (f"{self.cpu_s(running_cpu):.0f} CPU-s spent by the builds that ended (a running container's "
+                 f"could not be read), {duration(elapsed)} in" if running_cpu is None else
+                 f"{self.cpu_s(running_cpu):.0f} CPU-s spent in {duration(elapsed)}")
         return f"kernels: {done}/{len(self.todo)} done, compiling {what}; {spent}; {self.left_text()}"
 
     def _job(self, key: tuple[str, str]) -> Job:
