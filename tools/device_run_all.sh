@@ -10,7 +10,7 @@ SUITE_S="${1:-400}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 for so in .whl/aot/*.so; do n=$(basename "$so" .so); mkdir -p /tmp/site/flashinfer/data/aot/$n; cp "$so" /tmp/site/flashinfer/data/aot/$n/; done
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 STACKPROBE_JIT_CACHE=/tmp/jit FLASHINFER_WORKSPACE_BASE=/tmp/jit
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. tools/device_env.sh
 export STACKPROBE_FI_JIT_ONLY=vllm_comm@local
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 if [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 2 ]; then

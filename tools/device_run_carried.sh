@@ -17,11 +17,11 @@ ONLY="${1:-cu130-*-fi0.6.17}"
 LIMIT="${2:-480}"
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 UV_OFFLINE=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. tools/device_env.sh
 # The overlay matrix carries its cells' kernels for this GPU (kernel_archs 9.0a): fi-jit's cross-compile targets
 # (12.0a, 12.0f) are answered by the default matrix's cells, which carry those targets too. FI_JIT_ONLY=all
 # plans them here as well (they then compile on this host: nothing carried them).
-FI_JIT_ONLY="${FI_JIT_ONLY-vllm_comm@local,trtllm_comm@local,moe_a2a@local,pcie_ipc@local,pcie_ipc_ag_rs@local}"
+FI_JIT_ONLY="${FI_JIT_ONLY-$LOCAL_COMM_PAIRS}"
 if [ "$FI_JIT_ONLY" = all ]; then unset STACKPROBE_FI_JIT_ONLY; else export STACKPROBE_FI_JIT_ONLY="$FI_JIT_ONLY"; fi
 W="$(mktemp -d)"
 for t in .whl/k/*.tar.xz; do [ -f "$t" ] && tar -xJf "$t"; done

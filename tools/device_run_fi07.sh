@@ -15,7 +15,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 tar xzf .whl/flashinfer_python-*-trimmed.tgz -C /tmp/site
 for so in .whl/aot/*.so; do [ -e "$so" ] || continue; n=$(basename "$so" .so); mkdir -p "/tmp/site/flashinfer/data/aot/$n"; cp "$so" "/tmp/site/flashinfer/data/aot/$n/"; done
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 STACKPROBE_JIT_CACHE=/tmp/jit FLASHINFER_WORKSPACE_BASE=/tmp/jit
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. tools/device_env.sh
 GPUS=$(nvidia-smi -L | grep -c '^GPU ')
 { nvidia-smi topo -m; echo "gpus=$GPUS install=$(( $(date +%s) - T0 ))s"; ls /tmp/site/flashinfer/data/aot; } >> "$L" 2>&1
 w() { # probe variant-json timeout: one worker run, its result line appended to results.jsonl

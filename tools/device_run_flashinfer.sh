@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 STACKPROBE_JIT_CACHE=/tmp/jitcache
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. tools/device_env.sh
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 R=$OUT/results.jsonl; L=$OUT/log.txt
 nvidia-smi topo -m >> $L 2>&1; nproc >> $L

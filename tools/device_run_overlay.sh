@@ -20,8 +20,8 @@ SUITE_S="${2:-560}"
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 M=matrices/h200-overlay.yaml
 export PYTHONUNBUFFERED=1 STACKPROBE_JIT_CACHE=/tmp/jit FLASHINFER_WORKSPACE_BASE=/tmp/jit UV_OFFLINE=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export STACKPROBE_FI_JIT_ONLY="${FI_JIT_ONLY-vllm_comm@local,trtllm_comm@local,moe_a2a@local,pcie_ipc@local,pcie_ipc_ag_rs@local}"
+. tools/device_env.sh
+export STACKPROBE_FI_JIT_ONLY="${FI_JIT_ONLY-$LOCAL_COMM_PAIRS}"
 T0=$(date +%s)
 python3 -m provision.cli build --backend venv --base-python python3 --wheels .whl/overlay --matrix "$M" \
     --only "$ONLY" --no-reach-check ${KERNEL_ARCHS:+--kernel-archs "$KERNEL_ARCHS"} > "$OUT/build.txt" 2>&1

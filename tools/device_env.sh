@@ -1,0 +1,8 @@
+# Sourced (from the repository root) by every tools/device_run_*.sh script: what each run on a lent GPU machine
+# keeps the same.
+# NVLink multicast stays off in NCCL, torch symmetric memory and NVSHMEM: a program that uses it can put a
+# shared host's GPUs out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# fi-jit's (module, target) pairs for the machine's own GPU only, every comm module (STACKPROBE_FI_JIT_ONLY's
+# form): its cross-compile targets are answered by the CPU machine's cells.
+LOCAL_COMM_PAIRS="vllm_comm@local,trtllm_comm@local,moe_a2a@local,pcie_ipc@local,pcie_ipc_ag_rs@local"
