@@ -185,6 +185,7 @@ class Work:
     executors: Mapping[str, Executor] = field(default_factory=dict)
     manifest: Mapping[str, Any] = field(default_factory=dict)  # the run's manifest, as the store records it
     costs: Mapping[Key, float] = field(default_factory=dict)  # expected seconds: the longest starts first
+    deadline: float | None = None  # time.monotonic() after which nothing starts (--budget)
 
 
 @dataclass(frozen=True)
@@ -289,6 +290,12 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     isolate.STOP.clear()  # a run in this process after an interrupted one starts afresh
     try:
         while pending or pool.running:
+            if work.deadline is not None and pending and time.monotonic() >= work.deadline:
+                for item in list(pending):  # the budget is spent: what has not started is left, said as such
+                    pending.remove(item)
+                    if rec.hooks.on_start:
+                        rec.hooks.on_start(item)
+                    rec.record(item, over_budget(catalogue), now_iso())
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
                                 lambda it: work.costs.get(it.key, 0.0))) is not None:
                 pending.remove(item)
@@ -315,6 +322,12 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
         pool.stop(executors)
         print("interrupted: results finished so far are kept in " + str(work.store.results_path), file=sys.stderr)
     return rec.report
+
+
+def over_budget(catalogue: Catalogue) -> Verdict:
+    """The verdict of a variant that had not started when the run's --budget ran out."""
+    return classify.decided(Status.NOT_RUN, "over-budget", "not started: the run's --budget was spent before its "
+                            "turn; a later run with a larger --budget, or without one, runs it", catalogue)
 
 
 def harness_failure(exc: Exception, catalogue: Catalogue) -> Verdict:

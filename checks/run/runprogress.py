@@ -17,7 +17,7 @@ import json
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 from checks.results import ids
 from checks.results.result import ProbeResult
 from checks.results.store import read_file, read_manifest
+from checks.run import costmodel
 from checks.run.plan import WorkItem, not_carried
 from common.progress import Estimate, duration, estimate
 from inenv.kit import _compile_cache as cc
@@ -227,11 +228,15 @@ class Expected:
     module: str = ""  # the value of the probe's build parameter it was learnt for (fi-jit: the module)
     host: str = ""  # the other host(s) whose records it was borrowed from; "" for this host's
     basis: str = ""  # why those hosts stand for this one
+    prior: str = ""  # the class of hosts whose packaged prior (checks.run.costmodel) it comes from
 
     def text(self) -> str:
         if self.seconds is None:
             return "no earlier run"
         took = duration(self.seconds)
+        if self.prior:
+            return f"about {took} by the prior measured on {self.prior}" + (f" ({self.basis})" if self.basis
+                                                                           else "")
         how = " ".join(p for p in (self.outcome, f"on {self.backend}" if self.backend else "") if p)
         if self.host:
             how = "; ".join(p for p in (how, self.basis) if p)
@@ -251,12 +256,14 @@ def _module(item: WorkItem) -> str:
 
 
 def expected_durations(items: Iterable[WorkItem], history: History, backend: str = "",
-                       lent: History | None = None) -> dict[Key, Expected]:
+                       lent: History | None = None, prior: Sequence[costmodel.CostTable] = ()) -> dict[Key, Expected]:
     """For each item that will run (not decided in advance, not reused): its own newest record on this
     backend; else the mean of what its probe took for the same module on this backend, from the runs of the
     one outcome that took longest (a fail-fast outcome does not stand for a full compile); else the same two
-    from what hosts of its class recorded (``lent``, from :func:`lent`), at most the item's timeout; else
-    nothing. A record from another backend is never borrowed: there the same variant can do other work."""
+    from what hosts of its class recorded (``lent``, from :func:`lent`), at most the item's timeout; else the
+    packaged prior's prediction for its shape (``prior``: the tables that may stand for this host, best first;
+    checks.run.costmodel), at most the item's timeout; else nothing. A record from another backend is never
+    borrowed: there the same variant can do other work."""
     items = [it for it in items if it.runs]
     mine = _from(items, history, backend)
     theirs = _from(items, lent, backend) if lent else {}
@@ -267,8 +274,18 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
             cap = it.timeout_s if it.timeout_s > 0 else other.seconds
             got = Expected(min(other.seconds, cap), other.own, other.outcome, other.backend, other.module,
                            other.host, other.basis)
+        if got.seconds is None and (guess := costmodel.predict(prior, shape_of(it))) is not None:
+            (pred, label), cap = guess, it.timeout_s if it.timeout_s > 0 else guess[0].seconds
+            got = Expected(min(pred.seconds, cap), module=_module(it), prior=label,
+                           basis="" if pred.how == "measured" else pred.how)
         out[it.key] = got
     return out
+
+
+def shape_of(item: WorkItem) -> costmodel.Shape:
+    """The cost model's key of a work item: probe, world size, shared placement, build module."""
+    v = item.variant
+    return costmodel.Shape(item.spec.id, v.ranks, v.share_gpu, _module(item))
 
 
 def _from(items: list[WorkItem], history: History, backend: str) -> dict[Key, Expected]:
@@ -363,6 +380,7 @@ class RunView:
     history: History | None = None  # this host's records, with this run's results as they arrive
     lent: History | None = None  # what hosts of this host's class recorded
     backend: str = ""
+    prior: Sequence[costmodel.CostTable] = ()  # the packaged prior's tables for this host, best first
     cells: list[str] = field(init=False)
     running: set[Key] = field(default_factory=set)
     _shown_cells: set[str] = field(default_factory=set)
@@ -387,7 +405,7 @@ class RunView:
         self.history.setdefault(result.key, {})[self.backend] = Learned(v.duration_s, self.backend,
                                                                          outcome_of(result))
         todo = [it for it in self.items if it.key not in self.done]
-        self.expected.update(expected_durations(todo, self.history, self.backend, self.lent))
+        self.expected.update(expected_durations(todo, self.history, self.backend, self.lent, self.prior))
 
     def left(self, running: Key | None = None, elapsed: float = 0.0) -> Estimate:
         """Time left: every item still to run; the running one counts what it has left of its record. GPU
@@ -417,11 +435,16 @@ class RunView:
         and why they stand for this one: ``4 by h200x1-5bce98f7's records: same GPU model and count``."""
         known = [e for k, e in self.expected.items() if k not in self.done and e.seconds is not None]
         lenders: dict[str, Counter[str]] = defaultdict(Counter)  # why -> host -> how many
+        priors: Counter[str] = Counter()  # class of the prior -> how many
         for e in known:
-            if e.host:
+            if e.prior:
+                priors[e.prior] += 1
+            elif e.host:
                 lenders[e.basis][e.host] += 1
-        own = len(known) - sum(sum(c.values()) for c in lenders.values())
+        own = len(known) - sum(sum(c.values()) for c in lenders.values()) - sum(priors.values())
         parts = ["from the durations this host recorded" if own else "no earlier run on this host"]
+        parts += [f"{n} by the prior measured on {label} (packaged with stackprobe)"
+                  for label, n in sorted(priors.items())]
         for why, hosts in sorted(lenders.items()):
             n = sum(hosts.values())
             by = f"{next(iter(hosts))}'s records" if len(hosts) == 1 else \

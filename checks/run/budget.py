@@ -1,0 +1,167 @@
+"""What a pass costs and what fits a time budget (pure; host side).
+
+A pass's cost is its GPU variants' seconds one after another (the GPU gate lets one variant at a time hold the
+GPUs) plus its CPU-only variants' seconds spread over the run's ``jobs`` slots: the same arithmetic as the time
+left that a run shows while it goes (checks.run.runprogress.RunView.left).
+
+``checks run --budget MIN`` keeps the most informative variants that fit and leaves the rest as ``not-run
+over-budget`` (a not-run is never reused, so a later run with a larger budget runs exactly those). How
+informative a variant is, most first:
+
+0. a variant with one rank, or a multi-rank one at the smallest world size of its probe and params: the quick
+   answer, one per question;
+1. a GPU per rank at the largest world size the host has: the tensor-parallel size the host would serve at;
+2. a GPU per rank at the other world sizes;
+3. ranks sharing GPUs (world sizes above the GPU count), smaller world sizes first;
+4. sustained-load variants (a ``load`` parameter): minutes of replays that answer one question deeply.
+
+Within a tier the cheaper variant is kept first, so a budget answers as many questions as it can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from checks.run.plan import Decided, WorkItem
+from common.progress import duration
+from inenv.status import Status
+
+Key = tuple[str, str, str]
+OVER_BUDGET = "over-budget"
+# Seconds assumed for a variant nothing has timed (no record here, on a host of its class or in the prior):
+# the median GPU variant of the committed 1x and 2x H200 runs takes 4-9 s, so a guess of 10 s leans long.
+UNTIMED_S = 10.0
+TIER_NAMES = ("the quick answer", "a GPU per rank at the host's GPU count", "a GPU per rank at other world sizes",
+              "ranks sharing GPUs", "sustained load")
+
+
+def tier(item: WorkItem, smallest: Mapping[tuple[str, str, tuple[tuple[str, str], ...]], int], gpus: int) -> int:
+    """How informative ``item`` is (0 most; the module docstring gives the order). ``smallest``: the smallest
+    world size planned for each (cell, probe, params); ``gpus``: the host's GPU count."""
+    v = item.variant
+    if v.param("load") is not None:
+        return 4
+    if v.ranks <= 1 or v.ranks == smallest.get(_group(item), v.ranks):
+        return 0
+    if v.share_gpu:
+        return 3
+    return 1 if v.ranks == gpus else 2
+
+
+def _group(item: WorkItem) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    return (item.cell.cell_id, item.spec.id, tuple(item.variant.params))
+
+
+def smallest_sizes(items: Iterable[WorkItem]) -> dict[tuple[str, str, tuple[tuple[str, str], ...]], int]:
+    """The smallest world size planned to run for each (cell, probe, params)."""
+    out: dict[tuple[str, str, tuple[tuple[str, str], ...]], int] = {}
+    for it in items:
+        if it.runs:
+            g = _group(it)
+            out[g] = min(out.get(g, it.variant.ranks), it.variant.ranks)
+    return out
+
+
+def seconds_of(item: WorkItem, expected: Mapping[Key, float | None]) -> float:
+    """The expected seconds of ``item``: its estimate, else :data:`UNTIMED_S`."""
+    got = expected.get(item.key)
+    return UNTIMED_S if got is None else max(0.0, float(got))
+
+
+def pass_seconds(items: Iterable[WorkItem], expected: Mapping[Key, float | None], jobs: int) -> float:
+    """The wall seconds the items that run should take: GPU variants one at a time, CPU-only ones over ``jobs``."""
+    gpu = cpu = 0.0
+    for it in items:
+        if not it.runs:
+            continue
+        s = seconds_of(it, expected)
+        if it.spec.needs_gpu:
+            gpu += s
+        else:
+            cpu += s
+    return gpu + cpu / max(1, jobs)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A pass fitted into its budget: every item (those left out decided ``not-run over-budget``), the left-out
+    ones, and the cost of the plan before and after."""
+
+    items: list[WorkItem]
+    left_out: list[WorkItem]
+    planned_s: float
+    kept_s: float
+    budget_s: float
+    tiers: Mapping[Key, int] = dataclasses.field(default_factory=dict)  # each item that would run: its tier
+
+
+def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: float, jobs: int,
+        gpus: int) -> Fitted:
+    """Keep the most informative variants whose cost fits ``budget_s`` (see the module docstring); the rest
+    become decided not-run over-budget, with a note saying what was left and how to run it."""
+    todo = [it for it in items if it.runs]
+    smallest = smallest_sizes(todo)
+    tiers = {it.key: tier(it, smallest, gpus) for it in todo}
+    order = sorted(todo, key=lambda it: (tiers[it.key], seconds_of(it, expected), it.key))
+    gpu_s = cpu_s = 0.0
+    keep: set[Key] = set()
+    for it in order:
+        s = seconds_of(it, expected)
+        g, c = (gpu_s + s, cpu_s) if it.spec.needs_gpu else (gpu_s, cpu_s + s)
+        if g + c / max(1, jobs) <= budget_s:
+            gpu_s, cpu_s = g, c
+            keep.add(it.key)
+    out: list[WorkItem] = []
+    left: list[WorkItem] = []
+    for it in items:
+        if it.runs and it.key not in keep:
+            t = tiers[it.key]
+            note = (f"left out to fit --budget {duration(budget_s)} (about {duration(seconds_of(it, expected))}; "
+                    f"{TIER_NAMES[t]}, tier {t} of 4): a later run with a larger --budget, or without one, runs it")
+            it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, OVER_BUDGET, note))
+            left.append(it)
+        out.append(it)
+    return Fitted(out, left, pass_seconds(items, expected, jobs), gpu_s + cpu_s / max(1, jobs), budget_s, tiers)
+
+
+def cost_lines(items: Iterable[WorkItem], expected: Mapping[Key, float | None],
+               untimed: Mapping[Key, bool] | None = None) -> list[str]:
+    """The plan's cost per probe and world size, one line per probe, longest first:
+    ``step: 6 variant(s), about 1m02s (2 ranks 3 x 12s; 4 ranks shared 3 x 9s)``. A world size with a variant
+    nothing has timed says how many were guessed (``untimed``: key -> True for those)."""
+    per: dict[str, dict[tuple[int, bool], list[float]]] = defaultdict(lambda: defaultdict(list))
+    guessed: dict[str, int] = defaultdict(int)
+    for it in items:
+        if not it.runs:
+            continue
+        per[it.spec.id][(it.variant.ranks, it.variant.share_gpu)].append(seconds_of(it, expected))
+        if untimed and untimed.get(it.key):
+            guessed[it.spec.id] += 1
+    lines = []
+    for probe, sizes in sorted(per.items(), key=lambda kv: (-sum(sum(v) for v in kv[1].values()), kv[0])):
+        total = sum(sum(v) for v in sizes.values())
+        n = sum(len(v) for v in sizes.values())
+        parts = [f"{r} rank{'s' if r > 1 else ''}{' shared' if shared else ''} {len(v)} x "
+                 f"{duration(sum(v) / len(v))}" for (r, shared), v in sorted(sizes.items())]
+        guess = f"; {guessed[probe]} never timed, guessed at {duration(UNTIMED_S)}" if guessed.get(probe) else ""
+        lines.append(f"{probe}: {n} variant(s), about {duration(total)} ({'; '.join(parts)}{guess})")
+    return lines
+
+
+def left_out_lines(fitted: Fitted) -> list[str]:
+    """What ``fit`` left out, per probe and tier, and how to run it."""
+    if not fitted.left_out:
+        return [f"budget {duration(fitted.budget_s)}: the plan's cost, about {duration(fitted.planned_s)}, fits"]
+    counts: dict[tuple[str, int], int] = defaultdict(int)
+    for it in fitted.left_out:
+        counts[(it.spec.id, fitted.tiers.get(it.key, 0))] += 1
+    what = ", ".join(f"{probe} {n} ({TIER_NAMES[t]})" for (probe, t), n in sorted(counts.items()))
+    probes = " ".join(f"--probe {p}" for p in sorted({it.spec.id for it in fitted.left_out}))
+    return [f"budget {duration(fitted.budget_s)}: the plan's cost, about {duration(fitted.planned_s)}, does not fit; "
+            f"running about {duration(fitted.kept_s)} and leaving out {len(fitted.left_out)} variant(s) as not-run "
+            f"over-budget: {what}",
+            f"  to run them: the same command with a larger --budget or none, or `checks run {probes}` (what "
+            "ran is reused, so only what was left out runs)"]

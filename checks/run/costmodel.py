@@ -1,0 +1,155 @@
+"""What a variant should cost on a host that never ran it: a prior measured on our hosts, and the rules that
+carry it to world sizes nobody measured (pure, but for reading the packaged prior; host side).
+
+A variant's cost is keyed by its :class:`Shape`: probe, world size, whether its ranks share GPUs, and the value
+of the probe's build parameter (fi-jit's module: loading a carried module and compiling one differ by minutes).
+The prior (``prior.json`` beside this module, written by ``tools/make_prior.py`` from committed results) holds
+the median seconds of each shape per class of host it was measured on. For a shape not measured:
+
+- ranks sharing GPUs time-slice them, so the cost scales with the world size from the nearest measured one:
+  ``s(w) = s(w0) * w / w0``;
+- a GPU per rank runs the ranks side by side; what grows is the rendezvous, the communicators and the ranks'
+  start on the host's cores: ``s(w) = s(w0) * (1 + growth * (w - w0))``, ``growth`` per extra rank. No host of
+  ours has had more than two GPUs, so ``growth`` is a stated assumption (:data:`RANK_GROWTH`) until records of
+  more GPUs say otherwise, and every prediction that uses it says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PRIOR_PATH = Path(__file__).with_name("prior.json")
+PRIOR_SCHEMA = 1
+MAX_PRIOR_BYTES = 1 << 20
+MAX_SECONDS = 2 * 86400.0
+# Growth of a GPU-per-rank variant's cost per extra rank (an assumption: see the module docstring).
+RANK_GROWTH = 0.05
+CPU_CLASS = "no GPU"
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    probe: str
+    ranks: int
+    shared: bool
+    module: str = ""  # the probe's build parameter's value ("" when it has none)
+
+    def label(self) -> str:
+        return "|".join((self.probe, str(self.ranks), "shared" if self.shared else "own", self.module))
+
+    @classmethod
+    def parse(cls, text: str) -> Shape | None:
+        parts = text.split("|")
+        if len(parts) != 4 or parts[2] not in ("shared", "own") or not parts[1].isdigit() or not parts[0]:
+            return None
+        return cls(parts[0], int(parts[1]), parts[2] == "shared", parts[3])
+
+
+@dataclass(frozen=True)
+class Prediction:
+    seconds: float
+    how: str  # "measured", or how it was carried from a measured shape
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Median seconds per shape, measured on hosts of one class (``label``: "NVIDIA H200 x1", "no GPU")."""
+
+    label: str
+    seconds: Mapping[Shape, float]
+    growth: float = RANK_GROWTH
+
+    def predict(self, shape: Shape) -> Prediction | None:
+        """The shape's measured median, else one carried from the nearest measured world size of the same
+        probe, module and placement (module docstring), else None."""
+        if (got := self.seconds.get(shape)) is not None:
+            return Prediction(got, "measured")
+        near = [s for s in self.seconds if (s.probe, s.shared, s.module) == (shape.probe, shape.shared, shape.module)]
+        if not near:
+            return None
+        base = min(near, key=lambda s: (abs(s.ranks - shape.ranks), s.ranks))
+        s0, w0, w = self.seconds[base], max(1, base.ranks), max(1, shape.ranks)
+        if shape.shared:
+            return Prediction(s0 * w / w0, f"scaled from {w0} ranks sharing GPUs by the world size")
+        factor = max(0.1, 1.0 + self.growth * (w - w0))
+        return Prediction(s0 * factor, f"from {w0} ranks with a GPU each, {self.growth:g} more per extra rank "
+                                       "(an assumption: no host measured this world size)")
+
+
+def host_label(gpu_name: str, gpu_count: int) -> str:
+    return f"{gpu_name} x{gpu_count}" if gpu_count else CPU_CLASS
+
+
+def derive(records: Iterable[tuple[str, Shape, float]]) -> dict[str, Any]:
+    """The prior's JSON from (host class label, shape, seconds) records: the median per class and shape."""
+    per: dict[str, dict[Shape, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for label, shape, seconds in records:
+        if math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS:
+            per[label][shape].append(seconds)
+    return {"schema": PRIOR_SCHEMA, "rank_growth": RANK_GROWTH,
+            "classes": {label: {s.label(): round(statistics.median_low(sorted(v)), 3)
+                                for s, v in sorted(shapes.items())}
+                        for label, shapes in sorted(per.items())}}
+
+
+def parse_prior(data: Any) -> dict[str, CostTable]:
+    """The tables of a prior's JSON; what does not fit its grammar is left out (the file is data)."""
+    if not isinstance(data, dict) or data.get("schema") != PRIOR_SCHEMA or not isinstance(data.get("classes"), dict):
+        return {}
+    growth = data.get("rank_growth")
+    growth = float(growth) if isinstance(growth, (int, float)) and not isinstance(growth, bool) \
+        and 0 <= growth <= 1 else RANK_GROWTH
+    out: dict[str, CostTable] = {}
+    for label, shapes in data["classes"].items():
+        if not isinstance(label, str) or not isinstance(shapes, dict) or len(label) > 200:
+            continue
+        table = {}
+        for text, seconds in shapes.items():
+            shape = Shape.parse(text) if isinstance(text, str) else None
+            if shape is not None and isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
+                    and math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS:
+                table[shape] = float(seconds)
+        if table:
+            out[label] = CostTable(label, table, growth)
+    return out
+
+
+def load_prior(path: Path = PRIOR_PATH) -> dict[str, CostTable]:
+    """The packaged prior; {} when it is missing, oversized or unreadable."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_PRIOR_BYTES + 1)
+        return parse_prior(json.loads(raw)) if len(raw) <= MAX_PRIOR_BYTES else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def tables_for(tables: Mapping[str, CostTable], gpu_name: str, gpu_count: int) -> list[CostTable]:
+    """The tables that may stand for a host, best first: its own class, then (a GPU host) the other GPU
+    classes, the nearest GPU count first; a host without a GPU takes only CPU records."""
+    own = host_label(gpu_name, gpu_count)
+    if not gpu_count:
+        return [tables[own]] if own in tables else []
+
+    def count(label: str) -> int:
+        tail = label.rpartition(" x")[2]
+        return int(tail) if tail.isdigit() else 0
+
+    others = sorted((t for label, t in tables.items() if label not in (own, CPU_CLASS)),
+                    key=lambda t: (abs(count(t.label) - gpu_count), t.label))
+    return ([tables[own]] if own in tables else []) + others
+
+
+def predict(tables: Iterable[CostTable], shape: Shape) -> tuple[Prediction, str] | None:
+    """The first table's prediction for ``shape`` (tables best first) and that table's label."""
+    for t in tables:
+        if (got := t.predict(shape)) is not None:
+            return got, t.label
+    return None

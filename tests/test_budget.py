@@ -1,0 +1,223 @@
+"""`checks run --budget`: what a pass costs, what fits, what is left out and why, the packaged prior that
+costs what no host here timed, and the run that starts nothing after its time (checks.run.budget,
+checks.run.costmodel, checks.run.runner)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checks.results.store import RunStore
+from checks.run import budget, costmodel, runprogress, session
+from checks.run.options import RunOptions, UsageError
+from checks.run.plan import CellTarget, WorkItem
+from checks.run.runner import Work, execute
+from common import reasons
+from inenv.probe import ProbeSpec, Variant
+from inenv.status import Status
+
+ROOT = Path(__file__).resolve().parent.parent
+CELL = CellTarget("cu130-torch2.11.0-sglnone-fi0.7.4", "resolved")
+GPU = ProbeSpec(id="step", title="t", feature="f", ranks=(2, 3, 4, 8), needs_gpu=True, timeout_s=60)
+CPU = ProbeSpec(id="inventory", title="t", feature="f", ranks=(1,), needs_gpu=False, timeout_s=60)
+
+
+def gpu_item(ranks: int, shared: bool = False, load: bool = False, backend: str = "nccl") -> WorkItem:
+    params = (("backend", backend),) + ((("load", "sustained"),) if load else ())
+    return WorkItem(CELL, GPU, Variant("step", ranks, params, share_gpu=shared, gpus=1 if shared else 0), 60.0)
+
+
+def cpu_item(name: str) -> WorkItem:
+    return WorkItem(CELL, CPU, Variant("inventory", 1, (("part", name),)), 60.0)
+
+
+def test_pass_seconds_runs_gpu_variants_one_at_a_time_and_spreads_cpu_ones_over_jobs() -> None:
+    items = [gpu_item(2), gpu_item(4), cpu_item("a"), cpu_item("b")]
+    cost = {items[0].key: 10.0, items[1].key: 20.0, items[2].key: 6.0, items[3].key: 4.0}
+    assert budget.pass_seconds(items, cost, jobs=2) == 35.0  # 10 + 20 + (6 + 4) / 2
+    assert budget.pass_seconds(items, cost, jobs=1) == 40.0
+
+
+def test_untimed_variants_are_guessed_at_the_stated_constant() -> None:
+    item = gpu_item(2)
+    assert budget.seconds_of(item, {}) == 10.0
+    assert budget.pass_seconds([item], {item.key: None}, jobs=1) == 10.0
+
+
+def test_tiers_put_the_quick_answer_first_and_sustained_load_last() -> None:
+    items = [gpu_item(2), gpu_item(4), gpu_item(8), gpu_item(3, shared=True), gpu_item(2, load=True), cpu_item("x")]
+    smallest = budget.smallest_sizes(items)
+    # 8 GPUs: 2 ranks is the smallest world size of its params (0), 8 the host's GPU count (1), 4 another real
+    # size (2), 3 shared ranks (3), the sustained-load variant (4), one rank (0)
+    assert [budget.tier(it, smallest, 8) for it in items] == [0, 2, 1, 3, 4, 0]
+
+
+def test_fit_keeps_the_most_informative_that_fit_and_says_what_it_left() -> None:
+    quick, real8, real4, shared3, load = gpu_item(2), gpu_item(8), gpu_item(4), gpu_item(3, shared=True), \
+        gpu_item(2, load=True)
+    items = [quick, real8, real4, shared3, load]
+    cost = {quick.key: 5.0, real8.key: 10.0, real4.key: 10.0, shared3.key: 1.0, load.key: 100.0}
+    fitted = budget.fit(items, cost, budget_s=16.5, jobs=1, gpus=8)
+    # tier order: quick (5), real8 (10): 15 s; real4 would make 25; shared3 (1 s) still fits: 16 s
+    assert [it.key for it in fitted.left_out] == [real4.key, load.key]
+    assert fitted.kept_s == 16.0 and fitted.planned_s == 126.0 and fitted.budget_s == 16.5
+    left = {it.key: it for it in fitted.items if it.decided is not None}
+    assert set(left) == {real4.key, load.key}
+    assert all(it.decided.status is Status.NOT_RUN and it.decided.reason_code == "over-budget" for it in left.values())
+    assert "tier 4 of 4" in left[load.key].decided.note and "sustained load" in left[load.key].decided.note
+    assert [it.key for it in fitted.items] == [it.key for it in items]  # plan order kept
+    lines = budget.left_out_lines(fitted)
+    assert lines[0].startswith("budget 16 s: the plan's cost, about 2m06s, does not fit; running about 16 s and "
+                               "leaving out 2 variant(s)")
+    assert "step 1 (a GPU per rank at other world sizes), step 1 (sustained load)" in lines[0]
+    assert "`checks run --probe step`" in lines[1]
+
+
+def test_a_budget_the_plan_fits_leaves_nothing_out() -> None:
+    items = [gpu_item(2), cpu_item("a")]
+    fitted = budget.fit(items, {items[0].key: 3.0, items[1].key: 2.0}, budget_s=60.0, jobs=1, gpus=2)
+    assert fitted.left_out == [] and fitted.items == items
+    assert budget.left_out_lines(fitted) == ["budget 1m00s: the plan's cost, about 5.0 s, fits"]
+
+
+def test_items_that_do_not_run_cost_nothing_and_stay_as_they_were() -> None:
+    decided = gpu_item(4)
+    from checks.run.plan import Decided
+    decided = WorkItem(decided.cell, decided.spec, decided.variant, 60.0,
+                       decided=Decided(Status.SKIP, "too-few-gpus", "needs 4 GPUs"))
+    fitted = budget.fit([decided], {}, budget_s=0.0, jobs=1, gpus=1)
+    assert fitted.left_out == [] and fitted.items[0].decided.reason_code == "too-few-gpus"
+    assert budget.pass_seconds([decided], {}, 1) == 0.0
+
+
+def test_cost_lines_per_probe_and_world_size_longest_first() -> None:
+    a, b, c, d = gpu_item(2), gpu_item(2, backend="x"), gpu_item(4, shared=True), cpu_item("a")
+    cost = {a.key: 4.0, b.key: 6.0, c.key: 30.0, d.key: None}
+    lines = budget.cost_lines([a, b, c, d], cost, {d.key: True})
+    assert lines == ["step: 3 variant(s), about 40 s (2 ranks 2 x 5.0 s; 4 ranks shared 1 x 30 s)",
+                     "inventory: 1 variant(s), about 10 s (1 rank 1 x 10 s; 1 never timed, guessed at 10 s)"]
+
+
+def test_the_cost_model_scales_shared_ranks_by_world_size_and_own_gpus_by_the_stated_growth() -> None:
+    table = costmodel.CostTable("NVIDIA H200 x2", {costmodel.Shape("step", 2, True): 8.0,
+                                                   costmodel.Shape("step", 2, False): 10.0,
+                                                   costmodel.Shape("fi-jit", 1, False, "vllm_comm"): 15.0},
+                                growth=0.05)
+    assert table.predict(costmodel.Shape("step", 2, True)).seconds == 8.0
+    shared8 = table.predict(costmodel.Shape("step", 8, True))
+    assert shared8.seconds == 32.0 and "sharing GPUs" in shared8.how
+    own8 = table.predict(costmodel.Shape("step", 8, False))
+    assert own8.seconds == pytest.approx(13.0) and "assumption" in own8.how  # 10 * (1 + 0.05 * 6)
+    assert table.predict(costmodel.Shape("fi-jit", 1, False, "trtllm_comm")) is None  # another module: unknown
+    assert table.predict(costmodel.Shape("symm-mem", 2, False)) is None
+
+
+def test_prior_tables_for_a_host_take_its_class_then_the_nearest_gpu_count() -> None:
+    tables = costmodel.parse_prior({"schema": 1, "rank_growth": 0.1, "classes": {
+        "NVIDIA H200 x1": {"step|2|shared|": 9.0}, "NVIDIA H200 x2": {"step|2|own|": 7.0},
+        "NVIDIA B200 x8": {"step|8|own|": 20.0}, "no GPU": {"inventory|1|own|": 9.5}}})
+    assert [t.label for t in costmodel.tables_for(tables, "NVIDIA H200", 2)] == \
+        ["NVIDIA H200 x2", "NVIDIA H200 x1", "NVIDIA B200 x8"]
+    assert [t.label for t in costmodel.tables_for(tables, "NVIDIA RTX PRO 6000", 8)] == \
+        ["NVIDIA B200 x8", "NVIDIA H200 x2", "NVIDIA H200 x1"]
+    assert [t.label for t in costmodel.tables_for(tables, "", 0)] == ["no GPU"]
+    got = costmodel.predict(costmodel.tables_for(tables, "NVIDIA H200", 2), costmodel.Shape("step", 4, False))
+    assert got is not None and got[1] == "NVIDIA H200 x2" and got[0].seconds == pytest.approx(8.4)  # 7 * 1.2
+
+
+@pytest.mark.parametrize("bad", [None, [], {"schema": 2, "classes": {}}, {"schema": 1, "classes": []},
+                                 {"schema": 1, "classes": {"x": {"step|two|own|": 1.0, "step|2|own|": "9",
+                                                                 "s|2|own|": float("nan"), "q|2|mine|": 1.0,
+                                                                 "z|2|own|": -1.0, "y|2|own|": True}}}])
+def test_a_prior_that_does_not_fit_its_grammar_is_left_out(bad: object) -> None:
+    assert costmodel.parse_prior(bad) == {}
+
+
+def test_derive_takes_the_median_per_class_and_shape() -> None:
+    s = costmodel.Shape("step", 2, True)
+    got = costmodel.derive([("NVIDIA H200 x1", s, 3.0), ("NVIDIA H200 x1", s, 9.0), ("NVIDIA H200 x1", s, 4.0),
+                            ("NVIDIA H200 x1", s, float("inf")), ("no GPU", costmodel.Shape("inventory", 1, False), 2.0)])
+    assert got["classes"] == {"NVIDIA H200 x1": {"step|2|shared|": 4.0}, "no GPU": {"inventory|1|own|": 2.0}}
+
+
+def test_the_packaged_prior_loads_and_costs_every_probe_a_one_gpu_h200_runs() -> None:
+    tables = costmodel.load_prior()
+    assert "NVIDIA H200 x1" in tables and "no GPU" in tables
+    probes = {s.probe for s in tables["NVIDIA H200 x1"].seconds}
+    assert {"step", "symm-mem", "fi-fusion", "custom-ar", "pcie-ipc", "inventory", "fi-jit"} <= probes
+
+
+def test_expected_durations_fall_back_to_the_prior_and_say_so() -> None:
+    item = gpu_item(8, shared=True)
+    tables = [costmodel.CostTable("NVIDIA H200 x1", {costmodel.Shape("step", 2, True): 9.0})]
+    got = runprogress.expected_durations([item], {}, "venv", None, tables)[item.key]
+    assert got.seconds == 36.0 and got.prior == "NVIDIA H200 x1"
+    assert got.text() == ("about 36 s by the prior measured on NVIDIA H200 x1 (scaled from 2 ranks sharing GPUs by "
+                          "the world size)")
+    view = runprogress.RunView([item], {item.key: got})
+    assert view.basis() == "no earlier run on this host; 1 by the prior measured on NVIDIA H200 x1 (packaged with " \
+                           "stackprobe)"
+
+
+def test_budget_option_is_validated_once() -> None:
+    with pytest.raises(UsageError, match="--budget 0: give the minutes"):
+        RunOptions(all_probes=True, budget_s=0.0).check()
+    with pytest.raises(UsageError, match="--budget"):
+        RunOptions(all_probes=True, budget_s=float("nan")).check()
+    assert RunOptions(all_probes=True, budget_s=90.0).check().budget_s == 90.0
+
+
+def test_budget_on_the_command_line_exits_2_with_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--all", "--budget", "-3", "--results",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["checks run: --budget -3: give the minutes this host can spare, more "
+                                                "than 0 and at most 10080"]
+
+
+class _Slow:
+    """An executor whose every variant takes ``seconds`` and passes (the runner's deadline is what is tested)."""
+
+    gated = False
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.ran = seconds, []
+
+    def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: object, **_: object) -> object:
+        from checks.results.result import Verdict
+        time.sleep(self.seconds)
+        self.ran.append(variant.key)
+        return Verdict(Status.PASS, duration_s=self.seconds)
+
+
+def test_nothing_starts_after_the_deadline_and_what_did_not_start_is_over_budget(tmp_path: Path) -> None:
+    items = [cpu_item(str(i)) for i in range(4)]
+    ex = _Slow(0.3)
+    store = RunStore(tmp_path, "cpu-12345678", "20261206T000000Z-abcd")
+    work = Work(items, store, reasons.default(), 0, executors={CELL.cell_id: ex},
+                deadline=time.monotonic() + 0.45)
+    report = execute(RunOptions(all_probes=True, jobs=1, level="full"), work)
+    statuses = [(r.variant, r.verdict.status, r.verdict.reason_code) for r in report.results]
+    assert statuses[:2] == [(items[0].variant.key, Status.PASS, ""), (items[1].variant.key, Status.PASS, "")]
+    assert statuses[2:] == [(items[2].variant.key, Status.NOT_RUN, "over-budget"),
+                            (items[3].variant.key, Status.NOT_RUN, "over-budget")]
+    assert ex.ran == [items[0].variant.key, items[1].variant.key]
+    stored = [json.loads(line) for line in store.results_path.read_text().splitlines()]
+    assert [r["reason_code"] for r in stored] == ["", "", "over-budget", "over-budget"]
+
+
+def test_the_over_budget_reason_is_in_the_catalogue_with_a_next_step() -> None:
+    entry = reasons.default().get("over-budget")
+    assert entry is not None and "larger --budget" in entry.remediation
+
+
+def test_session_fit_budget_without_a_deadline_changes_nothing() -> None:
+    items = [gpu_item(2)]
+    planned = session.Planned(items, {}, None, {}, {})  # type: ignore[arg-type]
+    view = runprogress.RunView(items, {})
+    assert session.fit_budget(RunOptions(all_probes=True), planned, view, 1, None) == (planned, view, None)
