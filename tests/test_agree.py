@@ -359,3 +359,89 @@ def test_symm_mems_binding_on_gloo_ranks(tmp_path: Path) -> None:
     assert summary["ranks_identical"] is True and summary["judged"] == len(hiddens)
     assert 0.0 < summary["max_ulp_vs_reference"] <= 1.0
     assert summary["not_judged"] == sorted(f"one_shot:bf16:graph:1x{h}" for h in hiddens)
+
+
+# --- the integer-valued check of an agreement case (``exact=True``), on gloo ranks --------------------------
+
+_EXACT_RANK = r"""
+import json, os, sys
+from pathlib import Path
+from inenv.probe import RankContext, Variant
+from inenv.kit import _agree, _dist
+from inenv.probes import custom_ar, step
+import torch, torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+ctx = RankContext(rank, world, rank, None, Variant("t", world), Path(sys.argv[1]))
+_dist.init_dist(ctx, "gloo")
+n = _agree.max_numel()
+calls = {"n": 0}
+
+class Planted:  # a custom allreduce's calls, reduced by gloo; from its third call on (the integer one) planted
+    def __init__(self, plant):
+        self.plant = plant
+    def all_reduce_staged(self, inp, out):
+        calls["n"] += 1
+        if self.plant == "noop" and calls["n"] % 3 == 0:
+            return  # launches nothing, raises nothing
+        out.copy_(inp)
+        dist.all_reduce(out)
+        if self.plant == "wrong" and calls["n"] % 3 == 0 and rank == 1:
+            out.view(-1)[5] += 1
+    all_reduce_graph = all_reduce_staged
+    def register_graph_buffers(self):
+        return 0
+
+class GlooFused(step.Comm):
+    name, fused = "gloo-fused", True
+    def __init__(self):
+        self.flat_in = torch.empty(n, dtype=torch.bfloat16)
+    def fused_op(self, inp, res_in, gamma, res_out, norm_out):
+        dist.all_reduce(inp)
+        res_out.copy_((inp.float() + res_in.float()).to(torch.bfloat16))
+        x = res_out.float()
+        norm_out.copy_((x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + step.EPS) * gamma.float()
+                        ).to(torch.bfloat16))
+
+flat = {k: torch.empty(n, dtype=torch.bfloat16) for k in ("res0", "res_a", "res_b", "norm", "out")}
+wanted = [_agree.Case(d, 8, 1024, "eager") for d in ("bf16", "fp16")]
+got = {}
+for plant in ("", "noop", "wrong"):
+    calls["n"] = 0
+    results = _agree.run_cases(custom_ar.agreement_bind(Planted(plant), rank, world, "cpu"), wanted, None,
+                               exact=True)
+    got[plant or "working"] = {"results": results, "summary": _agree.summarize(results)}
+fused = _agree.run_cases(step.agreement_bind(GlooFused(), rank, world, flat), wanted[:1], None, exact=True)
+got["fused"] = {"results": fused}
+plain = _agree.run_cases(custom_ar.agreement_bind(Planted(""), rank, world, "cpu"), wanted[:1], None)
+got["without"] = {"results": plain}
+Path(sys.argv[1], f"out{rank}.json").write_text(json.dumps(got))
+os._exit(0)
+"""
+
+
+@needs_torch
+def test_the_exact_call_catches_a_kernel_that_did_nothing_or_summed_wrong(tmp_path: Path) -> None:
+    ranks = _gloo_ranks(tmp_path, 3, "", _EXACT_RANK)
+    assert ranks[0] == ranks[1] == ranks[2]  # every rank records the same exact check
+    got = ranks[0]
+    working = got["working"]
+    assert isinstance(working, dict)
+    assert {k: r["exact"]["verdict"] for k, r in working["results"].items()} == {
+        "bf16:eager:8x1024": "exact", "fp16:eager:8x1024": "exact"}
+    assert working["summary"]["inexact_cases"] == [] and working["summary"]["ranks_identical"] is True
+    noop = got["noop"]
+    assert isinstance(noop, dict)
+    for r in noop["results"].values():  # the output kept the sentinel it was filled with
+        assert (r["exact"]["verdict"], r["exact"]["detail"]) == ("no-op", "output equals its prior contents")
+    assert noop["summary"]["inexact_cases"] == ["bf16:eager:8x1024", "fp16:eager:8x1024"]
+    wrong = got["wrong"]
+    assert isinstance(wrong, dict)
+    for r in wrong["results"].values():  # one element one too high on rank 1
+        assert (r["exact"]["verdict"], r["exact"]["rank"], r["exact"]["mismatches"]) == ("wrong", 1, 1)
+    fused = got["fused"]
+    assert isinstance(fused, dict)
+    case = fused["results"]["bf16:eager:8x1024"]
+    assert case["exact"]["verdict"] == "exact" and case["exact"]["norm"]["within_1ulp"] is True
+    without = got["without"]
+    assert isinstance(without, dict)
+    assert "exact" not in without["results"]["bf16:eager:8x1024"]  # the full grid's cases make no exact call

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inenv import models
-from inenv.kit import _device, _dist, _errors
+from inenv.kit import _data, _device, _dist, _errors
 from inenv.probe import LEVEL_ENV, QUICK
 
 REASON = "rank-divergent"
@@ -45,6 +45,7 @@ MODES = ("eager", "graph")
 # Decode steps of 1 and 32 sequences; a speculative verify step of 32 sequences x (1 + 7 draft tokens)
 TOKENS = (1, 32, 256)
 SEED = 11
+EXACT_SEED = 12
 DEADLINE_S = 60.0
 UNTOUCHED = 1024.0  # what an output holds before a call: far beyond any sum of a few normal values
 
@@ -86,6 +87,30 @@ def cases(dtypes: Sequence[str], quick: bool | None = None) -> tuple[Case, ...]:
     if quick:
         sizes = [(TOKENS[-1], max(hiddens()))]
     return tuple(Case(d, t, h, m) for d in dtypes for t, h in sizes for m in MODES)
+
+
+# Ranks sharing one GPU (``placement=shared``) wait for each other's turn at every call, and what they can tell
+# (whether the backend sets up at that world size, whether its kernel computes the sum and the ranks agree on it)
+# one case shows: a verify step of 32 x 8 tokens at the largest hidden size, replayed from a CUDA graph as a
+# served step runs it. Shapes and steps are checked where every rank has a GPU of its own.
+SHARED_MODE = "graph"
+SHARED_CHECKED = "set-up and one exact agreement case per dtype; shapes are checked at a GPU per rank"
+SHARED_CHECKED_QUICK = "set-up and one exact agreement case; shapes are checked at a GPU per rank"
+
+
+def shared_cases(dtypes: Sequence[str], quick: bool | None = None) -> tuple[Case, ...]:
+    """What ranks sharing one GPU check: one case per dtype, ``TOKENS[-1] x`` the largest hidden size in a graph;
+    ``quick`` (by default: a quick run) the first dtype only. Run them with ``exact=True``."""
+    if quick is None:
+        quick = os.environ.get(LEVEL_ENV) == QUICK
+    return tuple(Case(d, TOKENS[-1], max(hiddens()), SHARED_MODE) for d in (dtypes[:1] if quick else dtypes))
+
+
+def shared_checked(quick: bool | None = None) -> str:
+    """The evidence line saying what a shared placement checked at this level."""
+    if quick is None:
+        quick = os.environ.get(LEVEL_ENV) == QUICK
+    return SHARED_CHECKED_QUICK if quick else SHARED_CHECKED
 
 
 def torch_dtype(name: str) -> Any:
@@ -275,6 +300,17 @@ def gather_outputs(outputs: Mapping[str, Any], group: Any = None) -> list[dict[s
 # One case on a backend
 
 
+@dataclass(frozen=True)
+class Exact:
+    """The same buffers on integer-valued inputs (``_data.pattern``: small integers, so every sum is exact in
+    either dtype): ``load(seed)`` writes this rank's and fills the outputs with ``_data.SENTINEL``, which no sum
+    reaches; ``verify(seed)`` compares the outputs with the exact sum, ``{"verdict": "exact" | "wrong" | "no-op" |
+    "zero", ...}`` (``_data.check_exact``: a kernel that silently did nothing reads ``no-op``)."""
+
+    load: Callable[[int], None]
+    verify: Callable[[int], dict[str, Any]]
+
+
 @dataclass
 class Bound:
     """A backend bound to the buffers of one case.
@@ -282,7 +318,8 @@ class Bound:
     ``load(seed)`` writes this rank's inputs (and resets outputs); ``step()`` is one call of the backend on those
     buffers (what a graph captures); ``outputs()`` the tensors to compare; ``reference(seed)`` their float64
     values, and ``scale(seed)`` (optional) the magnitudes their errors are measured at (``error_ulps``);
-    ``after_capture`` registers a captured graph's buffers with the peers where the backend needs it."""
+    ``after_capture`` registers a captured graph's buffers with the peers where the backend needs it; ``exact``
+    the integer-valued check of the same call (``check(..., exact=True)``)."""
 
     load: Callable[[int], None]
     step: Callable[[], None]
@@ -290,6 +327,7 @@ class Bound:
     reference: Callable[[int], Mapping[str, Any]]
     after_capture: Callable[[], None] = field(default=lambda: None)
     scale: Callable[[int], Mapping[str, Any]] | None = None
+    exact: Exact | None = None
 
 
 def allreduce_bound(case: Case, inp: Any, out: Any, step: Callable[[], None], rank: int, world: int,
@@ -308,9 +346,21 @@ def allreduce_bound(case: Case, inp: Any, out: Any, step: Callable[[], None], ra
         if not in_place:
             out.fill_(UNTOUCHED)
 
+    def load_exact(seed: int) -> None:
+        inp.view(shape).copy_(_data.pattern(shape, rank, seed, inp.device, inp.dtype))
+        if not in_place:
+            out.fill_(_data.SENTINEL)
+
+    def verify(seed: int) -> dict[str, Any]:
+        # in place the sentinel is overwritten by the input: a call that did nothing leaves this rank's own input
+        own = _data.pattern(shape, rank, seed, dtype=inp.dtype)
+        return _data.check_exact(out.view(shape), _data.pattern_sum(shape, world, seed, out.device, out.dtype),
+                                 prior=None if in_place else _data.filled(shape), own_input=own).to_json()
+
     return Bound(load, step, lambda: {"out": out.view(shape)},
                  lambda seed: {"out": exact_sum(shape, world, seed, case.dtype)},
-                 after_capture, lambda seed: {"out": exact_sum(shape, world, seed, case.dtype, magnitude=True)})
+                 after_capture, lambda seed: {"out": exact_sum(shape, world, seed, case.dtype, magnitude=True)},
+                 Exact(load_exact, verify))
 
 
 def _wait(outputs: Mapping[str, Any], deadline_s: float) -> None:
@@ -318,10 +368,14 @@ def _wait(outputs: Mapping[str, Any], deadline_s: float) -> None:
         _device.wait_device(deadline_s)
 
 
-def check(bound: Bound, mode: str, group: Any, deadline_s: float = DEADLINE_S) -> dict[str, Any]:
+def check(bound: Bound, mode: str, group: Any, deadline_s: float = DEADLINE_S, exact: bool = False,
+          profile: Callable[[Callable[[], None]], Any] | None = None) -> dict[str, Any]:
     """Run one case twice (eagerly, or as replays of one captured call) and judge it on every rank; every rank
     reaches every exchange whatever failed where (``_dist.settle``). Never raises; a verdict other than ``ok``
-    (``error``, ``hang``) says the case could not be judged."""
+    (``error``, ``hang``) says the case could not be judged. ``exact``: the same call (the same graph) once more
+    on ``bound.exact``'s integer inputs, its worst rank's check under ``exact`` in the result (its ``verdict``
+    ``exact`` or why not: ``wrong``, ``no-op``, ``zero``, ``error``, ``hang``, ``unchecked`` for a bound without
+    one). ``profile``: called with the call once the case is judged, its return under ``launched``."""
     call: Callable[[], None] = bound.step
     local: dict[str, Any] = {"verdict": "ok"}
     try:
@@ -360,13 +414,45 @@ def check(bound: Bound, mode: str, group: Any, deadline_s: float = DEADLINE_S) -
         found = judge(gather_outputs(snaps[0], group), gather_outputs(snaps[1], group), None, error=worst)
     except Exception as exc:  # the same bytes on every rank: every rank fails alike here
         return {"verdict": "error", "error": f"judging: {_errors.error_tail(exc)}"}
-    return found.to_json()
+    res = found.to_json()
+    if exact:
+        res["exact"] = exact_call(bound, call, group, deadline_s)
+    if profile is not None and res.get("exact", {}).get("verdict") != "hang":
+        try:
+            res["launched"] = profile(call)
+        except Exception as exc:
+            res["launched"] = {"error": _errors.error_tail(exc, 200)}
+    return res
+
+
+def exact_call(bound: Bound, call: Callable[[], None], group: Any, deadline_s: float = DEADLINE_S) -> dict[str, Any]:
+    """One ``call`` on ``bound.exact``'s integer inputs, checked exactly on every rank; the worst rank's check
+    (every rank returns the same record)."""
+    if bound.exact is None:
+        return {"verdict": "unchecked", "detail": "this binding has no integer-valued check"}
+    local: dict[str, Any]
+    try:
+        bound.exact.load(EXACT_SEED)
+        call()
+        _wait(bound.outputs(), deadline_s)
+        local = bound.exact.verify(EXACT_SEED)
+    except Exception as exc:
+        local = _dist.raised(exc)
+    everyone = _dist.gather_objects(local, group)
+    bad = [(r, e) for r, e in enumerate(everyone) if e.get("verdict") != "exact"]
+    if not bad:
+        return everyone[0]
+    order = {v: i for i, v in enumerate(_dist.VERDICT_ORDER)}
+    rank, worst = max(bad, key=lambda b: order.get(str(b[1].get("verdict")), order["error"]))
+    return {**worst, "rank": rank}
 
 
 def run_cases(bind: Callable[[Case], Bound], wanted: Sequence[Case], group: Any,
-              log: Callable[[str], None] = lambda _: None) -> dict[str, dict[str, Any]]:
-    """Every case of ``wanted`` through ``check``; a case the backend cannot bind (a dtype it refuses) is
-    recorded as ``unsupported`` on every rank. Stops after a hang (the stream is stuck behind it)."""
+              log: Callable[[str], None] = lambda _: None, exact: bool = False,
+              profile: Callable[[Callable[[], None]], Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Every case of ``wanted`` through ``check`` (``exact`` and ``profile`` passed on); a case the backend cannot
+    bind (a dtype it refuses) is recorded as ``unsupported`` on every rank. Stops after a hang (the stream is
+    stuck behind it)."""
     results: dict[str, dict[str, Any]] = {}
     for case in wanted:
         bound: Bound | None = None
@@ -379,10 +465,11 @@ def run_cases(bind: Callable[[Case], Bound], wanted: Sequence[Case], group: Any,
             results[case.key] = stopped
             continue
         assert bound is not None
-        results[case.key] = res = check(bound, case.mode, group)
+        results[case.key] = res = check(bound, case.mode, group, exact=exact, profile=profile)
         log(f"agreement {case.key}: {res.get('verdict')} identical={res.get('identical')} "
-            f"deterministic={res.get('deterministic')} max_ulp_vs_reference={res.get('max_ulp_vs_reference')}")
-        if res.get("verdict") == "hang":
+            f"deterministic={res.get('deterministic')} max_ulp_vs_reference={res.get('max_ulp_vs_reference')}"
+            + (f" exact={res.get('exact', {}).get('verdict')}" if exact else ""))
+        if res.get("verdict") == "hang" or res.get("exact", {}).get("verdict") == "hang":
             break
     return results
 
@@ -408,7 +495,21 @@ def summarize(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "nondeterministic_cases": sorted(k for k, r in judged.items() if r.get("deterministic") is not True),
         "unsupported": sorted(k for k, r in results.items() if r.get("verdict") == "unsupported"),
         "not_judged": sorted(k for k, r in results.items() if r.get("verdict") not in ("ok", "unsupported")),
+        **({"inexact_cases": sorted(k for k, _ in _inexact(results))}
+           if any("exact" in r for r in results.values()) else {}),
     }
+
+
+def _inexact(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(k, dict(r["exact"])) for k, r in results.items()
+            if isinstance(r.get("exact"), Mapping) and r["exact"].get("verdict") != "exact"]
+
+
+def inexact(results: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+    """The first case whose integer-valued check (``check(..., exact=True)``) did not give the exact sum, and
+    that check's record; None when every such check did (pure)."""
+    found = _inexact(results)
+    return found[0] if found else None
 
 
 def apply(result: dict[str, Any], summary: Mapping[str, Any], backend: str) -> dict[str, Any]:

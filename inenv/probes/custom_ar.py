@@ -122,11 +122,12 @@ def _make(impl: str, rank: int, group: Any, device: Any, full_nvlink: bool) -> A
     return _SglAR(rank, group, device, full_nvlink)
 
 
-def _eager(ar: Any, rank: int, world: int, device: Any, checks: dict[str, Any]) -> None:
-    """One staged allreduce per size into a sentinel-filled output, each checked exactly (into ``checks``)."""
+def _eager(ar: Any, rank: int, world: int, device: Any, checks: dict[str, Any], sizes: tuple[int, ...]) -> None:
+    """One staged allreduce per token count of ``sizes`` into a sentinel-filled output, each checked exactly
+    (into ``checks``)."""
     import torch
 
-    for i, tokens in enumerate(at_level(TOKENS)):
+    for i, tokens in enumerate(sizes):
         shape = (tokens, _data.HIDDEN)
         x = _data.pattern(shape, rank, i, device)
         out = torch.full(shape, _data.SENTINEL, dtype=torch.bfloat16, device=device)
@@ -156,14 +157,15 @@ def eager_outcome(
     return None
 
 
-def _graph_capture(ar: Any, rank: int, device: Any) -> tuple[Any, list[Any], list[Any]]:
-    """Capture two allreduces on two buffers (recorded for registration after the capture)."""
+def _graph_capture(ar: Any, rank: int, device: Any, shapes: tuple[tuple[int, int], ...]) -> tuple[Any, list[Any],
+                                                                                                 list[Any]]:
+    """Capture one allreduce per shape, each on its own buffers (recorded for registration after the capture)."""
     import torch
 
-    inps = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in GRAPH_SHAPES]
+    inps = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in shapes]
     outs = [torch.empty_like(x) for x in inps]
     for i, x in enumerate(inps):
-        x.copy_(_data.pattern(GRAPH_SHAPES[i], rank, 200 + i, device))
+        x.copy_(_data.pattern(shapes[i], rank, 200 + i, device))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for x, o in zip(inps, outs, strict=True):
@@ -200,17 +202,40 @@ def _graph_replay(ar: Any, captured: tuple[Any, list[Any], list[Any]], rank: int
     graph, inps, outs = captured
     registered = ar.register_graph_buffers()
     for i, (x, o) in enumerate(zip(inps, outs, strict=True)):
-        x.copy_(_data.pattern(GRAPH_SHAPES[i], rank, 300 + i, device))
+        x.copy_(_data.pattern(tuple(x.shape), rank, 300 + i, device))
         o.fill_(_data.SENTINEL)
     _device.wait_device(30)
     graph.replay()
     _device.wait_device(60)
     checks = {}
     for i, (x, o) in enumerate(zip(inps, outs, strict=True)):
-        ref = _data.pattern_sum(GRAPH_SHAPES[i], world, 300 + i, device)
-        prior = _data.filled(GRAPH_SHAPES[i])
-        checks[str(GRAPH_SHAPES[i][0])] = _data.check_exact(o, ref, prior=prior, own_input=x).to_json()
+        shape = tuple(x.shape)
+        ref = _data.pattern_sum(shape, world, 300 + i, device)
+        checks[str(shape[0])] = _data.check_exact(o, ref, prior=_data.filled(shape), own_input=x).to_json()
     return {"registered_buffers": registered, "checks": checks}
+
+
+def checked(shared: bool) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], tuple[_agree.Case, ...]]:
+    """(eager token counts, graph shapes, agreement cases) a variant checks at this level: ranks sharing a GPU
+    one of each and ``_agree.shared_cases`` (their set-up is where a world size is refused; every shape is
+    checked at a GPU per rank)."""
+    if shared:
+        return TOKENS[:1], GRAPH_SHAPES[:1], _agree.shared_cases(_agree.DTYPES)
+    return at_level(TOKENS), GRAPH_SHAPES, _agree.cases(_agree.DTYPES)
+
+
+def agreement_outcome(result: dict[str, Any], agreed: dict[str, dict[str, Any]], impl: str) -> dict[str, Any]:
+    """``result`` with the agreement summary applied (``_agree.apply``), or ``fail`` when an agreement case's
+    integer-valued call was not the exact sum: ``custom-ar-silent-noop`` for outputs left as they were,
+    ``custom-ar-wrong`` otherwise (pure). A worse verdict stays."""
+    found = _agree.inexact(agreed)
+    if found is not None and result.get("status") in ("pass", "partial"):
+        key, chk = found
+        if chk.get("verdict") in ("no-op", "zero", "wrong"):
+            code = "custom-ar-wrong" if chk["verdict"] == "wrong" else "custom-ar-silent-noop"
+            note = f"agreement case {key}: integer inputs gave {chk['verdict']} ({chk.get('detail', '')})"
+            result = outcome("fail", note[:400], code, result.get("metrics"), result.get("evidence"))
+    return _agree.apply(result, _agree.summarize(agreed), f"custom allreduce ({impl})")
 
 
 LATENCY_METRICS = ("latency_us", "latency_p99_us", "nccl_latency_us", "nccl_latency_p99_us")
@@ -331,7 +356,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
     topo, how = nvlink_matrix([d for d in devices if d is not None])
     full_nvlink = True if mode == "forced" else bool(topo)
     eager: dict[str, Any] = {}
+    sizes, graph_shapes, agreement_cases = checked(shared)
     evidence: dict[str, Any] = {
+        **({"checked": _agree.shared_checked()} if shared else {}),
         "impl": impl,
         "full_nvlink_passed": full_nvlink,
         "topology_full_nvlink": topo,
@@ -345,27 +372,26 @@ def run(ctx: RankContext) -> dict[str, Any]:
         with lock.step("init", "custom-ar-init-failed"):
             ar = _make(impl, ctx.rank, group, device, full_nvlink)
         with lock.step("eager call", "custom-ar-error") as step:
-            _eager(ar, ctx.rank, ctx.world_size, device, eager)
+            _eager(ar, ctx.rank, ctx.world_size, device, eager, sizes)
             step.early = eager_outcome(eager, ctx.world_size, full_nvlink, evidence)
         # Graph failures are `partial`: the eager path, which works, is what a server without graphs runs.
         graph_failed, eager_ok = "custom-ar-graph-failed", "eager exact; "
         with lock.step("graph capture", graph_failed, status="partial", prefix=eager_ok):
-            captured = _graph_capture(ar, ctx.rank, device)
+            captured = _graph_capture(ar, ctx.rank, device, graph_shapes)
         with lock.step("graph registration/replay", graph_failed, status="partial", prefix=eager_ok) as step:
             evidence["graph"] = _graph_replay(ar, captured, ctx.rank, ctx.world_size, device)
             if {c["verdict"] for c in evidence["graph"]["checks"].values()} != {"exact"}:
                 note = f"eager exact; graph replay not exact on rank {ctx.rank}"
                 step.early = outcome("partial", note, "custom-ar-graph-wrong", evidence=evidence)
         agreed = evidence["agreement"] = _agree.run_cases(agreement_bind(ar, ctx.rank, ctx.world_size, device),
-                                                          _agree.cases(_agree.DTYPES), group, ctx.log)
-        summary = _agree.summarize(agreed)
+                                                          agreement_cases, group, ctx.log, exact=shared)
         if shared:  # ranks time-slicing a GPU: a latency would mean nothing
             gpus = len(set(devices))
             headline = f"exact eagerly and in a graph ({ctx.world_size} ranks sharing {gpus} GPUs: correctness only)"
-            return _agree.apply(lock.finish(outcome("pass", metrics={"headline": headline}, evidence=evidence)),
-                                summary, f"custom allreduce ({impl})")
+            return agreement_outcome(lock.finish(outcome("pass", metrics={"headline": headline}, evidence=evidence)),
+                                     agreed, impl)
         result = lock.finish(latency_outcome(_latency(ar, ctx.rank, ctx.world_size, device, group), evidence))
-        return _agree.apply(result, summary, f"custom allreduce ({impl})")
+        return agreement_outcome(result, agreed, impl)
     except Stopped as stop:
         return stop.outcome
 

@@ -44,6 +44,18 @@ GRAPH_CALLS = 3
 EPS = 1e-6
 
 
+SHARED_CHECKED = "the workspace and one exact case (1 token, eager and graph); shapes are checked at a GPU per rank"
+
+
+def checked(shared: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(eager token counts, graph token counts) at this level: ranks sharing a GPU the first of each (the
+    workspace, where a world size is refused, and one exact call each way; every size is checked at a GPU per
+    rank). Every graph size is an eager size: the graph reuses its buffers."""
+    if shared:
+        return TOKENS[:1], GRAPH_TOKENS[:1]
+    return at_level(TOKENS), at_level(GRAPH_TOKENS)
+
+
 def variants(host: HostView) -> list[Variant]:
     # Beyond the host's GPU count the ranks share GPU 0; at 2 ranks they also do on a host with more
     out = multi_rank(SPEC, host, [()], lambda _: True, shared_gpus=1)
@@ -157,9 +169,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
     eager: dict[str, dict[str, Any]] = {}
     graph: dict[str, dict[str, Any]] = {}
+    sizes, graph_sizes = checked(one_gpu)
     evidence: dict[str, Any] = {
         "flashinfer": fi.version(),
         "placement": "shared: every rank on GPU 0" if one_gpu else "1 gpu per rank",
+        **({"checked": SHARED_CHECKED} if one_gpu else {}),
         "process_group": dist.get_backend(),
         "multicast_env": _dist.keep_multicast_off(),
         "eager": eager,
@@ -182,7 +196,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
         cases: dict[int, _Case] = {}
         with lock.step("eager call", "fi-fusion-error") as found:
-            for i, tokens in enumerate(at_level(TOKENS)):
+            for i, tokens in enumerate(sizes):
                 case = cases[tokens] = _Case(tokens, ctx.rank, ctx.world_size, device)
                 case.fill(seed=i)
                 step(case)
@@ -191,10 +205,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
             metrics["norm_exact_fraction"] = min(r["norm"]["exact_fraction"] for r in eager.values())
             metrics["norm_max_abs_err"] = max(r["norm"]["max_abs_err"] for r in eager.values())
             found.early = _wrong(eager, "fail", f"rank {ctx.rank}: eager result", metrics, evidence)
-        sizes = at_level(TOKENS)
         prefix = f"eager exact at {sizes[0]}{f'..{sizes[-1]}' if len(sizes) > 1 else ''} tokens; "
         with lock.step("graph capture/replay", "fi-fusion-graph-failed", status="partial", prefix=prefix):
-            for i, tokens in enumerate(at_level(GRAPH_TOKENS)):
+            for i, tokens in enumerate(graph_sizes):
                 case = cases[tokens]
                 case.fill(seed=50 + i)
                 g = _device.capture(lambda c=case: step(c), calls=GRAPH_CALLS, warmup=2)

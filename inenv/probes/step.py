@@ -19,9 +19,13 @@ Which kernel ran: one replay of each graph is profiled and the kernels the backe
 baseline's are recorded per case; a non-NCCL backend whose kernels are NCCL's fell back, and flashinfer's PCIe
 IPC all-reduce records the launch configuration its own policy chose (or its refusal) per shape.
 
-Ranks sharing one GPU (``placement=shared``, world sizes over the host's GPU count) run every check, the rank
-agreement check and the profile but are not timed (each allreduce there waits for the other process's turn on
-the GPU: 2 ms a call on an H200), so a shared-GPU result has no times for anything to rank or plot.
+Ranks sharing one GPU (``placement=shared``, world sizes over the host's GPU count) check what a shared placement
+can tell: the backend's set-up at that world size (where a feature refuses it) and one agreement case per dtype
+(``_agree.shared_cases``: random inputs compared bit for bit across ranks, then the same captured call on integer
+inputs into a sentinel-filled output, checked exactly, and one replay profiled for the kernels it launched; a
+quick run the first dtype only). Model shapes and steps are checked and timed where every rank has a GPU of its
+own: each allreduce on a shared GPU waits for the other processes' turns (2-9 ms a call on an H200), so a
+shared-GPU result has no times for anything to rank or plot.
 """
 
 from __future__ import annotations
@@ -88,9 +92,6 @@ class Case:
 
 
 CASES = (*(Case("decode", b) for b in DECODE_BATCHES), *(Case("verify", b, d) for b, d in VERIFY))
-# Ranks sharing a GPU wait for each other's turn at every allreduce (2-9 ms a call on an H200): the smallest
-# and the largest step of each model are checked there
-SHARED_CASES = (CASES[0], CASES[-1])
 MAX_TOKENS = max(c.tokens for c in CASES)
 ONLY_ENV = "STACKPROBE_STEP_ONLY"  # planning filter: "nccl,flashinfer-fusion" plans only those backends
 
@@ -587,11 +588,12 @@ def run_case(model: Model, case: Case, gloo: Any, barrier: Callable[[], None] | 
     return {**res, "verdict": "ok"}
 
 
-def agreement_bind(comm: Comm, rank: int, world: int, flat: dict[str, Any]) -> Callable[[_agree.Case], _agree.Bound]:
+def agreement_bind(comm: Comm, rank: int, world: int, flat: dict[str, Any],
+                   refusals: dict[str, str] | None = None) -> Callable[[_agree.Case], _agree.Bound]:
     """How the agreement check (``_agree``) drives this backend: its own input buffer viewed in the case's dtype,
     one allreduce per call; a fused backend's residual and RMSNorm outputs both compared, against the float64
     sum plus residual and its float64 RMSNorm. A dtype the backend does not take, or a shape its policy
-    refuses, raises: that case is recorded as unsupported."""
+    refuses, raises: that case is recorded as unsupported (a refusal also in ``refusals``, by case key)."""
 
     def bind(case: _agree.Case) -> _agree.Bound:
         if case.dtype not in comm.dtypes:
@@ -603,6 +605,8 @@ def agreement_bind(comm: Comm, rank: int, world: int, flat: dict[str, Any]) -> C
         if not comm.fused:
             refused = comm.before_capture(inp)
             if refused is not None:
+                if refusals is not None:
+                    refusals[case.key] = refused["refused"]
                 raise ValueError(refused["refused"])
             out = inp if comm.in_place else flat["out"][: case.numel].view(dtype).view(shape)
             return _agree.allreduce_bound(case, inp.view(-1), out.view(-1), lambda: comm.reduce(inp, out), rank,
@@ -644,8 +648,38 @@ def _fused_bound(case: _agree.Case, comm: Comm, inp: Any, rank: int, world: int,
         row = torch.rsqrt(res.pow(2).mean(dim=-1, keepdim=True) + EPS)
         return {"residual": magnitude, "norm": magnitude * row * gamma.cpu().to(torch.float64).abs()}
 
+    def load_exact(seed: int) -> None:
+        inp.copy_(_data.pattern(shape, rank, seed, inp.device, inp.dtype))
+        res_in.copy_(_data.pattern(shape, 0, seed + 1000, inp.device, inp.dtype))
+        res_out.fill_(_data.SENTINEL)
+        norm.fill_(_data.SENTINEL)
+
+    def verify(seed: int) -> dict[str, Any]:
+        # the residual is an integer sum, exact; the norm within one ulp of the fp32 RMSNorm of it, as fi-fusion
+        total = _data.pattern_sum(shape, world, seed, inp.device, inp.dtype)
+        want_res = (total.double() + res_in.double()).to(inp.dtype)
+        want_norm = _rms_norm32(want_res, gamma)
+        res = _data.check_exact(res_out, want_res, prior=_data.filled(shape)).to_json()
+        if res["verdict"] != "exact":
+            return res
+        checked = norm_check(norm, want_norm)
+        if checked["within_1ulp"]:
+            return {**res, "norm": checked}
+        verdict = "no-op" if checked["untouched"] else "wrong"
+        return {**res, "verdict": verdict, "norm": checked,
+                "detail": f"RMSNorm output off by up to {checked['max_abs_err']}"}
+
     return _agree.Bound(load, lambda: comm.fused_op(inp, res_in, gamma, res_out, norm),
-                        lambda: {"residual": res_out, "norm": norm}, reference, comm.after_capture, scale)
+                        lambda: {"residual": res_out, "norm": norm}, reference, comm.after_capture, scale,
+                        _agree.Exact(load_exact, verify))
+
+
+def _rms_norm32(x: Any, gamma: Any) -> Any:
+    """RMSNorm over the last dimension in fp32, rounded once to ``x``'s dtype: what a fused kernel computes."""
+    import torch
+
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + EPS) * gamma.float()).to(x.dtype)
 
 
 def summarize(backend: str, per_model: dict[str, dict[str, dict[str, Any]]], blocks: dict[str, int],
@@ -713,6 +747,20 @@ def _headline(step_us: dict[str, dict[str, float]], share: dict[str, dict[str, f
     return ""
 
 
+def checks(shared: bool, world: int) -> tuple[tuple[Shape, ...], tuple[Case, ...]]:
+    """(model shapes, step cases) a variant runs at this level: every shape and case, or in a quick run the first
+    of each, where each rank has a GPU; none where ranks share one (:func:`agreement_cases` is what they check)."""
+    if shared:
+        return (), ()
+    return at_level(tuple(shapes(world))), at_level(CASES)
+
+
+def agreement_cases(shared: bool, dtypes: tuple[str, ...]) -> tuple[_agree.Case, ...]:
+    """The agreement cases at this level: ``_agree.shared_cases`` (checked exactly) where ranks share a GPU, else
+    ``_agree.cases``."""
+    return _agree.shared_cases(dtypes) if shared else _agree.cases(dtypes)
+
+
 def run(ctx: RankContext) -> dict[str, Any]:
     multicast_env = _dist.keep_multicast_off()
     name = ctx.param("backend", "nccl") or "nccl"
@@ -747,14 +795,14 @@ def run(ctx: RankContext) -> dict[str, Any]:
     gloo = group if shared else _dist.cpu_group()
     barrier = None if shared else _timing.stream_barrier(device, group)
     world = ctx.world_size
-    wanted = at_level(tuple(shapes(world)))  # the shapes this level runs, and only those in the evidence
-    max_numel = max(MAX_TOKENS * max(s.hidden for s in wanted), _agree.max_numel())
+    wanted, step_cases = checks(shared, world)  # the shapes and cases this level runs, only those in the evidence
+    max_numel = max(MAX_TOKENS * max((s.hidden for s in wanted), default=0), _agree.max_numel())
     evidence: dict[str, Any] = {
         "backend": name,
         "placement": f"shared: {world} ranks on one GPU (checked, not timed)" if shared else "one GPU per rank",
         "models": {s.name: dataclasses.asdict(s) for s in wanted},
-        "cases": [dataclasses.asdict(c) | {"key": c.key, "tokens": c.tokens}
-                  for c in at_level(SHARED_CASES if shared else CASES)],
+        "cases": [dataclasses.asdict(c) | {"key": c.key, "tokens": c.tokens} for c in step_cases],
+        **({"checked": _agree.shared_checked()} if shared else {}),
         "replays": REPLAYS,
         "multicast_env": multicast_env,
         "torch": torch.__version__,
@@ -774,6 +822,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
     assert comm is not None
     flat = {k: torch.empty(max_numel, device=device, dtype=torch.bfloat16)
             for k in ("res0", "res_a", "res_b", "norm", "out")}
+    if shared:
+        return run_shared(ctx, comm, flat, gloo, device, evidence)
     per_model: dict[str, dict[str, dict[str, Any]]] = {}
     with _timing.side_stream(device):
         for shape in wanted:
@@ -787,8 +837,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
                 per_model[shape.name] = {"setup": {"verdict": "error", "error": err or "failed on a peer rank"}}
                 continue
             cases = per_model[shape.name] = {}
-            for case in at_level(SHARED_CASES if shared else CASES):
-                cases[case.key] = r = run_case(model, case, gloo, barrier, timed=not shared)
+            for case in step_cases:
+                cases[case.key] = r = run_case(model, case, gloo, barrier, timed=True)
                 ctx.log(f"{name} {shape.name} {case.key}: {r.get('verdict')} {r.get('timing', {}).get('step', '')}")
                 if r.get("verdict") == "hang":
                     break
@@ -796,12 +846,73 @@ def run(ctx: RankContext) -> dict[str, Any]:
             torch.cuda.empty_cache()
         hung = any(r.get("verdict") == "hang" for cases in per_model.values() for r in cases.values())
         agreed = {} if hung else _agree.run_cases(agreement_bind(comm, ctx.rank, world, flat),
-                                                  _agree.cases(comm.dtypes), gloo, ctx.log)
+                                                  agreement_cases(shared, comm.dtypes), gloo, ctx.log)
     evidence.update(comm.evidence())
     result = summarize(name, per_model, {s.name: s.blocks for s in wanted}, shared)
     result["evidence"].update(evidence)
     result["evidence"]["agreement"] = agreed
     return _agree.apply(result, _agree.summarize(agreed), name)
+
+
+def run_shared(ctx: RankContext, comm: Comm, flat: dict[str, Any], gloo: Any, device: Any,
+               evidence: dict[str, Any]) -> dict[str, Any]:
+    """Ranks sharing one GPU, once the backend is set up: what depends on the hidden size (a fused workspace),
+    then ``_agree.shared_cases`` checked exactly and profiled (see the module's docstring)."""
+    wanted = agreement_cases(True, comm.dtypes)
+    ok, err = True, ""
+    try:
+        comm.for_model(wanted[0].hidden)
+    except Exception as exc:
+        ok, err = False, _errors.error_tail(exc)
+    if not _dist.agree(ok, gloo):
+        why = err or "a peer rank failed to set the backend up"
+        return outcome("fail", f"{comm.name}: {why[:300]}", "step-backend-failed", evidence=evidence)
+    refusals: dict[str, str] = {}
+    with _timing.side_stream(device):
+        agreed = _agree.run_cases(agreement_bind(comm, ctx.rank, ctx.world_size, flat, refusals), wanted, gloo,
+                                  ctx.log, exact=True, profile=lambda call: comm_kernels(kernel_names(call), Counter()))
+    evidence.update(comm.evidence())
+    result = summarize_shared(comm.name, agreed, refusals)
+    result["evidence"].update(evidence)
+    result["evidence"]["agreement"] = agreed
+    return _agree.apply(result, _agree.summarize(agreed), comm.name)
+
+
+SHARED_LABEL = "shared placement"  # where a shared result's notes name its cases: "... in the shared placement <case>"
+
+
+def summarize_shared(backend: str, agreed: dict[str, dict[str, Any]], refusals: dict[str, str]) -> dict[str, Any]:
+    """The verdict of ranks sharing one GPU from their agreement cases (``_agree.run_cases`` with ``exact`` and
+    a profile), in :func:`summarize`'s words (pure): a case whose integer-valued call was not the exact sum
+    fails ``step-wrong-result``; every case refused by the backend's policy is ``step-backend-refused``, every
+    case failed ``step-backend-failed``; some of them, or NCCL's kernels launched, ``partial``. Its checks are
+    in ``evidence.shared_checks``, by case."""
+    per: dict[str, dict[str, Any]] = {}
+    for key, r in agreed.items():
+        exact = r.get("exact") or {}
+        if r.get("verdict") == "unsupported":
+            rec = ({"verdict": "refused", "detail": refusals[key]} if key in refusals
+                   else {"verdict": "error", "error": str(r.get("error") or "unsupported")})
+        elif r.get("verdict") != "ok":
+            rec = {"verdict": str(r.get("verdict") or "error"),
+                   "error": str(r.get("error") or r.get("detail") or r.get("verdict"))}
+        elif exact.get("verdict") in ("wrong", "no-op", "zero"):
+            rec = {"verdict": exact["verdict"], "detail": str(exact.get("detail") or exact["verdict"]),
+                   "exact": exact}
+        elif exact.get("verdict") != "exact":
+            rec = {"verdict": "hang" if exact.get("verdict") == "hang" else "error",
+                   "error": f"exact call: {exact.get('error') or exact.get('detail') or exact.get('verdict')}",
+                   "exact": exact}
+        else:
+            rec = {"verdict": "ok", "exact": exact}
+        if "launched" in r:
+            rec["launched"] = r["launched"]
+        per[key] = rec
+    if not per:
+        per["set-up"] = {"verdict": "error", "error": "no agreement case was run"}
+    result = summarize(backend, {SHARED_LABEL: per}, {}, shared=True)
+    result["evidence"]["shared_checks"] = result["evidence"].pop("per_case")[SHARED_LABEL]
+    return result
 
 
 # --- declared fields: what this probe records, and the roles checks report and checks advise read them by

@@ -171,9 +171,10 @@ StepBuilder = Callable[[Any, Any, Any], Callable[[], None]]
 
 
 def exercise_op(
-    builder: StepBuilder, buf: Any, rank: int, world: int, device: Any, gloo: Any
+    builder: StepBuilder, buf: Any, rank: int, world: int, device: Any, gloo: Any, sizes: tuple[int, ...]
 ) -> dict[str, dict[str, Any]]:
-    """Eager then captured, per size; the first size that fails on any rank decides the mode's verdict.
+    """Eager then captured, per token count of ``sizes``; the first size that fails on any rank decides the
+    mode's verdict.
 
     Every exchange below is reached by every rank in the same order, whatever fails locally."""
     import torch
@@ -182,7 +183,7 @@ def exercise_op(
     for mode in ("eager", "graph"):
         res: dict[str, Any] = {"verdict": "ok"}
         everyone = ["ok"]
-        for tokens in at_level(TOKENS):
+        for tokens in sizes:
             shape = (tokens, _data.HIDDEN)
             inp = buf[: tokens * _data.HIDDEN].view(shape)  # a view of the symmetric buffer, as the ops need
             out = torch.empty(shape, device=device, dtype=torch.bfloat16)
@@ -367,9 +368,33 @@ def sustained_verdict(results: dict[str, dict[str, Any]], facts: dict[str, Any])
     return outcome("pass", metrics=metrics, evidence=evidence)
 
 
+def checked(shared: bool) -> tuple[tuple[int, ...], tuple[_agree.Case, ...]]:
+    """(token counts each op is checked at, eagerly and captured; agreement cases per op) at this level: ranks
+    sharing a GPU one size and ``_agree.shared_cases`` (rendezvous and the ops' refusal of a world size show
+    at any size; every size is checked at a GPU per rank)."""
+    if shared:
+        return TOKENS[:1], _agree.shared_cases(("bf16",))
+    return at_level(TOKENS), _agree.cases(("bf16",))
+
+
+def agreement_outcome(result: dict[str, Any], agreed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``result`` with the agreement summary applied (``_agree.apply``), or ``fail`` + ``symm-mem-wrong-result``
+    when an agreement case's integer-valued call was not the exact sum (pure). A worse verdict stays."""
+    found = _agree.inexact(agreed)
+    if found is not None and result.get("status") in ("pass", "partial"):
+        key, chk = found
+        if chk.get("verdict") in ("no-op", "zero", "wrong"):
+            note = f"agreement case {key}: integer inputs gave {chk['verdict']} ({chk.get('detail', '')})"
+            result = outcome("fail", note[:400], "symm-mem-wrong-result", result.get("metrics"),
+                             result.get("evidence"))
+    return _agree.apply(result, _agree.summarize(agreed), "torch symmetric memory (one-/two-shot)")
+
+
 def agreement(buf: Any, group_name: str, rank: int, world: int, gloo: Any,
-              log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    """The rank agreement check (``_agree``) of each op on the symmetric buffer, bf16, keyed ``<op>:<case>``."""
+              log: Callable[[str], None], wanted: tuple[_agree.Case, ...] | None = None,
+              exact: bool = False) -> dict[str, dict[str, Any]]:
+    """The rank agreement check (``_agree``) of each op on the symmetric buffer, keyed ``<op>:<case>``: the cases
+    ``wanted`` (by default every bf16 case of this level), ``exact`` passed to ``_agree.run_cases``."""
     import torch
 
     out_buf = torch.empty_like(buf)
@@ -383,7 +408,8 @@ def agreement(buf: Any, group_name: str, rank: int, world: int, gloo: Any,
             step = builder(inp.view(shape), out.view(shape), inp.view(shape))
             return _agree.allreduce_bound(case, inp, out, step, rank, world)
 
-        for key, res in _agree.run_cases(bind, _agree.cases(("bf16",)), gloo, log).items():
+        cases = _agree.cases(("bf16",)) if wanted is None else wanted
+        for key, res in _agree.run_cases(bind, cases, gloo, log, exact=exact).items():
             found[f"{name}:{key}"] = res
         if any(r.get("verdict") == "hang" for r in found.values()):
             break
@@ -412,7 +438,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
     gloo = _dist.cpu_group() if not shared else dist.group.WORLD
     group = dist.group.WORLD
+    sizes, agreement_cases = checked(shared)
     facts: dict[str, Any] = {
+        **({"checked": _agree.shared_checked()} if shared else {}),
         "torch": torch.__version__,
         "shared_gpu": shared,
         "multicast_env": multicast_env,
@@ -485,7 +513,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
     ops: dict[str, Any] = {}
     for name, builder in steps(group.group_name).items():
-        ops[name] = exercise_op(builder, buf, ctx.rank, ctx.world_size, device, gloo)
+        ops[name] = exercise_op(builder, buf, ctx.rank, ctx.world_size, device, gloo, sizes)
         ctx.log(f"{name}: " + ", ".join(f"{m}={r['verdict']}" for m, r in ops[name].items()))
     facts["ops"] = ops
     if not any(r.get("verdict") == "hang" for modes in ops.values() for r in modes.values()):
@@ -508,10 +536,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if "multimem" in facts:
         facts["multimem"] = worst_multimem([other["multimem"] for other in everyone])
     hung = any(r.get("verdict") == "hang" for modes in facts["ops"].values() for r in modes.values())
-    agreed = {} if hung else agreement(buf, group.group_name, ctx.rank, ctx.world_size, gloo, ctx.log)
+    agreed = {} if hung else agreement(buf, group.group_name, ctx.rank, ctx.world_size, gloo, ctx.log,
+                                       agreement_cases, exact=shared)
     result = verdict(facts)
     result["evidence"]["agreement"] = agreed
-    return _agree.apply(result, _agree.summarize(agreed), "torch symmetric memory (one-/two-shot)")
+    return agreement_outcome(result, agreed)
 
 
 # --- declared fields: what this probe records, and the roles checks report and checks advise read them by
