@@ -1,6 +1,6 @@
 """`checks run --budget`: what a pass costs, what fits, what is left out and why, the packaged prior that
-costs what no host here timed, and the run that starts nothing after its time (checks.run.budget,
-checks.run.costmodel, checks.run.runner)."""
+costs what no host here timed, and the run that starts nothing after its time (checks.run.cost.budget,
+checks.run.cost.model, checks.run.runner)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from checks.results.store import RunStore
-from checks.run import budget, costmodel, runprogress, session
+from checks.run import runprogress, session
+from checks.run.cost import budget
+from checks.run.cost import model as costmodel
 from checks.run.options import RunOptions, UsageError
 from checks.run.plan import CellTarget, WorkItem
 from checks.run.runner import Work, execute
@@ -140,8 +142,9 @@ def test_a_prior_that_does_not_fit_its_grammar_is_left_out(bad: object) -> None:
 
 def test_derive_takes_the_median_per_class_and_shape() -> None:
     s = costmodel.Shape("step", 2, True)
-    got = costmodel.derive([("NVIDIA H200 x1", s, 3.0), ("NVIDIA H200 x1", s, 9.0), ("NVIDIA H200 x1", s, 4.0),
-                            ("NVIDIA H200 x1", s, float("inf")), ("no GPU", costmodel.Shape("inventory", 1, False), 2.0)])
+    h200, inventory = "NVIDIA H200 x1", costmodel.Shape("inventory", 1, False)
+    got = costmodel.derive([(h200, s, 3.0), (h200, s, 9.0), (h200, s, 4.0), (h200, s, float("inf")),
+                            ("no GPU", inventory, 2.0)])
     assert got["classes"] == {"NVIDIA H200 x1": {"step|2|shared|": 4.0}, "no GPU": {"inventory|1|own|": 2.0}}
 
 
@@ -221,3 +224,18 @@ def test_session_fit_budget_without_a_deadline_changes_nothing() -> None:
     planned = session.Planned(items, {}, None, {}, {})  # type: ignore[arg-type]
     view = runprogress.RunView(items, {})
     assert session.fit_budget(RunOptions(all_probes=True), planned, view, 1, None) == (planned, view, None)
+
+
+def test_prior_records_come_from_timed_results_and_leave_out_unmarked_sharing(tmp_path: Path) -> None:
+    from checks.run.cost import prior
+    from tests.test_runprogress_lent import H200, _run
+
+    _run(tmp_path, "h200x1-aaaaaaaa", "20261201T000000Z-aaaa", "venv", H200, [
+        (CELL.cell_id, "step", "ranks=2,placement=shared,gpus=1,backend=nccl", 9.5),
+        (CELL.cell_id, "step", "ranks=2,backend=nccl", 25.0),  # two ranks on a one-GPU host, not marked shared: left out
+        (CELL.cell_id, "fi-jit", "ranks=1,module=vllm_comm,arch=local", 14.0),
+        (CELL.cell_id, "inventory", "ranks=1", 0.0)])  # took no time: not timed
+    (tmp_path / "h200x1-bbbbbbbb").symlink_to(tmp_path / "h200x1-aaaaaaaa")  # a linked folder is not read
+    got = list(prior.records(tmp_path, {"fi-jit": "module"}))
+    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 9.5),
+                   ("NVIDIA H200 x1", costmodel.Shape("fi-jit", 1, False, "vllm_comm"), 14.0)]

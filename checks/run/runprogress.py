@@ -25,7 +25,7 @@ from typing import Any
 from checks.results import ids
 from checks.results.result import ProbeResult
 from checks.results.store import read_file, read_manifest
-from checks.run import costmodel
+from checks.run.cost import model as costmodel
 from checks.run.plan import WorkItem, not_carried
 from common.progress import Estimate, duration, estimate
 from inenv.kit import _compile_cache as cc
@@ -228,7 +228,7 @@ class Expected:
     module: str = ""  # the value of the probe's build parameter it was learnt for (fi-jit: the module)
     host: str = ""  # the other host(s) whose records it was borrowed from; "" for this host's
     basis: str = ""  # why those hosts stand for this one
-    prior: str = ""  # the class of hosts whose packaged prior (checks.run.costmodel) it comes from
+    prior: str = ""  # the class of hosts whose packaged prior (checks.run.cost.model) it comes from
 
     def text(self) -> str:
         if self.seconds is None:
@@ -262,7 +262,7 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
     one outcome that took longest (a fail-fast outcome does not stand for a full compile); else the same two
     from what hosts of its class recorded (``lent``, from :func:`lent`), at most the item's timeout; else the
     packaged prior's prediction for its shape (``prior``: the tables that may stand for this host, best first;
-    checks.run.costmodel), at most the item's timeout; else nothing. A record from another backend is never
+    checks.run.cost.model), at most the item's timeout; else nothing. A record from another backend is never
     borrowed: there the same variant can do other work."""
     items = [it for it in items if it.runs]
     mine = _from(items, history, backend)

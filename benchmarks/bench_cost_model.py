@@ -1,0 +1,142 @@
+"""What the default full level costs on hosts of 1, 2, 4 and 8 GPUs, predicted by the cost model
+(checks.run.cost.model) from measured per-variant costs, and how the prediction compares with a measured run.
+
+    uv run python benchmarks/bench_cost_model.py [--gpu-name "NVIDIA H200"] [--gpus 1,2,4,8] [--jobs 4]
+        [--prior checks/run/cost/prior.json | --results results] [--check RESULTS.jsonl ...] [--json]
+
+For each GPU count it plans what `checks run --all` plans (checks.run.plan.plan_work, every probe of the suite,
+one resolved cell with sgl-kernel and flashinfer, compute capability 9.0) at the quick and the full level, costs
+every variant that would run from the prior alone (no host records: what a fresh host is told), and prints the
+predicted wall time of each pass (GPU variants one at a time, CPU-only ones over --jobs slots: checks.run.cost.budget)
+with the probes that cost most and how many variants the model had to carry to a world size nobody measured.
+
+``--check FILE``: a measured run (a results JSONL of this project; its manifest beside it says the host's
+class). The model predicts each variant that run timed, from a prior made without that host's runs (the
+committed results less the run's host folder: leave-one-host-out), and prints predicted / measured for the sum of
+the variants' seconds. The wall time of a pass is not in the results; the sum of its variants' seconds stands
+for it, as benchmarks/bench_prior.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from checks.results.store import read_file, read_manifest  # noqa: E402
+from checks.run import runprogress  # noqa: E402
+from checks.run.cost import budget  # noqa: E402
+from checks.run.cost import model as costmodel  # noqa: E402
+from checks.run.cost.prior import records  # noqa: E402
+from checks.run.plan import CellTarget, WorkItem, plan_work  # noqa: E402
+from inenv import registry  # noqa: E402
+from inenv.probe import FULL, QUICK, HostView, Variant, key_parts  # noqa: E402
+
+CELL = CellTarget("cu130-torch2.11.0-sgl0.4.7-fi0.7.4", "resolved",
+                  versions={"cuda": "13.0", "torch": "2.11.0", "sgl_kernel": "0.4.7", "flashinfer": "0.7.4"})
+
+
+def build_params() -> dict[str, str]:
+    return {pid: mod.SPEC.build_param for pid, (_, mod) in registry.discover().items()}
+
+
+def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, level: str,
+                 jobs: int) -> dict[str, object]:
+    probes = {pid: mod for pid, (_, mod) in registry.discover().items()}
+    host = HostView(gpu_count=gpus, compute_capability="9.0", gpu_name=gpu_name, target_archs=(), level=level)
+    items = [it for it in plan_work([CELL], probes, host) if it.runs]
+    expected = runprogress.expected_durations(items, {}, "", None, tables)
+    seconds = {k: e.seconds for k, e in expected.items()}
+    per_probe: Counter[str] = Counter()
+    for it in items:
+        per_probe[it.spec.id] += budget.seconds_of(it, seconds)
+    carried = sum(1 for e in expected.values() if e.seconds is not None and e.basis)
+    guessed = sum(1 for e in expected.values() if e.seconds is None)
+    return {"gpus": gpus, "level": level, "variants": len(items),
+            "predicted_s": round(budget.pass_seconds(items, seconds, jobs), 1),
+            "carried_to_unmeasured_sizes": carried, "guessed": guessed,
+            "top": [(p, round(s, 1)) for p, s in per_probe.most_common(4)]}
+
+
+def _variant(probe: str, key: str) -> Variant:
+    parts = dict(key_parts(key))
+    ranks = int(parts.get("ranks", "1") or 1)
+    shared = parts.get("placement") == "shared"
+    params = tuple((k, v) for k, v in key_parts(key) if k not in ("ranks", "placement", "gpus"))
+    return Variant(probe, ranks, params, share_gpu=shared, gpus=int(parts.get("gpus", "0") or 0))
+
+
+def check(path: Path, results: Path) -> dict[str, object]:
+    """Predicted / measured for the variants a measured run timed, from a prior without its host's runs."""
+    host = path.parent.name
+    made = read_manifest(path.with_name(path.name.removesuffix(".jsonl") + ".manifest.json"))[0] or {}
+    cls = runprogress.host_class(made.get("facts"))
+    if cls is None:
+        raise SystemExit(f"{path}: its manifest does not say the host's class")
+    held_out = list(records(results, build_params()))
+    own_label = costmodel.host_label(cls.gpu_name, cls.gpu_count)
+    kept = [(label, shape, s) for label, shape, s in held_out if not _from_host(results, host, label, own_label)]
+    tables = costmodel.tables_for(costmodel.parse_prior(costmodel.derive(kept)), cls.gpu_name, cls.gpu_count)
+    specs = {pid: mod.SPEC for pid, (_, mod) in registry.discover().items()}
+    timed = [r for r in read_file(path)[0] if runprogress.timed(r) and r.probe_id in specs]
+    items = [WorkItem(CellTarget(r.cell_id, "resolved"), specs[r.probe_id], _variant(r.probe_id, r.variant),
+                      specs[r.probe_id].timeout_s) for r in timed]
+    expected = runprogress.expected_durations(items, {}, "", None, tables)
+    predicted = sum(budget.seconds_of(it, {k: e.seconds for k, e in expected.items()}) for it in items)
+    measured = sum(r.verdict.duration_s for r in timed)
+    return {"run": f"{host}/{path.name}", "class": own_label, "variants": len(items),
+            "measured_sum_s": round(measured, 1), "predicted_sum_s": round(predicted, 1),
+            "ratio": round(predicted / measured, 3) if measured else None,
+            "guessed": sum(1 for e in expected.values() if e.seconds is None)}
+
+
+def _from_host(results: Path, host: str, label: str, own_label: str) -> bool:
+    """Whether records of class ``label`` must be left out to hold ``host`` out: the records carry no host,
+    so every record of the held-out host's class is left out unless another host of that class remains."""
+    if label != own_label:
+        return False
+    others = [p for p in results.iterdir() if p.is_dir() and p.name != host and p.name.startswith(host.split("-")[0])]
+    return not others
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu-name", default="NVIDIA H200")
+    ap.add_argument("--gpus", default="1,2,4,8")
+    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--prior", type=Path, default=costmodel.PRIOR_PATH)
+    ap.add_argument("--results", type=Path, help="derive the prior from this results root instead of --prior")
+    ap.add_argument("--check", type=Path, nargs="*", default=[])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    tables_all = costmodel.parse_prior(costmodel.derive(records(args.results, build_params()))) if args.results \
+        else costmodel.load_prior(args.prior)
+    rows = []
+    for n in (int(x) for x in args.gpus.split(",")):
+        tables = costmodel.tables_for(tables_all, args.gpu_name, n)
+        for level in (QUICK, FULL):
+            rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs))
+    checks = [check(p, args.results or ROOT / "results") for p in args.check]
+    if args.json:
+        print(json.dumps({"predictions": rows, "checks": checks}, indent=1))
+        return 0
+    print(f"predicted cost of `checks run --all` on {args.gpu_name} hosts, one cell, from the prior alone "
+          f"(jobs {args.jobs}; growth per extra rank with a GPU each: {costmodel.RANK_GROWTH:g}, an assumption)")
+    print(f"{'GPUs':>4} {'level':>5} {'variants':>8} {'predicted':>10} {'carried':>7} {'guessed':>7}  costliest probes")
+    for r in rows:
+        top = ", ".join(f"{p} {s:g} s" for p, s in r["top"])  # type: ignore[union-attr]
+        print(f"{r['gpus']:>4} {r['level']:>5} {r['variants']:>8} {r['predicted_s']:>9g}s "
+              f"{r['carried_to_unmeasured_sizes']:>7} {r['guessed']:>7}  {top}")
+    for c in checks:
+        print(f"check {c['run']} ({c['class']}, {c['variants']} timed variants): predicted {c['predicted_sum_s']} s / "
+              f"measured {c['measured_sum_s']} s = {c['ratio']} ({c['guessed']} guessed)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

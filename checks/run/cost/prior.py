@@ -1,0 +1,48 @@
+"""The records the packaged prior is made from: every timed result of a results root, as (host class, shape,
+seconds) (host side; ``tools/make_prior.py`` writes checks/run/cost/prior.json from them).
+
+Only timed results count (checks.run.runprogress.timed: not carried from an earlier run, not decided without
+running). A record whose world size exceeds its host's GPU count without saying its ranks share GPUs is left
+out: such keys come from runs made before shared placement was part of a variant's key, and their seconds
+would read as a GPU per rank. Folders and files that are links are not followed (the one results reader's rules
+apply to each file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from checks.results.store import read_file, read_manifest
+from checks.run import runprogress
+from checks.run.cost import model
+from inenv.probe import key_parts
+
+
+def records(root: Path, build_params: Mapping[str, str]) -> Iterator[tuple[str, model.Shape, float]]:
+    """(host class label, shape, seconds) of every timed result under ``root`` (one folder per host);
+    ``build_params``: each probe's build parameter (fi-jit: module), part of the shape."""
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()) if root.is_dir() else []
+    for folder in folders:
+        for path in sorted(p for p in folder.glob("*.jsonl") if not p.is_symlink()):
+            made = read_manifest(path.with_name(path.name.removesuffix(".jsonl") + ".manifest.json"))[0] or {}
+            cls = runprogress.host_class(made.get("facts"))
+            if cls is None:
+                continue
+            label = model.host_label(cls.gpu_name, cls.gpu_count)
+            for r in read_file(path)[0]:
+                if runprogress.timed(r) and (shape := shape_of(r.probe_id, r.variant, build_params)) is not None:
+                    if cls.gpu_count and shape.ranks > cls.gpu_count and not shape.shared:
+                        continue
+                    yield label, shape, r.verdict.duration_s
+
+
+def shape_of(probe: str, variant_key: str, build_params: Mapping[str, str]) -> model.Shape | None:
+    """The shape of a recorded variant key (``ranks=2,placement=shared,gpus=1,backend=nccl``); None when its
+    world size is not a number."""
+    params = dict(key_parts(variant_key))
+    ranks = params.get("ranks", "1")
+    if not ranks.isdigit():
+        return None
+    build = build_params.get(probe, "")
+    return model.Shape(probe, int(ranks), params.get("placement") == "shared", params.get(build, "") if build else "")
