@@ -89,7 +89,9 @@ def parser() -> argparse.ArgumentParser:
                    "is the first answer), then what full adds, and the table again")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X", help="multiply every probe timeout")
-    p.add_argument("--target-arch", default="12.0a,12.0f", help="cross-compile targets for compile probes")
+    p.add_argument("--target-arch", metavar="LIST", help="cross-compile targets for the compile probes beside the "
+                   "local GPU, e.g. 12.0a,12.0f, or none (default: none on a host with a GPU, which compiles for "
+                   "its own GPU only; 12.0a,12.0f on a host without one)")
     p.add_argument("--compile-cache", type=Path, metavar="DIR", help="compiled JIT modules shared by every cell "
                    "and run (default: $STACKPROBE_COMPILE_CACHE, else .cache/compile of the checkout, or of the "
                    "current folder when installed)")
@@ -157,12 +159,25 @@ def table_for(results: Path) -> Path:
     return results / "compatibility.md"
 
 
-def run_options(args: argparse.Namespace, argv: list[str]) -> RunOptions:
-    """The command line of `checks run` as options, validated; nothing past this function sees ``args``."""
+def target_archs(given: str | None) -> tuple[str, ...] | None:
+    """``--target-arch`` as targets: None when not given (the host decides: options.compile_targets), () for
+    ``none``."""
+    if given is None:
+        return None
+    if given.strip().lower() == "none":
+        return ()
     try:
-        archs = gpuarch.parse_targets(args.target_arch)
+        archs = gpuarch.parse_targets(given)
     except gpuarch.TargetError as exc:
         raise UsageError(f"checks run: --target-arch: {exc}") from None
+    if not archs:
+        raise UsageError("checks run: --target-arch: give targets such as 12.0a,12.0f, or none")
+    return archs
+
+
+def run_options(args: argparse.Namespace, argv: list[str]) -> RunOptions:
+    """The command line of `checks run` as options, validated; nothing past this function sees ``args``."""
+    archs = target_archs(args.target_arch)
     images = tuple(dict.fromkeys(i.strip() for given in args.image for i in given.split(",")))
     backend = backend_from_flags(args.backend, args.executor, args.local, bool(images))
     container = args.container_image or (images[0] if backend == SLURM and len(images) == 1 else None)

@@ -620,3 +620,25 @@ def test_missing_latency_names_the_back_end_that_ran_the_cell(tmp_path: Path, ex
     assert f"checks run --backend {executor} --only {cell} --probe ar-latency" in out
     others = {"venv", "docker", "slurm"} - {executor}
     assert not any(f"--backend {o} " in out for o in others), out
+
+
+def test_a_host_with_too_few_gpus_says_in_one_line_what_a_bigger_host_would_time() -> None:
+    cell = "cu130-torch2.11.0-sglnone-fi0.7.4"
+    note = "needs 2 GPUs (a latency of ranks time-slicing one GPU means nothing), host has 1"
+    skipped = [ProbeResult("r1", "h200x1-12345678", cell, "ar-latency", f"ranks=2,backend={b}",
+                           Verdict(Status.SKIP, "too-few-gpus", note), "2026-12-06T00:00:00Z")
+               for b in ("nccl", "nccl-direct", "symm-mem-one-shot", "symm-mem-two-shot", "flashinfer-custom-ar",
+                         "flashinfer-pcie-ipc")]
+    got = advise.advise_cell("h200x1-12345678", cell, 2, skipped, {"gpu_count": 1}, "venv")
+    assert got.missing == (advise.Missing(
+        "allreduce latency at 2 ranks (nccl, nccl-direct, symm-mem-one-shot, symm-mem-two-shot, "
+        "flashinfer-custom-ar, flashinfer-pcie-ipc)",
+        "needs 2 GPUs (a latency of ranks time-slicing one GPU means nothing), host has 1; a host with a GPU per "
+        "rank would time these and rank them here"),)
+    other = [ProbeResult("r1", "h200x1-12345678", cell, "ar-latency", "ranks=2,backend=flashinfer-pcie-ipc",
+                         Verdict(Status.SKIP, "missing-package", "flashinfer is not installed"),
+                         "2026-12-06T00:00:00Z"), skipped[0]]
+    lines = advise.advise_cell("h200x1-12345678", cell, 2, other, {"gpu_count": 1}, "venv").missing
+    whats = [m.what for m in lines]
+    assert whats[0] == "allreduce latency at 2 ranks (nccl)"
+    assert lines[whats.index("flashinfer-pcie-ipc")].why == "skip (missing-package): flashinfer is not installed"

@@ -38,6 +38,7 @@ BASELINE = "nccl"
 NCCL_BACKENDS = frozenset({"nccl", "nccl-direct"})
 # The tie threshold assumed where the host timed no backend twice at a size: the probe's agreement with
 # nccl-tests (within 4.2% on 2x H200) rounded up; measured spreads replace it (``spreads``).
+TOO_FEW_GPUS = "too-few-gpus"  # the skip of a variant whose ranks need more GPUs than the host has
 NOISE = 0.05
 DTYPE_BYTES = 2  # ar-latency measures bf16
 DECLARED = registry.declarations()  # what each probe records: advise reads keys through its roles
@@ -314,10 +315,14 @@ def _curves(cell_id: str, cell: CellId | None, rs: Sequence[ProbeResult],
     timed = {r.params.get("backend", ""): r for r in rs if r.probe_id == LATENCY_PROBE}
     curves: list[Curve] = []
     missing: list[Missing] = []
+    short: list[ProbeResult] = []  # skipped for too few GPUs: one line for all, what a bigger host would add
     for backend in BACKENDS:
         lat = timed.get(backend)
         if lat is None:
             missing.append(Missing(backend, "no ar-latency result", _rerun(LATENCY_PROBE, cell_id, cell, executor)))
+            continue
+        if lat.verdict.status is Status.SKIP and lat.verdict.reason_code == TOO_FEW_GPUS:
+            short.append(lat)
             continue
         if lat.verdict.status is Status.SKIP:
             missing.append(Missing(backend, _skip_why([lat])))
@@ -338,7 +343,20 @@ def _curves(cell_id: str, cell: CellId | None, rs: Sequence[ProbeResult],
             ratio = dict.fromkeys(latency, 1.0)
         curves.append(Curve(backend, dict(sorted(latency.items())), dict(sorted(ratio.items())),
                             (lat.result_id, proof.result_id)))
+    if short:
+        missing.insert(0, bigger_host(short))
     return curves, missing
+
+
+def bigger_host(short: Sequence[ProbeResult]) -> Missing:
+    """One line for the backends ar-latency skipped for too few GPUs: what a host with a GPU per rank would add
+    (their latency curves, hence a choice between them); nothing to rerun here."""
+    names = ", ".join(r.params.get("backend", "?") for r in short)
+    ranks = short[0].ranks
+    note = " ".join(short[0].verdict.note.split())[:300]
+    return Missing(f"allreduce latency at {ranks} ranks ({names})",
+                   f"{note}; a host with a GPU per rank would time {'it' if len(short) == 1 else 'these'} "
+                   "and rank them here")
 
 
 def _ratio(c: Curve, n: int, base: Curve | None) -> float | None:
@@ -631,7 +649,7 @@ def rank_counts(results: Iterable[ProbeResult], cell_id: str) -> list[int]:
     out = set()
     for r in results:
         if r.cell_id == cell_id and r.probe_id == LATENCY_PROBE and (n := r.ranks) is not None and not (
-                r.verdict.status is Status.SKIP and r.verdict.reason_code == "too-few-gpus"):
+                r.verdict.status is Status.SKIP and r.verdict.reason_code == TOO_FEW_GPUS):
             out.add(n)
     return sorted(out)
 

@@ -14,7 +14,7 @@ from checks.run import cells, runner
 from checks.run.backend import Backend, Targets
 from checks.run.container import client, unreachable
 from checks.run.executor import Executor, ExecutorError, for_run, gpu_lock_path, run_token
-from checks.run.options import AUTO, DOCKER, LOCAL, SLURM, VENV, RunOptions, UsageError
+from checks.run.options import AUTO, DOCKER, LOCAL, SLURM, VENV, RunOptions, UsageError, compile_targets
 from checks.run.runner import Hooks, RunReport, Work
 from checks.run.slurm_run import SlurmBackend
 from common import backend as provision_backend
@@ -47,12 +47,13 @@ class HostBackend:
         gpus = int(smi["gpu_count"])
         found, self.executors = self.find(opts, gpus)
         inspect = _peer_facts(self.executors, gpus)
-        return Targets(found, hostfacts.collect(inspect) if inspect else smi, gpus)
+        facts = hostfacts.collect(inspect) if inspect else smi
+        return Targets(found, facts, gpus, compile_targets(opts.target_archs, gpus, facts.get("compute_capability")))
 
     def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, str | None]:
         cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
         lock = gpu_lock_path() if self.gpu_lock and targets.gpus else None
-        self.executors = for_run(self.executors, opts.target_archs, cache, str(targets.facts["host_id"]), lock,
+        self.executors = for_run(self.executors, targets.compile.archs, cache, str(targets.facts["host_id"]), lock,
                                  run_token())
         return {cid: ex.fingerprint() for cid, ex in self.executors.items()}
 

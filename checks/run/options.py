@@ -60,7 +60,7 @@ class RunOptions:
     level: str | None = None  # None: quick first, then full (two passes; checks.run.session)
     as_json: bool = False
     timeout_scale: float = 1.0
-    target_archs: tuple[str, ...] = ("12.0a", "12.0f")
+    target_archs: tuple[str, ...] | None = None  # --target-arch; None: not given, the host decides (compile_targets)
     compile_cache: Path | None = None
     no_compile_cache: bool = False
     results: Path = REPO / "results"
@@ -115,6 +115,33 @@ class RunOptions:
         if self.slurm.time_minutes is not None and self.slurm.time_minutes < 1:
             raise UsageError(f"checks run: --time {self.slurm.time_minutes}: give 1 or more minutes")
         return self
+
+
+CROSS_TARGETS = ("12.0a", "12.0f")  # what a host without a GPU compiles for when --target-arch is not given
+
+
+@dataclass(frozen=True)
+class CompileTargets:
+    """The targets the compile probes build for beside the local GPU (fi-jit's ``arch=local``), decided once
+    from ``--target-arch`` and the host's GPUs, and the line the plan says it with."""
+
+    archs: tuple[str, ...]
+    why: str
+
+
+def compile_targets(asked: tuple[str, ...] | None, gpus: int, capability: str | None) -> CompileTargets:
+    """``--target-arch`` when given; else on a host with a GPU none (each module is compiled, when it must be,
+    for that GPU only: a user's GPU host needs no other), and on a host without one :data:`CROSS_TARGETS` (the
+    CPU machine builds what GPU hosts are given to carry). Pure."""
+    here = f"the local GPU (compute capability {capability or 'unknown'})" if gpus else ""
+    if asked is not None:
+        named = ", ".join(asked) or "none"
+        return CompileTargets(asked, f"compile targets: {named} (--target-arch)" + (f", and {here}" if here else ""))
+    if gpus:
+        return CompileTargets((), f"compile targets: {here} only, this host's own; cross targets only when "
+                                  f"asked (--target-arch {','.join(CROSS_TARGETS)})")
+    return CompileTargets(CROSS_TARGETS, f"compile targets: {', '.join(CROSS_TARGETS)} (no GPU here: the cross "
+                                         "targets GPU hosts are given to carry; --target-arch names others)")
 
 
 def backend_from_flags(backend: str, executor: str | None, local: bool, images: bool = False) -> str:

@@ -188,6 +188,8 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
         con.print(between(first, planned, opts, backend.name, store, targets.facts), markup=False,
                   highlight=False)
     show_plan(con, targets.facts, planned.items, probes)
+    if line := compile_line(targets, probes):
+        con.print(line, markup=False, highlight=False)
     for line in kernel_lines(carries, targets.facts.get("compute_capability") if targets.gpus else None):
         con.print(line, markup=False, highlight=False)
     with RunLock(store.folder):
@@ -243,11 +245,11 @@ def select_probes(opts: RunOptions) -> dict[str, ModuleType]:
 def plan(opts: RunOptions, probes: dict[str, ModuleType], targets: Targets,
          fingerprints: dict[str, str | None]) -> Planned:
     """Cells x probes x variants on the targets' host, with the inputs each fresh result will record."""
-    host = dataclasses.replace(hostfacts.host_view(targets.facts, opts.target_archs), gpu_count=targets.gpus,
+    host = dataclasses.replace(hostfacts.host_view(targets.facts, targets.compile.archs), gpu_count=targets.gpus,
                                level=opts.level)
     items = plan_work(targets.cells, probes, host, opts.timeout_scale)
-    inputs = {it.key: incremental.inputs_for(it, fingerprints.get(it.cell.cell_id), targets.facts, opts.target_archs)
-              for it in items if it.runs}
+    inputs = {it.key: incremental.inputs_for(it, fingerprints.get(it.cell.cell_id), targets.facts,
+                                             targets.compile.archs) for it in items if it.runs}
     costs = {pid: dict(declared(mod).build_cost) for pid, mod in probes.items()}
     return Planned(items, provenance.probe_hashes(probes), provenance.checkout(), inputs, fingerprints, costs)
 
@@ -325,6 +327,12 @@ def defer(opts: RunOptions, planned: Planned, carries: dict[str, dict[str, tuple
     capability = targets.facts.get("compute_capability") if targets.gpus else None
     items = deferred_sizes(deferred(planned.items, carries, capability, unpublished))
     return dataclasses.replace(planned, items=items)
+
+
+def compile_line(targets: Targets, probes: dict[str, ModuleType]) -> str:
+    """The plan's line naming what the compile probes (those that build: ``ProbeSpec.build_param``) build for
+    and why; "" when none is selected."""
+    return f"  {targets.compile.why}" if any(mod.SPEC.build_param for mod in probes.values()) else ""
 
 
 def show_plan(con: Any, facts: dict[str, Any], items: list[WorkItem], probes: dict[str, Any]) -> None:
