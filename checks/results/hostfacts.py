@@ -235,7 +235,7 @@ def _cpu_model() -> str | None:
 
 def host_view(facts: dict[str, Any], target_archs: tuple[str, ...] | None = None) -> HostView:
     kwargs: dict[str, Any] = {}
-    if target_archs:
+    if target_archs is not None:  # () is an answer: the local GPU only
         kwargs["target_archs"] = target_archs
     return HostView(gpu_count=int(facts.get("gpu_count") or 0), compute_capability=facts.get("compute_capability"),
                     gpu_name=facts.get("gpu_name"), **kwargs)

@@ -24,19 +24,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from checks.run.options import RunOptions
+from checks.run.options import CompileTargets, RunOptions
 from checks.run.plan import CellTarget
 from checks.run.runner import Hooks, RunReport, Work
 
 
 @dataclass(frozen=True)
 class Targets:
-    """The selected cells and where they run: the host facts the run records and plans with, and the GPU
-    count every worker is told (for Slurm, the most one job asks for)."""
+    """The selected cells and where they run: the host facts the run records and plans with, the GPU
+    count every worker is told (for Slurm, the most one job asks for), and the targets the compile probes
+    build for there (options.compile_targets: ``--target-arch`` and those GPUs, decided once)."""
 
     cells: list[CellTarget]
     facts: dict[str, Any]
     gpus: int
+    compile: CompileTargets
 
 
 class Backend(Protocol):

@@ -41,7 +41,7 @@ from checks.run.executor import (
     worker_args,
 )
 from checks.run.isolate import ProcessOutcome
-from checks.run.options import SLURM, RunOptions
+from checks.run.options import SLURM, RunOptions, compile_targets
 from checks.run.plan import CellState, CellTarget, ImageState, WorkItem
 from checks.run.runner import Hooks, Recorder, RunReport, Work, begin, iso, level_variant, now_iso
 from checks.run.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
@@ -378,14 +378,14 @@ class SlurmBackend:
             self.launches = {cid: slurm_jobs.Launch(ex.python, env=ex.extra_env) for cid, ex in self.executors.items()}
         first = next(iter(self.launches.values()), slurm_jobs.Launch(sys.executable))
         facts = node_facts(opts, site, gpus, first, lambda line: print(line, file=sys.stderr, flush=True))
-        return Targets(found, facts, gpus)
+        return Targets(found, facts, gpus, compile_targets(opts.target_archs, gpus, facts.get("compute_capability")))
 
     def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, str | None]:
         cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)  # on the shared file system the code is on, as the nodes see it
         token = run_token()
-        envs = {cid: run_env(cid, opts.target_archs, cache, token=token) for cid in self.launches}
+        envs = {cid: run_env(cid, targets.compile.archs, cache, token=token) for cid in self.launches}
         self.launches = {cid: replace(launch, env=(*envs[cid], *launch.env)) for cid, launch in self.launches.items()}
         # the interpreters are on the file system the nodes share: what they hold is read from here
         return {cid: ex.with_run_env(envs[cid]).fingerprint() for cid, ex in self.executors.items()}

@@ -45,6 +45,16 @@ that passes and loads is published in the compile cache as flashinfer's AOT fold
 (``_flashinfer.publish``), which the GPU probes point flashinfer at (``_flashinfer.use_prebuilt``), so they
 load what was built and proved here instead of compiling inside their watchdog.
 
+What the engine would load counts: for ``arch=local``, a module this environment already has for its GPU is
+judged instead of compiled again (``_fi_build.existing``): a library of an installed flashinfer-jit-cache, else
+one in flashinfer's own JIT cache (``$FLASHINFER_WORKSPACE_BASE`` or the home folder, ``.cache/flashinfer/
+<version>/<arch>/cached_ops``) that flashinfer would load as it is (its build.ninja the one this flashinfer
+writes, ninja finding nothing to do). It is read back (the module's entry points, SASS for this GPU) and
+loaded; one that is stale, lacks the entry points or holds no SASS for this GPU is compiled instead, and
+the result says why (evidence ``environment_lacks``). Every result says where its module came from
+(evidence ``module_from``): the environment's JIT cache, the flashinfer-jit-cache package, the cell's carried
+set, stackprobe's compile cache, or compiled now.
+
 Planning filter: ``STACKPROBE_FI_JIT_ONLY="vllm_comm@12.0a,trtllm_comm@local"`` keeps only those pairs
 (CI compiles the smallest module for one arch). JIT cache: ``STACKPROBE_JIT_CACHE`` (reused between runs),
 else the variant's scratch directory.
@@ -222,11 +232,27 @@ def cached_note(result: dict[str, Any]) -> str:
     if result.get("cached_by") == "carried":
         return (f"carried: the cell's own {origin.get('name') or 'module'} (built {stamp} by provision build "
                 f"with nvcc {origin.get('nvcc') or '?'} for {origin.get('arch_list')}); nothing compiled here")
+    if result.get("cached_by") in _fi_build.ENV_SOURCES:
+        extra = f", provider {origin.get('provider')}" if origin.get("provider") else ""
+        where = _fi_build.ENV_SOURCES[str(result["cached_by"])]
+        return (f"from {where}: {origin.get('path')} (written {stamp}{extra}), what flashinfer loads here; "
+                "nothing compiled")
     if result.get("cached_by") == "store":
         who = origin.get("cell") or origin.get("host") or "an unrecorded build"
         return (f"cached: from the compile cache, built {stamp} by {who} with flashinfer "
                 f"{origin.get('flashinfer')} for {origin.get('arch_list')}")
     return f"cached: ninja found every object up to date (built {stamp})"
+
+
+MODULE_FROM = {**_fi_build.ENV_SOURCES, "carried": "the cell's carried kernel set",
+               "store": "stackprobe's compile cache",
+               "store-objects": "stackprobe's compile cache (objects), linked now",
+               "run": "this run's build for another target", "ninja": "stackprobe's JIT cache (ninja up to date)"}
+
+
+def module_from(result: dict[str, Any]) -> str:
+    """Where the module a result judges came from (:data:`MODULE_FROM`), or ``compiled now``."""
+    return MODULE_FROM.get(str(result.get("cached_by")), "compiled now") if result.get("cached") else "compiled now"
 
 
 def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) -> dict[str, Any]:
@@ -265,6 +291,8 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
     if cached:
         metrics["cached"] = True  # nothing was compiled in this run; compile_s would time nothing
         evidence["cached_from"] = result.get("cached_from")
+    if stage not in ("absent", "import"):
+        evidence["module_from"] = module_from(result)
     if err:
         evidence["error_lines"] = _fi_build.error_lines(err)
         evidence["error_tail"] = err[-1500:]
@@ -360,6 +388,14 @@ def run(ctx: RankContext) -> dict[str, Any]:
             return answered
     elif why_not:
         ctx.log(f"the carried {module} is not used: {why_not}")
+    lacks: list[dict[str, Any]] = []
+    if arch == LOCAL and _fi_build.might_have(fi.version(), os.environ):
+        local_cc = _local_cc()
+        if local_cc is None:
+            return _no_gpu()
+        answered, lacks = from_environment(ctx, module, local_cc)
+        if answered is not None:
+            return answered
     cache = os.environ.get(CACHE_ENV) or str(ctx.workdir / "jit-cache")
     env = build_env(arch, cache)
     tk = toolkit.resolve(env, flashinfer=True)
@@ -389,6 +425,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if local_cc:
         result["local_capability"] = local_cc
     out = verdict(module, arch, result, _objects_targets(result))
+    if lacks:
+        out["evidence"]["environment_lacks"] = lacks
     if side is not None:
         out["evidence"]["side_builds"] = _await_side_builds(side)
     if arch == LOCAL and out["status"] == "pass":
@@ -397,6 +435,58 @@ def run(ctx: RankContext) -> dict[str, Any]:
         if where:
             out["evidence"]["published_for_probes"] = where
     return out
+
+
+def environment_env() -> dict[str, str]:
+    """The environment flashinfer loads modules in here: this one untouched (its FLASHINFER_WORKSPACE_BASE or
+    home folder, its flashinfer-jit-cache), with this code's path added and the arch list left to flashinfer's
+    own detection, as for a local build."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_repo_root(), env.get("PYTHONPATH", "")) if p)
+    env.pop("FLASHINFER_CUDA_ARCH_LIST", None)
+    return env
+
+
+def lacking(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each library the environment has that flashinfer would not load as it is, or that is not the module for
+    this GPU, with why (paths and reasons as read: they name the environment's own folders)."""
+    return [{"source": f.get("source"), "library": _carried.visible(str(f.get("library")), 400),
+             "why": _carried.visible(str(f.get("stale") or f.get("refused")), 400)}
+            for f in found if isinstance(f, dict) and (f.get("stale") or f.get("refused"))]
+
+
+def from_environment(ctx: RankContext, module: str, capability: str, env: dict[str, str] | None = None,
+                     load: bool = True) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The verdict on what this environment already has of ``module`` for a GPU of ``capability``
+    (``_fi_build.existing``: found where flashinfer looks, read back and loaded as flashinfer loads it),
+    published for the GPU probes when it passes; None when it has nothing flashinfer would load as it is for this GPU,
+    with each library looked at and why it is not taken (the variant then compiles)."""
+    env = environment_env() if env is None else env
+    result = _fi_build.existing_subprocess(module, env, timeout_s=max(120.0, SPEC.timeout_s / 10),
+                                           capability=capability, load=load)
+    found = [f for f in result.get("found") or [] if isinstance(f, dict)]
+    lacks = lacking(found)
+    for f in lacks:
+        ctx.log(f"{f['library']} ({_fi_build.ENV_SOURCES.get(str(f['source']), f['source'])}) is not used: {f['why']}")
+    if result.get("stage") in ("none", "import", "absent", "spec", "timeout", "crash"):
+        if result.get("stage") != "none":
+            ctx.log(f"looking for {module} in this environment stopped at {result.get('stage')}: "
+                    f"{str(result.get('error', ''))[-300:]}")
+        return None, lacks
+    result["local_capability"] = capability
+    torch_cuda = torch_cuda_version()
+    if torch_cuda:
+        result["torch_cuda"] = torch_cuda
+    ctx.log(f"{module}: {_fi_build.ENV_SOURCES.get(str(result.get('cached_by')), '?')} has {result.get('library')}")
+    out = verdict(module, LOCAL, result, _objects_targets(result))
+    out["evidence"]["environment_found"] = [{k: f.get(k) for k in ("source", "library", "provider")} for f in found]
+    if lacks:
+        out["evidence"]["environment_lacks"] = lacks
+    if out["status"] == "pass":
+        where = _fi_prebuild.publish_loaded(module, result)
+        if where:
+            out["evidence"]["published_for_probes"] = where
+    return out, lacks
 
 
 def _local_cc() -> str | None:
@@ -495,6 +585,12 @@ def _prebuild_others(ctx: RankContext, module: str, cache: str,
         return None
     carried = _carried.usable(_carried.aot_dir())[0]
     others = [m for m in fi.COMM_MODULES if m != module and not (m in carried and carried[m].runs_on(local_cc))]
+    if others and _fi_build.might_have(fi.version(), os.environ):  # what the environment has, its variant loads
+        have = _fi_build.have_subprocess(others, environment_env(), timeout_s=300.0, capability=local_cc)
+        if have:
+            named = ", ".join(f"{m} ({_fi_build.ENV_SOURCES.get(w, w)})" for m, w in have.items())
+            ctx.log(f"this environment has {named}: not built side by side")
+        others = [m for m in others if m not in have]
     if not others:
         return None
     # a workspace of their own: a probe that compiles a module itself meanwhile never shares a build folder
