@@ -315,6 +315,38 @@ def test_advise_names_the_shared_gpu_step_checks_without_ranking_them(capsys: py
     assert "Measured step —" not in out
 
 
+def test_advise_names_a_shared_placement_step_checked_with_one_case_per_dtype(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A shared-placement step result runs no model shapes: its one agreement case per dtype stands for every
+    model, with the kernels its replay launched, and is never ranked."""
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURE, results)
+    run = "20261129T180000Z-5e0f"
+    kernel = "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 3>(vllm::RankData*)"
+    row = {
+        "schema": "stackprobe.result/2", "run_id": run, "host_id": H200, "cell_id": CELL, "probe_id": "step",
+        "variant": "ranks=3,placement=shared,gpus=1,backend=flashinfer-custom-ar", "status": "pass",
+        "reason_code": "", "note": "", "remediation": "", "metrics": {},
+        "evidence": {"timed": False, "models": {}, "cases": [],
+                     "checked": "set-up and one exact agreement case per dtype; shapes are checked at a GPU per rank",
+                     "shared_checks": {"bf16:graph:256x8192": {"verdict": "ok", "launched": {
+                         "kernels": {kernel: 1}, "nccl": False}}}},
+        "started_at": "2026-11-29T18:00:00Z", "duration_s": 5.0,
+        "code": {"version": "0.1.0", "commit": "0" * 40, "dirty": False, "probe_hash": "0123456789abcdef"},
+    }
+    (results / H200 / f"{run}.jsonl").write_text(json.dumps(row) + "\n")
+    manifest = json.loads((results / H200 / "20261129T164359Z-5173.manifest.json").read_text())
+    manifest["run_id"] = run
+    (results / H200 / f"{run}.manifest.json").write_text(json.dumps(manifest))
+    assert main(["advise", "--results", str(results), "--host", H200, "--cell", CELL, "--model", "qwen3-32b",
+                 "--tp", "3"]) == 0
+    out = capsys.readouterr().out
+    block = out.split(f"Step — tp 3, cell `{CELL}`: checked, not timed")[1].split("\n\n")[0]
+    assert "- flashinfer-custom-ar (cross_device_reduce_1stage)" in block
+    assert "checked these backends with the ranks sharing one GPU" in block
+    assert "Measured step —" not in out
+
+
 def test_case_keys_follow_advise_draft_counting() -> None:
     assert measured.case_keys(8, 4) == ("decode:8", "verify:8x3")
     assert measured.short_kernel("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankData*)") \

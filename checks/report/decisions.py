@@ -451,9 +451,10 @@ def blocks(d: HostDecision) -> list[Block]:
             out.append(measured_block(c.measured, c.estimate, c.advice.curves, c.accept, c.advice.not_for_verify))
         elif c.shared_step:
             out.append(Block(f"Step — tp {c.advice.ranks}, cell `{c.advice.cell_id}`: checked, not timed",
-                             ["The step probe ran every layer's blocks of this model with the ranks sharing one GPU: "
-                              "exact, with the kernels it launched, but a time-sliced GPU's times mean nothing, so "
-                              "nothing is ranked on it; run it on a host with a GPU per rank.",
+                             ["The step probe checked these backends with the ranks sharing one GPU: exact, with "
+                              "the kernels they launched, but a time-sliced GPU's times mean nothing, so nothing is "
+                              "ranked on it; run it on a host with a GPU per rank to check and time this model's "
+                              "step.",
                               *(f"- {recorded(x)}" for x in c.shared_step)]))
         if c.estimate is not None:
             out.append(estimate_block(c.estimate, c.usable, c.accept, c.advice.not_for_verify))

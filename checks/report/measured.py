@@ -143,14 +143,15 @@ def consistent(row: MeasuredRow, latency_us: Mapping[int, float], noise: float) 
 
 def checked_shared(results: Iterable[ProbeResult], cell_id: str, ranks: int, model: str) -> tuple[str, ...]:
     """``backend (kernel, ...)`` for every step variant of this cell and rank count that ran with ranks sharing
-    one GPU and passed for ``model``: exact there, never timed."""
+    one GPU and passed for ``model`` (its cases by model), or for every model (its ``shared_checks``: the
+    backend's set-up and one agreement case per dtype): exact there, never timed."""
     out = []
     for r in results:
         if (r.probe_id != STEP_PROBE or r.cell_id != cell_id or r.ranks != ranks or not r.shared_gpu
                 or r.verdict.status is not Status.PASS):
             continue
         cases = r.verdict.evidence.get("per_case")
-        mine = cases.get(model) if isinstance(cases, Mapping) else None
+        mine = cases.get(model) if isinstance(cases, Mapping) else r.verdict.evidence.get("shared_checks")
         if not isinstance(mine, Mapping) or not mine:
             continue
         names = sorted({short_kernel(str(k)) for c in mine.values() if isinstance(c, Mapping)
