@@ -218,3 +218,25 @@ def test_every_result_says_where_its_module_came_from(result: dict[str, Any], sa
     assert fi_jit.module_from(result) == says
     out = fi_jit.verdict("vllm_comm", "12.0a", {"stage": "done", "flashinfer": VERSION, **result}, ["sm_120a"])
     assert out["evidence"]["module_from"] == says
+
+
+def test_a_build_file_written_in_scratch_reads_as_in_the_users_cache(tmp_path: Path) -> None:
+    (tmp_path / "scratch-real").mkdir()
+    (tmp_path / "scratch").symlink_to(tmp_path / "scratch-real")  # a temporary folder reached through a link
+    (tmp_path / "home-real").mkdir()
+    (tmp_path / "home").symlink_to(tmp_path / "home-real")
+    written = (f"build {tmp_path}/scratch-real/vllm_comm/a.cuda.o: cuda_compile /site/a.cu\n"
+               f"build {tmp_path}/scratch/vllm_comm/vllm_comm.so: link {tmp_path}/scratch-real/vllm_comm/a.cuda.o\n")
+    assert _fi_build.as_placed(written, tmp_path / "scratch", tmp_path / "home" / "ops") == (
+        f"build {tmp_path}/home-real/ops/vllm_comm/a.cuda.o: cuda_compile /site/a.cu\n"
+        f"build {tmp_path}/home/ops/vllm_comm/vllm_comm.so: link {tmp_path}/home-real/ops/vllm_comm/a.cuda.o\n")
+
+
+def test_one_look_says_which_modules_the_environment_has(cached: tuple[Path, Path, Path]) -> None:
+    site, base, lib = cached
+    env = lookup_env(site, base)
+    # trtllm_comm: the stand-in has no generator for it, so the environment has none
+    assert _fi_build.have_subprocess(["vllm_comm", "trtllm_comm"], env, 120, capability="9.0") == {
+        "vllm_comm": {"source": "env-jit-cache", "library": str(lib), "name": "vllm_comm", "arch_dir": None,
+                      "flashinfer": VERSION}}
+    assert _fi_build.have_subprocess(["vllm_comm"], env, 120, capability="12.0") == {}

@@ -655,7 +655,16 @@ def ninja_now(spec: Any, build_dir: Path) -> str | None:
             text = ninja_path.read_text()
         except Exception:
             return None
-    return text.replace(str(ninja_path.parent), str(build_dir)).replace(scratch, str(build_dir.parent))
+    return as_placed(text, Path(scratch), build_dir.parent)
+
+
+def as_placed(text: str, scratch: Path, ops: Path) -> str:
+    """A build file written under the ops folder ``scratch`` as it reads under ``ops``: flashinfer names
+    objects and the library by resolved paths, so the resolved folder maps to the resolved one, and any
+    unresolved spelling to the unresolved one."""
+    for written, real in ((scratch.resolve(), ops.resolve()), (scratch, ops)):
+        text = text.replace(str(written), str(real))
+    return text
 
 
 def staleness(spec: Any, build_dir: Path) -> str:
@@ -783,19 +792,21 @@ def existing_subprocess(module: str, env: dict[str, str], timeout_s: float, capa
             "error": f"exited {proc.returncode} without an answer\n{(proc.stdout + proc.stderr)[-3000:]}"}
 
 
-def have(modules: list[str], capability: str | None) -> dict[str, str]:
+def have(modules: list[str], capability: str | None) -> dict[str, dict[str, Any]]:
     """Which of ``modules`` this environment has as flashinfer would load them and fit for a GPU of
-    ``capability`` (nothing loaded), each with where (:data:`ENV_SOURCES`'s keys); one flashinfer import for all."""
-    out: dict[str, str] = {}
+    ``capability`` (nothing loaded), each with where (``source``: :data:`ENV_SOURCES`'s keys), its library,
+    name, flashinfer's arch folder and release; one flashinfer import for all."""
+    out: dict[str, dict[str, Any]] = {}
     for module in modules:
         found = existing(module, capability)
         if found.get("stage") == "done":
-            out[module] = str(found.get("cached_by"))
+            out[module] = {"source": found.get("cached_by"), **{k: found.get(k) for k in
+                                                                ("library", "name", "arch_dir", "flashinfer")}}
     return out
 
 
 def have_subprocess(modules: list[str], env: dict[str, str], timeout_s: float,
-                    capability: str | None = None) -> dict[str, str]:
+                    capability: str | None = None) -> dict[str, dict[str, Any]]:
     """:func:`have` in a fresh interpreter with ``env``; {} when it gives no answer."""
     cmd = [sys.executable, "-m", "inenv.kit._fi_build", "--existing", "--have", *modules,
            *(["--capability", capability] if capability else [])]
@@ -806,7 +817,7 @@ def have_subprocess(modules: list[str], env: dict[str, str], timeout_s: float,
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             got = json.loads(line[len(RESULT_PREFIX):])
-            return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}
+            return {str(k): v for k, v in got.items() if isinstance(v, dict)} if isinstance(got, dict) else {}
     return {}
 
 

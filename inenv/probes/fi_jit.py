@@ -587,9 +587,14 @@ def _prebuild_others(ctx: RankContext, module: str, cache: str,
     others = [m for m in fi.COMM_MODULES if m != module and not (m in carried and carried[m].runs_on(local_cc))]
     if others and _fi_build.might_have(fi.version(), os.environ):  # what the environment has, its variant loads
         have = _fi_build.have_subprocess(others, environment_env(), timeout_s=300.0, capability=local_cc)
-        if have:
-            named = ", ".join(f"{m} ({_fi_build.ENV_SOURCES.get(w, w)})" for m, w in have.items())
-            ctx.log(f"this environment has {named}: not built side by side")
+        for m, found in have.items():
+            # the GPU probes are told it needs no compile; its own variant reads it back and loads it
+            where = fi.publish(str(found.get("name") or m), str(found.get("library") or ""),
+                               found.get("flashinfer"), str(found.get("arch_dir") or ""))
+            if where:
+                fi.mark_published(m, where)
+            ctx.log(f"this environment has {m} ({_fi_build.ENV_SOURCES.get(str(found.get('source')), '?')}): "
+                    f"not built side by side{'' if where else ', and not published for the GPU probes'}")
         others = [m for m in others if m not in have]
     if not others:
         return None
