@@ -87,8 +87,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=LEVELS, help="quick: fi-jit's smallest module only and the GPU probes at one "
                    "message size, marked as such in the table; full: everything; not given: quick first (its table "
                    "is the first answer), then what full adds, and the table again")
+    p.add_argument("--budget", type=float, metavar="MIN", help="fit the run into MIN minutes: the plan says its "
+                   "cost first, the least informative variants are left out as not-run over-budget (larger world "
+                   "sizes, ranks sharing GPUs, sustained load go first) and nothing starts after the time is up")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X", help="multiply every probe timeout")
+    p.add_argument("--cold-ranks", action="store_true", help="start fresh rank processes for every variant (default "
+                   "on local and venv cells: a cell's variants of one world size share rank processes that imported "
+                   "their libraries once; a variant that fails, hangs or leaves state behind ends them)")
     p.add_argument("--target-arch", metavar="LIST", help="cross-compile targets for the compile probes beside the "
                    "local GPU, e.g. 12.0a,12.0f, or none (default: none on a host with a GPU, which compiles for "
                    "its own GPU only; 12.0a,12.0f on a host without one)")
@@ -186,7 +192,8 @@ def run_options(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         probes=tuple(args.probe), all_probes=args.all, cuda=args.cuda, only=tuple(args.only),
         backend=backend, python=args.python, images=images, slurm=slurm,
         resume=args.resume, fresh=args.fresh, jobs=default_jobs() if args.jobs is None else args.jobs,
-        level=args.level, as_json=args.json,
+        level=args.level, as_json=args.json, cold_ranks=args.cold_ranks,
+        budget_s=None if args.budget is None else args.budget * 60.0,
         timeout_scale=args.timeout_scale, target_archs=archs, compile_cache=args.compile_cache,
         no_compile_cache=args.no_compile_cache, results=args.results, matrix=args.matrix, envs=args.envs,
         report=report_path(args), argv=tuple(argv)).check()

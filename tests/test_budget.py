@@ -74,8 +74,8 @@ def test_fit_keeps_the_most_informative_that_fit_and_says_what_it_left() -> None
     assert "tier 4 of 4" in left[load.key].decided.note and "sustained load" in left[load.key].decided.note
     assert [it.key for it in fitted.items] == [it.key for it in items]  # plan order kept
     lines = budget.left_out_lines(fitted)
-    assert lines[0].startswith("budget 16 s: the plan's cost, about 2m06s, does not fit; running about 16 s and "
-                               "leaving out 2 variant(s)")
+    assert lines[0].startswith("budget: 16 s left, and this pass's cost, about 2m06s, does not fit; running about "
+                               "16 s and leaving out 2 variant(s)")
     assert "step 1 (a GPU per rank at other world sizes), step 1 (sustained load)" in lines[0]
     assert "`checks run --probe step`" in lines[1]
 
@@ -84,7 +84,7 @@ def test_a_budget_the_plan_fits_leaves_nothing_out() -> None:
     items = [gpu_item(2), cpu_item("a")]
     fitted = budget.fit(items, {items[0].key: 3.0, items[1].key: 2.0}, budget_s=60.0, jobs=1, gpus=2)
     assert fitted.left_out == [] and fitted.items == items
-    assert budget.left_out_lines(fitted) == ["budget 1m00s: the plan's cost, about 5.0 s, fits"]
+    assert budget.left_out_lines(fitted) == ["budget: 1m00s left, and this pass's cost, about 5.0 s, fits"]
 
 
 def test_items_that_do_not_run_cost_nothing_and_stay_as_they_were() -> None:

@@ -8,6 +8,7 @@ checks.run.backends.BACKENDS): ``docker`` (cell images), ``venv`` (venv cells), 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ REPO = WORK_ROOT  # the checkout, or the current folder for an installed wheel (
 AUTO, DOCKER, VENV, LOCAL, SLURM = "auto", "docker", "venv", "local", "slurm"
 BACKEND_CHOICES = (AUTO, DOCKER, VENV, LOCAL, SLURM)
 MAX_DEFAULT_JOBS = 4
+MAX_BUDGET_S = 7 * 86400.0  # --budget: a week, in seconds
 
 
 class UsageError(Exception):
@@ -59,6 +61,10 @@ class RunOptions:
     jobs: int = field(default_factory=default_jobs)  # the command line's default too
     level: str | None = None  # None: quick first, then full (two passes; checks.run.session)
     as_json: bool = False
+    # --cold-ranks: every variant in rank processes of its own; default: a cell's variants share rank processes
+    # kept between them where the executor can keep them (local and venv cells: checks.run.serving, inenv.warm)
+    cold_ranks: bool = False
+    budget_s: float | None = None  # --budget: the seconds the whole command may take (checks.run.cost.budget)
     timeout_scale: float = 1.0
     target_archs: tuple[str, ...] | None = None  # --target-arch; None: not given, the host decides (compile_targets)
     compile_cache: Path | None = None
@@ -73,6 +79,9 @@ class RunOptions:
         """The options themselves when they are consistent; else UsageError naming the option."""
         if self.timeout_scale <= 0:
             raise UsageError("checks run: --timeout-scale must be > 0")
+        if self.budget_s is not None and not (math.isfinite(self.budget_s) and 0 < self.budget_s <= MAX_BUDGET_S):
+            raise UsageError(f"checks run: --budget {self.budget_s / 60:g}: give the minutes this host can spare, "
+                             f"more than 0 and at most {MAX_BUDGET_S / 60:g}")
         reports = (self.report, self.report.with_suffix(".html")) if self.report is not None else ()
         if (why := outputs.first_problem((p, "checks run: --report") for p in reports)) is not None:
             raise UsageError(why)

@@ -35,6 +35,8 @@ from checks.results.store import RunLock, RunStore, latest_run, next_run_id, rea
 from checks.run import incremental, manifest, runconsole, runprogress
 from checks.run.backend import Backend, Targets
 from checks.run.backends import BACKENDS, resolve
+from checks.run.cost import budget
+from checks.run.cost import model as costmodel
 from checks.run.options import REPO, RunOptions, UsageError
 from checks.run.plan import REUSED, WorkItem, deferred, deferred_sizes, plan_work, summary_counts
 from checks.run.runner import RunReport, Work, now_iso
@@ -79,6 +81,8 @@ def run(opts: RunOptions, con: Any) -> int:
         print(f"checks run: results folder: {why}; nothing was run (give --results DIR on a writable disk)",
               file=sys.stderr)
         return 2
+    # --budget: the whole command ends by then; each pass fits what is left of it (checks.run.cost.budget)
+    deadline = None if opts.budget_s is None else time.monotonic() + opts.budget_s
     passes = levels(opts)
     compiling = kernelstage.running() is not None  # the full level's plan changes when the stage ends
     ready = prepared(passes[-1]) if len(passes) > 1 and not (opts.resume or opts.fresh or compiling) else None
@@ -88,12 +92,14 @@ def run(opts: RunOptions, con: Any) -> int:
                   markup=False, highlight=False)
         passes = passes[-1:]
     staged = len(passes) > 1
+    if staged and ready is not None:
+        con.print(full_level_line(passes[-1], ready), markup=False, highlight=False)
     done: list[Pass] = []
     for i, level_opts in enumerate(passes):
         first = done[-1] if i and not done[-1].skipped else None
         if level_opts.level != QUICK and wait_for_kernels(con):
             ready = None  # the cells now carry what the stage built: the full level is planned again
-        outcome = one_pass(level_opts, con, staged, first, ready if i == len(passes) - 1 else None)
+        outcome = one_pass(level_opts, con, staged, first, ready if i == len(passes) - 1 else None, deadline)
         done.append(outcome)
         if outcome.code:
             break
@@ -158,6 +164,18 @@ def unchanged(opts: RunOptions, ready: Prepared) -> int | None:
     return None
 
 
+def full_level_line(opts: RunOptions, ready: Prepared) -> str:
+    """Said before the quick pass: what the full level after it should cost, from the durations this host (or
+    its class, or the packaged prior) recorded. Variants the quick pass answers at full fidelity are counted
+    too, so the figure leans long."""
+    host_id = str(ready.targets.facts["host_id"])
+    store = RunStore(opts.results, host_id, next_run_id(opts.results / host_id))  # no file until news
+    todo = reuse(opts, ready.planned, store).items
+    view = progress_view(opts, ready.backend.name, store, todo, ready.targets.facts)
+    return (f"cost: the quick answer first, then the full level: {len(view.expected)} variant(s) to run, "
+            f"{view.left().text()} ({view.basis()})")
+
+
 def prepared(opts: RunOptions) -> Prepared:
     """The chain's steps from the backend to the plan: backend -> probes -> targets -> prepare -> plan."""
     name, chosen = resolve(opts.backend)
@@ -167,10 +185,11 @@ def prepared(opts: RunOptions) -> Prepared:
     return Prepared(backend, chosen, probes, targets, plan(opts, probes, targets, backend.prepare(opts, targets)))
 
 
-def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready: Prepared | None = None) -> Pass:
+def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready: Prepared | None = None,
+             deadline: float | None = None) -> Pass:
     """The chain at ``opts.level``. ``staged``: one of two passes; ``first``: the quick pass before this one
     (said in the line between them, and with --fresh the only results this pass may reuse); ``ready``: this
-    pass's steps up to the plan, already done."""
+    pass's steps up to the plan, already done; ``deadline``: the monotonic time --budget ends the command at."""
     started = time.monotonic()
     ready = ready or prepared(opts)
     if ready.chosen:
@@ -187,14 +206,21 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
     if first is not None:
         con.print(between(first, planned, opts, backend.name, store, targets.facts), markup=False,
                   highlight=False)
+    view = progress_view(opts, backend.name, store, to_run(opts, planned, store), targets.facts, carries)
+    planned, view, fitted = fit_budget(opts, planned, view, targets.gpus, deadline)
     show_plan(con, targets.facts, planned.items, probes)
+    for line in budget.cost_lines(view.items, {k: e.seconds for k, e in view.expected.items()},
+                                  {k: e.seconds is None for k, e in view.expected.items()}):
+        con.print(f"  cost {line}", markup=False, highlight=False)
+    for line in budget.left_out_lines(fitted) if fitted is not None else ():
+        con.print(line, markup=False, highlight=False)
     if line := compile_line(targets, probes):
         con.print(line, markup=False, highlight=False)
     for line in kernel_lines(carries, targets.facts.get("compute_capability") if targets.gpus else None):
         con.print(line, markup=False, highlight=False)
     with RunLock(store.folder):
         written = write_manifest(opts, store, backend.name, targets, probes, planned)
-        report = execute(con, opts, backend, store, targets, planned, written, carries)
+        report = execute(con, opts, backend, store, targets, planned, written, carries, view, deadline)
         if first is not None and first.recorded and not report.interrupted:
             store.keep()  # the quick pass's answers, now recorded at the full level: the table drops "quick"
     if not store.results_path.exists() and not store.unstored:  # the store makes a run's files with its first news
@@ -361,15 +387,17 @@ def write_manifest(opts: RunOptions, store: RunStore, executor: str, targets: Ta
 
 
 def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targets: Targets, planned: Planned,
-            written: dict[str, Any], carries: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None) -> RunReport:
+            written: dict[str, Any], carries: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None,
+            view: runprogress.RunView | None = None, deadline: float | None = None) -> RunReport:
     """The backend runs the work; progress is shown as it goes (``carries``: the kernels each cell carries,
-    so a variant that loads them is not said to compile). Ctrl-C outside the backend's own handling still
+    so a variant that loads them is not said to compile; ``view``: the progress view the plan was costed
+    with). Nothing starts after ``deadline`` (--budget). Ctrl-C outside the backend's own handling still
     ends what it started."""
     con.print(f"[bold]results[/] {store.results_path}", highlight=False)
     codes = {pid: planned.code.for_probe(h) for pid, h in planned.hashes.items()}
-    view = progress_view(opts, backend.name, store, to_run(opts, planned, store), targets.facts, carries)
+    view = view or progress_view(opts, backend.name, store, to_run(opts, planned, store), targets.facts, carries)
     work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written,
-                costs=runprogress.start_costs(view.items, view.expected, planned.build_costs))
+                costs=runprogress.start_costs(view.items, view.expected, planned.build_costs), deadline=deadline)
     try:
         return runconsole.with_progress(con, view, lambda hooks: backend.run(opts, work, hooks))
     except KeyboardInterrupt:
@@ -392,11 +420,31 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     recorded = runprogress.learned(store.folder)
     compiles = {it.spec.id for it in todo if it.spec.build_param}
     lent = runprogress.lent(store.folder.parent, store.folder.name, facts, compiles)
-    return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend, lent), jobs=opts.jobs,
+    gpus = facts.get("gpu_count") if isinstance(facts.get("gpu_count"), int) else 0
+    prior = costmodel.tables_for(costmodel.load_prior(), str(facts.get("gpu_name") or ""), gpus)
+    return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend, lent, prior),
+                               jobs=opts.jobs, prior=prior,
                                compile_note=runprogress.compile_note(
                                    compile_cache_dir(opts.compile_cache, opts.no_compile_cache), carries,
                                    facts.get("compute_capability") if facts.get("gpu_count") else None),
                                history=recorded, lent=lent, backend=backend)
+
+
+def fit_budget(opts: RunOptions, planned: Planned, view: runprogress.RunView, gpus: int,
+               deadline: float | None) -> tuple[Planned, runprogress.RunView, budget.Fitted | None]:
+    """With --budget, the plan fitted into what is left of it (checks.run.cost.budget.fit): the variants left out
+    become not-run over-budget and the view counts only what runs; the fit itself (None without a budget)."""
+    if deadline is None:
+        return planned, view, None
+    seconds = {k: e.seconds for k, e in view.expected.items()}
+    fitted = budget.fit(planned.items, seconds, max(0.0, deadline - time.monotonic()), opts.jobs, gpus)
+    if not fitted.left_out:
+        return planned, view, fitted
+    gone = {it.key for it in fitted.left_out}
+    now = {it.key: it for it in fitted.items}
+    todo = [now.get(it.key, it) for it in view.items]
+    kept = dataclasses.replace(view, items=todo, expected={k: e for k, e in view.expected.items() if k not in gone})
+    return dataclasses.replace(planned, items=fitted.items), kept, fitted
 
 
 def finish(con: Any, opts: RunOptions, report: RunReport, gpus: int | None = None, staged: bool = False) -> int:

@@ -154,14 +154,15 @@ def cost_lines(items: Iterable[WorkItem], expected: Mapping[Key, float | None],
 def left_out_lines(fitted: Fitted) -> list[str]:
     """What ``fit`` left out, per probe and tier, and how to run it."""
     if not fitted.left_out:
-        return [f"budget {duration(fitted.budget_s)}: the plan's cost, about {duration(fitted.planned_s)}, fits"]
+        return [f"budget: {duration(fitted.budget_s)} left, and this pass's cost, about {duration(fitted.planned_s)}, "
+                "fits"]
     counts: dict[tuple[str, int], int] = defaultdict(int)
     for it in fitted.left_out:
         counts[(it.spec.id, fitted.tiers.get(it.key, 0))] += 1
     what = ", ".join(f"{probe} {n} ({TIER_NAMES[t]})" for (probe, t), n in sorted(counts.items()))
     probes = " ".join(f"--probe {p}" for p in sorted({it.spec.id for it in fitted.left_out}))
-    return [f"budget {duration(fitted.budget_s)}: the plan's cost, about {duration(fitted.planned_s)}, does not fit; "
-            f"running about {duration(fitted.kept_s)} and leaving out {len(fitted.left_out)} variant(s) as not-run "
-            f"over-budget: {what}",
+    return [f"budget: {duration(fitted.budget_s)} left, and this pass's cost, about {duration(fitted.planned_s)}, "
+            f"does not fit; running about {duration(fitted.kept_s)} and leaving out {len(fitted.left_out)} "
+            f"variant(s) as not-run over-budget: {what}",
             f"  to run them: the same command with a larger --budget or none, or `checks run {probes}` (what "
             "ran is reused, so only what was left out runs)"]
