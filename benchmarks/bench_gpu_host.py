@@ -4,6 +4,12 @@ many compiler processes the GPU host started, with or without the kernels the ce
     python3 benchmarks/bench_gpu_host.py --matrix matrices/h200-overlay.yaml --only 'cu130-*-fi0.7.4' \
         --case carried [--wheels .whl/overlay] [--base-python python3] [--limit 600] [--out DIR]
 
+``--case local``: the environment a user serves from: a venv over ``--base-python`` (its torch, CUDA libraries and
+NCCL) with the flashinfer wheels of ``--wheels`` installed into it, nothing carried, probed as it is with
+``checks run --backend local --python`` (the fi-jit probe loads what the environment's flashinfer JIT cache holds
+and compiles for this GPU only what it lacks). ``--cold``: afterwards the quick level once more with
+``--fresh --cold-ranks`` (every variant in rank processes of its own), its seconds as ``cold_quick_s`` beside
+``warm_quick_s`` (the same command without ``--cold-ranks``), for the A/B of warm ranks on one machine.
 ``--case carried``: the cell's kernel set (``.cache/kernels/<cell>/``, made on a CPU machine by `provision build`
 and copied here) is installed by `provision build`; ``--case none``: ``--kernel-archs none``, in a venv folder
 of its own, so nothing is carried and fi-jit compiles on this host. Then `checks run --all` (the quick pass,
@@ -95,7 +101,8 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--matrix", required=True)
     p.add_argument("--only", required=True)
-    p.add_argument("--case", choices=("carried", "none"), required=True)
+    p.add_argument("--case", choices=("carried", "none", "local"), required=True)
+    p.add_argument("--cold", action="store_true", help="then the quick level warm and cold (--cold-ranks), timed")
     p.add_argument("--wheels")
     p.add_argument("--base-python")
     p.add_argument("--limit", type=float, default=600.0)
@@ -108,13 +115,20 @@ def main(argv: list[str]) -> int:
     jit = Path(f"/tmp/jit-{args.case}")
     env = dict(os.environ, STACKPROBE_JIT_CACHE=str(jit), FLASHINFER_WORKSPACE_BASE=str(jit), PYTHONUNBUFFERED="1",
                STACKPROBE_COMPILE_CACHE=str(ROOT / ".cache" / f"compile-{args.case}"))
-    build = [sys.executable, "-m", "provision.cli", "build", "--backend", "venv", "--matrix", args.matrix,
-             "--only", args.only, "--venvs", str(venvs)]
-    build += ["--wheels", args.wheels, "--no-reach-check"] if args.wheels else []
-    build += ["--base-python", args.base_python] if args.base_python else []
-    build += ["--kernel-archs", "none"] if args.case == "none" else []
-    run = [sys.executable, "-m", "checks.cli", "run", "--all", "--backend", "venv", "--matrix", args.matrix,
-           "--only", args.only, "--results", str(res)]
+    serve = Path("/tmp/serve-venv")
+    if args.case == "local":
+        build = ["bash", "-c", f'set -e; {args.base_python or "python3"} -m venv --system-site-packages {serve}; '
+                 f'{serve}/bin/python -m pip install -q --no-index --no-deps {args.wheels}/*.whl']
+        run = [sys.executable, "-m", "checks.cli", "run", "--all", "--backend", "local", "--python",
+               str(serve / "bin" / "python"), "--results", str(res)]
+    else:
+        build = [sys.executable, "-m", "provision.cli", "build", "--backend", "venv", "--matrix", args.matrix,
+                 "--only", args.only, "--venvs", str(venvs)]
+        build += ["--wheels", args.wheels, "--no-reach-check"] if args.wheels else []
+        build += ["--base-python", args.base_python] if args.base_python else []
+        build += ["--kernel-archs", "none"] if args.case == "none" else []
+        run = [sys.executable, "-m", "checks.cli", "run", "--all", "--backend", "venv", "--matrix", args.matrix,
+               "--only", args.only, "--results", str(res)]
     log = out / f"gpu-host-{args.case}.log"
     table = res / "compatibility.md"
     got: dict[str, float] = {}
@@ -140,16 +154,25 @@ def main(argv: list[str]) -> int:
                 proc.wait()
         run_s = time.monotonic() - t1
         stop.set()
+        ab: dict[str, float | None] = {}
+        if args.cold:
+            for name, extra in (("warm_quick_s", []), ("cold_quick_s", ["--cold-ranks"])):
+                fh.write(f"\n== {name}: the quick level again, --fresh {' '.join(extra)}\n")
+                fh.flush()
+                t2 = time.monotonic()
+                again = subprocess.run([*run, "--level", "quick", "--fresh", "--no-report", *extra], cwd=ROOT,
+                                       env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=args.limit)
+                ab[name] = round(time.monotonic() - t2, 1) if again.returncode == 0 else None
     objects = sum(1 for _ in jit.rglob("*.o")) if jit.is_dir() else 0
     result = {
-        "backend": "venv", "case": args.case, "host_class": host_class(),
+        "backend": "local" if args.case == "local" else "venv", "case": args.case, "host_class": host_class(),
         "matrix": args.matrix, "only": args.only,
         "fi_jit_only": os.environ.get("STACKPROBE_FI_JIT_ONLY") or None,  # fi-jit's planned (module, target) pairs
         "build_s": round(build_s, 1), "build_rc": b.returncode,
         "first_table_s": round(got["first"], 1) if "first" in got else None,
         "full_s": round(run_s, 1) if rc is not None else None, "run_rc": rc, "limit_s": args.limit,
         "gpu_host_compiles": sum(watch.counts().values()), "compiles_in_build": compiles_in_build,
-        "compiler_processes": watch.counts(), "objects_compiled": objects,
+        "compiler_processes": watch.counts(), "objects_compiled": objects, **ab,
     }
     (out / f"gpu-host-{args.case}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

@@ -11,6 +11,7 @@
 # the set here, `tar -cJf .whl/k/kernels.tar.xz .cache/kernels/<cell>` (about a third of its size), and carry
 # .whl/k instead of .cache/kernels: every .whl/k/*.tar.xz is unpacked in the repository root first.
 # Back in $OUT: gpu-host-carried.json and .log, and res-carried.tgz (the run's results, for results/).
+# COLD=1: then the quick level warm and cold (--cold-ranks), timed (bench_gpu_host.py --cold).
 set -u
 cd "$(dirname "$0")/.."
 ONLY="${1:-cu130-*-fi0.6.17}"
@@ -27,7 +28,7 @@ W="$(mktemp -d)"
 for t in .whl/k/*.tar.xz; do [ -f "$t" ] && tar -xJf "$t"; done
 nvidia-smi -L
 python3 benchmarks/bench_gpu_host.py --matrix matrices/h200-overlay.yaml --only "$ONLY" --case carried \
-    --wheels .whl/overlay --base-python "$(command -v python3)" --limit "$LIMIT" --out "$W" | tail -22
+    --wheels .whl/overlay --base-python "$(command -v python3)" --limit "$LIMIT" --out "$W" ${COLD:+--cold} | tail -22
 cp "$W"/gpu-host-carried.json "$W"/gpu-host-carried.log "$OUT"/ 2>/dev/null
 [ -d "$W/res-carried" ] && tar -C "$W" -czf "$OUT/res-carried.tgz" res-carried
 grep -E "^ +(partial|fail|crash|hang) " "$W/gpu-host-carried.log" | head -60
