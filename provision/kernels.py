@@ -613,12 +613,20 @@ def tree_cpu_s(pid: int | None = None) -> float:
     return total + sum(times[p] for p in ours if p != root and p in times)
 
 
+OVERRUN = 0.25  # a build past its estimate is taken to be this fraction of what it has spent from its end
+
+
 class StageProgress:
     """What the kernel stage says while it runs: which module and target of how many is compiling, the CPU
     seconds spent, and the time left. A job's cost is, first, what this stage measured for its module (CPU
     seconds per target of the builds that finished in it), else this host's earlier builds (``learned``), else
-    fi-jit's declared cost (a prior) scaled by how this stage's finished builds compared with their own
-    estimates, so that the estimate corrects itself as soon as one build ends."""
+    fi-jit's declared cost (a prior) scaled by how this stage's builds compared with their own estimates.
+
+    The time left moves smoothly: a running build counts what it has spent (the stage's CPU seconds less the
+    ended builds', shared among the running ones by how long each has run), and one past its estimate counts
+    :data:`OVERRUN` of what it has spent as still to come, so its share grows while it overruns; such a build
+    also scales the declared costs of the rest as a finished one would, from the estimate it started with, so
+    its end changes the scale by no more than its last seconds did."""
 
     def __init__(self, todo: Sequence[Job], jobs: int, learned: Mapping[str, float],
                  live: Callable[[], float | None] = lambda: 0.0) -> None:
@@ -630,35 +638,41 @@ class StageProgress:
         self.finished: set[tuple[str, str]] = set()
         self.measured: dict[str, list[float]] = {}  # module -> CPU seconds per target, this stage's builds
         self.scale_pairs: list[tuple[float, float]] = []  # (estimated, measured) CPU seconds of finished builds
+        self.started_at: dict[tuple[str, str], float] = {}  # each running build's estimate when it began
         self.cpu0 = tree_cpu_s()
         self.reported_cpu = 0.0
         self.lock = threading.Lock()
 
-    def scale(self) -> float | None:
-        """Measured over estimated CPU seconds of the builds that finished in this stage; before one has, this
-        host's earlier builds over fi-jit's declared costs for the same modules (the quick module built in
-        ``provision build`` gives one); None when neither exists."""
-        estimated = sum(e for e, _ in self.scale_pairs)
+    def scale(self, overrun: Sequence[tuple[float, float]] = ()) -> float | None:
+        """Measured over estimated CPU seconds of the builds that finished in this stage and of the running ones
+        past their estimate (``overrun``: (estimate, spent so far)); before either, this host's earlier builds
+        over fi-jit's declared costs for the same modules (the quick module built in ``provision build`` gives
+        one); None when neither exists."""
+        pairs = [*self.scale_pairs, *overrun]
+        estimated = sum(e for e, _ in pairs)
         if estimated > 0:
-            return sum(m for _, m in self.scale_pairs) / estimated
+            return sum(m for _, m in pairs) / estimated
         both = [(self.declared[m], per) for m, per in self.learned.items() if self.declared.get(m, 0.0) > 0]
         declared = sum(d for d, _ in both)
         return sum(per for _, per in both) / declared if declared > 0 else None
 
-    def cost(self, job: Job) -> tuple[float, bool]:
-        """(CPU seconds this job should take, whether from this host's own builds: this stage's or earlier)."""
+    def cost(self, job: Job, factor: float | None = None) -> tuple[float, bool]:
+        """(CPU seconds this job should take, whether from this host's own builds: this stage's or earlier);
+        ``factor``: the declared costs' scale (default: :meth:`scale` of the finished builds)."""
         seen = self.measured.get(job.module)
         if seen:
             return sum(seen) / len(seen) * len(job.archs), True
         per = self.learned.get(job.module)
         if per is not None:
             return per * len(job.archs), True
-        factor = self.scale()
+        factor = self.scale() if factor is None else factor
         return job.cost * (factor if factor is not None else 1.0), False
 
     def begin(self, job: Job) -> None:
+        estimate = self.cost(job)[0]
         with self.lock:
             self.running[(job.cell_id, job.module)] = time.monotonic()
+            self.started_at[(job.cell_id, job.module)] = estimate
 
     def end(self, job: Job) -> None:
         with self.lock:
@@ -674,7 +688,8 @@ class StageProgress:
             if job is None or cpu_s <= 0 or not job.archs:
                 return
             targets = min(built, len(job.archs)) if built else len(job.archs)
-            estimate = self.cost(job)[0] * targets / len(job.archs)
+            began = self.started_at.pop((job.cell_id, job.module), None)
+            estimate = (self.cost(job)[0] if began is None else began) * targets / len(job.archs)
             self.measured.setdefault(job.module, []).append(cpu_s / targets)
             if estimate > 0:
                 self.scale_pairs.append((estimate, cpu_s))
@@ -688,24 +703,45 @@ class StageProgress:
         containers' cgroups say (``live()``, read once by the caller)."""
         return max(tree_cpu_s() - self.cpu0, self.reported_cpu + (running or 0.0))
 
-    def left_s(self) -> tuple[float, str]:
-        """Seconds left (the jobs not finished, less what the running ones have done, over the parallel
-        slots) and what the estimate stands on."""
+    def spent_by_running(self, running_cpu: float | None, now: float) -> dict[tuple[str, str], float]:
+        """CPU seconds each running build has spent: the stage's CPU seconds (``running_cpu``: the running
+        containers' reading, as :meth:`cpu_s` takes it) less what the ended builds reported, shared by how long
+        each has run; with no reading, each build's wall seconds (one core each)."""
+        with self.lock:
+            walls = {k: max(0.0, now - t) for k, t in self.running.items()}
+        if running_cpu is None or not walls:
+            return walls
+        spent = max(0.0, self.cpu_s(running_cpu) - self.reported_cpu)
+        total = sum(walls.values())
+        return {k: spent * w / total if total > 0 else spent / len(walls) for k, w in walls.items()}
+
+    def left_s(self, running_cpu: float | None = 0.0) -> tuple[float, str]:
+        """Seconds left (the jobs not finished, less what the running ones have spent, over the parallel
+        slots) and what the estimate stands on (``running_cpu``: see :meth:`spent_by_running`)."""
         now = time.monotonic()
+        done = self.spent_by_running(running_cpu, now)
+        with self.lock:
+            overrun = [(self.started_at[k], d) for k, d in done.items() if k in self.started_at
+                       and d > self.started_at[k] > 0]
+        factor = self.scale(overrun)
         total, own, prior = 0.0, 0, 0
         with self.lock:
             for j in self.todo:
                 key = (j.cell_id, j.module)
                 if key in self.finished:
                     continue
-                cost, learned = self.cost(j)
+                cost, learned = self.cost(j, factor)
                 own, prior = own + learned, prior + (not learned)
-                total += max(0.0, cost - (now - self.running[key]) * min(len(j.archs), 2)) if key in self.running \
-                    else cost
-        factor = self.scale()
+                if key in done:
+                    cost = self.started_at.get(key, cost)
+                    total += cost - done[key] if done[key] <= cost else OVERRUN * done[key]
+                else:
+                    total += cost
         declared = ("fi-jit's declared build costs: no build of these modules here yet" if factor is None else
                     f"fi-jit's declared build costs x{factor:.2f} as this stage's finished builds ran"
                     if self.scale_pairs else
+                    f"fi-jit's declared build costs x{factor:.2f} as this stage's running builds past their "
+                    "estimate ran" if overrun else
                     f"fi-jit's declared build costs x{factor:.2f} as this host's builds of "
                     f"{', '.join(sorted(self.learned))} ran")
         basis = ("by this host's earlier kernel builds" if not prior else
@@ -714,12 +750,10 @@ class StageProgress:
         cores = max(1, min(self.jobs * 2, os.cpu_count() or 1))
         return total / cores, basis
 
-    def left_text(self) -> str:
-        seconds, basis = self.left_s()
+    def left_text(self, running_cpu: float | None = 0.0) -> str:
+        seconds, basis = self.left_s(running_cpu)
         if not self.todo:
             return "nothing to compile"
-        if seconds < 5 and self.running:
-            return f"running past the estimate ({basis})"
         return f"about {duration(seconds)} left ({basis})"
 
     def tick_line(self, elapsed: float) -> str:
@@ -733,7 +767,7 @@ class StageProgress:
         spent = (f"{self.cpu_s(running_cpu):.0f} CPU-s spent by the builds that ended (a running container's "
                  f"could not be read), {duration(elapsed)} in" if running_cpu is None else
                  f"{self.cpu_s(running_cpu):.0f} CPU-s spent in {duration(elapsed)}")
-        return f"kernels: {done}/{len(self.todo)} done, compiling {what}; {spent}; {self.left_text()}"
+        return f"kernels: {done}/{len(self.todo)} done, compiling {what}; {spent}; {self.left_text(running_cpu)}"
 
     def _job(self, key: tuple[str, str]) -> Job:
         return next(j for j in self.todo if (j.cell_id, j.module) == key)

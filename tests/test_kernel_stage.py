@@ -233,3 +233,28 @@ def test_a_running_build_containers_cpu_is_counted_while_it_runs(tmp_path: Path,
         assert later - first >= 0.5, (first, later)
     finally:
         subprocess.run([cli, "rm", "-f", cidfile.read_text().strip()], capture_output=True, timeout=120)
+
+
+def test_the_time_left_grows_while_a_running_build_overruns_and_never_jumps_when_it_ends() -> None:
+    """Two builds declared at 100 CPU-s each, the first running alone on the stage's CPU readings: below its
+    estimate the time left falls by what it spends; past it, the build counts a quarter of what it has spent as
+    still to come and scales the other's declared cost by spent / estimate, so the figure grows as it overruns
+    and its end moves the other's estimate by nothing (the same spent / estimate, now measured)."""
+    todo = [kernels.Job("a", "trtllm_comm", ("9.0a",), "0.7.4", "13.0", 100.0),
+            kernels.Job("a", "moe_a2a", ("9.0a",), "0.7.4", "13.0", 100.0)]
+    cores = max(1, min(2, __import__("os").cpu_count() or 1))
+    readings = iter([40.0, 100.0, 200.0, 300.0])
+    progress = kernels.StageProgress(todo, 1, {}, live=lambda: next(readings))
+    progress.cpu0 = float("inf")  # the stage's CPU is what the readings say (no process tree of ours here)
+    progress.begin(todo[0])
+    left = [progress.left_s(progress.live())[0] * cores for _ in range(4)]
+    assert left == [60.0 + 100.0,  # 40 of 100 spent; the other as declared
+                    0.0 + 100.0,  # at its estimate
+                    0.25 * 200.0 + 100.0 * 2.0,  # twice its estimate: 50 to come, the other scaled x2
+                    0.25 * 300.0 + 100.0 * 3.0]
+    assert left[3] > left[2] > left[1]
+    progress.end(todo[0])
+    progress.spent(300.0, todo[0])
+    after, basis = progress.left_s(0.0)
+    assert after * cores == 100.0 * 3.0  # the same scale as the reading before it ended: no jump
+    assert basis == "by fi-jit's declared build costs x3.00 as this stage's finished builds ran"
