@@ -157,7 +157,20 @@ def ready_answer(kernel_dir: Path, job: Job, rec: Mapping[str, Any],
     if have is not None:
         return {"ok": True, "name": have.name, "sass": have.sass, "from": "kernel set", "refused": have.refused,
                 "library_bytes": have.library.stat().st_size}, ""
+    if (lacking := no_nvcc(identity)) is not None:
+        return lacking, why
     return known_failure(rec, job), why
+
+
+def no_nvcc(identity: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The answer of every module of a cell whose identity query found no nvcc where flashinfer looks for one
+    (a CUDA 12 cell from the registry ships none): nothing can compile there, so no build is started for it
+    and its row says why. None when the cell has an nvcc or its identity is unknown."""
+    if not isinstance(identity, Mapping) or identity.get("nvcc") or not identity.get("nvcc_error"):
+        return None
+    error = " ".join(str(identity.get("nvcc_error")).split())[:300]
+    return {"ok": False, "reason_code": "fi-no-nvcc", "line": f"no nvcc in this cell ({error}): nothing to compile "
+            "with, so no build was started", "from": "the cell's identity"}
 
 
 def set_digest(kernel_dir: Path) -> str:

@@ -405,3 +405,19 @@ def test_a_cell_whose_set_answers_every_long_module_records_them_in_the_command_
     monkeypatch.setattr(kernels, "carry", counted)
     buildsession.carry_kernels([], out, opts, None)  # type: ignore[arg-type]
     assert long_passes == [] and here.compiles == []
+
+
+def test_a_cell_without_nvcc_starts_no_build_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The identity query reads where flashinfer would find nvcc; a cell with none (CUDA_HOME naming a folder
+    without it, as a registry CUDA 12 image's) answers every module fi-no-nvcc without a build, and a cell with
+    one, or with an unknown identity, is built as before."""
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-toolkit"))
+    facts = _carried.cell_facts({})
+    assert facts["nvcc"] is None and "no-toolkit" in facts["nvcc_error"]
+    job = kernels.Job("cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "moe_a2a", ("9.0a",), "0.6.17", "12.8", 680.0)
+    answer, _ = kernels.ready_answer(tmp_path / "set", job, {}, facts)
+    assert answer is not None and answer["ok"] is False and answer["reason_code"] == "fi-no-nvcc"
+    assert answer["line"].startswith("no nvcc in this cell (") and "no build was started" in answer["line"]
+    assert kernels.no_nvcc({**facts, "nvcc": "13.0", "nvcc_error": ""}) is None
+    assert kernels.no_nvcc(None) is None
+    assert kernels.no_nvcc({"nvcc": None}) is None  # an identity from before the error was read: built as before

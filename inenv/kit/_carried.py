@@ -260,8 +260,9 @@ def cell_facts(sources: Mapping[str, list[str]]) -> dict[str, Any]:
     spec = importlib.util.find_spec("flashinfer")
     site = str(Path(next(iter(spec.submodule_search_locations))).parent) if spec and \
         spec.submodule_search_locations else ""
+    tk = toolkit.resolve(flashinfer=True)
     return {"flashinfer": _dist_version("flashinfer-python", "flashinfer"), "torch": torch_version(),
-            "torch_cuda": torch_cuda_version(), "nvcc": toolkit.resolve(flashinfer=True).version,
+            "torch_cuda": torch_cuda_version(), "nvcc": tk.version, "nvcc_error": tk.error if not tk.version else "",
             "source_hash": {m: _compile_cache.source_hash(list(names), site) if site else None
                             for m, names in sources.items()}}
 
