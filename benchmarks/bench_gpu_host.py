@@ -103,6 +103,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--only", required=True)
     p.add_argument("--case", choices=("carried", "none", "local"), required=True)
     p.add_argument("--cold", action="store_true", help="then the quick level warm and cold (--cold-ranks), timed")
+    p.add_argument("--prefill", default="", help="--case local: flashinfer comm modules (vllm_comm,...) the "
+                   "environment's own JIT cache is filled with first, by flashinfer's own build as an engine's "
+                   "first use would; their compiles are counted apart (prefill_compiles)")
     p.add_argument("--wheels")
     p.add_argument("--base-python")
     p.add_argument("--limit", type=float, default=600.0)
@@ -117,8 +120,11 @@ def main(argv: list[str]) -> int:
                STACKPROBE_COMPILE_CACHE=str(ROOT / ".cache" / f"compile-{args.case}"))
     serve = Path("/tmp/serve-venv")
     if args.case == "local":
+        fill = "; ".join(f"from flashinfer.jit.comm import gen_{m}_module as g; g().build_and_load()"
+                         for m in args.prefill.split(",") if m)
         build = ["bash", "-c", f'set -e; {args.base_python or "python3"} -m venv --system-site-packages {serve}; '
-                 f'{serve}/bin/python -m pip install -q --no-index --no-deps {args.wheels}/*.whl']
+                 f'{serve}/bin/python -m pip install -q --no-index --no-deps {args.wheels}/*.whl'
+                 + (f'; {serve}/bin/python -c "{fill}"' if fill else "")]
         run = [sys.executable, "-m", "checks.cli", "run", "--all", "--backend", "local", "--python",
                str(serve / "bin" / "python"), "--results", str(res)]
     else:
@@ -168,7 +174,7 @@ def main(argv: list[str]) -> int:
         "backend": "local" if args.case == "local" else "venv", "case": args.case, "host_class": host_class(),
         "matrix": args.matrix, "only": args.only,
         "fi_jit_only": os.environ.get("STACKPROBE_FI_JIT_ONLY") or None,  # fi-jit's planned (module, target) pairs
-        "build_s": round(build_s, 1), "build_rc": b.returncode,
+        "build_s": round(build_s, 1), "build_rc": b.returncode, "prefill": args.prefill or None,
         "first_table_s": round(got["first"], 1) if "first" in got else None,
         "full_s": round(run_s, 1) if rc is not None else None, "run_rc": rc, "limit_s": args.limit,
         "gpu_host_compiles": sum(watch.counts().values()), "compiles_in_build": compiles_in_build,
