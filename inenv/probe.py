@@ -258,6 +258,11 @@ SHARED = "shared"  # the value of ``placement`` in the key of a variant whose ra
 # World sizes checked with ranks sharing GPUs where the host has fewer: the tensor-parallel sizes engines
 # serve with most (and 3, which the engines' gates treat apart)
 SHARED_WORLDS = (2, 3, 4, 8)
+# A variant's depth, as a param of its key (``depth=setup``): at a world size outside :func:`deep_sizes` a probe
+# with a shallow path runs with a GPU per rank what ranks sharing a GPU run (its set-up and one exact agreement
+# case per dtype), not its full grid and timings. Absent: the probe's full selection.
+DEPTH = "depth"
+SETUP = "setup"
 
 
 @dataclass(frozen=True)
@@ -422,16 +427,59 @@ def world_sizes(host: HostView) -> tuple[int, ...]:
     return tuple(sorted({*range(2, host.gpu_count + 1), *SHARED_WORLDS}))
 
 
+def deep_sizes(host: HostView) -> tuple[int, ...]:
+    """The world sizes that get a probe's full grid and timings with a GPU per rank: the powers of two from 2 up to
+    the host's GPU count, and the GPU count itself (8 GPUs: 2, 4, 8; 6 GPUs: 2, 4, 6; 2 GPUs: 2; fewer: none).
+    Engines serve tensor parallelism mostly at powers of two and at the whole host, so shapes and latencies
+    are asked there; the other sizes are asked mainly of the engines' gates and the backends' set-up (a
+    world size a kernel refuses), which a set-up and one exact agreement case answer (:data:`DEPTH`)."""
+    if host.gpu_count < 2:
+        return ()
+    powers = {1 << k for k in range(1, host.gpu_count.bit_length()) if 1 << k <= host.gpu_count}
+    return tuple(sorted({*powers, host.gpu_count}))
+
+
+def shallow(variant: Variant) -> bool:
+    """Whether ``variant`` runs its probe's shallow selection (the set-up and one exact agreement case per dtype,
+    untimed) rather than the full grid: its ranks share GPUs (``Variant.share_gpu``, which also says how they are
+    placed: a gloo process group, nothing timed), or they have a GPU each at a world size outside
+    :func:`deep_sizes` (``depth=setup``)."""
+    return variant.share_gpu or variant.param(DEPTH) == SETUP
+
+
+def question(variant: Variant) -> Params:
+    """The params that name what ``variant`` asks, its depth left out: the variants of one question at every world
+    size, deep or shallow (the quick pass's smallest world size, the budget's tiers)."""
+    return tuple(p for p in variant.params if p[0] != DEPTH)
+
+
+# What a multi-rank probe plans at a world size with a GPU per rank outside :func:`deep_sizes` (``other_sizes``):
+FULL_DEPTH = "full"  # its full selection, as at a deep size
+# SETUP: ``depth=setup``, the probe's shallow selection (it has one: :func:`shallow`)
+OMIT = "omit"  # nothing (a probe whose only answer is a timing)
+
+
 def multi_rank(spec: ProbeSpec, host: HostView, param_sets: Iterable[Params],
                shares: Callable[[Params], bool] = lambda _: False, shared_gpus: int = 0,
-               why: str = "") -> list[Variant]:
+               why: str = "", other_sizes: str = FULL_DEPTH) -> list[Variant]:
     """One variant per world size (:func:`world_sizes`) and per set of params. Each rank has a GPU of its own
     where the host has enough; beyond that, a set of params ``shares`` accepts runs with its ranks sharing
     ``shared_gpus`` GPUs (0: all the host's; correctness and agreement only, never timed against the others)
-    and any other is a planned skip saying ``why`` its ranks cannot share."""
+    and any other is a planned skip saying ``why`` its ranks cannot share. At a world size the host has GPUs for
+    outside :func:`deep_sizes`, ``other_sizes`` says what is planned: the full selection (:data:`FULL_DEPTH`),
+    the shallow one marked ``depth=setup`` (:data:`SETUP`) or nothing (:data:`OMIT`)."""
+    if other_sizes not in (FULL_DEPTH, SETUP, OMIT):
+        raise ValueError(f"{spec.id}: other_sizes {other_sizes!r} is not one of {FULL_DEPTH}, {SETUP}, {OMIT}")
     sets = list(param_sets)
+    deep = deep_sizes(host)
     out: list[Variant] = []
     for n in world_sizes(host):
+        if 2 <= n <= host.gpu_count and n not in deep:
+            if other_sizes == OMIT:
+                continue
+            if other_sizes == SETUP:
+                out += [Variant(spec.id, n, params=(*p, (DEPTH, SETUP))) for p in sets]
+                continue
         for p in sets:
             short = gpu_shortfall(host, n, why)
             if short is not None and short.code != "no-gpu" and shares(p):

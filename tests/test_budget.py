@@ -59,6 +59,17 @@ def test_tiers_put_the_quick_answer_first_and_sustained_load_last() -> None:
     assert [budget.tier(it, smallest, 8) for it in items] == [0, 2, 1, 3, 4, 0]
 
 
+def test_a_shallow_variant_is_a_gpu_per_rank_at_another_world_size() -> None:
+    # 8 GPUs, one backend: deep at 2, 4 and 8, depth=setup at 3, 5, 6 and 7 (inenv.probe.multi_rank)
+    setup = (("backend", "nccl"), ("depth", "setup"))
+    deep = [gpu_item(n) for n in (2, 4, 8)]
+    shallow = [WorkItem(CELL, GPU, Variant("step", n, setup), 60.0) for n in (3, 5, 6, 7)]
+    smallest = budget.smallest_sizes([*deep, *shallow])
+    # the question's smallest world size is 2 whatever the depth: 3 shallow ranks are not the quick answer
+    assert [budget.tier(it, smallest, 8) for it in [*deep, *shallow]] == [0, 2, 1, 2, 2, 2, 2]
+    assert budget.TIER_NAMES[2] == "a GPU per rank at other world sizes"
+
+
 def test_fit_keeps_the_most_informative_that_fit_and_says_what_it_left() -> None:
     quick, real8, real4, shared3, load = gpu_item(2), gpu_item(8), gpu_item(4), gpu_item(3, shared=True), \
         gpu_item(2, load=True)

@@ -30,8 +30,9 @@ def _plan(gpus: int) -> list[Variant]:
 def test_every_multi_rank_probe_is_planned_at_every_world_size_of_an_8_gpu_host() -> None:
     plan = _plan(8)
     for pid in MULTI_RANK:
-        runs = {v.ranks for v in plan if v.probe_id == pid and v.skip is None and not v.share_gpu}
-        assert {2, 3, 4, 5, 6, 7, 8} <= runs, pid
+        runs = {v.ranks for v in plan if v.probe_id == pid and v.skip is None and not v.share_gpu and v.ranks > 1}
+        # ar-latency only times: at the deep world sizes only (tests/test_plan_depth.py)
+        assert runs == ({2, 4, 8} if pid == "ar-latency" else {2, 3, 4, 5, 6, 7, 8}), pid
         # each one's GPU count is its rank count: a GPU per rank
         assert all(v.gpu_count == v.ranks for v in plan if v.probe_id == pid and not v.share_gpu and v.ranks > 1)
     # every multi-rank probe is in the list above; host-p2p's two ranks are one pair of GPUs, not a world size

@@ -31,9 +31,9 @@ def _keys(cases: tuple[_agree.Case, ...]) -> list[str]:
 
 def test_shared_agreement_cases_are_one_per_dtype_and_the_first_dtype_in_a_quick_run(level: str) -> None:
     want = [SHARED_BF16] if level == QUICK else [SHARED_BF16, SHARED_FP16]
-    assert _keys(_agree.shared_cases(("bf16", "fp16"))) == want
-    assert _keys(_agree.shared_cases(("bf16",))) == [SHARED_BF16]
-    assert _agree.shared_checked() == (
+    assert _keys(_agree.shallow_cases(("bf16", "fp16"))) == want
+    assert _keys(_agree.shallow_cases(("bf16",))) == [SHARED_BF16]
+    assert _agree.shallow_checked(shared=True) == (
         "set-up and one exact agreement case; shapes are checked at a GPU per rank" if level == QUICK
         else "set-up and one exact agreement case per dtype; shapes are checked at a GPU per rank")
 
@@ -87,7 +87,7 @@ def test_fi_fusion_shared_checks_one_size_eagerly_and_in_a_graph(level: str) -> 
 
 
 def test_pcie_ipc_shared_checks_the_first_decode_shape_without_the_admission_edges(level: str) -> None:
-    assert [(c.tokens, c.hidden, c.edge) for c in pcie_ipc.cases("all-reduce", shared=True)] == [(1, 2048, False)]
+    assert [(c.tokens, c.hidden, c.edge) for c in pcie_ipc.cases("all-reduce", setup_only=True)] == [(1, 2048, False)]
     real = [(c.tokens, c.hidden, c.edge) for c in pcie_ipc.cases("all-reduce")]
     main = [(1, 2048, False)] if level == QUICK else [(1, 2048, False), (1, 7168, False), (8, 7168, False),
                                                        (128, 7168, False)]
@@ -119,7 +119,7 @@ KERNELS = {"kernels": {"void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(
 
 def test_step_shared_pass_says_what_it_checked_and_records_no_time() -> None:
     agreed = {SHARED_BF16: _agreed(launched=KERNELS), SHARED_FP16: _agreed(launched=KERNELS)}
-    r = step.summarize_shared("flashinfer-custom-ar", agreed, {})
+    r = step.summarize_shallow("flashinfer-custom-ar", agreed, {})
     assert (r["status"], r["reason_code"]) == ("pass", "")
     assert r["metrics"] == {} and r["evidence"]["timed"] is False and "per_case" not in r["evidence"]
     assert sorted(r["evidence"]["shared_checks"]) == [SHARED_BF16, SHARED_FP16]
@@ -129,20 +129,20 @@ def test_step_shared_pass_says_what_it_checked_and_records_no_time() -> None:
 def test_step_shared_verdicts_keep_the_step_vocabulary() -> None:
     noop = {"verdict": "no-op", "mismatches": 2097152, "numel": 2097152, "max_abs_err": 107.0,
             "detail": "output equals its prior contents", "rank": 1}
-    r = step.summarize_shared("flashinfer-fusion", {SHARED_BF16: _agreed(noop)}, {})
+    r = step.summarize_shallow("flashinfer-fusion", {SHARED_BF16: _agreed(noop)}, {})
     assert (r["status"], r["reason_code"]) == ("fail", "step-wrong-result")
     assert r["note"] == ("flashinfer-fusion: wrong result in the shared placement bf16:graph:256x8192 step "
                          "(output equals its prior contents)")
     why = "flashinfer's PCIe IPC policy has no configuration for (256, 8192): too large"
     refused = {SHARED_BF16: {"verdict": "unsupported", "error": f"ValueError: {why}"}}
-    r = step.summarize_shared("flashinfer-pcie-ipc", refused, {SHARED_BF16: why})
+    r = step.summarize_shallow("flashinfer-pcie-ipc", refused, {SHARED_BF16: why})
     assert (r["status"], r["reason_code"]) == ("fail", "step-backend-refused")
     # one dtype refused, the other exact: partial, as a shape refused beside a working one is at a GPU per rank
-    r = step.summarize_shared("x", {SHARED_BF16: _agreed(), SHARED_FP16: refused[SHARED_BF16]}, {SHARED_FP16: why})
+    r = step.summarize_shallow("x", {SHARED_BF16: _agreed(), SHARED_FP16: refused[SHARED_BF16]}, {SHARED_FP16: why})
     assert (r["status"], r["reason_code"]) == ("partial", "step-backend-fallback")
     # a world size the backend refuses in its call: the error text stays in the note for the worker to read
     failed = {SHARED_BF16: {"verdict": "error", "error": "capture: Traceback ...\nKeyError: 3"}}
-    r = step.summarize_shared("flashinfer-fusion", failed, {})
+    r = step.summarize_shallow("flashinfer-fusion", failed, {})
     assert (r["status"], r["reason_code"]) == ("fail", "step-backend-failed")
     assert r["note"].endswith("KeyError: 3")
     from inenv.worker import refuses_world_size
@@ -150,12 +150,12 @@ def test_step_shared_verdicts_keep_the_step_vocabulary() -> None:
     assert refuses_world_size(r["note"], 3) and not refuses_world_size(r["note"], 4)
     # an exact call that raised is a failure, never a pass
     raised = _agreed({"verdict": "error", "error": "RuntimeError: CUDA error: an illegal memory access"})
-    r = step.summarize_shared("x", {SHARED_BF16: raised}, {})
+    r = step.summarize_shallow("x", {SHARED_BF16: raised}, {})
     assert (r["status"], r["reason_code"]) == ("fail", "step-backend-failed")
-    fell = step.summarize_shared("x", {SHARED_BF16: _agreed(launched={"kernels": {"ncclDevKernel_AllReduce": 1},
+    fell = step.summarize_shallow("x", {SHARED_BF16: _agreed(launched={"kernels": {"ncclDevKernel_AllReduce": 1},
                                                                             "nccl": True})}, {})
     assert (fell["status"], fell["reason_code"]) == ("partial", "step-backend-fallback")
-    assert step.summarize_shared("x", {}, {})["status"] == "fail"  # nothing checked is no pass
+    assert step.summarize_shallow("x", {}, {})["status"] == "fail"  # nothing checked is no pass
 
 
 def test_an_inexact_agreement_case_fails_custom_ar_and_symm_mem_in_their_own_words() -> None:

@@ -16,7 +16,7 @@ from checks.results.result import ProbeResult
 from common import backend, buildrecord, cellid
 from inenv.kit import _fatbin
 from inenv.kit import _flashinfer as fi
-from inenv.probe import HostView, ProbeSpec, Variant, default_variants
+from inenv.probe import HostView, ProbeSpec, Variant, default_variants, question
 from inenv.status import Status
 
 
@@ -199,17 +199,17 @@ def deferred(items: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str
 
 def deferred_sizes(items: list[WorkItem]) -> list[WorkItem]:
     """A quick pass runs each multi-rank GPU variant at its smallest world size only: the same probe and
-    params at more ranks become decided not-run ``deferred-world-size`` (the full pass runs them). On a host
-    with one GPU every such size shares it, and 3, 4 and 8 ranks time-slicing one GPU take minutes, so
-    without this the first answer waits for them."""
+    params at more ranks (at any depth: ``inenv.probe.question``) become decided not-run ``deferred-world-size``
+    (the full pass runs them). On a host with one GPU every such size shares it, and 3, 4 and 8 ranks
+    time-slicing one GPU take minutes, so without this the first answer waits for them."""
     smallest: dict[tuple[str, str, tuple[tuple[str, str], ...]], int] = {}
     for it in items:
         if it.decided is None and it.spec.needs_gpu and it.variant.ranks >= 2:
-            group = (it.cell.cell_id, it.spec.id, tuple(it.variant.params))
+            group = (it.cell.cell_id, it.spec.id, question(it.variant))
             smallest[group] = min(smallest.get(group, it.variant.ranks), it.variant.ranks)
     out: list[WorkItem] = []
     for it in items:
-        least = smallest.get((it.cell.cell_id, it.spec.id, tuple(it.variant.params)))
+        least = smallest.get((it.cell.cell_id, it.spec.id, question(it.variant)))
         if it.runs and it.spec.needs_gpu and least is not None and it.variant.ranks > least:
             note = (f"{it.variant.ranks} ranks: the quick pass runs this variant at {least} ranks only; "
                     "left to the full pass")

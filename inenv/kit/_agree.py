@@ -89,28 +89,41 @@ def cases(dtypes: Sequence[str], quick: bool | None = None) -> tuple[Case, ...]:
     return tuple(Case(d, t, h, m) for d in dtypes for t, h in sizes for m in MODES)
 
 
-# Ranks sharing one GPU (``placement=shared``) wait for each other's turn at every call, and what they can tell
-# (whether the backend sets up at that world size, whether its kernel computes the sum and the ranks agree on it)
-# one case shows: a verify step of 32 x 8 tokens at the largest hidden size, replayed from a CUDA graph as a
-# served step runs it. Shapes and steps are checked where every rank has a GPU of its own.
-SHARED_MODE = "graph"
-SHARED_CHECKED = "set-up and one exact agreement case per dtype; shapes are checked at a GPU per rank"
-SHARED_CHECKED_QUICK = "set-up and one exact agreement case; shapes are checked at a GPU per rank"
+# The shallow selection: what a multi-rank probe checks where its full grid is not asked. Two placements run it:
+# ranks sharing one GPU (``placement=shared``), which wait for each other's turn at every call, and ranks with a
+# GPU each at a world size outside ``inenv.probe.deep_sizes`` (``depth=setup``), where engines' gates and the
+# backends' set-up (a world size a kernel refuses) are the question. What either can tell (whether the backend
+# sets up at that world size, whether its kernel computes the sum and the ranks agree on it) one case shows: a
+# verify step of 32 x 8 tokens at the largest hidden size, replayed from a CUDA graph as a served step runs it.
+# Shapes and steps are checked (and timed) at the deep world sizes, every rank on a GPU of its own.
+SHALLOW_MODE = "graph"
+SHALLOW_WHAT = "set-up and one exact agreement case per dtype"
+SHALLOW_WHAT_QUICK = "set-up and one exact agreement case"
+# Where the full grid runs, as a shallow result's evidence says it (``checked``), by placement
+FULL_GRID_SHARED = "shapes are checked at a GPU per rank"
+FULL_GRID_SETUP = "every shape, case and timing runs at the deep world sizes (powers of two and the host's GPU count)"
 
 
-def shared_cases(dtypes: Sequence[str], quick: bool | None = None) -> tuple[Case, ...]:
-    """What ranks sharing one GPU check: one case per dtype, ``TOKENS[-1] x`` the largest hidden size in a graph;
-    ``quick`` (by default: a quick run) the first dtype only. Run them with ``exact=True``."""
+def shallow_cases(dtypes: Sequence[str], quick: bool | None = None) -> tuple[Case, ...]:
+    """The shallow selection's agreement cases: one case per dtype, ``TOKENS[-1] x`` the largest hidden size in a
+    graph; ``quick`` (by default: a quick run) the first dtype only. Run them with ``exact=True``."""
     if quick is None:
         quick = os.environ.get(LEVEL_ENV) == QUICK
-    return tuple(Case(d, TOKENS[-1], max(hiddens()), SHARED_MODE) for d in (dtypes[:1] if quick else dtypes))
+    return tuple(Case(d, TOKENS[-1], max(hiddens()), SHALLOW_MODE) for d in (dtypes[:1] if quick else dtypes))
 
 
-def shared_checked(quick: bool | None = None) -> str:
-    """The evidence line saying what a shared placement checked at this level."""
+def full_grid_at(shared: bool) -> str:
+    """Where a shallow variant's probe runs its full grid, in the words of its evidence: at a GPU per rank for ranks
+    sharing a GPU (``shared``), at the deep world sizes for a ``depth=setup`` variant."""
+    return FULL_GRID_SHARED if shared else FULL_GRID_SETUP
+
+
+def shallow_checked(shared: bool, quick: bool | None = None) -> str:
+    """The evidence line (``checked``) saying what a shallow variant checked at this level and where the rest runs:
+    ``shared`` for ranks sharing a GPU, else a ``depth=setup`` variant with a GPU per rank."""
     if quick is None:
         quick = os.environ.get(LEVEL_ENV) == QUICK
-    return SHARED_CHECKED_QUICK if quick else SHARED_CHECKED
+    return f"{SHALLOW_WHAT_QUICK if quick else SHALLOW_WHAT}; {full_grid_at(shared)}"
 
 
 def torch_dtype(name: str) -> Any:

@@ -8,6 +8,12 @@ caught and named ``custom-ar-silent-noop``. Eager (staged through the registered
 the result) are checked exactly. Latency is measured against NCCL at decode sizes, both captured in a graph;
 the timed custom-AR graph runs on integer inputs into a sentinel-filled output, and its output is checked
 exactly after the timed replays, so a latency is never reported for a kernel that gave the wrong sum.
+
+Every size, graph shape, agreement case and the latency run at the deep world sizes (``inenv.probe.deep_sizes``).
+Elsewhere a variant runs the shallow selection (:func:`checked`): the init, one exact eager size, one exact graph
+shape and one exact agreement case per dtype, untimed; with a GPU per rank (``depth=setup``, NCCL beside the
+kernel) at the other world sizes up to the host's GPU count, with ranks sharing GPUs (``placement=shared``, gloo)
+beyond it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
 from inenv.kit import _flashinfer as fi
 from inenv.kit._lockstep import Lockstep, Stopped
 from inenv.probe import (
+    SETUP,
     HostView,
     ProbeSpec,
     RankContext,
@@ -28,6 +35,7 @@ from inenv.probe import (
     at_level,
     multi_rank,
     outcome,
+    shallow,
 )
 
 SPEC = ProbeSpec(
@@ -57,9 +65,11 @@ REPLAYS = 30
 def variants(host: HostView) -> list[Variant]:
     # Beyond the host's GPU count only flashinfer's, forced: with full_nvlink False the kernel launches nothing
     # over 2 ranks (the topology variants show that), and shared GPUs have no NVLink between a GPU and itself.
+    # Below it, every implementation and mode: deep world sizes in full, the others depth=setup.
     return multi_rank(SPEC, host, ((("impl", impl), ("full_nvlink", mode)) for impl in IMPLS for mode in MODES),
                       lambda p: p == (("impl", "flashinfer"), ("full_nvlink", "forced")),
-                      why="this implementation and topology mode is checked with a GPU per rank only")
+                      why="this implementation and topology mode is checked with a GPU per rank only",
+                      other_sizes=SETUP)
 
 
 def nvlink_matrix(devices: list[int]) -> tuple[bool | None, str]:
@@ -215,12 +225,12 @@ def _graph_replay(ar: Any, captured: tuple[Any, list[Any], list[Any]], rank: int
     return {"registered_buffers": registered, "checks": checks}
 
 
-def checked(shared: bool) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], tuple[_agree.Case, ...]]:
-    """(eager token counts, graph shapes, agreement cases) a variant checks at this level: ranks sharing a GPU
-    one of each and ``_agree.shared_cases`` (their set-up is where a world size is refused; every shape is
-    checked at a GPU per rank)."""
-    if shared:
-        return TOKENS[:1], GRAPH_SHAPES[:1], _agree.shared_cases(_agree.DTYPES)
+def checked(setup_only: bool) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], tuple[_agree.Case, ...]]:
+    """(eager token counts, graph shapes, agreement cases) a variant checks at this level: the shallow selection
+    (``setup_only``: ranks sharing a GPU or ``depth=setup``) one of each and ``_agree.shallow_cases`` (the init is
+    where a world size is refused; every shape is checked at the deep world sizes)."""
+    if setup_only:
+        return TOKENS[:1], GRAPH_SHAPES[:1], _agree.shallow_cases(_agree.DTYPES)
     return at_level(TOKENS), GRAPH_SHAPES, _agree.cases(_agree.DTYPES)
 
 
@@ -347,7 +357,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if (missing := missing_package(ctx.variant)) is not None:
         return missing
     fi.prepare_env()
-    shared = ctx.variant.share_gpu
+    shared = ctx.variant.share_gpu  # ranks on shared GPUs: a gloo process group, nothing timed
+    setup_only = shallow(ctx.variant)  # the shallow selection (checked), untimed
     device = _dist.init_dist(ctx, backend="gloo" if shared else "nccl")  # NCCL refuses two ranks on one GPU
     import torch.distributed as dist
 
@@ -356,9 +367,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
     topo, how = nvlink_matrix([d for d in devices if d is not None])
     full_nvlink = True if mode == "forced" else bool(topo)
     eager: dict[str, Any] = {}
-    sizes, graph_shapes, agreement_cases = checked(shared)
+    sizes, graph_shapes, agreement_cases = checked(setup_only)
     evidence: dict[str, Any] = {
-        **({"checked": _agree.shared_checked()} if shared else {}),
+        **({"checked": _agree.shallow_checked(shared)} if setup_only else {}),
         "impl": impl,
         "full_nvlink_passed": full_nvlink,
         "topology_full_nvlink": topo,
@@ -384,10 +395,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
                 note = f"eager exact; graph replay not exact on rank {ctx.rank}"
                 step.early = outcome("partial", note, "custom-ar-graph-wrong", evidence=evidence)
         agreed = evidence["agreement"] = _agree.run_cases(agreement_bind(ar, ctx.rank, ctx.world_size, device),
-                                                          agreement_cases, group, ctx.log, exact=shared)
-        if shared:  # ranks time-slicing a GPU: a latency would mean nothing
-            gpus = len(set(devices))
-            headline = f"exact eagerly and in a graph ({ctx.world_size} ranks sharing {gpus} GPUs: correctness only)"
+                                                          agreement_cases, group, ctx.log, exact=setup_only)
+        if setup_only:  # a latency of ranks time-slicing a GPU means nothing; at depth=setup it is not asked
+            n, gpus = ctx.world_size, len(set(devices))
+            placed = f"{n} ranks sharing {gpus} GPUs" if shared else f"{n} ranks, a GPU each, set-up check"
+            headline = f"exact eagerly and in a graph ({placed}: correctness only)"
             return agreement_outcome(lock.finish(outcome("pass", metrics={"headline": headline}, evidence=evidence)),
                                      agreed, impl)
         result = lock.finish(latency_outcome(_latency(ar, ctx.rank, ctx.world_size, device, group), evidence))

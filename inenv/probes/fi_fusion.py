@@ -11,6 +11,10 @@ Ranks on separate GPUs use NCCL for the process group; ``placement=shared`` puts
 layout flashinfer's SM12x work was verified with) and exchanges handles over gloo, since NCCL refuses two
 ranks on one device. The backend is always ``trtllm``: ``auto`` can choose ``mnnvl``, which creates NVLink
 multicast objects, and those are never created by stackprobe.
+
+Every token count runs at the deep world sizes (``inenv.probe.deep_sizes``); elsewhere a variant runs the shallow
+selection (:func:`checked`: the workspace and one exact call each way), with a GPU per rank (``depth=setup``) at
+the other world sizes up to the host's GPU count, with every rank on GPU 0 (``placement=shared``) beyond it.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from inenv.kit import _data, _device, _dist
+from inenv.kit import _agree, _data, _device, _dist
 from inenv.kit import _flashinfer as fi
 from inenv.kit._fi_build import classify_jit_error
 from inenv.kit._lockstep import Lockstep, Stopped
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
+from inenv.probe import SETUP, HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome, shallow
 
 SPEC = ProbeSpec(
     id="fi-fusion",
@@ -44,21 +48,23 @@ GRAPH_CALLS = 3
 EPS = 1e-6
 
 
-SHARED_CHECKED = "the workspace and one exact case (1 token, eager and graph); shapes are checked at a GPU per rank"
+SHALLOW_WHAT = "the workspace and one exact case (1 token, eager and graph)"
 
 
-def checked(shared: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(eager token counts, graph token counts) at this level: ranks sharing a GPU the first of each (the
-    workspace, where a world size is refused, and one exact call each way; every size is checked at a GPU per
-    rank). Every graph size is an eager size: the graph reuses its buffers."""
-    if shared:
+def checked(setup_only: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(eager token counts, graph token counts) at this level: the shallow selection (``setup_only``: ranks sharing
+    a GPU or ``depth=setup``) the first of each (the workspace, where a world size is refused, and one exact call
+    each way; every size is checked at the deep world sizes). Every graph size is an eager size: the graph reuses
+    its buffers."""
+    if setup_only:
         return TOKENS[:1], GRAPH_TOKENS[:1]
     return at_level(TOKENS), at_level(GRAPH_TOKENS)
 
 
 def variants(host: HostView) -> list[Variant]:
-    # Beyond the host's GPU count the ranks share GPU 0; at 2 ranks they also do on a host with more
-    out = multi_rank(SPEC, host, [()], lambda _: True, shared_gpus=1)
+    # Beyond the host's GPU count the ranks share GPU 0; at 2 ranks they also do on a host with more; below it,
+    # the world sizes that are not deep run depth=setup
+    out = multi_rank(SPEC, host, [()], lambda _: True, shared_gpus=1, other_sizes=SETUP)
     if host.gpu_count >= 2:
         out.append(Variant(SPEC.id, 2, share_gpu=True, gpus=1))
     return out
@@ -160,7 +166,8 @@ def _wrong(results: dict[str, dict[str, Any]], status: str, what: str, metrics: 
 
 def run(ctx: RankContext) -> dict[str, Any]:
     fi.prepare_env()
-    one_gpu = ctx.variant.share_gpu
+    one_gpu = ctx.variant.share_gpu  # every rank on GPU 0, a gloo process group
+    setup_only = shallow(ctx.variant)  # the shallow selection
     if one_gpu:
         ctx = dataclasses.replace(ctx, device_index=0)
     device = _dist.init_dist(ctx, backend="gloo" if one_gpu else "nccl")
@@ -169,11 +176,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
     eager: dict[str, dict[str, Any]] = {}
     graph: dict[str, dict[str, Any]] = {}
-    sizes, graph_sizes = checked(one_gpu)
+    sizes, graph_sizes = checked(setup_only)
     evidence: dict[str, Any] = {
         "flashinfer": fi.version(),
         "placement": "shared: every rank on GPU 0" if one_gpu else "1 gpu per rank",
-        **({"checked": SHARED_CHECKED} if one_gpu else {}),
+        **({"checked": f"{SHALLOW_WHAT}; {_agree.full_grid_at(one_gpu)}"} if setup_only else {}),
         "process_group": dist.get_backend(),
         "multicast_env": _dist.keep_multicast_off(),
         "eager": eager,

@@ -10,6 +10,10 @@ CUDA graph, each checked exactly. Per-op results tell the two known failure mech
 - a collective whose channels are connected lazily on first use inside a global-mode capture
   fails *only when captured* (``nccl-capture-failed``); eager warm-up or ``NCCL_RUNTIME_CONNECT=0``
   avoid it.
+
+Each algorithm's variant with eager warm-up and NCCL's default connection also runs the rank agreement check
+(``_agree``): every case at the deep world sizes (``inenv.probe.deep_sizes``), and at the other world sizes up to
+the host's GPU count (``depth=setup``) one exact case per dtype (``_agree.shallow_cases``) beside the four ops.
 """
 
 from __future__ import annotations
@@ -20,7 +24,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from inenv.kit import _agree, _data, _device, _dist, _errors, _nccl
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome, world_sizes
+from inenv.probe import (
+    DEPTH,
+    SETUP,
+    HostView,
+    ProbeSpec,
+    RankContext,
+    Variant,
+    deep_sizes,
+    gpu_shortfall,
+    outcome,
+    shallow,
+    world_sizes,
+)
 
 SPEC = ProbeSpec(
     id="nccl-graphs",
@@ -48,16 +64,19 @@ OP_DEADLINE_S = 30.0  # a collective that does not finish by then is recorded as
 def variants(host: HostView) -> list[Variant]:
     """Every algorithm at every world size (``world_sizes``: a size beyond the host's GPUs is a planned skip,
     NCCL refusing two ranks on one GPU); the warm-up and lazy-connection variants, which test when channels
-    connect rather than how the sum is made, at 2 ranks and at the host's GPU count only."""
+    connect rather than how the sum is made, at 2 ranks and at the host's GPU count only. At a world size the
+    host has GPUs for outside ``deep_sizes``, the algorithm variants run ``depth=setup`` (:func:`agreement_cases`)."""
     full = {2, host.gpu_count}
+    deep = deep_sizes(host)
     out: list[Variant] = []
     for n in world_sizes(host):
         skip = gpu_shortfall(host, n, "NCCL refuses two ranks on one GPU")
+        depth = ((DEPTH, SETUP),) if skip is None and n not in deep else ()
         for algo in ALGOS:
             for warm in WARMUPS:
                 for rc in RUNTIME_CONNECT:
                     if n in full or checks_agreement(algo, warm == "yes", rc):
-                        params = (("algo", algo), ("warmup", warm), ("runtime_connect", rc))
+                        params = (("algo", algo), ("warmup", warm), ("runtime_connect", rc), *depth)
                         out.append(Variant(SPEC.id, n, params=params, skip=skip))
     return out
 
@@ -320,6 +339,24 @@ def checks_agreement(algo: str, warm: bool, runtime_connect: str) -> bool:
     return warm and runtime_connect == "default"
 
 
+def agreement_cases(setup_only: bool) -> tuple[_agree.Case, ...]:
+    """The agreement cases at this level: one per dtype, checked exactly (``_agree.shallow_cases``), for a
+    ``depth=setup`` variant (``setup_only``); every case of ``_agree.cases`` at a deep world size."""
+    return _agree.shallow_cases(_agree.DTYPES) if setup_only else _agree.cases(_agree.DTYPES)
+
+
+def agreement_outcome(result: dict[str, Any], agreed: dict[str, dict[str, Any]], algo: str) -> dict[str, Any]:
+    """``result`` with the agreement summary applied (``_agree.apply``), or ``fail`` + ``nccl-wrong-result`` when
+    an agreement case's integer-valued call was not the exact sum (pure). A worse verdict stays."""
+    found = _agree.inexact(agreed)
+    if found is not None and result.get("status") in ("pass", "partial"):
+        key, chk = found
+        if chk.get("verdict") in ("no-op", "zero", "wrong"):
+            note = f"agreement case {key}: integer inputs gave {chk['verdict']} ({chk.get('detail', '')})"
+            result = outcome("fail", note[:400], "nccl-wrong-result", result.get("metrics"), result.get("evidence"))
+    return _agree.apply(result, _agree.summarize(agreed), f"NCCL allreduce (NCCL_ALGO={algo})")
+
+
 def agreement_bind(rank: int, world: int, device: Any) -> Callable[[_agree.Case], _agree.Bound]:
     """NCCL's allreduce under this variant's algorithm, in place on a buffer of the case's dtype."""
     import torch.distributed as dist
@@ -363,10 +400,13 @@ def run(ctx: RankContext) -> dict[str, Any]:
     per_op = merge_rank_results(everyone)
     result = verdict(per_op, algo)
     agreed: dict[str, Any] = {}
+    setup_only = shallow(ctx.variant)  # depth=setup: one exact agreement case per dtype
     if checks_agreement(algo, warm, rc) and op_class(per_op.get("all_reduce", {})) == "ok":
-        agreed = _agree.run_cases(agreement_bind(ctx.rank, ctx.world_size, device), _agree.cases(_agree.DTYPES),
-                                  gloo, ctx.log)
-        result = _agree.apply(result, _agree.summarize(agreed), f"NCCL allreduce (NCCL_ALGO={algo})")
+        agreed = _agree.run_cases(agreement_bind(ctx.rank, ctx.world_size, device), agreement_cases(setup_only),
+                                  gloo, ctx.log, exact=setup_only)
+        result = agreement_outcome(result, agreed, algo)
+    if setup_only:
+        result["evidence"]["checked"] = f"the four ops and one exact agreement case per dtype; {_agree.FULL_GRID_SETUP}"
     logs = [_nccl.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
     result["evidence"].update(
         {

@@ -17,6 +17,11 @@ side stream, slowest rank per replay) are recorded beside NCCL's in the same pro
 ``placement=shared`` variants put more ranks than GPUs on the host's GPUs (rank i on GPU i mod count; the process
 group is gloo, since NCCL refuses two ranks on one device). They test correctness only: neither tuning nor
 latency means anything on time-sliced GPUs.
+
+Every shape, the admission edges, tuning and latency run at the deep world sizes (``inenv.probe.deep_sizes``).
+Elsewhere a variant runs the shallow selection (:func:`cases`: the workspace, where a world size is refused, and
+the first decode shape exactly, eagerly and in a graph, with the seed configuration): with a GPU per rank
+(``depth=setup``, every op) at the other world sizes up to the host's GPU count, shared beyond it (the all-reduce).
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inenv.kit import _api, _data, _device, _dist, _errors, _fi_pcie, _timing
+from inenv.kit import _agree, _api, _data, _device, _dist, _errors, _fi_pcie, _timing
 from inenv.kit import _flashinfer as fi
 from inenv.kit._lockstep import Lockstep, Stopped
 from inenv.probe import (
+    SETUP,
     HostView,
     ProbeSpec,
     RankContext,
@@ -35,6 +41,7 @@ from inenv.probe import (
     at_level,
     multi_rank,
     outcome,
+    shallow,
 )
 
 SPEC = ProbeSpec(
@@ -76,7 +83,7 @@ EDGES = {
 TUNE_BATCHES = (1, 8, 128)  # the token counts of MAIN: tuning measures exactly the shapes that are checked
 TUNE_HIDDENS = (2048, HIDDEN)
 MAX_NUMEL = 128 * HIDDEN
-SHARED_CHECKED = "the workspace and one exact case (1x2048 bf16, eager and graph); shapes are checked at a GPU per rank"
+SHALLOW_WHAT = "the workspace and one exact case (1x2048 bf16, eager and graph, seed config)"
 K_CALLS = 20
 REPLAYS = 30
 DEADLINE_S = 60.0
@@ -84,7 +91,7 @@ DEADLINE_S = 60.0
 
 def variants(host: HostView) -> list[Variant]:
     return multi_rank(SPEC, host, ((("op", op),) for op in _fi_pcie.OPS), lambda p: p == (("op", "all-reduce"),),
-                      why="only the all-reduce is checked on shared GPUs")
+                      why="only the all-reduce is checked on shared GPUs", other_sizes=SETUP)
 
 
 def preflight(variant: Variant) -> dict[str, Any] | None:
@@ -94,11 +101,11 @@ def preflight(variant: Variant) -> dict[str, Any] | None:
     return unknown.outcome() if unknown else None
 
 
-def cases(op: str, shared: bool = False) -> tuple[Case, ...]:
-    """The shapes a variant checks at this level: ranks sharing a GPU the first decode shape only (the workspace,
-    where a world size is refused, and one exact call eagerly and in a graph; every shape and admission edge is
-    checked at a GPU per rank)."""
-    return MAIN[:1] if shared else at_level(MAIN) + EDGES[op]
+def cases(op: str, setup_only: bool = False) -> tuple[Case, ...]:
+    """The shapes a variant checks at this level: the shallow selection (``setup_only``: ranks sharing a GPU or
+    ``depth=setup``) the first decode shape only (the workspace, where a world size is refused, and one exact call
+    eagerly and in a graph; every shape and admission edge is checked at the deep world sizes)."""
+    return MAIN[:1] if setup_only else at_level(MAIN) + EDGES[op]
 
 
 # --- data ------------------------------------------------------------------------------------------------
@@ -271,7 +278,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
     found = _fi_pcie.detect(op)
     if isinstance(found, _api.ApiUnknown):
         return found.outcome()
-    shared = ctx.variant.share_gpu
+    shared = ctx.variant.share_gpu  # ranks on shared GPUs: a gloo process group
+    setup_only = shallow(ctx.variant)  # the shallow selection: no tuning, nothing timed
     fi.prepare_env()
     device = _dist.init_dist(ctx, backend="gloo" if shared else "nccl")
     import torch.distributed as dist
@@ -284,7 +292,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         "flashinfer": _api.package_version(*_fi_pcie.DISTRIBUTIONS),
         "devices": devices,
         "placement": f"shared: {world} ranks on {len(set(devices))} GPUs" if shared else "one GPU per rank",
-        **({"checked": SHARED_CHECKED} if shared else {}),
+        **({"checked": f"{SHALLOW_WHAT}; {_agree.full_grid_at(shared)}"} if setup_only else {}),
         "process_group": dist.get_backend(group),
     }
     lock = Lockstep(ctx.rank, group, evidence)
@@ -293,7 +301,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         with lock.step("workspace creation", _workspace_error):
             coll = _fi_pcie.Collective(op, group, MAX_NUMEL, str(ctx.workdir / "pcie_ipc_tune.json"), TUNE_BATCHES)
         evidence["workspace"] = coll.evidence()
-        bufs = {c.key: _Buffers(op, c, ctx.rank, world, device) for c in cases(op, shared)}
+        bufs = {c.key: _Buffers(op, c, ctx.rank, world, device) for c in cases(op, setup_only)}
         configs: dict[str, dict[str, Any]] = {"seed": {}, "tuned": {}}
         with lock.step("seed-config eager calls", "pcie-ipc-error") as st:
             seed = evidence["seed"] = _exercise(coll, op, bufs, coll.seed, 0)
@@ -302,8 +310,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
         _graph_step(lock, coll, op, bufs, configs["seed"], seed, "seed", 100, "eager exact; ")
         metrics: dict[str, Any] = {"configs": {"seed": {k: _fi_pcie.describe(v) for k, v in configs["seed"].items()}}}
         lock.metrics = metrics
-        if op != "all-reduce" or shared:
-            metrics["headline"] = f"exact eagerly and in a graph, seed config ({evidence['placement']})"
+        if op != "all-reduce" or setup_only:
+            placed = evidence["placement"] + (", set-up check" if setup_only and not shared else "")
+            metrics["headline"] = f"exact eagerly and in a graph, seed config ({placed})"
             return lock.finish(outcome("pass", metrics=metrics, evidence=evidence))
         with lock.step("tune", "pcie-ipc-tune-failed", status="partial", prefix="seed config exact; "):
             metrics["tuned_by_flashinfer"] = coll.tune(TUNE_HIDDENS)

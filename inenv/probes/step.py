@@ -19,13 +19,16 @@ Which kernel ran: one replay of each graph is profiled and the kernels the backe
 baseline's are recorded per case; a non-NCCL backend whose kernels are NCCL's fell back, and flashinfer's PCIe
 IPC all-reduce records the launch configuration its own policy chose (or its refusal) per shape.
 
-Ranks sharing one GPU (``placement=shared``, world sizes over the host's GPU count) check what a shared placement
-can tell: the backend's set-up at that world size (where a feature refuses it) and one agreement case per dtype
-(``_agree.shared_cases``: random inputs compared bit for bit across ranks, then the same captured call on integer
-inputs into a sentinel-filled output, checked exactly, and one replay profiled for the kernels it launched; a
-quick run the first dtype only). Model shapes and steps are checked and timed where every rank has a GPU of its
-own: each allreduce on a shared GPU waits for the other processes' turns (2-9 ms a call on an H200), so a
-shared-GPU result has no times for anything to rank or plot.
+The model shapes and steps run, timed, at the deep world sizes (``inenv.probe.deep_sizes``: powers of two and the
+host's GPU count), every rank on a GPU of its own. Elsewhere a variant runs the shallow selection: the backend's
+set-up at that world size (where a feature refuses it) and one agreement case per dtype (``_agree.shallow_cases``:
+random inputs compared bit for bit across ranks, then the same captured call on integer inputs into a
+sentinel-filled output, checked exactly, and one replay profiled for the kernels it launched; a quick run the first
+dtype only), untimed. Two placements run it: ranks sharing one GPU (``placement=shared``, world sizes over the
+host's GPU count: each allreduce there waits for the other processes' turns, 2-9 ms a call on an H200, so a shared
+result has no times for anything to rank or plot; the process group is gloo, NCCL refusing two ranks on one GPU),
+and a GPU per rank at the other world sizes up to the GPU count (``depth=setup``: NCCL's process group and every
+backend as served).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from typing import Any
 
 from inenv import models
 from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
+from inenv.probe import SETUP, HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome, shallow
 from inenv.probes.fi_fusion import EPS, norm_check
 
 SPEC = ProbeSpec(
@@ -100,9 +103,10 @@ def variants(host: HostView) -> list[Variant]:
     only = {b.strip() for b in os.environ.get(ONLY_ENV, "").split(",") if b.strip()}
     backends = [b for b in BACKENDS if not only or b in only]
     # Beyond the host's GPU count every backend but NCCL (which refuses two ranks on one GPU) runs with its
-    # ranks on one GPU: checked and compared across ranks, not timed
+    # ranks on one GPU; at the other world sizes below it (not deep) with a GPU per rank, depth=setup: both the
+    # shallow selection, checked and compared across ranks, not timed
     return multi_rank(SPEC, host, ((("backend", b),) for b in backends), lambda p: dict(p)["backend"] != "nccl",
-                      shared_gpus=1, why="NCCL refuses two ranks on one GPU")
+                      shared_gpus=1, why="NCCL refuses two ranks on one GPU", other_sizes=SETUP)
 
 
 def _missing(backend: str) -> dict[str, Any] | None:
@@ -747,18 +751,19 @@ def _headline(step_us: dict[str, dict[str, float]], share: dict[str, dict[str, f
     return ""
 
 
-def checks(shared: bool, world: int) -> tuple[tuple[Shape, ...], tuple[Case, ...]]:
+def checks(setup_only: bool, world: int) -> tuple[tuple[Shape, ...], tuple[Case, ...]]:
     """(model shapes, step cases) a variant runs at this level: every shape and case, or in a quick run the first
-    of each, where each rank has a GPU; none where ranks share one (:func:`agreement_cases` is what they check)."""
-    if shared:
+    of each, at a deep world size; none for the shallow selection (``setup_only``: ranks sharing a GPU or
+    ``depth=setup``; :func:`agreement_cases` is what they check)."""
+    if setup_only:
         return (), ()
     return at_level(tuple(shapes(world))), at_level(CASES)
 
 
-def agreement_cases(shared: bool, dtypes: tuple[str, ...]) -> tuple[_agree.Case, ...]:
-    """The agreement cases at this level: ``_agree.shared_cases`` (checked exactly) where ranks share a GPU, else
-    ``_agree.cases``."""
-    return _agree.shared_cases(dtypes) if shared else _agree.cases(dtypes)
+def agreement_cases(setup_only: bool, dtypes: tuple[str, ...]) -> tuple[_agree.Case, ...]:
+    """The agreement cases at this level: ``_agree.shallow_cases`` (checked exactly) for the shallow selection
+    (``setup_only``), else ``_agree.cases``."""
+    return _agree.shallow_cases(dtypes) if setup_only else _agree.cases(dtypes)
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -766,7 +771,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
     name = ctx.param("backend", "nccl") or "nccl"
     if (missing := _missing(name)) is not None:
         return missing
-    shared = ctx.variant.share_gpu
+    shared = ctx.variant.share_gpu  # ranks on one GPU: a gloo process group, nothing timed
+    setup_only = shallow(ctx.variant)  # the shallow selection: set-up and one exact case per dtype
     if shared and name == "nccl":
         return outcome("skip", "NCCL refuses two ranks on one GPU", "too-few-gpus")
     if shared:
@@ -793,16 +799,16 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
     group = dist.group.WORLD
     gloo = group if shared else _dist.cpu_group()
-    barrier = None if shared else _timing.stream_barrier(device, group)
+    barrier = None if setup_only else _timing.stream_barrier(device, group)  # what times a replay
     world = ctx.world_size
-    wanted, step_cases = checks(shared, world)  # the shapes and cases this level runs, only those in the evidence
+    wanted, step_cases = checks(setup_only, world)  # the shapes and cases this level runs, only those in the evidence
     max_numel = max(MAX_TOKENS * max((s.hidden for s in wanted), default=0), _agree.max_numel())
     evidence: dict[str, Any] = {
         "backend": name,
         "placement": f"shared: {world} ranks on one GPU (checked, not timed)" if shared else "one GPU per rank",
         "models": {s.name: dataclasses.asdict(s) for s in wanted},
         "cases": [dataclasses.asdict(c) | {"key": c.key, "tokens": c.tokens} for c in step_cases],
-        **({"checked": _agree.shared_checked()} if shared else {}),
+        **({"checked": _agree.shallow_checked(shared)} if setup_only else {}),
         "replays": REPLAYS,
         "multicast_env": multicast_env,
         "torch": torch.__version__,
@@ -822,8 +828,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
     assert comm is not None
     flat = {k: torch.empty(max_numel, device=device, dtype=torch.bfloat16)
             for k in ("res0", "res_a", "res_b", "norm", "out")}
-    if shared:
-        return run_shared(ctx, comm, flat, gloo, device, evidence)
+    if setup_only:
+        return run_shallow(ctx, comm, flat, gloo, device, evidence)
     per_model: dict[str, dict[str, dict[str, Any]]] = {}
     with _timing.side_stream(device):
         for shape in wanted:
@@ -846,18 +852,19 @@ def run(ctx: RankContext) -> dict[str, Any]:
             torch.cuda.empty_cache()
         hung = any(r.get("verdict") == "hang" for cases in per_model.values() for r in cases.values())
         agreed = {} if hung else _agree.run_cases(agreement_bind(comm, ctx.rank, world, flat),
-                                                  agreement_cases(shared, comm.dtypes), gloo, ctx.log)
+                                                  agreement_cases(False, comm.dtypes), gloo, ctx.log)
     evidence.update(comm.evidence())
-    result = summarize(name, per_model, {s.name: s.blocks for s in wanted}, shared)
+    result = summarize(name, per_model, {s.name: s.blocks for s in wanted}, False)
     result["evidence"].update(evidence)
     result["evidence"]["agreement"] = agreed
     return _agree.apply(result, _agree.summarize(agreed), name)
 
 
-def run_shared(ctx: RankContext, comm: Comm, flat: dict[str, Any], gloo: Any, device: Any,
-               evidence: dict[str, Any]) -> dict[str, Any]:
-    """Ranks sharing one GPU, once the backend is set up: what depends on the hidden size (a fused workspace),
-    then ``_agree.shared_cases`` checked exactly and profiled (see the module's docstring)."""
+def run_shallow(ctx: RankContext, comm: Comm, flat: dict[str, Any], gloo: Any, device: Any,
+                evidence: dict[str, Any]) -> dict[str, Any]:
+    """The shallow selection (ranks sharing one GPU, or ``depth=setup``), once the backend is set up: what depends
+    on the hidden size (a fused workspace), then ``_agree.shallow_cases`` checked exactly and profiled (see the
+    module's docstring)."""
     wanted = agreement_cases(True, comm.dtypes)
     ok, err = True, ""
     try:
@@ -872,21 +879,26 @@ def run_shared(ctx: RankContext, comm: Comm, flat: dict[str, Any], gloo: Any, de
         agreed = _agree.run_cases(agreement_bind(comm, ctx.rank, ctx.world_size, flat, refusals), wanted, gloo,
                                   ctx.log, exact=True, profile=lambda call: comm_kernels(kernel_names(call), Counter()))
     evidence.update(comm.evidence())
-    result = summarize_shared(comm.name, agreed, refusals)
+    result = summarize_shallow(comm.name, agreed, refusals, ctx.variant.share_gpu)
     result["evidence"].update(evidence)
     result["evidence"]["agreement"] = agreed
     return _agree.apply(result, _agree.summarize(agreed), comm.name)
 
 
-SHARED_LABEL = "shared placement"  # where a shared result's notes name its cases: "... in the shared placement <case>"
+# Where a shallow result's notes name its cases ("... in the shared placement <case>"), and the evidence key of its
+# checks, by placement: ranks sharing one GPU, or a GPU per rank at a world size outside the deep ones (depth=setup)
+SHARED_LABEL, SHARED_KEY = "shared placement", "shared_checks"
+SETUP_LABEL, SETUP_KEY = "set-up check", "setup_checks"
 
 
-def summarize_shared(backend: str, agreed: dict[str, dict[str, Any]], refusals: dict[str, str]) -> dict[str, Any]:
-    """The verdict of ranks sharing one GPU from their agreement cases (``_agree.run_cases`` with ``exact`` and
-    a profile), in :func:`summarize`'s words (pure): a case whose integer-valued call was not the exact sum
-    fails ``step-wrong-result``; every case refused by the backend's policy is ``step-backend-refused``, every
-    case failed ``step-backend-failed``; some of them, or NCCL's kernels launched, ``partial``. Its checks are
-    in ``evidence.shared_checks``, by case."""
+def summarize_shallow(backend: str, agreed: dict[str, dict[str, Any]], refusals: dict[str, str],
+                      shared: bool = True) -> dict[str, Any]:
+    """The verdict of the shallow selection from its agreement cases (``_agree.run_cases`` with ``exact`` and a
+    profile), in :func:`summarize`'s words (pure): a case whose integer-valued call was not the exact sum fails
+    ``step-wrong-result``; every case refused by the backend's policy is ``step-backend-refused``, every case
+    failed ``step-backend-failed``; some of them, or NCCL's kernels launched, ``partial``. Nothing is timed. Its
+    checks are in ``evidence.shared_checks`` (ranks ``shared`` one GPU) or ``evidence.setup_checks`` (a GPU per
+    rank, ``depth=setup``), by case."""
     per: dict[str, dict[str, Any]] = {}
     for key, r in agreed.items():
         exact = r.get("exact") or {}
@@ -910,8 +922,9 @@ def summarize_shared(backend: str, agreed: dict[str, dict[str, Any]], refusals: 
         per[key] = rec
     if not per:
         per["set-up"] = {"verdict": "error", "error": "no agreement case was run"}
-    result = summarize(backend, {SHARED_LABEL: per}, {}, shared=True)
-    result["evidence"]["shared_checks"] = result["evidence"].pop("per_case")[SHARED_LABEL]
+    label, key = (SHARED_LABEL, SHARED_KEY) if shared else (SETUP_LABEL, SETUP_KEY)
+    result = summarize(backend, {label: per}, {}, shared=True)  # untimed, as a shared placement is
+    result["evidence"][key] = result["evidence"].pop("per_case")[label]
     return result
 
 

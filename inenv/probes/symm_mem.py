@@ -8,6 +8,11 @@ framework wrappers (SGLang, vLLM) additionally demand multicast, so a pass on th
 multicast refusal is reported as ``partial`` with the refusal named: that is the verdict a PCIe
 user needs. Ranks sharing one GPU use ``TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1`` and a gloo
 group (NCCL refuses two ranks on one device).
+
+Every size and agreement case runs at the deep world sizes (``inenv.probe.deep_sizes``); elsewhere a variant runs
+the shallow selection (:func:`checked`: the rendezvous, where a world size is refused, each op at one size eagerly
+and captured, and one exact agreement case per op), with a GPU per rank (``depth=setup``) at the other world sizes
+up to the host's GPU count, with every rank on one GPU (``placement=shared``) beyond it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,18 @@ from collections.abc import Callable
 from typing import Any
 
 from inenv.kit import _agree, _data, _device, _dist, _errors
-from inenv.probe import HostView, ProbeSpec, RankContext, Variant, at_level, gpu_shortfall, multi_rank, outcome
+from inenv.probe import (
+    SETUP,
+    HostView,
+    ProbeSpec,
+    RankContext,
+    Variant,
+    at_level,
+    gpu_shortfall,
+    multi_rank,
+    outcome,
+    shallow,
+)
 
 SPEC = ProbeSpec(
     id="symm-mem",
@@ -58,8 +74,8 @@ MULTIMEM_REFUSAL = re.compile(r"multimem_all_reduce_: multicast support is requi
 
 def variants(host: HostView) -> list[Variant]:
     # Beyond the host's GPU count the ranks share the first GPU (torch's overlapping-devices switch); at 2 ranks
-    # they also do on a host with more
-    out = multi_rank(SPEC, host, [()], lambda _: True, shared_gpus=1)
+    # they also do on a host with more; below it, the world sizes that are not deep run depth=setup
+    out = multi_rank(SPEC, host, [()], lambda _: True, shared_gpus=1, other_sizes=SETUP)
     if host.gpu_count >= 2:
         out.append(Variant(SPEC.id, 2, share_gpu=True, gpus=1))
     # Sustained load on GPUs of their own: at 2 ranks and at the host's GPU count
@@ -368,12 +384,13 @@ def sustained_verdict(results: dict[str, dict[str, Any]], facts: dict[str, Any])
     return outcome("pass", metrics=metrics, evidence=evidence)
 
 
-def checked(shared: bool) -> tuple[tuple[int, ...], tuple[_agree.Case, ...]]:
-    """(token counts each op is checked at, eagerly and captured; agreement cases per op) at this level: ranks
-    sharing a GPU one size and ``_agree.shared_cases`` (rendezvous and the ops' refusal of a world size show
-    at any size; every size is checked at a GPU per rank)."""
-    if shared:
-        return TOKENS[:1], _agree.shared_cases(("bf16",))
+def checked(setup_only: bool) -> tuple[tuple[int, ...], tuple[_agree.Case, ...]]:
+    """(token counts each op is checked at, eagerly and captured; agreement cases per op) at this level: the
+    shallow selection (``setup_only``: ranks sharing a GPU or ``depth=setup``) one size and
+    ``_agree.shallow_cases`` (rendezvous and the ops' refusal of a world size show at any size; every size is
+    checked at the deep world sizes)."""
+    if setup_only:
+        return TOKENS[:1], _agree.shallow_cases(("bf16",))
     return at_level(TOKENS), _agree.cases(("bf16",))
 
 
@@ -418,7 +435,8 @@ def agreement(buf: Any, group_name: str, rank: int, world: int, gloo: Any,
 
 def run(ctx: RankContext) -> dict[str, Any]:
     multicast_env = _dist.keep_multicast_off()
-    shared = ctx.variant.share_gpu
+    shared = ctx.variant.share_gpu  # every rank on one GPU: overlapping devices, a gloo process group
+    setup_only = shallow(ctx.variant)  # the shallow selection
     if shared:
         os.environ[OVERLAP_ENV] = "1"
 
@@ -438,9 +456,9 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
     gloo = _dist.cpu_group() if not shared else dist.group.WORLD
     group = dist.group.WORLD
-    sizes, agreement_cases = checked(shared)
+    sizes, agreement_cases = checked(setup_only)
     facts: dict[str, Any] = {
-        **({"checked": _agree.shared_checked()} if shared else {}),
+        **({"checked": _agree.shallow_checked(shared)} if setup_only else {}),
         "torch": torch.__version__,
         "shared_gpu": shared,
         "multicast_env": multicast_env,
@@ -537,7 +555,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         facts["multimem"] = worst_multimem([other["multimem"] for other in everyone])
     hung = any(r.get("verdict") == "hang" for modes in facts["ops"].values() for r in modes.values())
     agreed = {} if hung else agreement(buf, group.group_name, ctx.rank, ctx.world_size, gloo, ctx.log,
-                                       agreement_cases, exact=shared)
+                                       agreement_cases, exact=setup_only)
     result = verdict(facts)
     result["evidence"]["agreement"] = agreed
     return agreement_outcome(result, agreed)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from checks.run.plan import Decided, WorkItem
 from common.progress import duration
+from inenv.probe import question
 from inenv.status import Status
 
 Key = tuple[str, str, str]
@@ -52,7 +53,8 @@ def tier(item: WorkItem, smallest: Mapping[tuple[str, str, tuple[tuple[str, str]
 
 
 def _group(item: WorkItem) -> tuple[str, str, tuple[tuple[str, str], ...]]:
-    return (item.cell.cell_id, item.spec.id, tuple(item.variant.params))
+    # one question at every world size, deep or shallow (``depth=setup``: a GPU per rank at another size)
+    return (item.cell.cell_id, item.spec.id, question(item.variant))
 
 
 def smallest_sizes(items: Iterable[WorkItem]) -> dict[tuple[str, str, tuple[tuple[str, str], ...]], int]:

@@ -1,0 +1,264 @@
+"""Depth by world size: with a GPU per rank, the full grid and timings run at the deep world sizes (powers of two
+up to the host's GPU count, and the GPU count), and a multi-rank probe with a shallow path runs its set-up and one
+exact agreement case per dtype (``depth=setup``) at the other sizes; ar-latency, timings only, is planned at the
+deep sizes only. The planned variants per probe and world size are written out for hosts of 1, 2, 4, 6 and 8 GPUs;
+nothing here reads them back from the code under test."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from checks.results import hostfacts
+from checks.run.cost import budget
+from checks.run.plan import CellState, CellTarget, WorkItem, deferred_sizes, plan_work
+from inenv import registry
+from inenv.kit import _agree
+from inenv.probe import LEVEL_ENV, QUICK, HostView, ProbeSpec, Variant, deep_sizes, multi_rank, question, shallow
+from inenv.probes import custom_ar, fi_fusion, nccl_graphs, pcie_ipc, step, symm_mem
+
+ROOT = Path(__file__).resolve().parent.parent
+FACTS = ROOT / "results" / "h200x2-5bce98f7" / "20261201T021126Z-b42a.manifest.json"
+CELL = CellTarget("local-x", CellState.LOCAL)
+MULTI_RANK = ("ar-latency", "custom-ar", "ep-a2a", "fi-fusion", "nccl-graphs", "pcie-ipc", "step", "symm-mem")
+
+
+def _items(gpus: int) -> list[WorkItem]:
+    facts = dict(json.loads(FACTS.read_text())["facts"], gpu_count=gpus)
+    probes = {pid: mod for pid, (_, mod) in registry.discover().items()}
+    return plan_work([CELL], probes, hostfacts.host_view(facts))
+
+
+def _kind(v: Variant) -> str:
+    if v.skip is not None:
+        return "skip"
+    if v.param("load") is not None:
+        return "load"
+    if v.share_gpu:
+        return "shared"
+    return "setup" if v.param("depth") == "setup" else "deep"
+
+
+def _table(gpus: int) -> dict[str, dict[int, str]]:
+    """probe -> world size -> "6 deep", "5 shared + 1 skip", ... (kinds in a fixed order)."""
+    counts: dict[str, dict[int, Counter[str]]] = {}
+    for it in _items(gpus):
+        v = it.variant
+        if v.probe_id in MULTI_RANK and v.ranks > 1:
+            counts.setdefault(v.probe_id, {}).setdefault(v.ranks, Counter())[_kind(v)] += 1
+    order = ("deep", "setup", "shared", "load", "skip")
+    return {pid: {n: " + ".join(f"{c[k]} {k}" for k in order if c[k]) for n, c in sorted(by.items())}
+            for pid, by in counts.items()}
+
+
+def test_deep_sizes_are_the_powers_of_two_and_the_gpu_count() -> None:
+    want = {0: (), 1: (), 2: (2,), 3: (2, 3), 4: (2, 4), 5: (2, 4, 5), 6: (2, 4, 6), 7: (2, 4, 7), 8: (2, 4, 8),
+            12: (2, 4, 8, 12), 16: (2, 4, 8, 16)}
+    assert {n: deep_sizes(HostView(gpu_count=n)) for n in want} == want
+
+
+# Written out from the rules: step 6 backends (NCCL never shares a GPU), custom-ar 2 implementations x 2 modes (only
+# flashinfer forced shares), fi-fusion and symm-mem one set (also 2 ranks on one GPU, and symm-mem's sustained load
+# at 2 ranks and the GPU count), pcie-ipc 3 ops (the all-reduce shares), ar-latency 6 backends (never shares),
+# nccl-graphs 16 at 2 ranks and the GPU count and the 4 algorithm variants elsewhere (never shares), ep-a2a one
+# variant across GPUs (never shares; its simulated ranks are one process).
+EIGHT = {
+    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 setup", 7: "6 setup", 8: "6 deep"},
+    "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 setup", 7: "4 setup", 8: "4 deep"},
+    "fi-fusion": {2: "1 deep + 1 shared", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 setup", 7: "1 setup",
+                  8: "1 deep"},
+    "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 5: "3 setup", 6: "3 setup", 7: "3 setup", 8: "3 deep"},
+    "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 setup",
+                 7: "1 setup", 8: "1 deep + 1 load"},
+    "ar-latency": {2: "6 deep", 4: "6 deep", 8: "6 deep"},
+    "nccl-graphs": {2: "16 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 setup", 7: "4 setup",
+                    8: "16 deep"},
+    "ep-a2a": {n: "1 deep" for n in range(2, 9)},
+}
+SIX = {
+    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 deep", 8: "5 shared + 1 skip"},
+    "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 deep", 8: "1 shared + 3 skip"},
+    "fi-fusion": {2: "1 deep + 1 shared", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 deep", 8: "1 shared"},
+    "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 5: "3 setup", 6: "3 deep", 8: "1 shared + 2 skip"},
+    "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 deep + 1 load",
+                 8: "1 shared"},
+    "ar-latency": {2: "6 deep", 4: "6 deep", 6: "6 deep", 8: "6 skip"},
+    "nccl-graphs": {2: "16 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "16 deep", 8: "4 skip"},
+    "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 5: "1 deep", 6: "1 deep", 8: "1 skip"},
+}
+FOUR = {
+    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 8: "5 shared + 1 skip"},
+    "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 8: "1 shared + 3 skip"},
+    "fi-fusion": {2: "1 deep + 1 shared", 3: "1 setup", 4: "1 deep", 8: "1 shared"},
+    "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 8: "1 shared + 2 skip"},
+    "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep + 1 load", 8: "1 shared"},
+    "ar-latency": {2: "6 deep", 4: "6 deep", 8: "6 skip"},
+    "nccl-graphs": {2: "16 deep", 3: "4 setup", 4: "16 deep", 8: "4 skip"},
+    "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 8: "1 skip"},
+}
+TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, never depth=setup
+    "step": {2: "6 deep", 3: "5 shared + 1 skip", 4: "5 shared + 1 skip", 8: "5 shared + 1 skip"},
+    "custom-ar": {2: "4 deep", 3: "1 shared + 3 skip", 4: "1 shared + 3 skip", 8: "1 shared + 3 skip"},
+    "fi-fusion": {2: "1 deep + 1 shared", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
+    "pcie-ipc": {2: "3 deep", 3: "1 shared + 2 skip", 4: "1 shared + 2 skip", 8: "1 shared + 2 skip"},
+    "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
+    "ar-latency": {2: "6 deep", 3: "6 skip", 4: "6 skip", 8: "6 skip"},
+    "nccl-graphs": {2: "16 deep", 3: "4 skip", 4: "4 skip", 8: "4 skip"},
+    "ep-a2a": {2: "1 deep", 3: "1 skip", 4: "1 skip", 8: "1 skip"},
+}
+ONE = {  # no deep size: every multi-rank variant shares the GPU or is a planned skip
+    "step": {n: "5 shared + 1 skip" for n in (2, 3, 4, 8)},
+    "custom-ar": {n: "1 shared + 3 skip" for n in (2, 3, 4, 8)},
+    "fi-fusion": {n: "1 shared" for n in (2, 3, 4, 8)},
+    "pcie-ipc": {n: "1 shared + 2 skip" for n in (2, 3, 4, 8)},
+    "symm-mem": {2: "1 shared + 1 skip", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
+    "ar-latency": {n: "6 skip" for n in (2, 3, 4, 8)},
+    "nccl-graphs": {2: "16 skip", 3: "4 skip", 4: "4 skip", 8: "4 skip"},
+    "ep-a2a": {n: "1 skip" for n in (2, 3, 4, 8)},
+}
+
+
+@pytest.mark.parametrize(("gpus", "want"), [(8, EIGHT), (6, SIX), (4, FOUR), (2, TWO), (1, ONE)])
+def test_planned_variants_per_probe_and_world_size(gpus: int, want: dict[str, dict[int, str]]) -> None:
+    assert _table(gpus) == want
+
+
+def test_a_shallow_variant_says_so_in_its_key() -> None:
+    keys = {it.variant.key for it in _items(8)}
+    assert {"ranks=3,backend=nccl,depth=setup", "ranks=7,backend=flashinfer-fusion,depth=setup",
+            "ranks=5,impl=sgl_kernel,full_nvlink=topology,depth=setup", "ranks=6,depth=setup",
+            "ranks=3,op=reduce-scatter,depth=setup",
+            "ranks=5,algo=Tree,warmup=yes,runtime_connect=default,depth=setup"} <= keys
+    # the deep sizes keep their keys
+    assert {"ranks=4,backend=nccl", "ranks=8,impl=flashinfer,full_nvlink=forced", "ranks=8",
+            "ranks=4,algo=Tree,warmup=yes,runtime_connect=default", "ranks=8,backend=flashinfer-pcie-ipc"} <= keys
+    assert not [k for k in keys if "depth=setup" in k and ("ranks=2," in k or "ranks=4," in k or "ranks=8," in k)]
+
+
+def test_shallow_is_ranks_sharing_a_gpu_or_depth_setup() -> None:
+    by_kind: dict[str, set[bool]] = {}
+    for it in _items(6):
+        if it.variant.probe_id in ("step", "custom-ar", "fi-fusion", "pcie-ipc", "symm-mem", "nccl-graphs"):
+            by_kind.setdefault(_kind(it.variant), set()).add(shallow(it.variant))
+    assert by_kind == {"deep": {False}, "setup": {True}, "shared": {True}, "load": {False}, "skip": {False}}
+
+
+def test_question_leaves_the_depth_out() -> None:
+    assert question(Variant("step", 3, (("backend", "nccl"), ("depth", "setup")))) == (("backend", "nccl"),)
+    assert question(Variant("step", 4, (("backend", "nccl"),))) == (("backend", "nccl"),)
+
+
+def test_other_sizes_must_be_one_of_three() -> None:
+    with pytest.raises(ValueError, match="other_sizes 'shallow' is not one of full, setup, omit"):
+        multi_rank(ProbeSpec("x", "t", "f", ranks=(2,)), HostView(gpu_count=8), [()], other_sizes="shallow")
+
+
+@pytest.fixture(params=["full", "quick"])
+def level(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == QUICK:
+        monkeypatch.setenv(LEVEL_ENV, QUICK)
+    else:
+        monkeypatch.delenv(LEVEL_ENV, raising=False)
+    return str(request.param)
+
+
+SHALLOW_BF16 = "bf16:graph:256x8192"
+SHALLOW_FP16 = "fp16:graph:256x8192"
+
+
+def _variant(gpus: int, probe: str, ranks: int, **params: str | None) -> Variant:
+    found = [it.variant for it in _items(gpus) if it.variant.probe_id == probe and it.variant.ranks == ranks
+             and all(it.variant.param(k) == v for k, v in params.items())]
+    assert len(found) == 1, (probe, ranks, params, [v.key for v in found])
+    return found[0]
+
+
+def test_step_selects_the_shallow_cases_at_a_setup_size_and_the_full_grid_at_a_deep_one(level: str) -> None:
+    setup = _variant(8, "step", 6, backend="nccl")
+    deep = _variant(8, "step", 4, backend="nccl")
+    assert (setup.share_gpu, setup.key) == (False, "ranks=6,backend=nccl,depth=setup")  # NCCL, a GPU per rank
+    assert step.checks(shallow(setup), 6) == ((), ())
+    dtypes = [SHALLOW_BF16] if level == QUICK else [SHALLOW_BF16, SHALLOW_FP16]
+    assert [c.key for c in step.agreement_cases(shallow(setup), ("bf16", "fp16"))] == dtypes
+    shapes, cases = step.checks(shallow(deep), 4)
+    if level == QUICK:
+        assert ([s.name for s in shapes], [c.key for c in cases]) == (["deepseek-v3"], ["decode:1"])
+    else:
+        assert len(shapes) == 6 and len(cases) == 7
+        assert len(step.agreement_cases(shallow(deep), ("bf16", "fp16"))) == 2 * 5 * 3 * 2
+
+
+def test_the_other_probes_select_their_shallow_path_at_a_setup_size(level: str) -> None:
+    dtypes = [SHALLOW_BF16] if level == QUICK else [SHALLOW_BF16, SHALLOW_FP16]
+    ar_setup = _variant(8, "custom-ar", 3, impl="flashinfer", full_nvlink="topology")
+    ar_deep = _variant(8, "custom-ar", 8, impl="flashinfer", full_nvlink="topology")
+    sizes, graphs, agreement = custom_ar.checked(shallow(ar_setup))
+    assert (sizes, graphs, [c.key for c in agreement]) == ((1,), ((8, 7168),), dtypes)
+    assert custom_ar.checked(shallow(ar_deep))[1] == ((8, 7168), (128, 7168))
+    assert fi_fusion.checked(shallow(_variant(8, "fi-fusion", 5))) == ((1,), (1,))
+    assert fi_fusion.checked(shallow(_variant(8, "fi-fusion", 4, depth=None)))[0] == (
+        (1,) if level == QUICK else (1, 2, 4, 8, 16, 32, 64, 128))
+    pcie = _variant(8, "pcie-ipc", 7, op="all-gather")
+    assert [(c.tokens, c.hidden, c.edge) for c in pcie_ipc.cases("all-gather", shallow(pcie))] == [(1, 2048, False)]
+    pcie_deep = _variant(8, "pcie-ipc", 8, op="all-gather")
+    assert (1, 4, True) in [(c.tokens, c.hidden, c.edge) for c in pcie_ipc.cases("all-gather", shallow(pcie_deep))]
+    sizes, agreement = symm_mem.checked(shallow(_variant(8, "symm-mem", 6)))
+    assert (sizes, [c.key for c in agreement]) == ((1,), [SHALLOW_BF16])
+    assert symm_mem.checked(shallow(_variant(8, "symm-mem", 8, load=None)))[0] == (
+        (1,) if level == QUICK else (1, 16, 128))
+    graphs_setup = _variant(8, "nccl-graphs", 5, algo="Ring", warmup="yes", runtime_connect="default")
+    assert [c.key for c in nccl_graphs.agreement_cases(shallow(graphs_setup))] == dtypes
+    graphs_deep = _variant(8, "nccl-graphs", 4, algo="Ring", warmup="yes", runtime_connect="default")
+    assert len(nccl_graphs.agreement_cases(shallow(graphs_deep))) == (4 if level == QUICK else 60)
+
+
+def test_a_setup_variants_evidence_says_the_full_grid_runs_at_the_deep_sizes(level: str) -> None:
+    what = "set-up and one exact agreement case" + ("" if level == QUICK else " per dtype")
+    assert _agree.shallow_checked(shared=False) == (
+        f"{what}; every shape, case and timing runs at the deep world sizes (powers of two and the host's GPU count)")
+    assert _agree.shallow_checked(shared=True) == f"{what}; shapes are checked at a GPU per rank"
+
+
+def test_a_setup_step_result_keeps_its_checks_apart_from_a_shared_one() -> None:
+    ok = {"verdict": "ok", "identical": True, "deterministic": True, "max_ulp_vs_reference": 0.5,
+          "exact": {"verdict": "exact", "mismatches": 0}}
+    r = step.summarize_shallow("nccl", {SHALLOW_BF16: ok}, {}, shared=False)
+    assert (r["status"], r["evidence"]["timed"]) == ("pass", False)
+    assert list(r["evidence"]["setup_checks"]) == [SHALLOW_BF16] and "shared_checks" not in r["evidence"]
+    noop = {**ok, "exact": {"verdict": "no-op", "detail": "output left as it was"}}
+    bad = step.summarize_shallow("nccl", {SHALLOW_BF16: noop}, {}, shared=False)
+    assert (bad["status"], bad["reason_code"]) == ("fail", "step-wrong-result")
+    assert f"in the set-up check {SHALLOW_BF16} step" in bad["note"]
+
+
+def test_nccl_graphs_fails_a_setup_variant_whose_exact_case_did_nothing() -> None:
+    passed = {"status": "pass", "note": "", "reason_code": "", "metrics": {}, "evidence": {}}
+    agreed = {SHALLOW_BF16: {"verdict": "ok", "identical": True, "deterministic": True,
+                             "exact": {"verdict": "no-op", "detail": "every element is this rank's input"}}}
+    got = nccl_graphs.agreement_outcome(dict(passed), agreed, "Ring")
+    assert (got["status"], got["reason_code"]) == ("fail", "nccl-wrong-result")
+    exact = {SHALLOW_BF16: {**agreed[SHALLOW_BF16], "exact": {"verdict": "exact"}}}
+    assert nccl_graphs.agreement_outcome(dict(passed), exact, "Ring")["status"] == "pass"
+
+
+def test_the_quick_pass_runs_each_question_at_its_smallest_world_size_at_any_depth() -> None:
+    gpu = [it for it in _items(8) if it.runs and it.spec.needs_gpu]
+    ran = [it.variant for it in deferred_sizes(gpu) if it.runs and it.variant.ranks > 1]
+    assert ran and {v.ranks for v in ran} == {2} and not [v for v in ran if v.param("depth")]
+    # every depth=setup variant is left to the full pass
+    deferred = [it for it in deferred_sizes(gpu) if it.variant.param("depth") == "setup"]
+    assert deferred and {it.decided.reason_code for it in deferred if it.decided} == {"deferred-world-size"}
+    assert all(it.decided is not None for it in deferred)
+
+
+def test_the_budget_tiers_a_setup_variant_as_a_gpu_per_rank_at_another_world_size() -> None:
+    items = [it for it in _items(8) if it.runs and it.variant.probe_id == "step"
+             and it.variant.param("backend") == "nccl"]
+    smallest = budget.smallest_sizes(items)
+    tiers = {it.variant.key: budget.tier(it, smallest, 8) for it in items}
+    assert tiers == {"ranks=2,backend=nccl": 0, "ranks=3,backend=nccl,depth=setup": 2, "ranks=4,backend=nccl": 2,
+                     "ranks=5,backend=nccl,depth=setup": 2, "ranks=6,backend=nccl,depth=setup": 2,
+                     "ranks=7,backend=nccl,depth=setup": 2, "ranks=8,backend=nccl": 1}
