@@ -110,6 +110,11 @@ class Gate:
             self._ready_read = None
         return got
 
+    def start_wait(self) -> None:
+        """The ranks' ready wait begins now, for a launcher that waits for them itself (inenv.warm): the lock's
+        wait in :meth:`open` is bounded by what is left of ``queue_s`` from here."""
+        self._since = time.monotonic()
+
     def open(self) -> bool:
         """Wait for the lock (at most what is left of ``queue_s`` after :meth:`await_ready`), then let the ranks
         go; ``waited_s`` is the lock's wait alone. False: another variant held the GPUs all that time; the

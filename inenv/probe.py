@@ -94,6 +94,10 @@ class ProbeSpec:
     # import, and ``module:function`` steps called with the RankContext (the rendezvous). None may read anything
     # the probe sets before it would have done the step itself, and none may touch a GPU.
     preload: tuple[str, ...] = ()
+    # True: every variant runs in rank processes of its own, never in ranks kept from an earlier variant
+    # (inenv.warm). For a probe that leaves process-wide state the warm ranks' own checks cannot see (a CUDA
+    # graph or an IPC mapping kept in a module global, a setting written to a library through ctypes).
+    fresh_ranks: bool = False
 
     def __post_init__(self) -> None:
         floors = [self.min_ranks, *(n for _, _, n in self.min_ranks_by_param)]

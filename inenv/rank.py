@@ -11,6 +11,11 @@ A rank that has a GPU initialises the CUDA driver in a thread while the probe im
 A gated rank (``inenv.gpugate``: its worker passed a go pipe) does what its probe declares in
 ``SPEC.preload`` (imports, the rendezvous) and then waits for the worker to let it go; the probe runs only
 after that.
+
+A warm rank (``inenv.warm``: its worker passed a reply pipe in ``ENV_REPLY_FD``) runs one variant after
+another: each request on stdin brings the variant's whole environment and log file; the rank runs it as above,
+tears its process group down, checks that nothing it cannot clear is left (:func:`unusable`) and replies
+``idle`` with whether it may run another; a rank that may not exits.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import gc
 import importlib
 import json
 import os
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from inenv import atomic, gpugate
+from inenv.kit import _dist
 from inenv.kit._dist import keep_multicast_off
 from inenv.probe import RUN_STATUSES, RankContext, Variant, outcome
 from inenv.registry import ProbeLocation, load
@@ -56,6 +63,17 @@ PEERS_WAIT_S = 2.0
 # traceback and exits with HARNESS_EXIT, so the worker records the harness's failure, never the feature's.
 HARNESS_MARK = "stackprobe rank: harness failure"
 HARNESS_EXIT = 3
+# A warm rank (inenv.warm): the write end of its reply pipe; its requests come on stdin, one JSON line each.
+ENV_REPLY_FD = "STACKPROBE_RANK_REPLY_FD"
+# Modules whose import leaves process-wide state a later variant could meet (symmetric memory's group
+# registrations, custom allreduce IPC workspaces): a warm rank that imported one is not reused.
+STATEFUL_MODULES = ("torch.distributed._symmetric_memory", "flashinfer.comm", "sgl_kernel.allreduce")
+# Names a probe may set in its rank's environment without making the rank unfit for reuse: the rendezvous
+# address (init_dist's setdefault of what the launcher already set) and the multicast-off values every GPU
+# probe sets before CUDA starts (the same values in every variant).
+_ENV_SETTLED = ("MASTER_ADDR", "MASTER_PORT")
+TEARDOWN_LIMIT_S = 2.0  # a warm rank's teardown after a variant: longer, and the rank is not reused
+TEARDOWN_THREAD = "stackprobe-teardown"
 
 
 def outcome_path(workdir: Path, rank: int) -> Path:
@@ -169,6 +187,10 @@ def harness_failed(code: int, log: str) -> bool:
 
 
 def _main() -> None:
+    reply = os.environ.get(ENV_REPLY_FD, "")
+    if reply:
+        _serve(int(reply))
+        return
     started = time.time()
     faulthandler.enable()  # a segfault or abort leaves the Python stack in the rank log
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the watchdog asks for stacks before killing
@@ -184,6 +206,16 @@ def _main() -> None:
         gpugate.say_ready(env)
         gpugate.wait_for_go(env)
         clock["go"] = time.time()
+    _probe_and_report(ctx, location, env, clock)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no teardown, no interpreter shutdown: library atexit hooks can hang after a correct result
+
+
+def _probe_and_report(ctx: RankContext, location: ProbeLocation, env: dict[str, str],
+                      clock: dict[str, float]) -> tuple[dict[str, Any], bool]:
+    """Run the probe, write its outcome with the clock, and wait for the peers' outcomes: the outcome and
+    whether every peer reported in time."""
     result = _profiled(ctx, location, env.get(ENV_PROFILE, ""))
     result[CLOCK_KEY] = {**clock, "probe_done": time.time()}
     if ctx.rank == 0:
@@ -197,10 +229,130 @@ def _main() -> None:
         if runtime:
             result.setdefault("evidence", {})["runtime"] = runtime
     atomic.write_json(outcome_path(ctx.workdir, ctx.rank), result, indent=None)
-    wait_for_peers(ctx.workdir, ctx.world_size, PEERS_WAIT_S)
+    return result, wait_for_peers(ctx.workdir, ctx.world_size, PEERS_WAIT_S)
+
+
+def _changed_env(before: dict[str, str]) -> list[str]:
+    """The names the variant set, changed or removed in this process's environment, less those that leave
+    nothing behind (_ENV_SETTLED, and the multicast-off values a GPU probe sets)."""
+    now = dict(os.environ)
+    settled = dict(keep_multicast_off({}))  # the values every GPU probe sets, for this process's opt-in
+    names = sorted({*before, *now})
+    return [n for n in names if before.get(n) != now.get(n) and n not in _ENV_SETTLED
+            and not (n in settled and now.get(n) == settled[n])]
+
+
+def unusable(result: dict[str, Any], peers_reported: bool, env: dict[str, str], threads: set[int | None]) -> str:
+    """Why this warm rank must not run another variant ("" when it may), after tearing down what a variant
+    leaves that can be cleared: every process group, the CUDA caching allocator's free blocks. Conservative:
+    a variant that did not end well (a failure, a silent peer), that changed the process's environment (a
+    library may have read it already: NCCL reads its settings once), imported a module of STATEFUL_MODULES,
+    left a thread of its own running, or after which the device reports an error or the group cannot be
+    destroyed, ends the rank."""
+    if result.get("status") not in ("pass", "partial", "skip"):
+        return f"the variant ended {result.get('status')}"
+    if not peers_reported:
+        return "a peer rank did not report"
+    changed = _changed_env(env)
+    if changed:
+        return f"the variant set {', '.join(changed[:5])} in the process environment"
+    stateful = [m for m in STATEFUL_MODULES if m in sys.modules]
+    if stateful:
+        return f"the variant imported {', '.join(stateful)}"
+    failed: list[str] = []
+
+    def teardown() -> None:
+        try:
+            dist = sys.modules.get("torch.distributed")
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+            gc.collect()
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        except Exception as exc:
+            failed.append(f"teardown failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+    # in a thread of its own, bounded: a group's destruction can hang (NCCL after graph capture), and a rank
+    # that would only wait for it is better ended at once than after the worker's grace
+    thread = threading.Thread(target=teardown, name=TEARDOWN_THREAD, daemon=True)
+    thread.start()
+    thread.join(TEARDOWN_LIMIT_S)
+    if thread.is_alive():
+        return f"the process group's teardown took more than {TEARDOWN_LIMIT_S:g} s"
+    if failed:
+        return failed[0]
+    left = [t.name for t in threading.enumerate() if t.ident not in threads and t.is_alive()
+            and t.name not in ("stackprobe-cuinit", TEARDOWN_THREAD)]
+    if left:
+        return f"the variant left threads running: {', '.join(left[:5])}"
+    return ""
+
+
+def _reply(fd: int, message: dict[str, Any]) -> None:
+    os.write(fd, (json.dumps(message) + "\n").encode())
+
+
+def _log_to(path: str) -> None:
+    """From now on this process's stdout and stderr (and faulthandler's stacks) go to ``path``."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # no teardown, no interpreter shutdown: library atexit hooks can hang after a correct result
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _serve(reply_fd: int) -> None:
+    """A warm rank's loop: one variant per request line on stdin (see the module's docstring)."""
+    started = time.time()
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # the requests come on a descriptor of their own: what a probe starts gets /dev/null as stdin (as a one-shot
+    # rank's children do) and neither pipe, so it can neither read a request nor hold the reply pipe open
+    requests = os.fdopen(os.dup(0), "rb")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.set_inheritable(reply_fd, False)
+    driver_warmed = False
+    while True:
+        line = requests.readline()
+        if not line:
+            break  # the worker is done with this group
+        request = json.loads(line)
+        started = started or time.time()
+        _log_to(str(request["log"]))
+        env = {str(k): str(v) for k, v in request["env"].items()}
+        os.environ.clear()
+        os.environ.update(env)
+        ctx = context_from_env(env)
+        if ctx.device_index is not None and not driver_warmed:
+            warm_driver()
+            driver_warmed = True
+        location = ProbeLocation.from_arg(env[ENV_PROBE], env[ENV_LOCATION])
+        clock = {"main": started}
+        _dist._prepared.clear()  # a store a variant joined and never used is not the next one's
+        threads = {t.ident for t in threading.enumerate()}
+        if request.get("gated"):
+            preload(location, ctx)
+            clock["ready"] = time.time()
+            _reply(reply_fd, {"ev": "ready"})
+            if not requests.readline():
+                break  # the worker gave the variant up before letting it go
+            clock["go"] = time.time()
+        result, peers = _probe_and_report(ctx, location, env, clock)
+        why = unusable(result, peers, env, threads)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _reply(reply_fd, {"ev": "idle", "reuse": not why, "why": why})
+        if why:
+            break
+        started = 0.0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

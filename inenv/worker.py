@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -43,6 +43,7 @@ DEFAULT_GRACE_S = 3.0  # after every outcome arrived: time a rank gets to exit (
 PEER_GRACE_S = 5.0  # after a rank died without an outcome: time the others get before they are ended
 FAILED_PEER_GRACE_S = 10.0  # after a rank reported a failure: time the silent others get to report
 STACK_DUMP_WAIT_S = 1.0
+KEPT = "kept"  # a rank's ``exit`` in the evidence when it was kept running for the next variant (inenv.warm)
 
 
 @contextlib.contextmanager
@@ -394,7 +395,9 @@ def _collect(states: list[RankState], workdir: Path, hang: bool, finished: float
     tails: dict[str, str] = {}
     for s in states:
         code = s.proc.returncode
-        info: dict[str, Any] = {"rank": s.index, "exit": signal_name(code) if code < 0 else code}
+        # a warm rank (inenv.warm) kept for the next variant has not exited
+        shown = KEPT if code is None else signal_name(code) if code < 0 else code
+        info: dict[str, Any] = {"rank": s.index, "exit": shown}
         if s.stopped:
             info["stopped"] = s.stopped
         if s.outcome is not None:
@@ -571,21 +574,30 @@ def scratch_root() -> str | None:
     return root if root and os.path.isdir(root) else None
 
 
+Launcher = Callable[..., LaunchResult]  # launch()'s signature: how a variant's ranks are had
+
+
 def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None = None,
                 timeout_s: float | None = None, workdir: Path | None = None,
-                keep_workdir: bool = False, queue_s: float | None = None) -> dict[str, Any]:
+                keep_workdir: bool = False, queue_s: float | None = None,
+                launcher: Callable[[ModuleType], Launcher] | None = None,
+                env_versions: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one variant (default: the probe's smallest default world size, no params) and merge its ranks.
-    ``queue_s``: how long it may wait for the host's GPUs (inenv.gpugate), not counted in its duration."""
+    ``queue_s``: how long it may wait for the host's GPUs (inenv.gpugate), not counted in its duration.
+    ``launcher``: given the probe's module, what starts its ranks (default :func:`launch`: fresh processes;
+    inenv.warm keeps them between variants). ``env_versions``: the environment's versions when already read
+    (a serving worker reads them once)."""
     started = time.monotonic()
     waited = 0.0
     location, module = find(probe_id)
     variant = variant or Variant(probe_id, min(module.SPEC.ranks))
     gpus = envinfo.gpu_count_hint() if gpus is None else gpus
     skipped = skip_reason(module, variant, gpus)
-    env_versions: dict[str, Any] = {}
+    env_versions = dict(env_versions or {})
 
     def read_versions() -> None:
-        env_versions.update(envinfo.versions())  # runs nvcc: done while the ranks import their libraries
+        if not env_versions:
+            env_versions.update(envinfo.versions())  # runs nvcc: done while the ranks import their libraries
 
     decided = outcome("skip", note=skipped[1], reason_code=skipped[0]) if skipped else preflight(module, variant)
     if decided is not None:
@@ -597,8 +609,9 @@ def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None 
         gate = gate_for(module.SPEC, gpus, queue_s)
         try:
             # A probe that needs no GPU gets no device (ranks may outnumber GPUs); all GPUs stay visible.
-            launched = launch(location, variant, wd, gpus if module.SPEC.needs_gpu else 0,
-                              timeout_s or module.SPEC.timeout_s, while_starting=read_versions, gate=gate)
+            start = launch if launcher is None else launcher(module)
+            launched = start(location, variant, wd, gpus if module.SPEC.needs_gpu else 0,
+                             timeout_s or module.SPEC.timeout_s, while_starting=read_versions, gate=gate)
             result = merge(module, launched)
         except GpusBusy as exc:
             result = outcome("skip", note=str(exc), reason_code="gpus-busy")

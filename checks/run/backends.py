@@ -54,11 +54,15 @@ class HostBackend:
         cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
         lock = gpu_lock_path() if self.gpu_lock and targets.gpus else None
         self.executors = for_run(self.executors, targets.compile.archs, cache, str(targets.facts["host_id"]), lock,
-                                 run_token())
+                                 run_token(), warm=not opts.cold_ranks)
         return {cid: ex.fingerprint() for cid, ex in self.executors.items()}
 
     def run(self, opts: RunOptions, work: Work, hooks: Hooks) -> RunReport:
-        return runner.execute(opts, replace(work, executors=self.executors), hooks)
+        try:
+            return runner.execute(opts, replace(work, executors=self.executors), hooks)
+        finally:
+            for ex in self.executors.values():
+                ex.close()  # what an executor kept between variants (serving workers) ends with the run
 
     def cancel(self) -> None:
         for ex in self.executors.values():

@@ -169,8 +169,13 @@ class DockerExecutor:
     def gated(self) -> bool:
         return is_gated(self.run_env)
 
-    def with_run_env(self, run_env: RunEnv) -> DockerExecutor:
+    def with_run_env(self, run_env: RunEnv, warm: bool = False) -> DockerExecutor:
+        """Each variant in a container of its own, whatever ``warm`` says (inenv.warm runs only on the local and
+        venv executors)."""
         return replace(self, run_env=run_env)
+
+    def close(self) -> None:
+        """Nothing is kept between variants: each container ends with its variant."""
 
     def fingerprint(self) -> str | None:
         """The image's id (None when the image vanished or the daemon went away: the run says so per variant)."""

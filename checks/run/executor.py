@@ -16,13 +16,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from checks.results.hostfacts import safe_env
 from checks.results.result import Verdict
-from checks.run import classify, isolate
+from checks.run import classify, isolate, serving
 from common import home
 from common.celltoolkit import base_env
 from common.reasons import Catalogue
@@ -89,11 +89,13 @@ def run_token() -> str:
 
 
 def for_run(executors: Mapping[str, Executor], archs: tuple[str, ...], compile_cache: Path | None,
-            host_id: str = "", gpu_lock: Path | None = None, token: str = "") -> dict[str, Executor]:
-    """Each cell's executor with its run environment."""
+            host_id: str = "", gpu_lock: Path | None = None, token: str = "",
+            warm: bool = False) -> dict[str, Executor]:
+    """Each cell's executor with its run environment; ``warm``: its variants share rank processes where the
+    executor can keep them (checks.run.serving)."""
     if compile_cache is not None:
         compile_cache.mkdir(parents=True, exist_ok=True)  # a bind mount of a missing folder makes a root-owned one
-    return {cid: ex.with_run_env(run_env(cid, archs, compile_cache, host_id, gpu_lock, token))
+    return {cid: ex.with_run_env(run_env(cid, archs, compile_cache, host_id, gpu_lock, token), warm=warm)
             for cid, ex in executors.items()}
 
 
@@ -126,8 +128,9 @@ class Executor(Protocol):
         while one runs (inenv.gpugate)."""
         ...
 
-    def with_run_env(self, run_env: RunEnv) -> Executor:
-        """The same executor with the run's settings for its cell (run_env())."""
+    def with_run_env(self, run_env: RunEnv, warm: bool = False) -> Executor:
+        """The same executor with the run's settings for its cell (run_env()); ``warm``: its variants may
+        share rank processes kept between them (inenv.warm), where the executor can keep them."""
         ...
 
     def inspect(self) -> dict[str, Any]:
@@ -148,6 +151,10 @@ class Executor(Protocol):
     def sweep(self) -> None:
         """Ctrl-C, from the main thread: remove what a running variant holds outside its process group (a
         container), so the thread waiting on it returns."""
+        ...
+
+    def close(self) -> None:
+        """The end of a run (or its Ctrl-C): end whatever the executor keeps between variants."""
         ...
 
 
@@ -174,11 +181,16 @@ class LocalExecutor:
     # True for a full venv cell: its processes start from what an image's container would have of the
     # runner's environment (common.celltoolkit.base_env), not from all of it
     hermetic: bool = False
+    # True: variants run on serving workers that keep their ranks (checks.run.serving, inenv.warm); False:
+    # one `python -m inenv.worker` per variant
+    warm: bool = False
+    _servers: serving.ServerPool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         resolved = shutil.which(self.python) if os.sep not in self.python else self.python
         if not resolved or not os.access(resolved, os.X_OK):
             raise ExecutorError(f"{self._what}: no such executable interpreter")
+        object.__setattr__(self, "_servers", serving.ServerPool(self.python, self.env))
 
     @property
     def _what(self) -> str:
@@ -197,11 +209,16 @@ class LocalExecutor:
     def gated(self) -> bool:
         return is_gated(self.run_env)
 
-    def with_run_env(self, run_env: RunEnv) -> LocalExecutor:
-        return replace(self, run_env=run_env)
+    def with_run_env(self, run_env: RunEnv, warm: bool = False) -> LocalExecutor:
+        return replace(self, run_env=run_env, warm=warm)
 
     def sweep(self) -> None:
-        """Nothing outside the variant's process group, which its own thread ends."""
+        """The idle serving workers end; a running variant's process group (a serving worker's too) is ended by
+        its own thread."""
+        self._servers.close()
+
+    def close(self) -> None:
+        self._servers.close()
 
     def fingerprint(self) -> str | None:
         """What inenv.envinfo.fingerprint reads in the interpreter, with the run-shaping variables of the
@@ -232,7 +249,10 @@ class LocalExecutor:
             queue_s: float = 0.0) -> Verdict:
         cmd = [self.python, *worker_args(variant, gpus, timeout_s, queue_s)]
         limit = hard_timeout(timeout_s, queue_s)
-        p = isolate.run_isolated(cmd, self.env(), limit)
+        if self.warm:
+            p = self._servers.run(variant, gpus, timeout_s, queue_s, limit)
+        else:
+            p = isolate.run_isolated(cmd, self.env(), limit)
         verdict = classify.from_process(p, catalogue, limit)
         return verdict.with_evidence(command=" ".join(cmd[:3] + [variant.probe_id]))
 

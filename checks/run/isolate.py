@@ -73,8 +73,13 @@ def _find_result(f: Any) -> tuple[dict[str, Any] | None, str]:
             found = line
     if found is None:
         return None, ""
+    return parse_result(found)
+
+
+def parse_result(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """One result line (it starts with the marker): its object, or None and what is wrong with it."""
     try:
-        data = json.loads(found[len(marker):])
+        data = json.loads(line[len(RESULT_MARKER.encode()):])
     except ValueError as exc:
         return None, f"invalid JSON after the result marker: {exc}"
     if not isinstance(data, dict):

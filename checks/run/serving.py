@@ -1,0 +1,251 @@
+"""Serving workers for one cell (host side): ``python -m inenv.warm`` processes kept between variants, so a
+cell's variants run on rank processes that have imported their libraries already (inenv.warm says which
+variants share ranks and when a group of them ends).
+
+Each variant is still bounded as an isolated one-shot worker is (checks.run.isolate): the host's hard timeout,
+Ctrl-C (isolate.STOP) and a server that dies all end that server's whole process group and sweep what carries
+its token; the variant's verdict is then made by classify.from_process from exactly what a one-shot worker
+would have left (its exit, its stdout and stderr of this variant, the result line). A server is started from
+one long-lived thread, so its parent-death signal (inenv.lifetime.die_with_parent, which follows the thread
+that forked it) fires when this process ends, not when the variant's thread does.
+
+A pool serves one executor: a variant takes an idle server (one that ran the same kind of variant first),
+else starts one; at most MAX_IDLE_SERVERS idle servers are kept across every pool of the process, the least
+recently used ended first. :meth:`ServerPool.close` ends them all (the end of a run).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, Any
+
+from checks.run import isolate
+from checks.run.isolate import ProcessOutcome
+from inenv.lifetime import SCRATCH_ENV, die_with_parent
+from inenv.probe import RESULT_MARKER, Variant
+from inenv.warm import LEFTOVERS_KEY, request_line
+from inenv.worker import ENV_PARAM_PREFIX
+
+MAX_IDLE_SERVERS = 3  # the variants a runner has in flight on one cell: one running, GATE_DEPTH waiting
+POLL_S = 0.01
+CLOSE_WAIT_S = 3.0  # a server told to end (stdin closed) ends its ranks and leaves within this
+
+
+class _Spawner:
+    """One daemon thread that starts every server (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, name="stackprobe-server-spawner", daemon=True)
+                self.thread.start()
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.jobs.put((fn, done))
+        return done.result()
+
+    def _loop(self) -> None:
+        while True:
+            fn, done = self.jobs.get()
+            try:
+                done.set_result(fn())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+
+_SPAWNER = _Spawner()
+
+
+@dataclass
+class Server:
+    """One serving worker: its process (own session), token, scratch folder and output files."""
+
+    proc: subprocess.Popen[bytes]
+    token: str
+    scratch: str
+    out: IO[bytes]
+    err: IO[bytes]
+    kind: tuple[Any, ...] = ()  # the kind of variant it ran last (kind_of)
+    pool: ServerPool | None = None
+
+    def end(self, wait_s: float = 0.0) -> int:
+        """End it (stdin closed, then its process group killed) and every process carrying its token; how
+        many of those outlived it."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        if wait_s:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=wait_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        left = isolate.sweep(self.token)
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        self.out.close()
+        self.err.close()
+        return left
+
+
+def kind_of(variant: Variant) -> tuple[Any, ...]:
+    """What decides whether a server's kept ranks can serve ``variant`` (inenv.warm.group_key, as far as the
+    host can tell without the probe's module): a server that ran the same kind first is preferred."""
+    env = tuple(sorted(p for p in variant.params if p[0].startswith(ENV_PARAM_PREFIX)))
+    return variant.ranks, variant.share_gpu, variant.gpus, env
+
+
+_IDLE: list[Server] = []  # every pool's idle servers, least recently used first
+_IDLE_LOCK = threading.Lock()
+
+
+@dataclass
+class ServerPool:
+    """The serving workers of one executor: ``python`` with ``env()``."""
+
+    python: str
+    env: Callable[[], dict[str, str]]
+    closed: bool = False
+
+    def _take(self, kind: tuple[Any, ...]) -> Server | None:
+        with _IDLE_LOCK:
+            mine = [s for s in _IDLE if s.pool is self]
+            if not mine:
+                return None
+            server = next((s for s in reversed(mine) if s.kind == kind), mine[-1])
+            _IDLE.remove(server)
+        if server.proc.poll() is not None:
+            server.end()
+            return None
+        return server
+
+    def _give_back(self, server: Server) -> None:
+        ended: list[Server] = []
+        with _IDLE_LOCK:
+            if self.closed:
+                ended.append(server)
+            else:
+                _IDLE.append(server)
+                while len(_IDLE) > MAX_IDLE_SERVERS:
+                    ended.append(_IDLE.pop(0))
+        for s in ended:
+            s.end(CLOSE_WAIT_S)
+
+    def _start(self) -> Server:
+        token = uuid.uuid4().hex
+        scratch = tempfile.mkdtemp(prefix="stackprobe-scratch-")
+        env = {**self.env(), isolate.TOKEN_ENV: token, SCRATCH_ENV: scratch}
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 (the server's, closed by Server.end)
+        try:
+            proc = _SPAWNER.call(lambda: subprocess.Popen(
+                [self.python, "-m", "inenv.warm"], env=env, stdin=subprocess.PIPE, stdout=out, stderr=err,
+                start_new_session=True, preexec_fn=die_with_parent))
+        except BaseException:
+            out.close()
+            err.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        return Server(proc, token, scratch, out, err, pool=self)
+
+    def close(self) -> None:
+        """End every idle server of this pool; a busy one ends when its variant returns."""
+        with _IDLE_LOCK:
+            self.closed = True
+            mine = [s for s in _IDLE if s.pool is self]
+            for s in mine:
+                _IDLE.remove(s)
+        for s in mine:
+            s.end(CLOSE_WAIT_S)
+
+    def run(self, variant: Variant, gpus: int, timeout_s: float, queue_s: float, limit_s: float) -> ProcessOutcome:
+        """One variant on a serving worker, bounded by ``limit_s`` (the hard timeout) and Ctrl-C as
+        isolate.run_isolated bounds a one-shot worker; what came back, as it reports a one-shot worker's."""
+        kind = kind_of(variant)
+        server = self._take(kind) or self._start()
+        started = time.monotonic()
+        out_at, err_at = _size(server.out), _size(server.err)
+        line = request_line(variant, gpus, timeout_s, queue_s if queue_s > 0 else None)
+        result: dict[str, Any] | None = None
+        result_error = ""
+        timed_out = interrupted = False
+        reply = b""
+        try:
+            with contextlib.suppress(OSError, ValueError):  # a server that died is seen below
+                assert server.proc.stdin is not None
+                server.proc.stdin.write(line.encode())
+                server.proc.stdin.flush()
+            deadline = started + limit_s
+            while True:
+                reply = _read_from(server.out, out_at)
+                found = _result_line(reply)
+                if found is not None:
+                    result, result_error = isolate.parse_result(found)
+                    break
+                if server.proc.poll() is not None:
+                    reply = _read_from(server.out, out_at)
+                    found = _result_line(reply)
+                    if found is not None:
+                        result, result_error = isolate.parse_result(found)
+                    break
+                if isolate.STOP.is_set():
+                    interrupted = True
+                    break
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    break
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            interrupted = True
+        served = result is not None and not interrupted and not timed_out and server.proc.poll() is None
+        leftovers = 0
+        if isinstance(result, dict):
+            raw = result.pop(LEFTOVERS_KEY, 0)
+            leftovers = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+        err_tail = _read_from(server.err, err_at)
+        if served:
+            self._give_back(server)
+            returncode: int | None = 0
+        else:
+            leftovers += server.end()
+            returncode = None if timed_out else server.proc.returncode
+        duration = time.monotonic() - started
+        if interrupted:
+            raise KeyboardInterrupt
+        return ProcessOutcome(returncode=returncode, timed_out=timed_out, result=result, result_error=result_error,
+                              stdout_tail=reply[-isolate.TAIL_BYTES:].decode(errors="replace"),
+                              stderr_tail=err_tail[-isolate.TAIL_BYTES:].decode(errors="replace"),
+                              duration_s=round(duration, 3), leftovers=leftovers)
+
+
+def _size(f: IO[bytes]) -> int:
+    return os.fstat(f.fileno()).st_size
+
+
+def _read_from(f: IO[bytes], at: int) -> bytes:
+    """What the file holds from ``at`` on (read by position: the server appends to it meanwhile)."""
+    size = _size(f)
+    return os.pread(f.fileno(), max(0, size - at), at) if size > at else b""
+
+
+def _result_line(text: bytes) -> bytes | None:
+    """The first complete result line of ``text``, if there is one."""
+    marker = RESULT_MARKER.encode()
+    for line in text.splitlines(keepends=True):
+        if line.startswith(marker) and line.endswith(b"\n"):
+            return line
+    return None
