@@ -458,9 +458,10 @@ def question(variant: Variant) -> Params:
 
 
 # What a multi-rank probe plans at a world size with a GPU per rank outside :func:`deep_sizes` (``other_sizes``):
-FULL_DEPTH = "full"  # its full selection, as at a deep size
-# SETUP: ``depth=setup``, the probe's shallow selection (it has one: :func:`shallow`)
-OMIT = "omit"  # nothing (a probe whose only answer is a timing)
+# FULL_DEPTH its full selection, as at a deep size; SETUP ``depth=setup``, its shallow selection (:func:`shallow`);
+# OMIT nothing (a probe whose only answer is a timing)
+FULL_DEPTH = "full"
+OMIT = "omit"
 
 
 def multi_rank(spec: ProbeSpec, host: HostView, param_sets: Iterable[Params],
