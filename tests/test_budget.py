@@ -243,10 +243,80 @@ def test_prior_records_come_from_timed_results_and_leave_out_unmarked_sharing(tm
 
     _run(tmp_path, "h200x1-aaaaaaaa", "20261201T000000Z-aaaa", "venv", H200, [
         (CELL.cell_id, "step", "ranks=2,placement=shared,gpus=1,backend=nccl", 9.5),
-        (CELL.cell_id, "step", "ranks=2,backend=nccl", 25.0),  # two ranks on a one-GPU host, not marked shared: left out
+        (CELL.cell_id, "step", "ranks=2,backend=nccl", 25.0),  # 2 ranks, one GPU, not marked shared: left out
         (CELL.cell_id, "fi-jit", "ranks=1,module=vllm_comm,arch=local", 14.0),
         (CELL.cell_id, "inventory", "ranks=1", 0.0)])  # took no time: not timed
     (tmp_path / "h200x1-bbbbbbbb").symlink_to(tmp_path / "h200x1-aaaaaaaa")  # a linked folder is not read
     got = list(prior.records(tmp_path, {"fi-jit": "module"}))
     assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 9.5),
                    ("NVIDIA H200 x1", costmodel.Shape("fi-jit", 1, False, "vllm_comm"), 14.0)]
+
+
+def _jit_item(module: str, arch: str = "local") -> WorkItem:
+    from inenv.probes import fi_jit
+
+    cell = CellTarget(CELL.cell_id, "resolved", versions={"flashinfer": "0.7.4"})
+    return WorkItem(cell, fi_jit.SPEC, Variant("fi-jit", 1, (("module", module), ("arch", arch))), 3000.0)
+
+
+def test_a_compile_variant_compiles_here_unless_carried_held_or_published() -> None:
+    from checks.run.plan import compiles_here
+
+    none_published: object = lambda item, modules: list(modules)  # noqa: E731
+    all_published: object = lambda item, modules: []  # noqa: E731
+    item = _jit_item("trtllm_comm")
+    assert compiles_here(item, {}, "9.0", none_published)
+    assert not compiles_here(item, {CELL.cell_id: {"trtllm_comm": ("sm_90a",)}}, "9.0", none_published)
+    assert compiles_here(item, {CELL.cell_id: {"trtllm_comm": ("sm_120a",)}}, "9.0", none_published)  # other GPUs'
+    assert not compiles_here(item, {}, "9.0", all_published)
+    cross = _jit_item("trtllm_comm", "12.0a")
+    assert not compiles_here(cross, {CELL.cell_id: {"trtllm_comm": ("sm_90a", "sm_120a")}}, None, none_published)
+    assert compiles_here(cross, {CELL.cell_id: {"trtllm_comm": ("sm_90a",)}}, None, none_published)
+    assert not compiles_here(gpu_item(2), {}, "9.0", none_published)  # no build parameter: nothing to compile
+
+
+def test_a_compile_is_costed_as_a_compile_and_the_plan_says_what_compiles() -> None:
+    load, build = _jit_item("trtllm_comm"), _jit_item("moe_a2a")
+    tables = [costmodel.CostTable("NVIDIA H200 x1", {
+        costmodel.Shape("fi-jit", 1, False, "trtllm_comm"): 5.5,
+        costmodel.Shape("fi-jit", 1, False, "moe_a2a"): 6.0,
+        costmodel.Shape("fi-jit", 1, False, "moe_a2a", compiles=True): 91.5})]
+    got = runprogress.expected_durations([load, build], {}, "local", None, tables, compiling={build.key})
+    assert got[load.key].seconds == 5.5 and got[build.key].seconds == 91.5
+    view = runprogress.RunView([load, build], got, compiling=frozenset({build.key}))
+    assert session.compile_lines(view) == [f"  {CELL.cell_id}: compiles moe_a2a@local here, about 1m32s of compiling"]
+    assert costmodel.Shape.parse("fi-jit|1|own|moe_a2a|compile") == costmodel.Shape("fi-jit", 1, False, "moe_a2a",
+                                                                                      True)
+    assert costmodel.Shape.parse("fi-jit|1|own|moe_a2a|compiled") is None
+
+
+def test_what_a_users_environment_holds_is_read_from_it_and_checked(tmp_path: Path) -> None:
+    from checks.run import cells
+
+    fake = tmp_path / "python"
+    answer = {"vllm_comm": {"arch_dir": "90a", "source": "jit-cache"}, "trtllm_comm": {"arch_dir": "../x"},
+              "not_a_module": {"arch_dir": "90a"}, "moe_a2a": "text"}
+    fake.write_text("#!/bin/sh\necho 'noise'\necho '@@FI-JIT@@ " + json.dumps(answer) + "'\n")
+    fake.chmod(0o755)
+
+    class Env:
+        python = str(fake)
+
+        def env(self) -> dict[str, str]:
+            return {"PATH": "/usr/bin:/bin"}
+
+    assert cells.env_modules(Env(), "9.0") == {"vllm_comm": ("sm_90a",)}  # type: ignore[arg-type]
+    fake.write_text("#!/bin/sh\necho '@@FI-JIT@@ {not json'\n")
+    assert cells.env_modules(Env(), "9.0") == {}  # type: ignore[arg-type]
+    Env.python = str(tmp_path / "missing")
+    assert cells.env_modules(Env(), "9.0") == {}  # type: ignore[arg-type]
+
+
+def test_a_setup_depth_variant_is_its_own_shape() -> None:
+    item = WorkItem(CELL, GPU, Variant("step", 3, (("backend", "nccl"), ("depth", "setup"))), 60.0)
+    shape = runprogress.shape_of(item)
+    assert shape == costmodel.Shape("step", 3, False, setup=True) and shape.label() == "step|3|setup|"
+    assert costmodel.Shape.parse("step|3|setup|") == shape
+    table = costmodel.CostTable("x", {costmodel.Shape("step", 2, False): 30.0,
+                                      costmodel.Shape("step", 5, False, setup=True): 4.0})
+    assert table.predict(shape).seconds == pytest.approx(4.0 * (1 + 0.05 * -2))  # from the setup shape, not 30 s

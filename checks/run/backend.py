@@ -21,7 +21,8 @@ A new backend (Kubernetes, podman) is one class with these methods and one entry
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from checks.run.options import CompileTargets, RunOptions
@@ -39,6 +40,9 @@ class Targets:
     facts: dict[str, Any]
     gpus: int
     compile: CompileTargets
+    # what a user's environment already holds for this GPU (cell -> flashinfer comm module -> SASS targets), read
+    # from the environment itself; cells provision built say what they carry in their build records instead
+    holds: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -13,7 +13,7 @@ from checks.results import hostfacts
 from checks.run import cells, runner
 from checks.run.backend import Backend, Targets
 from checks.run.container import client, unreachable
-from checks.run.executor import Executor, ExecutorError, for_run, gpu_lock_path, run_token
+from checks.run.executor import Executor, ExecutorError, LocalExecutor, for_run, gpu_lock_path, run_token
 from checks.run.options import AUTO, DOCKER, LOCAL, SLURM, VENV, RunOptions, UsageError, compile_targets
 from checks.run.runner import Hooks, RunReport, Work
 from checks.run.slurm_run import SlurmBackend
@@ -41,6 +41,8 @@ class HostBackend:
     find: Callable[[RunOptions, int], cells.Cells]
     gpu_lock: bool = True
     executors: dict[str, Executor] = field(default_factory=dict)
+    # the cell is a user's own environment: what its flashinfer already holds for this GPU counts as carried
+    own_env: bool = False
 
     def targets(self, opts: RunOptions) -> Targets:
         smi = hostfacts.collect()
@@ -48,7 +50,11 @@ class HostBackend:
         found, self.executors = self.find(opts, gpus)
         inspect = _peer_facts(self.executors, gpus)
         facts = hostfacts.collect(inspect) if inspect else smi
-        return Targets(found, facts, gpus, compile_targets(opts.target_archs, gpus, facts.get("compute_capability")))
+        capability = facts.get("compute_capability")
+        holds = {cid: have for cid, ex in self.executors.items()
+                 if self.own_env and gpus and isinstance(capability, str) and isinstance(ex, LocalExecutor)
+                 and (have := cells.env_modules(ex, capability))}
+        return Targets(found, facts, gpus, compile_targets(opts.target_archs, gpus, capability), holds)
 
     def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, str | None]:
         cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
@@ -87,7 +93,7 @@ def venv_backend() -> Backend:
 
 
 def local_backend() -> Backend:
-    return HostBackend(LOCAL, _local)
+    return HostBackend(LOCAL, _local, own_env=True)
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {

@@ -6,6 +6,8 @@ executor that runs them here."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 import time
 from typing import Any
@@ -18,6 +20,8 @@ from checks.run.plan import CellState, CellTarget, ImageState, image_state, loca
 from common import cellid
 from common.api import plan_cells
 from common.errors import InputError
+from inenv.kit import _fi_build
+from inenv.kit import _flashinfer as fi
 from inenv.probe import RESULT_MARKER
 
 Cells = tuple[list[CellTarget], dict[str, Executor]]
@@ -35,6 +39,34 @@ def local(opts: RunOptions, python: str) -> tuple[CellTarget, LocalExecutor, dic
     if not select_cells(cells, list(opts.only)):
         raise UsageError(f"checks run: the local environment ({cell.cell_id}) does not match --cuda/--only")
     return cell, ex, inspect
+
+
+ENV_MODULES_TIMEOUT_S = 120.0
+
+
+def env_modules(ex: LocalExecutor, capability: str,
+                modules: tuple[str, ...] = fi.COMM_MODULES) -> dict[str, tuple[str, ...]]:
+    """The flashinfer comm modules a user's environment already has for a GPU of ``capability`` as flashinfer
+    would load them (its JIT cache, current by flashinfer's own build file, or an installed flashinfer-jit-cache:
+    ``inenv.kit._fi_build --existing --have``), each with the SASS target of its arch folder; {} when it has none,
+    no flashinfer, or gives no answer in time. Read once before the plan: fi-jit loads these instead of
+    compiling them, so the plan, its cost and the quick pass count them as carried."""
+    cmd = [ex.python, "-m", "inenv.kit._fi_build", "--existing", "--have", *modules, "--capability", capability]
+    try:
+        proc = subprocess.run(cmd, env=ex.env(), capture_output=True, text=True, timeout=ENV_MODULES_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    line = next((x for x in proc.stdout.splitlines() if x.startswith(_fi_build.RESULT_PREFIX)), "")
+    try:
+        got = json.loads(line[len(_fi_build.RESULT_PREFIX):]) if line else {}
+    except ValueError:
+        return {}
+    out: dict[str, tuple[str, ...]] = {}
+    for module, found in got.items() if isinstance(got, dict) else ():
+        arch = found.get("arch_dir") if isinstance(found, dict) else None
+        if module in modules and isinstance(arch, str) and re.fullmatch(r"\d{2,3}[af]?", arch):
+            out[module] = (f"sm_{arch}",)
+    return out
 
 
 def planned(opts: RunOptions) -> list[Any]:

@@ -180,6 +180,24 @@ def not_carried(item: WorkItem, carries: Mapping[str, Mapping[str, tuple[str, ..
     return [m for m in jit_modules(item) if not (capability and m in have and _fatbin.runs_on(have[m], capability))]
 
 
+def compiles_here(item: WorkItem, carries: Mapping[str, Mapping[str, tuple[str, ...]]], capability: str | None,
+                  unpublished: Callable[[WorkItem, list[str]], list[str]]) -> bool:
+    """Whether a variant of a compile probe (its build parameter names a flashinfer module: fi-jit) will compile
+    that module here: its target (``arch=local``: this GPU's ``capability``; else the named one) is not in what
+    the cell carries (``carries``: from its build record, or what a user's environment holds) and no fi-jit build
+    has published it for the cell (``unpublished``)."""
+    name = item.spec.build_param
+    module = item.variant.param(name) if name else None
+    if not module or not item.runs:
+        return False
+    arch = item.variant.param("arch") or "local"
+    target = capability if arch == "local" else arch.rstrip("af")
+    have = carries.get(item.cell.cell_id, {}).get(module)
+    if target and have is not None and _fatbin.runs_on(have, target):
+        return False
+    return bool(unpublished(item, [module]))
+
+
 def deferred(items: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str, ...]]], capability: str | None,
              unpublished: Callable[[WorkItem, list[str]], list[str]]) -> list[WorkItem]:
     """A quick pass's GPU variants that would compile a flashinfer module in their turn (neither carried for

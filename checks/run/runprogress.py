@@ -17,7 +17,7 @@ import json
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -256,14 +256,16 @@ def _module(item: WorkItem) -> str:
 
 
 def expected_durations(items: Iterable[WorkItem], history: History, backend: str = "",
-                       lent: History | None = None, prior: Sequence[costmodel.CostTable] = ()) -> dict[Key, Expected]:
+                       lent: History | None = None, prior: Sequence[costmodel.CostTable] = (),
+                       compiling: Collection[Key] = ()) -> dict[Key, Expected]:
     """For each item that will run (not decided in advance, not reused): its own newest record on this
     backend; else the mean of what its probe took for the same module on this backend, from the runs of the
     one outcome that took longest (a fail-fast outcome does not stand for a full compile); else the same two
     from what hosts of its class recorded (``lent``, from :func:`lent`), at most the item's timeout; else the
     packaged prior's prediction for its shape (``prior``: the tables that may stand for this host, best first;
-    checks.run.cost.model), at most the item's timeout; else nothing. A record from another backend is never
-    borrowed: there the same variant can do other work."""
+    checks.run.cost.model; ``compiling``: the items that will compile their module here, costed as compiles),
+    at most the item's timeout; else nothing. A record from another backend is never borrowed: there the same
+    variant can do other work."""
     items = [it for it in items if it.runs]
     mine = _from(items, history, backend)
     theirs = _from(items, lent, backend) if lent else {}
@@ -274,7 +276,7 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
             cap = it.timeout_s if it.timeout_s > 0 else other.seconds
             got = Expected(min(other.seconds, cap), other.own, other.outcome, other.backend, other.module,
                            other.host, other.basis)
-        if got.seconds is None and (guess := costmodel.predict(prior, shape_of(it))) is not None:
+        if got.seconds is None and (guess := costmodel.predict(prior, shape_of(it, it.key in compiling))) is not None:
             (pred, label), cap = guess, it.timeout_s if it.timeout_s > 0 else guess[0].seconds
             got = Expected(min(pred.seconds, cap), module=_module(it), prior=label,
                            basis="" if pred.how == "measured" else pred.how)
@@ -282,10 +284,12 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
     return out
 
 
-def shape_of(item: WorkItem) -> costmodel.Shape:
-    """The cost model's key of a work item: probe, world size, shared placement, build module."""
+def shape_of(item: WorkItem, compiles: bool = False) -> costmodel.Shape:
+    """The cost model's key of a work item: probe, world size, shared placement, build module, and whether it
+    compiles that module here."""
     v = item.variant
-    return costmodel.Shape(item.spec.id, v.ranks, v.share_gpu, _module(item))
+    return costmodel.Shape(item.spec.id, v.ranks, v.share_gpu, _module(item), compiles and bool(_module(item)),
+                           v.param("depth") == "setup")
 
 
 def _from(items: list[WorkItem], history: History, backend: str) -> dict[Key, Expected]:
@@ -381,6 +385,7 @@ class RunView:
     lent: History | None = None  # what hosts of this host's class recorded
     backend: str = ""
     prior: Sequence[costmodel.CostTable] = ()  # the packaged prior's tables for this host, best first
+    compiling: Collection[Key] = ()  # the items that compile their module here (costed as compiles)
     cells: list[str] = field(init=False)
     running: set[Key] = field(default_factory=set)
     _shown_cells: set[str] = field(default_factory=set)
@@ -405,7 +410,8 @@ class RunView:
         self.history.setdefault(result.key, {})[self.backend] = Learned(v.duration_s, self.backend,
                                                                          outcome_of(result))
         todo = [it for it in self.items if it.key not in self.done]
-        self.expected.update(expected_durations(todo, self.history, self.backend, self.lent, self.prior))
+        self.expected.update(expected_durations(todo, self.history, self.backend, self.lent, self.prior,
+                                                self.compiling))
 
     def left(self, running: Key | None = None, elapsed: float = 0.0) -> Estimate:
         """Time left: every item still to run; the running one counts what it has left of its record. GPU

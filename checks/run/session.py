@@ -38,7 +38,7 @@ from checks.run.backends import BACKENDS, resolve
 from checks.run.cost import budget
 from checks.run.cost import model as costmodel
 from checks.run.options import REPO, RunOptions, UsageError
-from checks.run.plan import REUSED, WorkItem, deferred, deferred_sizes, plan_work, summary_counts
+from checks.run.plan import REUSED, WorkItem, compiles_here, deferred, deferred_sizes, plan_work, summary_counts
 from checks.run.runner import RunReport, Work, now_iso
 from common import buildrecord, escape, kernelstage, reasons
 from common.backend import RECORD_NAMES
@@ -218,6 +218,8 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
         con.print(line, markup=False, highlight=False)
     for line in kernel_lines(carries, targets.facts.get("compute_capability") if targets.gpus else None):
         con.print(line, markup=False, highlight=False)
+    for line in compile_lines(view):
+        con.print(line, markup=False, highlight=False)
     with RunLock(store.folder):
         written = write_manifest(opts, store, backend.name, targets, probes, planned)
         report = execute(con, opts, backend, store, targets, planned, written, carries, view, deadline)
@@ -314,12 +316,13 @@ def reuse(opts: RunOptions, planned: Planned, store: RunStore,
 
 def cell_carries(opts: RunOptions, backend: str, targets: Targets) -> dict[str, dict[str, tuple[str, ...]]]:
     """What each cell carries (common.buildrecord.BuildRecord.carried), from its build record for this
-    backend; {} for backends without records (local, Slurm)."""
-    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    backend, and what a user's environment already holds for this GPU (``targets.holds``, read from it);
+    nothing for a cell of neither (Slurm)."""
+    out: dict[str, dict[str, tuple[str, ...]]] = {cid: dict(have) for cid, have in targets.holds.items()}
     for cell in targets.cells if backend in RECORD_NAMES else ():
         record = buildrecord.read(opts.envs / cell.cell_id, backend).record
         if record is not None:
-            out[cell.cell_id] = dict(record.carried)
+            out[cell.cell_id] = {**out.get(cell.cell_id, {}), **dict(record.carried)}
     return out
 
 
@@ -336,6 +339,24 @@ def kernel_lines(carries: dict[str, dict[str, tuple[str, ...]]], capability: str
         rest = sorted(set(have) - set(fit))
         out.append(f"  {cid}: carries {len(fit)} of its {len(have)} comm module(s) for compute capability "
                    f"{capability}" + (f"; compiles {', '.join(rest)} here (carried for other GPUs)" if rest else ""))
+    return out
+
+
+def compile_lines(view: runprogress.RunView) -> list[str]:
+    """Per cell, the modules the compile probe builds here (nothing carries or holds them for their target,
+    nothing published them) and what that should cost, so the plan says it before anything starts."""
+    per: dict[str, dict[str, float | None]] = {}
+    for it in view.items:
+        if it.key in view.compiling:
+            exp = view.expected.get(it.key)
+            per.setdefault(it.cell.cell_id, {})[f"{it.variant.param(it.spec.build_param)}@"
+                                                f"{it.variant.param('arch') or 'local'}"] = exp.seconds if exp else None
+    out = []
+    for cid, mods in sorted(per.items()):
+        known = [v for v in mods.values() if v is not None]
+        cost = f", about {duration(sum(known))} of compiling" if known else ""
+        guessed = f" ({len(mods) - len(known)} never timed)" if len(known) < len(mods) else ""
+        out.append(f"  {cid}: compiles {', '.join(sorted(mods))} here{cost}{guessed}")
     return out
 
 
@@ -422,12 +443,26 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     lent = runprogress.lent(store.folder.parent, store.folder.name, facts, compiles)
     gpus = facts.get("gpu_count") if isinstance(facts.get("gpu_count"), int) else 0
     prior = costmodel.tables_for(costmodel.load_prior(), str(facts.get("gpu_name") or ""), gpus)
-    return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend, lent, prior),
-                               jobs=opts.jobs, prior=prior,
+    compiling = compiling_here(opts, todo, carries or {}, facts.get("compute_capability") if gpus else None)
+    return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling),
+                               jobs=opts.jobs, prior=prior, compiling=compiling,
                                compile_note=runprogress.compile_note(
                                    compile_cache_dir(opts.compile_cache, opts.no_compile_cache), carries,
                                    facts.get("compute_capability") if facts.get("gpu_count") else None),
                                history=recorded, lent=lent, backend=backend)
+
+
+def compiling_here(opts: RunOptions, todo: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str, ...]]],
+                   capability: str | None) -> frozenset[tuple[str, str, str]]:
+    """The compile probe's variants that will compile their module here (plan.compiles_here): what nothing
+    carries for their target and no fi-jit build has published for the cell in the compile cache."""
+    env_of = runprogress.compile_env(compile_cache_dir(opts.compile_cache, opts.no_compile_cache))
+
+    def unpublished(item: WorkItem, modules: list[str]) -> list[str]:
+        release = item.cell.versions.get("flashinfer") or ""
+        return fi.unpublished(modules, release, env_of(item)) if release and release != "none" else []
+
+    return frozenset(it.key for it in todo if compiles_here(it, carries, capability, unpublished))
 
 
 def fit_budget(opts: RunOptions, planned: Planned, view: runprogress.RunView, gpus: int,

@@ -1,8 +1,9 @@
 """What a variant should cost on a host that never ran it: a prior measured on our hosts, and the rules that
 carry it to world sizes nobody measured (pure, but for reading the packaged prior; host side).
 
-A variant's cost is keyed by its :class:`Shape`: probe, world size, whether its ranks share GPUs, and the value
-of the probe's build parameter (fi-jit's module: loading a carried module and compiling one differ by minutes).
+A variant's cost is keyed by its :class:`Shape`: probe, world size, whether its ranks share GPUs, the value of the
+probe's build parameter (fi-jit's module) and whether it compiles that module here (loading a carried or cached
+module and compiling one differ by minutes).
 The prior (``prior.json`` beside this module, written by ``tools/make_prior.py`` from committed results) holds
 the median seconds of each shape per class of host it was measured on. For a shape not measured:
 
@@ -32,6 +33,7 @@ MAX_SECONDS = 2 * 86400.0
 # Growth of a GPU-per-rank variant's cost per extra rank (an assumption: see the module docstring).
 RANK_GROWTH = 0.05
 CPU_CLASS = "no GPU"
+PLACEMENTS = ("own", "shared", "setup")  # a GPU per rank; ranks sharing GPUs; a GPU per rank, set-up checks only
 
 
 @dataclass(frozen=True, order=True)
@@ -40,16 +42,20 @@ class Shape:
     ranks: int
     shared: bool
     module: str = ""  # the probe's build parameter's value ("" when it has none)
+    compiles: bool = False  # the variant compiles its module (else it loads one carried, cached or published)
+    setup: bool = False  # a GPU per rank, set-up and one agreement case only (``depth=setup``)
 
     def label(self) -> str:
-        return "|".join((self.probe, str(self.ranks), "shared" if self.shared else "own", self.module))
+        placement = "shared" if self.shared else "setup" if self.setup else "own"
+        return "|".join((self.probe, str(self.ranks), placement, self.module, *(("compile",) if self.compiles else ())))
 
     @classmethod
     def parse(cls, text: str) -> Shape | None:
         parts = text.split("|")
-        if len(parts) != 4 or parts[2] not in ("shared", "own") or not parts[1].isdigit() or not parts[0]:
+        if len(parts) not in (4, 5) or parts[2] not in PLACEMENTS or not parts[1].isdigit() or not parts[0] \
+                or parts[4:] not in ([], ["compile"]):
             return None
-        return cls(parts[0], int(parts[1]), parts[2] == "shared", parts[3])
+        return cls(parts[0], int(parts[1]), parts[2] == "shared", parts[3], len(parts) == 5, parts[2] == "setup")
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,8 @@ class CostTable:
         probe, module and placement (module docstring), else None."""
         if (got := self.seconds.get(shape)) is not None:
             return Prediction(got, "measured")
-        near = [s for s in self.seconds if (s.probe, s.shared, s.module) == (shape.probe, shape.shared, shape.module)]
+        like = (shape.probe, shape.shared, shape.setup, shape.module, shape.compiles)
+        near = [s for s in self.seconds if (s.probe, s.shared, s.setup, s.module, s.compiles) == like]
         if not near:
             return None
         base = min(near, key=lambda s: (abs(s.ranks - shape.ranks), s.ranks))

@@ -31,18 +31,25 @@ def records(root: Path, build_params: Mapping[str, str]) -> Iterator[tuple[str, 
                 continue
             label = model.host_label(cls.gpu_name, cls.gpu_count)
             for r in read_file(path)[0]:
-                if runprogress.timed(r) and (shape := shape_of(r.probe_id, r.variant, build_params)) is not None:
+                compiled = _positive(r.verdict.metrics.get("compile_s")) if build_params.get(r.probe_id) else False
+                if runprogress.timed(r) and (shape := shape_of(r.probe_id, r.variant, build_params, compiled)):
                     if cls.gpu_count and shape.ranks > cls.gpu_count and not shape.shared:
                         continue
                     yield label, shape, r.verdict.duration_s
 
 
-def shape_of(probe: str, variant_key: str, build_params: Mapping[str, str]) -> model.Shape | None:
-    """The shape of a recorded variant key (``ranks=2,placement=shared,gpus=1,backend=nccl``); None when its
-    world size is not a number."""
+def shape_of(probe: str, variant_key: str, build_params: Mapping[str, str],
+             compiled: bool = False) -> model.Shape | None:
+    """The shape of a recorded variant key (``ranks=2,placement=shared,gpus=1,backend=nccl``; ``compiled``: its
+    result measured a compile, ``metrics.compile_s``); None when its world size is not a number."""
     params = dict(key_parts(variant_key))
     ranks = params.get("ranks", "1")
     if not ranks.isdigit():
         return None
     build = build_params.get(probe, "")
-    return model.Shape(probe, int(ranks), params.get("placement") == "shared", params.get(build, "") if build else "")
+    return model.Shape(probe, int(ranks), params.get("placement") == "shared", params.get(build, "") if build else "",
+                       compiled, params.get("depth") == "setup")
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
