@@ -5,6 +5,7 @@ run."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 
 from checks.results.result import Verdict
 from checks.results.store import read_file
-from checks.run import isolate
+from checks.run import isolate, serving
 from checks.run.executor import LocalExecutor, for_run
 from common import reasons
 from inenv.probe import Variant
@@ -242,3 +243,40 @@ def test_checks_run_records_the_same_verdicts_warm_and_with_cold_ranks(tmp_path:
         assert bool(served) == (way == "warm")
     assert got["warm"] == got["cold"]
     assert [s for *_, s, _ in got["warm"]] == ["fail", "crash", "pass", "pass", "pass", "pass"]
+
+
+def test_a_variant_that_imports_a_stateful_module_is_not_followed_in_its_processes(warm: LocalExecutor) -> None:
+    symm = run(warm, "t-warm-symm", 2)
+    after = run(warm, "t-warm-symm", 2)
+    assert symm.status is after.status is Status.PASS
+    assert "torch.distributed._symmetric_memory" in symm.evidence["warm"]["ended"]
+    assert symm.metrics["pid"] != after.metrics["pid"]
+
+
+def test_a_warm_variant_that_never_gets_the_gpus_is_gpus_busy_and_the_next_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STACKPROBE_PROBE_PATH", os.pathsep.join([str(FIXTURES), str(FLOOR_FIXTURES)]))
+    lock = tmp_path / "gpu.lock"
+    ex = for_run({"c": LocalExecutor()}, (), None, gpu_lock=lock, warm=True)["c"]
+    holder = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another variant holds the GPUs
+        busy = ex.run(Variant("t-gated-dist", 2), 2, 60, CAT, queue_s=3)
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        after = ex.run(Variant("t-gated-dist", 2), 2, 60, CAT, queue_s=30)
+    finally:
+        os.close(holder)
+        ex.close()
+    assert busy.status is Status.NOT_RUN and busy.reason_code == "gpus-busy"
+    assert after.status is Status.PASS and after.evidence["warm"]["reused"] is False
+
+
+def test_a_server_that_died_while_idle_is_replaced(warm: LocalExecutor) -> None:
+    first = run(warm, "t-trivial", 2)
+    [server] = [s for s in serving._IDLE if s.pool is warm._servers]
+    server.proc.kill()
+    server.proc.wait()
+    second = run(warm, "t-trivial", 2)
+    assert first.status is second.status is Status.PASS
+    assert second.evidence["warm"]["reused"] is False
+    assert not any(_alive(p) for p in first.evidence["warm"]["pids"])  # its ranks died with it

@@ -1,7 +1,8 @@
 """Where a variant runs: the Executor protocol and the local executor (a given Python interpreter).
 
-Both executors run the same in-environment worker (``python -m inenv.worker``) and turn whatever
-comes back into a verdict with :mod:`checks.run.classify`. The docker executor is in checks/run/container.py.
+Both executors run the same in-environment worker (``python -m inenv.worker``, or for a warm local executor
+its serving form ``python -m inenv.warm``: checks.run.serving) and turn whatever comes back into a verdict with
+:mod:`checks.run.classify`. The docker executor is in checks/run/container.py.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def apply_env(env: dict[str, str], changes: RunEnv) -> dict[str, str]:
 
 
 class Executor(Protocol):
-    """Runs one cell's variants on this host, one process tree (or container) per variant."""
+    """Runs one cell's variants on this host, each isolated: one process tree (or container) per variant, or a
+    serving worker whose kept ranks a variant that ends badly takes down with it (checks.run.serving)."""
 
     name: str
 
