@@ -5,7 +5,8 @@
         [--prior checks/run/cost/prior.json | --results results] [--check RESULTS.jsonl ...] [--json]
 
 For each GPU count it plans what `checks run --all` plans (checks.run.plan.plan_work, every probe of the suite,
-one resolved cell with sgl-kernel and flashinfer, compute capability 9.0) at the quick and the full level, costs
+one resolved cell with sgl-kernel and flashinfer, compute capability 9.0) at the quick level (each multi-rank
+probe at its smallest world size: plan.deferred_sizes) and the full level, costs
 every variant that would run from the prior alone (no host records: what a fresh host is told), and prints the
 predicted wall time of each pass (GPU variants one at a time, CPU-only ones over --jobs slots: checks.run.cost.budget)
 with the probes that cost most and how many variants the model had to carry to a world size nobody measured.
@@ -33,7 +34,7 @@ from checks.run import runprogress  # noqa: E402
 from checks.run.cost import budget  # noqa: E402
 from checks.run.cost import model as costmodel  # noqa: E402
 from checks.run.cost.prior import records  # noqa: E402
-from checks.run.plan import CellTarget, WorkItem, plan_work  # noqa: E402
+from checks.run.plan import CellTarget, WorkItem, deferred_sizes, plan_work  # noqa: E402
 from inenv import registry  # noqa: E402
 from inenv.probe import FULL, QUICK, HostView, Variant, key_parts  # noqa: E402
 
@@ -49,7 +50,8 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
                  jobs: int) -> dict[str, object]:
     probes = {pid: mod for pid, (_, mod) in registry.discover().items()}
     host = HostView(gpu_count=gpus, compute_capability="9.0", gpu_name=gpu_name, target_archs=(), level=level)
-    items = [it for it in plan_work([CELL], probes, host) if it.runs]
+    planned = plan_work([CELL], probes, host)
+    items = [it for it in (deferred_sizes(planned) if level == QUICK else planned) if it.runs]
     expected = runprogress.expected_durations(items, {}, "", None, tables)
     seconds = {k: e.seconds for k, e in expected.items()}
     per_probe: Counter[str] = Counter()

@@ -6,3 +6,15 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # fi-jit's (module, target) pairs for the machine's own GPU only, every comm module (STACKPROBE_FI_JIT_ONLY's
 # form): its cross-compile targets are answered by the CPU machine's cells.
 LOCAL_COMM_PAIRS="vllm_comm@local,trtllm_comm@local,moe_a2a@local,pcie_ipc@local,pcie_ipc_ag_rs@local"
+# A wheel carried as .whl/k/NAME.whl.txz (its files in an xz tar: under half the zip's size, so the wheels, a
+# kernel set and the checkout fit the 64 MiB a call carries) is made a wheel again as .whl/overlay/NAME.whl: a
+# wheel is a zip of its files, and its RECORD hashes the files, not the archive.
+# Here: mkdir W && (cd W && unzip -q ../NAME.whl && tar -cJf ../.whl/k/NAME.whl.txz .)
+for t in .whl/k/*.whl.txz; do
+    [ -f "$t" ] || continue
+    d="$(mktemp -d)"
+    tar -xJf "$t" -C "$d"
+    mkdir -p .whl/overlay
+    (cd "$d" && python3 -m zipfile -c "$OLDPWD/.whl/overlay/$(basename "$t" .txz)" $(ls -A))
+    rm -rf "$d"
+done
