@@ -120,7 +120,6 @@ class ServerPool:
 
     python: str
     env: Callable[[], dict[str, str]]
-    closed: bool = False
 
     def _take(self, kind: tuple[Any, ...]) -> Server | None:
         with _IDLE_LOCK:
@@ -137,7 +136,7 @@ class ServerPool:
     def _give_back(self, server: Server) -> None:
         ended: list[Server] = []
         with _IDLE_LOCK:
-            if self.closed:
+            if isolate.STOP.is_set():  # the run is being cancelled: nothing is kept for a next variant
                 ended.append(server)
             else:
                 _IDLE.append(server)
@@ -163,9 +162,9 @@ class ServerPool:
         return Server(proc, token, scratch, out, err, pool=self)
 
     def close(self) -> None:
-        """End every idle server of this pool; a busy one ends when its variant returns."""
+        """End every idle server of this pool (a busy one is ended by its own variant's thread when the run is
+        cancelled; a run that ends normally has none)."""
         with _IDLE_LOCK:
-            self.closed = True
             mine = [s for s in _IDLE if s.pool is self]
             for s in mine:
                 _IDLE.remove(s)
