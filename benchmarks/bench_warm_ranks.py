@@ -3,6 +3,8 @@ executor as `checks run` uses it.
 
     python benchmarks/bench_warm_ranks.py [--python PATH] [--variants N] [--ranks R] [--gpus G]
                                           [--probe ID[:PARAM=VALUE,...]] ... [--json OUT]
+    python benchmarks/bench_warm_ranks.py --why RESULTS_DIR
+
 
 Default: N (8) variants of the stand-in ``t-warm-pid`` (two ranks that import torch, form a gloo group and
 all-reduce: tests/probes_fixtures_warm), one after another, first one-shot (``checks run --cold-ranks``), then
@@ -10,6 +12,9 @@ warm. ``--probe`` names the variants instead (each run N times, in the order giv
 params after the colon, e.g. ``--probe ar-latency:ranks=2,mode=eager``); ``--gpus`` is what the worker is told
 (default 0: CPU). Prints each way's seconds per variant (first variant, the rest's mean), the ratio and
 whether every verdict matched; ``--json`` writes the numbers.
+
+``--why`` reads the results a `checks run` stored (every run in the folder) and prints per probe how many of its
+variants ran on reused ranks, kept their ranks for the next one, or ended them, and why (``evidence.warm``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from checks.results.store import read_file  # noqa: E402
 from checks.run.executor import LocalExecutor, gpu_lock_path, run_env  # noqa: E402
 from common import reasons  # noqa: E402
 from inenv.probe import Variant  # noqa: E402
@@ -63,6 +69,30 @@ def summary(times: list[float]) -> dict[str, float]:
             "mean_s": round(statistics.mean(times), 3), "total_s": round(sum(times), 3)}
 
 
+def why(results: Path) -> int:
+    """Per probe: variants one-shot, on reused ranks, kept after, and the reasons their groups ended."""
+    rows: dict[str, dict[str, int]] = {}
+    for path in sorted(results.glob("*/*.jsonl")):
+        stored, _ = read_file(path)
+        for r in stored:
+            warm = r.verdict.evidence.get("warm")
+            row = rows.setdefault(r.probe_id, {})
+            if not isinstance(warm, dict):
+                row["one-shot"] = row.get("one-shot", 0) + 1
+                continue
+            row["warm"] = row.get("warm", 0) + 1
+            row["reused"] = row.get("reused", 0) + bool(warm.get("reused"))
+            ended = str(warm.get("ended") or "")[:100]
+            key = f"ended: {ended}" if ended else "kept"
+            row[key] = row.get(key, 0) + 1
+    if not rows:
+        print(f"bench_warm_ranks: no results under {results}", file=sys.stderr)
+        return 2
+    for probe, row in sorted(rows.items()):
+        print(f"{probe}: " + "; ".join(f"{k} {v}" for k, v in sorted(row.items(), key=lambda kv: -kv[1])))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--python", default=sys.executable, help="the environment's interpreter (default: this one)")
@@ -71,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, default=0, help="GPUs the worker is told (default 0)")
     p.add_argument("--probe", action="append", default=[], help="ID[:NAME=VALUE,...]; default the stand-in")
     p.add_argument("--json", type=Path, help="write the numbers here")
+    p.add_argument("--why", type=Path, metavar="RESULTS", help="only summarise the warm ranks of stored results")
     args = p.parse_args(argv)
+    if args.why:
+        return why(args.why)
     if args.variants < 1 or args.ranks < 1 or args.gpus < 0:
         print("bench_warm_ranks: --variants and --ranks must be 1 or more, --gpus 0 or more", file=sys.stderr)
         return 2
