@@ -42,13 +42,17 @@ STAND_INS = ROOT / "tests" / "probes_fixtures_warm"
 
 
 def parse_variant(text: str, ranks: int) -> Variant:
-    """``ID[:ranks=R,NAME=VALUE,...]`` as a variant (``ranks`` when the text names none)."""
+    """``ID[:KEY]`` as a variant, KEY as a result records it (``ranks=2,placement=shared,gpus=1,op=all-reduce``;
+    ``ranks`` when it names none)."""
     probe, _, rest = text.partition(":")
     params = [tuple(p.split("=", 1)) for p in rest.split(",") if p]
     if any(len(p) != 2 for p in params):
         raise SystemExit(f"bench_warm_ranks: --probe {text}: give ID or ID:NAME=VALUE,...")
-    n = int(dict(params).get("ranks", ranks))
-    return Variant(probe, n, tuple((k, v) for k, v in params if k != "ranks"))
+    named = dict(params)
+    shared = named.get("placement") == "shared"
+    return Variant(probe, int(named.get("ranks", ranks)),
+                   tuple((k, v) for k, v in params if k not in ("ranks", "placement", "gpus")),
+                   share_gpu=shared, gpus=int(named.get("gpus", 0)) if shared else 0)
 
 
 def measure(ex: LocalExecutor, variants: list[Variant], gpus: int) -> tuple[list[float], list[str]]:
