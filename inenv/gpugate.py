@@ -9,6 +9,11 @@ first pipe's write end) once it holds the lock, an exclusive ``flock`` on one fi
 running variant's worker lets go as soon as its last outcome is in. So the GPUs still serve one variant at a
 time, every variant still runs in fresh processes, and the start-up of the next one costs no time.
 
+A variant that times nothing (``inenv.probe.shallow``: ranks sharing a GPU, or a GPU each at a world size that
+runs only its set-up and one agreement case) takes the lock *shared*: such variants run side by side (each
+checks exact numbers, which another process on the GPU cannot change), while a variant that times anything takes
+it exclusive and so has the GPUs alone, with no shared holder beside it.
+
 The lock is a file the host names in ``STACKPROBE_GPU_LOCK`` (a container gets it mounted): flock locks are
 shared by every process on one kernel that opens the same file, so two ``checks run`` on one host also take
 turns on the GPUs. ``flock`` is released by the kernel when its holder dies, however it dies.
@@ -47,6 +52,7 @@ class Gate:
 
     path: str
     queue_s: float = DEFAULT_QUEUE_S
+    shared: bool = False  # a variant that times nothing: it holds the lock beside others of its kind
     _read: int | None = None
     _write: int | None = None
     _ready_read: int | None = None
@@ -128,7 +134,7 @@ class Gate:
             raise GateError(f"cannot open the GPU lock {self.path}: {exc}") from None
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                 break
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):

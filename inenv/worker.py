@@ -33,7 +33,7 @@ from typing import Any
 
 from inenv import envinfo, gpugate, rank
 from inenv.lifetime import SCRATCH_ENV, die_with_parent
-from inenv.probe import RESULT_MARKER, Variant, combine_worst, outcome
+from inenv.probe import RESULT_MARKER, Variant, combine_worst, outcome, shallow
 from inenv.registry import ProbeLocation, ProbeNotFound, find
 from inenv.status import GOOD, Status
 
@@ -558,13 +558,15 @@ def preflight(module: ModuleType, variant: Variant) -> dict[str, Any] | None:
         return None
 
 
-def gate_for(spec: Any, gpus: int, queue_s: float | None, env: dict[str, str] | None = None) -> gpugate.Gate | None:
+def gate_for(spec: Any, gpus: int, queue_s: float | None, env: dict[str, str] | None = None,
+             shared: bool = False) -> gpugate.Gate | None:
     """The GPU gate of a launch: only a probe that uses GPUs, on a host that has them, when the host named a
-    lock file (inenv.gpugate.ENV)."""
+    lock file (inenv.gpugate.ENV); ``shared``: the variant times nothing (inenv.probe.shallow), so it holds the
+    lock beside others of its kind."""
     path = (os.environ if env is None else env).get(gpugate.ENV, "")
     if not path or not spec.needs_gpu or gpus <= 0:
         return None
-    return gpugate.Gate(path, gpugate.DEFAULT_QUEUE_S if queue_s is None else queue_s)
+    return gpugate.Gate(path, gpugate.DEFAULT_QUEUE_S if queue_s is None else queue_s, shared=shared)
 
 
 def scratch_root() -> str | None:
@@ -606,7 +608,7 @@ def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None 
         own = workdir is None
         wd = Path(tempfile.mkdtemp(prefix=f"stackprobe-{probe_id}-", dir=scratch_root())) if own else workdir
         wd.mkdir(parents=True, exist_ok=True)
-        gate = gate_for(module.SPEC, gpus, queue_s)
+        gate = gate_for(module.SPEC, gpus, queue_s, shared=shallow(variant))
         try:
             # A probe that needs no GPU gets no device (ranks may outnumber GPUs); all GPUs stay visible.
             start = launch if launcher is None else launcher(module)
@@ -624,6 +626,8 @@ def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None 
         read_versions()
     result.setdefault("evidence", {})["env"] = env_versions
     result["evidence"]["gpus_visible"] = gpus
+    if decided is None and gate is not None and gate.shared:
+        result["evidence"]["gpu_lock"] = "shared"  # it may have run beside other variants that time nothing
     result["duration_s"] = round(time.monotonic() - started - waited, 3)
     return result
 

@@ -56,6 +56,27 @@ def test_one_holder_at_a_time_and_a_bounded_wait(tmp_path: Path) -> None:
     second.close()
 
 
+def test_variants_that_time_nothing_hold_the_lock_together_and_a_timed_one_alone(tmp_path: Path) -> None:
+    """Two shared gates (variants that time nothing) hold the lock at once; an exclusive one (a variant that
+    times) waits for both to let go, and while it holds the lock no shared gate gets it."""
+    lock = str(tmp_path / "gpu.lock")
+    a, b = gpugate.Gate(lock, shared=True), gpugate.Gate(lock, queue_s=0.2, shared=True)
+    timed = gpugate.Gate(lock, queue_s=0.2)
+    assert a.open() and b.open()
+    assert not timed.open()  # held shared by two: the timed variant does not run beside them
+    a.release()
+    assert not timed.open()
+    b.release()
+    assert timed.open()
+    late = gpugate.Gate(lock, queue_s=0.2, shared=True)
+    assert not late.open()  # the timed one has the GPUs alone
+    timed.release()
+    assert late.open()
+    for g in (a, b, timed, late):
+        g.close()
+    assert worker.gate_for(ProbeSpec("g", "g", "f"), 1, None, {gpugate.ENV: lock}, shared=True).shared
+
+
 def test_a_waiting_gate_goes_as_soon_as_the_holder_lets_go(tmp_path: Path) -> None:
     lock = str(tmp_path / "gpu.lock")
     holder, waiter = gpugate.Gate(lock), gpugate.Gate(lock, queue_s=10)
@@ -291,3 +312,27 @@ def test_the_runner_starts_gpu_variants_ahead_and_they_take_turns(tmp_path: Path
     assert preloads[2] < spans[0][1] and preloads[4] < spans[1][1]  # each next one had started up meanwhile
     queued = [r.verdict.evidence["phases"]["queued"] for r in report.results]
     assert queued[0] < 0.5 and min(queued[1:]) > 0.5  # the later ones waited at the gate, their ranks started
+
+
+def test_a_variant_that_times_nothing_says_it_took_the_gpus_shared(tmp_path: Path) -> None:
+    """The worker takes the lock shared for a shallow variant (ranks sharing a GPU) and records it; a variant
+    with a GPU per rank takes it exclusive and records nothing (the probe's own verdict is not the point here:
+    this machine may have no GPU for it)."""
+    import json
+
+    from inenv.probe import RESULT_MARKER
+    from tests.checks_helpers import fixture_env
+
+    env = {**fixture_env(), gpugate.ENV: str(tmp_path / "gpu.lock")}
+
+    def result(variant: dict, gpus: str) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "inenv.worker", "--probe", "t-gpu-shared", "--variant",
+                               json.dumps(variant), "--gpus", gpus, "--timeout", "60"], capture_output=True,
+                              text=True, env=env, cwd=ROOT, timeout=180)
+        line = next(x for x in proc.stdout.splitlines() if x.startswith(RESULT_MARKER))
+        return json.loads(line[len(RESULT_MARKER):])
+
+    shared = result({"probe_id": "t-gpu-shared", "ranks": 2, "params": [], "share_gpu": True, "gpus": 1}, "1")
+    assert shared["evidence"]["gpu_lock"] == "shared"
+    own = result({"probe_id": "t-gpu-shared", "ranks": 2, "params": []}, "2")
+    assert "gpu_lock" not in own["evidence"] and "queued" in own["evidence"]["phases"]

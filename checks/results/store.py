@@ -177,8 +177,8 @@ Key = tuple[str, str, str]
 
 
 # Evidence of how one run of a variant went, not of what it found: its worker's phase timings and clock, the
-# container's name, the variants that ran beside it, the warm rank group it ran in.
-CIRCUMSTANCE = ("phases", "worker_duration_s", "container", "ran_beside", "warm")
+# container's name, the variants that ran beside it, the warm rank group it ran in, whether it shared the GPUs.
+CIRCUMSTANCE = ("phases", "worker_duration_s", "container", "ran_beside", "warm", "gpu_lock")
 
 
 def _same(result: ProbeResult, earlier: ProbeResult, exact: bool = False) -> bool:

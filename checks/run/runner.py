@@ -46,6 +46,9 @@ from inenv.status import Status
 # interpreter, ``import torch``, its preload: 2-6 s on 1x H200) overlaps two variants' GPU time (1.5-3 s each)
 # and is never what the GPU waits for.
 GATE_DEPTH = 2
+# GPU variants in flight at once: one running and GATE_DEPTH at the gate; those that time nothing take the lock
+# shared (inenv.gpugate), so that many of them run at once
+GPU_SLOTS = GATE_DEPTH + 1
 STOP_WAIT_S = 60.0  # how long Ctrl-C waits for the running variants' cleanup (containers removed, groups killed)
 
 

@@ -27,9 +27,11 @@ from checks.results.result import ProbeResult
 from checks.results.store import read_file, read_manifest
 from checks.run.cost import model as costmodel
 from checks.run.plan import WorkItem, not_carried
+from checks.run.runner import GPU_SLOTS
 from common.progress import Estimate, duration, estimate
 from inenv.kit import _compile_cache as cc
 from inenv.kit import _flashinfer as fi
+from inenv.probe import shallow
 
 Key = tuple[str, str, str]
 
@@ -390,10 +392,12 @@ class RunView:
     running: set[Key] = field(default_factory=set)
     _shown_cells: set[str] = field(default_factory=set)
     _gpu: set[Key] = field(init=False)
+    _shared: set[Key] = field(init=False)  # GPU variants that time nothing: GPU_SLOTS of them at once
 
     def __post_init__(self) -> None:
         self.cells = list(dict.fromkeys(it.cell.cell_id for it in self.items))
         self._gpu = {it.key for it in self.items if it.spec.needs_gpu}
+        self._shared = {it.key for it in self.items if it.spec.needs_gpu and shallow(it.variant)}
 
     @property
     def total(self) -> int:
@@ -414,18 +418,20 @@ class RunView:
                                                 self.compiling))
 
     def left(self, running: Key | None = None, elapsed: float = 0.0) -> Estimate:
-        """Time left: every item still to run; the running one counts what it has left of its record. GPU
-        variants run one at a time; the CPU-only ones share ``jobs`` slots, so their part is divided."""
-        gpu, cpu = [], []
+        """Time left: every item still to run; the running one counts what it has left of its record. Timed GPU
+        variants run one at a time, those that time nothing share the runner's GPU slots, the CPU-only ones
+        ``jobs`` slots (checks.run.cost.budget's arithmetic)."""
+        gpu, shared, cpu = [], [], []
         for key, exp in self.expected.items():
             if key in self.done:
                 continue
             seconds = exp.seconds
             if key == running and seconds is not None:
                 seconds = max(0.0, seconds - elapsed)
-            (gpu if key in self._gpu else cpu).append(seconds)
-        a, b = estimate(gpu), estimate(cpu)
-        return Estimate(a.seconds + b.seconds / max(1, self.jobs), a.unknown + b.unknown, a.steps + b.steps)
+            (shared if key in self._shared else gpu if key in self._gpu else cpu).append(seconds)
+        a, s, b = estimate(gpu), estimate(shared), estimate(cpu)
+        return Estimate(a.seconds + s.seconds / GPU_SLOTS + b.seconds / max(1, self.jobs),
+                        a.unknown + s.unknown + b.unknown, a.steps + s.steps + b.steps)
 
     def opening(self) -> str:
         """Said once before the first variant: how many will run and how long that should take."""

@@ -1,8 +1,10 @@
 """What a pass costs and what fits a time budget (pure; host side).
 
-A pass's cost is its GPU variants' seconds one after another (the GPU gate lets one variant at a time hold the
-GPUs) plus its CPU-only variants' seconds spread over the run's ``jobs`` slots: the same arithmetic as the time
-left that a run shows while it goes (checks.run.runprogress.RunView.left).
+A pass's cost is its timed GPU variants' seconds one after another (the GPU gate gives a variant that times
+anything the GPUs alone), its GPU variants that time nothing (``inenv.probe.shallow``) spread over the
+runner's GPU slots (they hold the gate shared, side by side), and its CPU-only variants' seconds spread over the
+run's ``jobs`` slots: the same arithmetic as the time left that a run shows while it goes
+(checks.run.runprogress.RunView.left).
 
 ``checks run --budget MIN`` keeps the most informative variants that fit and leaves the rest as ``not-run
 over-budget`` (a not-run is never reused, so a later run with a larger budget runs exactly those). How
@@ -26,8 +28,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from checks.run.plan import Decided, WorkItem
+from checks.run.runner import GPU_SLOTS
 from common.progress import duration
-from inenv.probe import question
+from inenv.probe import question, shallow
 from inenv.status import Status
 
 Key = tuple[str, str, str]
@@ -74,17 +77,34 @@ def seconds_of(item: WorkItem, expected: Mapping[Key, float | None]) -> float:
 
 
 def pass_seconds(items: Iterable[WorkItem], expected: Mapping[Key, float | None], jobs: int) -> float:
-    """The wall seconds the items that run should take: GPU variants one at a time, CPU-only ones over ``jobs``."""
-    gpu = cpu = 0.0
+    """The wall seconds the items that run should take (the module docstring's arithmetic)."""
+    lanes = Lanes(jobs)
     for it in items:
-        if not it.runs:
-            continue
-        s = seconds_of(it, expected)
-        if it.spec.needs_gpu:
-            gpu += s
+        if it.runs:
+            lanes.add(it, seconds_of(it, expected))
+    return lanes.wall()
+
+
+@dataclass
+class Lanes:
+    """Seconds on each lane of a pass: timed GPU variants (one at a time), GPU variants that time nothing
+    (:data:`GPU_SLOTS` at a time), CPU-only variants (``jobs`` at a time)."""
+
+    jobs: int
+    timed: float = 0.0
+    shared: float = 0.0
+    cpu: float = 0.0
+
+    def add(self, item: WorkItem, seconds: float) -> None:
+        if not item.spec.needs_gpu:
+            self.cpu += seconds
+        elif shallow(item.variant):
+            self.shared += seconds
         else:
-            cpu += s
-    return gpu + cpu / max(1, jobs)
+            self.timed += seconds
+
+    def wall(self) -> float:
+        return self.timed + self.shared / GPU_SLOTS + self.cpu / max(1, self.jobs)
 
 
 @dataclass(frozen=True)
@@ -108,13 +128,13 @@ def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: f
     smallest = smallest_sizes(todo)
     tiers = {it.key: tier(it, smallest, gpus) for it in todo}
     order = sorted(todo, key=lambda it: (tiers[it.key], seconds_of(it, expected), it.key))
-    gpu_s = cpu_s = 0.0
+    lanes = Lanes(jobs)
     keep: set[Key] = set()
     for it in order:
-        s = seconds_of(it, expected)
-        g, c = (gpu_s + s, cpu_s) if it.spec.needs_gpu else (gpu_s, cpu_s + s)
-        if g + c / max(1, jobs) <= budget_s:
-            gpu_s, cpu_s = g, c
+        trial = dataclasses.replace(lanes)
+        trial.add(it, seconds_of(it, expected))
+        if trial.wall() <= budget_s:
+            lanes = trial
             keep.add(it.key)
     out: list[WorkItem] = []
     left: list[WorkItem] = []
@@ -126,7 +146,7 @@ def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: f
             it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, OVER_BUDGET, note))
             left.append(it)
         out.append(it)
-    return Fitted(out, left, pass_seconds(items, expected, jobs), gpu_s + cpu_s / max(1, jobs), budget_s, tiers)
+    return Fitted(out, left, pass_seconds(items, expected, jobs), lanes.wall(), budget_s, tiers)
 
 
 def cost_lines(items: Iterable[WorkItem], expected: Mapping[Key, float | None],
