@@ -238,7 +238,8 @@ def test_no_level_with_nothing_changed_runs_the_full_pass_alone(tmp_path: Path) 
 
 def test_an_unchanged_rerun_prepares_its_one_pass_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check that the full level would run nothing prepares the full pass (targets, fingerprints, plan);
-    that pass takes the work instead of preparing it a second time, whether or not a quick pass runs first."""
+    that pass takes the work instead of preparing it a second time, and a quick pass before it plans from the
+    same preparation (the environments are not started again to read what it read)."""
     from checks import cli
     from checks.run import session
 
@@ -258,7 +259,8 @@ def test_an_unchanged_rerun_prepares_its_one_pass_once(tmp_path: Path, monkeypat
     (c.probes / "t_deeper.py").write_text((c.probes / "t_deeper.py").read_text() + "\n# changed\n")
     levels.clear()
     assert cli.main(argv) == 0
-    assert levels == [FULL, QUICK] and c.ran() == sorted(DEEP)  # the full pass's, then the quick pass's
+    # one preparation serves both passes: the quick pass plans again at its level from the full pass's
+    assert levels == [FULL] and c.ran() == sorted(DEEP)
 
 
 def test_level_quick_alone_runs_one_pass(tmp_path: Path) -> None:

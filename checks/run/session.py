@@ -99,7 +99,8 @@ def run(opts: RunOptions, con: Any) -> int:
         first = done[-1] if i and not done[-1].skipped else None
         if level_opts.level != QUICK and wait_for_kernels(con):
             ready = None  # the cells now carry what the stage built: the full level is planned again
-        outcome = one_pass(level_opts, con, staged, first, ready if i == len(passes) - 1 else None, deadline)
+        mine = ready if i == len(passes) - 1 or ready is None else replanned(ready, level_opts)
+        outcome = one_pass(level_opts, con, staged, first, mine, deadline)
         done.append(outcome)
         if outcome.code:
             break
@@ -162,6 +163,13 @@ def unchanged(opts: RunOptions, ready: Prepared) -> int | None:
     if all(incremental.rechecked(it, latest, ready.planned.hashes) for it in runs):
         return len(runs)
     return None
+
+
+def replanned(ready: Prepared, opts: RunOptions) -> Prepared:
+    """The steps up to the plan done for one pass, planned again at another pass's level: the backend, its
+    executors, the host facts and the environments' fingerprints are the same for both passes, so the quick
+    pass does not start the environments again to read what the full pass's preparation read."""
+    return dataclasses.replace(ready, planned=plan(opts, ready.probes, ready.targets, ready.planned.fingerprints))
 
 
 def full_level_line(opts: RunOptions, ready: Prepared) -> str:
