@@ -187,6 +187,26 @@ def test_a_gpu_variant_that_loads_no_jit_module_starts_beside_compiles() -> None
     assert pick([nccl], [compiling, other], 4) is None
 
 
+def test_a_gpu_variant_that_times_nothing_starts_beside_cpu_work_but_not_beside_its_own_module_build() -> None:
+    """Ranks sharing a GPU check exact numbers and time nothing: such a variant starts beside inventory and
+    beside a compile of another module, but not beside the build of the module it loads; a timed GPU variant
+    still waits for the host to be idle."""
+    build = ProbeSpec("fi-jit", "b", "f", needs_gpu=False, build_param="module")
+    plain = ProbeSpec("inventory", "c", "f", needs_gpu=False)
+    gpu = ProbeSpec("custom-ar", "g", "f", needs_gpu=True, distinct_gpus=False)
+    a, b = CellTarget("cella", "resolved"), CellTarget("cellb", "resolved")
+    inventory = WorkItem(a, plain, Variant("inventory", 1), 60.0)
+    trt = WorkItem(a, build, Variant("fi-jit", 1, (("module", "trtllm_comm"), ("arch", "local"))), 60.0)
+    vllm = WorkItem(a, build, Variant("fi-jit", 1, (("module", "vllm_comm"), ("arch", "local"))), 60.0)
+    params = (("impl", "flashinfer"), ("full_nvlink", "forced"))
+    shared = WorkItem(b, gpu, Variant("custom-ar", 2, params, share_gpu=True, gpus=1), 60.0)
+    timed = WorkItem(b, gpu, Variant("custom-ar", 2, params), 60.0)
+    assert pick([shared], [inventory], 4) is shared
+    assert pick([shared], [inventory, trt], 4) is shared  # custom-ar loads vllm_comm, not trtllm_comm
+    assert pick([shared], [vllm], 4) is None  # the module it loads is being built
+    assert pick([timed], [inventory], 4) is None
+
+
 def test_two_cells_do_not_build_what_they_could_share_side_by_side() -> None:
     """fi-jit's module names a build another cell may share: while cell a builds trtllm_comm, cell b builds
     another module first if it can (its trtllm_comm then finds a's build stored), and its trtllm_comm goes

@@ -39,7 +39,7 @@ from checks.run.options import REPO, RunOptions
 from checks.run.plan import WorkItem, jit_modules
 from common.reasons import Catalogue
 from inenv.gpugate import DEFAULT_QUEUE_S
-from inenv.probe import LEVEL_ENV, QUICK, Variant
+from inenv.probe import LEVEL_ENV, QUICK, Variant, shallow
 from inenv.status import Status
 
 # GPU variants started ahead, waiting at the gate while one runs: two, so a variant's rank start-up (the
@@ -101,6 +101,16 @@ def loads_no_jit(item: WorkItem) -> bool:
     return not jit_modules(item)
 
 
+def goes_beside(item: WorkItem, running: list[WorkItem]) -> bool:
+    """Whether GPU variant ``item`` may start beside the CPU-only variants ``running``: beside compiles when it
+    loads no JIT module (nothing it needs is among them), or, when it times nothing (inenv.probe.shallow: its
+    numbers are exact checks a busy CPU cannot change), beside anything that does not build a module it loads."""
+    if loads_no_jit(item) and all(compiles(r) for r in running):
+        return True
+    built = {r.variant.param(r.spec.build_param) for r in running if compiles(r)}
+    return shallow(item.variant) and not (set(jit_modules(item)) & built)
+
+
 def shared_build(item: WorkItem) -> tuple[str, ...] | None:
     """The build ``item`` shares with other cells, if any: the same probe and value of its ``build_param``,
     with the same CUDA and the same versions of the libraries the probe requires (the sources it builds).
@@ -148,7 +158,7 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
         if cid in busy:
             continue
         if uses_gpu(it):
-            if running and not (loads_no_jit(it) and all(compiles(r) for r in running)):
+            if running and not goes_beside(it, running):
                 continue  # it waits for the host to be idle; its cell's CPU-only variants may go meanwhile
             if not ready:
                 return it
