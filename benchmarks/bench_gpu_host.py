@@ -4,12 +4,14 @@ many compiler processes the GPU host started, with or without the kernels the ce
     python3 benchmarks/bench_gpu_host.py --matrix matrices/h200-overlay.yaml --only 'cu130-*-fi0.7.4' \
         --case carried [--wheels .whl/overlay] [--base-python python3] [--limit 600] [--out DIR]
 
-``--case local``: the environment a user serves from: a venv over ``--base-python`` (its torch, CUDA libraries and
-NCCL) with the flashinfer wheels of ``--wheels`` installed into it, nothing carried, probed as it is with
+``--case local``: the environment a user serves from: ``--base-python``'s own environment (its torch, CUDA
+libraries and NCCL) with the flashinfer wheels of ``--wheels`` installed into it (pip, no index: a lent machine's
+environment, given back after the call), nothing carried, probed as it is with
 ``checks run --backend local --python`` (the fi-jit probe loads what the environment's flashinfer JIT cache holds
-and compiles for this GPU only what it lacks). ``--cold``: afterwards the quick level once more with
-``--fresh --cold-ranks`` (every variant in rank processes of its own), its seconds as ``cold_quick_s`` beside
-``warm_quick_s`` (the same command without ``--cold-ranks``), for the A/B of warm ranks on one machine.
+and compiles for this GPU only what it lacks). ``--cold``: afterwards the quick level three more times with
+``--fresh``: as it is (``warm_quick_s``), with ``--cold-ranks`` (every variant in rank processes of its own:
+``cold_quick_s``) and with ``--gpu-alone`` (every GPU variant alone on the GPUs: ``alone_quick_s``), the A/B of
+warm ranks and of the shared GPU lock on one machine.
 ``--case carried``: the cell's kernel set (``.cache/kernels/<cell>/``, made on a CPU machine by `provision build`
 and copied here) is installed by `provision build`; ``--case none``: ``--kernel-archs none``, in a venv folder
 of its own, so nothing is carried and fi-jit compiles on this host. Then `checks run --all` (the quick pass,
@@ -118,15 +120,14 @@ def main(argv: list[str]) -> int:
     jit = Path(f"/tmp/jit-{args.case}")
     env = dict(os.environ, STACKPROBE_JIT_CACHE=str(jit), FLASHINFER_WORKSPACE_BASE=str(jit), PYTHONUNBUFFERED="1",
                STACKPROBE_COMPILE_CACHE=str(ROOT / ".cache" / f"compile-{args.case}"))
-    serve = Path("/tmp/serve-venv")
     if args.case == "local":
+        serve = args.base_python or "python3"
         fill = "; ".join(f"from flashinfer.jit.comm import gen_{m}_module as g; g().build_and_load()"
                          for m in args.prefill.split(",") if m)
-        build = ["bash", "-c", f'set -e; {args.base_python or "python3"} -m venv --system-site-packages {serve}; '
-                 f'{serve}/bin/python -m pip install -q --no-index --no-deps {args.wheels}/*.whl'
-                 + (f'; {serve}/bin/python -c "{fill}"' if fill else "")]
-        run = [sys.executable, "-m", "checks.cli", "run", "--all", "--backend", "local", "--python",
-               str(serve / "bin" / "python"), "--results", str(res)]
+        build = ["bash", "-c", f'set -e; {serve} -m pip install -q --no-index --no-deps {args.wheels}/*.whl'
+                 + (f'; {serve} -c "{fill}"' if fill else "")]
+        run = [sys.executable, "-m", "checks.cli", "run", "--all", "--backend", "local", "--python", serve,
+               "--results", str(res)]
     else:
         build = [sys.executable, "-m", "provision.cli", "build", "--backend", "venv", "--matrix", args.matrix,
                  "--only", args.only, "--venvs", str(venvs)]
@@ -162,7 +163,8 @@ def main(argv: list[str]) -> int:
         stop.set()
         ab: dict[str, float | None] = {}
         if args.cold:
-            for name, extra in (("warm_quick_s", []), ("cold_quick_s", ["--cold-ranks"])):
+            for name, extra in (("warm_quick_s", []), ("cold_quick_s", ["--cold-ranks"]),
+                                ("alone_quick_s", ["--gpu-alone"])):
                 fh.write(f"\n== {name}: the quick level again, --fresh {' '.join(extra)}\n")
                 fh.flush()
                 t2 = time.monotonic()

@@ -95,6 +95,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cold-ranks", action="store_true", help="start fresh rank processes for every variant (default "
                    "on local and venv cells: a cell's variants of one world size share rank processes that imported "
                    "their libraries once; a variant that fails, hangs or leaves state behind ends them)")
+    p.add_argument("--gpu-alone", action="store_true", help="every GPU variant has the GPUs alone (default: "
+                   "variants that time nothing, ranks sharing a GPU or set-up checks, run side by side; timed ones "
+                   "always run alone)")
     p.add_argument("--target-arch", metavar="LIST", help="cross-compile targets for the compile probes beside the "
                    "local GPU, e.g. 12.0a,12.0f, or none (default: none on a host with a GPU, which compiles for "
                    "its own GPU only; 12.0a,12.0f on a host without one)")
@@ -192,7 +195,7 @@ def run_options(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         probes=tuple(args.probe), all_probes=args.all, cuda=args.cuda, only=tuple(args.only),
         backend=backend, python=args.python, images=images, slurm=slurm,
         resume=args.resume, fresh=args.fresh, jobs=default_jobs() if args.jobs is None else args.jobs,
-        level=args.level, as_json=args.json, cold_ranks=args.cold_ranks,
+        level=args.level, as_json=args.json, cold_ranks=args.cold_ranks, gpu_alone=args.gpu_alone,
         budget_s=None if args.budget is None else args.budget * 60.0,
         timeout_scale=args.timeout_scale, target_archs=archs, compile_cache=args.compile_cache,
         no_compile_cache=args.no_compile_cache, results=args.results, matrix=args.matrix, envs=args.envs,

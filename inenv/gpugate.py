@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 ENV = "STACKPROBE_GPU_LOCK"
+ALONE_ENV = "STACKPROBE_GPU_ALONE"  # "1": every variant takes the lock exclusive (`checks run --gpu-alone`)
 LOCK_NAME = "stackprobe-gpu.lock"  # in the host's temporary folder: every checkout and user on the host
 GO_FD_ENV = "STACKPROBE_GO_FD"  # in a rank: the read end of its worker's go pipe
 READY_FD_ENV = "STACKPROBE_READY_FD"  # in a rank: the write end of its worker's ready pipe

@@ -563,10 +563,12 @@ def gate_for(spec: Any, gpus: int, queue_s: float | None, env: dict[str, str] | 
     """The GPU gate of a launch: only a probe that uses GPUs, on a host that has them, when the host named a
     lock file (inenv.gpugate.ENV); ``shared``: the variant times nothing (inenv.probe.shallow), so it holds the
     lock beside others of its kind."""
-    path = (os.environ if env is None else env).get(gpugate.ENV, "")
+    env = os.environ if env is None else env
+    path = env.get(gpugate.ENV, "")
     if not path or not spec.needs_gpu or gpus <= 0:
         return None
-    return gpugate.Gate(path, gpugate.DEFAULT_QUEUE_S if queue_s is None else queue_s, shared=shared)
+    alone = env.get(gpugate.ALONE_ENV) == "1"  # the run asked for every variant to have the GPUs alone
+    return gpugate.Gate(path, gpugate.DEFAULT_QUEUE_S if queue_s is None else queue_s, shared=shared and not alone)
 
 
 def scratch_root() -> str | None:

@@ -45,6 +45,7 @@ def test_pass_seconds_runs_timed_gpu_variants_alone_untimed_three_at_once_and_cp
             items[5].key: 5.0}
     assert budget.pass_seconds(items, cost, jobs=2) == 39.0  # 10 + 20 + (7 + 5) / 3 + (6 + 4) / 2
     assert budget.pass_seconds(items, cost, jobs=1) == 44.0
+    assert budget.pass_seconds(items, cost, jobs=2, gpu_slots=1) == 47.0  # --gpu-alone: 10 + 20 + 12 + 5
 
 
 def test_untimed_variants_are_guessed_at_the_stated_constant() -> None:
@@ -324,3 +325,14 @@ def test_a_setup_depth_variant_is_its_own_shape() -> None:
     table = costmodel.CostTable("x", {costmodel.Shape("step", 2, False): 30.0,
                                       costmodel.Shape("step", 5, False, setup=True): 4.0})
     assert table.predict(shape).seconds == pytest.approx(4.0 * (1 + 0.05 * -2))  # from the setup shape, not 30 s
+
+
+def test_gpu_alone_reaches_every_worker_of_the_run() -> None:
+    from checks.cli import parser, run_options
+    from checks.run.executor import run_env
+    from inenv import gpugate
+
+    args = parser().parse_args(["run", "--all", "--gpu-alone"])
+    assert run_options(args, ["run", "--all", "--gpu-alone"]).gpu_alone
+    assert dict(run_env("c", (), None, gpu_alone=True))[gpugate.ALONE_ENV] == "1"
+    assert dict(run_env("c", (), None))[gpugate.ALONE_ENV] == ""  # unset: shared where a variant times nothing

@@ -205,6 +205,7 @@ def test_a_gpu_variant_that_times_nothing_starts_beside_cpu_work_but_not_beside_
     assert pick([shared], [inventory, trt], 4) is shared  # custom-ar loads vllm_comm, not trtllm_comm
     assert pick([shared], [vllm], 4) is None  # the module it loads is being built
     assert pick([timed], [inventory], 4) is None
+    assert pick([shared], [inventory], 4, share=False) is None  # --gpu-alone: it waits as a timed one does
 
 
 def test_two_cells_do_not_build_what_they_could_share_side_by_side() -> None:

@@ -75,6 +75,8 @@ def test_variants_that_time_nothing_hold_the_lock_together_and_a_timed_one_alone
     for g in (a, b, timed, late):
         g.close()
     assert worker.gate_for(ProbeSpec("g", "g", "f"), 1, None, {gpugate.ENV: lock}, shared=True).shared
+    alone = {gpugate.ENV: lock, gpugate.ALONE_ENV: "1"}  # --gpu-alone: exclusive whatever the variant
+    assert not worker.gate_for(ProbeSpec("g", "g", "f"), 1, None, alone, shared=True).shared
 
 
 def test_a_waiting_gate_goes_as_soon_as_the_holder_lets_go(tmp_path: Path) -> None:

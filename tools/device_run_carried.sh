@@ -11,7 +11,7 @@
 # the set here, `tar -cJf .whl/k/kernels.tar.xz .cache/kernels/<cell>` (about a third of its size), and carry
 # .whl/k instead of .cache/kernels: every .whl/k/*.tar.xz is unpacked in the repository root first.
 # Back in $OUT: gpu-host-carried.json and .log, and res-carried.tgz (the run's results, for results/).
-# COLD=1: then the quick level warm and cold (--cold-ranks), timed (bench_gpu_host.py --cold).
+# COLD=1: then the quick level again as it is, --cold-ranks and --gpu-alone, timed (bench_gpu_host.py --cold).
 set -u
 cd "$(dirname "$0")/.."
 ONLY="${1:-cu130-*-fi0.6.17}"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The environment a user serves from, probed on a lent GPU machine (benchmarks/bench_gpu_host.py --case local):
-# the machine's python (torch 2.11.0+cu130) in a venv that also sees flashinfer from the carried wheels, nothing
+# the machine's python (torch 2.11.0+cu130) with flashinfer installed into it from the carried wheels, nothing
 # carried for it, `checks run --backend local --python` from the checkout; then the quick level warm and cold
-# (--cold-ranks) for the A/B of warm ranks (COLD=1). PREFILL (default vllm_comm): comm modules the environment's own
+# (--cold-ranks) and alone (--gpu-alone) for the A/B of warm ranks and the shared GPU lock (COLD=1). PREFILL (default vllm_comm): comm modules the environment's own
 # flashinfer JIT cache is filled with first, as an engine's first use would (fi-jit then loads them, not compiles).
 # Here first (CPU machine): tools/fetch_overlay_wheels.sh VERSION (flashinfer-python and its apache-tvm-ffi).
 # Device call: run(carry=[".whl/overlay"], command="bash tools/device_run_local.sh 480")

@@ -60,7 +60,7 @@ class HostBackend:
         cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
         lock = gpu_lock_path() if self.gpu_lock and targets.gpus else None
         self.executors = for_run(self.executors, targets.compile.archs, cache, str(targets.facts["host_id"]), lock,
-                                 run_token(), warm=not opts.cold_ranks)
+                                 run_token(), warm=not opts.cold_ranks, gpu_alone=opts.gpu_alone)
         return {cid: ex.fingerprint() for cid, ex in self.executors.items()}
 
     def run(self, opts: RunOptions, work: Work, hooks: Hooks) -> RunReport:

@@ -73,15 +73,17 @@ def gpu_lock_path() -> Path | None:
 
 
 def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, host_id: str = "",
-            gpu_lock: Path | None = None, token: str = "") -> RunEnv:
+            gpu_lock: Path | None = None, token: str = "", gpu_alone: bool = False) -> RunEnv:
     """What every worker of a cell is told beyond its variant: the shared compile cache (its host path;
     a container gets it mounted), every cross-compile target of the run (fi-jit builds them in one go),
     which cell and host built what the cache holds, the host's GPU lock (inenv.gpugate; mounted too) and
     the run's token (a combined build is handed to the other targets of its run: inenv.kit._compile_cache;
-    it names no environment, so no fingerprint reads it)."""
+    it names no environment, so no fingerprint reads it); ``gpu_alone``: every GPU variant takes the lock
+    exclusive, also those that time nothing (--gpu-alone)."""
     return ((_compile_cache.ENV, str(compile_cache or "")), (ARCHS_ENV, " ".join(archs)),
             (_compile_cache.CELL_ENV, cell_id), (_compile_cache.HOST_ENV, host_id),
-            (gpugate.ENV, str(gpu_lock or "")), (_compile_cache.RUN_ENV, token))
+            (gpugate.ENV, str(gpu_lock or "")), (_compile_cache.RUN_ENV, token),
+            (gpugate.ALONE_ENV, "1" if gpu_alone else ""))
 
 
 def run_token() -> str:
@@ -91,12 +93,12 @@ def run_token() -> str:
 
 def for_run(executors: Mapping[str, Executor], archs: tuple[str, ...], compile_cache: Path | None,
             host_id: str = "", gpu_lock: Path | None = None, token: str = "",
-            warm: bool = False) -> dict[str, Executor]:
+            warm: bool = False, gpu_alone: bool = False) -> dict[str, Executor]:
     """Each cell's executor with its run environment; ``warm``: its variants share rank processes where the
     executor can keep them (checks.run.serving)."""
     if compile_cache is not None:
         compile_cache.mkdir(parents=True, exist_ok=True)  # a bind mount of a missing folder makes a root-owned one
-    return {cid: ex.with_run_env(run_env(cid, archs, compile_cache, host_id, gpu_lock, token), warm=warm)
+    return {cid: ex.with_run_env(run_env(cid, archs, compile_cache, host_id, gpu_lock, token, gpu_alone), warm=warm)
             for cid, ex in executors.items()}
 
 

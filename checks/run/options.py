@@ -64,6 +64,9 @@ class RunOptions:
     # --cold-ranks: every variant in rank processes of its own; default: a cell's variants share rank processes
     # kept between them where the executor can keep them (local and venv cells: checks.run.serving, inenv.warm)
     cold_ranks: bool = False
+    # --gpu-alone: every GPU variant has the GPUs alone; default: those that time nothing (ranks sharing a GPU,
+    # depth=setup) run side by side on the GPU lock held shared (inenv.gpugate)
+    gpu_alone: bool = False
     budget_s: float | None = None  # --budget: the seconds the whole command may take (checks.run.cost.budget)
     timeout_scale: float = 1.0
     target_archs: tuple[str, ...] | None = None  # --target-arch; None: not given, the host decides (compile_targets)

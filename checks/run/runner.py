@@ -101,12 +101,15 @@ def loads_no_jit(item: WorkItem) -> bool:
     return not jit_modules(item)
 
 
-def goes_beside(item: WorkItem, running: list[WorkItem]) -> bool:
+def goes_beside(item: WorkItem, running: list[WorkItem], share: bool = True) -> bool:
     """Whether GPU variant ``item`` may start beside the CPU-only variants ``running``: beside compiles when it
     loads no JIT module (nothing it needs is among them), or, when it times nothing (inenv.probe.shallow: its
-    numbers are exact checks a busy CPU cannot change), beside anything that does not build a module it loads."""
+    numbers are exact checks a busy CPU cannot change), beside anything that does not build a module it loads
+    (``share`` False, --gpu-alone: never)."""
     if loads_no_jit(item) and all(compiles(r) for r in running):
         return True
+    if not share:
+        return False
     built = {r.variant.param(r.spec.build_param) for r in running if compiles(r)}
     return shallow(item.variant) and not (set(jit_modules(item)) & built)
 
@@ -124,7 +127,7 @@ def shared_build(item: WorkItem) -> tuple[str, ...] | None:
 
 
 def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int = 0,
-         cost: Callable[[WorkItem], float] = lambda _: 0.0) -> WorkItem | None:
+         cost: Callable[[WorkItem], float] = lambda _: 0.0, share: bool = True) -> WorkItem | None:
     """The pending item that may start beside ``running``, or None. A GPU variant starts alone, the first in
     plan order, when nothing runs, or, when it loads no JIT module, beside running compiles (nothing it
     needs is among them, and waiting for them would hold every JIT-free answer behind the longest build;
@@ -144,7 +147,7 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
     if on_gpu:
         if len(on_gpu) > ahead:
             return None
-        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs, cost=cost)
+        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs, cost=cost, share=share)
         return after if after is not None and uses_gpu(after) else None
     if len(running) >= jobs:
         return None
@@ -158,7 +161,7 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
         if cid in busy:
             continue
         if uses_gpu(it):
-            if running and not goes_beside(it, running):
+            if running and not goes_beside(it, running, share):
                 continue  # it waits for the host to be idle; its cell's CPU-only variants may go meanwhile
             if not ready:
                 return it
@@ -310,7 +313,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                         rec.hooks.on_start(item)
                     rec.record(item, over_budget(catalogue), now_iso())
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
-                                lambda it: work.costs.get(it.key, 0.0))) is not None:
+                                lambda it: work.costs.get(it.key, 0.0), share=not opts.gpu_alone)) is not None:
                 pending.remove(item)
                 before = [r for r in pool.running.values() if uses_gpu(r)]
                 # behind the running GPU variants (the gate picks no order among waiters): all of their time

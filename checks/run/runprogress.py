@@ -388,6 +388,7 @@ class RunView:
     backend: str = ""
     prior: Sequence[costmodel.CostTable] = ()  # the packaged prior's tables for this host, best first
     compiling: Collection[Key] = ()  # the items that compile their module here (costed as compiles)
+    gpu_slots: int = GPU_SLOTS  # GPU variants that time nothing at once (1: --gpu-alone)
     cells: list[str] = field(init=False)
     running: set[Key] = field(default_factory=set)
     _shown_cells: set[str] = field(default_factory=set)
@@ -430,7 +431,7 @@ class RunView:
                 seconds = max(0.0, seconds - elapsed)
             (shared if key in self._shared else gpu if key in self._gpu else cpu).append(seconds)
         a, s, b = estimate(gpu), estimate(shared), estimate(cpu)
-        return Estimate(a.seconds + s.seconds / GPU_SLOTS + b.seconds / max(1, self.jobs),
+        return Estimate(a.seconds + s.seconds / max(1, self.gpu_slots) + b.seconds / max(1, self.jobs),
                         a.unknown + s.unknown + b.unknown, a.steps + s.steps + b.steps)
 
     def opening(self) -> str:

@@ -39,7 +39,7 @@ from checks.run.cost import budget
 from checks.run.cost import model as costmodel
 from checks.run.options import REPO, RunOptions, UsageError
 from checks.run.plan import REUSED, WorkItem, compiles_here, deferred, deferred_sizes, plan_work, summary_counts
-from checks.run.runner import RunReport, Work, now_iso
+from checks.run.runner import GPU_SLOTS, RunReport, Work, now_iso
 from common import buildrecord, escape, kernelstage, reasons
 from common.backend import RECORD_NAMES
 from common.caches import compile_cache_dir
@@ -454,6 +454,7 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     compiling = compiling_here(opts, todo, carries or {}, facts.get("compute_capability") if gpus else None)
     return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling),
                                jobs=opts.jobs, prior=prior, compiling=compiling,
+                               gpu_slots=1 if opts.gpu_alone else GPU_SLOTS,
                                compile_note=runprogress.compile_note(
                                    compile_cache_dir(opts.compile_cache, opts.no_compile_cache), carries,
                                    facts.get("compute_capability") if facts.get("gpu_count") else None),
@@ -480,7 +481,8 @@ def fit_budget(opts: RunOptions, planned: Planned, view: runprogress.RunView, gp
     if deadline is None:
         return planned, view, None
     seconds = {k: e.seconds for k, e in view.expected.items()}
-    fitted = budget.fit(planned.items, seconds, max(0.0, deadline - time.monotonic()), opts.jobs, gpus)
+    fitted = budget.fit(planned.items, seconds, max(0.0, deadline - time.monotonic()), opts.jobs, gpus,
+                        view.gpu_slots)
     if not fitted.left_out:
         return planned, view, fitted
     gone = {it.key for it in fitted.left_out}

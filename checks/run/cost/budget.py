@@ -76,9 +76,11 @@ def seconds_of(item: WorkItem, expected: Mapping[Key, float | None]) -> float:
     return UNTIMED_S if got is None else max(0.0, float(got))
 
 
-def pass_seconds(items: Iterable[WorkItem], expected: Mapping[Key, float | None], jobs: int) -> float:
-    """The wall seconds the items that run should take (the module docstring's arithmetic)."""
-    lanes = Lanes(jobs)
+def pass_seconds(items: Iterable[WorkItem], expected: Mapping[Key, float | None], jobs: int,
+                 gpu_slots: int = GPU_SLOTS) -> float:
+    """The wall seconds the items that run should take (the module docstring's arithmetic; ``gpu_slots`` 1:
+    --gpu-alone)."""
+    lanes = Lanes(jobs, gpu_slots)
     for it in items:
         if it.runs:
             lanes.add(it, seconds_of(it, expected))
@@ -91,6 +93,7 @@ class Lanes:
     (:data:`GPU_SLOTS` at a time), CPU-only variants (``jobs`` at a time)."""
 
     jobs: int
+    gpu_slots: int = GPU_SLOTS
     timed: float = 0.0
     shared: float = 0.0
     cpu: float = 0.0
@@ -104,7 +107,7 @@ class Lanes:
             self.timed += seconds
 
     def wall(self) -> float:
-        return self.timed + self.shared / GPU_SLOTS + self.cpu / max(1, self.jobs)
+        return self.timed + self.shared / max(1, self.gpu_slots) + self.cpu / max(1, self.jobs)
 
 
 @dataclass(frozen=True)
@@ -121,14 +124,14 @@ class Fitted:
 
 
 def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: float, jobs: int,
-        gpus: int) -> Fitted:
+        gpus: int, gpu_slots: int = GPU_SLOTS) -> Fitted:
     """Keep the most informative variants whose cost fits ``budget_s`` (see the module docstring); the rest
     become decided not-run over-budget, with a note saying what was left and how to run it."""
     todo = [it for it in items if it.runs]
     smallest = smallest_sizes(todo)
     tiers = {it.key: tier(it, smallest, gpus) for it in todo}
     order = sorted(todo, key=lambda it: (tiers[it.key], seconds_of(it, expected), it.key))
-    lanes = Lanes(jobs)
+    lanes = Lanes(jobs, gpu_slots)
     keep: set[Key] = set()
     for it in order:
         trial = dataclasses.replace(lanes)
@@ -146,7 +149,7 @@ def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: f
             it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, OVER_BUDGET, note))
             left.append(it)
         out.append(it)
-    return Fitted(out, left, pass_seconds(items, expected, jobs), lanes.wall(), budget_s, tiers)
+    return Fitted(out, left, pass_seconds(items, expected, jobs, gpu_slots), lanes.wall(), budget_s, tiers)
 
 
 def cost_lines(items: Iterable[WorkItem], expected: Mapping[Key, float | None],
