@@ -336,3 +336,18 @@ def test_gpu_alone_reaches_every_worker_of_the_run() -> None:
     assert run_options(args, ["run", "--all", "--gpu-alone"]).gpu_alone
     assert dict(run_env("c", (), None, gpu_alone=True))[gpugate.ALONE_ENV] == "1"
     assert dict(run_env("c", (), None))[gpugate.ALONE_ENV] == ""  # unset: shared where a variant times nothing
+
+
+def test_an_environment_is_inspected_once_per_executor(tmp_path: Path) -> None:
+    """The cell's discovery and the host's peer facts both ask the local environment what it is; the
+    interpreter is started once (each start imports torch: seconds on a GPU host)."""
+    from checks.run.executor import LocalExecutor
+    from inenv.probe import RESULT_MARKER
+
+    count = tmp_path / "count"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\necho '{RESULT_MARKER}{{\"versions\": {{\"torch\": \"2.11.0\"}}}}'\n")
+    fake.chmod(0o755)
+    ex = LocalExecutor(str(fake))
+    assert ex.inspect() == {"versions": {"torch": "2.11.0"}} == ex.inspect()
+    assert count.read_text().count("x") == 1
