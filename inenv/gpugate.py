@@ -9,10 +9,10 @@ first pipe's write end) once it holds the lock, an exclusive ``flock`` on one fi
 running variant's worker lets go as soon as its last outcome is in. So the GPUs still serve one variant at a
 time, every variant still runs in fresh processes, and the start-up of the next one costs no time.
 
-A variant that times nothing (``inenv.probe.shallow``: ranks sharing a GPU, or a GPU each at a world size that
-runs only its set-up and one agreement case) takes the lock *shared*: such variants run side by side (each
-checks exact numbers, which another process on the GPU cannot change), while a variant that times anything takes
-it exclusive and so has the GPUs alone, with no shared holder beside it.
+A variant that times nothing (``inenv.probe.untimed``: ranks sharing a GPU, a GPU each at a world size that runs
+only its set-up and one agreement case, or a probe that never times) takes the lock *shared*: such variants run
+side by side (each checks exact numbers, which another process on the GPU cannot change), while a variant that
+times anything takes it exclusive and so has the GPUs alone, with no shared holder beside it.
 
 The lock is a file the host names in ``STACKPROBE_GPU_LOCK`` (a container gets it mounted): flock locks are
 shared by every process on one kernel that opens the same file, so two ``checks run`` on one host also take

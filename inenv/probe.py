@@ -98,6 +98,9 @@ class ProbeSpec:
     # (inenv.warm). For a probe that leaves process-wide state the warm ranks' own checks cannot see (a CUDA
     # graph or an IPC mapping kept in a module global, a setting written to a library through ctypes).
     fresh_ranks: bool = False
+    # False: no variant of the probe times anything (its verdicts are exact checks), so its variants may share
+    # the GPUs with others that time nothing (inenv.gpugate's shared lock; :func:`untimed`)
+    timed: bool = True
 
     def __post_init__(self) -> None:
         floors = [self.min_ranks, *(n for _, _, n in self.min_ranks_by_param)]
@@ -449,6 +452,12 @@ def shallow(variant: Variant) -> bool:
     placed: a gloo process group, nothing timed), or they have a GPU each at a world size outside
     :func:`deep_sizes` (``depth=setup``)."""
     return variant.share_gpu or variant.param(DEPTH) == SETUP
+
+
+def untimed(spec: ProbeSpec, variant: Variant) -> bool:
+    """Whether ``variant`` times nothing, so it may run beside other such variants on the GPUs: its probe never
+    times (``ProbeSpec.timed`` False) or the variant runs the shallow selection (:func:`shallow`)."""
+    return not spec.timed or shallow(variant)
 
 
 def question(variant: Variant) -> Params:

@@ -33,7 +33,7 @@ from typing import Any
 
 from inenv import envinfo, gpugate, rank
 from inenv.lifetime import SCRATCH_ENV, die_with_parent
-from inenv.probe import RESULT_MARKER, Variant, combine_worst, outcome, shallow
+from inenv.probe import RESULT_MARKER, Variant, combine_worst, outcome, untimed
 from inenv.registry import ProbeLocation, ProbeNotFound, find
 from inenv.status import GOOD, Status
 
@@ -610,7 +610,7 @@ def run_variant(probe_id: str, variant: Variant | None = None, gpus: int | None 
         own = workdir is None
         wd = Path(tempfile.mkdtemp(prefix=f"stackprobe-{probe_id}-", dir=scratch_root())) if own else workdir
         wd.mkdir(parents=True, exist_ok=True)
-        gate = gate_for(module.SPEC, gpus, queue_s, shared=shallow(variant))
+        gate = gate_for(module.SPEC, gpus, queue_s, shared=untimed(module.SPEC, variant))
         try:
             # A probe that needs no GPU gets no device (ranks may outnumber GPUs); all GPUs stay visible.
             start = launch if launcher is None else launcher(module)

@@ -346,7 +346,8 @@ def test_an_environment_is_inspected_once_per_executor(tmp_path: Path) -> None:
 
     count = tmp_path / "count"
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\necho x >> {count}\necho '{RESULT_MARKER}{{\"versions\": {{\"torch\": \"2.11.0\"}}}}'\n")
+    line = RESULT_MARKER + json.dumps({"versions": {"torch": "2.11.0"}})
+    fake.write_text(f"#!/bin/sh\necho x >> {count}\necho '{line}'\n")
     fake.chmod(0o755)
     ex = LocalExecutor(str(fake))
     assert ex.inspect() == {"versions": {"torch": "2.11.0"}} == ex.inspect()

@@ -338,3 +338,14 @@ def test_a_variant_that_times_nothing_says_it_took_the_gpus_shared(tmp_path: Pat
     assert shared["evidence"]["gpu_lock"] == "shared"
     own = result({"probe_id": "t-gpu-shared", "ranks": 2, "params": []}, "2")
     assert "gpu_lock" not in own["evidence"] and "queued" in own["evidence"]["phases"]
+
+
+def test_a_probe_that_never_times_shares_the_gpus_whatever_its_placement() -> None:
+    from inenv.probe import untimed
+    from inenv.probes import ep_a2a, symm_mem
+
+    assert untimed(ep_a2a.SPEC, Variant("ep-a2a", 1, (("mode", "sim"), ("ep", "8"))))
+    assert untimed(ep_a2a.SPEC, Variant("ep-a2a", 2, (("mode", "gpus"),)))
+    assert not untimed(symm_mem.SPEC, Variant("symm-mem", 2))  # times its ops at a GPU per rank
+    assert untimed(symm_mem.SPEC, Variant("symm-mem", 2, share_gpu=True, gpus=1))
+    assert untimed(symm_mem.SPEC, Variant("symm-mem", 3, (("depth", "setup"),)))

@@ -39,7 +39,7 @@ from checks.run.options import REPO, RunOptions
 from checks.run.plan import WorkItem, jit_modules
 from common.reasons import Catalogue
 from inenv.gpugate import DEFAULT_QUEUE_S
-from inenv.probe import LEVEL_ENV, QUICK, Variant, shallow
+from inenv.probe import LEVEL_ENV, QUICK, Variant, untimed
 from inenv.status import Status
 
 # GPU variants started ahead, waiting at the gate while one runs: two, so a variant's rank start-up (the
@@ -103,7 +103,7 @@ def loads_no_jit(item: WorkItem) -> bool:
 
 def goes_beside(item: WorkItem, running: list[WorkItem], share: bool = True) -> bool:
     """Whether GPU variant ``item`` may start beside the CPU-only variants ``running``: beside compiles when it
-    loads no JIT module (nothing it needs is among them), or, when it times nothing (inenv.probe.shallow: its
+    loads no JIT module (nothing it needs is among them), or, when it times nothing (inenv.probe.untimed: its
     numbers are exact checks a busy CPU cannot change), beside anything that does not build a module it loads
     (``share`` False, --gpu-alone: never)."""
     if loads_no_jit(item) and all(compiles(r) for r in running):
@@ -111,7 +111,7 @@ def goes_beside(item: WorkItem, running: list[WorkItem], share: bool = True) -> 
     if not share:
         return False
     built = {r.variant.param(r.spec.build_param) for r in running if compiles(r)}
-    return shallow(item.variant) and not (set(jit_modules(item)) & built)
+    return untimed(item.spec, item.variant) and not (set(jit_modules(item)) & built)
 
 
 def shared_build(item: WorkItem) -> tuple[str, ...] | None:

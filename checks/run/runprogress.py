@@ -31,7 +31,7 @@ from checks.run.runner import GPU_SLOTS
 from common.progress import Estimate, duration, estimate
 from inenv.kit import _compile_cache as cc
 from inenv.kit import _flashinfer as fi
-from inenv.probe import shallow
+from inenv.probe import untimed
 
 Key = tuple[str, str, str]
 
@@ -398,7 +398,7 @@ class RunView:
     def __post_init__(self) -> None:
         self.cells = list(dict.fromkeys(it.cell.cell_id for it in self.items))
         self._gpu = {it.key for it in self.items if it.spec.needs_gpu}
-        self._shared = {it.key for it in self.items if it.spec.needs_gpu and shallow(it.variant)}
+        self._shared = {it.key for it in self.items if it.spec.needs_gpu and untimed(it.spec, it.variant)}
 
     @property
     def total(self) -> int:

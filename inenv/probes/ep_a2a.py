@@ -39,6 +39,7 @@ SPEC = ProbeSpec(
     requires=("flashinfer",),
     timeout_s=600.0,
     preload=_dist.PRELOAD_DIST,
+    timed=False,  # routing and workspace checks: nothing is timed, so it shares the GPUs with other such checks
 )
 
 TOP_K = 2

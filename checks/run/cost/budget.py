@@ -1,7 +1,7 @@
 """What a pass costs and what fits a time budget (pure; host side).
 
 A pass's cost is its timed GPU variants' seconds one after another (the GPU gate gives a variant that times
-anything the GPUs alone), its GPU variants that time nothing (``inenv.probe.shallow``) spread over the
+anything the GPUs alone), its GPU variants that time nothing (``inenv.probe.untimed``) spread over the
 runner's GPU slots (they hold the gate shared, side by side), and its CPU-only variants' seconds spread over the
 run's ``jobs`` slots: the same arithmetic as the time left that a run shows while it goes
 (checks.run.runprogress.RunView.left).
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from checks.run.plan import Decided, WorkItem
 from checks.run.runner import GPU_SLOTS
 from common.progress import duration
-from inenv.probe import question, shallow
+from inenv.probe import question, untimed
 from inenv.status import Status
 
 Key = tuple[str, str, str]
@@ -101,7 +101,7 @@ class Lanes:
     def add(self, item: WorkItem, seconds: float) -> None:
         if not item.spec.needs_gpu:
             self.cpu += seconds
-        elif shallow(item.variant):
+        elif untimed(item.spec, item.variant):
             self.shared += seconds
         else:
             self.timed += seconds
