@@ -206,6 +206,11 @@ def test_a_gpu_variant_that_times_nothing_starts_beside_cpu_work_but_not_beside_
     assert pick([shared], [vllm], 4) is None  # the module it loads is being built
     assert pick([timed], [inventory], 4) is None
     assert pick([shared], [inventory], 4, share=False) is None  # --gpu-alone: it waits as a timed one does
+    eight = WorkItem(b, gpu, Variant("custom-ar", 8, params, share_gpu=True, gpus=1), 60.0)
+    other = WorkItem(a, gpu, Variant("custom-ar", 8, params, share_gpu=True, gpus=1), 60.0)
+    assert pick([other], [eight], 4, ahead=2, rank_cap=16) is other  # 16 rank processes: within the cores
+    assert pick([other], [eight, shared], 4, ahead=2, rank_cap=16) is None  # 18 would pass them
+    assert pick([other], [eight, shared], 4, ahead=2) is other  # no cap
 
 
 def test_two_cells_do_not_build_what_they_could_share_side_by_side() -> None:

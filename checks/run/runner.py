@@ -18,6 +18,7 @@ interrupts every worker thread, whose executor then ends its process group or re
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -49,6 +50,10 @@ GATE_DEPTH = 2
 # GPU variants in flight at once: one running and GATE_DEPTH at the gate; those that time nothing take the lock
 # shared (inenv.gpugate), so that many of them run at once
 GPU_SLOTS = GATE_DEPTH + 1
+# Rank processes of GPU variants in flight at once, at least: beyond the host's cores, ranks that spin while
+# they wait for their GPU's turn slow each other more than running side by side saves (on a 1x H100 with 16
+# cores, three variants of 8 ranks sharing the GPU took 35-40 s each against 14-19 s one at a time)
+MIN_RANK_CAP = 8
 STOP_WAIT_S = 60.0  # how long Ctrl-C waits for the running variants' cleanup (containers removed, groups killed)
 
 
@@ -127,7 +132,8 @@ def shared_build(item: WorkItem) -> tuple[str, ...] | None:
 
 
 def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int = 0,
-         cost: Callable[[WorkItem], float] = lambda _: 0.0, share: bool = True) -> WorkItem | None:
+         cost: Callable[[WorkItem], float] = lambda _: 0.0, share: bool = True,
+         rank_cap: int | None = None) -> WorkItem | None:
     """The pending item that may start beside ``running``, or None. A GPU variant starts alone, the first in
     plan order, when nothing runs, or, when it loads no JIT module, beside running compiles (nothing it
     needs is among them, and waiting for them would hold every JIT-free answer behind the longest build;
@@ -140,7 +146,8 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
     item of another cell is building goes after any other that can start: the two would share one build,
     and the second would only hold a job slot waiting for it. ``ahead``: the GPU variants take turns on the
     GPU lock, so while one runs, the items that would start next once it ended start now, up to ``ahead``
-    of them, when they are GPU variants too: they wait at the gate with their ranks started.
+    of them, when they are GPU variants too: they wait at the gate with their ranks started, as long as the
+    GPU variants' rank processes stay within ``rank_cap`` (None: no cap).
     Variants decided at plan time are recorded before (:func:`begin`), so none stands between two GPU
     variants here."""
     on_gpu = [r for r in running if uses_gpu(r)]
@@ -148,7 +155,10 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
         if len(on_gpu) > ahead:
             return None
         after = pick(pending, [r for r in running if not uses_gpu(r)], jobs, cost=cost, share=share)
-        return after if after is not None and uses_gpu(after) else None
+        if after is None or not uses_gpu(after):
+            return None
+        ranks = sum(r.variant.ranks for r in on_gpu) + after.variant.ranks
+        return after if rank_cap is None or ranks <= rank_cap else None
     if len(running) >= jobs:
         return None
     claimed = {(r.cell.cell_id, shared_build(r)) for r in running}
@@ -283,6 +293,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     # Only when every cell's workers take turns on the lock: a variant started ahead on an ungated executor
     # would not wait at any gate and would share the GPUs with the running one.
     ahead = GATE_DEPTH if gpus and executors and all(ex.gated for ex in executors.values()) else 0
+    rank_cap = max(MIN_RANK_CAP, os.cpu_count() or 1)
     queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
     beside: dict[Key, list[str]] = {}  # a GPU variant started beside compiles: which
 
@@ -313,7 +324,8 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                         rec.hooks.on_start(item)
                     rec.record(item, over_budget(catalogue), now_iso())
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
-                                lambda it: work.costs.get(it.key, 0.0), share=not opts.gpu_alone)) is not None:
+                                lambda it: work.costs.get(it.key, 0.0), share=not opts.gpu_alone,
+                                rank_cap=rank_cap)) is not None:
                 pending.remove(item)
                 before = [r for r in pool.running.values() if uses_gpu(r)]
                 # behind the running GPU variants (the gate picks no order among waiters): all of their time
