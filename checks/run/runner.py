@@ -50,9 +50,9 @@ GATE_DEPTH = 2
 # GPU variants in flight at once: one running and GATE_DEPTH at the gate; those that time nothing take the lock
 # shared (inenv.gpugate), so that many of them run at once
 GPU_SLOTS = GATE_DEPTH + 1
-# Rank processes of GPU variants in flight at once, at least: beyond the host's cores, ranks that spin while
-# they wait for their GPU's turn slow each other more than running side by side saves (on a 1x H100 with 16
-# cores, three variants of 8 ranks sharing the GPU took 35-40 s each against 14-19 s one at a time)
+# The rank processes of GPU variants in flight are kept within the host's cores (but at least this many): ranks
+# that spin while they wait for their GPU's turn compete for cores, so more of them than cores slows every
+# variant (on a 16-core 1x H100, three variants of 8 ranks sharing the GPU, 24 processes, took 35-40 s each)
 MIN_RANK_CAP = 8
 STOP_WAIT_S = 60.0  # how long Ctrl-C waits for the running variants' cleanup (containers removed, groups killed)
 
