@@ -80,8 +80,9 @@ def test_advise_on_a_host_without_a_gpu_says_it_in_a_few_lines(capsys: pytest.Ca
                for line in out)
     assert "  why fi-no-nvcc: no nvcc in this environment, so flashinfer cannot JIT-compile" in out
     assert any(line.startswith("  A GPU host adds the runtime verdicts (") for line in out)
-    assert out[-1].startswith("other hosts with GPU results: h200x1-") and "`checks advise --host ID`" in out[-1]
-    assert len(out) < 30 and not any(line.startswith("host h200") for line in out)  # no other host's advice
+    assert out[-1].startswith("other hosts with GPU results: ") and "`checks advise --host ID`" in out[-1]
+    assert "h200x1-fdf098b5" in out[-1] and "h200x2-5bce98f7" in out[-1]  # committed GPU hosts, named
+    assert len(out) < 30 and not any(line.startswith(("host h200", "host h100")) for line in out)  # no other advice
     on = _advise(capsys, "--host", CPU)
     standing = on[:on.index("")] if "" in on else on  # then the engine gates the host's cells read, if any
     assert on[0] == f"host: {CPU} (no GPU), newest run {CPU_RUN}" and len(standing) < 30
