@@ -343,8 +343,16 @@ def test_advise_names_a_shared_placement_step_checked_with_one_case_per_dtype(
     out = capsys.readouterr().out
     block = out.split(f"Step — tp 3, cell `{CELL}`: checked, not timed")[1].split("\n\n")[0]
     assert "- flashinfer-custom-ar (cross_device_reduce_1stage)" in block
-    assert "checked these backends with the ranks sharing one GPU" in block
+    assert "checked these backends without timing them, with the ranks sharing one GPU" in block
     assert "Measured step —" not in out
+    # a GPU per rank at a world size outside the deep ones: its set-up checks are shown the same way
+    row["variant"] = "ranks=3,backend=flashinfer-custom-ar,depth=setup"
+    row["evidence"]["setup_checks"] = row["evidence"].pop("shared_checks")
+    (results / H200 / f"{run}.jsonl").write_text(json.dumps(row) + "\n")
+    assert main(["advise", "--results", str(results), "--host", H200, "--cell", CELL, "--model", "qwen3-32b",
+                 "--tp", "3"]) == 0
+    block = capsys.readouterr().out.split(f"Step — tp 3, cell `{CELL}`: checked, not timed")[1].split("\n\n")[0]
+    assert "- flashinfer-custom-ar (cross_device_reduce_1stage)" in block
 
 
 def test_case_keys_follow_advise_draft_counting() -> None:

@@ -46,6 +46,7 @@ from checks.report.measured import (
     checked_shared,
     consistent,
     measured,
+    untimed_step,
 )
 from checks.report.nearest import Green, nearest_green
 from checks.results import ids, provenance
@@ -137,7 +138,7 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
 def _rank_counts(results: Sequence[Any], cell_id: str) -> list[int]:
     """The rank counts ar-latency was measured at in a cell, and those the step probe ran at there."""
     timed = {r.ranks for r in results if r.cell_id == cell_id and r.probe_id == STEP_PROBE and r.ranks is not None
-             and (r.verdict.metrics.get("step_us") or (r.shared_gpu and r.verdict.status is Status.PASS))}
+             and (r.verdict.metrics.get("step_us") or (untimed_step(r) and r.verdict.status is Status.PASS))}
     return sorted(set(rank_counts(results, cell_id)) | timed)
 
 
@@ -451,10 +452,11 @@ def blocks(d: HostDecision) -> list[Block]:
             out.append(measured_block(c.measured, c.estimate, c.advice.curves, c.accept, c.advice.not_for_verify))
         elif c.shared_step:
             out.append(Block(f"Step — tp {c.advice.ranks}, cell `{c.advice.cell_id}`: checked, not timed",
-                             ["The step probe checked these backends with the ranks sharing one GPU: exact, with "
-                              "the kernels they launched, but a time-sliced GPU's times mean nothing, so nothing is "
-                              "ranked on it; run it on a host with a GPU per rank to check and time this model's "
-                              "step.",
+                             ["The step probe checked these backends without timing them, with the ranks sharing "
+                              "one GPU or with their set-up and one agreement case at a world size the full grid "
+                              "skips: exact, with the kernels they launched, but nothing is ranked on it; the full "
+                              "grid with its times runs with a GPU per rank at the deep world sizes (powers of two "
+                              "and the host's GPU count).",
                               *(f"- {recorded(x)}" for x in c.shared_step)]))
         if c.estimate is not None:
             out.append(estimate_block(c.estimate, c.usable, c.accept, c.advice.not_for_verify))

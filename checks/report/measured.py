@@ -141,17 +141,25 @@ def consistent(row: MeasuredRow, latency_us: Mapping[int, float], noise: float) 
     return ref > 0 and abs(row.comm_only_us - ref) <= noise * ref
 
 
+def untimed_step(r: ProbeResult) -> bool:
+    """A step result that checked without timing: its ranks shared a GPU, or it ran the set-up and one agreement
+    case at a world size outside the deep ones (``depth=setup``)."""
+    return r.shared_gpu or r.params.get("depth") == "setup"
+
+
 def checked_shared(results: Iterable[ProbeResult], cell_id: str, ranks: int, model: str) -> tuple[str, ...]:
-    """``backend (kernel, ...)`` for every step variant of this cell and rank count that ran with ranks sharing
-    one GPU and passed for ``model`` (its cases by model), or for every model (its ``shared_checks``: the
-    backend's set-up and one agreement case per dtype): exact there, never timed."""
+    """``backend (kernel, ...)`` for every step variant of this cell and rank count that checked without timing
+    and passed: ranks sharing one GPU, for ``model`` (its cases by model) or for every model (its
+    ``shared_checks``: the backend's set-up and one agreement case per dtype), or a GPU per rank at a world size
+    that runs only that set-up and case (``depth=setup``, its ``setup_checks``): exact there, never timed."""
     out = []
     for r in results:
-        if (r.probe_id != STEP_PROBE or r.cell_id != cell_id or r.ranks != ranks or not r.shared_gpu
+        if (r.probe_id != STEP_PROBE or r.cell_id != cell_id or r.ranks != ranks or not untimed_step(r)
                 or r.verdict.status is not Status.PASS):
             continue
         cases = r.verdict.evidence.get("per_case")
-        mine = cases.get(model) if isinstance(cases, Mapping) else r.verdict.evidence.get("shared_checks")
+        ev = r.verdict.evidence
+        mine = cases.get(model) if isinstance(cases, Mapping) else (ev.get("shared_checks") or ev.get("setup_checks"))
         if not isinstance(mine, Mapping) or not mine:
             continue
         names = sorted({short_kernel(str(k)) for c in mine.values() if isinstance(c, Mapping)
