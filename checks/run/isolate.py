@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from inenv.lifetime import SCRATCH_ENV, die_with_parent
+from inenv.lifetime import SCRATCH_ENV, die_with_parent, end_all_with_env
 from inenv.probe import RESULT_MARKER
 
 TOKEN_ENV = "STACKPROBE_RUN_TOKEN"
@@ -87,46 +87,9 @@ def parse_result(line: bytes) -> tuple[dict[str, Any] | None, str]:
     return data, ""
 
 
-def pids_with_token(token: str) -> list[int]:
-    needle = f"{TOKEN_ENV}={token}".encode()
-    me = os.getpid()
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    out.append(int(entry))
-        except OSError:
-            continue
-    return out
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return True
-
-
 def sweep(token: str) -> int:
     """Stop, then kill, every live process carrying the token; repeat until none is left (forks race)."""
-    killed: set[int] = set()
-    for _ in range(KILL_ROUNDS):
-        live = [p for p in pids_with_token(token) if not _is_zombie(p)]
-        if not live:
-            break
-        for pid in live:  # stop first so a forking process cannot outrun the kill
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGSTOP)
-        for pid in live:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-            killed.add(pid)
-        time.sleep(0.01)
-    return len(killed)
+    return end_all_with_env(TOKEN_ENV, token, rounds=KILL_ROUNDS)
 
 
 def _kill_group(pgid: int) -> None:
