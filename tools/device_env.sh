@@ -6,6 +6,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # fi-jit's (module, target) pairs for the machine's own GPU only, every comm module (STACKPROBE_FI_JIT_ONLY's
 # form): its cross-compile targets are answered by the CPU machine's cells.
 LOCAL_COMM_PAIRS="vllm_comm@local,trtllm_comm@local,moe_a2a@local,pcie_ipc@local,pcie_ipc_ag_rs@local"
+# fi-jit's pairs from FI_JIT_ONLY (default: LOCAL_COMM_PAIRS; "all": every pair fi-jit plans, cross targets too)
+fi_jit_only() {
+    local pairs="${FI_JIT_ONLY-$LOCAL_COMM_PAIRS}"
+    if [ "$pairs" = all ]; then unset STACKPROBE_FI_JIT_ONLY; else export STACKPROBE_FI_JIT_ONLY="$pairs"; fi
+}
 # A wheel carried as .whl/k/NAME.whl.txz (its files in an xz tar: under half the zip's size, so the wheels, a
 # kernel set and the checkout fit the 64 MiB a call carries) is made a wheel again as .whl/overlay/NAME.whl: a
 # wheel is a zip of its files, and its RECORD hashes the files, not the archive.

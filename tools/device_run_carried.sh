@@ -22,8 +22,7 @@ export PYTHONUNBUFFERED=1 UV_OFFLINE=1
 # The overlay matrix carries its cells' kernels for this GPU (kernel_archs 9.0a): fi-jit's cross-compile targets
 # (12.0a, 12.0f) are answered by the default matrix's cells, which carry those targets too. FI_JIT_ONLY=all
 # plans them here as well (they then compile on this host: nothing carried them).
-FI_JIT_ONLY="${FI_JIT_ONLY-$LOCAL_COMM_PAIRS}"
-if [ "$FI_JIT_ONLY" = all ]; then unset STACKPROBE_FI_JIT_ONLY; else export STACKPROBE_FI_JIT_ONLY="$FI_JIT_ONLY"; fi
+fi_jit_only
 W="$(mktemp -d)"
 for t in .whl/k/*.tar.xz; do [ -f "$t" ] && tar -xJf "$t"; done
 nvidia-smi -L

@@ -13,8 +13,7 @@ LIMIT="${1:-480}"
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 UV_OFFLINE=1
 . tools/device_env.sh
-FI_JIT_ONLY="${FI_JIT_ONLY-$LOCAL_COMM_PAIRS}"
-if [ "$FI_JIT_ONLY" = all ]; then unset STACKPROBE_FI_JIT_ONLY; else export STACKPROBE_FI_JIT_ONLY="$FI_JIT_ONLY"; fi
+fi_jit_only
 W="$(mktemp -d)"
 nvidia-smi -L
 python3 benchmarks/bench_gpu_host.py --matrix matrix.yaml --only '*' --case local --wheels .whl/overlay \
