@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from checks.run.container import LABELS_ENV
+from inenv.probe import LEVEL_ENV, QUICK
 
 REQUIRE_DOCKER = os.environ.get("STACKPROBE_REQUIRE_DOCKER") == "1"
 
@@ -72,6 +73,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     daemon answers, whether or not it asks for a Docker fixture."""
     if item.get_closest_marker("docker") is not None:
         need_docker()
+
+
+@pytest.fixture(params=["full", "quick"])
+def level(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each probe level in turn, as a rank reads it (inenv.probe.LEVEL_ENV)."""
+    if request.param == QUICK:
+        monkeypatch.setenv(LEVEL_ENV, QUICK)
+    else:
+        monkeypatch.delenv(LEVEL_ENV, raising=False)
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")

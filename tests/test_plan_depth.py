@@ -17,7 +17,7 @@ from checks.run.cost import budget
 from checks.run.plan import CellState, CellTarget, WorkItem, deferred_sizes, plan_work
 from inenv import registry
 from inenv.kit import _agree
-from inenv.probe import LEVEL_ENV, QUICK, HostView, ProbeSpec, Variant, deep_sizes, multi_rank, question, shallow
+from inenv.probe import QUICK, HostView, ProbeSpec, Variant, deep_sizes, multi_rank, question, shallow
 from inenv.probes import custom_ar, fi_fusion, nccl_graphs, pcie_ipc, step, symm_mem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,15 +154,6 @@ def test_question_leaves_the_depth_out() -> None:
 def test_other_sizes_must_be_one_of_three() -> None:
     with pytest.raises(ValueError, match="other_sizes 'shallow' is not one of full, setup, omit"):
         multi_rank(ProbeSpec("x", "t", "f", ranks=(2,)), HostView(gpu_count=8), [()], other_sizes="shallow")
-
-
-@pytest.fixture(params=["full", "quick"])
-def level(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == QUICK:
-        monkeypatch.setenv(LEVEL_ENV, QUICK)
-    else:
-        monkeypatch.delenv(LEVEL_ENV, raising=False)
-    return str(request.param)
 
 
 SHALLOW_BF16 = "bf16:graph:256x8192"

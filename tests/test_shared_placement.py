@@ -7,22 +7,13 @@ from __future__ import annotations
 import pytest
 
 from inenv.kit import _agree
-from inenv.probe import LEVEL_ENV, QUICK
+from inenv.probe import QUICK
 from inenv.probes import custom_ar, fi_fusion, pcie_ipc, step, symm_mem
 
 SHARED_BF16 = "bf16:graph:256x8192"  # a verify step of 32 x (1 + 7) tokens at the largest hidden size, in a graph
 SHARED_FP16 = "fp16:graph:256x8192"
 MODELS = ["deepseek-v3", "kimi-k2", "llama-3.1-70b", "qwen3-coder-480b-a35b", "qwen3-235b-a22b", "qwen3-32b"]
 STEP_CASES = ["decode:1", "decode:8", "decode:32", "verify:8x3", "verify:8x7", "verify:32x3", "verify:32x7"]
-
-
-@pytest.fixture(params=["full", "quick"])
-def level(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == QUICK:
-        monkeypatch.setenv(LEVEL_ENV, QUICK)
-    else:
-        monkeypatch.delenv(LEVEL_ENV, raising=False)
-    return str(request.param)
 
 
 def _keys(cases: tuple[_agree.Case, ...]) -> list[str]:
