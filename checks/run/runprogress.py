@@ -26,9 +26,10 @@ from checks.results import ids
 from checks.results.result import ProbeResult
 from checks.results.store import read_file, read_manifest
 from checks.run.cost import model as costmodel
+from checks.run.cost.budget import Lanes
 from checks.run.plan import WorkItem, not_carried
 from checks.run.runner import GPU_SLOTS
-from common.progress import Estimate, duration, estimate
+from common.progress import Estimate, duration
 from inenv.kit import _compile_cache as cc
 from inenv.kit import _flashinfer as fi
 from inenv.probe import untimed
@@ -422,17 +423,18 @@ class RunView:
         """Time left: every item still to run; the running one counts what it has left of its record. Timed GPU
         variants run one at a time, those that time nothing share the runner's GPU slots, the CPU-only ones
         ``jobs`` slots (checks.run.cost.budget's arithmetic)."""
-        gpu, shared, cpu = [], [], []
+        lanes = Lanes(self.jobs, self.gpu_slots)
+        steps = unknown = 0
         for key, exp in self.expected.items():
             if key in self.done:
                 continue
-            seconds = exp.seconds
-            if key == running and seconds is not None:
-                seconds = max(0.0, seconds - elapsed)
-            (shared if key in self._shared else gpu if key in self._gpu else cpu).append(seconds)
-        a, s, b = estimate(gpu), estimate(shared), estimate(cpu)
-        return Estimate(a.seconds + s.seconds / max(1, self.gpu_slots) + b.seconds / max(1, self.jobs),
-                        a.unknown + s.unknown + b.unknown, a.steps + s.steps + b.steps)
+            steps += 1
+            if exp.seconds is None:
+                unknown += 1
+                continue
+            seconds = max(0.0, exp.seconds - elapsed) if key == running else exp.seconds
+            lanes.put(seconds, key in self._gpu, key in self._shared)
+        return Estimate(lanes.wall(), unknown, steps)
 
     def opening(self) -> str:
         """Said once before the first variant: how many will run and how long that should take."""

@@ -99,9 +99,13 @@ class Lanes:
     cpu: float = 0.0
 
     def add(self, item: WorkItem, seconds: float) -> None:
-        if not item.spec.needs_gpu:
+        self.put(seconds, item.spec.needs_gpu, item.spec.needs_gpu and untimed(item.spec, item.variant))
+
+    def put(self, seconds: float, gpu: bool, shared: bool) -> None:
+        """``seconds`` on the lane of a GPU variant (``shared``: one that times nothing) or a CPU-only one."""
+        if not gpu:
             self.cpu += seconds
-        elif untimed(item.spec, item.variant):
+        elif shared:
             self.shared += seconds
         else:
             self.timed += seconds
