@@ -20,7 +20,7 @@ import difflib
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -373,12 +373,7 @@ def defer(opts: RunOptions, planned: Planned, carries: dict[str, dict[str, tuple
     """A quick pass leaves to the full pass the GPU variants that would compile in their turn (plan.deferred):
     what each cell carries from its build record, what fi-jit built here from the compile cache; and the
     multi-rank ones beyond their smallest world size (plan.deferred_sizes)."""
-    env_of = runprogress.compile_env(compile_cache_dir(opts.compile_cache, opts.no_compile_cache))
-
-    def unpublished(item: WorkItem, modules: list[str]) -> list[str]:
-        release = item.cell.versions.get("flashinfer") or ""
-        return fi.unpublished(modules, release, env_of(item)) if release and release != "none" else []
-
+    unpublished = unpublished_here(opts)
     capability = targets.facts.get("compute_capability") if targets.gpus else None
     items = deferred_sizes(deferred(planned.items, carries, capability, unpublished))
     return dataclasses.replace(planned, items=items)
@@ -461,16 +456,23 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
                                history=recorded, lent=lent, backend=backend)
 
 
-def compiling_here(opts: RunOptions, todo: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str, ...]]],
-                   capability: str | None) -> frozenset[tuple[str, str, str]]:
-    """The compile probe's variants that will compile their module here (plan.compiles_here): what nothing
-    carries for their target and no fi-jit build has published for the cell in the compile cache."""
+def unpublished_here(opts: RunOptions) -> Callable[[WorkItem, list[str]], list[str]]:
+    """Which of the flashinfer modules a work item names no fi-jit build has published for its cell in this run's
+    compile cache (all of them when nothing is known; none for a cell without flashinfer)."""
     env_of = runprogress.compile_env(compile_cache_dir(opts.compile_cache, opts.no_compile_cache))
 
     def unpublished(item: WorkItem, modules: list[str]) -> list[str]:
         release = item.cell.versions.get("flashinfer") or ""
         return fi.unpublished(modules, release, env_of(item)) if release and release != "none" else []
 
+    return unpublished
+
+
+def compiling_here(opts: RunOptions, todo: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str, ...]]],
+                   capability: str | None) -> frozenset[tuple[str, str, str]]:
+    """The compile probe's variants that will compile their module here (plan.compiles_here): what nothing
+    carries for their target and no fi-jit build has published for the cell in the compile cache."""
+    unpublished = unpublished_here(opts)
     return frozenset(it.key for it in todo if compiles_here(it, carries, capability, unpublished))
 
 
