@@ -80,9 +80,8 @@ def check(path: Path, results: Path) -> dict[str, object]:
     cls = runprogress.host_class(made.get("facts"))
     if cls is None:
         raise SystemExit(f"{path}: its manifest does not say the host's class")
-    held_out = list(records(results, build_params()))
     own_label = costmodel.host_label(cls.gpu_name, cls.gpu_count)
-    kept = [(label, shape, s) for label, shape, s in held_out if not _from_host(results, host, label, own_label)]
+    kept = records(results, build_params(), leave_out=frozenset({host}))
     tables = costmodel.tables_for(costmodel.parse_prior(costmodel.derive(kept)), cls.gpu_name, cls.gpu_count)
     specs = {pid: mod.SPEC for pid, (_, mod) in registry.discover().items()}
     timed = [r for r in read_file(path)[0] if runprogress.timed(r) and r.probe_id in specs]
@@ -95,15 +94,6 @@ def check(path: Path, results: Path) -> dict[str, object]:
             "measured_sum_s": round(measured, 1), "predicted_sum_s": round(predicted, 1),
             "ratio": round(predicted / measured, 3) if measured else None,
             "guessed": sum(1 for e in expected.values() if e.seconds is None)}
-
-
-def _from_host(results: Path, host: str, label: str, own_label: str) -> bool:
-    """Whether records of class ``label`` must be left out to hold ``host`` out: the records carry no host,
-    so every record of the held-out host's class is left out unless another host of that class remains."""
-    if label != own_label:
-        return False
-    others = [p for p in results.iterdir() if p.is_dir() and p.name != host and p.name.startswith(host.split("-")[0])]
-    return not others
 
 
 def main(argv: list[str] | None = None) -> int:

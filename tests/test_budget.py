@@ -352,3 +352,14 @@ def test_an_environment_is_inspected_once_per_executor(tmp_path: Path) -> None:
     ex = LocalExecutor(str(fake))
     assert ex.inspect() == {"versions": {"torch": "2.11.0"}} == ex.inspect()
     assert count.read_text().count("x") == 1
+
+
+def test_prior_records_leave_out_the_hosts_asked(tmp_path: Path) -> None:
+    from checks.run.cost import prior
+    from tests.test_runprogress_lent import H200, _run
+
+    for host, seconds in (("h200x1-aaaaaaaa", 9.5), ("h200x1-bbbbbbbb", 4.0)):
+        _run(tmp_path, host, "20261201T000000Z-aaaa", "venv", H200,
+             [(CELL.cell_id, "step", "ranks=2,placement=shared,gpus=1,backend=nccl", seconds)])
+    got = list(prior.records(tmp_path, {}, leave_out=frozenset({"h200x1-aaaaaaaa"})))
+    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 4.0)]

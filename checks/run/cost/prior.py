@@ -19,10 +19,13 @@ from checks.run.cost import model
 from inenv.probe import key_parts
 
 
-def records(root: Path, build_params: Mapping[str, str]) -> Iterator[tuple[str, model.Shape, float]]:
-    """(host class label, shape, seconds) of every timed result under ``root`` (one folder per host);
-    ``build_params``: each probe's build parameter (fi-jit: module), part of the shape."""
-    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()) if root.is_dir() else []
+def records(root: Path, build_params: Mapping[str, str],
+            leave_out: frozenset[str] = frozenset()) -> Iterator[tuple[str, model.Shape, float]]:
+    """(host class label, shape, seconds) of every timed result under ``root`` (one folder per host) but those of
+    the hosts in ``leave_out``; ``build_params``: each probe's build parameter (fi-jit: module), part of the
+    shape."""
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
+                     and p.name not in leave_out) if root.is_dir() else []
     for folder in folders:
         for path in sorted(p for p in folder.glob("*.jsonl") if not p.is_symlink()):
             made = read_manifest(path.with_name(path.name.removesuffix(".jsonl") + ".manifest.json"))[0] or {}
