@@ -54,6 +54,7 @@ GPU_SLOTS = GATE_DEPTH + 1
 # that spin while they wait for their GPU's turn compete for cores, so more of them than cores slows every
 # variant (on a 16-core 1x H100, three variants of 8 ranks sharing the GPU, 24 processes, took 35-40 s each)
 MIN_RANK_CAP = 8
+OVER_BUDGET = "over-budget"  # the reason code of a variant left out for --budget, at plan time or at run time
 STOP_WAIT_S = 60.0  # how long Ctrl-C waits for the running variants' cleanup (containers removed, groups killed)
 
 
@@ -354,7 +355,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
 
 def over_budget(catalogue: Catalogue) -> Verdict:
     """The verdict of a variant that had not started when the run's --budget ran out."""
-    return classify.decided(Status.NOT_RUN, "over-budget", "not started: the run's --budget was spent before its "
+    return classify.decided(Status.NOT_RUN, OVER_BUDGET, "not started: the run's --budget was spent before its "
                             "turn; a later run with a larger --budget, or without one, runs it", catalogue)
 
 

@@ -28,13 +28,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from checks.run.plan import Decided, WorkItem
-from checks.run.runner import GPU_SLOTS
+from checks.run.runner import GPU_SLOTS, OVER_BUDGET
 from common.progress import duration
 from inenv.probe import question, untimed
 from inenv.status import Status
 
 Key = tuple[str, str, str]
-OVER_BUDGET = "over-budget"
 # Seconds assumed for a variant nothing has timed (no record here, on a host of its class or in the prior):
 # the median GPU variant of the committed 1x and 2x H200 runs takes 4-9 s, so a guess of 10 s leans long.
 UNTIMED_S = 10.0
