@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import re
 
+from common import pysource
+
 # No package path survives: a module that moves to another folder leaves every hash as it was.
 _PROJECT = r"(?:inenv|common|provision|checks)"
 _LAYOUT_FREE: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -70,7 +72,7 @@ def _sorted_imports(text: str) -> str:
         return text
     lines = text.splitlines(keepends=True)
     edits: list[tuple[int, int, list[str]]] = []
-    for node in ast.walk(tree):
+    for node in pysource.statements(tree):
         for field in ("body", "orelse", "finalbody"):
             body = getattr(node, field, None)
             if not isinstance(body, list):

@@ -6,8 +6,9 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from packaging.version import Version
+
+from common import yamlsrc
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 
@@ -157,4 +158,4 @@ def _sglang_platform(raw: dict, version: str) -> str:
 
 @functools.cache
 def load(path: Path = CATALOG_PATH) -> Catalog:
-    return parse(yaml.safe_load(path.read_text()))
+    return parse(yamlsrc.plain(path.read_text()))

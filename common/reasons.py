@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from common import yamlsrc
+
 CATALOGUE = Path(__file__).with_name("reasons.yaml")
 GENERIC = "unknown-error"
 _CODE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -93,7 +95,7 @@ def parse(data: Any, source: str) -> Catalogue:
 
 def load(path: Path = CATALOGUE) -> Catalogue:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yamlsrc.plain(path.read_text())
     except OSError as exc:
         raise CatalogueError(f"{path}: cannot read ({exc.strerror})") from None
     except yaml.YAMLError as exc:

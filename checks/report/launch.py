@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.version import InvalidVersion, Version
 
 from checks.report.advise import BASELINE, UNTIMED, CellAdvice, human_bytes
-from common import cellid
+from common import cellid, yamlsrc
 
 FLAGS = Path(__file__).with_name("launch_flags.yaml")
 # Engines call NCCL through their own ctypes wrapper on the capturing stream: what nccl-direct measures.
@@ -64,7 +63,7 @@ def parse(raw: Mapping[str, Any]) -> Engines:
 
 @functools.cache
 def load(path: Path = FLAGS) -> Engines:
-    return parse(yaml.safe_load(path.read_text()))
+    return parse(yamlsrc.plain(path.read_text()))
 
 
 def _version_key(v: str) -> tuple[int, Version | str]:

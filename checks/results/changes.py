@@ -26,7 +26,7 @@ import yaml
 
 from checks.results import ids, reader
 from checks.results.reader import Run
-from common import escape
+from common import escape, yamlsrc
 
 EXPECTED_FILE = reader.EXPECTED_CHANGES
 FAILING = frozenset({"fail", "crash", "hang"})
@@ -160,7 +160,7 @@ def read_expected(path: Path) -> list[Expected]:
     if why or data is None:
         raise ChangesError(f"{reader.shown(path)}: {why}")
     try:
-        doc = yaml.safe_load(data.decode("utf-8"))
+        doc = yamlsrc.plain(data.decode("utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ChangesError(f"{reader.shown(path)}: not YAML text ({str(exc).splitlines()[0][:120]}); fix the "
                            "file") from None

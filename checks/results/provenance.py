@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from common import canonical
+from common import canonical, pysource
 from inenv import registry
 from inenv.probe import DECLARED_MARK
 
@@ -127,6 +127,11 @@ PROJECT_PACKAGES = frozenset({"inenv", "common", "provision", "checks"})
 
 
 def _imported_names(source: str, in_helpers: bool) -> set[str]:
+    return set(_imported(source, in_helpers))
+
+
+@functools.lru_cache(maxsize=1024)
+def _imported(source: str, in_helpers: bool) -> frozenset[str]:
     """The own names of the project modules ``source`` imports and of what it imports from them, whatever
     package they sit in: ``from inenv.kit import _a`` gives ``kit`` and ``_a``, ``import inenv.toolkit``
     gives ``toolkit``; third-party imports give nothing. A relative import counts only from a helper module
@@ -134,7 +139,7 @@ def _imported_names(source: str, in_helpers: bool) -> set[str]:
     looked up as a file where helpers, fact modules and probes live (probe_sources), so no folder name of
     the project decides what is found."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in pysource.statements(ast.parse(source)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
@@ -149,7 +154,7 @@ def _imported_names(source: str, in_helpers: bool) -> set[str]:
             else:
                 found.update(parts)
             found.update(a.name for a in node.names)
-    return found
+    return frozenset(found)
 
 
 def _helpers_of(names: set[str]) -> set[str]:
@@ -228,8 +233,15 @@ def hashed_bytes(path: Path) -> bytes:
 def source_hash(paths: list[Path]) -> str:
     h = hashlib.sha256()
     for p in paths:
-        h.update(p.name.encode() + b"\0" + canonical.layout_free_source(hashed_bytes(p).decode()).encode() + b"\0")
+        h.update(p.name.encode() + b"\0" + _layout_free(hashed_bytes(p).decode()).encode() + b"\0")
     return h.hexdigest()[:HASH_CHARS]
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout_free(text: str) -> str:
+    """canonical.layout_free_source, once per distinct text: every probe hashes the kit modules it shares with the
+    others, and the report, the plan and the recorder ask for the same hashes in one process."""
+    return canonical.layout_free_source(text)
 
 
 # Results made before probe hashes were taken in the layout-free spelling carry the hash that the code of
