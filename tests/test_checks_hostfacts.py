@@ -97,3 +97,16 @@ def test_inspect_fills_sm_count_peer_access_and_nccl() -> None:
     assert facts["nccl"] == "2.28.9" and facts["peer_access"] == [[True]] and facts["multicast"] == [False]
     view = hostfacts.host_view({"gpu_count": 2, "compute_capability": "9.0"}, ("12.0a",))
     assert view.gpu_count == 2 and view.target_archs == ("12.0a",)
+
+
+def test_with_inspect_adds_the_environments_facts_without_touching_the_smi_facts() -> None:
+    smi = {"host_id": "h200x2-00000000", "gpu_count": 2,
+           "gpus": [{"index": 0, "name": "NVIDIA H200"}, {"index": 1, "name": "NVIDIA H200"}]}
+    inspect = {"versions": {"nccl": "2.30.7"}, "gpus": [{"index": 1, "sm_count": 132}, "junk"],
+               "peer_access": [[True, True], [True, True]], "multicast": [True, True]}
+    facts = hostfacts.with_inspect(smi, inspect)
+    assert facts["gpus"] == [{"index": 0, "name": "NVIDIA H200"},
+                             {"index": 1, "name": "NVIDIA H200", "sm_count": 132}]
+    assert facts["nccl"] == "2.30.7" and facts["multicast"] == [True, True] and facts["host_id"] == "h200x2-00000000"
+    assert smi["gpus"][1] == {"index": 1, "name": "NVIDIA H200"} and "nccl" not in smi
+    assert hostfacts.with_inspect(smi, None)["peer_access"] == []

@@ -23,6 +23,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -186,23 +187,27 @@ def own_host_id() -> str:
 
 def collect(inspect: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Host facts. `inspect` is the environment's `inenv.worker --inspect` output, if one was run."""
+    return with_inspect(gpu_facts(env), inspect)
+
+
+def gpu_facts(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The facts ``nvidia-smi`` and the machine give, before any environment is inspected. Its four queries run
+    at once: on a VM each takes a second or more, and the run's first answer waits for them."""
     smi = shutil.which("nvidia-smi")
     gpus: list[dict[str, Any]] = []
+    uuids: list[str] = []
     facts: dict[str, Any] = {}
     if smi:
-        gpus = _gpus(smi)
-        banner = _run([smi]) or ""
-        facts["driver_cuda"] = parse_driver_cuda(banner)
-        facts["topology"] = strip_ansi(_run([smi, "topo", "-m"]) or "").rstrip() or None
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            asked = (pool.submit(_gpus, smi), pool.submit(_run, [smi]), pool.submit(_run, [smi, "topo", "-m"]),
+                     pool.submit(gpu_uuids, smi))
+            gpus, banner, topology, uuids = (f.result() for f in asked)
+        facts["driver_cuda"] = parse_driver_cuda(banner or "")
+        facts["topology"] = strip_ansi(topology or "").rstrip() or None
         facts["nvidia_smi"] = smi
-    inspect = inspect or {}
-    seen = {g.get("index"): g for g in inspect.get("gpus") or []}
-    for g in gpus:  # SM count is known only to the CUDA runtime
-        if g["index"] in seen:
-            g["sm_count"] = seen[g["index"]].get("sm_count")
     link = interconnect(facts.get("topology"), len(gpus))
     facts.update({
-        "host_id": host_id(gpus, machine_key(), gpu_uuids(smi)),
+        "host_id": host_id(gpus, machine_key(), uuids),
         "host_label": host_label(gpus, link),
         "gpu_count": len(gpus),
         "gpus": gpus,
@@ -210,9 +215,6 @@ def collect(inspect: dict[str, Any] | None = None, env: dict[str, str] | None = 
         "compute_capability": gpus[0]["compute_capability"] if gpus else None,
         "driver": gpus[0]["driver"] if gpus else None,
         "interconnect": link,
-        "peer_access": inspect.get("peer_access") or [],
-        "multicast": inspect.get("multicast") or [],
-        "nccl": (inspect.get("versions") or {}).get("nccl"),
         "no_gpu_reason": None if gpus else ("nvidia-smi not found" if not smi else "nvidia-smi lists no GPU"),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -220,6 +222,17 @@ def collect(inspect: dict[str, Any] | None = None, env: dict[str, str] | None = 
         "env": safe_env(dict(os.environ) if env is None else env),
     })
     return facts
+
+
+def with_inspect(facts: dict[str, Any], inspect: dict[str, Any] | None) -> dict[str, Any]:
+    """``facts`` (:func:`gpu_facts`) with what the environment's inspection adds: SM counts (known only to the CUDA
+    runtime), peer access, multicast and NCCL's version. A new dict; ``facts`` is left as it was."""
+    inspect = inspect or {}
+    seen = {g.get("index"): g for g in inspect.get("gpus") or [] if isinstance(g, dict)}
+    gpus = [{**g, "sm_count": seen[g["index"]].get("sm_count")} if g["index"] in seen else dict(g)
+            for g in facts.get("gpus") or []]
+    return {**facts, "gpus": gpus, "peer_access": inspect.get("peer_access") or [],
+            "multicast": inspect.get("multicast") or [], "nccl": (inspect.get("versions") or {}).get("nccl")}
 
 
 def _cpu_model() -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +22,8 @@ from common import backend as provision_backend
 from common.caches import compile_cache_dir
 from common.errors import InputError
 
+FINGERPRINTS_AT_ONCE = 8
+
 
 def _peer_facts(executors: dict[str, Executor], gpus: int) -> dict[str, Any] | None:
     """What one environment reports about the GPUs (peer access, multicast), when one can be asked."""
@@ -31,6 +34,15 @@ def _peer_facts(executors: dict[str, Executor], gpus: int) -> dict[str, Any] | N
     except ExecutorError as exc:  # one broken environment must not stop the run; its variants say why
         print(f"warning: peer access and multicast unknown: {exc}", file=sys.stderr)
         return None
+
+
+def fingerprints(executors: dict[str, Executor]) -> dict[str, str | None]:
+    """Each cell's environment fingerprint, the cells asked at once: each answer is a process started in the
+    environment (a container on Docker), and a run's plan waits for the last of them."""
+    if not executors:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(FINGERPRINTS_AT_ONCE, len(executors))) as pool:
+        return dict(zip(executors, pool.map(lambda ex: ex.fingerprint(), executors.values()), strict=True))
 
 
 @dataclass
@@ -45,11 +57,10 @@ class HostBackend:
     own_env: bool = False
 
     def targets(self, opts: RunOptions) -> Targets:
-        smi = hostfacts.collect()
+        smi = hostfacts.gpu_facts()
         gpus = int(smi["gpu_count"])
         found, self.executors = self.find(opts, gpus)
-        inspect = _peer_facts(self.executors, gpus)
-        facts = hostfacts.collect(inspect) if inspect else smi
+        facts = hostfacts.with_inspect(smi, _peer_facts(self.executors, gpus))
         capability = facts.get("compute_capability")
         holds = {cid: have for cid, ex in self.executors.items()
                  if self.own_env and gpus and isinstance(capability, str) and isinstance(ex, LocalExecutor)
@@ -61,7 +72,7 @@ class HostBackend:
         lock = gpu_lock_path() if self.gpu_lock and targets.gpus else None
         self.executors = for_run(self.executors, targets.compile.archs, cache, str(targets.facts["host_id"]), lock,
                                  run_token(), warm=not opts.cold_ranks, gpu_alone=opts.gpu_alone)
-        return {cid: ex.fingerprint() for cid, ex in self.executors.items()}
+        return fingerprints(self.executors)
 
     def run(self, opts: RunOptions, work: Work, hooks: Hooks) -> RunReport:
         try:
