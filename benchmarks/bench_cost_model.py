@@ -8,7 +8,8 @@ For each GPU count it plans what `checks run --all` plans (checks.run.plan.plan_
 one resolved cell with sgl-kernel and flashinfer, compute capability 9.0) at the quick level (each multi-rank
 probe at its smallest world size: plan.deferred_sizes) and the full level, costs
 every variant that would run from the prior alone (no host records: what a fresh host is told), and prints the
-predicted wall time of each pass (GPU variants one at a time, CPU-only ones over --jobs slots: checks.run.cost.budget)
+predicted wall time of each pass (timed GPU variants one at a time, untimed ones side by side within the rank cap
+of --cores, CPU-only ones over --jobs slots: checks.run.cost.budget)
 with the probes that cost most and how many variants the model had to carry to a world size nobody measured.
 
 ``--check FILE``: a measured run (a results JSONL of this project; its manifest beside it says the host's
@@ -34,7 +35,8 @@ from checks.run import runprogress  # noqa: E402
 from checks.run.cost import budget  # noqa: E402
 from checks.run.cost import model as costmodel  # noqa: E402
 from checks.run.cost.prior import records  # noqa: E402
-from checks.run.plan import CellTarget, WorkItem, deferred_sizes, plan_work  # noqa: E402
+from checks.run.plan import CellTarget, WorkItem, deferred_shallow, deferred_sizes, plan_work  # noqa: E402
+from checks.run.runner import rank_cap  # noqa: E402
 from inenv import registry  # noqa: E402
 from inenv.probe import FULL, QUICK, HostView, Variant, key_parts  # noqa: E402
 
@@ -47,11 +49,11 @@ def build_params() -> dict[str, str]:
 
 
 def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, level: str,
-                 jobs: int) -> dict[str, object]:
+                 jobs: int, cores: int = 16) -> dict[str, object]:
     probes = {pid: mod for pid, (_, mod) in registry.discover().items()}
     host = HostView(gpu_count=gpus, compute_capability="9.0", gpu_name=gpu_name, target_archs=(), level=level)
     planned = plan_work([CELL], probes, host)
-    items = [it for it in (deferred_sizes(planned) if level == QUICK else planned) if it.runs]
+    items = [it for it in (deferred_shallow(deferred_sizes(planned)) if level == QUICK else planned) if it.runs]
     expected = runprogress.expected_durations(items, {}, "", None, tables)
     seconds = {k: e.seconds for k, e in expected.items()}
     per_probe: Counter[str] = Counter()
@@ -60,7 +62,7 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
     carried = sum(1 for e in expected.values() if e.seconds is not None and e.basis)
     guessed = sum(1 for e in expected.values() if e.seconds is None)
     return {"gpus": gpus, "level": level, "variants": len(items),
-            "predicted_s": round(budget.pass_seconds(items, seconds, jobs), 1),
+            "predicted_s": round(budget.pass_seconds(items, seconds, jobs, rank_cap(cores)), 1),
             "carried_to_unmeasured_sizes": carried, "guessed": guessed,
             "top": [(p, round(s, 1)) for p, s in per_probe.most_common(4)]}
 
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-name", default="NVIDIA H200")
     ap.add_argument("--gpus", default="1,2,4,8")
     ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--cores", type=int, default=16, help="the GPU host's cores, which cap the rank processes of "
+                    "variants that time nothing running side by side (default 16)")
     ap.add_argument("--prior", type=Path, default=costmodel.PRIOR_PATH)
     ap.add_argument("--results", type=Path, help="derive the prior from this results root instead of --prior")
     ap.add_argument("--check", type=Path, nargs="*", default=[])
@@ -112,13 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in args.gpus.split(",")):
         tables = costmodel.tables_for(tables_all, args.gpu_name, n)
         for level in (QUICK, FULL):
-            rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs))
+            rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, args.cores))
     checks = [check(p, args.results or ROOT / "results") for p in args.check]
     if args.json:
         print(json.dumps({"predictions": rows, "checks": checks}, indent=1))
         return 0
     print(f"predicted cost of `checks run --all` on {args.gpu_name} hosts, one cell, from the prior alone "
-          f"(jobs {args.jobs}; growth per extra rank with a GPU each: {costmodel.RANK_GROWTH:g}, an assumption)")
+          f"(jobs {args.jobs}, {args.cores} cores; growth per extra rank with a GPU each: "
+          f"{costmodel.RANK_GROWTH:g}, an assumption)")
     print(f"{'GPUs':>4} {'level':>5} {'variants':>8} {'predicted':>10} {'carried':>7} {'guessed':>7}  costliest probes")
     for r in rows:
         top = ", ".join(f"{p} {s:g} s" for p, s in r["top"])  # type: ignore[union-attr]

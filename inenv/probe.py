@@ -101,6 +101,10 @@ class ProbeSpec:
     # False: no variant of the probe times anything (its verdicts are exact checks), so its variants may share
     # the GPUs with others that time nothing (inenv.gpugate's shared lock; :func:`untimed`)
     timed: bool = True
+    # False: a quick pass leaves this probe's shallow variants (:func:`shallow`: the set-up and one agreement
+    # case, untimed) to the full pass: for a probe whose answer is its timings, run on backends whose set-up
+    # and agreement the feature probes' own quick variants already answer (step)
+    quick_shallow: bool = True
 
     def __post_init__(self) -> None:
         floors = [self.min_ranks, *(n for _, _, n in self.min_ranks_by_param)]

@@ -38,14 +38,17 @@ def cpu_item(name: str) -> WorkItem:
     return WorkItem(CELL, CPU, Variant("inventory", 1, (("part", name),)), 60.0)
 
 
-def test_pass_seconds_runs_timed_gpu_variants_alone_untimed_three_at_once_and_cpu_ones_over_jobs() -> None:
+def test_pass_seconds_runs_timed_gpu_variants_alone_untimed_side_by_side_and_cpu_ones_over_jobs() -> None:
     items = [gpu_item(2), gpu_item(4), cpu_item("a"), cpu_item("b"), gpu_item(8, shared=True),
              WorkItem(CELL, GPU, Variant("step", 3, (("backend", "nccl"), ("depth", "setup"))), 60.0)]
     cost = {items[0].key: 10.0, items[1].key: 20.0, items[2].key: 6.0, items[3].key: 4.0, items[4].key: 7.0,
             items[5].key: 5.0}
-    assert budget.pass_seconds(items, cost, jobs=2) == 39.0  # 10 + 20 + (7 + 5) / 3 + (6 + 4) / 2
-    assert budget.pass_seconds(items, cost, jobs=1) == 44.0
-    assert budget.pass_seconds(items, cost, jobs=2, gpu_slots=1) == 47.0  # --gpu-alone: 10 + 20 + 12 + 5
+    # untimed: 8 ranks x 7 s + 3 ranks x 5 s = 71 rank-seconds; over 16 ranks at once 4.4 s, less than the
+    # longest of them, 7 s: 10 + 20 + 7 + (6 + 4) / 2
+    assert budget.pass_seconds(items, cost, jobs=2, shared_ranks=16) == 42.0
+    assert budget.pass_seconds(items, cost, jobs=1, shared_ranks=16) == 47.0
+    assert budget.pass_seconds(items, cost, jobs=2, shared_ranks=8) == 10 + 20 + 71 / 8 + 5  # the cap binds
+    assert budget.pass_seconds(items, cost, jobs=2, shared_ranks=0) == 47.0  # --gpu-alone: 10 + 20 + 7 + 5 + 5
 
 
 def test_untimed_variants_are_guessed_at_the_stated_constant() -> None:
@@ -78,11 +81,11 @@ def test_fit_keeps_the_most_informative_that_fit_and_says_what_it_left() -> None
         gpu_item(2, load=True)
     items = [quick, real8, real4, shared3, load]
     cost = {quick.key: 5.0, real8.key: 10.0, real4.key: 10.0, shared3.key: 1.0, load.key: 100.0}
-    fitted = budget.fit(items, cost, budget_s=16.5, jobs=1, gpus=8)
-    # tier order: quick (5), real8 (10): 15 s; real4 would make 25; shared3 (1 s on one of 3 GPU slots: 1/3 s)
+    fitted = budget.fit(items, cost, budget_s=16.5, jobs=1, gpus=8, shared_ranks=16)
+    # tier order: quick (5), real8 (10): 15 s; real4 would make 25; shared3 (1 s beside nothing else: 1 s)
     # still fits
     assert [it.key for it in fitted.left_out] == [real4.key, load.key]
-    assert fitted.kept_s == pytest.approx(15.0 + 1 / 3) and fitted.planned_s == pytest.approx(125.0 + 1 / 3)
+    assert fitted.kept_s == pytest.approx(16.0) and fitted.planned_s == pytest.approx(126.0)
     assert fitted.budget_s == 16.5
     left = {it.key: it for it in fitted.items if it.decided is not None}
     assert set(left) == {real4.key, load.key}
@@ -90,8 +93,8 @@ def test_fit_keeps_the_most_informative_that_fit_and_says_what_it_left() -> None
     assert "tier 4 of 4" in left[load.key].decided.note and "sustained load" in left[load.key].decided.note
     assert [it.key for it in fitted.items] == [it.key for it in items]  # plan order kept
     lines = budget.left_out_lines(fitted)
-    assert lines[0].startswith("budget: 16 s left, and this pass's cost, about 2m05s, does not fit; running about "
-                               "15 s and leaving out 2 variant(s)")
+    assert lines[0].startswith("budget: 16 s left, and this pass's cost, about 2m06s, does not fit; running about "
+                               "16 s and leaving out 2 variant(s)")
     assert "step 1 (a GPU per rank at other world sizes), step 1 (sustained load)" in lines[0]
     assert "`checks run --probe step`" in lines[1]
 

@@ -211,6 +211,14 @@ def test_a_gpu_variant_that_times_nothing_starts_beside_cpu_work_but_not_beside_
     assert pick([other], [eight], 4, ahead=2, rank_cap=16) is other  # 16 rank processes: within the cores
     assert pick([other], [eight, shared], 4, ahead=2, rank_cap=16) is None  # 18 would pass them
     assert pick([other], [eight, shared], 4, ahead=2) is other  # no cap
+    # variants that time nothing go side by side past the gate's depth, within the cap; a timed one does not
+    twos = [WorkItem(b, gpu, Variant("custom-ar", 2, params + (("n", str(i)),), share_gpu=True, gpus=1), 60.0)
+            for i in range(5)]
+    assert pick([other], twos[:4], 4, ahead=2, rank_cap=16) is other  # 8 ranks running + its 8
+    assert pick([other], twos, 4, ahead=2, rank_cap=16) is None  # 10 running + its 8 would pass 16
+    assert pick([timed], twos[:3], 4, ahead=2, rank_cap=16) is None  # the gate's depth is full for a timed one
+    assert pick([shared], twos[:3], 4, ahead=2, rank_cap=16, share=False) is None  # --gpu-alone
+    assert pick([shared], [timed, *twos[:2]], 4, ahead=2, rank_cap=16) is None  # a timed one holds the GPUs
 
 
 def test_two_cells_do_not_build_what_they_could_share_side_by_side() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from checks.results import hostfacts
 from checks.run.cost import budget
-from checks.run.plan import CellState, CellTarget, WorkItem, deferred_sizes, plan_work
+from checks.run.plan import CellState, CellTarget, WorkItem, deferred_shallow, deferred_sizes, plan_work
 from inenv import registry
 from inenv.kit import _agree
 from inenv.probe import QUICK, HostView, ProbeSpec, Variant, deep_sizes, multi_rank, question, shallow
@@ -243,6 +243,20 @@ def test_the_quick_pass_runs_each_question_at_its_smallest_world_size_at_any_dep
     deferred = [it for it in deferred_sizes(gpu) if it.variant.param("depth") == "setup"]
     assert deferred and {it.decided.reason_code for it in deferred if it.decided} == {"deferred-world-size"}
     assert all(it.decided is not None for it in deferred)
+
+
+def test_the_quick_pass_on_one_gpu_leaves_the_steps_shared_variants_and_keeps_the_feature_probes() -> None:
+    gpu = [it for it in _items(1) if it.runs and it.spec.needs_gpu]
+    quick = deferred_shallow(deferred_sizes(gpu))
+    ran = {(it.spec.id, it.variant.ranks) for it in quick if it.runs and it.variant.share_gpu}
+    assert ran == {("custom-ar", 2), ("fi-fusion", 2), ("pcie-ipc", 2), ("symm-mem", 2)}
+    left = [it for it in quick if it.spec.id == "step" and it.variant.ranks == 2]
+    assert len(left) == 6 - 1  # every backend but NCCL, which refuses two ranks on one GPU
+    assert {it.decided.reason_code for it in left if it.decided} == {"deferred-shallow"}
+    # on two GPUs the step's deep variant at 2 ranks is the quick answer; nothing shallow of it runs
+    two = deferred_shallow(deferred_sizes([it for it in _items(2) if it.runs and it.spec.needs_gpu]))
+    step2 = [it.variant for it in two if it.runs and it.spec.id == "step"]
+    assert step2 and {(v.ranks, v.share_gpu, v.param("depth")) for v in step2} == {(2, False, None)}
 
 
 def test_the_budget_tiers_a_setup_variant_as_a_gpu_per_rank_at_another_world_size() -> None:

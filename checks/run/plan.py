@@ -16,7 +16,7 @@ from checks.results.result import ProbeResult
 from common import backend, buildrecord, cellid
 from inenv.kit import _fatbin
 from inenv.kit import _flashinfer as fi
-from inenv.probe import HostView, ProbeSpec, Variant, default_variants, question
+from inenv.probe import HostView, ProbeSpec, Variant, default_variants, question, shallow
 from inenv.status import Status
 
 
@@ -232,6 +232,21 @@ def deferred_sizes(items: list[WorkItem]) -> list[WorkItem]:
             note = (f"{it.variant.ranks} ranks: the quick pass runs this variant at {least} ranks only; "
                     "left to the full pass")
             it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, "deferred-world-size", note))
+        out.append(it)
+    return out
+
+
+def deferred_shallow(items: list[WorkItem]) -> list[WorkItem]:
+    """A quick pass leaves the shallow variants (``inenv.probe.shallow``: ranks sharing a GPU, or depth=setup) of a
+    probe that declares ``ProbeSpec.quick_shallow`` False to the full pass, as decided not-run
+    ``deferred-shallow``: their set-up and agreement checks repeat what the feature probes' quick variants check on
+    the same backends, and each costs a variant's start on the first answer's path."""
+    out: list[WorkItem] = []
+    for it in items:
+        if it.runs and it.spec.needs_gpu and not it.spec.quick_shallow and shallow(it.variant):
+            note = ("checked, not timed, at this world size: the quick pass leaves it to the full pass (the "
+                    "feature probes' quick variants check the same backend's set-up)")
+            it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, "deferred-shallow", note))
         out.append(it)
     return out
 

@@ -47,12 +47,11 @@ from inenv.status import Status
 # interpreter, ``import torch``, its preload: 2-6 s on 1x H200) overlaps two variants' GPU time (1.5-3 s each)
 # and is never what the GPU waits for.
 GATE_DEPTH = 2
-# GPU variants in flight at once: one running and GATE_DEPTH at the gate; those that time nothing take the lock
-# shared (inenv.gpugate), so that many of them run at once
-GPU_SLOTS = GATE_DEPTH + 1
 # The rank processes of GPU variants in flight are kept within the host's cores (but at least this many): ranks
 # that spin while they wait for their GPU's turn compete for cores, so more of them than cores slows every
-# variant (on a 16-core 1x H100, three variants of 8 ranks sharing the GPU, 24 processes, took 35-40 s each)
+# variant (on a 16-core 1x H100, three variants of 8 ranks sharing the GPU, 24 processes, took 35-40 s each).
+# Variants that time nothing hold the GPU lock shared (inenv.gpugate), so as many of them run at once as the
+# cap holds: their cost is mostly each rank's start (the interpreter, imports, a CUDA context), which overlaps.
 MIN_RANK_CAP = 8
 OVER_BUDGET = "over-budget"  # the reason code of a variant left out for --budget, at plan time or at run time
 STOP_WAIT_S = 60.0  # how long Ctrl-C waits for the running variants' cleanup (containers removed, groups killed)
@@ -107,6 +106,17 @@ def loads_no_jit(item: WorkItem) -> bool:
     return not jit_modules(item)
 
 
+def rank_cap(cores: int | None = None) -> int:
+    """How many rank processes of GPU variants may be in flight at once on a host of ``cores`` (default: this
+    one's): its cores, at least MIN_RANK_CAP."""
+    return max(MIN_RANK_CAP, cores if cores is not None else os.cpu_count() or 1)
+
+
+def shares_gpu(item: WorkItem) -> bool:
+    """A GPU variant that times nothing (inenv.probe.untimed): it holds the GPU lock shared, beside others."""
+    return uses_gpu(item) and untimed(item.spec, item.variant)
+
+
 def goes_beside(item: WorkItem, running: list[WorkItem], share: bool = True) -> bool:
     """Whether GPU variant ``item`` may start beside the CPU-only variants ``running``: beside compiles when it
     loads no JIT module (nothing it needs is among them), or, when it times nothing (inenv.probe.untimed: its
@@ -148,15 +158,18 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
     and the second would only hold a job slot waiting for it. ``ahead``: the GPU variants take turns on the
     GPU lock, so while one runs, the items that would start next once it ended start now, up to ``ahead``
     of them, when they are GPU variants too: they wait at the gate with their ranks started, as long as the
-    GPU variants' rank processes stay within ``rank_cap`` (None: no cap).
+    GPU variants' rank processes stay within ``rank_cap`` (None: no cap). While every GPU variant in flight
+    times nothing (they hold the lock shared and run side by side, ``share``), more such variants start beside
+    them past ``ahead``, up to ``rank_cap``.
     Variants decided at plan time are recorded before (:func:`begin`), so none stands between two GPU
     variants here."""
     on_gpu = [r for r in running if uses_gpu(r)]
     if on_gpu:
-        if len(on_gpu) > ahead:
+        side_by_side = share and all(shares_gpu(r) for r in on_gpu)
+        if len(on_gpu) > ahead and not side_by_side:
             return None
         after = pick(pending, [r for r in running if not uses_gpu(r)], jobs, cost=cost, share=share)
-        if after is None or not uses_gpu(after):
+        if after is None or not uses_gpu(after) or (len(on_gpu) > ahead and not shares_gpu(after)):
             return None
         ranks = sum(r.variant.ranks for r in on_gpu) + after.variant.ranks
         return after if rank_cap is None or ranks <= rank_cap else None
@@ -294,7 +307,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     # Only when every cell's workers take turns on the lock: a variant started ahead on an ungated executor
     # would not wait at any gate and would share the GPUs with the running one.
     ahead = GATE_DEPTH if gpus and executors and all(ex.gated for ex in executors.values()) else 0
-    rank_cap = max(MIN_RANK_CAP, os.cpu_count() or 1)
+    cap = rank_cap()
     queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
     beside: dict[Key, list[str]] = {}  # a GPU variant started beside compiles: which
 
@@ -326,7 +339,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                     rec.record(item, over_budget(catalogue), now_iso())
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
                                 lambda it: work.costs.get(it.key, 0.0), share=not opts.gpu_alone,
-                                rank_cap=rank_cap)) is not None:
+                                rank_cap=cap)) is not None:
                 pending.remove(item)
                 before = [r for r in pool.running.values() if uses_gpu(r)]
                 # behind the running GPU variants (the gate picks no order among waiters): all of their time

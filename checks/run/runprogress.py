@@ -28,7 +28,6 @@ from checks.results.store import read_file, read_manifest
 from checks.run.cost import model as costmodel
 from checks.run.cost.budget import Lanes
 from checks.run.plan import WorkItem, not_carried
-from checks.run.runner import GPU_SLOTS
 from common.progress import Estimate, duration
 from inenv.kit import _compile_cache as cc
 from inenv.kit import _flashinfer as fi
@@ -389,17 +388,19 @@ class RunView:
     backend: str = ""
     prior: Sequence[costmodel.CostTable] = ()  # the packaged prior's tables for this host, best first
     compiling: Collection[Key] = ()  # the items that compile their module here (costed as compiles)
-    gpu_slots: int = GPU_SLOTS  # GPU variants that time nothing at once (1: --gpu-alone)
+    shared_ranks: int | None = None  # rank processes of GPU variants that time nothing at once (0: --gpu-alone)
     cells: list[str] = field(init=False)
     running: set[Key] = field(default_factory=set)
     _shown_cells: set[str] = field(default_factory=set)
     _gpu: set[Key] = field(init=False)
-    _shared: set[Key] = field(init=False)  # GPU variants that time nothing: GPU_SLOTS of them at once
+    _shared: set[Key] = field(init=False)  # GPU variants that time nothing: side by side up to shared_ranks
+    _ranks: dict[Key, int] = field(init=False)
 
     def __post_init__(self) -> None:
         self.cells = list(dict.fromkeys(it.cell.cell_id for it in self.items))
         self._gpu = {it.key for it in self.items if it.spec.needs_gpu}
         self._shared = {it.key for it in self.items if it.spec.needs_gpu and untimed(it.spec, it.variant)}
+        self._ranks = {it.key: it.variant.ranks for it in self.items}
 
     @property
     def total(self) -> int:
@@ -421,9 +422,9 @@ class RunView:
 
     def left(self, running: Key | None = None, elapsed: float = 0.0) -> Estimate:
         """Time left: every item still to run; the running one counts what it has left of its record. Timed GPU
-        variants run one at a time, those that time nothing share the runner's GPU slots, the CPU-only ones
+        variants run one at a time, those that time nothing side by side within the rank cap, the CPU-only ones
         ``jobs`` slots (checks.run.cost.budget's arithmetic)."""
-        lanes = Lanes(self.jobs, self.gpu_slots)
+        lanes = Lanes(self.jobs, self.shared_ranks)
         steps = unknown = 0
         for key, exp in self.expected.items():
             if key in self.done:
@@ -433,7 +434,7 @@ class RunView:
                 unknown += 1
                 continue
             seconds = max(0.0, exp.seconds - elapsed) if key == running else exp.seconds
-            lanes.put(seconds, key in self._gpu, key in self._shared)
+            lanes.put(seconds, key in self._gpu, key in self._shared, self._ranks.get(key, 1))
         return Estimate(lanes.wall(), unknown, steps)
 
     def opening(self) -> str:

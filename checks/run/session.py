@@ -38,8 +38,17 @@ from checks.run.backends import BACKENDS, resolve
 from checks.run.cost import budget
 from checks.run.cost import model as costmodel
 from checks.run.options import REPO, RunOptions, UsageError
-from checks.run.plan import REUSED, WorkItem, compiles_here, deferred, deferred_sizes, plan_work, summary_counts
-from checks.run.runner import GPU_SLOTS, RunReport, Work, now_iso
+from checks.run.plan import (
+    REUSED,
+    WorkItem,
+    compiles_here,
+    deferred,
+    deferred_shallow,
+    deferred_sizes,
+    plan_work,
+    summary_counts,
+)
+from checks.run.runner import RunReport, Work, now_iso
 from common import buildrecord, escape, kernelstage, reasons
 from common.backend import RECORD_NAMES
 from common.caches import compile_cache_dir
@@ -372,10 +381,11 @@ def defer(opts: RunOptions, planned: Planned, carries: dict[str, dict[str, tuple
           targets: Targets) -> Planned:
     """A quick pass leaves to the full pass the GPU variants that would compile in their turn (plan.deferred):
     what each cell carries from its build record, what fi-jit built here from the compile cache; and the
-    multi-rank ones beyond their smallest world size (plan.deferred_sizes)."""
+    multi-rank ones beyond their smallest world size (plan.deferred_sizes); the checked-not-timed variants of a
+    probe whose answer is its timings (plan.deferred_shallow)."""
     unpublished = unpublished_here(opts)
     capability = targets.facts.get("compute_capability") if targets.gpus else None
-    items = deferred_sizes(deferred(planned.items, carries, capability, unpublished))
+    items = deferred_shallow(deferred_sizes(deferred(planned.items, carries, capability, unpublished)))
     return dataclasses.replace(planned, items=items)
 
 
@@ -449,7 +459,7 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     compiling = compiling_here(opts, todo, carries or {}, facts.get("compute_capability") if gpus else None)
     return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling),
                                jobs=opts.jobs, prior=prior, compiling=compiling,
-                               gpu_slots=1 if opts.gpu_alone else GPU_SLOTS,
+                               shared_ranks=0 if opts.gpu_alone else None,
                                compile_note=runprogress.compile_note(
                                    compile_cache_dir(opts.compile_cache, opts.no_compile_cache), carries,
                                    facts.get("compute_capability") if facts.get("gpu_count") else None),
@@ -484,7 +494,7 @@ def fit_budget(opts: RunOptions, planned: Planned, view: runprogress.RunView, gp
         return planned, view, None
     seconds = {k: e.seconds for k, e in view.expected.items()}
     fitted = budget.fit(planned.items, seconds, max(0.0, deadline - time.monotonic()), opts.jobs, gpus,
-                        view.gpu_slots)
+                        view.shared_ranks)
     if not fitted.left_out:
         return planned, view, fitted
     gone = {it.key for it in fitted.left_out}

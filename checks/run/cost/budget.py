@@ -2,7 +2,8 @@
 
 A pass's cost is its timed GPU variants' seconds one after another (the GPU gate gives a variant that times
 anything the GPUs alone), its GPU variants that time nothing (``inenv.probe.untimed``) spread over the
-runner's GPU slots (they hold the gate shared, side by side), and its CPU-only variants' seconds spread over the
+runner's rank cap (they hold the gate shared, side by side: their rank-seconds over the cap, never less than
+the longest of them), and its CPU-only variants' seconds spread over the
 run's ``jobs`` slots: the same arithmetic as the time left that a run shows while it goes
 (checks.run.runprogress.RunView.left).
 
@@ -28,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from checks.run.plan import Decided, WorkItem
-from checks.run.runner import GPU_SLOTS, OVER_BUDGET
+from checks.run.runner import OVER_BUDGET, rank_cap
 from common.progress import duration
 from inenv.probe import question, untimed
 from inenv.status import Status
@@ -76,10 +77,10 @@ def seconds_of(item: WorkItem, expected: Mapping[Key, float | None]) -> float:
 
 
 def pass_seconds(items: Iterable[WorkItem], expected: Mapping[Key, float | None], jobs: int,
-                 gpu_slots: int = GPU_SLOTS) -> float:
-    """The wall seconds the items that run should take (the module docstring's arithmetic; ``gpu_slots`` 1:
+                 shared_ranks: int | None = None) -> float:
+    """The wall seconds the items that run should take (the module docstring's arithmetic; ``shared_ranks`` 0:
     --gpu-alone)."""
-    lanes = Lanes(jobs, gpu_slots)
+    lanes = Lanes(jobs, shared_ranks)
     for it in items:
         if it.runs:
             lanes.add(it, seconds_of(it, expected))
@@ -88,29 +89,40 @@ def pass_seconds(items: Iterable[WorkItem], expected: Mapping[Key, float | None]
 
 @dataclass
 class Lanes:
-    """Seconds on each lane of a pass: timed GPU variants (one at a time), GPU variants that time nothing
-    (:data:`GPU_SLOTS` at a time), CPU-only variants (``jobs`` at a time)."""
+    """Seconds on each lane of a pass: timed GPU variants (one at a time); GPU variants that time nothing, side by
+    side with at most ``shared_ranks`` of their rank processes at once (the runner's rank cap,
+    checks.run.runner.rank_cap; 0: --gpu-alone, one at a time like timed ones), so that lane lasts their
+    rank-seconds over the cap, and never less than its longest variant; CPU-only variants, ``jobs`` at a time."""
 
     jobs: int
-    gpu_slots: int = GPU_SLOTS
+    shared_ranks: int | None = None  # None: this host's rank cap
     timed: float = 0.0
-    shared: float = 0.0
+    shared: float = 0.0  # rank-seconds
+    longest_shared: float = 0.0
     cpu: float = 0.0
 
-    def add(self, item: WorkItem, seconds: float) -> None:
-        self.put(seconds, item.spec.needs_gpu, item.spec.needs_gpu and untimed(item.spec, item.variant))
+    def __post_init__(self) -> None:
+        if self.shared_ranks is None:
+            self.shared_ranks = rank_cap()
 
-    def put(self, seconds: float, gpu: bool, shared: bool) -> None:
-        """``seconds`` on the lane of a GPU variant (``shared``: one that times nothing) or a CPU-only one."""
+    def add(self, item: WorkItem, seconds: float) -> None:
+        self.put(seconds, item.spec.needs_gpu, item.spec.needs_gpu and untimed(item.spec, item.variant),
+                 item.variant.ranks)
+
+    def put(self, seconds: float, gpu: bool, shared: bool, ranks: int = 1) -> None:
+        """``seconds`` of a variant of ``ranks`` rank processes on the lane of a GPU variant (``shared``: one that
+        times nothing) or a CPU-only one."""
         if not gpu:
             self.cpu += seconds
-        elif shared:
-            self.shared += seconds
+        elif shared and self.shared_ranks:
+            self.shared += seconds * max(1, ranks)
+            self.longest_shared = max(self.longest_shared, seconds)
         else:
             self.timed += seconds
 
     def wall(self) -> float:
-        return self.timed + self.shared / max(1, self.gpu_slots) + self.cpu / max(1, self.jobs)
+        side_by_side = max(self.shared / max(1, self.shared_ranks or 1), self.longest_shared) if self.shared else 0.0
+        return self.timed + side_by_side + self.cpu / max(1, self.jobs)
 
 
 @dataclass(frozen=True)
@@ -127,14 +139,14 @@ class Fitted:
 
 
 def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: float, jobs: int,
-        gpus: int, gpu_slots: int = GPU_SLOTS) -> Fitted:
+        gpus: int, shared_ranks: int | None = None) -> Fitted:
     """Keep the most informative variants whose cost fits ``budget_s`` (see the module docstring); the rest
     become decided not-run over-budget, with a note saying what was left and how to run it."""
     todo = [it for it in items if it.runs]
     smallest = smallest_sizes(todo)
     tiers = {it.key: tier(it, smallest, gpus) for it in todo}
     order = sorted(todo, key=lambda it: (tiers[it.key], seconds_of(it, expected), it.key))
-    lanes = Lanes(jobs, gpu_slots)
+    lanes = Lanes(jobs, shared_ranks)
     keep: set[Key] = set()
     for it in order:
         trial = dataclasses.replace(lanes)
@@ -152,7 +164,7 @@ def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: f
             it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, OVER_BUDGET, note))
             left.append(it)
         out.append(it)
-    return Fitted(out, left, pass_seconds(items, expected, jobs, gpu_slots), lanes.wall(), budget_s, tiers)
+    return Fitted(out, left, pass_seconds(items, expected, jobs, shared_ranks), lanes.wall(), budget_s, tiers)
 
 
 def cost_lines(items: Iterable[WorkItem], expected: Mapping[Key, float | None],
