@@ -242,9 +242,10 @@ def decision_parsers(sub: Any) -> None:
     p.add_argument("b", nargs="?", help="the same kind as A")
     p.add_argument("--results", type=Path, default=REPO / "results", help="results directory")
     p.add_argument("--base", metavar="REV", help="instead of A and B: what the results directory changes against "
-                   "itself at git revision REV (new hosts and cells, verdict flips, probe-code changes); exit 1 when "
-                   "a pass turned into a fail with the same probe code and results/expected-changes.yaml does not "
-                   "list it")
+                   "itself at git revision REV (new and removed hosts, cells and results, verdict flips, changed "
+                   "figures, probe-code changes); exit 1 when a pass turned into a fail that this checkout cannot "
+                   "show to come from other probe code, or a result was removed, and results/expected-changes.yaml "
+                   "does not list it")
     p.add_argument("--json", action="store_true")
 
 
@@ -388,32 +389,43 @@ def diff_base(args: argparse.Namespace) -> int:
         raise UsageError("checks diff: give either A and B, or --base REV")
     try:
         expected = changes.read_expected(args.results / changes.EXPECTED_FILE)
-        before, tmp = changes.read_at(args.base, args.results)
+        base = changes.read_at(args.base, args.results)
     except changes.ChangesError as exc:
         raise UsageError(f"checks diff: {exc}") from None
-    with tmp:
-        after, problems = reader.read_results(args.results)
-        if any(p.fatal for p in problems):
-            raise UsageError(f"checks diff: {problems[0]}")
-        found = changes.compare(before, after)
-    bad = changes.unexpected_regressions(found, expected)
+    after, problems = reader.read_results(args.results)
+    if any(p.fatal for p in problems):
+        raise UsageError(f"checks diff: {problems[0]}")
+    found = changes.compare(base.hosts, after)
+    probes, now = changes.code_now()
+    versions: changes.Versions = {pid: frozenset({h}) for pid, h in now.items()}
+    if any(f.pass_to_fail and not f.same_code for f in found.flips):  # the base's probe code, read only if asked
+        versions, code_problems = changes.code_versions(base, probes, now)
+        problems += code_problems
+    bad = changes.unexpected(found, expected, versions)
+    out = sys.stderr if args.json else sys.stdout
     if args.json:
-        print(json.dumps({"base": args.base, "new_hosts": found.new_hosts, "new_cells": found.new_cells,
-                          "added": found.added, "flips": [dataclasses.asdict(f) for f in found.flips],
-                          "code_changes": found.code_changes,
-                          "unexpected_regressions": [list(f.key) for f in bad]}, indent=2, sort_keys=True))
-    lines = found.lines() or ["no change"]
-    print(f"{ids.shown(str(args.results))} against {ids.one_line(args.base)}:", file=sys.stderr if args.json else
-          sys.stdout)
-    for line in lines:
-        print(f"  {line}", file=sys.stderr if args.json else sys.stdout)
+        print(json.dumps({"base": args.base, "commit": base.commit, "new_hosts": found.new_hosts,
+                          "new_cells": found.new_cells, "added": found.added,
+                          "flips": [dataclasses.asdict(f) for f in found.flips], "code_changes": found.code_changes,
+                          "removed": found.removed, "figures": [dataclasses.asdict(f) for f in found.figures],
+                          "problems": [str(p) for p in (*base.problems, *problems)],
+                          "gated": [{"key": list(g.key), "why": g.why} for g in bad]}, indent=2, sort_keys=True))
+    print(f"{ids.shown(str(args.results))} against {ids.one_line(args.base)}:", file=out)
+    for line in found.lines() or ["no change"]:
+        print(f"  {line}", file=out)
+    for p in base.problems:
+        print(f"warning: base {ids.one_line(args.base)}: {p}", file=sys.stderr)
+    for p in problems:
+        print(f"warning: {p}", file=sys.stderr)
     if bad:
-        print(f"checks diff: {len(bad)} committed pass(es) now fail with the same probe code, not listed in "
+        print(f"checks diff: {len(bad)} gated change(s) not listed in "
               f"{ids.shown(str(args.results / changes.EXPECTED_FILE))}:", file=sys.stderr)
-        for f in bad:
-            print(f"  {f.line()}", file=sys.stderr)
-        print("  if the change is real, add an entry (host, cell, probe, variant, why) there for review; see "
-              "docs/contributing-results.md", file=sys.stderr)
+        for g in bad:
+            print(f"  {g.line()}", file=sys.stderr)
+        print("  if a change is real, add its entry there for review (why: a sentence saying why it is expected; "
+              "see docs/contributing-results.md):", file=sys.stderr)
+        for g in bad:
+            print(f"  {ids.one_line(g.entry())}", file=sys.stderr)
         return 1
     return 0
 

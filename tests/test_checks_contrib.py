@@ -100,6 +100,41 @@ def test_import_counts_results_claiming_this_checkouts_probe_code(tmp_path: Path
         assert f"{said} this checkout's probe code" in capsys.readouterr().err
 
 
+def _x10(value: object) -> object:
+    """Every number under ``value`` times ten (booleans and text kept)."""
+    if isinstance(value, dict):
+        return {k: _x10(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_x10(v) for v in value]
+    return value * 10 if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def test_a_newer_run_with_the_same_verdicts_and_other_figures_needs_accept_flips(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    res = tmp_path / "results"
+    shutil.copytree(committed() / H2, res / H2)
+    before_files = sorted(p.name for p in (res / H2).iterdir())
+    manifest = json.loads((committed() / H2 / f"{NEWEST}.manifest.json").read_text())
+    rows = [json.loads(ln) for ln in (committed() / H2 / f"{NEWEST}.jsonl").read_text().splitlines()]
+    results = [{**r, "run_id": FORGED, "metrics": _x10(r["metrics"]), "evidence": _x10(r["evidence"]),
+                "duration_s": r["duration_s"] * 10} for r in rows]
+    bundle = tmp_path / "x10.json"
+    bundle.write_text(json.dumps({"schema": "stackprobe.bundle/1", "host_id": H2, "host": {}, "scrubbed": {},
+                                  "code": {"runs": [], "warnings": []},
+                                  "runs": [{"run_id": FORGED, "manifest": {**manifest, "run_id": FORGED},
+                                            "results": results}]}))
+    capsys.readouterr()
+    assert _main("import", bundle, "--results", res) == 1
+    err = capsys.readouterr().err
+    assert "pass -> fail" not in err and "verdict:" not in err  # the verdicts are the same
+    figures = [ln for ln in err.splitlines() if ln.strip().startswith("figures: ")]
+    with_numbers = [r for r in rows if _x10([r["metrics"], r["evidence"]]) != [r["metrics"], r["evidence"]]]
+    assert with_numbers and len(figures) == len(with_numbers)
+    assert "not imported" in err and "--accept-flips" in err
+    assert sorted(p.name for p in (res / H2).iterdir()) == before_files
+    assert _main("import", bundle, "--accept-flips", "--results", res) == 0
+
+
 # --- text from outside is data ------------------------------------------------------------------------------
 CONTROLS = "\x1b[2J\x07\x00\x08\x7f\x85\x9b\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 BAD_CHAR = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -203,12 +238,13 @@ def test_the_regression_gate_fails_on_a_planted_flip_and_passes_with_its_expecte
     io = capsys.readouterr()
     key = f"{H2} {first['cell_id']} {first['probe_id']} {first['variant']}"
     assert f"pass -> fail: {key}: pass -> fail (ar-wrong-result) (same probe code)" in io.out
-    assert "1 committed pass(es) now fail" in io.err and key in io.err
+    assert "1 gated change(s)" in io.err and key in io.err
 
-    # a different probe hash is a change of the probe, printed but not gated
+    # a different probe hash that no version of the probe known here produces is a claim: gated too
     lines[n] = json.dumps({**first, "status": "fail", "code": {**first["code"], "probe_hash": "e" * 16}})
     path.write_text("\n".join(lines) + "\n")
-    assert _main("diff", "--base", "HEAD~1", "--results", res) == 0
+    assert _main("diff", "--base", "HEAD~1", "--results", res) == 1
+    assert "(unverified)" in capsys.readouterr().err
     lines[n] = json.dumps({**first, "status": "fail", "reason_code": "ar-wrong-result"})
     path.write_text("\n".join(lines) + "\n")
 

@@ -119,8 +119,9 @@ class Preview:
 
     @property
     def flips(self) -> bool:
-        """Whether writing the bundle changes a verdict or an advice line of a host already here."""
-        return self.held and bool(self.changes.flips or self.advice_flips)
+        """Whether writing the bundle changes what the page or the advice says of a host already here: a verdict,
+        a figure (a note, a metric, evidence, the host's facts or a cell's versions) or an advice line."""
+        return self.held and bool(self.changes.flips or self.changes.figures or self.advice_flips)
 
 
 def preview(b: bundle.Bundle, results_dir: Path, advice_of: AdviceOf | None) -> Preview:
@@ -200,10 +201,11 @@ def import_bundles(opts: ImportOptions, advice_of: AdviceOf | None = None) -> in
             print(f"what {reader.shown(path)} changes under {reader.shown(opts.results)}:", file=sys.stderr)
             _say_preview(seen, b)
         if seen.flips and not opts.accept_flips:
-            n, m = len(seen.changes.flips), len(seen.advice_flips)
-            print(f"checks import: {reader.shown(path)}: not imported: it would change {n} verdict(s) and {m} "
-                  f"advice line(s) of host {b.host_id}, which {reader.shown(opts.results)} already holds (listed "
-                  "above); give --accept-flips to apply them", file=sys.stderr)
+            n, f, m = len(seen.changes.flips), len(seen.changes.figures), len(seen.advice_flips)
+            print(f"checks import: {reader.shown(path)}: not imported: it would change {n} verdict(s), the figures "
+                  f"of {f} result(s) or host fact(s) and {m} advice line(s) of host {b.host_id}, which "
+                  f"{reader.shown(opts.results)} already holds (listed above); give --accept-flips to apply them",
+                  file=sys.stderr)
             code = max(code, 1)
             continue
         try:
