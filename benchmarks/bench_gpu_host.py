@@ -99,6 +99,14 @@ def host_class() -> dict[str, Any]:
     return {"gpu_name": out[0] if out else None, "gpu_count": len(out), "cores": os.cpu_count()}
 
 
+def stamped(source: Any, sink: Any, t0: float) -> None:
+    """Copy ``source``'s lines to ``sink``, each with the seconds since ``t0`` in front: where the run's time
+    goes (host facts, the plan, each variant, the table) reads off the log."""
+    for line in iter(source.readline, ""):
+        sink.write(f"{time.monotonic() - t0:7.2f} {line}")
+        sink.flush()
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--matrix", required=True)
@@ -147,7 +155,10 @@ def main(argv: list[str]) -> int:
         stop = threading.Event()
         t1 = time.monotonic()
         threading.Thread(target=first_write, args=(table, t1, stop, got), daemon=True).start()
-        proc = subprocess.Popen(run, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(run, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        copier = threading.Thread(target=stamped, args=(proc.stdout, fh, t1), daemon=True)
+        copier.start()
         rc: int | None = None
         try:
             rc = proc.wait(timeout=args.limit)
@@ -160,6 +171,7 @@ def main(argv: list[str]) -> int:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         run_s = time.monotonic() - t1
+        copier.join(timeout=10)
         stop.set()
         ab: dict[str, float | None] = {}
         if args.cold:
@@ -168,9 +180,10 @@ def main(argv: list[str]) -> int:
                 fh.write(f"\n== {name}: the quick level again, --fresh {' '.join(extra)}\n")
                 fh.flush()
                 t2 = time.monotonic()
-                again = subprocess.run([*run, "--level", "quick", "--fresh", "--no-report", *extra], cwd=ROOT,
-                                       env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=args.limit)
-                ab[name] = round(time.monotonic() - t2, 1) if again.returncode == 0 else None
+                again = subprocess.Popen([*run, "--level", "quick", "--fresh", "--no-report", *extra], cwd=ROOT,
+                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                stamped(again.stdout, fh, t2)
+                ab[name] = round(time.monotonic() - t2, 1) if again.wait(timeout=args.limit) == 0 else None
     objects = sum(1 for _ in jit.rglob("*.o")) if jit.is_dir() else 0
     result = {
         "backend": "local" if args.case == "local" else "venv", "case": args.case, "host_class": host_class(),
