@@ -15,6 +15,8 @@ try:
     import signal
     from collections.abc import Callable
     from types import FrameType
+
+    from common import home
 except KeyboardInterrupt:  # Ctrl-C before any handler could be set
     os.write(2, f"{os.path.basename(sys.argv[0])}: interrupted\n".encode())
     os._exit(INTERRUPTED)
@@ -37,6 +39,10 @@ def _run(name: str, module: str) -> int:
         main = importlib.import_module(module).main
     finally:
         signal.signal(signal.SIGINT, previous)  # the command handles Ctrl-C itself from here on
+    problem = home.check_private()  # an installed wheel's cache folder: the user's alone, or no command runs
+    if problem:
+        sys.stderr.write(f"{name}: {problem}\n")
+        return 2
     try:
         return int(main())
     except KeyboardInterrupt:  # between the handlers: the command's own catch was not yet reached

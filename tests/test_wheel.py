@@ -1,8 +1,8 @@
 """stackprobe installed, not cloned: the wheel `uv build` makes runs `checks run --backend local --python PY` from
-an empty folder through `uvx`, writes its results, table and caches only there, and its probe processes
-import the in-environment package from that folder's cache, with none of stackprobe's own dependencies on
-their path. Real: the wheel is built here, uvx installs it, the target is this checkout's venv (CPU torch, real
-gloo ranks)."""
+an empty folder through `uvx`, writes its results and table only there and its caches in the user's cache folder,
+and its probe processes import the in-environment package from that folder's .cache/code, with none of
+stackprobe's own dependencies on their path. Real: the wheel is built here, uvx installs it, the target is this
+checkout's venv (CPU torch, real gloo ranks)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def uvx_checks(whl: Path, cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``checks ARGS`` of the wheel in ``cwd``, its user's cache folder (XDG_CACHE_HOME) beside ``cwd`` unless
+    ``env`` names one; uv keeps its own cache."""
+    uv_cache = subprocess.run([str(UV), "cache", "dir"], capture_output=True, text=True).stdout.strip()
     run_env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    run_env.update({"UV_CACHE_DIR": uv_cache, "XDG_CACHE_HOME": str(cwd.parent / "xdg")})
     run_env.update(env or {})
     return subprocess.run([str(UV), "tool", "run", "--from", str(whl), "checks", *args], cwd=cwd, env=run_env,
                           capture_output=True, text=True, timeout=900)
@@ -96,8 +100,27 @@ def test_uvx_runs_every_probe_from_an_empty_folder_and_writes_only_there(wheel: 
     assert "inventory" in (work / "results" / "compatibility.md").read_text()
     assert not (work / "docs").exists()  # an installed wheel writes no docs/ into a user's folder
     # the probes' copy of the in-environment package, and nothing else, is cached there
+    assert [p.name for p in (work / ".cache").iterdir()] == ["code"]
     [copy] = (work / ".cache" / "code").iterdir()
     assert [p.name for p in copy.iterdir()] == ["inenv"]
+    # the caches whose content runs (here the JIT libraries' store) are in the user's cache folder, mode 700
+    xdg = tmp_path / "xdg" / "stackprobe"
+    assert xdg.is_dir() and xdg.stat().st_mode & 0o777 == 0o700 and (xdg / "compile").is_dir()
+
+
+def test_a_cache_folder_others_may_write_stops_every_command_with_one_line(wheel: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    shared = tmp_path / "shared"
+    (shared / "stackprobe").mkdir(parents=True)
+    (shared / "stackprobe").chmod(0o777)
+    proc = uvx_checks(wheel, work, "run", "--backend", "local", "--python", sys.executable, "--probe", "inventory",
+                      env={"XDG_CACHE_HOME": str(shared)})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip() == (f"checks: {shared / 'stackprobe'}: others may write it (mode 777); stackprobe "
+                                   "runs code it keeps there only from a folder of this user's alone: remove it, "
+                                   "or set XDG_CACHE_HOME to a folder of yours (mode 700)")
+    assert not (work / "results").exists() and not (work / ".cache").exists()
 
 
 def test_probe_processes_import_the_copy_and_no_host_side_package(wheel: Path, tmp_path: Path) -> None:
