@@ -100,6 +100,56 @@ def test_import_counts_results_claiming_this_checkouts_probe_code(tmp_path: Path
         assert f"{said} this checkout's probe code" in capsys.readouterr().err
 
 
+def test_an_imported_run_that_claims_this_checkouts_probe_code_keeps_its_rerun_mark(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The hash an imported result records is the bundle's claim: the page marks it for a rerun all the same,
+    while the same lines written here (no origin record) by a clean commit of this code are current."""
+    from checks.report.report import STALE_MARK
+
+    claim = current_probe_hashes()["host-p2p"]
+    bundle = tmp_path / "claim.json"
+    _forged_bundle(bundle, with_manifest=True, probe_hash=claim)
+    res = tmp_path / "results"
+    assert _main("import", bundle, "--results", res) == 0
+    out = tmp_path / "page.md"
+
+    def page() -> str:
+        capsys.readouterr()
+        assert _main("report", "--results", res, "--out", out) == 0
+        return out.read_text()
+
+    md = page()
+    assert STALE_MARK in md and "measured elsewhere and imported" in md
+    (res / H2 / f"{FORGED}.origin.json").unlink()  # the same run, as if made here
+    md = page()
+    assert STALE_MARK not in md and "measured elsewhere" not in md
+
+
+def test_import_notes_results_of_a_dirty_checkout_and_names_a_linked_run_as_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bundle = tmp_path / "dirty.json"
+    _forged_bundle(bundle, with_manifest=True)
+    doc = json.loads(bundle.read_text())
+    for r in doc["runs"][0]["results"][:3]:
+        r["code"]["dirty"] = True
+    bundle.write_text(json.dumps(doc))
+    res = tmp_path / "results"
+    capsys.readouterr()
+    assert _main("import", bundle, "--results", res / "a") == 0
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("note: ")]
+    assert len(notes) == 1 and "of 4 result(s), 3 were made by a checkout with uncommitted changes" in notes[0]
+
+    # a run file here that is a symbolic link: said as one, not as a run "with different results"
+    (res / "b" / H2).mkdir(parents=True)
+    (res / "b" / H2 / f"{FORGED}.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    assert _main("import", bundle, "--results", res / "b") == 1
+    err = capsys.readouterr().err
+    said = [ln for ln in err.splitlines() if FORGED in ln and "warning" in ln]
+    assert said and all("different results" not in ln for ln in said), err
+    assert any("its results file under" in ln and "is a symbolic link; refused" in ln for ln in said), err
+    assert not (tmp_path / "elsewhere.jsonl").exists()
+
+
 def _x10(value: object) -> object:
     """Every number under ``value`` times ten (booleans and text kept)."""
     if isinstance(value, dict):

@@ -233,7 +233,8 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
     results = latest_results(all_results)
     quick_runs = {row["run_id"] for row in run_rows if row["quick"]}  # a cell they answer is marked quick
     judges = verdict_code_versions()
-    stale = {r.key: why for r in results if (why := staleness(r, current, judges))}
+    imported = {row["run_id"] for row in run_rows if row["contributed"]}  # their code is the bundle's claim
+    stale = {r.key: why for r in results if (why := staleness(r, current, judges, r.run_id in imported))}
     executors = {str(m.get("run_id")): str(m.get("executor") or "docker") for m in manifests}
     probe_info = dict(probe_info)
     for m in manifests:  # what each run recorded about its probes; newer runs win

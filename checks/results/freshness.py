@@ -8,7 +8,8 @@ the commit, or nobody could tell); both are marked and refreshed alike. A verdic
 after the probe ran (the requirement judge, provenance.VERDICT_CODE) is stale too when the version it records
 of that code is not this checkout's, or when it records none. Verdicts decided without running a
 probe (``not-run``: the image did not build; ``unavailable``: the cell cannot be provisioned) are never
-stale for these reasons.
+stale for these reasons. A verdict of a run imported from another machine (``checks import``) is stale too:
+the code it names is the bundle's claim, which this checkout cannot check (a bundle can copy any hash).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ CHANGED = "changed"
 JUDGE_CHANGED = "judge-changed"
 UNKNOWN_COMMIT = "unknown-commit"
 DIRTY = "dirty"
+CONTRIBUTED = "contributed"
 NOT_BY_PROBE = frozenset({Status.NOT_RUN, Status.UNAVAILABLE})
 _PHRASE = {
     UNRECORDED: "recorded before results named the code that made them",
@@ -35,8 +37,10 @@ _PHRASE = {
                    "checkout's, or by one no result recorded",
     UNKNOWN_COMMIT: "made by code outside a git checkout (commit unknown)",
     DIRTY: "made by code with uncommitted changes, or changes nobody recorded (dirty true or unknown)",
+    CONTRIBUTED: "measured elsewhere and imported: the probe code it names is the bundle's claim, which this "
+                 "checkout cannot check",
 }
-_ORDER = (UNRECORDED, CHANGED, JUDGE_CHANGED, UNKNOWN_COMMIT, DIRTY)
+_ORDER = (UNRECORDED, CHANGED, JUDGE_CHANGED, CONTRIBUTED, UNKNOWN_COMMIT, DIRTY)
 
 
 def why(reasons: frozenset[str]) -> str:
@@ -68,11 +72,13 @@ def judge_changed(result: ProbeResult, judges: Mapping[str, str] | None = None) 
     return not shaped or any(now.get(name) != version for name, version in shaped.items())
 
 
-def staleness(result: ProbeResult, current: Mapping[str, str], judges: Mapping[str, str] | None = None) -> str:
+def staleness(result: ProbeResult, current: Mapping[str, str], judges: Mapping[str, str] | None = None,
+              contributed: bool = False) -> str:
     """"" when ``result`` was made by the current source of its probe (``current``: probe id -> hash) at a
     known, clean commit, and judged by this checkout's host-side code where that shaped it (``judges``: file
     name -> version; default provenance.verdict_code_versions()), else UNRECORDED, CHANGED, JUDGE_CHANGED,
-    UNKNOWN_COMMIT or DIRTY (the first that applies)."""
+    CONTRIBUTED (``contributed``: its run was imported, so its code is a claim), UNKNOWN_COMMIT or DIRTY (the
+    first that applies)."""
     if result.verdict.status in NOT_BY_PROBE:
         return ""
     if result.code is None:
@@ -81,6 +87,8 @@ def staleness(result: ProbeResult, current: Mapping[str, str], judges: Mapping[s
         return CHANGED
     if judge_changed(result, judges):
         return JUDGE_CHANGED
+    if contributed:
+        return CONTRIBUTED
     if result.code.commit == "unknown":
         return UNKNOWN_COMMIT
     return "" if result.code.dirty is False else DIRTY

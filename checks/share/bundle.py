@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -309,6 +310,10 @@ def _import_run(b: Bundle, run: reader.Run, folder: Path, results_dir: Path, imp
         refused.append(Problem(b.path, f"run {run.run_id[:30]!r} would land outside {folder}"))
         return
     if os.path.lexists(path):
+        if why := _not_plain(path):
+            refused.append(Problem(b.path, f"run {name}: its results file under {results_dir} is {why}; refused "
+                                           "(nothing of it written): remove that file, then import again"))
+            return
         have: list[Problem] = []
         existing = reader.read_run(folder, b.host_id, run.run_id, have)
         if not _same(existing.results, run.results):
@@ -333,6 +338,14 @@ def _import_run(b: Bundle, run: reader.Run, folder: Path, results_dir: Path, imp
             mpath.unlink(missing_ok=True)
         raise
     imported.append(name)
+
+
+def _not_plain(path: Path) -> str | None:
+    """What ``path`` is when it is not a regular file (a link is said as one, never followed), else None."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISREG(mode):
+        return None
+    return "a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
 
 
 def origin(b: Bundle, run: Run) -> dict[str, Any]:

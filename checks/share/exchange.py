@@ -94,12 +94,22 @@ def share(opts: ShareOptions) -> int:
 
 def claims_current(b: bundle.Bundle, current: Mapping[str, str]) -> tuple[int, int]:
     """(results whose recorded probe hash is this checkout's hash of that probe, results in all): a claim only,
-    since a bundle can copy any hash; the page decides what is current from this checkout's own hashes."""
+    since a bundle can copy any hash; the page marks every imported result for a rerun (checks.results.freshness)."""
     rows = [r for run in b.runs for r in run.results]
     same = sum(1 for r in rows if isinstance(r.get("code"), Mapping)
                and r["code"].get("probe_hash") is not None and r["code"].get("probe_hash") == current.get(
                    str(r.get("probe_id"))))
     return same, len(rows)
+
+
+def unclean(b: bundle.Bundle) -> tuple[int, int]:
+    """(results made by a checkout with uncommitted changes or changes nobody recorded: dirty true or unknown,
+    results made by code of no known commit or that record no code), as the bundle's results say."""
+    rows = [r.get("code") for run in b.runs for r in run.results]
+    dirty = sum(1 for c in rows if isinstance(c, Mapping) and c.get("dirty") is not False
+                and c.get("commit") != provenance.UNKNOWN)
+    unknown = sum(1 for c in rows if not isinstance(c, Mapping) or c.get("commit") == provenance.UNKNOWN)
+    return dirty, unknown
 
 
 @dataclass(frozen=True)
@@ -190,8 +200,13 @@ def import_bundles(opts: ImportOptions, advice_of: AdviceOf | None = None) -> in
             continue
         same, total = claims_current(b, current)
         print(f"{reader.shown(path)}: contributed results of host {b.host_id}, measured by stackprobe "
-              f"{_commits(b)}; {same} of {total} claim this checkout's probe code (a claim: the page marks "
-              "for a rerun every result whose probe hash this checkout does not compute itself)", file=sys.stderr)
+              f"{_commits(b)}; {same} of {total} claim this checkout's probe code (a claim a bundle can "
+              "copy: the page marks every imported result for a rerun)", file=sys.stderr)
+        dirty, unknown = unclean(b)
+        if dirty or unknown:
+            print(f"note: {reader.shown(path)}: of {total} result(s), {dirty} were made by a checkout with "
+                  f"uncommitted changes (dirty true or unknown) and {unknown} by code of no known commit: no commit "
+                  "names the code that made them, and the page marks them for a rerun", file=sys.stderr)
         if (claim := bundle.claim_problem(b, opts.results, own)) is not None:
             _warn([claim])
             code = max(code, 1)
