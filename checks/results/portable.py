@@ -17,8 +17,8 @@ import re
 from checks.results.result import ProbeResult
 
 # The folders a clone keeps inside itself that notes name (venv cells, the caches, the project's environment).
-_IN_CLONE = re.compile(r"(?<![\w.~$-])/(?:[^\s/'\"`]+/)*?(?=(?:\.cache/(?:venvs|compile|pycache|fi-venv-[^\s/]*|"
-                       r"kernels|registry)|\.venv)/)")
+_IN_CLONE = re.compile(r"(?<![\w.~$-])/(?:[^\s/'\"`]+/)*?(?=(?:\.cache/(?:venvs(?:-[^\s/]*)?|compile|pycache|"
+                       r"fi-venv-[^\s/]*|kernels|registry)|\.venv)/)")
 _HOME = re.compile(r"(?<![\w.~$-])/(?:root|home/[^\s/'\"`]+)(?=/|\b)")
 _TMP = re.compile(r"(?<![\w.~$-])/(?:var/)?tmp(?=/|\b)(?:/(?P<name>[^\s/'\"`\])]+))?")
 _MADE_UP = re.compile(r"(?<=.)[a-z0-9_]{8}$")  # mkdtemp's names end in 8 characters of [a-z0-9_]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from checks.results import portable
 from checks.results.hostfacts import safe_env
 from checks.results.result import Verdict
 from checks.run import classify, isolate, serving
@@ -197,6 +198,10 @@ class LocalExecutor:
         resolved = shutil.which(self.python) if os.sep not in self.python else self.python
         if not resolved or not os.access(resolved, os.X_OK):
             raise ExecutorError(f"{self._what}: no such executable interpreter")
+        try:
+            code_path()  # the probes' code, checked before any process imports it
+        except home.CacheError as exc:
+            raise ExecutorError(exc.line()) from None
         object.__setattr__(self, "_servers", serving.ServerPool(self.python, self.env))
 
     @property
@@ -266,7 +271,7 @@ class LocalExecutor:
         else:
             p = isolate.run_isolated(cmd, self.env(), limit)
         verdict = classify.from_process(p, catalogue, limit)
-        return verdict.with_evidence(command=" ".join(cmd[:3] + [variant.probe_id]))
+        return verdict.with_evidence(command=portable.text(" ".join(cmd[:3] + [variant.probe_id]), str(home.WORK_ROOT)))
 
 
 @functools.cache

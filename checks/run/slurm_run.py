@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from checks.results import hostfacts, ids
+from checks.results import hostfacts, ids, portable
 from checks.results.result import Verdict
 from checks.results.store import RunStore
 from checks.run import cells, classify, slurm_acct, slurm_jobs, slurm_site
@@ -47,12 +47,12 @@ from checks.run.runner import Hooks, Recorder, RunReport, Work, begin, iso, leve
 from checks.run.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
 from common import cellid, reasons
 from common.caches import compile_cache_dir
-from common.home import CACHE_ROOT
+from common.home import WORK_CACHE, WORK_ROOT
 from inenv import atomic
 from inenv.registry import PROBE_PATH_ENV
 from inenv.status import Status
 
-JOBS_ROOT = CACHE_ROOT / "slurm"  # the checkout's .cache, or the current folder's for an installed wheel
+JOBS_ROOT = WORK_CACHE / "slurm"  # the checkout's .cache, or the current folder's for an installed wheel
 POLL_ENV = "STACKPROBE_SLURM_POLL_S"
 DEFAULT_POLL_S = 5.0  # one squeue per poll: gentle on a site's controller
 END_WAIT_S = 30.0  # a job that left the queue: how long its record (and its files, on NFS) may lag
@@ -219,7 +219,7 @@ class Tracker:
             item = self.items[index]
             v = classify.from_process(p, self.catalogue, hard)
             python = self.launches[job.plan.cell_id].python
-            v = v.with_evidence(command=f"{python} -m inenv.worker {item.spec.id}",
+            v = v.with_evidence(command=portable.text(f"{python} -m inenv.worker {item.spec.id}", str(WORK_ROOT)),
                                 slurm={"job": job.job_id, "node": (job.facts or {}).get("slurm", {}).get("node")})
             job.recorded.add(index)
             self.record(index, v, store, started_iso(job.folder, index))
