@@ -105,6 +105,10 @@ class ProbeSpec:
     # case, untimed) to the full pass: for a probe whose answer is its timings, run on backends whose set-up
     # and agreement the feature probes' own quick variants already answer (step)
     quick_shallow: bool = True
+    # Seconds a rank's progress record (inenv.progress) may stand still while it replays before the launcher
+    # treats the rank as hung, well before ``timeout_s``; 0: the probe writes no records. The probe's ranks
+    # write it into their records, so every launcher that watches them applies it.
+    stall_s: float = 0.0
 
     def __post_init__(self) -> None:
         floors = [self.min_ranks, *(n for _, _, n in self.min_ranks_by_param)]

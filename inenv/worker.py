@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from inenv import envinfo, gpugate, rank
+from inenv import envinfo, gpugate, progress, rank
 from inenv.lifetime import SCRATCH_ENV, die_with_parent
 from inenv.probe import RESULT_MARKER, Variant, combine_worst, outcome, untimed
 from inenv.registry import ProbeLocation, ProbeNotFound, find
@@ -44,6 +44,7 @@ PEER_GRACE_S = 5.0  # after a rank died without an outcome: time the others get 
 FAILED_PEER_GRACE_S = 10.0  # after a rank reported a failure: time the silent others get to report
 STACK_DUMP_WAIT_S = 1.0
 KEPT = "kept"  # a rank's ``exit`` in the evidence when it was kept running for the next variant (inenv.warm)
+STALLED = "stalled"  # how a rank ended by the stall watchdog is described (its ``stopped`` starts with it)
 
 
 @contextlib.contextmanager
@@ -203,6 +204,8 @@ class LaunchResult:
     ranks: list[dict[str, Any]] = field(default_factory=list)
     log_tails: dict[str, str] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)  # where the seconds went (phases())
+    # each rank's last progress record (inenv.progress), for ranks that wrote one: where a hung rank stopped
+    progress: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def _read_outcome(workdir: Path, index: int) -> dict[str, Any] | None:
@@ -345,9 +348,11 @@ def _start_ranks(location: ProbeLocation, variant: Variant, workdir: Path, gpus:
 def _watch(states: list[RankState], workdir: Path, timeout_s: float, peer_grace_s: float,
            failed_grace_s: float) -> bool:
     """Wait for every rank's outcome, ending the ranks a dead or failed peer leaves waiting; True when the
-    watchdog ended them (a hang)."""
+    watchdog ended them (a hang): the soft timeout, or a rank whose progress record (inenv.progress) stood still
+    past the stall deadline it declares."""
     deadline = time.monotonic() + timeout_s
     hang = False
+    watch = progress.Watch(workdir)
     while True:
         now, wall = time.monotonic(), time.time()
         for s in states:
@@ -375,6 +380,17 @@ def _watch(states: list[RankState], workdir: Path, timeout_s: float, peer_grace_
         if failed and wall - min(failed) > failed_grace_s:
             # The others usually wait in a collective for the rank that gave up; the verdict is already `fail`.
             _kill(waiting, f"ended {failed_grace_s:.0f}s after a peer rank reported a failure")
+            break
+        stalled = watch.stalled([s.index for s in waiting], now)
+        if stalled:
+            hang = True
+            _kill(waiting, "", signal.SIGUSR1)  # faulthandler writes every thread's stack to the log
+            time.sleep(STACK_DUMP_WAIT_S)
+            for s in waiting:
+                rec = stalled.get(s.index)
+                s.stopped = s.stopped or (f"{STALLED}: its progress record stood still for {rec.get('stall_s')} s "
+                                          f"({progress.describe(rec)})" if rec else "ended with a peer that stalled")
+            _kill(waiting, "")
             break
         if now > deadline:
             hang = True
@@ -427,7 +443,8 @@ def _collect(states: list[RankState], workdir: Path, hang: bool, finished: float
                 tails[f"rank{s.index}"] = text
         ranks.append(info)
     return LaunchResult(outcomes, complete=all(s.outcome is not None for s in states), hang=hang, ranks=ranks,
-                        log_tails=tails, phases=phases(states, finished, None if gate is None else gate.waited_s))
+                        log_tails=tails, phases=phases(states, finished, None if gate is None else gate.waited_s),
+                        progress=progress.read_all(workdir, (s.index for s in states)))
 
 
 # A silent rank whose stack dump shows it inside a JIT build (ninja run by flashinfer's or torch's extension
@@ -492,7 +509,13 @@ def merge(module: ModuleType, result: LaunchResult) -> dict[str, Any]:
         merged["status"] = Status.NOT_RUN.value
     elif result.hang:
         silent = [r["rank"] for r in result.ranks if "status" not in r]
-        merged = outcome("fail", note=f"watchdog fired; ranks without an outcome: {silent}", reason_code="hang")
+        where = "; ".join(f"rank {i} {progress.describe(rec)}" for i, rec in sorted(result.progress.items()))
+        if any(str(r.get("stopped", "")).startswith(STALLED) for r in result.ranks):
+            merged = outcome("fail", note=f"{STALLED}: ranks without an outcome: {silent}; {where}"[:900],
+                             reason_code="progress-stalled")
+        else:
+            merged = outcome("fail", note=f"watchdog fired; ranks without an outcome: {silent}"
+                             + (f"; {where}" if where else ""), reason_code="hang")
         merged["status"] = Status.HANG.value
     elif result.complete and hasattr(module, "combine"):
         merged = module.combine(result.outcomes)
@@ -509,6 +532,8 @@ def merge(module: ModuleType, result: LaunchResult) -> dict[str, Any]:
         evidence["runtime"] = runtime
     if result.phases:
         evidence["phases"] = result.phases
+    if result.progress and merged.get("status") not in GOOD:
+        evidence["progress"] = {str(i): rec for i, rec in sorted(result.progress.items())}
     merged["evidence"] = evidence
     return world_size_refused(merged, result.ranks)
 
