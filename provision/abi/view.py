@@ -1,5 +1,9 @@
 """`provision abi` shown: the grid extension release x torch build as text for people, JSON for tooling,
-and the plan's warnings for cells whose extension will not load. Pure."""
+and the plan's warnings for cells whose extension will not load. Pure.
+
+Package names, versions, variants and symbol names come from wheels and the indexes made of them: every one is
+escaped for the terminal (common.escape) before it is measured or printed, so no byte of a wheel's metadata
+moves the cursor or reorders a line."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from common import abi
+from common import abi, escape
 from common.catalog import Catalog
 from common.resolve import Resolved
 
@@ -20,21 +24,22 @@ _MIB = 1 << 20
 def grid_lines(g: abi.Grid, detail: bool = False) -> list[str]:
     if not g.torches or not g.extensions:
         return ["no extension or torch build is indexed"]
-    width = max(len(e.label) for e in g.extensions) + 2
-    col = max(7, *(len(t.version) + 1 for t in g.torches), *(len(c.short()) + 1 for c in g.cells))
-    lines = [" " * width + "".join(f"{t.version:<{col}}" for t in g.torches),
-             " " * width + "".join(f"{t.variant:<{col}}" for t in g.torches)]
+    shown = escape.terminal
+    width = max(len(shown(e.label)) for e in g.extensions) + 2
+    col = max(7, *(len(shown(t.version)) + 1 for t in g.torches), *(len(shown(c.short())) + 1 for c in g.cells))
+    lines = [" " * width + "".join(f"{shown(t.version):<{col}}" for t in g.torches),
+             " " * width + "".join(f"{shown(t.variant):<{col}}" for t in g.torches)]
     for e in g.extensions:
         cells = [g.cell(e.label, t.label) for t in g.torches]
-        lines.append(f"{e.label:<{width}}" + "".join(f"{c.short() if c else '-':<{col}}" for c in cells))
+        lines.append(f"{shown(e.label):<{width}}" + "".join(f"{shown(c.short()) if c else '-':<{col}}" for c in cells))
     lines.append(abi.LEGEND)
     found = abi.finding_lines(c.as_dict() for c in g.cells)
     if found:
         lines.append("declared torch pin and binary disagree:")
-        lines += [f"  {line}" for line in found]
+        lines += [f"  {shown(line)}" for line in found]
     if detail:
         lines.append("every cell:")
-        lines += [f"  {c.extension} beside torch {c.torch}: {c.says()}" for c in g.cells]
+        lines += [f"  {shown(c.extension)} beside torch {shown(c.torch)}: {shown(c.says())}" for c in g.cells]
     return lines
 
 
@@ -45,7 +50,8 @@ def summary(made: Sequence[Made], seconds: float, cold: dict[str, Any] | None) -
     for m in made:
         if m.index is None:
             gone.setdefault((m.want.package, m.why), []).append(m.want.wanted_version)
-    lines = [f"  not indexed: {package} {', '.join(versions)}: {why}" for (package, why), versions in gone.items()]
+    lines = [escape.terminal(f"  not indexed: {package} {', '.join(versions)}: {why}")
+             for (package, why), versions in gone.items()]
     streamed = sum(m.read_bytes for m in new)
     now = (f"made {len(new)} now ({sum(m.origin == 'uv cache' for m in new)} from uv's cache, "
            f"{sum(m.origin == 'registry' for m in new)} streamed from the registry: {streamed / _MIB:.0f} MiB "
@@ -92,5 +98,6 @@ def cell_warnings(cells: Sequence[Resolved], catalog: Catalog, torches: Sequence
             cell = abi.judge(ext, build, abi.stable_floor(ext, torches))
             if not cell.loads:
                 read = "" if variant == torch.variant else f" (symbols read from the {torch.label} wheel)"
-                out.append(f"{r.cell_id}: {ext.label} will not load beside torch {build.label}: {cell.says()}{read}")
+                out.append(escape.terminal(f"{r.cell_id}: {ext.label} will not load beside torch {build.label}: "
+                                           f"{cell.says()}{read}"))
     return out
