@@ -7,24 +7,40 @@ That process says where it is in a log; this module is how the others find it: :
 it lives, and :func:`wait` waits for it and shows its lines as they come (at least one line a ``tick_s``). A
 later `provision build` waits for it before it starts, and `checks run` before its full pass, so the full pass
 loads what the stage carried instead of compiling it a second time.
+
+One stage runs per folder: its process holds the folder's lock (:func:`take_lock`, an flock on ``stage.lock``)
+from before its log is opened until it ends, so a second `provision build` started at the same moment finds it
+taken and waits for the first (:class:`StageBusy`) instead of truncating the same log. The state file is read
+as untrusted: its log must be a regular file directly in the folder (a link, a FIFO or a device named there is
+refused with one line, never opened), and its pid a live stage of this folder (the process's command line names
+the stage's module and this folder's job file). Every line of the log reaches the terminal escaped.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import escape
 from common.home import CACHE_ROOT
 from common.progress import duration
 from inenv import atomic
 
 FOLDER = CACHE_ROOT / "kernels"
 STATE = "stage.json"  # {pid, started, log, builds}: written by provision.kernels.start while it runs
+JOB = "stage-job.json"  # what the stage builds: its path is on the stage's command line
+LOCK = "stage.lock"  # held by the running stage (and by whoever is starting one)
+LOG = "stage.log"
 MARKER = "provision.kernels"  # in the process's command line: a reused pid is not taken for the stage
 TICK_S = 30.0
+MAX_STATE_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -35,51 +51,164 @@ class Stage:
     builds: int  # module builds it was given (most are found done when nothing changed)
 
 
+class StageBusy(OSError):
+    """Another process holds the folder's stage lock: a stage is running or being started."""
+
+
 def state_path(folder: Path | None = None) -> Path:
     return (folder or FOLDER) / STATE
 
 
-def _alive(pid: int, settle_s: float = 2.0) -> bool:
-    """Whether ``pid`` is a live kernel-stage process (its command line names the stage's module). A process
-    that has just started shows an empty command line for a moment: it is read again for up to ``settle_s``."""
+def job_path(folder: Path | None = None) -> Path:
+    return (folder or FOLDER) / JOB
+
+
+def take_lock(folder: Path | None = None) -> int:
+    """The folder's stage lock, taken without waiting: an open descriptor holding it (the stage's process
+    inherits it and holds it until it ends). StageBusy when another process holds it."""
+    folder = folder or FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StageBusy(f"{folder / LOCK}: another `provision build` runs the kernel stage") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def locked(folder: Path | None = None) -> bool:
+    """Whether a stage holds (or is taking) the folder's lock now."""
+    try:
+        fd = take_lock(folder)
+    except StageBusy:
+        return True
+    except OSError:
+        return False
+    os.close(fd)
+    return False
+
+
+def _cmdline(pid: int) -> list[bytes] | None:
+    """The process's arguments, or None when it is gone or a zombie."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    return None if state == "Z" else cmdline.split(b"\0")
+
+
+def _alive(pid: int, folder: Path | None = None, settle_s: float = 2.0) -> bool:
+    """Whether ``pid`` is a live kernel stage of ``folder``: its command line names the stage's module and this
+    folder's job file. A process that has just started shows an empty command line for a moment: it is read
+    again for up to ``settle_s``."""
+    wanted = os.fsencode(job_path(folder).absolute())
     deadline = time.monotonic() + settle_s
     while True:
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+        args = _cmdline(pid)
+        if args is None:
             return False
-        if state == "Z":
-            return False
-        if cmdline or time.monotonic() >= deadline:
-            return MARKER.encode() in cmdline
+        if any(args) or time.monotonic() >= deadline:
+            return MARKER.encode() in args and wanted in args
         time.sleep(0.05)
 
 
-def running(folder: Path | None = None) -> Stage | None:
-    """The kernel stage running now, or None (no state file, a stale one, or one that cannot be read)."""
-    folder = folder or FOLDER
+def _read_state(folder: Path) -> dict | None:
+    """The state file's object, read without following a link and only from a regular file of bounded size."""
     try:
-        data = json.loads(state_path(folder).read_text())
-        stage = Stage(int(data["pid"]), float(data["started"]), Path(str(data["log"])), int(data.get("builds", 0)))
-    except (OSError, ValueError, KeyError, TypeError):
+        fd = os.open(state_path(folder), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
-    return stage if _alive(stage.pid) else None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        raw = f.read(MAX_STATE_BYTES + 1)
+    try:
+        data = json.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
-def wait(say: Callable[[str], None], folder: Path | None = None, tick_s: float = TICK_S, poll_s: float = 1.0) -> bool:
-    """Wait for the running kernel stage, saying each line its log gains and, when it is silent for ``tick_s``,
-    that it is still running and for how long; True when there was one to wait for. Ctrl-C stops the wait
-    (KeyboardInterrupt), never the stage."""
-    stage = running(folder)
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def log_problem(log: Path, folder: Path) -> str | None:
+    """Why ``log`` may not be read as the stage's log: not directly in ``folder``, missing, a link, or not a
+    regular file (a FIFO would block the reader, a device fill the terminal); None when it may."""
+    if log.parent.absolute() != folder.absolute() or log.name in ("", ".", ".."):
+        return f"is not in {escape.terminal(folder)}"
+    try:
+        st = log.lstat()
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a link"
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or \
+            stat.S_ISBLK(st.st_mode) else "not a regular file"
+        return f"is {kind}"
+    return None
+
+
+def stage_of(folder: Path | None = None) -> Stage | str | None:
+    """The kernel stage of ``folder`` running now; a line saying why the state file is refused (its log not a
+    regular file of the folder); or None (no state file, a stale one, one that cannot be read)."""
+    folder = folder or FOLDER
+    data = _read_state(folder)
+    if data is None:
+        return None
+    pid, builds, started, log = _int(data.get("pid")), _int(data.get("builds", 0)), data.get("started"), \
+        data.get("log")
+    if pid is None or pid <= 0 or builds is None or not isinstance(started, (int, float)) \
+            or isinstance(started, bool) or not isinstance(log, str) or not log:
+        return None
+    if not _alive(pid, folder):
+        return None
+    why = log_problem(Path(log), folder)
+    if why:
+        return (f"{escape.terminal(state_path(folder))}: its log {escape.terminal(log)} {why}; not read (the stage "
+                f"writes {LOG} in {escape.terminal(folder)}): remove {STATE} if no `provision build` of yours "
+                "started it")
+    return Stage(pid, float(started), Path(log), builds)
+
+
+def running(folder: Path | None = None) -> Stage | None:
+    """The kernel stage running now, or None (no state file, a stale or refused one, one that cannot be read)."""
+    stage = stage_of(folder)
+    return stage if isinstance(stage, Stage) else None
+
+
+def wait(say: Callable[[str], None], folder: Path | None = None, tick_s: float = TICK_S, poll_s: float = 1.0,
+         start_s: float = 10.0) -> bool:
+    """Wait for the running kernel stage, saying each line its log gains (escaped for the terminal) and, when it
+    is silent for ``tick_s``, that it is still running and for how long; True when there was one to wait for. A
+    stage being started (its lock taken, its state not yet written) is given ``start_s`` to write it; a refused
+    state file is said in one line and not waited on. Ctrl-C stops the wait (KeyboardInterrupt), never the
+    stage."""
+    folder = folder or FOLDER
+    stage = stage_of(folder)
+    deadline = time.monotonic() + start_s
+    while stage is None and locked(folder) and time.monotonic() < deadline:
+        time.sleep(min(poll_s, 0.2))
+        stage = stage_of(folder)
+    if isinstance(stage, str):
+        say(stage)
+        return False
     if stage is None:
         return False
     say(f"waiting for the kernel stage `provision build` started (pid {stage.pid}, {stage.builds} module "
-        f"build(s), running for {duration(time.time() - stage.started)}; its log: {_shown(stage.log)})")
+        f"build(s), running for {duration(time.time() - stage.started)}; its log: "
+        f"{escape.terminal(_shown(stage.log))})")
     seen = _size(stage.log)
     last = time.monotonic()
-    while _alive(stage.pid):
+    while _alive(stage.pid, folder):
         time.sleep(poll_s)
         lines, seen = _new_lines(stage.log, seen)
         for line in lines:
@@ -95,26 +224,42 @@ def wait(say: Callable[[str], None], folder: Path | None = None, tick_s: float =
     return True
 
 
-def _size(path: Path) -> int:
+def _open_regular(path: Path) -> int | None:
+    """A descriptor of ``path`` opened for reading without following a link, blocking on a FIFO or taking a
+    terminal, kept only when it is a regular file."""
     try:
-        return path.stat().st_size
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _size(path: Path) -> int:
+    fd = _open_regular(path)
+    if fd is None:
         return 0
+    with contextlib.closing(os.fdopen(fd, "rb")) as f:
+        return os.fstat(f.fileno()).st_size
 
 
 def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
-    """The complete lines ``path`` gained past ``offset``, and the offset after them."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            chunk = f.read(1 << 20)
-    except OSError:
+    """The complete lines ``path`` gained past ``offset``, each escaped for the terminal, and the offset after
+    them; nothing from a file that is not (or no longer) a regular file."""
+    fd = _open_regular(path)
+    if fd is None:
         return [], offset
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        chunk = f.read(1 << 20)
     end = chunk.rfind(b"\n")
     if end < 0:
         return [], offset
     text = chunk[: end + 1].decode(errors="replace")
-    return [ln for ln in text.splitlines() if ln.strip()], offset + end + 1
+    lines = (ln.removesuffix("\r") for ln in text.split("\n"))  # a lone \r or \u2028 shows, ends no line
+    return [escape.terminal(ln) for ln in lines if ln.strip()], offset + end + 1
 
 
 def _shown(path: Path) -> str:
@@ -133,8 +278,7 @@ def write_state(stage: Stage, folder: Path | None = None) -> None:
 
 def clear(pid: int, folder: Path | None = None) -> None:
     """Remove the state file when it names ``pid`` (a newer stage's file stays)."""
-    try:
-        if json.loads(state_path(folder).read_text()).get("pid") == pid:
+    data = _read_state(folder or FOLDER)
+    if data is not None and _int(data.get("pid")) == pid:
+        with contextlib.suppress(OSError):
             state_path(folder).unlink()
-    except (OSError, ValueError, AttributeError):
-        pass

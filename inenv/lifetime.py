@@ -68,3 +68,54 @@ def end_all_with_env(name: str, value: str, exclude: frozenset[int] = frozenset(
             killed.add(pid)
         time.sleep(0.01)
     return len(killed)
+
+
+def _proc_stat(pid: str) -> tuple[str, int, int] | None:
+    """(state, parent pid, process group) of a process from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(") ", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def below(root: int, group: int | None = None) -> set[int]:
+    """Live processes under ``root`` (its children, theirs, ...) and, with ``group``, every live member of that
+    process group; ``root`` and this process left out, zombies too."""
+    parents: dict[int, list[int]] = {}
+    members: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        st = _proc_stat(entry)
+        if st is None or st[0] == "Z":
+            continue
+        parents.setdefault(st[1], []).append(int(entry))
+        if group is not None and st[2] == group:
+            members.add(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return (found | members) - {root, os.getpid()}
+
+
+def end_below(root: int, group: int | None = None, rounds: int = 50) -> int:
+    """Stop every process :func:`below` finds (again until no new one shows: a stopped process forks no more and
+    its children stay findable under it), then kill them all; how many were killed."""
+    stopped: set[int] = set()
+    for _ in range(rounds):
+        new = below(root, group) - stopped
+        if not new:
+            break
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= new
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(stopped)

@@ -141,12 +141,11 @@ def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOption
     kinds = sorted({backend_of[c] for c in cells_of})
     for kind in kinds:
         mine = [c for c in cells_of if backend_of[c] == kind]
+        job = {"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
+               "kernels_root": str(kernels.KERNELS), "archs": {c: list(archs[c]) for c in mine},
+               "modules": list(kernels.LONG_MODULES), "builds": sum(1 for j in todo if j.cell_id in mine)}
         try:
-            stage = kernels.start({"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
-                                   "kernels_root": str(kernels.KERNELS),
-                                   "archs": {c: list(archs[c]) for c in mine},
-                                   "modules": list(kernels.LONG_MODULES),
-                                   "builds": sum(1 for j in todo if j.cell_id in mine)})
+            stage = start_stage(job, lambda line: report("", line))
         except OSError as exc:
             report("", f"kernels: the long modules' stage could not be started ({exc}); they are built here")
             return kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
@@ -156,6 +155,24 @@ def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOption
         if kind != kinds[-1]:
             kernelstage.wait(lambda line: report("", line))  # one stage at a time
     return records
+
+
+def start_stage(job: dict[str, Any], say: Callable[[str], None], folder: Path | None = None,
+                attempts: int = 3) -> kernelstage.Stage:
+    """Start the kernel stage; while another `provision build` holds the folder's stage lock (two started
+    together), say so, wait for its stage (showing its lines) and try again: one stage at a time, each with its
+    own log. kernelstage.StageBusy when it is still held after ``attempts`` waits."""
+    tried = 0
+    while True:
+        try:
+            return kernels.start(job, folder)
+        except kernelstage.StageBusy:
+            tried += 1
+            if tried >= attempts:
+                raise
+            say("kernels: another `provision build` runs the kernel stage; waiting for it before starting this "
+                "one's")
+            kernelstage.wait(say, folder)
 
 
 def shown_path(path: Path) -> str:

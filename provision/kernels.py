@@ -27,6 +27,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,7 @@ from common.caches import CODE_ROOT, compile_cache_dir
 from common.celltoolkit import base_env, cell_env
 from common.home import CACHE_ROOT
 from common.progress import Ticker, duration
-from inenv import atomic
+from inenv import atomic, lifetime
 from inenv.kit import _carried
 from inenv.kit._compile_cache import CELL_ENV
 from inenv.kit._compile_cache import ENV as COMPILE_CACHE_ENV
@@ -356,10 +357,12 @@ class DockerCarrier:
         with tempfile.TemporaryDirectory(prefix="stackprobe-kernel-build-") as scratch:
             cidfile = Path(scratch) / "cid"
             self.running[job.module] = cidfile
+            BUILDING[cidfile] = self.docker  # a stopped stage kills the container too (stop_builds)
             try:
                 return self._compile(job, out_dir, cidfile)
             finally:
                 self.running.pop(job.module, None)
+                BUILDING.pop(cidfile, None)
 
     def _compile(self, job: Job, out_dir: Path, cidfile: Path) -> dict[str, Any]:
         args = ["run", "--rm", "--cidfile", str(cidfile), "--network", "none", "-w", "/tmp",
@@ -860,21 +863,56 @@ def finish(rec: dict[str, Any], carrier: Carrier, folder: Path, kernel_dir: Path
 # modules are built and installed as `provision build --wait-kernels` builds them in its own run, and the lines
 # it says go to the log the state file names, one event a line.
 def start(job: dict[str, Any], folder: Path | None = None) -> kernelstage.Stage:
-    """Write the job, start the stage's process (its own session: Ctrl-C in the terminal that started
-    `provision build` does not reach it, and nothing waits on it) and record it in the state file
-    (``folder``: common.kernelstage's, unless given)."""
-    folder = folder or kernelstage.FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
-    job_path = folder / "stage-job.json"
-    job_path.write_text(json.dumps(job, indent=1))
-    log_path = folder / "stage.log"
-    with open(log_path, "wb") as log:  # one stage at a time (a running one is waited for first): its own log
-        proc = subprocess.Popen([sys.executable, "-m", kernelstage.MARKER, str(job_path)], cwd=CODE_ROOT,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    stage = kernelstage.Stage(proc.pid, time.time(), log_path, int(job.get("builds", 0)))
-    kernelstage.write_state(stage, folder)
+    """Take the folder's stage lock (kernelstage.StageBusy when another process holds it), write the job, start
+    the stage's process (its own session: Ctrl-C in the terminal that started `provision build` does not reach
+    it, and nothing waits on it; it inherits the lock and holds it until it ends) and record it in the state
+    file (``folder``: common.kernelstage's, unless given). Nothing is written through a link: the job and the
+    state are replaced by renames, the log opened with O_NOFOLLOW."""
+    folder = (folder or kernelstage.FOLDER).absolute()
+    lock = kernelstage.take_lock(folder)
+    try:
+        job_path = kernelstage.job_path(folder)
+        atomic.write_text(job_path, json.dumps(job, indent=1))
+        log_path = folder / kernelstage.LOG
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", kernelstage.MARKER, str(job_path)], cwd=CODE_ROOT,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, pass_fds=(lock,))
+        finally:
+            os.close(log)
+        stage = kernelstage.Stage(proc.pid, time.time(), log_path, int(job.get("builds", 0)))
+        kernelstage.write_state(stage, folder)
+    finally:
+        os.close(lock)  # the stage's own copy holds the lock from here
     return stage
+
+
+# The containers the stage's Docker builds run in (their cidfiles): a stopped stage kills them, since a
+# container goes on when the `docker run` that started it is killed.
+BUILDING: dict[Path, Docker] = {}
+
+
+def stop_builds(signum: int, folder: Path) -> None:
+    """End every build the stage started and the stage itself: the containers of its Docker builds, then every
+    process under it or in its process group (compilers included), stopped first so none forks away; its state
+    file is removed and the stage exits with 128 + the signal's number. For SIGTERM and SIGINT."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    killed = 0
+    for cidfile, docker in list(BUILDING.items()):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            cid = cidfile.read_text().strip()
+            if cid and docker.run("kill", cid, timeout=60).returncode == 0:
+                killed += 1
+    group = os.getpgrp() if os.getpgrp() == os.getpid() else None  # its own session's group: none of the caller's
+    killed += lifetime.end_below(os.getpid(), group)
+    with contextlib.suppress(OSError, ValueError, RuntimeError):  # RuntimeError: a write of the stage's own cut
+        sys.stdout.write(f"{time.strftime('%H:%M:%S')} kernels: the stage was stopped ({signal.Signals(signum).name}):"
+                         f" {killed} build process(es) and container(s) ended with it\n")
+        sys.stdout.flush()
+    kernelstage.clear(os.getpid(), folder)
+    os._exit(128 + signum)
 
 
 def run(job: dict[str, Any], log: Any) -> int:
@@ -906,13 +944,16 @@ def _main(argv: list[str]) -> int:
     if len(argv) != 1:
         sys.stderr.write("usage: python -m provision.kernels JOB.json\n")
         return 2
+    folder = Path(argv[0]).parent
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stopping the stage stops what it started
+        signal.signal(sig, lambda signum, frame: stop_builds(signum, folder))
     try:
         with contextlib.suppress(OSError):
             os.nice(10)  # the quick pass `checks run` answers with meanwhile comes first; its builds inherit this
         job = json.loads(Path(argv[0]).read_text())
         return run(job, sys.stdout)
     finally:
-        kernelstage.clear(os.getpid(), Path(argv[0]).parent)
+        kernelstage.clear(os.getpid(), folder)
 
 
 if __name__ == "__main__":

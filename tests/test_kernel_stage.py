@@ -5,8 +5,12 @@ while it is silent, and its state file names it only while it lives."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,9 +20,11 @@ from common import backend, kernelstage
 from provision import kernels
 
 
-def _stand_in(folder: Path, script: str) -> subprocess.Popen[bytes]:
-    """A process whose command line names the stage's module (as the real one's does), running ``script``."""
-    return subprocess.Popen([sys.executable, "-c", script, kernelstage.MARKER], cwd=folder)
+def _stand_in(folder: Path, script: str, **kw: object) -> subprocess.Popen[bytes]:
+    """A process whose command line names the stage's module and ``folder``'s job file (as the real one's
+    does), running ``script``."""
+    return subprocess.Popen([sys.executable, "-c", script, kernelstage.MARKER, str(kernelstage.job_path(folder))],
+                            cwd=folder, **kw)  # type: ignore[call-overload]
 
 
 def test_wait_shows_the_stage_lines_and_ticks_while_it_is_silent(tmp_path: Path) -> None:
@@ -258,3 +264,202 @@ def test_the_time_left_grows_while_a_running_build_overruns_and_never_jumps_when
     after, basis = progress.left_s(0.0)
     assert after * cores == 100.0 * 3.0  # the same scale as the reading before it ended: no jump
     assert basis == "by fi-jit's declared build costs x3.00 as this stage's finished builds ran"
+
+
+# --- the stage's state is untrusted; one stage per folder; a stopped stage stops its builds ---------------------
+def _raw(lines: list[str]) -> list[str]:
+    return [line for line in lines if any(c in line for c in "\x1b\x07\x9b\u202e\u200b\r")]
+
+
+def test_every_log_line_reaches_the_terminal_escaped(tmp_path: Path) -> None:
+    log = tmp_path / kernelstage.LOG
+    log.write_text("")
+    script = (f"import time\nlog = open({str(log)!r}, 'a')\n"
+              "log.write('c kernels: \\x1b]0;owned\\x07\\x1b[2J\\u202eevil\\u200b done\\rX\\u2028Y\\r\\n')\n"
+              "log.flush()\n"
+              "time.sleep(1.0)\n")
+    proc = _stand_in(tmp_path, script)
+    kernelstage.write_state(kernelstage.Stage(proc.pid, time.time(), log, 1), tmp_path)
+    said: list[str] = []
+    assert kernelstage.wait(said.append, tmp_path, poll_s=0.1)
+    proc.wait()
+    assert _raw(said) == []
+    assert "c kernels: \\x1b]0;owned\\x07\\x1b[2J\\u202eevil\\u200b done\\rX\\u2028Y" in said, said
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "link", "outside", "folder"])
+def test_a_log_that_is_not_a_regular_file_of_the_folder_is_refused_with_one_line_never_read(
+        tmp_path: Path, kind: str) -> None:
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    log = folder / kernelstage.LOG
+    if kind == "fifo":  # a reader would block on it for ever
+        os.mkfifo(log)
+    elif kind == "device":  # a device would fill the terminal (here: /dev/zero's)
+        try:
+            os.mknod(log, stat.S_IFCHR | 0o600, os.makedev(1, 5))
+        except PermissionError:
+            pytest.skip("making a device file needs CAP_MKNOD")
+    elif kind == "link":
+        (tmp_path / "secret").write_text("\x1b[2Jsecret\n")
+        log.symlink_to(tmp_path / "secret")
+    elif kind == "outside":
+        log = tmp_path / "elsewhere.log"
+        log.write_text("elsewhere\n")
+    elif kind == "folder":
+        log.mkdir()
+    proc = _stand_in(folder, "import time; time.sleep(30)")
+    try:
+        kernelstage.write_state(kernelstage.Stage(proc.pid, time.time(), log, 1), folder)
+        said: list[str] = []
+        done = threading.Event()
+
+        def waiter() -> None:
+            said.append(str(kernelstage.wait(said.append, folder, poll_s=0.1)))
+            done.set()
+
+        threading.Thread(target=waiter, daemon=True).start()
+        assert done.wait(10), "the wait blocked"
+        assert kernelstage.running(folder) is None
+    finally:
+        proc.kill()
+        proc.wait()
+    [line, returned] = said
+    assert returned == "False"
+    want = {"fifo": "is a FIFO", "device": "is a device", "link": "is a link", "outside": f"is not in {folder}",
+            "folder": "is not a regular file"}[kind]
+    assert line.startswith(f"{kernelstage.state_path(folder)}: its log {log} {want}; not read"), line
+    assert "\n" not in line and "secret" not in line and "elsewhere\n" not in line
+
+
+def test_a_state_naming_a_stage_of_another_folder_or_odd_values_is_no_stage(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    proc = _stand_in(other, "import time; time.sleep(30)")  # a live stage, of another checkout's folder
+    try:
+        log = tmp_path / kernelstage.LOG
+        log.write_text("")
+        kernelstage.write_state(kernelstage.Stage(proc.pid, time.time(), log, 1), tmp_path)
+        assert kernelstage.running(tmp_path) is None
+        for bad in ({"pid": True, "started": 1.0, "log": str(log)}, {"pid": str(proc.pid), "started": 1, "log": "x"},
+                    {"pid": proc.pid, "started": "now", "log": str(log)}, {"pid": proc.pid, "started": 1.0,
+                    "log": ["x"]}, [proc.pid], {"pid": -1, "started": 1.0, "log": str(log)}):
+            kernelstage.state_path(tmp_path).write_text(json.dumps(bad))
+            assert kernelstage.stage_of(tmp_path) is None, bad
+        kernelstage.state_path(tmp_path).unlink()
+        kernelstage.state_path(tmp_path).symlink_to(other / "state.json")  # a linked state file is not read
+        (other / "state.json").write_text(json.dumps({"pid": proc.pid, "started": 1.0, "log": str(log)}))
+        assert kernelstage.stage_of(tmp_path) is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_second_start_while_a_stage_holds_the_lock_writes_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "state"
+    folder.mkdir()
+    (folder / kernelstage.LOG).write_text("the running stage's lines\n")
+    lock = kernelstage.take_lock(folder)
+    try:
+        with pytest.raises(kernelstage.StageBusy):
+            kernels.start({"cells": [], "builds": 0}, folder)
+        assert (folder / kernelstage.LOG).read_text() == "the running stage's lines\n"  # not truncated
+        assert not kernelstage.job_path(folder).exists() and not kernelstage.state_path(folder).exists()
+        assert kernelstage.locked(folder)
+    finally:
+        os.close(lock)
+    assert not kernelstage.locked(folder)
+
+
+def test_two_builds_at_once_run_one_stage_after_the_other_and_say_so(tmp_path: Path) -> None:
+    """The first build's stage holds the lock for its life (a stand-in that inherits it, as the real one does);
+    the second build says it waits, shows the first stage's lines, then starts its own with its own log."""
+    from provision import buildsession
+
+    folder = tmp_path / "state"
+    lock = kernelstage.take_lock(folder)
+    log = folder / kernelstage.LOG
+    log.write_text("")
+    script = f"import time\nlog = open({str(log)!r}, 'a')\nlog.write('first stage: building\\n')\nlog.flush()\n" \
+             "time.sleep(2)\n"
+    first = _stand_in(folder, script, pass_fds=(lock,))
+    kernelstage.write_state(kernelstage.Stage(first.pid, time.time(), log, 1), folder)
+    os.close(lock)  # the first stage holds it now
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    said: list[str] = []
+    stage = buildsession.start_stage({"cells": [], "backend": backend.VENV, "jobs": 1, "envs": str(envs),
+                                      "archs": {}, "modules": [], "builds": 0}, said.append, folder)
+    assert first.poll() is not None  # the second started only once the first had ended
+    assert said[0] == "kernels: another `provision build` runs the kernel stage; waiting for it before starting " \
+                      "this one's"
+    assert said[1].startswith(f"waiting for the kernel stage `provision build` started (pid {first.pid}")
+    assert "first stage: building" in said
+    assert stage.pid != first.pid and kernelstage.wait(said.append, folder, poll_s=0.1)
+    assert "first stage: building" not in log.read_text()  # the second stage's own log
+    assert not kernelstage.locked(folder)  # released when the second stage ended
+
+
+STAND_IN_PYTHON = """#!/bin/sh
+# A cell interpreter whose every build is a process tree that runs on: a compiler in the build's group, one in a
+# session of its own, and a grandchild of each.
+sh -c 'sleep 300 & exec sleep 301' &
+setsid sh -c 'sleep 302 & exec sleep 303' &
+echo started >> "$STAND_IN_MARK"
+wait
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_stage_stops_every_build_and_compiler_it_started(tmp_path: Path, sig: signal.Signals) -> None:
+    from inenv import lifetime
+
+    python = tmp_path / "python"
+    python.write_text(STAND_IN_PYTHON)
+    python.chmod(0o755)
+    mark = tmp_path / "mark"
+    envs = tmp_path / "envs"
+    (envs / "cellx").mkdir(parents=True)
+    rec = {"cell_id": "cellx", "status": "built", "backend": backend.VENV, "python": str(python),
+           "base_python": str(python), "versions": {"flashinfer": "0.7.4", "torch_cuda": "13.0"}}
+    (envs / "cellx" / backend.RECORD_NAMES[backend.VENV]).write_text(json.dumps(rec))
+    job = {"cells": ["cellx"], "backend": backend.VENV, "jobs": 1, "envs": str(envs), "archs": {"cellx": ["9.0a"]},
+           "modules": ["moe_a2a"], "builds": 1, "kernels_root": str(tmp_path / "kernels"),
+           "cache": str(tmp_path / "cache")}
+    os.environ["STAND_IN_MARK"] = str(mark)
+    try:
+        stage = kernels.start(job, tmp_path / "state")
+    finally:
+        del os.environ["STAND_IN_MARK"]
+    deadline = time.monotonic() + 60
+    tree: set[int] = set()
+    try:
+        while time.monotonic() < deadline and len(tree) < 5:  # the interpreter and two shells, each with a child
+            time.sleep(0.2)
+            tree = lifetime.below(stage.pid)
+        assert len(tree) >= 5, tree
+        os.kill(stage.pid, sig)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (kernelstage.running(tmp_path / "state") or _live(tree)):
+            time.sleep(0.2)
+        assert _live(tree) == set(), "builds outlived their stopped stage"
+    finally:  # whatever the outcome, nothing of this test runs on
+        for pid in _live(tree | {stage.pid}):
+            os.kill(pid, signal.SIGKILL)
+    assert not kernelstage.state_path(tmp_path / "state").exists()
+    assert not kernelstage.locked(tmp_path / "state")
+    text = (tmp_path / "state" / kernelstage.LOG).read_text()
+    assert f"kernels: the stage was stopped ({sig.name}): " in text, text
+
+
+def _live(pids: set[int]) -> set[int]:
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(") ", 1)[1].startswith("Z"):
+                    continue
+        except OSError:
+            continue
+        out.add(pid)
+    return out
