@@ -20,6 +20,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import re
+import stat
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -27,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from common.errors import InputError
 from common.home import CACHE_ROOT, WORK_ROOT
 from inenv import atomic
 
@@ -249,10 +255,59 @@ def grid_json(g: Grid) -> dict[str, Any]:
 
 
 # ---- the edges: index files under .cache/abi/ -------------------------------------------------------------
+# A cache is only a cache: an index is used only when its file is a regular file (no link is followed, the
+# folders on the way neither), named by a key of the form KEY (the wheel's sha256, or a hash of its URL where
+# the index gives no sha256: nothing else can name a path), holding that key, and naming the release it is
+# filed under (``names``); anything else is absent, and made again.
+KEY = re.compile(r"(?:sha256|url)-[0-9a-f]{64}")
+MAX_INDEX_BYTES = 256 << 20  # one index, uncompressed (torch's exports are a few MiB)
+MANIFEST_FORMAT = 2  # releases.json: {"format": 2, "releases": {release: key}}, each key the pinned wheel's
+
+
+class CacheError(InputError):
+    """A folder of the ABI cache that is a link or not a folder: nothing is written through it."""
+
+
+def valid_key(key: object) -> bool:
+    return isinstance(key, str) and KEY.fullmatch(key) is not None
 
 
 def _path(root: Path, kind: str, key: str) -> Path:
+    if not valid_key(key):
+        raise ValueError(f"not an index key: {key[:80]!r}")
     return root / kind / f"{key}.json.gz"
+
+
+def _plain_folder(folder: Path) -> bool:
+    """Whether ``folder`` is absent or a real folder (not a link to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(folder).st_mode)
+    except FileNotFoundError:
+        return True
+
+
+def _plain_bytes(path: Path, folders: Sequence[Path], limit: int) -> bytes | None:
+    """The bytes of ``path`` when it and each of ``folders`` (the cache's folders above it) are no link and
+    it is a regular file of at most ``limit`` bytes; else None."""
+    try:
+        if not all(stat.S_ISDIR(os.lstat(f).st_mode) for f in folders):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        data = f.read(limit + 1)
+    return data if len(data) <= limit else None
+
+
+def _writable(root: Path, kind: str | None = None) -> None:
+    """CacheError when the cache folder (or its ``kind`` folder) is a link or not a folder."""
+    for folder in (root, *((root / kind,) if kind else ())):
+        if not _plain_folder(folder):
+            raise CacheError(f"{folder}: a symbolic link or not a folder; the ABI cache follows no link: remove it "
+                             "(`provision abi` makes it again)")
 
 
 def save(index: TorchIndex | ExtensionIndex, root: Path = ABI_CACHE) -> Path:
@@ -266,23 +321,35 @@ def save(index: TorchIndex | ExtensionIndex, root: Path = ABI_CACHE) -> Path:
         body = {"package": index.package, "version": index.version, "torch_pin": index.torch_pin,
                 "cxx": sorted(index.cxx), "stable": sorted(index.stable), "cuda_libs": list(index.cuda_libs),
                 "libraries": list(index.libraries)}
+    _writable(root, kind)
     path = _path(root, kind, index.key)
     data = json.dumps({"format": FORMAT, "wheel": index.wheel, "key": index.key, **body}, separators=(",", ":"))
     atomic.write_bytes(path, gzip.compress(data.encode(), compresslevel=6, mtime=0))
     return path
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        raw = json.loads(gzip.decompress(path.read_bytes()))
-    except (OSError, EOFError, ValueError):
+def _read(root: Path, kind: str, key: str) -> dict[str, Any] | None:
+    """One index file's JSON when it may be used (see above: a plain file under plain folders, of this key)."""
+    if not valid_key(key):
         return None
-    return raw if isinstance(raw, dict) and raw.get("format") == FORMAT else None
+    data = _plain_bytes(_path(root, kind, key), (root, root / kind), MAX_INDEX_BYTES)
+    if data is None:
+        return None
+    try:
+        unzip = zlib.decompressobj(wbits=31)
+        text = unzip.decompress(data, MAX_INDEX_BYTES)
+        if unzip.unconsumed_tail:
+            return None
+        raw = json.loads(text)
+    except (zlib.error, ValueError):
+        return None
+    ok = isinstance(raw, dict) and raw.get("format") == FORMAT and raw.get("key") == key
+    return raw if ok else None
 
 
 def load_torch(key: str, root: Path = ABI_CACHE) -> TorchIndex | None:
     """One torch build's index, None when absent or unreadable (then it is made again)."""
-    raw = _read(_path(root, "torch", key))
+    raw = _read(root, "torch", key)
     try:
         return None if raw is None else TorchIndex(
             str(raw["version"]), str(raw["variant"]), None if raw["cuda_major"] is None else int(raw["cuda_major"]),
@@ -292,7 +359,7 @@ def load_torch(key: str, root: Path = ABI_CACHE) -> TorchIndex | None:
 
 
 def load_extension(key: str, root: Path = ABI_CACHE) -> ExtensionIndex | None:
-    raw = _read(_path(root, "ext", key))
+    raw = _read(root, "ext", key)
     try:
         return None if raw is None else ExtensionIndex(
             str(raw["package"]), str(raw["version"]), str(raw["wheel"]), str(raw["key"]),
@@ -302,22 +369,43 @@ def load_extension(key: str, root: Path = ABI_CACHE) -> ExtensionIndex | None:
         return None
 
 
-# The releases each index was made for: "torch 2.14.1" / "sglang-kernel 0.4.10" -> the wheel's key, so a
-# warm run finds its indexes without asking the registry.
+def names(index: TorchIndex | ExtensionIndex, package: str, version: str) -> bool:
+    """Whether an index's own fields name the release it is filed under: ``package`` at ``version`` (torch:
+    ``2.14.1``, or ``2.14.1+cu126`` for one CUDA build). A file that names another release is not used for it."""
+    if isinstance(index, TorchIndex):
+        public, _, variant = version.partition("+")
+        return package == "torch" and index.version == public and (not variant or index.variant == variant)
+    return canonicalize_name(index.package) == canonicalize_name(package) and index.version == version
+
+
+def load(package: str, version: str, key: str, root: Path = ABI_CACHE) -> TorchIndex | ExtensionIndex | None:
+    """The index of ``package`` ``version`` kept under ``key``, None unless it is there, usable and names that
+    release."""
+    found = load_torch(key, root) if package == "torch" else load_extension(key, root)
+    return found if found is not None and names(found, package, version) else None
+
+
+# The releases each index was made for: "torch 2.14.1" / "sglang-kernel 0.4.10" -> the key of the wheel the
+# registry's listing picks for it (provision.registry.pick_wheel), so a warm run finds its indexes without
+# asking the registry. A manifest of another format (made before the pick was pinned) is read as empty.
 def manifest_path(root: Path = ABI_CACHE) -> Path:
     return root / "releases.json"
 
 
 def load_manifest(root: Path = ABI_CACHE) -> dict[str, str]:
+    data = _plain_bytes(manifest_path(root), (root,), MAX_INDEX_BYTES)
     try:
-        raw = json.loads(manifest_path(root).read_text())
-    except (OSError, ValueError):
+        raw = json.loads(data) if data is not None else None
+    except ValueError:
         return {}
-    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+    if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT or not isinstance(raw.get("releases"), dict):
+        return {}
+    return {k: v for k, v in raw["releases"].items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def save_manifest(entries: dict[str, str], root: Path = ABI_CACHE) -> None:
-    atomic.write_json(manifest_path(root), dict(sorted(entries.items())))
+    _writable(root)
+    atomic.write_json(manifest_path(root), {"format": MANIFEST_FORMAT, "releases": dict(sorted(entries.items()))})
 
 
 def release_key(package: str, version: str) -> str:
@@ -332,13 +420,11 @@ def cached(packages: Sequence[tuple[str, str]], root: Path = ABI_CACHE
     exts: list[ExtensionIndex] = []
     for package, version in packages:
         key = keys.get(release_key(package, version))
-        if key is None:
-            continue
-        if package == "torch":
-            if (t := load_torch(key, root)) is not None:
-                torches.append(t)
-        elif (e := load_extension(key, root)) is not None:
-            exts.append(e)
+        found = load(package, version, key, root) if key is not None else None
+        if isinstance(found, TorchIndex):
+            torches.append(found)
+        elif isinstance(found, ExtensionIndex):
+            exts.append(found)
     return torches, exts
 
 

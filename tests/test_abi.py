@@ -10,11 +10,15 @@ one built on the stable C ABI alone. One test reads a real torch wheel, only whe
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
+import io
 import json
 import random
+import shutil
 import subprocess
 import sys
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -71,10 +75,9 @@ def _ext_wheel(tmp: Path, dist: str, module: str, version: str, source: str, pin
                    f"{dist.replace('-', '_')}-{version}.dist-info/METADATA": meta.encode()})
 
 
-@pytest.fixture
-def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def _pages(tmp_path: Path) -> dict[str, list[tuple[str, bytes, bool]]]:
     cuda12 = build_stub(tmp_path / "stubs", "libcudart.so.12")
-    pages = {
+    return {
         "torch": [(f"torch-{v}-cp312-cp312-manylinux_2_28_x86_64.whl", _torch_wheel(tmp_path, v, src), False)
                   for v, src in (("2.1.0", TORCH_21), ("2.2.0", TORCH_22))],
         "sglang-kernel": [
@@ -86,9 +89,13 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         "vllm": [("vllm-0.99.0-cp38-abi3-manylinux_2_28_x86_64.whl",
                   _ext_wheel(tmp_path, "vllm", "vllm", "0.99.0", USES_STABLE, ">=2.1"), False)],
     }
+
+
+@pytest.fixture
+def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "no-uv-cache"))
     monkeypatch.setattr(registry, "default_store", lambda: registry.Store(tmp_path / "store"))
-    served = _Index(pages)
+    served = _Index(_pages(tmp_path))
     yield served
     served.close()
 
@@ -302,3 +309,116 @@ def test_variants_adds_the_pytorch_index_builds(tmp_path: Path, index: _Index,
     cells = {(c["extension"], c["torch"]): c for c in json.loads(capsys.readouterr().out)["cells"]}
     assert cells[("sglang-kernel 0.9.1", "2.1.0+cu126")]["loads"]
     assert cells[("sglang-kernel 0.9.1", "2.1.0+cu130")]["fit"] == "cuda-major-mismatch"
+
+
+# --- the cache is only a cache ------------------------------------------------------------------------------
+def test_a_cache_key_that_is_no_sha256_hex_names_no_file(tmp_path: Path) -> None:
+    """A manifest entry like ``../../x`` would read outside .cache/abi: no key but a sha256 hex names a file."""
+    root = tmp_path / "cache" / "abi"
+    planted = abi.TorchIndex("2.1.0", "cu130", 13, "t.whl", "sha256-" + "1" * 64, frozenset({FOO}))
+    body = {"format": abi.FORMAT, "wheel": "t.whl", "key": "../../x", "version": "2.1.0", "variant": "cu130",
+            "cuda_major": 13, "exports": [FOO]}
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "x.json.gz").write_bytes(__import__("gzip").compress(json.dumps(body).encode()))
+    abi.save(planted, root)
+    abi.save_manifest({"torch 2.1.0": "../../x"}, root)
+    assert abi.load_torch("../../x", root) is None
+    assert abi.cached([("torch", "2.1.0")], root) == ([], [])
+    with pytest.raises(ValueError):
+        abi.save(replace(planted, key="../../x"), root)
+
+
+def test_an_index_naming_another_release_is_not_used_for_the_one_asked(
+        tmp_path: Path, index: _Index, capsys: pytest.CaptureFixture[str]) -> None:
+    """The manifest's entries for torch 2.1.0 and 2.2.0 swapped: each file names the other torch, so neither is
+    used for the release it is filed under; the next run makes them again and the grid is what it was."""
+    first = _run(tmp_path, index, capsys)
+    root = tmp_path / "abi"
+    entries = abi.load_manifest(root)
+    entries["torch 2.1.0"], entries["torch 2.2.0"] = entries["torch 2.2.0"], entries["torch 2.1.0"]
+    abi.save_manifest(entries, root)
+    assert abi.cached([("torch", "2.1.0"), ("torch", "2.2.0")], root) == ([], [])
+    asked = len(index.requests)
+    again = _run(tmp_path, index, capsys)
+    assert len(index.requests) > asked  # the listings asked again; the files under the right keys reused
+    assert again["cells"] == first["cells"] and again["torch"] == first["torch"]
+    assert [t.version for t in abi.cached([("torch", "2.1.0"), ("torch", "2.2.0")], root)[0]] == ["2.1.0", "2.2.0"]
+
+
+def test_links_in_the_cache_are_refused(tmp_path: Path) -> None:
+    root = tmp_path / "abi"
+    t = abi.TorchIndex("2.1.0", "cu130", 13, "t.whl", "sha256-" + "1" * 64, frozenset({FOO}))
+    elsewhere = tmp_path / "elsewhere"
+    abi.save(t, elsewhere)
+    abi.save_manifest({"torch 2.1.0": t.key}, elsewhere)
+    assert abi.cached([("torch", "2.1.0")], elsewhere)[0] == [t]
+    # the index file a link to a good index: not followed
+    (root / "torch").mkdir(parents=True)
+    (root / "torch" / f"{t.key}.json.gz").symlink_to(elsewhere / "torch" / f"{t.key}.json.gz")
+    (root / "releases.json").symlink_to(elsewhere / "releases.json")
+    assert abi.load_torch(t.key, root) is None and abi.load_manifest(root) == {}
+    abi.save_manifest({"torch 2.1.0": t.key}, root)  # the link replaced by a file, the other untouched
+    assert not (root / "releases.json").is_symlink() and abi.load_manifest(elsewhere) == {"torch 2.1.0": t.key}
+    assert abi.cached([("torch", "2.1.0")], root) == ([], [])
+    # its folder a link: nothing read through it, nothing written through it (one line naming it)
+    shutil.rmtree(root / "torch")
+    (root / "torch").symlink_to(elsewhere / "torch")
+    assert abi.load_torch(t.key, root) is None
+    with pytest.raises(abi.CacheError) as caught:
+        abi.save(t, root)
+    assert str(root / "torch") in str(caught.value) and "\n" not in str(caught.value)
+
+
+class _ShaIndex(_Index):
+    """The test index with each file's real sha256 in its link, as a real registry gives."""
+
+    def _page(self, project: str) -> bytes:
+        links = "".join(f'<a href="../../files/{n}#sha256={hashlib.sha256(d).hexdigest()}">{n}</a>\n'
+                        for n, d, _ in self.pages[project])
+        return f"<html><body>{links}</body></html>".encode()
+
+
+def test_the_kept_grid_is_the_same_bytes_whatever_uvs_cache_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch 2.1.0 is listed as a CPython 3.12 and a 3.11 wheel (the 3.11 one built with other exports); uv's
+    cache holds only the 3.11 one. The grid still comes from the wheel the listing picks (3.12), byte for byte
+    the grid of a machine whose uv cache is empty."""
+    pages = _pages(tmp_path)
+    (tmp_path / "cp311").mkdir()
+    cp311 = _torch_wheel(tmp_path / "cp311", "2.1.0", TORCH_22)
+    pages["torch"].append(("torch-2.1.0-cp311-cp311-manylinux_2_28_x86_64.whl", cp311, False))
+    uv = tmp_path / "uv"
+    unpacked = uv / "wheels-v5" / "pypi" / "torch" / "2.1.0-cp311-cp311-manylinux_2_28_x86_64"
+    unpacked.mkdir(parents=True)
+    with zipfile.ZipFile(io.BytesIO(cp311)) as zf:
+        zf.extractall(unpacked)
+    record = unpacked.parent / f"{unpacked.name}.http"
+    record.write_bytes(b"record sha256=" + hashlib.sha256(cp311).hexdigest().encode())
+    monkeypatch.setattr(registry, "default_store", lambda: registry.Store(tmp_path / "store"))
+    served = _ShaIndex(pages)
+    pages_kept = {}
+    try:
+        for name, cache in (("empty", tmp_path / "no-uv-cache"), ("cp311", uv)):
+            monkeypatch.setenv("UV_CACHE_DIR", str(cache))
+            page = tmp_path / f"grid-{name}.json"
+            assert command.run(command.AbiOptions(_catalog(tmp_path), index_url=served.url,
+                                                  root=tmp_path / f"abi-{name}", page_data=page)) == 0
+            pages_kept[name] = page.read_bytes()
+    finally:
+        served.close()
+    kept = json.loads(pages_kept["cp311"])
+    assert kept["torch"][0]["wheel"] == "torch-2.1.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    assert pages_kept["cp311"] == pages_kept["empty"]
+
+
+def test_an_empty_or_unknown_package_selector_is_refused_in_one_line(tmp_path: Path) -> None:
+    from common.errors import InputError
+    from provision.abi.index import wants
+
+    catalog = _catalog(tmp_path)
+    with pytest.raises(InputError, match="^--package '': an empty selector selects nothing"):
+        wants(catalog, ("",))
+    with pytest.raises(InputError, match="^--package 'sglang-kernl' is no extension the catalogue lists "
+                                         r"\(did you mean 'sglang-kernel'\?\)"):
+        wants(catalog, ("sglang-kernl",))
+    assert {w.package for w in wants(catalog, ("Sglang_Kernel",))} == {"torch", "sglang-kernel"}

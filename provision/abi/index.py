@@ -1,8 +1,11 @@
 """Make the indexes `common/abi.py` judges: a torch build's exports, an extension release's imports.
 
-Each is read once from the release's wheel (uv's cache first, else the registry: provision/abi/wheels.py)
-and kept under .cache/abi/ by the wheel's sha256; the manifest there maps the release to that key, so a
-second run reads no wheel and asks the registry nothing.
+Each is read once from the release's wheel and kept under .cache/abi/ by the wheel's sha256; the manifest
+there maps the release to that key, so a second run reads no wheel and asks the registry nothing. The wheel
+of a release is pinned by the registry's listing alone (provision.registry.pick_wheel: the file a Linux
+x86-64 CPython 3.12 install takes), whatever this machine's caches hold: uv's cache serves that very file
+(the same sha256) instead of the network, never another build of the release, so the grid kept for the
+page (docs/abi-grid.json) is the same bytes on any machine from the same catalogue and listing.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from packaging.utils import canonicalize_name
 
 from common import abi
 from common.catalog import Catalog
-from common.errors import InputError
+from common.errors import InputError, suggest
 from inenv.kit import _elf, _torch_abi
 from provision import registry
 from provision.abi.wheels import RemoteWheel, Wheel, in_uv_cache, uv_cache_dir
@@ -67,6 +70,14 @@ def wants(catalog: Catalog, packages: Sequence[str] = (), variants: bool = False
     exts += [Want(p.engine, p.version) for p in catalog.presets.values() if not p.unserved]
     exts += [Want("flashinfer-cubin", v) for v in sorted({p.flashinfer for p in catalog.presets.values()
                                                           if p.flashinfer not in ("", "none")})]
+    known = sorted({canonicalize_name(w.package) for w in exts})
+    for p in packages:
+        if not p.strip():
+            raise InputError("--package '': an empty selector selects nothing; give an extension's distribution "
+                             "name such as sglang-kernel, or leave the option out")
+        if canonicalize_name(p) not in known:
+            raise InputError(f"--package {p!r} is no extension the catalogue lists{suggest(p, known)}; known: "
+                             f"{', '.join(known)}")
     names = {canonicalize_name(p) for p in packages}
     return out + [w for w in exts if not names or canonicalize_name(w.package) in names]
 
@@ -126,21 +137,17 @@ class Made:
 
 
 def _locate(want: Want, listing: dict[str, str] | None, uv_cache: Path | None) -> Wheel | str:
-    """The wheel of a release: uv's cache first, else the registry; a string saying why there is none."""
+    """The wheel the listing picks for a release: uv's cached copy of that very file when uv holds it (the
+    same sha256), else the registry's; a string saying why there is none."""
     if listing is None:
         return "the index does not list the package"
     chosen = registry.pick_wheel(listing, want.wanted_version)
     if chosen is None:
         listed = registry._served(want.package, want.wanted_version, {want.package: listing})
         return "no Linux x86-64 wheel on the index" if listed else "not on the index"
-    same_release = [f for f in listing if f.endswith(".whl") and registry.pick_wheel([f], want.wanted_version) == f
-                    and registry.wheel_platform(f) != "none"] or [chosen]
-    for filename in [chosen, *(f for f in same_release if f != chosen)]:
-        sha = registry.wheel_key(listing[filename]).removeprefix("sha256-")
-        found = in_uv_cache(uv_cache, canonicalize_name(want.package), filename, sha if len(sha) == 64 else "")
-        if found is not None:
-            return found
-    return RemoteWheel(chosen, listing[chosen])
+    sha = registry.wheel_key(listing[chosen]).removeprefix("sha256-")
+    found = in_uv_cache(uv_cache, canonicalize_name(want.package), chosen, sha if len(sha) == 64 else "")
+    return found if found is not None else RemoteWheel(chosen, listing[chosen])
 
 
 def make(want: Want, listing: dict[str, str] | None, uv_cache: Path | None, root: Path,
@@ -149,6 +156,9 @@ def make(want: Want, listing: dict[str, str] | None, uv_cache: Path | None, root
     wheel = _locate(want, listing, uv_cache)
     if isinstance(wheel, str):
         return Made(want, None, wheel, "", 0, time.monotonic() - start)
+    kept = abi.load(want.package, want.wanted_version, wheel.key, root)
+    if kept is not None:  # that wheel was indexed before (under another manifest): its bytes are the same
+        return Made(want, kept, "", "cache", 0, time.monotonic() - start)
     say(f"abi: {place}reading {want.package} {want.wanted_version} from {wheel.origin} ({wheel.filename})")
     index: abi.TorchIndex | abi.ExtensionIndex
     if want.package == "torch":
@@ -182,7 +192,7 @@ def ensure(want_list: Sequence[Want], root: Path = abi.ABI_CACHE, index_url: str
         if key is not None and key.startswith(ABSENT):  # the index had no wheel of it: asked once
             out[w] = Made(w, None, key.removeprefix(ABSENT), "cache", 0, 0.0)
             continue
-        found = (abi.load_torch(key, root) if w.package == "torch" else abi.load_extension(key, root)) if key else None
+        found = abi.load(w.package, w.wanted_version, key, root) if key else None  # it must name this release
         if found is not None:
             out[w] = Made(w, found, "", "cache", 0, 0.0)
         else:
