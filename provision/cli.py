@@ -214,6 +214,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     # lazy: provision.prune (and the compile cache's layout) costs 10 ms at every `provision` start
     from provision import prune
 
+    if any(not m.strip() for m in args.matrix or ()):
+        raise InputError("--matrix '': give a matrix file whose cells stay, or leave the option out")
     docker = Docker(cli=docker_cli())
     problem = docker.unreachable()
     if problem:  # venv cells can still be pruned without an engine

@@ -169,6 +169,13 @@ def test_a_version_typed_with_a_letter_o_suggests_the_version_meant() -> None:
     assert p.returncode == 2 and "no cell matches --cuda 13.O (did you mean '13.0'?)" in p.stderr
 
 
+def test_prune_refuses_an_empty_matrix_name_in_one_line() -> None:
+    p = subprocess.run([sys.executable, "-m", "provision.cli", "prune", "--matrix=", "--dry-run"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "provision: --matrix '': give a matrix file whose cells stay, or leave the option out"]
+
+
 def test_the_reach_check_flag_says_what_it_skips_and_the_earlier_name_still_works() -> None:
     helped = subprocess.run([sys.executable, "-m", "provision.cli", "plan", "--help"], cwd=ROOT, capture_output=True,
                             text=True, check=True).stdout

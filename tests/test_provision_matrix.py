@@ -108,6 +108,24 @@ def test_empty_selection_is_bad_input() -> None:
         plan(DEFAULT_MATRIX, cuda="12.9", offline=True)
 
 
+def test_the_selector_that_empties_the_selection_is_the_one_named() -> None:
+    """--cuda 13 selects cells; the glob is what selects none of them: the message names the glob, with the
+    cells the CUDA selector left, and suggests no other CUDA version."""
+    with pytest.raises(InputError) as caught:
+        plan(DEFAULT_MATRIX, cuda="13", only=["zzz"], offline=True)
+    said = str(caught.value)
+    kept = len(plan(DEFAULT_MATRIX, cuda="13", offline=True))
+    assert f"no cell matches --only 'zzz' among the {kept} cell(s) --cuda 13 selects" in said
+    assert "did you mean" not in said and "\n" not in said
+
+
+@pytest.mark.parametrize("given", [{"cuda": ""}, {"torch": " "}, {"only": [""]}, {"only": ["cu13*", ""]}])
+def test_an_empty_selector_is_named_as_one(given: dict) -> None:
+    option = next(iter(given))
+    with pytest.raises(InputError, match=f"^--{option} '.*': an empty selector selects nothing; give "):
+        plan(DEFAULT_MATRIX, offline=True, **given)
+
+
 def test_plan_cells_interface() -> None:
     cells = plan_cells(DEFAULT_MATRIX, cuda="13", only="*fi0.7.2")
     assert len(cells) == 1
