@@ -378,7 +378,13 @@ def diff(args: argparse.Namespace) -> Any:
 
     hosts = _hosts(args.results, "diff")
     try:
-        return diffmod.diff(diffmod.select(hosts, args.a), diffmod.select(hosts, args.b))
+        sides = diffmod.select(hosts, args.a), diffmod.select(hosts, args.b)
+        for side in sides:
+            if side.kind == "run" and not side.results:  # its file was refused: not a run that recorded nothing
+                why = next((w for w in hosts[side.host_id].warnings if side.name in w), "no result could be read")
+                raise UsageError(f"checks diff: run {ids.one_line(side.name)} cannot be compared: {why}; "
+                                 "nothing of it was read (restore its results file)")
+        return diffmod.diff(*sides)
     except diffmod.SelectError as exc:
         raise UsageError(f"checks diff: {exc}") from None
 

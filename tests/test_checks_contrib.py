@@ -150,6 +150,22 @@ def test_import_notes_results_of_a_dirty_checkout_and_names_a_linked_run_as_one(
     assert not (tmp_path / "elsewhere.jsonl").exists()
 
 
+def test_diff_of_a_run_whose_file_is_a_link_says_so_instead_of_comparing_an_empty_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    res = tmp_path / "results"
+    shutil.copytree(committed() / H2, res / H2)
+    runs = sorted(p.name.removesuffix(".jsonl") for p in (res / H2).glob("*.jsonl"))
+    linked = res / H2 / f"{runs[0]}.jsonl"
+    linked.rename(tmp_path / "real.jsonl")
+    linked.symlink_to(tmp_path / "real.jsonl")
+    capsys.readouterr()
+    assert _main("diff", runs[0], runs[1], "--results", res) == 2
+    io = capsys.readouterr()
+    said = [ln for ln in io.err.splitlines() if ln.startswith("checks diff: run ")]
+    assert len(said) == 1 and "a symbolic link; not followed" in said[0] and runs[0] in said[0]
+    assert "Changes from" not in io.out and "only in" not in io.out
+
+
 def _x10(value: object) -> object:
     """Every number under ``value`` times ten (booleans and text kept)."""
     if isinstance(value, dict):
