@@ -463,3 +463,28 @@ def test_a_cancelled_run_ends_a_waiting_variant_by_the_event_it_checks(tmp_path:
             os.kill(pid, 0)  # its process was killed, not left running
     finally:
         isolate.STOP.clear()
+
+
+def test_beside_variants_that_time_nothing_cpu_work_starts_and_the_costliest_that_fits_goes_first() -> None:
+    """While every GPU variant in flight times nothing, CPU-only work starts beside them (nothing beside them is
+    timed), and of the waiting variants that time nothing the costliest whose ranks fit the cap goes first;
+    beside a timed variant no CPU-only work starts."""
+    plain = ProbeSpec("inventory", "c", "f", needs_gpu=False)
+    gpu = ProbeSpec("step", "g", "f", needs_gpu=True, distinct_gpus=False)
+    cell = CellTarget("cella", "resolved")
+    inventory = WorkItem(cell, plain, Variant("inventory", 1), 60.0)
+
+    def shared(ranks: int, backend: str) -> WorkItem:
+        return WorkItem(cell, gpu, Variant("step", ranks, (("backend", backend),), share_gpu=True, gpus=1), 60.0)
+
+    running = [shared(2, "a"), shared(2, "b")]
+    timed = WorkItem(cell, gpu, Variant("step", 2, (("backend", "c"),)), 60.0)
+    assert pick([inventory], running, 4, ahead=2, rank_cap=16) is inventory
+    assert pick([inventory], [timed], 4, ahead=2, rank_cap=16) is None
+    small, big, biggest = shared(2, "x"), shared(4, "y"), shared(8, "z")
+    seconds = {small.key: 3.0, big.key: 9.0, biggest.key: 20.0}
+    assert pick([small, big, biggest], running, 4, ahead=2, cost=lambda it: seconds.get(it.key, 0.0),
+                rank_cap=16) is biggest  # 4 running + 8
+    # 10 ranks running: 8 more would pass 16, so the costliest that fits
+    assert pick([small, big, biggest], [*running, shared(6, "w")], 4, ahead=2,
+                cost=lambda it: seconds.get(it.key, 0.0), rank_cap=16) is big

@@ -158,28 +158,39 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
     and the second would only hold a job slot waiting for it. ``ahead``: the GPU variants take turns on the
     GPU lock, so while one runs, the items that would start next once it ended start now, up to ``ahead``
     of them, when they are GPU variants too: they wait at the gate with their ranks started, as long as the
-    GPU variants' rank processes stay within ``rank_cap`` (None: no cap). While every GPU variant in flight
-    times nothing (they hold the lock shared and run side by side, ``share``), more such variants start beside
-    them past ``ahead``, up to ``rank_cap``.
-    Variants decided at plan time are recorded before (:func:`begin`), so none stands between two GPU
-    variants here."""
+    GPU variants' rank processes stay within ``rank_cap`` (None: no cap).
+
+    GPU variants that time nothing (:func:`shares_gpu`, unless ``share`` is False: --gpu-alone) hold the lock
+    shared and run side by side: while every GPU variant in flight is one of them, more of them start past
+    ``ahead``, as many as fit within ``rank_cap``, the costliest first (so the longest do not run alone at the
+    end), and so do CPU-only variants (nothing beside them is timed)."""
     on_gpu = [r for r in running if uses_gpu(r)]
-    if on_gpu:
-        side_by_side = share and all(shares_gpu(r) for r in on_gpu)
-        if len(on_gpu) > ahead and not side_by_side:
-            return None
-        after = pick(pending, [r for r in running if not uses_gpu(r)], jobs, cost=cost, share=share)
-        if after is None or not uses_gpu(after) or (len(on_gpu) > ahead and not shares_gpu(after)):
-            return None
-        ranks = sum(r.variant.ranks for r in on_gpu) + after.variant.ranks
-        return after if rank_cap is None or ranks <= rank_cap else None
-    if len(running) >= jobs:
+    if not on_gpu:
+        return _first(pending, running, jobs, cost, share, rank_cap)
+    side_by_side = share and all(shares_gpu(r) for r in on_gpu)
+    room = None if rank_cap is None else rank_cap - sum(r.variant.ranks for r in on_gpu)
+    beside = [r for r in running if not uses_gpu(r)]
+    if side_by_side:
+        return _first(pending, beside, jobs, cost, share, room, timed_gpu=len(on_gpu) <= ahead)
+    if len(on_gpu) > ahead:
         return None
+    after = _first(pending, beside, jobs, cost, share, room)  # the next to start once the GPU is free
+    return after if after is not None and uses_gpu(after) else None
+
+
+def _first(pending: list[WorkItem], running: list[WorkItem], jobs: int, cost: Callable[[WorkItem], float],
+           share: bool, room: int | None, timed_gpu: bool = True) -> WorkItem | None:
+    """:func:`pick`'s choice beside ``running`` (no GPU variant among them): ``room``, the rank processes GPU
+    variants may still start (None: any); ``timed_gpu`` False: no GPU variant that times something."""
+    if len(running) >= jobs and not any(uses_gpu(it) for it in pending):
+        return None
+    cpu = len(running) < jobs
     claimed = {(r.cell.cell_id, shared_build(r)) for r in running}
     building = {shared_build(r) for r in running} - {None}
     busy: set[str] = set()  # cells whose later items wait behind a GPU variant that could start
     later: WorkItem | None = None
     ready: list[WorkItem] = []
+    side: list[WorkItem] = []  # GPU variants that time nothing and may start: the costliest goes first
     for it in pending:
         cid = it.cell.cell_id
         if cid in busy:
@@ -187,18 +198,32 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
         if uses_gpu(it):
             if running and not goes_beside(it, running, share):
                 continue  # it waits for the host to be idle; its cell's CPU-only variants may go meanwhile
-            if not ready:
+            fits = room is None or it.variant.ranks <= room  # else its rank processes would pass the cores
+            if share and shares_gpu(it):
+                if fits:
+                    side.append(it)
+                continue
+            if not timed_gpu:
+                continue
+            if not fits:
+                timed_gpu = False  # the next timed variant in plan order waits; none passes it
+                continue
+            if not ready and not side:
                 return it
             busy.add(cid)
             continue
-        if (cid, shared_build(it)) in claimed:
+        if not cpu or (cid, shared_build(it)) in claimed:
             continue
         claimed.add((cid, shared_build(it)))  # this build's (or the cell's non-building) later items wait
         if shared_build(it) in building:
             later = later or it
             continue
         ready.append(it)
-    return max(ready, key=cost) if ready else later
+    if ready:
+        return max(ready, key=cost)
+    if side:
+        return max(side, key=cost)
+    return later
 
 
 def level_variant(item: WorkItem, level: str) -> Variant:
