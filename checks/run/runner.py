@@ -5,9 +5,10 @@ resumed and reused items are settled first, and every verdict is stamped, stored
 Which variant may start is decided by :func:`pick` (pure): CPU-only variants side by side up to ``jobs``, the
 longest expected first, a cell's builds of different things (fi-jit's modules) and its variant that builds
 nothing (inventory) beside one another, each build's variants in plan order; two builds another cell may
-share (``ProbeSpec.build_param``) not side by side while anything else can start; a variant that needs the
-GPU alone, with nothing else running, so a latency is never measured beside a compile and no CPU-only probe
-that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it; when
+share (``ProbeSpec.build_param``) not side by side while anything else can start; a variant that times
+anything on the GPU alone, with nothing else running, so a latency is never measured beside a compile and no
+CPU-only probe that touches the GPU (fi-jit's local build, inventory's peer-access reading) shares it, while
+variants that time nothing run side by side with each other and with CPU-only work, within the rank cap; when
 the executors take turns on the host's GPU lock (inenv.gpugate), the next GPU variants in plan order (up to
 ``GATE_DEPTH``) start beside the running one and wait at the gate, their ranks already started, so their
 start-up costs no GPU time. Variants run in
