@@ -6,6 +6,7 @@ it read."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import shutil
 from pathlib import Path
@@ -26,10 +27,21 @@ HOST, RUN, CELL = "cpu-0a1b2c3d", "20261204T020803Z-abcd", "cu130-torch2.14.0-sg
 INVENTORY_HASH = "0123456789abcdef"
 
 
-def _file_version(path: Path) -> str:
-    """A file's version written out: sha256 of its name, NUL, its layout-free text, NUL (16 hex)."""
-    h = hashlib.sha256(path.name.encode() + b"\0" + layout_free_source(path.read_text()).encode() + b"\0")
+def _file_version(*paths: Path) -> str:
+    """Files' version written out: sha256 over each file's name, NUL, its layout-free text, NUL (16 hex)."""
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.name.encode() + b"\0" + layout_free_source(path.read_text()).encode() + b"\0")
     return h.hexdigest()[:16]
+
+
+# Each judge with the project modules its import statements name (read off the files by hand; the result record,
+# the probe API and the versioning itself aside)
+JUDGE = (ROOT / "checks" / "run" / "hostjudge.py", ROOT / "inenv" / "dists.py",
+         ROOT / "inenv" / "probes" / "inventory.py")
+GATES = (ROOT / "checks" / "report" / "gates.py", ROOT / "checks" / "report" / "advise.py",
+         ROOT / "checks" / "report" / "engine_rules.py")
+PACKAGING = {"packaging": importlib.metadata.version("packaging")}
 
 
 def _raw(requires: list[str]) -> Verdict:
@@ -48,8 +60,8 @@ def _result(verdict: Verdict) -> ProbeResult:
 def test_the_requirement_judge_stamps_the_verdicts_it_shapes_with_its_version() -> None:
     judged = hostjudge.judge("inventory", _raw(["torch==2.14.0"]))
     assert judged.status is Status.PARTIAL and judged.reason_code == "dependency-pin-violated"
-    version = _file_version(ROOT / "checks" / "run" / "hostjudge.py")
-    assert judged.evidence[provenance.JUDGED_BY] == {"hostjudge.py": version}
+    assert judged.evidence[provenance.JUDGED_BY] == {"hostjudge.py": _file_version(*JUDGE)}
+    assert judged.evidence[provenance.JUDGED_WITH] == PACKAGING
     nothing = Verdict(Status.PASS, evidence={"installed": {}})  # no requirements recorded: nothing judged
     assert provenance.JUDGED_BY not in hostjudge.judge("inventory", nothing).evidence
     assert provenance.VERDICT_CODE["hostjudge.py"] == Path(hostjudge.__file__).resolve()
@@ -72,7 +84,7 @@ def test_changing_the_requirement_judge_marks_the_verdicts_it_shaped(tmp_path: P
     """A verdict judged by this checkout's judge is current, and the page names the judge's version; a copy
     of the judge with one value changed, taken as this checkout's, makes the same verdict stale, with why."""
     judged = _result(hostjudge.judge("inventory", _raw(["torch==2.14.0"])))
-    version = _file_version(ROOT / "checks" / "run" / "hostjudge.py")
+    version = _file_version(*JUDGE)
     results = tmp_path / "results"
     (results / HOST).mkdir(parents=True)
     (results / HOST / f"{RUN}.jsonl").write_text(json.dumps(judged.to_json()) + "\n")
@@ -91,7 +103,8 @@ def test_changing_the_requirement_judge_marks_the_verdicts_it_shaped(tmp_path: P
     assert freshness.staleness(judged, {"inventory": INVENTORY_HASH}) == freshness.JUDGE_CHANGED
     page = _page(results, tmp_path / "out")
     assert page.startswith(f"stale inventory (1 variant): by the requirement judge hostjudge.py {version} | ")
-    assert "judged on the host by another version of the requirement judge (hostjudge.py)" in page
+    assert "judged on the host by another version of the requirement judge (hostjudge.py and the modules it " \
+           "imports)" in page
 
 
 def test_a_rerun_does_not_carry_a_verdict_judged_by_another_version(tmp_path: Path,
@@ -126,10 +139,54 @@ def test_a_judged_verdict_that_names_no_judge_version_is_stale(tmp_path: Path) -
 
 def test_advice_names_the_gate_readers_version_beside_the_gates(capsys: pytest.CaptureFixture[str]) -> None:
     fixture, host = ROOT / "tests" / "golden" / "gates" / "results", "cpu-7eb23414"
-    version = _file_version(ROOT / "checks" / "report" / "gates.py")
+    version = _file_version(*GATES)
     assert main(["advise", "--results", str(fixture), "--host", host]) == 0
     out = capsys.readouterr().out
     assert f"Read by stackprobe's gate reader gates.py {version}." in out
     assert main(["advise", "--results", str(fixture), "--host", host, "--json"]) == 0
     (decision,) = json.loads(capsys.readouterr().out)
     assert decision["gate_reader"] == version
+
+
+def _tree(tmp: Path) -> Path:
+    """The requirement judge and the modules it imports, copied to a tree of their own."""
+    for f in JUDGE:
+        dest = tmp / f.relative_to(ROOT)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, dest)
+    return tmp
+
+
+def test_a_judges_version_covers_the_modules_it_imports_found_by_reading_its_imports(tmp_path: Path) -> None:
+    """The judge's distribution table (inenv/dists.py) is in its version because the judge imports it: a changed
+    table makes a verdict the judge shaped stale; a module the judge starts to import joins its version."""
+    root = _tree(tmp_path / "tree")
+    judge = root / "checks" / "run" / "hostjudge.py"
+    assert [f.name for f in provenance.judge_sources(judge, root)] == [f.name for f in JUDGE]
+    assert provenance.judge_third_party(judge, root) == ["packaging"]
+    before = provenance.judge_version(judge, root)
+    assert before == _file_version(*JUDGE)
+    judged = _result(hostjudge.judge("inventory", _raw(["torch==2.14.0"])))
+    assert freshness.staleness(judged, {"inventory": INVENTORY_HASH}, {"hostjudge.py": before}) == ""
+
+    dists = root / "inenv" / "dists.py"
+    dists.write_text(dists.read_text() + "\nEXTRA_TABLE_ROW = 1\n")
+    after = provenance.judge_version(judge, root)
+    assert after != before
+    assert freshness.staleness(judged, {"inventory": INVENTORY_HASH}, {"hostjudge.py": after}) == \
+        freshness.JUDGE_CHANGED
+
+    (root / "checks" / "report").mkdir(parents=True)
+    shutil.copy(ROOT / "checks" / "report" / "engine_rules.py", root / "checks" / "report" / "engine_rules.py")
+    judge.write_text(judge.read_text().replace("from inenv import dists\n",
+                                               "from inenv import dists\nfrom checks.report import engine_rules\n"))
+    assert "engine_rules.py" in [f.name for f in provenance.judge_sources(judge, root)]
+
+
+def test_a_verdict_judged_with_another_packaging_or_recording_none_is_stale() -> None:
+    judged = hostjudge.judge("inventory", _raw(["torch==2.14.0"]))
+    assert freshness.staleness(_result(judged), {"inventory": INVENTORY_HASH}) == ""
+    other = judged.with_evidence(**{provenance.JUDGED_WITH: {"packaging": "0.1"}})
+    assert freshness.staleness(_result(other), {"inventory": INVENTORY_HASH}) == freshness.JUDGE_CHANGED
+    none = judged.replace(evidence={k: v for k, v in judged.evidence.items() if k != provenance.JUDGED_WITH})
+    assert freshness.staleness(_result(none), {"inventory": INVENTORY_HASH}) == freshness.JUDGE_CHANGED

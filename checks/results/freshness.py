@@ -33,8 +33,9 @@ NOT_BY_PROBE = frozenset({Status.NOT_RUN, Status.UNAVAILABLE})
 _PHRASE = {
     UNRECORDED: "recorded before results named the code that made them",
     CHANGED: "the probe's source changed since",
-    JUDGE_CHANGED: "judged on the host by another version of the requirement judge (hostjudge.py) than this "
-                   "checkout's, or by one no result recorded",
+    JUDGE_CHANGED: "judged on the host by another version of the requirement judge (hostjudge.py and the modules "
+                   "it imports) than this checkout's, or with other versions of the libraries it uses (packaging), "
+                   "or by one no result recorded",
     UNKNOWN_COMMIT: "made by code outside a git checkout (commit unknown)",
     DIRTY: "made by code with uncommitted changes, or changes nobody recorded (dirty true or unknown)",
     CONTRIBUTED: "measured elsewhere and imported: the probe code it names is the bundle's claim, which this "
@@ -62,14 +63,26 @@ def judged_by(result: ProbeResult) -> dict[str, str] | None:
     return {} if isinstance(installed, dict) and "requirements_read" in installed else None
 
 
+def judged_with(result: ProbeResult) -> dict[str, str] | None:
+    """The third-party versions the judge recorded it judged ``result`` with (provenance.JUDGED_WITH), None when
+    it recorded none."""
+    recorded = result.verdict.evidence.get(provenance.JUDGED_WITH)
+    if not isinstance(recorded, dict):
+        return None
+    return {k: v for k, v in recorded.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 def judge_changed(result: ProbeResult, judges: Mapping[str, str] | None = None) -> bool:
     """Whether host-side code shaped ``result`` in a version other than this checkout's (``judges``: file
-    name -> version; default provenance.verdict_code_versions()), or in one it did not record."""
+    name -> version; default provenance.verdict_code_versions()), or in one it did not record, or with
+    third-party versions other than those installed here, or recording none."""
     shaped = judged_by(result)
     if shaped is None:
         return False
     now = provenance.verdict_code_versions() if judges is None else judges
-    return not shaped or any(now.get(name) != version for name, version in shaped.items())
+    used = judged_with(result)
+    return not shaped or any(now.get(name) != version or used != provenance.verdict_code_with(name)
+                             for name, version in shaped.items())
 
 
 def staleness(result: ProbeResult, current: Mapping[str, str], judges: Mapping[str, str] | None = None,

@@ -24,6 +24,7 @@ import hashlib
 import importlib.metadata
 import json
 import subprocess
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -302,25 +303,110 @@ def same_code(recorded: str | None, current: str | None) -> bool:
     return current is not None and recorded is not None and current in (recorded, _aliases().get(recorded))
 
 
-# Host-side code that decides verdicts after a probe ran, versioned like probe code (the layout-free hash of
-# the whole file, code_version): the requirement judge, applied as a result is recorded, writes its version into
-# the result's evidence under JUDGED_BY (file name -> version); the gate reader, applied whenever advice is
-# given, is shown with its version beside the gates it read. A verdict judged by another version than this
-# checkout's is stale (checks.results.freshness).
+# Host-side code that decides verdicts after a probe ran, versioned like probe code: the requirement judge,
+# applied as a result is recorded, writes its version into the result's evidence under JUDGED_BY (file name ->
+# version) and the versions of the third-party distributions it imports under JUDGED_WITH (distribution ->
+# version); the gate reader, applied whenever advice is given, is shown with its version beside the gates it
+# read. A judge's version (judge_version) hashes its file together with every project module its import
+# statements name (found by reading them, judge_sources: the rules the gate reader applies in engine_rules.py
+# and the judge's distribution table in inenv/dists.py count because the judges import them), the record a
+# verdict is written in and the probe API aside (RECORD_MODULES: shared by every judge, like the probe API for
+# probe hashes). A verdict judged by another version than this checkout's, or with other third-party versions
+# than this host's, or recording none of them, is stale (checks.results.freshness).
 VERDICT_CODE = {"hostjudge.py": CODE_ROOT / "checks" / "run" / "hostjudge.py",
                 "gates.py": CODE_ROOT / "checks" / "report" / "gates.py"}
 VERDICT_CODE_ROLE = {"hostjudge.py": "requirement judge", "gates.py": "gate reader"}
 JUDGED_BY = "judged_by"
+JUDGED_WITH = "judged_with"
+RECORD_MODULES = API_MODULES | {"provenance", "result"}  # the versioning itself and the typed result
+
+
+def _module_file(module: str, root: Path) -> Path | None:
+    """The file of project module ``module`` (dotted) under ``root``, or None (a name, not a module)."""
+    base = root.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _judge_imports(source: str) -> tuple[frozenset[tuple[str, str]], frozenset[str]]:
+    """(project imports as (module, module.name) pairs, top-level names of other imports at module level) that
+    ``source``'s import statements name; ``from a.b import c`` names module ``a.b.c`` where that is one, else
+    ``a.b`` (judge_sources decides, by the files there are)."""
+    project: set[tuple[str, str]] = set()
+    other: set[str] = set()
+    tree = ast.parse(source)
+    for node in pysource.statements(tree):
+        if isinstance(node, ast.Import):
+            names = [(a.name, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [(node.module, f"{node.module}.{a.name}") for a in node.names]
+        else:
+            continue
+        for module, deeper in names:
+            top = module.split(".")[0]
+            if top in PROJECT_PACKAGES:
+                project.add((module, deeper))
+            elif node in tree.body and top != "__future__":
+                other.add(top)
+    return frozenset(project), frozenset(other)
+
+
+def judge_sources(path: Path, root: Path = CODE_ROOT) -> list[Path]:
+    """The judge's file, then each project module its import statements name (one level: a module's own
+    imports are its own), in the order of their file names; RECORD_MODULES left out."""
+    project, _ = _judge_imports(path.read_text())
+    modules = {deeper if _module_file(deeper, root) else module for module, deeper in project}
+    found = {f for m in modules if m.split(".")[-1] not in RECORD_MODULES and (f := _module_file(m, root))}
+    return [path, *sorted(found - {path}, key=lambda f: (f.name, f.as_posix()))]
+
+
+@functools.cache
+def _distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def judge_third_party(path: Path, root: Path = CODE_ROOT) -> list[str]:
+    """The distributions whose modules the judge's files import at module level (not the standard library,
+    not the project), sorted: ``packaging`` for the requirement judge."""
+    tops: set[str] = set()
+    for f in judge_sources(path, root):
+        tops |= _judge_imports(f.read_text())[1]
+    return sorted({d for top in tops - set(sys.stdlib_module_names) for d in _distributions().get(top, [top])})
+
+
+def _installed(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return UNKNOWN
 
 
 def code_version(path: Path) -> str:
-    """The version of one host-side module: its file hashed as probe sources are (layout-free)."""
+    """The version of one host-side module alone: its file hashed as probe sources are (layout-free)."""
     return source_hash([path])
 
 
+def judge_version(path: Path, root: Path = CODE_ROOT) -> str:
+    """The version of a judge: its file and the project modules it imports, each whole (a probe module's
+    declaration block included), hashed layout-free as probe sources are."""
+    h = hashlib.sha256()
+    for p in judge_sources(path, root):
+        h.update(p.name.encode() + b"\0" + _layout_free(p.read_text()).encode() + b"\0")
+    return h.hexdigest()[:HASH_CHARS]
+
+
 def verdict_code_versions() -> dict[str, str]:
-    """File name -> version of each host-side module of VERDICT_CODE, as this checkout has it."""
-    return {name: code_version(path) for name, path in VERDICT_CODE.items() if path.is_file()}
+    """File name -> version of each host-side judge of VERDICT_CODE, as this checkout has it."""
+    return {name: judge_version(path) for name, path in VERDICT_CODE.items() if path.is_file()}
+
+
+def verdict_code_with(name: str) -> dict[str, str]:
+    """Distribution -> the version installed here, for each third-party distribution judge ``name`` imports."""
+    path = VERDICT_CODE.get(name)
+    return {d: _installed(d) for d in judge_third_party(path)} if path is not None and path.is_file() else {}
 
 
 def probe_hash(path: Path, helpers: Path = HELPERS) -> str:

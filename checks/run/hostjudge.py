@@ -171,12 +171,14 @@ NAME = "hostjudge.py"  # this file, as checks.results.provenance.VERDICT_CODE na
 
 def judge(probe_id: str, verdict: Verdict) -> Verdict:
     """``verdict`` with the host's judgement of probe ``probe_id`` added, if that probe has one; a verdict
-    the judge changed records the judge's version (provenance.JUDGED_BY), so that a later change of this
-    file marks it stale instead of leaving it silently different from what this code would say."""
+    the judge changed records the judge's version (provenance.JUDGED_BY: this file and the project modules it
+    imports) and the third-party versions it judged with (provenance.JUDGED_WITH: packaging), so that a later
+    change of either marks it stale instead of leaving it silently different from what this code would say."""
     found = JUDGES.get(probe_id)
     if found is None:
         return verdict
     judged = found(verdict)
     if judged is verdict:  # nothing recorded for it to judge
         return verdict
-    return judged.with_evidence(**{provenance.JUDGED_BY: {NAME: provenance.code_version(Path(__file__))}})
+    return judged.with_evidence(**{provenance.JUDGED_BY: {NAME: provenance.judge_version(Path(__file__))},
+                                   provenance.JUDGED_WITH: provenance.verdict_code_with(NAME)})
