@@ -60,6 +60,8 @@ class BuildRecord:
     from_base_summary: str  # what an overlay venv cell takes from its base ("" for a full cell)
     carried: Mapping[str, tuple[str, ...]]  # installed carried comm modules -> their SASS targets
     data: Mapping[str, Any] = field(repr=False)
+    # comm modules compiled by this build -> the compilers' CPU seconds per target (provision.kernels)
+    compile_costs: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def runnable(self) -> bool:
@@ -73,7 +75,7 @@ class BuildRecord:
                    tag=_text(data.get("tag")), reason=_text(data.get("reason")) or "",
                    python=_text(data.get("python")), base_python=_text(data.get("base_python")),
                    from_base_summary=_text(data.get("from_base_summary")) or "", carried=_carried(data),
-                   data=MappingProxyType(dict(data)))
+                   data=MappingProxyType(dict(data)), compile_costs=_compile_costs(data))
 
 
 def _text(value: Any) -> str | None:
@@ -92,6 +94,20 @@ def _carried(data: Mapping[str, Any]) -> Mapping[str, tuple[str, ...]]:
         sass = row.get("sass") if isinstance(row, Mapping) and row.get("carried") is True else None
         if isinstance(name, str) and isinstance(sass, list):
             out[name] = tuple(str(s) for s in sass)
+    return MappingProxyType(out)
+
+
+def _compile_costs(data: Mapping[str, Any]) -> Mapping[str, float]:
+    """CPU seconds per target of each comm module the record says this build compiled (a module it reused or
+    found cached records none); a row of another shape is left out."""
+    kernels = data.get("kernels")
+    modules = kernels.get("modules") if isinstance(kernels, Mapping) else None
+    out: dict[str, float] = {}
+    for name, row in (modules.items() if isinstance(modules, Mapping) else ()):
+        cpu, targets = (row.get("compile_cpu_s"), row.get("targets")) if isinstance(row, Mapping) else (None, None)
+        if (isinstance(name, str) and isinstance(cpu, int | float) and not isinstance(cpu, bool) and cpu > 0
+                and isinstance(targets, int) and not isinstance(targets, bool) and targets > 0):
+            out[name] = float(cpu) / targets
     return MappingProxyType(out)
 
 

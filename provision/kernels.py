@@ -584,19 +584,18 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
 
 def learned_costs(envs: Path) -> dict[str, float]:
     """CPU seconds per target of each module, as this host's earlier kernel stages measured them (the build
-    records under ``envs``): the mean over every build that compiled (a cached or reused one is left out)."""
+    records under ``envs``, read by the one reader): the mean over every build that compiled (a cached or
+    reused one is left out)."""
     seen: dict[str, list[float]] = {}
-    for path in sorted(envs.glob("*/*.json")) if envs.is_dir() else ():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        kernels = data.get("kernels") if isinstance(data, dict) else None
-        mods = kernels.get("modules") if isinstance(kernels, dict) else None
-        for module, row in (mods or {}).items() if isinstance(mods, dict) else ():
-            cpu, targets = (row.get("compile_cpu_s"), row.get("targets")) if isinstance(row, dict) else (None, None)
-            if isinstance(cpu, (int, float)) and cpu > 0 and isinstance(targets, int) and targets > 0:
-                seen.setdefault(str(module), []).append(float(cpu) / targets)
+    for folder in sorted(p for p in envs.iterdir() if p.is_dir()) if envs.is_dir() else ():
+        read: set[Path] = set()
+        for of in backend.RECORD_NAMES:
+            loaded = buildrecord.read(folder, of)
+            if loaded.record is None or loaded.path in read:  # a venv cell's build.json is read once
+                continue
+            read.add(loaded.path)
+            for module, per_target in loaded.record.compile_costs.items():
+                seen.setdefault(module, []).append(per_target)
     return {m: sum(v) / len(v) for m, v in seen.items()}
 
 

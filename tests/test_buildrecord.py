@@ -4,6 +4,7 @@ reads it to know what can run)."""
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
 from pathlib import Path
 
@@ -74,9 +75,23 @@ def test_a_build_json_of_a_venv_cell_is_the_venv_record_until_it_has_its_own(tmp
 RECORD_MARKS = ("RECORD_NAMES", "record_file", "build.json", "build-venv.json")
 
 
+def _globs_a_record(node: ast.AST) -> bool:
+    """Whether ``node`` is a call of glob, rglob or iglob with a pattern a build record's file name matches
+    (``*/*.json`` lists every record of an envs folder without naming one)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("glob", "rglob", "iglob")):
+        return False
+    patterns = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return any(fnmatch.fnmatch(f"{folder}{name}", pattern) for pattern in patterns
+               for name in RECORD_MARKS[2:] for folder in ("", "cell/", "envs/cell/"))
+
+
 def _mentions(node: ast.AST, names: set[str]) -> bool:
-    """Whether ``node`` names a build record's file (RECORD_MARKS) or a variable that holds one (``names``)."""
+    """Whether ``node`` names a build record's file (RECORD_MARKS), lists such files by a glob, or names a
+    variable that holds one (``names``)."""
     for sub in ast.walk(node):
+        if _globs_a_record(sub):
+            return True
         if isinstance(sub, ast.Name) and (sub.id in names or sub.id in RECORD_MARKS):
             return True
         if isinstance(sub, ast.Attribute) and sub.attr in RECORD_MARKS:
@@ -97,7 +112,8 @@ def raw_record_reads(source: str) -> list[int]:
         for node in ast.walk(scope):
             if isinstance(node, ast.Assign) and _mentions(node.value, names):
                 names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-            elif isinstance(node, ast.For) and _mentions(node.iter, names) and isinstance(node.target, ast.Name):
+            elif (isinstance(node, ast.For | ast.comprehension) and _mentions(node.iter, names)
+                  and isinstance(node.target, ast.Name)):
                 names.add(node.target.id)
         for node in ast.walk(scope):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
@@ -117,6 +133,12 @@ def test_the_raw_read_check_sees_the_forms_a_record_was_read_in() -> None:
         "def f(b, c):\n    name = 'build-venv.json' if b else 'build.json'\n"
         "    return json.loads((ROOT / c / name).read_text())\n": [3],
         "def f(folder):\n    return json.loads((folder / 'cell.json').read_text())\n": [],
+        # what provision/kernels.py's learned_costs did: every JSON file of every cell folder, by a glob
+        "def f(envs):\n    for path in sorted(envs.glob('*/*.json')):\n        data = json.loads(path.read_text())\n":
+            [3],
+        "def f(envs):\n    found = list(envs.rglob('build*.json'))\n    return [json.loads(p.read_text()) "
+        "for p in found]\n": [3],
+        "def f(envs):\n    for path in envs.glob('*/cell.json'):\n        data = json.loads(path.read_text())\n": [],
     }
     assert {src: raw_record_reads(src) for src in forms} == forms
 

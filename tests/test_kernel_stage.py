@@ -165,12 +165,18 @@ def test_before_any_long_build_ends_the_quick_modules_builds_scale_the_declared_
 
 
 def test_learned_costs_come_from_this_hosts_records(tmp_path: Path) -> None:
-    for cid, cpu in (("a", 300.0), ("b", 500.0)):
+    """Read by the one build-record reader: each cell's records (an image's and a venv cell's), a venv cell's
+    build.json once, a row of another shape and any other JSON file of the folder left out."""
+    for cid, cpu, name in (("a", 300.0, "build.json"), ("b", 500.0, "build-venv.json"), ("c", 100.0, "build.json")):
         (tmp_path / cid).mkdir()
-        (tmp_path / cid / "venv.json").write_text(json.dumps({"kernels": {"modules": {
+        (tmp_path / cid / name).write_text(json.dumps({"backend": "venv" if cid == "c" else "docker",
+                                                       "kernels": {"modules": {
             "moe_a2a": {"carried": True, "compile_cpu_s": cpu, "targets": 2},
-            "vllm_comm": {"carried": True}}}}))  # reused: no CPU recorded, nothing learned
-    assert kernels.learned_costs(tmp_path) == {"moe_a2a": 200.0}
+            "vllm_comm": {"carried": True},  # reused: no CPU recorded, nothing learned
+            "trtllm_comm": {"compile_cpu_s": "9", "targets": True}}}}))  # not numbers: left out
+    (tmp_path / "a" / "cell.json").write_text(json.dumps({"kernels": {"modules": {
+        "moe_a2a": {"compile_cpu_s": 10_000.0, "targets": 1}}}}))  # not a build record
+    assert kernels.learned_costs(tmp_path) == {"moe_a2a": 150.0}
 
 
 def test_provision_build_carries_the_quick_module_then_starts_the_long_stage_once(
