@@ -44,7 +44,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, BinaryIO
 
-from inenv import gpugate, rank, worker
+from inenv import forked, gpugate, rank, worker
 from inenv.lifetime import VARIANT_TOKEN_ENV, die_with_parent, end_all_with_env
 from inenv.probe import LEVEL_ENV, Variant, outcome
 from inenv.registry import ProbeLocation, ProbeNotFound
@@ -171,6 +171,17 @@ class Pool:
     limit: int = field(default_factory=lambda: int(os.environ.get(RANKS_LIMIT_ENV) or DEFAULT_RANKS_LIMIT))
     groups: OrderedDict[GroupKey, Group] = field(default_factory=OrderedDict)
     last: dict[str, Any] = field(default_factory=dict)  # the last warm launch, for its evidence
+    fork: bool = field(default_factory=forked.enabled)  # new groups' ranks forked from this worker
+    fork_refused: str = ""  # why this worker cannot fork them (inenv.forked.prepare), once asked
+    _fork_ready: bool = False
+
+    def can_fork(self) -> bool:
+        """Whether a new group's ranks are forked from this worker: asked once, when the first group starts
+        (torch imported here then, for every rank forked later)."""
+        if self.fork and not self._fork_ready and not self.fork_refused:
+            self.fork_refused = forked.prepare()
+            self._fork_ready = not self.fork_refused
+        return self.fork and self._fork_ready
 
     def pids(self) -> frozenset[int]:
         return frozenset(pid for g in self.groups.values() for pid in g.pids())
@@ -220,7 +231,7 @@ class Pool:
         group = self._take(key)
         reused = group is not None
         if group is None:
-            group = _spawn(key, envs, workdir)
+            group = _spawn(key, envs, workdir, fork=self.can_fork())
             spawned = [r.spawned_at for r in group.ranks]
         else:
             spawned = [time.time()] * len(group.ranks)
@@ -269,7 +280,10 @@ class Pool:
         finished = time.time()
         result = worker._collect(states, workdir, hang, finished, gate)
         group.runs += 1
-        self.last = {"reused": reused, "run": group.runs, "pids": group.pids()}
+        self.last = {"reused": reused, "run": group.runs, "pids": group.pids(),
+                     "forked": any(isinstance(r.proc, forked.Forked) for r in group.ranks)}
+        if self.fork_refused:
+            self.last["fork_refused"] = self.fork_refused
         if keep:
             self._keep(group)
         else:
@@ -277,21 +291,25 @@ class Pool:
         return result
 
 
-def _spawn(key: GroupKey, envs: list[dict[str, str]], workdir: Path) -> Group:
+def _spawn(key: GroupKey, envs: list[dict[str, str]], workdir: Path, fork: bool = False) -> Group:
     """A group's rank processes, started with the first variant's environment and logs; each waits for its
-    first request."""
+    first request. ``fork``: forked from this process (inenv.forked), which imported torch for them, instead of
+    new interpreters."""
     ranks: list[WarmRank] = []
     try:
         for i, env in enumerate(envs):
             read, write = os.pipe()
             os.set_blocking(read, False)
             try:
-                with open(rank.log_path(workdir, i), "wb") as log:
-                    spawned = time.time()
-                    proc = subprocess.Popen([sys.executable, "-m", "inenv.rank"],
-                                            env={**env, rank.ENV_REPLY_FD: str(write)}, stdin=subprocess.PIPE,
-                                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
-                                            pass_fds=(write,))
+                spawned = time.time()
+                if fork:
+                    proc: Any = forked.fork_rank(env, str(rank.log_path(workdir, i)), write)
+                else:
+                    with open(rank.log_path(workdir, i), "wb") as log:
+                        proc = subprocess.Popen([sys.executable, "-m", "inenv.rank"],
+                                                env={**env, rank.ENV_REPLY_FD: str(write)}, stdin=subprocess.PIPE,
+                                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+                                                pass_fds=(write,))
             except BaseException:
                 os.close(read)
                 raise

@@ -91,27 +91,41 @@ SUITE: list[tuple[str, int, Status, str]] = [
 ]
 
 
-def test_the_stand_in_suite_gets_the_same_verdicts_one_shot_and_warm(warm: LocalExecutor) -> None:
+def test_the_stand_in_suite_gets_the_same_verdicts_one_shot_and_warm(warm: LocalExecutor,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     cold = LocalExecutor()
-    got: dict[str, list[tuple[str, str]]] = {"cold": [], "warm": []}
-    for name, ex in (("cold", cold), ("warm", warm)):
+    spawned = LocalExecutor().with_run_env((), warm=True)  # its serving worker starts with forking off
+    got: dict[str, list[tuple[str, str]]] = {"cold": [], "warm": [], "spawned": []}
+    for name, ex in (("cold", cold), ("warm", warm), ("spawned", spawned)):
+        monkeypatch.setenv("STACKPROBE_FORK_RANKS", "0" if name == "spawned" else "1")
         for probe, ranks, _, _ in SUITE:
             v = run(ex, probe, ranks)
             got[name].append((v.status.value, v.reason_code))
-    assert got["cold"] == got["warm"]
+    spawned.close()
+    assert got["cold"] == got["warm"] == got["spawned"]
     for (probe, _, status, code), (s, c) in zip(SUITE, got["warm"], strict=True):
         assert s == status.value, (probe, s, c)
         if code:
             assert c == code, (probe, c)
 
 
-def test_kept_ranks_are_reused_and_import_torch_once(warm: LocalExecutor) -> None:
-    first = run(warm, "t-warm-pid", 2)
-    second = run(warm, "t-warm-pid", 2, (("env.STACKPROBE_LEVEL", "quick"),))  # read per call: same group
+@pytest.mark.parametrize("fork", [True, False])
+def test_kept_ranks_are_reused_and_import_torch_once(fork: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forked from the serving worker, which imported torch for them, the ranks have torch before their first
+    variant; started as new interpreters (STACKPROBE_FORK_RANKS=0), they import it in the first variant. Either
+    way the second variant finds it imported in the same processes."""
+    monkeypatch.setenv("STACKPROBE_FORK_RANKS", "1" if fork else "0")
+    warm = LocalExecutor().with_run_env((), warm=True)
+    try:
+        first = run(warm, "t-warm-pid", 2)
+        second = run(warm, "t-warm-pid", 2, (("env.STACKPROBE_LEVEL", "quick"),))  # read per call: same group
+    finally:
+        warm.close()
     assert first.status is second.status is Status.PASS
     assert pids(first) == pids(second)
     assert (first.metrics["runs_here"], second.metrics["runs_here"]) == (1, 2)
-    assert (first.metrics["torch_before"], second.metrics["torch_before"]) == (False, True)
+    assert (first.metrics["torch_before"], second.metrics["torch_before"]) == (fork, True)
+    assert first.evidence["warm"]["forked"] is fork and "fork_refused" not in first.evidence["warm"]
     assert first.metrics["port"] != second.metrics["port"]  # each variant its own rendezvous
     assert second.evidence["warm"]["reused"] is True
     assert [r["exit"] for r in second.evidence["ranks"]] == ["kept", "kept"]
