@@ -1,10 +1,12 @@
 """stackprobe's readings of engine releases' gate rules (checks/report/engine_rules.py) against the engines' code.
 
-Each reading holds the file and lines of the release it was read from and a fingerprint of those lines. Where
-the release's wheel is on this machine (uv's cache, or a folder of wheels named by STACKPROBE_ENGINE_WHEELS),
-its source as installed must still hold every line read, and a one-character change to a copy of those lines
-must fail the reading; where it is not, those tests skip and say so. Without any wheel, the comparison itself is
-checked on lines written here, and every engine release an engine matrix installs must have a reading.
+Each reading holds the file and lines of the release it was read from and a fingerprint of those lines. The
+lines each span cites are committed under tests/engine_sources/<engine>-<version>/ (one file per span, named
+``<path>.<first>-<last>``, the wheel they came from in ``WHEEL``), so every machine, CI included, checks each
+fingerprint against the lines read and that a one-character change to a copy of them fails the reading. Where
+the release's wheel is on this machine too (uv's cache, or a folder of wheels named by
+STACKPROBE_ENGINE_WHEELS), its source as installed must hold exactly the committed lines; where it is not, that
+test skips and says so. Every engine release an engine matrix installs must have a reading.
 """
 
 from __future__ import annotations
@@ -51,6 +53,28 @@ def release_source(engine: str, version: str) -> dict[str, str] | None:
     return None
 
 
+SOURCES = ROOT / "tests" / "engine_sources"
+
+
+def committed_span(engine: str, version: str, span: Span) -> list[str] | None:
+    """The lines a span cites, as committed under SOURCES; None when they are not."""
+    path = SOURCES / f"{engine}-{version}" / f"{span.path}.{span.first}-{span.last}"
+    return path.read_text().splitlines() if path.is_file() else None
+
+
+def committed_source(engine: str, version: str) -> dict[str, str]:
+    """path inside the wheel -> a text holding the committed lines of every span at their own line numbers
+    (the other lines blank), as the wheel's file holds them."""
+    files: dict[str, list[str]] = {}
+    for span in engine_rules.READINGS[(engine, version)].spans():
+        lines = committed_span(engine, version, span)
+        assert lines is not None, f"{span.cite()} of {engine} {version} is not committed under {SOURCES}"
+        text = files.setdefault(span.path, [])
+        text.extend([""] * max(0, span.last - len(text)))
+        text[span.first - 1:span.last] = lines
+    return {path: "\n".join(lines) + "\n" for path, lines in files.items()}
+
+
 def _source_or_skip(engine: str, version: str) -> dict[str, str]:
     found = release_source(engine, version)
     if found is None:
@@ -60,17 +84,33 @@ def _source_or_skip(engine: str, version: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("engine", "version"), RELEASES)
-def test_the_release_as_installed_still_holds_every_line_read(engine: str, version: str) -> None:
-    source = _source_or_skip(engine, version)
+def test_every_fingerprint_is_that_of_the_committed_lines_it_cites(engine: str, version: str) -> None:
+    """Without any wheel: each span's committed lines hash to its fingerprint (SHA-256 of the lines, trailing
+    blanks stripped, joined by newlines; first 16 hex digits, computed here), and the reading compares them so."""
     reading = engine_rules.READINGS[(engine, version)]
+    for span in reading.spans():
+        lines = committed_span(engine, version, span)
+        assert lines is not None and len(lines) == span.last - span.first + 1, span.cite()
+        assert hashlib.sha256("\n".join(ln.rstrip() for ln in lines).encode()).hexdigest()[:16] == span.sha
+    source = committed_source(engine, version)
     assert [d for s in reading.spans() if (d := s.differs(source[s.path]))] == []
 
 
 @pytest.mark.parametrize(("engine", "version"), RELEASES)
-def test_a_changed_copy_of_the_release_fails_its_reading(engine: str, version: str) -> None:
-    """A copy of the release's files with one line of each span changed (a comparison flipped, a number
-    changed), or a line inserted above it: every span read there reports the difference."""
+def test_the_release_as_installed_holds_exactly_the_committed_lines(engine: str, version: str) -> None:
     source = _source_or_skip(engine, version)
+    reading = engine_rules.READINGS[(engine, version)]
+    assert [d for s in reading.spans() if (d := s.differs(source[s.path]))] == []
+    for span in reading.spans():
+        assert source[span.path].splitlines()[span.first - 1:span.last] == committed_span(engine, version, span)
+
+
+@pytest.mark.parametrize(("engine", "version"), RELEASES)
+def test_a_changed_copy_of_the_release_fails_its_reading(engine: str, version: str) -> None:
+    """A copy of the release's files (the committed lines where the wheel is not here) with one line of each
+    span changed (a comparison flipped, a number changed), or a line inserted above it: every span read there
+    reports the difference."""
+    source = release_source(engine, version) or committed_source(engine, version)
     for span in engine_rules.READINGS[(engine, version)].spans():
         lines = source[span.path].splitlines()
         body = lines[span.first - 1:span.last]
