@@ -8,10 +8,11 @@ many compiler processes the GPU host started, with or without the kernels the ce
 libraries and NCCL) with the flashinfer wheels of ``--wheels`` installed into it (pip, no index: a lent machine's
 environment, given back after the call), nothing carried, probed as it is with
 ``checks run --backend local --python`` (the fi-jit probe loads what the environment's flashinfer JIT cache holds
-and compiles for this GPU only what it lacks). ``--cold``: afterwards the quick level three more times with
-``--fresh``: as it is (``warm_quick_s``), with ``--cold-ranks`` (every variant in rank processes of its own:
-``cold_quick_s``) and with ``--gpu-alone`` (every GPU variant alone on the GPUs: ``alone_quick_s``), the A/B of
-warm ranks and of the shared GPU lock on one machine.
+and compiles for this GPU only what it lacks). ``--cold``: afterwards the quick level four more times with
+``--fresh``: as it is (``warm_quick_s``), with warm ranks started as new interpreters instead of forked from
+their serving worker (``STACKPROBE_FORK_RANKS=0``: ``spawned_quick_s``), with ``--cold-ranks`` (every variant in
+rank processes of its own: ``cold_quick_s``) and with ``--gpu-alone`` (every GPU variant alone on the GPUs:
+``alone_quick_s``), the A/B of forked and warm ranks and of the shared GPU lock on one machine.
 ``--case carried``: the cell's kernel set (``.cache/kernels/<cell>/``, made on a CPU machine by `provision build`
 and copied here) is installed by `provision build`; ``--case none``: ``--kernel-archs none``, in a venv folder
 of its own, so nothing is carried and fi-jit compiles on this host. Then `checks run --all` (the quick pass,
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+FORK_OFF = "STACKPROBE_FORK_RANKS"  # inenv.forked.DISABLE_ENV
 COMPILERS = ("nvcc", "cicc", "ptxas", "ninja", "fatbinary", "nvlink")
 
 
@@ -175,13 +177,14 @@ def main(argv: list[str]) -> int:
         stop.set()
         ab: dict[str, float | None] = {}
         if args.cold:
-            for name, extra in (("warm_quick_s", []), ("cold_quick_s", ["--cold-ranks"]),
-                                ("alone_quick_s", ["--gpu-alone"])):
-                fh.write(f"\n== {name}: the quick level again, --fresh {' '.join(extra)}\n")
+            for name, extra, more in (("warm_quick_s", [], {}), ("spawned_quick_s", [], {FORK_OFF: "0"}),
+                                      ("cold_quick_s", ["--cold-ranks"], {}), ("alone_quick_s", ["--gpu-alone"], {})):
+                fh.write(f"\n== {name}: the quick level again, --fresh {' '.join(extra)} {more or ''}\n")
                 fh.flush()
                 t2 = time.monotonic()
                 again = subprocess.Popen([*run, "--level", "quick", "--fresh", "--no-report", *extra], cwd=ROOT,
-                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                         env={**env, **more}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True)
                 stamped(again.stdout, fh, t2)
                 ab[name] = round(time.monotonic() - t2, 1) if again.wait(timeout=args.limit) == 0 else None
     objects = sum(1 for _ in jit.rglob("*.o")) if jit.is_dir() else 0
