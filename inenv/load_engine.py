@@ -245,6 +245,12 @@ class Unavailable(Exception):
         self.code = code
 
 
+class SizeRefused(Exception):
+    """A backend's refusal of one token count at capture (its policy has no configuration for it, or the engines
+    send it to another backend at that size): when every rank refuses it, the count is left out of the walk and
+    named in the evidence."""
+
+
 def register(name: str, factory: Factory) -> None:
     REGISTRY[name] = factory
 
@@ -473,6 +479,7 @@ class Run:
     evidence: dict[str, Any] = field(default_factory=dict)
     replay: int = 0
     verified: int = 0
+    refused: dict[int, str] = field(default_factory=dict)  # token count -> why the backend refused it
 
     @property
     def wait_s(self) -> float:
@@ -568,6 +575,12 @@ def _drive(load: Run, made: list[Backend], lanes_per: int, device: Any, gpu: boo
     found = _capture(load, lanes, counts, streams, device, exchange)
     if found is not None:
         return found
+    if load.refused:
+        counts = tuple(n for n in counts if n not in load.refused)
+        load.evidence["refused_sizes"] = {str(n): why for n, why in sorted(load.refused.items())}
+        if not counts:
+            return load.result("fail", f"the backend refused every token count: {next(iter(load.refused.values()))}",
+                               "load-setup-failed")
     for lane in lanes:
         lane.walk = walk(counts, middle, lane.stream + 1)
     clock = Clock(gpu) if load.pattern == REPLAY and not shared else None
@@ -605,22 +618,31 @@ def _capture(load: Run, lanes: list[Lane], counts: tuple[int, ...], streams: Str
         if not _dist.agree(not err, exchange):
             return load.result("fail", f"buffers failed: {err or 'on a peer rank'}", "load-setup-failed")
         for size in counts:
+            if size in load.refused:
+                continue
             load.record.at("capture", replay=0, size=size, stream=lane.stream, pdl=load.pdl, stall_s=load.stall_s)
-            err, hung = "", False
+            err, hung, refused = "", False, ""
             try:
                 with streams.on(lane.stream):
                     lane.replays[size] = lane.backend.capture(size, load.pdl, lane.index)
                 streams.wait(CAPTURE_WAIT_S)
+            except SizeRefused as exc:
+                refused = str(exc) or "refused"
             except _device.Hung as exc:
                 err, hung = str(exc), True
             except Exception as exc:
                 err = _errors.error_tail(exc)
-            verdicts = _dist.gather_objects("hang" if hung else "error" if err else "ok", exchange)
+            verdicts = _dist.gather_objects("hang" if hung else "error" if err else "refused" if refused else "ok",
+                                            exchange)
+            if set(verdicts) == {"refused"}:
+                load.refused[size] = refused[:300]
+                continue
             if any(v != "ok" for v in verdicts):
                 what = f"capture of the {size}-token graph on stream {lane.stream} (PDL {'on' if load.pdl else 'off'})"
                 if "hang" in verdicts:
                     return load.result("hang", f"{what} did not finish: {err or 'on a peer rank'}", "load-hang")
-                return load.result("fail", f"{what} failed: {err or 'on a peer rank'}", "load-capture-failed")
+                why = err or (f"refused here ({refused}), taken on a peer rank" if refused else "on a peer rank")
+                return load.result("fail", f"{what} failed: {why}", "load-capture-failed")
     load.evidence["graphs"] = len(lanes) * len(counts)
     return None
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The committed 2x H200 run's host facts, as `checks run` records them
 FACTS = ROOT / "results" / "h200x2-5bce98f7" / "20261201T021126Z-b42a.manifest.json"
 # The probes whose variants run several ranks (an allreduce or an all-to-all over 2 or more)
-MULTI_RANK = ("ar-latency", "custom-ar", "ep-a2a", "fi-fusion", "nccl-graphs", "pcie-ipc", "step", "symm-mem")
+MULTI_RANK = ("ar-latency", "custom-ar", "ep-a2a", "fi-fusion", "load", "nccl-graphs", "pcie-ipc", "step", "symm-mem")
 
 
 def _plan(gpus: int) -> list[Variant]:
@@ -31,8 +31,9 @@ def test_every_multi_rank_probe_is_planned_at_every_world_size_of_an_8_gpu_host(
     plan = _plan(8)
     for pid in MULTI_RANK:
         runs = {v.ranks for v in plan if v.probe_id == pid and v.skip is None and not v.share_gpu and v.ranks > 1}
-        # ar-latency only times: at the deep world sizes only (tests/test_plan_depth.py)
-        assert runs == ({2, 4, 8} if pid == "ar-latency" else {2, 3, 4, 5, 6, 7, 8}), pid
+        # ar-latency only times, and load asks the same of every world size: at the deep world sizes only
+        # (tests/test_plan_depth.py, tests/test_probe_load.py)
+        assert runs == ({2, 4, 8} if pid in ("ar-latency", "load") else {2, 3, 4, 5, 6, 7, 8}), pid
         # each one's GPU count is its rank count: a GPU per rank
         assert all(v.gpu_count == v.ranks for v in plan if v.probe_id == pid and not v.share_gpu and v.ranks > 1)
     # every multi-rank probe is in the list above; host-p2p's two ranks are one pair of GPUs, not a world size

@@ -53,8 +53,8 @@ def _logged(path: Path) -> list[list[str]]:
 def test_a_backend_that_deadlocks_after_k_replays_when_the_size_changes_is_a_hang_naming_the_replay_and_size(
         tmp_path: Path) -> None:
     log = tmp_path / "standin.log"
-    result, token = _run("t-load", 2, [["backend", "standin-deadlock-switch"], QUICK, ["env.T_LOAD_K", "40"],
-                                       ["env.T_LOAD_LOG", str(log)]])
+    result, token = _run("t-load", 2, [["backend", "standin-deadlock-switch"], ["pdl", "on"], QUICK,
+                                       ["env.T_LOAD_K", "40"], ["env.T_LOAD_LOG", str(log)]])
     (_, _, _, _, _, call, _, size), = _logged(log)  # "rank 0 blocked at call N size S"
     assert int(call) >= 40
     assert result["status"] == "hang" and result["reason_code"] == "progress-stalled", result
@@ -68,7 +68,7 @@ def test_a_backend_that_deadlocks_after_k_replays_when_the_size_changes_is_a_han
 
 def test_a_backend_that_corrupts_after_a_size_switch_fails_naming_the_replay_and_size(tmp_path: Path) -> None:
     log = tmp_path / "standin.log"
-    result, _ = _run("t-load", 2, [["backend", "standin-corrupt-switch"], QUICK, ["env.T_LOAD_K", "40"],
+    result, _ = _run("t-load", 2, [["backend", "standin-corrupt-switch"], ["pdl", "on"], QUICK, ["env.T_LOAD_K", "40"],
                                    ["env.T_LOAD_LOG", str(log)]])
     (_, _, _, _, call, _, size), = _logged(log)  # "rank 1 corrupted call N size S"
     assert result["status"] == "fail" and result["reason_code"] == "load-drift", result
@@ -88,6 +88,7 @@ def test_a_backend_that_deadlocks_only_from_two_streams_hangs_in_that_pattern_on
     wedged = _logged(log)  # "rank R wedged at call N size S lane L", once per rank
     assert sorted(w[1] for w in wedged) == ["0", "1"]
     assert "standin-two-streams two-streams: queued replays did not finish" in both["note"]
+    assert "PDL off, stream " in both["note"]
     assert both["evidence"]["pattern"] == "two-streams" and both["evidence"]["lanes"] == 2
     assert pids_with_env(token) == []
 
@@ -96,3 +97,97 @@ def test_two_communicators_on_two_streams_pass_for_an_honest_backend() -> None:
     result, _ = _run("t-load", 2, [["backend", "standin-honest"], ["pattern", "two-comms"], QUICK])
     assert result["status"] == "pass", result
     assert result["evidence"]["lanes"] == 2 and "latency_p50_us" not in result["metrics"]  # only replay is timed
+
+
+def test_the_probes_own_nccl_adapter_runs_under_the_engine_on_gloo() -> None:
+    """inenv.probes.load's adapter over the step probe's NCCL backend (in place, one buffer slice per lane), on CPU:
+    the same engine and checks, the collective over gloo, each lane's communicator its own."""
+    result, _ = _run("t-load", 2, [["backend", "nccl"], ["pattern", "two-comms"], QUICK])
+    assert result["status"] == "pass", result
+    assert result["evidence"]["lanes"] == 2 and result["metrics"]["checked"] > 0
+
+
+# --- the probe's pure parts: facts read from the backends' sources, the schedule, the plan ----------------------
+
+def test_switch_points_from_the_backends_own_thresholds() -> None:
+    from inenv import load_engine as engine
+
+    # flashinfer's fusion heuristic: one-shot while tokens x 7168 x 2 x world x 2 bytes <= 512 / 64 / 42 MiB
+    assert [engine.fusion_switch(w, 7168) for w in (2, 4, 8, 3)] == [9362, 585, 192, None]
+    # the custom allreduce: one stage at 2 ranks; below 512 KiB up to 4 ranks, below 256 KiB up to 8 (14 KiB a token)
+    assert [engine.custom_ar_switch(w, 7168) for w in (2, 4, 6, 8)] == [None, 36, 18, 18]
+
+
+def test_the_sizes_hold_decode_verify_and_prefill_and_both_sides_of_each_switch() -> None:
+    from inenv import load_engine as engine
+
+    assert engine.sizes((36,), 585) == (1, 2, 4, 8, 16, 32, 36, 37, 64, 128, 256, 512)
+    assert engine.sizes((128,), 2048) == (1, 2, 4, 8, 16, 32, 64, 128, 129, 256, 512, 2048)
+    assert engine.sizes((), 2048, quick=True) == (1, 8, 32, 512)
+
+
+def test_the_walk_alternates_across_the_switch_and_holds_each_count_for_a_while() -> None:
+    import itertools
+
+    from inenv import load_engine as engine
+
+    counts = (1, 8, 9, 32, 512)
+    steps = list(itertools.islice(engine.walk(counts, 8, 1), 200))
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(steps)]
+    # a run may join two visits that drew the same count, but visits alternate sides, so sides alternate by run
+    sides = [k <= 8 for k, _ in runs]
+    assert all(a != b for a, b in itertools.pairwise(sides))
+    assert {n for n, _ in runs} == set(counts) and max(n for _, n in runs) == 8
+    assert steps == list(itertools.islice(engine.walk(counts, 8, 1), 200))  # deterministic
+    assert steps != list(itertools.islice(engine.walk(counts, 8, 2), 200))  # another lane walks its own way
+
+
+def test_the_offsets_keep_every_sum_exact_in_bf16() -> None:
+    from inenv import load_engine as engine
+
+    assert {engine.offset(r, k) for r in range(50) for k in range(8)} == {-2, -1, 0, 1, 2}
+    assert engine.offset_sum(3, 2) == engine.offset(3, 0) + engine.offset(3, 1) == (21 % 5 - 2) + (24 % 5 - 2)
+
+
+def test_the_plan_runs_replay_everywhere_and_the_other_patterns_at_two_ranks() -> None:
+    from inenv.probe import QUICK, HostView
+    from inenv.probes import load
+
+    one = {v.key: v for v in load.variants(HostView(gpu_count=1))}
+    assert "ranks=2,placement=shared,gpus=1,backend=flashinfer-fusion,pattern=two-streams,pdl=on,mode=crossing" in one
+    assert "ranks=4,placement=shared,gpus=1,backend=flashinfer-fusion,pattern=replay,pdl=on,mode=auto" in one
+    assert not [k for k in one if "ranks=4" in k and "pattern=replay" not in k]
+    assert not [k for k in one if "ranks=3" in k or "ranks=8" in k]  # shared at 2 and 4 ranks only
+    assert one["ranks=2,backend=nccl,pattern=replay"].skip.code == "too-few-gpus"
+    assert "ranks=2,backend=nccl,pattern=two-streams" not in one and "ranks=2,placement=shared,gpus=1,backend=nccl," \
+        "pattern=replay" not in one
+    eight = {v.key for v in load.variants(HostView(gpu_count=8))}
+    assert {k.split(",")[0] for k in eight} == {"ranks=2", "ranks=4", "ranks=8"}  # the deep sizes, a GPU per rank
+    assert not [k for k in eight if "placement=shared" in k]
+    assert "ranks=8,backend=flashinfer-fusion,pattern=replay,pdl=on,mode=crossing" in eight
+    assert load.variants(HostView(gpu_count=8, level=QUICK)) == []
+
+
+def test_a_backend_whose_library_is_absent_is_a_skip_before_any_rank_starts() -> None:
+    from inenv.probe import Variant
+    from inenv.probes import load
+
+    got = load.preflight(Variant("load", 2, (("backend", "vllm-custom-ar"), ("pattern", "replay"))))
+    assert got is not None and got["status"] == "skip" and got["reason_code"] == "missing-package"
+    assert "vllm is not installed" in got["note"]
+    assert load.preflight(Variant("load", 2, (("backend", "nccl"), ("pattern", "replay")))) is None
+
+
+def test_the_fusion_modes_choose_one_shot_or_two_shot_by_size() -> None:
+    from types import SimpleNamespace
+
+    from inenv.probes import load
+
+    def pick(mode: str, world: int) -> list[bool | None]:
+        f = load.Fusion(SimpleNamespace(mode=mode, world=world))  # type: ignore[arg-type]
+        return [f.oneshot(n) for n in (1, 8, 128, 129, 2048)]
+
+    assert pick("crossing", 8) == [True, True, True, False, False]  # two-shot needs more tokens than ranks
+    assert pick("auto", 8) == [None, None, None, None, None]  # flashinfer chooses
+    assert pick("twoshot", 4) == [True, False, False, False, False]
+    assert pick("oneshot", 2) == [True] * 5

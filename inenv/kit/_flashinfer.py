@@ -338,19 +338,50 @@ class Fusion:
     def ar_residual_rmsnorm(
         self, inp: Any, residual: Any, gamma: Any, eps: float, residual_out: Any, norm_out: Any, rank: int, world: int
     ) -> None:
+        self.fused(inp, pattern="rmsnorm", rank=rank, world=world, residual_in=residual, residual_out=residual_out,
+                   gamma=gamma, eps=eps, norm_out=norm_out)
+
+    # The fused patterns by name: residual + RMSNorm, and the quant-fused ones vLLM's allreduce fusion pass enables
+    # (the normalized output quantized to FP8 with a per-tensor scale, or to NVFP4 with its block scale factors
+    # swizzled 128x4); the quant-fused ones write the residual and the quantized output, not the normalized one.
+    PATTERNS = {"rmsnorm": "kARResidualRMSNorm", "fp8": "kARResidualRMSNormFP8Quant",
+                "nvfp4": "kARResidualRMSNormFP4Quant"}
+
+    def nvfp4_layout(self) -> Any:
+        """The swizzled 128x4 scale-factor layout (``QuantizationSFLayout``, ``FP4QuantizationSFLayout`` before)."""
+        for holder, name in (("QuantizationSFLayout", "SWIZZLED_128x4"), ("FP4QuantizationSFLayout", "SWIZZLED")):
+            layout = getattr(getattr(self.comm, holder, None), name, None)
+            if layout is not None:
+                return layout
+        raise LookupError("this flashinfer names no swizzled 128x4 scale-factor layout")
+
+    def fused(self, inp: Any, *, pattern: str, rank: int, world: int, residual_in: Any, residual_out: Any,
+              gamma: Any, eps: float, norm_out: Any = None, quant_out: Any = None, scale_out: Any = None,
+              scale_factor: Any = None, output: Any = None, use_oneshot: bool | None = None,
+              launch_with_pdl: bool = False) -> None:
+        """One fused allreduce of ``inp`` ([tokens, hidden]) in a pattern of :data:`PATTERNS`; ``use_oneshot`` None
+        lets flashinfer choose one-shot or two-shot by size, ``launch_with_pdl`` launches with programmatic
+        dependent launch; ``output`` (optional) is where the plain sum may go instead of a buffer made per call."""
         comm = self.comm
-        pattern = comm.AllReduceFusionPattern.kARResidualRMSNorm
+        code = getattr(comm.AllReduceFusionPattern, self.PATTERNS[pattern])
+        layout = self.nvfp4_layout() if pattern == "nvfp4" else None
         if self.unified:
             comm.allreduce_fusion(
                 input=inp,
                 workspace=self.workspace,
-                pattern=pattern,
-                launch_with_pdl=False,
+                pattern=code,
+                launch_with_pdl=launch_with_pdl,
+                output=output,
                 residual_out=residual_out,
                 norm_out=norm_out,
-                residual_in=residual,
+                quant_out=quant_out,
+                scale_out=scale_out,
+                residual_in=residual_in,
                 rms_gamma=gamma,
                 rms_eps=eps,
+                scale_factor=scale_factor,
+                layout_code=layout,
+                use_oneshot=use_oneshot,
                 fp32_acc=True,
             )
             return
@@ -362,21 +393,21 @@ class Fusion:
             token_num=tokens,
             hidden_dim=hidden,
             workspace_ptrs=self.workspace,
-            launch_with_pdl=False,
-            use_oneshot=None,
+            launch_with_pdl=launch_with_pdl,
+            use_oneshot=use_oneshot,
             trigger_completion_at_end=True,
             fp32_acc=True,
-            pattern_code=pattern,
-            allreduce_out=None,
-            residual_in=residual,
+            pattern_code=code,
+            allreduce_out=output,
+            residual_in=residual_in,
             residual_out=residual_out,
             norm_out=norm_out,
-            quant_out=None,
-            scale_out=None,
+            quant_out=quant_out,
+            scale_out=scale_out,
             rms_gamma=gamma,
             rms_eps=eps,
-            scale_factor=None,
-            layout_code=None,
+            scale_factor=scale_factor,
+            layout_code=layout,
         )
 
     def destroy(self, group: Any) -> None:

@@ -11,6 +11,9 @@ the sum (checked bitwise across ranks). Each misbehaves in one way, and writes w
 - ``standin-two-streams``: replays stay in flight until the engine waits for them, as a stream's do; a replay
   issued on one lane while another lane's is in flight wedges the communicator: it and everything after it never
   finish, so the engine's wait gives up.
+
+The probe's own backends are registered too: its ``nccl`` adapter runs over the gloo group on CPU (its graph is
+the call itself there).
 """
 
 import os
@@ -21,6 +24,7 @@ from typing import Any
 from inenv import load_engine as engine
 from inenv.kit import _device
 from inenv.probe import ProbeSpec, RankContext
+from inenv.probes import load as _probe  # noqa: F401  (registers the probe's own backends: nccl runs on gloo here)
 
 SPEC = ProbeSpec(id="t-load", title="load engine with stand-ins", feature="hang and drift under load, on CPU",
                  ranks=(2,), min_ranks=2, needs_gpu=False, requires=("torch",), timeout_s=90, stall_s=3.0)
@@ -144,5 +148,5 @@ for _cls in (StandIn, DeadlockSwitch, CorruptSwitch, TwoStreams):
 
 def run(ctx: RankContext) -> dict:
     return engine.run(ctx, backend=ctx.param("backend") or "standin-honest", pattern=ctx.param("pattern") or "replay",
-                      pdl=ctx.param("pdl", "on") == "on", mode=ctx.param("mode") or "", stall_s=SPEC.stall_s,
+                      pdl=ctx.param("pdl") == "on", mode=ctx.param("mode") or "", stall_s=SPEC.stall_s,
                       hidden=HIDDEN)
