@@ -405,7 +405,10 @@ def diff_base(args: argparse.Namespace) -> int:
     probes, now = changes.code_now()
     versions: changes.Versions = {pid: frozenset({h}) for pid, h in now.items()}
     if any(f.pass_to_fail and not f.same_code for f in found.flips):  # the base's probe code, read only if asked
-        versions, code_problems = changes.code_versions(base, probes, now)
+        try:
+            versions, code_problems = changes.code_versions(base, probes, now)
+        except changes.ChangesError as exc:
+            raise UsageError(f"checks diff: {exc}") from None
         problems += code_problems
     bad = changes.unexpected(found, expected, versions)
     out = sys.stderr if args.json else sys.stdout
