@@ -189,12 +189,12 @@ def _short(text: str) -> str:
 
 
 def _shown(r: Mapping[str, Any]) -> dict[str, Any]:
-    """What the page shows of a result besides its verdict: its note and remediation, metrics and evidence (a
+    """What a result says besides its verdict: its note and remediation, metrics, evidence and duration (a
     carried result's pointer to the run that measured it aside: carrying changes no figure)."""
     evidence = r.get("evidence")
     evidence = {k: v for k, v in evidence.items() if k != REUSED_FROM} if isinstance(evidence, Mapping) else evidence
     return {"note": r.get("note"), "remediation": r.get("remediation"), "metrics": r.get("metrics"),
-            "evidence": evidence}
+            "evidence": evidence, "duration_s": r.get("duration_s")}
 
 
 def page_facts(runs: Mapping[str, Run]) -> dict[str, Any]:
