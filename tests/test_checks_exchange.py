@@ -413,7 +413,7 @@ def payload_results(tmp_path: Path) -> Path:
     results = [json.loads(ln) for ln in next(folder.glob("*.jsonl")).read_text().splitlines()]
     for r in results:
         r.update(remediation="do x", evidence={"log_tail": "t", "kernel": "k", "nested": {"why": ["w"]}},
-                 metrics={"latency_us": 1.5})
+                 metrics={"latency_us": {"4096": 1.5}})
     next(folder.glob("*.jsonl")).write_text("".join(json.dumps(r) + "\n" for r in results))
     data, problems = bundle.build(src, "gpux2-0123abcd", Scrubber(), Checkout("0.1.0", "a" * 40, False))
     assert not problems

@@ -602,7 +602,8 @@ def not_for_verify(results: Iterable[ProbeResult], cell_id: str) -> list[NotForV
     for backend, rs in sorted(found.items()):
         first = rs[0]
         summary = declared_metric(first, Role.AGREEMENT)
-        cases = summary.get("divergent_cases", []) if isinstance(summary, Mapping) else []
+        cases = summary.get("divergent_cases") if isinstance(summary, Mapping) else None
+        cases = cases if isinstance(cases, list) else []
         where = ", ".join(sorted({f"{r.ranks} ranks" + (" sharing GPUs" if r.shared_gpu else "") for r in rs}))
         detail = (f"{len(cases)} case(s), e.g. {cases[0]}, up to {summary.get('max_ulp_between_ranks')} ulp apart"
                   if cases and isinstance(summary, Mapping) else " ".join(first.verdict.note.split())[:200])

@@ -421,12 +421,13 @@ def diff_block(d: Diff) -> Block:
 
 
 def gates_block(g: EngineGates, reader: str = "") -> Block:
-    at = f"compute capability {g.capability}" if g.capability else "no compute capability to look up"
-    b = Block(f"Engine gates — cell `{g.cell_id}`: {g.engine} {g.version} ({at}, tp {'/'.join(map(str, g.tps))})")
+    at = f"compute capability {recorded(g.capability)}" if g.capability else "no compute capability to look up"
+    b = Block(f"Engine gates — cell `{g.cell_id}`: {recorded(g.engine)} {recorded(g.version)} ({at}, tp "
+              f"{'/'.join(map(str, g.tps))})")
     b.lines.append("The engine's own world-size lists and size tables, read from its modules in the cell"
                    f"{b.ref([g.result_id])}")
     if g.rules:
-        b.lines.append(g.rules)
+        b.lines.append(recorded(g.rules))
     if g.status != Status.PASS.value and g.note:
         b.lines.append(f"{g.status}: {recorded(g.note)}")
     b.lines += [f"- {recorded(line.text)}" for line in g.lines]

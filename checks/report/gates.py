@@ -69,7 +69,10 @@ def _size(value: Any) -> str:
 
 
 def _entries(table: Mapping[str, Any]) -> str:
-    return ", ".join(sorted(map(str, table), key=lambda k: [int(p) if p.isdigit() else p for p in k.split(".")]))
+    """The table's keys in the order a person reads them (``8.0, 9.0, 10.0, 12.0``), whatever text they hold: a
+    numeric part sorts before any other text and among numbers by value."""
+    return ", ".join(sorted(map(str, table), key=lambda k: [(0, int(p), "") if p.isdecimal() and p.isascii() else
+                                                             (1, 0, p) for p in k.split(".")]))
 
 
 def _key(rule: Rule, capability: str) -> str:

@@ -37,6 +37,7 @@ from typing import Any
 from checks.results import ids
 from checks.results.result import FIELDS, ProbeResult, ResultError
 from common import escape
+from inenv import registry
 
 MAX_FILE = 256 << 20  # one run's results or one bundle
 MAX_MANIFEST = 16 << 20
@@ -170,6 +171,59 @@ def check_result(obj: Any, host_id: str, run_id: str) -> str | None:
     return None
 
 
+# What each unit a probe declares for a field (inenv.probe.Field) lets its value be: a field of another shape is
+# left out of the result with one problem, so no reader past this one meets it.
+_NUMBER_UNITS = frozenset({"absolute", "bytes", "count", "elements", "fraction", "s", "µs", "GB/s"})
+_NUMBERS_BY = frozenset({"µs by message bytes", "ratio by message bytes", "GB/s by direction", "s by op",
+                         "count by op"})
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def unit_problem(unit: str, value: Any) -> str | None:
+    """Why ``value`` is not of the declared ``unit``'s shape, or None (an unknown unit takes any value, and every
+    unit null: a value the store could not write as a number)."""
+    if value is None:
+        return None
+    if unit in _NUMBER_UNITS:
+        return None if _number(value) else "not a number"
+    if unit == "bool":
+        return None if isinstance(value, bool | int) else "not true or false"
+    if unit == "text":
+        return None if isinstance(value, str) else "not text"
+    if unit == "record":
+        return None if isinstance(value, dict | list) else "not an object or a list"
+    if unit in _NUMBERS_BY:
+        if not isinstance(value, dict):
+            return "not an object"
+        return None if all(v is None or _number(v) for v in value.values()) else "an entry that is not a number"
+    if " by " in unit:
+        return None if isinstance(value, dict) else "not an object"
+    return None
+
+
+def declared_fields(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``obj`` without the metrics and evidence fields whose value is not of the shape their probe declares
+    (inenv.probe.Field's unit), and one line for each field left out."""
+    declared = registry.declarations().get(str(obj.get("probe_id")))
+    if declared is None:
+        return obj, []
+    bad: list[str] = []
+    out = obj
+    for part, fields in (("metrics", declared.metrics), ("evidence", declared.evidence)):
+        values = obj.get(part)
+        if not isinstance(values, dict):
+            continue
+        wrong = {f.name: why for f in fields if f.name in values and (why := unit_problem(f.unit, values[f.name]))}
+        bad += [f"{part}.{f.name} of {obj.get('probe_id')} is {wrong[f.name]} ({type(values[f.name]).__name__} "
+                f"where {f.unit} is declared); that field is left out" for f in fields if f.name in wrong]
+        if wrong:
+            out = {**out, part: {k: v for k, v in values.items() if k not in wrong}}
+    return out, bad
+
+
 def _time_problem(text: str) -> str | None:
     """Why a recorded time is not one (an ISO 8601 date and time with its UTC offset, as the writer records)."""
     try:
@@ -204,6 +258,88 @@ def check_manifest(obj: Any, host_id: str, run_id: str) -> str | None:
     if "argv" in obj and not (isinstance(obj["argv"], list) and all(isinstance(a, str) for a in obj["argv"])):
         return "argv is not a list of strings"
     return None
+
+
+# The shape of each manifest field the views read: a field of another shape is left out of the manifest with one
+# problem (the rest of the manifest and the run's results are kept). Keys not named here are kept as they are.
+_TEXT, _MAYBE_TEXT, _INT, _OBJECT, _LIST = (str,), (str, type(None)), (int,), (dict,), (list,)
+FACT_TYPES: dict[str, tuple[type, ...]] = {
+    "host_id": _TEXT, "host_label": _TEXT, "cpu": _TEXT, "cpu_count": _INT, "gpu_count": _INT,
+    "gpu_name": _MAYBE_TEXT, "compute_capability": _MAYBE_TEXT, "driver": _MAYBE_TEXT, "driver_cuda": _MAYBE_TEXT,
+    "nccl": _MAYBE_TEXT, "no_gpu_reason": _MAYBE_TEXT, "nvidia_smi": _TEXT, "os": _TEXT, "interconnect": _TEXT,
+    "topology": _TEXT, "env": _OBJECT, "gpus": _LIST, "multicast": _LIST, "peer_access": _LIST}
+CELL_TYPES: dict[str, tuple[type, ...]] = {
+    "fingerprint": _MAYBE_TEXT, "image": _MAYBE_TEXT, "image_status": _TEXT, "reason": _TEXT, "status": _TEXT,
+    "versions": _OBJECT}
+CODE_TYPES: dict[str, tuple[type, ...]] = {"version": _TEXT, "commit": _TEXT, "dirty": (bool, type(None)),
+                                           "probe_hashes": _OBJECT}
+
+
+# the items of the list facts: a row of booleans per GPU (peer access), a boolean or null per GPU (multicast)
+FACT_ITEMS: dict[str, Callable[[Any], bool]] = {
+    "peer_access": lambda row: isinstance(row, list) and all(isinstance(x, bool | None) for x in row),
+    "multicast": lambda x: isinstance(x, bool | None)}
+
+
+def _typed(obj: Mapping[str, Any], types: Mapping[str, tuple[type, ...]], where: str,
+           bad: list[str], items: Mapping[str, Callable[[Any], bool]] | None = None) -> dict[str, Any]:
+    """``obj`` without the keys whose value is not of its type (bool is no int here) or holds an item ``items``
+    refuses, one line each."""
+    out = {}
+    for k, v in obj.items():
+        want = types.get(k)
+        if want is not None and (not isinstance(v, want) or (isinstance(v, bool) and bool not in want)):
+            bad.append(f"{where}.{k} is a {type(v).__name__}, not {' or '.join(t.__name__ for t in want)}; left out")
+            continue
+        item_ok = (items or {}).get(k)
+        if item_ok is not None and isinstance(v, list) and not all(item_ok(x) for x in v):
+            bad.append(f"{where}.{k} holds an item of another shape; left out")
+            continue
+        out[k] = v
+    return out
+
+
+def manifest_fields(obj: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A checked manifest (check_manifest) with every field the views read of the shape they read it in:
+    ``facts``, each of ``cells`` (an object; its ``versions`` an object of texts), each of ``probes`` (an object
+    of texts) and ``code`` (its ``probe_hashes`` an object of texts); each field or item of another shape left
+    out, with one line for it."""
+    bad: list[str] = []
+    out = dict(obj)
+    if isinstance(obj.get("facts"), dict):
+        out["facts"] = _typed(obj["facts"], FACT_TYPES, "facts", bad, FACT_ITEMS)
+    if isinstance(obj.get("cells"), dict):
+        cells = {}
+        for cid, cell in obj["cells"].items():
+            if not isinstance(cell, dict):
+                bad.append(f"cells.{cid} is a {type(cell).__name__}, not an object; left out")
+                continue
+            cell = _typed(cell, CELL_TYPES, f"cells.{cid}", bad)
+            versions = cell.get("versions")
+            if isinstance(versions, dict) and not all(isinstance(v, str | None) for v in versions.values()):
+                bad.append(f"cells.{cid}.versions holds a value that is not text; left out")
+                cell.pop("versions")
+            cells[cid] = cell
+        out["cells"] = cells
+    if isinstance(obj.get("probes"), dict):
+        probes = {}
+        for pid, info in obj["probes"].items():
+            if not (isinstance(info, dict) and all(isinstance(v, str) for v in info.values())):
+                bad.append(f"probes.{pid} is not an object of texts; left out")
+                continue
+            probes[pid] = info
+        out["probes"] = probes
+    elif isinstance(obj.get("probes"), list) and not all(isinstance(p, str) for p in obj["probes"]):
+        bad.append("probes holds an id that is not text; left out")
+        out["probes"] = [p for p in obj["probes"] if isinstance(p, str)]
+    if isinstance(obj.get("code"), dict):
+        code = _typed(obj["code"], CODE_TYPES, "code", bad)
+        hashes = code.get("probe_hashes")
+        if isinstance(hashes, dict) and not all(isinstance(v, str) for v in hashes.values()):
+            bad.append("code.probe_hashes holds a value that is not text; left out")
+            code.pop("probe_hashes")
+        out["code"] = code
+    return out, [escape.terminal(line) for line in bad]
 
 
 def check_origin(obj: Any, host_id: str, run_id: str) -> str | None:
@@ -288,6 +424,8 @@ def results_of(lines: Iterable[tuple[str, bytes]], host_id: str, run_id: str,
         if why:
             problems.append(Problem(where, f"{why}; skipped"))
             continue
+        obj, bad = declared_fields(obj)
+        problems.extend(Problem(where, why) for why in bad)
         key = (obj["cell_id"], obj["probe_id"], obj["variant"])
         if key in seen:
             problems.append(Problem(where, f"a second result for {'/'.join(key)} in one run; skipped"))
@@ -324,7 +462,12 @@ def read_manifest_file(path: Path, host_id: str, run_id: str, problems: list[Pro
     if not os.path.lexists(path):
         problems.append(Problem(shown(path), "missing (host facts unknown)"))
         return None
-    return _checked_json(path, lambda obj: check_manifest(obj, host_id, run_id), problems)
+    obj = _checked_json(path, lambda obj: check_manifest(obj, host_id, run_id), problems)
+    if obj is None:
+        return None
+    obj, bad = manifest_fields(obj)
+    problems.extend(Problem(shown(path), why) for why in bad)
+    return obj
 
 
 def read_run(folder: Path, host_id: str, run_id: str, problems: list[Problem]) -> Run:

@@ -220,6 +220,8 @@ def _run(raw: Any, host_id: str, where: str, problems: list[Problem]) -> tuple[R
         return None, f"run {run_id} has no manifest (its host facts, GPUs included, cannot be checked)"
     if why := reader.check_value(manifest) or reader.check_manifest(manifest, host_id, run_id):
         return None, f"run {run_id}: manifest: {why}"
+    manifest, bad = reader.manifest_fields(manifest)
+    problems.extend(reader.Problem(f"{where} ({run_id}) manifest", why) for why in bad)
     lines = [(f"{where} ({run_id}) result {i}", json.dumps(r, ensure_ascii=True).encode())
              for i, r in enumerate(raw["results"], 1)]
     results = reader.results_of(lines, host_id, run_id, problems)

@@ -75,7 +75,7 @@ def share(opts: ShareOptions) -> int:
     print(f"bundle of {host}: {runs} run(s), {results} result(s), {len(payload)} bytes; scrubbed: "
           f"{scrubber.summary()}", file=sys.stderr)
     for w in data["code"]["warnings"]:
-        print(f"note: {w}", file=sys.stderr)
+        print(f"note: {reader.shown(w)}", file=sys.stderr)
     if opts.show:
         sys.stdout.buffer.write(payload)
         sys.stdout.flush()
