@@ -493,6 +493,7 @@ class Run:
 
     def result(self, status: str, note: str, code: str, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         self.record.at("done", replay=self.replay, verified=self.verified, pdl=self.pdl)
+        self.record.close()
         head = f"{self.backend} {self.pattern}" + (f" ({self.mode})" if self.mode else "")
         return outcome(status, f"{head}: {note}"[:600] if note else "", code, metrics,
                        {**self.evidence, "position": {"replay": self.replay, "verified": self.verified}})
@@ -701,10 +702,18 @@ def _replay(load: Run, lanes: list[Lane], streams: Streams, clock: Clock | None,
             else:
                 what = f"queued replays did not finish: stopped at or before {load.where(size, stream)}"
             return load.result("hang", f"{what}; {exc}", "load-hang", {"replays": load.replay, "crossings": crossings})
+        except Exception as exc:  # a CUDA error the wait surfaced: reported with the peers, as one raised above
+            err = err or _errors.error_tail(exc)
         places = _digest_places(checks.samples)
-        local, digests = (None, []) if err else checks.read()
-        if clock is not None and not err:
-            clock.settle()
+        local: Finding | None = None
+        digests: list[int] = []
+        if not err:
+            try:
+                local, digests = checks.read()
+                if clock is not None:
+                    clock.settle()
+            except Exception as exc:
+                err = _errors.error_tail(exc)
         spent = time.monotonic() - started
         done = spent >= load.budget.seconds or (load.budget.replays and load.replay >= load.budget.replays)
         mine = {"error": err, "found": local.to_json() if local else None, "digests": digests, "stop": bool(done)}

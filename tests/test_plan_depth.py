@@ -62,14 +62,15 @@ def test_deep_sizes_are_the_powers_of_two_and_the_gpu_count() -> None:
 
 # Written out from the rules: step 6 backends (NCCL never shares a GPU), custom-ar 2 implementations x 2 modes (only
 # flashinfer forced shares), fi-fusion and symm-mem one set (also 2 ranks on one GPU, and symm-mem's sustained load
-# at 2 ranks and the GPU count), pcie-ipc 3 ops (the all-reduce shares), ar-latency 6 backends (never shares),
-# nccl-graphs 16 at 2 ranks and the GPU count and the 4 algorithm variants elsewhere (never shares), ep-a2a one
-# variant across GPUs (never shares; its simulated ranks are one process).
+# at 2 ranks and the GPU count; fi-fusion's engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc
+# 3 ops (the all-reduce shares), ar-latency 6 backends (never shares), nccl-graphs 16 at 2 ranks and the GPU count
+# and the 4 algorithm variants elsewhere (never shares), ep-a2a one variant across GPUs (never shares; its simulated
+# ranks are one process).
 EIGHT = {
     "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 setup", 7: "6 setup", 8: "6 deep"},
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 setup", 7: "4 setup", 8: "4 deep"},
-    "fi-fusion": {2: "1 deep + 1 shared", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 setup", 7: "1 setup",
-                  8: "1 deep"},
+    "fi-fusion": {2: "2 deep + 1 shared", 3: "1 setup", 4: "2 deep", 5: "1 setup", 6: "1 setup", 7: "1 setup",
+                  8: "2 deep"},
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 5: "3 setup", 6: "3 setup", 7: "3 setup", 8: "3 deep"},
     "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 setup",
                  7: "1 setup", 8: "1 deep + 1 load"},
@@ -81,7 +82,7 @@ EIGHT = {
 SIX = {
     "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 deep", 8: "5 shared + 1 skip"},
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 deep", 8: "1 shared + 3 skip"},
-    "fi-fusion": {2: "1 deep + 1 shared", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 deep", 8: "1 shared"},
+    "fi-fusion": {2: "2 deep + 1 shared", 3: "1 setup", 4: "2 deep", 5: "1 setup", 6: "2 deep", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 5: "3 setup", 6: "3 deep", 8: "1 shared + 2 skip"},
     "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 deep + 1 load",
                  8: "1 shared"},
@@ -92,7 +93,7 @@ SIX = {
 FOUR = {
     "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 8: "5 shared + 1 skip"},
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 8: "1 shared + 3 skip"},
-    "fi-fusion": {2: "1 deep + 1 shared", 3: "1 setup", 4: "1 deep", 8: "1 shared"},
+    "fi-fusion": {2: "2 deep + 1 shared", 3: "1 setup", 4: "2 deep", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 8: "1 shared + 2 skip"},
     "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep + 1 load", 8: "1 shared"},
     "ar-latency": {2: "6 deep", 4: "6 deep", 8: "6 skip"},
@@ -102,7 +103,7 @@ FOUR = {
 TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, never depth=setup
     "step": {2: "6 deep", 3: "5 shared + 1 skip", 4: "5 shared + 1 skip", 8: "5 shared + 1 skip"},
     "custom-ar": {2: "4 deep", 3: "1 shared + 3 skip", 4: "1 shared + 3 skip", 8: "1 shared + 3 skip"},
-    "fi-fusion": {2: "1 deep + 1 shared", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
+    "fi-fusion": {2: "2 deep + 1 shared", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "1 shared + 2 skip", 4: "1 shared + 2 skip", 8: "1 shared + 2 skip"},
     "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "ar-latency": {2: "6 deep", 3: "6 skip", 4: "6 skip", 8: "6 skip"},
@@ -112,7 +113,7 @@ TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, n
 ONE = {  # no deep size: every multi-rank variant shares the GPU or is a planned skip
     "step": {n: "5 shared + 1 skip" for n in (2, 3, 4, 8)},
     "custom-ar": {n: "1 shared + 3 skip" for n in (2, 3, 4, 8)},
-    "fi-fusion": {n: "1 shared" for n in (2, 3, 4, 8)},
+    "fi-fusion": {2: "2 shared", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "pcie-ipc": {n: "1 shared + 2 skip" for n in (2, 3, 4, 8)},
     "symm-mem": {2: "1 shared + 1 skip", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "ar-latency": {n: "6 skip" for n in (2, 3, 4, 8)},
@@ -190,7 +191,7 @@ def test_the_other_probes_select_their_shallow_path_at_a_setup_size(level: str) 
     assert (sizes, graphs, [c.key for c in agreement]) == ((1,), ((8, 7168),), dtypes)
     assert custom_ar.checked(shallow(ar_deep))[1] == ((8, 7168), (128, 7168))
     assert fi_fusion.checked(shallow(_variant(8, "fi-fusion", 5))) == ((1,), (1,))
-    assert fi_fusion.checked(shallow(_variant(8, "fi-fusion", 4, depth=None)))[0] == (
+    assert fi_fusion.checked(shallow(_variant(8, "fi-fusion", 4, depth=None, case=None)))[0] == (
         (1,) if level == QUICK else (1, 2, 4, 8, 16, 32, 64, 128))
     pcie = _variant(8, "pcie-ipc", 7, op="all-gather")
     assert [(c.tokens, c.hidden, c.edge) for c in pcie_ipc.cases("all-gather", shallow(pcie))] == [(1, 2048, False)]

@@ -425,23 +425,22 @@ class OutOfPlace(_Gpu):
     def __init__(self, s: engine.Setup, name: str, module: str, cls: str) -> None:
         super().__init__(s)
         self.name = name
-        self.module, self.cls = module, cls
-        self.ar: Any = None
+        self.cls = cls
+        try:
+            found = getattr(importlib.import_module(module), cls)
+        except (ImportError, AttributeError) as exc:
+            raise engine.Unavailable("missing-package", f"{module}.{cls}: {exc}"[:300]) from None
+        kwargs = {"max_size": self.MAX_BYTES} if name == "vllm-custom-ar" else {}
+        self.ar: Any = found(s.cpu, s.device, **kwargs)
+        if getattr(self.ar, "disabled", False):
+            raise engine.Unavailable("not-applicable", f"{cls} disabled itself for these ranks (it needs full NVLink "
+                                     "or peer access between distinct GPUs)")
 
     def switches(self, hidden: int) -> tuple[int, ...]:
         one = engine.custom_ar_switch(self.s.world, hidden)
         return () if one is None else (one,)
 
     def prepare(self, max_tokens: int, hidden: int) -> int:
-        try:
-            found = getattr(importlib.import_module(self.module), self.cls)
-        except (ImportError, AttributeError) as exc:
-            raise engine.Unavailable("missing-package", f"{self.module}.{self.cls}: {exc}"[:300]) from None
-        kwargs = {"max_size": self.MAX_BYTES} if self.name == "vllm-custom-ar" else {}
-        self.ar = found(self.s.cpu, self.s.device, **kwargs)
-        if getattr(self.ar, "disabled", False):
-            raise engine.Unavailable("not-applicable", f"{self.cls} disabled itself for these ranks (it needs full "
-                                     "NVLink or peer access between distinct GPUs)")
         limit = min(max_tokens, (self.MAX_BYTES - 1) // (2 * hidden))
         for _ in range(self.s.lanes):
             out = self.empty(limit, hidden)
