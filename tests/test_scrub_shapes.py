@@ -37,3 +37,27 @@ def test_secret_is_removed_by_its_shape(text: str, secret: str, kind: str) -> No
 ])
 def test_ordinary_text_is_kept(text: str) -> None:
     assert Scrubber().text(text) == text
+
+
+def test_a_bare_cloud_secret_is_removed_after_any_word_and_separator() -> None:
+    """Forty base64 characters of AWS's secret-key shape, after a plain word and each separator text puts
+    between a name and its value (a space, a colon, an assignment's =, quotes, brackets), at any end."""
+    import random
+    import string
+
+    rng = random.Random(55)
+    alphabet = string.ascii_letters + string.digits + "+/"
+    kept = []
+    for word in ("the", "key", "aws", "note", "KEY", "x", "then"):
+        for sep in (" ", ": ", "=", " '", '"', "(", "[", "\t", ",", " -"):
+            for end in ("", " end", ".", ",", ")", '"', "\n"):
+                key = "".join(rng.choice(alphabet) for _ in range(37)) + rng.choice("ABC") + "x7"
+                s = Scrubber()
+                if key in s.text(word + sep + key + end):
+                    kept.append(word + sep + key + end)
+    assert kept == []
+
+
+def test_a_commit_or_a_hash_beside_an_assignment_is_kept() -> None:
+    for text in ("commit=" + "0123456789abcdef" * 2 + "01234567", "sha=" + "A1B2C3D4E5" * 4):
+        assert Scrubber().text(text) == text

@@ -50,9 +50,10 @@ _RULES: tuple[tuple[str, re.Pattern[str], str], ...] = (
                               r"|ya29\.[0-9A-Za-z_-]{20,})"), REDACTED),
     ("credential", re.compile(r"(?i)\b(aws_secret_access_key|aws_session_token|secret_access_key)([\"']?\s*[:=]\s*"
                               r"[\"']?)[A-Za-z0-9/+=]{16,}"), r"\1\2" + REDACTED),
-    # a bare 40-character cloud secret key (AWS's shape) wherever it stands: base64 letters mixing upper and
-    # lower case and digits; a commit or a hash (hex, one case) never matches
-    ("credential", re.compile(r"(?<![A-Za-z0-9/+=])(?=[A-Za-z0-9/+]*[A-Z])(?=[A-Za-z0-9/+]*[a-z])"
+    # a bare 40-character cloud secret key (AWS's shape) wherever it stands, an assignment's value included
+    # (note=KEY): base64 letters mixing upper and lower case and digits; a commit or a hash (hex, one case)
+    # never matches
+    ("credential", re.compile(r"(?<![A-Za-z0-9/+])(?=[A-Za-z0-9/+]*[A-Z])(?=[A-Za-z0-9/+]*[a-z])"
                               r"(?=[A-Za-z0-9/+]*[0-9])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"), REDACTED),
     # a Slurm node list names a range or several nodes (gpu[01-08], n[1,3-4]); x[0] is an index, kept
     ("node list", re.compile(r"(?<![\w-])[A-Za-z][\w-]*\[\d+(?:-\d+(?:,\d+(?:-\d+)?)*|(?:,\d+(?:-\d+)?)+)\]"),
