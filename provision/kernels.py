@@ -45,7 +45,7 @@ from common.caches import CODE_ROOT, compile_cache_dir
 from common.celltoolkit import base_env, cell_env
 from common.home import CACHE_ROOT
 from common.progress import Ticker, duration
-from inenv import atomic, lifetime
+from inenv import atomic, gpuarch, lifetime
 from inenv.kit import _carried
 from inenv.kit._compile_cache import CELL_ENV
 from inenv.kit._compile_cache import ENV as COMPILE_CACHE_ENV
@@ -111,16 +111,35 @@ def facts_for(job: Job, identity: Mapping[str, Any] | None) -> dict[str, Any] | 
 
 def current(kernel_dir: Path, job: Job, identity: Mapping[str, Any] | None) -> tuple[_carried.Carried | None, str]:
     """The module of ``job`` in the kernel set when everything that decides its bytes is the cell's (flashinfer,
-    torch with its CUDA build, nvcc, the declared target list, the module's sources), with "" ; else None and
-    which fact differed (or why the set holds none)."""
+    torch with its CUDA build, nvcc, the declared target list, the module's sources) and its SASS answers every
+    declared target flashinfer's gate did not refuse, with "" ; else None and which fact differed (or why the
+    set holds none)."""
     found = _carried.kernel_set(kernel_dir).get(job.module)
     if found is None:
         return None, "not in the kernel set"
     facts = facts_for(job, identity)
     if facts is None:
         return None, "the cell's identity (torch, nvcc, sources) could not be read"
-    why = _carried.differs(found.record, facts)
+    why = _carried.differs(found.record, facts) or uncovered(found, job.archs)
     return (None, why) if why else (found, "")
+
+
+def uncovered(found: _carried.Carried, archs: Sequence[str]) -> str:
+    """The first declared target that the module's recorded SASS does not answer (none of the SASS flashinfer
+    compiles that target into, gpuarch.flashinfer_sass) and that flashinfer's gate did not refuse, said as
+    ``sass: sm_90a wanted for 9.0a, sm_75 in the record``; "" when every target is answered."""
+    have = set(found.sass)
+    for arch in archs:
+        if arch in found.refused:
+            continue
+        try:
+            wanted = gpuarch.flashinfer_sass(gpuarch.parse_target(arch))
+        except gpuarch.TargetError:
+            return f"declared target {_carried.visible(arch)} is not a GPU architecture"
+        if not wanted & have:
+            shown = ", ".join(_carried.visible(s) for s in found.sass) or "none"
+            return f"sass: {' or '.join(sorted(wanted))} wanted for {arch}, {shown} in the record"
+    return ""
 
 
 def known_failure(rec: Mapping[str, Any], job: Job) -> dict[str, Any] | None:

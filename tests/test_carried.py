@@ -167,7 +167,7 @@ IDENTITY = {"flashinfer": "0.7.4", "torch": "2.11.0+cu130", "torch_cuda": "13.0"
 
 def test_a_kernel_set_is_current_only_when_every_fact_of_its_bytes_matches(tmp_path: Path) -> None:
     kset = tmp_path / "k"
-    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a"], arch_list="9.0a 12.0f", declared="9.0a 12.0f",
+    _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a", "sm_120f"], arch_list="9.0a 12.0f", declared="9.0a 12.0f",
            torch="2.11.0+cu130", torch_cuda="13.0", nvcc="13.0.88", source_hash="abc")
     job = kernels.Job("c", "vllm_comm", ("9.0a", "12.0f"), "0.7.4", "13.0", 1.0)
     have, why = kernels.current(kset, job, IDENTITY)

@@ -421,3 +421,29 @@ def test_a_cell_without_nvcc_starts_no_build_and_says_why(tmp_path: Path, monkey
     assert kernels.no_nvcc({**facts, "nvcc": "13.0", "nvcc_error": ""}) is None
     assert kernels.no_nvcc(None) is None
     assert kernels.no_nvcc({"nvcc": None}) is None  # an identity from before the error was read: built as before
+
+
+@pytest.mark.parametrize(("sass", "refused", "rebuilt"), [
+    (["sm_75"], {}, True),  # the record's facts are the cell's, but its code runs on none of the targets
+    (["sm_90a", "sm_120a"], {}, True),  # 12.0f answered by neither
+    (["sm_90a", "sm_120a", "sm_120f"], {}, False),
+    (["sm_90a"], {"12.0a": {"reason_code": "fi-arch-gate", "line": GATE},
+                  "12.0f": {"reason_code": "fi-arch-gate", "line": GATE}}, False),  # what the gate refused
+])
+def test_a_kernel_set_is_reused_only_where_its_sass_answers_every_declared_target(
+        tmp_path: Path, sass: list[str], refused: dict, rebuilt: bool) -> None:
+    cid = "cu130-torch2.11.0-sglnone-fi0.7.4"
+    archs = ("9.0a", "12.0a", "12.0f")
+    kset = tmp_path / "kernels" / cid / "vllm_comm"
+    kset.mkdir(parents=True)
+    (kset / "vllm_comm.so").write_bytes(module_library("vllm_comm", "copied in"))
+    (kset / _carried.RECORD).write_text(json.dumps({
+        "schema": 1, "module": "vllm_comm", "name": "vllm_comm", "sass": sass, "arch_list": " ".join(archs),
+        "declared": " ".join(archs), "refused": refused, "flashinfer": "0.7.4", "torch": CU130["torch"],
+        "torch_cuda": CU130["torch_cuda"], "nvcc": CU130["nvcc"], "source_hash": "src1"}))
+    cell, lines = StandInCell(CU130), []
+    _stage(_cell(tmp_path / "envs", cid), cell, tmp_path, archs, ("vllm_comm",), lines)
+    assert cell.compiles == ([("vllm_comm", archs)] if rebuilt else [])
+    if sass == ["sm_75"]:
+        assert ("kernels: vllm_comm in the kernel set is not this cell's (sass: sm_90a wanted for 9.0a, sm_75 in "
+                "the record): removed, built again") in lines
