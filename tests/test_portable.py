@@ -4,6 +4,7 @@ folder, and `checks run` says why no Docker daemon answers without a Python exce
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from checks.results import portable
 from checks.results.result import ProbeResult, Verdict
 from checks.run import container
 from inenv.status import Status
-from tests.checks_helpers import ROOT, committed
+from tests.checks_helpers import FIXTURES, ROOT, committed, fixture_env
 
 
 @pytest.mark.parametrize(("said", "written"), [
@@ -98,3 +99,33 @@ def test_no_docker_daemon_is_said_in_a_sentence(host: str, said: str, monkeypatc
     """The real Docker SDK against a socket that does not exist and a port nothing listens on."""
     monkeypatch.setenv("DOCKER_HOST", host)
     assert container.unreachable() == said
+
+
+def test_the_nccl_library_a_rank_mapped_is_recorded_from_its_environment() -> None:
+    """Where the in-environment side records it: the library inside the interpreter's prefix as $PREFIX/...,
+    inside a home folder as ~/..., a system library as it is."""
+    code = ("import json, sys\nfrom inenv.probes.inventory import env_path\n"
+            "print(json.dumps([sys.prefix, env_path(sys.prefix + '/lib/python3.12/site-packages/nvidia/nccl/lib/"
+            "libnccl.so.2'), env_path('/usr/lib/x86_64-linux-gnu/libnccl.so.2'), env_path(sys.prefix + 'x/l.so')]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env={"HOME": "/home/someone", "PATH": "/usr/bin"})
+    prefix, inside, system, beside = json.loads(out.stdout)
+    assert inside == "$PREFIX/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"
+    assert system == "/usr/lib/x86_64-linux-gnu/libnccl.so.2"
+    assert beside == prefix + "x/l.so"  # a folder whose name only starts like the prefix is not inside it
+    code = "from inenv.probes.inventory import env_path\nprint(env_path('/home/someone/venvs/t/lib/libnccl.so.2'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                         env={"HOME": "/home/someone", "PATH": "/usr/bin"})
+    assert out.stdout.strip() == "~/venvs/t/lib/libnccl.so.2"
+
+
+def test_the_command_a_local_result_records_names_no_folder_of_this_machine(tmp_path: Path) -> None:
+    """A real local run of this checkout's environment: its interpreter is written from the clone's top."""
+    proc = subprocess.run([sys.executable, "-m", "checks.cli", "run", "--backend", "local", "--python", sys.executable,
+                           "--probe", "t-gloo-allreduce", "--results", str(tmp_path / "r"), "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**fixture_env(), "STACKPROBE_PROBE_PATH": str(FIXTURES)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    python = Path(sys.executable).relative_to(ROOT)
+    assert rows and all(r["evidence"]["command"] == f"{python} -m inenv.worker t-gloo-allreduce" for r in rows)

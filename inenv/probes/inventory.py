@@ -25,6 +25,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,17 @@ def nccl_version_text(code: int) -> str:
     return f"{major}.{minor}.{patch}"
 
 
+def env_path(path: str) -> str:
+    """``path`` as the same environment writes it on any machine: inside this interpreter's prefix (its venv or
+    installation) as ``$PREFIX/...``, inside the home folder as ``~/...``; a system path (``/usr/lib/...``) as
+    it is."""
+    for root, name in ((sys.prefix, "$PREFIX"), (os.path.expanduser("~"), "~")):
+        root = root.rstrip("/")
+        if root and root != "~" and (path == root or path.startswith(root + "/")):
+            return name + path[len(root):]
+    return path
+
+
 def loaded_nccl() -> dict[str, Any] | None:
     """The NCCL library this process mapped (torch loads it at import, no GPU needed): its path, the release it
     says it is (ncclGetVersion), and the installed distribution whose files hold it. A cell with another NCCL
@@ -133,7 +145,7 @@ def loaded_nccl() -> dict[str, Any] | None:
     path = _nccl.loaded_library(default="")
     if not path:
         return None
-    out: dict[str, Any] = {"path": path}
+    out: dict[str, Any] = {"path": env_path(path)}
     try:
         code = ctypes.c_int()
         if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) == 0:
