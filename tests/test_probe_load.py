@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.checks_helpers import ROOT, fixture_env, pids_with_env, run_worker
 
 LOAD_FIXTURES = ROOT / "tests" / "probes_fixtures_load"
@@ -191,3 +193,23 @@ def test_the_fusion_modes_choose_one_shot_or_two_shot_by_size() -> None:
     assert pick("auto", 8) == [None, None, None, None, None]  # flashinfer chooses
     assert pick("twoshot", 4) == [True, False, False, False, False]
     assert pick("oneshot", 2) == [True] * 5
+
+
+def test_the_warm_launcher_applies_the_stall_deadline_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """inenv.warm watches its kept ranks with the worker's own watch: the deadline travels in the records."""
+    from checks.run.executor import LocalExecutor
+    from common import reasons
+    from inenv.probe import Variant
+
+    env = fixture_env(STACKPROBE_PROBE_PATH=str(LOAD_FIXTURES))
+    for k, v in env.items():
+        if k.startswith("STACKPROBE_") or k == "PYTHONPATH":
+            monkeypatch.setenv(k, v)
+    ex = LocalExecutor().with_run_env((), warm=True)
+    try:
+        v = ex.run(Variant("t-stall", 2), 0, 60.0, reasons.default())
+    finally:
+        ex.close()
+    assert (v.status, v.reason_code) == ("hang", "progress-stalled"), v.note
+    assert "rank 1 stand-in replay: at replay 7 (verified to 6), 64 tokens, PDL on, stream 1" in v.note
+    assert v.evidence["warm"]["ended"]
