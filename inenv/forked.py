@@ -3,8 +3,9 @@ interpreter and importing torch again: a rank's start drops from seconds (the in
 ``torch.distributed``: 1.5-2.5 s on a 16-core H100 VM, 6-11 s when a full level runs many ranks at once) to a
 fork. In-environment side: standard library only; torch is imported by name, never required.
 
-A fork is safe only from a process with one thread and no CUDA context (CUDA does not survive a fork):
-:func:`prepare` imports :data:`PRELOAD` and says why forking cannot be used when either holds, and the caller
+A fork is safe only from a process with no CUDA context (CUDA does not survive a fork) and no Python thread of
+its own beside the main one: :func:`prepare` imports :data:`PRELOAD` and says why forking cannot be used when
+either holds, and the caller
 then starts ranks as new interpreters, as it would without this. The child becomes ``python -m inenv.rank``
 with the given environment: its stdin the request pipe, stdout and stderr its log, the reply pipe at a fixed
 descriptor, every other descriptor of the worker closed (a rank holding another rank's request pipe would keep
@@ -60,10 +61,15 @@ def prepare(modules: tuple[str, ...] = PRELOAD) -> str:
             return "CUDA was initialized in the serving worker"
     except Exception as exc:
         return f"torch.cuda cannot say whether CUDA started: {type(exc).__name__}"
-    threads = _threads()
-    if threads != 1:
-        return f"the serving worker runs {threads} threads"
+    if threading.active_count() != 1:
+        return f"the serving worker runs {threading.active_count()} Python threads"
     return ""
+
+
+def native_threads() -> int:
+    """This process's threads as the kernel counts them: a BLAS library's pool (numpy's OpenBLAS starts one per
+    core when it loads, and shuts it down around a fork with its own fork handler) shows here, not in Python."""
+    return _threads()
 
 
 class Forked:

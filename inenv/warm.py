@@ -284,6 +284,8 @@ class Pool:
                      "forked": any(isinstance(r.proc, forked.Forked) for r in group.ranks)}
         if self.fork_refused:
             self.last["fork_refused"] = self.fork_refused
+        elif self.last["forked"]:
+            self.last["worker_threads"] = forked.native_threads()  # a library's pool the forks went past
         if keep:
             self._keep(group)
         else:

@@ -485,6 +485,10 @@ def test_beside_variants_that_time_nothing_cpu_work_starts_and_the_costliest_tha
     seconds = {small.key: 3.0, big.key: 9.0, biggest.key: 20.0}
     assert pick([small, big, biggest], running, 4, ahead=2, cost=lambda it: seconds.get(it.key, 0.0),
                 rank_cap=16) is biggest  # 4 running + 8
-    # 10 ranks running: 8 more would pass 16, so the costliest that fits
+    # 10 ranks running: the costliest's 8 would pass 16, and nothing smaller goes past it while it waits
     assert pick([small, big, biggest], [*running, shared(6, "w")], 4, ahead=2,
+                cost=lambda it: seconds.get(it.key, 0.0), rank_cap=16) is None
+    assert pick([small, big], [*running, shared(6, "w")], 4, ahead=2,
                 cost=lambda it: seconds.get(it.key, 0.0), rank_cap=16) is big
+    # alone on the GPU a variant starts whatever its size, even past the cap
+    assert pick([shared(8, "v")], [], 4, ahead=2, rank_cap=4) is not None

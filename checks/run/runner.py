@@ -163,11 +163,11 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
 
     GPU variants that time nothing (:func:`shares_gpu`, unless ``share`` is False: --gpu-alone) hold the lock
     shared and run side by side: while every GPU variant in flight is one of them, more of them start past
-    ``ahead``, as many as fit within ``rank_cap``, the costliest first (so the longest do not run alone at the
-    end), and so do CPU-only variants (nothing beside them is timed)."""
+    ``ahead`` within ``rank_cap``, the costliest first, and none past it while it waits for room (so the longest
+    do not run alone at the end), and so do CPU-only variants (nothing beside them is timed)."""
     on_gpu = [r for r in running if uses_gpu(r)]
     if not on_gpu:
-        return _first(pending, running, jobs, cost, share, rank_cap)
+        return _first(pending, running, jobs, cost, share, None)  # alone on the GPUs, any size starts
     side_by_side = share and all(shares_gpu(r) for r in on_gpu)
     room = None if rank_cap is None else rank_cap - sum(r.variant.ranks for r in on_gpu)
     beside = [r for r in running if not uses_gpu(r)]
@@ -201,8 +201,7 @@ def _first(pending: list[WorkItem], running: list[WorkItem], jobs: int, cost: Ca
                 continue  # it waits for the host to be idle; its cell's CPU-only variants may go meanwhile
             fits = room is None or it.variant.ranks <= room  # else its rank processes would pass the cores
             if share and shares_gpu(it):
-                if fits:
-                    side.append(it)
+                side.append(it)
                 continue
             if not timed_gpu:
                 continue
@@ -223,7 +222,10 @@ def _first(pending: list[WorkItem], running: list[WorkItem], jobs: int, cost: Ca
     if ready:
         return max(ready, key=cost)
     if side:
-        return max(side, key=cost)
+        # the costliest first, and nothing smaller past it while it waits for room: started last, the long ones
+        # would run alone at the end
+        best = max(side, key=cost)
+        return best if room is None or best.variant.ranks <= room else later
     return later
 
 
