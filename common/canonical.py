@@ -12,8 +12,6 @@ from __future__ import annotations
 import ast
 import re
 
-from common import pysource
-
 # No package path survives: a module that moves to another folder leaves every hash as it was.
 _PROJECT = r"(?:inenv|common|provision|checks)"
 _LAYOUT_FREE: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -59,6 +57,21 @@ def _runs(body: list[ast.stmt]) -> list[list[ast.Import | ast.ImportFrom]]:
     return runs
 
 
+def statements(tree: ast.AST) -> list[ast.AST]:
+    """``tree`` and every statement under it at any depth, with the except handlers and match cases that hold
+    statements: all that can hold an import, without walking a single expression."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            children = getattr(node, name, None)
+            if isinstance(children, list):
+                todo.extend(c for c in children if isinstance(c, ast.AST))
+    return out
+
+
 def layout_free_source(text: str) -> str:
     """Python source in the layout-free spelling (:func:`layout_free`), each block of imports sorted in it by
     module and then by the names imported (``from . import _a`` and ``from . import outcome`` tie on module)."""
@@ -72,7 +85,7 @@ def _sorted_imports(text: str) -> str:
         return text
     lines = text.splitlines(keepends=True)
     edits: list[tuple[int, int, list[str]]] = []
-    for node in pysource.statements(tree):
+    for node in statements(tree):
         for field in ("body", "orelse", "finalbody"):
             body = getattr(node, field, None)
             if not isinstance(body, list):

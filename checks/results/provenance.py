@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from common import canonical, pysource
+from common import canonical
 from inenv import registry
 from inenv.probe import DECLARED_MARK
 
@@ -140,7 +140,7 @@ def _imported(source: str, in_helpers: bool) -> frozenset[str]:
     looked up as a file where helpers, fact modules and probes live (probe_sources), so no folder name of
     the project decides what is found."""
     found: set[str] = set()
-    for node in pysource.statements(ast.parse(source)):
+    for node in canonical.statements(ast.parse(source)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
@@ -338,7 +338,7 @@ def _judge_imports(source: str) -> tuple[frozenset[tuple[str, str]], frozenset[s
     project: set[tuple[str, str]] = set()
     other: set[str] = set()
     tree = ast.parse(source)
-    for node in pysource.statements(tree):
+    for node in canonical.statements(tree):
         if isinstance(node, ast.Import):
             names = [(a.name, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

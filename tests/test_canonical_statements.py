@@ -1,10 +1,10 @@
-"""common.pysource.statements: every place an import can stand, and no expression."""
+"""common.canonical.statements: every place an import can stand, and no expression."""
 
 from __future__ import annotations
 
 import ast
 
-from common import pysource
+from common import canonical
 
 SOURCE = '''
 import a
@@ -38,7 +38,7 @@ value = (lambda: 1)() + [n for n in range(3)][0]
 
 
 def test_statements_reach_every_import_and_no_expression() -> None:
-    nodes = pysource.statements(ast.parse(SOURCE))
+    nodes = canonical.statements(ast.parse(SOURCE))
     imported = sorted(a.name for n in nodes if isinstance(n, ast.Import) for a in n.names)
     assert imported == ["a", "b", "c", "d", "e", "f1", "g", "h", "i", "j", "k"]
     assert not [n for n in nodes if isinstance(n, ast.expr)]
