@@ -81,7 +81,10 @@ def take_lock(folder: Path | None = None) -> int:
 
 
 def locked(folder: Path | None = None) -> bool:
-    """Whether a stage holds (or is taking) the folder's lock now."""
+    """Whether a stage holds (or is taking) the folder's lock now; a folder without a lock file has none (and
+    is not made)."""
+    if not ((folder or FOLDER) / LOCK).is_file():
+        return False
     try:
         fd = take_lock(folder)
     except StageBusy:
