@@ -293,7 +293,7 @@ def test_every_log_line_reaches_the_terminal_escaped(tmp_path: Path) -> None:
     assert "c kernels: \\x1b]0;owned\\x07\\x1b[2J\\u202eevil\\u200b done\\rX\\u2028Y" in said, said
 
 
-@pytest.mark.parametrize("kind", ["fifo", "device", "link", "outside", "folder"])
+@pytest.mark.parametrize("kind", ["fifo", "device", "system-device", "link", "outside", "folder"])
 def test_a_log_that_is_not_a_regular_file_of_the_folder_is_refused_with_one_line_never_read(
         tmp_path: Path, kind: str) -> None:
     folder = tmp_path / "kernels"
@@ -309,6 +309,8 @@ def test_a_log_that_is_not_a_regular_file_of_the_folder_is_refused_with_one_line
     elif kind == "link":
         (tmp_path / "secret").write_text("\x1b[2Jsecret\n")
         log.symlink_to(tmp_path / "secret")
+    elif kind == "system-device":  # a terminal-filling device named where it is
+        log = Path("/dev/zero")
     elif kind == "outside":
         log = tmp_path / "elsewhere.log"
         log.write_text("elsewhere\n")
@@ -332,8 +334,8 @@ def test_a_log_that_is_not_a_regular_file_of_the_folder_is_refused_with_one_line
         proc.wait()
     [line, returned] = said
     assert returned == "False"
-    want = {"fifo": "is a FIFO", "device": "is a device", "link": "is a link", "outside": f"is not in {folder}",
-            "folder": "is not a regular file"}[kind]
+    want = {"fifo": "is a FIFO", "device": "is a device", "system-device": f"is not in {folder}", "link": "is a link",
+            "outside": f"is not in {folder}", "folder": "is not a regular file"}[kind]
     assert line.startswith(f"{kernelstage.state_path(folder)}: its log {log} {want}; not read"), line
     assert "\n" not in line and "secret" not in line and "elsewhere\n" not in line
 
