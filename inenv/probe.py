@@ -105,6 +105,9 @@ class ProbeSpec:
     # case, untimed) to the full pass: for a probe whose answer is its timings, run on backends whose set-up
     # and agreement the feature probes' own quick variants already answer (step)
     quick_shallow: bool = True
+    # True: every variant replays a backend under sustained load, minutes of one question asked deeply: what a
+    # --budget leaves out first (checks.run.cost.budget's last tier)
+    sustained: bool = False
     # Seconds a rank's progress record (inenv.progress) may stand still while it replays before the launcher
     # treats the rank as hung, well before ``timeout_s``; 0: the probe writes no records. The probe's ranks
     # write it into their records, so every launcher that watches them applies it.

@@ -65,6 +65,13 @@ def test_tiers_put_the_quick_answer_first_and_sustained_load_last() -> None:
     assert [budget.tier(it, smallest, 8) for it in items] == [0, 2, 1, 3, 4, 0]
 
 
+def test_a_probe_that_replays_under_load_is_the_last_tier_at_every_world_size() -> None:
+    load = ProbeSpec("load", "l", "f", needs_gpu=True, distinct_gpus=False, ranks=(2, 4), min_ranks=2, sustained=True)
+    items = [WorkItem(CELL, load, Variant("load", n, (("backend", "nccl"),)), 60.0) for n in (2, 8)]
+    smallest = budget.smallest_sizes(items)
+    assert [budget.tier(it, smallest, 8) for it in items] == [4, 4]
+
+
 def test_a_shallow_variant_is_a_gpu_per_rank_at_another_world_size() -> None:
     # 8 GPUs, one backend: deep at 2, 4 and 8, depth=setup at 3, 5, 6 and 7 (inenv.probe.multi_rank)
     setup = (("backend", "nccl"), ("depth", "setup"))

@@ -64,6 +64,7 @@ SPEC = ProbeSpec(
     timeout_s=300.0,
     stall_s=30.0,
     quick_shallow=False,  # nothing of it runs in a quick pass (see the module's docstring)
+    sustained=True,
     preload=_dist.PRELOAD_DIST,
     loads=(("backend", "flashinfer-custom-ar", ("vllm_comm",)), ("backend", "flashinfer-pcie-ipc", ("pcie_ipc",)),
            ("backend", "flashinfer-fusion", ("trtllm_comm",))),

@@ -16,7 +16,8 @@ informative a variant is, most first:
 1. a GPU per rank at the largest world size the host has: the tensor-parallel size the host would serve at;
 2. a GPU per rank at the other world sizes;
 3. ranks sharing GPUs (world sizes above the GPU count), smaller world sizes first;
-4. sustained-load variants (a ``load`` parameter): minutes of replays that answer one question deeply.
+4. sustained-load variants (a ``load`` parameter, or every variant of a probe that declares
+   ``ProbeSpec.sustained``: the load probe): replays that answer one question deeply.
 
 Within a tier the cheaper variant is kept first, so a budget answers as many questions as it can.
 """
@@ -46,7 +47,7 @@ def tier(item: WorkItem, smallest: Mapping[tuple[str, str, tuple[tuple[str, str]
     """How informative ``item`` is (0 most; the module docstring gives the order). ``smallest``: the smallest
     world size planned for each (cell, probe, params); ``gpus``: the host's GPU count."""
     v = item.variant
-    if v.param("load") is not None:
+    if v.param("load") is not None or item.spec.sustained:
         return 4
     if v.ranks <= 1 or v.ranks == smallest.get(_group(item), v.ranks):
         return 0
