@@ -106,14 +106,15 @@ def facts_for(job: Job, identity: Mapping[str, Any] | None) -> dict[str, Any] | 
         return None
     hashes = identity.get("source_hash") if isinstance(identity.get("source_hash"), Mapping) else {}
     return {"flashinfer": job.flashinfer, "torch": identity.get("torch"), "torch_cuda": identity.get("torch_cuda"),
-            "nvcc": identity.get("nvcc"), "declared": " ".join(job.archs), "source_hash": hashes.get(job.module)}
+            "nvcc": identity.get("nvcc"), _carried.TVM_FFI: identity.get(_carried.TVM_FFI),
+            "declared": " ".join(job.archs), "source_hash": hashes.get(job.module)}
 
 
 def current(kernel_dir: Path, job: Job, identity: Mapping[str, Any] | None) -> tuple[_carried.Carried | None, str]:
     """The module of ``job`` in the kernel set when everything that decides its bytes is the cell's (flashinfer,
-    torch with its CUDA build, nvcc, the declared target list, the module's sources) and its SASS answers every
-    declared target flashinfer's gate did not refuse, with "" ; else None and which fact differed (or why the
-    set holds none)."""
+    torch with its CUDA build, nvcc, apache-tvm-ffi, the declared target list, the module's sources) and its SASS
+    answers every declared target flashinfer's gate did not refuse, with "" ; else None and which fact differed
+    (or why the set holds none)."""
     found = _carried.kernel_set(kernel_dir).get(job.module)
     if found is None:
         return None, "not in the kernel set"

@@ -162,17 +162,19 @@ def test_plan_groups_one_build_across_cells_longest_first() -> None:
 
 
 IDENTITY = {"flashinfer": "0.7.4", "torch": "2.11.0+cu130", "torch_cuda": "13.0", "nvcc": "13.0.88",
-            "source_hash": {"vllm_comm": "abc"}}
+            _carried.TVM_FFI: "0.1.15.post2", "source_hash": {"vllm_comm": "abc"}}
 
 
 def test_a_kernel_set_is_current_only_when_every_fact_of_its_bytes_matches(tmp_path: Path) -> None:
     kset = tmp_path / "k"
     _carry(kset, "vllm_comm", "vllm_comm", ["sm_90a", "sm_120f"], arch_list="9.0a 12.0f", declared="9.0a 12.0f",
-           torch="2.11.0+cu130", torch_cuda="13.0", nvcc="13.0.88", source_hash="abc")
+           torch="2.11.0+cu130", torch_cuda="13.0", nvcc="13.0.88", source_hash="abc",
+           **{_carried.TVM_FFI: "0.1.15.post2"})
     job = kernels.Job("c", "vllm_comm", ("9.0a", "12.0f"), "0.7.4", "13.0", 1.0)
     have, why = kernels.current(kset, job, IDENTITY)
     assert have is not None and why == ""
-    for fact, value in (("torch", "2.11.0+cu128"), ("torch_cuda", "12.8"), ("nvcc", "12.8.93")):
+    for fact, value in (("torch", "2.11.0+cu128"), ("torch_cuda", "12.8"), ("nvcc", "12.8.93"),
+                        (_carried.TVM_FFI, "0.1.11")):
         have, why = kernels.current(kset, job, {**IDENTITY, fact: value})
         assert have is None and why.startswith(f"{fact}: {value} wanted")
     have, why = kernels.current(kset, job, {**IDENTITY, "source_hash": {"vllm_comm": "def"}})

@@ -27,8 +27,9 @@ from provision.buildsession import kernels_line
 from tests.checks_helpers import ROOT
 from tests.test_carried import module_library
 
+TVM_FFI = "0.1.15.post2"  # the apache-tvm-ffi release the cells of these tests have
 CU130 = {"flashinfer": "0.7.4", "torch": "2.11.0+cu130", "torch_cuda": "13.0", "nvcc": "13.0",
-         "source_hash": {"vllm_comm": "src1", "trtllm_comm": "src2"}}
+         _carried.TVM_FFI: TVM_FFI, "source_hash": {"vllm_comm": "src1", "trtllm_comm": "src2"}}
 GATE = "RuntimeError: No supported CUDA architectures found for major versions [9, 10]."
 
 
@@ -55,7 +56,8 @@ class StandInCell:
         record = {"schema": 1, "module": job.module, "name": job.module, "sass": sass, "arch_list": " ".join(kept),
                   "declared": " ".join(job.archs), "refused": refused, "flashinfer": job.flashinfer,
                   "torch": self.facts["torch"], "torch_cuda": self.facts["torch_cuda"], "nvcc": self.facts["nvcc"],
-                  "source_hash": self.facts["source_hash"][job.module], "built_at": "2026-12-04T00:00:00Z"}
+                  _carried.TVM_FFI: self.facts[_carried.TVM_FFI], "source_hash": self.facts["source_hash"][job.module],
+                  "built_at": "2026-12-04T00:00:00Z"}
         (folder / _carried.RECORD).write_text(json.dumps(record))
         return {"ok": True, "name": job.module, "sass": sass, "arch_list": " ".join(kept), "refused": refused,
                 "library_bytes": library.stat().st_size, "compile_cpu_s": 12.0}
@@ -94,7 +96,7 @@ def test_a_cu128_kernel_set_offered_to_a_cu130_cell_is_rebuilt_naming_the_fact(t
     (kset / _carried.RECORD).write_text(json.dumps({
         "schema": 1, "module": "vllm_comm", "name": "vllm_comm", "sass": ["sm_90a"], "arch_list": "9.0a",
         "declared": "9.0a", "flashinfer": "0.7.4", "torch": "2.11.0+cu128", "torch_cuda": "12.8", "nvcc": "13.0",
-        "source_hash": "src1", "cell": "cu128-torch2.11.0-sglnone-fi0.7.4"}))
+        _carried.TVM_FFI: TVM_FFI, "source_hash": "src1", "cell": "cu128-torch2.11.0-sglnone-fi0.7.4"}))
     cell, lines = StandInCell(CU130), []
     rec = _stage(_cell(tmp_path / "envs", cid), cell, tmp_path, ("9.0a",), ("vllm_comm",), lines)
     assert cell.compiles == [("vllm_comm", ("9.0a",))]
@@ -102,6 +104,36 @@ def test_a_cu128_kernel_set_offered_to_a_cu130_cell_is_rebuilt_naming_the_fact(t
             "the record): removed, built again") in lines
     assert json.loads((kset / _carried.RECORD).read_text())["torch"] == "2.11.0+cu130"
     assert rec["kernels"]["modules"]["vllm_comm"]["carried"] is True and rec["kernels"]["installed"] is True
+
+
+def test_a_relock_that_moves_only_apache_tvm_ffi_rebuilds_naming_it(tmp_path: Path) -> None:
+    """flashinfer inlines apache-tvm-ffi's headers into every module it builds: the same flashinfer, torch, nvcc
+    and sources beside another tvm-ffi release is not the cell's build, and the stage says which fact moved."""
+    cid = "cu130-torch2.11.0-sglnone-fi0.7.4"
+    first, lines = StandInCell(CU130), []
+    _stage(_cell(tmp_path / "envs", cid), first, tmp_path, ("9.0a",), ("vllm_comm",), lines)
+    assert first.compiles == [("vllm_comm", ("9.0a",))]
+    same = StandInCell(CU130)
+    _stage(_cell(tmp_path / "envs", cid), same, tmp_path, ("9.0a",), ("vllm_comm",), lines)
+    assert same.compiles == []  # the control: nothing moved, nothing is built
+    relocked = StandInCell({**CU130, _carried.TVM_FFI: "0.1.16"})
+    lines.clear()
+    _stage(_cell(tmp_path / "envs", cid), relocked, tmp_path, ("9.0a",), ("vllm_comm",), lines)
+    assert relocked.compiles == [("vllm_comm", ("9.0a",))]
+    assert ("kernels: vllm_comm in the kernel set is not this cell's (apache-tvm-ffi: 0.1.16 wanted, 0.1.15.post2 in "
+            "the record): removed, built again") in lines
+    record = json.loads((tmp_path / "kernels" / cid / "vllm_comm" / _carried.RECORD).read_text())
+    assert record[_carried.TVM_FFI] == "0.1.16"
+
+
+def test_a_record_without_the_tvm_ffi_release_is_not_current(tmp_path: Path) -> None:
+    """A record written before the release was recorded says nothing of the headers it was built with."""
+    kset = tmp_path / "kernels" / "c"
+    StandInCell(CU130).compile(kernels.Job("c", "vllm_comm", ("9.0a",), "0.7.4", "13.0", 1.0), kset)
+    path = kset / "vllm_comm" / _carried.RECORD
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != _carried.TVM_FFI}))
+    have, why = kernels.current(kset, kernels.Job("c", "vllm_comm", ("9.0a",), "0.7.4", "13.0", 1.0), CU130)
+    assert have is None and why == "apache-tvm-ffi: 0.1.15.post2 wanted, none in the record"
 
 
 def test_unread_cell_facts_build_rather_than_trust(tmp_path: Path) -> None:
@@ -250,7 +282,8 @@ def test_elf_that_is_not_64_bit_little_endian_is_refused_by_name(tmp_path: Path)
 
 
 def _site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A minimal installed flashinfer 0.7.4 (its package, one source file and its dist-info) first on sys.path."""
+    """A minimal installed flashinfer 0.7.4 (its package, one source file and its dist-info) and apache-tvm-ffi
+    0.1.15.post2 (its dist-info) first on sys.path."""
     site = tmp_path / "site"
     (site / "flashinfer" / "data" / "csrc").mkdir(parents=True)
     (site / "flashinfer" / "__init__.py").write_text("")
@@ -258,6 +291,9 @@ def _site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     dist = site / "flashinfer_python-0.7.4.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.7.4\n")
+    ffi = site / "apache_tvm_ffi-0.1.15.post2.dist-info"
+    ffi.mkdir()
+    (ffi / "METADATA").write_text(f"Metadata-Version: 2.1\nName: apache-tvm-ffi\nVersion: {TVM_FFI}\n")
     monkeypatch.syspath_prepend(str(site))
     for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
         monkeypatch.delitem(sys.modules, name)
@@ -269,7 +305,7 @@ def this_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]
     site = _site(tmp_path, monkeypatch)
     here = _carried.cell_facts({})
     return {"flashinfer": "0.7.4", "torch": here["torch"], "torch_cuda": here["torch_cuda"], "nvcc": here["nvcc"],
-            "sources": [], "source_hash": _compile_cache.source_hash([], str(site))}
+            _carried.TVM_FFI: TVM_FFI, "sources": [], "source_hash": _compile_cache.source_hash([], str(site))}
 
 
 def test_at_run_time_a_record_of_another_torch_cuda_build_is_refused(tmp_path: Path,
@@ -285,7 +321,7 @@ def test_at_run_time_a_record_of_another_torch_cuda_build_is_refused(tmp_path: P
     (folder / "vllm_comm.so").write_bytes(module_library("vllm_comm"))
     base = {"schema": 1, "module": "vllm_comm", "name": "vllm_comm", "sass": ["sm_90a"], "arch_list": "9.0a",
             "flashinfer": "0.7.4", "torch": here["torch"], "torch_cuda": here["torch_cuda"], "nvcc": here["nvcc"],
-            "sources": names, "source_hash": source}
+            _carried.TVM_FFI: TVM_FFI, "sources": names, "source_hash": source}
     (folder / _carried.RECORD).write_text(json.dumps(base))
     assert _carried.aot_dir() == site / "flashinfer" / "data" / "aot"
     carried, why = fi_jit.carried_for_cell("vllm_comm")
@@ -301,6 +337,24 @@ def test_at_run_time_a_record_of_another_torch_cuda_build_is_refused(tmp_path: P
     _compile_cache._FILE_DIGESTS.clear()
     carried, why = fi_jit.carried_for_cell("vllm_comm")
     assert carried is None and "source_hash" in why
+
+
+def test_at_run_time_a_record_of_another_tvm_ffi_release_is_refused(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the cell: this environment's apache-tvm-ffi is read from its metadata (the dist-info :func:`_site`
+    installs), and a carried module recorded with another release is left out of what flashinfer loads."""
+    facts = this_cell(tmp_path, monkeypatch)
+    assert _carried.cell_facts({})[_carried.TVM_FFI] == TVM_FFI
+    kset = tmp_path / "aot"
+    for module, ffi in (("vllm_comm", TVM_FFI), ("pcie_ipc", "0.1.11")):
+        (kset / module).mkdir(parents=True)
+        (kset / module / f"{module}.so").write_bytes(module_library(module))
+        (kset / module / _carried.RECORD).write_text(json.dumps({"schema": 1, "module": module, "name": module,
+                                                                 "sass": ["sm_90a"], **facts, _carried.TVM_FFI: ffi}))
+    usable, refused = _carried.usable(kset)
+    assert list(usable) == ["vllm_comm"]
+    assert refused == {"pcie_ipc": "its record is not this cell's (apache-tvm-ffi: 0.1.15.post2 wanted, 0.1.11 in "
+                                   "the record)"}
 
 
 def test_record_free_text_reaches_a_note_escaped() -> None:
@@ -440,7 +494,8 @@ def test_a_kernel_set_is_reused_only_where_its_sass_answers_every_declared_targe
     (kset / _carried.RECORD).write_text(json.dumps({
         "schema": 1, "module": "vllm_comm", "name": "vllm_comm", "sass": sass, "arch_list": " ".join(archs),
         "declared": " ".join(archs), "refused": refused, "flashinfer": "0.7.4", "torch": CU130["torch"],
-        "torch_cuda": CU130["torch_cuda"], "nvcc": CU130["nvcc"], "source_hash": "src1"}))
+        "torch_cuda": CU130["torch_cuda"], "nvcc": CU130["nvcc"],
+            _carried.TVM_FFI: TVM_FFI, "source_hash": "src1"}))
     cell, lines = StandInCell(CU130), []
     _stage(_cell(tmp_path / "envs", cid), cell, tmp_path, archs, ("vllm_comm",), lines)
     assert cell.compiles == ([("vllm_comm", archs)] if rebuilt else [])

@@ -555,3 +555,16 @@ def test_a_newer_nccl_or_cuda_toolkit_wheel_than_the_catalog_knows_is_drift() ->
     out = cc.compare(catalog, Readings(index="test", newest=seen, sglang={}, kernels={}, torch={}))
     assert {(d.key, d.registry) for d in out.drift} == {("newest.nvidia-nccl-cu13", "2.33.1"),
                                                         ("newest.cuda-toolkit", "13.6.0")}
+
+
+def test_the_catalogue_tracks_apache_tvm_ffi_as_it_tracks_nccl() -> None:
+    """flashinfer's modules inline apache-tvm-ffi's headers (a carried module is current only with the release it
+    was built with): the catalogue's `newest` names it, and a newer release on the index is drift under its key."""
+    catalog = replace(load_catalog(), presets={}, kernels={}, torch={})
+    assert catalog.newest["apache-tvm-ffi"] == "0.1.15.post2"
+    seen = {p: Seen(v, f"{p} release list") for p, v in catalog.newest.items()}
+    same = cc.compare(catalog, Readings(index="test", newest=seen, sglang={}, kernels={}, torch={}))
+    assert same.drift == ()
+    seen["apache-tvm-ffi"] = Seen("0.1.16", "apache-tvm-ffi release list")
+    out = cc.compare(catalog, Readings(index="test", newest=seen, sglang={}, kernels={}, torch={}))
+    assert [(d.key, d.recorded, d.registry) for d in out.drift] == [("newest.apache-tvm-ffi", "0.1.15.post2", "0.1.16")]

@@ -2,7 +2,7 @@
 architectures and installed where flashinfer loads ahead-of-time modules (``flashinfer/data/aot/<name>/
 <name>.so``, flashinfer's ``FLASHINFER_AOT_DIR`` when no flashinfer-jit-cache is installed), each with a record
 beside it (``<name>/stackprobe-kernel.json``): which module, for which architectures, the SASS read back from the
-library, and which flashinfer, torch and nvcc built it.
+library, and which flashinfer, torch, nvcc and apache-tvm-ffi built it.
 
 A kernel set is one folder of that layout. `provision build` fills ``.cache/kernels/<cell>/`` (host side) and
 copies it into the cell; a GPU host that is given that folder installs it without compiling. The probes read
@@ -53,8 +53,11 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
 }
 # The facts that decide a carried library's bytes, as its record names them: a set is current for a cell only
 # when each equals the cell's (``declared``: the target list asked for; ``source_hash``: the module's sources
-# that flashinfer's build file compiles, by content).
-IDENTITY = ("flashinfer", "torch", "torch_cuda", "nvcc", "declared", "source_hash")
+# that flashinfer's build file compiles, by content; ``apache-tvm-ffi``: the release of the header-only ABI layer
+# flashinfer inlines into every module it builds, :data:`TVM_FFI`).
+TVM_FFI = "apache-tvm-ffi"
+IDENTITY = ("flashinfer", "torch", "torch_cuda", "nvcc", TVM_FFI, "declared", "source_hash")
+ABSENT = "none"  # the value of a fact whose package this environment does not have
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,11 @@ def _dist_version(*names: str) -> str | None:
     return None
 
 
+def tvm_ffi_version() -> str:
+    """apache-tvm-ffi's release here, read from its metadata (:data:`ABSENT` when it is not installed)."""
+    return _dist_version(TVM_FFI) or ABSENT
+
+
 def torch_version() -> str | None:
     """torch's full version with its local label (``2.11.0+cu130``): its ``version.py``, not imported."""
     spec = importlib.util.find_spec("torch")
@@ -255,14 +263,15 @@ def torch_version() -> str | None:
 def cell_facts(sources: Mapping[str, list[str]]) -> dict[str, Any]:
     """The facts of this environment a carried module's record must match (:data:`IDENTITY`), read without
     importing flashinfer or torch: flashinfer's version, torch's with its CUDA build, nvcc's (found as
-    flashinfer finds it), and per module the hash of the sources its record names (``sources``: module ->
-    placed names) as they are here."""
+    flashinfer finds it), apache-tvm-ffi's, and per module the hash of the sources its record names
+    (``sources``: module -> placed names) as they are here."""
     spec = importlib.util.find_spec("flashinfer")
     site = str(Path(next(iter(spec.submodule_search_locations))).parent) if spec and \
         spec.submodule_search_locations else ""
     tk = toolkit.resolve(flashinfer=True)
     return {"flashinfer": _dist_version("flashinfer-python", "flashinfer"), "torch": torch_version(),
             "torch_cuda": torch_cuda_version(), "nvcc": tk.version, "nvcc_error": tk.error if not tk.version else "",
+            TVM_FFI: tvm_ffi_version(),
             "source_hash": {m: _compile_cache.source_hash(list(names), site) if site else None
                             for m, names in sources.items()}}
 
@@ -273,9 +282,9 @@ def _names(carried: Carried) -> list[str]:
 
 def not_here(carried: Carried, here: Mapping[str, Any] | None = None) -> str:
     """Why ``carried``'s record is not this environment's ("" when it is: the same flashinfer, torch with its
-    CUDA build, nvcc and module sources), escaped; ``here``: :func:`cell_facts` read already."""
+    CUDA build, nvcc, apache-tvm-ffi and module sources), escaped; ``here``: :func:`cell_facts` read already."""
     here = here if here is not None else cell_facts({carried.module: _names(carried)})
-    facts = {k: here.get(k) for k in ("flashinfer", "torch", "torch_cuda", "nvcc")}
+    facts = {k: here.get(k) for k in ("flashinfer", "torch", "torch_cuda", "nvcc", TVM_FFI)}
     facts["source_hash"] = (here.get("source_hash") or {}).get(carried.module)
     return differs(carried.record, facts)
 

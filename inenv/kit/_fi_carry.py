@@ -169,7 +169,7 @@ def carry(module: str, archs: list[str], out_dir: Path, timeout_s: float) -> dic
                                          "arch_list": " ".join(archs), "declared": " ".join(declared),
                                          "refused": refused,
                                          "torch": torch_version(), "torch_cuda": torch_cuda_version(),
-                                         "nvcc": tk.get("version"),
+                                         "nvcc": tk.get("version"), _carried.TVM_FFI: _carried.tvm_ffi_version(),
                                          "cell": os.environ.get(_compile_cache.CELL_ENV) or None,
                                          "built_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
         folder = out_dir / name
