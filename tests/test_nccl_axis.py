@@ -3,6 +3,8 @@ same torch with an override of torch's own pin, and its cells get their own torc
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from common.errors import InputError
 from common.matrix import load
 from common.resolve import cell_id, resolve
 from provision.lock import torch_key, torch_overrides, torch_requirements
+from tests.checks_helpers import ROOT
 
 MATRIX = """
 matrix:
@@ -43,8 +46,37 @@ def test_the_nccl_axis_expands_and_names_its_cells(tmp_path: Path) -> None:
         "cu128-torch2.15.0-sglnone-finone"]
 
 
-def test_a_matrix_without_the_axis_keeps_torchs_nccl() -> None:
-    assert {c.nccl for c in load(DEFAULT_MATRIX).cells} == {"pinned"}
+def test_the_default_matrix_has_the_newest_stack_and_its_nccl_twin() -> None:
+    """Every default cell keeps torch's own NCCL but one: the newest stack's twin, which differs from it in the NCCL
+    release alone (the same CUDA, torch and flashinfer, no sgl-kernel), so the page shows one stack on both."""
+    catalog = load_catalog()
+    cells = load(DEFAULT_MATRIX).cells
+    twins = [c for c in cells if c.nccl != "pinned"]
+    assert [(c.cuda, c.torch, c.sgl_kernel, c.flashinfer, c.nccl) for c in twins] == [
+        ("13.2", "stable", "none", "0.7.4", "2.32.6")]
+    [twin] = twins
+    base = [c for c in cells if c == dataclasses.replace(twin, nccl="pinned")]
+    assert len(base) == 1
+    assert cell_id(base[0], catalog) == "cu132-torch2.15.0-sglnone-fi0.7.4"
+    assert cell_id(twin, catalog) == "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6"
+    pinned, other = resolve(base[0], catalog), resolve(twin, catalog)
+    assert [s.requirement for s in other.sources] == ["torch==2.15.0", "flashinfer-python==0.7.4",
+                                                      "nvidia-nccl-cu13==2.32.6"]
+    assert [s.requirement for s in pinned.sources] == ["torch==2.15.0", "flashinfer-python==0.7.4"]
+    assert other.overrides == ("nvidia-nccl-cu13==2.32.6",) and pinned.overrides == ()
+
+
+def test_the_twins_committed_locks_differ_in_nccl_and_agree_on_torch_and_flashinfer() -> None:
+    """`provision lock` of both cells: the twin's lock holds NCCL 2.32.6 where the newest stack's holds the 2.30.7
+    torch 2.15.0 pins, and both hold the same torch, flashinfer and apache-tvm-ffi."""
+    def pins(cid: str) -> dict[str, str]:
+        text = (ROOT / "envs" / cid / "requirements.lock").read_text()
+        return dict(re.findall(r"^([A-Za-z0-9_.-]+)==([^ ;\\]+)", text, re.M))
+
+    base, twin = pins("cu132-torch2.15.0-sglnone-fi0.7.4"), pins("cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6")
+    assert (base["nvidia-nccl-cu13"], twin["nvidia-nccl-cu13"]) == ("2.30.7", "2.32.6")
+    for package in ("torch", "flashinfer-python", "apache-tvm-ffi"):
+        assert base[package] == twin[package], package
 
 
 def test_a_bad_nccl_value_is_one_line_naming_the_key(tmp_path: Path) -> None:

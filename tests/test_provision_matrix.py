@@ -33,18 +33,19 @@ def ids(path: Path) -> list[str]:
 
 def test_default_matrix_expansion_golden() -> None:
     cells = ids(DEFAULT_MATRIX)
-    assert len(cells) == 6
+    assert len(cells) == 7
     check_golden("default-cells.txt", "\n".join(cells) + "\n")
 
 
 def test_default_matrix_cells_each_answer_their_own_question() -> None:
     """The SM12x gate on one stack (only flashinfer differs), CUDA 12.8, SGLang's current release, the newest
-    stack (`stable` without sgl-kernel is the newest torch release) and nightly; three torch builds resolve
-    here, and the cells on one build differ only in what sits above torch."""
+    stack (`stable` without sgl-kernel is the newest torch release) and its NCCL twin, and nightly; three torch
+    builds resolve here, and the cells on one build differ only in what sits above torch (or beside it: NCCL)."""
     cells = {c.cell_id: c for c in plan(DEFAULT_MATRIX, offline=True)}
     assert list(cells) == ["cu130-torch2.14.1-sgl0.4.10-fi0.6.16", "cu130-torch2.14.1-sgl0.4.10-fi0.6.17",
                            "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "cu130-torch2.14.1-sgl0.4.10-fi0.7.2",
-                           "cu132-torch2.15.0-sglnone-fi0.7.4", "cu130-torchnightly-sglnone-fi0.7.4"]
+                           "cu132-torch2.15.0-sglnone-fi0.7.4", "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6",
+                           "cu130-torchnightly-sglnone-fi0.7.4"]
     assert all(c.status == "resolved" for c in cells.values())
     assert cells["cu130-torch2.14.1-sgl0.4.10-fi0.7.2"].cell.preset == "sglang-0.5.23"
     newest = cells["cu132-torch2.15.0-sglnone-fi0.7.4"]
@@ -99,7 +100,8 @@ def test_select_by_torch_and_glob() -> None:
     globbed = plan(DEFAULT_MATRIX, only=["*fi0.7.*", "cu128-*-fi0.6.17"], offline=True)
     assert [c.cell_id for c in globbed] == [
         "cu128-torch2.9.1-sgl0.4.1-fi0.6.17", "cu130-torch2.14.1-sgl0.4.10-fi0.7.2",
-        "cu132-torch2.15.0-sglnone-fi0.7.4", "cu130-torchnightly-sglnone-fi0.7.4",
+        "cu132-torch2.15.0-sglnone-fi0.7.4", "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6",
+        "cu130-torchnightly-sglnone-fi0.7.4",
     ]
 
 
