@@ -1,14 +1,19 @@
-"""The reason catalogue (common/reasons.yaml): load it, validate it, match failure text against it."""
+"""The reason catalogue (common/reasons.yaml): load it, validate it, match failure text against it, and choose the
+next step a failure gets: a reason's remedies per NCCL release range, each offered only where a result on that
+release shows its exact setting passing (:func:`offered`)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from common import yamlsrc
 
@@ -16,6 +21,11 @@ CATALOGUE = Path(__file__).with_name("reasons.yaml")
 GENERIC = "unknown-error"
 _CODE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _ERROR_LINE = re.compile(r"(error|Error|ERROR|exception|Exception|failed|Failed|FAILED|abort|what\(\):|WARN)")
+_SETTING_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")
+KEYS = ("code", "patterns", "message", "remediation", "remedies", "harness")
+REMEDY_KEYS = ("nccl", "setting", "remediation")
+
+Setting = tuple[tuple[str, str], ...]  # NCCL variables and their values, sorted by name
 
 
 class CatalogueError(ValueError):
@@ -23,12 +33,30 @@ class CatalogueError(ValueError):
 
 
 @dataclass(frozen=True)
+class Remedy:
+    """A next step that holds for a range of NCCL releases: the exact setting it advises (``setting``) and its
+    text. It is offered for a failure on a release in ``releases`` only where a result on that release shows the
+    setting passing (:func:`offered`)."""
+
+    releases: SpecifierSet  # PEP 440 specifiers over NCCL's release, e.g. ">=2.24,<2.31"
+    setting: Setting
+    remediation: str
+
+    def covers(self, release: str) -> bool:
+        try:
+            return Version(release) in self.releases
+        except InvalidVersion:
+            return False
+
+
+@dataclass(frozen=True)
 class Reason:
     code: str
     patterns: tuple[re.Pattern[str], ...]
     message: str
-    remediation: str
+    remediation: str  # the next step; for a reason with remedies, what holds when none is shown passing
     harness: bool = False  # stackprobe's own failure, not the feature's: never reused
+    remedies: tuple[Remedy, ...] = ()  # tried in order (:func:`offered`)
 
 
 @dataclass(frozen=True)
@@ -61,10 +89,9 @@ def parse(data: Any, source: str) -> Catalogue:
         where = f"{source}: entry {i}"
         if not isinstance(entry, dict):
             raise CatalogueError(f"{where}: expected a mapping with code, patterns, message, remediation")
-        unknown = set(entry) - {"code", "patterns", "message", "remediation", "harness"}
+        unknown = set(entry) - set(KEYS)
         if unknown:
-            raise CatalogueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: code, patterns, message, "
-                                 "remediation, harness")
+            raise CatalogueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {', '.join(KEYS)}")
         code = entry.get("code")
         if not isinstance(code, str) or not _CODE.match(code):
             raise CatalogueError(f"{where}: code must be a lowercase slug like 'nccl-error', got {code!r}")
@@ -87,10 +114,52 @@ def parse(data: Any, source: str) -> Catalogue:
         harness = entry.get("harness", False)
         if not isinstance(harness, bool):
             raise CatalogueError(f"{where}.harness: must be true or false, got {harness!r}")
-        out.append(Reason(code, tuple(compiled), entry["message"].strip(), entry["remediation"].strip(), harness))
+        remedies = _remedies(entry.get("remedies", []), f"{where}.remedies")
+        out.append(Reason(code, tuple(compiled), entry["message"].strip(), entry["remediation"].strip(), harness,
+                          remedies))
     if not any(r.code == GENERIC for r in out):
         raise CatalogueError(f"{source}: the generic code {GENERIC!r} must exist")
     return Catalogue(tuple(out))
+
+
+def _remedies(raw: Any, where: str) -> tuple[Remedy, ...]:
+    """A reason's ``remedies``: a list of mappings with ``nccl`` (PEP 440 specifiers over NCCL's release),
+    ``setting`` (NCCL variables and their values, the exact setting the text advises) and ``remediation``."""
+    if not isinstance(raw, list):
+        raise CatalogueError(f"{where}: must be a list of mappings with {', '.join(REMEDY_KEYS)}")
+    out = []
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict) or set(item) != set(REMEDY_KEYS):
+            got = sorted(item) if isinstance(item, dict) else type(item).__name__
+            raise CatalogueError(f"{at}: must be a mapping of exactly {', '.join(REMEDY_KEYS)}, got {got}")
+        text = item["nccl"]
+        try:
+            releases = SpecifierSet(text) if isinstance(text, str) and text.strip() else None
+        except InvalidSpecifier:
+            releases = None
+        if releases is None:
+            raise CatalogueError(f"{at}.nccl: NCCL releases as PEP 440 specifiers like '>=2.24,<2.31', got {text!r}")
+        setting = item["setting"]
+        if not isinstance(setting, dict) or not setting or not all(
+                isinstance(k, str) and _SETTING_VAR.match(k) and isinstance(v, str) and v.strip()
+                for k, v in setting.items()):
+            raise CatalogueError(f"{at}.setting: a mapping of NCCL variables to values, e.g. {{NCCL_ALGO: Ring}}, "
+                                 f"got {setting!r}")
+        if not isinstance(item["remediation"], str) or not item["remediation"].strip():
+            raise CatalogueError(f"{at}.remediation: must be a non-empty string")
+        out.append(Remedy(releases, tuple(sorted(setting.items())), item["remediation"].strip()))
+    return tuple(out)
+
+
+def offered(reason: Reason, release: str | None, passed: Callable[[str, Setting], bool]) -> str:
+    """The next step a failure with ``reason`` gets on NCCL ``release``: the first remedy whose releases include it
+    and whose exact setting ``passed(release, setting)`` says a result on that release shows passing (and none
+    failing); else the reason's release-independent remediation. Without a known release no remedy is offered."""
+    for remedy in reason.remedies:
+        if release and remedy.covers(release) and passed(release, remedy.setting):
+            return remedy.remediation
+    return reason.remediation
 
 
 def load(path: Path = CATALOGUE) -> Catalogue:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.results import hostfacts
+from checks.results import hostfacts, ids
 from checks.run.cost import budget
 from checks.run.plan import CellState, CellTarget, WorkItem, deferred_shallow, deferred_sizes, plan_work
 from inenv import registry
@@ -63,8 +63,9 @@ def test_deep_sizes_are_the_powers_of_two_and_the_gpu_count() -> None:
 # Written out from the rules: step 6 backends (NCCL never shares a GPU), custom-ar 2 implementations x 2 modes (only
 # flashinfer forced shares), fi-fusion and symm-mem one set (also 2 ranks on one GPU, and symm-mem's sustained load
 # at 2 ranks and the GPU count; fi-fusion's engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc
-# 3 ops (the all-reduce shares), ar-latency 6 backends (never shares), nccl-graphs 16 at 2 ranks and the GPU count
-# and the 4 algorithm variants elsewhere (never shares), ep-a2a one variant across GPUs (never shares; its simulated
+# 3 ops (the all-reduce shares), ar-latency 6 backends (never shares), nccl-graphs 25 at 2 ranks and the GPU count
+# (5 NCCL_ALGO settings x 2 warm-ups x 2 connections, and each with NCCL_PROTO=Simple once) and the 10 (algorithm,
+# protocol) variants elsewhere (never shares), ep-a2a one variant across GPUs (never shares; its simulated
 # ranks are one process).
 EIGHT = {
     "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 setup", 7: "6 setup", 8: "6 deep"},
@@ -75,8 +76,8 @@ EIGHT = {
     "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 setup",
                  7: "1 setup", 8: "1 deep + 1 load"},
     "ar-latency": {2: "6 deep", 4: "6 deep", 8: "6 deep"},
-    "nccl-graphs": {2: "16 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 setup", 7: "4 setup",
-                    8: "16 deep"},
+    "nccl-graphs": {2: "25 deep", 3: "10 setup", 4: "10 deep", 5: "10 setup", 6: "10 setup", 7: "10 setup",
+                    8: "25 deep"},
     "ep-a2a": {n: "1 deep" for n in range(2, 9)},
 }
 SIX = {
@@ -87,7 +88,7 @@ SIX = {
     "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 deep + 1 load",
                  8: "1 shared"},
     "ar-latency": {2: "6 deep", 4: "6 deep", 6: "6 deep", 8: "6 skip"},
-    "nccl-graphs": {2: "16 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "16 deep", 8: "4 skip"},
+    "nccl-graphs": {2: "25 deep", 3: "10 setup", 4: "10 deep", 5: "10 setup", 6: "25 deep", 8: "10 skip"},
     "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 5: "1 deep", 6: "1 deep", 8: "1 skip"},
 }
 FOUR = {
@@ -97,7 +98,7 @@ FOUR = {
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 8: "1 shared + 2 skip"},
     "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep + 1 load", 8: "1 shared"},
     "ar-latency": {2: "6 deep", 4: "6 deep", 8: "6 skip"},
-    "nccl-graphs": {2: "16 deep", 3: "4 setup", 4: "16 deep", 8: "4 skip"},
+    "nccl-graphs": {2: "25 deep", 3: "10 setup", 4: "25 deep", 8: "10 skip"},
     "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 8: "1 skip"},
 }
 TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, never depth=setup
@@ -107,7 +108,7 @@ TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, n
     "pcie-ipc": {2: "3 deep", 3: "1 shared + 2 skip", 4: "1 shared + 2 skip", 8: "1 shared + 2 skip"},
     "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "ar-latency": {2: "6 deep", 3: "6 skip", 4: "6 skip", 8: "6 skip"},
-    "nccl-graphs": {2: "16 deep", 3: "4 skip", 4: "4 skip", 8: "4 skip"},
+    "nccl-graphs": {2: "25 deep", 3: "10 skip", 4: "10 skip", 8: "10 skip"},
     "ep-a2a": {2: "1 deep", 3: "1 skip", 4: "1 skip", 8: "1 skip"},
 }
 ONE = {  # no deep size: every multi-rank variant shares the GPU or is a planned skip
@@ -117,7 +118,7 @@ ONE = {  # no deep size: every multi-rank variant shares the GPU or is a planned
     "pcie-ipc": {n: "1 shared + 2 skip" for n in (2, 3, 4, 8)},
     "symm-mem": {2: "1 shared + 1 skip", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "ar-latency": {n: "6 skip" for n in (2, 3, 4, 8)},
-    "nccl-graphs": {2: "16 skip", 3: "4 skip", 4: "4 skip", 8: "4 skip"},
+    "nccl-graphs": {2: "25 skip", 3: "10 skip", 4: "10 skip", 8: "10 skip"},
     "ep-a2a": {n: "1 skip" for n in (2, 3, 4, 8)},
 }
 
@@ -137,6 +138,15 @@ def test_a_shallow_variant_says_so_in_its_key() -> None:
     assert {"ranks=4,backend=nccl", "ranks=8,impl=flashinfer,full_nvlink=forced", "ranks=8",
             "ranks=4,algo=Tree,warmup=yes,runtime_connect=default", "ranks=8,backend=flashinfer-pcie-ipc"} <= keys
     assert not [k for k in keys if "depth=setup" in k and ("ranks=2," in k or "ranks=4," in k or "ranks=8," in k)]
+
+
+@pytest.mark.parametrize("gpus", [8, 1])
+def test_every_planned_key_is_one_the_results_reader_accepts(gpus: int) -> None:
+    """A key the reader refuses would be a result left out of every table: the planner makes none (NCCL's
+    "ring,tree;allreduce:tree" included, spelled without a shell character)."""
+    keys = {it.variant.key for it in _items(gpus)}
+    assert "ranks=2,algo=ring+tree.allreduce:tree,proto=Simple,warmup=yes,runtime_connect=default" in keys
+    assert [k for k in keys if not ids.valid("variant", k)] == []
 
 
 def test_shallow_is_ranks_sharing_a_gpu_or_depth_setup() -> None:
@@ -201,9 +211,9 @@ def test_the_other_probes_select_their_shallow_path_at_a_setup_size(level: str) 
     assert (sizes, [c.key for c in agreement]) == ((1,), [SHALLOW_BF16])
     assert symm_mem.checked(shallow(_variant(8, "symm-mem", 8, load=None)))[0] == (
         (1,) if level == QUICK else (1, 16, 128))
-    graphs_setup = _variant(8, "nccl-graphs", 5, algo="Ring", warmup="yes", runtime_connect="default")
+    graphs_setup = _variant(8, "nccl-graphs", 5, algo="Ring", proto=None, warmup="yes", runtime_connect="default")
     assert [c.key for c in nccl_graphs.agreement_cases(shallow(graphs_setup))] == dtypes
-    graphs_deep = _variant(8, "nccl-graphs", 4, algo="Ring", warmup="yes", runtime_connect="default")
+    graphs_deep = _variant(8, "nccl-graphs", 4, algo="Ring", proto=None, warmup="yes", runtime_connect="default")
     assert len(nccl_graphs.agreement_cases(shallow(graphs_deep))) == (4 if level == QUICK else 60)
 
 

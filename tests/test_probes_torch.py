@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 
 from inenv.kit import _data, _dist, _errors, _nccl, _timing
-from inenv.probe import RESULT_MARKER, HostView, RankContext, Variant
+from inenv.probe import QUICK, RESULT_MARKER, HostView, RankContext, Variant
 from inenv.probes import ar_latency, custom_ar, ep_a2a, fi_fusion, nccl_graphs, pcie_ipc, symm_mem
 from inenv.worker import skip_reason
 
@@ -303,28 +303,48 @@ def test_keep_multicast_off_sets_defaults_and_never_unsets() -> None:
 
 
 def test_nccl_graphs_variants() -> None:
-    # world sizes 2, 3, 4 and 8 on a small host; all 16 configurations at 2 ranks and at the host's GPU count,
-    # the 4 algorithms (warm-up on, NCCL's default connection) at the other sizes
+    # world sizes 2, 3, 4 and 8 on a small host; at 2 ranks and at the host's GPU count the 5 NCCL_ALGO settings
+    # x 2 warm-ups x 2 connections with NCCL's protocol (20) and each setting with NCCL_PROTO=Simple once (5); at
+    # the other sizes each (algo, proto) once, warm-up on and NCCL's default connection (10)
+    algos = ("default", "Ring", "Tree", "allreduce:tree", "ring+tree.allreduce:tree")
     two = nccl_graphs.variants(HostView(gpu_count=2))
-    assert len(two) == 16 + 3 * 4 and len({v.key for v in two}) == len(two)
+    assert len(two) == 25 + 3 * 10 and len({v.key for v in two}) == len(two)
     assert all(v.skip is None for v in two if v.ranks == 2)
     assert all(v.skip is not None and v.skip.code == "too-few-gpus" for v in two if v.ranks > 2)
-    assert "ranks=2,algo=allreduce:tree,warmup=no,runtime_connect=0" in {v.key for v in two}
-    assert {v.key for v in two if v.ranks == 3} == {f"ranks=3,algo={a},warmup=yes,runtime_connect=default"
-                                                   for a in ("default", "Ring", "Tree", "allreduce:tree")}
+    keys = {v.key for v in two}
+    assert "ranks=2,algo=allreduce:tree,warmup=no,runtime_connect=0" in keys  # the keys recorded before stay
+    assert "ranks=2,algo=ring+tree.allreduce:tree,proto=Simple,warmup=yes,runtime_connect=default" in keys
+    assert "ranks=2,algo=Tree,proto=Simple,warmup=no,runtime_connect=default" not in keys
+    assert {v.key for v in two if v.ranks == 3} == {
+        f"ranks=3,algo={a}{p},warmup=yes,runtime_connect=default" for a in algos for p in ("", ",proto=Simple")}
     one = nccl_graphs.variants(HostView(gpu_count=1))
-    assert len(one) == 28 and all("NCCL refuses two ranks on one GPU" in (v.skip.note if v.skip else "") for v in one)
+    assert len(one) == 55 and all("NCCL refuses two ranks on one GPU" in (v.skip.note if v.skip else "") for v in one)
     eight = nccl_graphs.variants(HostView(gpu_count=8))
-    assert sorted({v.ranks for v in eight}) == [2, 3, 4, 5, 6, 7, 8] and len(eight) == 2 * 16 + 5 * 4
+    assert sorted({v.ranks for v in eight}) == [2, 3, 4, 5, 6, 7, 8] and len(eight) == 2 * 25 + 5 * 10
     assert all(v.skip is None for v in eight)
 
 
+def test_nccl_graphs_quick_level_asks_nccls_own_choice_with_and_without_warm_up() -> None:
+    """The quick pass answers first, in seconds: NCCL's own algorithm and protocol, with and without eager warm-up,
+    at 2 ranks (the other world sizes are left to the full pass by the planner)."""
+    quick = nccl_graphs.variants(HostView(gpu_count=2, level=QUICK))
+    assert [v.key for v in quick if v.ranks == 2] == ["ranks=2,algo=default,warmup=yes,runtime_connect=default",
+                                                      "ranks=2,algo=default,warmup=no,runtime_connect=default"]
+
+
 def test_nccl_env() -> None:
-    assert nccl_graphs.nccl_env("default", "default") == ({}, ["NCCL_ALGO", "NCCL_RUNTIME_CONNECT"])
+    assert nccl_graphs.nccl_env("default", "default") == ({}, ["NCCL_ALGO", "NCCL_PROTO", "NCCL_RUNTIME_CONNECT"])
     assert nccl_graphs.nccl_env("allreduce:tree", "0") == (
         {"NCCL_ALGO": "allreduce:tree", "NCCL_RUNTIME_CONNECT": "0"},
-        [],
+        ["NCCL_PROTO"],
     )
+    # NCCL's "," is a "+" and its ";" a "." in the key; the variable gets NCCL's own spelling
+    assert nccl_graphs.nccl_env("ring+tree.allreduce:tree", "default", "Simple") == (
+        {"NCCL_ALGO": "ring,tree;allreduce:tree", "NCCL_PROTO": "Simple"}, ["NCCL_RUNTIME_CONNECT"])
+    assert nccl_graphs.setting_of({"algo": "ring+tree.allreduce:tree", "proto": "Simple"}) == {
+        "NCCL_ALGO": "ring,tree;allreduce:tree", "NCCL_PROTO": "Simple"}
+    assert nccl_graphs.setting_of({"algo": "default", "warmup": "no"}) == {}
+    assert nccl_graphs.setting_of({"algo": "ring,tree"}) is None
 
 
 OK = {"verdict": "ok"}
@@ -347,6 +367,22 @@ def test_nccl_graphs_global_tree_is_a_configuration_problem() -> None:
     out = nccl_graphs.verdict(per_op, "Tree")
     assert out["status"] == "partial" and out["reason_code"] == "nccl-algo-unavailable"
     assert "fail eagerly too" in out["note"] and out["metrics"] == {"ops_ok": 1, "ops_total": 4}
+    assert "use " not in out["note"]  # the next step is the catalogue's, per NCCL release, offered where it passed
+
+
+def test_nccl_graphs_names_the_2_31_semantics_of_a_per_collective_string() -> None:
+    """vllm-project/vllm#58179: NCCL 2.31+ enables only the collectives NCCL_ALGO names, so ``allreduce:tree``
+    (with NCCL_PROTO=Simple there) leaves broadcast, all-gather and reduce-scatter with no algorithm."""
+    per_op = _ops(**{op: {"eager": NO_ALGO, "graph": NO_ALGO} for op in ("all_gather", "reduce_scatter", "broadcast")})
+    new = nccl_graphs.verdict(per_op, "allreduce:tree", "Simple", "2.32.6")
+    assert (new["status"], new["reason_code"]) == ("partial", "nccl-algo-unavailable")
+    assert new["note"] == ("all_reduce works eagerly and captured; all_gather, broadcast, reduce_scatter fail eagerly "
+                           "too: NCCL_ALGO=allreduce:tree NCCL_PROTO=Simple leaves them without an algorithm "
+                           "(configuration, not graph capture); NCCL 2.32.6 enables only the collectives NCCL_ALGO "
+                           "names, and leaves the others without one")
+    old = nccl_graphs.verdict(per_op, "Tree", "default", "2.30.7")
+    assert "enables only" not in old["note"] and "NCCL_ALGO=Tree leaves them" in old["note"]
+    assert nccl_graphs.verdict(_ops(), "ring+tree.allreduce:tree", "Simple", "2.32.6")["status"] == "pass"
 
 
 def test_nccl_graphs_capture_only_failure_is_named() -> None:

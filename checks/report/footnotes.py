@@ -35,6 +35,9 @@ class Occurrence:
     reason_code: str
     note: str
     remediation: str
+    # the catalogue's next step chosen for this verdict (a remedy of its NCCL release a result there shows passing:
+    # checks.results.remedies); None: the catalogue's text for its code
+    offered: str | None = None
 
 
 @dataclass
@@ -92,7 +95,8 @@ def footnotes(occurrences: list[Occurrence], messages: Mapping[str, str],
     def text(o: Occurrence) -> tuple[str, str, str]:
         message = messages.get(o.reason_code, "") if o.reason_code in messages or not o.reason_code else \
             unknown_reason(o.reason_code)
-        return clean(o.note), clean(message), clean(remediations.get(o.reason_code, ""))
+        chosen = o.offered if o.offered is not None else remediations.get(o.reason_code, "")
+        return clean(o.note), clean(message), clean(chosen)
 
     groups: dict[tuple[str, ...], list[str]] = {}  # (status, code, note shape, remediation) -> distinct notes
     for o in occurrences:

@@ -24,7 +24,7 @@ from checks.report.estimate import default_shape
 from checks.report.footnotes import Footnote, Occurrence, footnotes
 from checks.report.headline import headline
 from checks.report.summary import proven_statically
-from checks.results import hostresults, ids, portable
+from checks.results import hostresults, ids, portable, remedies
 from checks.results.freshness import Refresh, judged_by, refresh_list, staleness
 from checks.results.provenance import VERDICT_CODE_ROLE, current_probe_hashes, verdict_code_versions
 from checks.results.reader import ORIGIN_SUFFIX
@@ -248,8 +248,9 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
     for r in results:
         by_pair[(r.cell_id, r.probe_id)].append(r)
 
+    chosen = _remedies(results) if catalogue_remediations is not None else {}
     occurrences = [Occurrence(cell_id, pid, r.variant, r.verdict.status, r.verdict.reason_code, r.verdict.note,
-                              r.verdict.remediation)
+                              r.verdict.remediation, chosen.get(r.key))
                    for cell_id in cell_ids for pid in probe_ids for r in by_pair.get((cell_id, pid), [])
                    if r.verdict.status is not Status.PASS]
     notes_list, numbers = footnotes(occurrences, catalogue_messages, catalogue_remediations or {})
@@ -277,6 +278,16 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
                          run_rows[-1]["run_id"] if run_rows else None)
     return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml,
                        plots=plots.latency_plots(results), judged=judged_lines(results))
+
+
+def _remedies(results: list[ProbeResult]) -> dict[tuple[str, str, str], str]:
+    """The next step of each result whose reason has remedies per NCCL release, chosen from what this host's
+    results show passing on its release (checks.results.remedies)."""
+    catalogue = reasons.default()
+    seen = remedies.shown(results)
+    return {r.key: text for r in results if r.verdict.status is not Status.PASS
+            and (reason := catalogue.get(r.verdict.reason_code)) is not None and reason.remedies
+            and (text := remedies.offered(r, catalogue, seen)) is not None}
 
 
 def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str, str]] | None = None,

@@ -1,12 +1,16 @@
 """NCCL algorithms under CUDA graphs (docs/probes.md, nccl-graphs).
 
 Each variant is one fresh set of rank processes with one NCCL configuration (NCCL reads its
-environment when the communicator is created). Four collectives are run eagerly and captured in a
-CUDA graph, each checked exactly. Per-op results tell the two known failure mechanisms apart:
+environment when the communicator is created): each ``NCCL_ALGO`` setting engines use (:data:`ALGOS`), with
+and without ``NCCL_PROTO=Simple``. The four collectives an engine issues at warm-up (all-reduce, all-gather,
+reduce-scatter, broadcast) are run eagerly and captured in a CUDA graph, each checked exactly. Per-op results
+tell the known failure mechanisms apart:
 
-- a global ``NCCL_ALGO=Tree`` leaves all_gather / reduce_scatter / broadcast without an algorithm:
-  they fail *eagerly too*, so it is a configuration problem, not a graph problem
-  (``nccl-algo-unavailable``);
+- a setting that leaves a collective without an algorithm fails it *eagerly too*, so it is a configuration
+  problem, not a graph problem (``nccl-algo-unavailable``): a global ``NCCL_ALGO=Tree`` (Tree exists for
+  all-reduce only), and from NCCL 2.31 on a per-collective string that names all-reduce alone
+  (``allreduce:tree``): 2.31 fills the per-collective table with nothing and enables only what the string
+  names, where earlier releases kept their defaults for the collectives it leaves out;
 - a collective whose channels are connected lazily on first use inside a global-mode capture
   fails *only when captured* (``nccl-capture-failed``); eager warm-up or ``NCCL_RUNTIME_CONNECT=0``
   avoid it.
@@ -19,15 +23,17 @@ the host's GPU count (``depth=setup``) one exact case per dtype (``_agree.shallo
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from inenv.kit import _agree, _data, _device, _dist, _errors, _nccl
 from inenv.probe import (
     DEPTH,
+    QUICK,
     SETUP,
     HostView,
+    Params,
     ProbeSpec,
     RankContext,
     Variant,
@@ -42,7 +48,8 @@ SPEC = ProbeSpec(
     id="nccl-graphs",
     title="NCCL algorithms under CUDA graphs",
     feature="Do all_reduce, all_gather, reduce_scatter and broadcast work eagerly and captured in a CUDA graph "
-    "with NCCL_ALGO unset / Ring / Tree / allreduce:tree, with and without eager warm-up and lazy connection?",
+    "with NCCL_ALGO unset / Ring / Tree / allreduce:tree / ring,tree;allreduce:tree, with and without "
+    "NCCL_PROTO=Simple, eager warm-up and lazy connection?",
     ranks=(2,),
     min_ranks=2,  # over one rank every collective returns its input: all four ops would pass untested
     distinct_gpus=True,  # NCCL refuses two ranks on one GPU
@@ -52,7 +59,18 @@ SPEC = ProbeSpec(
     timed=False,  # every verdict is an exact check or a hang against a 30 s deadline: it may share the GPUs
 )
 
-ALGOS = ("default", "Ring", "Tree", "allreduce:tree")
+# The ``algo`` value of a variant -> the NCCL_ALGO it sets (None: unset, NCCL decides). A variant key separates
+# its params with commas and holds no shell character (checks.results.ids), so NCCL's "," is a "+" and its ";" a
+# "." in the value: "ring,tree;allreduce:tree" is ring+tree.allreduce:tree.
+ALGOS: dict[str, str | None] = {
+    "default": None,
+    "Ring": "Ring",
+    "Tree": "Tree",
+    "allreduce:tree": "allreduce:tree",
+    "ring+tree.allreduce:tree": "ring,tree;allreduce:tree",
+}
+# The ``proto`` value -> NCCL_PROTO (None: unset). A variant without the param is NCCL's default.
+PROTOS: dict[str, str | None] = {"default": None, "Simple": "Simple"}
 WARMUPS = ("yes", "no")
 RUNTIME_CONNECT = ("default", "0")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -62,38 +80,68 @@ CAPTURED_CALLS = 3
 OP_DEADLINE_S = 30.0  # a collective that does not finish by then is recorded as a hang for that op
 
 
+def settings(level: str) -> list[tuple[str, str, str, str]]:
+    """The (algo, proto, warmup, runtime_connect) settings planned at ``level``. The full level: every algorithm
+    with NCCL's protocol at each warm-up and connection, and with ``NCCL_PROTO=Simple`` once (eager warm-up,
+    NCCL's connection: the protocol changes how data moves, not when channels connect). The quick level: NCCL's
+    own choice of algorithm, with and without eager warm-up (what an engine meets first), in seconds."""
+    if level == QUICK:
+        return [("default", "default", warm, "default") for warm in WARMUPS]
+    out = []
+    for algo in ALGOS:
+        for proto in PROTOS:
+            for warm in WARMUPS:
+                for rc in RUNTIME_CONNECT:
+                    if proto == "default" or checks_agreement(algo, warm == "yes", rc):
+                        out.append((algo, proto, warm, rc))
+    return out
+
+
+def params_of(algo: str, proto: str, warm: str, rc: str) -> Params:
+    """A setting's variant params; NCCL's default protocol leaves ``proto`` out of the key."""
+    return (("algo", algo), *((("proto", proto),) if proto != "default" else ()), ("warmup", warm),
+            ("runtime_connect", rc))
+
+
 def variants(host: HostView) -> list[Variant]:
-    """Every algorithm at every world size (``world_sizes``: a size beyond the host's GPUs is a planned skip,
-    NCCL refusing two ranks on one GPU); the warm-up and lazy-connection variants, which test when channels
-    connect rather than how the sum is made, at 2 ranks and at the host's GPU count only. At a world size the
-    host has GPUs for outside ``deep_sizes``, the algorithm variants run ``depth=setup`` (:func:`agreement_cases`)."""
+    """Every setting of :func:`settings` at every world size (``world_sizes``: a size beyond the host's GPUs is a
+    planned skip, NCCL refusing two ranks on one GPU); the warm-up and lazy-connection variants, which test when
+    channels connect rather than how the sum is made, at 2 ranks and at the host's GPU count only. At a world
+    size the host has GPUs for outside ``deep_sizes``, the algorithm variants run ``depth=setup``
+    (:func:`agreement_cases`)."""
     full = {2, host.gpu_count}
     deep = deep_sizes(host)
     out: list[Variant] = []
     for n in world_sizes(host):
         skip = gpu_shortfall(host, n, "NCCL refuses two ranks on one GPU")
         depth = ((DEPTH, SETUP),) if skip is None and n not in deep else ()
-        for algo in ALGOS:
-            for warm in WARMUPS:
-                for rc in RUNTIME_CONNECT:
-                    if n in full or checks_agreement(algo, warm == "yes", rc):
-                        params = (("algo", algo), ("warmup", warm), ("runtime_connect", rc), *depth)
-                        out.append(Variant(SPEC.id, n, params=params, skip=skip))
+        for algo, proto, warm, rc in settings(host.level):
+            if n in full or checks_agreement(algo, warm == "yes", rc):
+                out.append(Variant(SPEC.id, n, params=(*params_of(algo, proto, warm, rc), *depth), skip=skip))
     return out
 
 
-def nccl_env(algo: str, runtime_connect: str) -> tuple[dict[str, str], list[str]]:
+def setting_of(params: Mapping[str, str]) -> dict[str, str] | None:
+    """The NCCL_ALGO and NCCL_PROTO a variant with these params runs under (a variable left to NCCL is absent);
+    None for an ``algo`` or ``proto`` value this probe does not plan. The host side reads recorded variants with
+    it (which remedy a result shows passing)."""
+    algo, proto = params.get("algo", "default"), params.get("proto", "default")
+    if algo not in ALGOS or proto not in PROTOS:
+        return None
+    wanted = {"NCCL_ALGO": ALGOS[algo], "NCCL_PROTO": PROTOS[proto]}
+    return {k: v for k, v in wanted.items() if v is not None}
+
+
+def nccl_env(algo: str, runtime_connect: str, proto: str = "default") -> tuple[dict[str, str], list[str]]:
     """Variables to set and to remove for one variant; ``default`` means NCCL decides."""
     set_: dict[str, str] = {}
     unset: list[str] = []
-    if algo == "default":
-        unset.append("NCCL_ALGO")
-    else:
-        set_["NCCL_ALGO"] = algo
-    if runtime_connect == "default":
-        unset.append("NCCL_RUNTIME_CONNECT")
-    else:
-        set_["NCCL_RUNTIME_CONNECT"] = runtime_connect
+    for var, value in (("NCCL_ALGO", ALGOS[algo]), ("NCCL_PROTO", PROTOS[proto]),
+                       ("NCCL_RUNTIME_CONNECT", None if runtime_connect == "default" else runtime_connect)):
+        if value is None:
+            unset.append(var)
+        else:
+            set_[var] = value
     return set_, unset
 
 
@@ -133,7 +181,29 @@ def op_class(modes: dict[str, dict[str, str]]) -> str:
     return "error"
 
 
-def verdict(per_op: dict[str, dict[str, dict[str, str]]], algo: str) -> dict[str, Any]:
+# The first NCCL release that reads NCCL_ALGO as a per-collective table filled only from the string: a collective
+# the string does not name has no algorithm (earlier releases kept their defaults for it)
+NAMED_ONLY = (2, 31)
+
+
+def described(algo: str, proto: str = "default") -> str:
+    """A variant's setting as a note says it: ``NCCL_ALGO=allreduce:tree NCCL_PROTO=Simple``, ``NCCL_ALGO unset``."""
+    value = ALGOS.get(algo, algo)
+    out = f"NCCL_ALGO={value}" if value is not None else "NCCL_ALGO unset"
+    return out + (f" NCCL_PROTO={PROTOS.get(proto, proto)}" if proto != "default" else "")
+
+
+def release(text: str) -> tuple[int, ...] | None:
+    """``2.32.6`` as (2, 32, 6); None when it is not a dotted release."""
+    parts = text.strip().split(".") if text else []
+    return tuple(int(p) for p in parts) if parts and all(p.isdigit() for p in parts) else None
+
+
+def verdict(per_op: dict[str, dict[str, dict[str, str]]], algo: str, proto: str = "default",
+            nccl_version: str = "") -> dict[str, Any]:
+    """The variant's outcome from the worst rank's per-op results (pure). It names what failed and how; which
+    setting to use instead is the reason catalogue's, per NCCL release, offered where a result shows it passing."""
+    setting = described(algo, proto)
     classes = {op: op_class(per_op.get(op, {})) for op in OPS}
     bad = {op: c for op, c in classes.items() if c != "ok"}
     metrics = {"ops_ok": sum(c == "ok" for c in classes.values()), "ops_total": len(OPS)}
@@ -153,10 +223,12 @@ def verdict(per_op: dict[str, dict[str, dict[str, str]]], algo: str) -> dict[str
     if "wrong" in kinds:
         return outcome("fail", f"{names}: wrong numbers or no-op output", "nccl-wrong-result", metrics, evidence)
     if kinds == {"algo-unavailable"} and classes["all_reduce"] == "ok":
-        note = (
-            f"all_reduce works eagerly and captured; {names} fail eagerly too: NCCL_ALGO={algo} leaves them "
-            "without an algorithm (configuration, not graph capture); use NCCL_ALGO='allreduce:tree'"
-        )
+        note = (f"all_reduce works eagerly and captured; {names} fail eagerly too: {setting} leaves them without an "
+                "algorithm (configuration, not graph capture)")
+        seen = release(nccl_version)
+        if seen is not None and seen[:2] >= NAMED_ONLY and ":" in (ALGOS.get(algo) or ""):
+            note += (f"; NCCL {nccl_version} enables only the collectives NCCL_ALGO names, and leaves the others "
+                     "without one")
         return outcome("partial", note, "nccl-algo-unavailable", metrics, evidence)
     if "capture-only" in kinds:
         only = ", ".join(sorted(op for op, c in bad.items() if c == "capture-only"))
@@ -168,7 +240,7 @@ def verdict(per_op: dict[str, dict[str, dict[str, str]]], algo: str) -> dict[str
     if "algo-unavailable" in kinds:
         return outcome(
             "fail",
-            f"{names}: no algorithm available under NCCL_ALGO={algo}",
+            f"{names}: no algorithm available under {setting}",
             "nccl-algo-unavailable",
             metrics,
             evidence,
@@ -346,7 +418,7 @@ def agreement_cases(setup_only: bool) -> tuple[_agree.Case, ...]:
     return _agree.shallow_cases(_agree.DTYPES) if setup_only else _agree.cases(_agree.DTYPES)
 
 
-def agreement_outcome(result: dict[str, Any], agreed: dict[str, dict[str, Any]], algo: str) -> dict[str, Any]:
+def agreement_outcome(result: dict[str, Any], agreed: dict[str, dict[str, Any]], setting: str) -> dict[str, Any]:
     """``result`` with the agreement summary applied (``_agree.apply``), or ``fail`` + ``nccl-wrong-result`` when
     an agreement case's integer-valued call was not the exact sum (pure). A worse verdict stays."""
     found = _agree.inexact(agreed)
@@ -355,7 +427,7 @@ def agreement_outcome(result: dict[str, Any], agreed: dict[str, dict[str, Any]],
         if chk.get("verdict") in ("no-op", "zero", "wrong"):
             note = f"agreement case {key}: integer inputs gave {chk['verdict']} ({chk.get('detail', '')})"
             result = outcome("fail", note[:400], "nccl-wrong-result", result.get("metrics"), result.get("evidence"))
-    return _agree.apply(result, _agree.summarize(agreed), f"NCCL allreduce (NCCL_ALGO={algo})")
+    return _agree.apply(result, _agree.summarize(agreed), f"NCCL allreduce ({setting})")
 
 
 def agreement_bind(rank: int, world: int, device: Any) -> Callable[[_agree.Case], _agree.Bound]:
@@ -378,9 +450,13 @@ def agreement_bind(rank: int, world: int, device: Any) -> Callable[[_agree.Case]
 
 def run(ctx: RankContext) -> dict[str, Any]:
     algo = ctx.param("algo", "default") or "default"
+    proto = ctx.param("proto", "default") or "default"
     warm = (ctx.param("warmup", "yes") or "yes") == "yes"
     rc = ctx.param("runtime_connect", "default") or "default"
-    set_, unset = nccl_env(algo, rc)
+    if algo not in ALGOS or proto not in PROTOS:
+        return outcome("fail", f"unknown setting algo={algo!r} proto={proto!r}; known: algo {', '.join(ALGOS)}; "
+                       f"proto {', '.join(PROTOS)}", "probe-bug")
+    set_, unset = nccl_env(algo, rc, proto)
     removed = {k: os.environ.pop(k) for k in unset if k in os.environ}
     os.environ.update(set_)
     os.environ.update(_nccl.nccl_debug_env(ctx.workdir))
@@ -399,13 +475,14 @@ def run(ctx: RankContext) -> dict[str, Any]:
     mine = exercise(cases, warm, gloo, ctx.log)
     everyone = _dist.gather_objects(mine, gloo)
     per_op = merge_rank_results(everyone)
-    result = verdict(per_op, algo)
+    version = ".".join(str(x) for x in torch.cuda.nccl.version())
+    result = verdict(per_op, algo, proto, version)
     agreed: dict[str, Any] = {}
     setup_only = shallow(ctx.variant)  # depth=setup: one exact agreement case per dtype
     if checks_agreement(algo, warm, rc) and op_class(per_op.get("all_reduce", {})) == "ok":
         agreed = _agree.run_cases(agreement_bind(ctx.rank, ctx.world_size, device), agreement_cases(setup_only),
                                   gloo, ctx.log, exact=setup_only)
-        result = agreement_outcome(result, agreed, algo)
+        result = agreement_outcome(result, agreed, described(algo, proto))
     if setup_only:
         result["evidence"]["checked"] = f"the four ops and one exact agreement case per dtype; {_agree.FULL_GRID_SETUP}"
     logs = [_nccl.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
@@ -415,7 +492,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
             "removed_from_env": removed,
             "multicast_env": multicast,
             "torch": torch.__version__,
-            "nccl_version": ".".join(str(x) for x in torch.cuda.nccl.version()),
+            "nccl_version": version,
             "transports": sorted({t for lg in logs for t in lg["transports"]}),
             "algorithms_chosen": logs[0]["algorithms"] if logs else {},
             "nccl_warnings": [w for lg in logs for w in lg["warnings"]][-6:],
