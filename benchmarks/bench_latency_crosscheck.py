@@ -220,13 +220,12 @@ def pcie_ipc_missing() -> str | None:
 
     if importlib.util.find_spec("flashinfer") is None:
         return "flashinfer is not installed in this Python"
-    from inenv.kit import _fi_pcie
-    from inenv.kit import _flashinfer as fi
+    from inenv import kit
 
-    unknown = _fi_pcie.unknown_without_import("all-reduce")
+    unknown = kit.unknown_without_import("all-reduce")
     if unknown is not None:
         return unknown.note
-    root = fi.package_root()
+    root = kit.package_root()
     helper = root / "testing" / "utils.py" if root is not None else None
     if helper is None or not helper.is_file() or "def bench_gpu_time(" not in helper.read_text(errors="replace"):
         return "this flashinfer has no flashinfer.testing.bench_gpu_time"

@@ -151,15 +151,15 @@ def mixed_rank() -> dict[str, dict[str, float]]:
     import torch
     import torch.distributed as dist
 
-    from inenv.kit import _nccl
+    from inenv import kit
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
     gloo = dist.new_group(backend="gloo")
-    comm = _nccl.DirectComm(rank, world, gloo)
-    rt = ctypes.CDLL(_nccl.loaded_library("libcudart.so", "libcudart.so.13"))
+    comm = kit.DirectComm(rank, world, gloo)
+    rt = ctypes.CDLL(kit.loaded_library("libcudart.so", "libcudart.so.13"))
     big = torch.zeros(max(SIZES) // 2, dtype=torch.bfloat16, device=dev)
     flag = torch.zeros(1, dtype=torch.bfloat16, device=dev)
     results: dict[str, dict[str, float]] = {}

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from common import buildrecord
-from inenv.kit._compile_cache import LEDGER
+from inenv.kit import COMPILE_LEDGER as LEDGER
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "benchmarks" / "results"

@@ -28,7 +28,7 @@ from common.buildrecord import BuildStatus
 from common.errors import InputError
 from common.progress import console as progress_console
 from common.resolve import RESOLVED, Resolved
-from inenv.kit import _carried
+from inenv import kit
 from provision import doctor, kernels
 from provision.build import DockerBuilder, render_dockerfiles
 from provision.dockercli import Docker
@@ -287,10 +287,10 @@ def kernels_line(k: Any) -> str:
     for m, v in mods.items():
         refused = v.get("refused") if isinstance(v, dict) else None
         if v.get("carried") and isinstance(refused, dict) and refused:  # from a record that may come from elsewhere
-            codes = sorted({_carried.visible(str(r.get("reason_code")), 40) for r in refused.values()
+            codes = sorted({kit.visible(str(r.get("reason_code")), 40) for r in refused.values()
                             if isinstance(r, dict)})
-            targets = " ".join(sorted(_carried.visible(str(a), 20) for a in refused))
-            why.append(f"{m} for {_carried.visible(str(v.get('arch_list')), 60)} only, {targets} refused: "
+            targets = " ".join(sorted(kit.visible(str(a), 20) for a in refused))
+            why.append(f"{m} for {kit.visible(str(v.get('arch_list')), 60)} only, {targets} refused: "
                        f"{', '.join(codes)}")
     text = f"{len(ok)}/{len(mods)} for {k.get('arch_list')}, {float(k.get('bytes') or 0) / 1e6:.1f} MB"
     if k.get("installed") is False and ok:

@@ -45,12 +45,9 @@ from common.caches import CODE_ROOT, compile_cache_dir
 from common.celltoolkit import base_env, cell_env
 from common.home import CACHE_ROOT
 from common.progress import Ticker, duration
-from inenv import atomic, gpuarch, lifetime
-from inenv.kit import _carried
-from inenv.kit._compile_cache import CELL_ENV
-from inenv.kit._compile_cache import ENV as COMPILE_CACHE_ENV
-from inenv.kit._fi_carry import RESULT_PREFIX
-from inenv.kit._flashinfer import COMM_MODULES
+from inenv import atomic, gpuarch, kit, lifetime
+from inenv.kit import CELL_ENV, COMM_MODULES, COMPILE_CACHE_ENV
+from inenv.kit import FI_CARRY_RESULT_PREFIX as RESULT_PREFIX
 from inenv.probes.fi_jit import BUILD_COST, QUICK_MODULE
 from provision.dockercli import Docker
 
@@ -99,33 +96,33 @@ def plan(cells: Sequence[Mapping[str, Any]], modules: Sequence[str] = COMM_MODUL
 
 
 def facts_for(job: Job, identity: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What a carried ``job.module`` must have been built from to be current for the cell (``_carried.IDENTITY``):
+    """What a carried ``job.module`` must have been built from to be current for the cell (``kit.KERNEL_IDENTITY``):
     the cell's facts as its identity query read them, the job's flashinfer and target list; None when the
     cell's identity is unknown (then nothing is current: the module is built)."""
     if not isinstance(identity, Mapping):
         return None
     hashes = identity.get("source_hash") if isinstance(identity.get("source_hash"), Mapping) else {}
     return {"flashinfer": job.flashinfer, "torch": identity.get("torch"), "torch_cuda": identity.get("torch_cuda"),
-            "nvcc": identity.get("nvcc"), _carried.TVM_FFI: identity.get(_carried.TVM_FFI),
+            "nvcc": identity.get("nvcc"), kit.TVM_FFI: identity.get(kit.TVM_FFI),
             "declared": " ".join(job.archs), "source_hash": hashes.get(job.module)}
 
 
-def current(kernel_dir: Path, job: Job, identity: Mapping[str, Any] | None) -> tuple[_carried.Carried | None, str]:
+def current(kernel_dir: Path, job: Job, identity: Mapping[str, Any] | None) -> tuple[kit.Carried | None, str]:
     """The module of ``job`` in the kernel set when everything that decides its bytes is the cell's (flashinfer,
     torch with its CUDA build, nvcc, apache-tvm-ffi, the declared target list, the module's sources) and its SASS
     answers every declared target flashinfer's gate did not refuse, with "" ; else None and which fact differed
     (or why the set holds none)."""
-    found = _carried.kernel_set(kernel_dir).get(job.module)
+    found = kit.kernel_set(kernel_dir).get(job.module)
     if found is None:
         return None, "not in the kernel set"
     facts = facts_for(job, identity)
     if facts is None:
         return None, "the cell's identity (torch, nvcc, sources) could not be read"
-    why = _carried.differs(found.record, facts) or uncovered(found, job.archs)
+    why = kit.differs(found.record, facts) or uncovered(found, job.archs)
     return (None, why) if why else (found, "")
 
 
-def uncovered(found: _carried.Carried, archs: Sequence[str]) -> str:
+def uncovered(found: kit.Carried, archs: Sequence[str]) -> str:
     """The first declared target that the module's recorded SASS does not answer (none of the SASS flashinfer
     compiles that target into, gpuarch.flashinfer_sass) and that flashinfer's gate did not refuse, said as
     ``sass: sm_90a wanted for 9.0a, sm_75 in the record``; "" when every target is answered."""
@@ -136,9 +133,9 @@ def uncovered(found: _carried.Carried, archs: Sequence[str]) -> str:
         try:
             wanted = gpuarch.flashinfer_sass(gpuarch.parse_target(arch))
         except gpuarch.TargetError:
-            return f"declared target {_carried.visible(arch)} is not a GPU architecture"
+            return f"declared target {kit.visible(arch)} is not a GPU architecture"
         if not wanted & have:
-            shown = ", ".join(_carried.visible(s) for s in found.sass) or "none"
+            shown = ", ".join(kit.visible(s) for s in found.sass) or "none"
             return f"sass: {' or '.join(sorted(wanted))} wanted for {arch}, {shown} in the record"
     return ""
 
@@ -196,7 +193,7 @@ def no_nvcc(identity: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 def set_digest(kernel_dir: Path) -> str:
     """A digest of a kernel set's records (each names its library's build); "" for an empty set."""
-    carried = _carried.kernel_set(kernel_dir).values()
+    carried = kit.kernel_set(kernel_dir).values()
     recs = sorted((c.name, json.dumps(dict(c.record), sort_keys=True)) for c in carried)
     return hashlib.sha256(json.dumps(recs).encode()).hexdigest()[:16] if recs else ""
 
@@ -223,7 +220,7 @@ def parse_identity(stdout: str, rc: int, stderr: str) -> dict[str, Any] | None:
 def identity_query(kernel_dir: Path) -> str:
     """The argument of the cell's identity query: each carried module's recorded source names."""
     wanted = {m: [str(n) for n in c.record.get("sources") or [] if isinstance(n, str)]
-              for m, c in _carried.kernel_set(kernel_dir).items()}
+              for m, c in kit.kernel_set(kernel_dir).items()}
     return json.dumps(wanted, sort_keys=True)
 
 
@@ -274,8 +271,8 @@ class VenvCarrier:
         return env | _env(self.rec, self.cache, str(self.rec.get("cell_id")))
 
     def compile(self, job: Job, out_dir: Path) -> dict[str, Any]:
-        cmd = [str(self.rec["python"]), "-m", "inenv.kit._fi_carry", job.module, "--archs", " ".join(job.archs),
-               "--out", str(out_dir), "--timeout", str(JOB_LIMIT_S)]
+        cmd = [str(self.rec["python"]), *kit.launch("fi-carry", job.module, "--archs", " ".join(job.archs),
+                                                    "--out", str(out_dir), "--timeout", str(JOB_LIMIT_S))]
         try:
             proc = subprocess.run(cmd, cwd=CODE_ROOT, env=self._python_env(), capture_output=True, text=True,
                                   timeout=JOB_LIMIT_S + 120)
@@ -284,7 +281,7 @@ class VenvCarrier:
         return parse_result(proc.stdout, proc.returncode, proc.stderr)
 
     def identity(self, kernel_dir: Path) -> dict[str, Any] | None:
-        cmd = [str(self.rec["python"]), "-m", "inenv.kit._fi_carry", "--identity", identity_query(kernel_dir)]
+        cmd = [str(self.rec["python"]), *kit.launch("fi-carry", "--identity", identity_query(kernel_dir))]
         try:
             proc = subprocess.run(cmd, cwd=CODE_ROOT, env=self._python_env(), capture_output=True, text=True,
                                   timeout=300)
@@ -293,8 +290,7 @@ class VenvCarrier:
         return parse_identity(proc.stdout, proc.returncode, proc.stderr)
 
     def install(self, kernel_dir: Path, rec: Mapping[str, Any]) -> dict[str, Any]:
-        code = "from inenv.kit._carried import aot_dir; print(aot_dir() or '')"
-        proc = subprocess.run([str(self.rec["python"]), "-c", code], cwd=CODE_ROOT, env=self._python_env(),
+        proc = subprocess.run([str(self.rec["python"]), *kit.launch("aot-dir")], cwd=CODE_ROOT, env=self._python_env(),
                               capture_output=True, text=True, timeout=300)
         target = proc.stdout.strip()
         if proc.returncode != 0 or not target:
@@ -308,23 +304,23 @@ def install_tree(kernel_dir: Path, target: Path) -> None:
     """Make ``target``'s carried modules exactly ``kernel_dir``'s: each library and record the reader accepts
     copied (atomically; read without following a link, so a link in the set never brings its target's bytes),
     a carried module missing from the set removed; modules without a record (not ours) stay."""
-    wanted = _carried.kernel_set(kernel_dir)
-    for old in _carried.kernel_set(target).values():
+    wanted = kit.kernel_set(kernel_dir)
+    for old in kit.kernel_set(target).values():
         if old.module not in wanted or wanted[old.module].name != old.name:
             shutil.rmtree(old.library.parent, ignore_errors=True)
     for c in wanted.values():
         copy_module(c, target / c.name)
 
 
-def copy_module(c: _carried.Carried, dest: Path) -> None:
+def copy_module(c: kit.Carried, dest: Path) -> None:
     """One accepted module's library and record into ``dest`` (its folder), each read with O_NOFOLLOW."""
-    data = _carried.read_bytes(c.library, _carried.MAX_LIBRARY_BYTES)
+    data = kit.read_bytes(c.library, kit.MAX_LIBRARY_BYTES)
     if data is None:
         raise OSError(f"{c.library} is a link, not a plain file, or too large: not copied")
     if dest.is_symlink():  # a link where the module's folder goes: replaced, never written through
         dest.unlink()
     atomic.write_bytes(dest / f"{c.name}.so", data)
-    atomic.write_json(dest / _carried.RECORD, dict(c.record))
+    atomic.write_json(dest / kit.KERNEL_RECORD, dict(c.record))
 
 
 # Where a container's CPU time is kept: cgroup v1 (cpuacct.usage, nanoseconds) or v2 (cpu.stat usage_usec), under
@@ -394,8 +390,8 @@ class DockerCarrier:
             self.cache.mkdir(parents=True, exist_ok=True)
             args += ["-v", f"{self.cache}:{CACHE_MOUNT}", "-e", f"{COMPILE_CACHE_ENV}={CACHE_MOUNT}"]
         image = str(self.rec.get("kernels_base") or self.rec.get("image_id") or self.rec["tag"])
-        args += [image, "python", "-m", "inenv.kit._fi_carry", job.module, "--archs", " ".join(job.archs),
-                 "--out", OUT_MOUNT, "--timeout", str(JOB_LIMIT_S)]
+        args += [image, "python", *kit.launch("fi-carry", job.module, "--archs", " ".join(job.archs),
+                                              "--out", OUT_MOUNT, "--timeout", str(JOB_LIMIT_S))]
         try:
             proc = self.docker.run(*args, timeout=JOB_LIMIT_S + 300)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -407,8 +403,8 @@ class DockerCarrier:
         try:
             mount = f"{CODE_ROOT / 'inenv'}:{CODE_MOUNT}/inenv:ro"
             proc = self.docker.run("run", "--rm", "--network", "none", "-w", "/tmp", "-v", mount,
-                                   "-e", f"PYTHONPATH={CODE_MOUNT}", image, "python", "-m", "inenv.kit._fi_carry",
-                                   "--identity", identity_query(kernel_dir), timeout=300)
+                                   "-e", f"PYTHONPATH={CODE_MOUNT}", image, "python",
+                                   *kit.launch("fi-carry", "--identity", identity_query(kernel_dir)), timeout=300)
         except (OSError, subprocess.SubprocessError):
             return None
         return parse_identity(proc.stdout, proc.returncode, proc.stderr)
@@ -419,10 +415,9 @@ class DockerCarrier:
         tag = str(rec["tag"])
         if not base:
             raise OSError(f"no image id recorded for {tag}")
-        code = "from inenv.kit._carried import aot_dir; print(aot_dir() or '')"
         probe = self.docker.run("run", "--rm", "--network", "none",
                                 "-v", f"{CODE_ROOT / 'inenv'}:{CODE_MOUNT}/inenv:ro", "-e", f"PYTHONPATH={CODE_MOUNT}",
-                                base, "python", "-c", code, timeout=300)
+                                base, "python", *kit.launch("aot-dir"), timeout=300)
         target = probe.stdout.strip()
         if probe.returncode != 0 or not target.startswith("/"):
             raise OSError("the image has no flashinfer AOT folder of its own (flashinfer-jit-cache installed, or "
@@ -441,7 +436,7 @@ def layer_context(kernel_dir: Path, ctx: Path, base: str, target: str) -> None:
     """The build context of a Docker cell's kernel layer: the modules the kernel-set reader accepts, each
     library and record copied without following a link (never the set folder copied as it is), and the
     Dockerfile that puts them in the image's AOT folder ``target``."""
-    for c in _carried.kernel_set(kernel_dir).values():
+    for c in kit.kernel_set(kernel_dir).values():
         copy_module(c, ctx / "kernels" / c.name)
     (ctx / "kernels").mkdir(parents=True, exist_ok=True)
     (ctx / "Dockerfile").write_text(
@@ -498,7 +493,7 @@ def prune(kernel_dir: Path, rec: Mapping[str, Any], archs: tuple[str, ...],
         return []
     versions = rec.get("versions") or {}
     out = []
-    for module, c in sorted(_carried.kernel_set(kernel_dir).items()):
+    for module, c in sorted(kit.kernel_set(kernel_dir).items()):
         job = Job(str(rec.get("cell_id")), module, archs, str(versions.get("flashinfer")),
                   str(versions.get("torch_cuda")), 0.0)
         have, why = current(kernel_dir, job, identity)
@@ -809,7 +804,7 @@ class StageProgress:
 
 
 def _drop(kernel_dir: Path, module: str) -> None:
-    stale = _carried.kernel_set(kernel_dir).get(module)
+    stale = kit.kernel_set(kernel_dir).get(module)
     if stale is not None:
         shutil.rmtree(stale.library.parent, ignore_errors=True)
 
@@ -846,7 +841,7 @@ def finish(rec: dict[str, Any], carrier: Carrier, folder: Path, kernel_dir: Path
         "stage_s": stage_s,
         "compile_cpu_s": round(sum(float(v.get("compile_cpu_s") or 0.0) for v in modules.values()
                                    if not v.get("cached") and v.get("from") != "kernel set"), 1),
-        "bytes": sum(c.library.stat().st_size for c in _carried.kernel_set(kernel_dir).values()),
+        "bytes": sum(c.library.stat().st_size for c in kit.kernel_set(kernel_dir).values()),
         "modules": {m: module_row(v, len(archs)) for m, v in sorted(modules.items())}}
     prev_rows = (rec.get("kernels") or {}).get("modules") if isinstance(rec.get("kernels"), Mapping) else None
     if isinstance(prev_rows, Mapping) and (rec.get("kernels") or {}).get("arch_list") == summary["arch_list"]:

@@ -47,7 +47,7 @@ from packaging.version import Version
 from common.errors import InputError
 from common.home import CACHE_ROOT
 from inenv import atomic
-from inenv.kit._elf import linkage  # the project's stdlib ELF reader
+from inenv.kit import linkage  # the project's stdlib ELF reader
 from provision.catalogcheck import KernelSeen, Readings, Seen, Wants
 from provision.lock import uv_bin
 

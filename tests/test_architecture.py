@@ -8,6 +8,8 @@ module of that package's layer), read with ast.
 - provision and checks do not import each other; common imports neither;
 - inenv (the in-environment side) imports only the standard library, itself and the libraries under test;
 - every folder of these packages holds fewer than 25 modules;
+- nothing outside inenv (host side, benchmarks, tools) imports a private helper of the probe kit
+  (``inenv.kit._*``) or names one as code to run: the kit's public face (``inenv/kit/__init__.py``) does;
 - on the host side (common/, provision/, checks/) project modules are imported at module top; an import
   inside a function carries a ``# lazy:`` comment (on its line or the line above) saying what importing it
   at the top would cost a command's start.
@@ -302,3 +304,64 @@ def test_the_lazy_import_check_sees_an_unexplained_import(tmp_path: Path) -> Non
         "        from checks.report import diff\n"                          # 14: bad (nested)
     )
     assert unexplained_function_imports(mod) == [5, 10, 12, 14]
+
+
+OUTSIDE_INENV = ("common", "provision", "checks", "benchmarks", "tools")
+_KIT_PRIVATE = "inenv.kit._"
+
+
+def private_kit_uses(path: Path) -> list[str]:
+    """Where ``path`` imports a private helper of the probe kit (``inenv.kit._x``, ``from inenv.kit import _x``,
+    anywhere in the file) or names one as code to run in a string (``"inenv.kit._x"``, ``"from inenv.kit._x
+    import y"``): one ``line: what`` each."""
+    out: dict[int, str] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value.strip()  # a module to run, or one line of code; prose (a docstring) is neither
+            code = text.startswith(_KIT_PRIVATE) and " " not in text or "import" in text and "\n" not in text
+            names = [text] if code else []
+        else:
+            continue
+        out.update((node.lineno, n) for n in names if _KIT_PRIVATE in n)
+    return [f"{line}: {what}" for line, what in sorted(out.items())]
+
+
+def test_nothing_outside_inenv_reaches_a_private_helper_of_the_probe_kit() -> None:
+    """The host side and the benchmarks use the kit through its public face (inenv/kit/__init__.py): its names
+    and its ``launch`` entries."""
+    bad = [f"{p.relative_to(ROOT)}:{use}" for top in OUTSIDE_INENV for p in sorted((ROOT / top).rglob("*.py"))
+           if "__pycache__" not in p.parts for use in private_kit_uses(p)]
+    assert bad == []
+
+
+def test_the_private_kit_check_sees_each_form(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text(
+        '"""A docstring naming inenv.kit._elf is prose."""\n'
+        "from inenv import kit\n"
+        "from inenv.kit import _elf\n"                                          # 3
+        "import inenv.kit._fatbin\n"                                            # 4
+        "def f():\n"
+        "    from inenv.kit._carried import kernel_set\n"                       # 6
+        "    cmd = ['python', '-m', 'inenv.kit._fi_carry']\n"                   # 7
+        "    code = \"from inenv.kit._carried import aot_dir; print(aot_dir())\"\n"  # 8
+        "    return kit.runs_on, kit.launch('fi-carry')\n")
+    assert [u.split(":")[0] for u in private_kit_uses(mod)] == ["3", "4", "6", "7", "8"]
+
+
+def test_the_kit_public_names_and_entries_resolve() -> None:
+    """Every name the kit's public face offers is there in its helper, and every launch entry names a helper
+    module that exists: a rename in a helper fails here, not on a host."""
+    import inenv.kit as kit
+
+    for name in kit.PUBLIC:
+        assert getattr(kit, name) is not None, name
+    for entry, args in kit.ENTRIES.items():
+        flag, what = args
+        module = what if flag == "-m" else what.split()[1]
+        assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), entry
+        assert kit.launch(entry, "x")[-1] == "x"

@@ -20,8 +20,7 @@ from checks.run.plan import CellState, CellTarget, ImageState, image_state, loca
 from common import cellid
 from common.api import plan_cells
 from common.errors import InputError
-from inenv.kit import _fi_build
-from inenv.kit import _flashinfer as fi
+from inenv import kit
 from inenv.probe import RESULT_MARKER
 
 Cells = tuple[list[CellTarget], dict[str, Executor]]
@@ -45,20 +44,20 @@ ENV_MODULES_TIMEOUT_S = 120.0
 
 
 def env_modules(ex: LocalExecutor, capability: str,
-                modules: tuple[str, ...] = fi.COMM_MODULES) -> dict[str, tuple[str, ...]]:
+                modules: tuple[str, ...] = kit.COMM_MODULES) -> dict[str, tuple[str, ...]]:
     """The flashinfer comm modules a user's environment already has for a GPU of ``capability`` as flashinfer
     would load them (its JIT cache, current by flashinfer's own build file, or an installed flashinfer-jit-cache:
     ``inenv.kit._fi_build --existing --have``), each with the SASS target of its arch folder; {} when it has none,
     no flashinfer, or gives no answer in time. Read once before the plan: fi-jit loads these instead of
     compiling them, so the plan, its cost and the quick pass count them as carried."""
-    cmd = [ex.python, "-m", "inenv.kit._fi_build", "--existing", "--have", *modules, "--capability", capability]
+    cmd = [ex.python, *kit.launch("fi-build", "--existing", "--have", *modules, "--capability", capability)]
     try:
         proc = subprocess.run(cmd, env=ex.env(), capture_output=True, text=True, timeout=ENV_MODULES_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return {}
-    line = next((x for x in proc.stdout.splitlines() if x.startswith(_fi_build.RESULT_PREFIX)), "")
+    line = next((x for x in proc.stdout.splitlines() if x.startswith(kit.FI_BUILD_RESULT_PREFIX)), "")
     try:
-        got = json.loads(line[len(_fi_build.RESULT_PREFIX):]) if line else {}
+        got = json.loads(line[len(kit.FI_BUILD_RESULT_PREFIX):]) if line else {}
     except ValueError:
         return {}
     out: dict[str, tuple[str, ...]] = {}

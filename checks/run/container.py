@@ -33,8 +33,7 @@ from checks.run.isolate import ProcessOutcome
 from common import memlock
 from common.caches import BYTECODE_ROOT, bytecode_key
 from common.reasons import Catalogue
-from inenv import gpugate
-from inenv.kit import _compile_cache
+from inenv import gpugate, kit
 from inenv.probe import Variant
 from inenv.registry import PROBE_PATH_ENV
 from inenv.status import Status
@@ -213,10 +212,10 @@ class DockerExecutor:
         if extra:
             env[PROBE_PATH_ENV] = ":".join(extra)
         apply_env(env, self.run_env)
-        cache = env.get(_compile_cache.ENV)
+        cache = env.get(kit.COMPILE_CACHE_ENV)
         if cache:  # outside the image, so what one container builds the next one, and the next run, finds
             volumes[cache] = {"bind": COMPILE_CACHE_MOUNT, "mode": "rw"}
-            env[_compile_cache.ENV] = COMPILE_CACHE_MOUNT
+            env[kit.COMPILE_CACHE_ENV] = COMPILE_CACHE_MOUNT
         lock = env.get(gpugate.ENV)
         if lock:  # one lock file for the host's every worker, in a container or not (inenv.gpugate)
             volumes[lock] = {"bind": f"/tmp/{gpugate.LOCK_NAME}", "mode": "rw"}

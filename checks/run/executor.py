@@ -28,8 +28,7 @@ from checks.run import classify, isolate, serving
 from common import home
 from common.celltoolkit import base_env
 from common.reasons import Catalogue
-from inenv import gpugate
-from inenv.kit import _compile_cache
+from inenv import gpugate, kit
 from inenv.probe import RESULT_MARKER, Variant
 from inenv.probes.fi_jit import ARCHS_ENV
 from inenv.registry import PROBE_PATH_ENV
@@ -81,9 +80,9 @@ def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, ho
     the run's token (a combined build is handed to the other targets of its run: inenv.kit._compile_cache;
     it names no environment, so no fingerprint reads it); ``gpu_alone``: every GPU variant takes the lock
     exclusive, also those that time nothing (--gpu-alone)."""
-    return ((_compile_cache.ENV, str(compile_cache or "")), (ARCHS_ENV, " ".join(archs)),
-            (_compile_cache.CELL_ENV, cell_id), (_compile_cache.HOST_ENV, host_id),
-            (gpugate.ENV, str(gpu_lock or "")), (_compile_cache.RUN_ENV, token),
+    return ((kit.COMPILE_CACHE_ENV, str(compile_cache or "")), (ARCHS_ENV, " ".join(archs)),
+            (kit.CELL_ENV, cell_id), (kit.HOST_ENV, host_id),
+            (gpugate.ENV, str(gpu_lock or "")), (kit.HANDOFF_TOKEN_ENV, token),
             (gpugate.ALONE_ENV, "1" if gpu_alone else ""))
 
 

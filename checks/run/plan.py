@@ -14,8 +14,7 @@ from typing import Any
 
 from checks.results.result import ProbeResult
 from common import backend, buildrecord, cellid
-from inenv.kit import _fatbin
-from inenv.kit import _flashinfer as fi
+from inenv import kit
 from inenv.probe import HostView, ProbeSpec, Variant, default_variants, question, shallow
 from inenv.status import Status
 
@@ -170,14 +169,14 @@ def jit_modules(item: WorkItem) -> tuple[str, ...]:
     """The flashinfer JIT modules a variant loads: its probe's entry in the flashinfer kit, or what the probe
     declares itself (ProbeSpec.loads)."""
     params = dict(item.variant.params)
-    return fi.modules_for(item.spec.id, params) or item.spec.loads_for(params)
+    return kit.modules_for(item.spec.id, params) or item.spec.loads_for(params)
 
 
 def not_carried(item: WorkItem, carries: Mapping[str, Mapping[str, tuple[str, ...]]],
                 capability: str | None) -> list[str]:
     """The flashinfer modules ``item`` loads that its cell does not carry for a GPU of ``capability``."""
     have = carries.get(item.cell.cell_id, {})
-    return [m for m in jit_modules(item) if not (capability and m in have and _fatbin.runs_on(have[m], capability))]
+    return [m for m in jit_modules(item) if not (capability and m in have and kit.runs_on(have[m], capability))]
 
 
 def compiles_here(item: WorkItem, carries: Mapping[str, Mapping[str, tuple[str, ...]]], capability: str | None,
@@ -193,7 +192,7 @@ def compiles_here(item: WorkItem, carries: Mapping[str, Mapping[str, tuple[str, 
     arch = item.variant.param("arch") or "local"
     target = capability if arch == "local" else arch.rstrip("af")
     have = carries.get(item.cell.cell_id, {}).get(module)
-    if target and have is not None and _fatbin.runs_on(have, target):
+    if target and have is not None and kit.runs_on(have, target):
         return False
     return bool(unpublished(item, [module]))
 

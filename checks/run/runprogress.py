@@ -29,8 +29,7 @@ from checks.run.cost import model as costmodel
 from checks.run.cost.budget import Lanes
 from checks.run.plan import WorkItem, not_carried
 from common.progress import Estimate, duration
-from inenv.kit import _compile_cache as cc
-from inenv.kit import _flashinfer as fi
+from inenv import kit
 from inenv.probe import untimed
 
 Key = tuple[str, str, str]
@@ -339,7 +338,7 @@ def start_costs(items: Iterable[WorkItem], expected: Mapping[Key, Expected],
 
 def compile_env(compile_cache: Path | None) -> Callable[[WorkItem], dict[str, str]]:
     """The compile cache and cell names a cell's ranks see (where fi-jit publishes for its GPU probes)."""
-    return lambda item: {cc.ENV: str(compile_cache or ""), cc.CELL_ENV: item.cell.cell_id}
+    return lambda item: {kit.COMPILE_CACHE_ENV: str(compile_cache or ""), kit.CELL_ENV: item.cell.cell_id}
 
 
 def compile_note(compile_cache: Path | None, carries: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None,
@@ -356,8 +355,8 @@ def compile_note(compile_cache: Path | None, carries: Mapping[str, Mapping[str, 
         wanted = not_carried(item, carries or {}, capability)
         if not wanted:
             return ""
-        env = {cc.ENV: str(compile_cache or ""), cc.CELL_ENV: item.cell.cell_id}
-        missing = fi.unpublished(wanted, release, env)
+        env = {kit.COMPILE_CACHE_ENV: str(compile_cache or ""), kit.CELL_ENV: item.cell.cell_id}
+        missing = kit.unpublished(wanted, release, env)
         return (f"; compiles {', '.join(missing)} in its turn: fi-jit has not built it for this GPU here"
                 if missing else "")
 

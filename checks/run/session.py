@@ -53,9 +53,7 @@ from common import buildrecord, escape, kernelstage, reasons
 from common.backend import RECORD_NAMES
 from common.caches import compile_cache_dir
 from common.progress import duration
-from inenv import registry
-from inenv.kit import _fatbin
-from inenv.kit import _flashinfer as fi
+from inenv import kit, registry
 from inenv.probe import FULL, QUICK, declared
 
 
@@ -352,7 +350,7 @@ def kernel_lines(carries: dict[str, dict[str, tuple[str, ...]]], capability: str
     for cid, have in sorted(carries.items()):
         if not have:
             continue
-        fit = sorted(m for m, sass in have.items() if _fatbin.runs_on(sass, capability))
+        fit = sorted(m for m, sass in have.items() if kit.runs_on(sass, capability))
         rest = sorted(set(have) - set(fit))
         out.append(f"  {cid}: carries {len(fit)} of its {len(have)} comm module(s) for compute capability "
                    f"{capability}" + (f"; compiles {', '.join(rest)} here (carried for other GPUs)" if rest else ""))
@@ -473,7 +471,7 @@ def unpublished_here(opts: RunOptions) -> Callable[[WorkItem, list[str]], list[s
 
     def unpublished(item: WorkItem, modules: list[str]) -> list[str]:
         release = item.cell.versions.get("flashinfer") or ""
-        return fi.unpublished(modules, release, env_of(item)) if release and release != "none" else []
+        return kit.unpublished(modules, release, env_of(item)) if release and release != "none" else []
 
     return unpublished
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.run.plan import WorkItem
-from inenv.kit import _compile_cache
+from inenv import kit
 
 SCRIPT_FILE = "job.sh"  # the batch script sbatch gets
 LOG_FILE = "slurm.out"  # the batch step's stdout and stderr (slurmstepd writes its kill notices here)
@@ -113,7 +113,7 @@ def node_command(launch: Launch, code_root: Path, folder: Path) -> list[str]:
     if launch.image is None:
         return run
     mounts = f"{code_root}:{code_root}:ro,{folder}:{folder}"
-    cache = dict(launch.env).get(_compile_cache.ENV)  # the shared compile cache, read-write
+    cache = dict(launch.env).get(kit.COMPILE_CACHE_ENV)  # the shared compile cache, read-write
     if cache:
         mounts += f",{cache}:{cache}"
     return ["srun", "--ntasks=1", f"--container-image={launch.image}", f"--container-mounts={mounts}",

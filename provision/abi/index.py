@@ -24,7 +24,7 @@ from packaging.utils import canonicalize_name
 from common import abi
 from common.catalog import Catalog
 from common.errors import InputError, suggest
-from inenv.kit import _elf, _torch_abi
+from inenv import kit
 from provision import registry
 from provision.abi.wheels import RemoteWheel, Wheel, in_uv_cache, uv_cache_dir
 
@@ -91,7 +91,7 @@ def torch_index(wheel: Wheel) -> abi.TorchIndex:
     for name in sorted(n for n in names if _TORCH_LIB.fullmatch(n)):
         link = wheel.linkage(name)
         if link is not None:
-            exports.update(s for s in link.defined if _torch_abi.torch_symbol(s))
+            exports.update(s for s in link.defined if kit.torch_symbol(s))
     if not exports:
         raise InputError(f"{wheel.filename}: no torch/lib/*.so exports a torch symbol; not a torch wheel")
     return abi.TorchIndex(version.group(1) if version else "?", registry.torch_variant(text) or "?",
@@ -117,11 +117,11 @@ def extension_index(package: str, version: str, wheel: Wheel) -> abi.ExtensionIn
             continue
         read.append(name)
         for sym in link.undefined:
-            if _elf.is_torch_symbol(sym):
+            if kit.is_torch_symbol(sym):
                 cxx.add(sym)
-            elif _torch_abi.torch_symbol(sym):
+            elif kit.torch_symbol(sym):
                 stable.add(sym)
-        cuda.update(n for n in link.needed if _torch_abi._CUDA_MAJOR_LIB.match(n))
+        cuda.update(n for n in link.needed if kit.CUDA_MAJOR_LIB.match(n))
     return abi.ExtensionIndex(package, version, wheel.filename, wheel.key, pin, frozenset(cxx), frozenset(stable),
                               tuple(sorted(cuda)), tuple(read))
 

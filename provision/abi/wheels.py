@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from inenv.kit import _elf
+from inenv import kit
 from provision import registry
 from provision.lock import uv_bin
 
@@ -47,7 +47,7 @@ class Wheel(Protocol):
 
     def text(self, name: str) -> str: ...
 
-    def linkage(self, name: str) -> _elf.Linkage | None: ...
+    def linkage(self, name: str) -> kit.Linkage | None: ...
 
     def size_of(self, name: str) -> int: ...  # bytes read for this member (compressed, or on disk)
 
@@ -79,7 +79,7 @@ def _covered(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
 def tables_inside(path: str, ranges: list[tuple[int, int]]) -> bool:
     """Whether the dynamic symbol table, the dynamic section and their string tables lie in ``ranges``."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        secs = _elf.sections_of(m)
+        secs = kit.sections_of(m)
         if secs is None:
             return False
         wanted = [s for s in secs if s.type in (_SHT_DYNSYM, _SHT_DYNAMIC)]
@@ -196,7 +196,7 @@ class RemoteWheel:
             raise registry.RegistryError(f"{self.filename}: the index stopped sending {info.filename} "
                                          f"{left} bytes before its end")
 
-    def linkage(self, name: str) -> _elf.Linkage | None:
+    def linkage(self, name: str) -> kit.Linkage | None:
         info = self.zip.getinfo(name)
         with tempfile.TemporaryDirectory(prefix="stackprobe-abi-") as tmp:
             out = Path(tmp) / "image.so"
@@ -205,7 +205,7 @@ class RemoteWheel:
                 return None
             if not tables_inside(str(out), ranges):
                 sparse_image(_inflate(self._member(info), info.compress_type), info.file_size, out, whole=True)
-            return _elf.linkage(str(out))
+            return kit.linkage(str(out))
 
 
 @dataclass(frozen=True)
@@ -226,8 +226,8 @@ class CachedWheel:
     def size_of(self, name: str) -> int:
         return 0  # nothing read over the network
 
-    def linkage(self, name: str) -> _elf.Linkage | None:
-        return _elf.linkage(str(self.root / name))
+    def linkage(self, name: str) -> kit.Linkage | None:
+        return kit.linkage(str(self.root / name))
 
 
 def uv_cache_dir() -> Path | None:
