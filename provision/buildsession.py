@@ -142,7 +142,7 @@ def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOption
     for kind in kinds:
         mine = [c for c in cells_of if backend_of[c] == kind]
         job = {"cells": mine, "backend": kind, "jobs": jobs, "envs": str(opts.envs),
-               "kernels_root": str(kernels.KERNELS), "archs": {c: list(archs[c]) for c in mine},
+               "kernels_root": str(kernels.jobs.KERNELS), "archs": {c: list(archs[c]) for c in mine},
                "modules": list(kernels.LONG_MODULES), "builds": sum(1 for j in todo if j.cell_id in mine)}
         try:
             stage = start_stage(job, lambda line: report("", line))

@@ -45,8 +45,14 @@ def record(folder: Path, **kw: Any) -> dict[str, Any]:
            "image_id": kw.pop("image_id", None), "reason": kw.pop("reason", ""),
            "selfcheck": kw.pop("selfcheck", {}), "versions": kw.pop("versions", {}),
            "built_at": datetime.now(UTC).isoformat(timespec="seconds"), **kw}
-    atomic.write_json(folder / backend.RECORD_NAMES[rec.get("backend") or backend.DOCKER], rec, indent=1)
+    write(folder, rec)
     return rec
+
+
+def write(folder: Path, rec: dict[str, Any]) -> None:
+    """Write ``rec`` as the cell's build record in its backend's own file (common.backend.RECORD_NAMES; none:
+    Docker), atomically: the one writer of these files, as common.buildrecord is their one reader."""
+    atomic.write_json(folder / backend.RECORD_NAMES[str(rec.get("backend") or backend.DOCKER)], rec, indent=1)
 
 
 def previous(folder: Path, of: str = backend.DOCKER) -> dict[str, Any]:

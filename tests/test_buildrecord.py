@@ -133,7 +133,7 @@ def test_the_raw_read_check_sees_the_forms_a_record_was_read_in() -> None:
         "def f(b, c):\n    name = 'build-venv.json' if b else 'build.json'\n"
         "    return json.loads((ROOT / c / name).read_text())\n": [3],
         "def f(folder):\n    return json.loads((folder / 'cell.json').read_text())\n": [],
-        # what provision/kernels.py's learned_costs did: every JSON file of every cell folder, by a glob
+        # a raw read of the records: every JSON file of every cell folder, by a glob
         "def f(envs):\n    for path in sorted(envs.glob('*/*.json')):\n        data = json.loads(path.read_text())\n":
             [3],
         "def f(envs):\n    found = list(envs.rglob('build*.json'))\n    return [json.loads(p.read_text()) "

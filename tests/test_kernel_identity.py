@@ -431,7 +431,7 @@ def test_a_cell_whose_set_answers_every_long_module_records_them_in_the_command_
 
     here = StandInCell(facts)
     monkeypatch.setitem(kernels.CARRIERS, backend.VENV, lambda rec, cache, docker: here)
-    monkeypatch.setattr(kernels, "KERNELS", tmp_path / "kernels")
+    monkeypatch.setattr(kernels.jobs, "KERNELS", tmp_path / "kernels")
     monkeypatch.setattr(kernelstage, "wait", lambda say, *a, **k: False)
 
     def no_stage(*a: object, **k: object) -> None:

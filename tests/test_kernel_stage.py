@@ -192,7 +192,7 @@ def test_provision_build_carries_the_quick_module_then_starts_the_long_stage_onc
     from provision.options import BuildOptions
 
     monkeypatch.setattr(kernelstage, "FOLDER", tmp_path / "state")
-    monkeypatch.setattr(kernels, "KERNELS", tmp_path / "kernels")
+    monkeypatch.setattr(kernels.jobs, "KERNELS", tmp_path / "kernels")
     monkeypatch.setenv("STACKPROBE_COMPILE_CACHE", str(tmp_path / "cache"))
     envs = tmp_path / "envs"
     (envs / "cellx").mkdir(parents=True)
