@@ -170,6 +170,18 @@ def test_the_plan_runs_replay_everywhere_and_the_other_patterns_at_two_ranks() -
     assert load.variants(HostView(gpu_count=8, level=QUICK)) == []
 
 
+def test_the_planning_filter_keeps_only_the_backends_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inenv.probe import HostView
+    from inenv.probes import load
+
+    monkeypatch.setenv("STACKPROBE_LOAD_ONLY", "symm-mem-two-shot, nccl")
+    keys = [v.key for v in load.variants(HostView(gpu_count=1))]
+    assert keys == ["ranks=2,backend=nccl,pattern=replay", "ranks=2,backend=nccl,pattern=two-comms",
+                    "ranks=2,placement=shared,gpus=1,backend=symm-mem-two-shot,pattern=replay",
+                    "ranks=4,backend=nccl,pattern=replay",
+                    "ranks=4,placement=shared,gpus=1,backend=symm-mem-two-shot,pattern=replay"]
+
+
 def test_a_backend_whose_library_is_absent_is_a_skip_before_any_rank_starts() -> None:
     from inenv.probe import Variant
     from inenv.probes import load

@@ -92,6 +92,7 @@ TAKES_PDL = frozenset({"flashinfer-fusion"})  # launch_with_pdl is a switch of i
 FUSION_MODES = ("auto", "crossing")  # planned; "oneshot" and "twoshot" run each path alone, by hand
 SHARED_SIZES = (2, 4)  # world sizes run with ranks sharing one GPU beyond the host's GPU count
 OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
+ONLY_ENV = "STACKPROBE_LOAD_ONLY"  # planning filter: "nccl,flashinfer-custom-ar" plans only those backends
 
 
 def param_sets(backend: str, ranks: int) -> list[tuple[tuple[str, str], ...]]:
@@ -111,7 +112,8 @@ def param_sets(backend: str, ranks: int) -> list[tuple[tuple[str, str], ...]]:
 def variants(host: HostView) -> list[Variant]:
     if host.level == QUICK:
         return []  # see the module's docstring
-    every = [p for b in BACKENDS for p in param_sets(b, 2)]
+    only = {b.strip() for b in os.environ.get(ONLY_ENV, "").split(",") if b.strip()}
+    every = [p for b in BACKENDS if not only or b in only for p in param_sets(b, 2)]
     planned = multi_rank(SPEC, host, every, lambda p: dict(p)["backend"] != "nccl", shared_gpus=1,
                          why="NCCL refuses two ranks on one GPU", other_sizes=OMIT)
     out = []
@@ -119,7 +121,7 @@ def variants(host: HostView) -> list[Variant]:
         beyond = v.share_gpu or (v.skip is not None and v.skip.code == "too-few-gpus")
         if beyond and v.ranks not in SHARED_SIZES:
             continue
-        if v.params in param_sets(str(v.param("backend")), v.ranks):
+        if (not only or v.param("backend") in only) and v.params in param_sets(str(v.param("backend")), v.ranks):
             out.append(v)
     return out
 
