@@ -36,8 +36,15 @@ def test_the_plan_by_gpu_count() -> None:
     four = keys(HostView(gpu_count=4))
     assert sum("check=copy" in k for k in four) == 6 and sum("check=nccl" in k for k in four) == 6
     eight = keys(HostView(gpu_count=8))
-    assert [k for k in eight if "check=copy" in k] == [f"ranks=2,check=copy,pair=0-{n}" for n in range(1, 8)]
-    assert {k.split("pair=")[1].split(",")[0] for k in eight if "check=nccl" in k} == {"0-1", "0-7"}
+    # every pair gets the copy check, pairs beyond GPU 0 included; NCCL a bounded set: 0-1, the farthest pair,
+    # the pair across the middle and the last two
+    assert [k for k in eight if "check=copy" in k] == [f"ranks=2,check=copy,pair={a}-{b}" for a in range(8)
+                                                       for b in range(a + 1, 8)]
+    assert [k.split("pair=")[1].split(",")[0] for k in eight if "check=nccl" in k] == [
+        p for p in ("0-1", "0-7", "3-4", "6-7") for _ in hp.P2P_SETTINGS]
+    six = keys(HostView(gpu_count=6))
+    assert sum("check=copy" in k for k in six) == 15
+    assert {k.split("pair=")[1].split(",")[0] for k in six if "check=nccl" in k} == {"0-1", "0-5", "2-3", "4-5"}
     assert len(keys(HostView(gpu_count=8, level=QUICK))) == 5
 
 

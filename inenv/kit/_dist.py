@@ -78,6 +78,15 @@ def prepare_rendezvous(ctx: RankContext, timeout_s: float = 120.0) -> None:
     _prepared["store"] = store
 
 
+def rendezvous_store(ctx: RankContext, timeout_s: float = 120.0) -> Any:
+    """The rendezvous store this rank's init_dist will join (prepare_rendezvous's, joined now when the rank's
+    preload did not), kept for init_dist: a channel between the ranks that works whatever NCCL then does (rank 0
+    serves it from a thread of its own)."""
+    if "store" not in _prepared:
+        prepare_rendezvous(ctx, timeout_s)
+    return _prepared["store"]
+
+
 def init_dist(ctx: RankContext, backend: str = "nccl", timeout_s: float = 120.0) -> Any:
     """Bind this rank to its GPU (if any) and join the env:// rendezvous; returns the torch device.
 

@@ -69,6 +69,7 @@ def _nvml_gpu(nv: Any, index: int, handle: Any) -> dict[str, Any]:
         out["address_error"] = err
     name, _ = _ask(nv.nvmlDeviceGetName, handle)
     out["name"] = _text(name) if name is not None else None
+    out["pcie_replay"] = replay_count(nv, handle)
     link: dict[str, Any] = {}
     for key, fn in (("gen", "nvmlDeviceGetCurrPcieLinkGeneration"), ("max_gen", "nvmlDeviceGetMaxPcieLinkGeneration"),
                     ("gpu_max_gen", "nvmlDeviceGetGpuMaxPcieLinkGeneration"),
@@ -92,6 +93,26 @@ def _nvml_gpu(nv: Any, index: int, handle: Any) -> dict[str, Any]:
         active.append({"link": n, "remote": _pci.normal_address(_text(remote.busId)) if remote else None,
                        "switch": kind == NVLINK_SWITCH, "version": version})
     out["nvlink"] = {"active": active, **({"stopped_at": why} if why and not active else {})}
+    return out
+
+
+def replay_count(nv: Any, handle: Any) -> Any:
+    """The GPU's PCIe replay counter (NVML keeps it since boot), or what NVML said instead."""
+    if not hasattr(nv, "nvmlDeviceGetPcieReplayCounter"):
+        return {"not_visible": "not in this pynvml", "source": "nvmlDeviceGetPcieReplayCounter"}
+    value, err = _ask(nv.nvmlDeviceGetPcieReplayCounter, handle)
+    return value if not err and isinstance(value, int) else {"not_visible": err or f"got {value!r}",
+                                                             "source": "nvmlDeviceGetPcieReplayCounter"}
+
+
+def replay_counts(nv: Any, addresses: Sequence[str]) -> dict[str, Any]:
+    """The PCIe replay counter of each GPU at ``addresses`` (NVML), by address; {} without NVML."""
+    out: dict[str, Any] = {}
+    if nv is None:
+        return out
+    for address in addresses:
+        handle, err = _ask(nv.nvmlDeviceGetHandleByPciBusId, address.encode())
+        out[address] = replay_count(nv, handle) if not err else {"not_visible": err, "source": "NVML"}
     return out
 
 
@@ -221,13 +242,25 @@ class Gpu:
     nvml: dict[str, Any] = field(default_factory=dict)
     loaded: Fact = field(default_factory=lambda: _pci.hidden("", "not read under load"))
     unread: str = ""  # why its sysfs facts could not be read ("": read, or nothing to read)
+    name: str | None = None  # the model as CUDA names it (torch), where torch was read
 
     @property
     def label(self) -> str:
         return f"GPU {self.index} ({self.address or 'address not visible'})"
 
+    @property
+    def model(self) -> str | None:
+        """The GPU's model: NVML's name, CUDA's, else its PCI device id (``10de:2335``); None when none is seen."""
+        if self.nvml.get("name"):
+            return str(self.nvml["name"])
+        if self.name:
+            return self.name
+        ids = self.port.ids if self.port is not None else None
+        return f"PCI {ids.value}" if ids is not None and ids.seen else None
+
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"index": self.index, "address": self.address, "index_source": self.index_source}
+        out: dict[str, Any] = {"index": self.index, "address": self.address, "index_source": self.index_source,
+                               "model": self.model}
         if self.chain is not None:
             out["chain"] = self.chain.fact.to_json()
             out["root_complex"] = self.chain.root_complex or None
@@ -326,11 +359,52 @@ def pair_path(a: Gpu, b: Gpu, iommu: Fact, nvml: dict[str, Any], vm: Fact) -> Pa
 FINDINGS = (
     ("pcie-link-degraded", "a GPU's link trained below the card's maximum"),
     ("p2p-unavailable", "the driver refuses peer-to-peer for a pair"),
+    ("mixed-gpu-models", "the host holds GPUs of more than one model"),
     ("p2p-no-native-atomics", "a pair has peer access but no native peer-to-peer atomics"),
     ("p2p-acs-redirect", "ACS redirect on a bridge of a pair's PCIe path"),
     ("p2p-iommu-translated", "the IOMMU translates the GPUs' DMA"),
+    ("pcie-link-settings", "ASPM on, or a payload size that differs from the port's, on a GPU's path"),
     ("p2p-facts-not-visible", "facts peer-to-peer depends on could not be read"),
 )
+
+
+def models(gpus: Sequence[Gpu]) -> dict[str, list[int]]:
+    """The GPU indices of each model the host holds (pure; a GPU whose model is not seen is left out)."""
+    out: dict[str, list[int]] = {}
+    for g in gpus:
+        if g.model:
+            out.setdefault(g.model, []).append(g.index)
+    return out
+
+
+def two_models(a: Gpu, b: Gpu) -> str:
+    """How a note names a pair of two GPU models ("" when both are one model, or a model is not seen)."""
+    if a.model and b.model and a.model != b.model:
+        return f"a pair of two GPU models (GPU {a.index}: {a.model}, GPU {b.index}: {b.model})"
+    return ""
+
+
+def _setting(port: _pci.Port, key: str) -> Any:
+    value = port.settings.value if port.settings.seen and isinstance(port.settings.value, dict) else {}
+    return value.get(key)
+
+
+def settings_problems(gpus: Sequence[Gpu]) -> list[str]:
+    """Per GPU, the link settings that slow its path (pure): ASPM switched on for its link or a bridge's above it
+    (a link in L0s or L1 pays an exit latency on every burst), and a Max_Payload_Size that differs from the port
+    above it's."""
+    out = []
+    for g in gpus:
+        if g.port is None:
+            continue
+        issues = [f"ASPM {aspm} on at {p.address}" for p in (g.port, *g.bridges)
+                  if (aspm := _setting(p, "aspm")) and aspm != "disabled"]
+        mps, above = _setting(g.port, "mps"), _setting(g.bridges[0], "mps") if g.bridges else None
+        if isinstance(mps, int) and isinstance(above, int) and mps != above:
+            issues.append(f"Max_Payload_Size {mps} bytes, {above} at the port above it ({g.bridges[0].address})")
+        if issues:
+            out.append(f"{g.label}: " + "; ".join(issues))
+    return out
 
 
 def no_native_atomics(paths: dict[str, PathView]) -> dict[str, str]:
@@ -364,6 +438,14 @@ def facts_verdict(gpus: list[Gpu], paths: dict[str, PathView], iommu: Fact, link
     found: dict[str, str] = {}
     if links:
         found["pcie-link-degraded"] = "; ".join(links)
+    held = models(gpus)
+    if len(held) > 1:
+        found["mixed-gpu-models"] = "GPUs of more than one model: " + "; ".join(
+            f"{name} (GPU {', '.join(map(str, idx))})" for name, idx in held.items()) + (
+            ": a pair of two models is named as such; NCCL's peer-to-peer pairs of two models were reported to hang")
+    slow = settings_problems(gpus)
+    if slow:
+        found["pcie-link-settings"] = "link settings on a GPU's path: " + "; ".join(slow[:4])
     pcie = {k: p for k, p in paths.items() if not p.nvlink}
     refused = [f"GPU {k}: P2P {cap} {status}" for k, p in pcie.items() for cap, status in p.p2p
                if cap in ("read", "write") and status != "ok" and not status.startswith("not visible")]

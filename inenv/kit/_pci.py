@@ -1,11 +1,15 @@
-"""The PCI facts peer-to-peer depends on: links, the bridges above each GPU with their ACS bits, and the IOMMU.
+"""The PCI facts peer-to-peer depends on: links, the bridges above each GPU with their ACS bits, each link's
+settings (payload and read request sizes, ASPM), its error counters (AER), and the IOMMU.
 
 Every reader takes the file-system root it reads under (``/`` on a host, a tree under a test's temporary folder)
 and returns :class:`Fact` values: what was read and where, or ``not_visible`` with the reason it could not be read
 (a file this kernel, VM or container does not expose, a read that needs root), never a guess. The configuration
 space parser is pure (bytes in, fields out) and follows the PCI Express Base Specification's layout: the
 standard capability list from the pointer at 0x34, the extended capability list from 0x100, and the ACS
-extended capability (id 0x000D) with its capability register at +4 and control register at +6.
+extended capability (id 0x000D) with its capability register at +4 and control register at +6; in the PCI Express
+capability, Device Capabilities (+0x04, Max_Payload_Size Supported), Device Control (+0x08, Max_Payload_Size and
+Max_Read_Request_Size), Link Capabilities (+0x0C, ASPM Support) and Link Control (+0x10, ASPM Control). Everything
+here only reads: no GPU or PCI setting is ever written.
 
 In-environment side: standard library only.
 """
@@ -209,6 +213,13 @@ PORT_TYPES = {
     0xA: "root complex event collector",
 }
 CAP_SYS_ADMIN = 21  # its bit in /proc/<pid>/status CapEff
+# Link Capabilities bits 11:10 (ASPM Support) and Link Control bits 1:0 (ASPM Control) read the same way
+ASPM_STATES = {0: "disabled", 1: "L0s", 2: "L1", 3: "L0s+L1"}
+
+
+def payload_bytes(code: int) -> int | None:
+    """Max_Payload_Size and Max_Read_Request_Size encodings: 0 = 128 bytes ... 5 = 4096; 6 and 7 are reserved."""
+    return 128 << code if 0 <= code <= 5 else None
 
 
 def _u16(data: bytes, off: int) -> int:
@@ -251,6 +262,16 @@ class PcieCap:
     max_width: int | None
     speed: float | None  # Link Status
     width: int | None
+    mps_supported: int | None = None  # bytes, Device Capabilities bits 2:0
+    mps: int | None = None  # bytes, Device Control bits 7:5
+    mrrs: int | None = None  # bytes, Device Control bits 14:12
+    aspm_supported: str | None = None  # Link Capabilities bits 11:10
+    aspm: str | None = None  # Link Control bits 1:0: what is switched on
+
+    def settings(self) -> dict[str, Any]:
+        """The link's settings as the facts record them."""
+        return {"mps": self.mps, "mps_supported": self.mps_supported, "mrrs": self.mrrs, "aspm": self.aspm,
+                "aspm_supported": self.aspm_supported}
 
 
 @dataclass(frozen=True)
@@ -322,9 +343,14 @@ def _standard(data: bytes) -> tuple[list[tuple[int, int]], PcieCap | None, list[
         flags = _u16(data, at + 2)
         link_cap = _u32(data, at + 0x0C)
         link_status = _u16(data, at + 0x12)
+        dev_cap, dev_ctl = _u32(data, at + 0x04), _u16(data, at + 0x08)
+        link_ctl = _u16(data, at + 0x10)
         pcie = PcieCap(at, PORT_TYPES.get(flags >> 4 & 0xF, f"type 0x{flags >> 4 & 0xF:x}"),
                        SPEED_CODE.get(link_cap & 0xF), (link_cap >> 4 & 0x3F) or None,
-                       SPEED_CODE.get(link_status & 0xF), (link_status >> 4 & 0x3F) or None)
+                       SPEED_CODE.get(link_status & 0xF), (link_status >> 4 & 0x3F) or None,
+                       payload_bytes(dev_cap & 0x7), payload_bytes(dev_ctl >> 5 & 0x7),
+                       payload_bytes(dev_ctl >> 12 & 0x7), ASPM_STATES[link_cap >> 10 & 0x3],
+                       ASPM_STATES[link_ctl & 0x3])
     return caps, pcie, problems, cut
 
 
@@ -429,12 +455,14 @@ class Port:
     acs: Fact  # Acs.to_json(), None when the device has no ACS capability
     config: Fact
     acs_control: Acs | None = None
+    settings: Fact = field(default_factory=lambda: hidden("", "not read"))  # PcieCap.settings(): MPS, MRRS, ASPM
 
     def to_json(self) -> dict[str, Any]:
         return {"address": self.address, "kind": self.kind.to_json(), "ids": self.ids.to_json(),
                 "numa_node": self.numa_node.to_json(), "link": self.link.to_json(),
                 "iommu_group": self.iommu_group.to_json(), "iommu_type": self.iommu_type.to_json(),
-                "port_type": self.port_type.to_json(), "acs": self.acs.to_json(), "config": self.config.to_json()}
+                "port_type": self.port_type.to_json(), "acs": self.acs.to_json(), "config": self.config.to_json(),
+                "link_settings": self.settings.to_json()}
 
 
 def _hex(fact: Fact) -> int | None:
@@ -489,8 +517,91 @@ def read_port(host: Host, device_dir: Path, sys_admin: bool | None) -> Port:
             acs = hidden(shown, cfg.acs_not_visible)
         else:
             acs = Fact(None, shown)  # read to the end: it has no ACS capability
+    if cfg is not None and cfg.pcie is not None:
+        settings = Fact(cfg.pcie.settings(), shown)
+    else:  # a short read says why (needs root) where the capability list does not
+        unread = cfg.acs_not_visible if cfg is not None and cfg.length < EXTENDED_BYTES else ""
+        settings = sysfs_aspm(host, device_dir, unread or port_type.not_visible or config.not_visible)
     return Port(address, kind, ids, numa, read_link(host, device_dir), group, kind_of_group, port_type, acs,
-                config, cfg.acs if cfg else None)
+                config, cfg.acs if cfg else None, settings)
+
+
+ASPM_FILES = ("l0s_aspm", "l1_aspm")  # the kernel's per-link ASPM switches (``link/`` of the device below it)
+
+
+def sysfs_aspm(host: Host, device_dir: Path, why_not_config: str) -> Fact:
+    """The link's ASPM as the kernel's ``link/l0s_aspm`` and ``link/l1_aspm`` files show it, where configuration
+    space does not (a reader without CAP_SYS_ADMIN sees only its first 64 bytes): the payload and read request
+    sizes are then not visible, with ``why_not_config``."""
+    on = []
+    for name in ASPM_FILES:
+        f = host.text(device_dir / "link" / name)
+        if not f.seen or f.value not in ("0", "1"):
+            return hidden(host.shown(device_dir / "config"), f"{why_not_config}; {host.shown(device_dir / 'link')}: "
+                          f"{f.not_visible or 'unparsable ' + repr(str(f.value)[:20])}")
+        if f.value == "1":
+            on.append(name.split("_")[0].upper().replace("L0S", "L0s"))
+    return Fact({"mps": None, "mps_supported": None, "mrrs": None, "aspm": "+".join(on) or "disabled",
+                 "aspm_supported": None, "not_visible": f"payload and read request sizes: {why_not_config}"},
+                host.shown(device_dir / "link"))
+
+
+# --- error counters (AER) ------------------------------------------------------------------------------------
+
+AER_FILES = ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")
+# The correctable counters that say the link retransmitted: Replay Timer Timeout and REPLAY_NUM Rollover (the
+# data link layer's replays), with Bad TLP and Bad DLLP (the packets it replayed for)
+REPLAY_COUNTERS = ("Timeout", "Rollover", "BadTLP", "BadDLLP")
+
+
+def parse_aer(text: str) -> dict[str, int]:
+    """An ``aer_dev_*`` file: one ``<name> <count>`` per line (pure); the ``TOTAL_ERR_*`` lines, sums of the
+    others, are left out."""
+    out: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and not parts[0].startswith("TOTAL_"):
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def read_aer(host: Host, device_dir: Path) -> Fact:
+    """The device's AER counters, by kind (``correctable``, ``nonfatal``, ``fatal``), as sysfs shows them (readable
+    without root); not visible with why when the kernel exposes none for it."""
+    out: dict[str, dict[str, int]] = {}
+    missing = []
+    for name in AER_FILES:
+        f = host.text(device_dir / name)
+        if f.seen:
+            out[name.removeprefix("aer_dev_")] = parse_aer(f.value)
+        else:
+            missing.append(f.not_visible)
+    if out:
+        return Fact(out, host.shown(device_dir))
+    why = missing[0] if missing else "not read"
+    if why.startswith("not exposed here"):
+        why = ("no AER counters in sysfs for this device (no AER capability, AER kept by the firmware, or a kernel "
+               "before 4.17)")
+    return hidden(host.shown(device_dir / AER_FILES[0]), why)
+
+
+def counter_rise(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """The counters that grew between two readings of ``where -> kind -> name -> count`` (pure), as
+    ``"<where> <kind> <name>" -> growth``; a counter missing from either reading is not compared."""
+    out: dict[str, int] = {}
+    for where, kinds in after.items():
+        was = before.get(where)
+        if not isinstance(kinds, dict) or not isinstance(was, dict):
+            continue
+        for kind, counts in kinds.items():
+            old = was.get(kind)
+            if not isinstance(counts, dict) or not isinstance(old, dict):
+                continue
+            for name, count in counts.items():
+                prior = old.get(name)
+                if isinstance(count, int) and isinstance(prior, int) and count > prior:
+                    out[f"{where} {kind} {name}"] = count - prior
+    return out
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,16 @@ Three kinds of variant:
 - ``check=copy,pair=A-B`` (two ranks, one GPU each; rank 0 drives both GPUs, rank 1 holds the second): peer
   access as CUDA reports it, copies of a known pattern in both directions into a sentinel-filled destination
   checked exactly (copy engine large and small, and a strided copy a kernel does), then unidirectional and
-  bidirectional bandwidth and small-copy latency against the link's theoretical rate.
+  bidirectional bandwidth and small-copy latency against the link's theoretical rate. The PCIe error counters the
+  driver does not report (AER of each GPU and bridge on the pair's paths, the GPUs' replay counters) are read
+  before and after: copies that pass while the link retransmits are named.
 - ``check=nccl,pair=A-B,p2p=default|disabled|level-loc`` (two ranks): the first allreduces in fresh processes
-  with NCCL's defaults, with ``NCCL_P2P_DISABLE=1`` and with ``NCCL_P2P_LEVEL=LOC``, checked exactly.
+  with NCCL's defaults, with ``NCCL_P2P_DISABLE=1`` and with ``NCCL_P2P_LEVEL=LOC``, checked exactly. Where the
+  defaults fail, the same allreduces run again in fresh processes with ``NCCL_P2P_DISABLE=1`` (the control):
+  both failing says the host, not peer-to-peer, is broken.
+
+Every pair gets the copy check; NCCL runs on a bounded, stated set of pairs (:func:`pairs_for_nccl`). A pair of two
+GPU models is named as such. Nothing here changes a GPU or PCI setting: every fact is read.
 
 Every step that touches a GPU waits with a deadline, so a stuck copy or collective becomes this probe's verdict,
 with the cause the facts point to (ACS redirect on a bridge of the path, a translating IOMMU) in its note.
@@ -24,10 +31,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from inenv.kit import _data, _device, _dist, _errors, _nccl, _pci
@@ -45,6 +57,8 @@ from inenv.kit._p2p import (
     nvml_view,
     pair_path,
     read_gpu,
+    replay_counts,
+    two_models,
 )
 from inenv.kit._pci import Fact, spelled
 from inenv.probe import LEVEL_ENV, QUICK, HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
@@ -59,7 +73,7 @@ SPEC = ProbeSpec(
     distinct_gpus=True,  # a pair is two GPUs; NCCL refuses two ranks on one
     needs_gpu=True,
     gpu_optional=(("check", "facts"),),  # the host facts are read on a host without a GPU too
-    timeout_s=240.0,
+    timeout_s=330.0,  # a failed first allreduce (90 s) and its control in fresh processes (importing torch, 60 s)
     reusable=False,  # ACS bits, the IOMMU mode and link training change with the host, not the stack
     preload=_dist.PRELOAD_DIST,
 )
@@ -71,6 +85,11 @@ P2P_SETTINGS: dict[str, dict[str, str | None]] = {  # None: removed from the ran
 }
 COPY_DEADLINE_S = 20.0  # one copy or one timed batch of copies
 NCCL_DEADLINE_S = 90.0  # the communicator and the first allreduces together
+CONTROL = "disabled"  # the setting the control of a failed default runs: NCCL_P2P_DISABLE=1
+CONTROL_DEADLINE_S = 60.0  # the control's communicator and allreduces
+CONTROL_START_S = 90.0  # a fresh interpreter importing torch, and the wait for the peer to say how it went
+CONTROL_MARKER = "@@STACKPROBE-P2P-CONTROL@@ "
+CONTROL_KEY = "stackprobe-p2p-control"
 LOAD_DEADLINE_S = 10.0
 COPY_WORDS = 16 << 20  # int32: 64 MiB
 SMALL_WORDS = 1024  # 4 KiB
@@ -126,20 +145,22 @@ def likely_cause(p: PathView) -> tuple[str, str]:
 
 
 def pairs_for_copy(n: int, level: str) -> list[tuple[int, int]]:
-    """Every pair on up to 4 GPUs; on more, every GPU against GPU 0 (each GPU's bridges are on such a path);
+    """Every pair, at any GPU count (a path between two GPUs beyond GPU 0 crosses bridges no pair with GPU 0 does);
     a quick run, and a host of fewer than two GPUs, plans pair 0-1 only."""
     if n < 2 or level == QUICK:
         return [(0, 1)]
-    if n <= 4:
-        return [(a, b) for a in range(n) for b in range(a + 1, n)]
-    return [(0, k) for k in range(1, n)]
+    return [(a, b) for a in range(n) for b in range(a + 1, n)]
 
 
 def pairs_for_nccl(n: int, level: str) -> list[tuple[int, int]]:
-    """Pair 0-1 and, on more than two GPUs, 0 and the last GPU (on PCIe hosts the pair farthest apart)."""
+    """A bounded set: pair 0-1; on more than two GPUs, 0 and the last GPU (on PCIe hosts the pair farthest
+    apart); on more than four, also the pair across the middle (n/2-1 and n/2: one GPU on each socket of a
+    two-socket host) and the last two GPUs. At most four pairs, each run with every P2P setting."""
     if n <= 2 or level == QUICK:
         return [(0, 1)]
-    return [(0, 1), (0, n - 1)]
+    if n <= 4:
+        return [(0, 1), (0, n - 1)]
+    return list(dict.fromkeys([(0, 1), (0, n - 1), (n // 2 - 1, n // 2), (n - 2, n - 1)]))
 
 
 def variants(host: HostView) -> list[Variant]:
@@ -172,11 +193,19 @@ def cuda_address(torch: Any, index: int) -> str | None:
         return None
 
 
+def cuda_name(torch: Any, index: int) -> str | None:
+    try:
+        return str(torch.cuda.get_device_name(index))
+    except Exception:  # the name is a fact among others: its absence is not this probe's failure
+        return None
+
+
 def gpus_seen(torch: Any, nvml: dict[str, Any], sysfs: Fact) -> list[Gpu]:
     """The GPUs by the index this process's CUDA gives them (the index a pair names), else NVML's, else the
     order of their addresses in sysfs."""
     if torch is not None:
-        return [Gpu(i, cuda_address(torch, i), "CUDA") for i in range(torch.cuda.device_count())]
+        return [Gpu(i, cuda_address(torch, i), "CUDA", name=cuda_name(torch, i))
+                for i in range(torch.cuda.device_count())]
     if nvml.get("gpus"):
         return [Gpu(g["index"], g["address"], "NVML") for g in nvml["gpus"]]
     if sysfs.seen and sysfs.value:
@@ -439,48 +468,110 @@ def pair_rate(views: tuple[LinkView, LinkView], path: PathView, links: int, vers
     return rate, f"PCIe {spelled(v.attainable, v.width or v.max_width)} of {v.label}, the slower link"
 
 
+def rise_words(rise: dict[str, int]) -> str:
+    """How a note names the error counters that rose during the copies ("" when none did)."""
+    if not rise:
+        return ""
+    shown = ", ".join(f"{k} +{v}" for k, v in sorted(rise.items())[:6])
+    more = f" and {len(rise) - 6} more" if len(rise) > 6 else ""
+    return f"PCIe error counters rose during the copies ({shown}{more})"
+
+
 def copy_verdict(path: PathView, peer: dict[str, bool], checks: dict[str, dict[str, Any]],
-                 metrics: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:
-    """The copy variant's outcome (pure over what was measured)."""
+                 metrics: dict[str, Any], evidence: dict[str, Any], rise: dict[str, int] | None = None,
+                 models: str = "") -> dict[str, Any]:
+    """The copy variant's outcome (pure over what was measured). ``rise``: the error counters that grew while the
+    copies ran (``_pci.counter_rise``); ``models``: the pair named as two GPU models (``_p2p.two_models``)."""
     code, cause = likely_cause(path)
     a, b = path.labels
+    rose = rise_words(rise or {})
+    metrics = {**metrics, "pcie_errors": sum((rise or {}).values())}
+    lead = f"{models}: " if models else ""
+    tail = f"; {rose}" if rose else ""
     hung = {k: c for k, c in checks.items() if c.get("verdict") == "hang"}
     bad = {k: c for k, c in checks.items() if c.get("verdict") not in ("exact", "hang")}
     if hung:
         what = ", ".join(sorted(hung))
         detail = next(iter(hung.values())).get("detail", "")
-        return outcome("fail", f"peer copy did not finish ({what}: {detail}); {cause_words(code, cause)}",
+        return outcome("fail", f"{lead}peer copy did not finish ({what}: {detail}); {cause_words(code, cause)}{tail}",
                        code or "p2p-copy-hung", metrics, evidence)
     wrong = {k: c for k, c in bad.items() if c.get("verdict") != "error"}
     if wrong:
         first = next(iter(wrong.values()))
         what = ", ".join(f"{k}: {c['verdict']}" for k, c in sorted(wrong.items()))
-        return outcome("fail", f"peer copies arrived wrong ({what}; {first.get('detail', '')}); "
-                       f"{cause_words(code, cause)}", code or "p2p-copy-wrong", metrics, evidence)
+        return outcome("fail", f"{lead}peer copies arrived wrong ({what}; {first.get('detail', '')}); "
+                       f"{cause_words(code, cause)}{tail}", code or "p2p-copy-wrong", metrics, evidence)
     if bad:
         k, first = next(iter(sorted(bad.items())))
-        return outcome("fail", f"peer copy {k} raised: {first.get('detail', '')}; {cause}", "p2p-copy-failed",
-                       metrics, evidence)
+        return outcome("fail", f"{lead}peer copy {k} raised: {first.get('detail', '')}; {cause}{tail}",
+                       "p2p-copy-failed", metrics, evidence)
     rate = metrics.get("unidir_of_link")
     uni = metrics.get("unidir_gbs") or {}
     speed = (f"{max(uni.values()):.1f} GB/s one way" + (f", {rate:.0%} of {metrics['link_basis']}" if rate else "")
              if uni else "bandwidth not measured: " + str(evidence.get("timing_error", "")))
     if not all(peer.values()):
         refused = ", ".join(k for k, ok in peer.items() if not ok)
-        return outcome("partial", f"CUDA reports no peer access ({refused}): copies between {a} and {b} are exact "
-                                  f"but staged through host memory ({speed}); {cause}", "p2p-unavailable",
+        return outcome("partial", f"{lead}CUDA reports no peer access ({refused}): copies between {a} and {b} are "
+                                  f"exact but staged through host memory ({speed}); {cause}{tail}", "p2p-unavailable",
                        metrics, evidence)
-    return outcome("pass", f"peer access both ways, copies exact, {speed}", metrics=metrics, evidence=evidence)
+    if rose:
+        return outcome("partial", f"{lead}peer access both ways, copies exact, {speed}; but {rose}: the link "
+                                  "retransmits or drops packets the driver does not report",
+                       "pcie-errors-under-traffic", metrics, evidence)
+    return outcome("pass", f"{lead}peer access both ways, copies exact, {speed}", metrics=metrics, evidence=evidence)
 
 
-def pair_facts(torch: Any, a: int, b: int) -> tuple[PathView, tuple[LinkView, LinkView], dict[str, Any], int,
-                                                    int | None]:
+@dataclasses.dataclass(frozen=True)
+class PairFacts:
     """The facts of one pair, read in a pair variant: the path view, both links, evidence, NVLink links and
-    version."""
+    version, and the two GPUs as read."""
+
+    path: PathView
+    views: tuple[LinkView, LinkView]
+    evidence: dict[str, Any]
+    nvlinks: int
+    version: int | None
+    gpus: tuple[Gpu, Gpu]
+
+    @property
+    def models(self) -> str:
+        return two_models(*self.gpus)
+
+
+def read_counters(host: _pci.Host, gpus: Sequence[Gpu], nv: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The error counters the driver does not report, read without changing anything: AER of each GPU and each
+    bridge on its chain (by address, ``kind -> name -> count``) and each GPU's PCIe replay counter (NVML, as
+    ``"<address> (NVML)" -> {"replay": {"count": n}}``); and, by what, why a counter is not visible."""
+    counts: dict[str, Any] = {}
+    unseen: dict[str, str] = {}
+    for g in gpus:
+        if g.chain is None or g.chain.device_dir is None or not g.address:
+            unseen[g.label] = g.unread or (g.chain.fact.not_visible if g.chain is not None else "no PCI address")
+            continue
+        for addr, folder in ((g.address, g.chain.device_dir), *g.chain.bridges):
+            if addr in counts or addr in unseen:
+                continue
+            fact = _pci.read_aer(host, folder)
+            if fact.seen:
+                counts[addr] = fact.value
+            else:
+                unseen[addr] = fact.not_visible
+    for addr, value in replay_counts(nv, [g.address for g in gpus if g.address]).items():
+        if isinstance(value, int):
+            counts[f"{addr} (NVML)"] = {"replay": {"count": value}}
+        else:
+            unseen[f"{addr} replay counter (NVML)"] = str(value.get("not_visible", ""))
+    if nv is None:
+        unseen["replay counters (NVML)"] = "NVML is not available here"
+    return counts, unseen
+
+
+def pair_facts(torch: Any, a: int, b: int) -> PairFacts:
+    """The facts of one pair, read in a pair variant."""
     host = _pci.Host()
     admin = _pci.sys_admin(host)
     vm = _pci.virtual_machine(host)
-    gpus = [Gpu(i, cuda_address(torch, i), "CUDA") for i in (a, b)]
+    gpus = [Gpu(i, cuda_address(torch, i), "CUDA", name=cuda_name(torch, i)) for i in (a, b)]
     with nvml_session() as (nv, why):
         nvml = nvml_view(nv, why, only=[g.address for g in gpus if g.address])
     by_address = {g["address"]: g for g in nvml.get("gpus") or []}
@@ -495,7 +586,10 @@ def pair_facts(torch: Any, a: int, b: int) -> tuple[PathView, tuple[LinkView, Li
     evidence = {"gpus": [g.to_json() for g in gpus], "iommu": iommu_json, "nvml_pair": entry,
                 "path": dataclasses.asdict(path) | {"iommu": iommu.to_json()},
                 "host": {"virtual_machine": vm.to_json(), "cap_sys_admin": admin.to_json()}}
-    return path, (link_view(gpus[0]), link_view(gpus[1])), evidence, int(entry.get("nvlinks") or 0), version
+    if models := two_models(gpus[0], gpus[1]):
+        evidence["models"] = models
+    return PairFacts(path, (link_view(gpus[0]), link_view(gpus[1])), evidence, int(entry.get("nvlinks") or 0),
+                     version, (gpus[0], gpus[1]))
 
 
 def pair_precheck(ctx: RankContext) -> tuple[Any, tuple[int, int], dict[str, Any] | None]:
@@ -519,9 +613,12 @@ def run_copy(ctx: RankContext) -> dict[str, Any]:
     torch, (a, b), skipped = pair_precheck(ctx)
     if skipped is not None:
         return skipped
-    path, views, evidence, nvlinks, version = pair_facts(torch, a, b)
+    facts = pair_facts(torch, a, b)
+    path, views, evidence, nvlinks, version = facts.path, facts.views, facts.evidence, facts.nvlinks, facts.version
     peer = {f"{a}->{b}": bool(torch.cuda.can_device_access_peer(a, b)),
             f"{b}->{a}": bool(torch.cuda.can_device_access_peer(b, a))}
+    with nvml_session() as (nv, _):
+        before, unseen = read_counters(_pci.Host(), facts.gpus, nv)
     checks = copy_checks(torch, a, b)
     rate, basis = pair_rate(views, path, nvlinks, version)
     metrics: dict[str, Any] = {"link_gbs": round(rate, 2) if rate else None, "link_basis": basis}
@@ -555,7 +652,11 @@ def run_copy(ctx: RankContext) -> dict[str, Any]:
         if metrics.get("unidir_gbs"):
             metrics["headline"] = (f"{max(metrics['unidir_gbs'].values()):.1f} GB/s"
                                    + (f" ({metrics['unidir_of_link']:.0%} of link)" if rate else ""))
-    return copy_verdict(path, peer, checks, metrics, evidence)
+    with nvml_session() as (nv, _):
+        after, _ = read_counters(_pci.Host(), facts.gpus, nv)
+    rise = _pci.counter_rise(before, after)
+    evidence["error_counters"] = {"before": before, "after": after, "rose": rise, "not_visible": unseen}
+    return copy_verdict(path, peer, checks, metrics, evidence, rise, facts.models)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -568,9 +669,11 @@ def p2p_env(setting: str) -> tuple[dict[str, str], list[str]]:
     return {k: v for k, v in wanted.items() if v is not None}, [k for k, v in wanted.items() if v is None]
 
 
-def first_allreduces(ctx: RankContext, device_index: int, deadline_s: float) -> dict[str, Any]:
+def first_allreduces(ctx: RankContext, device_index: int | None, deadline_s: float,
+                     backend: str = "nccl") -> dict[str, Any]:
     """The communicator and the first allreduces, in a thread the rank waits for with a deadline: a step
-    stuck inside NCCL (even its initialisation) becomes a ``hang`` here, and the rank still reports it."""
+    stuck inside NCCL (even its initialisation) becomes a ``hang`` here, and the rank still reports it.
+    ``backend``: NCCL; gloo on the CPU (``device_index`` None) runs the same steps where no GPU is."""
     box: dict[str, Any] = {"step": "communicator initialisation"}
     done = threading.Event()
 
@@ -580,7 +683,7 @@ def first_allreduces(ctx: RankContext, device_index: int, deadline_s: float) -> 
             import torch.distributed as dist
 
             t0 = time.monotonic()
-            device = _dist.init_dist(dataclasses.replace(ctx, device_index=device_index), "nccl", deadline_s)
+            device = _dist.init_dist(dataclasses.replace(ctx, device_index=device_index), backend, deadline_s)
             box["init_s"] = round(time.monotonic() - t0, 3)
             checks: dict[str, Any] = {}
             box["checks"] = checks
@@ -591,7 +694,8 @@ def first_allreduces(ctx: RankContext, device_index: int, deadline_s: float) -> 
                 buf.copy_(x)
                 t = time.monotonic()
                 dist.all_reduce(buf)
-                _device.wait_device(max(1.0, deadline_s - (time.monotonic() - t0)))
+                if device.type == "cuda":
+                    _device.wait_device(max(1.0, deadline_s - (time.monotonic() - t0)))
                 if "first_allreduce_s" not in box:
                     box["first_allreduce_s"] = round(time.monotonic() - t, 3)
                 chk = _data.check_exact(buf, _data.pattern_sum((n,), ctx.world_size, seed, device),
@@ -613,32 +717,162 @@ def first_allreduces(ctx: RankContext, device_index: int, deadline_s: float) -> 
     return box
 
 
-def nccl_verdict(setting: str, box: dict[str, Any], path: PathView, metrics: dict[str, Any],
-                 evidence: dict[str, Any]) -> dict[str, Any]:
-    """One NCCL setting's outcome (pure over its result): without peer-to-peer a failure is NCCL's own; with it,
-    the note names the cause the facts point to."""
-    env = {"default": "NCCL's defaults", "disabled": "NCCL_P2P_DISABLE=1", "level-loc": "NCCL_P2P_LEVEL=LOC"}[setting]
-    transports = ", ".join(evidence.get("transports") or []) or "none logged"
+def failed(box: dict[str, Any]) -> bool:
+    """Whether the first allreduces of ``box`` did not all come back exact."""
+    checks = box.get("checks") or {}
+    return bool(box.get("hung") or box.get("error") or not checks
+                or any(c.get("verdict") != "exact" for c in checks.values()))
+
+
+def what_failed(box: dict[str, Any]) -> tuple[str, str]:
+    """(what went wrong, the reason code it alone gives) for a box that :func:`failed`."""
     checks = box.get("checks") or {}
     wrong = {k: c for k, c in checks.items() if c.get("verdict") != "exact"}
-    if not box.get("hung") and not box.get("error") and checks and not wrong:
-        return outcome("pass", f"first allreduces exact with {env} (transports: {transports})", metrics=metrics,
-                       evidence=evidence)
     if box.get("hung"):
-        what, fallback = f"{box['step']} hung ({box['hung']})", "nccl-op-hang"
-    elif box.get("error"):
-        what, fallback = f"{box['step']} failed: {_errors.last_line(box['error'])}", _nccl.classify_error(
+        return f"{box.get('step', 'a step')} hung ({box['hung']})", "nccl-op-hang"
+    if box.get("error"):
+        return f"{box.get('step', 'a step')} failed: {_errors.last_line(box['error'])}", _nccl.classify_error(
             box["error"])
-    else:
-        size, c = next(iter(wrong.items())) if wrong else ("", {"verdict": "missing", "detail": "no check ran"})
-        what, fallback = f"allreduce of {size} bytes {c['verdict']} ({c.get('detail', '')})", "nccl-wrong-result"
+    size, c = next(iter(wrong.items())) if wrong else ("", {"verdict": "missing", "detail": "no check ran"})
+    return f"allreduce of {size} bytes {c['verdict']} ({c.get('detail', '')})", "nccl-wrong-result"
+
+
+def nccl_verdict(setting: str, box: dict[str, Any], path: PathView, metrics: dict[str, Any],
+                 evidence: dict[str, Any], control: dict[str, Any] | None = None, models: str = "") -> dict[str, Any]:
+    """One NCCL setting's outcome (pure over its result): without peer-to-peer a failure is NCCL's own; with it,
+    the note names the cause the facts point to, and the control (``control``: the same allreduces with
+    ``NCCL_P2P_DISABLE=1`` in fresh processes, run where the defaults failed) says whether peer-to-peer is what
+    fails: when it fails too, the host is broken below NCCL's choice of transport and P2P is not judged
+    (``p2p-control-failed``). ``models``: the pair named as two GPU models."""
+    env = {"default": "NCCL's defaults", "disabled": "NCCL_P2P_DISABLE=1", "level-loc": "NCCL_P2P_LEVEL=LOC"}[setting]
+    transports = ", ".join(evidence.get("transports") or []) or "none logged"
+    lead = f"{models}: " if models else ""
+    if not failed(box):
+        return outcome("pass", f"{lead}first allreduces exact with {env} (transports: {transports})", metrics=metrics,
+                       evidence=evidence)
+    what, fallback = what_failed(box)
     if setting == "default":
         code, cause = likely_cause(path)
-        note = (f"with {env}: {what}; transports: {transports}; {cause_words(code, cause)}; the p2p=disabled "
-                "variant of this pair runs the same allreduces without peer-to-peer")
+        note = f"{lead}with {env}: {what}; transports: {transports}"
+        if control is None:
+            note += (f"; {cause_words(code, cause)}; the p2p=disabled variant of this pair runs the same allreduces "
+                     "without peer-to-peer")
+            return outcome("fail", note, code or fallback, metrics, evidence)
+        if control.get("not_run"):
+            note += (f"; {cause_words(code, cause)}; the control with NCCL_P2P_DISABLE=1 did not run "
+                     f"({control['not_run']})")
+            return outcome("fail", note, code or fallback, metrics, evidence)
+        if failed(control):
+            said, _ = what_failed(control)
+            shm = ", ".join(control.get("transports") or []) or "none logged"
+            note += (f"; the control fails too: with NCCL_P2P_DISABLE=1 {said} (transports: {shm}): the host (its "
+                     "driver, GPUs or NCCL's set-up), not peer-to-peer, is what fails, and peer-to-peer is not judged "
+                     f"by this variant; {cause_words(code, cause)}")
+            return outcome("fail", note, "p2p-control-failed", metrics, evidence)
+        note += (f"; the control passes: with NCCL_P2P_DISABLE=1 the same allreduces are exact, so peer-to-peer is "
+                 f"what fails; {cause_words(code, cause)}")
         return outcome("fail", note, code or fallback, metrics, evidence)
-    note = f"with {env}: {what}; transports: {transports}; without peer-to-peer this is NCCL's own failure"
+    note = f"{lead}with {env}: {what}; transports: {transports}; without peer-to-peer this is NCCL's own failure"
     return outcome("fail", note, fallback, metrics, evidence)
+
+
+# --------------------------------------------------------------------------------------------------
+# The control: the same first allreduces with NCCL_P2P_DISABLE=1, in fresh processes (NCCL reads its
+# environment once per process), run where the defaults failed
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def agree_on_control(store: Any, rank: int, world: int, broke: bool, timeout_s: float) -> tuple[int | None, str]:
+    """Every rank says over ``store`` whether its own attempt failed; the control runs when any did, on a
+    rendezvous port rank 0 picks. Returns (that port, "") to run it, (None, "") when every attempt passed, and
+    (None, why) when a rank never said."""
+    import datetime
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store.set(f"{CONTROL_KEY}/failed/{rank}", "1" if broke else "0")
+    keys = [f"{CONTROL_KEY}/failed/{r}" for r in range(world)]
+    try:
+        store.wait(keys, timeout)
+        if not any(store.get(k) == b"1" for k in keys):
+            return None, ""
+        if rank == 0:
+            store.set(f"{CONTROL_KEY}/port", str(free_port()))
+        store.wait([f"{CONTROL_KEY}/port"], timeout)
+        return int(store.get(f"{CONTROL_KEY}/port")), ""
+    except Exception as exc:  # the store's own timeout or a peer that is gone
+        return None, f"a peer rank never said how its attempt went ({_errors.last_line(str(exc))})"
+
+
+def control_env(base: dict[str, str], master_addr: str, port: int) -> dict[str, str]:
+    """The control process's environment: this rank's, with the control's P2P setting and rendezvous, and this
+    checkout first on the module path (pure)."""
+    set_, unset = p2p_env(CONTROL)
+    env = {k: v for k, v in base.items() if k not in unset}
+    env.update(set_)
+    env.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(port)})
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, base.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run_control(ctx: RankContext, device_index: int | None, port: int, backend: str = "nccl") -> dict[str, Any]:
+    """The control for this rank in a fresh interpreter (``python -m inenv.probes.host_p2p --control``), waited
+    for with a deadline; its box as :func:`first_allreduces` gives it, with its process id (its NCCL log)."""
+    spec = {"rank": ctx.rank, "world": ctx.world_size, "local_rank": ctx.local_rank, "device": device_index,
+            "master_addr": ctx.master_addr, "port": port, "workdir": str(ctx.workdir), "backend": backend,
+            "deadline_s": CONTROL_DEADLINE_S}
+    cmd = [sys.executable, "-m", "inenv.probes.host_p2p", "--control", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, env=control_env(dict(os.environ), ctx.master_addr, port), capture_output=True,
+                              text=True, timeout=CONTROL_DEADLINE_S + CONTROL_START_S)
+    except subprocess.TimeoutExpired:
+        return {"hung": f"the control process did not finish within {CONTROL_DEADLINE_S + CONTROL_START_S:.0f} s",
+                "step": "the control"}
+    except OSError as exc:
+        return {"not_run": f"could not start {sys.executable}: {exc.strerror or exc}"}
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(CONTROL_MARKER)), None)
+    if line is None:
+        tail = _errors.last_line(proc.stderr) if proc.stderr.strip() else "no output"
+        return {"error": f"the control process exited {proc.returncode} without a result: {tail}",
+                "step": "the control"}
+    try:
+        box = json.loads(line[len(CONTROL_MARKER):])
+    except ValueError:
+        return {"error": "the control process wrote an unreadable result", "step": "the control"}
+    return box if isinstance(box, dict) else {"error": "the control process wrote no box", "step": "the control"}
+
+
+def p2p_control(ctx: RankContext, store: Any, device_index: int | None, broke: bool,
+                backend: str = "nccl") -> dict[str, Any] | None:
+    """The control where any rank's attempt failed (None where all passed), with the transports its NCCL log
+    names; ``{"not_run": why}`` when the ranks could not agree on it."""
+    port, why = agree_on_control(store, ctx.rank, ctx.world_size, broke, NCCL_DEADLINE_S + CONTROL_START_S)
+    if port is None:
+        return {"not_run": why} if why else None
+    box = run_control(ctx, device_index, port, backend)
+    if isinstance(box.get("pid"), int):
+        box["transports"] = _nccl.read_nccl_logs(ctx.workdir, box["pid"])["transports"]
+    return box
+
+
+def control_main(argv: Sequence[str]) -> int:
+    """The control process: the first allreduces of the rank its spec names, with this process's environment
+    (NCCL_P2P_DISABLE=1), one result line on stdout. It leaves without waiting for a stuck NCCL thread."""
+    spec = json.loads(argv[0])
+    ctx = RankContext(int(spec["rank"]), int(spec["world"]), int(spec["local_rank"]), spec["device"],
+                      Variant(SPEC.id, int(spec["world"]), (("check", "nccl"), ("p2p", CONTROL))),
+                      Path(spec["workdir"]), str(spec["master_addr"]), int(spec["port"]))
+    box = first_allreduces(ctx, spec["device"], float(spec["deadline_s"]), str(spec["backend"]))
+    box["pid"] = os.getpid()
+    box["env"] = {k: os.environ.get(k, "(unset)") for k in P2P_SETTINGS[CONTROL]}
+    sys.stdout.write(CONTROL_MARKER + json.dumps(box, default=str) + "\n")
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def run_nccl(ctx: RankContext) -> dict[str, Any]:
@@ -654,14 +888,18 @@ def run_nccl(ctx: RankContext) -> dict[str, Any]:
     torch, pair, skipped = pair_precheck(ctx)
     if skipped is not None:
         return skipped
-    path, _, facts, _, _ = pair_facts(torch, *pair)
+    facts = pair_facts(torch, *pair)
+    store = _dist.rendezvous_store(ctx) if setting == "default" else None
     box = first_allreduces(ctx, pair[ctx.rank], NCCL_DEADLINE_S)
+    checked = p2p_control(ctx, store, pair[ctx.rank], failed(box)) if store is not None else None
     log = _nccl.read_nccl_logs(ctx.workdir, os.getpid())
     metrics = {k: box[k] for k in ("init_s", "first_allreduce_s") if k in box}
     evidence = {"nccl_env": {**set_, **{k: "(unset)" for k in unset}}, "removed_from_env": removed,
                 "multicast_env": multicast, "transports": log["transports"], "nccl_version": log["nccl_version"],
-                "nccl_warnings": log["warnings"], "result": box, "facts": facts}
-    return nccl_verdict(setting, box, path, metrics, evidence)
+                "nccl_warnings": log["warnings"], "result": box, "facts": facts.evidence}
+    if checked is not None:
+        evidence["control"] = checked
+    return nccl_verdict(setting, box, facts.path, metrics, evidence, checked, facts.models)
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
@@ -673,6 +911,10 @@ def run(ctx: RankContext) -> dict[str, Any]:
     if check == "nccl":
         return run_nccl(ctx)
     return outcome("fail", f"unknown check {check!r}; known: facts, copy, nccl", "probe-bug")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--control"] and len(sys.argv) == 3:
+    sys.exit(control_main(sys.argv[2:]))
 
 
 # --- declared fields: what this probe records, and the roles checks report and checks advise read them by
@@ -691,6 +933,8 @@ METRICS = (
     ("unidir_of_link", "fraction", "the faster direction's bandwidth over link_gbs", None),
     ("bidir_of_link", "fraction", "bidir_gbs over twice link_gbs", None),
     ("copy_latency_us", "µs", "one 4 KiB torch copy between the pair, back to back", None),
+    ("pcie_errors", "count", "PCIe error counts that rose while a pair's copies ran (AER of each GPU and bridge on the "
+     "paths, the GPUs' replay counters)", None),
     ("init_s", "s", "NCCL communicator creation", None),
     ("first_allreduce_s", "s", "the first allreduce, its connection set-up included", None),
 )
@@ -699,4 +943,9 @@ EVIDENCE = (
     ("iommu", "record", "the IOMMU's mode and every fact it was decided from", None),
     ("nvml", "record", "NVML's view: links, NVLink, topology and P2P status per pair", None),
     ("copies", "record", "per direction and kind, each peer copy's result against the exact pattern", None),
+    ("error_counters", "record", "AER and replay counters of the pair's paths before and after the copies, what rose "
+     "and what is not visible with why", None),
+    ("control", "record", "check=nccl,p2p=default that failed: the same first allreduces with NCCL_P2P_DISABLE=1 in "
+     "fresh processes", None),
 )
+
