@@ -176,10 +176,11 @@ class Pool:
     _fork_ready: bool = False
 
     def can_fork(self) -> bool:
-        """Whether a new group's ranks are forked from this worker: asked once, when the first group starts
-        (torch imported here then, for every rank forked later)."""
-        if self.fork and not self._fork_ready and not self.fork_refused:
-            self.fork_refused = forked.prepare()
+        """Whether a new group's ranks are forked from this worker: torch is imported here when the first group
+        starts, for every rank forked later, and before each fork the worker is checked again (a CUDA context
+        or a thread made since would not survive it); once refused, never again."""
+        if self.fork and not self.fork_refused:
+            self.fork_refused = forked.prepare(() if self._fork_ready else forked.PRELOAD)
             self._fork_ready = not self.fork_refused
         return self.fork and self._fork_ready
 
