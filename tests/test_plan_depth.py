@@ -62,7 +62,7 @@ def test_deep_sizes_are_the_powers_of_two_and_the_gpu_count() -> None:
 
 # Written out from the rules: step 6 backends (NCCL never shares a GPU), custom-ar 2 implementations x 2 modes (only
 # flashinfer forced shares), fi-fusion and symm-mem one set (also 2 ranks on one GPU, and symm-mem's sustained load
-# at 2 ranks and the GPU count; fi-fusion's engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc
+# at 2 ranks and the GPU count and its NCCL backend at the deep sizes, a GPU per rank or a planned skip; fi-fusion's engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc
 # 3 ops (the all-reduce shares), ar-latency 6 backends (never shares), nccl-graphs 25 at 2 ranks and the GPU count
 # (5 NCCL_ALGO settings x 2 warm-ups x 2 connections, and each with NCCL_PROTO=Simple once) and the 10 (algorithm,
 # protocol) variants elsewhere (never shares), ep-a2a one variant across GPUs (never shares; its simulated
@@ -73,8 +73,8 @@ EIGHT = {
     "fi-fusion": {2: "2 deep + 1 shared", 3: "1 setup", 4: "2 deep", 5: "1 setup", 6: "1 setup", 7: "1 setup",
                   8: "2 deep"},
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 5: "3 setup", 6: "3 setup", 7: "3 setup", 8: "3 deep"},
-    "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 setup",
-                 7: "1 setup", 8: "1 deep + 1 load"},
+    "symm-mem": {2: "2 deep + 1 shared + 1 load", 3: "1 setup", 4: "2 deep", 5: "1 setup", 6: "1 setup",
+                 7: "1 setup", 8: "2 deep + 1 load"},
     "ar-latency": {2: "6 deep", 4: "6 deep", 8: "6 deep"},
     "nccl-graphs": {2: "25 deep", 3: "10 setup", 4: "10 deep", 5: "10 setup", 6: "10 setup", 7: "10 setup",
                     8: "25 deep"},
@@ -85,8 +85,8 @@ SIX = {
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 deep", 8: "1 shared + 3 skip"},
     "fi-fusion": {2: "2 deep + 1 shared", 3: "1 setup", 4: "2 deep", 5: "1 setup", 6: "2 deep", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 5: "3 setup", 6: "3 deep", 8: "1 shared + 2 skip"},
-    "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep", 5: "1 setup", 6: "1 deep + 1 load",
-                 8: "1 shared"},
+    "symm-mem": {2: "2 deep + 1 shared + 1 load", 3: "1 setup", 4: "2 deep", 5: "1 setup", 6: "2 deep + 1 load",
+                 8: "1 shared + 1 skip"},
     "ar-latency": {2: "6 deep", 4: "6 deep", 6: "6 deep", 8: "6 skip"},
     "nccl-graphs": {2: "25 deep", 3: "10 setup", 4: "10 deep", 5: "10 setup", 6: "25 deep", 8: "10 skip"},
     "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 5: "1 deep", 6: "1 deep", 8: "1 skip"},
@@ -96,7 +96,7 @@ FOUR = {
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 8: "1 shared + 3 skip"},
     "fi-fusion": {2: "2 deep + 1 shared", 3: "1 setup", 4: "2 deep", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 8: "1 shared + 2 skip"},
-    "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 setup", 4: "1 deep + 1 load", 8: "1 shared"},
+    "symm-mem": {2: "2 deep + 1 shared + 1 load", 3: "1 setup", 4: "2 deep + 1 load", 8: "1 shared + 1 skip"},
     "ar-latency": {2: "6 deep", 4: "6 deep", 8: "6 skip"},
     "nccl-graphs": {2: "25 deep", 3: "10 setup", 4: "25 deep", 8: "10 skip"},
     "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 8: "1 skip"},
@@ -106,7 +106,8 @@ TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, n
     "custom-ar": {2: "4 deep", 3: "1 shared + 3 skip", 4: "1 shared + 3 skip", 8: "1 shared + 3 skip"},
     "fi-fusion": {2: "2 deep + 1 shared", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "1 shared + 2 skip", 4: "1 shared + 2 skip", 8: "1 shared + 2 skip"},
-    "symm-mem": {2: "1 deep + 1 shared + 1 load", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
+    "symm-mem": {2: "2 deep + 1 shared + 1 load", 3: "1 shared + 1 skip", 4: "1 shared + 1 skip",
+                 8: "1 shared + 1 skip"},
     "ar-latency": {2: "6 deep", 3: "6 skip", 4: "6 skip", 8: "6 skip"},
     "nccl-graphs": {2: "25 deep", 3: "10 skip", 4: "10 skip", 8: "10 skip"},
     "ep-a2a": {2: "1 deep", 3: "1 skip", 4: "1 skip", 8: "1 skip"},
@@ -116,7 +117,7 @@ ONE = {  # no deep size: every multi-rank variant shares the GPU or is a planned
     "custom-ar": {n: "1 shared + 3 skip" for n in (2, 3, 4, 8)},
     "fi-fusion": {2: "2 shared", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "pcie-ipc": {n: "1 shared + 2 skip" for n in (2, 3, 4, 8)},
-    "symm-mem": {2: "1 shared + 1 skip", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
+    "symm-mem": {2: "1 shared + 2 skip", 3: "1 shared + 1 skip", 4: "1 shared + 1 skip", 8: "1 shared + 1 skip"},
     "ar-latency": {n: "6 skip" for n in (2, 3, 4, 8)},
     "nccl-graphs": {2: "25 skip", 3: "10 skip", 4: "10 skip", 8: "10 skip"},
     "ep-a2a": {n: "1 skip" for n in (2, 3, 4, 8)},

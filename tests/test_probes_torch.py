@@ -419,6 +419,10 @@ def test_symm_mem_variants() -> None:
         ("ranks=8,placement=shared,gpus=1", None),
         ("ranks=2,placement=shared,gpus=1", None),
         ("ranks=2,load=sustained", None),
+        ("ranks=2,backend=nccl", None),
+        ("ranks=3,backend=nccl", "needs 3 GPUs (NCCL refuses two ranks on one GPU), host has 2"),
+        ("ranks=4,backend=nccl", "needs 4 GPUs (NCCL refuses two ranks on one GPU), host has 2"),
+        ("ranks=8,backend=nccl", "needs 8 GPUs (NCCL refuses two ranks on one GPU), host has 2"),
     ]
     assert all(v.skip for v in symm_mem.variants(HostView(gpu_count=0)))
     one = [v for v in symm_mem.variants(HostView(gpu_count=1)) if v.param("load") == "sustained"]

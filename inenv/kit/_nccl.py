@@ -20,7 +20,10 @@ from typing import Any
 from inenv.kit import _dist
 
 _BFLOAT16 = 9  # ncclDataType_t
+_FLOAT32 = 7
 _SUM = 0  # ncclRedOp_t
+WIN_COLL_SYMMETRIC = 0x01  # nccl.h NCCL_WIN_COLL_SYMMETRIC: a window NCCL's symmetric kernels may use (NCCL >= 2.27)
+WINDOW_CALLS = ("ncclMemAlloc", "ncclMemFree", "ncclCommWindowRegister", "ncclCommWindowDeregister")
 
 
 class _UniqueId(ctypes.Structure):
@@ -73,6 +76,42 @@ class DirectComm:
         if code != 0:
             text = self.lib.ncclGetErrorString(code).decode(errors="replace")
             raise RuntimeError(f"{what} returned {code}: {text}")
+
+    def has(self, name: str) -> bool:
+        """Whether the loaded library exports ``name`` (an older NCCL lacks the window calls)."""
+        try:
+            getattr(self.lib, name)
+        except AttributeError:
+            return False
+        return True
+
+    def mem_alloc(self, nbytes: int) -> int:
+        """Device memory from ``ncclMemAlloc`` (cuMem-backed, what a symmetric window needs), its address."""
+        ptr = ctypes.c_void_p()
+        self._check(self.lib.ncclMemAlloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes)), "ncclMemAlloc")
+        return int(ptr.value or 0)
+
+    def mem_free(self, ptr: int) -> None:
+        self._check(self.lib.ncclMemFree(ctypes.c_void_p(ptr)), "ncclMemFree")
+
+    def window_register(self, ptr: int, nbytes: int, flags: int = WIN_COLL_SYMMETRIC) -> int:
+        """``ncclCommWindowRegister`` of ``nbytes`` at ``ptr`` (collective: every rank registers together); the
+        window handle NCCL returned (0: it registered nothing)."""
+        win = ctypes.c_void_p()
+        code = self.lib.ncclCommWindowRegister(self.comm, ctypes.c_void_p(ptr), ctypes.c_size_t(nbytes),
+                                               ctypes.byref(win), ctypes.c_int(flags))
+        self._check(code, "ncclCommWindowRegister")
+        return int(win.value or 0)
+
+    def window_deregister(self, win: int) -> None:
+        self._check(self.lib.ncclCommWindowDeregister(self.comm, ctypes.c_void_p(win)), "ncclCommWindowDeregister")
+
+    def all_reduce_f32(self, ptr: int, count: int) -> None:
+        """In-place float32 sum of ``count`` elements at device address ``ptr`` on the current torch stream."""
+        import torch
+
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self._check(self.lib.ncclAllReduce(ptr, ptr, count, _FLOAT32, _SUM, self.comm, stream), "ncclAllReduce")
 
     def all_reduce_bf16(self, tensor: Any) -> None:
         """In-place sum on the current torch stream (the capture stream while a graph is captured)."""

@@ -13,6 +13,15 @@ Every size and agreement case runs at the deep world sizes (``inenv.probe.deep_s
 the shallow selection (:func:`checked`: the rendezvous, where a world size is refused, each op at one size eagerly
 and captured, and one exact agreement case per op), with a GPU per rank (``depth=setup``) at the other world sizes
 up to the host's GPU count, with every rank on one GPU (``placement=shared``) beyond it.
+
+``backend=nccl`` (a GPU per rank, at the deep world sizes): torch's NCCL symmetric-memory backend
+(``set_backend("NCCL")``: ``ncclMemAlloc`` and ``ncclCommWindowRegister`` with ``NCCL_WIN_COLL_SYMMETRIC``) where
+the cell's torch has it, else ``skip``. Windows registered eagerly through torch's rendezvous, the peer pointers it
+got checked (a registration that returns without error may have registered nothing), then the symmetric kernels:
+NCCL's allreduce on the registered window and torch's one-shot / two-shot, eager and captured; and, as an engine's
+own NCCL communicator does it, windows registered with ``ncclCommWindowRegister`` eagerly and during CUDA-graph
+capture, each followed by an allreduce on it. The verdict names what failed: registration, registered nothing, a
+kernel, or registration during capture, with NCCL's own words (:func:`nccl_backend_verdict`).
 """
 
 from __future__ import annotations
@@ -20,11 +29,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from inenv.kit import _agree, _data, _device, _dist, _errors
+from inenv.kit import _agree, _data, _device, _dist, _errors, _nccl
 from inenv.probe import (
+    OMIT,
     SETUP,
     HostView,
     ProbeSpec,
@@ -41,7 +52,8 @@ SPEC = ProbeSpec(
     id="symm-mem",
     title="torch symmetric memory",
     feature="Do torch symmetric-memory rendezvous and the one-shot / two-shot allreduce work (eager and in a "
-    "CUDA graph), and are the multicast ops refused where multicast is unavailable?",
+    "CUDA graph), and are the multicast ops refused where multicast is unavailable? Where torch has its NCCL "
+    "backend, do NCCL windows register eagerly and during capture, and do the symmetric kernels run on them?",
     ranks=(2, 4, 8),
     min_ranks=2,  # over one rank an allreduce returns its input
     distinct_gpus=False,  # the placement=shared variants put every rank on one GPU
@@ -70,6 +82,11 @@ MULTIMEM_FAILED = MULTIMEM_RESULTS[3:]
 # torch's own refusal (a TORCH_CHECK before any launch) when the rendezvous gave no multicast mapping;
 # any other error, even one that mentions multicast, is a failure.
 MULTIMEM_REFUSAL = re.compile(r"multimem_all_reduce_: multicast support is required")
+BACKEND, NCCL = "backend", "nccl"  # the variant param of torch's NCCL symmetric-memory backend
+# torch's refusal of a backend its build does not hold (SymmetricMemory.cpp, set_backend)
+NO_BACKEND = re.compile(r"does not find allocation backend")
+WINDOW_ELEMS = 4 << 10  # float32 elements of an engine-path window: 16 KiB
+WINDOW_MODES = ("eager", "capture")
 
 
 def variants(host: HostView) -> list[Variant]:
@@ -82,6 +99,8 @@ def variants(host: HostView) -> list[Variant]:
     for n in sorted({2, max(host.gpu_count, 2)}):
         why = "sustained load is measured on peer links, a GPU per rank"
         out.append(Variant(SPEC.id, n, params=(("load", "sustained"),), skip=gpu_shortfall(host, n, why)))
+    # torch's NCCL backend: NCCL refuses two ranks on one GPU; the registration question is asked at the deep sizes
+    out += multi_rank(SPEC, host, [((BACKEND, NCCL),)], why="NCCL refuses two ranks on one GPU", other_sizes=OMIT)
     return out
 
 
@@ -433,7 +452,281 @@ def agreement(buf: Any, group_name: str, rank: int, world: int, gloo: Any,
     return found
 
 
+# --------------------------------------------------------------------------------------------------
+# backend=nccl: torch's NCCL symmetric-memory backend and NCCL's windows as an engine registers them
+
+
+def registered_nothing(ptrs: list[int], world: int) -> bool:
+    """Whether a rendezvous that returned without an error left this rank without a pointer to every peer's
+    buffer (pure): no pointers, fewer than the ranks, or a null one."""
+    return len(ptrs) < world or any(not p for p in ptrs)
+
+
+def nccl_words(logs: list[dict[str, Any]], limit: int = 4) -> list[str]:
+    """NCCL's own warnings from the ranks' logs, the last ``limit`` (pure)."""
+    return [w for lg in logs for w in lg.get("warnings", [])][-limit:]
+
+
+def nccl_backend_verdict(facts: dict[str, Any]) -> dict[str, Any]:
+    """The backend=nccl outcome (pure over the facts every rank gathered), naming what failed first: torch's
+    registration, a registration that registered nothing, a symmetric kernel (wrong numbers, an error, only when
+    captured), then the engine path's windows (registered eagerly, during capture); NCCL's warnings close the
+    note."""
+    ops = facts.get("ops", {})
+    metrics = {"ops_exact": sum(1 for op in ops.values() for r in op.values() if r.get("verdict") == "ok"),
+               "ops_total": sum(len(op) for op in ops.values())}
+    said = "; ".join(facts.get("nccl_words") or [])
+    tail = f"; NCCL said: {said}"[:300] if said else ""
+
+    def fail(note: str, code: str) -> dict[str, Any]:
+        return outcome("fail", (note + tail)[:600], code, metrics, facts)
+
+    reg = facts.get("registration", {})
+    if reg.get("verdict") != "ok":
+        return fail(f"registration through torch's NCCL backend (ncclMemAlloc, ncclCommWindowRegister) failed: "
+                    f"{reg.get('error', '')[:300]}", "symm-mem-nccl-register-failed")
+    if facts.get("registered") is False:
+        return fail("registration returned without an error but registered nothing: " + str(facts.get(
+            "nothing_on", "a rank has no pointer to its peers' buffers")), "symm-mem-nccl-registered-nothing")
+    if facts.get("p2p_read", {}).get("verdict") not in (None, "ok"):
+        r = facts["p2p_read"]
+        return fail(f"peer buffer read: {r.get('verdict')} {r.get('detail') or r.get('error', '')}"[:300],
+                    "symm-mem-wrong-result")
+    bad = [(op, mode, r) for op, modes in ops.items() for mode, r in modes.items() if r.get("verdict") != "ok"]
+    wrong = [b for b in bad if b[2].get("verdict") in ("wrong", "no-op", "zero")]
+    if wrong:
+        op, mode, r = wrong[0]
+        return fail(f"{op} {mode} on the registered window: {r.get('verdict')} ({r.get('detail', '')})",
+                    "symm-mem-wrong-result")
+    if bad:
+        names = ", ".join(f"{op} {mode}" for op, mode, _ in bad)
+        first = bad[0][2]
+        captured = " (eager works: only when captured)" if all(m == "graph" for _, m, _ in bad) else ""
+        return fail(f"symmetric kernel {names}{captured}: {first.get('error', first.get('verdict', ''))[:300]}",
+                    "symm-mem-nccl-kernel-failed")
+    windows = facts.get("windows", {})
+    if windows.get("verdict") == "missing":
+        return outcome("partial", f"torch's NCCL backend registers and its kernels are exact; the engine path was not "
+                       f"checked: {windows.get('error', '')}", "symm-mem-op-missing", metrics, facts)
+    for mode in WINDOW_MODES:
+        w = windows.get(mode) or {"verdict": "not-run", "error": "not reached"}
+        v = w.get("verdict")
+        if v == "ok":
+            continue
+        where = "during CUDA-graph capture" if mode == "capture" else "eagerly"
+        if v == "nothing":
+            return fail(f"ncclCommWindowRegister {where} returned without an error but no window (it registered "
+                        "nothing)", "symm-mem-nccl-registered-nothing")
+        if v in ("wrong", "no-op", "zero"):
+            return fail(f"allreduce on a window registered {where}: {v} ({w.get('detail', '')})",
+                        "symm-mem-wrong-result")
+        if mode == "capture":
+            return fail("registering a window during CUDA-graph capture failed, where registering it before capture "
+                        f"works: {v} {w.get('error', '')[:300]}", "symm-mem-nccl-capture-register-failed")
+        return fail(f"an engine's own NCCL communicator registering a window eagerly: {v} {w.get('error', '')[:300]}",
+                    "symm-mem-nccl-register-failed")
+    return outcome("pass", "NCCL windows registered eagerly and during capture; NCCL's allreduce and torch's "
+                   "one-/two-shot on them exact, eager and captured", metrics=metrics, evidence=facts)
+
+
+def _bounded(work: Callable[[], dict[str, Any]], deadline_s: float, what: str) -> dict[str, Any]:
+    """``work()`` in a thread the rank waits for: NCCL calls that never return (a collective registration whose
+    peer failed) become a ``hang`` the rank still reports."""
+    box: dict[str, Any] = {}
+
+    def go() -> None:
+        try:
+            box.update(work())
+        except _device.Hung as exc:
+            box.update(verdict="hang", error=str(exc))
+        except Exception as exc:
+            box.update(_err(exc))
+
+    thread = threading.Thread(target=go, name=f"stackprobe-{what}", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    return dict(box) if not thread.is_alive() else {"verdict": "hang", "error": f"{what}: not finished after "
+                                                                              f"{deadline_s:.0f} s"}
+
+
+class _Raw:
+    """Device memory NCCL allocated, seen by torch through the CUDA array interface (float32 elements)."""
+
+    def __init__(self, ptr: int, n: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (ptr, False), "version": 2,
+                                         "strides": None}
+
+
+def window_once(comm: _nccl.DirectComm, mode: str, rank: int, world: int, device: Any) -> dict[str, Any]:
+    """One engine-path window: ncclMemAlloc'd memory registered as a symmetric window eagerly, or during the
+    capture of a CUDA graph that then allreduces on it; the allreduce's result checked exactly."""
+    import torch
+
+    nbytes = WINDOW_ELEMS * 4
+    ptr = comm.mem_alloc(nbytes)
+    t = torch.as_tensor(_Raw(ptr, WINDOW_ELEMS), device=device)
+    seed = 11 if mode == "eager" else 12
+    t.copy_(_data.pattern((WINDOW_ELEMS,), rank, seed, device, dtype=torch.float32))
+    torch.cuda.synchronize()
+    if mode == "eager":
+        win = comm.window_register(ptr, nbytes)
+        if not win:
+            return {"verdict": "nothing"}
+        comm.all_reduce_f32(ptr, WINDOW_ELEMS)
+    else:
+        graph = torch.cuda.CUDAGraph()
+        handles: list[int] = []
+        with torch.cuda.graph(graph):
+            handles.append(comm.window_register(ptr, nbytes))
+            comm.all_reduce_f32(ptr, WINDOW_ELEMS)
+        if not handles[0]:
+            return {"verdict": "nothing"}
+        t.copy_(_data.pattern((WINDOW_ELEMS,), rank, seed, device, dtype=torch.float32))
+        graph.replay()
+    _device.wait_device(OP_DEADLINE_S)
+    expected = _data.pattern_sum((WINDOW_ELEMS,), world, seed, device, dtype=torch.float32)
+    return _judge(t, expected, None)
+
+
+def engine_windows(rank: int, world: int, device: Any, gloo: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """NCCL's symmetric windows through an NCCL communicator of the probe's own, as an engine's (vLLM's pynccl)
+    uses them: registered eagerly, then during capture; every rank settles each mode together."""
+    try:
+        comm = _nccl.DirectComm(rank, world, gloo)
+    except Exception as exc:
+        return {"verdict": "error", "error": _errors.error_tail(exc)}
+    lacking = [n for n in _nccl.WINDOW_CALLS if not comm.has(n)]
+    if lacking:
+        return {"verdict": "missing", "error": f"NCCL {comm.version} has no {', '.join(lacking)}"}
+    out: dict[str, Any] = {"nccl": comm.version}
+    for mode in WINDOW_MODES:
+        mine = _bounded(lambda mode=mode: window_once(comm, mode, rank, world, device), OP_DEADLINE_S + 30.0,
+                        f"window {mode}")
+        everyone = _dist.gather_objects(mine, gloo)
+        out[mode] = next((r for r in everyone if r.get("verdict") != "ok"), mine)
+        log(f"window {mode}: {out[mode].get('verdict')}")
+        if out[mode].get("verdict") != "ok":
+            break  # a stream may be stuck behind it
+    return out
+
+
+def backend_choice(symm_mem: Any) -> dict[str, Any] | None:
+    """Switch torch's symmetric memory to its NCCL backend before anything is allocated; None when it is, else
+    the outcome: ``skip`` where this torch has no such backend (no ``set_backend``, or its build holds none
+    named NCCL), ``fail`` where it refused otherwise."""
+    chooser = getattr(symm_mem, "set_backend", None)
+    if chooser is None:
+        return outcome("skip", "this torch has no choice of symmetric-memory backend (no set_backend): its symmetric "
+                       "memory is CUDA's only", "symm-mem-nccl-absent")
+    try:
+        chooser("NCCL")
+    except Exception as exc:
+        said = _errors.error_tail(exc, 300)
+        if NO_BACKEND.search(said):
+            return outcome("skip", f"this torch's build has no NCCL symmetric-memory backend: {said}",
+                           "symm-mem-nccl-absent")
+        return outcome("fail", f"set_backend('NCCL') refused: {said}", "symm-mem-nccl-register-failed")
+    return None
+
+
+def run_nccl_backend(ctx: RankContext) -> dict[str, Any]:
+    multicast_env = _dist.keep_multicast_off()
+    os.environ.update(_nccl.nccl_debug_env(ctx.workdir, "INIT,ENV,TUNING,REG"))
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    import torch
+
+    if (skipped := _dist.gpu_precheck(ctx)) is not None:
+        return skipped
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError as exc:
+        return outcome("skip", f"this torch has no symmetric memory: {exc}", "symm-mem-absent")
+    refused = backend_choice(symm_mem)
+    device = _dist.init_dist(ctx, "nccl")
+    import torch.distributed as dist
+
+    gloo = _dist.cpu_group()
+    choices = _dist.gather_objects(refused, gloo)
+    if any(c is not None for c in choices):  # every rank decides alike
+        return next(c for c in choices if c is not None)
+    group = dist.group.WORLD
+    facts: dict[str, Any] = {"torch": torch.__version__, "backend": symm_mem.get_backend(device),
+                             "nccl_version": ".".join(str(x) for x in torch.cuda.nccl.version()),
+                             "multicast_env": multicast_env}
+    numel = max(TOKENS) * _data.HIDDEN
+    reg: dict[str, Any] = {"verdict": "ok"}
+    handle = buf = None
+    try:
+        buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=device)
+        handle, _ = _dist.symm_rendezvous(buf, group)
+    except Exception as exc:
+        reg = _err(exc)
+    everyone = _dist.gather_objects(reg, gloo)
+    facts["registration"] = next((r for r in everyone if r["verdict"] != "ok"), reg)
+    if facts["registration"]["verdict"] == "ok" and handle is not None:
+        try:
+            ptrs = [int(p) for p in handle.buffer_ptrs]
+        except Exception as exc:
+            ptrs = []
+            facts["buffer_ptrs_error"] = _errors.error_tail(exc, 200)
+        nothing = _dist.gather_objects([ctx.rank, ptrs] if registered_nothing(ptrs, ctx.world_size) else None, gloo)
+        empty = [n for n in nothing if n is not None]
+        facts["registered"] = not empty
+        if empty:
+            facts["nothing_on"] = "; ".join(
+                f"rank {r}: {sum(1 for x in p if not x)} of {len(p)} peer pointers null" if p else
+                f"rank {r}: no peer pointers (torch's NCCL backend gives them only when built with NCCL's device API)"
+                for r, p in empty)
+        else:
+            facts["p2p_read"] = peer_read(handle, buf, ctx.rank, ctx.world_size, device, gloo)
+            builders = {**steps(group.group_name), "nccl_all_reduce": nccl_allreduce}
+            facts["ops"] = {name: exercise_op(b, buf, ctx.rank, ctx.world_size, device, gloo, TOKENS[:1])
+                            for name, b in builders.items()}
+            ctx.log("ops: " + ", ".join(f"{n}={m}" for n, m in facts["ops"].items()))
+    if facts.get("registered") and not any(r.get("verdict") == "hang" for m in facts.get("ops", {}).values()
+                                           for r in m.values()):
+        facts["windows"] = engine_windows(ctx.rank, ctx.world_size, device, gloo, ctx.log)
+    logs = [_nccl.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
+    facts["nccl_words"] = nccl_words(logs)
+    facts["algorithms_chosen"] = logs[0]["algorithms"] if logs else {}
+    return nccl_backend_verdict(facts)
+
+
+def nccl_allreduce(inp: Any, out: Any, staged: Any) -> Callable[[], None]:
+    """NCCL's allreduce on a view of the registered window (NCCL picks its symmetric kernels for such a buffer)."""
+    import torch.distributed as dist
+
+    def step() -> None:
+        inp.copy_(staged)
+        dist.all_reduce(inp)
+        out.copy_(inp)
+
+    return step
+
+
+def peer_read(handle: Any, buf: Any, rank: int, world: int, device: Any, gloo: Any) -> dict[str, Any]:
+    """Every rank writes its pattern, then reads its neighbour's buffer through the handle (the ranks wait for each
+    other over gloo: the NCCL backend has no barrier of its own)."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        n = 4096
+        buf[:n].copy_(_data.pattern((n,), rank, 9, device))
+        torch.cuda.synchronize()
+        dist.barrier(group=gloo)
+        peer = (rank + 1) % world
+        seen = handle.get_buffer(peer, (n,), torch.bfloat16).clone()
+        _device.wait_device(OP_DEADLINE_S)
+        dist.barrier(group=gloo)
+        return _judge(seen, _data.pattern((n,), peer, 9, device), None)
+    except Exception as exc:
+        return _err(exc)
+
+
 def run(ctx: RankContext) -> dict[str, Any]:
+    if ctx.param(BACKEND) == NCCL:
+        return run_nccl_backend(ctx)
     multicast_env = _dist.keep_multicast_off()
     shared = ctx.variant.share_gpu  # every rank on one GPU: overlapping devices, a gloo process group
     setup_only = shallow(ctx.variant)  # the shallow selection
@@ -576,6 +869,10 @@ METRICS = (
 EVIDENCE = (
     ("ops", "record", "per symmetric-memory op, the eager and graph results against the exact answer",
      "op-checks"),
+    ("registration", "record", "backend=nccl: torch's rendezvous through its NCCL backend, the worst rank's result",
+     None),
+    ("windows", "record", "backend=nccl: windows an NCCL communicator of the probe's own registered eagerly and "
+     "during capture, each allreduce's result", None),
     ("device_multicast_support", "bool", "the CUDA device attribute for multicast objects", "multicast"),
 )
 ALLREDUCE_PATH = True
