@@ -442,6 +442,17 @@ def p2p_broken(results: Iterable[ProbeResult]) -> list[ProbeResult]:
                  or (r.params.get("check") == "nccl" and r.params.get("p2p", "default") == "default"))]
 
 
+# The load probe: a backend whose graphs hung or drifted while they were replayed under load with a GPU per rank (at any world size: a deadlock from two streams at 2 ranks is one at 8 too) is not
+# advised in that cell; ranks sharing a GPU test the code paths, not a server's placement.
+LOAD_PROBE = "load"
+
+
+def load_broken(results: Iterable[ProbeResult]) -> list[ProbeResult]:
+    """The load probe's variants with a GPU per rank that hung, failed (drifted) or crashed."""
+    return [r for r in results if r.probe_id == LOAD_PROBE and not r.shared_gpu and r.verdict.status in BAD
+            and r.verdict.reason_code != DIVERGENT]  # right numbers that differ bitwise: kept off verify only
+
+
 # Backends whose signals are peer-to-peer atomics: torch symmetric memory's one-/two-shot allreduce. A host whose
 # pairs have peer access without native atomics (host-p2p's facts, NVML's atomics bit) does not get them advised.
 ATOMIC_BACKENDS = frozenset({"symm-mem-one-shot", "symm-mem-two-shot"})
@@ -636,9 +647,13 @@ def advise_cell(host_id: str, cell_id: str, ranks: int, results: Sequence[ProbeR
     bare = no_atomics(results)
     if bare:  # nor one whose signals are peer atomics on a host whose pairs lack them
         curves = [c for c in curves if c.backend not in ATOMIC_BACKENDS]
+    loaded = load_broken(in_cell)
+    if loaded:  # nor one that hung, drifted or diverged under load
+        curves = [c for c in curves if c.backend not in {r.params.get("backend") for r in loaded}]
     spread = spreads(results, cell_id, ranks)
     sizes = _per_size(curves, hidden, spread)
-    avoid = (*p2p_avoid(results, broken), *atomics_avoid(bare), *_avoid(rs, curves, spread))
+    elsewhere = [r for r in loaded if r.ranks != ranks]  # this rank count's own are among rs
+    avoid = (*p2p_avoid(results, broken), *atomics_avoid(bare), *_avoid([*rs, *elsewhere], curves, spread))
     return CellAdvice(host_id, cell_id, ranks, hidden, tuple(curves), tuple(sizes),
                       tuple(_crossovers(sizes, curves)), avoid, tuple(_untimed(rs)),
                       tuple(missing), mc, nvl, spread, tuple(not_for_verify(results, cell_id)))

@@ -501,3 +501,4 @@ METRICS = (
     ("latency_p99_us", "µs by tokens", "99th percentile of the same replays", None),
     ("headline", "text", "replays, sizes and switch crossings, or checked-not-timed", "headline"),
 )
+ALLREDUCE_PATH = True
