@@ -62,7 +62,8 @@ def test_deep_sizes_are_the_powers_of_two_and_the_gpu_count() -> None:
 
 # Written out from the rules: step 6 backends (NCCL never shares a GPU), custom-ar 2 implementations x 2 modes (only
 # flashinfer forced shares), fi-fusion and symm-mem one set (also 2 ranks on one GPU, and symm-mem's sustained load
-# at 2 ranks and the GPU count and its NCCL backend at the deep sizes, a GPU per rank or a planned skip; fi-fusion's engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc
+# at 2 ranks and the GPU count and its NCCL backend at the deep sizes, a GPU per rank or a planned skip; fi-fusion's
+# engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc
 # 3 ops (the all-reduce shares), ar-latency 6 backends (never shares), nccl-graphs 25 at 2 ranks and the GPU count
 # (5 NCCL_ALGO settings x 2 warm-ups x 2 connections, and each with NCCL_PROTO=Simple once) and the 10 (algorithm,
 # protocol) variants elsewhere (never shares), ep-a2a one variant across GPUs (never shares; its simulated
@@ -210,7 +211,7 @@ def test_the_other_probes_select_their_shallow_path_at_a_setup_size(level: str) 
     assert (1, 4, True) in [(c.tokens, c.hidden, c.edge) for c in pcie_ipc.cases("all-gather", shallow(pcie_deep))]
     sizes, agreement = symm_mem.checked(shallow(_variant(8, "symm-mem", 6)))
     assert (sizes, [c.key for c in agreement]) == ((1,), [SHALLOW_BF16])
-    assert symm_mem.checked(shallow(_variant(8, "symm-mem", 8, load=None)))[0] == (
+    assert symm_mem.checked(shallow(_variant(8, "symm-mem", 8, load=None, backend=None)))[0] == (
         (1,) if level == QUICK else (1, 16, 128))
     graphs_setup = _variant(8, "nccl-graphs", 5, algo="Ring", proto=None, warmup="yes", runtime_connect="default")
     assert [c.key for c in nccl_graphs.agreement_cases(shallow(graphs_setup))] == dtypes
