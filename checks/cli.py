@@ -90,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, metavar="MIN", help="fit the run into MIN minutes: the plan says its "
                    "cost first, the least informative variants are left out as not-run over-budget (larger world "
                    "sizes, ranks sharing GPUs, sustained load go first) and nothing starts after the time is up")
+    p.add_argument("--soak", type=float, metavar="MIN", help="the load probe's variants replay their backend MIN "
+                   "minutes each, a soak, instead of seconds (each runs again, whatever this host recorded; the plan "
+                   "counts the minutes)")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X", help="multiply every probe timeout")
     p.add_argument("--cold-ranks", action="store_true", help="start fresh rank processes for every variant (default "
@@ -197,6 +200,7 @@ def run_options(args: argparse.Namespace, argv: list[str]) -> RunOptions:
         resume=args.resume, fresh=args.fresh, jobs=default_jobs() if args.jobs is None else args.jobs,
         level=args.level, as_json=args.json, cold_ranks=args.cold_ranks, gpu_alone=args.gpu_alone,
         budget_s=None if args.budget is None else args.budget * 60.0,
+        soak_s=None if args.soak is None else args.soak * 60.0,
         timeout_scale=args.timeout_scale, target_archs=archs, compile_cache=args.compile_cache,
         no_compile_cache=args.no_compile_cache, results=args.results, matrix=args.matrix, envs=args.envs,
         report=report_path(args), argv=tuple(argv)).check()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from common import outputs
 from common.home import DATA_ROOT, WORK_ROOT
-from inenv.probe import LEVELS
+from inenv.probe import LEVELS, QUICK
 
 REPO = WORK_ROOT  # the checkout, or the current folder for an installed wheel (common.home)
 AUTO, DOCKER, VENV, LOCAL, SLURM = "auto", "docker", "venv", "local", "slurm"
@@ -68,6 +68,7 @@ class RunOptions:
     # depth=setup) run side by side on the GPU lock held shared (inenv.gpugate)
     gpu_alone: bool = False
     budget_s: float | None = None  # --budget: the seconds the whole command may take (checks.run.cost.budget)
+    soak_s: float | None = None  # --soak: the seconds each variant of a probe that replays under load replays
     timeout_scale: float = 1.0
     target_archs: tuple[str, ...] | None = None  # --target-arch; None: not given, the host decides (compile_targets)
     compile_cache: Path | None = None
@@ -85,6 +86,12 @@ class RunOptions:
         if self.budget_s is not None and not (math.isfinite(self.budget_s) and 0 < self.budget_s <= MAX_BUDGET_S):
             raise UsageError(f"checks run: --budget {self.budget_s / 60:g}: give the minutes this host can spare, "
                              f"more than 0 and at most {MAX_BUDGET_S / 60:g}")
+        if self.soak_s is not None and not (math.isfinite(self.soak_s) and 0 < self.soak_s <= MAX_BUDGET_S):
+            raise UsageError(f"checks run: --soak {self.soak_s / 60:g}: give the minutes each load variant replays, "
+                             f"more than 0 and at most {MAX_BUDGET_S / 60:g}")
+        if self.soak_s is not None and self.level == QUICK:
+            raise UsageError("checks run: --soak replays the load probe's variants, which the quick level does not "
+                             "run; leave out --level quick")
         reports = (self.report, self.report.with_suffix(".html")) if self.report is not None else ()
         if (why := outputs.first_problem((p, "checks run: --report") for p in reports)) is not None:
             raise UsageError(why)

@@ -41,6 +41,7 @@ from checks.run.options import REPO, RunOptions
 from checks.run.plan import WorkItem, jit_modules
 from common.reasons import Catalogue
 from inenv.gpugate import DEFAULT_QUEUE_S
+from inenv.load_engine import SOAK_ENV
 from inenv.probe import LEVEL_ENV, QUICK, Variant, untimed
 from inenv.status import Status
 
@@ -229,14 +230,19 @@ def _first(pending: list[WorkItem], running: list[WorkItem], jobs: int, cost: Ca
     return later
 
 
-def level_variant(item: WorkItem, level: str) -> Variant:
+def level_variant(item: WorkItem, level: str, soak_s: float | None = None) -> Variant:
     """The variant as the worker gets it: a quick run's GPU variant tells its ranks the level through an
     ``env.`` param, and so does its compile variant (fi-jit then builds only its own module: the same
-    result at either level); the recorded key stays the planned one (results say their level in evidence)."""
+    result at either level); with --soak (``soak_s``) a variant of a probe that replays under load
+    (``ProbeSpec.sustained``) tells its ranks how long to replay the same way. The recorded key stays the
+    planned one (results say their level, and how long they replayed, in evidence)."""
     v = item.variant
+    extra: tuple[tuple[str, str], ...] = ()
     if incremental.shortened(item, level) or (level == QUICK and item.runs and compiles(item)):
-        return Variant(v.probe_id, v.ranks, (*v.params, (f"env.{LEVEL_ENV}", QUICK)), v.share_gpu, v.skip, v.gpus)
-    return v
+        extra += ((f"env.{LEVEL_ENV}", QUICK),)
+    if soak_s and item.spec.sustained:
+        extra += ((f"env.{SOAK_ENV}", f"{soak_s:g}"),)
+    return Variant(v.probe_id, v.ranks, (*v.params, *extra), v.share_gpu, v.skip, v.gpus) if extra else v
 
 
 @dataclass(frozen=True)
@@ -346,9 +352,9 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
         executor = executors[cell]
         try:
             if executor.gated and uses_gpu(item):
-                return executor.run(level_variant(item, opts.level), gpus, item.timeout_s, catalogue,
+                return executor.run(level_variant(item, opts.level, opts.soak_s), gpus, item.timeout_s, catalogue,
                                     queue_s=queue_for.get(item.key, DEFAULT_QUEUE_S))
-            return executor.run(level_variant(item, opts.level), gpus, item.timeout_s, catalogue)
+            return executor.run(level_variant(item, opts.level, opts.soak_s), gpus, item.timeout_s, catalogue)
         except ExecutorError as exc:
             broken[cell] = (exc.code, str(exc))
             return classify.decided(Status.NOT_RUN, exc.code, str(exc), catalogue)

@@ -214,7 +214,7 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
     if store is None:
         con.print("quick level: not run; --resume continues the latest run, a full-level one", markup=False)
         return Pass(0, [], 0.0, skipped=True)
-    planned = reuse(opts, planned, store, first.results if first else None)
+    planned = soaked(opts, reuse(opts, planned, store, first.results if first else None))
     carries = cell_carries(opts, backend.name, targets)
     if opts.level == QUICK:
         planned = defer(opts, planned, carries, targets)
@@ -326,6 +326,16 @@ def reuse(opts: RunOptions, planned: Planned, store: RunStore,
     earlier = {r.key: r for r in first} if opts.fresh and first is not None else incremental.latest(store.folder)
     ours = frozenset(r.run_id for r in first or [])
     items = incremental.decide(planned.items, earlier, planned.inputs, planned.hashes, opts.level, ours)
+    return dataclasses.replace(planned, items=items)
+
+
+def soaked(opts: RunOptions, planned: Planned) -> Planned:
+    """With --soak, a probe's variants that replay under load (``ProbeSpec.sustained``) run again whatever this host
+    recorded (a soak asks more of them than the short check a result holds) and may take the soak longer."""
+    if not opts.soak_s:
+        return planned
+    items = [dataclasses.replace(it, reused=None, timeout_s=it.timeout_s + opts.soak_s)
+             if it.spec.sustained and it.decided is None else it for it in planned.items]
     return dataclasses.replace(planned, items=items)
 
 
@@ -455,7 +465,11 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     gpus = facts.get("gpu_count") if isinstance(facts.get("gpu_count"), int) else 0
     prior = costmodel.tables_for(costmodel.load_prior(), str(facts.get("gpu_name") or ""), gpus)
     compiling = compiling_here(opts, todo, carries or {}, facts.get("compute_capability") if gpus else None)
-    return runprogress.RunView(todo, runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling),
+    expected = runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling)
+    if opts.soak_s:  # a soak replays each load variant that long beyond its set-up
+        expected.update({it.key: dataclasses.replace(expected[it.key], seconds=opts.soak_s + (
+            expected[it.key].seconds or budget.UNTIMED_S)) for it in todo if it.spec.sustained and it.key in expected})
+    return runprogress.RunView(todo, expected,
                                jobs=opts.jobs, prior=prior, compiling=compiling,
                                shared_ranks=0 if opts.gpu_alone else None,
                                compile_note=runprogress.compile_note(

@@ -402,7 +402,7 @@ class SlurmBackend:
         tracker = Tracker(items, jobs, Stores(work.store, work.manifest), rec, self.launches, hooks.say)
         poll_s = float(os.environ.get(POLL_ENV) or DEFAULT_POLL_S)
         try:
-            self._submit_all(opts, tracker, [dataclasses.replace(it, variant=level_variant(it, opts.level))
+            self._submit_all(opts, tracker, [dataclasses.replace(it, variant=level_variant(it, opts.level, opts.soak_s))
                                              for it in items])
             while not tracker.finished:
                 time.sleep(min(poll_s, 1.0) if all(not j.shown for j in jobs) else poll_s)
