@@ -5,6 +5,7 @@ it read."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
 import json
@@ -22,6 +23,7 @@ from checks.run import hostjudge, incremental
 from common.canonical import layout_free_source
 from inenv.status import Status
 from tests.checks_helpers import ROOT
+from tests.test_architecture import graph, sources
 
 HOST, RUN, CELL = "cpu-0a1b2c3d", "20261204T020803Z-abcd", "cu130-torch2.14.0-sglnone-fi0.7.2.post1"
 INVENTORY_HASH = "0123456789abcdef"
@@ -35,12 +37,28 @@ def _file_version(*paths: Path) -> str:
     return h.hexdigest()[:16]
 
 
-# Each judge with the project modules its import statements name (read off the files by hand; the result record,
-# the probe API and the versioning itself aside)
-JUDGE = (ROOT / "checks" / "run" / "hostjudge.py", ROOT / "inenv" / "dists.py",
-         ROOT / "inenv" / "probes" / "inventory.py")
-GATES = (ROOT / "checks" / "report" / "gates.py", ROOT / "checks" / "report" / "advise.py",
-         ROOT / "checks" / "report" / "engine_rules.py")
+# The result record, the probe API and the versioning itself: shared by every judge, in no judge's version
+RECORD = {"checks.results.result", "checks.results.provenance", "inenv.probe", "inenv.status", "inenv.probes"}
+
+
+def _closure(path: Path) -> tuple[Path, ...]:
+    """A judge's file, then every project module its imports reach, found by the architecture test's own reader
+    of the import graph (RECORD and the packages' ``__init__`` files aside), sorted by file name."""
+    edges, src = graph(), sources()
+    start = next(m for m, f in src.items() if f.resolve() == path.resolve())
+    seen, todo = {start}, [start]
+    while todo:
+        for target in edges[todo.pop()] - seen - RECORD:
+            if src[target].name != "__init__.py":
+                seen.add(target)
+                todo.append(target)
+    return (path, *sorted((src[m] for m in seen - {start}), key=lambda f: (f.name, f.as_posix())))
+
+
+# The judge's own imports, read off the file by hand: its import closure starts with them
+DIRECT = (ROOT / "inenv" / "dists.py", ROOT / "inenv" / "probes" / "inventory.py")
+JUDGE = _closure(ROOT / "checks" / "run" / "hostjudge.py")
+GATES = _closure(ROOT / "checks" / "report" / "gates.py")
 PACKAGING = {"packaging": importlib.metadata.version("packaging")}
 
 
@@ -103,8 +121,8 @@ def test_changing_the_requirement_judge_marks_the_verdicts_it_shaped(tmp_path: P
     assert freshness.staleness(judged, {"inventory": INVENTORY_HASH}) == freshness.JUDGE_CHANGED
     page = _page(results, tmp_path / "out")
     assert page.startswith(f"stale inventory (1 variant): by the requirement judge hostjudge.py {version} | ")
-    assert "judged on the host by another version of the requirement judge (hostjudge.py and the modules it " \
-           "imports)" in page
+    assert "judged on the host by another version of its host-side judge (the judge's file and the modules it " \
+           "imports" in page
 
 
 def test_a_rerun_does_not_carry_a_verdict_judged_by_another_version(tmp_path: Path,
@@ -190,3 +208,77 @@ def test_a_verdict_judged_with_another_packaging_or_recording_none_is_stale() ->
     assert freshness.staleness(_result(other), {"inventory": INVENTORY_HASH}) == freshness.JUDGE_CHANGED
     none = judged.replace(evidence={k: v for k, v in judged.evidence.items() if k != provenance.JUDGED_WITH})
     assert freshness.staleness(_result(none), {"inventory": INVENTORY_HASH}) == freshness.JUDGE_CHANGED
+
+
+def test_a_judges_closure_reaches_past_its_own_imports() -> None:
+    """The requirement judge's version covers the modules its imports import in turn: the helpers of the probe it
+    reads (inventory's installed-metadata reader), not only the files it names."""
+    assert JUDGE[0].name == "hostjudge.py" and set(DIRECT) < set(JUDGE)
+    assert ROOT / "inenv" / "kit" / "_installed.py" in JUDGE
+    assert [f.name for f in provenance.judge_sources(JUDGE[0])] == [f.name for f in JUDGE]
+
+
+def test_the_judges_are_the_modules_that_declare_a_role(tmp_path: Path) -> None:
+    """VERDICT_CODE is read off the files: a module of checks/ with a VERDICT_ROLE string at its top is a judge,
+    one that only mentions the word is not, and two judges of one file name are refused (a result records the
+    name)."""
+    (tmp_path / "checks" / "a").mkdir(parents=True)
+    (tmp_path / "checks" / "a" / "judge.py").write_text('"""A judge."""\nVERDICT_ROLE = "test judge"\n')
+    (tmp_path / "checks" / "a" / "other.py").write_text('def f():\n    VERDICT_ROLE = "not at the top"\n')
+    assert provenance.declared_judges(tmp_path) == {"judge.py": (tmp_path / "checks" / "a" / "judge.py",
+                                                                 "test judge")}
+    (tmp_path / "checks" / "b").mkdir()
+    (tmp_path / "checks" / "b" / "judge.py").write_text('VERDICT_ROLE = "another"\n')
+    with pytest.raises(ValueError, match="two judges named judge.py"):
+        provenance.declared_judges(tmp_path)
+    assert set(provenance.VERDICT_CODE) == {"hostjudge.py", "gates.py", "classify.py", "slurm_acct.py"}
+
+
+def makes_verdicts(path: Path, root: Path = ROOT) -> bool:
+    """Whether a module makes or changes a verdict: on the host, it calls the typed result's ``Verdict(...)`` or a
+    ``.replace(status=...)``; in the environment (a module that is not a probe), it names a status
+    (``Status.FAIL``), which is how a worker or a helper decides one."""
+    tree = ast.parse(path.read_text())
+    if path.relative_to(root).parts[0] == "inenv":
+        return any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "Status"
+                   and n.attr.isupper() for n in ast.walk(tree))
+    typed = any(isinstance(n, ast.ImportFrom) and n.module == "checks.results.result"
+                and any(a.name == "Verdict" for a in n.names) for n in ast.walk(tree))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    return any(typed and isinstance(n.func, ast.Name) and n.func.id == "Verdict"
+               or isinstance(n.func, ast.Attribute) and n.func.attr == "replace"
+               and any(k.arg == "status" for k in n.keywords) for n in calls)
+
+
+def _own_name(path: Path) -> str:
+    return path.parent.name if path.name == "__init__.py" else path.stem
+
+
+def test_every_module_that_makes_or_changes_a_verdict_is_in_a_hash() -> None:
+    """A module that decides a verdict is in some probe's hash (its probe, the helpers and facts it imports), in
+    some judge's version (its import closure), or one of the modules every verdict passes through
+    (provenance.SHARED_CONTRACT); a new one outside all three fails here until it is hashed or declared."""
+    from inenv import registry
+
+    probes = [p for pid, (_, mod) in registry.discover().items() for p in provenance.probe_sources(Path(mod.__file__))]
+    judged = [p for path in provenance.VERDICT_CODE.values() for p in provenance.judge_sources(path)]
+    hashed = {p.resolve() for p in [*probes, *judged]}
+    makers = [p for p in sources().values() if "probes" not in p.relative_to(ROOT).parts[:2] and makes_verdicts(p)]
+    outside = sorted(str(p.relative_to(ROOT)) for p in makers
+                     if p.resolve() not in hashed and _own_name(p) not in provenance.SHARED_CONTRACT)
+    assert outside == []
+    assert {"classify.py", "hostjudge.py", "slurm_acct.py", "worker.py"} <= {p.name for p in makers}
+
+
+def test_the_verdict_maker_check_sees_each_form(tmp_path: Path) -> None:
+    host = tmp_path / "checks" / "run" / "x.py"
+    host.parent.mkdir(parents=True)
+    host.write_text("from checks.results.result import Verdict\ndef f(s):\n    return Verdict(s, 'c', 'n')\n")
+    changed = tmp_path / "checks" / "run" / "y.py"
+    changed.write_text("def f(v):\n    return v.replace(status=None)\n")
+    reader = tmp_path / "checks" / "run" / "z.py"
+    reader.write_text("from inenv.status import Status\ndef f(v):\n    return v.status is Status.PASS\n")
+    worker = tmp_path / "inenv" / "w.py"
+    worker.parent.mkdir()
+    worker.write_text("def f(r):\n    r['status'] = Status.HANG.value\n")
+    assert [makes_verdicts(p, tmp_path) for p in (host, changed, reader, worker)] == [True, True, False, True]

@@ -22,6 +22,7 @@ from checks.results.result import ProbeResult
 from inenv.probe import HostView
 from inenv.status import Status
 
+VERDICT_ROLE = "gate reader"  # what checks.results.provenance.VERDICT_CODE reads this file as
 ENGINE_PROBE = "engine"
 DEFAULT_TPS = (2, 4, 8)  # the sizes read on a host that does not say how many GPUs it has
 # The engine probe's backend names for the backends advice names; which of an engine's allreducers stands for

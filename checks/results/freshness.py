@@ -4,12 +4,13 @@ A verdict is *stale* when the hash of its probe's source recorded with it differ
 probe's source now (the probe or a helper it imports changed since), or when it records no code at all
 (results written before results named their code). It is *unidentified* when no commit names the code that
 made it: ``commit: unknown`` (run outside a git checkout) or ``dirty`` true or unknown (checks/ differed from
-the commit, or nobody could tell); both are marked and refreshed alike. A verdict that host-side code shaped
-after the probe ran (the requirement judge, provenance.VERDICT_CODE) is stale too when the version it records
-of that code is not this checkout's, or when it records none. Verdicts decided without running a
-probe (``not-run``: the image did not build; ``unavailable``: the cell cannot be provisioned) are never
-stale for these reasons. A verdict of a run imported from another machine (``checks import``) is stale too:
-the code it names is the bundle's claim, which this checkout cannot check (a bundle can copy any hash).
+the commit, or nobody could tell); both are marked and refreshed alike. A verdict that host-side code decided
+or shaped (the requirement judge, the classifier of a worker that gave none, provenance.VERDICT_CODE) is stale
+too when the version it records of that code is not this checkout's, or when it records none. Verdicts decided
+without running a probe (``not-run``: the image did not build; ``unavailable``: the cell cannot be
+provisioned) are never stale for these reasons. A verdict of a run imported from another machine (``checks
+import``) is stale too: the code it names is the bundle's claim, which this checkout cannot check (a bundle can
+copy any hash).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ NOT_BY_PROBE = frozenset({Status.NOT_RUN, Status.UNAVAILABLE})
 _PHRASE = {
     UNRECORDED: "recorded before results named the code that made them",
     CHANGED: "the probe's source changed since",
-    JUDGE_CHANGED: "judged on the host by another version of the requirement judge (hostjudge.py and the modules "
-                   "it imports) than this checkout's, or with other versions of the libraries it uses (packaging), "
-                   "or by one no result recorded",
+    JUDGE_CHANGED: "judged on the host by another version of its host-side judge (the judge's file and the modules "
+                   "it imports: provenance.VERDICT_CODE) than this checkout's, or with other versions of the libraries "
+                   "it uses, or by one no result recorded",
     UNKNOWN_COMMIT: "made by code outside a git checkout (commit unknown)",
     DIRTY: "made by code with uncommitted changes, or changes nobody recorded (dirty true or unknown)",
     CONTRIBUTED: "measured elsewhere and imported: the probe code it names is the bundle's claim, which this "

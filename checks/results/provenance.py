@@ -303,22 +303,52 @@ def same_code(recorded: str | None, current: str | None) -> bool:
     return current is not None and recorded is not None and current in (recorded, _aliases().get(recorded))
 
 
-# Host-side code that decides verdicts after a probe ran, versioned like probe code: the requirement judge,
-# applied as a result is recorded, writes its version into the result's evidence under JUDGED_BY (file name ->
-# version) and the versions of the third-party distributions it imports under JUDGED_WITH (distribution ->
-# version); the gate reader, applied whenever advice is given, is shown with its version beside the gates it
-# read. A judge's version (judge_version) hashes its file together with every project module its import
-# statements name (found by reading them, judge_sources: the rules the gate reader applies in engine_rules.py
-# and the judge's distribution table in inenv/dists.py count because the judges import them), the record a
-# verdict is written in and the probe API aside (RECORD_MODULES: shared by every judge, like the probe API for
-# probe hashes). A verdict judged by another version than this checkout's, or with other third-party versions
-# than this host's, or recording none of them, is stale (checks.results.freshness).
-VERDICT_CODE = {"hostjudge.py": CODE_ROOT / "checks" / "run" / "hostjudge.py",
-                "gates.py": CODE_ROOT / "checks" / "report" / "gates.py"}
-VERDICT_CODE_ROLE = {"hostjudge.py": "requirement judge", "gates.py": "gate reader"}
+# Host-side code that decides verdicts, versioned like probe code: each such module declares what it is at its
+# top (``VERDICT_ROLE = "requirement judge"``), and that declaration is the only list of them (VERDICT_CODE is
+# read off the files of checks/). A judge that decides or shapes a verdict as it is recorded (the requirement
+# judge, the classifier of a worker that gave no verdict, the reader of Slurm's accounting) writes its version
+# into the result's evidence under JUDGED_BY (file name -> version) and the versions of the third-party
+# distributions it imports under JUDGED_WITH (distribution -> version): judged_evidence; the gate reader,
+# applied whenever advice is given, is shown with its version beside the gates it read. A judge's version
+# (judge_version) hashes its file together with every project module in its import closure (found by reading
+# import statements, transitively, judge_sources: the rules the gate reader applies in engine_rules.py and the
+# judge's distribution table in inenv/dists.py count because the judges import them), the record a verdict is
+# written in and the probe API aside (RECORD_MODULES: shared by every judge, like the probe API for probe
+# hashes). A verdict judged by another version than this checkout's, or with other third-party versions than
+# this host's, or recording none of them, is stale (checks.results.freshness).
+JUDGE_MARK = "VERDICT_ROLE"
+JUDGE_TREES = ("checks",)  # where the host-side judges live
 JUDGED_BY = "judged_by"
 JUDGED_WITH = "judged_with"
 RECORD_MODULES = API_MODULES | {"provenance", "result"}  # the versioning itself and the typed result
+# What every verdict passes through, whichever probe or judge made it: the probe API, the worker that runs a probe
+# and merges its ranks' outcomes, the typed result and this versioning. Part of no hash (a change would mark
+# every verdict stale): the run's commit names their code (Checkout). Every other module that makes or changes a
+# verdict is in a probe's hash or a judge's version (tests/test_verdict_code_provenance.py).
+SHARED_CONTRACT = RECORD_MODULES | {"worker"}
+
+
+def declared_judges(root: Path = CODE_ROOT) -> dict[str, tuple[Path, str]]:
+    """File name -> (path, role) of every module under JUDGE_TREES that declares a JUDGE_MARK string at its top
+    (read with ast, nothing imported). Raises ValueError when two judges share a file name (the name is what a
+    result records)."""
+    out: dict[str, tuple[Path, str]] = {}
+    for tree in JUDGE_TREES:
+        for path in sorted((root / tree).rglob("*.py")):
+            text = path.read_text()
+            if JUDGE_MARK not in text:
+                continue
+            for node in ast.parse(text).body:
+                if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [JUDGE_MARK]
+                        and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                    if path.name in out:
+                        raise ValueError(f"two judges named {path.name}: {out[path.name][0]} and {path}")
+                    out[path.name] = (path, node.value.value)
+    return out
+
+
+VERDICT_CODE = {name: path for name, (path, _) in declared_judges().items()}
+VERDICT_CODE_ROLE = {name: role for name, (_, role) in declared_judges().items()}
 
 
 def _module_file(module: str, root: Path) -> Path | None:
@@ -354,13 +384,23 @@ def _judge_imports(source: str) -> tuple[frozenset[tuple[str, str]], frozenset[s
     return frozenset(project), frozenset(other)
 
 
-def judge_sources(path: Path, root: Path = CODE_ROOT) -> list[Path]:
-    """The judge's file, then each project module its import statements name (one level: a module's own
-    imports are its own), in the order of their file names; RECORD_MODULES left out."""
+def _named_files(path: Path, root: Path) -> set[Path]:
+    """The files of the project modules ``path``'s import statements name; RECORD_MODULES left out."""
     project, _ = _judge_imports(path.read_text())
     modules = {deeper if _module_file(deeper, root) else module for module, deeper in project}
-    found = {f for m in modules if m.split(".")[-1] not in RECORD_MODULES and (f := _module_file(m, root))}
-    return [path, *sorted(found - {path}, key=lambda f: (f.name, f.as_posix()))]
+    return {f for m in modules if m.split(".")[-1] not in RECORD_MODULES and (f := _module_file(m, root))}
+
+
+def judge_sources(path: Path, root: Path = CODE_ROOT) -> list[Path]:
+    """The judge's file, then every project module of its import closure (the modules its import statements
+    name, theirs, and so on), in the order of their file names; RECORD_MODULES left out and not followed."""
+    seen = {path}
+    todo = [path]
+    while todo:
+        for f in _named_files(todo.pop(), root) - seen:
+            seen.add(f)
+            todo.append(f)
+    return [path, *sorted(seen - {path}, key=lambda f: (f.name, f.as_posix()))]
 
 
 @functools.cache
@@ -396,6 +436,12 @@ def judge_version(path: Path, root: Path = CODE_ROOT) -> str:
     for p in judge_sources(path, root):
         h.update(p.name.encode() + b"\0" + _layout_free(p.read_text()).encode() + b"\0")
     return h.hexdigest()[:HASH_CHARS]
+
+
+def judged_evidence(path: Path) -> dict[str, dict[str, str]]:
+    """What a judge (``path``, one of VERDICT_CODE) adds to the evidence of a verdict it decided or shaped: its
+    version under JUDGED_BY and the third-party versions it judged with under JUDGED_WITH."""
+    return {JUDGED_BY: {path.name: judge_version(path)}, JUDGED_WITH: verdict_code_with(path.name)}
 
 
 def verdict_code_versions() -> dict[str, str]:

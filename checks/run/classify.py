@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from checks.results import provenance
 from checks.results.result import ResultError, Verdict, is_number
 from checks.run.isolate import ProcessOutcome
 from common.reasons import GENERIC, Catalogue, last_error_line
 from inenv.status import ORDER, Status
 
+VERDICT_ROLE = "classifier of a worker that gave no verdict"  # what provenance.VERDICT_CODE reads this file as
 CLASSIFIED = frozenset(ORDER) - {Status.PASS}  # every verdict but pass gets a reason
 
 
@@ -52,9 +56,11 @@ def decided(status: Status, reason_code: str, note: str, catalogue: Catalogue) -
 
 
 def from_process(p: ProcessOutcome, catalogue: Catalogue, timeout_s: float) -> Verdict:
-    """The verdict for one isolated worker run, whatever happened to it."""
+    """The verdict for one isolated worker run, whatever happened to it. One this classifier decided (the worker
+    gave none it could read) records its version (provenance.judged_evidence): a change of it stales it."""
     tails = {"stdout_tail": p.stdout_tail[-1500:], "stderr_tail": p.stderr_tail[-1500:]}
     fallback = GENERIC
+    decided_here = True
     if p.timed_out:
         v = Verdict(Status.HANG, "hang", f"host watchdog: no result within {timeout_s:.0f}s; the process group "
                     "was killed", evidence=tails)
@@ -65,6 +71,7 @@ def from_process(p: ProcessOutcome, catalogue: Catalogue, timeout_s: float) -> V
             v = Verdict(Status.FAIL, "bad-result", f"the worker returned status {p.result.get('status')!r}",
                         evidence=tails)
         else:
+            decided_here = False
             if "duration_s" in p.result:  # the worker's own clock; the verdict's duration is the host's
                 v = v.with_evidence(worker_duration_s=v.duration_s)
     elif p.returncode is not None and p.returncode < 0:
@@ -80,6 +87,8 @@ def from_process(p: ProcessOutcome, catalogue: Catalogue, timeout_s: float) -> V
     else:
         v = Verdict(Status.FAIL, "no-result", "the worker exited without a result line on stdout", evidence=tails)
     v = annotate(v, catalogue, p.stderr_tail, fallback=fallback)
+    if decided_here:
+        v = v.with_evidence(**provenance.judged_evidence(Path(__file__)))
     if p.leftovers:
         v = v.with_evidence(leftover_processes_killed=p.leftovers)
     # A variant that waited at the GPU gate (inenv.gpugate) spent that wait beside the one before it.

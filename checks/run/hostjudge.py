@@ -166,6 +166,7 @@ def _said(b: Broken, evidence: Mapping[str, Any]) -> str:
 JUDGES: dict[str, Callable[[Verdict], Verdict]] = {"inventory": pip_check}
 
 
+VERDICT_ROLE = "requirement judge"  # what checks.results.provenance.VERDICT_CODE reads this file as
 NAME = "hostjudge.py"  # this file, as checks.results.provenance.VERDICT_CODE names it
 
 
@@ -180,5 +181,4 @@ def judge(probe_id: str, verdict: Verdict) -> Verdict:
     judged = found(verdict)
     if judged is verdict:  # nothing recorded for it to judge
         return verdict
-    return judged.with_evidence(**{provenance.JUDGED_BY: {NAME: provenance.judge_version(Path(__file__))},
-                                   provenance.JUDGED_WITH: provenance.verdict_code_with(NAME)})
+    return judged.with_evidence(**provenance.judged_evidence(Path(__file__)))

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
+from checks.results import provenance
 from checks.results.result import Verdict
 from common.reasons import Catalogue, last_error_line
 from inenv.status import Status
 
+VERDICT_ROLE = "Slurm accounting reader"  # what checks.results.provenance.VERDICT_CODE reads this file as
 SQUEUE_FORMAT = "%i|%T|%r|%N"  # job id, state, reason, nodes
 SACCT_FIELDS = "JobID,State,ExitCode,Reason,NodeList"
 # A job in one of these states has ended; any other state (PENDING, RUNNING, COMPLETING, REQUEUED,
@@ -165,4 +168,5 @@ def unfinished(job_id: str, end: JobEnd | None, running: bool, log_tail: str, ti
     evidence = {"slurm": end.to_json() if end else {"job": job_id}, "slurm_output_tail": log_tail[-1500:]}
     if reason is not None:
         evidence["reason"] = reason.message
+    evidence.update(provenance.judged_evidence(Path(__file__)))  # this reader decided it: a change of it stales it
     return Verdict(status, code, note, reason.remediation if reason else "", evidence=evidence)
