@@ -54,3 +54,6 @@ def test_a_hang_on_ranks_sharing_a_gpu_and_a_divergence_leave_the_advice(host: h
     got = advise.advise_cell(host.host_id, CELL, 2, [*host.latest(), shared, divergent], host.facts)
     assert "flashinfer-custom-ar" in {c.backend for c in got.curves}
     assert not [a for a in got.avoid if a.what.startswith("load ")]
+    # ranks that disagree bit for bit under load keep the backend off a speculative verify step
+    [kept_off] = [n for n in got.not_for_verify if n.backend == "flashinfer-custom-ar"]
+    assert "load at 2 ranks: bitwise different across ranks at replay 64" in kept_off.why

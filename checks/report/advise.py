@@ -600,10 +600,11 @@ def _agreement_backend(r: ProbeResult) -> str:
 
 def not_for_verify(results: Iterable[ProbeResult], cell_id: str) -> list[NotForVerify]:
     """The backends whose ranks diverged in ``cell_id``, at any rank count and placement (ranks sharing a GPU
-    run the same kernels' arithmetic: a divergence there is the backend's)."""
+    run the same kernels' arithmetic: a divergence there is the backend's), in an agreement check or while the
+    load probe replayed them (at verify-shaped sizes among others)."""
     found: dict[str, list[ProbeResult]] = defaultdict(list)
     for r in results:
-        if r.cell_id != cell_id or r.probe_id not in AGREEMENT_PROBES:
+        if r.cell_id != cell_id or r.probe_id not in (*AGREEMENT_PROBES, LOAD_PROBE):
             continue
         summary = declared_metric(r, Role.AGREEMENT)
         split = isinstance(summary, Mapping) and bool(summary.get("divergent_cases"))
