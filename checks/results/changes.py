@@ -12,7 +12,7 @@ code) names:
   can show that the probe's code differs: the failing line's probe hash is one this checkout computes for that
   probe (now or at REV, aliases included), and the passing line's is another one it computes. A recorded hash
   is the result's own claim; one that no probe version known here produces is unverified, and gated;
-- a host, cell or result the table showed at REV that it no longer shows (removed).
+- a host, cell or result the table showed at REV that it does not show now (removed).
 
 The expected-changes list is YAML: a list of entries, each with ``host``, ``cell``, ``probe``, ``variant`` (the
 exact variant the result records, ``''`` for none) and ``why`` (a sentence a reviewer read); an entry covers
@@ -103,7 +103,7 @@ class Changes:
     added: int  # results for keys not there before
     flips: tuple[Flip, ...]  # verdicts that changed on a key present on both sides
     code_changes: tuple[tuple[str, str, str, str], ...]  # (host, probe, before hash, after hash)
-    removed: tuple[Key, ...] = ()  # keys the table showed before and no longer shows
+    removed: tuple[Key, ...] = ()  # keys the table showed at the base and does not show now
     figures: tuple[Figures, ...] = ()  # keys (and hosts' facts) whose shown values changed, verdicts aside
     removed_hosts: tuple[str, ...] = ()  # hosts with results before and none now (their keys are in removed)
     removed_cells: tuple[tuple[str, str], ...] = ()  # (host, cell) with results before and none now
@@ -350,7 +350,7 @@ def gated(changes: Changes, versions: Versions) -> list[Gated]:
             out.append(Gated(f.key, f"{f.before} -> {f.after}; probe code {f.before_hash[:16] or 'unrecorded'} -> "
                                     f"{f.after_hash[:16] or 'unrecorded'} is not two versions of the probe this "
                                     "checkout computes (unverified)"))
-    out += [Gated(k, "removed: the table showed it and no longer does") for k in changes.removed]
+    out += [Gated(k, "removed: the table showed it at the base and does not now") for k in changes.removed]
     return out
 
 
