@@ -250,7 +250,7 @@ def _size(path: Path) -> int:
 
 def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
     """The complete lines ``path`` gained past ``offset``, each escaped for the terminal, and the offset after
-    them; nothing from a file that is not (or no longer) a regular file."""
+    them; nothing from a path that is not a regular file when it is read."""
     fd = _open_regular(path)
     if fd is None:
         return [], offset

@@ -112,9 +112,9 @@ def test_a_failing_line_with_a_hash_no_known_probe_version_produces_is_gated(tmp
 
 def test_a_flip_is_excused_only_when_both_hashes_are_versions_this_checkout_computes(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """The base revision holds an older version of the probe: its hash (this checkout's hashing of the base's
-    code) and the hash now are both known, so a pass by the old code turning into a fail by the new is a change
-    of the probe; a passing line that claims a hash neither version has is gated."""
+    """The base revision holds another version of the probe: its hash (this checkout's hashing of the base's
+    code) and the hash now are both known, so a pass by the base's code turning into a fail by this checkout's
+    is a change of the probe; a passing line that claims a hash neither version has is gated."""
     repo = _repo(tmp_path, with_code=True)
     path, lines = _lines(repo)
     n, first = _first_pass(lines)
