@@ -21,7 +21,7 @@ def test_every_shipped_probe_declares_valid_fields() -> None:
     decl = {pid: declared(mod) for pid, (_, mod) in probes.items()}
     assert all(d.metrics for d in decl.values())  # every shipped probe writes metrics, so each declares them
     assert {pid for pid, d in decl.items() if d.allreduce_path} == {
-        "ar-latency", "custom-ar", "fi-fusion", "nccl-graphs", "pcie-ipc", "symm-mem"}
+        "ar-latency", "custom-ar", "fi-fusion", "load", "nccl-graphs", "pcie-ipc", "symm-mem"}
     # the roles checks advise ranks backends by sit on ar-latency
     assert decl["ar-latency"].metric(Role.LATENCY) == "latency_us"
     assert decl["ar-latency"].metric(Role.RATIO_VS_NCCL) == "ratio_vs_nccl"
