@@ -220,7 +220,7 @@ import json, os, sys
 from pathlib import Path
 from inenv.probe import RankContext, Variant
 from inenv.kit import _agree, _dist
-from inenv.probes import ar_latency, custom_ar, step
+from inenv.probes import ar_latency, custom_ar, step, stepmodel
 import torch, torch.distributed as dist
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 ctx = RankContext(rank, world, rank, None, Variant("t", world), Path(sys.argv[1]))
@@ -242,7 +242,7 @@ class GlooFused(step.Comm):  # allreduce, residual add in bf16, RMSNorm in fp32:
         dist.all_reduce(inp)
         res_out.copy_((inp.float() + res_in.float()).to(torch.bfloat16))
         x = res_out.float()
-        norm = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + step.EPS) * gamma.float()
+        norm = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + stepmodel.EPS) * gamma.float()
         if rank == 1:  # a rank that rounds its norm another way: the last element one ulp up
             norm.view(-1)[-1] = norm.view(-1)[-1] * (1 + 2**-7)
         norm_out.copy_(norm.to(torch.bfloat16))
@@ -368,7 +368,7 @@ import json, os, sys
 from pathlib import Path
 from inenv.probe import RankContext, Variant
 from inenv.kit import _agree, _dist
-from inenv.probes import custom_ar, step
+from inenv.probes import custom_ar, step, stepmodel
 import torch, torch.distributed as dist
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 ctx = RankContext(rank, world, rank, None, Variant("t", world), Path(sys.argv[1]))
@@ -399,7 +399,7 @@ class GlooFused(step.Comm):
         dist.all_reduce(inp)
         res_out.copy_((inp.float() + res_in.float()).to(torch.bfloat16))
         x = res_out.float()
-        norm_out.copy_((x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + step.EPS) * gamma.float()
+        norm_out.copy_((x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + stepmodel.EPS) * gamma.float()
                         ).to(torch.bfloat16))
 
 flat = {k: torch.empty(n, dtype=torch.bfloat16) for k in ("res0", "res_a", "res_b", "norm", "out")}

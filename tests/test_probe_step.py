@@ -16,7 +16,7 @@ from checks.cli import main
 from checks.report import measured
 from inenv.kit import _data
 from inenv.probe import HostView
-from inenv.probes import step
+from inenv.probes import step, stepmodel
 from tests.checks_helpers import ROOT, committed
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
@@ -100,7 +100,7 @@ def test_step_body_with_a_working_backend_checks_exact(layers: int, in_place: bo
     for with_comm in (True, False):
         model.load(9, 3)
         model.step(9, with_comm)()
-        assert step._check(model, 9, 3, with_comm, fused=False)["verdict"] == "ok"
+        assert stepmodel._check(model, 9, 3, with_comm, fused=False)["verdict"] == "ok"
 
 
 @needs_torch
@@ -109,7 +109,7 @@ def test_step_body_with_a_fused_backend_checks_the_norm_too() -> None:
     model = step.Model(shape, 0, 1, "cpu", _Loopback(step.MAX_TOKENS * 64, False, fused=True), _flat(shape))
     model.load(4, 2)
     model.step(4, True)()
-    found = step._check(model, 4, 2, True, fused=True)
+    found = stepmodel._check(model, 4, 2, True, fused=True)
     assert found["verdict"] == "ok" and found["norm"]["within_1ulp"]
 
 
@@ -120,7 +120,7 @@ def test_an_allreduce_that_writes_nothing_fails_the_step(layers: int) -> None:
     model = step.Model(shape, 0, 1, "cpu", _Loopback(step.MAX_TOKENS * 64, False, broken=True), _flat(shape))
     model.load(6, 2)
     model.step(6, True)()
-    assert step._check(model, 6, 2, True, fused=False)["verdict"] != "ok"
+    assert stepmodel._check(model, 6, 2, True, fused=False)["verdict"] != "ok"
 
 
 @needs_torch
@@ -133,7 +133,7 @@ def test_a_stale_result_from_the_previous_seed_fails_the_step() -> None:
     kept = model.final(6).clone()
     model.load(6, 3)
     model.final(6).copy_(kept)
-    assert step._check(model, 6, 3, True, fused=False)["verdict"] != "ok"
+    assert stepmodel._check(model, 6, 3, True, fused=False)["verdict"] != "ok"
 
 
 # --- kernels, verdicts, planning ------------------------------------------------------------------------

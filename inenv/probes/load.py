@@ -218,8 +218,8 @@ class _Gpu:
 
 
 class StepComm(_Gpu):
-    """A backend of the step probe (``inenv.probes.step``: NCCL, symmetric memory one-shot, PCIe IPC): its own
-    input buffer, one slice per lane, and ``reduce(inp, out)`` (in place for NCCL)."""
+    """A backend of the step probe (its adapter, ``inenv.probes.stepcomm``: NCCL, symmetric memory one-shot, PCIe
+    IPC): its own input buffer, one slice per lane, and ``reduce(inp, out)`` (in place for NCCL)."""
 
     def __init__(self, s: engine.Setup, name: str) -> None:
         super().__init__(s)
@@ -227,11 +227,11 @@ class StepComm(_Gpu):
         self.comm: Any = None
 
     def prepare(self, max_tokens: int, hidden: int) -> int:
-        from inenv.probes import step
+        from inenv.probes import stepcomm
 
         per = max_tokens * hidden
-        self.comm = step.make_comm(self.name, self.s.rank, self.s.world, self.s.device, self.s.group,
-                                   per * self.s.lanes)
+        self.comm = stepcomm.make_comm(self.name, self.s.rank, self.s.world, self.s.device, self.s.group,
+                                       per * self.s.lanes)
         for lane in range(self.s.lanes):
             inp = self.comm.comm_input(per * (lane + 1))[per * lane:].view(max_tokens, hidden)
             out = inp if self.comm.in_place else self.empty(max_tokens, hidden)
@@ -303,10 +303,11 @@ class CustomAR(_Gpu):
 
     def prepare(self, max_tokens: int, hidden: int) -> int:
         from inenv.kit import _flashinfer as fi
-        from inenv.probes import step
+        from inenv.probes import stepcomm
 
         limit = min(max_tokens, (fi.VllmCustomAR.MAX_BYTES - 1) // (2 * hidden))
-        self.comm = step.make_comm(self.name, self.s.rank, self.s.world, self.s.device, self.s.group, limit * hidden)
+        self.comm = stepcomm.make_comm(self.name, self.s.rank, self.s.world, self.s.device, self.s.group,
+                                       limit * hidden)
         for _ in range(self.s.lanes):
             out = self.empty(limit, hidden)
             self.lanes.append(engine.Buffers(self.empty(limit, hidden), {"sum": engine.Output(out, engine.SUM)}))
