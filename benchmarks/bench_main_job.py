@@ -58,7 +58,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import buildrecord
+from common.build import buildrecord
 from inenv.kit import COMPILE_LEDGER as LEDGER
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import buildrecord, reasons
-from common.buildrecord import BuildStatus
+from common import reasons
+from common.build import buildrecord
+from common.build.buildrecord import BuildStatus
 from common.errors import InputError
 from common.home import CACHE_ROOT
 from common.progress import TICK_S, Ticker

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from common.buildrecord import BuildStatus
+from common.build.buildrecord import BuildStatus
 from common.progress import Estimate, duration, estimate
 from provision.render import CERTENV, Base
 

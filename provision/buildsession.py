@@ -22,9 +22,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from common import backend, kernelstage
 from common.api import plan
-from common.buildrecord import BuildStatus
+from common.build import backend, kernelstage
+from common.build.buildrecord import BuildStatus
 from common.errors import InputError
 from common.progress import console as progress_console
 from common.resolve import RESOLVED, Resolved

@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import backend, buildrecord, canonical
-from common.buildrecord import BuildStatus
+from common import canonical
+from common.build import backend, buildrecord
+from common.build.buildrecord import BuildStatus
 from inenv import atomic
 from inenv.selfcheck import SHARED as SELFCHECK_SHARED
 
@@ -39,7 +40,7 @@ def versions(facts: dict[str, Any]) -> dict[str, str | None]:
 
 def record(folder: Path, **kw: Any) -> dict[str, Any]:
     """Write the cell's build record for the backend ``kw`` names (``backend``; none: Docker), in that
-    backend's own file (common.backend.RECORD_NAMES)."""
+    backend's own file (common.build.backend.RECORD_NAMES)."""
     status: BuildStatus = kw.pop("status")
     rec = {"cell_id": folder.name, "status": status.value, "tag": kw.pop("tag", None),
            "image_id": kw.pop("image_id", None), "reason": kw.pop("reason", ""),
@@ -50,8 +51,8 @@ def record(folder: Path, **kw: Any) -> dict[str, Any]:
 
 
 def write(folder: Path, rec: dict[str, Any]) -> None:
-    """Write ``rec`` as the cell's build record in its backend's own file (common.backend.RECORD_NAMES; none:
-    Docker), atomically: the one writer of these files, as common.buildrecord is their one reader."""
+    """Write ``rec`` as the cell's build record in its backend's own file (common.build.backend.RECORD_NAMES; none:
+    Docker), atomically: the one writer of these files, as common.build.buildrecord is their one reader."""
     atomic.write_json(folder / backend.RECORD_NAMES[str(rec.get("backend") or backend.DOCKER)], rec, indent=1)
 
 

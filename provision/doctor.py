@@ -28,8 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from common import buildrecord, memlock
+from common import memlock
 from common.api import plan_cells
+from common.build import buildrecord
 from provision import installer
 from provision.baseimage import DEFAULT_TAG, DEV_TAG, apt_mirror
 from provision.cellrecord import previous

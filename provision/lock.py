@@ -35,7 +35,8 @@ try:  # the `uv` package in our own dependencies: its binary when none is on PAT
 except ImportError:  # an interpreter without it (a GPU host's own Python running the tool): uv from PATH only
     find_uv_bin = None
 
-from common import backend, canonical
+from common import canonical
+from common.build import backend
 from common.catalog import load as load_catalog
 from common.errors import InputError
 from common.home import WORK_ROOT

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.backend import CHOICES
+from common.build.backend import CHOICES
 from common.errors import InputError
 from common.home import CACHE_ROOT
 from provision.lock import ENVS
@@ -33,7 +33,7 @@ class BuildOptions:
     dockerfiles: Path = DOCKERFILES
     json: bool = False
     toolkit: bool = True  # registry-free base: add the CUDA toolkit from wheels (nvcc for JIT)
-    backend: str = "auto"  # auto | docker | venv (common/backend.py)
+    backend: str = "auto"  # auto | docker | venv (common/build/backend.py)
     base_python: str | None = None  # venv overlay cells: the environment whose torch stack they use
     wheels: Path | None = None  # venv cells: install from this folder of wheels instead of an index
     venvs: Path = VENVS

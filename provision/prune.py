@@ -26,8 +26,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import backend, buildrecord
 from common.api import resolve_all
+from common.build import backend, buildrecord
 from common.caches import BYTECODE_ROOT, bytecode_key, compile_cache_dir
 from provision.baseimage import DEFAULT_TAG, DEV_TAG
 from provision.render import CELL_LABEL, image_tag

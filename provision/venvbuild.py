@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import buildrecord, canonical, celltoolkit
-from common.buildrecord import BuildStatus
+from common import canonical
+from common.build import buildrecord, celltoolkit
+from common.build.buildrecord import BuildStatus
 from common.catalog import glibc_floor
 from common.catalog import load as load_catalog
 from common.errors import InputError
@@ -154,7 +155,7 @@ def build_inputs(folder: Path, base: interp.Interpreter | None, wheels: wheeldir
 
 def selfcheck(python: Path, cuda_home: Path, compile_test: bool) -> dict[str, Any]:
     """inenv/selfcheck.py run by the cell's interpreter, with the cell's CUDA_HOME and no host nvcc on PATH
-    (common.celltoolkit, as the ranks of a venv cell get it); the same facts an image's self-check reports.
+    (common.build.celltoolkit, as the ranks of a venv cell get it); the same facts an image's self-check reports.
     It runs from a folder holding only it and the checks/ modules it shares, as in an image: run from
     provision/, that folder would come first on its path and common/select.py would hide the standard
     library's select."""

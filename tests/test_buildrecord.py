@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from checks.run.plan import ImageState, image_state
-from common import buildrecord
-from common.buildrecord import BuildStatus
+from common.build import buildrecord
+from common.build.buildrecord import BuildStatus
 from provision.cellrecord import previous, record
 from tests.checks_helpers import ROOT
 
@@ -144,7 +144,7 @@ def test_the_raw_read_check_sees_the_forms_a_record_was_read_in() -> None:
 
 
 def test_no_module_but_the_reader_parses_a_build_record() -> None:
-    """Every read of a build record goes through common.buildrecord (its one typed value)."""
+    """Every read of a build record goes through common.build.buildrecord (its one typed value)."""
     found = [f"{path.relative_to(ROOT)}:{line}"
              for path in sorted([*ROOT.glob("common/*.py"), *ROOT.glob("checks/**/*.py"),
                                  *ROOT.glob("provision/*.py"), *ROOT.glob("benchmarks/*.py")])

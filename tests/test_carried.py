@@ -217,7 +217,7 @@ def test_parse_result_of_a_builder_that_said_nothing() -> None:
 
 
 def test_a_build_record_says_what_its_cell_carries_when_installed() -> None:
-    from common.buildrecord import BuildRecord
+    from common.build.buildrecord import BuildRecord
 
     def carried(data: dict) -> dict:
         return dict(BuildRecord.from_json(data).carried)

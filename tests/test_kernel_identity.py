@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from common import backend
+from common.build import backend
 from inenv.kit import _carried, _compile_cache, _elf, _fi_carry
 from inenv.probes import fi_jit
 from provision import kernels
@@ -420,7 +420,7 @@ def test_a_cell_whose_set_answers_every_long_module_records_them_in_the_command_
     pass loads them rather than deferring them) and compiles nothing, starting no stage."""
     from types import SimpleNamespace
 
-    from common import kernelstage
+    from common.build import kernelstage
     from provision import buildsession
 
     facts = {**CU130, "source_hash": {m: f"src-{m}" for m in kernels.COMM_MODULES}}

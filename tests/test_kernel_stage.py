@@ -1,5 +1,5 @@
 """The long kernel builds after `provision build` returns (``python -m provision.kernels``) and the wait for them
-(common.kernelstage): the stage is a real process, its lines reach whoever waits, at least one line a tick
+(common.build.kernelstage): the stage is a real process, its lines reach whoever waits, at least one line a tick
 while it is silent, and its state file names it only while it lives."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from common import backend, kernelstage
+from common.build import backend, kernelstage
 from provision import kernels
 
 

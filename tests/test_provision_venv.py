@@ -20,7 +20,7 @@ import pytest
 from checks.cli import main as checks_main
 from checks.run import venvcell
 from checks.run.executor import CODE_ROOT, LocalExecutor
-from common import backend
+from common.build import backend
 from common.errors import InputError
 from inenv import toolkit
 from provision import cudahome, installer, overlay, wheeldir

@@ -18,7 +18,7 @@ from checks.run.executor import Executor, ExecutorError, LocalExecutor, for_run,
 from checks.run.options import AUTO, DOCKER, LOCAL, SLURM, VENV, RunOptions, UsageError, compile_targets
 from checks.run.runner import Hooks, RunReport, Work
 from checks.run.slurm_run import SlurmBackend
-from common import backend as provision_backend
+from common.build import backend as provision_backend
 from common.caches import compile_cache_dir
 from common.errors import InputError
 
@@ -117,7 +117,7 @@ BACKENDS: dict[str, Callable[[], Backend]] = {
 
 def resolve(requested: str) -> tuple[str, str]:
     """The backend a run uses and the line that says why, when ``auto`` chose it: Docker when its daemon
-    answers, else venv cells (one rule with `provision build`, common.backend)."""
+    answers, else venv cells (one rule with `provision build`, common.build.backend)."""
     if requested != AUTO:
         if requested == DOCKER:
             client()  # insisted on: fails now (ExecutorError with the fix), even when no image would run

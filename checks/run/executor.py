@@ -26,7 +26,7 @@ from checks.results.hostfacts import safe_env
 from checks.results.result import Verdict
 from checks.run import classify, isolate, serving
 from common import home
-from common.celltoolkit import base_env
+from common.build.celltoolkit import base_env
 from common.reasons import Catalogue
 from inenv import gpugate, kit
 from inenv.probe import RESULT_MARKER, Variant
@@ -183,7 +183,7 @@ class LocalExecutor:
     extra_env: tuple[tuple[str, str], ...] = ()  # set last, over the runner's own environment; "" unsets
     run_env: RunEnv = ()  # the run's settings for this cell (run_env()), before extra_env
     # True for a full venv cell: its processes start from what an image's container would have of the
-    # runner's environment (common.celltoolkit.base_env), not from all of it
+    # runner's environment (common.build.celltoolkit.base_env), not from all of it
     hermetic: bool = False
     # True: variants run on serving workers that keep their ranks (checks.run.serving, inenv.warm); False:
     # one `python -m inenv.worker` per variant

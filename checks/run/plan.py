@@ -13,7 +13,8 @@ from types import ModuleType
 from typing import Any
 
 from checks.results.result import ProbeResult
-from common import backend, buildrecord, cellid
+from common import cellid
+from common.build import backend, buildrecord
 from inenv import kit
 from inenv.probe import HostView, ProbeSpec, Variant, default_variants, question, shallow
 from inenv.status import Status

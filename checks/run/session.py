@@ -49,8 +49,9 @@ from checks.run.plan import (
     summary_counts,
 )
 from checks.run.runner import RunReport, Work, now_iso
-from common import buildrecord, escape, kernelstage, reasons
-from common.backend import RECORD_NAMES
+from common import escape, reasons
+from common.build import buildrecord, kernelstage
+from common.build.backend import RECORD_NAMES
 from common.caches import compile_cache_dir
 from common.progress import duration
 from inenv import kit, registry
@@ -340,7 +341,7 @@ def soaked(opts: RunOptions, planned: Planned) -> Planned:
 
 
 def cell_carries(opts: RunOptions, backend: str, targets: Targets) -> dict[str, dict[str, tuple[str, ...]]]:
-    """What each cell carries (common.buildrecord.BuildRecord.carried), from its build record for this
+    """What each cell carries (common.build.buildrecord.BuildRecord.carried), from its build record for this
     backend, and what a user's environment already holds for this GPU (``targets.holds``, read from it);
     nothing for a cell of neither (Slurm)."""
     out: dict[str, dict[str, tuple[str, ...]]] = {cid: dict(have) for cid, have in targets.holds.items()}

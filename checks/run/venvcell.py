@@ -11,8 +11,8 @@ from pathlib import Path
 
 from checks.run.executor import code_path
 from checks.run.plan import ImageState, image_state
-from common import backend, buildrecord
-from common.celltoolkit import cell_env
+from common.build import backend, buildrecord
+from common.build.celltoolkit import cell_env
 
 BACKEND = backend.VENV
 
@@ -28,7 +28,7 @@ class VenvCell:
 
 
 def rank_env(record: Mapping[str, object], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The ranks' environment on top of the runner's (common.celltoolkit.cell_env, with the probes' code: this
+    """The ranks' environment on top of the runner's (common.build.celltoolkit.cell_env, with the probes' code: this
     checkout, or an installed wheel's copy of the in-environment package)."""
     return cell_env(record, environ, code_path())
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from common import backend
+from common.build import backend
+from common.build.celltoolkit import base_env, cell_env
 from common.caches import CODE_ROOT
-from common.celltoolkit import base_env, cell_env
 from inenv import atomic, kit
 from inenv.kit import CELL_ENV, COMPILE_CACHE_ENV
 from inenv.kit import FI_CARRY_RESULT_PREFIX as RESULT_PREFIX

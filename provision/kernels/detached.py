@@ -1,4 +1,4 @@
-"""The long modules after `provision build` returns (common.kernelstage): ``python -m provision.kernels JOB``.
+"""The long modules after `provision build` returns (common.build.kernelstage): ``python -m provision.kernels JOB``.
 
 ``JOB.json`` (written by provision.buildsession): the cells, their backend and target lists, the parallel
 builds, the modules, the envs folder. Each cell's record is read again (the quick stage just rewrote it), the
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import buildrecord, kernelstage
+from common.build import buildrecord, kernelstage
 from common.caches import CODE_ROOT
 from inenv import atomic, lifetime
 from provision.kernels.carriers import BUILDING
@@ -30,7 +30,7 @@ def start(job: dict[str, Any], folder: Path | None = None) -> kernelstage.Stage:
     """Take the folder's stage lock (kernelstage.StageBusy when another process holds it), write the job, start
     the stage's process (its own session: Ctrl-C in the terminal that started `provision build` does not reach
     it, and nothing waits on it; it inherits the lock and holds it until it ends) and record it in the state
-    file (``folder``: common.kernelstage's, unless given). Nothing is written through a link: the job and the
+    file (``folder``: common.build.kernelstage's, unless given). Nothing is written through a link: the job and the
     state are replaced by renames, the log opened with O_NOFOLLOW."""
     folder = (folder or kernelstage.FOLDER).absolute()
     lock = kernelstage.take_lock(folder)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from common import reasons
-from common.buildrecord import BuildStatus
+from common.build.buildrecord import BuildStatus
 from common.home import CACHE_ROOT
 from inenv import gpuarch, kit
 from inenv.kit import COMM_MODULES

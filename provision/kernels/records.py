@@ -1,6 +1,6 @@
 """What the kernel stage records in a cell's build record (its ``kernels`` key: the list, per module carried or
 why not, the bytes carried, the compilers' CPU seconds) and what it learns back from the records of this
-host's earlier stages, each read through the one build-record reader (common.buildrecord) and written through
+host's earlier stages, each read through the one build-record reader (common.build.buildrecord) and written through
 the one writer (provision.cellrecord)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from common import backend, buildrecord
+from common.build import backend, buildrecord
 from inenv import kit
 from inenv.kit import COMM_MODULES
 from provision import cellrecord

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common import backend, buildrecord
-from common.buildrecord import BuildStatus
+from common.build import backend, buildrecord
+from common.build.buildrecord import BuildStatus
 from common.caches import compile_cache_dir
 from common.progress import Ticker
 from inenv import kit

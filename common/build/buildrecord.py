@@ -13,7 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from common import backend
+from common.build import backend
 
 
 class BuildStatus(StrEnum):

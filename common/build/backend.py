@@ -12,7 +12,7 @@ DOCKER, VENV, AUTO = "docker", "venv", "auto"
 CHOICES = (AUTO, DOCKER, VENV)
 # Each backend keeps its own record of a cell's build in the cell's folder, so building a cell one way leaves
 # the other way's build as it was: switching backends rebuilds nothing either one built before. The one reader
-# of these files is common.buildrecord.
+# of these files is common.build.buildrecord.
 RECORD_NAMES = {DOCKER: "build.json", VENV: "build-venv.json"}
 
 
