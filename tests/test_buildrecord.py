@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from checks.run.plan import ImageState, image_state
-from common.build import buildrecord
+from common.build import backend, buildrecord
 from common.build.buildrecord import BuildStatus
 from provision.cellrecord import previous, record
 from tests.checks_helpers import ROOT
@@ -72,7 +72,9 @@ def test_a_build_json_of_a_venv_cell_is_the_venv_record_until_it_has_its_own(tmp
     assert own.path.name == "build-venv.json" and own.record is not None and own.record.reason == "r"
 
 
-RECORD_MARKS = ("RECORD_NAMES", "record_file", "build.json", "build-venv.json")
+# What names a build record's file: the table of its file names and a function that gives one's path, then the
+# file names themselves, read off the table (common.build.backend.RECORD_NAMES)
+RECORD_MARKS = ("RECORD_NAMES", "record_file", *sorted(backend.RECORD_NAMES.values()))
 
 
 def _globs_a_record(node: ast.AST) -> bool:
@@ -146,7 +148,8 @@ def test_the_raw_read_check_sees_the_forms_a_record_was_read_in() -> None:
 def test_no_module_but_the_reader_parses_a_build_record() -> None:
     """Every read of a build record goes through common.build.buildrecord (its one typed value)."""
     found = [f"{path.relative_to(ROOT)}:{line}"
-             for path in sorted([*ROOT.glob("common/*.py"), *ROOT.glob("checks/**/*.py"),
-                                 *ROOT.glob("provision/*.py"), *ROOT.glob("benchmarks/*.py")])
-             if path.name != "buildrecord.py" for line in raw_record_reads(path.read_text())]
+             for path in sorted([*ROOT.glob("common/**/*.py"), *ROOT.glob("checks/**/*.py"),
+                                 *ROOT.glob("provision/**/*.py"), *ROOT.glob("benchmarks/*.py")])
+             if path != ROOT / "common" / "build" / "buildrecord.py" for line in raw_record_reads(path.read_text())]
     assert found == []
+    assert set(RECORD_MARKS[2:]) == {"build.json", "build-venv.json"}  # the names the forms above are written in
