@@ -148,7 +148,10 @@ SGLANG_0_5_23 = Reading("sglang", "0.5.23", {
              "two-shot peer-memory allreduce design as flashinfer's vllm_comm",
     custom_ar_spans=(Span(_S + "custom_all_reduce.py", 393, 398, "6ed8a312b266ac3a"),))
 
-READINGS: dict[tuple[str, str], Reading] = {(r.engine, r.version): r for r in (VLLM_0_33_0, SGLANG_0_5_23)}
+# Every reading this module defines, by engine and release: read off its own names, so a reading added above is
+# looked up without a second list to keep
+READINGS: dict[tuple[str, str], Reading] = {(r.engine, r.version): r for r in list(globals().values())
+                                             if isinstance(r, Reading)}
 
 
 def reading(engine: str, version: str) -> Reading | None:
