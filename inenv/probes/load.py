@@ -50,6 +50,7 @@ from inenv.probe import (
     multi_rank,
     outcome,
 )
+from inenv.probes import stepcomm
 
 SPEC = ProbeSpec(
     id="load",
@@ -84,14 +85,12 @@ EXTRA: dict[str, tuple[str, ...]] = {
     "flashinfer-fusion": (TWO_STREAMS, TWO_COMMS),
 }
 BACKENDS = tuple(EXTRA)
-# What each backend imports (sgl-kernel's custom allreduce lives in flashinfer's shared IPC buffers)
-NEEDS = {"flashinfer-custom-ar": ("flashinfer",), "flashinfer-pcie-ipc": ("flashinfer",),
-         "flashinfer-fusion": ("flashinfer",), "sgl-custom-ar": ("sgl_kernel", "flashinfer"),
-         "sglang-custom-ar-v2": ("sglang",), "vllm-custom-ar": ("vllm",)}
+# What each backend imports: the step's backends as their adapters say, and the engines' own custom allreduces
+NEEDS = {**stepcomm.NEEDS, "sglang-custom-ar-v2": ("sglang",), "vllm-custom-ar": ("vllm",)}
 TAKES_PDL = frozenset({"flashinfer-fusion"})  # launch_with_pdl is a switch of its API
 FUSION_MODES = ("auto", "crossing")  # planned; "oneshot" and "twoshot" run each path alone, by hand
 SHARED_SIZES = (2, 4)  # world sizes run with ranks sharing one GPU beyond the host's GPU count
-OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
+OVERLAP_ENV = stepcomm.OVERLAP_ENV
 ONLY_ENV = "STACKPROBE_LOAD_ONLY"  # planning filter: "nccl,flashinfer-custom-ar" plans only those backends
 
 
@@ -227,8 +226,6 @@ class StepComm(_Gpu):
         self.comm: Any = None
 
     def prepare(self, max_tokens: int, hidden: int) -> int:
-        from inenv.probes import stepcomm
-
         per = max_tokens * hidden
         self.comm = stepcomm.make_comm(self.name, self.s.rank, self.s.world, self.s.device, self.s.group,
                                        per * self.s.lanes)
@@ -303,7 +300,6 @@ class CustomAR(_Gpu):
 
     def prepare(self, max_tokens: int, hidden: int) -> int:
         from inenv.kit import _flashinfer as fi
-        from inenv.probes import stepcomm
 
         limit = min(max_tokens, (fi.VllmCustomAR.MAX_BYTES - 1) // (2 * hidden))
         self.comm = stepcomm.make_comm(self.name, self.s.rank, self.s.world, self.s.device, self.s.group,

@@ -45,7 +45,7 @@ from typing import Any
 from inenv import models
 from inenv.kit import _agree, _dist, _errors, _timing
 from inenv.probe import SETUP, HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome, shallow
-from inenv.probes.stepcomm import BACKENDS, NEEDS, Comm, make_comm
+from inenv.probes.stepcomm import BACKENDS, NEEDS, OVERLAP_ENV, Comm, make_comm
 from inenv.probes.stepmodel import (
     CASES,
     MAX_TOKENS,
@@ -77,7 +77,6 @@ SPEC = ProbeSpec(
     # same backends; the step's own answer is its times, measured with a GPU per rank
     quick_shallow=False,
 )
-OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"  # torch's switch for symmetric memory on one device
 ONLY_ENV = "STACKPROBE_STEP_ONLY"  # planning filter: "nccl,flashinfer-fusion" plans only those backends
 
 

@@ -24,6 +24,7 @@ BACKENDS = (
 # What each backend imports (sgl-kernel's custom allreduce lives in flashinfer's shared IPC buffers).
 NEEDS = {"flashinfer-custom-ar": ("flashinfer",), "flashinfer-pcie-ipc": ("flashinfer",),
          "flashinfer-fusion": ("flashinfer",), "sgl-custom-ar": ("sgl_kernel", "flashinfer")}
+OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"  # torch's switch for symmetric memory on one device
 
 
 class Comm:
