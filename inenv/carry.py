@@ -1,8 +1,9 @@
-"""Compile one flashinfer comm module for a list of GPU architectures into a kernel set (``_carried``): what
-`provision build` runs inside a cell so the cell carries its kernels.
+"""Compile one flashinfer comm module for a list of GPU architectures into a kernel set (``kit._carried``): what
+`provision build` runs inside a cell so the cell carries its kernels. A tool the host launches (the kit's
+``fi-carry`` entry), not a probe's helper: no probe imports it.
 
-    python -m inenv.kit._fi_carry MODULE --archs "9.0a 12.0a 12.0f" --out DIR [--timeout S]
-    python -m inenv.kit._fi_carry --identity '{"MODULE": [source names]}'   # the facts a record must match
+    python -m inenv.carry MODULE --archs "9.0a 12.0a 12.0f" --out DIR [--timeout S]
+    python -m inenv.carry --identity '{"MODULE": [source names]}'   # the facts a record must match
 
 One build for the whole list (``FLASHINFER_CUDA_ARCH_LIST``), through the same builder fi-jit uses
 (``_fi_build``, in a fresh interpreter) and so through the shared compile cache when the host names one
@@ -133,7 +134,7 @@ def carry(module: str, archs: list[str], out_dir: Path, timeout_s: float) -> dic
     declared = list(archs)
     env = dict(os.environ)
     _set_archs(env, archs)
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[1])  # the folder that holds the inenv package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     t0 = time.monotonic()
     refused: dict[str, dict[str, str]] = {}
@@ -199,7 +200,7 @@ def _main(argv: list[str]) -> int:
             return 2
         sys.stdout.write(RESULT_PREFIX + json.dumps(identity(wanted), default=str) + "\n")
         return 0
-    p = argparse.ArgumentParser(prog="python -m inenv.kit._fi_carry")
+    p = argparse.ArgumentParser(prog="python -m inenv.carry")
     p.add_argument("module", choices=sorted(JIT_GENERATORS))
     p.add_argument("--archs", required=True)
     p.add_argument("--out", required=True)

@@ -1,5 +1,5 @@
 """Carried kernels: the kernel-set reader (inenv.kit._carried), the builder's judgement of a build
-(inenv.kit._fi_carry.judge) and provision's kernel stage (provision.kernels: plan, reuse, install), on small
+(inenv.carry.judge) and provision's kernel stage (provision.kernels: plan, reuse, install), on small
 libraries nvcc makes here and hand-written records."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from inenv.kit import _carried, _fi_carry
+from inenv import carry as _fi_carry
+from inenv.kit import _carried
 from provision import kernels
 from tests.elf_helpers import build_so
 

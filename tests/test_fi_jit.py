@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from inenv.kit import _compile_cache, _fi_carry
+from inenv import carry as _fi_carry
+from inenv.kit import _compile_cache
 from inenv.probes import fi_jit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -591,7 +592,7 @@ def test_one_compile_serves_the_carried_kernel_and_the_fi_jit_verdict(standin: P
     env = {**base, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{base['PATH']}", "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": f"{standin}{os.pathsep}{ROOT}", "CUDA_HOME": "/usr/local/cuda",
            "STACKPROBE_COMPILE_CACHE": str(store), "STACKPROBE_CELL_ID": "cell-a"}
-    proc = subprocess.run([sys.executable, "-m", "inenv.kit._fi_carry", "vllm_comm", "--archs", "12.0a", "--out",
+    proc = subprocess.run([sys.executable, "-m", "inenv.carry", "vllm_comm", "--archs", "12.0a", "--out",
                            str(tmp_path / "kset")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith(_fi_carry.RESULT_PREFIX)]
     carried = json.loads(line[len(_fi_carry.RESULT_PREFIX):])

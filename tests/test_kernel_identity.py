@@ -5,7 +5,7 @@ record field that causes no rebuild, and the harness flag of the reason catalogu
 
 The kernel stage runs here with a stand-in for the builder inside a cell (the test environment has no cell with
 flashinfer and nvcc; the real builder is covered by tests/test_probes_flashinfer.py): it writes a real shared
-object and the record `_fi_carry` writes, and counts the compiles it was asked for."""
+object and the record `inenv.carry` writes, and counts the compiles it was asked for."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from common.build import backend
-from inenv.kit import _carried, _compile_cache, _elf, _fi_carry
+from inenv import carry as _fi_carry
+from inenv.kit import _carried, _compile_cache, _elf
 from inenv.probes import fi_jit
 from provision import kernels
 from provision.buildsession import kernels_line
@@ -34,7 +35,7 @@ GATE = "RuntimeError: No supported CUDA architectures found for major versions [
 
 
 class StandInCell:
-    """The builder of one cell, as `provision build` drives it: compile writes what `_fi_carry.carry` writes
+    """The builder of one cell, as `provision build` drives it: compile writes what `inenv.carry.carry` writes
     for a build flashinfer's gate made for part of the list (``gated``: target -> refused), identity answers
     the cell's facts; both count their calls."""
 

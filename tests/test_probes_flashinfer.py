@@ -631,7 +631,7 @@ def test_carried_module_is_built_by_the_kernel_builder_and_answers_fi_jit(fi_pyt
     env = {**_fi_env(tmp_path, fi_python), "LIBRARY_PATH": str(_stub(tmp_path / "full", _driver_api())),
            "STACKPROBE_COMPILE_CACHE": str(tmp_path / "store")}
     kset = tmp_path / "kernels"
-    proc = subprocess.run([fi_python, "-m", "inenv.kit._fi_carry", "vllm_comm", "--archs", "12.0a", "--out", str(kset)],
+    proc = subprocess.run([fi_python, "-m", "inenv.carry", "vllm_comm", "--archs", "12.0a", "--out", str(kset)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("@@FI-CARRY@@ "))
     got = json.loads(line.split(" ", 1)[1])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Public name -> (helper module, its attribute).
+# Public name -> (helper module, its attribute); a dotted module is one of inenv's own, not a kit helper.
 PUBLIC: dict[str, tuple[str, str]] = {
     # the shared compile cache (_compile_cache): the variables the host sets for a cell's ranks and builds
     "COMPILE_CACHE_ENV": ("_compile_cache", "ENV"),  # the folder of the shared store
@@ -32,9 +32,9 @@ PUBLIC: dict[str, tuple[str, str]] = {
     "unpublished": ("_flashinfer", "unpublished"),  # modules a release publishes no prebuilt kernels for
     "package_root": ("_flashinfer", "package_root"),  # the installed flashinfer's folder, without importing it
     "unknown_without_import": ("_fi_pcie", "unknown_without_import"),  # an API the install lacks, read from files
-    # the lines the launched helpers print their result on (_fi_build, _fi_carry)
+    # the lines the launched helpers print their result on (_fi_build, inenv.carry)
     "FI_BUILD_RESULT_PREFIX": ("_fi_build", "RESULT_PREFIX"),
-    "FI_CARRY_RESULT_PREFIX": ("_fi_carry", "RESULT_PREFIX"),
+    "FI_CARRY_RESULT_PREFIX": ("inenv.carry", "RESULT_PREFIX"),
     # SASS targets (_fatbin)
     "runs_on": ("_fatbin", "runs_on"),  # whether a list of targets runs on a GPU of a compute capability
     # a carried kernel set (_carried): its record, identity and the checks its loader makes
@@ -62,7 +62,7 @@ PUBLIC: dict[str, tuple[str, str]] = {
 # What the host runs in a cell's Python, as the arguments after the interpreter.
 ENTRIES: dict[str, tuple[str, ...]] = {
     "fi-build": ("-m", "inenv.kit._fi_build"),  # flashinfer's JIT build of one module, or the cache it has
-    "fi-carry": ("-m", "inenv.kit._fi_carry"),  # a carried kernel's build, or the identity of a built set
+    "fi-carry": ("-m", "inenv.carry"),  # a carried kernel's build, or the identity of a built set
     "aot-dir": ("-c", "from inenv.kit._carried import aot_dir; print(aot_dir() or '')"),  # where sets install
 }
 
@@ -78,7 +78,7 @@ def __getattr__(name: str) -> Any:
     if name not in PUBLIC:
         raise AttributeError(f"module 'inenv.kit' has no attribute {name!r}")
     module, attr = PUBLIC[name]
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    value = getattr(importlib.import_module(module if "." in module else f"{__name__}.{module}"), attr)
     globals()[name] = value
     return value
 

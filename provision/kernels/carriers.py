@@ -76,7 +76,7 @@ class Carrier(Protocol):
         ...
 
     def identity(self, kernel_dir: Path) -> dict[str, Any] | None:
-        """The cell's facts a carried record must match (``_fi_carry.identity``), read inside the cell;
+        """The cell's facts a carried record must match (``inenv.carry.identity``), read inside the cell;
         None when they cannot be read."""
         ...
 
