@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.table import Table
 
-from checks.report import here
+from checks.report import here, hwclass
 from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, ModelError, model_shapes, parse_model
 from checks.report.report import generate
 from checks.results import changes, hostfacts, hostresults, ids, reader
@@ -122,6 +122,8 @@ def parser() -> argparse.ArgumentParser:
                    "--results, else <results>/compatibility.md, as `checks run` writes it)")
     p.add_argument("--html", type=Path, help="HTML page path (default: --out with .html)")
     p.add_argument("--check", action="store_true", help="exit 1 if the files on disk are not what would be written")
+    p.add_argument("--json", action="store_true", help="print the answer (feature x declared stack x hardware class, "
+                   "and what to launch with per class and rank count) as JSON instead of writing the pages")
     decision_parsers(sub)
     exchange_parsers(sub)
     return ap
@@ -214,7 +216,7 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     out = args.out or table_for(args.results)
     _writable((out, "checks report: --out"), ((args.html or out.with_suffix(".html")), "checks report: --html"))
-    return generate(args.results, out, args.html, args.check, repo=REPO)
+    return generate(args.results, out, args.html, args.check, repo=REPO, as_json=args.json)
 
 
 def _writable(*paths: tuple[Path, str]) -> None:
@@ -352,7 +354,8 @@ def advise_here(args: argparse.Namespace, brief: bool = True) -> tuple[list[Any]
         elif brief:
             first = [f"this host: {mine} has no results in {args.results}; `uv run checks run --all` records them"]
         hosts, line = gpu_hosts(hosts)
-        hosts = dict(sorted(hosts.items(), key=lambda kv: kv[0] != mine))  # this host's advice first
+        # this host's advice first, then by hardware class (the table's columns), hosts of one class together
+        hosts = dict(sorted(hosts.items(), key=lambda kv: (kv[0] != mine, hwclass.of(kv[1].facts).sort_key, kv[0])))
     selected = [h for name, h in hosts.items() if not args.host or name == args.host]
     if args.cell:
         _one(args.cell, sorted({r.cell_id for h in selected for r in h.results}), "--cell")
@@ -372,7 +375,12 @@ def cmd_advise(args: argparse.Namespace) -> int:
     found, first = advise_here(args)
     if first:
         print("\n".join(first) + ("\n\n" if found else "\n"), end="")
-    print("\n".join(decisions.render(d) for d in found), end="")
+    groups = decisions.by_class(found)
+    for i, (label, ds) in enumerate(groups):
+        if len(groups) > 1 or len(ds) > 1:  # a heading where the hosts are of several classes, or several hosts
+            names = ", ".join(d.host_id for d in ds)
+            print(("\n" if i else "") + ids.one_line(f"== hardware class {label or 'unknown'}: {names} =="))
+        print("\n".join(decisions.render(d) for d in ds), end="")
     return 0
 
 

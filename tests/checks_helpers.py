@@ -44,6 +44,13 @@ def committed(folder: str = "results") -> Path:
     return dest / folder
 
 
+def report_md(out: Path) -> str:
+    """Every Markdown page `checks report --out OUT` wrote: the answer, its archive of the cells no matrix declares
+    (a local environment's among them) and each host's page."""
+    pages = [out, *out.parent.glob(f"{out.stem}-archive.md"), *sorted((out.parent / "hosts").glob("*.md"))]
+    return "\n".join(p.read_text() for p in pages)
+
+
 def fixture_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["STACKPROBE_PROBE_PATH"] = str(FIXTURES)

@@ -229,7 +229,8 @@ def test_an_engine_version_with_backticks_opens_no_code_span_in_the_gates_headin
     results = _layout(tmp_path / "results", results=edit)
     code, _, err = _checks("report", "--results", str(results), "--out", str(tmp_path / "page.md"))
     assert code == 0, err
-    headings = [ln for ln in (tmp_path / "page.md").read_text().splitlines() if ln.startswith("**Engine gates")]
+    pages = [tmp_path / "page.md", *tmp_path.glob("page-archive.md"), *(tmp_path / "hosts").glob("*.md")]
+    headings = [ln for page in pages for ln in page.read_text().splitlines() if ln.startswith("**Engine gates")]
     assert headings, "no engine gates on the page"
     for line in headings:
         assert line.count("`") == 2, line  # the cell id's own code span, and no other

@@ -17,7 +17,7 @@ from checks.cli import main
 from checks.results import hostfacts, provenance
 from checks.results.provenance import Provenance, probe_hash
 from checks.results.store import read_file
-from tests.checks_helpers import FIXTURES, ROOT, TOKEN_VAR, fixture_env, pids_with_env
+from tests.checks_helpers import FIXTURES, ROOT, TOKEN_VAR, fixture_env, pids_with_env, report_md
 
 
 def checks(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -92,13 +92,13 @@ def test_main_in_process_records_the_probe_code_and_report_marks_it_stale_after_
     assert manifest["code"]["probe_hashes"] == {"t-fresh": made_by}
 
     assert main(["report", "--results", str(results), "--out", str(out)]) == 0
-    assert "`local-" in out.read_text() and "↻" not in out.read_text()
+    assert "`local-" in report_md(out) and "↻" not in report_md(out)
     (probes / "t_fresh.py").write_text(FRESH.replace('outcome("pass")', 'outcome("pass", note="")'))
     capsys.readouterr()
     assert main(["report", "--results", str(results), "--out", str(out), "--check"]) == 1
     assert "stale" in capsys.readouterr().err
     assert main(["report", "--results", str(results), "--out", str(out)]) == 0
-    md = out.read_text()
+    md = report_md(out)
     assert re.search(r"✅ ↻( \*\(static\)\*)? \|", md)
     assert "the probe's source changed since): `checks run --backend local --probe t-fresh`" in md
 
@@ -241,7 +241,7 @@ def test_run_ends_with_the_table_and_a_verdict_count_and_summarises_what_is_wort
     table = results / "compatibility.md"  # a results folder of its own gets its own table
     assert err[-2:] == ["verdicts: 6 variants: 2 pass, 3 skip, 1 fail",
                         f"table: {table} and {table.with_suffix('.html')}, from every run in {results}"]
-    assert f"`{cell}`" in table.read_text() and table.with_suffix(".html").exists()
+    assert f"`{cell}`" in report_md(table) and table.with_suffix(".html").exists()
     # the table the run wrote is the one `checks report` writes from the same results
     assert main(["report", "--results", str(results), "--out", str(table), "--check"]) == 0
 

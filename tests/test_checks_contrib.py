@@ -15,7 +15,7 @@ import pytest
 
 from checks import cli
 from checks.results.provenance import current_probe_hashes
-from tests.checks_helpers import committed
+from tests.checks_helpers import committed, report_md
 
 H2 = "h200x2-5bce98f7"
 NEWEST = "20261201T021126Z-b42a"
@@ -116,7 +116,7 @@ def test_an_imported_run_that_claims_this_checkouts_probe_code_keeps_its_rerun_m
     def page() -> str:
         capsys.readouterr()
         assert _main("report", "--results", res, "--out", out) == 0
-        return out.read_text()
+        return report_md(out)
 
     md = page()
     assert STALE_MARK in md and "measured elsewhere and imported" in md
@@ -244,7 +244,7 @@ def test_a_bundle_full_of_control_characters_reaches_no_page_raw(tmp_path: Path,
     assert not BAD_CHAR.search(err.replace("\n", "")), "import printed a control character"
     out = tmp_path / "docs" / "compatibility.md"
     assert _main("report", "--results", res, "--out", out) == 0
-    md, html = out.read_text(), out.with_suffix(".html").read_text()
+    md, html = report_md(out), out.with_suffix(".html").read_text()
     for name, text in (("md", md), ("html", html)):
         found = sorted({hex(ord(c)) for c in BAD_CHAR.findall(text)})
         assert found == [], f"{name} holds {found}"

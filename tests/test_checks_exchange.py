@@ -33,10 +33,16 @@ def _bundle_of(results: Path, host: str, out: Path) -> dict:
 
 
 def _section(md: str, host: str) -> str:
-    """One host's section of compatibility.md: from its heading to the next second-level heading."""
+    """One host's section: from its heading to the next first- or second-level heading."""
     start = md.index(next(ln for ln in md.splitlines() if ln.startswith("## ") and f"host `{host}`" in ln))
-    end = md.find("\n## ", start + 1)
-    return md[start:] if end < 0 else md[start:end]
+    ends = [e for e in (md.find("\n## ", start + 1), md.find("\n# ", start + 1)) if e >= 0]
+    return md[start:min(ends)] if ends else md[start:]
+
+
+def _md(docs: Path) -> str:
+    """Every Markdown page a report wrote: the answer, the archive, each host's page."""
+    pages = [docs / "compatibility.md", *docs.glob("compatibility-archive.md"), *sorted((docs / "hosts").glob("*.md"))]
+    return "\n".join(p.read_text() for p in pages)
 
 
 def _uncontributed(page: str) -> str:
@@ -59,7 +65,7 @@ def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(
     assert _main("import", path, "--results", fresh / "results") == 0
     for d in (whole, fresh):
         assert _main("report", "--results", d / "results", "--out", d / "docs" / "compatibility.md") == 0
-    a, b = ((d / "docs" / "compatibility.md").read_text() for d in (whole, fresh))
+    a, b = (_md(d / "docs") for d in (whole, fresh))
     # imported runs are shown as contributed, with the code that measured them; otherwise the same section
     runs = len(list((committed() / H2).glob("*.jsonl")))
     assert _section(b, H2).count(", contributed: imported from h2.bundle.json, measured by ") == runs
@@ -71,7 +77,9 @@ def test_h200x2_bundle_imported_into_an_empty_folder_regenerates_its_section(
     alone = tmp_path / "alone"
     shutil.copytree(committed() / H2, alone / "results" / H2)
     assert _main("report", "--results", alone / "results", "--out", alone / "docs" / "compatibility.md") == 0
-    for name in ("compatibility.md", "compatibility.html"):
+    names = sorted(p.relative_to(fresh / "docs") for p in (fresh / "docs").rglob("*.*"))
+    assert names == sorted(p.relative_to(alone / "docs") for p in (alone / "docs").rglob("*.*"))
+    for name in names:
         assert (alone / "docs" / name).read_text() == _uncontributed((fresh / "docs" / name).read_text()), name
 
 
@@ -184,9 +192,9 @@ def test_crafted_host_cell_and_note_give_no_link_no_broken_row_no_shell_text(tmp
     assert err.count("cell id 'cu130-torch2.11$(touch") == 1  # one warning for the one bad item
     assert sorted(p.name for p in res.iterdir()) == ["gpux2-0123abcd"]
     assert _main("report", "--results", res, "--out", res.parent / "docs" / "compatibility.md") == 0
-    files = [res.parent / "docs" / "compatibility.md", res.parent / "docs" / "compatibility.html",
-             *sorted((res / "gpux2-0123abcd").iterdir())]
+    files = [*sorted((res.parent / "docs").rglob("*.*")), *sorted((res / "gpux2-0123abcd").iterdir())]
     text = {f.name: f.read_text() for f in files}
+    text["compatibility.md"] = _md(res.parent / "docs")
     for name, body in text.items():  # the refused ids reach no file
         assert "touch /tmp/pwned)-sgl" not in body and CRAFTED_HOST not in body, name
     commands = re.findall(r"`(checks [^`]*)`", text["compatibility.md"])
@@ -430,7 +438,7 @@ def test_a_bundle_with_payloads_in_every_text_field_lands_escaped_everywhere(tmp
     capsys.readouterr()
     out = res.parent / "docs" / "compatibility.md"
     assert _main("report", "--results", res, "--out", out) == 0
-    md, html = out.read_text(), out.with_suffix(".html").read_text()
+    md, html = _md(out.parent), out.with_suffix(".html").read_text()
     assert PAYLOAD.split()[0] not in md  # the raw "a|b" never lands: its bar is escaped
     assert "<script" not in md.lower() and "<img" not in md.lower() and "](javascript:" not in md
     header = next(ln for ln in md.splitlines() if ln.startswith("| cell |"))

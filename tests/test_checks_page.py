@@ -1,4 +1,4 @@
-"""The HTML page's overview across hosts and its hand-written SVG plots (the browser test sees them render)."""
+"""The HTML page's order, filters and hand-written SVG plots (the browser test sees them render)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import re
 from pathlib import Path
 
-from checks.report import overview, plots, report
+from checks.report import plots, report
 from checks.report.report import build_model, render
 from checks.results.result import ProbeResult, Verdict
 from inenv.status import Status
@@ -34,39 +34,22 @@ def _v(torch: str, fi: str) -> dict:
     return {"cuda": "13.0", "torch": torch, "flashinfer": fi, "sgl_kernel": "none"}
 
 
-def test_overview_names_classes_counts_passing_stacks_and_the_newest(tmp_path: Path) -> None:
-    old, new, newest = ("cu130-torch2.9.1-sglnone-fi0.6.16", "cu130-torch2.11.0-sglnone-fi0.6.18",
-                        "cu130-torch2.11.0-sglnone-fi0.7.4")
-    gpu = {"gpu_name": "NVIDIA B200", "gpu_count": 8, "interconnect": "NVLink (NV18)"}
-    _write_host(tmp_path, "b200x8-0000aaaa", gpu, [
-        (old, _v("2.9.1", "0.6.16"), "ranks=2,backend=nccl", "pass"),
-        (new, _v("2.11.0+cu130", "0.6.18"), "ranks=2,backend=nccl", "pass"),
-        (new, _v("2.11.0+cu130", "0.6.18"), "ranks=4,backend=nccl", "skip"),
-        (newest, _v("2.11.0", "0.7.4"), "ranks=2,backend=nccl", "pass"),
-        (newest, _v("2.11.0", "0.7.4"), "ranks=4,backend=nccl", "crash")])
-    _write_host(tmp_path, "cpu-0000bbbb", {"gpu_count": 0}, [(old, _v("2.9.1", "0.6.16"), "ranks=2,backend=nccl",
+def test_page_opens_on_the_answer_and_every_host_and_filters_by_class(tmp_path: Path) -> None:
+    """The page starts with the answer, then the hosts, GPU hosts first; its host picker starts on every host (a
+    GPU-less user's own host is shown), and each host section carries its hardware class for the class filter."""
+    cell = "cu130-torch2.11.0-sglnone-fi0.7.4"
+    gpu = {"gpu_name": "NVIDIA B200", "gpu_count": 8, "interconnect": "NVLink (NV18)", "driver": "580.1"}
+    _write_host(tmp_path, "b200x8-0000aaaa", gpu, [(cell, _v("2.11.0", "0.7.4"), "ranks=2,backend=nccl", "pass")])
+    _write_host(tmp_path, "cpu-0000bbbb", {"gpu_count": 0}, [(cell, _v("2.11.0", "0.7.4"), "ranks=2,backend=nccl",
                                                              "skip")])
     sections, _ = build_model(tmp_path, tmp_path, current={})
-    ov = overview.build(sections)
-    assert [c.label for c in ov.classes] == ["B200 ×8, NVLink (NV18)", "no GPU (compile checks)"]
-    assert [c.gpu for c in ov.classes] == [True, False]
-    (row,) = ov.rows
-    b200, cpu = row.verdicts
-    assert b200 is not None and cpu is not None
-    # the crash rules out the 0.7.4 stack; of the two that pass, 0.6.18 is the newer
-    assert (b200.status, b200.passing, b200.ran, b200.newest_cell) == ("pass", 2, 3, new)
-    assert b200.newest == "CUDA 13.0 · torch 2.11.0+cu130 · flashinfer 0.6.18 · sgl-kernel none"
-    assert (cpu.status, cpu.passing, cpu.ran, cpu.newest) == ("skip", 0, 1, "")
     page = render(sections, "html", "../results")
-    assert page.index('id="overview"') < page.index('id="host-b200x8-0000aaaa"') < page.index('id="host-cpu-0000bbbb"')
-    assert 'class="host nogpu" id="host-cpu-0000bbbb"' in page and "#pick-gpu:checked ~ main section.host.nogpu" in page
-
-
-def test_version_order_of_the_overview() -> None:
-    key = overview._vkey
-    assert key("2.11.0+cu130") == key("2.11.0")
-    assert key("0.7.4") > key("0.6.18") > key("0.6.8.post1") > key("0.6.8")
-    assert key("nightly") > key("2.12.0") > key("none") == key("-")
+    assert page.index('id="answer"') < page.index('id="host-b200x8-0000aaaa"') < page.index('id="host-cpu-0000bbbb"')
+    assert '<input class="pick" type="radio" name="host" id="pick-all" checked>' in page
+    assert '<input class="pick" type="radio" name="host" id="pick-gpu">' in page
+    assert 'class="host gpu cls-b200-x8-nvlink-nv18-d580" id="host-b200x8-0000aaaa"' in page
+    assert 'class="host nogpu cls-nogpu" id="host-cpu-0000bbbb"' in page
+    assert '<label for="fc-b200-x8-nvlink-nv18-d580">B200 ×8, NVLink (NV18), driver 580</label>' in page
 
 
 def _latency(cell: str, backend: str, us: dict[int, float], status: Status = Status.PASS,

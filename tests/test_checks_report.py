@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from checks.report.answer import Stack
 from checks.report.report import generate, headline
 from inenv import registry
 from inenv.probe import Declared, Field, Role
@@ -24,6 +25,22 @@ CURRENT = {"ar-latency": "1b2c3d4e5f607182", "fi-fusion": "5d1e0c4b7a2f9e31", "f
            "inventory": "9a8b7c6d5e4f3021", "nccl-graphs": "c47b1e0d9a3f6e25", "symm-mem": "6e5d4c3b2a190817"}
 
 
+# The stacks the goldens take as declared (not this checkout's matrices, which move): the no-GPU host's cells
+# but one; the H200's local environment and the torch-nightly cell are on the archive page.
+STACKS = [Stack(c, "matrix.yaml") for c in (
+    "cu130-torch2.11.0-sgl0.4.2-fi0.6.16", "cu130-torch2.11.0-sgl0.4.2-fi0.6.17", "cu128-torch2.9.1-sgl0.4.1-fi0.6.17")]
+PAGES = ("compatibility.md", "compatibility.html", "compatibility-archive.md", "hosts/cpu-5bce98f7.md")
+
+
+def _cpu(out: Path) -> str:
+    """The no-GPU host's page."""
+    return (out.parent / "hosts" / "cpu-5bce98f7.md").read_text()
+
+
+def _archive(out: Path) -> str:
+    return (out.parent / "compatibility-archive.md").read_text()
+
+
 def _layout(tmp: Path) -> tuple[Path, Path]:
     """results/ beside docs/, as in the repository, so links in the page are stable."""
     shutil.copytree(GOLDEN / "results", tmp / "results")
@@ -32,19 +49,21 @@ def _layout(tmp: Path) -> tuple[Path, Path]:
 
 def test_report_matches_golden(tmp_path: Path) -> None:
     results, out = _layout(tmp_path)
-    assert generate(results, out, None, check=False, current=CURRENT) == 0
-    for name in ("compatibility.md", "compatibility.html"):
+    assert generate(results, out, None, check=False, current=CURRENT, stacks=STACKS) == 0
+    assert sorted(p.relative_to(out.parent).as_posix() for p in out.parent.rglob("*.*")) == sorted(PAGES)
+    for name in PAGES:
         got = (out.parent / name).read_text()
         if UPDATE:
+            (GOLDEN / name).parent.mkdir(exist_ok=True)
             (GOLDEN / name).write_text(got)
         assert got == (GOLDEN / name).read_text(), f"{name} differs from the golden (STACKPROBE_UPDATE_GOLDEN=1)"
 
 
 def test_report_content_says_what_matters(tmp_path: Path) -> None:
     results, out = _layout(tmp_path)
-    generate(results, out, None, check=False, current=CURRENT)
-    md = out.read_text()
-    assert "No Blackwell (SM12x) GPU has been measured" in md
+    generate(results, out, None, check=False, current=CURRENT, stacks=STACKS)
+    assert "No Blackwell (SM12x) GPU has been measured" in out.read_text()
+    md = _archive(out)  # the H200 ran a local environment only: no matrix declares it
     assert "## NVIDIA H200 ×1 — host `h200x1-3f9a2c1d`" in md
     assert "| NVIDIA H200 | 9.0 | 1 | 580.159.04 (13.0) |" in md
     assert "(../results/h200x1-3f9a2c1d/20261129T100000Z-a1b2.jsonl)" in md  # link to the raw results
@@ -52,7 +71,9 @@ def test_report_content_says_what_matters(tmp_path: Path) -> None:
     assert "⏳" not in md.split("Notes:")[-1]  # the newer run's pass replaced the hang
     # the fixture's fi-fusion and inventory rows carry a `headline` metric those probes do not declare: not shown
     assert "exact; 7168 bf16" not in md and "sm_90 in torch arch list" not in md
-    assert "`fi-arch-gate`" in md and "flashinfer &gt;= 0.6.17" in md
+    cpu = _cpu(out)
+    assert "(../../results/cpu-5bce98f7/20261129T130000Z-e5f6.jsonl)" in cpu  # one folder down: one more ../
+    assert "`fi-arch-gate`" in cpu and "flashinfer &gt;= 0.6.17" in cpu
     assert "🚫" in md and "torch nightly has no cu128 builds" in md
     html = out.with_suffix(".html").read_text()
     assert '<td class="fail"' in html and "<style>" in html and "http" not in html  # self-contained
@@ -64,10 +85,9 @@ def _row(md: str, cell: str) -> list[str]:
 
 def test_report_marks_stale_verdicts_and_says_how_to_refresh(tmp_path: Path) -> None:
     results, out = _layout(tmp_path)
-    generate(results, out, None, check=False, current=CURRENT)
-    md = out.read_text()
-    h200 = md.split("## NVIDIA H200")[1].split("## Across hosts")[0]  # its own section
-    cpu = md.split("## No GPU")[1].split("## NVIDIA H200")[0]
+    generate(results, out, None, check=False, current=CURRENT, stacks=STACKS)
+    h200 = _archive(out).split("## NVIDIA H200")[1]  # its own section
+    md = cpu = _cpu(out)
     # H200: the first run recorded no code; fi-fusion was re-measured by today's probe source.
     assert "| flashinfer | ar-latency | fi-fusion | inventory | nccl-graphs | symm-mem |" in h200
     local = _row(h200, "local-cu130-torch2.11.0-sglnone-fi0.6.18")
@@ -82,15 +102,16 @@ def test_report_marks_stale_verdicts_and_says_how_to_refresh(tmp_path: Path) -> 
     assert "↻" in _row(cpu, a)[5] and "↻" not in _row(cpu, a)[6]
     assert "↻" in _row(cpu, b)[5]
     assert not any("↻" in c for c in _row(cpu, "cu128-torch2.9.1-sgl0.4.1-fi0.6.17")[5:])  # not-run, crash
-    assert not any("↻" in c for c in _row(cpu, "cu128-torchnightly-sgl0.4.1-fi0.6.16")[5:])  # unavailable
+    nightly = _archive(out).split("## No GPU")[1].split("## NVIDIA H200")[0]
+    assert not any("↻" in c for c in _row(nightly, "cu128-torchnightly-sgl0.4.1-fi0.6.16")[5:])  # unavailable
     assert (f"- fi-jit (4 variants on 2 cells; the probe's source changed since): "
             f"`checks run --backend docker --only {a} --only {b} --probe fi-jit`") in cpu
     assert "↻: made by other\nprobe code than this checkout's" in md
     html = out.with_suffix(".html").read_text()
     assert f"<code>checks run --backend docker --only {a} --only {b} --probe fi-jit</code>" in html
     # The same results against the fi-jit source they were made by: nothing on that host is stale.
-    generate(results, out, None, check=False, current={**CURRENT, "fi-jit": "0a6c3e9f2b7d4e18"})
-    cpu = out.read_text().split("## No GPU")[1].split("## NVIDIA H200")[0]
+    generate(results, out, None, check=False, current={**CURRENT, "fi-jit": "0a6c3e9f2b7d4e18"}, stacks=STACKS)
+    cpu = _cpu(out).split("## No GPU")[1]
     assert "↻" not in cpu and "checks run" not in cpu
 
 
@@ -107,8 +128,8 @@ def test_refresh_command_names_exactly_what_to_rerun() -> None:
 
 def test_cached_builds_are_shown_as_cached(tmp_path: Path) -> None:
     results, out = _layout(tmp_path)
-    generate(results, out, None, check=False, current=CURRENT)
-    md = out.read_text()
+    generate(results, out, None, check=False, current=CURRENT, stacks=STACKS)
+    md = _cpu(out)
     assert "✅1 ❌1 ↻ *(1 of 2 cached)*" in _row(md, "cu130-torch2.11.0-sgl0.4.2-fi0.6.16")[5]
     assert "cached" not in _row(md, "cu130-torch2.11.0-sgl0.4.2-fi0.6.17")[5]
     assert "*cached*:\nthe probe reused objects" in md
@@ -125,10 +146,10 @@ def test_same_results_same_bytes_whatever_the_file_order(tmp_path: Path) -> None
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(f, dest)
     b_out = tmp_path / "b" / "docs" / "compatibility.md"
-    generate(a_res, a_out, None, check=False)
-    generate(b_res, b_out, None, check=False)
-    assert a_out.read_bytes() == b_out.read_bytes()
-    assert a_out.with_suffix(".html").read_bytes() == b_out.with_suffix(".html").read_bytes()
+    generate(a_res, a_out, None, check=False, stacks=STACKS)
+    generate(b_res, b_out, None, check=False, stacks=STACKS)
+    for name in PAGES:
+        assert (a_out.parent / name).read_bytes() == (b_out.parent / name).read_bytes(), name
 
 
 def test_check_exits_1_when_stale_and_0_when_fresh(tmp_path: Path) -> None:
@@ -155,7 +176,7 @@ def test_corrupt_line_is_warned_with_file_and_line_and_the_rest_reported(tmp_pat
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0
     assert f"warning: {path}:3: not valid JSON" in p.stderr
-    assert "`fi-arch-gate`" in out.read_text()
+    assert "`fi-arch-gate`" in _archive(out)  # this checkout's matrices declare none of the fixture's cells
 
 
 def test_no_results_is_exit_2(tmp_path: Path) -> None:
@@ -173,7 +194,7 @@ def test_html_escapes_what_probes_wrote(tmp_path: Path) -> None:
     path = next(results.glob("cpu-*/*.jsonl"))
     text = path.read_text().replace("RuntimeError: No supported", "<script>alert(1)</script> No supported")
     path.write_text(text)
-    generate(results, out, None, check=False)
+    generate(results, out, None, check=False, stacks=STACKS)
     html = out.with_suffix(".html").read_text()
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
 
@@ -256,8 +277,8 @@ def test_notes_merge_near_duplicates_compress_where_and_say_memlock_once(tmp_pat
               "no nvcc in this environment: flashinfer cannot JIT anything here", {})]
     _write_run(tmp_path / "results", rows)
     out = tmp_path / "docs" / "compatibility.md"
-    assert generate(tmp_path / "results", out, None, check=False) == 0
-    md, html = out.read_text(), out.with_suffix(".html").read_text()
+    assert generate(tmp_path / "results", out, None, check=False, stacks=[Stack(c, "m") for c in (A, B, C)]) == 0
+    md, html = (out.parent / "hosts" / "cpu-0123abcd.md").read_text(), out.with_suffix(".html").read_text()
     notes = [ln for ln in md.splitlines() if ln[:1].isdigit() and ". " in ln[:4]]
     assert len(notes) == 5, notes
     [gate_note] = [n for n in notes if "trtllm_comm for 12.0a/12.0f: refused before compiling" in n]
@@ -279,7 +300,7 @@ def test_notes_merge_near_duplicates_compress_where_and_say_memlock_once(tmp_pat
                "they ran with the daemon's own limit. To fix: give dockerd an unlimited hard memlock limit")
     assert f"\nMemlock: {memlock}" in md and f"<p class=\"memlock\">memlock: {memlock}" in html.replace("&#39;", "'")
     assert '"))' not in md and "&#34;))" not in html and "&quot;))" not in html
-    assert "measured on that host. No Blackwell" in html and "host.No" not in html
+    assert "the run it came from. No Blackwell" in html and "from.No" not in html
 
 
 def test_footnote_merging_and_places() -> None:
@@ -356,10 +377,9 @@ def test_a_verdict_proven_without_a_gpu_is_marked_static_in_table_and_summary() 
 
 def test_report_marks_static_only_on_the_gpu_less_host(tmp_path: Path) -> None:
     results, out = _layout(tmp_path)
-    generate(results, out, None, check=False, current=CURRENT)
-    md = out.read_text()
-    h200 = md.split("## NVIDIA H200")[1].split("## Across hosts")[0]  # its own section
-    cpu = md.split("## No GPU")[1].split("## NVIDIA H200")[0]
+    generate(results, out, None, check=False, current=CURRENT, stacks=STACKS)
+    md = cpu = _cpu(out)
+    h200 = _archive(out).split("## NVIDIA H200")[1]  # its own section
     assert "*(static)*" in _row(cpu, "cu130-torch2.11.0-sgl0.4.2-fi0.6.17")[5]
     assert "*(static)*" not in h200
     assert "*static*: proven without a GPU" in md

@@ -1,11 +1,13 @@
 """One report over results from several hosts (gathered by the Slurm executor, one results folder per kind
-of node, or copied by hand): a section per host as before, plus one cross-host row per cell and probe."""
+of node, or copied by hand): a column per hardware class in each cell of the answer, a page per host."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from checks.report.report import across_hosts, build_model, generate
+from checks.report import answer
+from checks.report.answer import Stack
+from checks.report.report import build_model, generate
 from checks.results.provenance import Checkout, Provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore
@@ -47,60 +49,67 @@ def _results(tmp_path: Path) -> Path:
     return root
 
 
-def test_one_row_per_cell_and_probe_across_hosts(tmp_path: Path) -> None:
+STACKS = [Stack(CELL, "matrix.yaml"), Stack(OTHER, "matrix.yaml")]
+
+
+def test_hosts_of_two_classes_are_two_columns_of_each_cell(tmp_path: Path) -> None:
     sections, _ = build_model(_results(tmp_path), tmp_path / "docs", current=CURRENT)
-    across = across_hosts(sections)
-    assert across is not None
-    assert [h["label"] for h in across["hosts"]] == ["NVIDIA B200 ×8", "NVIDIA H200 ×8"]
-    rows = {(r["cell_id"], r["probe"]): r for r in across["rows"]}
-    assert list(rows) == [(CELL, "nccl-graphs"), (CELL, "symm-mem"), (OTHER, "fi-jit")]
-    assert rows[(CELL, "symm-mem")]["agree"] == "no"
-    assert [c.worst for c in rows[(CELL, "symm-mem")]["cells"]] == [Status.FAIL, Status.PASS]
-    assert rows[(CELL, "nccl-graphs")]["agree"] == "yes"
-    assert rows[(OTHER, "fi-jit")]["agree"] == "one host" and rows[(OTHER, "fi-jit")]["cells"][0] is None
+    a = answer.build(sections, STACKS, {"nccl-error": "NCCL failed"})
+    assert [(c.hw.label, c.hosts) for c in a.classes] == [("B200 ×8", ("b200x8-5e6f7a8b",)),
+                                                          ("H200 ×8", ("h200x8-1a2b3c4d",))]
+    symm = next(r for r in a.rows if r.key == "symm-mem")
+    b200, h200 = symm.cells[0]  # the first stack, CELL: the worst of the B200's two variants, the H200's pass
+    assert b200 is not None and (b200.status, b200.reason, b200.variants) == ("fail", "nccl-error", 2)
+    assert h200 is not None and (h200.status, h200.reason, h200.variants) == ("pass", "", 2)
+    assert symm.cells[1] == (None, None)  # neither ran symm-mem on OTHER
+    assert a.reasons == (("nccl-error", "NCCL failed"),)
 
 
-def test_the_report_has_the_cross_host_table_and_every_host_section(tmp_path: Path) -> None:
+def test_the_report_has_a_column_per_stack_and_a_verdict_per_class_in_each(tmp_path: Path) -> None:
     out = tmp_path / "docs" / "compatibility.md"
-    assert generate(_results(tmp_path), out, None, check=False, current=CURRENT) == 0
+    assert generate(_results(tmp_path), out, None, check=False, current=CURRENT, stacks=STACKS) == 0
     md = out.read_text()
-    sections, _, table = md.partition("## Across hosts")  # after every host's own section
-    assert table and "## NVIDIA B200 ×8 — host `b200x8-5e6f7a8b`" in sections and "## NVIDIA H200 ×8" in sections
-    assert "| cell | probe | NVIDIA B200 ×8<br>`b200x8-5e6f7a8b` | NVIDIA H200 ×8<br>`h200x8-1a2b3c4d` |" in table
-    assert f"| `{CELL}` | symm-mem | ✅1 ❌1 | ✅2 | no |" in table
-    assert f"| `{CELL}` | nccl-graphs | ✅ | ✅ | yes |" in table
-    assert f"| `{OTHER}` | fi-jit | · | ✅ | one host |" in table
+    assert f"| feature | `{CELL}` | `{OTHER}` |" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| Symmetric memory (torch) |"))
+    assert row == "| Symmetric memory (torch) | B200×8 [❌][r1] nccl-error<br>H200×8 [✅][r2] | · |"
+    assert "[r1]: ../results/b200x8-5e6f7a8b/20261130T120000Z-0001.jsonl" in md
+    for host in ("b200x8-5e6f7a8b", "h200x8-1a2b3c4d"):  # a page per host, linked
+        assert f"[`{host}`](hosts/{host}.md)" in md
+        assert f"## NVIDIA {host[:4].upper()} ×8 — host `{host}`" in (out.parent / "hosts" / f"{host}.md").read_text()
     html = out.with_suffix(".html").read_text()
-    assert "<h2>Across hosts</h2>" in html
-    assert ('<td class="fail" title="1 pass, 1 fail"><span class="st pass">pass 1</span> '
-            '<span class="st fail">FAIL 1</span> </td>') in html
+    assert 'class="v cls-b200-x8-d" data-class="B200 ×8" data-status="fail"' in html
 
 
-def test_a_single_host_has_no_cross_host_table(tmp_path: Path) -> None:
-    root = tmp_path / "results"
-    _host(root, "h200x8-1a2b3c4d", {(CELL, "symm-mem", "ranks=2"): Status.PASS})
-    sections, _ = build_model(root, tmp_path / "docs", current=CURRENT)
-    assert across_hosts(sections) is None
-    out = tmp_path / "docs" / "compatibility.md"
-    generate(root, out, None, check=False, current=CURRENT)
-    assert "Across hosts" not in out.read_text() and "Across hosts" not in out.with_suffix(".html").read_text()
-
-
-def test_a_verdict_proven_without_a_gpu_is_marked_static_in_the_overview_and_across_hosts(tmp_path: Path) -> None:
-    """A CPU host's fi-jit pass (compiled, never run) beside a GPU host's: the hosts agree only in part, and the
-    overview's no-GPU column says its pass is static."""
+def test_hosts_of_one_class_are_one_column_and_their_disagreement_is_shown(tmp_path: Path) -> None:
+    """A second H200 x8 host: the class keeps the newest verdict per variant, names the host it came from, and
+    says where the two hosts disagree."""
     root = _results(tmp_path)
-    _host(root, "cpu-9c8d7e6f", {(OTHER, "fi-jit", "ranks=1"): Status.PASS})
+    store = RunStore(root, "h200x8-99999999", "20261201T120000Z-0002")  # a later run on another H200 x8 machine
+    store.write_manifest(manifest.build(store.run_id, "h200x8-99999999", "2026-12-01T12:00:00Z", "slurm",
+                                        {"host_id": "h200x8-99999999", **FACTS["h200x8-1a2b3c4d"]},
+                                        [CellTarget(CELL, "local", versions={"torch": "2.11.0", "cuda": "13.0"})],
+                                        {}, Checkout("0.1.0", "f" * 40, False), CURRENT, []))
+    store.append(ProbeResult(store.run_id, "h200x8-99999999", CELL, "symm-mem", "ranks=4",
+                             Verdict(Status.FAIL, "nccl-error", "x"), "2026-12-01T12:00:01Z",
+                             Provenance("0.1.0", "f" * 40, False, HASH)))
     sections, _ = build_model(root, tmp_path / "docs", current=CURRENT)
-    rows = {(r["cell_id"], r["probe"]): r for r in across_hosts(sections)["rows"]}
-    assert rows[(OTHER, "fi-jit")]["agree"] == "yes, static on cpu-9c8d7e6f"
-    assert rows[(CELL, "nccl-graphs")]["agree"] == "yes"  # two GPU hosts that ran it
+    a = answer.build(sections, STACKS, {})
+    assert [c.hw.label for c in a.classes] == ["B200 ×8", "H200 ×8"]
+    assert a.classes[1].hosts == ("h200x8-1a2b3c4d", "h200x8-99999999")
+    h200 = next(r for r in a.rows if r.key == "symm-mem").cells[0][1]
+    assert h200 is not None
+    assert (h200.status, h200.host, h200.run) == ("fail", "h200x8-99999999", "20261201T120000Z-0002")
+    assert h200.disagree == (("pass", ("h200x8-1a2b3c4d",)), ("fail", ("h200x8-99999999",)))
     out = tmp_path / "docs" / "compatibility.md"
-    assert generate(root, out, None, check=False, current=CURRENT) == 0
-    table = out.read_text().partition("## Across hosts")[2]
-    assert f"| `{OTHER}` | fi-jit | · | ✅ *(static)* | ✅ | yes, static on cpu-9c8d7e6f |" in table
-    html = out.with_suffix(".html").read_text()
-    overview = html.partition('<section id="overview">')[2].partition("</section>")[0]
-    fi_jit = next(ln for ln in overview.splitlines() if "<b>fi-jit</b>" in ln)
-    cells = fi_jit.split("<td")[2:]  # per host class: the GPU classes first, no GPU last
-    assert "(static)" in cells[-1] and not any("(static)" in c for c in cells[:-1])
+    assert generate(root, out, None, check=False, current=CURRENT, stacks=STACKS) == 0
+    row = next(ln for ln in out.read_text().splitlines() if ln.startswith("| Symmetric memory (torch) |"))
+    assert row == ("| Symmetric memory (torch) | B200×8 [❌][r1] nccl-error<br>H200×8 [❌][r3] nccl-error "
+                   "⚠ 1 pass, 1 fail | · |")
+
+
+def test_a_cell_no_matrix_declares_goes_to_the_archive(tmp_path: Path) -> None:
+    out = tmp_path / "docs" / "compatibility.md"
+    assert generate(_results(tmp_path), out, None, check=False, current=CURRENT, stacks=STACKS[:1]) == 0
+    md, archive = out.read_text(), (out.parent / "compatibility-archive.md").read_text()
+    assert OTHER not in md and f"`{OTHER}`" in archive and "[the archive page](compatibility-archive.md) (1 cell)" in md
+    assert OTHER not in (out.parent / "hosts" / "h200x8-1a2b3c4d.md").read_text()

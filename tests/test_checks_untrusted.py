@@ -152,6 +152,12 @@ def seeded(tmp_path: Path) -> Seeded:
     return s
 
 
+def _md(out: Path) -> str:
+    """Every Markdown page a report to ``out`` wrote: the answer, the archive, each host's page."""
+    pages = [out, *out.parent.glob(f"{out.stem}-archive.md"), *sorted((out.parent / "hosts").glob("*.md"))]
+    return "\n".join(p.read_text() for p in pages)
+
+
 def test_seeded_folder_report_advise_diff_and_run_warn_once_per_bad_item(seeded: Seeded, tmp_path: Path) -> None:
     prefix = seeded.prefix  # type: ignore[attr-defined]
     out = tmp_path / "out" / "table.md"
@@ -163,7 +169,7 @@ def test_seeded_folder_report_advise_diff_and_run_warn_once_per_bad_item(seeded:
     seeded.assert_one_warning_each(p.stderr)
     n = len(seeded.marks)
     assert f"checks report: {n} unreadable item(s)" in p.stderr, p.stderr
-    md, html = out.read_text(), out.with_suffix(".html").read_text()
+    md, html = _md(out), out.with_suffix(".html").read_text()
     assert f"**{n} unreadable items in the results folder were skipped**" in md
     assert f"<b>{n} unreadable items in the results folder were skipped</b>" in html
     for cell in CELLS:  # every good result is in the table
@@ -193,7 +199,7 @@ def test_seeded_folder_report_advise_diff_and_run_warn_once_per_bad_item(seeded:
                prefix=prefix)  # one pass, one table: its warnings once
     assert p.returncode == 0, p.stderr
     seeded.assert_one_warning_each(p.stderr)
-    table = (seeded.root / "compatibility.md").read_text()
+    table = _md(seeded.root / "compatibility.md")
     assert all(f"| `{cell}` |" in table for cell in CELLS) and "t-trivial" in table
 
 
@@ -332,7 +338,7 @@ def test_notes_and_names_cannot_inject_into_the_documents(tmp_path: Path) -> Non
     (results / "javascript:alert(1)").mkdir()
     out = tmp_path / "t.md"
     assert generate(results, out, None, check=False) == 0
-    md, html = out.read_text(), out.with_suffix(".html").read_text()
+    md, html = _md(out), out.with_suffix(".html").read_text()
     assert "<script>" not in md and "<script>" not in html
     assert "](javascript:" not in md and 'href="javascript:' not in html
     [note] = [ln for ln in md.splitlines() if "alert(1)" in ln]
@@ -565,9 +571,12 @@ def test_a_gpu_name_from_a_manifest_reaches_no_heading_as_markup(tmp_path: Path)
         m.write_text(json.dumps(data))
     out = tmp_path / "c.md"
     assert main(["report", "--results", str(res), "--out", str(out)]) == 0
-    md = out.read_text()
+    md = _md(out)
     heading = next(ln for ln in md.splitlines() if ln.startswith("## ") and "h200x2-5bce98f7" in ln)
     assert "](" not in heading and "<img" not in heading and "`$(id)`" not in heading and " | cell" not in heading
     assert "javascript:alert(1)" in heading  # shown as text, not dropped
+    # the hardware class named by it: a row of the classes table, and a name in the answer's cells
+    [row] = [ln for ln in out.read_text().splitlines() if ln.startswith("| H200 \\[x\\]")]
+    assert "<img" not in row and "](javascript" not in row and len(re.split(r"(?<!\\)\|", row)) == 5, row
     page = out.with_suffix(".html").read_text()
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert(2)&gt;" in page

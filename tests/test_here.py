@@ -104,24 +104,31 @@ def test_advise_on_a_host_without_results_says_how_to_make_them(capsys: pytest.C
                       "records them")
 
 
-def test_the_page_starts_with_the_host_of_the_newest_run(tmp_path: Path) -> None:
-    """A GPU host's older run and a newer run of a host without a GPU: the page's first section after the legend
-    is the newer host's standing, in the Markdown and in the HTML page."""
+def test_the_newest_runs_host_says_first_what_that_run_measured(tmp_path: Path) -> None:
+    """A GPU host's older run and a newer run of a host without a GPU: the page names the newer run and its host,
+    whose own page starts with that run's standing (its results only), and so does the HTML page's section."""
+    from checks.report.answer import Stack
+
     results = tmp_path / "results"
     shutil.copytree(committed() / "h200x2-5bce98f7", results / "h200x2-5bce98f7")
+    store = RunStore(results, "cpu-00000002", "20261204T110000Z-eeee")  # an earlier run under the same host id
+    store.append_all([_r(CELL, "inventory", "ranks=1", Status.FAIL, "", store.run_id, "cpu-00000002")])
     store = RunStore(results, "cpu-00000002", "20261204T120000Z-ffff")
     store.append_all([_r(CELL, "inventory", "ranks=1", Status.PASS, run=store.run_id, host="cpu-00000002"),
                       _r(CELL, "ar-latency", "ranks=2,backend=nccl", Status.SKIP, "no-gpu", store.run_id,
                          "cpu-00000002")])
     out = tmp_path / "docs" / "compatibility.md"
-    assert generate(results, out, None, check=False, quiet=True) == 0
-    md = out.read_text()
+    assert generate(results, out, None, check=False, quiet=True, stacks=[Stack(CELL, "matrix.yaml")]) == 0
+    assert ("The newest run, [`20261204T120000Z-ffff`](../results/cpu-00000002/20261204T120000Z-ffff.jsonl), ran on "
+            "`cpu-00000002`: [its page](hosts/cpu-00000002.md)") in out.read_text()
+    md = (out.parent / "hosts" / "cpu-00000002.md").read_text()
     sections = [line for line in md.splitlines() if line.startswith("## ")]
-    assert sections[0] == "## The newest run's host first — `cpu-00000002` (no GPU)"
+    assert sections[0] == "## What the newest run measured here"
     first = md.split(sections[0])[1].split("\n## ")[0]
-    assert f"- {CELL}: works: inventory passes" in first
+    assert f"- {CELL}: works: inventory passes" in first and "fail" not in first  # the earlier run is not this one
     assert "A GPU host adds the runtime verdicts (1 variant(s)" in first
-    assert "[`20261204T120000Z-ffff`](../results/cpu-00000002/20261204T120000Z-ffff.jsonl)" in first
+    assert ("- 1 other run recorded under this host id (20261204T110000Z-eeee), on this machine or another of the "
+            "same kind: their verdicts are in the host's table, not in these lines") in first
     page = out.with_suffix(".html").read_text()
-    assert page.index('<section id="newest">') < page.index('<section id="overview">')
+    assert page.index('<section id="answer">') < page.index('<section id="newest">')
     assert f"<li>{CELL}: works: inventory passes</li>" in page

@@ -107,7 +107,7 @@ def test_a_quick_run_marks_what_it_shortened_and_a_full_run_reuses_the_rest(tmp_
     p = subprocess.run([sys.executable, "-m", "checks.cli", "report", "--results", str(c.results), "--out",
                         str(out)], capture_output=True, text=True, cwd=c.root, env=c.env, timeout=300)
     assert p.returncode == 0, p.stderr
-    md = out.read_text()  # the table still marks what a quick run answered
+    md = archived(out)  # the table still marks what a quick run answered (a local cell: on the archive page)
     assert "✅2 *(quick)*" in md and f"({printed[0]['started_at'][:10]}, quick)" in md
     assert "*quick*: made\nby `checks run --level quick` or the first pass of `checks run` without `--level`" in md
 
@@ -173,11 +173,20 @@ def run(ctx: RankContext) -> dict:
 DEEP = ["t-deeper ranks=1,depth=1", "t-deeper ranks=1,depth=2"]
 
 
+def archive_of(table: Path) -> Path:
+    """The page beside ``table`` that holds the cells no matrix declares: a local environment's verdicts."""
+    return table.with_name(f"{table.stem}-archive.md")
+
+
+def archived(table: Path) -> str:
+    return archive_of(table).read_text()
+
+
 def deeper(tmp_path: Path) -> tuple[Checkout, Path, dict[str, str]]:
     c = Checkout(tmp_path)
     (c.probes / "t_deeper.py").write_text(DEEPER)
     table = tmp_path / "table.md"
-    return c, table, {**c.env, "STACKPROBE_TEST_TABLE": str(table)}
+    return c, table, {**c.env, "STACKPROBE_TEST_TABLE": str(archive_of(table))}
 
 
 def table_lines(stderr: str) -> list[str]:
@@ -196,7 +205,7 @@ def test_no_level_writes_the_quick_table_then_the_full_one_running_each_variant_
     # t-count-a, t-count-b, and t-deeper's one variant planned at the quick level
     assert "| ✅2 *(quick)* *(static)* | ✅ *(quick)* *(static)* | ✅ *(quick)* *(static)* |" in first
     assert full_run.stem not in first and f"{quick_run.stem}.jsonl) (20" in first
-    last = table.read_text()  # every cell answered by the full run: the quick pass's carried, t-deeper's new one
+    last = archived(table)  # every cell answered by the full run: the quick pass's carried, t-deeper's new one
     assert "*(quick)*" not in last and f"{full_run.stem}.jsonl) (20" in last
     assert "| ✅2 *(reused)* *(static)* | ✅ *(reused)* *(static)* | ✅2 *(1 of 2 reused)* *(static)* |" in last
 
@@ -268,7 +277,7 @@ def test_level_quick_alone_runs_one_pass(tmp_path: Path) -> None:
     p = c.run("--level", "quick", env=env, report=table)
     assert c.ran() == sorted([*ALL, DEEP[0]])
     assert len(c.runs()) == 1 and len(table_lines(p.stderr)) == 1 and "first answer" not in p.stderr
-    assert len(json.loads(p.stdout)) == 4 and "| ✅ *(quick)* *(static)* |" in table.read_text()
+    assert len(json.loads(p.stdout)) == 4 and "| ✅ *(quick)* *(static)* |" in archived(table)
     assert not any("level" in r["evidence"] for r in json.loads(p.stdout))  # no variant here is shortened
 
 
@@ -287,7 +296,7 @@ def test_ctrl_c_in_the_full_pass_keeps_the_quick_table_and_every_finished_result
         while not snapshot.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
         assert snapshot.exists(), err.read_text()  # the full pass is running its depth-2 variant
-        quick_table = table.read_bytes()
+        quick_table = archive_of(table).read_bytes()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130, err.read_text()
     finally:
@@ -296,7 +305,7 @@ def test_ctrl_c_in_the_full_pass_keeps_the_quick_table_and_every_finished_result
             proc.kill()
     said = err.read_text()
     assert "first answer: table written" in said and "table: not regenerated after the stop" in said
-    assert table.read_bytes() == quick_table == snapshot.read_bytes() and b"*(quick)*" in quick_table
+    assert archive_of(table).read_bytes() == quick_table == snapshot.read_bytes() and b"*(quick)*" in quick_table
     assert c.ran() == sorted([*ALL, *DEEP])  # depth 2 started, and was stopped
     [quick_run] = c.runs()  # the full pass recorded nothing new: its carried copies are not written alone
     assert len(read_file(quick_run)[0]) == 4

@@ -123,15 +123,15 @@ class Browser:
 PROBE_PAGE = """(() => {
   const shown = el => !!el && el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden';
   const box = el => { const r = el.getBoundingClientRect(); return [Math.round(r.width), Math.round(r.height)]; };
-  const overview = document.querySelector('#overview table');
+  const answer = document.querySelector('#answer table.answer');
   const plots = [...document.querySelectorAll('svg.plot')].filter(shown);
   const labels = [...document.querySelectorAll('#picker label')].filter(shown);
   const statusTags = [...document.querySelectorAll('td .st')].filter(shown);
   return {
     title: document.title,
-    overview_rows: overview ? overview.rows.length : 0,
-    overview_shown: shown(overview),
-    overview_top: overview ? Math.round(overview.getBoundingClientRect().top) : -1,
+    answer_rows: answer ? answer.rows.length : 0,
+    answer_shown: shown(answer),
+    answer_top: answer ? Math.round(answer.getBoundingClientRect().top) : -1,
     picker_labels: labels.map(l => l.getAttribute('for')),
     plots: plots.length,
     plot_boxes: plots.map(box),
@@ -142,6 +142,37 @@ PROBE_PAGE = """(() => {
     status_tags: statusTags.length,
     status_tag_boxes_ok: statusTags.every(s => box(s)[0] > 8 && s.textContent.trim().length > 0),
     emoji: /[\\u2705\\u274c\\u2796\\u{1F7E1}\\u{1F4A5}\\u23f3\\u23f8\\u{1F6AB}]/u.test(document.body.innerText),
+  };
+})()"""
+
+# What a reader reads off the first screen: per declared stack, the words the SM120 (12.0a) fusion-JIT row shows
+# for the no-GPU class (the only one that cross-compiles), and per stack the first backend advised at 2 ranks on
+# the 2x H200 class.
+ANSWERS = """(() => {
+  const shown = el => !!el && el.getClientRects().length > 0;
+  const heads = [...document.querySelectorAll('#answer table.answer tr:first-child th.stk')].map(th => th.dataset.cell);
+  const row = document.querySelector('#answer tr.feat-fusion-jit-sm120a');
+  const sm120 = {};
+  [...row.querySelectorAll('td.stk')].forEach((td, i) => {
+    const v = [...td.querySelectorAll('.v')].find(v => v.dataset.class === 'no GPU');
+    if (v && shown(v)) sm120[heads[i]] = v.innerText.replace(/\\s+/g, ' ').trim();
+  });
+  const advised = {};
+  [...document.querySelectorAll('#launch li')].filter(li => li.dataset.class.startsWith('H200 ×2')
+    && li.dataset.ranks === '2' && shown(li)).forEach(li => { advised[li.dataset.cell] =
+      li.querySelector('.use').innerText; });
+  return {sm120, advised};
+})()"""
+
+FILTERED = """(() => {
+  const shown = el => !!el && el.getClientRects().length > 0;
+  const rows = [...document.querySelectorAll('#answer tr.feat')].filter(shown);
+  return {
+    rows: rows.map(r => r.dataset.feature),
+    columns: [...document.querySelectorAll('#answer th.stk')].filter(shown).map(th => th.dataset.cell),
+    classes: [...new Set([...document.querySelectorAll('#answer .v')].filter(shown).map(v => v.dataset.class))],
+    launch: [...document.querySelectorAll('#launch li')].filter(shown).length,
+    host_sections: [...document.querySelectorAll('section.host')].filter(shown).length,
   };
 })()"""
 
@@ -171,7 +202,11 @@ def _errors(events: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def test_page_renders_overview_picker_and_plots_in_chromium(tmp_path: Path) -> None:
+def _click(browser: Browser, *ids: str) -> None:
+    browser.evaluate("".join(f"document.querySelector('label[for=\"{i}\"]').click();" for i in ids))
+
+
+def test_page_answers_first_filters_and_shows_every_host_in_chromium(tmp_path: Path) -> None:
     binary = _chromium()
     out = tmp_path / "docs" / "compatibility.md"
     assert generate(committed(), out, None, check=False, quiet=True) == 0
@@ -185,28 +220,50 @@ def test_page_renders_overview_picker_and_plots_in_chromium(tmp_path: Path) -> N
         browser.send("Page.navigate", {"url": page.as_uri()})
         browser.wait_for("Page.loadEventFired")
         seen = browser.evaluate(PROBE_PAGE)
+        answers = browser.evaluate(ANSWERS)
         shot = browser.send("Page.captureScreenshot", {"format": "png"})
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "compatibility.png").write_bytes(base64.b64decode(shot["data"]))
+        _click(browser, "ff-fusion-jit-sm120a")
+        one_feature = browser.evaluate(FILTERED)
+        _click(browser, "ff-all", "fs-0")
+        one_stack = browser.evaluate(FILTERED)
+        _click(browser, "fs-all", "fc-nogpu")
+        one_class = browser.evaluate(FILTERED)
+        _click(browser, "fc-all")
+        every = browser.evaluate(FILTERED)
         cpu = next(f for f in seen["picker_labels"] if f.startswith("pick-cpu-"))
-        browser.evaluate(f"document.querySelector('label[for=\"{cpu}\"]').click()")
+        _click(browser, cpu)
         picked_cpu = browser.evaluate(AFTER_PICKING)
-        browser.evaluate("document.querySelector('label[for=\"pick-all\"]').click();"
-                         "document.querySelector('label[for=\"f-bad\"]').click()")
+        _click(browser, "pick-all", "f-bad")
         filtered = browser.evaluate(AFTER_PICKING)
-        browser.evaluate("document.querySelector('label[for=\"f-any\"]').click()")
+        _click(browser, "f-any")
         unfiltered = browser.evaluate(AFTER_PICKING)
         errors = _errors(browser.events)
     finally:
         browser.close()
     assert seen["title"].startswith("stackprobe")
-    assert seen["overview_shown"] and seen["overview_rows"] >= 9  # a header and one row per probe
-    assert 0 <= seen["overview_top"] < 2000  # the page opens on the overview
-    assert {"pick-gpu", "pick-all", "f-any", "f-bad"} <= set(seen["picker_labels"])
-    # opens on the GPU hosts (the committed results hold several), the GPU-less ones hidden
+    assert seen["answer_shown"] and seen["answer_rows"] >= 13  # a header and one row per feature
+    assert 0 <= seen["answer_top"] < 1000  # the first screen holds the answer
+    assert {"ff-all", "fs-all", "fc-all", "fc-nogpu", "pick-all", "pick-gpu", "f-any", "f-bad"} <= set(
+        seen["picker_labels"])
+    # the SM120 fusion JIT per flashinfer release, read off the page: 0.6.16 refuses SM12x, 0.6.17 on compiles
+    assert answers["sm120"]["cu130-torch2.14.1-sgl0.4.10-fi0.6.16"] == "no GPU FAIL fi-arch-gate"
+    assert answers["sm120"]["cu130-torch2.14.1-sgl0.4.10-fi0.6.17"] == "no GPU pass"
+    assert answers["sm120"]["cu130-torch2.14.1-sgl0.4.10-fi0.7.2"] == "no GPU pass"
+    assert answers["sm120"]["cu132-torch2.15.0-sglnone-fi0.7.4"] == "no GPU pass"
+    # the backend the 2x H200 is advised at 2 ranks for the smallest decode sizes
+    assert answers["advised"]["cu130-torch2.11.0-sglnone-fi0.7.4"] == "flashinfer-pcie-ipc"
+    assert answers["advised"]["cu130-torch2.11.0-sglnone-fi0.6.17"] == "flashinfer-custom-ar"
+    # each filter leaves what it names: one feature's row, one stack's column, one class's verdicts
+    assert one_feature["rows"] == ["fusion-jit-sm120a"] and len(one_feature["columns"]) == len(every["columns"])
+    assert one_stack["columns"] == every["columns"][:1] and one_stack["rows"] == every["rows"]
+    assert one_class["classes"] == ["no GPU"] and one_class["launch"] == 0 and one_class["host_sections"] == 2
+    assert len(every["classes"]) >= 4 and every["launch"] >= 4
+    # the page opens on every host: a GPU-less user's own section is shown, as are the GPU hosts
     assert len(seen["gpu_sections"]) >= 2 and all(seen["gpu_sections"])
-    assert seen["nogpu_sections"] and not any(seen["nogpu_sections"])
-    assert seen["plots"] >= 10 and all(w >= 300 and h >= 100 for w, h in seen["plot_boxes"])
+    assert seen["nogpu_sections"] and all(seen["nogpu_sections"])
+    assert seen["plots"] >= 6 and all(w >= 300 and h >= 100 for w, h in seen["plot_boxes"])
     assert max(seen["plot_lines"]) >= 5  # NCCL and four other backends on one plot
     assert any(n >= 8 for n in seen["plot_bars"])  # the estimate's bars
     assert seen["status_tags"] > 100 and seen["status_tag_boxes_ok"] and not seen["emoji"]

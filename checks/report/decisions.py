@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.report import launch
+from checks.report import hwclass, launch
 from checks.report.advise import (
     BASELINE,
     LATENCY_PROBE,
@@ -77,6 +77,7 @@ class HostDecision:
     engines: tuple[EngineGates, ...] = ()  # the gates of the engines installed in the cells, at this host
     gate_reader: str = ""  # the version of the code that read them (checks/report/gates.py), when there are any
     contributed: tuple[str, ...] = ()  # "run R: contributed: imported from B, measured by ..." per imported run
+    hardware_class: str = ""  # hwclass.of(facts).label: the grouping the table and `checks report --json` use
 
 
 def describe_host(facts: Mapping[str, Any]) -> str:
@@ -132,7 +133,30 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
     reader = provenance.verdict_code_versions().get("gates.py", "unknown") if gates else ""
     return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),
                         "" if out or gates else _why_nothing(h), tuple(gates), reader,
-                        tuple(f"run {r}: {text}" for r, text in sorted(h.contributed.items())))
+                        tuple(f"run {r}: {text}" for r, text in sorted(h.contributed.items())),
+                        hwclass.of(h.facts).label)
+
+
+def says_something(c: CellDecision) -> bool:
+    """Whether a cell's decision holds more than what is missing: a backend per size, one to avoid, one that works
+    unranked, a measured or checked step, an engine's gate."""
+    a = c.advice
+    return bool(a.sizes or a.crossovers or a.avoid or a.untimed or a.not_for_verify or c.measured is not None
+                or c.shared_step or c.gated_off)
+
+
+def narrowed(d: HostDecision, cells: Collection[str]) -> HostDecision:
+    """``d`` for ``cells`` only, without the cells whose decision says nothing but what is missing (a host
+    without a GPU, or with fewer than the ranks: a host with a GPU per rank would time them); the note says so
+    where no cell is left."""
+    kept = tuple(c for c in d.cells if c.advice.cell_id in cells and says_something(c))
+    engines = tuple(g for g in d.engines if g.cell_id in cells)
+    green = tuple(g for g in d.green if g.cell_id in cells)
+    note = d.note
+    if not kept and not engines and not note:
+        note = ("no allreduce latency measured at 2 ranks or more here: a host with a GPU per rank times the "
+                "backends and gets advice per decode size")
+    return dataclasses.replace(d, cells=kept, engines=engines, green=green, note=note)
 
 
 def _rank_counts(results: Sequence[Any], cell_id: str) -> list[int]:
@@ -472,9 +496,20 @@ def blocks(d: HostDecision) -> list[Block]:
     return out
 
 
+def by_class(found: Sequence[HostDecision]) -> list[tuple[str, list[HostDecision]]]:
+    """Decisions grouped by hardware class, in the order each class first appears (the order `checks advise`
+    chose: this host's first)."""
+    out: dict[str, list[HostDecision]] = {}
+    for d in found:
+        out.setdefault(d.hardware_class, []).append(d)
+    return list(out.items())
+
+
 def render(d: HostDecision) -> str:
     """The decision as terminal text: each line one line whatever the recorded text in it holds."""
     lines = [ids.one_line(f"host {d.host_id}: {d.host}")]
+    if d.hardware_class:
+        lines.append(ids.one_line(f"  hardware class: {d.hardware_class}"))
     lines += [ids.one_line(f"  {c}") for c in d.contributed]  # what was measured elsewhere, said first
     for b in blocks(d):
         lines += ["", *block_lines(b)]

@@ -6,12 +6,14 @@ results, same bytes: nothing depends on the clock, the order of files on disk or
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 import sys
 import urllib.parse
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,8 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from checks.report import abigrid, here, overview, plots
+from checks.report import abigrid, here, hwclass, plots
+from checks.report import answer as answer_mod
 from checks.report.estimate import default_shape
 from checks.report.footnotes import Footnote, Occurrence, footnotes
 from checks.report.headline import headline
@@ -27,10 +30,10 @@ from checks.report.summary import proven_statically
 from checks.results import hostresults, ids, portable, remedies
 from checks.results.freshness import Refresh, judged_by, refresh_list, staleness
 from checks.results.provenance import VERDICT_CODE_ROLE, current_probe_hashes, verdict_code_versions
-from checks.results.reader import ORIGIN_SUFFIX
+from checks.results.reader import HOST_PAGES, ORIGIN_SUFFIX
 from checks.results.result import ProbeResult
 from checks.results.store import REUSED_FROM, contributed, level_of, read_file, read_manifest, read_origin, scan
-from common import catalog, escape, memlock, reasons
+from common import catalog, escape, home, memlock, reasons
 from inenv import atomic, registry
 from inenv.probe import QUICK, Declared, Params, Role
 from inenv.status import ORDER, Status
@@ -78,6 +81,9 @@ class HostSection:
     judged: list[str] = field(default_factory=list)  # host-side code that judged verdicts, with its version
     # the newest run's host only, said first: here.rows as (text, True where stackprobe composed the whole line)
     standing: list[tuple[str, bool]] = field(default_factory=list)
+    raw_facts: dict[str, Any] = field(default_factory=dict)  # the newest manifest's facts (hwclass.of reads them)
+    latest: list[ProbeResult] = field(default_factory=list)  # the newest result per variant of the rows' cells
+    decided: Any = None  # decisions.HostDecision for the rows' cells (attach_decisions)
 
 
 def judged_lines(results: list[ProbeResult]) -> list[str]:
@@ -226,11 +232,14 @@ def _table_cell(rs: list[ProbeResult], declared: Declared, notes: list[int], sta
 
 def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_info: dict[str, dict[str, str]],
                catalogue_messages: dict[str, str], current: Mapping[str, str],
-               catalogue_remediations: Mapping[str, str] | None = None) -> HostSection:
+               catalogue_remediations: Mapping[str, str] | None = None, read: Any = None,
+               keep: Callable[[str], bool] | None = None) -> HostSection:
     """One host's section. ``current``: probe id -> hash of that probe's source in this checkout;
-    ``catalogue_*``: the reason catalogue's text by code (it wins over the text a result recorded)."""
-    all_results, warnings, manifests, run_rows = _read_runs(runs, out_dir)
-    results = latest_results(all_results)
+    ``catalogue_*``: the reason catalogue's text by code (it wins over the text a result recorded); ``read``:
+    what :func:`_read_runs` read of ``runs`` (read here when None); ``keep``: the cells the section shows (by
+    cell id; every cell when None)."""
+    all_results, warnings, manifests, run_rows = read if read is not None else _read_runs(runs, out_dir)
+    results = [r for r in latest_results(all_results) if keep is None or keep(r.cell_id)]
     quick_runs = {row["run_id"] for row in run_rows if row["quick"]}  # a cell they answer is marked quick
     judges = verdict_code_versions()
     imported = {row["run_id"] for row in run_rows if row["contributed"]}  # their code is the bundle's claim
@@ -240,7 +249,9 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
     for m in manifests:  # what each run recorded about its probes; newer runs win
         for pid, info in (m.get("probes") or {}).items() if isinstance(m.get("probes"), dict) else []:
             probe_info[pid] = {"title": str(info.get("title", pid)), "feature": str(info.get("feature", ""))}
-    facts = header(dict(manifests[-1].get("facts") or {}) if manifests else {})
+    raw_facts = dict(manifests[-1].get("facts") or {}) if manifests and isinstance(manifests[-1].get("facts"),
+                                                                                  dict) else {}
+    facts = header(raw_facts)
     probe_ids = sorted({r.probe_id for r in results})
     cell_ids = sorted({r.cell_id for r in results})
     fields = defaultdict(Declared, registry.declarations())  # a probe this checkout lacks declares nothing
@@ -277,7 +288,8 @@ def build_host(host_id: str, runs: list[tuple[str, Path]], out_dir: Path, probe_
     ml = memlock.summary(((r.run_id, r.verdict.evidence.get("memlock")) for r in results),
                          run_rows[-1]["run_id"] if run_rows else None)
     return HostSection(host_id, facts, run_rows, probes, rows, notes_list, warnings, refresh, memlock=ml,
-                       plots=plots.latency_plots(results), judged=judged_lines(results))
+                       plots=plots.latency_plots(results), judged=judged_lines(results), raw_facts=raw_facts,
+                       latest=results)
 
 
 def _remedies(results: list[ProbeResult]) -> dict[tuple[str, str, str], str]:
@@ -296,18 +308,38 @@ def build_model(results_dir: Path, out_dir: Path, probe_info: dict[str, dict[str
                 catalogue_remediations: Mapping[str, str] | None = None) -> tuple[list[HostSection], list[str]]:
     """Every host's section. ``current``: probe id -> source hash now (default: this checkout's probes);
     verdicts made by other hashes, or recording none, are marked stale."""
+    (sections,), warnings = build_split(results_dir, out_dir, (None,), probe_info, catalogue_messages, current,
+                                        catalogue_remediations)
+    return sections, warnings
+
+
+def build_split(results_dir: Path, out_dir: Path, keeps: Sequence[Callable[[str], bool] | None],
+                probe_info: dict[str, dict[str, str]] | None = None,
+                catalogue_messages: dict[str, str] | None = None, current: Mapping[str, str] | None = None,
+                catalogue_remediations: Mapping[str, str] | None = None,
+                hosts: Mapping[str, hostresults.HostResults] | None = None) -> tuple[list[list[HostSection]],
+                                                                                     list[str]]:
+    """Every host's section once per ``keeps`` entry (the cells it shows; every cell for None), the results read
+    once; a host with no row in one of them is left out of that one. ``current`` as in :func:`build_model`."""
     if current is None:
         current = current_probe_hashes()
     per_host: dict[str, list[tuple[str, Path]]] = defaultdict(list)
     found, skipped = scan(results_dir)
     for host, run_id, path in found:
         per_host[host].append((run_id, path))
-    sections = [build_host(h, runs, out_dir, probe_info or {}, catalogue_messages or {}, current,
-                           catalogue_remediations)
-                for h, runs in sorted(per_host.items())]
-    warnings = skipped + [w for s in sections for w in s.warnings]
-    attach_decisions(sections, results_dir)
-    return [s for s in sections if s.rows], warnings
+    reads = {h: _read_runs(runs, out_dir) for h, runs in sorted(per_host.items())}
+    warnings = skipped + [w for read in reads.values() for w in read[1]]
+    if hosts is None:
+        hosts = hostresults.load(results_dir)
+    out = []
+    for keep in keeps:
+        sections = [build_host(h, per_host[h], out_dir, probe_info or {}, catalogue_messages or {}, current,
+                               catalogue_remediations, read=read, keep=keep)
+                    for h, read in reads.items()]
+        sections = [s for s in sections if s.rows]
+        attach_decisions(sections, hosts)
+        out.append(sections)
+    return out, warnings
 
 
 def _catalogue() -> tuple[dict[str, str], dict[str, str]]:
@@ -356,32 +388,6 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def across_hosts(sections: list[HostSection]) -> dict[str, Any] | None:
-    """With results from more than one host (gathered by the Slurm executor or copied by hand): one row per
-    cell and probe with each host's worst verdict and its variant counts (None where the host did not run
-    it), and whether the hosts that ran it agree. None for a single host."""
-    if len(sections) < 2:
-        return None
-    hosts = [{"host_id": s.host_id, "label": f"{s.facts.get('gpu_name') or 'no GPU'}"
-              + (f" ×{s.facts['gpu_count']}" if s.facts.get("gpu_count") else "")} for s in sections]
-    cells: dict[tuple[str, str], list[TableCell | None]] = {}
-    for i, s in enumerate(sections):
-        for row in s.rows:
-            for pid, c in row["cells"].items():
-                if c is not None:
-                    cells.setdefault((row["cell_id"], pid), [None] * len(sections))[i] = c
-    rows = []
-    for (cell_id, pid), per_host in sorted(cells.items()):
-        worst = {c.worst for c in per_host if c is not None}
-        ran = sum(c is not None for c in per_host)
-        static = [hosts[i]["host_id"] for i, c in enumerate(per_host) if c is not None and c.static]
-        # a verdict proven without a GPU and one a GPU host ran say the same only in part: said as such
-        agree = "one host" if ran == 1 else "no" if len(worst) != 1 else \
-            "yes" if not static or len(static) == ran else f"yes, static on {', '.join(static)}"
-        rows.append({"cell_id": cell_id, "probe": pid, "cells": per_host, "agree": agree})
-    return {"hosts": hosts, "rows": rows}
-
-
 def plot_figures(s: HostSection) -> list[dict[str, Any]]:
     """Per cell and rank count of a host, its latency plot and the estimate's bars (either may be missing), as
     SVG text with a caption."""
@@ -401,13 +407,13 @@ def plot_figures(s: HostSection) -> list[dict[str, Any]]:
 
 
 def page_extras(sections: list[HostSection]) -> dict[str, Any]:
-    """What only the HTML page shows: the overview across hosts, the sections in page order (hosts with GPUs
-    first, most GPUs first), and the plots as SVG text."""
+    """What only the HTML page shows: the sections in page order (hosts with GPUs first, most GPUs first), each
+    host's hardware class (its slug: the class filter), and the plots as SVG text."""
     order = sorted(sections, key=lambda s: (not s.facts.get("gpu_count"), -int(s.facts.get("gpu_count") or 0),
                                             s.host_id))
     svgs = {s.host_id: plot_figures(s) for s in sections}
-    return {"overview": overview.build(order), "page_sections": order, "svgs": svgs, "STATUS_LABEL": STATUS_LABEL,
-            "FILTERS": FILTERS}
+    return {"page_sections": order, "svgs": svgs, "STATUS_LABEL": STATUS_LABEL, "FILTERS": FILTERS,
+            "host_class": {s.host_id: hwclass.of(s.raw_facts).slug for s in sections}}
 
 
 def anchor(host_id: str) -> str:
@@ -419,14 +425,19 @@ def anchor(host_id: str) -> str:
 
 
 def render(sections: list[HostSection], kind: str, results_rel: str, skipped: int = 0,
-           abi: dict[str, Any] | None = None) -> str:
+           abi: dict[str, Any] | None = None, answer: answer_mod.Answer | None = None, archive: str = "") -> str:
     """One document; ``skipped``: how many unreadable items the results held (said at the top when any);
-    ``abi``: the extension x torch grid's section (checks/report/abigrid.py), None for none."""
+    ``abi``: the extension x torch grid's section (checks/report/abigrid.py), None for none; ``answer``: the
+    feature x stack table (default: every cell of the sections taken as declared); ``archive``: the archive
+    page's link, "" for none."""
     env = environment()
     extras: dict[str, Any] = {}
     if kind == "html":
         env.autoescape = True
         extras = page_extras(sections)
+    if answer is None:
+        every = sorted({row["cell_id"] for s in sections for row in s.rows})
+        answer = answer_mod.build(sections, [answer_mod.Stack(c, "") for c in every], _catalogue()[0])
     sm12 = any(str(s.facts.get("compute_capability") or "").startswith("12.") for s in sections)
     cells = [c for s in sections for row in s.rows for c in row["cells"].values() if c]
     return env.get_template(f"compatibility.{kind}.j2").render(
@@ -434,65 +445,159 @@ def render(sections: list[HostSection], kind: str, results_rel: str, skipped: in
         newest=next((s for s in sections if s.standing), None),
         any_stale=any(s.refresh for s in sections), any_cached=any(c.cached for c in cells),
         any_reused=any(c.reused for c in cells), any_quick=any(c.quick for c in cells),
-        any_static=any(c.static for c in cells),
-        across=across_hosts(sections), skipped=skipped, abi=abi, **extras)
+        any_static=any(c.static for c in cells), answer=answer, refs=answer_mod.references(answer),
+        archive=archive, hosts_dir=HOSTS_DIR,
+        skipped=skipped, abi=abi, **extras)
+
+
+HOSTS_DIR = HOST_PAGES  # the per-host pages, beside the main page (the results reader skips the folder)
+ARCHIVE_SUFFIX = "-archive"  # compatibility.md -> compatibility-archive.md: the cells no matrix declares
+
+
+@dataclass
+class Pages:
+    """Every file one report writes: path -> text."""
+
+    files: dict[Path, str]
+    answer: answer_mod.Answer
+    hosts: int
+
+
+def host_page(s: HostSection, main_name: str, results_rel: str) -> str:
+    """One host's page: its facts, runs, every declared cell's verdicts, notes and decisions."""
+    return environment().get_template("host.md.j2").render(
+        s=s, up="../", main_name=main_name, results_rel=results_rel, statuses=list(ORDER), **_flags([s]))
+
+
+def archive_page(sections: list[HostSection], main_name: str, results_rel: str) -> str:
+    """The cells with results that no matrix of this checkout declares, per host."""
+    return environment().get_template("archive.md.j2").render(
+        sections=sections, up="", main_name=main_name, results_rel=results_rel, statuses=list(ORDER),
+        **_flags(sections))
+
+
+def _flags(sections: list[HostSection]) -> dict[str, bool]:
+    """Which qualifiers the legend explains: those some cell of ``sections`` carries."""
+    cells = [c for s in sections for row in s.rows for c in row["cells"].values() if c]
+    return {"any_stale": any(s.refresh for s in sections), "any_cached": any(c.cached for c in cells),
+            "any_reused": any(c.reused for c in cells), "any_quick": any(c.quick for c in cells),
+            "any_static": any(c.static for c in cells)}
+
+
+def pages(results_dir: Path, out: Path, html: Path, current: Mapping[str, str] | None = None,
+          stacks: Sequence[answer_mod.Stack] | None = None) -> tuple[Pages | None, list[str]]:
+    """What a report writes (None when no result is readable) and the warnings of what was skipped. ``stacks``:
+    the declared stacks (default: the matrices of this checkout, home.DATA_ROOT)."""
+    messages, remediations = _catalogue()
+    if stacks is None:
+        stacks = answer_mod.declared(home.DATA_ROOT)
+    ids_declared = {st.cell_id for st in stacks}
+    hosts = hostresults.load(results_dir)
+    (main, archived), warnings = build_split(results_dir, out.parent, (ids_declared.__contains__,
+                                                                       lambda c: c not in ids_declared),
+                                             {}, messages, current, remediations, hosts)
+    if not main and not archived:
+        return None, warnings
+    attach_standing(main or archived, hosts, messages)
+    model = answer_mod.build(main, stacks, messages, others=archived)
+    rel = os.path.relpath(results_dir, out.parent)
+    grid = abigrid.section(results_dir, out.parent / abigrid.GRID_FILE)  # kept beside the page by provision abi
+    archive = out.with_name(f"{out.stem}{ARCHIVE_SUFFIX}{out.suffix}")
+    files = {out: render(main, "md", rel, len(warnings), grid, model, archive.name if archived else ""),
+             html: render(main, "html", os.path.relpath(results_dir, html.parent), len(warnings), grid, model,
+                          os.path.relpath(archive, html.parent) if archived else "")}
+    for s in main:
+        files[out.parent / HOSTS_DIR / f"{anchor(s.host_id)}.md"] = host_page(s, out.name, rel)
+    if archived:
+        files[archive] = archive_page(archived, out.name, rel)
+    return Pages(files, model, len(main)), warnings
 
 
 def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
-             current: Mapping[str, str] | None = None, quiet: bool = False) -> int:
-    """Write (or with ``check``, compare) the Markdown and HTML table. ``current``: probe id -> source hash
-    that verdicts must have been made by (default: this checkout's probes). ``quiet``: no line saying what
-    was written (the caller says it)."""
+             current: Mapping[str, str] | None = None, quiet: bool = False, as_json: bool = False,
+             stacks: Sequence[answer_mod.Stack] | None = None) -> int:
+    """Write (or with ``check``, compare) the Markdown and HTML table, a page per host and the archive.
+    ``current``: probe id -> source hash that verdicts must have been made by (default: this checkout's
+    probes). ``quiet``: no line saying what was written (the caller says it). ``as_json``: print the answer
+    (feature x stack x hardware class, and what to launch with) as JSON on stdout instead of writing."""
     if not results_dir.is_dir():
         print(f"checks report: no results directory {results_dir} (run `checks run` first)", file=sys.stderr)
         return 2
     html = html or out.with_suffix(".html")
-    messages, remediations = _catalogue()
-    sections, warnings = build_model(results_dir, out.parent, {}, messages, current, remediations)
+    made, warnings = pages(results_dir, out, html, current, stacks)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if warnings:
         print(f"checks report: {len(warnings)} unreadable item(s) in {ids.shown(str(results_dir))} skipped "
               "(warnings above); the table says how many", file=sys.stderr)
-    if not sections:
+    if made is None:
         print(f"checks report: no valid results under {results_dir}", file=sys.stderr)
         return 2
-    rel = os.path.relpath(results_dir, out.parent)
-    grid = abigrid.section(results_dir, out.parent / abigrid.GRID_FILE)  # kept beside the page by provision abi
-    md = render(sections, "md", rel, len(warnings), grid)
-    page = render(sections, "html", os.path.relpath(results_dir, html.parent), len(warnings), grid)
+    if as_json:
+        print(json.dumps(answer_mod.to_json(made.answer), indent=2, sort_keys=True))
+        return 0
+    hosts_dir = out.parent / HOSTS_DIR
+    old = {p for p in hosts_dir.glob("*.md")} if hosts_dir.is_dir() else set()
+    gone = sorted(old - set(made.files))  # pages of hosts the results no longer hold
     if check:
-        stale = [str(p) for p, text in ((out, md), (html, page)) if not p.exists() or p.read_text() != text]
+        stale = [str(p) for p, text in made.files.items() if not p.exists() or p.read_text() != text]
+        stale += [f"{p} (no such host now)" for p in gone]
         if stale:
             print(f"checks report: stale: {', '.join(stale)}; run `checks report` and commit", file=sys.stderr)
             return 1
-        print(f"up to date: {out}, {html}", file=sys.stderr)
+        print(f"up to date: {out}, {html} and {len(made.files) - 2} more", file=sys.stderr)
         return 0
-    atomic.write_text(out, md)
-    atomic.write_text(html, page)
+    for p, text in made.files.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(p, text)
+    for p in gone:
+        p.unlink()
     if not quiet:
-        print(f"wrote {out} and {html} ({len(sections)} host(s))", file=sys.stderr)
+        print(f"wrote {out}, {html} and {len(made.files) - 2} more ({made.hosts} host(s), "
+              f"{len(made.answer.classes)} hardware class(es))", file=sys.stderr)
     return 0
 
 
 # --- decision notes: advice, launch settings, an estimate, nearest green, changes (checks advise) ------------------
-def attach_decisions(sections: list[HostSection], results_dir: Path) -> None:
-    """Each host section gets the text blocks `checks advise` prints for it, with the estimate for the default
-    model shape at every rank count advised on (checks.report.decisions; the same results, so the same bytes)."""
+def attach_decisions(sections: list[HostSection], hosts: Mapping[str, hostresults.HostResults]) -> None:
+    """Each host section gets the text blocks `checks advise` prints for it, for the cells of its rows, with the
+    estimate for the default model shape at every rank count advised on (checks.report.decisions; the same
+    results, so the same bytes); a cell whose advice says nothing but what is missing gets no block."""
     # lazy: checks.report.decisions (with launch, diff, nearest) adds 15 ms to every `checks` start (via session)
     from checks.report import decisions, launch
 
-    hosts = hostresults.load(results_dir)
     pins = catalog.load().sglang_pins
     engines, model = launch.load(), default_shape()
     for s in sections:
         if s.host_id in hosts:
-            decided = decisions.decide(hosts[s.host_id], engines, pins, model=model)
+            decided = decisions.narrowed(decisions.decide(hosts[s.host_id], engines, pins, model=model),
+                                         {row["cell_id"] for row in s.rows})
+            s.decided = decided
             s.decisions = decisions.blocks(decided)
             s.estimates = [c.estimate for c in decided.cells if c.estimate is not None]
+
+
+
+def attach_standing(sections: list[HostSection], hosts: Mapping[str, hostresults.HostResults],
+                    messages: Mapping[str, str]) -> None:
+    """The section of the newest run's host gets that run's standing (here.rows): what this run measured, not
+    what other runs recorded under the same host id (another machine of the same kind gets the same id); a
+    last line names those other runs, whose verdicts are on the host's page."""
     newest = here.newest_host({s.host_id: [r["run_id"] for r in s.runs] for s in sections if s.rows})
     for s in sections:
-        if s.host_id == newest and newest in hosts:
-            h = here.standing(hosts[newest], _catalogue()[0])
-            added = here.gpu_adds(h)
-            s.standing = [(row, row == added) for row in here.rows(h)]  # (text, composed here with its own code)
+        if s.host_id != newest or newest not in hosts:
+            continue
+        h = hosts[newest]
+        run = h.runs[-1]
+        shown = {row["cell_id"] for row in s.rows}
+        own = dataclasses.replace(h, runs=(run,), results=tuple(r for r in h.results
+                                                                if r.run_id == run and r.cell_id in shown))
+        stand = here.standing(own, messages)
+        added = here.gpu_adds(stand)
+        s.standing = [(row, row == added) for row in here.rows(stand)]  # (text, composed here with its own code)
+        others = [r for r in h.runs if r != run]
+        if others:
+            which = f"{others[0]} to {others[-1]}" if len(others) > 1 else others[0]
+            s.standing.append((f"{len(others)} other run{'s' if len(others) > 1 else ''} recorded under this host "
+                               f"id ({which}), on this machine or another of the same kind: their verdicts are in "
+                               "the host's table, not in these lines", True))

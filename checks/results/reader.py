@@ -49,7 +49,10 @@ RESULT_KEYS = frozenset(FIELDS) | {"code"}
 MANIFEST_SCHEMAS = ("stackprobe.manifest/1", "stackprobe.manifest/2")
 MANIFEST_KEYS = frozenset({"schema", "run_id", "host_id", "written_at", "executor", "level", "facts", "cells",
                            "probes", "code", "argv"})
-REPORT_FILES = frozenset({"compatibility.md", "compatibility.html"})  # `checks run --results X` writes these
+# `checks run --results X` writes these beside the host folders: the table, its archive and a page per host
+REPORT_FILES = frozenset({"compatibility.md", "compatibility.html", "compatibility-archive.md"})
+HOST_PAGES = "hosts"  # the folder of a page per host, beside the table
+REPORT_DIRS = frozenset({HOST_PAGES})
 EXPECTED_CHANGES = "expected-changes.yaml"  # the reviewed list of expected verdict changes (checks.results.changes)
 RESULTS_SUFFIX = ".jsonl"
 MANIFEST_SUFFIX = ".manifest.json"
@@ -543,6 +546,8 @@ def host_folders(root: Path, problems: list[Problem]) -> list[Path]:
             problems.append(Problem(shown(path), f"cannot be read ({exc.strerror})"))
             continue
         if stat.S_ISREG(st.st_mode) and (name in REPORT_FILES or name == EXPECTED_CHANGES):
+            continue
+        if stat.S_ISDIR(st.st_mode) and name in REPORT_DIRS:
             continue
         if not stat.S_ISDIR(st.st_mode):
             what = "a symbolic link; not followed" if stat.S_ISLNK(st.st_mode) else "not a host folder; not read"
