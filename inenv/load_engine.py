@@ -694,14 +694,7 @@ def _replay(load: Run, lanes: list[Lane], streams: Streams, clock: Clock | None,
             for b in made:
                 b.sync(load.wait_s)
         except _device.Hung as exc:
-            load.evidence.update(replays_by_size={str(k): v for k, v in sorted(per_size.items())})
-            stuck = next((m for m in marks if m[3] is not None and not m[3].query()), None)
-            if stuck is not None:
-                load.replay, size, stream = stuck[0], stuck[1], stuck[2]
-                what = f"{load.where(size, stream)} and the replays queued after it did not finish"
-            else:
-                what = f"queued replays did not finish: stopped at or before {load.where(size, stream)}"
-            return load.result("hang", f"{what}; {exc}", "load-hang", {"replays": load.replay, "crossings": crossings})
+            return _hung(load, exc, marks, per_size, size, stream, crossings)
         except Exception as exc:  # a CUDA error the wait surfaced: reported with the peers, as one raised above
             err = err or _errors.error_tail(exc)
         places = _digest_places(checks.samples)
@@ -732,6 +725,20 @@ def _replay(load: Run, lanes: list[Lane], streams: Streams, clock: Clock | None,
         if any(e["stop"] for e in everyone):
             break
     return _summary(load, finding, clock, per_size, crossings, checks.checked, exchange, time.monotonic() - started)
+
+
+def _hung(load: Run, exc: Exception, marks: list[tuple[int, int, int, Any]], per_size: dict[int, int], size: int,
+          stream: int, crossings: int) -> dict[str, Any]:
+    """The hang verdict of a flush that did not finish: the first replay whose marker never completed (``marks``:
+    replay, size, stream, marker after it), else where the queue stood."""
+    load.evidence.update(replays_by_size={str(k): v for k, v in sorted(per_size.items())})
+    stuck = next((m for m in marks if m[3] is not None and not m[3].query()), None)
+    if stuck is not None:
+        load.replay, size, stream = stuck[0], stuck[1], stuck[2]
+        what = f"{load.where(size, stream)} and the replays queued after it did not finish"
+    else:
+        what = f"queued replays did not finish: stopped at or before {load.where(size, stream)}"
+    return load.result("hang", f"{what}; {exc}", "load-hang", {"replays": load.replay, "crossings": crossings})
 
 
 def _summary(load: Run, finding: Finding | None, clock: Clock | None, per_size: dict[int, int], crossings: int,
