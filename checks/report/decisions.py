@@ -156,7 +156,13 @@ def narrowed(d: HostDecision, cells: Collection[str]) -> HostDecision:
     if not kept and not engines and not note:
         note = ("no allreduce latency measured at 2 ranks or more here: a host with a GPU per rank times the "
                 "backends and gets advice per decode size")
-    return dataclasses.replace(d, cells=kept, engines=engines, green=green, note=note)
+    changes = d.changes
+    if changes is not None:  # keys and result ids name their cell: (cell, probe, variant), run/cell/probe/variant
+        changes = dataclasses.replace(
+            changes, changes=tuple(c for c in changes.changes if c.key[:1] and c.key[0] in cells),
+            only_a=tuple(i for i in changes.only_a if i.split("/")[1:2] and i.split("/")[1] in cells),
+            only_b=tuple(i for i in changes.only_b if i.split("/")[1:2] and i.split("/")[1] in cells))
+    return dataclasses.replace(d, cells=kept, engines=engines, green=green, note=note, changes=changes)
 
 
 def _rank_counts(results: Sequence[Any], cell_id: str) -> list[int]:
