@@ -17,7 +17,7 @@ _PROJECT = r"(?:inenv|common|provision|checks)"
 _LAYOUT_FREE: tuple[tuple[re.Pattern[str], str], ...] = (
     # `from inenv.kit import _timing`, `from checks.run.plan import X`: the package named is where it lives
     (re.compile(r"(?<![\w.])from\s+" + _PROJECT + r"(?:\.\w+)*\s+import\b"), "from . import"),
-    # `inenv.kit._fi_carry` in code or text: the module's own name
+    # `inenv.kit._fi_build` in code or text: the module's own name
     (re.compile(r"(?<![\w./])" + _PROJECT + r"(?:\.\w+)*\.(\w+)"), r"\1"),
     # `inenv/kit/_x.py`: the file's own name
     (re.compile(r"(?<![\w./])" + _PROJECT + r"(?:/\w+)*/(\w+(?:\.py)?)"), r"\1"),
