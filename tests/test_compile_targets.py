@@ -57,7 +57,7 @@ def test_a_bad_flag_is_one_line(given: str, says: str) -> None:
 def _targets(monkeypatch: pytest.MonkeyPatch, gpus: int, asked: tuple[str, ...] | None) -> Any:
     facts = {"host_id": "h-1", "gpu_count": gpus, "compute_capability": "9.0" if gpus else None,
              "gpu_name": "NVIDIA H200" if gpus else None}
-    monkeypatch.setattr(hostfacts, "collect", lambda inspect=None, env=None: dict(facts))
+    monkeypatch.setattr(hostfacts, "gpu_facts", lambda env=None: dict(facts))
     cell = CellTarget("cu130-torch2.11.0-sgl0.4.2-fi0.7.4", "resolved", image_status="built")
     backend = HostBackend("local", lambda opts, n: ([cell], {}))
     return backend.targets(RunOptions(all_probes=True, target_archs=asked))
