@@ -10,7 +10,7 @@ A reason code reaches a result through a few doors, and each is a *sink* here:
 - ``record.get("key")``: every value the module stores under that key (``{"code": ...}``,
   ``facts["multicast_reason"] = ...``);
 - ``return code, note`` of a function whose result is read as ``(reason_code, note)`` (the worker's
-  ``skip_reason``): found as ``outcome(..., reason_code=x[0])``.
+  ``skip_reason``): found as ``outcome(..., reason_code=x[0])``, or unpacked first (``note, code = f(...)``).
 
 Each sink's expression is resolved to the string literals it can hold: constants, both sides of ``a if c else
 b`` and ``a or b``, names assigned in the function or the module (``for code, pat in TABLE`` takes the
@@ -191,8 +191,21 @@ class Scanner:
                     if isinstance(t, ast.Name) and t.id == name:
                         yield node.iter, i
 
+    @staticmethod
+    def _unpacked(scope: ast.AST, name: str) -> Iterator[tuple[ast.Call, int]]:
+        """``a, name = f(...)``: (the call, position of ``name``)."""
+        body = scope.body if isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef) else []
+        for stmt in body:
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                    for t in node.targets:
+                        if isinstance(t, ast.Tuple):
+                            yield from ((node.value, i) for i, e in enumerate(t.elts)
+                                        if isinstance(e, ast.Name) and e.id == name)
+
     def _name(self, m: Module, name: str, scope: ast.AST, expr: ast.AST) -> tuple[set[str], list[str]]:
         parts = [self.resolve(m, v, v) for v in self._assigned(scope, name)]
+        parts += [self._element(m, call, i, call) for call, i in self._unpacked(scope, name)]
         for rows, i in self._loop_rows(scope, name):
             parts.append(self._rows(m, rows, i, expr))
         if parts:
