@@ -15,6 +15,7 @@ from typing import Any
 from inenv.kit import _p2p, _pci
 from inenv.probe import RankContext, Variant
 from inenv.probes import host_p2p as hp
+from inenv.probes import p2pnccl as pn
 from tests.test_pci import fake_host, put16, put32, root_port_config
 from tests.test_probes_host_p2p import FakeNvml, path
 
@@ -192,7 +193,7 @@ def test_a_control_that_fails_too_reads_as_the_host_not_p2p() -> None:
 
 
 def test_the_control_environment_disables_p2p_and_rendezvous_elsewhere() -> None:
-    env = hp.control_env({"NCCL_P2P_LEVEL": "NVL", "MASTER_PORT": "1", "PYTHONPATH": "/x", "KEEP": "1"},
+    env = pn.control_env({"NCCL_P2P_LEVEL": "NVL", "MASTER_PORT": "1", "PYTHONPATH": "/x", "KEEP": "1"},
                          "127.0.0.1", 4242)
     assert env["NCCL_P2P_DISABLE"] == "1" and "NCCL_P2P_LEVEL" not in env and env["KEEP"] == "1"
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "4242")
@@ -223,7 +224,7 @@ def test_the_control_runs_in_fresh_processes_when_one_rank_failed(tmp_path: Path
     for rank, box in out.items():
         assert not hp.failed(box), (rank, box)
         assert box["env"] == {"NCCL_P2P_DISABLE": "1", "NCCL_P2P_LEVEL": "(unset)"}
-        assert box["pid"] > 0 and set(box["checks"]) == {str(n * 2) for n in hp.NCCL_ELEMS}
+        assert box["pid"] > 0 and set(box["checks"]) == {str(n * 2) for n in pn.NCCL_ELEMS}
 
 
 def test_no_control_where_every_attempt_passed_and_a_silent_peer_is_named(tmp_path: Path) -> None:
@@ -233,12 +234,12 @@ def test_no_control_where_every_attempt_passed_and_a_silent_peer_is_named(tmp_pa
     ctx = RankContext(0, 1, 0, None, Variant("host-p2p", 1), tmp_path)
     assert hp.p2p_control(ctx, server, None, False, backend="gloo") is None
     lonely = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10), wait_for_workers=False)
-    port, why = hp.agree_on_control(lonely, 0, 2, True, 1.0)  # rank 1 never says
+    port, why = pn.agree_on_control(lonely, 0, 2, True, 1.0)  # rank 1 never says
     assert port is None and why.startswith("a peer rank never said how its attempt went")
 
 
 def test_the_control_process_reports_what_it_could_not_do(tmp_path: Path) -> None:
     ctx = RankContext(0, 1, 0, None, Variant("host-p2p", 1), tmp_path)
-    box = hp.run_control(ctx, None, 1, backend="no-such-backend")
+    box = pn.run_control(ctx, None, 1, backend="no-such-backend")
     assert hp.failed(box) and box["env"]["NCCL_P2P_DISABLE"] == "1", box
     assert "no-such-backend" in json.dumps(box), box
