@@ -16,10 +16,10 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.table import Table
 
-from checks.report import here, hwclass
+from checks.report import here
 from checks.report.estimate import DEFAULT_BATCH, DEFAULT_DRAFT, ModelError, model_shapes, parse_model
 from checks.report.report import generate
-from checks.results import changes, hostfacts, hostresults, ids, reader
+from checks.results import changes, hostfacts, hostresults, hwclass, ids, reader
 from checks.results.store import StoreBusy
 from checks.run import session
 from checks.run.executor import ExecutorError

@@ -75,7 +75,8 @@ def test_a_forged_bundle_for_an_existing_host_changes_none_of_its_advice(tmp_pat
     assert "not imported" in err and "--accept-flips" in err
     assert "+ Avoid: flashinfer-custom-ar (needs direct GPU peer-to-peer)" in err
     assert "- 14 KiB (1 token): flashinfer-custom-ar" in err  # the line it would take away is named too
-    assert f"contributed results of host {H2}, measured by stackprobe" in err
+    assert (f"contributed results of host {H2} (hardware class unknown: the bundle names no GPU count), measured "
+            "by stackprobe") in err  # the forged bundle's host facts are empty
     assert sorted(p.name for p in (res / H2).iterdir()) == before_files
     assert _advice(res, capsys) == before
 

@@ -455,3 +455,15 @@ def test_a_bundle_with_payloads_in_every_text_field_lands_escaped_everywhere(tmp
     assert not any(ln.startswith("# heading") for ln in printed.splitlines())  # and it starts no line of its own
     for command in re.findall(r"run `([^`]*)`", printed):  # every command printed to paste
         assert "pwned" not in command and shlex.split(command)[0] == "checks", command
+
+
+def test_an_import_names_the_hardware_class_its_host_joins(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Identity, "here", classmethod(lambda cls: cls()))
+    path = tmp_path / "h2.bundle.json"
+    _bundle_of(committed(), H2, path)
+    capsys.readouterr()
+    assert _main("import", path, "--results", tmp_path / "results") == 0
+    err = capsys.readouterr().err
+    assert (f"contributed results of host {H2} (hardware class H200 ×2, NVLink (NV18), driver 580: one column of "
+            "the table with the other hosts of it), measured by stackprobe") in err

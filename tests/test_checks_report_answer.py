@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from checks.cli import main
-from checks.report import answer, hwclass
+from checks.report import answer
 from checks.report.report import generate
+from checks.results import hwclass
 from tests.checks_helpers import ROOT, committed
 
 

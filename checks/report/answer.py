@@ -4,7 +4,7 @@ what to launch with per class and rank count (pure, from the report's host secti
 Rows are the features a reader asks about (``FEATURES``: a probe, narrowed to some of its params, split into one
 row per value of a param where each value is its own question). Columns are the stacks the matrices in this
 checkout declare (``declared``), so a cell removed from a matrix leaves the answer; results of other cells stay
-on the archive page. In a cell, each hardware class (checks.report.hwclass) shows one verdict: per variant the
+on the archive page. In a cell, each hardware class (checks.results.hwclass) shows one verdict: per variant the
 newest result of any host of the class, then the worst failure met, else a pass or partial where one passed, else
 the best of the rest; with the reason code of the result shown, and the host and run it came from. Where hosts of
 one class disagree on a variant (one passed, another failed), the cell says so.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checks.report.hwclass import HwClass, group, shorts
+from checks.results.hwclass import HwClass, group, shorts
 from checks.results.result import ProbeResult
 from common import catalog as catalog_mod
 from common import matrix as matrix_mod

@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.report import hwclass, launch
+from checks.report import launch
 from checks.report.advise import (
     BASELINE,
     LATENCY_PROBE,
@@ -49,7 +49,7 @@ from checks.report.measured import (
     untimed_step,
 )
 from checks.report.nearest import Green, nearest_green
-from checks.results import ids, provenance
+from checks.results import hwclass, ids, provenance
 from checks.results.hostresults import HostResults
 from inenv.status import Status
 

@@ -21,13 +21,13 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from checks.report import abigrid, here, hwclass, plots
+from checks.report import abigrid, here, plots
 from checks.report import answer as answer_mod
 from checks.report.estimate import default_shape
 from checks.report.footnotes import Footnote, Occurrence, footnotes
 from checks.report.headline import headline
 from checks.report.summary import proven_statically
-from checks.results import hostresults, ids, portable, remedies
+from checks.results import hostresults, hwclass, ids, portable, remedies
 from checks.results.freshness import Refresh, judged_by, refresh_list, staleness
 from checks.results.provenance import VERDICT_CODE_ROLE, current_probe_hashes, verdict_code_versions
 from checks.results.reader import HOST_PAGES, ORIGIN_SUFFIX

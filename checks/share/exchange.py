@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from checks.results import changes, hostfacts, hostresults, ids, provenance, reader
+from checks.results import changes, hostfacts, hostresults, hwclass, ids, provenance, reader
 from checks.results.reader import Problem
 from checks.results.store import StoreBusy
 from checks.share import bundle
@@ -199,7 +199,10 @@ def import_bundles(opts: ImportOptions, advice_of: AdviceOf | None = None) -> in
             code = max(code, 1)
             continue
         same, total = claims_current(b, current)
-        print(f"{reader.shown(path)}: contributed results of host {b.host_id}, measured by stackprobe "
+        cls = (f"hardware class {reader.shown(hwclass.of(b.host).label)}: one column of the table with the other "
+               "hosts of it" if b.host.get("gpu_count") is not None else "hardware class unknown: the bundle names "
+               "no GPU count")
+        print(f"{reader.shown(path)}: contributed results of host {b.host_id} ({cls}), measured by stackprobe "
               f"{_commits(b)}; {same} of {total} claim this checkout's probe code (a claim a bundle can "
               "copy: the page marks every imported result for a rerun)", file=sys.stderr)
         dirty, unknown = unclean(b)
