@@ -383,3 +383,14 @@ def test_report_marks_static_only_on_the_gpu_less_host(tmp_path: Path) -> None:
     assert "*(static)*" in _row(cpu, "cu130-torch2.11.0-sgl0.4.2-fi0.6.17")[5]
     assert "*(static)*" not in h200
     assert "*static*: proven without a GPU" in md
+
+
+def test_a_page_of_a_host_the_results_no_longer_hold_is_stale_and_removed(tmp_path: Path) -> None:
+    results, out = _layout(tmp_path)
+    assert generate(results, out, None, check=False, current=CURRENT, stacks=STACKS) == 0
+    gone = out.parent / "hosts" / "h100x8-0badc0de.md"  # a host whose folder left the results
+    gone.write_text("old\n")
+    assert generate(results, out, None, check=True, current=CURRENT, stacks=STACKS) == 1
+    assert generate(results, out, None, check=False, current=CURRENT, stacks=STACKS) == 0
+    assert not gone.exists() and (out.parent / "hosts" / "cpu-5bce98f7.md").is_file()
+    assert generate(results, out, None, check=True, current=CURRENT, stacks=STACKS) == 0
