@@ -321,7 +321,7 @@ import json, os, sys
 from pathlib import Path
 from inenv.probe import RankContext, Variant
 from inenv.kit import _agree, _dist
-from inenv.probes import symm_mem
+from inenv.probes import symmops
 import torch, torch.distributed as dist
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 ctx = RankContext(rank, world, rank, None, Variant("t", world), Path(sys.argv[1]))
@@ -335,9 +335,9 @@ def gloo_op(inp, out, staged):  # symm-mem's step builders' contract: read stage
         dist.all_reduce(out)
     return step
 
-symm_mem.steps = lambda group_name: {"one_shot": gloo_op}
+symmops.steps = lambda group_name: {"one_shot": gloo_op}
 buf = torch.empty(_agree.max_numel(), dtype=torch.bfloat16)
-found = symm_mem.agreement(buf, "g", rank, world, None, lambda _: None)
+found = symmops.agreement(buf, "g", rank, world, None, lambda _: None)
 Path(sys.argv[1], f"out{rank}.json").write_text(json.dumps({"results": found, "summary": _agree.summarize(found)}))
 os._exit(0)
 """
