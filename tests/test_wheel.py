@@ -97,7 +97,7 @@ def test_uvx_runs_every_probe_from_an_empty_folder_and_writes_only_there(wheel: 
     assert {r["cell_id"] for r in rows} == {r["cell_id"] for r in inventory}
     assert rows[0]["cell_id"].startswith("local-") and "torch2.11.0" in rows[0]["cell_id"]
     assert (work / "results" / "compatibility.md").is_file() and (work / "results" / "compatibility.html").is_file()
-    assert "inventory" in (work / "results" / "compatibility.md").read_text()
+    assert "inventory" in (work / "results" / "compatibility-archive.md").read_text()  # a local cell: archived
     assert not (work / "docs").exists()  # an installed wheel writes no docs/ into a user's folder
     # the probes' copy of the in-environment package, and nothing else, is cached there
     assert [p.name for p in (work / ".cache").iterdir()] == ["code"]

@@ -1,6 +1,7 @@
 """One host's standing in a few lines: per cell what works there, what does not and why, what only a GPU host
-can add (pure). `checks advise` starts with it for the host it runs on; the page starts with it for the host
-of the newest run (after `checks run`, the host it ran on; the same on every machine that reads the results).
+can add (pure). `checks advise` starts with it for the host it runs on; the page of the newest run's host
+starts with it, from that run's results alone (after `checks run`, the host it ran on; the same on every
+machine that reads the results).
 
 fi-jit's passes are said as what compiles (module and targets), every other probe's as the probe passing;
 what failed, crashed, hung, works in part or was skipped for a reason other than the missing GPU is said with

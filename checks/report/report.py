@@ -1,4 +1,6 @@
-"""`checks report`: the compatibility table (Markdown and a self-contained HTML page) from recorded results.
+"""`checks report`: the compatibility table (Markdown and a self-contained HTML page) from recorded results:
+the answer (checks/report/answer.py) first, a page per host, and an archive page for the cells no matrix
+declares.
 
 Building the model is a pure function of the results and manifests; rendering is Jinja2. Same
 results, same bytes: nothing depends on the clock, the order of files on disk or the machine.
