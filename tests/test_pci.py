@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from inenv.kit import _pci
+from inenv.kit import _iommu, _pci
 
 # --- configuration space from the specification's layout ----------------------------------------------------
 # Type 0/1 header: Vendor ID at 0x00 (16 bits), Device ID at 0x02, Status at 0x06 (bit 4: Capabilities List),
@@ -166,15 +166,15 @@ def test_addresses_in_each_spelling() -> None:
 
 
 def test_the_command_line_and_the_kernel_log() -> None:
-    params = _pci.cmdline_iommu("BOOT_IMAGE=/vmlinuz root=/dev/sda1 intel_iommu=on iommu=pt quiet -- iommu=off")
+    params = _iommu.cmdline_iommu("BOOT_IMAGE=/vmlinuz root=/dev/sda1 intel_iommu=on iommu=pt quiet -- iommu=off")
     assert params == {"intel_iommu": "on", "iommu": "pt"}
-    assert _pci.cmdline_mode(params) == ("passthrough", "iommu=pt")
-    assert _pci.cmdline_mode({"amd_iommu": "off"}) == ("off", "amd_iommu=off")
-    assert _pci.cmdline_mode({"iommu.passthrough": "0"}) == ("translated", "iommu.passthrough=0")
-    assert _pci.cmdline_mode({"intel_iommu": "on"}) is None  # the kernel's build decides the default
-    assert _pci.log_mode(["DMAR: IOMMU enabled", "iommu: Default domain type: Passthrough (set via kernel "
+    assert _iommu.cmdline_mode(params) == ("passthrough", "iommu=pt")
+    assert _iommu.cmdline_mode({"amd_iommu": "off"}) == ("off", "amd_iommu=off")
+    assert _iommu.cmdline_mode({"iommu.passthrough": "0"}) == ("translated", "iommu.passthrough=0")
+    assert _iommu.cmdline_mode({"intel_iommu": "on"}) is None  # the kernel's build decides the default
+    assert _iommu.log_mode(["DMAR: IOMMU enabled", "iommu: Default domain type: Passthrough (set via kernel "
                           "command line)"])[0] == "passthrough"
-    assert _pci.log_mode(["nothing"]) is None
+    assert _iommu.log_mode(["nothing"]) is None
 
 
 def test_the_mode_comes_from_the_best_source() -> None:
@@ -183,15 +183,15 @@ def test_the_mode_comes_from_the_best_source() -> None:
     groups = _pci.Fact({"identity": 3}, "/sys/kernel/iommu_groups")
     units = _pci.Fact(["dmar0"], "/sys/class/iommu")
     log = _pci.Fact(["iommu: Default domain type: Translated"], "/dev/kmsg")
-    assert _pci.decide_mode([gpu], groups, units, log, none).value == "translated"
-    assert _pci.decide_mode([], groups, units, log, none).value == "passthrough"
-    mixed = _pci.decide_mode([gpu, _pci.Fact("identity", "/g/8/type")], groups, units, log, none)
+    assert _iommu.decide_mode([gpu], groups, units, log, none).value == "translated"
+    assert _iommu.decide_mode([], groups, units, log, none).value == "passthrough"
+    mixed = _iommu.decide_mode([gpu, _pci.Fact("identity", "/g/8/type")], groups, units, log, none)
     assert mixed.value == "mixed"
     empty = _pci.Fact({}, "/sys/kernel/iommu_groups")
-    off = _pci.decide_mode([], empty, _pci.Fact([], "/sys/class/iommu"), log, none)
+    off = _iommu.decide_mode([], empty, _pci.Fact([], "/sys/class/iommu"), log, none)
     assert off.value == "off"  # the log's default domain type is a policy, not an IOMMU
-    assert _pci.decide_mode([], empty, units, log, none).value == "translated"
-    unknown = _pci.decide_mode([], none, none, none, none)
+    assert _iommu.decide_mode([], empty, units, log, none).value == "translated"
+    unknown = _iommu.decide_mode([], none, none, none, none)
     assert not unknown.seen and "no source says it" in unknown.not_visible
 
 
@@ -289,7 +289,7 @@ def test_the_path_between_two_gpus_meets_at_the_switch(tmp_path: Path) -> None:
 def test_the_iommu_of_the_fake_host(tmp_path: Path) -> None:
     host = fake_host(tmp_path)
     gpu = _pci.read_port(host, _pci.chain_of(host, "0000:03:00.0").device_dir, True)
-    mode, facts = _pci.read_iommu(host, [gpu.iommu_type])
+    mode, facts = _iommu.read_iommu(host, [gpu.iommu_type])
     assert (mode.value, mode.source) == ("translated", "/sys/kernel/iommu_groups/7/type=DMA-FQ")
     assert facts["units"]["value"] == ["ivhd0"] and facts["group_types"]["value"] == {"DMA-FQ": 2}
     assert facts["cmdline"]["value"] == {"amd_iommu": "on"}
@@ -325,7 +325,7 @@ def test_a_container_without_sys_bus_pci(tmp_path: Path) -> None:
     chain = _pci.chain_of(host, "0000:03:00.0")
     assert chain.bridges == () and chain.fact.not_visible.startswith("no /sys/bus/pci here")
     assert not _pci.nvidia_gpus(host).seen
-    mode, facts = _pci.read_iommu(host, [])
+    mode, facts = _iommu.read_iommu(host, [])
     assert not mode.seen and facts["kernel_log"]["not_visible"].startswith("no /dev/kmsg here")
     assert not _pci.sys_admin(host).seen and not _pci.virtual_machine(host).seen
     json.dumps(facts)
@@ -344,7 +344,7 @@ def test_this_machines_sysfs_gives_facts_or_reasons() -> None:
                      port.acs, port.config, port.link.speed, port.link.width):
             assert fact.seen or fact.not_visible, (name, fact)
         json.dumps(port.to_json())
-    mode, facts = _pci.read_iommu(host, [])
+    mode, facts = _iommu.read_iommu(host, [])
     assert mode.seen or mode.not_visible
     json.dumps(facts)
     assert _pci.nvidia_gpus(host).seen == host.pci.is_dir()

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from inenv.kit import _device, _dist, _errors, _nccl, _pci
+from inenv.kit import _device, _dist, _errors, _iommu, _nccl, _pci
 from inenv.kit._p2p import (
     NVLINK_GBS,
     Gpu,
@@ -294,7 +294,7 @@ def host_facts(host: _pci.Host, torch: Any, why_torch: str, nv: Any, why_nvml: s
         if torch is not None:
             g.loaded = read_under_load(torch, g, host, nv)
     types = [g.port.iommu_type for g in gpus if g.port is not None]
-    iommu, iommu_json = _pci.read_iommu(host, types)
+    iommu, iommu_json = _iommu.read_iommu(host, types)
     paths = {f"{a.index}-{b.index}": pair_path(a, b, iommu, nvml, vm)
              for x, a in enumerate(gpus) for b in gpus[x + 1:]}
     links = [p for p in (link_problem(link_view(g)) for g in gpus) if p]
@@ -574,7 +574,7 @@ def pair_facts(torch: Any, a: int, b: int) -> PairFacts:
     for g in gpus:
         g.nvml = by_address.get(g.address, {})
         read_gpu(host, g, admin.value if admin.seen else None)
-    iommu, iommu_json = _pci.read_iommu(host, [g.port.iommu_type for g in gpus if g.port is not None])
+    iommu, iommu_json = _iommu.read_iommu(host, [g.port.iommu_type for g in gpus if g.port is not None])
     path = pair_path(gpus[0], gpus[1], iommu, nvml, vm)
     entry = nvml_pair(nvml, gpus[0].address, gpus[1].address) or {}
     versions = [lk.get("version") for lk in (gpus[0].nvml.get("nvlink") or {}).get("active", [])]
