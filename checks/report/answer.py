@@ -208,14 +208,21 @@ def build(sections: Sequence[Any], stacks: Sequence[Stack], messages: Mapping[st
                     for c, hosts in by_class.items())
     declared_ids = {st.cell_id for st in stacks}
     every = [(r, s.host_id) for s in sections for r in s.latest]
+    by_place: list[dict[tuple[str, str], list[tuple[ProbeResult, str]]]] = []  # per class: (cell, probe) -> results
+    for c in classes:
+        place: dict[tuple[str, str], list[tuple[ProbeResult, str]]] = defaultdict(list)
+        for h in c.hosts:
+            for r in section[h].latest:
+                place[(r.cell_id, r.probe_id)].append((r, h))
+        by_place.append(place)
     rows = []
     for key, label, f, value in _rows(features, [p for p in every if p[0].cell_id in declared_ids]):
         cells = []
         for st in stacks:
             per_class: list[Evidence | None] = []
-            for c in classes:
-                rs = [(r, h) for h in c.hosts for r in section[h].latest
-                      if r.cell_id == st.cell_id and _matches(r, f) and (not value or r.params.get(f.split) == value)]
+            for place in by_place:
+                rs = [(r, h) for r, h in place.get((st.cell_id, f.probe), ())
+                      if _matches(r, f) and (not value or r.params.get(f.split) == value)]
                 per_class.append(_cell(rs, paths) if rs else None)
             cells.append(tuple(per_class))
         rows.append(Row(key, label, f.probe, tuple(cells)))
