@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +14,8 @@ from checks.cli import main
 from checks.report import answer
 from checks.report.report import generate
 from checks.results import hwclass
+from checks.results.result import ProbeResult, Verdict
+from inenv.status import Status
 from tests.checks_helpers import ROOT, committed
 
 
@@ -198,3 +201,41 @@ def test_advise_groups_hosts_by_hardware_class(capsys: pytest.CaptureFixture[str
     decided = json.loads(capsys.readouterr().out)
     assert {d["host_id"]: d["hardware_class"] for d in decided}["h200x2-5bce98f7"] == (
         "H200 ×2, NVLink (NV18), driver 580")
+
+
+def _section(host: str, facts: dict, rows: list[tuple[str, str, str, str, str]]) -> SimpleNamespace:
+    """A host section as answer.build reads it: (run, cell, probe, variant, status[:reason]) per latest result."""
+    latest = []
+    for run, cell, probe, variant, said in rows:
+        status, _, reason = said.partition(":")
+        latest.append(ProbeResult(run, host, cell, probe, variant, Verdict(Status(status), reason), "t"))
+    runs = [{"run_id": r, "path": f"../results/{host}/{r}.jsonl"} for r in sorted({row[0] for row in rows})]
+    return SimpleNamespace(host_id=host, raw_facts=facts, latest=latest, runs=runs, decided=None)
+
+
+def test_load_has_a_row_per_backend_and_each_class_shows_one_verdict_with_its_reason() -> None:
+    cell, run = "cu130-torch2.14.1-sglnone-fi0.7.4", "20261206T000000Z-aaaa"
+    gpu = {"gpu_name": "NVIDIA H200", "gpu_count": 2, "interconnect": "NVLink (NV18)", "driver": "580.1"}
+    sections = [
+        _section("h200x2-00000001", gpu, [
+            (run, cell, "load", "ranks=2,backend=nccl,pattern=replay", "pass"),
+            (run, cell, "load", "ranks=2,backend=nccl,pattern=two-comms", "partial:load-slow"),
+            (run, cell, "load", "ranks=4,backend=flashinfer-fusion,pattern=replay", "skip:too-few-gpus"),
+            (run, cell, "load", "ranks=2,backend=flashinfer-fusion,pattern=replay", "pass"),
+            (run, cell, "symm-mem", "ranks=2", "crash:signal"),
+            (run, cell, "symm-mem", "ranks=4", "fail:symm-mem-op-failed")]),
+        _section("cpu-00000002", {"gpu_count": 0}, [(run, cell, "load", "ranks=2,backend=nccl,pattern=replay",
+                                                     "skip:no-gpu")])]
+    a = answer.build(sections, [answer.Stack(cell, "matrix.yaml")], {"signal": "killed"})
+    rows = {r.label: r.cells[0] for r in a.rows}
+    assert [r.label for r in a.rows][-2:] == ["Under load: flashinfer-fusion", "Under load: nccl"]
+    gpu_nccl, cpu_nccl = rows["Under load: nccl"]
+    assert gpu_nccl is not None and (gpu_nccl.status, gpu_nccl.reason, gpu_nccl.variants) == ("partial", "load-slow", 2)
+    assert cpu_nccl is None  # a skip for want of a GPU is counted under the table, not shown in the cell
+    fusion = rows["Under load: flashinfer-fusion"][0]
+    assert fusion is not None and (fusion.status, fusion.variants) == ("pass", 1)  # too few GPUs: not shown
+    symm = rows["Symmetric memory (torch)"][0]
+    assert symm is not None and (symm.status, symm.reason) == ("crash", "signal")  # the worst failure met
+    assert a.unshown == (("H200 ×2, NVLink (NV18), driver 580", "too-few-gpus", 1, ("load",)),
+                         ("no GPU", "no-gpu", 1, ("load",)))
+    assert a.reasons == (("load-slow", ""), ("signal", "killed"))
