@@ -11,11 +11,13 @@ from pathlib import Path
 from common.home import CACHE_ROOT, CODE_ROOT
 from inenv.kit import COMPILE_CACHE_ENV
 
-__all__ = ["BYTECODE_ROOT", "CODE_ROOT", "DEFAULT_COMPILE_CACHE", "bytecode_key", "compile_cache_dir"]
+__all__ = ["BYTECODE_ROOT", "CODE_ROOT", "DEFAULT_COMPILE_CACHE", "HOST_BYTECODE_ROOT", "bytecode_key",
+           "compile_cache_dir"]
 # Builds every cell and run share (the compile cache of inenv.kit); outside every image, kept between runs.
 # Under the checkout, or under the current folder for an installed wheel (common.home).
 DEFAULT_COMPILE_CACHE = CACHE_ROOT / "compile"
 BYTECODE_ROOT = CACHE_ROOT / "pycache"  # per image: the bytecode its ranks compiled
+HOST_BYTECODE_ROOT = CACHE_ROOT / "bytecode"  # the bytecode the ranks of local, venv and Slurm cells compiled
 
 
 def bytecode_key(image_id: str) -> str:

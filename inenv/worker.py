@@ -96,6 +96,9 @@ def device_for(rank_index: int, gpus: int, share_gpu: bool) -> int | None:
     return rank_index % gpus if share_gpu else rank_index
 
 
+PYCACHE_ENV = "STACKPROBE_PYCACHE"  # the folder bytecode_cache makes its folder in (default: the temporary one)
+
+
 def bytecode_folder_name(uid: int) -> str:
     """The name of a user's bytecode folder under the temporary directory (a container gets one mounted)."""
     return f"stackprobe-pycache-{uid}"
@@ -109,9 +112,13 @@ def bytecode_cache(root: Path | None = None) -> str | None:
     the environment ships no bytecode of its own (a uv-built venv or image) every rank then compiled torch and
     flashinfer from source again: 2.1-3.3 s of each rank's start on 2x H200. PYTHONPYCACHEPREFIX puts the
     bytecode in this folder instead, outside the environment; Python checks each file against its source's
-    size and time before using it, and replaces files atomically, so ranks may share it."""
-    folder = (root or Path(tempfile.gettempdir())) / bytecode_folder_name(os.getuid())
+    size and time before using it, and replaces files atomically, so ranks may share it. The host names where
+    (``PYCACHE_ENV``: its cache folder, so nothing of a run is left outside the folder it works in)."""
+    given = os.environ.get(PYCACHE_ENV)
+    folder = (root or Path(given or tempfile.gettempdir())) / bytecode_folder_name(os.getuid())
     try:
+        if given and not root:
+            folder.parent.mkdir(parents=True, exist_ok=True)  # the host's cache folder, named by the host
         folder.mkdir(mode=0o700, exist_ok=True)
         st = folder.lstat()
     except OSError:

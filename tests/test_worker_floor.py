@@ -40,6 +40,19 @@ def test_bytecode_cache_is_a_folder_of_this_user_alone(tmp_path: Path) -> None:
     assert worker.bytecode_cache(tmp_path) is None
 
 
+def test_the_host_names_where_the_bytecode_goes_under_its_own_cache(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from checks.run.executor import run_env
+    from common.caches import CACHE_ROOT
+
+    named = dict(run_env("cell", (), None))[worker.PYCACHE_ENV]
+    assert Path(named) == CACHE_ROOT / "bytecode"  # the folder the README promises, not the machine's /tmp
+    monkeypatch.setenv(worker.PYCACHE_ENV, str(tmp_path / "cache" / "bytecode"))
+    made = worker.bytecode_cache()
+    assert made == str(tmp_path / "cache" / "bytecode" / f"stackprobe-pycache-{os.getuid()}")
+    assert stat.S_IMODE(os.stat(made).st_mode) == 0o700
+
+
 def test_rank_env_moves_bytecode_out_of_the_environment_unless_the_variant_says_otherwise() -> None:
     from inenv.probe import Variant
     from inenv.registry import ProbeLocation

@@ -37,7 +37,7 @@ from inenv import gpugate, kit
 from inenv.probe import Variant
 from inenv.registry import PROBE_PATH_ENV
 from inenv.status import Status
-from inenv.worker import bytecode_folder_name
+from inenv.worker import PYCACHE_ENV, bytecode_folder_name
 
 MOUNT_ROOT = "/opt/stackprobe-code"  # apart from /opt/stackprobe, where cell images keep their locks
 COMPILE_CACHE_MOUNT = "/opt/stackprobe-compile-cache"  # the host's shared compile cache, read-write
@@ -221,8 +221,10 @@ class DockerExecutor:
             volumes[lock] = {"bind": f"/tmp/{gpugate.LOCK_NAME}", "mode": "rw"}
             env[gpugate.ENV] = f"/tmp/{gpugate.LOCK_NAME}"
         pycache = self._bytecode_dir()
+        env.pop(PYCACHE_ENV, None)  # the host's folder is no path in the container
         if pycache:  # the ranks' bytecode outlives the container (inenv.worker.bytecode_cache)
             volumes[pycache] = {"bind": f"/tmp/{bytecode_folder_name(0)}", "mode": "rw"}
+            env[PYCACHE_ENV] = "/tmp"
         cfg: dict[str, Any] = {
             "image": self.image,
             "command": command,

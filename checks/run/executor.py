@@ -27,11 +27,13 @@ from checks.results.result import Verdict
 from checks.run import classify, isolate, serving
 from common import home
 from common.build.celltoolkit import base_env
+from common.caches import HOST_BYTECODE_ROOT
 from common.reasons import Catalogue
 from inenv import gpugate, kit
 from inenv.probe import RESULT_MARKER, Variant
 from inenv.probes.fi_jit import ARCHS_ENV
 from inenv.registry import PROBE_PATH_ENV
+from inenv.worker import PYCACHE_ENV
 
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `checks` package
 HARD_TIMEOUT_MARGIN_S = 30.0  # the worker's own watchdog fires first and collects stacks
@@ -79,11 +81,12 @@ def run_env(cell_id: str, archs: tuple[str, ...], compile_cache: Path | None, ho
     which cell and host built what the cache holds, the host's GPU lock (inenv.gpugate; mounted too) and
     the run's token (a combined build is handed to the other targets of its run: inenv.kit._compile_cache;
     it names no environment, so no fingerprint reads it); ``gpu_alone``: every GPU variant takes the lock
-    exclusive, also those that time nothing (--gpu-alone)."""
+    exclusive, also those that time nothing (--gpu-alone); where the ranks keep their bytecode (under this
+    folder's cache, not the machine's temporary folder: inenv.worker.bytecode_cache)."""
     return ((kit.COMPILE_CACHE_ENV, str(compile_cache or "")), (ARCHS_ENV, " ".join(archs)),
             (kit.CELL_ENV, cell_id), (kit.HOST_ENV, host_id),
             (gpugate.ENV, str(gpu_lock or "")), (kit.HANDOFF_TOKEN_ENV, token),
-            (gpugate.ALONE_ENV, "1" if gpu_alone else ""))
+            (gpugate.ALONE_ENV, "1" if gpu_alone else ""), (PYCACHE_ENV, str(HOST_BYTECODE_ROOT)))
 
 
 def run_token() -> str:
