@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from inenv.kit import _compile_cache as cc
-from inenv.kit import _fi_build, _fi_prebuild
+from inenv.kit import _fi_build
 from inenv.kit import _flashinfer as fi
-from inenv.probes import fi_jit
+from inenv.probes import fi_jit, fiprebuild
 from tests.test_compile_cache import NINJA, _key, _site
 
 
@@ -120,7 +120,7 @@ def test_a_link_from_kept_objects_compiles_nothing_and_fails_the_same_way(tmp_pa
 
 # --- longest first ------------------------------------------------------------------------------------------
 def test_side_builds_start_longest_first() -> None:
-    order = _fi_prebuild.longest_first(["vllm_comm", "trtllm_comm", "moe_a2a", "pcie_ipc"],
+    order = fiprebuild.longest_first(["vllm_comm", "trtllm_comm", "moe_a2a", "pcie_ipc"],
                                        {"vllm_comm": 15.0, "moe_a2a": 143.0, "trtllm_comm": None, "pcie_ipc": None},
                                        {"trtllm_comm": 300_000, "pcie_ipc": 20_000, "vllm_comm": 1, "moe_a2a": 1})
     assert order == ["moe_a2a", "vllm_comm", "trtllm_comm", "pcie_ipc"]
@@ -131,8 +131,8 @@ def test_recorded_compile_times_come_from_the_store(tmp_path: Path) -> None:
     lib.write_bytes(b"lib")
     cc.store(tmp_path / "store", "k1", str(lib), {"module": "trtllm_comm", "arch_list": "local", "compile_s": 290.8})
     cc.store(tmp_path / "store", "k2", str(lib), {"module": "trtllm_comm", "arch_list": "12.0a", "compile_s": 900.0})
-    assert _fi_prebuild.recorded_s(tmp_path / "store", "trtllm_comm", "local") == 290.8
-    assert _fi_prebuild.recorded_s(tmp_path / "store", "moe_a2a", "local") is None
+    assert fiprebuild.recorded_s(tmp_path / "store", "trtllm_comm", "local") == 290.8
+    assert fiprebuild.recorded_s(tmp_path / "store", "moe_a2a", "local") is None
 
 
 def test_side_builds_run_side_by_side_load_and_publish_what_loaded(tmp_path: Path,
@@ -157,7 +157,7 @@ def test_side_builds_run_side_by_side_load_and_publish_what_loaded(tmp_path: Pat
         return result
 
     monkeypatch.setattr(_fi_build, "run_build_subprocess", build)
-    published = _fi_prebuild.build_and_publish(["trtllm_comm", "moe_a2a", "pcie_ipc"], dict(os.environ))
+    published = fiprebuild.build_and_publish(["trtllm_comm", "moe_a2a", "pcie_ipc"], dict(os.environ))
     assert sorted(calls) == [("moe_a2a", True), ("pcie_ipc", True), ("trtllm_comm", True)]
     base = tmp_path / "cache/prebuilt/cu130-fi0.7.4/0.7.4/90a"
     assert published == {"trtllm_comm": str(base / "trtllm_comm/trtllm_comm.so"), "moe_a2a": None,
@@ -174,11 +174,11 @@ def test_only_a_build_that_finished_and_loaded_is_published(tmp_path: Path, monk
     lib = tmp_path / "m.so"
     lib.write_bytes(b"\x7fELF")
     done = {"ok": True, "library": str(lib), "flashinfer": "0.7.4", "arch_dir": "90a"}
-    assert _fi_prebuild.publish_loaded("vllm_comm", done) is None  # built without a GPU load
-    assert _fi_prebuild.publish_loaded("vllm_comm", {**done, "ok": False, "loaded": True}) is None
-    assert _fi_prebuild.publish_loaded("vllm_comm", {**done, "loaded": True, "library": ""}) is None
+    assert fiprebuild.publish_loaded("vllm_comm", done) is None  # built without a GPU load
+    assert fiprebuild.publish_loaded("vllm_comm", {**done, "ok": False, "loaded": True}) is None
+    assert fiprebuild.publish_loaded("vllm_comm", {**done, "loaded": True, "library": ""}) is None
     assert not any((tmp_path / "cache").rglob("*.so"))
-    where = _fi_prebuild.publish_loaded("vllm_comm", {**done, "loaded": True})
+    where = fiprebuild.publish_loaded("vllm_comm", {**done, "loaded": True})
     assert where == str(tmp_path / "cache/prebuilt/c/0.7.4/90a/vllm_comm/vllm_comm.so")
     assert fi.unpublished(["vllm_comm"], "0.7.4", {cc.ENV: str(tmp_path / "cache"), cc.CELL_ENV: "c"}) == []
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from inenv.kit import _fi_build
+from inenv.kit import _fi_build, _fi_existing
 from inenv.probes import fi_jit
 from tests.test_fi_jit import NVCC, STANDIN_ENV, write_standin
 
@@ -116,8 +116,8 @@ def test_a_current_module_in_the_jit_cache_is_judged_and_taken_without_compiling
     site, base, lib = cached
     env = lookup_env(site, base)
     before = _snapshot(base)
-    assert _fi_build.might_have(VERSION, env) and not _fi_build.might_have("0.7.3", env)
-    found = _fi_build.existing_subprocess("vllm_comm", env, timeout_s=120, capability="9.0")
+    assert _fi_existing.might_have(VERSION, env) and not _fi_existing.might_have("0.7.3", env)
+    found = _fi_existing.existing_subprocess("vllm_comm", env, timeout_s=120, capability="9.0")
     assert (found["stage"], found["cached_by"], found["library"]) == ("done", "env-jit-cache", str(lib)), found
     assert found["found"] == [{"source": "env-jit-cache", "library": str(lib), "current": True}]
     assert found["cached_from"]["path"] == str(lib)
@@ -140,7 +140,7 @@ def test_a_module_newer_sources_would_rebuild_is_not_taken(cached: tuple[Path, P
     header.write_text("#define K_VALUE 2\n")
     later = time.time() + 5
     os.utime(header, (later, later))  # newer than the objects: ninja would compile again
-    found = _fi_build.existing_subprocess("vllm_comm", lookup_env(site, base), timeout_s=120, capability="9.0")
+    found = _fi_existing.existing_subprocess("vllm_comm", lookup_env(site, base), timeout_s=120, capability="9.0")
     assert found["stage"] == "none", found
     [entry] = found["found"]
     assert entry["current"] is False and entry["stale"].startswith("ninja would run 2 step(s) again"), entry
@@ -153,7 +153,7 @@ def test_a_module_built_with_another_toolkit_is_not_taken(cached: tuple[Path, Pa
     site, base, _ = cached
     other = tmp_path / "cuda-13.0"  # the same nvcc through another CUDA_HOME: flashinfer's build.ninja differs
     other.symlink_to("/usr/local/cuda")
-    found = _fi_build.existing_subprocess("vllm_comm", lookup_env(site, base, CUDA_HOME=str(other)), timeout_s=120,
+    found = _fi_existing.existing_subprocess("vllm_comm", lookup_env(site, base, CUDA_HOME=str(other)), timeout_s=120,
                                    capability="9.0")
     assert found["stage"] == "none", found
     assert found["found"][0]["stale"].startswith("its build.ninja is not the one this flashinfer writes")
@@ -163,11 +163,11 @@ def test_a_module_built_with_another_toolkit_is_not_taken(cached: tuple[Path, Pa
 
 def test_a_module_for_another_gpu_is_not_taken(cached: tuple[Path, Path, Path]) -> None:
     site, base, lib = cached
-    found = _fi_build.existing_subprocess("vllm_comm", lookup_env(site, base), timeout_s=120, capability="12.0")
+    found = _fi_existing.existing_subprocess("vllm_comm", lookup_env(site, base), timeout_s=120, capability="12.0")
     assert found["stage"] == "none", found
     assert found["found"][0]["refused"] == "it holds sm_90a: nothing that runs on compute capability 12.0"
-    assert _fi_build.environment_refusal("vllm_comm", lib, "9.0") == ""
-    assert _fi_build.environment_refusal("vllm_comm", lib, "10.0").startswith("it holds sm_90a")
+    assert _fi_existing.environment_refusal("vllm_comm", lib, "9.0") == ""
+    assert _fi_existing.environment_refusal("vllm_comm", lib, "10.0").startswith("it holds sm_90a")
 
 
 def test_a_library_without_the_modules_entry_points_is_not_taken(tmp_path: Path) -> None:
@@ -175,7 +175,7 @@ def test_a_library_without_the_modules_entry_points_is_not_taken(tmp_path: Path)
         pytest.skip("needs nvcc at /usr/local/cuda")
     site, base = make_site(tmp_path, entry_points=False), tmp_path / "user"
     user_build(site, base)
-    found = _fi_build.existing_subprocess("vllm_comm", lookup_env(site, base), timeout_s=120, capability="9.0")
+    found = _fi_existing.existing_subprocess("vllm_comm", lookup_env(site, base), timeout_s=120, capability="9.0")
     assert found["stage"] == "none", found
     assert found["found"][0]["refused"] == ("exports none of vllm_comm's entry point(s) __tvm_ffi_init_custom_ar, "
                                             "__tvm_ffi_all_reduce")
@@ -188,7 +188,7 @@ def test_the_jit_cache_package_comes_first_as_flashinfer_loads_it(cached: tuple[
     (pkg / "jit_cache" / "vllm_comm").mkdir(parents=True)
     (pkg / "__init__.py").write_text(JIT_CACHE_PKG)
     shutil.copy(lib, pkg / "jit_cache" / "vllm_comm" / "vllm_comm.so")
-    found = _fi_build.existing_subprocess("vllm_comm", lookup_env(site, base), timeout_s=120, capability="9.0")
+    found = _fi_existing.existing_subprocess("vllm_comm", lookup_env(site, base), timeout_s=120, capability="9.0")
     assert (found["stage"], found["cached_by"]) == ("done", "jit-cache-package"), found
     assert found["library"] == str(pkg / "jit_cache" / "vllm_comm" / "vllm_comm.so")
     assert found["cached_from"]["provider"] == "cu130-sm90" and found["cached_from"]["package_archs"] == ["sm90a"]
@@ -197,13 +197,13 @@ def test_the_jit_cache_package_comes_first_as_flashinfer_loads_it(cached: tuple[
 
 def test_nothing_to_look_for_without_a_cache_of_this_release(tmp_path: Path) -> None:
     env = {"FLASHINFER_WORKSPACE_BASE": str(tmp_path)}
-    assert not _fi_build.might_have(VERSION, env)
+    assert not _fi_existing.might_have(VERSION, env)
     ops = tmp_path / ".cache" / "flashinfer" / VERSION / "90a" / "cached_ops" / "vllm_comm"
     ops.mkdir(parents=True)
-    assert not _fi_build.might_have(VERSION, env)  # a folder without a library
+    assert not _fi_existing.might_have(VERSION, env)  # a folder without a library
     (ops / "vllm_comm.so").write_bytes(b"")
-    assert _fi_build.might_have(VERSION, env)
-    assert _fi_build.jit_cache_root({"HOME": "/home/u"}) == Path("/home/u/.cache/flashinfer")
+    assert _fi_existing.might_have(VERSION, env)
+    assert _fi_existing.jit_cache_root({"HOME": "/home/u"}) == Path("/home/u/.cache/flashinfer")
 
 
 @pytest.mark.parametrize(("result", "says"), [
@@ -227,7 +227,7 @@ def test_a_build_file_written_in_scratch_reads_as_in_the_users_cache(tmp_path: P
     (tmp_path / "home").symlink_to(tmp_path / "home-real")
     written = (f"build {tmp_path}/scratch-real/vllm_comm/a.cuda.o: cuda_compile /site/a.cu\n"
                f"build {tmp_path}/scratch/vllm_comm/vllm_comm.so: link {tmp_path}/scratch-real/vllm_comm/a.cuda.o\n")
-    assert _fi_build.as_placed(written, tmp_path / "scratch", tmp_path / "home" / "ops") == (
+    assert _fi_existing.as_placed(written, tmp_path / "scratch", tmp_path / "home" / "ops") == (
         f"build {tmp_path}/home-real/ops/vllm_comm/a.cuda.o: cuda_compile /site/a.cu\n"
         f"build {tmp_path}/home/ops/vllm_comm/vllm_comm.so: link {tmp_path}/home-real/ops/vllm_comm/a.cuda.o\n")
 
@@ -236,7 +236,7 @@ def test_one_look_says_which_modules_the_environment_has(cached: tuple[Path, Pat
     site, base, lib = cached
     env = lookup_env(site, base)
     # trtllm_comm: the stand-in has no generator for it, so the environment has none
-    assert _fi_build.have_subprocess(["vllm_comm", "trtllm_comm"], env, 120, capability="9.0") == {
+    assert _fi_existing.have_subprocess(["vllm_comm", "trtllm_comm"], env, 120, capability="9.0") == {
         "vllm_comm": {"source": "env-jit-cache", "library": str(lib), "name": "vllm_comm", "arch_dir": None,
                       "flashinfer": VERSION}}
-    assert _fi_build.have_subprocess(["vllm_comm"], env, 120, capability="12.0") == {}
+    assert _fi_existing.have_subprocess(["vllm_comm"], env, 120, capability="12.0") == {}

@@ -47,10 +47,10 @@ def env_modules(ex: LocalExecutor, capability: str,
                 modules: tuple[str, ...] = kit.COMM_MODULES) -> dict[str, tuple[str, ...]]:
     """The flashinfer comm modules a user's environment already has for a GPU of ``capability`` as flashinfer
     would load them (its JIT cache, current by flashinfer's own build file, or an installed flashinfer-jit-cache:
-    ``inenv.kit._fi_build --existing --have``), each with the SASS target of its arch folder; {} when it has none,
+    the kit's ``fi-existing`` entry with ``--have``), each with the SASS target of its arch folder; {} when it has none,
     no flashinfer, or gives no answer in time. Read once before the plan: fi-jit loads these instead of
     compiling them, so the plan, its cost and the quick pass count them as carried."""
-    cmd = [ex.python, *kit.launch("fi-build", "--existing", "--have", *modules, "--capability", capability)]
+    cmd = [ex.python, *kit.launch("fi-existing", "--have", *modules, "--capability", capability)]
     try:
         proc = subprocess.run(cmd, env=ex.env(), capture_output=True, text=True, timeout=ENV_MODULES_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):

@@ -32,7 +32,7 @@ PUBLIC: dict[str, tuple[str, str]] = {
     "unpublished": ("_flashinfer", "unpublished"),  # modules a release publishes no prebuilt kernels for
     "package_root": ("_flashinfer", "package_root"),  # the installed flashinfer's folder, without importing it
     "unknown_without_import": ("_fi_pcie", "unknown_without_import"),  # an API the install lacks, read from files
-    # the lines the launched helpers print their result on (_fi_build, inenv.carry)
+    # the lines the launched helpers print their result on (_fi_build and _fi_existing, inenv.carry)
     "FI_BUILD_RESULT_PREFIX": ("_fi_build", "RESULT_PREFIX"),
     "FI_CARRY_RESULT_PREFIX": ("inenv.carry", "RESULT_PREFIX"),
     # SASS targets (_fatbin)
@@ -61,7 +61,8 @@ PUBLIC: dict[str, tuple[str, str]] = {
 
 # What the host runs in a cell's Python, as the arguments after the interpreter.
 ENTRIES: dict[str, tuple[str, ...]] = {
-    "fi-build": ("-m", "inenv.kit._fi_build"),  # flashinfer's JIT build of one module, or the cache it has
+    "fi-build": ("-m", "inenv.kit._fi_build"),  # flashinfer's JIT build of one module
+    "fi-existing": ("-m", "inenv.kit._fi_existing"),  # the modules the environment has, compiling nothing
     "fi-carry": ("-m", "inenv.carry"),  # a carried kernel's build, or the identity of a built set
     "aot-dir": ("-c", "from inenv.kit._carried import aot_dir; print(aot_dir() or '')"),  # where sets install
 }

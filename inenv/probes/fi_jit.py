@@ -40,13 +40,13 @@ build whose every object compiled and whose link failed keeps its objects in the
 target's variant (and a rerun) only links them again; its link is judged afresh, never shown as cached.
 
 For the GPU probes: the first ``arch=local`` variant of a cell also builds every other comm module for the
-local GPU side by side, longest first (``inenv.kit._fi_prebuild``), and waits for them; each local build
+local GPU side by side, longest first (``inenv.probes.fiprebuild``), and waits for them; each local build
 that passes and loads is published in the compile cache as flashinfer's AOT folder
 (``_flashinfer.publish``), which the GPU probes point flashinfer at (``_flashinfer.use_prebuilt``), so they
 load what was built and proved here instead of compiling inside their watchdog.
 
 What the engine would load counts: for ``arch=local``, a module this environment already has for its GPU is
-judged instead of compiled again (``_fi_build.existing``): a library of an installed flashinfer-jit-cache, else
+judged instead of compiled again (``_fi_existing.existing``): a library of an installed flashinfer-jit-cache, else
 one in flashinfer's own JIT cache (``$FLASHINFER_WORKSPACE_BASE`` or the home folder, ``.cache/flashinfer/
 <version>/<arch>/cached_ops``) that flashinfer would load as it is (its build.ninja the one this flashinfer
 writes, ninja finding nothing to do). It is read back (the module's entry points, SASS for this GPU) and
@@ -71,9 +71,10 @@ from typing import Any
 
 from inenv import gpuarch, toolkit
 from inenv.envinfo import torch_cuda_version
-from inenv.kit import _carried, _compile_cache, _fatbin, _fi_build, _fi_prebuild
+from inenv.kit import _carried, _compile_cache, _fatbin, _fi_build, _fi_existing
 from inenv.kit import _flashinfer as fi
 from inenv.probe import LEVEL_ENV, QUICK, HostView, ProbeSpec, RankContext, Skip, Variant, outcome
+from inenv.probes import fiprebuild
 
 SPEC = ProbeSpec(
     id="fi-jit",
@@ -232,9 +233,9 @@ def cached_note(result: dict[str, Any]) -> str:
     if result.get("cached_by") == "carried":
         return (f"carried: the cell's own {origin.get('name') or 'module'} (built {stamp} by provision build "
                 f"with nvcc {origin.get('nvcc') or '?'} for {origin.get('arch_list')}); nothing compiled here")
-    if result.get("cached_by") in _fi_build.ENV_SOURCES:
+    if result.get("cached_by") in _fi_existing.ENV_SOURCES:
         extra = f", provider {origin.get('provider')}" if origin.get("provider") else ""
-        where = _fi_build.ENV_SOURCES[str(result["cached_by"])]
+        where = _fi_existing.ENV_SOURCES[str(result["cached_by"])]
         return (f"from {where}: {origin.get('path')} (written {stamp}{extra}), what flashinfer loads here; "
                 "nothing compiled")
     if result.get("cached_by") == "store":
@@ -244,7 +245,7 @@ def cached_note(result: dict[str, Any]) -> str:
     return f"cached: ninja found every object up to date (built {stamp})"
 
 
-MODULE_FROM = {**_fi_build.ENV_SOURCES, "carried": "the cell's carried kernel set",
+MODULE_FROM = {**_fi_existing.ENV_SOURCES, "carried": "the cell's carried kernel set",
                "store": "stackprobe's compile cache",
                "store-objects": "stackprobe's compile cache (objects), linked now",
                "run": "this run's build for another target", "ninja": "stackprobe's JIT cache (ninja up to date)"}
@@ -389,7 +390,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     elif why_not:
         ctx.log(f"the carried {module} is not used: {why_not}")
     lacks: list[dict[str, Any]] = []
-    if arch == LOCAL and _fi_build.might_have(fi.version(), os.environ):
+    if arch == LOCAL and _fi_existing.might_have(fi.version(), os.environ):
         local_cc = _local_cc()
         if local_cc is None:
             return _no_gpu()
@@ -431,7 +432,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         out["evidence"]["side_builds"] = _await_side_builds(side)
     if arch == LOCAL and out["status"] == "pass":
         # what the GPU probes of this cell load instead of compiling it again (_flashinfer.use_prebuilt)
-        where = _fi_prebuild.publish_loaded(module, result)
+        where = fiprebuild.publish_loaded(module, result)
         if where:
             out["evidence"]["published_for_probes"] = where
     return out
@@ -458,16 +459,17 @@ def lacking(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def from_environment(ctx: RankContext, module: str, capability: str, env: dict[str, str] | None = None,
                      load: bool = True) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The verdict on what this environment already has of ``module`` for a GPU of ``capability``
-    (``_fi_build.existing``: found where flashinfer looks, read back and loaded as flashinfer loads it),
+    (``_fi_existing.existing``: found where flashinfer looks, read back and loaded as flashinfer loads it),
     published for the GPU probes when it passes; None when it has nothing flashinfer would load as it is for this GPU,
     with each library looked at and why it is not taken (the variant then compiles)."""
     env = environment_env() if env is None else env
-    result = _fi_build.existing_subprocess(module, env, timeout_s=max(120.0, SPEC.timeout_s / 10),
+    result = _fi_existing.existing_subprocess(module, env, timeout_s=max(120.0, SPEC.timeout_s / 10),
                                            capability=capability, load=load)
     found = [f for f in result.get("found") or [] if isinstance(f, dict)]
     lacks = lacking(found)
     for f in lacks:
-        ctx.log(f"{f['library']} ({_fi_build.ENV_SOURCES.get(str(f['source']), f['source'])}) is not used: {f['why']}")
+        where = _fi_existing.ENV_SOURCES.get(str(f['source']), f['source'])
+        ctx.log(f"{f['library']} ({where}) is not used: {f['why']}")
     if result.get("stage") in ("none", "import", "absent", "spec", "timeout", "crash"):
         if result.get("stage") != "none":
             ctx.log(f"looking for {module} in this environment stopped at {result.get('stage')}: "
@@ -477,13 +479,13 @@ def from_environment(ctx: RankContext, module: str, capability: str, env: dict[s
     torch_cuda = torch_cuda_version()
     if torch_cuda:
         result["torch_cuda"] = torch_cuda
-    ctx.log(f"{module}: {_fi_build.ENV_SOURCES.get(str(result.get('cached_by')), '?')} has {result.get('library')}")
+    ctx.log(f"{module}: {_fi_existing.ENV_SOURCES.get(str(result.get('cached_by')), '?')} has {result.get('library')}")
     out = verdict(module, LOCAL, result, _objects_targets(result))
     out["evidence"]["environment_found"] = [{k: f.get(k) for k in ("source", "library", "provider")} for f in found]
     if lacks:
         out["evidence"]["environment_lacks"] = lacks
     if out["status"] == "pass":
-        where = _fi_prebuild.publish_loaded(module, result)
+        where = fiprebuild.publish_loaded(module, result)
         if where:
             out["evidence"]["published_for_probes"] = where
     return out, lacks
@@ -568,7 +570,7 @@ def from_carried(ctx: RankContext, module: str, arch: str, carried: _carried.Car
 def _prebuild_others(ctx: RankContext, module: str, cache: str,
                      local_cc: str) -> tuple[Any, list[str], float] | None:
     """Start, once per cell, flashinfer release and run, the local builds of every other comm module side by
-    side into the compile cache (``_fi_prebuild``), beside this variant's own build: the GPU probes load them
+    side into the compile cache (``fiprebuild``), beside this variant's own build: the GPU probes load them
     (``_flashinfer.use_prebuilt``), and each module's own variant then finds its build done instead of
     compiling in turn. Nothing a variant starts outlives it (``checks.run.isolate``), so this variant waits for
     them before it ends (:func:`_await_side_builds`). None when nothing was started."""
@@ -585,22 +587,22 @@ def _prebuild_others(ctx: RankContext, module: str, cache: str,
         return None
     carried = _carried.usable(_carried.aot_dir())[0]
     others = [m for m in fi.COMM_MODULES if m != module and not (m in carried and carried[m].runs_on(local_cc))]
-    if others and _fi_build.might_have(fi.version(), os.environ):  # what the environment has, its variant loads
-        have = _fi_build.have_subprocess(others, environment_env(), timeout_s=300.0, capability=local_cc)
+    if others and _fi_existing.might_have(fi.version(), os.environ):  # what the environment has, its variant loads
+        have = _fi_existing.have_subprocess(others, environment_env(), timeout_s=300.0, capability=local_cc)
         for m, found in have.items():
             # the GPU probes are told it needs no compile; its own variant reads it back and loads it
             where = fi.publish(str(found.get("name") or m), str(found.get("library") or ""),
                                found.get("flashinfer"), str(found.get("arch_dir") or ""))
             if where:
                 fi.mark_published(m, where)
-            ctx.log(f"this environment has {m} ({_fi_build.ENV_SOURCES.get(str(found.get('source')), '?')}): "
+            ctx.log(f"this environment has {m} ({_fi_existing.ENV_SOURCES.get(str(found.get('source')), '?')}): "
                     f"not built side by side{'' if where else ', and not published for the GPU probes'}")
         others = [m for m in others if m not in have]
     if not others:
         return None
     # a workspace of their own: a probe that compiles a module itself meanwhile never shares a build folder
     # with them (the workspace is a placeholder in the key, so their builds are the variants' cache hits)
-    proc = _fi_prebuild.start(others, build_env(LOCAL, os.path.join(cache, "prebuild")))
+    proc = fiprebuild.start(others, build_env(LOCAL, os.path.join(cache, "prebuild")))
     ctx.log(f"started the local builds of {', '.join(others)} side by side" if proc else
             "could not start the local builds of the other modules")
     return (proc, others, time.monotonic()) if proc else None

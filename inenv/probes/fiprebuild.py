@@ -1,7 +1,7 @@
 """Build several comm modules at once, longest first, into the shared compile cache, and publish each one
 that loads for the GPU probes.
 
-Run as ``python -m inenv.kit._fi_prebuild MODULE...`` in the environment a build runs in (the arch list,
+Run as ``python -m inenv.probes.fiprebuild MODULE...`` in the environment a build runs in (the arch list,
 the JIT workspace and the compile cache already set). fi-jit's first variant for the local GPU starts it
 for the cell's other local modules and waits for it before it ends: each build holds its key in the compile cache
 (``_compile_cache.building``), so the variant of that module, when its turn comes, waits for the build
@@ -12,7 +12,8 @@ runs fi-jit's smallest module only, gives its GPU probes every module without on
 turn. The order: the longest first, by what the compile cache recorded for the module (its ``compile_s``),
 else by the bytes of the sources its ninja file compiles.
 
-In-environment side: standard library at import time; flashinfer is imported inside functions.
+Not a probe (no SPEC): a part of fi-jit, which imports it and carries it in its hash. In-environment side:
+standard library at import time; flashinfer is imported inside functions.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def start(modules: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | 
     each build's result is read from the compile cache by that module's variant, and each published
     library from the cell's prebuilt folder."""
     try:
-        return subprocess.Popen([sys.executable, "-m", "inenv.kit._fi_prebuild", *modules], env=env,
+        return subprocess.Popen([sys.executable, "-m", "inenv.probes.fiprebuild", *modules], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:
         return None
@@ -106,7 +107,7 @@ def start(modules: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | 
 def _main(argv: list[str]) -> int:
     modules = [m for m in argv if m in JIT_GENERATORS]
     if not modules or len(modules) != len(argv):
-        sys.stderr.write("usage: python -m inenv.kit._fi_prebuild MODULE...\n")
+        sys.stderr.write("usage: python -m inenv.probes.fiprebuild MODULE...\n")
         return 2
     import flashinfer  # noqa: F401  (fixes the arch list from the environment, as each build will)
 
