@@ -431,45 +431,45 @@ def _store(out: dict[str, Any], module: str, store: Path, key: str, library: str
         out["cache_error"] = f"store: {type(exc).__name__}: {exc}"[:300]
 
 
-def build_module(module: str, load: bool = False) -> dict[str, Any]:
-    """Build one comm module for the architectures flashinfer resolved at import; compile and link apart,
-    then read what the library needs at load time and, with ``load`` (a GPU is visible), load it.
-
-    With a shared store (``STACKPROBE_COMPILE_CACHE``) a build whose key is there is not compiled: the
-    result names the stored library, which is read back like a fresh one, and the build that made it."""
-    out: dict[str, Any] = {"module": module, "flashinfer": version(),
-                           "arch_list": os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or "local"}
-    mirror = toolkit.resolve(flashinfer=True)
-    out["toolkit"] = mirror.as_dict()
-    t0 = time.monotonic()
+def _jit_spec(out: dict[str, Any], module: str) -> tuple[Any, dict[str, Any] | None]:
+    """flashinfer imported (which fixes the compilation context from the environment) and the module's JitSpec:
+    (the spec, None), or (None, the result that stopped there)."""
     try:
         import flashinfer  # noqa: F401  (fixes the compilation context from the environment)
     except Exception as exc:
-        return _stopped(out, "import", exc)
+        return None, _stopped(out, "import", exc)
     out.update(_flashinfer_cuda_home())
     out.update(_arch_dir())
     gen = jit_generator(module)
     if gen is None:
-        return _stopped(out, "absent", f"this flashinfer has no {module} JIT module")
+        return None, _stopped(out, "absent", f"this flashinfer has no {module} JIT module")
     try:
         spec = gen()  # arch gates raise here
     except Exception as exc:
-        return _stopped(out, "spec", exc)
+        return None, _stopped(out, "spec", exc)
     out["name"] = getattr(spec, "name", module)
-    if not hasattr(spec, "write_ninja") or not hasattr(spec, "ninja_path"):
-        # A JitSpec without a ninja file of its own: flashinfer builds in one step, and whether it compiled
-        # anything is unknown. The library is still read back, so a pass needs its code like any other.
-        try:
-            spec.build_and_load()
-        except Exception as exc:
-            return _stopped(out, "build", exc)
-        out.update({"compile_s": round(time.monotonic() - t0, 1), "library": _library(spec), "one_step": True,
-                    "sources": [], "source_hash": _compile_cache.source_hash([], _site_root())})  # none listed
-        build_dir = getattr(spec, "build_dir", None)
-        if build_dir is not None:
-            out["build_dir"] = str(build_dir)
-        _linkage(out)
-        return {**out, "stage": "done", "ok": True}
+    return spec, None
+
+
+def _one_step(out: dict[str, Any], spec: Any, t0: float) -> dict[str, Any]:
+    """A JitSpec without a ninja file of its own: flashinfer builds in one step, and whether it compiled
+    anything is unknown. The library is still read back, so a pass needs its code like any other."""
+    try:
+        spec.build_and_load()
+    except Exception as exc:
+        return _stopped(out, "build", exc)
+    out.update({"compile_s": round(time.monotonic() - t0, 1), "library": _library(spec), "one_step": True,
+                "sources": [], "source_hash": _compile_cache.source_hash([], _site_root())})  # none listed
+    build_dir = getattr(spec, "build_dir", None)
+    if build_dir is not None:
+        out["build_dir"] = str(build_dir)
+    _linkage(out)
+    return {**out, "stage": "done", "ok": True}
+
+
+def _read_ninja(out: dict[str, Any], spec: Any, mirror: toolkit.Toolkit) -> tuple[str, str, list[str], list[str]]:
+    """The module's ninja file written and read: (build folder, its text, object targets, final targets), with
+    the sources, their hash, the gencode flags and the toolkit it names recorded in ``out``."""
     spec.write_ninja()
     ninja_path = Path(spec.ninja_path)
     build_dir = str(getattr(spec, "build_dir", None) or ninja_path.parent)  # 0.5.x has no build_dir
@@ -481,6 +481,57 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     out["source_hash"] = _compile_cache.source_hash(out["sources"], site)
     out["gencode"] = sorted(set(re.findall(r"-gencode=\S+", text)))
     out.update(_toolkit_used(mirror, ninja_toolkit(text)))
+    return build_dir, text, objs, finals
+
+
+def _compile(out: dict[str, Any], module: str, spec: Any, ninja: tuple[str, str, list[str], list[str]],
+             store: Path | None, key: str | None, places: dict[str, str], t0: float) -> dict[str, Any] | None:
+    """Compile and link (or link the store's kept objects), note a compile in the store and store the library;
+    the result that stopped, or None with ``out["library"]`` set. Runs while the build holds its key."""
+    build_dir, text, objs, finals = ninja
+    _nvcc_threads(text)
+    names = kept_names(build_dir, objs)
+    kept = _compile_cache.lookup_objects(store, key, names, places, _compile_cache.search_order(text)) \
+        if store and key and names else None
+    if kept is not None:
+        stopped = _link_kept(out, kept, build_dir, objs, finals, t0)
+    elif missing := missing_tools(text):
+        stopped = _stopped(out, "compile", "\n".join(missing))
+    else:
+        stopped = _ninja_build(out, module, build_dir, objs, finals, t0)
+    if stopped:
+        if stopped.get("stage") == "link" and kept is None and store and key and names:
+            _keep_objects(stopped, module, store, key, build_dir, objs, names, text, places)
+            if not stopped.get("cached"):
+                _compile_cache.note_compile(store, key, {**_compile_cache.provenance(), **stopped})
+        return stopped  # a failed build is never stored as a library: it is proven again on every run
+    out["library"] = _library(spec)
+    if store and key and kept is None and not out.get("cached"):  # the compilers ran: counted once per key
+        _compile_cache.note_compile(store, key, {**_compile_cache.provenance(), **out})
+    if store and key and os.path.isfile(out["library"]):
+        items, how = headers_read(build_dir, objs, text, places)
+        _store(out, module, store, key, out["library"], items, how)
+    return None
+
+
+def build_module(module: str, load: bool = False) -> dict[str, Any]:
+    """Build one comm module for the architectures flashinfer resolved at import; compile and link apart,
+    then read what the library needs at load time and, with ``load`` (a GPU is visible), load it.
+
+    With a shared store (``STACKPROBE_COMPILE_CACHE``) a build whose key is there is not compiled: the
+    result names the stored library, which is read back like a fresh one, and the build that made it."""
+    out: dict[str, Any] = {"module": module, "flashinfer": version(),
+                           "arch_list": os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or "local"}
+    mirror = toolkit.resolve(flashinfer=True)
+    out["toolkit"] = mirror.as_dict()
+    t0 = time.monotonic()
+    spec, stopped = _jit_spec(out, module)
+    if stopped is not None:
+        return stopped
+    if not hasattr(spec, "write_ninja") or not hasattr(spec, "ninja_path"):
+        return _one_step(out, spec, t0)
+    ninja = _read_ninja(out, spec, mirror)
+    build_dir, text = ninja[0], ninja[1]
     store = _compile_cache.root()
     usable = store and (_loads_from_path(spec) or not load)
     places = _places(build_dir) if usable else {}
@@ -502,28 +553,9 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
                 _linkage(out)
                 stopped = _load(out, spec) if load else None
                 return stopped or {**out, "stage": "done", "ok": True}
-        _nvcc_threads(text)
-        names = kept_names(build_dir, objs)
-        kept = _compile_cache.lookup_objects(store, key, names, places, _compile_cache.search_order(text)) \
-            if store and key and names else None
-        if kept is not None:
-            stopped = _link_kept(out, kept, build_dir, objs, finals, t0)
-        elif missing := missing_tools(text):
-            stopped = _stopped(out, "compile", "\n".join(missing))
-        else:
-            stopped = _ninja_build(out, module, build_dir, objs, finals, t0)
+        stopped = _compile(out, module, spec, ninja, store, key, places, t0)
         if stopped:
-            if stopped.get("stage") == "link" and kept is None and store and key and names:
-                _keep_objects(stopped, module, store, key, build_dir, objs, names, text, places)
-                if not stopped.get("cached"):
-                    _compile_cache.note_compile(store, key, {**_compile_cache.provenance(), **stopped})
-            return stopped  # a failed build is never stored as a library: it is proven again on every run
-        out["library"] = _library(spec)
-        if store and key and kept is None and not out.get("cached"):  # the compilers ran: counted once per key
-            _compile_cache.note_compile(store, key, {**_compile_cache.provenance(), **out})
-        if store and key and os.path.isfile(out["library"]):
-            items, how = headers_read(build_dir, objs, text, places)
-            _store(out, module, store, key, out["library"], items, how)
+            return stopped
     _linkage(out)
     if load:
         stopped = _load(out, spec)
