@@ -46,11 +46,8 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message} (see --help)")
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="checks", description="Run the probe suite against cells and report the results.")
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-    p = sub.add_parser("list", help="the probes: id, feature, ranks, packages needed")
-    p.add_argument("--json", action="store_true")
+def run_parser(sub: Any) -> None:
+    """`checks run` and its options."""
     p = sub.add_parser("run", help="run the probes in each cell: Docker images, venv cells, one local Python or "
                        "Slurm jobs (--backend)")
     p.add_argument("--all", action="store_true", help="every probe")
@@ -116,6 +113,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--report", type=Path, metavar="MD", help="the table regenerated at the end, with its .html "
                    "(default: docs/compatibility.md for the default --results, else <results>/compatibility.md)")
     p.add_argument("--no-report", action="store_true", help="do not regenerate the table at the end")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="checks", description="Run the probe suite against cells and report the results.")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    p = sub.add_parser("list", help="the probes: id, feature, ranks, packages needed")
+    p.add_argument("--json", action="store_true")
+    run_parser(sub)
     p = sub.add_parser("report", help="generate docs/compatibility.md (and .html) from the results")
     p.add_argument("--results", type=Path, default=REPO / "results")
     p.add_argument("--out", type=Path, help="the Markdown table (default: docs/compatibility.md for the default "
