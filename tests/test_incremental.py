@@ -173,6 +173,7 @@ def test_a_second_identical_run_reuses_every_variant_says_so_and_records_nothing
     printed = json.loads(second.stdout)
     assert [r["evidence"].get("reused_from") for r in printed if r["probe_id"] != "t-decided"] == [run_id] * 3
     assert "results: nothing new, so no run recorded (each variant reused or decided as before)" in second.stderr
+    assert not [ln for ln in second.stderr.splitlines() if ln.startswith("results /")]  # it names no file it never writes
     assert sorted(p.name for p in c.results.rglob("*")) == files and c.runs() == [run1]
     assert {p: p.read_bytes() for p in written} == written  # byte for byte: no new entry under "Runs:"
     # a third run likewise
@@ -202,7 +203,7 @@ def test_a_second_identical_run_reuses_every_variant_says_so_and_records_nothing
     assert cell["fingerprint"].startswith("local ")
 
     # the table lists both runs and shows the carried verdicts as reused
-    md = table.read_text()
+    md = table.with_name("table-archive.md").read_text()  # a local environment's cell: on the archive page
     assert run_id in md and run2.stem in md
     assert "✅2 *(reused)*" in md and "*reused*: carried from\nthe earlier run that measured it" in md
 

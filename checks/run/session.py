@@ -436,9 +436,11 @@ def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targe
     so a variant that loads them is not said to compile; ``view``: the progress view the plan was costed
     with). Nothing starts after ``deadline`` (--budget). Ctrl-C outside the backend's own handling still
     ends what it started."""
-    con.print(f"[bold]results[/] {store.results_path}", highlight=False)
+    todo = to_run(opts, planned, store)
+    if any(it.runs and it.reused is None for it in todo):  # where they go; a run with nothing to run may write
+        con.print(f"[bold]results[/] {store.results_path}", highlight=False)  # no file, and says so at its end
     codes = {pid: planned.code.for_probe(h) for pid, h in planned.hashes.items()}
-    view = view or progress_view(opts, backend.name, store, to_run(opts, planned, store), targets.facts, carries)
+    view = view or progress_view(opts, backend.name, store, todo, targets.facts, carries)
     work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written,
                 costs=runprogress.start_costs(view.items, view.expected, planned.build_costs), deadline=deadline)
     try:
