@@ -217,7 +217,7 @@ def test_an_image_cell_id_is_read_back_and_names_its_engine() -> None:
 def test_slurm_reads_its_container_image_as_image_reads_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """Slurm's --container-image runs the same reading on a node; here srun (no pyxis on this machine) is
     stood in for by running the command it would start, in this venv's interpreter."""
-    from checks.run import slurm_run
+    from checks.run.slurm import backend as slurm_backend
     from tests.checks_helpers import ROOT
 
     seen: list[list[str]] = []
@@ -229,8 +229,8 @@ def test_slurm_reads_its_container_image_as_image_reads_one(monkeypatch: pytest.
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
 
-    monkeypatch.setattr(slurm_run, "_cmd", srun_here)
-    cell = slurm_run.image_cell("registry.example/serve:1", "gpu")
+    monkeypatch.setattr(slurm_backend, "_cmd", srun_here)
+    cell = slurm_backend.image_cell("registry.example/serve:1", "gpu")
     assert cell.cell_id.startswith("image-cu130-torch2.11.0-sglnone-finone-"), cell.cell_id
     assert cell.image == "registry.example/serve:1" and cell.versions["image"] == "registry.example/serve:1"
     assert cell.versions["torch_cuda"] == "13.0" and "image_id" not in cell.versions

@@ -231,7 +231,7 @@ def test_the_judges_are_the_modules_that_declare_a_role(tmp_path: Path) -> None:
     (tmp_path / "checks" / "b" / "judge.py").write_text('VERDICT_ROLE = "another"\n')
     with pytest.raises(ValueError, match="two judges named judge.py"):
         provenance.declared_judges(tmp_path)
-    assert set(provenance.VERDICT_CODE) == {"hostjudge.py", "gates.py", "classify.py", "slurm_acct.py"}
+    assert set(provenance.VERDICT_CODE) == {"hostjudge.py", "gates.py", "classify.py", "acct.py"}
 
 
 def makes_verdicts(path: Path, root: Path = ROOT) -> bool:
@@ -267,7 +267,7 @@ def test_every_module_that_makes_or_changes_a_verdict_is_in_a_hash() -> None:
     outside = sorted(str(p.relative_to(ROOT)) for p in makers
                      if p.resolve() not in hashed and _own_name(p) not in provenance.SHARED_CONTRACT)
     assert outside == []
-    assert {"classify.py", "hostjudge.py", "slurm_acct.py", "worker.py"} <= {p.name for p in makers}
+    assert {"classify.py", "hostjudge.py", "acct.py", "worker.py"} <= {p.name for p in makers}
 
 
 def test_the_verdict_maker_check_sees_each_form(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ drives:
 
 Capabilities are attributes, not questions about the kind: ``gpu_lock`` (whether its workers take turns on
 this host's GPU lock, inenv.gpugate). Docker, venv and local cells run on this host through an executor per
-cell and the thread pool of checks.run.runner; Slurm (checks.run.slurm_run) submits the same work items as jobs.
+cell and the thread pool of checks.run.runner; Slurm (checks.run.slurm.backend) submits the same work items as jobs.
 A new backend (Kubernetes, podman) is one class with these methods and one entry in BACKENDS.
 """
 

@@ -1,6 +1,6 @@
 """The registry of backends (checks.run.backend.Backend), keyed by the name `checks run --backend` takes, and the
 backends that run cells on this host through one executor per cell: Docker images, venv cells and one
-local interpreter. Slurm's is in checks.run.slurm_run."""
+local interpreter. Slurm's is in checks.run.slurm.backend."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from checks.run.container import client, unreachable
 from checks.run.executor import Executor, ExecutorError, LocalExecutor, for_run, gpu_lock_path, run_token
 from checks.run.options import AUTO, DOCKER, LOCAL, SLURM, VENV, RunOptions, UsageError, compile_targets
 from checks.run.runner import Hooks, RunReport, Work
-from checks.run.slurm_run import SlurmBackend
+from checks.run.slurm.backend import SlurmBackend
 from common.build import backend as provision_backend
 from common.caches import compile_cache_dir
 from common.errors import InputError

@@ -1,5 +1,5 @@
 """Executes a planned run on this host's executors: up to ``jobs`` variants at once, each result appended to the
-store as it arrives. :func:`begin` and :class:`Recorder` are shared with every backend (checks.run.slurm_run too):
+store as it arrives. :func:`begin` and :class:`Recorder` are shared with every backend (checks.run.slurm.backend too):
 resumed and reused items are settled first, and every verdict is stamped, stored and reported one way.
 
 Which variant may start is decided by :func:`pick` (pure): CPU-only variants side by side up to ``jobs``, the

@@ -6,7 +6,7 @@ Jobs and their files live in ``.cache/slurm/<run_id>/<n>/`` of this checkout, wh
 share (they import the checks code from it). Each node writes its host facts and one raw outcome per
 variant there; this process turns them into verdicts as they appear, exactly as the local executor does,
 and appends them to the run's store. The run's host facts come from one short step on a node of the
-partition (``srun ... python -m checks.run.slurm_node --facts``) before anything is planned, so resuming,
+partition (``srun ... python -m checks.run.slurm.node --facts``) before anything is planned, so resuming,
 reusing earlier results and the run lock work on that host's results folder as on any other backend's; a
 job that lands on another kind of node writes ``results/<that host_id>/<run_id>.jsonl``. When no node can
 be asked, the run's host is ``slurm-<partition>-<hash>``.
@@ -28,7 +28,7 @@ from typing import Any
 from checks.results import hostfacts, ids, portable
 from checks.results.result import Verdict
 from checks.results.store import RunStore
-from checks.run import cells, classify, slurm_acct, slurm_jobs, slurm_site
+from checks.run import cells, classify
 from checks.run.backend import Targets
 from checks.run.executor import (
     CODE_ROOT,
@@ -44,7 +44,8 @@ from checks.run.isolate import ProcessOutcome
 from checks.run.options import SLURM, RunOptions, compile_targets
 from checks.run.plan import CellState, CellTarget, ImageState, WorkItem
 from checks.run.runner import Hooks, Recorder, RunReport, Work, begin, iso, level_variant, now_iso
-from checks.run.slurm_node import FACTS_FILE, JOB_FILE, outcome_path, started_path
+from checks.run.slurm import acct, batch, offer
+from checks.run.slurm.node import FACTS_FILE, JOB_FILE, outcome_path, started_path
 from common import cellid, reasons
 from common.caches import compile_cache_dir
 from common.home import WORK_CACHE, WORK_ROOT
@@ -66,24 +67,24 @@ def _cmd(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str
         return subprocess.CompletedProcess(cmd, 255, "", str(exc))
 
 
-def queue(name: str) -> dict[str, slurm_acct.Queued] | None:
+def queue(name: str) -> dict[str, acct.Queued] | None:
     """This run's jobs still in the queue, or None when squeue did not answer (try again later)."""
-    p = _cmd(["squeue", "-h", f"--name={name}", "-o", slurm_acct.SQUEUE_FORMAT])
-    return slurm_acct.parse_squeue(p.stdout) if p.returncode == 0 else None
+    p = _cmd(["squeue", "-h", f"--name={name}", "-o", acct.SQUEUE_FORMAT])
+    return acct.parse_squeue(p.stdout) if p.returncode == 0 else None
 
 
-def job_end(job_id: str) -> slurm_acct.JobEnd | None:
+def job_end(job_id: str) -> acct.JobEnd | None:
     """How a job that left the queue ended: the first source with a final state for it."""
-    fields = ["-n", "-P", "-o", slurm_acct.SACCT_FIELDS, "-j", job_id]
+    fields = ["-n", "-P", "-o", acct.SACCT_FIELDS, "-j", job_id]
     for source, cmd, parse in (
-        ("sacct", ["sacct", "-X", *fields], slurm_acct.parse_sacct),
-        ("sacct --completion", ["sacct", "--completion", *fields], slurm_acct.parse_sacct),
+        ("sacct", ["sacct", "-X", *fields], acct.parse_sacct),
+        ("sacct --completion", ["sacct", "--completion", *fields], acct.parse_sacct),
         ("scontrol", ["scontrol", "show", "job", "-o", job_id], None),
     ):
         p = _cmd(cmd)
         if p.returncode != 0:
             continue
-        found = slurm_acct.parse_scontrol(p.stdout) if parse is None else parse(p.stdout, source)
+        found = acct.parse_scontrol(p.stdout) if parse is None else parse(p.stdout, source)
         end = found.get(job_id)
         if end is not None and end.terminal:
             return end
@@ -97,7 +98,7 @@ def cancel(name: str, job_ids: list[str]) -> list[str]:
     if job_ids:
         _cmd(["scancel", *job_ids])
     deadline = time.monotonic() + CANCEL_WAIT_S
-    left: dict[str, slurm_acct.Queued] | None = None
+    left: dict[str, acct.Queued] | None = None
     while time.monotonic() < deadline:
         left = queue(name)
         if left == {}:
@@ -111,7 +112,7 @@ class Job:
     """One submitted job as this run follows it."""
 
     n: int
-    plan: slurm_jobs.JobPlan
+    plan: batch.JobPlan
     folder: Path
     time_limit: int
     job_id: str = ""
@@ -119,13 +120,13 @@ class Job:
     started: set[int] = field(default_factory=set)
     recorded: set[int] = field(default_factory=set)
     left_queue_at: float | None = None
-    end: slurm_acct.JobEnd | None = None
+    end: acct.JobEnd | None = None
     facts: dict[str, Any] | None = None
     done: bool = False
 
     def log_tail(self) -> str:
         try:
-            data = (self.folder / slurm_jobs.LOG_FILE).read_bytes()
+            data = (self.folder / batch.LOG_FILE).read_bytes()
         except OSError:
             return ""
         return data[-4000:].decode(errors="replace")
@@ -178,7 +179,7 @@ class Tracker:
     jobs: list[Job]
     stores: Stores
     recorder: Recorder
-    launches: dict[str, slurm_jobs.Launch]  # by cell
+    launches: dict[str, batch.Launch]  # by cell
     say: Callable[[str], None]
 
     @property
@@ -236,7 +237,7 @@ class Tracker:
             return  # the record or the files may still be on their way
         tail = job.log_tail()
         for index in missing:
-            v = slurm_acct.unfinished(job.job_id, job.end, index in job.started, tail, job.time_limit,
+            v = acct.unfinished(job.job_id, job.end, index in job.started, tail, job.time_limit,
                                       str(job.folder), self.catalogue)
             job.recorded.add(index)
             self.record(index, v, self._store(job), started_iso(job.folder, index))
@@ -252,7 +253,7 @@ class Tracker:
                 self.harvest(job)
                 continue
             q = live.get(job.job_id)
-            if q is not None and q.state not in slurm_acct.TERMINAL:
+            if q is not None and q.state not in acct.TERMINAL:
                 shown = q.describe()
                 if shown != job.shown:
                     job.shown = shown
@@ -266,23 +267,23 @@ class Tracker:
         return all(j.done for j in self.jobs)
 
 
-def submit(job: Job, items: list[WorkItem], request: slurm_jobs.Request, launch: slurm_jobs.Launch,
+def submit(job: Job, items: list[WorkItem], request: batch.Request, launch: batch.Launch,
            name: str) -> str:
     """Write the job's files and sbatch it; sets job.job_id, or returns sbatch's complaint. ``items``: as
     the worker gets them (a quick run's variants carry their level)."""
-    atomic.write_text(job.folder / JOB_FILE, slurm_jobs.job_json(job.plan, items, worker_args, launch.python))
-    script = job.folder / slurm_jobs.SCRIPT_FILE
-    command = slurm_jobs.node_command(launch, CODE_ROOT, job.folder)
-    atomic.write_text(script, slurm_jobs.batch_script(command, CODE_ROOT, os.environ.get(PROBE_PATH_ENV, ""),
+    atomic.write_text(job.folder / JOB_FILE, batch.job_json(job.plan, items, worker_args, launch.python))
+    script = job.folder / batch.SCRIPT_FILE
+    command = batch.node_command(launch, CODE_ROOT, job.folder)
+    atomic.write_text(script, batch.batch_script(command, CODE_ROOT, os.environ.get(PROBE_PATH_ENV, ""),
                                                       launch.env))
-    p = _cmd(["sbatch", *slurm_jobs.sbatch_args(job.plan, request, name, job.folder), str(script)])
+    p = _cmd(["sbatch", *batch.sbatch_args(job.plan, request, name, job.folder), str(script)])
     if p.returncode != 0:
         return (p.stderr.strip().splitlines() or [f"sbatch exited {p.returncode}"])[-1]
     job.job_id = p.stdout.strip().split(";")[0]  # --parsable: id[;cluster]
     return ""
 
 
-def _srun(partition: str, launch: slurm_jobs.Launch, argv: list[str], extra: list[str]) -> list[str]:
+def _srun(partition: str, launch: batch.Launch, argv: list[str], extra: list[str]) -> list[str]:
     """One step on a node of the partition: ``argv`` with the cell's interpreter, or in its image (pyxis)."""
     cmd = ["srun", f"--partition={partition}", "--nodes=1", "--ntasks=1", "--time=10", *extra]
     if launch.image is not None:
@@ -293,7 +294,7 @@ def _srun(partition: str, launch: slurm_jobs.Launch, argv: list[str], extra: lis
 def image_cell(image: str, partition: str) -> CellTarget:
     """The cell an image holds, read inside it on a node (pyxis) as `checks run --image` reads an image on this
     host (checks.run.cells.FACTS_CODE: versions, torch's import, serving engines), and named the same way."""
-    p = _cmd(_srun(partition, slurm_jobs.Launch("python3", image), ["-c", cells.FACTS_CODE], []), timeout=3600)
+    p = _cmd(_srun(partition, batch.Launch("python3", image), ["-c", cells.FACTS_CODE], []), timeout=3600)
     data, err = parse_result_text(p.stdout)
     if data is None:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
@@ -303,12 +304,12 @@ def image_cell(image: str, partition: str) -> CellTarget:
                       image_status=ImageState.BUILT)
 
 
-def node_facts(opts: RunOptions, site: slurm_site.Site, gpus: int, launch: slurm_jobs.Launch,
+def node_facts(opts: RunOptions, site: offer.Site, gpus: int, launch: batch.Launch,
                say: Callable[[str], None]) -> dict[str, Any]:
     """The host facts of a node of the partition, as its jobs will record them (asked with the GPUs one job
     may have); the partition's stand-in facts when no node can be asked."""
     extra = [*([f"--gres=gpu:{gpus}"] if gpus else []), *opts.slurm.sbatch_args]
-    p = _cmd(_srun(site.partition, launch, ["-m", "checks.run.slurm_node", "--facts", str(gpus)], extra), timeout=3600)
+    p = _cmd(_srun(site.partition, launch, ["-m", "checks.run.slurm.node", "--facts", str(gpus)], extra), timeout=3600)
     try:
         facts = json.loads(p.stdout) if p.returncode == 0 else None
     except ValueError:
@@ -320,7 +321,7 @@ def node_facts(opts: RunOptions, site: slurm_site.Site, gpus: int, launch: slurm
     return unplaced_facts(site.partition, why)
 
 
-def _plan_lines(site: slurm_site.Site, gpus: int, jobs: list[Job]) -> list[str]:
+def _plan_lines(site: offer.Site, gpus: int, jobs: list[Job]) -> list[str]:
     lines = [f"slurm: partition {site.partition}, at most {gpus} GPU(s) per job"
              + (", container images (pyxis)" if site.images else "")
              + f"; {sum(len(j.plan.items) for j in jobs)} variant(s) in {len(jobs)} job(s)"]
@@ -342,18 +343,18 @@ class SlurmBackend:
 
     name: str = SLURM
     gpu_lock: bool = False  # Slurm gives each job its GPUs
-    site: slurm_site.Site | None = None
-    launches: dict[str, slurm_jobs.Launch] = field(default_factory=dict)
+    site: offer.Site | None = None
+    launches: dict[str, batch.Launch] = field(default_factory=dict)
     executors: dict[str, LocalExecutor] = field(default_factory=dict)  # for fingerprints, by cell
     job_name: str = ""
     job_ids: list[str] = field(default_factory=list)
 
-    def _site(self, opts: RunOptions) -> slurm_site.Site:
+    def _site(self, opts: RunOptions) -> offer.Site:
         try:
-            site = slurm_site.survey(opts.slurm.partition)
+            site = offer.survey(opts.slurm.partition)
             if opts.slurm.container_image and not site.images:
-                raise ExecutorError(slurm_site.no_images_reason(slurm_site.srun_help()))
-        except slurm_site.SiteError as exc:
+                raise ExecutorError(offer.no_images_reason(offer.srun_help()))
+        except offer.SiteError as exc:
             raise ExecutorError(str(exc)) from None
         return site
 
@@ -367,16 +368,16 @@ class SlurmBackend:
         if image:
             cell = image_cell(image, site.partition)
             found = [cell]
-            self.launches = {cell.cell_id: slurm_jobs.Launch("python3", image)}
+            self.launches = {cell.cell_id: batch.Launch("python3", image)}
         elif opts.python:
             cell, ex, _ = cells.local(opts, opts.python)
             found, self.executors = [cell], {cell.cell_id: ex}
-            self.launches = {cell.cell_id: slurm_jobs.Launch(opts.python)}
+            self.launches = {cell.cell_id: batch.Launch(opts.python)}
         else:
             found, executors = cells.venv(opts)  # GPU facts come from each node, not from here
             self.executors = {cid: ex for cid, ex in executors.items() if isinstance(ex, LocalExecutor)}
-            self.launches = {cid: slurm_jobs.Launch(ex.python, env=ex.extra_env) for cid, ex in self.executors.items()}
-        first = next(iter(self.launches.values()), slurm_jobs.Launch(sys.executable))
+            self.launches = {cid: batch.Launch(ex.python, env=ex.extra_env) for cid, ex in self.executors.items()}
+        first = next(iter(self.launches.values()), batch.Launch(sys.executable))
         facts = node_facts(opts, site, gpus, first, lambda line: print(line, file=sys.stderr, flush=True))
         return Targets(found, facts, gpus, compile_targets(opts.target_archs, gpus, facts.get("compute_capability")))
 
@@ -416,13 +417,13 @@ class SlurmBackend:
         root = JOBS_ROOT / work.store.run_id
         first = _first_free(root)
         return [Job(n, plan, root / str(first + n), opts.slurm.time_minutes or plan.time_minutes())
-                for n, plan in enumerate(slurm_jobs.plan_jobs(items, work.gpus, hard_timeout))]
+                for n, plan in enumerate(batch.plan_jobs(items, work.gpus, hard_timeout))]
 
     def _submit_all(self, opts: RunOptions, tracker: Tracker, leveled: list[WorkItem]) -> None:
         """sbatch every job; a refused one records its variants as not run. ``leveled``: the items as the
         workers get them (a quick run's variants carry their level)."""
         assert self.site is not None
-        request = slurm_jobs.Request(self.site.partition, opts.slurm.time_minutes, opts.slurm.sbatch_args)
+        request = batch.Request(self.site.partition, opts.slurm.time_minutes, opts.slurm.sbatch_args)
         for job in tracker.jobs:
             job.folder.mkdir(parents=True, exist_ok=True)
             why = submit(job, leveled, request, self.launches[job.plan.cell_id], self.job_name)

@@ -1,7 +1,7 @@
 """Runs one Slurm job's variants on the allocated node (in-environment side: standard library only).
 
-    python -m checks.run.slurm_node JOB_FOLDER
-    python -m checks.run.slurm_node --facts GPUS     # this node's host facts as JSON on stdout
+    python -m checks.run.slurm.node JOB_FOLDER
+    python -m checks.run.slurm.node --facts GPUS     # this node's host facts as JSON on stdout
 
 Reads ``job.json`` (written by the host), records the node's host facts in ``facts.json``, then runs
 each variant's worker command exactly as the local executor does (own session, hard timeout, every
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(node_facts(int(args[1]))))
         return 0
     if len(args) != 1:
-        print("usage: python -m checks.run.slurm_node JOB_FOLDER | --facts GPUS", file=sys.stderr)
+        print("usage: python -m checks.run.slurm.node JOB_FOLDER | --facts GPUS", file=sys.stderr)
         return 2
     return run_job(Path(args[0]))
 

@@ -109,7 +109,7 @@ class Launch:
 
 
 def node_command(launch: Launch, code_root: Path, folder: Path) -> list[str]:
-    run = [launch.python, "-m", "checks.run.slurm_node", str(folder)]
+    run = [launch.python, "-m", "checks.run.slurm.node", str(folder)]
     if launch.image is None:
         return run
     mounts = f"{code_root}:{code_root}:ro,{folder}:{folder}"
