@@ -41,9 +41,10 @@ def _json(proc: subprocess.CompletedProcess[str]) -> dict:
 
 DETECT = """
     import json
-    from inenv.kit import _api, _fi_moe, _fi_pcie
+    from inenv.kit import _api, _fi_pcie
+    from inenv.probes import epmoe
     out = {}
-    for name, found in (("moe", _fi_moe.detect()), ("pcie", _fi_pcie.detect("all-reduce"))):
+    for name, found in (("moe", epmoe.detect()), ("pcie", _fi_pcie.detect("all-reduce"))):
         out[name] = found.outcome() if isinstance(found, _api.ApiUnknown) else found.name
     print(json.dumps(out))
 """
@@ -76,7 +77,7 @@ def test_each_generation_is_found_by_its_names(version_dir: str, moe: str, pcie_
 
 
 def test_a_module_that_is_there_but_breaks_on_import_is_not_an_unknown_api() -> None:
-    proc = _python("fi07broken", "from inenv.kit import _fi_moe; print(_fi_moe.detect())")
+    proc = _python("fi07broken", "from inenv.probes import epmoe; print(epmoe.detect())")
     assert proc.returncode != 0
     assert "No module named 'cutlass_dsl_that_is_not_installed'" in proc.stderr
 
@@ -136,25 +137,23 @@ def _delivered(rank: int, ep: int, tpr: int, hidden: int, route: list[list[int]]
     padding rows with every expert id invalid."""
     import torch
 
-    from inenv.kit import _fi_moe
-    from inenv.probes import ep_a2a
+    from inenv.probes import ep_a2a, epmoe
 
     ids = torch.zeros(ep, tpr, dtype=torch.int32)
     hid = torch.zeros(ep, tpr, hidden, dtype=torch.bfloat16)
-    experts = torch.full((ep, tpr, ep_a2a.TOP_K), _fi_moe.INVALID_EXPERT, dtype=torch.int32)
+    experts = torch.full((ep, tpr, ep_a2a.TOP_K), epmoe.INVALID_EXPERT, dtype=torch.int32)
     for src in range(ep):
         got = [g for g in range(src * tpr, (src + 1) * tpr) if rank in ep_a2a.targets(route[g])][::-1]
         for j, g in enumerate(got):
             ids[src, j] = g + 1
             hid[src, j] = ep_a2a.hidden_rows(torch.tensor([g]), hidden, "cpu")[0]
             experts[src, j] = torch.tensor(route[g])
-    return _fi_moe.Received(ids, hid, experts)
+    return epmoe.Received(ids, hid, experts)
 
 
 def test_probe_check_flags_every_kind_of_wrong_delivery() -> None:
     torch = pytest.importorskip("torch")
-    from inenv.kit import _fi_moe
-    from inenv.probes import ep_a2a
+    from inenv.probes import ep_a2a, epmoe
 
     ep, tpr, hidden, rank = 4, 5, 16, 1
     route = ep_a2a.routing(ep, tpr)
@@ -163,11 +162,11 @@ def test_probe_check_flags_every_kind_of_wrong_delivery() -> None:
     src = next(s for s in range(ep) if int(good.raw_ids[s, 0]) and int((good.experts[s, :, 0] < 0).sum()))
     pad = int((good.experts[src, :, 0] >= 0).sum())  # first padding row of that source
 
-    def changed(**kw: object) -> _fi_moe.Received:
+    def changed(**kw: object) -> epmoe.Received:
         parts = {"raw_ids": good.raw_ids.clone(), "hidden": good.hidden.clone(), "experts": good.experts.clone()}
         for name, edit in kw.items():
             edit(parts[name])  # type: ignore[operator]
-        return _fi_moe.Received(**parts)
+        return epmoe.Received(**parts)
 
     def bump(t: torch.Tensor) -> None:
         t[src, 0, 3] += 1
@@ -186,7 +185,7 @@ def test_probe_check_flags_every_kind_of_wrong_delivery() -> None:
     def lose_my_pick(t: torch.Tensor) -> None:
         g = int(good.raw_ids[src, 0]) - 1
         mine = [k for k, e in enumerate(route[g]) if e // ep_a2a.EXPERTS_PER_RANK == rank]
-        t[src, 0, mine[0]] = _fi_moe.INVALID_EXPERT
+        t[src, 0, mine[0]] = epmoe.INVALID_EXPERT
 
     assert "arrived with experts" in ep_a2a.check_received(changed(experts=lose_my_pick), rank, ep, tpr, route)
 
@@ -213,9 +212,9 @@ SIMULATE = """
     import json
     import torch
     import _a2a_fabric as fab
-    from inenv.kit import _fi_moe
+    from inenv.probes import epmoe
     from inenv.probes import ep_a2a
-    api = _fi_moe.detect()
+    api = epmoe.detect()
     out = {}
     for ep in (2, 8):
         waits = fab.Lanes.waits
@@ -244,15 +243,15 @@ REFUSED = """
     import json
     import torch
     import _a2a_fabric as fab
-    from inenv.kit import _fi_moe
+    from inenv.probes import epmoe
     from inenv.probes import ep_a2a
-    api = _fi_moe.detect()
+    api = epmoe.detect()
     ep, tpr = 2, 4
     route = ep_a2a.routing(ep, tpr)
     inputs = [ep_a2a._inputs(r, tpr, 16, route, "cpu") for r in range(ep)]
 
     def sim():
-        a2a = _fi_moe.open_sim(api, _fi_moe.Shape(ep, tpr, 16, 2, ep * 2), torch.device("cpu"))
+        a2a = epmoe.open_sim(api, epmoe.Shape(ep, tpr, 16, 2, ep * 2), torch.device("cpu"))
         for r in range(ep):
             a2a.stage(r, *inputs[r])
         return a2a
@@ -284,8 +283,8 @@ REFUSED = """
 
     def in_order(lanes):
         a2a = sim()
-        recv = _fi_moe.dispatch_all(a2a, inputs, lanes, 60)
-        _fi_moe.combine_all(a2a, [r.hidden.clone() for r in recv], lanes, 60)
+        recv = epmoe.dispatch_all(a2a, inputs, lanes, 60)
+        epmoe.combine_all(a2a, [r.hidden.clone() for r in recv], lanes, 60)
 
     out = {}
     for case in (sanitize_after_each_dispatch, one_stream, wait_mid_round, combine_mid_round, in_order):
@@ -318,14 +317,15 @@ HANGS = """
     import json
     import torch
     import _a2a_fabric as fab
-    from inenv.kit import _device, _fi_moe
+    from inenv.kit import _device
+    from inenv.probes import epmoe
     from inenv.probes import ep_a2a
 
     class NeverDone(fab.Lanes):
         def wait(self, deadline_s):
             raise _device.Hung(f"{_device.HUNG_WORDS} {deadline_s:.0f} s")
 
-    print(json.dumps(ep_a2a.simulate(_fi_moe.detect(), 2, torch.device("cpu"), NeverDone(2), {})))
+    print(json.dumps(ep_a2a.simulate(epmoe.detect(), 2, torch.device("cpu"), NeverDone(2), {})))
 """
 
 

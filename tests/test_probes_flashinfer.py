@@ -242,7 +242,7 @@ def test_ep_routing_two_distinct_experts_and_exact_checks() -> None:
     route = ep_a2a.routing(ep, tpr)
     assert all(len(set(c)) == 2 and all(0 <= e < ep * ep_a2a.EXPERTS_PER_RANK for e in c) for c in route)
     # What a correct dispatch delivers to each rank passes; a corrupted copy does not.
-    from inenv.kit._fi_moe import Received
+    from inenv.probes.epmoe import Received
     from tests.test_probes_fi_api import _delivered
 
     for rank in range(ep):

@@ -769,7 +769,8 @@ import json, os, sys
 from pathlib import Path
 import torch, torch.distributed as dist
 from inenv.probe import RankContext, Variant
-from inenv.kit import _device, _dist, _fi_moe
+from inenv.kit import _device, _dist
+from inenv.probes import epmoe
 from inenv.probes import ep_a2a, fi_fusion
 from inenv.kit import _flashinfer as fi
 
@@ -825,7 +826,7 @@ class A2A:
         ex, hs, js = self._gather(experts), self._gather(hid), self._gather(ids)
         recv_h = torch.zeros(world, tpr, hid.shape[-1], dtype=hid.dtype)
         recv_i = torch.zeros(world, tpr, 1, dtype=ids.dtype)
-        recv_e = torch.full((world, tpr, experts.shape[1]), _fi_moe.INVALID_EXPERT, dtype=experts.dtype)
+        recv_e = torch.full((world, tpr, experts.shape[1]), epmoe.INVALID_EXPERT, dtype=experts.dtype)
         for src in range(world):
             n = 0
             for t in range(tpr):
@@ -835,7 +836,7 @@ class A2A:
         self.recv_ids = self._gather(recv_i)
         if FAIL == f"dispatch{rank}":  # after the exchange, as a kernel's error is seen after its launch
             raise RuntimeError("moe_a2a_dispatch: workspace too small")
-        return _fi_moe.Received(recv_i[..., 0], recv_h, recv_e)
+        return epmoe.Received(recv_i[..., 0], recv_h, recv_e)
     def combine(self, payload):
         tpr = payload.shape[1]
         loads = self._gather(payload)
@@ -847,8 +848,8 @@ class A2A:
         return out.bfloat16()
 
 fi.Fusion = Fusion
-_fi_moe.detect = lambda: _fi_moe.TRTLLM
-_fi_moe.open_ranks = lambda *a, **k: A2A()
+epmoe.detect = lambda: epmoe.TRTLLM
+epmoe.open_ranks = lambda *a, **k: A2A()
 fi_fusion.TOKENS = fi_fusion.GRAPH_TOKENS  # fewer sizes: gloo on two shared cores
 probe = sys.argv[2]
 module = fi_fusion if probe == "fi-fusion" else ep_a2a

@@ -1,12 +1,12 @@
 """ep-a2a: flashinfer's MoE all-to-all (dispatch + combine) with exact routing checks, on both of its API
-generations through one adapter (``_fi_moe``): ``flashinfer.comm.trtllm_moe_alltoall`` up to 0.6 and
+generations through one adapter (``epmoe``): ``flashinfer.comm.trtllm_moe_alltoall`` up to 0.6 and
 ``flashinfer.moe_ep``'s NVLink one-sided backend from 0.7. A flashinfer with neither is ``skip`` with
 ``probe-api-unknown`` (the feature was not reached), never ``fail``.
 
 ``mode=sim``: every EP rank simulated on one GPU, each on its own CUDA stream over one shared workspace
 (flashinfer's own single-GPU pattern); the kernels spin-wait on each other, so all blocks must be resident
 at once and the variant needs at least tokens x ranks SMs, and nothing but the ranks' all-to-all calls may
-be queued until the last rank's is (``_fi_moe.dispatch_all`` says why). ``mode=gpus``: one process per GPU, the
+be queued until the last rank's is (``epmoe.dispatch_all`` says why). ``mode=gpus``: one process per GPU, the
 workspace's memory handles exchanged through torch.distributed (no MNNVL fabric needed, fds over a Unix socket).
 
 Routing is deterministic: token g picks two distinct experts; a token goes once to each distinct target rank.
@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from inenv.kit import _api, _data, _device, _dist, _fi_moe
+from inenv.kit import _api, _data, _device, _dist
 from inenv.kit import _flashinfer as fi
 from inenv.kit._lockstep import Lockstep, Stopped
 from inenv.probe import HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, multi_rank, outcome
+from inenv.probes import epmoe
 
 SPEC = ProbeSpec(
     id="ep-a2a",
@@ -82,7 +83,7 @@ def hidden_rows(ids: Any, hidden: int, device: Any) -> Any:
     return vals.to(torch.bfloat16)
 
 
-def check_received(recv: _fi_moe.Received, rank: int, ep: int, tpr: int, route: list[list[int]]) -> str:
+def check_received(recv: epmoe.Received, rank: int, ep: int, tpr: int, route: list[list[int]]) -> str:
     """'' when rank ``rank`` received, from every source, exactly the tokens routed to it (once each, hidden
     rows bit-exact, this rank's expert picks intact) and nothing in its padding rows; else the first problem.
     The row a token lands in is the backend's choice, so rows are matched by the token id they carry."""
@@ -106,15 +107,15 @@ def check_received(recv: _fi_moe.Received, rank: int, ep: int, tpr: int, route: 
             return f"rank {rank} from {src}: {bad} of {len(rows)} hidden rows differ"
         for i in rows:
             g = int(ids[src, i]) - 1
-            picks = {int(e) for e in experts[src, i] if int(e) != _fi_moe.INVALID_EXPERT}
+            picks = {int(e) for e in experts[src, i] if int(e) != epmoe.INVALID_EXPERT}
             mine = {e for e in route[g] if e // EXPERTS_PER_RANK == rank}
             if not mine <= picks <= set(route[g]):
                 return f"rank {rank} from {src}: token {g} arrived with experts {sorted(picks)}, routed to {route[g]}"
     return ""
 
 
-def shape(ep: int, tpr: int) -> _fi_moe.Shape:
-    return _fi_moe.Shape(ep, tpr, SIM_HIDDEN, TOP_K, ep * EXPERTS_PER_RANK)
+def shape(ep: int, tpr: int) -> epmoe.Shape:
+    return epmoe.Shape(ep, tpr, SIM_HIDDEN, TOP_K, ep * EXPERTS_PER_RANK)
 
 
 def combine_reference(rank: int, tpr: int, hidden: int, route: list[list[int]], device: Any) -> Any:
@@ -136,7 +137,7 @@ def _inputs(rank: int, tpr: int, hidden: int, route: list[list[int]], device: An
 def run_sim(ctx: RankContext) -> dict[str, Any]:
     import torch
 
-    api = _fi_moe.detect()
+    api = epmoe.detect()
     if isinstance(api, _api.ApiUnknown):
         return api.outcome()
     ep = int(ctx.param("ep") or "2")
@@ -158,19 +159,19 @@ def run_sim(ctx: RankContext) -> dict[str, Any]:
 def simulate(
     api: _api.Generation, ep: int, device: Any, lanes: _device.Lanes, metrics: dict[str, Any]
 ) -> dict[str, Any]:
-    """The simulated ranks' dispatch and combine, checked; device work in the order of ``_fi_moe.dispatch_all``
+    """The simulated ranks' dispatch and combine, checked; device work in the order of ``epmoe.dispatch_all``
     and ``combine_all``, one lane per rank."""
     import torch
 
     tpr, hidden = SIM_TOKENS, SIM_HIDDEN
     route = routing(ep, tpr)
-    a2a = _fi_moe.open_sim(api, shape(ep, tpr), device)
+    a2a = epmoe.open_sim(api, shape(ep, tpr), device)
     metrics = {"workspace_bytes_per_rank": a2a.workspace_bytes, **metrics}
     evidence: dict[str, Any] = {"ep": ep, "tokens_per_rank": tpr, "hidden": hidden, "api": api.name}
     evidence["flashinfer"] = _version()
     step = "dispatch"
     try:
-        recv = _fi_moe.dispatch_all(a2a, [_inputs(r, tpr, hidden, route, device) for r in range(ep)], lanes, WAIT_S)
+        recv = epmoe.dispatch_all(a2a, [_inputs(r, tpr, hidden, route, device) for r in range(ep)], lanes, WAIT_S)
         for r in range(ep):
             problem = check_received(recv[r], r, ep, tpr, route)
             if problem:
@@ -178,7 +179,7 @@ def simulate(
                 return outcome("fail", note=note, reason_code="ep-a2a-wrong", metrics=metrics, evidence=evidence)
         step = "combine"
         payloads = [(recv[r].hidden.float() * (r + 1)).to(torch.bfloat16).contiguous() for r in range(ep)]
-        combined = _fi_moe.combine_all(a2a, payloads, lanes, WAIT_S)
+        combined = epmoe.combine_all(a2a, payloads, lanes, WAIT_S)
     except _device.Hung as exc:
         note = f"{step} of {ep} simulated ranks: {exc}"
         return outcome("fail", note=note, reason_code=_device.REASON, metrics=metrics, evidence=evidence)
@@ -193,7 +194,7 @@ def simulate(
 
 
 def run_gpus(ctx: RankContext) -> dict[str, Any]:
-    api = _fi_moe.detect()  # before any collective: every rank finds the same
+    api = epmoe.detect()  # before any collective: every rank finds the same
     if isinstance(api, _api.ApiUnknown):
         return api.outcome()
     device = _dist.init_dist(ctx)
@@ -208,7 +209,7 @@ def run_gpus(ctx: RankContext) -> dict[str, Any]:
     metrics = lock.metrics
     try:
         with lock.step("all-to-all creation", "ep-a2a-workspace-failed"):
-            a2a = _fi_moe.open_ranks(api, shape(ep, tpr), r, dist.group.WORLD)
+            a2a = epmoe.open_ranks(api, shape(ep, tpr), r, dist.group.WORLD)
             metrics["workspace_bytes_per_rank"] = a2a.workspace_bytes
             evidence.update(getattr(a2a, "evidence", {}))
         experts, hid, ids = _inputs(r, tpr, hidden, route, device)
@@ -245,7 +246,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
 
 
 def _version() -> str | None:
-    return _api.package_version(*_fi_moe.DISTRIBUTIONS)
+    return _api.package_version(*epmoe.DISTRIBUTIONS)
 
 
 # --- declared fields: what this probe records, and the roles checks report and checks advise read them by

@@ -1,4 +1,4 @@
-"""Drive inenv.kit._fi_moe against whichever stand-in flashinfer is first on sys.path, on CPU tensors.
+"""Drive inenv.probes.epmoe against whichever stand-in flashinfer is first on sys.path, on CPU tensors.
 
     python run_a2a.py sim EP[,EP...]  every rank simulated in this process, for each EP
     python run_a2a.py ranks EP        EP gloo processes, one per rank
@@ -17,14 +17,14 @@ from typing import Any
 import _a2a_fabric as fab
 import torch
 
-from inenv.kit import _fi_moe
 from inenv.probes import ep_a2a as probe
+from inenv.probes import epmoe
 
 TPR, HIDDEN = 5, 16
 
 
-def shape(ep: int) -> _fi_moe.Shape:
-    return _fi_moe.Shape(ep, TPR, HIDDEN, probe.TOP_K, ep * probe.EXPERTS_PER_RANK)
+def shape(ep: int) -> epmoe.Shape:
+    return epmoe.Shape(ep, TPR, HIDDEN, probe.TOP_K, ep * probe.EXPERTS_PER_RANK)
 
 
 def inputs(rank: int, route: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -33,7 +33,7 @@ def inputs(rank: int, route: list[list[int]]) -> tuple[torch.Tensor, torch.Tenso
     return experts, probe.hidden_rows(ids, HIDDEN, "cpu"), (ids + 1).unsqueeze(1).contiguous()
 
 
-def oracle(recv: _fi_moe.Received, combined: torch.Tensor, rank: int, ep: int, route: list[list[int]]) -> dict:
+def oracle(recv: epmoe.Received, combined: torch.Tensor, rank: int, ep: int, route: list[list[int]]) -> dict:
     per = probe.EXPERTS_PER_RANK
     bad: list[str] = []
     for src in range(ep):
@@ -46,7 +46,7 @@ def oracle(recv: _fi_moe.Received, combined: torch.Tensor, rank: int, ep: int, r
             g = int(recv.ids[src, i]) - 1
             if not torch.equal(recv.hidden[src, i], probe.hidden_rows(torch.tensor([g]), HIDDEN, "cpu")[0]):
                 bad.append(f"from {src}: hidden row of token {g}")
-            picks = {int(e) for e in recv.experts[src, i] if int(e) != _fi_moe.INVALID_EXPERT}
+            picks = {int(e) for e in recv.experts[src, i] if int(e) != epmoe.INVALID_EXPERT}
             mine = {e for e in route[g] if e // per == rank}
             if not (mine <= picks <= set(route[g])):
                 bad.append(f"from {src}: experts {sorted(picks)} of token {g}, route {route[g]}")
@@ -58,11 +58,11 @@ def oracle(recv: _fi_moe.Received, combined: torch.Tensor, rank: int, ep: int, r
 def run_sim(gen: Any, ep: int) -> list[dict]:
     """Through the adapter's own ordering of simulated ranks, each on a stand-in lane the fabric checks."""
     route = probe.routing(ep, TPR)
-    a2a = _fi_moe.open_sim(gen, shape(ep), torch.device("cpu"))
+    a2a = epmoe.open_sim(gen, shape(ep), torch.device("cpu"))
     lanes = fab.Lanes(ep)
-    recv = _fi_moe.dispatch_all(a2a, [inputs(r, route) for r in range(ep)], lanes, 60)
+    recv = epmoe.dispatch_all(a2a, [inputs(r, route) for r in range(ep)], lanes, 60)
     payloads = [(recv[r].hidden.float() * (r + 1)).to(torch.bfloat16) for r in range(ep)]
-    combined = _fi_moe.combine_all(a2a, payloads, lanes, 60)
+    combined = epmoe.combine_all(a2a, payloads, lanes, 60)
     return [{"workspace_bytes": a2a.workspace_bytes, **oracle(recv[r], combined[r], r, ep, route)} for r in range(ep)]
 
 
@@ -70,9 +70,9 @@ def _rank(rank: int, ep: int, init: str, queue: Any) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=ep)
-    gen = _fi_moe.detect()
+    gen = epmoe.detect()
     route = probe.routing(ep, TPR)
-    a2a = _fi_moe.open_ranks(gen, shape(ep), rank, dist.group.WORLD)
+    a2a = epmoe.open_ranks(gen, shape(ep), rank, dist.group.WORLD)
     recv = a2a.dispatch(*inputs(rank, route))
     combined = a2a.combine((recv.hidden.float() * (rank + 1)).to(torch.bfloat16))
     queue.put((rank, {"workspace_bytes": a2a.workspace_bytes, **oracle(recv, combined, rank, ep, route)}))
@@ -96,6 +96,6 @@ def run_ranks(ep: int) -> list[dict]:
 
 if __name__ == "__main__":
     mode, eps = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
-    found = _fi_moe.detect()
+    found = epmoe.detect()
     results = {ep: run_sim(found, ep) if mode == "sim" else run_ranks(ep) for ep in eps}
     print(json.dumps({"generation": found.name, "ranks": results}))

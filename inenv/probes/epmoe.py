@@ -14,7 +14,8 @@ the hidden row and the token's expert ids, padding rows marked with ``INVALID_EX
 Simulated ranks go through :func:`dispatch_all` and :func:`combine_all`, which own the order of the device
 work (see there); the simulation classes only say how one rank stages, dispatches, marks padding, combines.
 
-In-environment side: standard library at import time; torch and flashinfer inside functions.
+Not a probe (no SPEC): a part of ep-a2a, which imports it and carries it in its hash. In-environment side:
+standard library at import time; torch and flashinfer inside functions.
 """
 
 from __future__ import annotations
