@@ -173,7 +173,7 @@ def test_a_second_identical_run_reuses_every_variant_says_so_and_records_nothing
     printed = json.loads(second.stdout)
     assert [r["evidence"].get("reused_from") for r in printed if r["probe_id"] != "t-decided"] == [run_id] * 3
     assert "results: nothing new, so no run recorded (each variant reused or decided as before)" in second.stderr
-    assert not [ln for ln in second.stderr.splitlines() if ln.startswith("results /")]  # it names no file it never writes
+    assert not [ln for ln in second.stderr.splitlines() if ln.startswith("results /")]  # names no file it never writes
     assert sorted(p.name for p in c.results.rglob("*")) == files and c.runs() == [run1]
     assert {p: p.read_bytes() for p in written} == written  # byte for byte: no new entry under "Runs:"
     # a third run likewise

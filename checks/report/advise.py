@@ -442,8 +442,9 @@ def p2p_broken(results: Iterable[ProbeResult]) -> list[ProbeResult]:
                  or (r.params.get("check") == "nccl" and r.params.get("p2p", "default") == "default"))]
 
 
-# The load probe: a backend whose graphs hung or drifted while they were replayed under load with a GPU per rank (at any world size: a deadlock from two streams at 2 ranks is one at 8 too) is not
-# advised in that cell; ranks sharing a GPU test the code paths, not a server's placement.
+# The load probe: a backend whose graphs hung or drifted while they were replayed under load with a GPU per rank
+# (at any world size: a deadlock from two streams at 2 ranks is one at 8 too) is not advised in that cell; ranks
+# sharing a GPU test the code paths, not a server's placement.
 LOAD_PROBE = "load"
 
 
