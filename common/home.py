@@ -205,10 +205,7 @@ def _write_copy(folder: Path, files: Mapping[str, bytes]) -> None:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
             dest.chmod(0o444)  # a copy the probes only read
-        aside = None
-        if os.path.lexists(folder):
-            aside = folder.with_name(f".stale-{folder.name}-{os.getpid()}")
-            os.replace(folder, aside)
+        aside = atomic.set_aside(folder)
         if not atomic.publish_dir(staging, folder):
             return  # a concurrent run published one first: the caller checks it
         if aside is not None:

@@ -107,6 +107,17 @@ def replace_dir(target: Path, files: Mapping[str, str], keep: Sequence[str] = ()
     _fsync_dir(target.parent)
 
 
+def set_aside(path: Path) -> Path | None:
+    """Move whatever stands at ``path`` (a folder, a file, a link, followed or not) to a name of this process
+    beside it by one rename, so ``path`` is free for a :func:`publish_dir`; that name, or None when nothing
+    stood there."""
+    if not os.path.lexists(path):
+        return None
+    aside = path.with_name(f".stale-{path.name}-{os.getpid()}")
+    os.replace(path, aside)
+    return aside
+
+
 def publish_dir(staging: Path, target: Path) -> bool:
     """Put the filled folder ``staging`` at ``target`` by one rename, so a reader sees all of it or none; False
     when ``target`` was already there (another writer published the same content first: ``staging`` is left for

@@ -131,7 +131,9 @@ def test_nonzero_exit_is_classified_from_stderr() -> None:
             " with datatype ncclInt8. NCCL_ALGO was set to Tree.\\n'); sys.exit(3)")
     _, result = _py(code)
     assert result.status == "fail" and result.reason_code == "nccl-algo-unavailable"
-    assert "allreduce:tree" in result.remediation
+    # no nccl-graphs result on this NCCL release has shown a per-collective setting passing: none is offered
+    assert result.remediation.startswith("leave NCCL_ALGO unset, or name an algorithm for every collective")
+    assert "allreduce:tree" not in result.remediation
 
 
 def test_nonzero_exit_unknown_keeps_last_error_line() -> None:

@@ -540,7 +540,7 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
         return 0
     hosts_dir = out.parent / HOSTS_DIR
     old = {p for p in hosts_dir.glob("*.md")} if hosts_dir.is_dir() else set()
-    gone = sorted(old - set(made.files))  # pages of hosts the results no longer hold
+    gone = sorted(old - set(made.files))  # pages of hosts the results do not hold now
     if check:
         stale = [str(p) for p, text in made.files.items() if not p.exists() or p.read_text() != text]
         stale += [f"{p} (no such host now)" for p in gone]
