@@ -20,7 +20,7 @@ import pytest
 
 from checks.cli import main
 from common import cellid
-from tests.checks_helpers import fixture_env
+from tests.checks_helpers import fixture_env, report_md
 
 SITE = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p, "torch").is_dir()))
 # torch and every distribution it requires, from the venv (so the inventory finds no broken requirement), and
@@ -115,7 +115,7 @@ def test_an_existing_image_is_probed_as_a_cell_named_by_what_is_inside(torch_ima
     versions = manifest["cells"][cid]["versions"]
     assert versions["image"] == torch_image and versions["image_id"] == before
     assert versions["torch"].startswith("2.11.0") and versions["torch_cuda"] == "13.0"
-    table = (results / "compatibility.md").read_text()
+    table = report_md(results / "compatibility.md")  # an image's cell: on the archive and its host's page
     assert f"`{cid}`<br>image: {torch_image}" in table  # the row names the image
     # nothing written into the image, no container left of it
     assert image_id(docker_available, torch_image) == before
