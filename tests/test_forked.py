@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
+import subprocess
+import sys
 import time
 
 from inenv import forked
+from tests.checks_helpers import ROOT
+
+
+def _prepared(code: str) -> str:
+    """What inenv.forked.prepare says in a fresh interpreter after ``code`` (this test process may hold threads of
+    its own: pytest's workers)."""
+    script = f"import threading\nfrom inenv import forked\n{code}\nprint(repr(forked.prepare(())))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
 
 
 def test_a_python_thread_beside_the_main_one_refuses_forking() -> None:
-    assert forked.prepare(()) == ""
-    stop = threading.Event()
-    th = threading.Thread(target=stop.wait, daemon=True)
-    th.start()
-    try:
-        assert forked.prepare(()) == "the serving worker runs 2 Python threads"
-    finally:
-        stop.set()
-        th.join()
+    assert _prepared("") == "''"
+    started = "threading.Thread(target=threading.Event().wait, daemon=True).start()"
+    assert _prepared(started) == "'the serving worker runs 2 Python threads'"
 
 
 def test_a_forked_process_reads_as_popen_does() -> None:
