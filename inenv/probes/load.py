@@ -30,7 +30,6 @@ backend works at all, is answered by the backends' own probes; the full pass tha
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import os
@@ -48,7 +47,6 @@ from inenv.probe import (
     Variant,
     combine_worst,
     multi_rank,
-    outcome,
 )
 from inenv.probes import stepcomm
 
@@ -90,7 +88,6 @@ NEEDS = {**stepcomm.NEEDS, "sglang-custom-ar-v2": ("sglang",), "vllm-custom-ar":
 TAKES_PDL = frozenset({"flashinfer-fusion"})  # launch_with_pdl is a switch of its API
 FUSION_MODES = ("auto", "crossing")  # planned; "oneshot" and "twoshot" run each path alone, by hand
 SHARED_SIZES = (2, 4)  # world sizes run with ranks sharing one GPU beyond the host's GPU count
-OVERLAP_ENV = stepcomm.OVERLAP_ENV
 ONLY_ENV = "STACKPROBE_LOAD_ONLY"  # planning filter: "nccl,flashinfer-custom-ar" plans only those backends
 
 
@@ -125,42 +122,17 @@ def variants(host: HostView) -> list[Variant]:
     return out
 
 
-def _missing(backend: str) -> dict[str, Any] | None:
-    for need in NEEDS.get(backend, ()):
-        if importlib.util.find_spec(need) is None:
-            return outcome("skip", f"{need} is not installed in this environment", "missing-package")
-    return None
-
-
 def preflight(variant: Variant) -> dict[str, Any] | None:
     """A backend whose library is absent is decided before any rank takes the GPUs."""
-    return _missing(variant.param("backend") or "nccl")
+    return stepcomm.missing(variant.param("backend") or "nccl", NEEDS)
 
 
 def run(ctx: RankContext) -> dict[str, Any]:
     multicast_env = _dist.keep_multicast_off()
     name = ctx.param("backend", "nccl") or "nccl"
-    if (missing := _missing(name)) is not None:
-        return missing
-    shared = ctx.variant.share_gpu  # ranks on one GPU: a gloo process group, nothing timed
-    if shared and name == "nccl":
-        return outcome("skip", "NCCL refuses two ranks on one GPU", "too-few-gpus")
-    if shared:
-        os.environ[OVERLAP_ENV] = "1"
-    if "flashinfer" in NEEDS.get(name, ()):
-        from inenv.kit import _flashinfer
-
-        _flashinfer.prepare_env()  # the modules fi-jit built or the cell carries, not a compile in this turn
-    if name == "flashinfer-pcie-ipc":
-        from inenv.kit import _api, _fi_pcie
-
-        found = _fi_pcie.detect("all-reduce")
-        if isinstance(found, _api.ApiUnknown):
-            return found.outcome()
-    if (skipped := _dist.gpu_precheck(ctx, shared)) is not None:
-        return skipped
-    if shared:
-        ctx = dataclasses.replace(ctx, device_index=0)
+    ended, ctx = stepcomm.begin(ctx, name, NEEDS)
+    if ended is not None:
+        return ended
     result = engine.run(ctx, backend=name, pattern=ctx.param("pattern") or REPLAY, pdl=ctx.param("pdl") == "on",
                         mode=ctx.param("mode") or "", stall_s=SPEC.stall_s)
     result["evidence"]["multicast_env"] = multicast_env

@@ -37,7 +37,6 @@ case's measurement in ``stepmodel``; this module plans the variants, runs one an
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 from collections import Counter
 from typing import Any
@@ -45,7 +44,8 @@ from typing import Any
 from inenv import models
 from inenv.kit import _agree, _dist, _errors, _timing
 from inenv.probe import SETUP, HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome, shallow
-from inenv.probes.stepcomm import BACKENDS, NEEDS, OVERLAP_ENV, Comm, make_comm
+from inenv.probes import stepcomm
+from inenv.probes.stepcomm import BACKENDS, Comm, make_comm
 from inenv.probes.stepmodel import (
     CASES,
     MAX_TOKENS,
@@ -90,16 +90,9 @@ def variants(host: HostView) -> list[Variant]:
                       shared_gpus=1, why="NCCL refuses two ranks on one GPU", other_sizes=SETUP)
 
 
-def _missing(backend: str) -> dict[str, Any] | None:
-    for need in NEEDS.get(backend, ()):
-        if importlib.util.find_spec(need) is None:
-            return outcome("skip", f"{need} is not installed in this environment", "missing-package")
-    return None
-
-
 def preflight(variant: Variant) -> dict[str, Any] | None:
     """A backend whose library is absent is decided before any rank takes the GPUs."""
-    return _missing(variant.param("backend") or "nccl")
+    return stepcomm.missing(variant.param("backend") or "nccl")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,31 +182,14 @@ def agreement_cases(setup_only: bool, dtypes: tuple[str, ...]) -> tuple[_agree.C
 def run(ctx: RankContext) -> dict[str, Any]:
     multicast_env = _dist.keep_multicast_off()
     name = ctx.param("backend", "nccl") or "nccl"
-    if (missing := _missing(name)) is not None:
-        return missing
+    ended, ctx = stepcomm.begin(ctx, name)
+    if ended is not None:
+        return ended
     shared = ctx.variant.share_gpu  # ranks on one GPU: a gloo process group, nothing timed
     setup_only = shallow(ctx.variant)  # the shallow selection: set-up and one exact case per dtype
-    if shared and name == "nccl":
-        return outcome("skip", "NCCL refuses two ranks on one GPU", "too-few-gpus")
-    if shared:
-        os.environ[OVERLAP_ENV] = "1"
-    if "flashinfer" in NEEDS.get(name, ()):
-        from inenv.kit import _flashinfer
-
-        _flashinfer.prepare_env()  # the modules fi-jit built or the cell carries, not a compile in this turn
-    if name == "flashinfer-pcie-ipc":
-        from inenv.kit import _api, _fi_pcie
-
-        found = _fi_pcie.detect("all-reduce")
-        if isinstance(found, _api.ApiUnknown):
-            return found.outcome()
 
     import torch
 
-    if (skipped := _dist.gpu_precheck(ctx, shared)) is not None:
-        return skipped
-    if shared:
-        ctx = dataclasses.replace(ctx, device_index=0)
     device = _dist.init_dist(ctx, "gloo" if shared else "nccl")
     import torch.distributed as dist
 

@@ -8,9 +8,14 @@ norm_out)``.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from inenv.kit import _dist
+from inenv.probe import RankContext, outcome
 from inenv.probes.fi_fusion import EPS
 
 BACKENDS = (
@@ -25,6 +30,42 @@ BACKENDS = (
 NEEDS = {"flashinfer-custom-ar": ("flashinfer",), "flashinfer-pcie-ipc": ("flashinfer",),
          "flashinfer-fusion": ("flashinfer",), "sgl-custom-ar": ("sgl_kernel", "flashinfer")}
 OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"  # torch's switch for symmetric memory on one device
+
+
+def missing(backend: str, needs: Mapping[str, tuple[str, ...]] = NEEDS) -> dict[str, Any] | None:
+    """A skip when a library ``backend`` imports (``needs``) is not installed in this environment."""
+    for need in needs.get(backend, ()):
+        if importlib.util.find_spec(need) is None:
+            return outcome("skip", f"{need} is not installed in this environment", "missing-package")
+    return None
+
+
+def begin(ctx: RankContext, name: str,
+          needs: Mapping[str, tuple[str, ...]] = NEEDS) -> tuple[dict[str, Any] | None, RankContext]:
+    """What a rank does before it drives backend ``name`` (the step and the load probe alike): the library check,
+    NCCL's refusal of ranks sharing a GPU, torch's overlap switch for ranks that share one, flashinfer's modules
+    made ready, flashinfer's PCIe IPC API read, the GPU pre-check. An outcome that ends the variant here, or None
+    and the context the rest runs with (device 0 for ranks sharing one GPU)."""
+    if (skipped := missing(name, needs)) is not None:
+        return skipped, ctx
+    shared = ctx.variant.share_gpu  # ranks on one GPU: a gloo process group, nothing timed
+    if shared and name == "nccl":
+        return outcome("skip", "NCCL refuses two ranks on one GPU", "too-few-gpus"), ctx
+    if shared:
+        os.environ[OVERLAP_ENV] = "1"
+    if "flashinfer" in needs.get(name, ()):
+        from inenv.kit import _flashinfer
+
+        _flashinfer.prepare_env()  # the modules fi-jit built or the cell carries, not a compile in this turn
+    if name == "flashinfer-pcie-ipc":
+        from inenv.kit import _api, _fi_pcie
+
+        found = _fi_pcie.detect("all-reduce")
+        if isinstance(found, _api.ApiUnknown):
+            return found.outcome(), ctx
+    if (skipped := _dist.gpu_precheck(ctx, shared)) is not None:
+        return skipped, ctx
+    return None, dataclasses.replace(ctx, device_index=0) if shared else ctx
 
 
 class Comm:
