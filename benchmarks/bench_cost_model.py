@@ -40,6 +40,7 @@ from checks.run.runner import rank_cap  # noqa: E402
 from inenv import registry  # noqa: E402
 from inenv.probe import FULL, QUICK, HostView, Variant, key_parts  # noqa: E402
 
+TEN_MINUTES_S = 600.0
 CELL = CellTarget("cu130-torch2.11.0-sgl0.4.7-fi0.7.4", "resolved",
                   versions={"cuda": "13.0", "torch": "2.11.0", "sgl_kernel": "0.4.7", "flashinfer": "0.7.4"})
 
@@ -49,7 +50,7 @@ def build_params() -> dict[str, str]:
 
 
 def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, level: str,
-                 jobs: int, cores: int = 16) -> dict[str, object]:
+                 jobs: int, cores: int = 16, switched: bool = False) -> dict[str, object]:
     probes = {pid: mod for pid, (_, mod) in registry.discover().items()}
     host = HostView(gpu_count=gpus, compute_capability="9.0", gpu_name=gpu_name, target_archs=(), level=level)
     planned = plan_work([CELL], probes, host)
@@ -61,8 +62,14 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
         per_probe[it.spec.id] += budget.seconds_of(it, seconds)
     carried = sum(1 for e in expected.values() if e.seconds is not None and e.basis)
     guessed = sum(1 for e in expected.values() if e.seconds is None)
-    return {"gpus": gpus, "level": level, "variants": len(items),
-            "predicted_s": round(budget.pass_seconds(items, seconds, jobs, rank_cap(cores)), 1),
+    lanes = budget.Lanes(jobs, rank_cap(cores), gpus=gpus, switched=switched)
+    for it in items:
+        lanes.add(it, budget.seconds_of(it, seconds))
+    return {"gpus": gpus, "level": level, "link": "NVSwitch" if switched else "PCIe", "variants": len(items),
+            "predicted_s": round(budget.pass_seconds(items, seconds, jobs, rank_cap(cores), gpus, switched), 1),
+            "lanes_s": {"timed": round(lanes.timed_wall(), 1),
+                        "untimed": round(lanes.wall() - lanes.timed_wall() - lanes.cpu / max(1, jobs), 1),
+                        "cpu": round(lanes.cpu / max(1, jobs), 1)},
             "carried_to_unmeasured_sizes": carried, "guessed": guessed,
             "top": [(p, round(s, 1)) for p, s in per_probe.most_common(4)]}
 
@@ -116,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in args.gpus.split(",")):
         tables = costmodel.tables_for(tables_all, args.gpu_name, n)
         for level in (QUICK, FULL):
-            rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, args.cores))
+            for switched in ((False, True) if n > 1 else (False,)):
+                rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, args.cores, switched))
     checks = [check(p, args.results or ROOT / "results") for p in args.check]
     if args.json:
         print(json.dumps({"predictions": rows, "checks": checks}, indent=1))
@@ -124,11 +132,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"predicted cost of `checks run --all` on {args.gpu_name} hosts, one cell, from the prior alone "
           f"(jobs {args.jobs}, {args.cores} cores; growth per extra rank with a GPU each: "
           f"{costmodel.RANK_GROWTH:g}, an assumption)")
-    print(f"{'GPUs':>4} {'level':>5} {'variants':>8} {'predicted':>10} {'carried':>7} {'guessed':>7}  costliest probes")
+    print("link: PCIe, timed variants one at a time; NVSwitch (every GPU pair NV#), timed variants side by side on "
+          "disjoint GPU sets (checks.run.placement); lanes: timed / untimed / CPU-only seconds of the wall time")
+    print(f"{'GPUs':>4} {'level':>5} {'link':>8} {'variants':>8} {'predicted':>10} {'lanes':>20} {'carried':>7} "
+          f"{'guessed':>7}  costliest probes")
     for r in rows:
         top = ", ".join(f"{p} {s:g} s" for p, s in r["top"])  # type: ignore[union-attr]
-        print(f"{r['gpus']:>4} {r['level']:>5} {r['variants']:>8} {r['predicted_s']:>9g}s "
+        ln = r["lanes_s"]
+        lanes = f"{ln['timed']:g}/{ln['untimed']:g}/{ln['cpu']:g}"  # type: ignore[index]
+        print(f"{r['gpus']:>4} {r['level']:>5} {r['link']:>8} {r['variants']:>8} {r['predicted_s']:>9g}s {lanes:>20} "
               f"{r['carried_to_unmeasured_sizes']:>7} {r['guessed']:>7}  {top}")
+    for r in rows:
+        if r["gpus"] == 8 and r["level"] == FULL:
+            fits = "fits" if float(r["predicted_s"]) <= TEN_MINUTES_S else "does not fit"  # type: ignore[arg-type]
+            print(f"8 GPUs, full level, {r['link']}: {r['predicted_s']} s {fits} 10 minutes")
     for c in checks:
         print(f"check {c['run']} ({c['class']}, {c['variants']} timed variants): predicted {c['predicted_sum_s']} s / "
               f"measured {c['measured_sum_s']} s = {c['ratio']} ({c['guessed']} guessed)")

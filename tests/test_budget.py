@@ -51,6 +51,22 @@ def test_pass_seconds_runs_timed_gpu_variants_alone_untimed_side_by_side_and_cpu
     assert budget.pass_seconds(items, cost, jobs=2, shared_ranks=0) == 47.0  # --gpu-alone: 10 + 20 + 7 + 5 + 5
 
 
+def test_timed_variants_go_side_by_side_on_a_switched_host_of_eight_gpus_and_one_at_a_time_over_pcie() -> None:
+    """Planted timed variants (ranks, seconds): 4x30 (a), 2x20 (b), 2x10 (c), 8x5 (d), 4x25 (e), and an untimed
+    one. Placed costliest first on 8 GPUs: a on 0-3 and e on 4-7 at 0; e ends at 25: b and c on 4-7; a ends
+    at 30, c at 35, b at 45: d (every GPU) runs 45-50. Timed lane 50 s (PCIe: 30+20+10+5+25 = 90 s), plus
+    the untimed variant's 8 s (2 ranks x 8 s over a cap of 16, less than its own 8 s)."""
+    items = [gpu_item(4, backend="a"), gpu_item(2, backend="b"), gpu_item(2, backend="c"), gpu_item(8, backend="d"),
+             gpu_item(4, backend="e"), gpu_item(2, shared=True)]
+    cost = dict(zip((it.key for it in items), (30.0, 20.0, 10.0, 5.0, 25.0, 8.0), strict=True))
+    assert budget.pass_seconds(items, cost, jobs=1, shared_ranks=16, gpus=8, switched=True) == 50.0 + 8.0
+    assert budget.pass_seconds(items, cost, jobs=1, shared_ranks=16, gpus=8, switched=False) == 90.0 + 8.0
+    assert budget.pass_seconds(items, cost, jobs=1, shared_ranks=0, gpus=8, switched=True) == 90.0 + 8.0  # --gpu-alone
+    assert budget.placed_seconds([(4, 30.0), (2, 20.0), (2, 10.0), (8, 5.0), (4, 25.0)], 8) == 50.0
+    assert budget.placed_seconds([(2, 7.0)] * 4, 8) == 7.0  # four pairs at once
+    assert budget.placed_seconds([(2, 7.0)] * 5, 8) == 14.0
+
+
 def test_untimed_variants_are_guessed_at_the_stated_constant() -> None:
     item = gpu_item(2)
     assert budget.seconds_of(item, {}) == 10.0

@@ -19,7 +19,7 @@ import pytest
 from checks.results.provenance import checkout, probe_hashes
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore, read_file
-from checks.run import runprogress
+from checks.run import placement, runprogress
 from checks.run.executor import LocalExecutor
 from checks.run.options import RunOptions
 from checks.run.plan import CellTarget, WorkItem, plan_work
@@ -492,3 +492,63 @@ def test_beside_variants_that_time_nothing_cpu_work_starts_and_the_costliest_tha
                 cost=lambda it: seconds.get(it.key, 0.0), rank_cap=16) is big
     # alone on the GPU a variant starts whatever its size, even past the cap
     assert pick([shared(8, "v")], [], 4, ahead=2, rank_cap=4) is not None
+
+
+# `nvidia-smi topo -m` of a host whose eight GPUs are joined by an NVSwitch, and of one whose GPUs meet over PCIe
+NVSWITCH_TOPO = "\t" + "\t".join(f"GPU{i}" for i in range(8)) + "\tCPU Affinity\n" + "\n".join(
+    f"GPU{i}\t" + "\t".join("X" if j == i else "NV18" for j in range(8)) + "\t0-63" for i in range(8))
+PCIE_TOPO = NVSWITCH_TOPO.replace("NV18", "SYS")
+
+
+def test_timed_variants_go_side_by_side_on_disjoint_gpus_only_where_every_pair_is_nvlink() -> None:
+    """On a host of eight GPUs every pair joined by NVLink, a timed variant of N ranks takes N free GPUs and
+    the costliest that fits starts beside the running ones; one of 8 ranks, one of 1 rank and host-p2p's pair
+    (it names GPUs) take every GPU and run alone. On PCIe facts, one at a time. Placements written by hand."""
+    assert placement.switched({"gpu_count": 8, "topology": NVSWITCH_TOPO})
+    assert not placement.switched({"gpu_count": 8, "topology": PCIE_TOPO})
+    partial = NVSWITCH_TOPO.replace("GPU3\tNV18", "GPU3\tSYS")  # GPU3-GPU0 over PCIe
+    assert not placement.switched({"gpu_count": 8, "topology": partial})
+    assert not placement.switched({"gpu_count": 8, "topology": None})
+    assert not placement.switched({"gpu_count": 8, "topology": NVSWITCH_TOPO.split("GPU7\tNV18")[0]})  # a row short
+
+    gpu = ProbeSpec("step", "s", "f", needs_gpu=True)
+    cell = CellTarget("cella", "resolved")
+
+    def timed(name: str, ranks: int) -> WorkItem:
+        return WorkItem(cell, gpu, Variant("step", ranks, (("n", name),)), 60.0)
+
+    a, b, c, d, e = timed("a", 4), timed("b", 2), timed("c", 2), timed("d", 8), timed("e", 4)
+    seconds = {a.key: 30.0, b.key: 20.0, c.key: 10.0, d.key: 5.0, e.key: 25.0}
+
+    def schedule(lanes: bool) -> list[tuple[str, float, tuple[int, ...]]]:
+        """Drive pick as the runner does, on a clock: (name, start, GPUs) of each variant as it starts."""
+        pending, running, started, now = [a, b, c, d, e], {}, [], 0.0  # running: key -> (item, ends, GPUs)
+        while pending or running:
+            while (it := pick(pending, [r for r, _, _ in running.values()], 4, ahead=0,
+                              cost=lambda it: seconds[it.key], rank_cap=16,
+                              lanes=placement.Free(8, frozenset(g for _, _, gs in running.values() for g in gs))
+                              if lanes else None)) is not None:
+                pending.remove(it)
+                gpus = placement.devices(it.variant, (g for _, _, gs in running.values() for g in gs), 8) \
+                    if lanes else tuple(range(8))
+                assert gpus is not None
+                running[it.key] = (it, now + seconds[it.key], gpus)
+                started.append((it.variant.param("n") or "", now, gpus))
+            key = min(running, key=lambda k: running[k][1])
+            now = running.pop(key)[1]
+        return started
+
+    all8 = tuple(range(8))
+    assert schedule(lanes=True) == [("a", 0.0, (0, 1, 2, 3)), ("e", 0.0, (4, 5, 6, 7)), ("b", 25.0, (4, 5)),
+                                    ("c", 25.0, (6, 7)), ("d", 45.0, all8)]
+    assert schedule(lanes=False) == [("a", 0.0, all8), ("b", 30.0, all8), ("c", 50.0, all8), ("d", 60.0, all8),
+                                     ("e", 65.0, all8)]
+    # a variant that times nothing never starts beside a placed timed one, nor a timed one beside it
+    shared = WorkItem(cell, gpu, Variant("step", 2, (("n", "s"),), share_gpu=True, gpus=1), 60.0)
+    assert pick([shared], [a], 4, rank_cap=16, lanes=placement.Free(8, frozenset({0, 1, 2, 3}))) is None
+    assert pick([b], [shared], 4, rank_cap=16, lanes=placement.Free(8, frozenset())) is None
+    # one rank (facts of every GPU) and host-p2p's pair (GPUs by index) take every GPU
+    assert placement.devices(Variant("host-p2p", 1), (), 8) == all8
+    assert placement.devices(Variant("host-p2p", 2, (("check", "copy"), ("pair", "3-7"))), (), 8) == all8
+    assert placement.devices(Variant("host-p2p", 2, (("check", "copy"), ("pair", "3-7"))), (0,), 8) is None
+    assert placement.lane_env((4, 5)) == (("CUDA_VISIBLE_DEVICES", "4,5"), ("STACKPROBE_GPU_LOCK", ""))

@@ -177,8 +177,10 @@ Key = tuple[str, str, str]
 
 
 # Evidence of how one run of a variant went, not of what it found: its worker's phase timings and clock, the
-# container's name, the variants that ran beside it, the warm rank group it ran in, whether it shared the GPUs.
-CIRCUMSTANCE = ("phases", "worker_duration_s", "container", "ran_beside", "warm", "gpu_lock")
+# container's name, the variants that ran beside it, the warm rank group it ran in, whether it shared the GPUs,
+# the GPUs a timed variant ran on and the timed variants on other GPUs beside it (``gpu_lane``:
+# checks.run.placement).
+CIRCUMSTANCE = ("phases", "worker_duration_s", "container", "ran_beside", "warm", "gpu_lock", "gpu_lane")
 
 
 def _same(result: ProbeResult, earlier: ProbeResult, exact: bool = False) -> bool:

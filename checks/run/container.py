@@ -163,6 +163,7 @@ class DockerExecutor:
     name: str = "docker"
     run_env: RunEnv = ()  # the run's settings for this cell (checks.run.executor.run_env), host paths as given
     _client: Any = None
+    places: bool = field(default=True, init=False)  # run() takes a variant's own environment (its GPUs)
 
     @property
     def gated(self) -> bool:
@@ -198,7 +199,7 @@ class DockerExecutor:
             self._client = client()
         return self._client
 
-    def _config(self, command: list[str], name: str = "") -> dict[str, Any]:
+    def _config(self, command: list[str], name: str = "", extra: RunEnv = ()) -> dict[str, Any]:
         # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         from docker.types import DeviceRequest, Ulimit
 
@@ -212,6 +213,7 @@ class DockerExecutor:
         if extra:
             env[PROBE_PATH_ENV] = ":".join(extra)
         apply_env(env, self.run_env)
+        apply_env(env, extra)  # one variant's own (its GPUs: checks.run.placement.lane_env)
         cache = env.get(kit.COMPILE_CACHE_ENV)
         if cache:  # outside the image, so what one container builds the next one, and the next run, finds
             volumes[cache] = {"bind": COMPILE_CACHE_MOUNT, "mode": "rw"}
@@ -266,14 +268,14 @@ class DockerExecutor:
             with contextlib.suppress(docker.errors.APIError):  # NotFound included: already gone
                 self.docker.api.remove_container(name, force=True)
 
-    def _start_degrading(self, command: list[str], names: list[str]) -> Any:
+    def _start_degrading(self, command: list[str], names: list[str], extra: RunEnv = ()) -> Any:
         """Start a container for ``command`` named ``names[0]``; each retry after a refusal takes a new name,
         appended to ``names`` (the daemon may still be removing the refused one)."""
         # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         import docker.errors
 
         while True:
-            cfg = self._config(command, names[-1])
+            cfg = self._config(command, names[-1], extra)
             try:
                 return self._start(cfg)
             except docker.errors.APIError as exc:
@@ -295,7 +297,7 @@ class DockerExecutor:
         beside it on the same executor."""
         return f"stackprobe-{self.run_label}-{uuid.uuid4().hex[:8]}"
 
-    def _run(self, command: list[str], timeout_s: float, name: str = "") -> ProcessOutcome:
+    def _run(self, command: list[str], timeout_s: float, name: str = "", extra: RunEnv = ()) -> ProcessOutcome:
         """Run ``command`` in a new container named ``name`` (a new one when empty) and remove that container,
         and only that one, at the end. The daemon failing after the start (the container removed by someone
         else, the daemon gone) raises ContainerLost: the variant's result, not the run's end."""
@@ -309,7 +311,7 @@ class DockerExecutor:
         code: int | None = None
         try:
             try:
-                ctr = self._start_degrading(command, names)
+                ctr = self._start_degrading(command, names, extra)
             except docker.errors.ImageNotFound:
                 raise ExecutorError(f"image {self.image} not found: run `provision build` first") from None
             except docker.errors.APIError as exc:
@@ -369,12 +371,12 @@ class DockerExecutor:
         return p.result
 
     def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
-            queue_s: float = 0.0) -> Verdict:
+            queue_s: float = 0.0, env: RunEnv = ()) -> Verdict:
         limit = hard_timeout(timeout_s, queue_s)
         name = self.container_name()
         command = f"docker run {self.image} {self.python} -m inenv.worker --probe {variant.probe_id}"
         try:
-            p = self._run([self.python, *worker_args(variant, gpus, timeout_s, queue_s)], limit, name)
+            p = self._run([self.python, *worker_args(variant, gpus, timeout_s, queue_s)], limit, name, env)
         except ContainerLost as lost:
             verdict = classify.decided(Status.NOT_RUN, lost.code, lost.note, catalogue)
             verdict = verdict.replace(duration_s=lost.duration_s)

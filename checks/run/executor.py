@@ -150,9 +150,11 @@ class Executor(Protocol):
         ...
 
     def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
-            queue_s: float = 0.0) -> Verdict:
+            queue_s: float = 0.0, env: RunEnv = ()) -> Verdict:
         """Run one variant isolated; always returns a verdict (never raises for a probe's failure).
-        ``queue_s``: how long it may wait at the GPU gate (only for a gated executor)."""
+        ``queue_s``: how long it may wait at the GPU gate (only for a gated executor); ``env``: set over the
+        cell's run environment for this variant alone (its own GPUs: checks.run.placement.lane_env; only for an
+        executor whose ``places`` is True)."""
         ...
 
     def sweep(self) -> None:
@@ -191,6 +193,7 @@ class LocalExecutor:
     # True: variants run on serving workers that keep their ranks (checks.run.serving, inenv.warm); False:
     # one `python -m inenv.worker` per variant
     warm: bool = False
+    places: bool = field(default=True, init=False)  # run() takes a variant's own environment (its GPUs)
     _servers: serving.ServerPool = field(init=False, repr=False, compare=False)
     # what the environment said of itself (inspect), read once: the cell's discovery and the host's peer
     # facts both ask, and each asking starts the interpreter and imports torch (2.3 s on a 1x H100 host)
@@ -265,13 +268,13 @@ class LocalExecutor:
         return data
 
     def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
-            queue_s: float = 0.0) -> Verdict:
+            queue_s: float = 0.0, env: RunEnv = ()) -> Verdict:
         cmd = [self.python, *worker_args(variant, gpus, timeout_s, queue_s)]
         limit = hard_timeout(timeout_s, queue_s)
         if self.warm:
-            p = self._servers.run(variant, gpus, timeout_s, queue_s, limit)
+            p = self._servers.run(variant, gpus, timeout_s, queue_s, limit, env)
         else:
-            p = isolate.run_isolated(cmd, self.env(), limit)
+            p = isolate.run_isolated(cmd, apply_env(self.env(), env), limit)
         verdict = classify.from_process(p, catalogue, limit)
         return verdict.with_evidence(command=portable.text(" ".join(cmd[:3] + [variant.probe_id]), str(home.WORK_ROOT)))
 

@@ -19,6 +19,7 @@ interrupts every worker thread, whose executor then ends its process group or re
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import sys
@@ -34,12 +35,13 @@ from checks.results import portable
 from checks.results.provenance import Provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore
-from checks.run import classify, hostjudge, incremental, isolate
+from checks.run import classify, hostjudge, incremental, isolate, placement
 from checks.run.executor import Executor, ExecutorError, hard_timeout
 from checks.run.incremental import Inputs, Key
 from checks.run.options import REPO, RunOptions
 from checks.run.plan import WorkItem, jit_modules
 from common.reasons import Catalogue
+from inenv import gpugate
 from inenv.gpugate import DEFAULT_QUEUE_S
 from inenv.load_engine import SOAK_ENV
 from inenv.probe import LEVEL_ENV, QUICK, Variant, untimed
@@ -146,7 +148,7 @@ def shared_build(item: WorkItem) -> tuple[str, ...] | None:
 
 def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int = 0,
          cost: Callable[[WorkItem], float] = lambda _: 0.0, share: bool = True,
-         rank_cap: int | None = None) -> WorkItem | None:
+         rank_cap: int | None = None, lanes: placement.Free | None = None) -> WorkItem | None:
     """The pending item that may start beside ``running``, or None. A GPU variant starts alone, the first in
     plan order, when nothing runs, or, when it loads no JIT module, beside running compiles (nothing it
     needs is among them, and waiting for them would hold every JIT-free answer behind the longest build;
@@ -165,13 +167,23 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
     GPU variants that time nothing (:func:`shares_gpu`, unless ``share`` is False: --gpu-alone) hold the lock
     shared and run side by side: while every GPU variant in flight is one of them, more of them start past
     ``ahead`` within ``rank_cap``, the costliest first, and none past it while it waits for room (so the longest
-    do not run alone at the end), and so do CPU-only variants (nothing beside them is timed)."""
+    do not run alone at the end), and so do CPU-only variants (nothing beside them is timed).
+
+    ``lanes``: the host's GPUs are every pair joined by NVLink (checks.run.placement) and these of them are
+    free: timed variants run side by side on disjoint GPU sets, the costliest that fits the free GPUs first
+    (nothing starts ahead at the gate: ``ahead`` is not used for them), never beside a variant that times
+    nothing; None: one at a time."""
     on_gpu = [r for r in running if uses_gpu(r)]
     if not on_gpu:
-        return _first(pending, running, jobs, cost, share, None)  # alone on the GPUs, any size starts
+        first = _first(pending, running, jobs, cost, share, None)  # alone on the GPUs, any size starts
+        if lanes is not None and first is not None and uses_gpu(first) and not (share and shares_gpu(first)):
+            return _placed(pending, running, cost, share, lanes, None) or first
+        return first
     side_by_side = share and all(shares_gpu(r) for r in on_gpu)
     room = None if rank_cap is None else rank_cap - sum(r.variant.ranks for r in on_gpu)
     beside = [r for r in running if not uses_gpu(r)]
+    if lanes is not None and share and not any(shares_gpu(r) for r in on_gpu):
+        return _placed(pending, beside, cost, share, lanes, room)
     if side_by_side:
         return _first(pending, beside, jobs, cost, share, room, timed_gpu=len(on_gpu) <= ahead)
     if len(on_gpu) > ahead:
@@ -228,6 +240,16 @@ def _first(pending: list[WorkItem], running: list[WorkItem], jobs: int, cost: Ca
         best = max(side, key=cost)
         return best if room is None or best.variant.ranks <= room else later
     return later
+
+
+def _placed(pending: list[WorkItem], running: list[WorkItem], cost: Callable[[WorkItem], float], share: bool,
+            lanes: placement.Free, room: int | None) -> WorkItem | None:
+    """:func:`pick`'s timed GPU variant for the free GPUs ``lanes`` beside the CPU-only variants ``running``: of
+    those that fit, the costliest (ties in plan order), so the long ones start first and none runs alone at
+    the end."""
+    fit = [it for it in pending if uses_gpu(it) and not (share and shares_gpu(it)) and lanes.fits(it.variant)
+           and (room is None or it.variant.ranks <= room) and (not running or goes_beside(it, running, share))]
+    return max(fit, key=cost) if fit else None
 
 
 def level_variant(item: WorkItem, level: str, soak_s: float | None = None) -> Variant:
@@ -340,10 +362,14 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     broken: dict[str, tuple[str, str]] = {}  # cell -> the reason code and why its executor cannot start
     # Only when every cell's workers take turns on the lock: a variant started ahead on an ungated executor
     # would not wait at any gate and would share the GPUs with the running one.
-    ahead = GATE_DEPTH if gpus and executors and all(ex.gated for ex in executors.values()) else 0
+    lanes = side_by_side_lanes(opts, work)
+    ahead = GATE_DEPTH if gpus and executors and all(ex.gated for ex in executors.values()) and not lanes else 0
     cap = rank_cap()
     queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
     beside: dict[Key, list[str]] = {}  # a GPU variant started beside compiles: which
+    placed: dict[Key, tuple[int, ...]] = {}  # a timed variant running on some of the GPUs (lanes): which
+    lane_of: dict[Key, dict[str, Any]] = {}  # its evidence: its GPUs and every timed variant that overlapped it
+    hold = _HostHold(lock_path(executors))  # held while variants placed on GPU sets run
 
     def run_one(item: WorkItem) -> Verdict:
         cell = item.cell.cell_id
@@ -351,6 +377,10 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
             return classify.decided(Status.NOT_RUN, *broken[cell], catalogue)
         executor = executors[cell]
         try:
+            if item.key in placed:  # on its own GPUs beside other timed variants, the runner holding the lock
+                devices = placed[item.key]
+                return executor.run(level_variant(item, opts.level, opts.soak_s), len(devices), item.timeout_s,
+                                    catalogue, env=placement.lane_env(devices))
             if executor.gated and uses_gpu(item):
                 return executor.run(level_variant(item, opts.level, opts.soak_s), gpus, item.timeout_s, catalogue,
                                     queue_s=queue_for.get(item.key, DEFAULT_QUEUE_S))
@@ -373,8 +403,20 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                     rec.record(item, over_budget(catalogue), now_iso())
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
                                 lambda it: work.costs.get(it.key, 0.0), share=not opts.gpu_alone,
-                                rank_cap=cap)) is not None:
+                                rank_cap=cap, lanes=free_gpus(placed, gpus) if lanes else None)) is not None:
                 pending.remove(item)
+                if lanes and uses_gpu(item) and not shares_gpu(item):
+                    got = placement.devices(item.variant, (g for d in placed.values() for g in d), gpus)
+                    assert got is not None  # pick chose it because it fits
+                    hold.take()
+                    mine = lane_of[item.key] = {"gpus": list(got), "gpu_count": gpus, "beside": []}
+                    label = f"{item.cell.cell_id} {item.spec.id} {item.variant.key}"
+                    for other, theirs in lane_of.items():
+                        if other in placed:
+                            theirs["beside"].append({"variant": label, "gpus": list(got)})
+                            mine["beside"].append({"variant": f"{other[0]} {other[1]} {other[2]}",
+                                                   "gpus": list(placed[other])})
+                    placed[item.key] = got
                 before = [r for r in pool.running.values() if uses_gpu(r)]
                 # behind the running GPU variants (the gate picks no order among waiters): all of their time
                 queue_for[item.key] = max(DEFAULT_QUEUE_S, sum(hard_timeout(r.timeout_s) for r in before))
@@ -392,12 +434,66 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                     raise outcome  # a bug in the runner or executor, not a verdict: as without threads
                 if item.key in beside:  # measured while these compiled: a reader weighs its timings by it
                     outcome = outcome.with_evidence(ran_beside=beside.pop(item.key))
+                if placed.pop(item.key, None) is not None:  # measured on its GPUs beside these timed variants
+                    outcome = outcome.with_evidence(**{placement.LANE: lane_of.pop(item.key)})
+                    if not placed:
+                        hold.release()
                 rec.record(item, outcome, started)
     except KeyboardInterrupt:
         rec.report.interrupted = True
         pool.stop(executors)
         print("interrupted: results finished so far are kept in " + str(work.store.results_path), file=sys.stderr)
+    finally:
+        hold.release()
     return rec.report
+
+
+def side_by_side_lanes(opts: RunOptions, work: Work) -> bool:
+    """Whether this run's timed variants go side by side on disjoint GPU sets (checks.run.placement): two GPUs
+    or more, every pair joined by NVLink by the host facts of the run's manifest, no --gpu-alone, and every
+    cell's executor able to give a variant its own GPUs (``places``)."""
+    facts = work.manifest.get("facts")
+    return (work.gpus > 1 and not opts.gpu_alone and bool(work.executors)
+            and all(getattr(ex, "places", False) for ex in work.executors.values())
+            and placement.switched(facts if isinstance(facts, Mapping) else None))
+
+
+def free_gpus(placed: Mapping[Key, tuple[int, ...]], gpus: int) -> placement.Free:
+    return placement.Free(gpus, frozenset(g for d in placed.values() for g in d))
+
+
+def lock_path(executors: Mapping[str, Executor]) -> str | None:
+    """The host's GPU lock file the cells' workers take turns on (inenv.gpugate), if any."""
+    for ex in executors.values():
+        for name, value in getattr(ex, "run_env", ()):
+            if name == gpugate.ENV and value:
+                return str(value)
+    return None
+
+
+class _HostHold:
+    """The runner's exclusive hold on the host's GPU lock while variants it placed on GPU sets run (their
+    workers take no lock): another run on the host, and this run's own gated workers, wait for it."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.fd: int | None = None
+
+    def take(self) -> None:
+        if self.path is None or self.fd is not None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)  # closing the last descriptor lets the flock go
 
 
 def over_budget(catalogue: Catalogue) -> Verdict:

@@ -83,6 +83,7 @@ class Server:
     err: IO[bytes]
     kind: tuple[Any, ...] = ()  # the kind of variant it ran last (kind_of)
     pool: ServerPool | None = None
+    env: tuple[tuple[str, str], ...] = ()  # set over its pool's environment when it started (its own GPUs)
 
     def end(self, wait_s: float = 0.0) -> int:
         """End it (stdin closed, then its process group killed) and every process carrying its token; how
@@ -121,9 +122,9 @@ class ServerPool:
     python: str
     env: Callable[[], dict[str, str]]
 
-    def _take(self, kind: tuple[Any, ...]) -> Server | None:
+    def _take(self, kind: tuple[Any, ...], env: tuple[tuple[str, str], ...] = ()) -> Server | None:
         with _IDLE_LOCK:
-            mine = [s for s in _IDLE if s.pool is self]
+            mine = [s for s in _IDLE if s.pool is self and s.env == env]  # a server sees only the GPUs it started with
             if not mine:
                 return None
             server = next((s for s in reversed(mine) if s.kind == kind), mine[-1])
@@ -145,10 +146,15 @@ class ServerPool:
         for s in ended:
             s.end(CLOSE_WAIT_S)
 
-    def _start(self) -> Server:
+    def _start(self, extra: tuple[tuple[str, str], ...] = ()) -> Server:
         token = uuid.uuid4().hex
         scratch = tempfile.mkdtemp(prefix="stackprobe-scratch-")
         env = {**self.env(), isolate.TOKEN_ENV: token, SCRATCH_ENV: scratch}
+        for name, value in extra:  # "" unsets, as the executor's run environment does
+            if value:
+                env[name] = value
+            else:
+                env.pop(name, None)
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 (the server's, closed by Server.end)
         try:
             proc = _SPAWNER.call(lambda: subprocess.Popen(
@@ -159,7 +165,7 @@ class ServerPool:
             err.close()
             shutil.rmtree(scratch, ignore_errors=True)
             raise
-        return Server(proc, token, scratch, out, err, pool=self)
+        return Server(proc, token, scratch, out, err, pool=self, env=extra)
 
     def close(self) -> None:
         """End every idle server of this pool (a busy one is ended by its own variant's thread when the run is
@@ -171,11 +177,13 @@ class ServerPool:
         for s in mine:
             s.end(CLOSE_WAIT_S)
 
-    def run(self, variant: Variant, gpus: int, timeout_s: float, queue_s: float, limit_s: float) -> ProcessOutcome:
+    def run(self, variant: Variant, gpus: int, timeout_s: float, queue_s: float, limit_s: float,
+            env: tuple[tuple[str, str], ...] = ()) -> ProcessOutcome:
         """One variant on a serving worker, bounded by ``limit_s`` (the hard timeout) and Ctrl-C as
-        isolate.run_isolated bounds a one-shot worker; what came back, as it reports a one-shot worker's."""
+        isolate.run_isolated bounds a one-shot worker; what came back, as it reports a one-shot worker's.
+        ``env``: set over the pool's environment (a variant's own GPUs): only a server started with it serves."""
         kind = kind_of(variant)
-        server = self._take(kind) or self._start()
+        server = self._take(kind, env) or self._start(env)
         started = time.monotonic()
         out_at, err_at = _size(server.out), _size(server.err)
         line = request_line(variant, gpus, timeout_s, queue_s if queue_s > 0 else None)

@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from checks.run import placement
 from checks.run.plan import Decided, WorkItem
 from checks.run.runner import OVER_BUDGET, rank_cap
 from common.progress import duration
@@ -78,10 +79,11 @@ def seconds_of(item: WorkItem, expected: Mapping[Key, float | None]) -> float:
 
 
 def pass_seconds(items: Iterable[WorkItem], expected: Mapping[Key, float | None], jobs: int,
-                 shared_ranks: int | None = None) -> float:
+                 shared_ranks: int | None = None, gpus: int = 0, switched: bool = False) -> float:
     """The wall seconds the items that run should take (the module docstring's arithmetic; ``shared_ranks`` 0:
-    --gpu-alone)."""
-    lanes = Lanes(jobs, shared_ranks)
+    --gpu-alone; ``switched``: the host's ``gpus`` are every pair joined by NVLink, so timed variants go side by
+    side on disjoint GPU sets)."""
+    lanes = Lanes(jobs, shared_ranks, gpus=gpus, switched=switched)
     for it in items:
         if it.runs:
             lanes.add(it, seconds_of(it, expected))
@@ -90,7 +92,8 @@ def pass_seconds(items: Iterable[WorkItem], expected: Mapping[Key, float | None]
 
 @dataclass
 class Lanes:
-    """Seconds on each lane of a pass: timed GPU variants (one at a time); GPU variants that time nothing, side by
+    """Seconds on each lane of a pass: timed GPU variants (one at a time, or with ``gpus`` GPUs every pair joined by
+    NVLink, side by side on disjoint GPU sets: :func:`placed_seconds`); GPU variants that time nothing, side by
     side with at most ``shared_ranks`` of their rank processes at once (the runner's rank cap,
     checks.run.runner.rank_cap; 0: --gpu-alone, one at a time like timed ones), so that lane lasts their
     rank-seconds over the cap, and never less than its longest variant; CPU-only variants, ``jobs`` at a time."""
@@ -101,6 +104,9 @@ class Lanes:
     shared: float = 0.0  # rank-seconds
     longest_shared: float = 0.0
     cpu: float = 0.0
+    gpus: int = 0  # with ``switched``: the host's GPUs, over which timed variants are placed side by side
+    switched: bool = False  # every pair of GPUs joined by NVLink (checks.run.placement.switched)
+    placed: tuple[tuple[int, float], ...] = ()  # timed variants placed side by side: (GPUs taken, seconds)
 
     def __post_init__(self) -> None:
         if self.shared_ranks is None:
@@ -108,22 +114,56 @@ class Lanes:
 
     def add(self, item: WorkItem, seconds: float) -> None:
         self.put(seconds, item.spec.needs_gpu, item.spec.needs_gpu and untimed(item.spec, item.variant),
-                 item.variant.ranks)
+                 item.variant.ranks, placement.needs(item.variant, self.gpus) if self.lanes else 0)
 
-    def put(self, seconds: float, gpu: bool, shared: bool, ranks: int = 1) -> None:
+    @property
+    def lanes(self) -> bool:
+        """Timed variants go side by side (not with --gpu-alone, ``shared_ranks`` 0: every variant alone)."""
+        return self.switched and self.gpus > 1 and bool(self.shared_ranks)
+
+    def put(self, seconds: float, gpu: bool, shared: bool, ranks: int = 1, takes: int = 0) -> None:
         """``seconds`` of a variant of ``ranks`` rank processes on the lane of a GPU variant (``shared``: one that
-        times nothing) or a CPU-only one."""
+        times nothing) or a CPU-only one; ``takes``: the GPUs a timed one is placed on (0: the one-at-a-time
+        lane; checks.run.placement.needs)."""
         if not gpu:
             self.cpu += seconds
         elif shared and self.shared_ranks:
             self.shared += seconds * max(1, ranks)
             self.longest_shared = max(self.longest_shared, seconds)
+        elif takes and self.lanes:
+            self.placed = (*self.placed, (min(takes, self.gpus), seconds))
         else:
             self.timed += seconds
 
+    def timed_wall(self) -> float:
+        """The seconds of the timed lane: those one at a time, then those placed side by side."""
+        return self.timed + placed_seconds(self.placed, self.gpus)
+
     def wall(self) -> float:
         side_by_side = max(self.shared / max(1, self.shared_ranks or 1), self.longest_shared) if self.shared else 0.0
-        return self.timed + side_by_side + self.cpu / max(1, self.jobs)
+        return self.timed_wall() + side_by_side + self.cpu / max(1, self.jobs)
+
+
+def placed_seconds(placed: Iterable[tuple[int, float]], gpus: int) -> float:
+    """The wall seconds of timed variants (GPUs taken, seconds) placed side by side on ``gpus`` GPUs as the runner
+    places them (checks.run.runner.pick with lanes): whenever GPUs are free, the costliest variant that fits
+    them starts (ties: the one given first); when none fits, the next to end frees its GPUs."""
+    todo = sorted(((min(max(1, n), gpus), s) for n, s in placed), key=lambda p: -p[1])
+    if not todo:
+        return 0.0
+    now, free = 0.0, gpus
+    running: list[tuple[float, int]] = []  # (ends at, GPUs)
+    while todo or running:
+        i = next((k for k, (n, _) in enumerate(todo) if n <= free), None)
+        if i is not None:
+            n, s = todo.pop(i)
+            free -= n
+            running.append((now + s, n))
+            continue
+        running.sort()
+        end, n = running.pop(0)
+        now, free = end, free + n
+    return now
 
 
 @dataclass(frozen=True)
@@ -140,14 +180,14 @@ class Fitted:
 
 
 def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: float, jobs: int,
-        gpus: int, shared_ranks: int | None = None) -> Fitted:
+        gpus: int, shared_ranks: int | None = None, switched: bool = False) -> Fitted:
     """Keep the most informative variants whose cost fits ``budget_s`` (see the module docstring); the rest
     become decided not-run over-budget, with a note saying what was left and how to run it."""
     todo = [it for it in items if it.runs]
     smallest = smallest_sizes(todo)
     tiers = {it.key: tier(it, smallest, gpus) for it in todo}
     order = sorted(todo, key=lambda it: (tiers[it.key], seconds_of(it, expected), it.key))
-    lanes = Lanes(jobs, shared_ranks)
+    lanes = Lanes(jobs, shared_ranks, gpus=gpus, switched=switched)
     keep: set[Key] = set()
     for it in order:
         trial = dataclasses.replace(lanes)
@@ -165,7 +205,8 @@ def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: f
             it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, OVER_BUDGET, note))
             left.append(it)
         out.append(it)
-    return Fitted(out, left, pass_seconds(items, expected, jobs, shared_ranks), lanes.wall(), budget_s, tiers)
+    return Fitted(out, left, pass_seconds(items, expected, jobs, shared_ranks, gpus, switched), lanes.wall(), budget_s,
+                  tiers)
 
 
 def cost_lines(items: Iterable[WorkItem], expected: Mapping[Key, float | None],
