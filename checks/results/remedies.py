@@ -20,6 +20,9 @@ PROBE = nccl_graphs.SPEC.id
 # A result with the setting that says it does not work: the feature was reached and failed, hung or crashed, or
 # worked only in part
 AGAINST = frozenset({Status.FAIL, Status.PARTIAL, Status.HANG, Status.CRASH})
+# A one-rank result whose setting NCCL accepted and gave every collective an algorithm: neither for nor against
+# (one rank moves no data between GPUs)
+NEUTRAL = frozenset({"nccl-setup-only"})
 _RELEASE = re.compile(r"^\d+\.\d+(?:\.\d+)*$")
 
 
@@ -64,7 +67,7 @@ def shown(results: Iterable[ProbeResult]) -> Shown:
             continue
         if r.verdict.status is Status.PASS:
             passed.add((release, found))
-        elif r.verdict.status in AGAINST:
+        elif r.verdict.status in AGAINST and r.verdict.reason_code not in NEUTRAL:
             failed.add((release, found))
     return Shown(frozenset(passed), frozenset(failed))
 

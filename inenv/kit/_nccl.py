@@ -165,6 +165,7 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
         "transports": transports,
         "nccl_version": version.group(1) if version else "",
         "algorithms": algos,
+        "tuning": tuning_table(text),
     }
 
 
@@ -180,6 +181,47 @@ def read_nccl_logs(workdir: os.PathLike[str] | str, pid: int | None = None) -> d
     errors = [ln.strip() for ln in text.splitlines() if " WARN " in ln][-5:]
     parsed["warnings"] = errors
     return parsed
+
+
+def tuning_table(text: str) -> dict[str, dict[str, float]]:
+    """NCCL's tuning table as its rank 0 logs it at communicator init (``NCCL_DEBUG_SUBSYS`` with ``TUNING``): per
+    collective (``AllReduce``, ``Broadcast``...), the bandwidth NCCL gave each ``Algorithm/Protocol``. NCCL zeroes
+    the bandwidth of every algorithm a collective does not implement or the environment disabled, so a collective
+    whose entries are all zero (or not a number) has no algorithm. The table comes in blocks of a few algorithms:
+    an ``Algorithm`` row names them, a ``Protocol`` row names each one's protocols, then one row per collective of
+    ``latency/bandwidth`` cells. Only lines NCCL wrote as INFO are read; a later table overwrites an earlier one's
+    cells (every communicator of a process reads the same environment)."""
+    table: dict[str, dict[str, float]] = {}
+    algos: list[str] = []
+    protos: list[str] = []
+    for line in text.splitlines():
+        _, info, msg = line.partition("NCCL INFO ")
+        head, bar, rest = msg.partition("|")
+        if not info or not bar:
+            continue
+        name, cells = head.strip(), [c.strip() for c in rest.split("|")]
+        cells = cells[:-1] if cells and not cells[-1] else cells
+        if name == "Algorithm":
+            algos, protos = [c for c in cells if c], []
+        elif name == "Protocol":
+            protos = [c for c in cells if c]
+        elif name.isalpha() and algos and protos and len(protos) % len(algos) == 0:
+            per = len(protos) // len(algos)
+            for i, cell in enumerate(cells[: len(protos)]):
+                _lat, slash, bw = cell.partition("/")
+                try:
+                    value = float(bw) if slash else float("nan")
+                except ValueError:
+                    continue
+                table.setdefault(name, {})[f"{algos[i // per]}/{protos[i]}"] = value
+    return table
+
+
+def without_algorithm(table: dict[str, dict[str, float]], funcs: tuple[str, ...]) -> list[str]:
+    """The collectives of ``funcs`` that ``table`` (:func:`tuning_table`) gives no algorithm: every cell zero or
+    not a number (``0 x inf``). A collective the table lacks is not counted: the caller checks that the table
+    holds each one."""
+    return [f for f in funcs if f in table and not any(bw > 0 for bw in table[f].values())]
 
 
 # Named refusals the NCCL probes recognise in error text (the reason catalogue holds the remediation).

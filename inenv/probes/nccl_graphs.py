@@ -52,6 +52,8 @@ SPEC = ProbeSpec(
     "NCCL_PROTO=Simple, eager warm-up and lazy connection?",
     ranks=(2,),
     min_ranks=2,  # over one rank every collective returns its input: all four ops would pass untested
+    # check=table: one rank reads NCCL's own tuning table under a setting (a host of one GPU; see TABLE)
+    min_ranks_by_param=(("check", "table", 1),),
     distinct_gpus=True,  # NCCL refuses two ranks on one GPU
     requires=("torch",),
     timeout_s=300.0,  # with the rank agreement check of the algorithm variants
@@ -103,15 +105,34 @@ def params_of(algo: str, proto: str, warm: str, rc: str) -> Params:
             ("runtime_connect", rc))
 
 
+# ``check=table`` at one rank: what a host of one GPU can tell of a setting, where NCCL refuses two ranks on one
+# GPU. NCCL parses NCCL_ALGO and NCCL_PROTO when a communicator is created and logs the tuning table it built from
+# them (_nccl.tuning_table), also at one rank, where the collectives themselves are local copies; a collective the
+# table gives no algorithm fails at warm-up on two or more ranks. The four ops still run eagerly and captured.
+TABLE = ("check", "table")
+# The NCCL collective (as NCCL's table names it) behind each op this probe runs
+NCCL_FUNCS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+              "broadcast": "Broadcast"}
+
+
+def table_variants(host: HostView) -> list[Variant]:
+    """One ``check=table`` variant per algorithm and protocol setting (eager warm-up, NCCL's connection) at one
+    rank, on a host of one GPU at the full level: a host of more GPUs runs the settings across ranks instead."""
+    if host.gpu_count != 1 or host.level == QUICK:
+        return []
+    return [Variant(SPEC.id, 1, params=(*params_of(algo, proto, warm, rc), TABLE))
+            for algo, proto, warm, rc in settings(host.level) if checks_agreement(algo, warm == "yes", rc)]
+
+
 def variants(host: HostView) -> list[Variant]:
     """Every setting of :func:`settings` at every world size (``world_sizes``: a size beyond the host's GPUs is a
     planned skip, NCCL refusing two ranks on one GPU); the warm-up and lazy-connection variants, which test when
     channels connect rather than how the sum is made, at 2 ranks and at the host's GPU count only. At a world
     size the host has GPUs for outside ``deep_sizes``, the algorithm variants run ``depth=setup``
-    (:func:`agreement_cases`)."""
+    (:func:`agreement_cases`). On a host of one GPU, also :func:`table_variants`."""
     full = {2, host.gpu_count}
     deep = deep_sizes(host)
-    out: list[Variant] = []
+    out: list[Variant] = table_variants(host)
     for n in world_sizes(host):
         skip = gpu_shortfall(host, n, "NCCL refuses two ranks on one GPU")
         depth = ((DEPTH, SETUP),) if skip is None and n not in deep else ()
@@ -249,6 +270,40 @@ def verdict(per_op: dict[str, dict[str, dict[str, str]]], algo: str, proto: str 
     return outcome(
         "fail", f"{names}: {first.get('error', 'failed')[:300]}", first.get("code") or "nccl-error", metrics, evidence
     )
+
+
+def table_verdict(per_op: dict[str, dict[str, dict[str, str]]], table: dict[str, dict[str, float]], algo: str,
+                  proto: str = "default", nccl_version: str = "") -> dict[str, Any]:
+    """A ``check=table`` variant's outcome (pure): the one rank's four ops, then what NCCL's tuning table under the
+    setting says of two or more ranks. Never ``pass``: one rank moves no data between GPUs."""
+    ran = verdict(per_op, algo, proto, nccl_version)
+    if ran["status"] != "pass":
+        return ran  # an op failed, hung or was wrong even at one rank: that is the verdict
+    setting = described(algo, proto)
+    funcs = tuple(NCCL_FUNCS[op] for op in OPS)
+    shown = {f: table[f] for f in funcs if f in table}
+    evidence = {**ran["evidence"], "tuning": shown, "world": 1}
+    metrics = ran["metrics"]
+    lacking = [f for f in funcs if f not in table]
+    none = _nccl.without_algorithm(table, funcs)
+    if lacking or len(none) == len(funcs):
+        why = (f"NCCL's tuning table for {', '.join(lacking)} was not in its log" if lacking else
+               "NCCL's tuning table at one rank gives no collective an algorithm, so it tells nothing of more ranks")
+        return outcome("partial", f"{setting}: the four ops ran exact at one rank, eagerly and captured; {why}",
+                       "nccl-setup-only", metrics, evidence)
+    if none:
+        ops = ", ".join(op for op in OPS if NCCL_FUNCS[op] in none)
+        note = (f"{setting}: NCCL {nccl_version or '?'}'s own tuning table gives {ops} no algorithm (every entry "
+                "zero), so on two or more ranks they fail at warm-up; at one rank NCCL copies locally, so the ops "
+                "ran")
+        seen = release(nccl_version)
+        if seen is not None and seen[:2] >= NAMED_ONLY and ":" in (ALGOS.get(algo) or ""):
+            note += f"; NCCL {nccl_version} enables only the collectives NCCL_ALGO names"
+        return outcome("partial", note, "nccl-algo-unavailable", metrics, {**evidence, "no_algorithm": none})
+    return outcome("partial", f"{setting}: accepted; NCCL {nccl_version or '?'}'s tuning table gives all_reduce, "
+                   "all_gather, reduce_scatter and broadcast an algorithm, and the four ops ran exact at one rank, "
+                   "eagerly and captured; the collectives across ranks need a host of two or more GPUs",
+                   "nccl-setup-only", metrics, evidence)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -476,10 +531,14 @@ def run(ctx: RankContext) -> dict[str, Any]:
     everyone = _dist.gather_objects(mine, gloo)
     per_op = merge_rank_results(everyone)
     version = ".".join(str(x) for x in torch.cuda.nccl.version())
-    result = verdict(per_op, algo, proto, version)
+    one_rank = ctx.param(TABLE[0]) == TABLE[1]
+    if one_rank:
+        result = table_verdict(per_op, _nccl.read_nccl_logs(ctx.workdir)["tuning"], algo, proto, version)
+    else:
+        result = verdict(per_op, algo, proto, version)
     agreed: dict[str, Any] = {}
     setup_only = shallow(ctx.variant)  # depth=setup: one exact agreement case per dtype
-    if checks_agreement(algo, warm, rc) and op_class(per_op.get("all_reduce", {})) == "ok":
+    if not one_rank and checks_agreement(algo, warm, rc) and op_class(per_op.get("all_reduce", {})) == "ok":
         agreed = _agree.run_cases(agreement_bind(ctx.rank, ctx.world_size, device), agreement_cases(setup_only),
                                   gloo, ctx.log, exact=setup_only)
         result = agreement_outcome(result, agreed, described(algo, proto))

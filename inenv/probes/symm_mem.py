@@ -36,6 +36,7 @@ from typing import Any
 from inenv.kit import _agree, _data, _device, _dist, _errors, _nccl
 from inenv.probe import (
     OMIT,
+    QUICK,
     SETUP,
     HostView,
     ProbeSpec,
@@ -73,6 +74,8 @@ SPEC = ProbeSpec(
     "backend, do NCCL windows register eagerly and during capture, and do the symmetric kernels run on them?",
     ranks=(2, 4, 8),
     min_ranks=2,  # over one rank an allreduce returns its input
+    # backend=nccl at one rank, on a host of one GPU: registration eagerly and in capture (ONE_RANK)
+    min_ranks_by_param=(("backend", "nccl", 1),),
     distinct_gpus=False,  # the placement=shared variants put every rank on one GPU
     requires=("torch",),
     timeout_s=180.0,
@@ -102,7 +105,16 @@ def variants(host: HostView) -> list[Variant]:
         out.append(Variant(SPEC.id, n, params=(("load", "sustained"),), skip=gpu_shortfall(host, n, why)))
     # torch's NCCL backend: NCCL refuses two ranks on one GPU; the registration question is asked at the deep sizes
     out += multi_rank(SPEC, host, [((BACKEND, NCCL),)], why="NCCL refuses two ranks on one GPU", other_sizes=OMIT)
+    if host.gpu_count == 1 and host.level != QUICK:
+        out.append(Variant(SPEC.id, 1, params=((BACKEND, NCCL),)))  # as far as one GPU goes: ONE_RANK
     return out
+
+
+# backend=nccl at one rank: what a host of one GPU can ask of NCCL's windows (NCCL refuses two ranks on one GPU):
+# torch's NCCL backend and an engine's own communicator register windows eagerly and during CUDA-graph capture
+# (the step NCCL releases have failed with "unhandled cuda error"), and NCCL's allreduce runs on the registered
+# window; torch's one-shot and two-shot kernels, which read peers' buffers, need two GPUs.
+ONE_RANK_OPS = ("nccl_all_reduce",)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -414,6 +426,8 @@ def run_nccl_backend(ctx: RankContext) -> dict[str, Any]:
         else:
             facts["p2p_read"] = peer_read(handle, buf, ctx.rank, ctx.world_size, device, gloo)
             builders = {**steps(group.group_name), "nccl_all_reduce": nccl_allreduce}
+            if ctx.world_size == 1:
+                builders = {k: v for k, v in builders.items() if k in ONE_RANK_OPS}
             facts["ops"] = {name: exercise_op(b, buf, ctx.rank, ctx.world_size, device, gloo, TOKENS[:1])
                             for name, b in builders.items()}
             ctx.log("ops: " + ", ".join(f"{n}={m}" for n, m in facts["ops"].items()))
@@ -423,7 +437,19 @@ def run_nccl_backend(ctx: RankContext) -> dict[str, Any]:
     logs = [_nccl.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
     facts["nccl_words"] = nccl_words(logs)
     facts["algorithms_chosen"] = logs[0]["algorithms"] if logs else {}
-    return nccl_backend_verdict(facts)
+    result = nccl_backend_verdict(facts)
+    return one_rank_outcome(result) if ctx.world_size == 1 else result
+
+
+def one_rank_outcome(result: dict[str, Any]) -> dict[str, Any]:
+    """A one-rank backend=nccl outcome (pure): a failure stands (registration fails alike at one rank); a pass
+    says what one rank showed and is not a pass, since no symmetric kernel read a peer's buffer."""
+    if result.get("status") != "pass":
+        return result
+    return outcome("partial", "at one rank: NCCL windows registered through torch's NCCL backend and an engine's own "
+                   "communicator, eagerly and during CUDA-graph capture, and NCCL's allreduce on the window exact; "
+                   "torch's one-shot and two-shot kernels across ranks need a host of two or more GPUs",
+                   "symm-mem-nccl-one-rank", result.get("metrics"), result.get("evidence"))
 
 
 def nccl_allreduce(inp: Any, out: Any, staged: Any) -> Callable[[], None]:
