@@ -41,6 +41,10 @@ from inenv import registry  # noqa: E402
 from inenv.probe import FULL, QUICK, HostView, Variant, key_parts  # noqa: E402
 
 TEN_MINUTES_S = 600.0
+# The cores of an 8-GPU host, an assumption: 8-GPU H100/H200 servers ship with 96-224 cores (two CPUs of 48-112
+# cores), and the lent 8-GPU machines have 128. The cores cap the rank processes of variants that time nothing
+# running side by side (checks.run.runner.rank_cap); the 8-GPU full level is also printed at --cores to compare.
+EIGHT_GPU_CORES = 128
 CELL = CellTarget("cu130-torch2.11.0-sgl0.4.7-fi0.7.4", "resolved",
                   versions={"cuda": "13.0", "torch": "2.11.0", "sgl_kernel": "0.4.7", "flashinfer": "0.7.4"})
 
@@ -65,7 +69,8 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
     lanes = budget.Lanes(jobs, rank_cap(cores), gpus=gpus, switched=switched)
     for it in items:
         lanes.add(it, budget.seconds_of(it, seconds))
-    return {"gpus": gpus, "level": level, "link": "NVSwitch" if switched else "PCIe", "variants": len(items),
+    return {"gpus": gpus, "level": level, "link": "NVSwitch" if switched else "PCIe", "cores": cores,
+            "variants": len(items),
             "predicted_s": round(budget.pass_seconds(items, seconds, jobs, rank_cap(cores), gpus, switched), 1),
             "lanes_s": {"timed": round(lanes.timed_wall(), 1),
                         "untimed": round(lanes.wall() - lanes.timed_wall() - lanes.cpu / max(1, jobs), 1),
@@ -111,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", default="1,2,4,8")
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--cores", type=int, default=16, help="the GPU host's cores, which cap the rank processes of "
-                    "variants that time nothing running side by side (default 16)")
+                    "variants that time nothing running side by side (default 16); hosts of 8 GPUs or more: "
+                    "--cores-8 instead, and the full level again at --cores to compare")
+    ap.add_argument("--cores-8", type=int, default=EIGHT_GPU_CORES, help="the cores of a host of 8 GPUs or more "
+                    f"(default {EIGHT_GPU_CORES}, an assumption: such servers have 96-224)")
     ap.add_argument("--prior", type=Path, default=costmodel.PRIOR_PATH)
     ap.add_argument("--results", type=Path, help="derive the prior from this results root instead of --prior")
     ap.add_argument("--check", type=Path, nargs="*", default=[])
@@ -122,30 +130,34 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for n in (int(x) for x in args.gpus.split(",")):
         tables = costmodel.tables_for(tables_all, args.gpu_name, n)
+        cores = args.cores_8 if n >= 8 else args.cores
         for level in (QUICK, FULL):
             for switched in ((False, True) if n > 1 else (False,)):
-                rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, args.cores, switched))
+                rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, cores, switched))
+                if level == FULL and cores != args.cores:
+                    rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, args.cores, switched))
     checks = [check(p, args.results or ROOT / "results") for p in args.check]
     if args.json:
         print(json.dumps({"predictions": rows, "checks": checks}, indent=1))
         return 0
     print(f"predicted cost of `checks run --all` on {args.gpu_name} hosts, one cell, from the prior alone "
-          f"(jobs {args.jobs}, {args.cores} cores; growth per extra rank with a GPU each: "
-          f"{costmodel.RANK_GROWTH:g}, an assumption)")
+          f"(jobs {args.jobs}; cores: {args.cores} below 8 GPUs, {args.cores_8} at 8 GPUs or more, an assumption: "
+          f"8-GPU servers have 96-224, the full level again at {args.cores} to compare; growth per extra rank with "
+          f"a GPU each: {costmodel.RANK_GROWTH:g}, an assumption)")
     print("link: PCIe, timed variants one at a time; NVSwitch (every GPU pair NV#), timed variants side by side on "
           "disjoint GPU sets (checks.run.placement); lanes: timed / untimed / CPU-only seconds of the wall time")
-    print(f"{'GPUs':>4} {'level':>5} {'link':>8} {'variants':>8} {'predicted':>10} {'lanes':>20} {'carried':>7} "
-          f"{'guessed':>7}  costliest probes")
+    print(f"{'GPUs':>4} {'level':>5} {'link':>8} {'cores':>5} {'variants':>8} {'predicted':>10} {'lanes':>20} "
+          f"{'carried':>7} {'guessed':>7}  costliest probes")
     for r in rows:
         top = ", ".join(f"{p} {s:g} s" for p, s in r["top"])  # type: ignore[union-attr]
         ln = r["lanes_s"]
         lanes = f"{ln['timed']:g}/{ln['untimed']:g}/{ln['cpu']:g}"  # type: ignore[index]
-        print(f"{r['gpus']:>4} {r['level']:>5} {r['link']:>8} {r['variants']:>8} {r['predicted_s']:>9g}s {lanes:>20} "
-              f"{r['carried_to_unmeasured_sizes']:>7} {r['guessed']:>7}  {top}")
+        print(f"{r['gpus']:>4} {r['level']:>5} {r['link']:>8} {r['cores']:>5} {r['variants']:>8} "
+              f"{r['predicted_s']:>9g}s {lanes:>20} {r['carried_to_unmeasured_sizes']:>7} {r['guessed']:>7}  {top}")
     for r in rows:
         if r["gpus"] == 8 and r["level"] == FULL:
             fits = "fits" if float(r["predicted_s"]) <= TEN_MINUTES_S else "does not fit"  # type: ignore[arg-type]
-            print(f"8 GPUs, full level, {r['link']}: {r['predicted_s']} s {fits} 10 minutes")
+            print(f"8 GPUs, full level, {r['link']}, {r['cores']} cores: {r['predicted_s']} s {fits} 10 minutes")
     for c in checks:
         print(f"check {c['run']} ({c['class']}, {c['variants']} timed variants): predicted {c['predicted_sum_s']} s / "
               f"measured {c['measured_sum_s']} s = {c['ratio']} ({c['guessed']} guessed)")
