@@ -53,7 +53,25 @@ RESULT_MARKER = "@@STACKPROBE-RESULT@@"  # prefix of the one line of JSON the wo
 FULL, QUICK = "full", "quick"
 LEVELS = (FULL, QUICK)
 LEVEL_ENV = "STACKPROBE_LEVEL"
+# A timed variant the runner placed on some of the host's GPUs (checks.run.placement) sees only those, as CUDA's
+# devices 0, 1, ...; this names their indices on the host in that order ("2,5": device 0 is the host's GPU 2).
+LANE_GPUS_ENV = "STACKPROBE_LANE_GPUS"
 T = TypeVar("T")
+
+
+def visible_index(host_index: int) -> int | None:
+    """The CUDA device index this process gives the host's GPU ``host_index``: its place among the GPUs the
+    runner placed the variant on (:data:`LANE_GPUS_ENV`), else the index itself (the variant sees every GPU);
+    None when the variant was placed on GPUs without it."""
+    lane = os.environ.get(LANE_GPUS_ENV, "").strip()
+    if not lane:
+        return host_index
+    try:
+        order = [int(g) for g in lane.split(",")]
+    except ValueError:
+        return host_index  # not the runner's spelling: the variant sees the GPUs as CUDA numbers them
+    return order.index(host_index) if host_index in order else None
+
 
 
 @dataclass(frozen=True)

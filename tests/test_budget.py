@@ -65,6 +65,13 @@ def test_timed_variants_go_side_by_side_on_a_switched_host_of_eight_gpus_and_one
     assert budget.placed_seconds([(4, 30.0), (2, 20.0), (2, 10.0), (8, 5.0), (4, 25.0)], 8) == 50.0
     assert budget.placed_seconds([(2, 7.0)] * 4, 8) == 7.0  # four pairs at once
     assert budget.placed_seconds([(2, 7.0)] * 5, 8) == 14.0
+    # pairs that name their GPUs: 0-1, 0-2 and 2-3 (7 s each) and 4-5 (3 s): 0-1, 2-3 and 4-5 start at once; 0-2
+    # waits for 0-1 and 2-3 to end at 7 s and ends at 14 s. Counted as any two GPUs, the four would end at 7 s
+    assert budget.placed_seconds([((0, 1), 7.0), ((0, 2), 7.0), ((2, 3), 7.0), ((4, 5), 3.0)], 8) == 14.0
+    # a pair and a variant of four GPUs: 0-1 (10 s) first; the four take 2-5 beside it (8 s); 6-7 (9 s) beside both
+    assert budget.placed_seconds([((0, 1), 10.0), (4, 8.0), ((6, 7), 9.0)], 8) == 10.0
+    # a pair naming a GPU the host lacks takes every GPU, as the runner gives it: 5 s, then 0-1's 5 s
+    assert budget.placed_seconds([((0, 9), 5.0), ((0, 1), 5.0)], 4) == 10.0
 
 
 def test_untimed_variants_are_guessed_at_the_stated_constant() -> None:

@@ -20,6 +20,7 @@ from checks.results.provenance import checkout, probe_hashes
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import RunStore, read_file
 from checks.run import placement, runprogress
+from checks.run.container import DockerExecutor
 from checks.run.executor import LocalExecutor
 from checks.run.options import RunOptions
 from checks.run.plan import CellTarget, WorkItem, plan_work
@@ -547,8 +548,24 @@ def test_timed_variants_go_side_by_side_on_disjoint_gpus_only_where_every_pair_i
     shared = WorkItem(cell, gpu, Variant("step", 2, (("n", "s"),), share_gpu=True, gpus=1), 60.0)
     assert pick([shared], [a], 4, rank_cap=16, lanes=placement.Free(8, frozenset({0, 1, 2, 3}))) is None
     assert pick([b], [shared], 4, rank_cap=16, lanes=placement.Free(8, frozenset())) is None
-    # one rank (facts of every GPU) and host-p2p's pair (GPUs by index) take every GPU
+    # one rank (facts of every GPU) takes every GPU; host-p2p's pair takes the two GPUs it names, when both are
+    # free, and a pair the host lacks a GPU of takes every GPU (the variant says what is missing)
     assert placement.devices(Variant("host-p2p", 1), (), 8) == all8
-    assert placement.devices(Variant("host-p2p", 2, (("check", "copy"), ("pair", "3-7"))), (), 8) == all8
-    assert placement.devices(Variant("host-p2p", 2, (("check", "copy"), ("pair", "3-7"))), (0,), 8) is None
-    assert placement.lane_env((4, 5)) == (("CUDA_VISIBLE_DEVICES", "4,5"), ("STACKPROBE_GPU_LOCK", ""))
+    pair = Variant("host-p2p", 2, (("check", "copy"), ("pair", "3-7")))
+    assert placement.devices(pair, (), 8) == (3, 7)
+    assert placement.devices(pair, (0, 1, 2, 4, 5, 6), 8) == (3, 7)
+    assert placement.devices(pair, (7,), 8) is None
+    assert placement.devices(Variant("host-p2p", 2, (("check", "copy"), ("pair", "3-9"))), (), 8) == all8
+    assert placement.lane_env((4, 5)) == (("CUDA_VISIBLE_DEVICES", "4,5"), ("STACKPROBE_LANE_GPUS", "4,5"),
+                                          ("STACKPROBE_GPU_LOCK", ""))
+
+
+def test_a_docker_worker_placed_on_gpus_sees_only_them_and_takes_no_lock(tmp_path: Path) -> None:
+    """A container's environment for a variant placed on GPUs 2 and 5: those visible, named as the host's, and the
+    host's GPU lock (which the runner holds for it) left out."""
+    lock = tmp_path / "gpu.lock"
+    ex = DockerExecutor(image="stackprobe/x:1", run_env=(("STACKPROBE_GPU_LOCK", str(lock)),))
+    env = ex._config(["true"], extra=placement.lane_env((2, 5)))["environment"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,5" and env["STACKPROBE_LANE_GPUS"] == "2,5"
+    assert "STACKPROBE_GPU_LOCK" not in env
+    assert "STACKPROBE_GPU_LOCK" in ex._config(["true"])["environment"]  # not placed: the lock, every GPU

@@ -124,6 +124,20 @@ class FakeNvml:
         return 1 if index == 1 else 0  # write: chipset not supported
 
 
+def test_a_pair_finds_its_devices_by_the_host_indices_it_was_placed_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pair=3-7 placed on the host's GPUs 3 and 7 sees them as CUDA devices 0 and 1 (the runner says which host
+    GPUs they are); not placed, it sees every GPU by its host index; placed without one of them, it says so."""
+    monkeypatch.delenv("STACKPROBE_LANE_GPUS", raising=False)
+    assert hp.pair_devices((3, 7), 8) == ((3, 7), "")
+    assert hp.pair_devices((3, 7), 4) == (None, "pair 3-7 needs GPU 7; 4 visible")
+    monkeypatch.setenv("STACKPROBE_LANE_GPUS", "3,7")
+    assert hp.pair_devices((3, 7), 2) == ((0, 1), "")
+    monkeypatch.setenv("STACKPROBE_LANE_GPUS", "7,3")
+    assert hp.pair_devices((3, 7), 2) == ((1, 0), "")
+    monkeypatch.setenv("STACKPROBE_LANE_GPUS", "2,3")
+    assert hp.pair_devices((3, 7), 2) == (None, "pair 3-7 needs GPU 7; 2 visible (the host's GPUs 2,3)")
+
+
 def test_nvml_gives_each_gpu_and_pair() -> None:
     view = hp.nvml_view(FakeNvml(), "")
     assert [g["address"] for g in view["gpus"]] == ["0000:03:00.0", "0000:04:00.0"]

@@ -204,14 +204,14 @@ class DockerExecutor:
         from docker.types import DeviceRequest, Ulimit
 
         volumes = {str(CODE_ROOT / pkg): {"bind": f"{MOUNT_ROOT}/{pkg}", "mode": "ro"} for pkg in IN_ENV_PACKAGES}
-        extra = []
+        probe_dirs = []
         for i, d in enumerate(probe_path_dirs()):
             target = f"{MOUNT_ROOT}/extra-probes-{i}"
             volumes[str(d.resolve())] = {"bind": target, "mode": "ro"}
-            extra.append(target)
+            probe_dirs.append(target)
         env = {"PYTHONPATH": MOUNT_ROOT, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
-        if extra:
-            env[PROBE_PATH_ENV] = ":".join(extra)
+        if probe_dirs:
+            env[PROBE_PATH_ENV] = ":".join(probe_dirs)
         apply_env(env, self.run_env)
         apply_env(env, extra)  # one variant's own (its GPUs: checks.run.placement.lane_env)
         cache = env.get(kit.COMPILE_CACHE_ENV)

@@ -20,7 +20,10 @@ Three kinds of variant:
   both failing says the host, not peer-to-peer, is broken.
 
 Every pair gets the copy check; NCCL runs on a bounded, stated set of pairs (:func:`pairs_for_nccl`). A pair of two
-GPU models is named as such. Nothing here changes a GPU or PCI setting: every fact is read.
+GPU models is named as such. ``A`` and ``B`` are the GPUs' indices on the host: a pair variant the runner placed
+on those two GPUs alone (beside other timed variants on an NVSwitch host) finds its devices by them
+(``inenv.probe.visible_index``), and names them by them in its results. Nothing here changes a GPU or PCI
+setting: every fact is read.
 
 Every step that touches a GPU waits with a deadline, so a stuck copy or collective becomes this probe's verdict,
 with the cause the facts point to (ACS redirect on a bridge of the path, a translating IOMMU) in its note.
@@ -58,7 +61,18 @@ from inenv.kit._p2p import (
     two_models,
 )
 from inenv.kit._pci import Fact, spelled
-from inenv.probe import LEVEL_ENV, QUICK, HostView, ProbeSpec, RankContext, Variant, gpu_shortfall, outcome
+from inenv.probe import (
+    LANE_GPUS_ENV,
+    LEVEL_ENV,
+    QUICK,
+    HostView,
+    ProbeSpec,
+    RankContext,
+    Variant,
+    gpu_shortfall,
+    outcome,
+    visible_index,
+)
 from inenv.probes.p2pnccl import (
     CONTROL,
     CONTROL_MARKER,
@@ -359,8 +373,9 @@ def _words(torch: Any, n: int, seed: int, device: Any) -> Any:
     return ((i * 2654435761 + seed * 40503) % 2147483647).to(torch.int32)
 
 
-def copy_once(torch: Any, src: int, dst: int, n: int, strided: bool, seed: int) -> dict[str, Any]:
-    """One copy of ``n`` pattern words from GPU ``src`` to GPU ``dst``, checked exactly on ``dst``."""
+def copy_once(torch: Any, src: int, dst: int, n: int, strided: bool, seed: int, what: str = "") -> dict[str, Any]:
+    """One copy of ``n`` pattern words from device ``src`` to device ``dst``, checked exactly on ``dst``
+    (``what``: the copy as a hang names it)."""
     data = _words(torch, n, seed, f"cuda:{src}")
     out = torch.full((n,), FILL, dtype=torch.int32, device=f"cuda:{dst}")
     want = _words(torch, n, seed, f"cuda:{dst}")
@@ -373,7 +388,7 @@ def copy_once(torch: Any, src: int, dst: int, n: int, strided: bool, seed: int) 
     else:
         out.copy_(data)
     settle(torch, [torch.cuda.current_stream(src), torch.cuda.current_stream(dst)], COPY_DEADLINE_S,
-           f"copy GPU {src} -> GPU {dst}")
+           what or f"copy GPU {src} -> GPU {dst}")
     took = time.perf_counter() - t0
     if torch.equal(out, want):
         return {"verdict": "exact", "s": round(took, 6)}
@@ -383,15 +398,18 @@ def copy_once(torch: Any, src: int, dst: int, n: int, strided: bool, seed: int) 
 COPIES = (("copy-engine", COPY_WORDS, False), ("small", SMALL_WORDS, False), ("kernel-strided", STRIDED_WORDS, True))
 
 
-def copy_checks(torch: Any, a: int, b: int) -> dict[str, dict[str, Any]]:
-    """Every kind of copy in both directions, each checked exactly; a copy that hangs ends the checks (the
-    GPUs' queues are stuck behind it)."""
+def copy_checks(torch: Any, a: int, b: int, names: tuple[int, int] | None = None) -> dict[str, dict[str, Any]]:
+    """Every kind of copy in both directions between devices ``a`` and ``b`` (named as the host's GPUs
+    ``names``, default themselves), each checked exactly; a copy that hangs ends the checks (the GPUs' queues
+    are stuck behind it)."""
     checks: dict[str, dict[str, Any]] = {}
+    name = dict(zip((a, b), names or (a, b), strict=True))
     for src, dst in ((a, b), (b, a)):
         for seed, (kind, n, strided) in enumerate(COPIES, 1):
-            key = f"{src}->{dst} {kind}"
+            key = f"{name[src]}->{name[dst]} {kind}"
             try:
-                checks[key] = copy_once(torch, src, dst, n, strided, seed)
+                checks[key] = copy_once(torch, src, dst, n, strided, seed,
+                                        f"copy GPU {name[src]} -> GPU {name[dst]}")
             except _device.Hung as exc:
                 checks[key] = {"verdict": "hang", "detail": str(exc)}
                 return checks
@@ -562,12 +580,14 @@ def read_counters(host: _pci.Host, gpus: Sequence[Gpu], nv: Any) -> tuple[dict[s
     return counts, unseen
 
 
-def pair_facts(torch: Any, a: int, b: int) -> PairFacts:
-    """The facts of one pair, read in a pair variant."""
+def pair_facts(torch: Any, a: int, b: int, devices: tuple[int, int] | None = None) -> PairFacts:
+    """The facts of one pair of the host's GPUs ``a`` and ``b`` (this process's CUDA devices ``devices``,
+    default the same indices), read in a pair variant."""
     host = _pci.Host()
     admin = _pci.sys_admin(host)
     vm = _pci.virtual_machine(host)
-    gpus = [Gpu(i, cuda_address(torch, i), "CUDA", name=cuda_name(torch, i)) for i in (a, b)]
+    gpus = [Gpu(i, cuda_address(torch, d), "CUDA", name=cuda_name(torch, d))
+            for i, d in zip((a, b), devices or (a, b), strict=True)]
     with nvml_session() as (nv, why):
         nvml = nvml_view(nv, why, only=[g.address for g in gpus if g.address])
     by_address = {g["address"]: g for g in nvml.get("gpus") or []}
@@ -588,34 +608,49 @@ def pair_facts(torch: Any, a: int, b: int) -> PairFacts:
                      version, (gpus[0], gpus[1]))
 
 
-def pair_precheck(ctx: RankContext) -> tuple[Any, tuple[int, int], dict[str, Any] | None]:
-    """torch, the pair, and a skip outcome when this environment cannot run it."""
+def pair_devices(pair: tuple[int, int], count: int) -> tuple[tuple[int, int] | None, str]:
+    """This process's CUDA devices for the host's GPUs ``pair`` (:func:`inenv.probe.visible_index`), of the
+    ``count`` it sees; else None and why."""
+    got = [visible_index(g) for g in pair]
+    missing = [g for g, d in zip(pair, got, strict=True) if d is None or d >= count]
+    if missing:
+        lane = os.environ.get(LANE_GPUS_ENV)
+        return None, (f"pair {pair[0]}-{pair[1]} needs GPU {missing[-1]}; {count} visible"
+                      + (f" (the host's GPUs {lane})" if lane else ""))
+    return (int(got[0] or 0), int(got[1] or 0)), ""
+
+
+def pair_precheck(ctx: RankContext) -> tuple[Any, tuple[int, int], tuple[int, int], dict[str, Any] | None]:
+    """torch, the pair (the host's GPU indices), this process's CUDA devices for them, and a skip outcome when
+    this environment cannot run it."""
     if importlib.util.find_spec("torch") is None:
-        return None, (0, 1), outcome("skip", "torch is not installed in this environment", "missing-package")
+        return None, (0, 1), (0, 1), outcome("skip", "torch is not installed in this environment", "missing-package")
     import torch
 
     pair = parse_pair(ctx.param("pair"))
     if not torch.cuda.is_available():
-        return torch, pair, outcome("skip", "no CUDA device in this rank", "no-gpu")
-    if torch.cuda.device_count() <= max(pair):
-        return torch, pair, outcome("skip", f"pair {pair[0]}-{pair[1]} needs GPU {max(pair)}; "
-                                            f"{torch.cuda.device_count()} visible", "too-few-gpus")
-    return torch, pair, None
+        return torch, pair, pair, outcome("skip", "no CUDA device in this rank", "no-gpu")
+    devices, why = pair_devices(pair, torch.cuda.device_count())
+    if devices is None:
+        return torch, pair, pair, outcome("skip", why, "too-few-gpus")
+    return torch, pair, devices, None
 
 
 def run_copy(ctx: RankContext) -> dict[str, Any]:
     if ctx.rank != 0:
         return outcome("pass", "holds the pair's second GPU while rank 0 drives both", evidence={"role": "holder"})
-    torch, (a, b), skipped = pair_precheck(ctx)
+    torch, (a, b), (da, db), skipped = pair_precheck(ctx)
     if skipped is not None:
         return skipped
-    facts = pair_facts(torch, a, b)
+    facts = pair_facts(torch, a, b, (da, db))
     path, views, evidence, nvlinks, version = facts.path, facts.views, facts.evidence, facts.nvlinks, facts.version
-    peer = {f"{a}->{b}": bool(torch.cuda.can_device_access_peer(a, b)),
-            f"{b}->{a}": bool(torch.cuda.can_device_access_peer(b, a))}
+    if (da, db) != (a, b):
+        evidence["cuda_devices"] = {str(a): da, str(b): db}
+    peer = {f"{a}->{b}": bool(torch.cuda.can_device_access_peer(da, db)),
+            f"{b}->{a}": bool(torch.cuda.can_device_access_peer(db, da))}
     with nvml_session() as (nv, _):
         before, unseen = read_counters(_pci.Host(), facts.gpus, nv)
-    checks = copy_checks(torch, a, b)
+    checks = copy_checks(torch, da, db, (a, b))
     rate, basis = pair_rate(views, path, nvlinks, version)
     metrics: dict[str, Any] = {"link_gbs": round(rate, 2) if rate else None, "link_basis": basis}
     evidence.update({"peer_access": peer, "copies": checks})
@@ -632,11 +667,11 @@ def run_copy(ctx: RankContext) -> dict[str, Any]:
                     loaded[g["address"]] = _pci.read_link(host, chain.device_dir).speed.to_json()
 
         try:
-            uni = {f"{a}->{b}": bandwidth_gbs(torch, a, b, False, reps, read_links),
-                   f"{b}->{a}": bandwidth_gbs(torch, b, a, False, reps)}
+            uni = {f"{a}->{b}": bandwidth_gbs(torch, da, db, False, reps, read_links),
+                   f"{b}->{a}": bandwidth_gbs(torch, db, da, False, reps)}
             metrics["unidir_gbs"] = {k: round(v, 2) for k, v in uni.items()}
-            metrics["bidir_gbs"] = round(bandwidth_gbs(torch, a, b, True, reps), 2)
-            metrics["copy_latency_us"] = round(latency_us(torch, a, b, LATENCY_REPS), 2)
+            metrics["bidir_gbs"] = round(bandwidth_gbs(torch, da, db, True, reps), 2)
+            metrics["copy_latency_us"] = round(latency_us(torch, da, db, LATENCY_REPS), 2)
         except _device.Hung as exc:
             checks["bandwidth"] = {"verdict": "hang", "detail": str(exc)}
         except Exception as exc:
@@ -720,13 +755,13 @@ def run_nccl(ctx: RankContext) -> dict[str, Any]:
     os.environ.update(_nccl.nccl_debug_env(ctx.workdir))
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     multicast = _dist.keep_multicast_off()
-    torch, pair, skipped = pair_precheck(ctx)
+    torch, pair, devices, skipped = pair_precheck(ctx)
     if skipped is not None:
         return skipped
-    facts = pair_facts(torch, *pair)
+    facts = pair_facts(torch, *pair, devices)
     store = _dist.rendezvous_store(ctx) if setting == "default" else None
-    box = first_allreduces(ctx, pair[ctx.rank], NCCL_DEADLINE_S)
-    checked = p2p_control(ctx, store, pair[ctx.rank], failed(box)) if store is not None else None
+    box = first_allreduces(ctx, devices[ctx.rank], NCCL_DEADLINE_S)
+    checked = p2p_control(ctx, store, devices[ctx.rank], failed(box)) if store is not None else None
     log = _nccl.read_nccl_logs(ctx.workdir, os.getpid())
     metrics = {k: box[k] for k in ("init_s", "first_allreduce_s") if k in box}
     evidence = {"nccl_env": {**set_, **{k: "(unset)" for k in unset}}, "removed_from_env": removed,

@@ -106,7 +106,8 @@ class Lanes:
     cpu: float = 0.0
     gpus: int = 0  # with ``switched``: the host's GPUs, over which timed variants are placed side by side
     switched: bool = False  # every pair of GPUs joined by NVLink (checks.run.placement.switched)
-    placed: tuple[tuple[int, float], ...] = ()  # timed variants placed side by side: (GPUs taken, seconds)
+    # timed variants placed side by side: (how many GPUs, or which, they take: placement.wants; seconds)
+    placed: tuple[tuple[int | tuple[int, ...], float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.shared_ranks is None:
@@ -114,24 +115,24 @@ class Lanes:
 
     def add(self, item: WorkItem, seconds: float) -> None:
         self.put(seconds, item.spec.needs_gpu, item.spec.needs_gpu and untimed(item.spec, item.variant),
-                 item.variant.ranks, placement.needs(item.variant, self.gpus) if self.lanes else 0)
+                 item.variant.ranks, placement.wants(item.variant, self.gpus) if self.lanes else 0)
 
     @property
     def lanes(self) -> bool:
         """Timed variants go side by side (not with --gpu-alone, ``shared_ranks`` 0: every variant alone)."""
         return self.switched and self.gpus > 1 and bool(self.shared_ranks)
 
-    def put(self, seconds: float, gpu: bool, shared: bool, ranks: int = 1, takes: int = 0) -> None:
+    def put(self, seconds: float, gpu: bool, shared: bool, ranks: int = 1, takes: int | tuple[int, ...] = 0) -> None:
         """``seconds`` of a variant of ``ranks`` rank processes on the lane of a GPU variant (``shared``: one that
-        times nothing) or a CPU-only one; ``takes``: the GPUs a timed one is placed on (0: the one-at-a-time
-        lane; checks.run.placement.needs)."""
+        times nothing) or a CPU-only one; ``takes``: how many GPUs a timed one is placed on, or which (0: the
+        one-at-a-time lane; checks.run.placement.wants)."""
         if not gpu:
             self.cpu += seconds
         elif shared and self.shared_ranks:
             self.shared += seconds * max(1, ranks)
             self.longest_shared = max(self.longest_shared, seconds)
         elif takes and self.lanes:
-            self.placed = (*self.placed, (min(takes, self.gpus), seconds))
+            self.placed = (*self.placed, (takes if isinstance(takes, tuple) else min(takes, self.gpus), seconds))
         else:
             self.timed += seconds
 
@@ -144,26 +145,33 @@ class Lanes:
         return self.timed_wall() + side_by_side + self.cpu / max(1, self.jobs)
 
 
-def placed_seconds(placed: Iterable[tuple[int, float]], gpus: int) -> float:
-    """The wall seconds of timed variants (GPUs taken, seconds) placed side by side on ``gpus`` GPUs as the runner
-    places them (checks.run.runner.pick with lanes): whenever GPUs are free, the costliest variant that fits
-    them starts (ties: the one given first); when none fits, the next to end frees its GPUs."""
-    todo = sorted(((min(max(1, n), gpus), s) for n, s in placed), key=lambda p: -p[1])
-    if not todo:
-        return 0.0
-    now, free = 0.0, gpus
-    running: list[tuple[float, int]] = []  # (ends at, GPUs)
+def placed_seconds(placed: Iterable[tuple[int | tuple[int, ...], float]], gpus: int) -> float:
+    """The wall seconds of timed variants (how many GPUs they take, or which: checks.run.placement.wants;
+    seconds) placed side by side on ``gpus`` GPUs as the runner places them (checks.run.runner.pick with lanes,
+    checks.run.placement.take): whenever GPUs are free, the costliest variant whose GPUs are free starts (ties:
+    the one given first); when none can, the next to end frees its GPUs."""
+    todo = sorted(((_on(n, gpus), s) for n, s in placed), key=lambda p: -p[1])
+    now = 0.0
+    running: list[tuple[float, tuple[int, ...]]] = []  # (ends at, GPUs)
     while todo or running:
-        i = next((k for k, (n, _) in enumerate(todo) if n <= free), None)
-        if i is not None:
-            n, s = todo.pop(i)
-            free -= n
-            running.append((now + s, n))
+        busy = [g for _, held in running for g in held]
+        got = next(((k, on) for k, (n, _) in enumerate(todo) if (on := placement.take(n, busy, gpus)) is not None),
+                   None)
+        if got is not None:
+            k, on = got
+            running.append((now + todo.pop(k)[1], on))
             continue
         running.sort()
-        end, n = running.pop(0)
-        now, free = end, free + n
+        now = running.pop(0)[0]
     return now
+
+
+def _on(takes: int | tuple[int, ...], gpus: int) -> int | tuple[int, ...]:
+    """What a placed variant takes of ``gpus``: the GPUs it names when the host has them all, once each (else
+    every GPU, as checks.run.placement.wants gives such a variant); else how many, within the host's."""
+    if isinstance(takes, tuple):
+        return takes if len(set(takes)) == len(takes) and all(0 <= g < gpus for g in takes) else gpus
+    return min(max(1, takes), gpus)
 
 
 @dataclass(frozen=True)
