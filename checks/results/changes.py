@@ -38,6 +38,7 @@ import yaml
 
 from checks.results import ids, provenance, reader
 from checks.results.reader import Problem, Run
+from checks.results.result import shows_over
 from checks.results.store import REUSED_FROM
 from common import escape, yamlsrc
 from inenv import registry
@@ -153,11 +154,14 @@ def _verdict(r: Mapping[str, Any]) -> str:
 
 
 def latest(runs: Mapping[str, Run]) -> dict[tuple[str, str, str], Mapping[str, Any]]:
-    """Per (cell, probe, variant), the result of the newest run (run ids sort by time), as the table shows it."""
+    """Per (cell, probe, variant), the result the table shows (run ids sort by time; ``shows_over``)."""
     out: dict[tuple[str, str, str], Mapping[str, Any]] = {}
     for run_id in sorted(runs):
         for r in runs[run_id].results:
-            out[(str(r["cell_id"]), str(r["probe_id"]), str(r["variant"]))] = r
+            key = (str(r["cell_id"]), str(r["probe_id"]), str(r["variant"]))
+            prev = out.get(key)
+            if prev is None or shows_over(str(r.get("status")), str(prev.get("status"))):
+                out[key] = r
     return out
 
 

@@ -34,6 +34,13 @@ _IDS = ("run_id", "host_id", "cell_id", "probe_id", "variant", "started_at")
 KEY_FIELDS = ("ranks", "placement", "gpus")  # parts of a variant key the worker sets, not the probe's own params
 
 
+def shows_over(newer: str, older: str) -> bool:
+    """Whether a newer run's result with status ``newer`` is what the table shows in place of an older run's with
+    status ``older`` (status values as results spell them): always, except that a ``not-run`` (a quick pass's
+    deferral, a budget's cut, an interrupt) says only that the newer run did not ask, so an earlier verdict stays."""
+    return newer != Status.NOT_RUN.value or older == Status.NOT_RUN.value
+
+
 class ResultError(ValueError):
     """A JSON object that is not a ProbeResult; the message says why."""
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.results import ids, reader
-from checks.results.result import ProbeResult
+from checks.results.result import ProbeResult, shows_over
 from inenv import atomic
 from inenv.probe import FULL, QUICK
 
@@ -213,12 +213,15 @@ def is_news(result: ProbeResult, earlier: Mapping[Key, ProbeResult], exact: bool
 
 
 def latest_results(folder: Path) -> dict[Key, ProbeResult]:
-    """Per (cell, probe, variant), the result of the newest run in a host's results folder (what the table
-    shows); unreadable lines are skipped here (`checks report` warns about them)."""
+    """Per (cell, probe, variant), the result the table shows: the newest run's, unless it did not run the variant
+    and an earlier one did (``shows_over``). Unreadable lines are skipped here (`checks report` warns about
+    them)."""
     out: dict[Key, ProbeResult] = {}
     for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
         for r in read_file(path)[0]:  # a run holds one result per key
-            out[r.key] = r
+            prev = out.get(r.key)
+            if prev is None or shows_over(r.verdict.status.value, prev.verdict.status.value):
+                out[r.key] = r
     return out
 
 
