@@ -273,10 +273,13 @@ class HostView:
 
 @dataclass(frozen=True)
 class Skip:
-    """Why a variant is decided as `skip` without launching: a reason code and a note, as data."""
+    """Why a variant is decided without launching: a reason code and a note, as data, and the status: ``skip``
+    (not testable here), or ``not-run`` (the plan leaves it out on purpose: its question is asked elsewhere, as
+    the note says; a not-run never hides an earlier verdict, and the next run decides it again)."""
 
     code: str  # e.g. no-gpu, too-few-gpus, not-applicable
     note: str
+    status: str = "skip"  # inenv.status: skip or not-run
 
 
 def gpu_shortfall(host: HostView, ranks: int, why: str = "") -> Skip | None:

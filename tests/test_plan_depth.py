@@ -34,7 +34,7 @@ def _items(gpus: int) -> list[WorkItem]:
 
 def _kind(v: Variant) -> str:
     if v.skip is not None:
-        return "skip"
+        return "not-run" if v.skip.status == "not-run" else "skip"
     if v.param("load") is not None:
         return "load"
     if v.share_gpu:
@@ -49,7 +49,7 @@ def _table(gpus: int) -> dict[str, dict[int, str]]:
         v = it.variant
         if v.probe_id in MULTI_RANK and v.ranks > 1:
             counts.setdefault(v.probe_id, {}).setdefault(v.ranks, Counter())[_kind(v)] += 1
-    order = ("deep", "setup", "shared", "load", "skip")
+    order = ("deep", "setup", "shared", "load", "skip", "not-run")
     return {pid: {n: " + ".join(f"{c[k]} {k}" for k in order if c[k]) for n, c in sorted(by.items())}
             for pid, by in counts.items()}
 
@@ -66,8 +66,9 @@ def test_deep_sizes_are_the_powers_of_two_and_the_gpu_count() -> None:
 # engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc
 # 3 ops (the all-reduce shares), ar-latency 6 backends (never shares), nccl-graphs 25 at 2 ranks and the GPU count
 # (5 NCCL_ALGO settings x 2 warm-ups x 2 connections, and each with NCCL_PROTO=Simple once) and the 10 (algorithm,
-# protocol) variants elsewhere (never shares), ep-a2a one variant across GPUs (never shares; its simulated
-# ranks are one process).
+# protocol) variants at the other deep sizes and beyond the GPU count (never shares); at a size outside the deep
+# ones NCCL's own choice runs (1 setup) and the other 9 (algorithm, protocol) pairs are planned not-run;
+# ep-a2a one variant across GPUs (never shares; its simulated ranks are one process).
 EIGHT = {
     "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 setup", 7: "6 setup", 8: "6 deep"},
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 setup", 7: "4 setup", 8: "4 deep"},
@@ -77,8 +78,8 @@ EIGHT = {
     "symm-mem": {2: "2 deep + 1 shared + 1 load", 3: "1 setup", 4: "2 deep", 5: "1 setup", 6: "1 setup",
                  7: "1 setup", 8: "2 deep + 1 load"},
     "ar-latency": {2: "6 deep", 4: "6 deep", 8: "6 deep"},
-    "nccl-graphs": {2: "25 deep", 3: "10 setup", 4: "10 deep", 5: "10 setup", 6: "10 setup", 7: "10 setup",
-                    8: "25 deep"},
+    "nccl-graphs": {2: "25 deep", 3: "1 setup + 9 not-run", 4: "10 deep", 5: "1 setup + 9 not-run",
+                    6: "1 setup + 9 not-run", 7: "1 setup + 9 not-run", 8: "25 deep"},
     "ep-a2a": {n: "1 deep" for n in range(2, 9)},
 }
 SIX = {
@@ -89,7 +90,8 @@ SIX = {
     "symm-mem": {2: "2 deep + 1 shared + 1 load", 3: "1 setup", 4: "2 deep", 5: "1 setup", 6: "2 deep + 1 load",
                  8: "1 shared + 1 skip"},
     "ar-latency": {2: "6 deep", 4: "6 deep", 6: "6 deep", 8: "6 skip"},
-    "nccl-graphs": {2: "25 deep", 3: "10 setup", 4: "10 deep", 5: "10 setup", 6: "25 deep", 8: "10 skip"},
+    "nccl-graphs": {2: "25 deep", 3: "1 setup + 9 not-run", 4: "10 deep", 5: "1 setup + 9 not-run", 6: "25 deep",
+                    8: "10 skip"},
     "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 5: "1 deep", 6: "1 deep", 8: "1 skip"},
 }
 FOUR = {
@@ -99,7 +101,7 @@ FOUR = {
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 8: "1 shared + 2 skip"},
     "symm-mem": {2: "2 deep + 1 shared + 1 load", 3: "1 setup", 4: "2 deep + 1 load", 8: "1 shared + 1 skip"},
     "ar-latency": {2: "6 deep", 4: "6 deep", 8: "6 skip"},
-    "nccl-graphs": {2: "25 deep", 3: "10 setup", 4: "25 deep", 8: "10 skip"},
+    "nccl-graphs": {2: "25 deep", 3: "1 setup + 9 not-run", 4: "25 deep", 8: "10 skip"},
     "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 8: "1 skip"},
 }
 TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, never depth=setup
@@ -156,7 +158,8 @@ def test_shallow_is_ranks_sharing_a_gpu_or_depth_setup() -> None:
     for it in _items(6):
         if it.variant.probe_id in ("step", "custom-ar", "fi-fusion", "pcie-ipc", "symm-mem", "nccl-graphs"):
             by_kind.setdefault(_kind(it.variant), set()).add(shallow(it.variant))
-    assert by_kind == {"deep": {False}, "setup": {True}, "shared": {True}, "load": {False}, "skip": {False}}
+    assert by_kind == {"deep": {False}, "setup": {True}, "shared": {True}, "load": {False}, "skip": {False},
+                       "not-run": {True}}
 
 
 def test_question_leaves_the_depth_out() -> None:

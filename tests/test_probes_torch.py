@@ -321,7 +321,15 @@ def test_nccl_graphs_variants() -> None:
     assert len(one) == 55 and all("NCCL refuses two ranks on one GPU" in (v.skip.note if v.skip else "") for v in one)
     eight = nccl_graphs.variants(HostView(gpu_count=8))
     assert sorted({v.ranks for v in eight}) == [2, 3, 4, 5, 6, 7, 8] and len(eight) == 2 * 25 + 5 * 10
-    assert all(v.skip is None for v in eight)
+    # 2, 4, 8 (deep) run every planned setting; 3, 5, 6 and 7 run NCCL's own choice only, the other 9 not-run
+    assert all(v.skip is None for v in eight if v.ranks in (2, 4, 8))
+    for n in (3, 5, 6, 7):
+        runs = [v.key for v in eight if v.ranks == n and v.skip is None]
+        assert runs == [f"ranks={n},algo=default,warmup=yes,runtime_connect=default,depth=setup"]
+        left = [v.skip for v in eight if v.ranks == n and v.skip is not None]
+        assert len(left) == 9 and {(s.status, s.code) for s in left} == {("not-run", "narrowed-world-size")}
+        assert all(f"{n} ranks, outside the deep world sizes (2, 4, 8)" in s.note and "runs at 2 and 8 ranks" in s.note
+                   for s in left)
 
 
 def test_nccl_graphs_quick_level_asks_nccls_own_choice_with_and_without_warm_up() -> None:

@@ -126,7 +126,7 @@ def plan_work(cells: list[CellTarget], probes: dict[str, ModuleType], host: Host
                                       Decided(Status.FAIL, "probe-bug", f"variants() raised {variants!r}"[:300])))
                 continue
             for v in variants:
-                p = decided or (Decided(Status.SKIP, v.skip.code, v.skip.note) if v.skip else None)
+                p = decided or (Decided(Status(v.skip.status), v.skip.code, v.skip.note) if v.skip else None)
                 items.append(WorkItem(cell, spec, v, spec.timeout_s * timeout_scale, p))
     return items
 

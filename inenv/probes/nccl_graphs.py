@@ -17,7 +17,8 @@ tell the known failure mechanisms apart:
 
 Each algorithm's variant with eager warm-up and NCCL's default connection also runs the rank agreement check
 (``_agree``): every case at the deep world sizes (``inenv.probe.deep_sizes``), and at the other world sizes up to
-the host's GPU count (``depth=setup``) one exact case per dtype (``_agree.shallow_cases``) beside the four ops.
+the host's GPU count (``depth=setup``, NCCL's own choice only: :func:`variants`) one exact case per dtype
+(``_agree.shallow_cases``) beside the four ops.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from inenv.probe import (
     Params,
     ProbeSpec,
     RankContext,
+    Skip,
     Variant,
     deep_sizes,
     gpu_shortfall,
@@ -43,6 +45,7 @@ from inenv.probe import (
     shallow,
     world_sizes,
 )
+from inenv.status import Status
 
 SPEC = ProbeSpec(
     id="nccl-graphs",
@@ -124,22 +127,40 @@ def table_variants(host: HostView) -> list[Variant]:
             for algo, proto, warm, rc in settings(host.level) if checks_agreement(algo, warm == "yes", rc)]
 
 
+NARROWED = "narrowed-world-size"  # a setting left out at a world size outside the deep ones (:func:`variants`)
+
+
 def variants(host: HostView) -> list[Variant]:
     """Every setting of :func:`settings` at every world size (``world_sizes``: a size beyond the host's GPUs is a
     planned skip, NCCL refusing two ranks on one GPU); the warm-up and lazy-connection variants, which test when
     channels connect rather than how the sum is made, at 2 ranks and at the host's GPU count only. At a world
-    size the host has GPUs for outside ``deep_sizes``, the algorithm variants run ``depth=setup``
-    (:func:`agreement_cases`). On a host of one GPU, also :func:`table_variants`."""
+    size the host has GPUs for outside ``deep_sizes`` (8 GPUs: 3, 5, 6, 7) only NCCL's own choice runs, its
+    algorithm variant with ``depth=setup`` (:func:`agreement_cases`): what an NCCL_ALGO or NCCL_PROTO setting
+    does does not depend on an odd world size (an engine's gate does, which other probes ask), and every
+    setting runs at 2 ranks and at the GPU count; the other settings there are planned ``not-run`` +
+    :data:`NARROWED`, saying so. On a host of one GPU, also :func:`table_variants`."""
     full = {2, host.gpu_count}
     deep = deep_sizes(host)
     out: list[Variant] = table_variants(host)
     for n in world_sizes(host):
         skip = gpu_shortfall(host, n, "NCCL refuses two ranks on one GPU")
-        depth = ((DEPTH, SETUP),) if skip is None and n not in deep else ()
+        shallow_size = skip is None and n not in deep
+        depth = ((DEPTH, SETUP),) if shallow_size else ()
         for algo, proto, warm, rc in settings(host.level):
             if n in full or checks_agreement(algo, warm == "yes", rc):
-                out.append(Variant(SPEC.id, n, params=(*params_of(algo, proto, warm, rc), *depth), skip=skip))
+                left = narrowed(n, host) if shallow_size and (algo, proto) != ("default", "default") else None
+                out.append(Variant(SPEC.id, n, params=(*params_of(algo, proto, warm, rc), *depth),
+                                   skip=skip or left))
     return out
+
+
+def narrowed(n: int, host: HostView) -> Skip:
+    """Why a setting other than NCCL's own choice is not run at ``n`` ranks, a world size outside the deep ones."""
+    sizes = " and ".join(str(s) for s in sorted({2, host.gpu_count}))
+    return Skip(NARROWED, f"{n} ranks, outside the deep world sizes ({', '.join(map(str, deep_sizes(host)))}): "
+                f"nccl-graphs runs NCCL's own choice there; this setting runs at {sizes} ranks (what an NCCL_ALGO or "
+                "NCCL_PROTO setting does does not depend on the world size; an engine's gate at it is asked by "
+                "the engine and step probes)", Status.NOT_RUN.value)
 
 
 def setting_of(params: Mapping[str, str]) -> dict[str, str] | None:
