@@ -282,6 +282,11 @@ class Skip:
     status: str = "skip"  # inenv.status: skip or not-run
 
 
+# The reason code of a variant a probe plans ``not-run`` at a world size on purpose (a :class:`Skip` of that
+# status): the same question runs at other world sizes, which its note names.
+NARROWED = "narrowed-world-size"
+
+
 def gpu_shortfall(host: HostView, ranks: int, why: str = "") -> Skip | None:
     """The skip for a variant of ``ranks`` ranks, each on its own GPU, on this host (None: it fits).
     ``why`` says why the ranks cannot share a GPU, where that is not obvious."""

@@ -163,10 +163,24 @@ def test_the_plan_runs_replay_everywhere_and_the_other_patterns_at_two_ranks() -
     assert one["ranks=2,backend=nccl,pattern=replay"].skip.code == "too-few-gpus"
     assert "ranks=2,backend=nccl,pattern=two-streams" not in one and "ranks=2,placement=shared,gpus=1,backend=nccl," \
         "pattern=replay" not in one
-    eight = {v.key for v in load.variants(HostView(gpu_count=8))}
+    planned = load.variants(HostView(gpu_count=8))
+    eight = {v.key for v in planned}
     assert {k.split(",")[0] for k in eight} == {"ranks=2", "ranks=4", "ranks=8"}  # the deep sizes, a GPU per rank
     assert not [k for k in eight if "placement=shared" in k]
     assert "ranks=8,backend=flashinfer-fusion,pattern=replay,pdl=on,mode=crossing" in eight
+    # more than 4 GPUs: 2 ranks (24: 9 backends' replay, 12 more patterns, fusion's second mode and PDL off) and 8
+    # ranks (10: replay of 9 backends, fusion in both modes) run; the 10 at 4 ranks are planned not-run
+    runs = [v for v in planned if v.skip is None]
+    assert (sum(v.ranks == 2 for v in runs), sum(v.ranks == 8 for v in runs), len(runs)) == (24, 10, 34)
+    left = [v for v in planned if v.skip is not None]
+    assert len(left) == 10 and {(v.ranks, v.skip.status, v.skip.code) for v in left} == {
+        (4, "not-run", "narrowed-world-size")}
+    assert left[0].skip.note.startswith("4 ranks on a host of 8 GPUs: load runs a GPU per rank at 2 and 8 ranks only")
+    # 4 GPUs and fewer: every deep size runs
+    four = load.variants(HostView(gpu_count=4))
+    assert {v.ranks for v in four if v.skip is None} == {2, 4} and all(v.skip is None for v in four)
+    six = load.variants(HostView(gpu_count=6))
+    assert {v.ranks for v in six if v.skip is None} == {2, 6} and {v.ranks for v in six if v.skip} == {4}
     assert load.variants(HostView(gpu_count=8, level=QUICK)) == []
 
 

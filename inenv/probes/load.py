@@ -19,9 +19,11 @@ two-shot by size: within the sizes walked it switches at 4 ranks and more only) 
 to 128 tokens, two-shot above, so every world size crosses). NCCL has no two-streams variant: one NCCL
 communicator in two graphs replayed at once is outside NCCL's contract, so its answer would say nothing of NCCL.
 
-Placement: a GPU per rank at the deep world sizes (``inenv.probe.deep_sizes``), timed; beyond the host's GPU count
-the ranks share one GPU at 2 and 4 ranks (every backend but NCCL), checked, not timed: that exercises the code
-paths on a one-GPU host, not the links.
+Placement: a GPU per rank at the deep world sizes (``inenv.probe.deep_sizes``), timed; on a host of more than 4
+GPUs at 2 ranks and at the GPU count only (the tensor-parallel sizes such a host serves at and the smallest; a
+replay's failure shows at either, and each variant is minutes of replays), the sizes between planned ``not-run`` +
+``narrowed-world-size``, saying so; beyond the host's GPU count the ranks share one GPU at 2 and 4 ranks (every
+backend but NCCL), checked, not timed: that exercises the code paths on a one-GPU host, not the links.
 
 The quick level plans no load variant: a load verdict needs thousands of replays (the failures it looks for
 show after them), a few hundred would pass where the full level hangs, and the quick pass's question, whether a
@@ -30,6 +32,7 @@ backend works at all, is answered by the backends' own probes; the full pass tha
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -39,16 +42,19 @@ from typing import Any
 from inenv import load_engine as engine
 from inenv.kit import _device, _dist
 from inenv.probe import (
+    NARROWED,
     OMIT,
     QUICK,
     HostView,
     ProbeSpec,
     RankContext,
+    Skip,
     Variant,
     combine_worst,
     multi_rank,
 )
 from inenv.probes import stepcomm
+from inenv.status import Status
 
 SPEC = ProbeSpec(
     id="load",
@@ -88,6 +94,7 @@ NEEDS = {**stepcomm.NEEDS, "sglang-custom-ar-v2": ("sglang",), "vllm-custom-ar":
 TAKES_PDL = frozenset({"flashinfer-fusion"})  # launch_with_pdl is a switch of its API
 FUSION_MODES = ("auto", "crossing")  # planned; "oneshot" and "twoshot" run each path alone, by hand
 SHARED_SIZES = (2, 4)  # world sizes run with ranks sharing one GPU beyond the host's GPU count
+WIDE_HOST = 4  # on a host of more GPUs, a GPU per rank at 2 ranks and at the GPU count only (:func:`narrows`)
 ONLY_ENV = "STACKPROBE_LOAD_ONLY"  # planning filter: "nccl,flashinfer-custom-ar" plans only those backends
 
 
@@ -118,8 +125,21 @@ def variants(host: HostView) -> list[Variant]:
         if beyond and v.ranks not in SHARED_SIZES:
             continue
         if (not only or v.param("backend") in only) and v.params in param_sets(str(v.param("backend")), v.ranks):
-            out.append(v)
+            out.append(dataclasses.replace(v, skip=narrowed(v.ranks, host)) if narrows(v, host) else v)
     return out
+
+
+def narrows(v: Variant, host: HostView) -> bool:
+    """Whether ``v``, a GPU per rank on a host of more than :data:`WIDE_HOST` GPUs, is at a world size between 2
+    and the GPU count: planned not-run (the module docstring)."""
+    return (host.gpu_count > WIDE_HOST and v.skip is None and not v.share_gpu
+            and v.ranks not in (2, host.gpu_count))
+
+
+def narrowed(n: int, host: HostView) -> Skip:
+    return Skip(NARROWED, f"{n} ranks on a host of {host.gpu_count} GPUs: load runs a GPU per rank at 2 and "
+                f"{host.gpu_count} ranks only (the smallest size and the one the host serves at; each variant is "
+                "minutes of replays, and a replay's failure shows at either)", Status.NOT_RUN.value)
 
 
 def preflight(variant: Variant) -> dict[str, Any] | None:

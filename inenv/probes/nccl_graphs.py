@@ -31,6 +31,7 @@ from typing import Any
 from inenv.kit import _agree, _data, _device, _dist, _errors, _nccl
 from inenv.probe import (
     DEPTH,
+    NARROWED,
     QUICK,
     SETUP,
     HostView,
@@ -125,9 +126,6 @@ def table_variants(host: HostView) -> list[Variant]:
         return []
     return [Variant(SPEC.id, 1, params=(*params_of(algo, proto, warm, rc), TABLE))
             for algo, proto, warm, rc in settings(host.level) if checks_agreement(algo, warm == "yes", rc)]
-
-
-NARROWED = "narrowed-world-size"  # a setting left out at a world size outside the deep ones (:func:`variants`)
 
 
 def variants(host: HostView) -> list[Variant]:
