@@ -396,3 +396,51 @@ def test_prior_records_leave_out_the_hosts_asked(tmp_path: Path) -> None:
              [(CELL.cell_id, "step", "ranks=2,placement=shared,gpus=1,backend=nccl", seconds)])
     got = list(prior.records(tmp_path, {}, leave_out=frozenset({"h200x1-aaaaaaaa"})))
     assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 4.0)]
+
+
+P2P = ProbeSpec(id="host-p2p", title="t", feature="f", ranks=(1, 2), needs_gpu=True, timeout_s=60)
+NVSWITCH8 = {"gpu_count": 8, "topology": "\t" + "\t".join(f"GPU{i}" for i in range(8)) + "\n" + "\n".join(
+    f"GPU{i}\t" + "\t".join("X" if j == i else "NV18" for j in range(8)) for i in range(8))}
+
+
+def _placed_plan() -> tuple[list[WorkItem], dict[tuple[str, str, str], runprogress.Expected]]:
+    """Planted timed variants on an 8-GPU host: A 4 ranks 30 s, pairs 0-1 and 0-2 (GPUs named) 20 s each, D 2
+    ranks 10 s."""
+    a, d = gpu_item(4, backend="a"), gpu_item(2, backend="d")
+    b = WorkItem(CELL, P2P, Variant("host-p2p", 2, (("check", "copy"), ("pair", "0-1"))), 60.0)
+    c = WorkItem(CELL, P2P, Variant("host-p2p", 2, (("check", "copy"), ("pair", "0-2"))), 60.0)
+    items = [a, b, c, d]
+    return items, {it.key: runprogress.Expected(s) for it, s in zip(items, (30.0, 20.0, 20.0, 10.0), strict=True)}
+
+
+def test_the_time_left_places_timed_variants_side_by_side_on_an_nvswitch_host() -> None:
+    """By hand, costliest first on 8 GPUs every pair NVLink: at 0 A takes GPUs 0-3 and D 4-5; the pairs wait for
+    GPU 0; A ends at 30: pair 0-1 runs 30-50, then pair 0-2 50-70 (they share GPU 0). 70 s; one at a time
+    30 + 20 + 20 + 10 = 80 s, and so with --gpu-alone (no shared lane)."""
+    items, expected = _placed_plan()
+    assert runprogress.RunView(items, expected, gpus=8, switched=True).left().seconds == 70.0
+    assert runprogress.RunView(items, expected, gpus=8, switched=False).left().seconds == 80.0
+    assert runprogress.RunView(items, expected, shared_ranks=0, gpus=8, switched=True).left().seconds == 80.0
+    # what the session tells the view: NVLink between every pair, not --gpu-alone, not Slurm
+    opts = RunOptions(all_probes=True)
+    assert session.side_by_side(opts, "docker", NVSWITCH8)
+    assert not session.side_by_side(opts, "slurm", NVSWITCH8)
+    assert not session.side_by_side(RunOptions(all_probes=True, gpu_alone=True), "docker", NVSWITCH8)
+    pcie = {**NVSWITCH8, "topology": NVSWITCH8["topology"].replace("NV18", "SYS")}
+    assert not session.side_by_side(opts, "docker", pcie)
+
+
+def test_a_budget_on_an_nvswitch_host_keeps_what_fits_side_by_side() -> None:
+    """A budget of 75 s: placed side by side the plan takes 70 s (the test above) and all of it is kept; one at a
+    time it takes 80 s, so the costliest of the four (all the quick answer, tier 0; cheaper first: D 10, the pairs
+    20 + 20, A 30) is left out and 50 s kept."""
+    items, expected = _placed_plan()
+    planned = session.Planned(items, {}, None, {}, {})  # type: ignore[arg-type]
+    opts = RunOptions(all_probes=True)
+    view = runprogress.RunView(items, expected, gpus=8, switched=True)
+    _, kept, fitted = session.fit_budget(opts, planned, view, 8, time.monotonic() + 75.0)
+    assert fitted is not None and fitted.left_out == [] and fitted.kept_s == 70.0 and kept.left().seconds == 70.0
+    alone = runprogress.RunView(items, expected, gpus=8, switched=False)
+    _, kept, fitted = session.fit_budget(opts, planned, alone, 8, time.monotonic() + 75.0)
+    assert fitted is not None and [it.key for it in fitted.left_out] == [items[0].key] and fitted.kept_s == 50.0
+    assert kept.left().seconds == 50.0

@@ -388,18 +388,22 @@ class RunView:
     prior: Sequence[costmodel.CostTable] = ()  # the packaged prior's tables for this host, best first
     compiling: Collection[Key] = ()  # the items that compile their module here (costed as compiles)
     shared_ranks: int | None = None  # rank processes of GPU variants that time nothing at once (0: --gpu-alone)
+    gpus: int = 0  # the host's GPUs
+    switched: bool = False  # timed variants run side by side on disjoint sets of the ``gpus`` (checks.run.placement)
     cells: list[str] = field(init=False)
     running: set[Key] = field(default_factory=set)
     _shown_cells: set[str] = field(default_factory=set)
     _gpu: set[Key] = field(init=False)
     _shared: set[Key] = field(init=False)  # GPU variants that time nothing: side by side up to shared_ranks
     _ranks: dict[Key, int] = field(init=False)
+    _items: dict[Key, WorkItem] = field(init=False)
 
     def __post_init__(self) -> None:
         self.cells = list(dict.fromkeys(it.cell.cell_id for it in self.items))
         self._gpu = {it.key for it in self.items if it.spec.needs_gpu}
         self._shared = {it.key for it in self.items if it.spec.needs_gpu and untimed(it.spec, it.variant)}
         self._ranks = {it.key: it.variant.ranks for it in self.items}
+        self._items = {it.key: it for it in self.items}
 
     @property
     def total(self) -> int:
@@ -421,9 +425,10 @@ class RunView:
 
     def left(self, running: Key | None = None, elapsed: float = 0.0) -> Estimate:
         """Time left: every item still to run; the running one counts what it has left of its record. Timed GPU
-        variants run one at a time, those that time nothing side by side within the rank cap, the CPU-only ones
-        ``jobs`` slots (checks.run.cost.budget's arithmetic)."""
-        lanes = Lanes(self.jobs, self.shared_ranks)
+        variants run one at a time (``switched``: side by side on disjoint GPU sets, as the runner places them),
+        those that time nothing side by side within the rank cap, the CPU-only ones ``jobs`` slots
+        (checks.run.cost.budget's arithmetic)."""
+        lanes = Lanes(self.jobs, self.shared_ranks, gpus=self.gpus, switched=self.switched)
         steps = unknown = 0
         for key, exp in self.expected.items():
             if key in self.done:
@@ -433,7 +438,10 @@ class RunView:
                 unknown += 1
                 continue
             seconds = max(0.0, exp.seconds - elapsed) if key == running else exp.seconds
-            lanes.put(seconds, key in self._gpu, key in self._shared, self._ranks.get(key, 1))
+            if key in self._items:
+                lanes.add(self._items[key], seconds)
+            else:
+                lanes.put(seconds, key in self._gpu, key in self._shared, self._ranks.get(key, 1))
         return Estimate(lanes.wall(), unknown, steps)
 
     def opening(self) -> str:

@@ -32,12 +32,12 @@ from checks.results import hostfacts, ids, provenance
 from checks.results.provenance import Checkout
 from checks.results.result import ProbeResult
 from checks.results.store import RunLock, RunStore, latest_run, next_run_id, read_manifest, regular_run, unwritable
-from checks.run import incremental, manifest, runconsole, runprogress
+from checks.run import incremental, manifest, placement, runconsole, runprogress
 from checks.run.backend import Backend, Targets
 from checks.run.backends import BACKENDS, resolve
 from checks.run.cost import budget
 from checks.run.cost import model as costmodel
-from checks.run.options import REPO, RunOptions, UsageError
+from checks.run.options import REPO, SLURM, RunOptions, UsageError
 from checks.run.plan import (
     REUSED,
     WorkItem,
@@ -474,11 +474,19 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
             expected[it.key].seconds or budget.UNTIMED_S)) for it in todo if it.spec.sustained and it.key in expected})
     return runprogress.RunView(todo, expected,
                                jobs=opts.jobs, prior=prior, compiling=compiling,
-                               shared_ranks=0 if opts.gpu_alone else None,
+                               shared_ranks=0 if opts.gpu_alone else None, gpus=gpus,
+                               switched=side_by_side(opts, backend, facts),
                                compile_note=runprogress.compile_note(
                                    compile_cache_dir(opts.compile_cache, opts.no_compile_cache), carries,
                                    facts.get("compute_capability") if facts.get("gpu_count") else None),
                                history=recorded, lent=lent, backend=backend)
+
+
+def side_by_side(opts: RunOptions, backend: str, facts: Mapping[str, Any]) -> bool:
+    """Whether this host's timed variants will run side by side on disjoint GPU sets, as the runner places them
+    (checks.run.runner.side_by_side_lanes): every pair of its GPUs joined by NVLink, no --gpu-alone, and a
+    backend that runs its variants on this host (Slurm's jobs are placed by Slurm)."""
+    return backend != SLURM and not opts.gpu_alone and placement.switched(facts)
 
 
 def unpublished_here(opts: RunOptions) -> Callable[[WorkItem, list[str]], list[str]]:
@@ -509,7 +517,7 @@ def fit_budget(opts: RunOptions, planned: Planned, view: runprogress.RunView, gp
         return planned, view, None
     seconds = {k: e.seconds for k, e in view.expected.items()}
     fitted = budget.fit(planned.items, seconds, max(0.0, deadline - time.monotonic()), opts.jobs, gpus,
-                        view.shared_ranks)
+                        view.shared_ranks, view.switched)
     if not fitted.left_out:
         return planned, view, fitted
     gone = {it.key for it in fitted.left_out}
