@@ -10,6 +10,7 @@ compiled GPU architectures are read from the CUDA fatbin headers inside the shar
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata as md
 import json
 import os
@@ -50,6 +51,44 @@ def _needed_cudart(path: Path) -> str | None:
     return majors[0] if majors else None
 
 
+def nccl_code_version(code: int) -> str:
+    """NCCL's version code (ncclGetVersion) as a release: 23206 is 2.32.6, 2708 is 2.7.8 (the older code)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file this process mapped at ``address`` (/proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                start, _, end = fields[0].partition("-")
+                if len(fields) == 6 and int(start, 16) <= address < int(end, 16):
+                    return fields[5].strip()
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def loaded_nccl() -> dict[str, Any]:
+    """The NCCL library this process loaded (after torch's import): the object a needed libnccl.so.2
+    resolves to, asked its version (ncclGetVersion) and where it lies. torch.cuda.nccl.version() is
+    the NCCL torch was compiled against, whatever library is loaded. {} when no NCCL is loaded."""
+    try:
+        lib = ctypes.CDLL("libnccl.so.2", mode=os.RTLD_NOLOAD)
+        get = lib.ncclGetVersion
+    except (OSError, AttributeError):
+        return {}
+    code = ctypes.c_int(0)
+    rc = get(ctypes.byref(code))
+    if rc != 0:
+        return {"nccl_error": f"ncclGetVersion returned {rc}"}
+    return {"nccl": nccl_code_version(code.value),
+            "nccl_lib": _mapped_file(ctypes.cast(get, ctypes.c_void_p).value or 0)}
+
+
 def torch_facts() -> dict[str, Any]:
     try:
         import torch  # noqa: PLC0415 - the library under test, present only inside cell images
@@ -57,9 +96,10 @@ def torch_facts() -> dict[str, Any]:
         return {"error": f"import torch: {type(e).__name__}: {e}"}
     out: dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda}
     try:
-        out["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+        out["nccl_built"] = ".".join(str(x) for x in torch.cuda.nccl.version())
     except Exception as e:
-        out["nccl_error"] = str(e)[:200]
+        out["nccl_built_error"] = str(e)[:200]
+    out.update(loaded_nccl())
     lib = Path(torch.__file__).parent / "lib" / "libtorch_cuda.so"
     if lib.exists():
         out["archs"] = fatbin_archs(lib)

@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
                    help="auto: Docker images when a Docker daemon answers, else virtual environments (venv cells)")
     p.add_argument("--base-python", metavar="PATH",
                    help="venv overlay cells on this interpreter's environment: its torch, CUDA libraries and NCCL "
-                        "as installed, only the cell's other packages in the overlay")
+                        "as installed, only the cell's other packages in the overlay (an NCCL release the cell "
+                        "names among them)")
     p.add_argument("--wheels", metavar="DIR", help="venv cells: install from this folder of wheels (no index)")
     p.add_argument("--venvs", default=None, help="where venv cells are made (default: .cache/venvs/ of the project)")
     p.add_argument("--dry-run", action="store_true", help="render Dockerfiles and print the plan, build nothing")

@@ -5,8 +5,12 @@ existing environment whose torch stack (torch and everything torch needs, as the
 it: CUDA libraries, NCCL, triton) is used as installed, whatever its versions: the self-check then says
 whether that torch is the cell's. The cell's own packages (flashinfer, sgl-kernel: what the matrix names)
 go into the overlay at the locked version (from the base only when no wheel can be had and the base
-has that exact version). Every other entry comes from the base when the base has
-that exact version, else into the overlay when a wheel can be had, else from the base at the version it
+has that exact version). An NCCL release the cell names (matrix ``nccl``: a version, not ``pinned``)
+makes the NCCL wheel one of the cell's own packages: it goes into the overlay at that release (the base's
+serves only when it is that very release), and a ``.pth`` file of the overlay loads that library before
+anything imports torch (``nccl_pth_text``), as torch's libtorch_cuda.so would otherwise find the base's
+through its RPATH. Every other entry comes from the base when the base has that exact version, else into
+the overlay when a wheel can be had, else from the base at the version it
 has (recorded beside the version the lock wanted), else it is absent, and the record says so.
 """
 
@@ -83,6 +87,39 @@ def entries(lock: str) -> list[Entry]:
         version = pins[0] if pins else (m.group(1) if m else "")
         out.append(Entry(norm(req.name), version, str(req.marker or ""), frozenset(_HASH.findall(text)), text))
     return out
+
+
+NCCL_WHEEL = "nvidia-nccl-"  # the start of the name of the registry's NCCL wheel of every CUDA major
+NCCL_LIB = ("nvidia", "nccl", "lib", "libnccl.so.2")  # where that wheel puts its library, under site-packages
+# Sorts before provision.venvbuild.PTH: NCCL is loaded before any .pth file of the base runs (one may import torch).
+NCCL_PTH = "_stackprobe_0nccl.pth"
+
+
+def own(sources: Iterable[str]) -> frozenset[str]:
+    """The cell's own packages: what its sources name (flashinfer, sgl-kernel, an engine, the NCCL wheel of an
+    NCCL release it names), torch aside: torch's stack is the base's."""
+    return frozenset(norm(p) for p in sources) - {"torch"}
+
+
+def nccl_release(cell: Mapping[str, object]) -> str:
+    """The NCCL release a cell (its cell.json) names, its lock's pin of that wheel; "" when it keeps torch's."""
+    sources = cell.get("sources")
+    expected = cell.get("expected")
+    if not isinstance(sources, Mapping) or not isinstance(expected, Mapping):
+        return ""
+    named = any(norm(str(p)).startswith(NCCL_WHEEL) for p in sources)
+    return str(expected.get("nccl") or "") if named else ""
+
+
+def nccl_pth_text(lib: str) -> str:
+    """A ``.pth`` file that loads the NCCL library ``lib`` (an absolute path) into every interpreter of the
+    overlay, RTLD_GLOBAL, when the file is there: torch's libtorch_cuda.so then takes this already-loaded
+    libnccl.so.2 (glibc matches a needed soname to a loaded object) instead of the one its RPATH points at in
+    the base. A library that does not load is reported by site on stderr and the interpreter goes on; the
+    build's self-check then names the NCCL that torch loaded."""
+    head = "# provision build: this overlay's NCCL, loaded before torch is imported\n"
+    return head + (f"import ctypes, os; p = {lib!r}; "
+                   "os.path.exists(p) and ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)\n")
 
 
 def names(lock: str) -> frozenset[str]:

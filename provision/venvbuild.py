@@ -7,7 +7,8 @@ the others that folder stays empty and is still the cell's CUDA_HOME, as the ima
 toolkit, so no host nvcc stands in for the one the cell lacks. An overlay cell (``--base-python``) is a venv
 that sees an existing environment's packages after its own (a ``.pth`` file adding the base's site
 directories), with only the cell's other packages installed into it, without dependencies
-(provision/overlay.py decides which); it compiles with the toolkit the host has, as the base's CUDA libraries
+(provision/overlay.py decides which; an NCCL release the cell names is one, and a second ``.pth`` file loads
+that NCCL before torch is imported); it compiles with the toolkit the host has, as the base's CUDA libraries
 are the host's. ``--wheels DIR`` installs from that folder alone (hosts without an index). Then the same
 self-check as in an image, and a record of the same shape in envs/<cell>/build-venv.json (the image's is
 build.json, so a cell built both ways keeps both), with ``backend: venv``, the venv, and
@@ -255,6 +256,7 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
                wheels: wheeldir.WheelDir | None, report: Callable[[str, str], None]) -> dict[str, Any]:
     folder, cell, cid, venv = step.folder, step.cell, step.cell_id, step.venv
     python = venv_python(venv)
+    nccl = overlay.nccl_release(cell)
     common: dict[str, Any] = {"backend": BACKEND, "venv": str(venv), "python": str(python),
                               "hash": buildprogress.inputs_hash(step.inputs), "inputs": step.inputs,
                               "installer": tool.kind, "base_python": base.python if base else None,
@@ -266,18 +268,22 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
     rc, last = installer.run(tool.venv_cmd(venv, base.python if base else PYTHON_REQUEST))
     if rc != 0:
         return record(folder, status=BuildStatus.FAILED, reason=f"{tool.kind} venv exited {rc}: {last}", **common)
+    preload: Path | None = None  # the overlay's NCCL library its .pth loads, for a cell naming an NCCL release
     try:
         target = interp.read(str(python))
         if base is not None:
             (Path(target.site_dirs[0]) / PTH).write_text(pth_text(base.site_dirs))
         lock = overlay.entries((folder / "requirements.lock").read_text())
         stack = overlay.names((folder / "torch.lock").read_text()) if base else frozenset()
-        own = frozenset(interp.norm(p) for p in cell.get("sources", {})) - {"torch"}
+        own = overlay.own(cell.get("sources", {}))
         plan = overlay.plan(lock, target.markers, base.dists if base else None, stack, own,
                             (lambda e: wheels.has(e.name, e.version)) if wheels else (lambda e: True))
         report(cid, f"installing {len(plan.install)} package(s)" + (f", {len(plan.from_base)} from the base"
                                                                      if base else ""))
         _install(tool, python, plan.install, cell, wheels)
+        if base is not None and nccl:
+            preload = Path(target.site_dirs[0], *overlay.NCCL_LIB)
+            (Path(target.site_dirs[0]) / overlay.NCCL_PTH).write_text(overlay.nccl_pth_text(str(preload)))
         if base is None and cell.get("wheel_nvcc", True):
             report(cid, "CUDA_HOME from the toolkit wheels")
         cuda_home, note = (None, "") if base else _toolkit(tool, python, target.markers, folder, venv, cell, wheels)
@@ -286,13 +292,14 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
     origin = {"installed": _sources(plan, wheels), "from_base": plan.base_json(),
               "from_base_summary": overlay.summary(p.name for p in plan.from_base) if base else "",
               "base_differs": plan.differs_json(), "absent": {p.name: p.version for p in plan.absent},
+              **({"nccl_preload": str(preload) if preload.exists() else None} if preload is not None else {}),
               "cuda_home": str(cuda_home) if cuda_home else None, "path": [str(venv / "bin")] + (
                   [base.scripts] if base else [])}
     report(cid, "self-check")
     facts = selfcheck(python, cuda_home or Path(celltoolkit.toolkit_home(origin | common)),
                       compile_test=cuda_home is not None)
     problems = [facts["error"]] if "error" in facts else mismatches(
-        cell["expected"], facts, compiled_toolkit=cuda_home is not None)
+        cell["expected"], facts, compiled_toolkit=cuda_home is not None, nccl=nccl)
     if plan.absent:
         names = [f"{p.name}=={p.version}" for p in plan.absent]
         more = f" +{len(names) - 4} more" if len(names) > 4 else ""

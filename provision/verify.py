@@ -14,8 +14,18 @@ def _public(v: str) -> str:
         return v
 
 
-def mismatches(expected: dict[str, Any], facts: dict[str, Any], compiled_toolkit: bool) -> list[str]:
-    """Every way the image differs from its cell; empty when it is what the cell claims."""
+def _release(v: str) -> tuple[int, ...]:
+    try:
+        return Version(v).release[:3]
+    except InvalidVersion:
+        return ()
+
+
+def mismatches(expected: dict[str, Any], facts: dict[str, Any], compiled_toolkit: bool,
+               nccl: str = "") -> list[str]:
+    """Every way the image differs from its cell; empty when it is what the cell claims. ``nccl``: the NCCL
+    release the cell names ("" for torch's own), compared with the one the process loaded (the self-check
+    asks the loaded libnccl.so.2: torch.cuda.nccl.version() is the NCCL torch was compiled against)."""
     out: list[str] = []
     cuda = str(expected.get("cuda", ""))
     major = cuda.split(".")[0]
@@ -29,6 +39,12 @@ def mismatches(expected: dict[str, Any], facts: dict[str, Any], compiled_toolkit
             if cuda and torch.get("cuda") != cuda:
                 out.append(f"torch.version.cuda is {torch.get('cuda')}, the cell is CUDA {cuda} "
                            "(a registry wheel built for another CUDA?)")
+            loaded = str(torch.get("nccl") or "")
+            if nccl and not loaded:
+                out.append(f"torch's NCCL version cannot be read ({torch.get('nccl_error') or 'no answer'}), "
+                           f"the cell asks NCCL {nccl}")
+            elif nccl and _release(loaded) != _release(nccl):
+                out.append(f"torch loads NCCL {loaded}, the cell asks NCCL {nccl}")
     kernel = facts.get("sgl_kernel") or {}
     want_k = expected.get("sgl_kernel")
     if want_k and want_k != "none":
