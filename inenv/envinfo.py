@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inenv import dists, toolkit
+from inenv.kit import _nccl
 
 
 def torch_cuda_version() -> str | None:
@@ -68,8 +69,7 @@ def runtime_versions() -> dict[str, Any]:
         out["torch_cuda"] = getattr(getattr(torch, "version", None), "cuda", None)
         try:
             if torch.cuda.is_available():
-                nccl = torch.cuda.nccl.version()
-                out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+                out["nccl"] = _nccl.runtime_version(torch)
         except Exception as exc:  # a broken CUDA runtime is itself worth recording
             out["nccl_error"] = str(exc)[:200]
     for name in ("flashinfer", "sgl_kernel"):

@@ -125,6 +125,23 @@ def test_a_pass_with_a_violated_pin_becomes_partial_and_keeps_both_facts() -> No
     assert plain.note == "import failed; rich 15 requires pygments>=2; pygments is absent"  # its own cause leads
 
 
+def test_the_nccl_release_an_nccl_axis_cell_declares_is_not_a_broken_pin() -> None:
+    """The twin cell puts NCCL 2.32.6 beside torch 2.15.0, which pins 2.30.7: on purpose, at exactly that release."""
+    installed = {"markers": {"python_version": "3.11", "sys_platform": "linux"}, "requirements": {
+        "torch": {"version": "2.15.0", "requires": ["nvidia-nccl-cu13==2.30.7 ; platform_system == 'Linux'"]},
+        "nvidia-nccl-cu13": {"version": "2.32.6", "requires": []}}}
+    verdict = Verdict(Status.PASS, evidence={"installed": installed})
+    twin = hostjudge.judge("inventory", verdict, "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6")
+    assert twin.status is Status.PASS
+    assert twin.evidence["installed"]["declared_overrides"][0]["installed"] == "2.32.6"
+    assert twin.evidence["installed"]["broken_requirements"] == []
+    # the same environment in a cell that declares no NCCL, or another release: a broken pin
+    for cell in ("cu132-torch2.15.0-sglnone-fi0.7.4", "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.31.2"):
+        out = hostjudge.judge("inventory", verdict, cell)
+        assert (out.status, out.reason_code) == (Status.PARTIAL, "dependency-pin-violated"), cell
+        assert out.note.startswith("torch 2.15.0 requires nvidia-nccl-cu13==2.30.7; 2.32.6 is installed")
+
+
 def test_a_broken_stack_pin_leads_a_long_list_and_the_rest_is_counted() -> None:
     """vLLM 0.33.0 installed with --no-deps beside torch 2.15.0: 76 requirements unmet, sorted by name the
     torch pin is far down; it leads, with flashinfer's, and the other 74 are a count."""

@@ -35,7 +35,7 @@ python3 -m provision.cli build --backend venv --matrix matrices/h200-overlay-ncc
     > "$LOG" 2>&1
 echo "build rc $?" | tee -a "$LOG"
 for v in .cache/venvs-nccl/*/; do
-    echo "$v: $("$v/bin/python" -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())' 2>&1 | tail -1)" \
+    echo "$v: $("$v/bin/python" -c 'import torch; from inenv.selfcheck import loaded_nccl; print(torch.__version__, loaded_nccl(), "built", torch.cuda.nccl.version())' 2>&1 | tail -1)" \
         | tee -a "$LOG"
 done
 start=$(date +%s)

@@ -28,6 +28,7 @@ from packaging.version import InvalidVersion, Version
 
 from checks.results import provenance
 from checks.results.result import Verdict
+from common import cellid
 from inenv import dists
 from inenv.probes.inventory import COMPILED
 from inenv.status import Status
@@ -99,19 +100,33 @@ def broken_requirements(requirements: Mapping[str, Any], markers: Mapping[str, s
     return broken, unread
 
 
-def pip_check(v: Verdict) -> Verdict:
-    """The inventory's verdict with its environment's requirements judged (see the module). A verdict that
-    recorded no requirements (an older probe's) is left as it is."""
+def declared(b: Broken, cell_id: str) -> bool:
+    """Whether ``b`` is the override the cell declares: an NCCL-axis cell (``-nccl2.32.6``) puts that NCCL release
+    beside torch in place of the one torch pins, so torch's pin on it is broken on purpose, at exactly that
+    release."""
+    cell = cellid.parse(cell_id)
+    return (cell is not None and bool(cell.nccl) and b.required.startswith("nvidia-nccl-")
+            and b.installed == cell.nccl)
+
+
+def pip_check(v: Verdict, cell_id: str = "") -> Verdict:
+    """The inventory's verdict with its environment's requirements judged (see the module); the NCCL override the
+    cell declares (:func:`declared`) is recorded as such, not as a broken pin. A verdict that recorded no
+    requirements (an older probe's) is left as it is."""
     installed = v.evidence.get("installed")
     if not isinstance(installed, Mapping) or not isinstance(installed.get("requirements"), Mapping):
         return v
     markers = installed.get("markers") if isinstance(installed.get("markers"), Mapping) else {}
-    broken, unread = broken_requirements(installed["requirements"], markers)
+    found, unread = broken_requirements(installed["requirements"], markers)
+    broken = [b for b in found if not declared(b, cell_id)]
+    overridden = [b for b in found if declared(b, cell_id)]
     # the judgement replaces the raw table in what is stored: it is what a reader needs, and much smaller
     kept = {k: val for k, val in installed.items() if k != "requirements"}
     kept.update(requirements_read=sum(len(i.get("requires") or []) for i in installed["requirements"].values()
                                       if isinstance(i, Mapping)),
                 broken_requirements=[b.as_dict() for b in broken])
+    if overridden:
+        kept["declared_overrides"] = [b.as_dict() for b in overridden]
     if unread:
         kept["requirements_unchecked"] = unread[:20]
     v = v.with_evidence(installed=kept)
@@ -163,22 +178,23 @@ def _said(b: Broken, evidence: Mapping[str, Any]) -> str:
     return text
 
 
-JUDGES: dict[str, Callable[[Verdict], Verdict]] = {"inventory": pip_check}
+JUDGES: dict[str, Callable[[Verdict, str], Verdict]] = {"inventory": pip_check}
 
 
 VERDICT_ROLE = "requirement judge"  # what checks.results.provenance.VERDICT_CODE reads this file as
 NAME = "hostjudge.py"  # this file, as checks.results.provenance.VERDICT_CODE names it
 
 
-def judge(probe_id: str, verdict: Verdict) -> Verdict:
-    """``verdict`` with the host's judgement of probe ``probe_id`` added, if that probe has one; a verdict
+def judge(probe_id: str, verdict: Verdict, cell_id: str = "") -> Verdict:
+    """``verdict`` with the host's judgement of probe ``probe_id`` in cell ``cell_id`` added, if that probe has one;
+    a verdict
     the judge changed records the judge's version (provenance.JUDGED_BY: this file and the project modules it
     imports) and the third-party versions it judged with (provenance.JUDGED_WITH: packaging), so that a later
     change of either marks it stale instead of leaving it silently different from what this code would say."""
     found = JUDGES.get(probe_id)
     if found is None:
         return verdict
-    judged = found(verdict)
+    judged = found(verdict, cell_id)
     if judged is verdict:  # nothing recorded for it to judge
         return verdict
     return judged.with_evidence(**provenance.judged_evidence(Path(__file__)))

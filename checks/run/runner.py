@@ -305,7 +305,7 @@ class Recorder:
     def record(self, item: WorkItem, verdict: Verdict, started: str, store: RunStore | None = None) -> ProbeResult:
         """``store``: where the result goes when not the run's own (a Slurm node of another kind)."""
         store = store or self.work.store
-        verdict = hostjudge.judge(item.spec.id, verdict)
+        verdict = hostjudge.judge(item.spec.id, verdict, item.cell.cell_id)
         if item.runs:
             verdict = incremental.stamped(verdict, self.work.inputs.get(item.key),
                                          incremental.shortened(item, self.level))

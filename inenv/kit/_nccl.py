@@ -17,6 +17,7 @@ import os
 import re
 from typing import Any
 
+from inenv import selfcheck
 from inenv.kit import _dist
 
 _BFLOAT16 = 9  # ncclDataType_t
@@ -41,6 +42,17 @@ def loaded_library(prefix: str = "libnccl.so", default: str = "libnccl.so.2") ->
     except OSError:
         pass
     return default
+
+
+def runtime_version(torch: Any) -> str:
+    """The NCCL release this process runs: the loaded libnccl.so.2 asked (``ncclGetVersion``, through
+    ``inenv.selfcheck.loaded_nccl``), else the release ``torch`` was built against (``torch.cuda.nccl.version()``
+    is that, whatever library is loaded: an overlay or an NCCL-axis cell loads another)."""
+    found = selfcheck.loaded_nccl().get("nccl")
+    if found:
+        return str(found)
+    built = torch.cuda.nccl.version()
+    return ".".join(map(str, built)) if isinstance(built, tuple) else str(built)
 
 
 class DirectComm:

@@ -14,7 +14,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
+from inenv.kit import _agree, _data, _device, _dist, _errors, _nccl, _timing
 from inenv.probe import OMIT, HostView, ProbeSpec, RankContext, Variant, at_level, multi_rank, outcome
 
 SPEC = ProbeSpec(
@@ -470,7 +470,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         "replays": REPLAYS,
         "multicast_env": multicast_env,
         "torch": torch.__version__,
-        "nccl_version": ".".join(str(x) for x in torch.cuda.nccl.version()),
+        "nccl_version": _nccl.runtime_version(torch),
         "clocks": _clocks(device.index),
         "method": "K calls per CUDA graph replayed on a side stream, CUDA events per replay after an on-stream "
         "barrier, max over ranks",

@@ -364,8 +364,7 @@ def _run(ctx: RankContext, snap: dict[str, Any]) -> dict[str, Any]:
         return outcome("pass", note="; ".join([note, *(j.note for j in judged)]), metrics=metrics,
                        evidence=evidence)
     try:
-        nccl = torch.cuda.nccl.version()
-        versions["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+        versions["nccl"] = _nccl.runtime_version(torch)
     except Exception as exc:
         evidence["nccl_error"] = str(exc)[:300]
     facts = _gpu_facts(torch)

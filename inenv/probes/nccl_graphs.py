@@ -549,7 +549,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     mine = exercise(cases, warm, gloo, ctx.log)
     everyone = _dist.gather_objects(mine, gloo)
     per_op = merge_rank_results(everyone)
-    version = ".".join(str(x) for x in torch.cuda.nccl.version())
+    version = _nccl.runtime_version(torch)
     one_rank = ctx.param(TABLE[0]) == TABLE[1]
     if one_rank:
         result = table_verdict(per_op, _nccl.read_nccl_logs(ctx.workdir)["tuning"], algo, proto, version)

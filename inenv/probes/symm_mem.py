@@ -397,7 +397,7 @@ def run_nccl_backend(ctx: RankContext) -> dict[str, Any]:
         return next(c for c in choices if c is not None)
     group = dist.group.WORLD
     facts: dict[str, Any] = {"torch": torch.__version__, "backend": symm_mem.get_backend(device),
-                             "nccl_version": ".".join(str(x) for x in torch.cuda.nccl.version()),
+                             "nccl_version": _nccl.runtime_version(torch),
                              "multicast_env": multicast_env}
     numel = max(TOKENS) * _data.HIDDEN
     reg: dict[str, Any] = {"verdict": "ok"}
