@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from checks.report.report import latest_results as report_latest
 from checks.results import changes
 from checks.results.hostresults import HostResults
 from checks.results.reader import Run
@@ -52,6 +53,8 @@ def test_the_ci_gate_and_checks_diff_read_it_alike() -> None:
     results = tuple(ProbeResult.from_json(r) for rows in _runs().values() for r in rows)
     host = HostResults(HOST, (FULL, QUICK), results, {})
     assert {r.variant: r.verdict.status.value for r in host.latest()} == {SHARED4: "pass", SHARED2: "fail"}
+    assert {r.variant: r.verdict.status.value for r in report_latest(list(results))} == {SHARED4: "pass",
+                                                                                        SHARED2: "fail"}
     # a variant only ever deferred stays not-run; a later run's verdict replaces an earlier one
     only = (ProbeResult.from_json(_row(QUICK, "ranks=8,placement=shared,gpus=1", "not-run", "deferred-world-size")),
             ProbeResult.from_json(_row(FULL, SHARED4, "fail", "world-size-refused")),

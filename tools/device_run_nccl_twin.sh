@@ -2,31 +2,33 @@
 # One stack, two NCCL releases, on a lent GPU machine: matrices/h200-overlay-nccl.yaml's pair (torch 2.11.0+cu130
 # with its own NCCL, and the same overlay with NCCL 2.32.6 loaded ahead of it), nccl-graphs, symm-mem and the
 # inventory at the full level (on one GPU: nccl-graphs' check=table and symm-mem's one-rank backend=nccl).
-# The NCCL wheel (about 197 MiB, its library does not compress) is more than one call carries: it comes as parts,
-# .whl/n1 .. .whl/n3 staged by earlier calls on the same warm machine into .whl/stage (`bash
-# tools/device_run_nccl_twin.sh stage`, one part a call) and the last part with this call in .whl/n4, which also
-# holds the wheel's SHA256; the parts are joined and the hash checked before anything is installed.
-# Device calls: run(carry=[".whl/n1"], command="bash tools/device_run_nccl_twin.sh stage"), the same for n2, n3,
-# then run(carry=[".whl/overlay", ".whl/k", ".whl/n4"], command="bash tools/device_run_nccl_twin.sh").
+# The NCCL wheel (about 197 MiB, its library does not compress) is more than one call carries (64 MiB with the
+# checkout): the wheels come as one tar (.whl/overlay: NCCL 2.32.6 and apache-tvm-ffi; .whl/k: flashinfer 0.7.4 as
+# .whl.txz) cut in parts, .whl/s1 .. .whl/s5 staged by earlier calls on the same warm machine into .whl/stage (`bash
+# tools/device_run_nccl_twin.sh stage`, one part a call) and the last part with this call in .whl/s6, which also
+# holds the tar's SHA256; the parts are joined and the hash checked before anything is installed.
+# Here: tar -cf B.tar .whl/overlay/<the three wheels> .whl/k/<flashinfer txz>; split -b 41943040 -d -a 1 B.tar part.
+# Device calls: run(carry=[".whl/s1"], command="bash tools/device_run_nccl_twin.sh stage"), the same for s2 .. s5,
+# then run(carry=[".whl/s6"], command="bash tools/device_run_nccl_twin.sh").
 # Back in $OUT: nccl-twin.log and res-nccl.tgz (the run's results, for results/).
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 STAGE=.whl/stage
+mkdir -p "$STAGE"
+for d in .whl/s?; do [ -d "$d" ] && cp "$d"/part.* "$STAGE"/; done
 if [ "${1:-}" = stage ]; then
-    mkdir -p "$STAGE"
-    for d in .whl/n1 .whl/n2 .whl/n3; do [ -d "$d" ] && cp "$d"/part.* "$STAGE"/; done
     ls -la "$STAGE"
     exit 0
 fi
+cat $(ls "$STAGE"/part.* | sort -V) > /tmp/bundle.tar || exit 3
+want="$(cat .whl/s6/SHA256)"
+got="$(sha256sum /tmp/bundle.tar | cut -d' ' -f1)"
+[ "$want" = "$got" ] || { echo "wheel bundle: sha256 $got, wanted $want: a part is missing or damaged"; ls -la "$STAGE"; exit 3; }
+tar -xf /tmp/bundle.tar
 export PYTHONUNBUFFERED=1 UV_OFFLINE=1
 . tools/device_env.sh
-WHEEL=nvidia_nccl_cu13-2.32.6-py3-none-manylinux_2_27_x86_64.whl
-cp .whl/n4/part.* "$STAGE"/ 2>/dev/null
-cat "$STAGE"/part.0 "$STAGE"/part.1 "$STAGE"/part.2 "$STAGE"/part.3 > ".whl/overlay/$WHEEL" || exit 3
-want="$(cut -d' ' -f1 .whl/n4/SHA256)"
-got="$(sha256sum ".whl/overlay/$WHEEL" | cut -d' ' -f1)"
-[ "$want" = "$got" ] || { echo "NCCL wheel: sha256 $got, wanted $want: a part is missing or damaged"; exit 3; }
+ls .whl/overlay
 nvidia-smi -L
 LOG="$OUT/nccl-twin.log"
 W="$(mktemp -d)"

@@ -33,7 +33,7 @@ from checks.results import hostresults, hwclass, ids, portable, remedies
 from checks.results.freshness import Refresh, judged_by, refresh_list, staleness
 from checks.results.provenance import VERDICT_CODE_ROLE, current_probe_hashes, verdict_code_versions
 from checks.results.reader import HOST_PAGES, ORIGIN_SUFFIX
-from checks.results.result import ProbeResult
+from checks.results.result import ProbeResult, table_view
 from checks.results.store import REUSED_FROM, contributed, level_of, read_file, read_manifest, read_origin, scan
 from common import catalog, escape, home, memlock, reasons
 from inenv import atomic, registry
@@ -152,10 +152,8 @@ def header(facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def latest_results(results: list[ProbeResult]) -> list[ProbeResult]:
-    """For each (cell, probe, variant), the result of the newest run (run ids sort by time)."""
-    best: dict[tuple[str, str, str], ProbeResult] = {}
-    for r in sorted(results, key=lambda r: (r.run_id, r.started_at)):
-        best[r.key] = r
+    """For each (cell, probe, variant), the result the table shows (checks.results.result.table_view)."""
+    best = table_view(results)
     return [best[k] for k in sorted(best)]
 
 

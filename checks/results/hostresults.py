@@ -16,7 +16,7 @@ from typing import Any
 from checks.results import portable
 from checks.results.freshness import EXECUTORS
 from checks.results.reader import Run
-from checks.results.result import ProbeResult, shows_over
+from checks.results.result import ProbeResult, table_view
 from checks.results.store import contributed, read_file, read_manifest, read_origin, scan
 
 
@@ -39,12 +39,7 @@ class HostResults:
     def latest(self, before: str | None = None) -> list[ProbeResult]:
         """Per (cell, probe, variant), the result the table shows (``shows_over``) among the runs (those before
         ``before`` if given)."""
-        best: dict[tuple[str, str, str], ProbeResult] = {}
-        for r in sorted(self.results, key=lambda r: (r.run_id, r.started_at)):
-            prev = best.get(r.key)
-            if (before is None or r.run_id < before) and (
-                    prev is None or shows_over(r.verdict.status.value, prev.verdict.status.value)):
-                best[r.key] = r
+        best = table_view(r for r in self.results if before is None or r.run_id < before)
         return [best[k] for k in sorted(best)]
 
     def of_run(self, run_id: str) -> list[ProbeResult]:

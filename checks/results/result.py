@@ -14,7 +14,7 @@ The JSON of a ProbeResult, one object per line of ``results/<host_id>/<run_id>.j
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -39,6 +39,17 @@ def shows_over(newer: str, older: str) -> bool:
     status ``older`` (status values as results spell them): always, except that a ``not-run`` (a quick pass's
     deferral, a budget's cut, an interrupt) says only that the newer run did not ask, so an earlier verdict stays."""
     return newer != Status.NOT_RUN.value or older == Status.NOT_RUN.value
+
+
+def table_view(results: Iterable[ProbeResult]) -> dict[tuple[str, str, str], ProbeResult]:
+    """Per (cell, probe, variant), the result the table shows among ``results`` in run order (run ids sort by
+    time; :func:`shows_over`)."""
+    best: dict[tuple[str, str, str], ProbeResult] = {}
+    for r in sorted(results, key=lambda r: (r.run_id, r.started_at)):
+        prev = best.get(r.key)
+        if prev is None or shows_over(r.verdict.status.value, prev.verdict.status.value):
+            best[r.key] = r
+    return best
 
 
 class ResultError(ValueError):

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.results import ids, reader
-from checks.results.result import ProbeResult, shows_over
+from checks.results.result import ProbeResult, table_view
 from inenv import atomic
 from inenv.probe import FULL, QUICK
 
@@ -216,13 +216,8 @@ def latest_results(folder: Path) -> dict[Key, ProbeResult]:
     """Per (cell, probe, variant), the result the table shows: the newest run's, unless it did not run the variant
     and an earlier one did (``shows_over``). Unreadable lines are skipped here (`checks report` warns about
     them)."""
-    out: dict[Key, ProbeResult] = {}
-    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
-        for r in read_file(path)[0]:  # a run holds one result per key
-            prev = out.get(r.key)
-            if prev is None or shows_over(r.verdict.status.value, prev.verdict.status.value):
-                out[r.key] = r
-    return out
+    paths = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    return table_view(r for path in paths for r in read_file(path)[0])
 
 
 @dataclass
