@@ -1,7 +1,8 @@
 """What a host of one GPU can tell of NCCL settings and NCCL windows (NCCL refuses two ranks on one GPU):
-nccl-graphs ``check=table`` reads the tuning table NCCL logs at communicator init under each NCCL_ALGO / NCCL_PROTO
-setting, and symm-mem ``backend=nccl`` registers windows at one rank. The log below is written by hand in the layout
-NCCL's tuning.cc prints (three algorithms a block, LL / LL128 / Simple each, ``latency/bandwidth`` per cell)."""
+nccl-graphs ``check=table`` reads how NCCL parsed each NCCL_ALGO / NCCL_PROTO setting (the enable matrix its rank 0
+logs at communicator init), and symm-mem ``backend=nccl`` registers windows at one rank. The logs below are written
+by hand in the layout NCCL's tuning.cc prints the matrix in (``Function | <protocols> | <algorithms>`` and a row
+per collective, on lines of their own after the INFO line)."""
 
 from __future__ import annotations
 
@@ -15,90 +16,86 @@ from inenv.probe import QUICK, HostView
 from inenv.probes import nccl_graphs, symm_mem
 
 PREFIX = "gpu0:4242:4242 [0] NCCL INFO "
+ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
 
 
-def _log(rows: dict[str, list[str]]) -> str:
-    """A two-block table: Tree, Ring, CollNetDirect then CollNetChain, NVLS, NVLSTree; ``rows`` gives each
-    collective's 18 cells."""
-    lines = ["gpu0:4242:4242 [0] NCCL INFO NCCL_ALGO set by environment to allreduce:tree"]
-    for block, algos in enumerate((("Tree", "Ring", "CollNetDirect"), ("CollNetChain", "NVLS", "NVLSTree"))):
-        lines.append(PREFIX + "  Algorithm   |" + "".join(f" {'':>14}   {a:>14}   {'':>14} |" for a in algos))
-        lines.append(PREFIX + "  Protocol    |" + "".join(f" {p:>14} |" for _ in algos for p in ("LL", "LL128",
-                                                                                                   "Simple")))
-        lines.append(PREFIX + " Max NThreads |" + "".join(f" {512:>14} |" for _ in range(9)))
-        for func, cells in rows.items():
-            lines.append(PREFIX + f"{func:>13} |" + "".join(f"{c} |" for c in cells[block * 9:(block + 1) * 9]))
-    lines.append("    Broadcast |        0         0         0")  # a continuation line of another message
+def _log(rows: dict[str, tuple[int, ...]], setting: str = "allreduce:tree") -> str:
+    lines = [PREFIX + f"NCCL_ALGO set by environment to {setting}", PREFIX + "Enabled NCCL Func/Proto/Algo Matrix:",
+             "     Function | " + "".join(f"{p:>8}  " for p in ("LL", "LL128", "Simple")) + " | "
+             + "".join(f"{a:>13}  " for a in ALGOS)]
+    for func, algos in rows.items():
+        lines.append(f"{func:>13} | " + "".join(f"{v:>8}  " for v in (1, 2, 1)) + " | "
+                     + "".join(f"{v:>13}  " for v in algos))
+    lines += ["", PREFIX + "  Algorithm   |                 Tree   |", PREFIX + "Channel 00/02 : 0[0] -> 0[0] via P2P"]
     return "\n".join(lines) + "\n"
 
 
-ZERO = "     0.0/   0.0"
-ON = "     4.4/  22.5"
-INF = "     0.0/   inf"
+NONE = (0,) * 7
+TREE_ONLY = (1, 0, 0, 0, 0, 0, 0)
+DEFAULTS = (1,) * 7
 
 
-def _only_allreduce() -> str:
-    """AllReduce has Tree/Simple; the other three collectives have nothing (NCCL >= 2.31 under allreduce:tree)."""
-    allreduce = [ZERO, ZERO, ON] + [ZERO] * 15
-    return _log({"Broadcast": [ZERO] * 18, "AllGather": [ZERO] * 18, "ReduceScatter": [ZERO] * 18,
-                 "AllReduce": allreduce})
+def _named_only() -> str:
+    """NCCL >= 2.31 under allreduce:tree: AllReduce has Tree, the other collectives nothing."""
+    return _log({"Broadcast": NONE, "Reduce": NONE, "AllGather": NONE, "ReduceScatter": NONE,
+                 "AllReduce": TREE_ONLY})
 
 
-def _every_collective() -> str:
-    ring = [ZERO] * 3 + [ON, ON, INF] + [ZERO] * 12  # Ring cells; AllGather's at one rank: bandwidth x inf
-    return _log({"Broadcast": ring, "AllGather": ring, "ReduceScatter": ring, "AllReduce": [ON] * 3 + ring[3:]})
+def _kept_defaults() -> str:
+    """An earlier release under allreduce:tree: the other collectives keep their defaults."""
+    return _log({"Broadcast": DEFAULTS, "Reduce": DEFAULTS, "AllGather": DEFAULTS, "ReduceScatter": DEFAULTS,
+                 "AllReduce": TREE_ONLY})
 
 
-def test_the_tuning_table_is_read_cell_by_cell() -> None:
-    table = _nccl.tuning_table(_only_allreduce())
-    assert set(table) == {"Broadcast", "AllGather", "ReduceScatter", "AllReduce"}
-    assert table["AllReduce"]["Tree/Simple"] == 22.5
-    assert table["AllReduce"]["Ring/LL"] == 0.0
-    assert table["Broadcast"]["NVLSTree/Simple"] == 0.0
-    assert len(table["AllReduce"]) == 18
-    assert _nccl.without_algorithm(table, ("AllReduce", "Broadcast", "AllGather")) == ["Broadcast", "AllGather"]
-    # bandwidth x inf (one rank, n-1 steps) is an algorithm; nothing logged is no table
-    assert _nccl.without_algorithm(_nccl.tuning_table(_every_collective()), ("AllGather",)) == []
-    assert _nccl.tuning_table("NCCL INFO Channel 00/02 : 0[0] -> 1[1] via P2P/CUMEM\n") == {}
+def test_the_enable_matrix_is_read_row_by_row() -> None:
+    matrix = _nccl.enable_matrix(_named_only())
+    assert set(matrix) == {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"}
+    assert matrix["AllReduce"] == {"Tree": 1, "Ring": 0, "CollNetDirect": 0, "CollNetChain": 0, "NVLS": 0,
+                                   "NVLSTree": 0, "PAT": 0}
+    assert _nccl.without_algorithm(matrix, ("AllReduce", "Broadcast", "AllGather")) == ["Broadcast", "AllGather"]
+    assert _nccl.without_algorithm(_nccl.enable_matrix(_kept_defaults()), ("Broadcast",)) == []
+    assert _nccl.enable_matrix(PREFIX + "Channel 00/02 : 0[0] -> 1[1] via P2P/CUMEM\n") == {}
+    # read through the log reader too
+    assert _nccl.parse_nccl_log(_named_only())["enabled"]["Broadcast"]["Ring"] == 0
 
 
 def _ops_ok() -> dict[str, dict[str, dict[str, str]]]:
     return {op: {"eager": {"verdict": "ok"}, "graph": {"verdict": "ok"}} for op in nccl_graphs.OPS}
 
 
-def test_a_setting_that_leaves_collectives_without_an_algorithm_is_named_from_nccls_own_table() -> None:
-    table = _nccl.tuning_table(_only_allreduce())
-    got = nccl_graphs.table_verdict(_ops_ok(), table, "allreduce:tree", "default", "2.32.6")
+def test_a_setting_that_leaves_collectives_without_an_algorithm_is_named_from_nccls_own_parse() -> None:
+    matrix = _nccl.enable_matrix(_named_only())
+    got = nccl_graphs.table_verdict(_ops_ok(), matrix, "allreduce:tree", "default", "2.32.6")
     assert got["status"] == "partial"
     assert got["reason_code"] == "nccl-algo-unavailable"
-    assert "all_gather, reduce_scatter, broadcast no algorithm" in got["note"]
+    assert "no algorithm for all_gather, reduce_scatter, broadcast" in got["note"]
     assert "enables only the collectives NCCL_ALGO names" in got["note"]
     assert got["evidence"]["no_algorithm"] == ["AllGather", "ReduceScatter", "Broadcast"]
-    # the same table on a release before 2.31: named, without the 2.31 sentence
-    older = nccl_graphs.table_verdict(_ops_ok(), table, "allreduce:tree", "default", "2.28.9")
+    # the same parse on a release before 2.31: named, without the 2.31 sentence
+    older = nccl_graphs.table_verdict(_ops_ok(), matrix, "allreduce:tree", "default", "2.28.9")
     assert older["reason_code"] == "nccl-algo-unavailable"
     assert "enables only" not in older["note"]
 
 
 def test_an_accepted_setting_is_set_up_only_never_a_pass() -> None:
-    table = _nccl.tuning_table(_every_collective())
-    got = nccl_graphs.table_verdict(_ops_ok(), table, "ring+tree.allreduce:tree", "default", "2.32.6")
+    matrix = _nccl.enable_matrix(_kept_defaults())
+    got = nccl_graphs.table_verdict(_ops_ok(), matrix, "allreduce:tree", "default", "2.28.9")
     assert (got["status"], got["reason_code"]) == ("partial", "nccl-setup-only")
     assert got["evidence"]["world"] == 1
-    assert got["evidence"]["tuning"]["AllReduce"]["Tree/LL"] == 22.5
-    # no table in the log, or one that gives nothing anything: set-up only, saying so
+    assert got["evidence"]["enabled"]["Broadcast"]["Ring"] == 1
+    # no matrix logged: set-up only, saying so; NCCL's own choice has no matrix to read
     none = nccl_graphs.table_verdict(_ops_ok(), {}, "Ring", "default", "2.28.9")
     assert (none["status"], none["reason_code"]) == ("partial", "nccl-setup-only")
-    assert "was not in its log" in none["note"]
-    blank = _nccl.tuning_table(_log({f: [ZERO] * 18 for f in ("Broadcast", "AllGather", "ReduceScatter",
-                                                              "AllReduce")}))
-    assert "tells nothing" in nccl_graphs.table_verdict(_ops_ok(), blank, "Ring", "default", "2.28.9")["note"]
+    assert "logged no enable matrix" in none["note"]
+    own = nccl_graphs.table_verdict(_ops_ok(), {}, "default", "default", "2.28.9")
+    assert (own["status"], own["reason_code"]) == ("partial", "nccl-setup-only")
+    assert "matrix" not in own["note"]
 
 
 def test_an_op_that_fails_at_one_rank_is_the_verdict() -> None:
     ops = _ops_ok()
     ops["broadcast"]["graph"] = {"verdict": "error", "code": "nccl-capture-failed", "error": "capture invalidated"}
-    got = nccl_graphs.table_verdict(ops, _nccl.tuning_table(_every_collective()), "Ring", "default", "2.28.9")
+    got = nccl_graphs.table_verdict(ops, _nccl.enable_matrix(_kept_defaults()), "Ring", "default", "2.28.9")
     assert (got["status"], got["reason_code"]) == ("fail", "nccl-capture-failed")
 
 
@@ -121,13 +118,33 @@ def test_one_rank_checks_are_planned_on_a_host_of_one_gpu_at_the_full_level_only
     assert [v for v in symm_mem.variants(HostView(gpu_count=2)) if v.ranks == 1] == []
 
 
-def test_a_window_check_at_one_rank_passes_as_partial_and_fails_as_fail() -> None:
-    passed = {"status": "pass", "note": "", "reason_code": "", "metrics": {"ops_exact": 2}, "evidence": {"x": 1}}
-    got = symm_mem.one_rank_outcome(passed)
-    assert (got["status"], got["reason_code"]) == ("partial", "symm-mem-nccl-one-rank")
-    assert got["evidence"] == {"x": 1}
-    failed = {"status": "fail", "reason_code": "symm-mem-nccl-capture-register-failed", "note": "unhandled cuda error"}
-    assert symm_mem.one_rank_outcome(failed) is failed
+def _window_facts(eager: str, capture: str, torch_ok: bool) -> dict[str, Any]:
+    facts: dict[str, Any] = {"windows": {"nccl": "2.32.6", "eager": {"verdict": eager}}}
+    if eager == "ok":
+        facts["windows"]["capture"] = {"verdict": capture, "error": "operation not permitted when stream is capturing"}
+    if torch_ok:
+        facts.update(registration={"verdict": "ok"}, registered=True, p2p_read={"verdict": "ok"},
+                     ops={"nccl_all_reduce": {"eager": {"verdict": "ok"}, "graph": {"verdict": "ok"}}})
+    else:
+        facts["registration"] = {"verdict": "error", "error": "ncclDevCommCreate failed: invalid usage"}
+    return facts
+
+
+def test_a_window_check_at_one_rank_is_judged_by_the_engine_path() -> None:
+    works = symm_mem.one_rank_verdict(_window_facts("ok", "ok", torch_ok=True))
+    assert (works["status"], works["reason_code"]) == ("partial", "symm-mem-nccl-one-rank")
+    # torch's backend refusing a one-rank device communicator is said, not judged
+    refused = symm_mem.one_rank_verdict(_window_facts("ok", "ok", torch_ok=False))
+    assert (refused["status"], refused["reason_code"]) == ("partial", "symm-mem-nccl-one-rank")
+    assert "refused at one rank: ncclDevCommCreate failed" in refused["note"]
+    # registering during capture fails at any rank count: a failure of the feature
+    for torch_ok in (True, False):
+        failed = symm_mem.one_rank_verdict(_window_facts("ok", "error", torch_ok=torch_ok))
+        assert (failed["status"], failed["reason_code"]) == ("fail", "symm-mem-nccl-capture-register-failed")
+    # a wrong allreduce on a window torch registered fails too
+    wrong = _window_facts("ok", "ok", torch_ok=True)
+    wrong["ops"]["nccl_all_reduce"]["eager"] = {"verdict": "wrong", "detail": "12 elements differ"}
+    assert symm_mem.one_rank_verdict(wrong)["reason_code"] == "symm-mem-wrong-result"
 
 
 def _row(variant: str, status: str, code: str) -> dict[str, Any]:

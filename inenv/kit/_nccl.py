@@ -177,7 +177,7 @@ def parse_nccl_log(text: str) -> dict[str, Any]:
         "transports": transports,
         "nccl_version": version.group(1) if version else "",
         "algorithms": algos,
-        "tuning": tuning_table(text),
+        "enabled": enable_matrix(text),
     }
 
 
@@ -195,45 +195,43 @@ def read_nccl_logs(workdir: os.PathLike[str] | str, pid: int | None = None) -> d
     return parsed
 
 
-def tuning_table(text: str) -> dict[str, dict[str, float]]:
-    """NCCL's tuning table as its rank 0 logs it at communicator init (``NCCL_DEBUG_SUBSYS`` with ``TUNING``): per
-    collective (``AllReduce``, ``Broadcast``...), the bandwidth NCCL gave each ``Algorithm/Protocol``. NCCL zeroes
-    the bandwidth of every algorithm a collective does not implement or the environment disabled, so a collective
-    whose entries are all zero (or not a number) has no algorithm. The table comes in blocks of a few algorithms:
-    an ``Algorithm`` row names them, a ``Protocol`` row names each one's protocols, then one row per collective of
-    ``latency/bandwidth`` cells. Only lines NCCL wrote as INFO are read; a later table overwrites an earlier one's
-    cells (every communicator of a process reads the same environment)."""
-    table: dict[str, dict[str, float]] = {}
-    algos: list[str] = []
-    protos: list[str] = []
-    for line in text.splitlines():
-        _, info, msg = line.partition("NCCL INFO ")
-        head, bar, rest = msg.partition("|")
-        if not info or not bar:
+ENABLE_MATRIX = "Enabled NCCL Func/Proto/Algo Matrix"  # the INFO line (ENV) NCCL's rank 0 logs when NCCL_ALGO
+# or NCCL_PROTO is set, at communicator init, followed by the matrix on lines of their own
+
+
+def enable_matrix(text: str) -> dict[str, dict[str, int]]:
+    """How NCCL parsed NCCL_ALGO (and NCCL_PROTO) at communicator init, as its rank 0 logs it (``NCCL_DEBUG=INFO``,
+    subsystem ``ENV``): per collective (``Broadcast``, ``AllReduce``...), each algorithm's enable value (0: off).
+    The matrix follows the :data:`ENABLE_MATRIX` line, one row a line: ``Function | <protocols> | <algorithms>``,
+    then ``<collective> | <protocol values> | <algorithm values>``. It is NCCL's reading of the setting, which
+    does not depend on the world size; the last matrix in ``text`` is returned, {} when none was logged."""
+    matrix: dict[str, dict[str, int]] = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if ENABLE_MATRIX not in line:
             continue
-        name, cells = head.strip(), [c.strip() for c in rest.split("|")]
-        cells = cells[:-1] if cells and not cells[-1] else cells
-        if name == "Algorithm":
-            algos, protos = [c for c in cells if c], []
-        elif name == "Protocol":
-            protos = [c for c in cells if c]
-        elif name.isalpha() and algos and protos and len(protos) % len(algos) == 0:
-            per = len(protos) // len(algos)
-            for i, cell in enumerate(cells[: len(protos)]):
-                _lat, slash, bw = cell.partition("/")
-                try:
-                    value = float(bw) if slash else float("nan")
-                except ValueError:
-                    continue
-                table.setdefault(name, {})[f"{algos[i // per]}/{protos[i]}"] = value
-    return table
+        found: dict[str, dict[str, int]] = {}
+        algos: list[str] = []
+        for row in lines[i + 1:]:
+            parts = row.split("|")
+            if "NCCL INFO" in row or len(parts) != 3:
+                break
+            name = parts[0].strip()
+            if name == "Function":
+                algos = parts[2].split()
+                continue
+            values = parts[2].split()
+            if not algos or len(values) != len(algos) or not all(v.lstrip("-").isdigit() for v in values):
+                break
+            found[name] = {a: int(v) for a, v in zip(algos, values, strict=True)}
+        matrix = found or matrix
+    return matrix
 
 
-def without_algorithm(table: dict[str, dict[str, float]], funcs: tuple[str, ...]) -> list[str]:
-    """The collectives of ``funcs`` that ``table`` (:func:`tuning_table`) gives no algorithm: every cell zero or
-    not a number (``0 x inf``). A collective the table lacks is not counted: the caller checks that the table
-    holds each one."""
-    return [f for f in funcs if f in table and not any(bw > 0 for bw in table[f].values())]
+def without_algorithm(matrix: dict[str, dict[str, int]], funcs: tuple[str, ...]) -> list[str]:
+    """The collectives of ``funcs`` for which ``matrix`` (:func:`enable_matrix`) enables no algorithm at all; a
+    collective the matrix lacks is not counted (the caller checks that it holds each one)."""
+    return [f for f in funcs if f in matrix and not any(v > 0 for v in matrix[f].values())]
 
 
 # Named refusals the NCCL probes recognise in error text (the reason catalogue holds the remediation).

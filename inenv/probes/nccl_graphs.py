@@ -56,7 +56,7 @@ SPEC = ProbeSpec(
     "NCCL_PROTO=Simple, eager warm-up and lazy connection?",
     ranks=(2,),
     min_ranks=2,  # over one rank every collective returns its input: all four ops would pass untested
-    # check=table: one rank reads NCCL's own tuning table under a setting (a host of one GPU; see TABLE)
+    # check=table: one rank reads how NCCL parsed a setting (its enable matrix) (a host of one GPU; see TABLE)
     min_ranks_by_param=(("check", "table", 1),),
     distinct_gpus=True,  # NCCL refuses two ranks on one GPU
     requires=("torch",),
@@ -110,9 +110,10 @@ def params_of(algo: str, proto: str, warm: str, rc: str) -> Params:
 
 
 # ``check=table`` at one rank: what a host of one GPU can tell of a setting, where NCCL refuses two ranks on one
-# GPU. NCCL parses NCCL_ALGO and NCCL_PROTO when a communicator is created and logs the tuning table it built from
-# them (_nccl.tuning_table), also at one rank, where the collectives themselves are local copies; a collective the
-# table gives no algorithm fails at warm-up on two or more ranks. The four ops still run eagerly and captured.
+# GPU. NCCL parses NCCL_ALGO and NCCL_PROTO when a communicator is created and logs the enable matrix it read from
+# them (_nccl.enable_matrix), also at one rank, where the collectives themselves are local copies; a collective the
+# matrix enables no algorithm for fails at warm-up on two or more ranks. (NCCL's one-rank tuning table is no guide:
+# on 2.32.6 it was the same under NCCL_ALGO unset, Tree and allreduce:tree.) The four ops run eagerly and captured.
 TABLE = ("check", "table")
 # The NCCL collective (as NCCL's table names it) behind each op this probe runs
 NCCL_FUNCS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
@@ -291,38 +292,40 @@ def verdict(per_op: dict[str, dict[str, dict[str, str]]], algo: str, proto: str 
     )
 
 
-def table_verdict(per_op: dict[str, dict[str, dict[str, str]]], table: dict[str, dict[str, float]], algo: str,
+def table_verdict(per_op: dict[str, dict[str, dict[str, str]]], matrix: dict[str, dict[str, int]], algo: str,
                   proto: str = "default", nccl_version: str = "") -> dict[str, Any]:
-    """A ``check=table`` variant's outcome (pure): the one rank's four ops, then what NCCL's tuning table under the
-    setting says of two or more ranks. Never ``pass``: one rank moves no data between GPUs."""
+    """A ``check=table`` variant's outcome (pure): the one rank's four ops, then what NCCL's enable matrix under
+    the setting (``_nccl.enable_matrix``: how NCCL parsed it) says of two or more ranks. Never ``pass``: one rank
+    moves no data between GPUs, and whether an enabled algorithm implements a collective is decided across ranks
+    (a global ``NCCL_ALGO=Tree`` enables Tree for broadcast, which has none)."""
     ran = verdict(per_op, algo, proto, nccl_version)
     if ran["status"] != "pass":
         return ran  # an op failed, hung or was wrong even at one rank: that is the verdict
     setting = described(algo, proto)
+    release_ = nccl_version or "?"
     funcs = tuple(NCCL_FUNCS[op] for op in OPS)
-    shown = {f: table[f] for f in funcs if f in table}
-    evidence = {**ran["evidence"], "tuning": shown, "world": 1}
+    evidence = {**ran["evidence"], "enabled": {f: matrix[f] for f in funcs if f in matrix}, "world": 1}
     metrics = ran["metrics"]
-    lacking = [f for f in funcs if f not in table]
-    none = _nccl.without_algorithm(table, funcs)
-    if lacking or len(none) == len(funcs):
-        why = (f"NCCL's tuning table for {', '.join(lacking)} was not in its log" if lacking else
-               "NCCL's tuning table at one rank gives no collective an algorithm, so it tells nothing of more ranks")
-        return outcome("partial", f"{setting}: the four ops ran exact at one rank, eagerly and captured; {why}",
-                       "nccl-setup-only", metrics, evidence)
+    ran_note = "the four ops ran exact at one rank, eagerly and captured"
+    if algo == "default" and proto == "default":
+        return outcome("partial", f"{setting}: {ran_note}; the collectives across ranks need a host of two or more "
+                       "GPUs", "nccl-setup-only", metrics, evidence)
+    lacking = [f for f in funcs if f not in matrix]
+    if lacking:
+        return outcome("partial", f"{setting}: accepted at init; {ran_note}; NCCL {release_} logged no enable "
+                       f"matrix for {', '.join(lacking)}", "nccl-setup-only", metrics, evidence)
+    none = _nccl.without_algorithm(matrix, funcs)
     if none:
         ops = ", ".join(op for op in OPS if NCCL_FUNCS[op] in none)
-        note = (f"{setting}: NCCL {nccl_version or '?'}'s own tuning table gives {ops} no algorithm (every entry "
-                "zero), so on two or more ranks they fail at warm-up; at one rank NCCL copies locally, so the ops "
-                "ran")
+        note = (f"{setting}: NCCL {release_} parsed it into an enable matrix with no algorithm for {ops}, so on two "
+                "or more ranks they fail at warm-up; at one rank NCCL copies locally, so the ops ran")
         seen = release(nccl_version)
         if seen is not None and seen[:2] >= NAMED_ONLY and ":" in (ALGOS.get(algo) or ""):
             note += f"; NCCL {nccl_version} enables only the collectives NCCL_ALGO names"
         return outcome("partial", note, "nccl-algo-unavailable", metrics, {**evidence, "no_algorithm": none})
-    return outcome("partial", f"{setting}: accepted; NCCL {nccl_version or '?'}'s tuning table gives all_reduce, "
-                   "all_gather, reduce_scatter and broadcast an algorithm, and the four ops ran exact at one rank, "
-                   "eagerly and captured; the collectives across ranks need a host of two or more GPUs",
-                   "nccl-setup-only", metrics, evidence)
+    return outcome("partial", f"{setting}: accepted at init; NCCL {release_}'s enable matrix keeps an algorithm on "
+                   f"for each of the four collectives (whether it implements the collective is decided across "
+                   f"ranks); {ran_note}", "nccl-setup-only", metrics, evidence)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -552,7 +555,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
     version = _nccl.runtime_version(torch)
     one_rank = ctx.param(TABLE[0]) == TABLE[1]
     if one_rank:
-        result = table_verdict(per_op, _nccl.read_nccl_logs(ctx.workdir)["tuning"], algo, proto, version)
+        result = table_verdict(per_op, _nccl.read_nccl_logs(ctx.workdir)["enabled"], algo, proto, version)
     else:
         result = verdict(per_op, algo, proto, version)
     agreed: dict[str, Any] = {}

@@ -431,25 +431,42 @@ def run_nccl_backend(ctx: RankContext) -> dict[str, Any]:
             facts["ops"] = {name: exercise_op(b, buf, ctx.rank, ctx.world_size, device, gloo, TOKENS[:1])
                             for name, b in builders.items()}
             ctx.log("ops: " + ", ".join(f"{n}={m}" for n, m in facts["ops"].items()))
-    if facts.get("registered") and not any(r.get("verdict") == "hang" for m in facts.get("ops", {}).values()
-                                           for r in m.values()):
+    # at one rank the engine path is asked whatever torch's backend said: NCCL may refuse a one-rank device
+    # communicator to torch, while registering a window (eagerly, in capture) asks nothing of peers
+    if (facts.get("registered") or ctx.world_size == 1) and not any(
+            r.get("verdict") == "hang" for m in facts.get("ops", {}).values() for r in m.values()):
         facts["windows"] = engine_windows(ctx.rank, ctx.world_size, device, gloo, ctx.log)
     logs = [_nccl.read_nccl_logs(ctx.workdir, pid) for pid in _dist.gather_objects(os.getpid(), gloo)]
     facts["nccl_words"] = nccl_words(logs)
     facts["algorithms_chosen"] = logs[0]["algorithms"] if logs else {}
-    result = nccl_backend_verdict(facts)
-    return one_rank_outcome(result) if ctx.world_size == 1 else result
+    return one_rank_verdict(facts) if ctx.world_size == 1 else nccl_backend_verdict(facts)
 
 
-def one_rank_outcome(result: dict[str, Any]) -> dict[str, Any]:
-    """A one-rank backend=nccl outcome (pure): a failure stands (registration fails alike at one rank); a pass
-    says what one rank showed and is not a pass, since no symmetric kernel read a peer's buffer."""
-    if result.get("status") != "pass":
-        return result
-    return outcome("partial", "at one rank: NCCL windows registered through torch's NCCL backend and an engine's own "
-                   "communicator, eagerly and during CUDA-graph capture, and NCCL's allreduce on the window exact; "
-                   "torch's one-shot and two-shot kernels across ranks need a host of two or more GPUs",
-                   "symm-mem-nccl-one-rank", result.get("metrics"), result.get("evidence"))
+def one_rank_verdict(facts: dict[str, Any]) -> dict[str, Any]:
+    """A one-rank backend=nccl outcome (pure over the rank's facts). A window an engine's own communicator fails to
+    register eagerly or during capture fails the same way at any rank count (NCCL's registration asks nothing of
+    peers), as does a wrong allreduce on a registered window; torch's NCCL backend refusing a one-rank device
+    communicator is reported, not judged. Never ``pass``: no kernel read a peer's buffer."""
+    windows = facts.get("windows", {})
+    if windows.get("verdict") == "error":
+        return outcome("fail", f"an engine's own NCCL communicator at one rank: {str(windows.get('error', ''))[:300]}",
+                       "symm-mem-nccl-register-failed", evidence=facts)
+    reg = facts.get("registration", {})
+    through_torch = reg.get("verdict") == "ok" and facts.get("registered") is not False
+    judged = nccl_backend_verdict(facts if through_torch else {**facts, "registration": {"verdict": "ok"},
+                                                               "registered": True, "p2p_read": {}, "ops": {}})
+    if judged["status"] != "pass" and judged.get("reason_code") != "symm-mem-op-missing":
+        return judged
+    refusal = str(reg.get("error") or facts.get("nothing_on", ""))[:200]
+    torch_said = ("torch's NCCL backend registered a window" if through_torch else
+                  f"torch's NCCL backend refused at one rank: {refusal}")
+    if windows.get("verdict") == "missing":
+        return outcome("partial", f"at one rank: {torch_said}; the engine path was not checked: "
+                       f"{windows.get('error', '')}", "symm-mem-op-missing", evidence=facts)
+    return outcome("partial", "at one rank: an engine's own NCCL communicator registered windows eagerly and during "
+                   f"CUDA-graph capture and NCCL's allreduce on them was exact; {torch_said}; torch's one-shot and "
+                   "two-shot kernels across ranks need a host of two or more GPUs", "symm-mem-nccl-one-rank",
+                   evidence=facts)
 
 
 def nccl_allreduce(inp: Any, out: Any, staged: Any) -> Callable[[], None]:
