@@ -40,11 +40,19 @@ for v in .cache/venvs-nccl/*/; do
     echo "$v: $("$v/bin/python" -c 'import torch; from inenv.selfcheck import loaded_nccl; print(torch.__version__, loaded_nccl(), "built", torch.cuda.nccl.version())' 2>&1 | tail -1)" \
         | tee -a "$LOG"
 done
+# NCCL's own words on how it parsed NCCL_ALGO=allreduce:tree, one rank per cell (the raw lines the probe reads)
+for v in .cache/venvs-nccl/*/; do
+    echo "== $v NCCL_ALGO=allreduce:tree" >> "$LOG"
+    NCCL_ALGO=allreduce:tree NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ENV MASTER_ADDR=127.0.0.1 MASTER_PORT=29533 \
+        "$v/bin/python" -c 'import torch, torch.distributed as d; d.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0")); t=torch.ones(4, device="cuda"); d.all_reduce(t); d.broadcast(t, 0); torch.cuda.synchronize(); d.destroy_process_group()' 2>&1 \
+        | grep -E -A 9 "NCCL_ALGO set|Func/Proto/Algo" | head -24 >> "$LOG"
+done
 start=$(date +%s)
 python3 -m checks.cli run --probe nccl-graphs --probe symm-mem --probe inventory --backend venv \
     --matrix matrices/h200-overlay-nccl.yaml --level full --results "$W/res-nccl" \
     >> "$LOG" 2>&1
 echo "run rc $? in $(( $(date +%s) - start )) s" | tee -a "$LOG"
 tar -C "$W" -czf "$OUT/res-nccl.tgz" res-nccl
-grep -E "^ *(pass|partial|fail|crash|hang) " "$LOG" | grep -E "nccl-graphs|symm-mem" | cut -c1-240 | head -60
+grep -E -A 9 "^== |NCCL_ALGO set|Func/Proto/Algo" "$LOG" | head -60
+grep -E "^ *(pass|partial|fail|crash|hang) " "$LOG" | grep -E "nccl-graphs|symm-mem" | cut -c1-240 | head -40
 sed -n '/^summary/,$p' "$LOG" | head -30
