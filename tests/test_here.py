@@ -19,7 +19,8 @@ from inenv.status import Status
 from tests.checks_helpers import committed
 
 CPU = "cpu-7eb23414"  # the committed results' host without a GPU whose run is the newest
-CPU_RUN = "20261204T234512Z-f822"
+# its newest run: the latest results file's name (run ids sort by time), read off the folder, not the code
+CPU_RUN = max(p.stem for p in (Path(__file__).resolve().parent.parent / "results" / CPU).glob("*.jsonl"))
 GPU = "h200x1-f50bcc97"
 CELL = "cu130-torch2.14.1-sgl0.4.10-fi0.6.16"
 
