@@ -431,8 +431,7 @@ def run_nccl_backend(ctx: RankContext) -> dict[str, Any]:
             facts["ops"] = {name: exercise_op(b, buf, ctx.rank, ctx.world_size, device, gloo, TOKENS[:1])
                             for name, b in builders.items()}
             ctx.log("ops: " + ", ".join(f"{n}={m}" for n, m in facts["ops"].items()))
-    # at one rank the engine path is asked whatever torch's backend said: NCCL may refuse a one-rank device
-    # communicator to torch, while registering a window (eagerly, in capture) asks nothing of peers
+    # at one rank the engine path is asked whatever torch's backend said (evidence: it needs no torch backend)
     if (facts.get("registered") or ctx.world_size == 1) and not any(
             r.get("verdict") == "hang" for m in facts.get("ops", {}).values() for r in m.values()):
         facts["windows"] = engine_windows(ctx.rank, ctx.world_size, device, gloo, ctx.log)
@@ -443,30 +442,18 @@ def run_nccl_backend(ctx: RankContext) -> dict[str, Any]:
 
 
 def one_rank_verdict(facts: dict[str, Any]) -> dict[str, Any]:
-    """A one-rank backend=nccl outcome (pure over the rank's facts). A window an engine's own communicator fails to
-    register eagerly or during capture fails the same way at any rank count (NCCL's registration asks nothing of
-    peers), as does a wrong allreduce on a registered window; torch's NCCL backend refusing a one-rank device
-    communicator is reported, not judged. Never ``pass``: no kernel read a peer's buffer."""
-    windows = facts.get("windows", {})
-    if windows.get("verdict") == "error":
-        return outcome("fail", f"an engine's own NCCL communicator at one rank: {str(windows.get('error', ''))[:300]}",
-                       "symm-mem-nccl-register-failed", evidence=facts)
-    reg = facts.get("registration", {})
-    through_torch = reg.get("verdict") == "ok" and facts.get("registered") is not False
-    judged = nccl_backend_verdict(facts if through_torch else {**facts, "registration": {"verdict": "ok"},
-                                                               "registered": True, "p2p_read": {}, "ops": {}})
-    if judged["status"] != "pass" and judged.get("reason_code") != "symm-mem-op-missing":
+    """A one-rank backend=nccl outcome (pure over the rank's facts): a failure is judged as at any rank count
+    (:func:`nccl_backend_verdict`; a device communicator and a window of one rank are valid NCCL objects: NCCL
+    2.28.9 registered through torch at one rank, 2.32.6 refused torch 2.11's request as a struct its headers
+    predate); what works is never ``pass``, since no kernel read a peer's buffer. The engine path's windows are
+    asked even when torch's registration failed, as evidence."""
+    judged = nccl_backend_verdict(facts)
+    if judged["status"] != "pass":
         return judged
-    refusal = str(reg.get("error") or facts.get("nothing_on", ""))[:200]
-    torch_said = ("torch's NCCL backend registered a window" if through_torch else
-                  f"torch's NCCL backend refused at one rank: {refusal}")
-    if windows.get("verdict") == "missing":
-        return outcome("partial", f"at one rank: {torch_said}; the engine path was not checked: "
-                       f"{windows.get('error', '')}", "symm-mem-op-missing", evidence=facts)
-    return outcome("partial", "at one rank: an engine's own NCCL communicator registered windows eagerly and during "
-                   f"CUDA-graph capture and NCCL's allreduce on them was exact; {torch_said}; torch's one-shot and "
-                   "two-shot kernels across ranks need a host of two or more GPUs", "symm-mem-nccl-one-rank",
-                   evidence=facts)
+    return outcome("partial", "at one rank: torch's NCCL backend and an engine's own NCCL communicator registered "
+                   "windows, eagerly and during CUDA-graph capture, and NCCL's allreduce on them was exact; torch's "
+                   "one-shot and two-shot kernels across ranks need a host of two or more GPUs",
+                   "symm-mem-nccl-one-rank", judged.get("metrics"), evidence=facts)
 
 
 def nccl_allreduce(inp: Any, out: Any, staged: Any) -> Callable[[], None]:
