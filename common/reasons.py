@@ -22,7 +22,7 @@ GENERIC = "unknown-error"
 _CODE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _ERROR_LINE = re.compile(r"(error|Error|ERROR|exception|Exception|failed|Failed|FAILED|abort|what\(\):|WARN)")
 _SETTING_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")
-KEYS = ("code", "patterns", "message", "remediation", "remedies", "harness")
+KEYS = ("code", "patterns", "message", "remediation", "remedies", "harness", "host_bound")
 REMEDY_KEYS = ("nccl", "setting", "remediation")
 
 Setting = tuple[tuple[str, str], ...]  # NCCL variables and their values, sorted by name
@@ -57,6 +57,7 @@ class Reason:
     remediation: str  # the next step; for a reason with remedies, what holds when none is shown passing
     harness: bool = False  # stackprobe's own failure, not the feature's: never reused
     remedies: tuple[Remedy, ...] = ()  # tried in order (:func:`offered`)
+    host_bound: bool = False  # a partial saying how far this host could check, not a shortfall of the stack
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,11 @@ class Catalogue:
     def harness_codes(self) -> frozenset[str]:
         """The codes of the harness's own failures (``harness: true``)."""
         return frozenset(r.code for r in self.reasons if r.harness)
+
+    @property
+    def host_bound_codes(self) -> frozenset[str]:
+        """The codes of partials that say how far the host could check (``host_bound: true``)."""
+        return frozenset(r.code for r in self.reasons if r.host_bound)
 
     def match(self, texts: list[str]) -> Reason | None:
         """The first entry (catalogue order) with a pattern found in any of the texts."""
@@ -114,9 +120,12 @@ def parse(data: Any, source: str) -> Catalogue:
         harness = entry.get("harness", False)
         if not isinstance(harness, bool):
             raise CatalogueError(f"{where}.harness: must be true or false, got {harness!r}")
+        host_bound = entry.get("host_bound", False)
+        if not isinstance(host_bound, bool):
+            raise CatalogueError(f"{where}.host_bound: must be true or false, got {host_bound!r}")
         remedies = _remedies(entry.get("remedies", []), f"{where}.remedies")
         out.append(Reason(code, tuple(compiled), entry["message"].strip(), entry["remediation"].strip(), harness,
-                          remedies))
+                          remedies, host_bound))
     if not any(r.code == GENERIC for r in out):
         raise CatalogueError(f"{source}: the generic code {GENERIC!r} must exist")
     return Catalogue(tuple(out))

@@ -24,7 +24,7 @@ from checks.cli import main
 from checks.report import advise, decisions, diff, estimate, launch, nearest
 from checks.results import hostresults
 from checks.results.result import ProbeResult, Verdict
-from common import catalog
+from common import catalog, reasons
 from inenv.status import Status
 from tests.checks_helpers import ROOT, committed
 
@@ -289,6 +289,19 @@ def test_nearest_green_prefers_fewest_axis_changes_then_the_newest_versions() ->
     assert g.nearest == nightly.cell_id  # one axis too, and nightly is newer than any release
     (g,) = nearest.nearest_green([failing, _res("odd-cell", Status.PASS)])
     assert g.nearest == "odd-cell" and len(g.changes) == len(nearest.AXES)
+
+
+def test_nearest_green_leaves_out_what_the_host_could_not_check_further() -> None:
+    """A partial saying how far this host could check (one rank where NCCL refuses two on one GPU) is not a
+    shortfall another cell of the host makes good; a partial for another reason is still looked up."""
+    one_rank = ProbeResult("r1", "h", "cu130-torch2.11.0-sglnone-fi0.7.4", "nccl-graphs", "ranks=1,check=table",
+                           Verdict(Status.PARTIAL, "nccl-setup-only", "one rank"), "2026-11-29T00:00:00Z")
+    other = ProbeResult("r1", "h", "cu130-torch2.11.0-sglnone-fi0.7.4", "inventory", "ranks=1",
+                        Verdict(Status.PARTIAL, "dependency-pin-violated", "a pin"), "2026-11-29T00:00:00Z")
+    bound = reasons.default().host_bound_codes
+    assert {"nccl-setup-only", "symm-mem-nccl-one-rank", "symm-mem-multicast-disabled"} <= bound
+    assert [g.probe_id for g in nearest.nearest_green([one_rank, other], bound)] == ["inventory"]
+    assert [g.probe_id for g in nearest.nearest_green([one_rank, other])] == ["inventory", "nccl-graphs"]
 
 
 def test_diff_selects_runs_hosts_cells_and_refuses_mixed_kinds(hosts: dict[str, hostresults.HostResults]) -> None:

@@ -175,3 +175,13 @@ def test_a_bad_remedy_is_one_line_naming_it(remedies_yaml: str, said: str) -> No
     with pytest.raises(reasons.CatalogueError) as e:
         reasons.parse(reasons.yamlsrc.plain(text), "x.yaml")
     assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_bad_host_bound_is_one_line_naming_it() -> None:
+    text = "- code: a\n  message: m\n  remediation: r\n  host_bound: 'yes'\n" \
+           "- code: unknown-error\n  message: m\n  remediation: r\n"
+    with pytest.raises(reasons.CatalogueError) as e:
+        reasons.parse(reasons.yamlsrc.plain(text), "x.yaml")
+    assert "a.host_bound: must be true or false" in str(e.value) and "\n" not in str(e.value)
+    ok = reasons.parse(reasons.yamlsrc.plain(text.replace("'yes'", "true")), "x.yaml")
+    assert ok.host_bound_codes == frozenset({"a"})

@@ -51,6 +51,7 @@ from checks.report.measured import (
 from checks.report.nearest import Green, nearest_green
 from checks.results import hwclass, ids, provenance
 from checks.results.hostresults import HostResults
+from common import reasons
 from inenv.status import Status
 
 
@@ -129,7 +130,8 @@ def decide(h: HostResults, engines: launch.Engines, sglang_pins: Mapping[str, st
                         for b in a.used for g in gates if g.cell_id == c for line in g.off_for(b, a.ranks))
             out.append(CellDecision(a, launch.plan(a, engines, sglang_pins), est, usable, meas, shared, off,
                                     acceptance))
-    green = tuple(g for g in nearest_green(latest) if cell is None or g.cell_id == cell)
+    green = tuple(g for g in nearest_green(latest, reasons.default().host_bound_codes)
+                  if cell is None or g.cell_id == cell)
     reader = provenance.verdict_code_versions().get("gates.py", "unknown") if gates else ""
     return HostDecision(h.host_id, describe_host(h.facts), tuple(out), green, since_previous(h),
                         "" if out or gates else _why_nothing(h), tuple(gates), reader,

@@ -69,15 +69,18 @@ def newness(cell: str) -> tuple[tuple[int, Version | float], ...]:
     return tuple(_version(x.get(k, "")) for k in ("torch", "flashinfer", "sgl_kernel", "cuda"))
 
 
-def nearest_green(results: Sequence[ProbeResult]) -> list[Green]:
-    """``results``: one host's latest result per (cell, probe, variant)."""
+def nearest_green(results: Sequence[ProbeResult], host_bound: frozenset[str] = frozenset()) -> list[Green]:
+    """``results``: one host's latest result per (cell, probe, variant); ``host_bound``: reason codes of partials
+    that say how far the host could check (the catalogue's ``host_bound_codes``), which no other cell of the host
+    does better, so they are not looked up."""
     passing: dict[tuple[str, str], list[ProbeResult]] = {}
     for r in results:
         if r.verdict.status is Status.PASS:
             passing.setdefault((r.probe_id, r.variant), []).append(r)
     out = []
     for r in sorted(results, key=lambda r: r.key):
-        if r.verdict.status not in FAILING:
+        if r.verdict.status not in FAILING or (r.verdict.status is Status.PARTIAL
+                                                and r.verdict.reason_code in host_bound):
             continue
         cands = [p for p in passing.get((r.probe_id, r.variant), []) if p.cell_id != r.cell_id]
         base = Green(r.cell_id, r.probe_id, r.variant, r.verdict.status.value, r.verdict.reason_code, r.result_id)
