@@ -20,9 +20,6 @@ PROBE = nccl_graphs.SPEC.id
 # A result with the setting that says it does not work: the feature was reached and failed, hung or crashed, or
 # worked only in part
 AGAINST = frozenset({Status.FAIL, Status.PARTIAL, Status.HANG, Status.CRASH})
-# A one-rank result whose setting NCCL accepted and gave every collective an algorithm: neither for nor against
-# (one rank moves no data between GPUs)
-NEUTRAL = frozenset({"nccl-setup-only"})
 _RELEASE = re.compile(r"^\d+\.\d+(?:\.\d+)*$")
 
 
@@ -59,6 +56,9 @@ class Shown:
 
 
 def shown(results: Iterable[ProbeResult]) -> Shown:
+    """A partial saying how far its host could check (the catalogue's ``host_bound``: a one-rank set-up whose
+    setting NCCL accepted) shows its setting neither passing nor failing."""
+    neutral = reasons.default().host_bound_codes
     passed: set[tuple[str, Setting]] = set()
     failed: set[tuple[str, Setting]] = set()
     for r in results:
@@ -67,7 +67,7 @@ def shown(results: Iterable[ProbeResult]) -> Shown:
             continue
         if r.verdict.status is Status.PASS:
             passed.add((release, found))
-        elif r.verdict.status in AGAINST and r.verdict.reason_code not in NEUTRAL:
+        elif r.verdict.status in AGAINST and r.verdict.reason_code not in neutral:
             failed.add((release, found))
     return Shown(frozenset(passed), frozenset(failed))
 

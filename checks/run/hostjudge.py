@@ -100,11 +100,10 @@ def broken_requirements(requirements: Mapping[str, Any], markers: Mapping[str, s
     return broken, unread
 
 
-def declared(b: Broken, cell_id: str) -> bool:
+def declared(b: Broken, cell: cellid.CellId | None) -> bool:
     """Whether ``b`` is the override the cell declares: an NCCL-axis cell (``-nccl2.32.6``) puts that NCCL release
     beside torch in place of the one torch pins, so torch's pin on it is broken on purpose, at exactly that
     release."""
-    cell = cellid.parse(cell_id)
     return (cell is not None and bool(cell.nccl) and b.required.startswith("nvidia-nccl-")
             and b.installed == cell.nccl)
 
@@ -118,8 +117,9 @@ def pip_check(v: Verdict, cell_id: str = "") -> Verdict:
         return v
     markers = installed.get("markers") if isinstance(installed.get("markers"), Mapping) else {}
     found, unread = broken_requirements(installed["requirements"], markers)
-    broken = [b for b in found if not declared(b, cell_id)]
-    overridden = [b for b in found if declared(b, cell_id)]
+    cell = cellid.parse(cell_id)
+    broken = [b for b in found if not declared(b, cell)]
+    overridden = [b for b in found if declared(b, cell)]
     # the judgement replaces the raw table in what is stored: it is what a reader needs, and much smaller
     kept = {k: val for k, val in installed.items() if k != "requirements"}
     kept.update(requirements_read=sum(len(i.get("requires") or []) for i in installed["requirements"].values()

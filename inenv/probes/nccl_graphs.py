@@ -240,6 +240,15 @@ def release(text: str) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts) if parts and all(p.isdigit() for p in parts) else None
 
 
+def named_only(algo: str, nccl_version: str) -> str:
+    """The clause a note gets when a per-collective NCCL_ALGO string runs on a release from :data:`NAMED_ONLY` on
+    (pure); "" otherwise."""
+    seen = release(nccl_version)
+    if seen is None or seen[:2] < NAMED_ONLY or ":" not in (ALGOS.get(algo) or ""):
+        return ""
+    return f"; NCCL {nccl_version} enables only the collectives NCCL_ALGO names, and leaves the others without one"
+
+
 def verdict(per_op: dict[str, dict[str, dict[str, str]]], algo: str, proto: str = "default",
             nccl_version: str = "") -> dict[str, Any]:
     """The variant's outcome from the worst rank's per-op results (pure). It names what failed and how; which
@@ -266,11 +275,7 @@ def verdict(per_op: dict[str, dict[str, dict[str, str]]], algo: str, proto: str 
     if kinds == {"algo-unavailable"} and classes["all_reduce"] == "ok":
         note = (f"all_reduce works eagerly and captured; {names} fail eagerly too: {setting} leaves them without an "
                 "algorithm (configuration, not graph capture)")
-        seen = release(nccl_version)
-        if seen is not None and seen[:2] >= NAMED_ONLY and ":" in (ALGOS.get(algo) or ""):
-            note += (f"; NCCL {nccl_version} enables only the collectives NCCL_ALGO names, and leaves the others "
-                     "without one")
-        return outcome("partial", note, "nccl-algo-unavailable", metrics, evidence)
+        return outcome("partial", note + named_only(algo, nccl_version), "nccl-algo-unavailable", metrics, evidence)
     if "capture-only" in kinds:
         only = ", ".join(sorted(op for op, c in bad.items() if c == "capture-only"))
         note = f"{only}: eager works, CUDA-graph capture fails"
@@ -319,10 +324,8 @@ def table_verdict(per_op: dict[str, dict[str, dict[str, str]]], matrix: dict[str
         ops = ", ".join(op for op in OPS if NCCL_FUNCS[op] in none)
         note = (f"{setting}: NCCL {release_} parsed it into an enable matrix with no algorithm for {ops}, so on two "
                 "or more ranks they fail at warm-up; at one rank NCCL copies locally, so the ops ran")
-        seen = release(nccl_version)
-        if seen is not None and seen[:2] >= NAMED_ONLY and ":" in (ALGOS.get(algo) or ""):
-            note += f"; NCCL {nccl_version} enables only the collectives NCCL_ALGO names"
-        return outcome("partial", note, "nccl-algo-unavailable", metrics, {**evidence, "no_algorithm": none})
+        return outcome("partial", note + named_only(algo, nccl_version), "nccl-algo-unavailable", metrics,
+                       {**evidence, "no_algorithm": none})
     return outcome("partial", f"{setting}: accepted at init; NCCL {release_}'s enable matrix keeps an algorithm on "
                    f"for each of the four collectives (whether it implements the collective is decided across "
                    f"ranks); {ran_note}", "nccl-setup-only", metrics, evidence)

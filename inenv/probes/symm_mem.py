@@ -74,7 +74,7 @@ SPEC = ProbeSpec(
     "backend, do NCCL windows register eagerly and during capture, and do the symmetric kernels run on them?",
     ranks=(2, 4, 8),
     min_ranks=2,  # over one rank an allreduce returns its input
-    # backend=nccl at one rank, on a host of one GPU: registration eagerly and in capture (ONE_RANK)
+    # backend=nccl at one rank, on a host of one GPU: registration eagerly and in capture (ONE_RANK_OPS)
     min_ranks_by_param=(("backend", "nccl", 1),),
     distinct_gpus=False,  # the placement=shared variants put every rank on one GPU
     requires=("torch",),
@@ -106,14 +106,15 @@ def variants(host: HostView) -> list[Variant]:
     # torch's NCCL backend: NCCL refuses two ranks on one GPU; the registration question is asked at the deep sizes
     out += multi_rank(SPEC, host, [((BACKEND, NCCL),)], why="NCCL refuses two ranks on one GPU", other_sizes=OMIT)
     if host.gpu_count == 1 and host.level != QUICK:
-        out.append(Variant(SPEC.id, 1, params=((BACKEND, NCCL),)))  # as far as one GPU goes: ONE_RANK
+        out.append(Variant(SPEC.id, 1, params=((BACKEND, NCCL),)))  # as far as one GPU goes: ONE_RANK_OPS
     return out
 
 
 # backend=nccl at one rank: what a host of one GPU can ask of NCCL's windows (NCCL refuses two ranks on one GPU):
 # torch's NCCL backend and an engine's own communicator register windows eagerly and during CUDA-graph capture
-# (the step NCCL releases have failed with "unhandled cuda error"), and NCCL's allreduce runs on the registered
-# window; torch's one-shot and two-shot kernels, which read peers' buffers, need two GPUs.
+# (registration during capture is where NCCL releases have failed with "unhandled cuda error"), and NCCL's
+# allreduce runs on the registered window; torch's one-shot and two-shot kernels, which read peers' buffers, need
+# two GPUs.
 ONE_RANK_OPS = ("nccl_all_reduce",)
 
 
