@@ -60,7 +60,8 @@ def test_deep_sizes_are_the_powers_of_two_and_the_gpu_count() -> None:
     assert {n: deep_sizes(HostView(gpu_count=n)) for n in want} == want
 
 
-# Written out from the rules: step 6 backends (NCCL never shares a GPU), custom-ar 2 implementations x 2 modes (only
+# Written out from the rules: step 6 backends (NCCL never shares a GPU; ranks share the GPU on a one-GPU host at 2
+# ranks only, every other shared size planned not-run), custom-ar 2 implementations x 2 modes (only
 # flashinfer forced shares), fi-fusion and symm-mem one set (also 2 ranks on one GPU, and symm-mem's sustained load
 # at 2 ranks and the GPU count and its NCCL backend at the deep sizes, a GPU per rank or a planned skip; fi-fusion's
 # engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc
@@ -83,7 +84,7 @@ EIGHT = {
     "ep-a2a": {n: "1 deep" for n in range(2, 9)},
 }
 SIX = {
-    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 deep", 8: "5 shared + 1 skip"},
+    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 deep", 8: "1 skip + 5 not-run"},
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 deep", 8: "1 shared + 3 skip"},
     "fi-fusion": {2: "2 deep + 1 shared", 3: "1 setup", 4: "2 deep", 5: "1 setup", 6: "2 deep", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 5: "3 setup", 6: "3 deep", 8: "1 shared + 2 skip"},
@@ -95,7 +96,7 @@ SIX = {
     "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 5: "1 deep", 6: "1 deep", 8: "1 skip"},
 }
 FOUR = {
-    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 8: "5 shared + 1 skip"},
+    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 8: "1 skip + 5 not-run"},
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 8: "1 shared + 3 skip"},
     "fi-fusion": {2: "2 deep + 1 shared", 3: "1 setup", 4: "2 deep", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 8: "1 shared + 2 skip"},
@@ -105,7 +106,7 @@ FOUR = {
     "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 8: "1 skip"},
 }
 TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, never depth=setup
-    "step": {2: "6 deep", 3: "5 shared + 1 skip", 4: "5 shared + 1 skip", 8: "5 shared + 1 skip"},
+    "step": {2: "6 deep", 3: "1 skip + 5 not-run", 4: "1 skip + 5 not-run", 8: "1 skip + 5 not-run"},
     "custom-ar": {2: "4 deep", 3: "1 shared + 3 skip", 4: "1 shared + 3 skip", 8: "1 shared + 3 skip"},
     "fi-fusion": {2: "2 deep + 1 shared", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "1 shared + 2 skip", 4: "1 shared + 2 skip", 8: "1 shared + 2 skip"},
@@ -116,7 +117,7 @@ TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, n
     "ep-a2a": {2: "1 deep", 3: "1 skip", 4: "1 skip", 8: "1 skip"},
 }
 ONE = {  # no deep size: every multi-rank variant shares the GPU or is a planned skip
-    "step": {n: "5 shared + 1 skip" for n in (2, 3, 4, 8)},
+    "step": {2: "5 shared + 1 skip", 3: "1 skip + 5 not-run", 4: "1 skip + 5 not-run", 8: "1 skip + 5 not-run"},
     "custom-ar": {n: "1 shared + 3 skip" for n in (2, 3, 4, 8)},
     "fi-fusion": {2: "2 shared", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "pcie-ipc": {n: "1 shared + 2 skip" for n in (2, 3, 4, 8)},
@@ -283,3 +284,19 @@ def test_the_budget_tiers_a_setup_variant_as_a_gpu_per_rank_at_another_world_siz
     assert tiers == {"ranks=2,backend=nccl": 0, "ranks=3,backend=nccl,depth=setup": 2, "ranks=4,backend=nccl": 2,
                      "ranks=5,backend=nccl,depth=setup": 2, "ranks=6,backend=nccl,depth=setup": 2,
                      "ranks=7,backend=nccl,depth=setup": 2, "ranks=8,backend=nccl": 1}
+
+
+def test_the_step_shares_a_gpu_at_two_ranks_on_one_gpu_only_and_says_where_the_other_sizes_are_asked() -> None:
+    one = [it.variant for it in _items(1) if it.variant.probe_id == "step" and it.variant.share_gpu]
+    ran = sorted((v.ranks, v.param("backend")) for v in one if v.skip is None)
+    assert ran == [(2, b) for b in sorted(["symm-mem-one-shot", "flashinfer-custom-ar", "sgl-custom-ar",
+                                           "flashinfer-pcie-ipc", "flashinfer-fusion"])]
+    left = [v for v in one if v.skip is not None]
+    assert {v.ranks for v in left} == {3, 4, 8}
+    assert {(v.skip.code, v.skip.status) for v in left if v.skip} == {("narrowed-world-size", "not-run")}
+    note = next(v.skip.note for v in left if v.ranks == 8 and v.skip)
+    assert "8 ranks sharing one GPU" in note and "custom-ar" in note and "symm-mem" in note
+    # on two GPUs nothing of the step shares a GPU: its own run has a GPU per rank
+    two = [it.variant for it in _items(2) if it.variant.probe_id == "step" and it.variant.share_gpu]
+    assert two and all(v.skip is not None and v.skip.status == "not-run" for v in two)
+    assert "2 to 2 ranks" not in next(v.skip.note for v in two if v.skip)
