@@ -119,6 +119,9 @@ class ProbeSpec:
     # False: no variant of the probe times anything (its verdicts are exact checks), so its variants may share
     # the GPUs with others that time nothing (inenv.gpugate's shared lock; :func:`untimed`)
     timed: bool = True
+    # (param, value) pairs of a timed probe's variants that time nothing (a pattern that only checks), which may
+    # share the GPUs as a probe with ``timed`` False does (:func:`untimed`)
+    untimed_params: tuple[tuple[str, str], ...] = ()
     # False: a quick pass leaves this probe's shallow variants (:func:`shallow`: the set-up and one agreement
     # case, untimed) to the full pass: for a probe whose answer is its timings, run on backends whose set-up
     # and agreement the feature probes' own quick variants already answer (step)
@@ -493,8 +496,10 @@ def shallow(variant: Variant) -> bool:
 
 def untimed(spec: ProbeSpec, variant: Variant) -> bool:
     """Whether ``variant`` times nothing, so it may run beside other such variants on the GPUs: its probe never
-    times (``ProbeSpec.timed`` False) or the variant runs the shallow selection (:func:`shallow`)."""
-    return not spec.timed or shallow(variant)
+    times (``ProbeSpec.timed`` False), one of its params is among the probe's ``untimed_params``, or the variant
+    runs the shallow selection (:func:`shallow`)."""
+    return (not spec.timed or any(variant.param(k) == v for k, v in spec.untimed_params)
+            or shallow(variant))
 
 
 def question(variant: Variant) -> Params:

@@ -349,3 +349,16 @@ def test_a_probe_that_never_times_shares_the_gpus_whatever_its_placement() -> No
     assert not untimed(symm_mem.SPEC, Variant("symm-mem", 2))  # times its ops at a GPU per rank
     assert untimed(symm_mem.SPEC, Variant("symm-mem", 2, share_gpu=True, gpus=1))
     assert untimed(symm_mem.SPEC, Variant("symm-mem", 3, (("depth", "setup"),)))
+
+
+def test_loads_patterns_that_record_no_latency_share_the_gpus_and_replay_holds_them_alone() -> None:
+    from inenv.probe import HostView, untimed
+    from inenv.probes import load
+
+    two = [v for v in load.variants(HostView(gpu_count=2, compute_capability="9.0")) if v.skip is None
+           and not v.share_gpu]  # a GPU per rank (ranks sharing one GPU time nothing whatever the pattern)
+    sharing = {(v.param("backend"), v.param("pattern")) for v in two if untimed(load.SPEC, v)}
+    alone = {(v.param("backend"), v.param("pattern")) for v in two if not untimed(load.SPEC, v)}
+    assert ("flashinfer-custom-ar", "two-streams") in sharing and ("nccl", "two-comms") in sharing
+    assert {p for _, p in sharing} == {"two-streams", "two-comms"}
+    assert {p for _, p in alone} == {"replay"} and ("nccl", "replay") in alone

@@ -23,7 +23,9 @@ Placement: a GPU per rank at the deep world sizes (``inenv.probe.deep_sizes``), 
 GPUs at 2 ranks and at the GPU count only (the tensor-parallel sizes such a host serves at and the smallest; a
 replay's failure shows at either, and each variant is minutes of replays), the sizes between planned ``not-run`` +
 ``narrowed-world-size``, saying so; beyond the host's GPU count the ranks share one GPU at 2 and 4 ranks (every
-backend but NCCL), checked, not timed: that exercises the code paths on a one-GPU host, not the links.
+backend but NCCL), checked, not timed: that exercises the code paths on a one-GPU host, not the links. Only the
+``replay`` pattern records latency, so ``two-streams`` and ``two-comms`` take the GPUs as checks that time nothing
+do (``ProbeSpec.untimed_params``): beside other such variants, not alone.
 
 The quick level plans no load variant: a load verdict needs thousands of replays (the failures it looks for
 show after them), a few hundred would pass where the full level hangs, and the quick pass's question, whether a
@@ -70,6 +72,9 @@ SPEC = ProbeSpec(
     stall_s=30.0,
     quick_shallow=False,  # nothing of it runs in a quick pass (see the module's docstring)
     sustained=True,
+    # two streams and two communicators ask whether replays stay exact; only ``replay`` records latency
+    # (inenv.load_engine), so those variants share the GPUs with other checks that time nothing
+    untimed_params=(("pattern", engine.TWO_STREAMS), ("pattern", engine.TWO_COMMS)),
     preload=_dist.PRELOAD_DIST,
     loads=(("backend", "flashinfer-custom-ar", ("vllm_comm",)), ("backend", "flashinfer-pcie-ipc", ("pcie_ipc",)),
            ("backend", "flashinfer-fusion", ("trtllm_comm",))),
