@@ -5,7 +5,11 @@ A variant's cost is keyed by its :class:`Shape`: probe, world size, whether its 
 probe's build parameter (fi-jit's module) and whether it compiles that module here (loading a carried or cached
 module and compiling one differ by minutes).
 The prior (``prior.json`` beside this module, written by ``tools/make_prior.py`` from committed results) holds
-the median seconds of each shape per class of host it was measured on. For a shape not measured:
+the median seconds of each shape per class of host it was measured on, over the newest run that timed the shape
+on a host of that class: older runs measured older code (on 2x H200, ar-latency's variants took 18-23 s each in
+the runs of 2026-11-29/30 and 3.9-7.1 s on 2026-12-01, once ranks rendezvoused before taking the GPUs), and a
+median over every run would price today's variants at the old code's cost. Run ids begin with their UTC time, so
+the newest is the greatest. For a shape not measured:
 
 - ranks sharing GPUs time-slice them, so the cost scales with the world size from the nearest measured one:
   ``s(w) = s(w0) * w / w0``;
@@ -94,12 +98,18 @@ def host_label(gpu_name: str, gpu_count: int) -> str:
     return f"{gpu_name} x{gpu_count}" if gpu_count else CPU_CLASS
 
 
-def derive(records: Iterable[tuple[str, Shape, float]]) -> dict[str, Any]:
-    """The prior's JSON from (host class label, shape, seconds) records: the median per class and shape."""
-    per: dict[str, dict[Shape, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for label, shape, seconds in records:
+# (host class label, shape, seconds, id of the run that timed it)
+Record = tuple[str, Shape, float, str]
+
+
+def derive(records: Iterable[Record]) -> dict[str, Any]:
+    """The prior's JSON from (host class label, shape, seconds, run id) records: per class and shape, the median
+    over the newest run that timed the shape (the module docstring)."""
+    runs: dict[str, dict[Shape, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for label, shape, seconds, run in records:
         if math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS:
-            per[label][shape].append(seconds)
+            runs[label][shape][run].append(seconds)
+    per = {label: {shape: by_run[max(by_run)] for shape, by_run in shapes.items()} for label, shapes in runs.items()}
     return {"schema": PRIOR_SCHEMA, "rank_growth": RANK_GROWTH,
             "classes": {label: {s.label(): round(statistics.median_low(sorted(v)), 3)
                                 for s, v in sorted(shapes.items())}
