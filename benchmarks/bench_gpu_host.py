@@ -4,15 +4,16 @@ many compiler processes the GPU host started, with or without the kernels the ce
     python3 benchmarks/bench_gpu_host.py --matrix matrices/h200-overlay.yaml --only 'cu130-*-fi0.7.4' \
         --case carried [--wheels .whl/overlay] [--base-python python3] [--limit 600] [--out DIR]
 
-``--case local``: the environment a user serves from: ``--base-python``'s own environment (its torch, CUDA
-libraries and NCCL) with the flashinfer wheels of ``--wheels`` installed into it (pip, no index: a lent machine's
-environment, given back after the call), nothing carried, probed as it is with
-``checks run --backend local --python`` (the fi-jit probe loads what the environment's flashinfer JIT cache holds
-and compiles for this GPU only what it lacks). ``--cold``: afterwards the quick level four more times with
-``--fresh``: as it is (``warm_quick_s``), with warm ranks started as new interpreters instead of forked from
-their serving worker (``STACKPROBE_FORK_RANKS=0``: ``spawned_quick_s``), with ``--cold-ranks`` (every variant in
-rank processes of its own: ``cold_quick_s``) and with ``--gpu-alone`` (every GPU variant alone on the GPUs:
-``alone_quick_s``), the A/B of forked and warm ranks and of the shared GPU lock on one machine.
+``--case local``: the environment a user serves from: ``--base-python``'s own environment (its torch, CUDA libraries
+and NCCL) with the flashinfer wheels of ``--wheels`` installed into it (pip, no index: a lent machine's environment,
+given back after the call), nothing carried, probed as it is with ``checks run --backend local --python`` (the
+fi-jit probe loads what the environment's flashinfer JIT cache holds and compiles for this GPU only what it lacks).
+``--profile``: afterwards the quick level once more under cProfile (``profile-quick.txt``: the host side's 40
+costliest calls by cumulative time). ``--cold``: afterwards the quick level four more times with ``--fresh``: as it
+is (``warm_quick_s``), with warm ranks started as new interpreters instead of forked from their serving worker
+(``STACKPROBE_FORK_RANKS=0``: ``spawned_quick_s``), with ``--cold-ranks`` (every variant in rank processes of its
+own: ``cold_quick_s``) and with ``--gpu-alone`` (every GPU variant alone on the GPUs: ``alone_quick_s``), the A/B of
+forked and warm ranks and of the shared GPU lock on one machine.
 ``--case carried``: the cell's kernel set (``.cache/kernels/<cell>/``, made on a CPU machine by `provision build`
 and copied here) is installed by `provision build`; ``--case none``: ``--kernel-archs none``, in a venv folder
 of its own, so nothing is carried and fi-jit compiles on this host. Then `checks run --all` (the quick pass,
@@ -118,6 +119,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--prefill", default="", help="--case local: flashinfer comm modules (vllm_comm,...) the "
                    "environment's own JIT cache is filled with first, by flashinfer's own build as an engine's "
                    "first use would; their compiles are counted apart (prefill_compiles)")
+    p.add_argument("--profile", action="store_true", help="then the quick level once more (--fresh, no table) "
+                   "under cProfile: where the host side's seconds go (profile-quick.txt, the 40 costliest calls)")
     p.add_argument("--wheels")
     p.add_argument("--base-python")
     p.add_argument("--limit", type=float, default=600.0)
@@ -187,6 +190,23 @@ def main(argv: list[str]) -> int:
                                          text=True)
                 stamped(again.stdout, fh, t2)
                 ab[name] = round(time.monotonic() - t2, 1) if again.wait(timeout=args.limit) == 0 else None
+        if args.profile:
+            prof = out / "profile-quick.prof"
+            fh.write("\n== profile: the quick level again under cProfile, --fresh --no-report\n")
+            fh.flush()
+            t3 = time.monotonic()
+            again = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", str(prof), *run[1:], "--level", "quick",
+                                      "--fresh", "--no-report"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+            stamped(again.stdout, fh, t3)
+            ab["profiled_quick_s"] = round(time.monotonic() - t3, 1) if again.wait(timeout=args.limit) == 0 else None
+            if prof.is_file():
+                import io
+                import pstats
+
+                text = io.StringIO()
+                pstats.Stats(str(prof), stream=text).sort_stats("cumulative").print_stats(40)
+                (out / "profile-quick.txt").write_text(text.getvalue())
     objects = sum(1 for _ in jit.rglob("*.o")) if jit.is_dir() else 0
     result = {
         "backend": "local" if args.case == "local" else "venv", "case": args.case, "host_class": host_class(),

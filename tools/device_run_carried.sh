@@ -27,8 +27,8 @@ W="$(mktemp -d)"
 for t in .whl/k/*.tar.xz; do [ -f "$t" ] && tar -xJf "$t"; done
 nvidia-smi -L
 python3 benchmarks/bench_gpu_host.py --matrix matrices/h200-overlay.yaml --only "$ONLY" --case carried \
-    --wheels .whl/overlay --base-python "$(command -v python3)" --limit "$LIMIT" --out "$W" ${COLD:+--cold} | tail -22
-cp "$W"/gpu-host-carried.json "$W"/gpu-host-carried.log "$OUT"/ 2>/dev/null
+    --wheels .whl/overlay --base-python "$(command -v python3)" --limit "$LIMIT" --out "$W" ${COLD:+--cold} ${PROFILE:+--profile} | tail -22
+cp "$W"/gpu-host-carried.json "$W"/gpu-host-carried.log "$W"/profile-quick.txt "$OUT"/ 2>/dev/null
 [ -d "$W/res-carried" ] && tar -C "$W" -czf "$OUT/res-carried.tgz" res-carried
 grep -E "^ +(partial|fail|crash|hang) " "$W/gpu-host-carried.log" | head -60
 sed -n '/^summary/,$p' "$W/gpu-host-carried.log" | head -40
