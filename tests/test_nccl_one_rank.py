@@ -171,3 +171,22 @@ def test_a_one_rank_set_up_result_neither_proves_nor_blocks_a_remedy() -> None:
     against = [ProbeResult.from_json(_row(one, "partial", "nccl-algo-unavailable"))]
     blocked = remedies.shown(results[:1] + against)
     assert not (remedies.offered(results[2], reasons.default(), blocked) or "").startswith("use NCCL_ALGO")
+
+
+def test_nccl_2_32_6s_own_matrix_under_allreduce_tree_leaves_the_other_collectives_without_an_algorithm() -> None:
+    """The lines NCCL 2.32.6 logged on a 1x H100 (rank 0, NCCL_ALGO=allreduce:tree, NCCL_DEBUG_SUBSYS=ENV): four
+    sections (its symmetric kernels after the algorithms) and the AllReduce row cut at 300 characters."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "nccl-2.32.6-enable-matrix-allreduce-tree.log").read_text()
+    assert len(text.splitlines()[-1]) == 300 and text.splitlines()[2].count("|") == 3
+    matrix = _nccl.enable_matrix(text)
+    assert set(matrix) == {"Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce"}
+    assert matrix["AllReduce"] == {"Tree": 1, "Ring": 0, "CollNetDirect": 0, "CollNetChain": 0, "NVLS": 0,
+                                   "NVLSTree": 0, "PAT": 0}
+    assert _nccl.without_algorithm(matrix, ("AllReduce", "AllGather", "ReduceScatter", "Broadcast")) == [
+        "AllGather", "ReduceScatter", "Broadcast"]
+    ops = {op: {"eager": {"verdict": "ok"}, "graph": {"verdict": "ok"}}
+           for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")}
+    got = nccl_graphs.table_verdict(ops, matrix, "allreduce:tree", "default", "2.32.6")
+    assert got["status"] == "partial" and got["reason_code"] == "nccl-algo-unavailable"

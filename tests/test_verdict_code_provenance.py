@@ -282,3 +282,27 @@ def test_the_verdict_maker_check_sees_each_form(tmp_path: Path) -> None:
     worker.parent.mkdir()
     worker.write_text("def f(r):\n    r['status'] = Status.HANG.value\n")
     assert [makes_verdicts(p, tmp_path) for p in (host, changed, reader, worker)] == [True, True, False, True]
+
+
+def test_a_modules_distribution_is_found_by_its_name_its_top_level_list_or_its_record(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """Three distributions in a site folder of their own: one named as its module, one listing its module in
+    top_level.txt (as PyYAML lists yaml), one with only a RECORD whose files (absent here: never stat'ed) name it."""
+    site = tmp_path / "site"
+    for name, version, extra in (("plainmod", "1.0", {}), ("PyFake", "2.0", {"top_level.txt": "fakeyaml\n"}),
+                                 ("recorded-dist", "3.0", {"RECORD": "recmod/__init__.py,,\nrecmod/x.py,,\n"
+                                                                     "recorded_dist-3.0.dist-info/METADATA,,\n"})):
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        for fname, text in extra.items():
+            (info / fname).write_text(text)
+    monkeypatch.syspath_prepend(str(site))
+    provenance._providers.cache_clear()
+    try:
+        assert provenance._providers("plainmod") == ("plainmod",)
+        assert provenance._providers("fakeyaml") == ("PyFake",)
+        assert provenance._providers("recmod") == ("recorded-dist",)
+        assert provenance._providers("nosuchmodule_xyz") == ("nosuchmodule_xyz",)
+    finally:
+        provenance._providers.cache_clear()

@@ -404,8 +404,24 @@ def judge_sources(path: Path, root: Path = CODE_ROOT) -> list[Path]:
 
 
 @functools.cache
-def _distributions() -> Mapping[str, list[str]]:
-    return importlib.metadata.packages_distributions()
+def _providers(top: str) -> tuple[str, ...]:
+    """The distributions that provide top-level module ``top`` (``yaml``: PyYAML), else ``top`` itself. A
+    distribution named as the module answers first; else each distribution's ``top_level.txt``, or the first
+    parts of the file names its RECORD lists. importlib.metadata.packages_distributions() answers the same for
+    every module at once but checks that each RECORD file exists: 9.5 s of a 14.6 s quick level on a GPU host
+    whose python held 75 distributions (26,000 stat calls), on the thread that records results."""
+    try:
+        return (importlib.metadata.distribution(top).metadata["Name"],)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    found = set()
+    for dist in importlib.metadata.distributions():
+        listed = dist.read_text("top_level.txt")
+        names = set(listed.split()) if listed else {
+            f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts and not f.parts[0].endswith("-info")}
+        if top in names and dist.metadata["Name"]:
+            found.add(dist.metadata["Name"])
+    return tuple(sorted(found)) or (top,)
 
 
 def judge_third_party(path: Path, root: Path = CODE_ROOT) -> list[str]:
@@ -414,7 +430,7 @@ def judge_third_party(path: Path, root: Path = CODE_ROOT) -> list[str]:
     tops: set[str] = set()
     for f in judge_sources(path, root):
         tops |= _judge_imports(f.read_text())[1]
-    return sorted({d for top in tops - set(sys.stdlib_module_names) for d in _distributions().get(top, [top])})
+    return sorted({d for top in tops - set(sys.stdlib_module_names) for d in _providers(top)})
 
 
 def _installed(dist: str) -> str:

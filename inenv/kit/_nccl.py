@@ -203,8 +203,12 @@ def enable_matrix(text: str) -> dict[str, dict[str, int]]:
     """How NCCL parsed NCCL_ALGO (and NCCL_PROTO) at communicator init, as its rank 0 logs it (``NCCL_DEBUG=INFO``,
     subsystem ``ENV``): per collective (``Broadcast``, ``AllReduce``...), each algorithm's enable value (0: off).
     The matrix follows the :data:`ENABLE_MATRIX` line, one row a line: ``Function | <protocols> | <algorithms>``,
-    then ``<collective> | <protocol values> | <algorithm values>``. It is NCCL's reading of the setting, which
-    does not depend on the world size; the last matrix in ``text`` is returned, {} when none was logged."""
+    then ``<collective> | <protocol values> | <algorithm values>``. NCCL 2.32.6 logs a fourth section after the
+    algorithms, its symmetric kernels (``AllReduce_AGxLL_R`` ...), which run only on registered windows, so no
+    collective on ordinary buffers falls back on them: that section is not read, and the last row may be cut short
+    inside it (NCCL's log line has a length limit; 2.32.6 on an H100 cut the AllReduce row at 300 characters). It is
+    NCCL's reading of the setting, which does not depend on the world size; the last matrix in ``text`` is returned,
+    {} when none was logged (2.28.9 logs none)."""
     matrix: dict[str, dict[str, int]] = {}
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -214,7 +218,7 @@ def enable_matrix(text: str) -> dict[str, dict[str, int]]:
         algos: list[str] = []
         for row in lines[i + 1:]:
             parts = row.split("|")
-            if "NCCL INFO" in row or len(parts) != 3:
+            if "NCCL INFO" in row or len(parts) < 3:
                 break
             name = parts[0].strip()
             if name == "Function":
