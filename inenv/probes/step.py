@@ -24,12 +24,12 @@ host's GPU count), every rank on a GPU of its own. Elsewhere a variant runs the 
 set-up at that world size (where a feature refuses it) and one agreement case per dtype (``_agree.shallow_cases``:
 random inputs compared bit for bit across ranks, then the same captured call on integer inputs into a
 sentinel-filled output, checked exactly, and one replay profiled for the kernels it launched; a quick run the first
-dtype only), untimed. Two placements run it: ranks sharing one GPU (``placement=shared``, on a host of one GPU
-and at 2 ranks only: each allreduce there waits for the other processes' turns, 2-9 ms a call on an H200, so a
-shared result has no times for anything to rank or plot; the process group is gloo, NCCL refusing two ranks on one
-GPU; the other shared world sizes are planned ``not-run`` + ``narrowed-world-size``, each backend's set-up there
-being the feature probes' shared variants), and a GPU per rank at the other world sizes up to the GPU count
-(``depth=setup``: NCCL's process group and every backend as served).
+dtype only), untimed. Two placements run it: ranks sharing one GPU (``placement=shared``, world sizes over the
+host's GPU count: each allreduce there waits for the other processes' turns, 2-9 ms a call on an H200, so a shared
+result has no times for anything to rank or plot; the process group is gloo, NCCL refusing two ranks on one GPU; a
+backend whose own probe checks the same there, :data:`AGREED_ELSEWHERE`, is planned ``not-run`` +
+``narrowed-world-size`` but at 2 ranks on a one-GPU host), and a GPU per rank at the other world sizes up to the GPU
+count (``depth=setup``: NCCL's process group and every backend as served).
 
 The backends' adapters are in ``stepcomm`` (shared with the load probe), the cases, the model's blocks and one
 case's measurement in ``stepmodel``; this module plans the variants, runs one and gives its verdict.
@@ -94,37 +94,44 @@ SPEC = ProbeSpec(
 ONLY_ENV = "STACKPROBE_STEP_ONLY"  # planning filter: "nccl,flashinfer-fusion" plans only those backends
 
 
-# The one world size the step runs with its ranks sharing a GPU, and only on a host of one GPU (:func:`variants`)
+# The one world size every backend of the step runs at with its ranks sharing a GPU, on a host of one GPU
 SHARED_AT = 2
+# Backends whose own probe checks, at every world size with ranks sharing a GPU, what the step's shallow selection
+# checks there (the set-up and _agree.shallow_cases: rank agreement and one exact call per dtype): custom-ar's
+# flashinfer implementation and symm-mem. pcie-ipc and fi-fusion check exactness there, not rank agreement (a 1x
+# H100 run found flashinfer's PCIe IPC ring kernel at 4 shared ranks differing bit for bit between ranks in the
+# step only), and custom-ar checks sgl-kernel's with a GPU per rank only, so the step keeps those.
+AGREED_ELSEWHERE: dict[str, str] = {"flashinfer-custom-ar": "custom-ar", "symm-mem-one-shot": "symm-mem"}
 
 
 def variants(host: HostView) -> list[Variant]:
     only = {b.strip() for b in os.environ.get(ONLY_ENV, "").split(",") if b.strip()}
     backends = [b for b in BACKENDS if not only or b in only]
-    # Beyond the host's GPU count every backend but NCCL (which refuses two ranks on one GPU) could run with its
+    # Beyond the host's GPU count every backend but NCCL (which refuses two ranks on one GPU) runs with its
     # ranks on one GPU; at the other world sizes below it (not deep) with a GPU per rank, depth=setup: both the
     # shallow selection, checked and compared across ranks, not timed
     planned = multi_rank(SPEC, host, ((("backend", b),) for b in backends), lambda p: dict(p)["backend"] != "nccl",
                          shared_gpus=1, why="NCCL refuses two ranks on one GPU", other_sizes=SETUP)
-    return [dataclasses.replace(v, skip=narrowed(v.ranks, host)) if narrows(v, host) else v for v in planned]
+    return [dataclasses.replace(v, skip=narrowed(v, host)) if narrows(v, host) else v for v in planned]
 
 
 def narrows(v: Variant, host: HostView) -> bool:
-    """Whether ``v``, ranks sharing one GPU, is left to the feature probes (pure): the step's shallow selection on
-    a shared GPU stands in for its own GPU-per-rank run on a host of one GPU, at :data:`SHARED_AT` ranks only.
-    Each backend's set-up at the other shared world sizes is what custom-ar, pcie-ipc, fi-fusion and symm-mem check
-    there (the same adapters, the same world-size refusals), and with eight processes time-slicing one GPU one
-    such step variant costs as much as a dozen others."""
-    return v.share_gpu and v.skip is None and (host.gpu_count >= 2 or v.ranks != SHARED_AT)
+    """Whether ``v``, ranks sharing one GPU, is left to its backend's own probe (pure): a backend of
+    :data:`AGREED_ELSEWHERE`, beyond :data:`SHARED_AT` ranks on a host of one GPU (where the step's own run is the
+    shared one) and at every shared size on a bigger host (where the step runs with a GPU per rank). One such
+    variant of eight processes time-slicing one GPU cost about 25 s on a 1x H100, as much as a dozen others."""
+    return (v.share_gpu and v.skip is None and str(v.param("backend")) in AGREED_ELSEWHERE
+            and (host.gpu_count >= 2 or v.ranks != SHARED_AT))
 
 
-def narrowed(n: int, host: HostView) -> Skip:
+def narrowed(v: Variant, host: HostView) -> Skip:
+    n, backend = v.ranks, str(v.param("backend"))
     sizes = "2" if host.gpu_count == 2 else f"2 to {host.gpu_count}"
-    where = (f"the step runs at {SHARED_AT} ranks sharing this host's GPU" if host.gpu_count < 2 else
-             f"the step runs with a GPU per rank at {sizes} ranks here")
-    return Skip(NARROWED, f"{n} ranks sharing one GPU: {where}, and each backend's set-up at {n} ranks on a shared "
-                "GPU is custom-ar's, pcie-ipc's, fi-fusion's and symm-mem's variant at that size (the step's own "
-                "answer, its times, needs a GPU per rank)", Status.NOT_RUN.value)
+    where = (f"the step runs every backend at {SHARED_AT} ranks sharing this host's GPU" if host.gpu_count < 2
+             else f"the step runs with a GPU per rank at {sizes} ranks here")
+    return Skip(NARROWED, f"{n} ranks sharing one GPU: {where}, and {backend}'s set-up, rank agreement and exact "
+                f"call at {n} ranks on a shared GPU are {AGREED_ELSEWHERE[backend]}'s variant at that size (the "
+                "step's own answer, its times, needs a GPU per rank)", Status.NOT_RUN.value)
 
 
 def preflight(variant: Variant) -> dict[str, Any] | None:
