@@ -126,6 +126,38 @@ def test_side_builds_start_longest_first() -> None:
     assert order == ["moe_a2a", "vllm_comm", "trtllm_comm", "pcie_ipc"]
 
 
+def test_without_a_recorded_time_or_source_bytes_the_measured_order_decides() -> None:
+    none = {m: None for m in fi.COMM_MODULES}
+    order = fiprebuild.longest_first(["pcie_ipc", "vllm_comm", "moe_a2a", "trtllm_comm"], none, {})
+    assert order == ["trtllm_comm", "moe_a2a", "vllm_comm", "pcie_ipc"]
+    # bytes, where flashinfer can say, come before the measured order; a recorded time before both
+    assert fiprebuild.longest_first(["trtllm_comm", "pcie_ipc"], none, {"pcie_ipc": 5})[0] == "pcie_ipc"
+    assert fiprebuild.longest_first(["trtllm_comm", "pcie_ipc"], {"trtllm_comm": None, "pcie_ipc": 1.0},
+                                    {"trtllm_comm": 10**6})[0] == "pcie_ipc"
+
+
+def test_only_the_longest_builds_variant_starts_the_side_builds(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short module's variant must not start them: it would wait for the long build before it ends, and every
+    GPU probe loading the short module would wait with it."""
+    monkeypatch.setenv(cc.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cc.CELL_ENV, "cu130-fi0.7.4")
+    monkeypatch.setattr(fi, "version", lambda: "0.7.4")
+    monkeypatch.setattr(fiprebuild, "source_bytes", lambda m: 0)
+    started: list[list[str]] = []
+    monkeypatch.setattr(fiprebuild, "start", lambda modules, env: started.append(list(modules)) or None)
+    monkeypatch.setattr(fi_jit._fi_existing, "might_have", lambda *a, **k: False)
+
+    class Ctx:
+        def log(self, text: str) -> None:
+            pass
+
+    assert fi_jit._prebuild_others(Ctx(), "pcie_ipc", str(tmp_path / "jit"), "9.0") is None
+    assert started == []
+    fi_jit._prebuild_others(Ctx(), "trtllm_comm", str(tmp_path / "jit"), "9.0")
+    assert started and "trtllm_comm" not in started[0] and "pcie_ipc" in started[0]
+
+
 def test_recorded_compile_times_come_from_the_store(tmp_path: Path) -> None:
     lib = tmp_path / "m.so"
     lib.write_bytes(b"lib")

@@ -569,13 +569,21 @@ def from_carried(ctx: RankContext, module: str, arch: str, carried: _carried.Car
 
 def _prebuild_others(ctx: RankContext, module: str, cache: str,
                      local_cc: str) -> tuple[Any, list[str], float] | None:
-    """Start, once per cell, flashinfer release and run, the local builds of every other comm module side by
-    side into the compile cache (``fiprebuild``), beside this variant's own build: the GPU probes load them
-    (``_flashinfer.use_prebuilt``), and each module's own variant then finds its build done instead of
-    compiling in turn. Nothing a variant starts outlives it (``checks.run.isolate``), so this variant waits for
-    them before it ends (:func:`_await_side_builds`). None when nothing was started."""
+    """Start, once per cell, flashinfer release and run, from the variant of the module whose build is the longest
+    (``fiprebuild.longest``), the local builds of every other comm module side by side into the compile cache
+    (``fiprebuild``), beside this variant's own build: the GPU probes load them (``_flashinfer.use_prebuilt``),
+    and each module's own variant then finds its build done instead of compiling in turn. Nothing a variant
+    starts outlives it (``checks.run.isolate``), so this variant waits for them before it ends
+    (:func:`_await_side_builds`). None when nothing was started."""
     root = fi.prebuilt_root()
     if _compile_cache.root() is None or root is None:
+        return None
+    carried = _carried.usable(_carried.aot_dir())[0]
+    unbuilt = [m for m in fi.COMM_MODULES if not (m in carried and carried[m].runs_on(local_cc))]
+    if module in unbuilt and fiprebuild.longest(unbuilt) != module:
+        # the longest build's variant starts them: a variant waits for its side builds before it ends, and the
+        # GPU probes that load a short module wait for its variant (on a 1x H100 pcie_ipc's variant, 11 s of
+        # compiling, ended after trtllm_comm's 280 s side build, and every probe loading it waited as long)
         return None
     marker = root / f".prebuild-{fi.version() or 'unknown'}"
     try:
@@ -585,8 +593,7 @@ def _prebuild_others(ctx: RankContext, module: str, cache: str,
         marker.write_text(f"{os.getpid()}\n")
     except OSError:
         return None
-    carried = _carried.usable(_carried.aot_dir())[0]
-    others = [m for m in fi.COMM_MODULES if m != module and not (m in carried and carried[m].runs_on(local_cc))]
+    others = [m for m in unbuilt if m != module]
     if others and _fi_existing.might_have(fi.version(), os.environ):  # what the environment has, its variant loads
         have = _fi_existing.have_subprocess(others, environment_env(), timeout_s=300.0, capability=local_cc)
         for m, found in have.items():
