@@ -7,7 +7,8 @@
 # .whl.txz) cut in parts, .whl/s1 .. .whl/s5 staged by earlier calls on the same warm machine into .whl/stage (`bash
 # tools/device_run_nccl_twin.sh stage`, one part a call) and the last part with this call in .whl/s6, which also
 # holds the tar's SHA256; the parts are joined and the hash checked before anything is installed.
-# Here: tar -cf B.tar .whl/overlay/<the three wheels> .whl/k/<flashinfer txz>; split -b 41943040 -d -a 1 B.tar part.
+# Here: tar -cf B.tar .whl/overlay/<the three wheels> .whl/k/<flashinfer txz>; split -b 39000000 -d -a 1 B.tar part.
+# (a part and the tracked checkout, about 25 MB, must stay under the 64 MiB a call carries)
 # Device calls: run(carry=[".whl/s1"], command="bash tools/device_run_nccl_twin.sh stage"), the same for s2 .. s5,
 # then run(carry=[".whl/s6"], command="bash tools/device_run_nccl_twin.sh").
 # Back in $OUT: nccl-twin.log and res-nccl.tgz (the run's results, for results/).
