@@ -6,10 +6,10 @@ probe's build parameter (fi-jit's module) and whether it compiles that module he
 module and compiling one differ by minutes).
 The prior (``prior.json`` beside this module, written by ``tools/make_prior.py`` from committed results) holds
 the median seconds of each shape per class of host it was measured on, over the newest run that timed the shape
-on a host of that class: older runs measured older code (on 2x H200, ar-latency's variants took 18-23 s each in
-the runs of 2026-11-29/30 and 3.9-7.1 s on 2026-12-01, once ranks rendezvoused before taking the GPUs), and a
-median over every run would price today's variants at the old code's cost. Run ids begin with their UTC time, so
-the newest is the greatest. For a shape not measured:
+on a host of that class: each run measured the code of its day (on 2x H200, ar-latency's variants took 18-23 s
+each in the runs of 2026-11-29/30 and 3.9-7.1 s on 2026-12-01, with ranks that rendezvous before taking the GPUs),
+and a median over every run would price today's variants at an earlier code's cost. Run ids begin with their UTC
+time, so the newest is the greatest. For a shape not measured:
 
 - ranks sharing GPUs time-slice them, so the cost scales with the world size from the nearest measured one:
   ``s(w) = s(w0) * w / w0``;
