@@ -41,6 +41,10 @@ from inenv import registry  # noqa: E402
 from inenv.probe import FULL, QUICK, HostView, Variant, key_parts  # noqa: E402
 
 TEN_MINUTES_S = 600.0
+# A variant no host has timed is costed at budget.UNTIMED_S; the step's full grid with a GPU per rank, never timed,
+# may well take three times that (its shallow selection alone took 22-28 s at 8 ranks sharing one H100), so each
+# prediction is also printed with every guessed variant at this many seconds
+GUESS_HIGH_S = 30.0
 # The cores of an 8-GPU host, an assumption: 8-GPU H100/H200 servers ship with 96-224 cores (two CPUs of 48-112
 # cores), and the lent 8-GPU machines have 128. The cores cap the rank processes of variants that time nothing
 # running side by side (checks.run.runner.rank_cap); the 8-GPU full level is also printed at --cores to compare.
@@ -69,9 +73,13 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
     lanes = budget.Lanes(jobs, rank_cap(cores), gpus=gpus, switched=switched)
     for it in items:
         lanes.add(it, budget.seconds_of(it, seconds))
+    # the same pass with every guessed variant at GUESS_HIGH_S instead of budget.UNTIMED_S: how much the figure
+    # rests on the guesses
+    high = {k: (GUESS_HIGH_S if v is None else v) for k, v in seconds.items()}
     return {"gpus": gpus, "level": level, "link": "NVSwitch" if switched else "PCIe", "cores": cores,
             "variants": len(items),
             "predicted_s": round(budget.pass_seconds(items, seconds, jobs, rank_cap(cores), gpus, switched), 1),
+            "guessed_high_s": round(budget.pass_seconds(items, high, jobs, rank_cap(cores), gpus, switched), 1),
             "lanes_s": {"timed": round(lanes.timed_wall(), 1),
                         "untimed": round(lanes.wall() - lanes.timed_wall() - lanes.cpu / max(1, jobs), 1),
                         "cpu": round(lanes.cpu / max(1, jobs), 1)},
@@ -157,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r["gpus"] == 8 and r["level"] == FULL:
             fits = "fits" if float(r["predicted_s"]) <= TEN_MINUTES_S else "does not fit"  # type: ignore[arg-type]
-            print(f"8 GPUs, full level, {r['link']}, {r['cores']} cores: {r['predicted_s']} s {fits} 10 minutes")
+            print(f"8 GPUs, full level, {r['link']}, {r['cores']} cores: {r['predicted_s']} s {fits} 10 minutes "
+                  f"({r['guessed']} variants guessed at {budget.UNTIMED_S:g} s; at {GUESS_HIGH_S:g} s each: "
+                  f"{r['guessed_high_s']} s)")
     for c in checks:
         print(f"check {c['run']} ({c['class']}, {c['variants']} timed variants): predicted {c['predicted_sum_s']} s / "
               f"measured {c['measured_sum_s']} s = {c['ratio']} ({c['guessed']} guessed)")
