@@ -411,16 +411,19 @@ def _providers(top: str) -> tuple[str, ...]:
     every module at once but checks that each RECORD file exists: 9.5 s of a 14.6 s quick level on a GPU host
     whose python held 75 distributions (26,000 stat calls), on the thread that records results."""
     try:
-        return (importlib.metadata.distribution(top).metadata["Name"],)
+        named = importlib.metadata.distribution(top).metadata["Name"]
     except importlib.metadata.PackageNotFoundError:
-        pass
+        named = None
+    if named:
+        return (str(named),)
     found = set()
     for dist in importlib.metadata.distributions():
         listed = dist.read_text("top_level.txt")
         names = set(listed.split()) if listed else {
             f.parts[0].removesuffix(".py") for f in dist.files or () if f.parts and not f.parts[0].endswith("-info")}
-        if top in names and dist.metadata["Name"]:
-            found.add(dist.metadata["Name"])
+        name = dist.metadata["Name"]
+        if top in names and name:
+            found.add(str(name))
     return tuple(sorted(found)) or (top,)
 
 
