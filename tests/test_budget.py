@@ -193,11 +193,23 @@ def test_derive_takes_the_median_per_class_and_shape_over_the_newest_run_that_ti
     s = costmodel.Shape("step", 2, True)
     h200, inventory = "NVIDIA H200 x1", costmodel.Shape("inventory", 1, False)
     new, old = "20261201T021126Z-b42a", "20261130T213046Z-f1ed"
-    got = costmodel.derive([(h200, s, 3.0, new), (h200, s, 9.0, new), (h200, s, 4.0, new),
-                            (h200, s, float("inf"), new), (h200, s, 20.0, old), (h200, s, 21.0, old),
-                            (h200, s, 22.0, old), (h200, s, 23.0, old), ("no GPU", inventory, 2.0, old)])
+    got = costmodel.derive([(h200, s, 3.0, new, True), (h200, s, 9.0, new, True), (h200, s, 4.0, new, True),
+                            (h200, s, float("inf"), new, True), (h200, s, 20.0, old, True), (h200, s, 21.0, old, True),
+                            (h200, s, 22.0, old, True), (h200, s, 23.0, old, True),
+                            ("no GPU", inventory, 2.0, old, True)])
     # the older run's four slow records would make the median over both runs 9.0
     assert got["classes"] == {"NVIDIA H200 x1": {"step|2|shared|": 4.0}, "no GPU": {"inventory|1|own|": 2.0}}
+
+
+def test_derive_passes_over_a_newer_run_whose_records_of_the_shape_are_all_skips() -> None:
+    s = costmodel.Shape("step", 2, True)
+    h200, engine = "NVIDIA H200 x1", costmodel.Shape("engine", 1, False)
+    newest, older = "20261206T150047Z-bebb", "20261205T031854Z-94b2"
+    got = costmodel.derive([(h200, s, 0.3, newest, False), (h200, s, 0.4, newest, False),  # preflight skips
+                            (h200, s, 9.0, older, True), (h200, s, 0.3, older, False),
+                            (h200, engine, 0.2, newest, False), (h200, engine, 0.5, older, False)])
+    # the older run's one variant that ran, not its skip; a shape only ever skipped keeps its newest skips
+    assert got["classes"] == {"NVIDIA H200 x1": {"step|2|shared|": 9.0, "engine|1|own|": 0.2}}
 
 
 def test_the_packaged_prior_loads_and_costs_every_probe_a_one_gpu_h200_runs() -> None:
@@ -289,8 +301,9 @@ def test_prior_records_come_from_timed_results_and_leave_out_unmarked_sharing(tm
         (CELL.cell_id, "inventory", "ranks=1", 0.0)])  # took no time: not timed
     (tmp_path / "h200x1-bbbbbbbb").symlink_to(tmp_path / "h200x1-aaaaaaaa")  # a linked folder is not read
     got = list(prior.records(tmp_path, {"fi-jit": "module"}))
-    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 9.5, "20261201T000000Z-aaaa"),
-                   ("NVIDIA H200 x1", costmodel.Shape("fi-jit", 1, False, "vllm_comm"), 14.0, "20261201T000000Z-aaaa")]
+    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 9.5, "20261201T000000Z-aaaa", True),
+                   ("NVIDIA H200 x1", costmodel.Shape("fi-jit", 1, False, "vllm_comm"), 14.0, "20261201T000000Z-aaaa",
+                    True)]
 
 
 def _jit_item(module: str, arch: str = "local") -> WorkItem:
@@ -398,7 +411,7 @@ def test_prior_records_leave_out_the_hosts_asked(tmp_path: Path) -> None:
         _run(tmp_path, host, "20261201T000000Z-aaaa", "venv", H200,
              [(CELL.cell_id, "step", "ranks=2,placement=shared,gpus=1,backend=nccl", seconds)])
     got = list(prior.records(tmp_path, {}, leave_out=frozenset({"h200x1-aaaaaaaa"})))
-    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 4.0, "20261201T000000Z-aaaa")]
+    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 4.0, "20261201T000000Z-aaaa", True)]
 
 
 P2P = ProbeSpec(id="host-p2p", title="t", feature="f", ranks=(1, 2), needs_gpu=True, timeout_s=60)

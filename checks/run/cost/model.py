@@ -5,11 +5,13 @@ A variant's cost is keyed by its :class:`Shape`: probe, world size, whether its 
 probe's build parameter (fi-jit's module) and whether it compiles that module here (loading a carried or cached
 module and compiling one differ by minutes).
 The prior (``prior.json`` beside this module, written by ``tools/make_prior.py`` from committed results) holds
-the median seconds of each shape per class of host it was measured on, over the newest run that timed the shape
-on a host of that class: each run measured the code of its day (on 2x H200, ar-latency's variants took 18-23 s
-each in the runs of 2026-11-29/30 and 3.9-7.1 s on 2026-12-01, with ranks that rendezvous before taking the GPUs),
-and a median over every run would price today's variants at an earlier code's cost. Run ids begin with their UTC
-time, so the newest is the greatest. For a shape not measured:
+the median seconds of each shape per class of host it was measured on, over the newest run that ran the shape's
+feature on a host of that class: each run measured the code of its day (on 2x H200, ar-latency's variants took
+18-23 s each in the runs of 2026-11-29/30 and 3.9-7.1 s on 2026-12-01, with ranks that rendezvous before taking the
+GPUs), and a median over every run would price today's variants at an earlier code's cost. A skip decided before
+the feature ran (a cell without the backend's package: 0.3 s) costs its check, not the variant, so a run whose
+records of the shape are all skips stands only where no run ran it. Run ids begin with their UTC time, so the newest
+is the greatest. For a shape not measured:
 
 - ranks sharing GPUs time-slice them, so the cost scales with the world size from the nearest measured one:
   ``s(w) = s(w0) * w / w0``;
@@ -98,17 +100,19 @@ def host_label(gpu_name: str, gpu_count: int) -> str:
     return f"{gpu_name} x{gpu_count}" if gpu_count else CPU_CLASS
 
 
-# (host class label, shape, seconds, id of the run that timed it)
-Record = tuple[str, Shape, float, str]
+# (host class label, shape, seconds, id of the run that timed it, whether the feature ran: not a skip)
+Record = tuple[str, Shape, float, str, bool]
 
 
 def derive(records: Iterable[Record]) -> dict[str, Any]:
-    """The prior's JSON from (host class label, shape, seconds, run id) records: per class and shape, the median
-    over the newest run that timed the shape (the module docstring)."""
-    runs: dict[str, dict[Shape, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    for label, shape, seconds, run in records:
+    """The prior's JSON from (host class label, shape, seconds, run id, ran) records: per class and shape, the
+    median over the newest run that ran the shape's feature, else over the newest run (the module docstring)."""
+    runs: dict[str, dict[Shape, dict[tuple[bool, str], list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list)))
+    for label, shape, seconds, run, ran in records:
         if math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS:
-            runs[label][shape][run].append(seconds)
+            runs[label][shape][(ran, run)].append(seconds)
+    # (ran, run id) orders the runs that ran the feature after every run of skips, each group newest last
     per = {label: {shape: by_run[max(by_run)] for shape, by_run in shapes.items()} for label, shapes in runs.items()}
     return {"schema": PRIOR_SCHEMA, "rank_growth": RANK_GROWTH,
             "classes": {label: {s.label(): round(statistics.median_low(sorted(v)), 3)

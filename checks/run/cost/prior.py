@@ -17,13 +17,14 @@ from checks.results.store import read_file, read_manifest
 from checks.run import runprogress
 from checks.run.cost import model
 from inenv.probe import key_parts
+from inenv.status import Status
 
 
 def records(root: Path, build_params: Mapping[str, str],
             leave_out: frozenset[str] = frozenset()) -> Iterator[model.Record]:
-    """(host class label, shape, seconds, run id) of every timed result under ``root`` (one folder per host) but
-    those of the hosts in ``leave_out``; ``build_params``: each probe's build parameter (fi-jit: module), part of
-    the shape."""
+    """(host class label, shape, seconds, run id, ran: not a skip) of every timed result under ``root`` (one
+    folder per host) but those of the hosts in ``leave_out``; ``build_params``: each probe's build parameter
+    (fi-jit: module), part of the shape."""
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
                      and p.name not in leave_out) if root.is_dir() else []
     for folder in folders:
@@ -38,7 +39,8 @@ def records(root: Path, build_params: Mapping[str, str],
                 if runprogress.timed(r) and (shape := shape_of(r.probe_id, r.variant, build_params, compiled)):
                     if cls.gpu_count and shape.ranks > cls.gpu_count and not shape.shared:
                         continue
-                    yield label, shape, r.verdict.duration_s, path.name.removesuffix(".jsonl")
+                    yield (label, shape, r.verdict.duration_s, path.name.removesuffix(".jsonl"),
+                           r.verdict.status is not Status.SKIP)
 
 
 def shape_of(probe: str, variant_key: str, build_params: Mapping[str, str],
