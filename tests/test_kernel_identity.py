@@ -503,3 +503,47 @@ def test_a_kernel_set_is_reused_only_where_its_sass_answers_every_declared_targe
     if sass == ["sm_75"]:
         assert ("kernels: vllm_comm in the kernel set is not this cell's (sass: sm_90a wanted for 9.0a, sm_75 in "
                 "the record): removed, built again") in lines
+
+
+def test_a_twin_cell_of_the_same_build_inputs_copies_the_build_and_compiles_nothing(tmp_path: Path) -> None:
+    """Two cells that differ only in what no module is compiled from (an NCCL release) share each module's build:
+    the first compiles, the second copies it, judged current in its own set; a cell of another torch builds."""
+    base, twin, other = ("cu132-torch2.15.0-sglnone-fi0.7.4", "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6",
+                         "cu132-torch2.16.0-sglnone-fi0.7.4")
+    cells = {base: StandInCell(CU130), twin: StandInCell(CU130),
+             other: StandInCell({**CU130, "torch": "2.16.0+cu130"})}
+    envs, lines = tmp_path / "envs", []
+    recs = [_cell(envs, cid) for cid in cells]
+    got = kernels.carry(recs, {cid: ("9.0a", "12.0a") for cid in cells}, 1, envs,
+                        lambda cid, msg: lines.append(f"{cid} {msg}"), kernels_root=tmp_path / "kernels",
+                        cache=tmp_path / "cache", modules=("vllm_comm",), carriers=cells)
+    compiled = {cid: c.compiles for cid, c in cells.items()}
+    assert sorted(cid for cid, c in compiled.items() if c) == sorted([base, other])  # one of the twins compiled
+    copier = twin if compiled[base] else base
+    assert compiled[copier] == []
+    assert lines[0].startswith(" kernels: 2 module build(s) in 2 cell(s) and 1 copied from a twin cell's build")
+    source = base if copier == twin else twin
+    assert any(line.startswith(f"{copier} kernels: [") and f"vllm_comm for 9.0a 12.0a copied from {source}'s build"
+               in line for line in lines), lines
+    by_id = {r["cell_id"]: r for r in got}
+    row = by_id[copier]["kernels"]["modules"]["vllm_comm"]
+    assert row["carried"] is True and "compile_cpu_s" not in row  # a copy is no compile: estimates learn nothing
+    assert by_id[copier]["kernels"]["installed"] is True
+    lib = tmp_path / "kernels" / copier / "vllm_comm" / "vllm_comm.so"
+    assert lib.read_bytes() == (tmp_path / "kernels" / source / "vllm_comm" / "vllm_comm.so").read_bytes()
+    assert not list((tmp_path / "kernels" / copier).glob(".*part"))  # the copy lands whole or not at all
+
+
+def test_a_twin_is_planned_free_and_a_failed_build_leaves_the_twin_to_build(tmp_path: Path) -> None:
+    class Fails(StandInCell):
+        def compile(self, job: kernels.Job, out_dir: Path) -> dict[str, Any]:
+            self.compiles.append((job.module, job.archs))
+            return {"ok": False, "reason_code": "fi-jit-error", "line": "nvcc died"}
+
+    a, b = "cu132-torch2.15.0-sglnone-fi0.7.4", "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6"
+    cells = {a: Fails(CU130), b: Fails(CU130)}
+    envs: Path = tmp_path / "envs"
+    recs = [_cell(envs, cid) for cid in cells]
+    kernels.carry(recs, {cid: ("9.0a",) for cid in cells}, 1, envs, lambda cid, msg: None,
+                  kernels_root=tmp_path / "kernels", cache=tmp_path / "cache", modules=("vllm_comm",), carriers=cells)
+    assert cells[a].compiles == [("vllm_comm", ("9.0a",))] and cells[b].compiles == [("vllm_comm", ("9.0a",))]

@@ -8,7 +8,7 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from common.progress import duration
@@ -61,8 +61,9 @@ class StageProgress:
     its end changes the scale by no more than its last seconds did."""
 
     def __init__(self, todo: Sequence[Job], jobs: int, learned: Mapping[str, float],
-                 live: Callable[[], float | None] = lambda: 0.0) -> None:
+                 live: Callable[[], float | None] = lambda: 0.0, copied: Collection[tuple[str, str]] = ()) -> None:
         self.live = live  # CPU seconds of running builds outside this process's tree (None: unreadable)
+        self.copied = frozenset(copied)  # jobs another cell's build of the same inputs answers: nothing to compile
         self.todo, self.jobs, self.learned = list(todo), max(1, jobs), dict(learned)
         self.declared = dict(BUILD_COST)  # CPU seconds per target fi-jit declares for each module
         self.index = {(j.cell_id, j.module): i + 1 for i, j in enumerate(self.todo)}
@@ -90,7 +91,10 @@ class StageProgress:
 
     def cost(self, job: Job, factor: float | None = None) -> tuple[float, bool]:
         """(CPU seconds this job should take, whether from this host's own builds: this stage's or earlier);
-        ``factor``: the declared costs' scale (default: :meth:`scale` of the finished builds)."""
+        ``factor``: the declared costs' scale (default: :meth:`scale` of the finished builds). A job another
+        cell's build answers (``copied``) costs nothing."""
+        if (job.cell_id, job.module) in self.copied:
+            return 0.0, True
         seen = self.measured.get(job.module)
         if seen:
             return sum(seen) / len(seen) * len(job.archs), True
@@ -160,7 +164,7 @@ class StageProgress:
         with self.lock:
             for j in self.todo:
                 key = (j.cell_id, j.module)
-                if key in self.finished:
+                if key in self.finished or key in self.copied:
                     continue
                 cost, learned = self.cost(j, factor)
                 own, prior = own + learned, prior + (not learned)
@@ -184,7 +188,7 @@ class StageProgress:
 
     def left_text(self, running_cpu: float | None = 0.0) -> str:
         seconds, basis = self.left_s(running_cpu)
-        if not self.todo:
+        if all((j.cell_id, j.module) in self.copied for j in self.todo):
             return "nothing to compile"
         return f"about {duration(seconds)} left ({basis})"
 

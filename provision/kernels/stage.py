@@ -143,16 +143,70 @@ def _build(job: Job, kernel_dir: Path, carrier: Carrier, progress: StageProgress
     return got
 
 
+def twins(groups: Sequence[Sequence[Job]], identities: Mapping[str, Any]) -> dict[Key, list[Job]]:
+    """For each job, the other jobs of its group whose module is built from exactly the same inputs (every
+    fact of ``kit.KERNEL_IDENTITY``: flashinfer, torch and its CUDA, nvcc, apache-tvm-ffi, the target list, the
+    module's sources), so one build's library answers them all: cells that differ only in what no module is
+    compiled from (an NCCL release, an sgl-kernel) share one build (pure)."""
+    out: dict[Key, list[Job]] = {}
+    for group in groups:
+        facts = [(j, job_plan.facts_for(j, identities.get(j.cell_id))) for j in group]
+        for job, mine in facts:
+            if mine is not None:
+                same = [o for o, theirs in facts if o.cell_id != job.cell_id and theirs == mine]
+                if same:
+                    out[(job.cell_id, job.module)] = same
+    return out
+
+
+def _copy(job: Job, same: Sequence[Job], kernels_root: Path, built: Mapping[str, Mapping[str, Any]],
+          identities: Mapping[str, Any], progress: StageProgress, report: Report) -> dict[str, Any] | None:
+    """The module of ``job`` copied from the kernel set of a cell in ``same`` that holds it current (built
+    from the same inputs: see :func:`twins`), judged again in this cell as any carried module is; None when
+    none holds it (then it is built)."""
+    for other in same:
+        have, _ = current(kernels_root / other.cell_id, other, identities.get(other.cell_id))
+        if have is None:
+            continue
+        progress.begin(job)
+        try:
+            dest = kernels_root / job.cell_id / have.library.parent.name
+            part = dest.with_name(f".{dest.name}.part")
+            shutil.rmtree(part, ignore_errors=True)
+            shutil.copytree(have.library.parent, part)
+            shutil.rmtree(dest, ignore_errors=True)
+            part.rename(dest)
+        except OSError as exc:
+            report(job.cell_id, f"kernels: {job.module} could not be copied from {other.cell_id} ({exc}): built")
+            continue
+        finally:
+            progress.end(job)
+        answer, why = ready_answer(kernels_root / job.cell_id, job, built[job.cell_id], identities.get(job.cell_id))
+        if answer is not None and answer.get("ok"):
+            report(job.cell_id, f"kernels: {progress.position(job)} {job.module} for {' '.join(job.archs)} copied "
+                                f"from {other.cell_id}'s build of the same inputs (flashinfer, torch, CUDA, nvcc, "
+                                "apache-tvm-ffi, targets, sources): nothing compiled")
+            return {**answer, "copied_from": other.cell_id}
+        _drop(kernels_root / job.cell_id, job.module)
+        report(job.cell_id, f"kernels: {job.module} copied from {other.cell_id} is not this cell's ({why}): built")
+    return None
+
+
 def _run_groups(groups: list[list[Job]], answered: Mapping[Key, dict[str, Any]], carriers: Mapping[str, Carrier],
-                kernels_root: Path, progress: StageProgress, jobs: int, report: Report,
-                tick_s: float) -> dict[Key, dict[str, Any]]:
-    """Every job's answer: the ready one, else its build's; the groups ``jobs`` at a time, a group's jobs one
-    after another, a line at least every ``tick_s`` seconds while any builds."""
+                kernels_root: Path, progress: StageProgress, jobs: int, report: Report, tick_s: float,
+                same: Mapping[Key, Sequence[Job]], built: Mapping[str, Mapping[str, Any]],
+                identities: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
+    """Every job's answer: the ready one, else a copy of a twin cell's build (``same``), else its own build's;
+    the groups ``jobs`` at a time, a group's jobs one after another (so a twin's build is there to copy), a
+    line at least every ``tick_s`` seconds while any builds."""
     results: dict[Key, dict[str, Any]] = {}
     lock = threading.Lock()
 
     def one(job: Job) -> None:
-        got = answered.get((job.cell_id, job.module))
+        key = (job.cell_id, job.module)
+        got = answered.get(key)
+        if got is None and same.get(key):
+            got = _copy(job, same[key], kernels_root, built, identities, progress, report)
         if got is None:
             got = _build(job, kernels_root / job.cell_id, carriers[job.cell_id], progress, report)
         with lock:
@@ -195,11 +249,19 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
         spent = [by_cell[c].running_cpu_s() for c in sorted({j.cell_id for j in todo})]
         return None if any(v is None for v in spent) else sum(v for v in spent if v is not None)
 
-    progress = StageProgress(todo, jobs, learned_costs(envs), live)
-    report("", f"kernels: {len(todo)} module build(s) in {len({j.cell_id for j in todo})} cell(s), "
+    same = twins(groups, identities)
+    # a job whose twin is answered or comes before it in the group copies that build: it costs nothing
+    copied = {(j.cell_id, j.module) for g in groups for i, j in enumerate(g)
+              if (j.cell_id, j.module) in same and (j.cell_id, j.module) not in answered
+              and any(o in g[:i] or (o.cell_id, o.module) in answered for o in same[(j.cell_id, j.module)])}
+    progress = StageProgress(todo, jobs, learned_costs(envs), live, copied)
+    builds = [j for j in todo if (j.cell_id, j.module) not in copied]
+    shared = f" and {len(copied)} copied from a twin cell's build of the same inputs" if copied else ""
+    report("", f"kernels: {len(builds)} module build(s) in {len({j.cell_id for j in builds})} cell(s){shared}, "
                f"{jobs} at a time, longest first; {progress.left_text()}")
     t0 = time.monotonic()
-    results = _run_groups(groups, answered, by_cell, kernels_root, progress, jobs, report, tick_s)
+    results = _run_groups(groups, answered, by_cell, kernels_root, progress, jobs, report, tick_s, same, built,
+                          identities)
     stage_s = round(time.monotonic() - t0, 1)
     for cid in planned:  # a set that changed is judged by the facts of what it now holds, next time
         if set_digest(kernels_root / cid) != digests[cid]:
