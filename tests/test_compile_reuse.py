@@ -126,12 +126,17 @@ def test_side_builds_start_longest_first() -> None:
     assert order == ["moe_a2a", "vllm_comm", "trtllm_comm", "pcie_ipc"]
 
 
-def test_without_a_recorded_time_or_source_bytes_the_measured_order_decides() -> None:
+def test_without_a_recorded_time_the_measured_order_decides_before_source_bytes() -> None:
+    """On a 1x H100 moe_a2a's sources (about 190 KB) outweighed trtllm_comm's (24 KB) while its build took a
+    quarter of the time: bytes chose moe_a2a's variant to start the side builds, and it waited 311 s for
+    trtllm_comm's."""
     none = {m: None for m in fi.COMM_MODULES}
-    order = fiprebuild.longest_first(["pcie_ipc", "vllm_comm", "moe_a2a", "trtllm_comm"], none, {})
+    order = fiprebuild.longest_first(["pcie_ipc", "vllm_comm", "moe_a2a", "trtllm_comm"], none,
+                                     {"moe_a2a": 190_000, "trtllm_comm": 24_000, "pcie_ipc": 30_000})
     assert order == ["trtllm_comm", "moe_a2a", "vllm_comm", "pcie_ipc"]
-    # bytes, where flashinfer can say, come before the measured order; a recorded time before both
-    assert fiprebuild.longest_first(["trtllm_comm", "pcie_ipc"], none, {"pcie_ipc": 5})[0] == "pcie_ipc"
+    # a module the measured order does not name comes after it, by bytes; a recorded time comes before both
+    assert fiprebuild.longest_first(["new_b", "pcie_ipc", "new_a"], none, {"new_a": 5, "new_b": 9}) == \
+        ["pcie_ipc", "new_b", "new_a"]
     assert fiprebuild.longest_first(["trtllm_comm", "pcie_ipc"], {"trtllm_comm": None, "pcie_ipc": 1.0},
                                     {"trtllm_comm": 10**6})[0] == "pcie_ipc"
 
