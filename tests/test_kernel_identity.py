@@ -505,13 +505,25 @@ def test_a_kernel_set_is_reused_only_where_its_sass_answers_every_declared_targe
                 "the record): removed, built again") in lines
 
 
+class SetOnlyCell(StandInCell):
+    """A cell whose identity query hashes the sources of the modules its kernel set holds only, as the real one
+    (inenv.carry's ``--identity``, given the set's recorded source names) does: before a build, no source hash."""
+
+    def identity(self, kernel_dir: Path) -> dict[str, Any] | None:
+        got = super().identity(kernel_dir)
+        if got is not None:
+            held = _carried.kernel_set(kernel_dir)
+            got["source_hash"] = {m: h for m, h in got["source_hash"].items() if m in held}
+        return got
+
+
 def test_a_twin_cell_of_the_same_build_inputs_copies_the_build_and_compiles_nothing(tmp_path: Path) -> None:
     """Two cells that differ only in what no module is compiled from (an NCCL release) share each module's build:
     the first compiles, the second copies it, judged current in its own set; a cell of another torch builds."""
     base, twin, other = ("cu132-torch2.15.0-sglnone-fi0.7.4", "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6",
                          "cu132-torch2.16.0-sglnone-fi0.7.4")
-    cells = {base: StandInCell(CU130), twin: StandInCell(CU130),
-             other: StandInCell({**CU130, "torch": "2.16.0+cu130"})}
+    cells = {base: SetOnlyCell(CU130), twin: SetOnlyCell(CU130),
+             other: SetOnlyCell({**CU130, "torch": "2.16.0+cu130"})}
     envs, lines = tmp_path / "envs", []
     recs = [_cell(envs, cid) for cid in cells]
     got = kernels.carry(recs, {cid: ("9.0a", "12.0a") for cid in cells}, 1, envs,
@@ -532,6 +544,25 @@ def test_a_twin_cell_of_the_same_build_inputs_copies_the_build_and_compiles_noth
     lib = tmp_path / "kernels" / copier / "vllm_comm" / "vllm_comm.so"
     assert lib.read_bytes() == (tmp_path / "kernels" / source / "vllm_comm" / "vllm_comm.so").read_bytes()
     assert not list((tmp_path / "kernels" / copier).glob(".*part"))  # the copy lands whole or not at all
+    # the copy's record names the sources its new cell hashes: the next stage finds it current, builds nothing
+    again = {cid: SetOnlyCell(c.facts) for cid, c in cells.items()}
+    kernels.carry(got, {cid: ("9.0a", "12.0a") for cid in cells}, 1, envs, lambda cid, msg: None,
+                  kernels_root=tmp_path / "kernels", cache=tmp_path / "cache", modules=("vllm_comm",), carriers=again)
+    assert all(c.compiles == [] for c in again.values())
+
+
+def test_a_copy_whose_sources_differ_in_its_new_cell_is_dropped_and_built(tmp_path: Path) -> None:
+    """A twin as far as the facts before a build tell, whose flashinfer sources hash otherwise (a patched file):
+    the copy is judged in its new cell by the hash read there, refused, and the module is built."""
+    a, b = "cu132-torch2.15.0-sglnone-fi0.7.4", "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6"
+    cells = {a: SetOnlyCell(CU130), b: SetOnlyCell({**CU130, "source_hash": {"vllm_comm": "patched"}})}
+    envs, lines = tmp_path / "envs", []
+    recs = [_cell(envs, cid) for cid in cells]
+    kernels.carry(recs, {cid: ("9.0a",) for cid in cells}, 1, envs, lambda cid, msg: lines.append(f"{cid} {msg}"),
+                  kernels_root=tmp_path / "kernels", cache=tmp_path / "cache", modules=("vllm_comm",), carriers=cells)
+    assert sum(len(c.compiles) for c in cells.values()) == 2
+    assert any("is not this cell's (source_hash: patched wanted, src1 in the record): built" in line
+               for line in lines), lines
 
 
 def test_a_twin_is_planned_free_and_a_failed_build_leaves_the_twin_to_build(tmp_path: Path) -> None:
@@ -541,7 +572,7 @@ def test_a_twin_is_planned_free_and_a_failed_build_leaves_the_twin_to_build(tmp_
             return {"ok": False, "reason_code": "fi-jit-error", "line": "nvcc died"}
 
     a, b = "cu132-torch2.15.0-sglnone-fi0.7.4", "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6"
-    cells = {a: Fails(CU130), b: Fails(CU130)}
+    cells = {a: Fails(CU130), b: Fails(CU130)}  # the facts of every module known: a twin from the start
     envs: Path = tmp_path / "envs"
     recs = [_cell(envs, cid) for cid in cells]
     kernels.carry(recs, {cid: ("9.0a",) for cid in cells}, 1, envs, lambda cid, msg: None,

@@ -144,13 +144,17 @@ def _build(job: Job, kernel_dir: Path, carrier: Carrier, progress: StageProgress
 
 
 def twins(groups: Sequence[Sequence[Job]], identities: Mapping[str, Any]) -> dict[Key, list[Job]]:
-    """For each job, the other jobs of its group whose module is built from exactly the same inputs (every
-    fact of ``kit.KERNEL_IDENTITY``: flashinfer, torch and its CUDA, nvcc, apache-tvm-ffi, the target list, the
-    module's sources), so one build's library answers them all: cells that differ only in what no module is
-    compiled from (an NCCL release, an sgl-kernel) share one build (pure)."""
+    """For each job, the other jobs of its group whose module is built from the same inputs as far as the cells'
+    facts tell before a build (``kit.KERNEL_IDENTITY`` but the module's source hash, which a cell reads only for
+    the modules its set holds: a copy is judged on it in its new cell, :func:`_copy`), so one build's library
+    answers them all: cells that differ only in what no module is compiled from (an NCCL release) share one
+    build (pure)."""
     out: dict[Key, list[Job]] = {}
     for group in groups:
-        facts = [(j, job_plan.facts_for(j, identities.get(j.cell_id))) for j in group]
+        facts = []
+        for j in group:
+            mine = job_plan.facts_for(j, identities.get(j.cell_id))
+            facts.append((j, None if mine is None else {k: v for k, v in mine.items() if k != "source_hash"}))
         for job, mine in facts:
             if mine is not None:
                 same = [o for o, theirs in facts if o.cell_id != job.cell_id and theirs == mine]
@@ -160,12 +164,13 @@ def twins(groups: Sequence[Sequence[Job]], identities: Mapping[str, Any]) -> dic
 
 
 def _copy(job: Job, same: Sequence[Job], kernels_root: Path, built: Mapping[str, Mapping[str, Any]],
-          identities: Mapping[str, Any], progress: StageProgress, report: Report) -> dict[str, Any] | None:
-    """The module of ``job`` copied from the kernel set of a cell in ``same`` that holds it current (built
-    from the same inputs: see :func:`twins`), judged again in this cell as any carried module is; None when
-    none holds it (then it is built)."""
+          carrier: Carrier, progress: StageProgress, report: Report) -> dict[str, Any] | None:
+    """The module of ``job`` copied from the kernel set of a cell in ``same`` (built from the same inputs as far
+    as they are known before any build: see :func:`twins`), then judged in this cell as any carried module is,
+    by this cell's facts read again with the copy in its set (which gives the module's source hash here); None
+    when no twin holds it or the copy is not this cell's (then it is built)."""
     for other in same:
-        have, _ = current(kernels_root / other.cell_id, other, identities.get(other.cell_id))
+        have = kit.kernel_set(kernels_root / other.cell_id).get(job.module)
         if have is None:
             continue
         progress.begin(job)
@@ -176,26 +181,27 @@ def _copy(job: Job, same: Sequence[Job], kernels_root: Path, built: Mapping[str,
             shutil.copytree(have.library.parent, part)
             shutil.rmtree(dest, ignore_errors=True)
             part.rename(dest)
+            facts = carrier.identity(kernels_root / job.cell_id)
         except OSError as exc:
             report(job.cell_id, f"kernels: {job.module} could not be copied from {other.cell_id} ({exc}): built")
             continue
         finally:
             progress.end(job)
-        answer, why = ready_answer(kernels_root / job.cell_id, job, built[job.cell_id], identities.get(job.cell_id))
+        answer, why = ready_answer(kernels_root / job.cell_id, job, built[job.cell_id], facts)
         if answer is not None and answer.get("ok"):
             report(job.cell_id, f"kernels: {progress.position(job)} {job.module} for {' '.join(job.archs)} copied "
                                 f"from {other.cell_id}'s build of the same inputs (flashinfer, torch, CUDA, nvcc, "
                                 "apache-tvm-ffi, targets, sources): nothing compiled")
             return {**answer, "copied_from": other.cell_id}
         _drop(kernels_root / job.cell_id, job.module)
-        report(job.cell_id, f"kernels: {job.module} copied from {other.cell_id} is not this cell's ({why}): built")
+        report(job.cell_id, f"kernels: {job.module} copied from {other.cell_id} is not this cell's "
+                            f"({why or 'its facts could not be read'}): built")
     return None
 
 
 def _run_groups(groups: list[list[Job]], answered: Mapping[Key, dict[str, Any]], carriers: Mapping[str, Carrier],
                 kernels_root: Path, progress: StageProgress, jobs: int, report: Report, tick_s: float,
-                same: Mapping[Key, Sequence[Job]], built: Mapping[str, Mapping[str, Any]],
-                identities: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
+                same: Mapping[Key, Sequence[Job]], built: Mapping[str, Mapping[str, Any]]) -> dict[Key, dict[str, Any]]:
     """Every job's answer: the ready one, else a copy of a twin cell's build (``same``), else its own build's;
     the groups ``jobs`` at a time, a group's jobs one after another (so a twin's build is there to copy), a
     line at least every ``tick_s`` seconds while any builds."""
@@ -206,7 +212,7 @@ def _run_groups(groups: list[list[Job]], answered: Mapping[Key, dict[str, Any]],
         key = (job.cell_id, job.module)
         got = answered.get(key)
         if got is None and same.get(key):
-            got = _copy(job, same[key], kernels_root, built, identities, progress, report)
+            got = _copy(job, same[key], kernels_root, built, carriers[job.cell_id], progress, report)
         if got is None:
             got = _build(job, kernels_root / job.cell_id, carriers[job.cell_id], progress, report)
         with lock:
@@ -260,8 +266,7 @@ def carry(records: Sequence[dict[str, Any]], archs_of: Mapping[str, tuple[str, .
     report("", f"kernels: {len(builds)} module build(s) in {len({j.cell_id for j in builds})} cell(s){shared}, "
                f"{jobs} at a time, longest first; {progress.left_text()}")
     t0 = time.monotonic()
-    results = _run_groups(groups, answered, by_cell, kernels_root, progress, jobs, report, tick_s, same, built,
-                          identities)
+    results = _run_groups(groups, answered, by_cell, kernels_root, progress, jobs, report, tick_s, same, built)
     stage_s = round(time.monotonic() - t0, 1)
     for cid in planned:  # a set that changed is judged by the facts of what it now holds, next time
         if set_digest(kernels_root / cid) != digests[cid]:
