@@ -216,8 +216,25 @@ def test_the_run_reads_the_hosts_beside_its_own_folder(tmp_path: Path) -> None:
     store = RunStore(tmp_path, "h200x1-eeeeeeee", "20261202T010000Z-eeee")
     items = [_item("trtllm_comm"), _item("moe_a2a")]
     facts = {**H200, "host_id": store.host_id}
-    view = session.progress_view(RunOptions(results=tmp_path, jobs=1), "venv", store, items, facts)
+    view = session.progress_view(RunOptions(results=tmp_path, jobs=1), "venv", store, items, facts, {})
     assert view.opening() == ("to run: 2 of 2 variant(s), about 2m10s (from the durations this host recorded; "
                               "1 by h200x1-aaaaaaaa's records: same GPU model and count)")
     assert view.start_line(items[1]).endswith(
         "(1 of 2; about 1m30s by h200x1-aaaaaaaa's record (pass on venv; same GPU model and count))")
+
+
+def test_a_carried_module_is_costed_as_a_load_in_every_estimate_the_run_states(tmp_path: Path) -> None:
+    """What the run states before its quick pass and between the passes is the same view as its progress: a cell
+    that carries trtllm_comm for this GPU is not costed as compiling it (on a lent H100 the line before the quick
+    pass said "about 5m20s" for a full level that took 153 s, from the prior's compile time of a carried module)."""
+    store = RunStore(tmp_path, "h100-80gb-hbm3x1-eeeeeeee", "20261206T000000Z-eeee")
+    facts = {**H100, "host_id": store.host_id, "compute_capability": "9.0"}
+    items = [WorkItem(CellTarget(CELL, "resolved", versions={"flashinfer": "0.7.4"}), fi_jit.SPEC, _jit("trtllm_comm"),
+                      3000.0)]
+    opts = RunOptions(results=tmp_path, jobs=1, compile_cache=tmp_path / "cc")
+    bare = session.progress_view(opts, "venv", store, items, facts, {})
+    carried = session.progress_view(opts, "venv", store, items, facts, {CELL: {"trtllm_comm": ("sm_90a",)}})
+    assert items[0].key in bare.compiling and items[0].key not in carried.compiling
+    assert "does not carry" not in carried.start_line(items[0])
+    other_gpu = session.progress_view(opts, "venv", store, items, facts, {CELL: {"trtllm_comm": ("sm_120a",)}})
+    assert items[0].key in other_gpu.compiling  # carried for another GPU: compiled here

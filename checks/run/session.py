@@ -187,7 +187,8 @@ def full_level_line(opts: RunOptions, ready: Prepared) -> str:
     host_id = str(ready.targets.facts["host_id"])
     store = RunStore(opts.results, host_id, next_run_id(opts.results / host_id))  # no file until news
     todo = reuse(opts, ready.planned, store).items
-    view = progress_view(opts, ready.backend.name, store, todo, ready.targets.facts)
+    view = progress_view(opts, ready.backend.name, store, todo, ready.targets.facts,
+                         cell_carries(opts, ready.backend.name, ready.targets))
     return (f"cost: the quick answer first, then the full level: {len(view.expected)} variant(s) to run, "
             f"{view.left().text()} ({view.basis()})")
 
@@ -220,7 +221,7 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
     if opts.level == QUICK:
         planned = defer(opts, planned, carries, targets)
     if first is not None:
-        con.print(between(first, planned, opts, backend.name, store, targets.facts), markup=False,
+        con.print(between(first, planned, opts, backend.name, store, targets.facts, carries), markup=False,
                   highlight=False)
     view = progress_view(opts, backend.name, store, to_run(opts, planned, store), targets.facts, carries)
     planned, view, fitted = fit_budget(opts, planned, view, targets.gpus, deadline)
@@ -249,11 +250,11 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
 
 
 def between(first: Pass, planned: Planned, opts: RunOptions, backend: str, store: RunStore,
-            facts: dict[str, Any]) -> str:
+            facts: dict[str, Any], carries: Mapping[str, Mapping[str, tuple[str, ...]]]) -> str:
     """The line between the passes: what the first answer covered, what the full level adds and how long
     that should take by the durations this host recorded (and for what it never timed, hosts of its class)."""
     todo = to_run(opts, planned, store)
-    view = progress_view(opts, backend, store, todo, facts)
+    view = progress_view(opts, backend, store, todo, facts, carries)
     answer = "table written" if opts.report is not None else "done"
     head = f"first answer: {answer} (quick level, {len(first.results)} variant(s) in {duration(first.seconds)})"
     if not view.expected:
@@ -458,10 +459,11 @@ def to_run(opts: RunOptions, planned: Planned, store: RunStore) -> list[WorkItem
 
 def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[WorkItem],
                   facts: dict[str, Any],
-                  carries: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None) -> runprogress.RunView:
+                  carries: Mapping[str, Mapping[str, tuple[str, ...]]] | None) -> runprogress.RunView:
     """Counts and time estimates of ``todo``, from the durations this host recorded before this run, and
     for what it never timed from those the hosts of its class (``facts``: this host's) recorded under the
-    same results root."""
+    same results root. ``carries`` (every caller's to give: cell_carries): what each cell carries, so fi-jit's
+    variants that load a carried module are not costed as compiles."""
     recorded = runprogress.learned(store.folder)
     compiles = {it.spec.id for it in todo if it.spec.build_param}
     lent = runprogress.lent(store.folder.parent, store.folder.name, facts, compiles)
