@@ -15,6 +15,7 @@ from checks.results.store import RunStore
 from checks.run import runprogress, session
 from checks.run.options import RunOptions
 from checks.run.plan import CellTarget, WorkItem
+from inenv import registry
 from inenv.probe import Variant
 from inenv.probes import fi_jit, inventory
 from inenv.status import Status
@@ -238,3 +239,24 @@ def test_a_carried_module_is_costed_as_a_load_in_every_estimate_the_run_states(t
     assert "does not carry" not in carried.start_line(items[0])
     other_gpu = session.progress_view(opts, "venv", store, items, facts, {CELL: {"trtllm_comm": ("sm_120a",)}})
     assert items[0].key in other_gpu.compiling  # carried for another GPU: compiled here
+
+
+def test_a_skipped_sibling_stands_for_no_other_variants_run() -> None:
+    """The step at 8 shared ranks for sgl-kernel, skipped at once (not installed), had set its siblings' estimate
+    to 0.0 s ("by its probe's record (skip missing-package)") while they took 30 s each on a lent H100; a run of
+    a sibling still stands for them."""
+    step = next(mod for pid, (_, mod) in registry.discover().items() if pid == "step")
+    cell = CellTarget(CELL, "resolved")
+
+    def item(backend: str) -> WorkItem:
+        return WorkItem(cell, step.SPEC, Variant("step", 8, (("backend", backend), ("gpus", "1"),
+                                                              ("placement", "shared")), share_gpu=True), 900.0)
+
+    skipped, fusion, pcie = item("sgl-custom-ar"), item("flashinfer-fusion"), item("flashinfer-pcie-ipc")
+    history: runprogress.History = {skipped.key: {"venv": runprogress.Learned(0.0, "venv", "skip missing-package")}}
+    got = runprogress.expected_durations([fusion, pcie], history, "venv")
+    assert got[fusion.key].seconds is None and got[pcie.key].seconds is None
+    history[fusion.key] = {"venv": runprogress.Learned(30.0, "venv", "pass")}
+    assert runprogress.expected_durations([pcie], history, "venv")[pcie.key].seconds == 30.0
+    not_run = {skipped.key: {"venv": runprogress.Learned(0.0, "venv", "not-run deferred-world-size")}}
+    assert runprogress.expected_durations([pcie], not_run, "venv")[pcie.key].seconds is None

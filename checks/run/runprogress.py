@@ -31,6 +31,7 @@ from checks.run.plan import WorkItem, not_carried
 from common.progress import Estimate, duration
 from inenv import kit
 from inenv.probe import untimed
+from inenv.status import Status
 
 Key = tuple[str, str, str]
 
@@ -58,6 +59,8 @@ class Learned:
 
 
 History = dict[Key, dict[str, Learned]]  # per (cell, probe, variant), per backend: the newest record
+# the verdicts of a variant that did not run its feature: their seconds say nothing of a sibling's run
+NOTHING_RAN = frozenset({Status.SKIP.value, Status.NOT_RUN.value})
 
 
 def _backend(jsonl: Path) -> str:
@@ -295,12 +298,14 @@ def shape_of(item: WorkItem, compiles: bool = False) -> costmodel.Shape:
 
 def _from(items: list[WorkItem], history: History, backend: str) -> dict[Key, Expected]:
     """:func:`expected_durations` from one history: the item's own record, else its probe's for the same
-    module and the longest outcome, else nothing. Borrowed records name their hosts."""
+    module and the longest outcome, else nothing. A sibling that was skipped or not run (a package the
+    variant needs is absent: decided in a fraction of a second) stands for no other variant's run. Borrowed
+    records name their hosts."""
     siblings: dict[tuple[str, str], dict[str, list[Learned]]] = defaultdict(lambda: defaultdict(list))
     build_param = {it.spec.id: it.spec.build_param for it in items}
     for (_, probe, variant), per_backend in history.items():
         got = per_backend.get(backend)
-        if got is not None:
+        if got is not None and got.outcome.split(" ")[0] not in NOTHING_RAN:
             siblings[(probe, _param_of(variant, build_param.get(probe, "")))][got.outcome].append(got)
     out: dict[Key, Expected] = {}
     for it in items:
