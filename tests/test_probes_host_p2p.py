@@ -325,3 +325,17 @@ def test_each_setting_sets_and_removes_its_variables() -> None:
     assert hp.p2p_env("default") == ({}, ["NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL"])
     assert hp.p2p_env("disabled") == ({"NCCL_P2P_DISABLE": "1"}, ["NCCL_P2P_LEVEL"])
     assert hp.p2p_env("level-loc") == ({"NCCL_P2P_LEVEL": "LOC"}, ["NCCL_P2P_DISABLE"])
+
+
+def test_the_facts_share_the_gpu_and_the_copies_have_it_alone() -> None:
+    """The facts variant times nothing: it runs beside variants sharing the GPU (on a lent H100 it had waited
+    8.7 s for them to drain, holding every shared variant behind it); the copy check times the link alone."""
+    from checks.run import runner
+    from checks.run.plan import CellTarget, WorkItem
+    from inenv.probe import untimed
+
+    facts = Variant("host-p2p", 1, (("check", "facts"),))
+    copy = Variant("host-p2p", 2, (("check", "copy"),))
+    assert untimed(hp.SPEC, facts) and not untimed(hp.SPEC, copy)
+    item = WorkItem(CellTarget("c", "resolved"), hp.SPEC, facts, 330.0)
+    assert runner.shares_gpu(item)

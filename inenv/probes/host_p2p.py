@@ -95,6 +95,9 @@ SPEC = ProbeSpec(
     distinct_gpus=True,  # a pair is two GPUs; NCCL refuses two ranks on one
     needs_gpu=True,
     gpu_optional=(("check", "facts"),),  # the host facts are read on a host without a GPU too
+    # the facts time nothing (the links' trained speed is read under load, and other variants' load only helps),
+    # so they run beside the variants sharing the GPU instead of waiting for it alone
+    untimed_params=(("check", "facts"),),
     timeout_s=330.0,  # a failed first allreduce (90 s) and its control in fresh processes (importing torch, 60 s)
     reusable=False,  # ACS bits, the IOMMU mode and link training change with the host, not the stack
     preload=_dist.PRELOAD_DIST,
