@@ -118,3 +118,15 @@ def test_the_window_calls_are_the_ones_the_installed_nccl_declares_and_exports()
     assert "ncclResult_t  ncclMemAlloc(void** ptr, size_t size);" in header
     lib = ctypes.CDLL(str(root / "lib" / "libnccl.so.2"))
     assert [name for name in _nccl.WINDOW_CALLS if not hasattr(lib, name)] == []
+
+
+def test_the_nccl_backend_variant_times_nothing_and_shares_the_gpu() -> None:
+    """backend=nccl registers windows and checks results exactly; a sustained variant times its calls."""
+    from checks.run import runner
+    from checks.run.plan import CellTarget, WorkItem
+    from inenv.probe import Variant, untimed
+
+    nccl = Variant("symm-mem", 1, (("backend", "nccl"),))
+    sustained = Variant("symm-mem", 2, (("load", "sustained"),))
+    assert untimed(symm_mem.SPEC, nccl) and not untimed(symm_mem.SPEC, sustained)
+    assert runner.shares_gpu(WorkItem(CellTarget("c", "resolved"), symm_mem.SPEC, nccl, 180.0))

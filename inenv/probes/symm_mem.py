@@ -76,6 +76,9 @@ SPEC = ProbeSpec(
     min_ranks=2,  # over one rank an allreduce returns its input
     # backend=nccl at one rank, on a host of one GPU: registration eagerly and in capture (ONE_RANK_OPS)
     min_ranks_by_param=(("backend", "nccl", 1),),
+    # backend=nccl registers windows and checks each allreduce's result exactly: nothing timed, so it shares the
+    # GPU with other such variants instead of waiting for it alone
+    untimed_params=(("backend", "nccl"),),
     distinct_gpus=False,  # the placement=shared variants put every rank on one GPU
     requires=("torch",),
     timeout_s=180.0,
