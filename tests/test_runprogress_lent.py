@@ -260,3 +260,28 @@ def test_a_skipped_sibling_stands_for_no_other_variants_run() -> None:
     assert runprogress.expected_durations([pcie], history, "venv")[pcie.key].seconds == 30.0
     not_run = {skipped.key: {"venv": runprogress.Learned(0.0, "venv", "not-run deferred-world-size")}}
     assert runprogress.expected_durations([pcie], not_run, "venv")[pcie.key].seconds is None
+
+
+def test_a_variant_is_priced_by_its_own_size_before_a_sibling_of_another_size() -> None:
+    """custom-ar at 2 shared ranks took 2.0 s in the quick pass; at 8 shared ranks it took 14 s on a lent H100, and
+    priced at the 2-rank sibling's 2.0 s it started last and ran alone at the end. The prior's own shape comes
+    first; a sibling of the same size comes before the prior; another size only when neither answers."""
+    from checks.run.cost import model as costmodel
+    from inenv.probes import custom_ar
+
+    cell = CellTarget(CELL, "resolved")
+
+    def item(ranks: int) -> WorkItem:
+        return WorkItem(cell, custom_ar.SPEC, Variant("custom-ar", ranks, (("gpus", "1"), ("impl", "flashinfer"),
+                                                                           ("placement", "shared")), share_gpu=True),
+                        300.0)
+
+    two, eight, other_eight = item(2), item(8), WorkItem(CellTarget(OTHER_CELL, "resolved"), custom_ar.SPEC,
+                                                         item(8).variant, 300.0)
+    prior = [costmodel.CostTable("NVIDIA H100 80GB HBM3 x1", {costmodel.Shape("custom-ar", 8, True): 13.5})]
+    history: runprogress.History = {two.key: {"venv": runprogress.Learned(2.0, "venv", "pass")}}
+    got = runprogress.expected_durations([eight], history, "venv", None, prior)[eight.key]
+    assert (got.seconds, got.prior) == (13.5, "NVIDIA H100 80GB HBM3 x1")
+    assert runprogress.expected_durations([eight], history, "venv")[eight.key].seconds == 2.0  # nothing better
+    history[other_eight.key] = {"venv": runprogress.Learned(14.0, "venv", "pass")}
+    assert runprogress.expected_durations([eight], history, "venv", None, prior)[eight.key].seconds == 14.0

@@ -263,27 +263,40 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
                        lent: History | None = None, prior: Sequence[costmodel.CostTable] = (),
                        compiling: Collection[Key] = ()) -> dict[Key, Expected]:
     """For each item that will run (not decided in advance, not reused): its own newest record on this
-    backend; else the mean of what its probe took for the same module on this backend, from the runs of the
-    one outcome that took longest (a fail-fast outcome does not stand for a full compile); else the same two
-    from what hosts of its class recorded (``lent``, from :func:`lent`), at most the item's timeout; else the
-    packaged prior's prediction for its shape (``prior``: the tables that may stand for this host, best first;
-    checks.run.cost.model; ``compiling``: the items that will compile their module here, costed as compiles),
-    at most the item's timeout; else nothing. A record from another backend is never borrowed: there the same
-    variant can do other work."""
+    backend; else the mean of what its probe took for the same module at the same world size and placement on
+    this backend, from the runs of the one outcome that took longest (a fail-fast outcome does not stand for a
+    full compile); else the same two from what hosts of its class recorded (``lent``, from :func:`lent`), at
+    most the item's timeout; else the packaged prior's prediction for its shape (``prior``: the tables that may
+    stand for this host, best first; checks.run.cost.model; ``compiling``: the items that will compile their
+    module here, costed as compiles), at most the item's timeout; else the same module's records at another
+    world size (this host's, then its class's); else nothing. A record from another backend is never
+    borrowed: there the same variant can do other work."""
     items = [it for it in items if it.runs]
-    mine = _from(items, history, backend)
-    theirs = _from(items, lent, backend) if lent else {}
+    # first what ran at the same world size and placement (this host's, then its class's), then the prior for the
+    # shape, and only then a sibling of another size: 8 ranks sharing a GPU take several times what 2 do
+    # (durations, whether borrowed: a borrowed one is at most the item's timeout); None: the prior
+    sources: list[tuple[dict[Key, Expected], bool] | None] = [
+        (_from(items, history, backend, True), False), (_from(items, lent, backend, True) if lent else {}, True),
+        None,
+        (_from(items, history, backend, False), False), (_from(items, lent, backend, False) if lent else {}, True)]
     out: dict[Key, Expected] = {}
     for it in items:
-        got = mine[it.key]
-        if got.seconds is None and (other := theirs.get(it.key)) is not None and other.seconds is not None:
-            cap = it.timeout_s if it.timeout_s > 0 else other.seconds
+        got = Expected(None)
+        for source in sources:
+            if got.seconds is not None:
+                break
+            if source is None:
+                if (guess := costmodel.predict(prior, shape_of(it, it.key in compiling))) is not None:
+                    (pred, label), cap = guess, it.timeout_s if it.timeout_s > 0 else guess[0].seconds
+                    got = Expected(min(pred.seconds, cap), module=_module(it), prior=label,
+                                   basis="" if pred.how == "measured" else pred.how)
+                continue
+            other = source[0].get(it.key)
+            if other is None or other.seconds is None:
+                continue
+            cap = it.timeout_s if source[1] and it.timeout_s > 0 else other.seconds
             got = Expected(min(other.seconds, cap), other.own, other.outcome, other.backend, other.module,
                            other.host, other.basis)
-        if got.seconds is None and (guess := costmodel.predict(prior, shape_of(it, it.key in compiling))) is not None:
-            (pred, label), cap = guess, it.timeout_s if it.timeout_s > 0 else guess[0].seconds
-            got = Expected(min(pred.seconds, cap), module=_module(it), prior=label,
-                           basis="" if pred.how == "measured" else pred.how)
         out[it.key] = got
     return out
 
@@ -296,17 +309,24 @@ def shape_of(item: WorkItem, compiles: bool = False) -> costmodel.Shape:
                            v.param("depth") == "setup")
 
 
-def _from(items: list[WorkItem], history: History, backend: str) -> dict[Key, Expected]:
+def _size_of(variant_key: str) -> tuple[str, bool]:
+    """The world size and whether the ranks share a GPU, read from a variant key (``ranks=8,placement=shared``)."""
+    params = dict(p.partition("=")[::2] for p in variant_key.split(","))
+    return params.get("ranks", "1"), params.get("placement") == "shared"
+
+
+def _from(items: list[WorkItem], history: History, backend: str, same_size: bool = False) -> dict[Key, Expected]:
     """:func:`expected_durations` from one history: the item's own record, else its probe's for the same
-    module and the longest outcome, else nothing. A sibling that was skipped or not run (a package the
-    variant needs is absent: decided in a fraction of a second) stands for no other variant's run. Borrowed
-    records name their hosts."""
-    siblings: dict[tuple[str, str], dict[str, list[Learned]]] = defaultdict(lambda: defaultdict(list))
+    module (``same_size``: and the same world size and placement) and the longest outcome, else nothing. A
+    sibling that was skipped or not run (a package the variant needs is absent: decided in a fraction of a
+    second) stands for no other variant's run. Borrowed records name their hosts."""
+    siblings: dict[tuple[Any, ...], dict[str, list[Learned]]] = defaultdict(lambda: defaultdict(list))
     build_param = {it.spec.id: it.spec.build_param for it in items}
     for (_, probe, variant), per_backend in history.items():
         got = per_backend.get(backend)
         if got is not None and got.outcome.split(" ")[0] not in NOTHING_RAN:
-            siblings[(probe, _param_of(variant, build_param.get(probe, "")))][got.outcome].append(got)
+            size = _size_of(variant) if same_size else ()
+            siblings[(probe, _param_of(variant, build_param.get(probe, "")), *size)][got.outcome].append(got)
     out: dict[Key, Expected] = {}
     for it in items:
         own = history.get(it.key, {}).get(backend)
@@ -314,7 +334,7 @@ def _from(items: list[WorkItem], history: History, backend: str) -> dict[Key, Ex
             out[it.key] = Expected(own.seconds, True, own.outcome, backend, "", own.host, own.basis)
             continue
         module = _module(it)
-        groups = siblings.get((it.spec.id, module), {})
+        groups = siblings.get((it.spec.id, module, *(_size_of(it.variant.key) if same_size else ())), {})
         if groups:
             outcome, took = max(groups.items(), key=lambda kv: sum(g.seconds for g in kv[1]) / len(kv[1]))
             hosts = " and ".join(sorted({g.host for g in took if g.host}))
