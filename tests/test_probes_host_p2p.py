@@ -339,3 +339,20 @@ def test_the_facts_share_the_gpu_and_the_copies_have_it_alone() -> None:
     assert untimed(hp.SPEC, facts) and not untimed(hp.SPEC, copy)
     item = WorkItem(CellTarget("c", "resolved"), hp.SPEC, facts, 330.0)
     assert runner.shares_gpu(item)
+
+
+def test_the_facts_of_a_host_without_an_nvidia_gpu_are_read_before_any_rank_starts(tmp_path: Path) -> None:
+    """No device node and no NVIDIA GPU in sysfs: the facts are read in the worker (a rank would import
+    torch.distributed for seconds first, on every run of every cell) and say the same; a device node or an
+    NVIDIA GPU in sysfs, or any other check, launches the ranks."""
+    (tmp_path / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
+    (tmp_path / "dev").mkdir()
+    facts = Variant("host-p2p", 1, (("check", "facts"),))
+    got = hp.preflight(facts, _pci.Host(tmp_path))
+    assert got is not None and (got["status"], got["reason_code"]) == ("skip", "no-gpu")
+    assert "no NVIDIA device node (/dev/nvidiactl) and no NVIDIA GPU in sysfs" in got["note"]
+    assert got["evidence"]["gpus"] == []
+    assert hp.preflight(Variant("host-p2p", 2, (("check", "copy"),)), _pci.Host(tmp_path)) is None
+    (tmp_path / "dev" / "nvidiactl").write_text("")
+    assert hp.preflight(facts, _pci.Host(tmp_path)) is None
+    assert hp.preflight(facts, fake_host(tmp_path / "with-gpus")) is None  # two NVIDIA GPUs in its sysfs

@@ -289,10 +289,27 @@ def peer_matrix(torch: Any, n: int) -> list[list[bool]]:
 
 
 def run_facts(ctx: RankContext) -> dict[str, Any]:
-    host = _pci.Host()
+    return facts_outcome(_pci.Host())
+
+
+def facts_outcome(host: _pci.Host) -> dict[str, Any]:
     torch, why_torch = torch_with_gpu(host, _pci.nvidia_gpus(host))
     with nvml_session() as (nv, why_nvml):
         return host_facts(host, torch, why_torch, nv, why_nvml)
+
+
+def preflight(variant: Variant, host: _pci.Host | None = None) -> dict[str, Any] | None:
+    """The facts variant on a host where neither a device node nor sysfs shows an NVIDIA GPU, read in the worker
+    before any rank starts: nothing there needs torch (:func:`torch_with_gpu` would not import it), and a rank
+    process imports torch.distributed before its probe starts (seconds per cell, on every run: the facts are
+    never carried forward). Every other variant launches its ranks."""
+    if variant.param("check", "facts") != "facts":
+        return None
+    host = host or _pci.Host()
+    sysfs = _pci.nvidia_gpus(host)
+    if gpu_devices_present(host) or (sysfs.seen and sysfs.value):
+        return None
+    return facts_outcome(host)
 
 
 def host_facts(host: _pci.Host, torch: Any, why_torch: str, nv: Any, why_nvml: str) -> dict[str, Any]:
