@@ -217,3 +217,24 @@ def test_a_probes_nan_is_written_as_null_so_the_reader_keeps_its_result(tmp_path
     [back], warnings = read_file(store.results_path)
     assert warnings == [] and dict(back.verdict.metrics) == {"latency_us": None, "ratio": None, "ok": 1.5}
     assert back.verdict.evidence["per_size"] == [None, 2.0]
+
+
+def test_a_results_file_read_again_unchanged_gives_the_same_and_a_changed_one_is_read_again(tmp_path: Path) -> None:
+    """One command reads the same runs several times; an unchanged file is not parsed again, while a line added
+    (the run's own file as it records) or the file replaced is seen at once."""
+    store = RunStore(tmp_path, HOST, RUN_IDS["r1"])
+    store.append(_result(1))
+    first, warnings = read_file(store.results_path)
+    assert [r.variant for r in first] == ["ranks=1,i=1"] and warnings == []
+    again, _ = read_file(store.results_path)
+    assert again == first and again is not first  # the caller's list is its own
+    again.clear()
+    assert len(read_file(store.results_path)[0]) == 1
+    store.append(_result(2))
+    assert [r.variant for r in read_file(store.results_path)[0]] == ["ranks=1,i=1", "ranks=1,i=2"]
+    text = store.results_path.read_text().splitlines(keepends=True)
+    replaced = store.results_path.with_name("replacement")
+    replaced.write_text(text[1] + "{not json\n")
+    os.replace(replaced, store.results_path)
+    got, warnings = read_file(store.results_path)
+    assert [r.variant for r in got] == ["ranks=1,i=2"] and len(warnings) == 1

@@ -422,13 +422,37 @@ def latest_run(folder: Path) -> str | None:
     return runs[-1] if runs else None
 
 
+# Results files read by this process, by what identifies their content (the file's device, inode, size and change
+# time): one command reads the same runs several times (what is reused, what is learned, the table), and a run's
+# results file of 1,600 lines takes a quarter of a second to read and check. A file that changes is read again.
+_READ: dict[tuple[str, int, int, int, int], tuple[tuple[ProbeResult, ...], tuple[str, ...]]] = {}
+_READ_LOCK = threading.Lock()
+_READ_KEEP = 64  # files kept; the oldest read goes first
+
+
 def read_file(path: Path) -> tuple[list[ProbeResult], list[str]]:
     """Valid results of one run's JSONL file and a warning (file:line: why) for each line left out, or one
-    warning for a file that cannot be read at all; the rules are the one reader's (checks.results.reader)."""
+    warning for a file that cannot be read at all; the rules are the one reader's (checks.results.reader). A file
+    this process has read before, unchanged since (same device, inode, size and change time), is not read again."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        key: tuple[str, int, int, int, int] | None = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns)
+    except OSError:
+        key = None
+    with _READ_LOCK:
+        got = _READ.get(key) if key is not None else None
+    if got is not None:
+        return list(got[0]), list(got[1])
     problems: list[reader.Problem] = []
     run_id = path.name[: -len(reader.RESULTS_SUFFIX)] if path.name.endswith(reader.RESULTS_SUFFIX) else path.name
     objs = reader.read_results_file(path, path.parent.name, run_id, problems)
-    return [ProbeResult.from_json(o) for o in objs], [str(p) for p in problems]
+    results, warnings = [ProbeResult.from_json(o) for o in objs], [str(p) for p in problems]
+    if key is not None:
+        with _READ_LOCK:
+            while len(_READ) >= _READ_KEEP:
+                _READ.pop(next(iter(_READ)))
+            _READ[key] = (tuple(results), tuple(warnings))
+    return results, warnings
 
 
 def scan(root: Path) -> tuple[list[tuple[str, str, Path]], list[str]]:
