@@ -30,7 +30,7 @@ from checks.run.cost.budget import Lanes
 from checks.run.plan import WorkItem, not_carried
 from common.progress import Estimate, duration
 from inenv import kit
-from inenv.probe import untimed
+from inenv.probe import key_parts, untimed
 from inenv.status import Status
 
 Key = tuple[str, str, str]
@@ -272,33 +272,30 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
     world size (this host's, then its class's); else nothing. A record from another backend is never
     borrowed: there the same variant can do other work."""
     items = [it for it in items if it.runs]
-    # first what ran at the same world size and placement (this host's, then its class's), then the prior for the
+    # what ran at the same world size and placement (this host's, then its class's), then the prior for the
     # shape, and only then a sibling of another size: 8 ranks sharing a GPU take several times what 2 do
-    # (durations, whether borrowed: a borrowed one is at most the item's timeout); None: the prior
-    sources: list[tuple[dict[Key, Expected], bool] | None] = [
-        (_from(items, history, backend, True), False), (_from(items, lent, backend, True) if lent else {}, True),
-        None,
-        (_from(items, history, backend, False), False), (_from(items, lent, backend, False) if lent else {}, True)]
-    out: dict[Key, Expected] = {}
-    for it in items:
-        got = Expected(None)
-        for source in sources:
-            if got.seconds is not None:
-                break
-            if source is None:
-                if (guess := costmodel.predict(prior, shape_of(it, it.key in compiling))) is not None:
-                    (pred, label), cap = guess, it.timeout_s if it.timeout_s > 0 else guess[0].seconds
-                    got = Expected(min(pred.seconds, cap), module=_module(it), prior=label,
-                                   basis="" if pred.how == "measured" else pred.how)
-                continue
-            other = source[0].get(it.key)
-            if other is None or other.seconds is None:
-                continue
-            cap = it.timeout_s if source[1] and it.timeout_s > 0 else other.seconds
-            got = Expected(min(other.seconds, cap), other.own, other.outcome, other.backend, other.module,
-                           other.host, other.basis)
-        out[it.key] = got
-    return out
+    mine, theirs = _from(items, history, backend, True), _from(items, lent, backend, True) if lent else {}
+    mine_any, theirs_any = _from(items, history, backend, False), _from(items, lent, backend, False) if lent else {}
+
+    def recorded(it: WorkItem, found: Mapping[Key, Expected], borrowed: bool) -> Expected | None:
+        """``found``'s estimate of ``it``; a borrowed one at most the item's timeout."""
+        other = found.get(it.key)
+        if other is None or other.seconds is None:
+            return None
+        cap = it.timeout_s if borrowed and it.timeout_s > 0 else other.seconds
+        return Expected(min(other.seconds, cap), other.own, other.outcome, other.backend, other.module,
+                        other.host, other.basis)
+
+    def predicted(it: WorkItem) -> Expected | None:
+        guess = costmodel.predict(prior, shape_of(it, it.key in compiling))
+        if guess is None:
+            return None
+        (pred, label), cap = guess, it.timeout_s if it.timeout_s > 0 else guess[0].seconds
+        return Expected(min(pred.seconds, cap), module=_module(it), prior=label,
+                        basis="" if pred.how == "measured" else pred.how)
+
+    return {it.key: recorded(it, mine, False) or recorded(it, theirs, True) or predicted(it)
+            or recorded(it, mine_any, False) or recorded(it, theirs_any, True) or Expected(None) for it in items}
 
 
 def shape_of(item: WorkItem, compiles: bool = False) -> costmodel.Shape:
@@ -311,7 +308,7 @@ def shape_of(item: WorkItem, compiles: bool = False) -> costmodel.Shape:
 
 def _size_of(variant_key: str) -> tuple[str, bool]:
     """The world size and whether the ranks share a GPU, read from a variant key (``ranks=8,placement=shared``)."""
-    params = dict(p.partition("=")[::2] for p in variant_key.split(","))
+    params = dict(key_parts(variant_key))
     return params.get("ranks", "1"), params.get("placement") == "shared"
 
 
@@ -393,7 +390,7 @@ def _param_of(variant_key: str, name: str) -> str:
     "" when the probe has no build parameter or the key lacks it."""
     if not name:
         return ""
-    return dict(p.partition("=")[::2] for p in variant_key.split(",")).get(name, "")
+    return dict(key_parts(variant_key)).get(name, "")
 
 @dataclass
 class RunView:
