@@ -292,8 +292,9 @@ def run_facts(ctx: RankContext) -> dict[str, Any]:
     return facts_outcome(_pci.Host())
 
 
-def facts_outcome(host: _pci.Host) -> dict[str, Any]:
-    torch, why_torch = torch_with_gpu(host, _pci.nvidia_gpus(host))
+def facts_outcome(host: _pci.Host, sysfs: Fact | None = None) -> dict[str, Any]:
+    """The facts variant's outcome (``sysfs``: the NVIDIA GPUs sysfs shows, when already read)."""
+    torch, why_torch = torch_with_gpu(host, sysfs if sysfs is not None else _pci.nvidia_gpus(host))
     with nvml_session() as (nv, why_nvml):
         return host_facts(host, torch, why_torch, nv, why_nvml)
 
@@ -309,7 +310,7 @@ def preflight(variant: Variant, host: _pci.Host | None = None) -> dict[str, Any]
     sysfs = _pci.nvidia_gpus(host)
     if gpu_devices_present(host) or (sysfs.seen and sysfs.value):
         return None
-    return facts_outcome(host)
+    return facts_outcome(host, sysfs)
 
 
 def host_facts(host: _pci.Host, torch: Any, why_torch: str, nv: Any, why_nvml: str) -> dict[str, Any]:
