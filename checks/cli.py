@@ -221,7 +221,7 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     out = args.out or table_for(args.results)
     _writable((out, "checks report: --out"), ((args.html or out.with_suffix(".html")), "checks report: --html"))
-    return generate(args.results, out, args.html, args.check, repo=REPO, as_json=args.json)
+    return generate(args.results, out, args.html, args.check, repo=REPO, as_json=args.json, reuse=True)
 
 
 def _writable(*paths: tuple[Path, str]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from checks.report import abigrid, here, plots
+from checks.report import abigrid, here, plots, stamp
 from checks.report import answer as answer_mod
 from checks.report.estimate import default_shape
 from checks.report.footnotes import Footnote, Occurrence, footnotes
@@ -515,15 +515,29 @@ def pages(results_dir: Path, out: Path, html: Path, current: Mapping[str, str] |
 
 def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo: Path | None = None,
              current: Mapping[str, str] | None = None, quiet: bool = False, as_json: bool = False,
-             stacks: Sequence[answer_mod.Stack] | None = None) -> int:
+             stacks: Sequence[answer_mod.Stack] | None = None, reuse: bool = False) -> int:
     """Write (or with ``check``, compare) the Markdown and HTML table, a page per host and the archive.
     ``current``: probe id -> source hash that verdicts must have been made by (default: this checkout's
     probes). ``quiet``: no line saying what was written (the caller says it). ``as_json``: print the answer
-    (feature x stack x hardware class, and what to launch with) as JSON on stdout instead of writing."""
+    (feature x stack x hardware class, and what to launch with) as JSON on stdout instead of writing.
+    ``reuse``: when the stamp (checks/report/stamp.py) says nothing the pages are made from changed since they
+    were written and no page was touched since, write nothing (the pages are already these bytes)."""
     if not results_dir.is_dir():
         print(f"checks report: no results directory {results_dir} (run `checks run` first)", file=sys.stderr)
         return 2
     html = html or out.with_suffix(".html")
+    hosts_dir = out.parent / HOSTS_DIR
+    mark = fp = None
+    if reuse and not check and not as_json and current is None and stacks is None:
+        archive = out.with_name(f"{out.stem}{ARCHIVE_SUFFIX}{out.suffix}")
+        mark = stamp.where(out)
+        fp = stamp.fingerprint(results_dir, out, html, out.parent / abigrid.GRID_FILE, (out, html, archive, hosts_dir))
+        if stamp.current(mark, fp, hosts_dir):
+            if not quiet:
+                print(f"up to date: {out}, {html} and the rest (nothing they are made from changed since they "
+                      "were written)", file=sys.stderr)
+            return 0
+        stamp.forget(mark)
     made, warnings = pages(results_dir, out, html, current, stacks)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -536,7 +550,6 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
     if as_json:
         print(json.dumps(answer_mod.to_json(made.answer), indent=2, sort_keys=True))
         return 0
-    hosts_dir = out.parent / HOSTS_DIR
     old = {p for p in hosts_dir.glob("*.md")} if hosts_dir.is_dir() else set()
     gone = sorted(old - set(made.files))  # pages of hosts the results do not hold now
     if check:
@@ -552,6 +565,8 @@ def generate(results_dir: Path, out: Path, html: Path | None, check: bool, repo:
         atomic.write_text(p, text)
     for p in gone:
         p.unlink()
+    if mark is not None and fp is not None and not warnings:
+        stamp.record(mark, fp, made.files)
     if not quiet:
         print(f"wrote {out}, {html} and {len(made.files) - 2} more ({made.hosts} host(s), "
               f"{len(made.answer.classes)} hardware class(es))", file=sys.stderr)

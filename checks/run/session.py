@@ -559,7 +559,7 @@ def regenerate(table: Path | None, results_dir: Path, interrupted: bool) -> str:
         return f"table: not regenerated (--no-report); {rerun} writes it"
     if interrupted:
         return f"table: not regenerated after the stop; {rerun} writes it from what finished"
-    if generate(results_dir, table, None, False, repo=REPO, quiet=True) != 0:
+    if generate(results_dir, table, None, False, repo=REPO, quiet=True, reuse=True) != 0:
         return f"table: not written (see above); {rerun} retries"
     return f"table: {shown(table)} and {shown(table.with_suffix('.html'))}, from every run in {shown(results_dir)}"
 
