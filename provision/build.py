@@ -104,11 +104,27 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
     it has been building."""
     run = _LockedBuild(opts, docker, report, docker.buildkit())
     prepared = {folder: run.prepare(folder) for folder in folders}
-    steps, run.progress = buildprogress.begin(list(prepared.values()), Step, report)
+    values = list(prepared.values())
+    ordered = [*(v for v in values if not isinstance(v, Step)),
+               *spread([v for v in values if isinstance(v, Step)],
+                       lambda s: str(s.cell.get("torch_lock") or s.cell_id))]
+    steps, run.progress = buildprogress.begin(ordered, Step, report)
     with Ticker(lambda line: report("", line), tick_s) as ticker, \
             ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
         built = dict(zip((s.folder for s in steps), pool.map(lambda s: run.one(s, ticker), steps), strict=True))
     return [built[f] if isinstance(p, Step) else p for f, p in prepared.items()]
+
+
+def spread(steps: Sequence[Step], layer_of: Callable[[Step], str]) -> list[Step]:
+    """The builds in the order that keeps parallel builders apart: the first cell of each torch build, then the
+    second of each, and so on (each group in its given order). Cells of one torch build share that layer, so
+    two of them started together would both wait on the one build of it while another torch build waits in
+    the queue; one builder gets the same order, its first image as soon as before."""
+    groups: dict[str, list[Step]] = {}
+    for s in steps:
+        groups.setdefault(layer_of(s), []).append(s)
+    rounds = max((len(g) for g in groups.values()), default=0)
+    return [g[i] for i in range(rounds) for g in groups.values() if i < len(g)]
 
 
 @dataclass
