@@ -9,6 +9,7 @@ results, same bytes: nothing depends on the clock, the order of files on disk or
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -375,8 +376,11 @@ def visible(value: Any) -> Any:
     return escape.visible(value, keep="\t\n") if isinstance(value, str) else value
 
 
-def environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False,
+@functools.cache
+def environment(html: bool = False) -> jinja2.Environment:
+    """This process's Jinja2 environment for Markdown, or (``html``) for the HTML page, which escapes every value
+    for HTML: each template is compiled once per process, whatever renders it."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=html,
                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined, finalize=visible)
     env.filters["md"] = md_text
@@ -430,10 +434,9 @@ def render(sections: list[HostSection], kind: str, results_rel: str, skipped: in
     ``abi``: the extension x torch grid's section (checks/report/abigrid.py), None for none; ``answer``: the
     feature x stack table (default: every cell of the sections taken as declared); ``archive``: the archive
     page's link, "" for none."""
-    env = environment()
+    env = environment(html=kind == "html")
     extras: dict[str, Any] = {}
     if kind == "html":
-        env.autoescape = True
         extras = page_extras(sections)
     if answer is None:
         every = sorted({row["cell_id"] for s in sections for row in s.rows})

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -101,8 +102,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def check_value(obj: Any, max_depth: int = MAX_DEPTH) -> str | None:
-    """Why a parsed JSON value cannot be kept (too deep, a string no UTF-8 text can hold), or None."""
+def check_value(obj: Any, max_depth: int = MAX_DEPTH, texts: bool = True) -> str | None:
+    """Why a parsed JSON value cannot be kept (too deep, a string no UTF-8 text can hold), or None.
+    ``texts`` False: the strings are known to be valid text (see parse_json), only the depth is checked."""
+    if not texts:
+        return _too_deep(obj, max_depth)
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
         item, depth = stack.pop()
@@ -118,6 +122,29 @@ def check_value(obj: Any, max_depth: int = MAX_DEPTH) -> str | None:
         elif isinstance(item, str) and _bad_text(item):
             return "a string is not valid Unicode text (a lone surrogate)"
     return None
+
+
+def _too_deep(obj: Any, max_depth: int) -> str | None:
+    """The depth half of check_value: only containers are visited (a leaf is one level below its container)."""
+    if not isinstance(obj, (dict, list)):
+        return None if max_depth >= 1 else f"nested deeper than {max_depth} levels"
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        for v in children:
+            if isinstance(v, (dict, list)):
+                stack.append((v, depth + 1))
+            elif depth + 1 > max_depth:
+                return f"nested deeper than {max_depth} levels"
+        if depth > max_depth:
+            return f"nested deeper than {max_depth} levels"
+    return None
+
+
+# A lone surrogate can only enter a parsed value through a \uD800-\uDFFF escape: strict UTF-8 decoding refuses
+# surrogates in the raw bytes. Text without such an escape needs no string-by-string check.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _bad_text(text: str) -> bool:
@@ -148,7 +175,7 @@ def parse_json(raw: bytes, max_depth: int | None = MAX_DEPTH) -> tuple[Any, str 
         return None, f"not valid JSON ({getattr(exc, 'msg', exc)})"
     if max_depth is None:
         return obj, None
-    why = check_value(obj, max_depth)
+    why = check_value(obj, max_depth, texts=_SURROGATE_ESCAPE.search(text) is not None)
     return (None, why) if why else (obj, None)
 
 
