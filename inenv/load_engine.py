@@ -259,6 +259,11 @@ def register(name: str, factory: Factory) -> None:
 SAMPLE_EVERY = 16  # a replay is checked when its number is a multiple of this, or it follows a size change
 FLUSH = 64  # replays queued between two reads of the checks (and one exchange between ranks)
 CAPTURE_WAIT_S = 60.0  # a capture's eager warm-up (a collective) must finish within this
+# The set-up (process groups, the backend made, its workspace) must move on within this many replay deadlines
+# (``stall_s``): the flashinfer modules a backend loads are built before the variant starts (ProbeSpec.loads), so
+# the set-up compiles nothing and takes seconds; a rank stuck there (a rendezvous or a CUDA call that never
+# returns) is a hang named in its phase, instead of running to the probe's whole timeout.
+PREPARE_STALLS = 4
 
 
 @dataclass
@@ -514,7 +519,7 @@ def run(ctx: RankContext, *, backend: str, pattern: str, pdl: bool, mode: str = 
         return outcome("fail", f"unknown backend {backend!r}; known: {', '.join(sorted(REGISTRY))}", "probe-bug")
     named = {"backend": backend, "pattern": pattern, **({"mode": mode} if mode else {})}
     record = progress.Writer(ctx.workdir, ctx.rank, **named)
-    record.at("prepare", pdl=pdl)
+    record.at("prepare", pdl=pdl, stall_s=PREPARE_STALLS * stall_s)
     shared = ctx.variant.share_gpu
     gpu = ctx.device_index is not None and torch.cuda.is_available()
     kind = "gloo" if shared or not gpu else "nccl"

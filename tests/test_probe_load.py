@@ -95,6 +95,17 @@ def test_a_backend_that_deadlocks_only_from_two_streams_hangs_in_that_pattern_on
     assert pids_with_env(token) == []
 
 
+def test_a_backend_whose_set_up_never_returns_is_a_hang_in_the_set_up_long_before_the_timeout(
+        tmp_path: Path) -> None:
+    log = tmp_path / "standin.log"
+    result, token = _run("t-load", 2, [["backend", "standin-setup-blocks"], QUICK, ["env.T_LOAD_LOG", str(log)]])
+    assert _logged(log) == [["rank", "0", "blocked", "in", "set-up"]]
+    assert result["status"] == "hang" and result["reason_code"] == "progress-stalled", result
+    assert result["duration_s"] < 45  # the set-up's deadline is 4 x 3 s, the variant's timeout 90 s
+    assert "rank 0 standin-setup-blocks replay: setting up after 0 replays" in result["note"], result["note"]
+    assert pids_with_env(token) == []
+
+
 def test_two_communicators_on_two_streams_pass_for_an_honest_backend() -> None:
     result, _ = _run("t-load", 2, [["backend", "standin-honest"], ["pattern", "two-comms"], QUICK])
     assert result["status"] == "pass", result

@@ -10,7 +10,9 @@ the sum (checked bitwise across ranks). Each misbehaves in one way, and writes w
 - ``standin-corrupt-switch``: rank 1 adds 1 to one element of the first such replay's sum;
 - ``standin-two-streams``: replays stay in flight until the engine waits for them, as a stream's do; a replay
   issued on one lane while another lane's is in flight wedges the communicator: it and everything after it never
-  finish, so the engine's wait gives up.
+  finish, so the engine's wait gives up;
+- ``standin-setup-blocks``: rank 0 blocks for good while the backend is made (its peer then waits to agree on the
+  set-up).
 
 The probe's own backends are registered too: its ``nccl`` adapter runs over the gloo group on CPU (its graph is
 the call itself there).
@@ -142,7 +144,19 @@ class TwoStreams(StandIn):
         self.in_flight.clear()
 
 
-for _cls in (StandIn, DeadlockSwitch, CorruptSwitch, TwoStreams):
+class SetupBlocks(StandIn):
+    """Rank 0 never comes back from making the backend (a rendezvous that never completes)."""
+
+    name = "standin-setup-blocks"
+
+    def __init__(self, s: engine.Setup) -> None:
+        super().__init__(s)
+        if s.rank == 0:
+            _log("rank 0 blocked in set-up")
+            threading.Event().wait()
+
+
+for _cls in (StandIn, DeadlockSwitch, CorruptSwitch, TwoStreams, SetupBlocks):
     engine.register(_cls.name, _cls)
 
 
