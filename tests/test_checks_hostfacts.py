@@ -110,3 +110,28 @@ def test_with_inspect_adds_the_environments_facts_without_touching_the_smi_facts
     assert facts["nccl"] == "2.30.7" and facts["multicast"] == [True, True] and facts["host_id"] == "h200x2-00000000"
     assert smi["gpus"][1] == {"index": 1, "name": "NVIDIA H200"} and "nccl" not in smi
     assert hostfacts.with_inspect(smi, None)["peer_access"] == []
+
+
+# `nvidia-smi topo -m` as it prints them: four GPUs with NICs beside them.
+_TOPO_ALL_NV = """\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity
+GPU0\t X \tNV18\tNV18\tNV18\tPXB\t0-47
+GPU1\tNV18\t X \tNV18\tNV18\tPXB\t0-47
+GPU2\tNV18\tNV18\t X \tNV18\tSYS\t48-95
+GPU3\tNV18\tNV18\tNV18\t X \tSYS\t48-95
+NIC0\tPXB\tPXB\tSYS\tSYS\t X
+"""
+_TOPO_ONE_PCIE_PAIR = _TOPO_ALL_NV.replace("GPU2\tNV18\tNV18\t X \tNV18", "GPU2\tNV18\tNV18\t X \tSYS").replace(
+    "GPU3\tNV18\tNV18\tNV18\t X ", "GPU3\tNV18\tNV18\tSYS\t X ")
+
+
+def test_the_page_and_the_placement_read_every_pair_nvlink_the_same_way() -> None:
+    from checks.run import placement
+
+    for topo, word, switched in ((_TOPO_ALL_NV, "NVLink (NV18)", True),
+                                 (_TOPO_ONE_PCIE_PAIR, "mixed NVLink/PCIe", False)):
+        assert hostfacts.interconnect(topo, 4) == word
+        assert placement.switched({"gpu_count": 4, "topology": topo}) is switched
+    # eight NV words in the text but a matrix that lacks GPU3's row: not every pair is known to be NVLink
+    cut = "\n".join(line for line in _TOPO_ALL_NV.splitlines() if not line.startswith("GPU3"))
+    assert hostfacts.all_nvlink(cut, 4) is None and not placement.switched({"gpu_count": 4, "topology": cut})
+    assert hostfacts.all_nvlink(_TOPO_ALL_NV, 1) is None  # one GPU has no pair

@@ -88,14 +88,45 @@ def parse_driver_cuda(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+_NVLINK = re.compile(r"NV\d+")
+
+
+def topology_links(topology: str | None, count: int) -> list[list[str]] | None:
+    """The ``count`` x ``count`` link matrix of ``nvidia-smi topo -m`` (``X`` on the diagonal), or None when the
+    text holds no row for every GPU."""
+    rows: dict[int, list[str]] = {}
+    for line in (topology or "").splitlines():
+        m = re.match(r"\s*GPU(\d+)\s+(.*)", line)
+        if m is None:
+            continue
+        cells = m.group(2).split()
+        if len(cells) >= count:
+            rows[int(m.group(1))] = cells[:count]
+    if count < 1 or any(i not in rows for i in range(count)):
+        return None
+    return [rows[i] for i in range(count)]
+
+
+def all_nvlink(topology: str | None, count: int) -> str | None:
+    """GPU0-GPU1's link word (``NV18``) when `nvidia-smi topo -m` joins every pair of the ``count`` GPUs by
+    NVLink; None for fewer than two GPUs, any pair on PCIe, or a matrix without a row for each GPU. The one
+    reading of "every GPU pair NVLink": the page's interconnect word and the placement of timed variants."""
+    links = topology_links(topology, count) if count >= 2 else None
+    if links is None:
+        return None
+    if all(_NVLINK.fullmatch(links[a][b]) for a in range(count) for b in range(count) if a != b):
+        return links[0][1]
+    return None
+
+
 def interconnect(topo: str | None, count: int) -> str:
     """A short word for the GPU-to-GPU links in `nvidia-smi topo -m` (NV# = NVLink, else PCIe)."""
     if count < 2 or not topo:
         return "single GPU" if count == 1 else "none"
+    if (word := all_nvlink(topo, count)) is not None:
+        return f"NVLink ({word})"
     links = re.findall(r"\b(NV\d+|SYS|NODE|PHB|PXB|PIX)\b", topo)
     nvlink = [x for x in links if x.startswith("NV")]
-    if nvlink and len(nvlink) >= count * (count - 1):
-        return f"NVLink ({nvlink[0]})"
     if nvlink:
         return "mixed NVLink/PCIe"
     worst = next((k for k in ("SYS", "NODE", "PHB", "PXB", "PIX") if k in links), "unknown")

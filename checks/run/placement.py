@@ -15,34 +15,17 @@ GPU, alone.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from checks.results import hostfacts
 from inenv import gpugate
 from inenv.probe import LANE_GPUS_ENV, Variant
 
 VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 LANE = "gpu_lane"  # evidence key: the GPUs a timed variant ran on and the timed variants beside it
 NAMES_GPUS = ("pair",)  # params that name GPUs by their index on the host ("A-B"): such a variant takes those
-_NVLINK = re.compile(r"NV\d+")
-
-
-def topology_links(topology: str | None, count: int) -> list[list[str]] | None:
-    """The ``count`` x ``count`` link matrix of ``nvidia-smi topo -m`` (``X`` on the diagonal), or None when the
-    text holds no row for every GPU."""
-    rows: dict[int, list[str]] = {}
-    for line in (topology or "").splitlines():
-        m = re.match(r"\s*GPU(\d+)\s+(.*)", line)
-        if m is None:
-            continue
-        cells = m.group(2).split()
-        if len(cells) >= count:
-            rows[int(m.group(1))] = cells[:count]
-    if count < 1 or any(i not in rows for i in range(count)):
-        return None
-    return [rows[i] for i in range(count)]
 
 
 def switched(facts: Mapping[str, Any] | None) -> bool:
@@ -53,10 +36,7 @@ def switched(facts: Mapping[str, Any] | None) -> bool:
     except (TypeError, ValueError):
         return False
     topology = facts.get("topology")
-    links = topology_links(topology if isinstance(topology, str) else None, count) if count >= 2 else None
-    if links is None:
-        return False
-    return all(_NVLINK.fullmatch(links[a][b]) is not None for a in range(count) for b in range(count) if a != b)
+    return hostfacts.all_nvlink(topology if isinstance(topology, str) else None, count) is not None
 
 
 def named(variant: Variant, gpus: int) -> tuple[int, ...] | None:
