@@ -476,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="remove the matrix's built cells first (images and BuildKit cache, or venvs), so the "
                     "cold run builds them")
     ap.add_argument("--skip-warm", action="store_true")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="only the warm pass, over the results and compile cache an earlier run kept in --work")
     ap.add_argument("--level", choices=("quick", "full"), help="checks run --level (default: none, so the quick "
                     "pass writes the first table and the full pass follows)")
     ap.add_argument("--work", type=Path, help="keep the results and compile cache here (default: a temp dir)")
@@ -486,12 +488,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.recorded:
         return show_recorded(args.recorded)
+    if args.warm_only and (args.work is None or args.with_cells or args.skip_warm):
+        print("--warm-only needs --work (the folder of an earlier run) and neither --with-cells nor --skip-warm",
+              file=sys.stderr)
+        return 2
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-main-job-"))
     work.mkdir(parents=True, exist_ok=True)
     results, cache = work / "results", work / "compile-cache"
     for d in (results, cache):
-        if d.exists() and any(d.iterdir()):
+        filled = d.exists() and any(d.iterdir())
+        if filled and not args.warm_only:
             print(f"{d} is not empty: a cold run needs empty caches (pass another --work)", file=sys.stderr)
+            return 2
+        if not filled and args.warm_only:
+            print(f"{d} is empty: --warm-only needs the results and compile cache of an earlier run", file=sys.stderr)
             return 2
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -503,13 +513,15 @@ def main(argv: list[str] | None = None) -> int:
         (remove_images if args.backend == "docker" else remove_venvs)(args.matrix, log)
     free0 = free_bytes(watch)
     gpu = gpu_probes()
-    passes = [one_pass("cold", args.matrix, results, cache, log, gpu, watch, args.level, args.backend)]
+    passes = [] if args.warm_only else [one_pass("cold", args.matrix, results, cache, log, gpu, watch, args.level,
+                                                 args.backend)]
     if not args.skip_warm:
         passes.append(one_pass("warm", args.matrix, results, cache, log, gpu, watch, args.level, args.backend))
     meta = {
         "backend": args.backend,
         "matrix": str(args.matrix.relative_to(ROOT) if args.matrix.is_relative_to(ROOT) else args.matrix),
         "host": host, "cores": os.cpu_count(), "date": stamp, "with_cells": args.with_cells,
+        **({"warm_only": True} if args.warm_only else {}),
         "level": args.level or "quick, then full",
         "disk_growth_b": growth(free0, free_bytes(watch)),
         "docker_df": docker_df(),

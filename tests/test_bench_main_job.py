@@ -202,3 +202,16 @@ def test_a_key_is_compiled_twice_only_beyond_the_entries_the_store_holds(tmp_pat
     rows = [{"key": "two-headers"}, {"key": "two-headers"}, {"key": "one-entry"}, {"key": "one-entry"},
             {"key": "once"}]
     assert bench.compiled_twice(tmp_path, rows) == ["one-entry"]
+
+
+def test_warm_only_needs_the_folder_of_an_earlier_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _bench()
+    assert bench.main(["--warm-only"]) == 2
+    assert "--warm-only needs --work" in capsys.readouterr().err
+    assert bench.main(["--warm-only", "--work", str(tmp_path)]) == 2  # nothing kept there
+    assert "is empty" in capsys.readouterr().err
+    (tmp_path / "results" / "h").mkdir(parents=True)
+    (tmp_path / "compile-cache").mkdir()
+    assert bench.main(["--warm-only", "--work", str(tmp_path), "--with-cells"]) == 2
+    assert bench.main(["--work", str(tmp_path)]) == 2  # a cold run refuses the filled folder, as before
+    assert "not empty" in capsys.readouterr().err
