@@ -274,8 +274,8 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
     items = [it for it in items if it.runs]
     # what ran at the same world size and placement (this host's, then its class's), then the prior for the
     # shape, and only then a sibling of another size: 8 ranks sharing a GPU take several times what 2 do
-    mine, theirs = _from(items, history, backend, True), _from(items, lent, backend, True) if lent else {}
-    mine_any, theirs_any = _from(items, history, backend, False), _from(items, lent, backend, False) if lent else {}
+    mine, mine_any = _from(items, history, backend)
+    theirs, theirs_any = _from(items, lent, backend) if lent else ({}, {})
 
     def recorded(it: WorkItem, found: Mapping[Key, Expected], borrowed: bool) -> Expected | None:
         """``found``'s estimate of ``it``; a borrowed one at most the item's timeout."""
@@ -312,35 +312,42 @@ def _size_of(variant_key: str) -> tuple[str, bool]:
     return params.get("ranks", "1"), params.get("placement") == "shared"
 
 
-def _from(items: list[WorkItem], history: History, backend: str, same_size: bool = False) -> dict[Key, Expected]:
-    """:func:`expected_durations` from one history: the item's own record, else its probe's for the same
-    module (``same_size``: and the same world size and placement) and the longest outcome, else nothing. A
-    sibling that was skipped or not run (a package the variant needs is absent: decided in a fraction of a
-    second) stands for no other variant's run. Borrowed records name their hosts."""
-    siblings: dict[tuple[Any, ...], dict[str, list[Learned]]] = defaultdict(lambda: defaultdict(list))
+def _from(items: list[WorkItem], history: History,
+          backend: str) -> tuple[dict[Key, Expected], dict[Key, Expected]]:
+    """:func:`expected_durations` from one history, in one pass over it: per item, its own record, else its
+    probe's for the same module and the longest outcome, else nothing; first among the records of the item's world
+    size and placement, then among those of any size. A sibling that was skipped or not run (a package the variant
+    needs is absent: decided in a fraction of a second) stands for no other variant's run. Borrowed records name
+    their hosts."""
+    any_size: dict[tuple[str, str], dict[str, list[Learned]]] = defaultdict(lambda: defaultdict(list))
+    same_size: dict[tuple[str, str, str, bool], dict[str, list[Learned]]] = defaultdict(lambda: defaultdict(list))
     build_param = {it.spec.id: it.spec.build_param for it in items}
     for (_, probe, variant), per_backend in history.items():
         got = per_backend.get(backend)
         if got is not None and got.outcome.split(" ")[0] not in NOTHING_RAN:
-            size = _size_of(variant) if same_size else ()
-            siblings[(probe, _param_of(variant, build_param.get(probe, "")), *size)][got.outcome].append(got)
-    out: dict[Key, Expected] = {}
+            module = _param_of(variant, build_param.get(probe, ""))
+            any_size[(probe, module)][got.outcome].append(got)
+            same_size[(probe, module, *_size_of(variant))][got.outcome].append(got)
+
+    def sibling(groups: Mapping[str, list[Learned]], module: str) -> Expected:
+        if not groups:
+            return Expected(None)
+        outcome, took = max(groups.items(), key=lambda kv: sum(g.seconds for g in kv[1]) / len(kv[1]))
+        hosts = " and ".join(sorted({g.host for g in took if g.host}))
+        why = "; ".join(sorted({g.basis for g in took if g.basis}))
+        return Expected(sum(g.seconds for g in took) / len(took), False, outcome, backend, module, hosts, why)
+
+    same: dict[Key, Expected] = {}
+    other: dict[Key, Expected] = {}
     for it in items:
         own = history.get(it.key, {}).get(backend)
         if own is not None:
-            out[it.key] = Expected(own.seconds, True, own.outcome, backend, "", own.host, own.basis)
+            same[it.key] = other[it.key] = Expected(own.seconds, True, own.outcome, backend, "", own.host, own.basis)
             continue
         module = _module(it)
-        groups = siblings.get((it.spec.id, module, *(_size_of(it.variant.key) if same_size else ())), {})
-        if groups:
-            outcome, took = max(groups.items(), key=lambda kv: sum(g.seconds for g in kv[1]) / len(kv[1]))
-            hosts = " and ".join(sorted({g.host for g in took if g.host}))
-            why = "; ".join(sorted({g.basis for g in took if g.basis}))
-            out[it.key] = Expected(sum(g.seconds for g in took) / len(took), False, outcome, backend, module,
-                                   hosts, why)
-        else:
-            out[it.key] = Expected(None)
-    return out
+        same[it.key] = sibling(same_size.get((it.spec.id, module, *_size_of(it.variant.key)), {}), module)
+        other[it.key] = sibling(any_size.get((it.spec.id, module), {}), module)
+    return same, other
 
 
 def start_costs(items: Iterable[WorkItem], expected: Mapping[Key, Expected],
