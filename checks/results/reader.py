@@ -131,14 +131,13 @@ def _too_deep(obj: Any, max_depth: int) -> str | None:
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
-        for v in children:
+        if depth > max_depth:
+            return f"nested deeper than {max_depth} levels"
+        for v in item.values() if isinstance(item, dict) else item:
             if isinstance(v, (dict, list)):
                 stack.append((v, depth + 1))
             elif depth + 1 > max_depth:
                 return f"nested deeper than {max_depth} levels"
-        if depth > max_depth:
-            return f"nested deeper than {max_depth} levels"
     return None
 
 
