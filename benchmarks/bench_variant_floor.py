@@ -20,7 +20,7 @@ venv`, else ``--python``), two ranks, one GPU each:
 
 ``--profile ID:VARIANT_KEY`` runs one variant through the real worker with cProfile in every rank
 (STACKPROBE_RANK_PROFILE) and prints the worker's phases and the functions that took longest in rank 0.
-Exits 2 with one line when the host has fewer than two GPUs.
+Exits with one line when the host has fewer than two GPUs (one, with ``--skip-micro``: ranks sharing a GPU).
 """
 
 from __future__ import annotations
@@ -214,19 +214,21 @@ def zygote(python: str, env: dict[str, str]) -> dict[str, Any]:
 
 
 def variant_from_key(probe: str, key: str) -> Any:
-    """The Variant a key such as ``ranks=2,gpus=shared,op=all-reduce`` names (Variant.key read back)."""
-    from inenv.probe import Variant
+    """The Variant a recorded key such as ``ranks=8,placement=shared,gpus=1,backend=nccl`` names (read through
+    ``inenv.probe.key_parts``, the one reader of recorded keys)."""
+    from inenv.probe import SHARED, Variant, key_parts
 
-    ranks, shared, params = 1, False, []
-    for part in filter(None, key.split(",")):
-        name, _, value = part.partition("=")
+    ranks, shared, gpus, params = 1, False, 0, []
+    for name, value in key_parts(key):
         if name == "ranks":
             ranks = int(value)
-        elif (name, value) == ("gpus", "shared"):
+        elif (name, value) == ("placement", SHARED):
             shared = True
+        elif name == "gpus" and shared:
+            gpus = int(value)
         else:
             params.append((name, value))
-    return Variant(probe, ranks, tuple(params), shared)
+    return Variant(probe, ranks, tuple(params), shared, gpus=gpus)
 
 
 def profile_variant(python: str, env: dict[str, str], spec: str, gpus: int, out: Path) -> dict[str, Any]:
@@ -290,8 +292,8 @@ def main() -> None:
     from inenv import envinfo
 
     gpus = envinfo.gpu_count_hint()
-    if gpus < 2:
-        raise SystemExit(f"needs two GPUs; {gpus} visible")
+    if gpus < (1 if args.skip_micro else 2):
+        raise SystemExit(f"needs {'a GPU' if args.skip_micro else 'two GPUs'}; {gpus} visible")
     report: dict[str, Any] = {"python": python}
 
     def show(name: str, value: Any) -> None:

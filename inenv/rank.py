@@ -141,6 +141,18 @@ def wait_for_peers(workdir: Path, world_size: int, limit_s: float, poll_s: float
         time.sleep(poll_s)
 
 
+def cpu_threads(env: dict[str, str]) -> None:
+    """torch's CPU threads as ``OMP_NUM_THREADS`` in the rank's environment says, where torch was imported before
+    the rank had that environment (a warm rank forked from a process that imported it reads no variable again);
+    a torch imported later reads the variable itself."""
+    torch = sys.modules.get("torch")
+    wanted = env.get("OMP_NUM_THREADS", "")
+    if torch is not None and wanted.isdigit() and int(wanted) > 0 and hasattr(torch, "set_num_threads"):
+        with contextlib.suppress(Exception):
+            if torch.get_num_threads() != int(wanted):
+                torch.set_num_threads(int(wanted))
+
+
 def preload(location: ProbeLocation, ctx: RankContext) -> None:
     """Do what the probe declares it may do before it has the GPUs (``SPEC.preload``), in order: import each
     module named, and call each ``module:function`` with this rank's context. Whatever fails here is left for
@@ -196,6 +208,7 @@ def _main() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the watchdog asks for stacks before killing
     env = dict(os.environ)
     ctx = context_from_env(env)
+    cpu_threads(env)
     if ctx.device_index is not None:
         warm_driver()
     location = ProbeLocation.from_arg(env[ENV_PROBE], env[ENV_LOCATION])
@@ -328,6 +341,7 @@ def _serve(reply_fd: int) -> None:
         os.environ.clear()
         os.environ.update(env)
         ctx = context_from_env(env)
+        cpu_threads(env)
         if ctx.device_index is not None and not driver_warmed:
             warm_driver()
             driver_warmed = True

@@ -445,3 +445,48 @@ def test_the_exact_call_catches_a_kernel_that_did_nothing_or_summed_wrong(tmp_pa
     without = got["without"]
     assert isinstance(without, dict)
     assert "exact" not in without["results"]["bf16:eager:8x1024"]  # the full grid's cases make no exact call
+
+
+@needs_torch
+def test_ulp_spacing_matches_the_definition_by_frexp() -> None:
+    import torch
+
+    def by_frexp(x: float, dtype: str) -> float:
+        # the ulp of a 16-bit float at |x|: 2**(floor(log2|x|) - fraction bits), subnormals at the smallest normal
+        fraction, lowest = {"bf16": (7, -126), "fp16": (10, -14)}[dtype]
+        e = math.frexp(abs(x))[1] - 1 if x else lowest
+        return 2.0 ** (max(e, lowest) - fraction)
+
+    values = [0.0, -0.0, 1.0, -1.0, 1.5, 3.0, 2.0**-3, 0.7, -123.456, 65504.0, 2.0**-14, 2.0**-15, 2.0**-24,
+              2.0**-126, 2.0**-130, 1e-40, 5e-324, 2.0**100, -(2.0**-127)]
+    for dtype in ("bf16", "fp16"):
+        got = _agree.spacing(torch.tensor(values, dtype=torch.float64), dtype).tolist()
+        assert got == [by_frexp(v, dtype) for v in values], dtype
+
+
+@needs_torch
+def test_the_exact_sum_and_its_magnitude_from_one_pass_per_case() -> None:
+    import torch
+
+    shape, world = (3, 5), 4
+    for seed in (5, 6, 5):  # a case after another reads its own inputs, not the last case's sums
+        inputs = [_agree.random_input(shape, r, seed, "bf16").to(torch.float64) for r in range(world)]
+        want = inputs[0] + inputs[1] + inputs[2] + inputs[3]
+        size = inputs[0].abs() + inputs[1].abs() + inputs[2].abs() + inputs[3].abs()
+        assert torch.equal(_agree.exact_sum(shape, world, seed, "bf16", magnitude=True), size)
+        assert torch.equal(_agree.exact_sum(shape, world, seed, "bf16"), want)
+        assert not torch.equal(_agree.exact_sum(shape, world - 1, seed, "bf16"), want)
+
+
+@needs_torch
+def test_own_error_counts_the_second_call_only_where_it_differs() -> None:
+    import torch
+
+    ref = {"out": torch.tensor([1.0, 3.0], dtype=torch.float64)}
+    same = {"out": torch.tensor([1.0, 3.0], dtype=torch.bfloat16)}
+    off = {"out": torch.tensor([1.0, 3.0 + 2**-6], dtype=torch.bfloat16)}  # one bf16 ulp above 3.0
+    assert _agree.own_error(same, same, ref) == 0.0
+    assert _agree.own_error(same, off, ref) == 1.0
+    assert _agree.own_error(off, same, ref) == 1.0
+    # measured at the scale where that is larger: 3.0's error at a magnitude of 6.0 is half an ulp
+    assert _agree.own_error(off, off, ref, {"out": torch.tensor([1.0, 6.0], dtype=torch.float64)}) == 0.5

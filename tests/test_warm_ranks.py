@@ -132,6 +132,27 @@ def test_kept_ranks_are_reused_and_import_torch_once(fork: bool, monkeypatch: py
     assert {"probe", "report", "teardown", "total"} <= set(second.evidence["phases"])
 
 
+@pytest.mark.parametrize("how", ["one-shot", "forked", "spawned"])
+def test_a_multi_rank_variant_runs_one_cpu_thread_a_rank_unless_told_otherwise(
+        how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As torchrun does: the host runs up to a rank a core, so each rank of a multi-rank variant gets one torch CPU
+    thread, also where torch was imported before the rank had its environment (forked from the serving worker); an
+    OMP_NUM_THREADS the variant sets is kept."""
+    monkeypatch.setenv("STACKPROBE_FORK_RANKS", "0" if how == "spawned" else "1")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    ex = LocalExecutor() if how == "one-shot" else LocalExecutor().with_run_env((), warm=True)
+    try:
+        default = run(ex, "t-warm-pid", 2)
+        told = run(ex, "t-warm-pid", 2, (("env.OMP_NUM_THREADS", "2"),))
+        again = run(ex, "t-warm-pid", 2)
+    finally:
+        ex.close()
+    assert default.status is told.status is again.status is Status.PASS
+    assert (default.metrics["cpu_threads"], told.metrics["cpu_threads"], again.metrics["cpu_threads"]) == (1, 2, 1)
+    if how != "one-shot":
+        assert again.evidence["warm"]["reused"] is True  # the group that ran the default before
+
+
 def test_one_shot_ranks_are_fresh_every_time() -> None:
     cold = LocalExecutor()
     first, second = run(cold, "t-warm-pid", 2), run(cold, "t-warm-pid", 2)

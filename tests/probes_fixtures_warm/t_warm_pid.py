@@ -1,5 +1,5 @@
-"""Says which process ran it, how many variants that process ran, and whether torch was imported before this
-run began; then forms a gloo group and sums the ranks over it (exactly)."""
+"""Says which process ran it, how many variants that process ran, whether torch was imported before this run
+began and how many CPU threads torch uses in it; then forms a gloo group and sums the ranks over it (exactly)."""
 
 import os
 import sys
@@ -22,7 +22,8 @@ def run(ctx: RankContext) -> dict:
     dist.all_reduce(value)
     want = ctx.world_size * (ctx.world_size + 1) // 2
     metrics = {"pid": os.getpid(), "runs_here": len(_RUNS), "torch_before": torch_before,
-               "env": os.environ.get("STACKPROBE_TEST_ENV", "<unset>"), "port": ctx.master_port}
+               "env": os.environ.get("STACKPROBE_TEST_ENV", "<unset>"), "port": ctx.master_port,
+               "cpu_threads": torch.get_num_threads()}
     if int(value.item()) != want:
         return outcome("fail", note=f"sum {int(value.item())} != {want}", metrics=metrics)
     return outcome("pass", metrics=metrics)
