@@ -325,8 +325,13 @@ class Checks:
         self.row_w = (row * 2531 + 7) % 65521 | 1
 
     def digest(self, t: Any) -> Any:
-        """A 0-d int64 tensor of ``t``'s bits, weighted by position (equal bits: equal digests)."""
+        """A 0-d int64 tensor of ``t``'s bits, weighted by position (equal bits: equal digests), a float's zero
+        taken as +0 (adding +0 turns -0 into +0 and leaves every other value as it is): a sum that cancels may carry
+        either sign by the order of its additions, and the two are equal as numbers (as ``_agree.judge`` reads
+        ranks' outputs)."""
         torch = self.torch
+        if t.is_floating_point():
+            t = t + 0.0
         size = t.element_size()
         kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32}.get(size, torch.int64)
         rows = t.reshape(t.shape[0], -1).view(kind).to(torch.int64)

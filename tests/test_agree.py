@@ -490,3 +490,29 @@ def test_own_error_counts_the_second_call_only_where_it_differs() -> None:
     assert _agree.own_error(off, same, ref) == 1.0
     # measured at the scale where that is larger: 3.0's error at a magnitude of 6.0 is half an ulp
     assert _agree.own_error(off, off, ref, {"out": torch.tensor([1.0, 6.0], dtype=torch.float64)}) == 0.5
+
+
+@needs_torch
+def test_ranks_that_differ_only_in_the_sign_of_zero_agree_and_are_counted_apart() -> None:
+    import torch
+
+    # a sum that cancels gives +0 or -0 by the order of its additions: equal as numbers, so the same decisions
+    plus = torch.tensor([0.0, 1.0, 0.0, -2.0], dtype=torch.bfloat16)
+    minus = torch.tensor([-0.0, 1.0, -0.0, -2.0], dtype=torch.bfloat16)
+    assert not torch.equal(plus.view(torch.int16), minus.view(torch.int16))  # the bits do differ
+    first = [{"out": plus.clone()}, {"out": minus.clone()}, {"out": plus.clone()}]
+    agreed = _agree.judge(first, first, None, error=0.0)
+    assert (agreed.identical, agreed.differing, agreed.divergent_ranks, agreed.zero_signs) == (True, 0, (), 2)
+    assert agreed.to_json()["zero_signs"] == 2
+    # the sign of a zero flipping between two calls on the same inputs is no change either
+    repeat = _agree.judge([{"out": plus.clone()}], [{"out": minus.clone()}], None, error=0.0)
+    assert (repeat.deterministic, repeat.changed_on_repeat) == (True, 0)
+    # one ulp beside a zero's sign is a divergence, and its count leaves the zeros out
+    one_up = minus.clone()
+    one_up[1] = 1.0 + 2**-7
+    split = _agree.judge([{"out": plus.clone()}, {"out": one_up}], [{"out": plus.clone()}, {"out": one_up}], None,
+                         error=0.0)
+    assert (split.identical, split.differing, split.max_ulp_between_ranks, split.zero_signs) == (False, 1, 1, 2)
+    summary = _agree.summarize({"bf16:graph:1x4": agreed.to_json()})
+    assert summary["ranks_identical"] is True and summary["zero_sign_elements"] == 2
+    assert summary["divergent_cases"] == []

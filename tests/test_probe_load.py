@@ -250,3 +250,23 @@ def test_the_warm_launcher_applies_the_stall_deadline_too(monkeypatch: pytest.Mo
     assert (v.status, v.reason_code) == ("hang", "progress-stalled"), v.note
     assert "rank 1 stand-in replay: at replay 7 (verified to 6), 64 tokens, PDL on, stream 1" in v.note
     assert v.evidence["warm"]["ended"]
+
+
+def test_a_digest_reads_a_zero_of_either_sign_as_one_value_and_every_other_bit() -> None:
+    import torch
+
+    from inenv import load_engine as engine
+
+    checks = engine.Checks("cpu", hidden=4, limit=2)
+    plus = torch.tensor([[0.0, 1.0, -3.0, 0.0], [2.0, 0.0, 0.5, 1.0]], dtype=torch.bfloat16)
+    minus = plus.clone()
+    minus[0, 0], minus[1, 1] = -0.0, -0.0
+    assert not torch.equal(plus.view(torch.int16), minus.view(torch.int16))
+    assert int(checks.digest(plus)) == int(checks.digest(minus))
+    one_ulp = plus.clone()
+    one_ulp[0, 1] = 1.0 + 2**-7  # the next bf16 above 1.0
+    moved = plus.clone()
+    moved[0, 1], moved[0, 2] = -3.0, 1.0  # the same values in other places
+    assert int(checks.digest(one_ulp)) != int(checks.digest(plus)) != int(checks.digest(moved))
+    ints = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)  # an integer output's bits as they are
+    assert int(checks.digest(ints)) != int(checks.digest(ints.flip(1)))

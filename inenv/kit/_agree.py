@@ -9,8 +9,11 @@ activations, where the order of the additions decides the rounding. So a check h
 in bf16 (and fp16), and for one case (a dtype, a message of ``tokens x hidden``, eager or in a CUDA graph):
 
 - every rank's output is compared bit for bit with every other rank's (``identical``, ``differing`` elements,
-  ``max_ulp_between_ranks``);
-- a second identical call on the same inputs is compared with the first (``deterministic``);
+  ``max_ulp_between_ranks``), with +0 and -0 one value: a sum that cancels to zero may carry either sign by the
+  order of its additions, the two compare equal in every operation a model's step and its acceptance of draft
+  tokens run (products, sums, norms, argmax, sampling), so ranks that differ only there decide alike; such
+  elements are counted apart (``zero_signs``);
+- a second identical call on the same inputs is compared with the first (``deterministic``, zeros' signs alike);
 - every output is compared with the float64 sum of all ranks' inputs (``max_ulp_vs_reference``: the error in
   units in the last place of the output's dtype at the size of what was added, the sum of the inputs'
   magnitudes where the caller gives it: a sum that cancels to near zero has a tiny ulp of its own, and an error
@@ -249,7 +252,7 @@ class Agreement:
     """What one case found, the same on every rank."""
 
     numel: int
-    identical: bool  # every rank's output equals every other rank's, bit for bit, in both calls
+    identical: bool  # every rank's output equals every other's in both calls, bit for bit but for zero's sign
     differing: int  # elements where some rank differs from rank 0 (the worse of the two calls)
     max_ulp_between_ranks: int
     divergent_ranks: tuple[int, ...]  # ranks whose output differs from rank 0's
@@ -257,6 +260,7 @@ class Agreement:
     changed_on_repeat: int  # elements that changed between the calls (the most on any rank)
     max_ulp_vs_reference: float  # the largest error of any rank's output against the float64 sum
     outputs: tuple[str, ...] = ()
+    zero_signs: int = 0  # elements where some rank's zero has the other sign (equal as numbers; the worse call)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -270,6 +274,7 @@ class Agreement:
             "changed_on_repeat": self.changed_on_repeat,
             "max_ulp_vs_reference": self.max_ulp_vs_reference,
             "outputs": list(self.outputs),
+            "zero_signs": self.zero_signs,
         }
 
 
@@ -303,31 +308,37 @@ def judge(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]
     import torch
 
     names = tuple(sorted(reference or first[0]))
-    numel, differing, max_ulp, changed, err = 0, 0, 0, 0, 0.0
+    numel, differing, max_ulp, changed, err, zero_signs = 0, 0, 0, 0, 0.0, 0
     divergent: set[int] = set()
     for name in names:
         numel += int(first[0][name].numel())
-        worst_differing = 0
+        worst_differing = worst_signs = 0
         for call in (first, second):
             base = call[0][name].reshape(-1)
+            base_at = ordered(base)  # +0 and -0 one point: equal as numbers
             apart = torch.zeros(base.numel(), dtype=torch.bool)
+            signs = torch.zeros(base.numel(), dtype=torch.bool)
             for r in range(1, len(call)):
                 other = call[r][name].reshape(-1)
-                bits_differ = base.view(torch.int16) != other.view(torch.int16)
-                if bool(bits_differ.any()):
+                other_at = ordered(other)
+                values_differ = base_at != other_at
+                signs |= (base.view(torch.int16) != other.view(torch.int16)) & ~values_differ
+                if bool(values_differ.any()):
                     divergent.add(r)
-                    apart |= bits_differ
-                    max_ulp = max(max_ulp, int(ulps_between(base, other).max()))
+                    apart |= values_differ
+                    max_ulp = max(max_ulp, int((base_at - other_at).abs().max()))
             worst_differing = max(worst_differing, int(apart.sum()))
+            worst_signs = max(worst_signs, int(signs.sum()))
         differing += worst_differing
+        zero_signs += worst_signs
         for r in range(len(first)):
             a, b = first[r][name].reshape(-1), second[r][name].reshape(-1)
-            changed = max(changed, int((a.view(torch.int16) != b.view(torch.int16)).sum()))
+            changed = max(changed, int((ordered(a) != ordered(b)).sum()))
             if error is None and reference is not None:
                 at = (scale or {}).get(name)
                 err = max(err, error_ulps(a, reference[name], at), error_ulps(b, reference[name], at))
     return Agreement(numel, not divergent, differing, max_ulp, tuple(sorted(divergent)), changed == 0, changed,
-                     err if error is None else error, names)
+                     err if error is None else error, names, zero_signs)
 
 
 def gather_outputs(outputs: Mapping[str, Any], group: Any = None) -> list[dict[str, Any]]:
@@ -542,6 +553,7 @@ def summarize(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "ranks_identical": bool(judged) and all(r.get("identical") is True for r in judged.values()),
         "differing_elements": sum(int(r.get("differing", 0)) for r in judged.values()),
         "max_ulp_between_ranks": max((int(r.get("max_ulp_between_ranks", 0)) for r in judged.values()), default=0),
+        "zero_sign_elements": sum(int(r.get("zero_signs", 0)) for r in judged.values()),
         "deterministic": bool(judged) and all(r.get("deterministic") is True for r in judged.values()),
         "max_ulp_vs_reference": max((float(r.get("max_ulp_vs_reference", 0.0)) for r in judged.values()),
                                     default=0.0),

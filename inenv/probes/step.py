@@ -98,9 +98,8 @@ ONLY_ENV = "STACKPROBE_STEP_ONLY"  # planning filter: "nccl,flashinfer-fusion" p
 SHARED_AT = 2
 # Backends whose own probe checks, at every world size with ranks sharing a GPU, what the step's shallow selection
 # checks there (the set-up and _agree.shallow_cases: rank agreement and one exact call per dtype): custom-ar's
-# flashinfer implementation and symm-mem. pcie-ipc and fi-fusion check exactness there, not rank agreement (a 1x
-# H100 run found flashinfer's PCIe IPC ring kernel at 4 shared ranks differing bit for bit between ranks in the
-# step only), and custom-ar checks sgl-kernel's with a GPU per rank only, so the step keeps those.
+# flashinfer implementation and symm-mem. pcie-ipc and fi-fusion check exactness there, not rank agreement, and
+# custom-ar checks sgl-kernel's with a GPU per rank only, so the step keeps those.
 AGREED_ELSEWHERE: dict[str, str] = {"flashinfer-custom-ar": "custom-ar", "symm-mem-one-shot": "symm-mem"}
 
 
