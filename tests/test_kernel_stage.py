@@ -44,6 +44,21 @@ def test_wait_shows_the_stage_lines_and_ticks_while_it_is_silent(tmp_path: Path)
     assert kernelstage.running(tmp_path) is None and kernelstage.wait(said.append, tmp_path) is False
 
 
+def test_a_wait_that_begins_late_says_where_the_stage_stands_then_each_new_line(tmp_path: Path) -> None:
+    log = tmp_path / "stage.log"
+    log.write_text("23:00:00 c kernels: [1/2] trtllm_comm\n23:00:30 c kernels: 0/2 done, compiling trtllm_comm\n"
+                   "23:01:00 c kernels: 0/2 done, compiling trtllm_comm (1m00s)\n")
+    script = (f"import time\ntime.sleep(1.0)\nlog = open({str(log)!r}, 'a')\n"
+              "log.write('23:01:05 c kernels: trtllm_comm carried\\n')\nlog.flush()\n")
+    proc = _stand_in(tmp_path, script)
+    kernelstage.write_state(kernelstage.Stage(proc.pid, time.time(), log, 2), tmp_path)
+    said: list[str] = []
+    assert kernelstage.wait(said.append, tmp_path, tick_s=5.0, poll_s=0.1) is True
+    proc.wait()
+    assert said[1:] == ["23:01:00 c kernels: 0/2 done, compiling trtllm_comm (1m00s)",
+                        "23:01:05 c kernels: trtllm_comm carried"]
+
+
 def test_a_state_file_of_another_process_is_not_a_stage(tmp_path: Path) -> None:
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
     try:

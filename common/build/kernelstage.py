@@ -190,7 +190,8 @@ def running(folder: Path | None = None) -> Stage | None:
 
 def wait(say: Callable[[str], None], folder: Path | None = None, tick_s: float = TICK_S, poll_s: float = 1.0,
          start_s: float = 10.0) -> bool:
-    """Wait for the running kernel stage, saying each line its log gains (escaped for the terminal) and, when it
+    """Wait for the running kernel stage, saying the last line its log holds when the wait begins and then each line
+    it gains (escaped for the terminal) and, when it
     is silent for ``tick_s``, that it is still running and for how long; True when there was one to wait for. A
     stage being started (its lock taken, its state not yet written) is given ``start_s`` to write it; a refused
     state file is said in one line and not waited on. Ctrl-C stops the wait (KeyboardInterrupt), never the
@@ -209,7 +210,9 @@ def wait(say: Callable[[str], None], folder: Path | None = None, tick_s: float =
     say(f"waiting for the kernel stage `provision build` started (pid {stage.pid}, {stage.builds} module "
         f"build(s), running for {duration(time.time() - stage.started)}; its log: "
         f"{escape.terminal(_shown(stage.log))})")
-    seen = _size(stage.log)
+    standing, seen = _last_line(stage.log)
+    if standing:
+        say(standing)  # where the stage stands now; then each line it gains
     last = time.monotonic()
     while _alive(stage.pid, folder):
         time.sleep(poll_s)
@@ -240,12 +243,23 @@ def _open_regular(path: Path) -> int | None:
     return fd
 
 
-def _size(path: Path) -> int:
+def _last_line(path: Path, tail: int = 1 << 16) -> tuple[str, int]:
+    """The last complete line of ``path`` (escaped for the terminal; "" when none ends in its last ``tail`` bytes)
+    and the offset after it, read in one go so a line written meanwhile is neither lost nor shown twice."""
     fd = _open_regular(path)
     if fd is None:
-        return 0
-    with contextlib.closing(os.fdopen(fd, "rb")) as f:
-        return os.fstat(f.fileno()).st_size
+        return "", 0
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        start = max(0, size - tail)
+        f.seek(start)
+        chunk = f.read(size - start)
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        return "", start
+    parts = chunk[:end].decode(errors="replace").split("\n")[1 if start else 0:]  # a cut first line left out
+    lines = [ln for ln in parts if ln.strip()]
+    return (escape.terminal(lines[-1].removesuffix("\r")) if lines else ""), start + end + 1
 
 
 def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
