@@ -42,7 +42,7 @@ from inenv.probe import FULL, QUICK, HostView, Variant, key_parts  # noqa: E402
 
 TEN_MINUTES_S = 600.0
 # A variant no host has timed is costed at budget.UNTIMED_S; the step's full grid with a GPU per rank, never timed,
-# may well take three times that (its shallow selection alone took 22-28 s at 8 ranks sharing one H100), so each
+# may well take three times that (its shallow selection alone takes 7-9 s at 8 ranks sharing one H200), so each
 # prediction is also printed with every guessed variant at this many seconds
 GUESS_HIGH_S = 30.0
 # The cores of an 8-GPU host, an assumption: 8-GPU H100/H200 servers ship with 96-224 cores (two CPUs of 48-112

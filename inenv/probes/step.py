@@ -118,7 +118,7 @@ def narrows(v: Variant, host: HostView) -> bool:
     """Whether ``v``, ranks sharing one GPU, is left to its backend's own probe (pure): a backend of
     :data:`AGREED_ELSEWHERE`, beyond :data:`SHARED_AT` ranks on a host of one GPU (where the step's own run is the
     shared one) and at every shared size on a bigger host (where the step runs with a GPU per rank). One such
-    variant of eight processes time-slicing one GPU cost about 25 s on a 1x H100, as much as a dozen others."""
+    variant of eight processes time-slicing one GPU costs 7-9 s on a 1x H200, as much as a few others."""
     return (v.share_gpu and v.skip is None and str(v.param("backend")) in AGREED_ELSEWHERE
             and (host.gpu_count >= 2 or v.ranks != SHARED_AT))
 
