@@ -47,6 +47,11 @@ ENV_PROBE = "STACKPROBE_PROBE"
 ENV_VARIANT = "STACKPROBE_VARIANT"
 ENV_WORKDIR = "STACKPROBE_WORKDIR"
 ENV_DEVICE = "STACKPROBE_DEVICE"
+# The CPU threads of each rank of a multi-rank variant, as torchrun sets them (the launcher puts "1" in the rank's
+# environment unless its own environment has a value): the host runs up to one rank a core (checks.run.runner's
+# rank cap), and torch's default of a thread per core in every rank put 8 ranks x 16 threads on 16 cores while
+# their agreement checks did their CPU work.
+CPU_THREADS_ENV = "OMP_NUM_THREADS"
 # A folder: each rank writes cProfile statistics of its probe there (rank-<i>.prof), to find where a
 # variant's seconds go (benchmarks/bench_variant_floor.py reads them).
 ENV_PROFILE = "STACKPROBE_RANK_PROFILE"
@@ -142,11 +147,11 @@ def wait_for_peers(workdir: Path, world_size: int, limit_s: float, poll_s: float
 
 
 def cpu_threads(env: dict[str, str]) -> None:
-    """torch's CPU threads as ``OMP_NUM_THREADS`` in the rank's environment says, where torch was imported before
+    """torch's CPU threads as :data:`CPU_THREADS_ENV` in the rank's environment says, where torch was imported before
     the rank had that environment (a warm rank forked from a process that imported it reads no variable again);
     a torch imported later reads the variable itself."""
     torch = sys.modules.get("torch")
-    wanted = env.get("OMP_NUM_THREADS", "")
+    wanted = env.get(CPU_THREADS_ENV, "")
     if torch is not None and wanted.isdigit() and int(wanted) > 0 and hasattr(torch, "set_num_threads"):
         with contextlib.suppress(Exception):
             if torch.get_num_threads() != int(wanted):

@@ -136,12 +136,6 @@ def keep_bytecode() -> None:
         sys.dont_write_bytecode = False
 
 
-# The CPU threads of each rank of a multi-rank variant, as torchrun sets them: the host runs up to one rank a core
-# (checks.run.runner's rank cap), and torch's default of a thread per core in every rank put 8 ranks x 16 threads on
-# 16 cores while their agreement checks did their CPU work. A value in the environment the worker was given stays.
-CPU_THREADS_ENV = "OMP_NUM_THREADS"
-
-
 def rank_env(base: dict[str, str], variant: Variant, location: ProbeLocation, workdir: Path, rank_index: int,
              port: int, device: int | None, pycache: str | None = None) -> dict[str, str]:
     env = dict(base)
@@ -172,7 +166,7 @@ def rank_env(base: dict[str, str], variant: Variant, location: ProbeLocation, wo
         }
     )
     if variant.ranks > 1:
-        env.setdefault(CPU_THREADS_ENV, "1")  # see CPU_THREADS_ENV; a value the caller set stays
+        env.setdefault(rank.CPU_THREADS_ENV, "1")  # see rank.CPU_THREADS_ENV; a value the caller set stays
     return env
 
 
