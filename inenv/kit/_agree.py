@@ -334,9 +334,8 @@ def judge(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]
         for r in range(len(first)):
             a, b = first[r][name].reshape(-1), second[r][name].reshape(-1)
             changed = max(changed, int((ordered(a) != ordered(b)).sum()))
-            if error is None and reference is not None:
-                at = (scale or {}).get(name)
-                err = max(err, error_ulps(a, reference[name], at), error_ulps(b, reference[name], at))
+    if error is None and reference is not None:
+        err = max((own_error(first[r], second[r], reference, scale) for r in range(len(first))), default=0.0)
     return Agreement(numel, not divergent, differing, max_ulp, tuple(sorted(divergent)), changed == 0, changed,
                      err if error is None else error, names, zero_signs)
 
