@@ -49,8 +49,8 @@ ENV_WORKDIR = "STACKPROBE_WORKDIR"
 ENV_DEVICE = "STACKPROBE_DEVICE"
 # The CPU threads of each rank of a multi-rank variant, as torchrun sets them (the launcher puts "1" in the rank's
 # environment unless its own environment has a value): the host runs up to one rank a core (checks.run.runner's
-# rank cap), and torch's default of a thread per core in every rank put 8 ranks x 16 threads on 16 cores while
-# their agreement checks did their CPU work.
+# rank cap), and torch's default of a thread per core in every rank would put 8 ranks x 16 threads on 16 cores
+# while their agreement checks do their CPU work.
 CPU_THREADS_ENV = "OMP_NUM_THREADS"
 # A folder: each rank writes cProfile statistics of its probe there (rank-<i>.prof), to find where a
 # variant's seconds go (benchmarks/bench_variant_floor.py reads them).
