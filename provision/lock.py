@@ -124,9 +124,10 @@ def torch_requirements(r: Resolved) -> str:
     """What the torch lock resolves: torch, and cuda-python under the CUDA-major guard as a requirement, so
     the cuda-bindings torch brings is one a cuda-python release pairs with (the kernels of a CUDA 13 cell
     import cuda-python; alone, torch takes the newest cuda-bindings, which no cuda-python may match yet).
-    Only torch's own closure is kept (closure_subset). A cell with another NCCL wheel than torch pins names it
-    here too (with its override, `torch_overrides`), so its torch layer is its own: torch beside that NCCL."""
-    return "".join(f"{line}\n" for line in (torch_source(r)[0], *guards(r), *nccl_lines(r)))
+    Only torch's own closure is kept (closure_subset). A cell that puts another NCCL wheel beside torch shares
+    its torch build's lock all the same (one image layer): its own lock swaps the NCCL wheel
+    (:func:`overridden`), which the cell's last layer installs over torch's."""
+    return "".join(f"{line}\n" for line in (torch_source(r)[0], *guards(r)))
 
 
 def nccl_lines(r: Resolved) -> tuple[str, ...]:
@@ -134,9 +135,9 @@ def nccl_lines(r: Resolved) -> tuple[str, ...]:
     return tuple(s.requirement for s in r.sources if s.package.startswith("nvidia-nccl-"))
 
 
-def torch_overrides(r: Resolved) -> tuple[str, ...]:
-    """What overrides torch's own requirements when its lock is resolved: the cell's NCCL release, if any."""
-    return tuple(o for o in r.overrides if o in nccl_lines(r))
+def overridden(r: Resolved) -> frozenset[str]:
+    """The packages (normalised names) whose torch.lock pin the cell replaces with its own: its NCCL wheel."""
+    return frozenset(_norm(Requirement(line).name) for line in nccl_lines(r))
 
 
 def torch_compile_args(r: Resolved) -> list[str]:
@@ -168,12 +169,13 @@ def _versions(lock: str) -> dict[str, set[str]]:
     return out
 
 
-def torch_lock_differences(torch_lock: str, lock: str) -> list[str]:
+def torch_lock_differences(torch_lock: str, lock: str, replaced: frozenset[str] = frozenset()) -> list[str]:
     """The packages of ``torch_lock`` that ``lock`` pins otherwise, e.g. ["cuda-bindings 13.5.0 (torch.lock:
-    13.4.4)"]; empty when the cell's lock agrees with every pin of its torch build."""
+    13.4.4)"]; empty when the cell's lock agrees with every pin of its torch build but those the cell
+    replaces on purpose (``replaced``: :func:`overridden`)."""
     want, got = _versions(torch_lock), _versions(lock)
     return [f"{name} {', '.join(sorted(got.get(name, {'absent'})))} (torch.lock: {', '.join(sorted(v))})"
-            for name, v in want.items() if got.get(name) != v]
+            for name, v in want.items() if got.get(name) != v and name not in replaced]
 
 
 KERNEL_PACKAGES = ("sglang-kernel", "sgl-kernel")
@@ -254,6 +256,12 @@ def parse_blocks(lock: str) -> list[tuple[str, str, set[str]]]:
 
 def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _lock_name(line: str) -> str:
+    """The normalised package name a lock or constraint line starts with."""
+    m = _HEAD.match(line)
+    return _norm(m.group(1)) if m else line.split()[0] if line.split() else ""
 
 
 def _block(lines: list[str]) -> tuple[str, str, set[str]]:
@@ -385,7 +393,7 @@ def torch_lock_for(r: Resolved, envs: Path, memo: dict[str, str], refresh: bool 
     key = torch_key(r)
     known = memo.get(key) if refresh else known_torch_lock(envs, key, memo)
     if known is None:
-        known = closure_subset(uv_compile(torch_requirements(r), torch_compile_args(r), torch_overrides(r)), "torch")
+        known = closure_subset(uv_compile(torch_requirements(r), torch_compile_args(r)), "torch")
     memo[key] = known
     return known
 
@@ -418,8 +426,11 @@ def own_layer_key(r: Resolved) -> str:
 
 
 def cell_lock(r: Resolved, torch_lock: str) -> str:
-    """The cell's full lock, resolved within the pins of its torch build's torch.lock."""
-    constraints = [*guards(r), *constraint_lines(torch_lock)]
+    """The cell's full lock, resolved within the pins of its torch build's torch.lock but the ones the cell
+    replaces (:func:`overridden`: its NCCL wheel, which its overrides decide)."""
+    replaced = overridden(r)
+    constraints = [*guards(r), *(c for c in constraint_lines(torch_lock)
+                                 if _lock_name(c) not in replaced)]
     try:
         lock = uv_compile(requirements_in(r), compile_args(r), r.overrides, constraints)
     except LockError as e:
@@ -429,9 +440,9 @@ def cell_lock(r: Resolved, torch_lock: str) -> str:
             free = uv_compile(requirements_in(r), compile_args(r), r.overrides, guards(r))
         except LockError:
             raise e from None
-        raise TorchLockConflict(conflict_message(r, torch_lock_differences(torch_lock, free), e.args[1]),
-                                free) from None
-    differences = torch_lock_differences(torch_lock, lock)
+        raise TorchLockConflict(conflict_message(r, torch_lock_differences(torch_lock, free, replaced),
+                                                 e.args[1]), free) from None
+    differences = torch_lock_differences(torch_lock, lock, replaced)
     if differences:
         raise TorchLockConflict(conflict_message(r, differences))
     return lock

@@ -1,9 +1,11 @@
 """NCCL as a matrix axis: `nccl: [pinned, "2.32.6"]` doubles the cells, the other NCCL wheel goes beside the
-same torch with an override of torch's own pin, and its cells get their own torch layer."""
+same torch with an override of torch's own pin, and its cells share their torch build's layer (the NCCL wheel is
+swapped in the cell's last layer)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from common.cellid import CellId, parse
 from common.errors import InputError
 from common.matrix import load
 from common.resolve import cell_id, resolve
-from provision.lock import torch_key, torch_overrides, torch_requirements
+from provision.lock import overridden, torch_key, torch_lock_differences, torch_requirements
 from tests.checks_helpers import ROOT
 
 MATRIX = """
@@ -91,15 +93,31 @@ def test_the_cell_id_carries_the_nccl_release_and_reads_back() -> None:
     assert parse(str(cid)) == cid and parse("cu130-torch2.14.1-sgl0.4.10-finone").nccl == ""
 
 
-def test_the_other_nccl_goes_beside_torch_with_an_override_and_its_own_torch_layer(tmp_path: Path) -> None:
+def test_the_other_nccl_goes_beside_torch_with_an_override_and_shares_the_torch_layer(tmp_path: Path) -> None:
     catalog = load_catalog()
     text = ('matrix: {cuda: ["13.0"], torch: ["2.14.1"], sgl_kernel: [none], flashinfer: [none], '
             'nccl: [pinned, "2.32.6"]}\n')
     pinned, other = (resolve(c, catalog) for c in load(_matrix(tmp_path, text)).cells)
     assert [s.requirement for s in other.sources] == ["torch==2.14.1", "nvidia-nccl-cu13==2.32.6"]
     assert other.overrides == ("nvidia-nccl-cu13==2.32.6",) and pinned.overrides == ()
-    assert torch_overrides(other) == other.overrides and torch_overrides(pinned) == ()
-    assert "nvidia-nccl-cu13==2.32.6\n" in torch_requirements(other)
-    assert torch_key(other) != torch_key(pinned)
+    assert overridden(other) == {"nvidia-nccl-cu13"} and overridden(pinned) == frozenset()
+    assert "nccl" not in torch_requirements(other)
+    assert torch_key(other) == torch_key(pinned)
     twelve = load(_matrix(tmp_path, text.replace('"13.0"', '"12.9"').replace('"2.14.1"', '"2.13.0"'))).cells[1]
     assert [s.requirement for s in resolve(twelve, catalog).sources][-1] == "nvidia-nccl-cu12==2.32.6"
+
+
+def test_the_twins_committed_torch_lock_is_its_base_cells_and_differs_from_its_lock_in_nccl_alone() -> None:
+    """One torch layer for the newest stack and its twin: the same torch.lock, byte for byte, recorded under one
+    key; the twin's full lock departs from it in the NCCL wheel only, which the check of a cell's lock against
+    its torch build's pins lets through for that cell alone."""
+    envs = ROOT / "envs"
+    base, twin = envs / "cu132-torch2.15.0-sglnone-fi0.7.4", envs / "cu132-torch2.15.0-sglnone-fi0.7.4-nccl2.32.6"
+    torch_lock = (base / "torch.lock").read_text()
+    assert (twin / "torch.lock").read_text() == torch_lock
+    assert "nvidia-nccl-cu13==2.30.7" in torch_lock
+    meta = [json.loads((d / "cell.json").read_text())["torch_lock"] for d in (base, twin)]
+    assert meta[0] == meta[1]
+    lock = (twin / "requirements.lock").read_text()
+    assert torch_lock_differences(torch_lock, lock, frozenset({"nvidia-nccl-cu13"})) == []
+    assert torch_lock_differences(torch_lock, lock) == ["nvidia-nccl-cu13 2.32.6 (torch.lock: 2.30.7)"]
