@@ -235,6 +235,42 @@ def test_provision_build_carries_the_quick_module_then_starts_the_long_stage_onc
     assert again[0]["kernels"]["modules"]["trtllm_comm"]["carried"] is False
 
 
+BEHIND_PROBE = ("import json, os, sys; os.nice(int(sys.argv[1])); from provision.kernels.carriers import behind; "
+                "print(json.dumps([os.nice(0), behind()]))")
+
+
+def _behind(nice: int) -> tuple[int, list[str]]:
+    out = subprocess.run([sys.executable, "-c", BEHIND_PROBE, str(nice)], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parent.parent, check=True)
+    level, opts = json.loads(out.stdout)
+    return level, opts
+
+
+def test_a_build_container_started_by_a_niced_stage_asks_for_the_lowest_cpu_weight() -> None:
+    """The detached stage runs niced; its containers do not inherit that, so `docker run` is given cpu shares of 2
+    (of Docker's default 1024) there, and nothing in a process that is not niced (the quick modules' builds,
+    which `provision build` waits for)."""
+    level, opts = _behind(10)
+    assert level >= 10 and opts == ["--cpu-shares", "2"]
+    level, opts = _behind(0)
+    assert opts == ([] if level == 0 else ["--cpu-shares", "2"])
+
+
+@pytest.mark.docker
+def test_a_container_given_the_behind_options_gets_that_cpu_weight(base_image: str, container_sweep: str) -> None:
+    """What the options do in a real container: its cgroup's CPU weight is the low one (cgroup v1 cpu.shares 2;
+    cgroup v2 cpu.weight 1, Docker's mapping of 2 shares)."""
+    from provision.dockercli import Docker
+
+    level, opts = _behind(10)
+    assert opts
+    got = subprocess.run([Docker().cli, "run", "--rm", *opts, "--label", container_sweep, "--network", "none",
+                          base_image, "sh", "-c", "cat /sys/fs/cgroup/cpu/cpu.shares 2>/dev/null || "
+                          "cat /sys/fs/cgroup/cpu.weight"], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() in ("2", "1"), got.stdout
+
+
 @pytest.mark.docker
 def test_a_running_build_containers_cpu_is_counted_while_it_runs(tmp_path: Path, base_image: str,
                                                                  container_sweep: str) -> None:
@@ -421,6 +457,65 @@ def test_two_builds_at_once_run_one_stage_after_the_other_and_say_so(tmp_path: P
     assert stage.pid != first.pid and kernelstage.wait(said.append, folder, poll_s=0.1)
     assert "first stage: building" not in log.read_text()  # the second stage's own log
     assert not kernelstage.locked(folder)  # released when the second stage ended
+
+
+STOPPING_PROBE = """
+import json, sys
+from pathlib import Path
+from provision.kernels import carriers
+from provision.kernels.jobs import Job
+
+class NoDocker:
+    def run(self, *args, **kw):
+        raise AssertionError(f"docker {args[0]} after the stage stopped")
+
+first = carriers.register(Path("/nonexistent/cid-1"), NoDocker())
+given = [str(c) for c, _ in carriers.stopping()]
+later = carriers.register(Path("/nonexistent/cid-2"), NoDocker())
+carrier = carriers.DockerCarrier({"cell_id": "c", "tag": "t"}, None, NoDocker())
+out = carrier.compile(Job("c", "moe_a2a", ("9.0a",), "0.7.4", "13.0", 1.0), Path(sys.argv[1]))
+print(json.dumps([first, given, later, out]))
+"""
+
+
+def test_once_the_stage_is_stopping_no_build_container_starts(tmp_path: Path) -> None:
+    """A worker whose build the stop killed goes on to its next job: from the moment the stage stops, entering a
+    build refuses and the Docker carrier answers without running docker; what was entered before is given to
+    the stop to kill."""
+    got = subprocess.run([sys.executable, "-c", STOPPING_PROBE, str(tmp_path / "out")], capture_output=True,
+                         text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert got.returncode == 0, got.stderr
+    first, given, later, out = json.loads(got.stdout)
+    assert first is True and given == ["/nonexistent/cid-1"] and later is False
+    assert out["ok"] is False and out["line"] == "the kernel stage was stopped"
+
+
+@pytest.mark.docker
+def test_a_stopped_stage_removes_its_labelled_build_containers_running_or_never_started(
+        base_image: str, container_sweep: str) -> None:
+    """The stop's last sweep: a running build container and one created but never started (its `docker run` was
+    killed between create and start), both labelled as this process's stage, are removed; another stage's
+    container (another pid in the label) is left alone."""
+    from provision.dockercli import Docker
+    from provision.kernels import detached
+    from provision.kernels.carriers import STAGE_LABEL, stage_label
+
+    cli = Docker().cli
+    common = ["--label", container_sweep, "--network", "none", base_image, "sleep", "300"]
+    ours = [subprocess.run([cli, verb, *(["-d"] if verb == "run" else []), "--label", stage_label(), *common],
+                           capture_output=True, text=True, timeout=120) for verb in ("run", "create")]
+    other = subprocess.run([cli, "create", "--label", f"{STAGE_LABEL}=1", *common], capture_output=True, text=True,
+                           timeout=120)
+    assert all(r.returncode == 0 for r in (*ours, other)), [r.stderr for r in (*ours, other)]
+    try:
+        assert detached.sweep(Docker()) == 2
+        left = subprocess.run([cli, "ps", "-aq", "--filter", f"label={stage_label()}"], capture_output=True,
+                              text=True, timeout=60).stdout.split()
+        assert left == []
+        assert subprocess.run([cli, "inspect", other.stdout.strip()], capture_output=True, timeout=60).returncode == 0
+    finally:
+        subprocess.run([cli, "rm", "-f", other.stdout.strip(), *(r.stdout.strip() for r in ours)],
+                       capture_output=True, timeout=120)
 
 
 STAND_IN_PYTHON = """#!/bin/sh

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +35,51 @@ OUT_MOUNT = "/opt/stackprobe-kernels"
 
 KERNELS_LABEL = "org.stackprobe.kernels"
 
+# The CPU weight (cgroup cpu shares, of the default 1024) of a build container started by a stage that runs behind
+# (niced: provision.kernels.detached): a container's processes are children of the container runtime, not of the
+# `docker run` that asked for them, so they do not inherit its niceness; a weight this low lets the quick pass's
+# containers, which have the default, go first, and the builds take what the quick pass leaves.
+BEHIND_SHARES = 2
+
+
+def behind() -> list[str]:
+    """The `docker run` options that keep a build container behind the quick pass when this process runs niced."""
+    try:
+        niced = os.nice(0) > 0
+    except OSError:
+        niced = False
+    return ["--cpu-shares", str(BEHIND_SHARES)] if niced else []
+
+
 # The containers the stage's Docker builds run in (their cidfiles): a stopped stage kills them, since a
 # container goes on when the `docker run` that started it is killed (provision.kernels.detached.stop_builds).
 BUILDING: dict[Path, Docker] = {}
+# Every build container of this process carries this label with the process's pid, so a stopped stage finds
+# the ones whose `docker run` was still creating them when it was stopped, which no cidfile names yet.
+STAGE_LABEL = "org.stackprobe.kernel-stage"
+_BUILDS = threading.Lock()
+_STOPPING = threading.Event()
+
+
+def register(cidfile: Path, docker: Docker) -> bool:
+    """Enter a build container about to start in :data:`BUILDING`; False once the stage is stopping (nothing new
+    starts then: a worker whose build was just killed would otherwise start the next one)."""
+    with _BUILDS:
+        if _STOPPING.is_set():
+            return False
+        BUILDING[cidfile] = docker
+        return True
+
+
+def stopping() -> list[tuple[Path, Docker]]:
+    """Refuse every build from now on (:func:`register`) and give the ones entered so far."""
+    with _BUILDS:
+        _STOPPING.set()
+        return list(BUILDING.items())
+
+
+def stage_label() -> str:
+    return f"{STAGE_LABEL}={os.getpid()}"
 
 
 def parse_result(stdout: str, rc: int, stderr: str) -> dict[str, Any]:
@@ -213,8 +256,9 @@ class DockerCarrier:
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="stackprobe-kernel-build-") as scratch:
             cidfile = Path(scratch) / "cid"
+            if not register(cidfile, self.docker):  # a stopped stage kills the container too (stop_builds)
+                return {"ok": False, "reason_code": "harness-error", "line": "the kernel stage was stopped"}
             self.running[job.module] = cidfile
-            BUILDING[cidfile] = self.docker  # a stopped stage kills the container too (stop_builds)
             try:
                 return self._compile(job, out_dir, cidfile)
             finally:
@@ -222,7 +266,8 @@ class DockerCarrier:
                 BUILDING.pop(cidfile, None)
 
     def _compile(self, job: Job, out_dir: Path, cidfile: Path) -> dict[str, Any]:
-        args = ["run", "--rm", "--cidfile", str(cidfile), "--network", "none", "-w", "/tmp",
+        args = ["run", "--rm", "--cidfile", str(cidfile), "--label", stage_label(), *behind(), "--network", "none",
+                "-w", "/tmp",
                 "-v", f"{CODE_ROOT / 'inenv'}:{CODE_MOUNT}/inenv:ro", "-v", f"{out_dir.resolve()}:{OUT_MOUNT}",
                 "-e", f"PYTHONPATH={CODE_MOUNT}", "-e", "PYTHONDONTWRITEBYTECODE=1"]
         for name, value in _env(self.rec, None, str(self.rec.get("cell_id"))).items():

@@ -22,7 +22,8 @@ from typing import Any
 from common.build import buildrecord, kernelstage
 from common.caches import CODE_ROOT
 from inenv import atomic, lifetime
-from provision.kernels.carriers import BUILDING
+from provision.dockercli import Docker
+from provision.kernels.carriers import stage_label, stopping
 from provision.kernels.stage import carry
 
 
@@ -58,20 +59,35 @@ def stop_builds(signum: int, folder: Path) -> None:
     file is removed and the stage exits with 128 + the signal's number. For SIGTERM and SIGINT."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
-    killed = 0
-    for cidfile, docker in list(BUILDING.items()):
+    killed, unnamed = 0, 0
+    builds = stopping()  # no build starts from now on
+    for cidfile, docker in builds:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            cid = cidfile.read_text().strip()
+            cid = cidfile.read_text().strip() if cidfile.exists() else ""
+            unnamed += not cid
             if cid and docker.run("kill", cid, timeout=60).returncode == 0:
                 killed += 1
     group = os.getpgrp() if os.getpgrp() == os.getpid() else None  # its own session's group: none of the caller's
     killed += lifetime.end_below(os.getpid(), group)
+    if unnamed:  # a `docker run` was creating its container when the stage stopped: no cidfile names it yet
+        time.sleep(1.0)  # the daemon may finish creating it after its client has gone
+        killed += sweep(builds[0][1])
     with contextlib.suppress(OSError, ValueError, RuntimeError):  # RuntimeError: a write of the stage's own cut
         sys.stdout.write(f"{time.strftime('%H:%M:%S')} kernels: the stage was stopped ({signal.Signals(signum).name}):"
                          f" {killed} build process(es) and container(s) ended with it\n")
         sys.stdout.flush()
     kernelstage.clear(os.getpid(), folder)
     os._exit(128 + signum)
+
+
+def sweep(docker: Docker) -> int:
+    """Remove every container labelled as this stage's build (running, or created and never started); how many."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        listed = docker.run("ps", "-aq", "--filter", f"label={stage_label()}", timeout=60)
+        cids = listed.stdout.split() if listed.returncode == 0 else []
+        if cids and docker.run("rm", "-f", *cids, timeout=120).returncode == 0:
+            return len(cids)
+    return 0
 
 
 def run(job: dict[str, Any], log: Any) -> int:
