@@ -460,3 +460,35 @@ def test_a_budget_on_an_nvswitch_host_keeps_what_fits_side_by_side() -> None:
     _, kept, fitted = session.fit_budget(opts, planned, alone, 8, time.monotonic() + 75.0)
     assert fitted is not None and [it.key for it in fitted.left_out] == [items[0].key] and fitted.kept_s == 50.0
     assert kept.left().seconds == 50.0
+
+
+def test_a_cell_whose_build_found_no_nvcc_is_not_costed_as_compiling_and_the_plan_says_so(tmp_path: Path) -> None:
+    """The CUDA 12.8 cell of the registry ships no nvcc: its build record says what the look for one found, the
+    plan says the cell compiles nothing (instead of minutes of compiling), and a cell whose build found an nvcc,
+    or whose record never asked, is not named."""
+    from common.build import backend, buildrecord
+
+    def record(cid: str, identity: dict[str, object] | None) -> None:
+        (tmp_path / cid).mkdir()
+        kernels = {"kernels": {"identity": identity}} if identity is not None else {}
+        (tmp_path / cid / "build.json").write_text(json.dumps({"cell_id": cid, "status": "built", **kernels}))
+
+    record("a", {"nvcc": None, "nvcc_error": "/usr/local/cuda/bin/nvcc:\n not found"})
+    record("b", {"nvcc": "13.0", "nvcc_error": ""})
+    record("c", None)
+    assert buildrecord.read(tmp_path / "a").record.no_nvcc == "/usr/local/cuda/bin/nvcc: not found"
+
+    def jit(cid: str) -> WorkItem:
+        from inenv.probes import fi_jit
+
+        return WorkItem(CellTarget(cid, "resolved", versions={"flashinfer": "0.6.17"}), fi_jit.SPEC,
+                        Variant("fi-jit", 1, (("module", "vllm_comm"), ("arch", "12.0a"))), 3000.0)
+
+    opts = RunOptions(all_probes=True, envs=tmp_path)
+    items = [jit("a"), jit("b"), jit("c")]
+    assert session.without_nvcc(opts, backend.DOCKER, items) == {"a": "/usr/local/cuda/bin/nvcc: not found"}
+    view = runprogress.RunView(items, {}, compiling=frozenset({items[1].key}), no_nvcc={"a": "nvcc: not found"})
+    assert session.compile_lines(view) == [
+        "  b: compiles vllm_comm@12.0a here (1 never timed)",
+        "  a: compiles nothing: its build found no nvcc in the cell (nvcc: not found); the compile probe's variants "
+        "check that themselves"]

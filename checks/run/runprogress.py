@@ -416,6 +416,8 @@ class RunView:
     backend: str = ""
     prior: Sequence[costmodel.CostTable] = ()  # the packaged prior's tables for this host, best first
     compiling: Collection[Key] = ()  # the items that compile their module here (costed as compiles)
+    # cells whose build found no nvcc in them -> what it found instead: their compile probe's variants compile nothing
+    no_nvcc: Mapping[str, str] = field(default_factory=dict)
     shared_ranks: int | None = None  # rank processes of GPU variants that time nothing at once (0: --gpu-alone)
     gpus: int = 0  # the host's GPUs
     switched: bool = False  # timed variants run side by side on disjoint sets of the ``gpus`` (checks.run.placement)

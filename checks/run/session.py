@@ -369,9 +369,23 @@ def kernel_lines(carries: dict[str, dict[str, tuple[str, ...]]], capability: str
     return out
 
 
+def without_nvcc(opts: RunOptions, backend: str, todo: list[WorkItem]) -> dict[str, str]:
+    """The cells of ``todo``'s compile-probe variants whose build record says the build found no nvcc in the cell
+    (common.build.buildrecord.BuildRecord.no_nvcc) -> what it found instead: nothing compiles there, so their
+    variants are not costed as compiles; they still run and find it themselves."""
+    cells = {it.cell.cell_id for it in todo if it.spec.build_param and it.runs}
+    out: dict[str, str] = {}
+    for cid in sorted(cells) if backend in RECORD_NAMES else ():
+        record = buildrecord.read(opts.envs / cid, backend).record
+        if record is not None and record.no_nvcc:
+            out[cid] = record.no_nvcc
+    return out
+
+
 def compile_lines(view: runprogress.RunView) -> list[str]:
     """Per cell, the modules the compile probe builds here (nothing carries or holds them for their target,
-    nothing published them) and what that should cost, so the plan says it before anything starts."""
+    nothing published them) and what that should cost, so the plan says it before anything starts; a cell whose
+    build found no nvcc in it says that instead."""
     per: dict[str, dict[str, float | None]] = {}
     for it in view.items:
         if it.key in view.compiling:
@@ -384,6 +398,9 @@ def compile_lines(view: runprogress.RunView) -> list[str]:
         cost = f", about {duration(sum(known))} of compiling" if known else ""
         guessed = f" ({len(mods) - len(known)} never timed)" if len(known) < len(mods) else ""
         out.append(f"  {cid}: compiles {', '.join(sorted(mods))} here{cost}{guessed}")
+    for cid, found in sorted(view.no_nvcc.items()):
+        out.append(f"  {cid}: compiles nothing: its build found no nvcc in the cell ({escape.terminal(found)}); "
+                   "the compile probe's variants check that themselves")
     return out
 
 
@@ -469,13 +486,16 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     lent = runprogress.lent(store.folder.parent, store.folder.name, facts, compiles)
     gpus = facts.get("gpu_count") if isinstance(facts.get("gpu_count"), int) else 0
     prior = costmodel.tables_for(costmodel.load_prior(), str(facts.get("gpu_name") or ""), gpus)
-    compiling = compiling_here(opts, todo, carries or {}, facts.get("compute_capability") if gpus else None)
+    no_nvcc = without_nvcc(opts, backend, todo)
+    compiling = frozenset(k for k in compiling_here(opts, todo, carries or {},
+                                                    facts.get("compute_capability") if gpus else None)
+                          if k[0] not in no_nvcc)
     expected = runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling)
     if opts.soak_s:  # a soak replays each load variant that long beyond its set-up
         expected.update({it.key: dataclasses.replace(expected[it.key], seconds=opts.soak_s + (
             expected[it.key].seconds or budget.UNTIMED_S)) for it in todo if it.spec.sustained and it.key in expected})
     return runprogress.RunView(todo, expected,
-                               jobs=opts.jobs, prior=prior, compiling=compiling,
+                               jobs=opts.jobs, prior=prior, compiling=compiling, no_nvcc=no_nvcc,
                                shared_ranks=0 if opts.gpu_alone else None, gpus=gpus,
                                switched=side_by_side(opts, backend, facts),
                                compile_note=runprogress.compile_note(

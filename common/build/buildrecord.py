@@ -62,6 +62,7 @@ class BuildRecord:
     data: Mapping[str, Any] = field(repr=False)
     # comm modules compiled by this build -> the compilers' CPU seconds per target (provision.kernels)
     compile_costs: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    no_nvcc: str = ""  # what the build's look for nvcc in the cell found instead of one ("": it found one)
 
     @property
     def runnable(self) -> bool:
@@ -75,7 +76,7 @@ class BuildRecord:
                    tag=_text(data.get("tag")), reason=_text(data.get("reason")) or "",
                    python=_text(data.get("python")), base_python=_text(data.get("base_python")),
                    from_base_summary=_text(data.get("from_base_summary")) or "", carried=_carried(data),
-                   data=MappingProxyType(dict(data)), compile_costs=_compile_costs(data))
+                   data=MappingProxyType(dict(data)), compile_costs=_compile_costs(data), no_nvcc=_no_nvcc(data))
 
 
 def _text(value: Any) -> str | None:
@@ -95,6 +96,16 @@ def _carried(data: Mapping[str, Any]) -> Mapping[str, tuple[str, ...]]:
         if isinstance(name, str) and isinstance(sass, list):
             out[name] = tuple(str(s) for s in sass)
     return MappingProxyType(out)
+
+
+def _no_nvcc(data: Mapping[str, Any]) -> str:
+    """The error the kernel stage's identity query in the cell gave for nvcc when it found none where flashinfer
+    looks (provision.kernels.jobs.no_nvcc), as one short line; "" when it found one or never asked."""
+    kernels = data.get("kernels")
+    identity = kernels.get("identity") if isinstance(kernels, Mapping) else None
+    if not isinstance(identity, Mapping) or identity.get("nvcc") or not isinstance(identity.get("nvcc_error"), str):
+        return ""
+    return " ".join(identity["nvcc_error"].split())[:200]
 
 
 def _compile_costs(data: Mapping[str, Any]) -> Mapping[str, float]:
