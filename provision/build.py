@@ -11,7 +11,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,9 +109,13 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
                *spread([v for v in values if isinstance(v, Step)],
                        lambda s: str(s.cell.get("torch_lock") or s.cell_id))]
     steps, run.progress = buildprogress.begin(ordered, Step, report)
+    # an image's self-check (a container of it) runs beside the next image's build: the builders never wait
+    # for a check, and a cell is done (its record written, its line said) when its check is
     with Ticker(lambda line: report("", line), tick_s) as ticker, \
-            ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
-        built = dict(zip((s.folder for s in steps), pool.map(lambda s: run.one(s, ticker), steps), strict=True))
+            ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool, \
+            ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as run.checks:
+        pending = list(pool.map(lambda s: run.one(s, ticker), steps))
+        built = dict(zip((s.folder for s in steps), (f.result() for f in pending), strict=True))
     return [built[f] if isinstance(p, Step) else p for f, p in prepared.items()]
 
 
@@ -138,6 +142,7 @@ class _LockedBuild:
     base_ids: dict[str, str] = field(default_factory=dict)
     progress: Any = None  # buildprogress.begin's, once every cell is prepared
     lock: threading.Lock = field(default_factory=threading.Lock)
+    checks: ThreadPoolExecutor | None = None  # where built images are self-checked (build_locked's)
 
     def base_id(self, base: Base) -> str:
         if base.image not in self.base_ids:
@@ -193,7 +198,8 @@ class _LockedBuild:
         except Exception as e:  # one broken cell must not stop the others
             return record(folder, status=BuildStatus.FAILED, reason=f"{type(e).__name__}: {e}")
 
-    def build(self, step: Step, ticker: Ticker) -> dict[str, Any]:
+    def build(self, step: Step, ticker: Ticker) -> dict[str, Any] | float:
+        """The image built: its build's seconds (the self-check is the caller's), or the failed build's record."""
         cid, folder, tag = step.cell_id, step.folder, step.tag
         current = {"step": ""}
         seen: set[str] = set()  # BuildKit repeats a step's header when its output resumes
@@ -217,8 +223,7 @@ class _LockedBuild:
         if rc != 0:
             reason = f"docker build exited {rc}: {_log_tail(log)} (log: {log})"
             return record(folder, status=BuildStatus.FAILED, tag=tag, reason=reason)
-        build_s = round(time.monotonic() - t0, 1)
-        return self.checked(step, build_s)
+        return round(time.monotonic() - t0, 1)
 
     def checked(self, step: Step, build_s: float) -> dict[str, Any]:
         """The record of a built image after its self-check: built, or failed (the image removed) when the
@@ -236,15 +241,34 @@ class _LockedBuild:
                       selfcheck=facts, versions=versions(facts), build_s=build_s, base=step.base.image,
                       note=_note(step.cell, step.base, self.opts), inputs=step.inputs)
 
-    def one(self, step: Step, ticker: Ticker) -> dict[str, Any]:
+    def one(self, step: Step, ticker: Ticker) -> Future[dict[str, Any]]:
+        """Build the cell's image and hand it to its self-check (:attr:`checks`); the cell's record, once checked."""
         self.report(step.cell_id, self.progress.start_line(step))
         t0 = time.monotonic()
         try:
-            rec = self.build(step, ticker)
+            built = self.build(step, ticker)
         except InputError:
             raise
         except Exception as e:  # one broken cell must not stop the others
-            rec = record(step.folder, status=BuildStatus.FAILED, tag=step.tag, reason=f"{type(e).__name__}: {e}")
+            built = self.failed(step, e)
+        if isinstance(built, dict):
+            done: Future[dict[str, Any]] = Future()
+            done.set_result(self.ended(step, built, t0))
+            return done
+        assert self.checks is not None, "build_locked gives every run its self-check pool"
+        return self.checks.submit(self.check, step, built, t0)
+
+    def check(self, step: Step, build_s: float, t0: float) -> dict[str, Any]:
+        try:
+            rec = self.checked(step, build_s)
+        except Exception as e:  # one broken cell must not stop the others
+            rec = self.failed(step, e)
+        return self.ended(step, rec, t0)
+
+    def failed(self, step: Step, e: Exception) -> dict[str, Any]:
+        return record(step.folder, status=BuildStatus.FAILED, tag=step.tag, reason=f"{type(e).__name__}: {e}")
+
+    def ended(self, step: Step, rec: dict[str, Any], t0: float) -> dict[str, Any]:
         with self.lock:
             self.progress.done.add(step.cell_id)
             self.report(step.cell_id, self.progress.end_line(step, str(rec["status"]), time.monotonic() - t0))

@@ -207,3 +207,38 @@ def test_ticker_repeats_until_stopped() -> None:
         n = len(heard)
         time.sleep(0.3)
     assert 2 <= n <= 5 and len(heard) == n and heard[0].startswith("a 0.")
+
+
+def test_an_images_self_check_runs_beside_the_next_images_build(tmp_path: Path, cells: list[Path]) -> None:
+    """One builder: the first image's self-check (a container of it) waits until the second image's build has
+    begun. Run one after the other, that never happens and the wait runs out; run beside it, both cells are built
+    and the first cell's line comes after its check, with the time it took."""
+    import threading
+
+    class SlowCheckDocker(ReplayDocker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.second_started = threading.Event()
+            self.events: list[str] = []
+
+        def build(self, dockerfile: Path, context: Path, tag: str, buildkit: bool, log: Path, on_line: Any) -> int:
+            self.events.append(f"build {tag.split(':')[0]}")
+            if self.builds == 1:
+                self.second_started.set()
+            return super().build(dockerfile, context, tag, buildkit, log, on_line)
+
+        def run(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+            if args[0] == "run" and f"stackprobe/{CELLS[0]}:" in " ".join(args):
+                beside = self.second_started.wait(timeout=20)
+                self.events.append(f"check {CELLS[0]} ended, second build begun: {beside}")
+                if not beside:
+                    return subprocess.CompletedProcess(args, 1, "", "the second build never began")
+            return super().run(*args, **kw)
+
+    docker = SlowCheckDocker()
+    said: list[str] = []
+    records = build.build_locked(cells, _opts(tmp_path), docker, lambda cid, msg: said.append(f"{cid} {msg}"))
+    assert [r["status"] for r in records] == ["built", "built"], records
+    assert docker.events[:3] == [f"build stackprobe/{CELLS[0]}", f"build stackprobe/{CELLS[1]}",
+                                 f"check {CELLS[0]} ended, second build begun: True"]
+    assert any(ln.startswith(f"{CELLS[0]} cell 1 of 2: built after ") for ln in said)
