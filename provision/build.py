@@ -97,13 +97,12 @@ def _note(cell: dict[str, Any], base: Base, opts: BuildOptions) -> str:
 
 def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
                  report: Callable[[str, str], None] = lambda cid, msg: None,
-                 tick_s: float = TICK_S, done: Callable[[dict[str, Any]], None] = lambda rec: None
-                 ) -> list[dict[str, Any]]:
+                 tick_s: float = TICK_S) -> list[dict[str, Any]]:
     """Build every locked cell folder; one failure never stops the others. First every cell's Dockerfile
     and tag (so the unchanged cells are known and the rest can be counted and timed from their last
     builds), then the builds, each saying which of how many it is, its steps, and every ``tick_s`` how long
-    it has been building. ``done`` is given each built cell's record once its self-check has ended."""
-    run = _LockedBuild(opts, docker, report, docker.buildkit(), done=done)
+    it has been building."""
+    run = _LockedBuild(opts, docker, report, docker.buildkit())
     prepared = {folder: run.prepare(folder) for folder in folders}
     values = list(prepared.values())
     ordered = [*(v for v in values if not isinstance(v, Step)),
@@ -144,7 +143,6 @@ class _LockedBuild:
     progress: Any = None  # buildprogress.begin's, once every cell is prepared
     lock: threading.Lock = field(default_factory=threading.Lock)
     checks: ThreadPoolExecutor | None = None  # where built images are self-checked (build_locked's)
-    done: Callable[[dict[str, Any]], None] = lambda rec: None  # given each built cell's final record
 
     def base_id(self, base: Base) -> str:
         if base.image not in self.base_ids:
@@ -274,7 +272,6 @@ class _LockedBuild:
         with self.lock:
             self.progress.done.add(step.cell_id)
             self.report(step.cell_id, self.progress.end_line(step, str(rec["status"]), time.monotonic() - t0))
-        self.done(rec)
         return rec
 
 
@@ -377,9 +374,9 @@ class DockerBuilder:
     def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
         return [{"cell_id": f.name, "status": BuildStatus.WOULD_BUILD, "reason": ""} for f in folders]
 
-    def build(self, folders: Sequence[Path], opts: BuildOptions, report: Callable[[str, str], None],
-              done: Callable[[dict[str, Any]], None] = lambda rec: None) -> list[dict[str, Any]]:
-        return build_locked(folders, opts, self.docker, report, done=done)
+    def build(self, folders: Sequence[Path], opts: BuildOptions,
+              report: Callable[[str, str], None]) -> list[dict[str, Any]]:
+        return build_locked(folders, opts, self.docker, report)
 
     def _buildkit(self) -> bool:
         if self._buildkit_seen is None:

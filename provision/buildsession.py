@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -73,10 +72,8 @@ class Builder(Protocol):
         """What a build would do, per cell, building nothing."""
         ...
 
-    def build(self, folders: Sequence[Path], opts: BuildOptions, report: Callable[[str, str], None],
-              done: Callable[[dict[str, Any]], None] = lambda rec: None) -> Records:
-        """Build every locked cell; one failure never stops the others. ``done`` may be given each built cell's
-        record as soon as it is final, while the others build."""
+    def build(self, folders: Sequence[Path], opts: BuildOptions, report: Callable[[str, str], None]) -> Records:
+        """Build every locked cell; one failure never stops the others."""
         ...
 
 
@@ -97,9 +94,8 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     builder.prepare(opts)
     folders, records = builder.lock(cells, opts)
     disk_gate(cells, opts, builder)  # after locking: a cell counts as built only when its current build is here
-    quick = QuickKernels(kernel_archs(cells, opts), opts, docker, reporter(opts))
-    records += builder.build(folders, opts, reporter(opts), quick.add)
-    records = carry_kernels(cells, quick.finish(records), opts, docker, quick=frozenset(quick.started))
+    records += builder.build(folders, opts, reporter(opts))
+    records = carry_kernels(cells, records, opts, docker)
     summary(cells, records, opts.json)
     return 1 if any(r["status"] == BuildStatus.FAILED for r in records) else 0
 
@@ -117,51 +113,16 @@ def memory_bytes() -> int:
         return 8 << 30
 
 
-class QuickKernels:
-    """The quick module's builds beside the image builds: a cell's starts as soon as its build is final (one cell
-    at a time, after any kernel stage an earlier build started), so the first cells' builds overlap the later
-    cells' images; :meth:`finish` waits for them and gives every record, those it carried in their place."""
-
-    def __init__(self, archs: dict[str, tuple[str, ...]], opts: BuildOptions, docker: Docker | None,
-                 report: Callable[[str, str], None]) -> None:
-        self.archs, self.opts, self.docker, self.report = archs, opts, docker, report
-        self.pool = ThreadPoolExecutor(max_workers=1)
-        self.started: dict[str, Future[dict[str, Any]]] = {}
-        self.waited = False
-
-    def add(self, rec: dict[str, Any]) -> None:
-        cid = str(rec.get("cell_id") or "")
-        if cid and self.archs.get(cid) and rec.get("status") == BuildStatus.BUILT:
-            self.started[cid] = self.pool.submit(self._carry, rec)
-
-    def _carry(self, rec: dict[str, Any]) -> dict[str, Any]:
-        if not self.waited:  # one build of each module at a time: an earlier build's stage first
-            kernelstage.wait(lambda line: self.report("", line))
-            self.waited = True
-        return kernels.carry([rec], self.archs, 1, self.opts.envs, self.report, self.docker,
-                             modules=kernels.QUICK_MODULES)[0]
-
-    def finish(self, records: Records) -> Records:
-        self.pool.shutdown(wait=True)
-        done = {cid: f.result() for cid, f in self.started.items()}
-        return [done.get(str(r.get("cell_id")), r) for r in records]
-
-
-def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOptions, docker: Docker | None,
-                  quick: frozenset[str] = frozenset()) -> Records:
+def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOptions, docker: Docker | None) -> Records:
     """The kernel stage (provision.kernels) over every built cell: the quick module here (what `checks run`'s
-    quick pass loads; ``quick``: the cells whose quick module was carried beside the builds, :class:`QuickKernels`),
-    then the long ones in a process of their own that this command does not wait for
+    quick pass loads), then the long ones in a process of their own that this command does not wait for
     (``python -m provision.kernels``; with --wait-kernels, here too), so the first table comes before the long compiles.
     A stage an earlier build started is waited for first: one build of each module at a time."""
     jobs = opts.kernel_parallel(os.cpu_count() or 1, memory_bytes())
     report = reporter(opts)
     archs = kernel_archs(cells, opts)
     kernelstage.wait(lambda line: report("", line))
-    rest = kernels.carry([r for r in records if str(r.get("cell_id")) not in quick], archs, jobs, opts.envs, report,
-                         docker, modules=kernels.QUICK_MODULES)
-    carried = {str(r.get("cell_id")): r for r in rest}
-    records = [carried.get(str(r.get("cell_id")), r) for r in records]
+    records = kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.QUICK_MODULES)
     if opts.wait_kernels:
         return kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
     backend_of = {str(r.get("cell_id")): str(r.get("backend") or backend.DOCKER) for r in records}

@@ -403,6 +403,6 @@ class VenvBuilder:
     def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
         return dry_run(folders, opts)
 
-    def build(self, folders: Sequence[Path], opts: BuildOptions, report: Callable[[str, str], None],
-              done: Callable[[dict[str, Any]], None] = lambda rec: None) -> list[dict[str, Any]]:
+    def build(self, folders: Sequence[Path], opts: BuildOptions,
+              report: Callable[[str, str], None]) -> list[dict[str, Any]]:
         return build_venv_cells(folders, opts, report)
