@@ -258,17 +258,28 @@ def test_a_build_container_started_by_a_niced_stage_asks_for_the_lowest_cpu_weig
 
 @pytest.mark.docker
 def test_a_container_given_the_behind_options_gets_that_cpu_weight(base_image: str, container_sweep: str) -> None:
-    """What the options do in a real container: its cgroup's CPU weight is the low one (cgroup v1 cpu.shares 2;
-    cgroup v2 cpu.weight 1, Docker's mapping of 2 shares)."""
+    """What the options do in a real container: the daemon holds the low weight for it (HostConfig.CpuShares 2),
+    and where its cgroup's CPU weight can be read inside it, that is the low one (cgroup v1 cpu.shares 2; cgroup v2
+    cpu.weight 1, Docker's mapping of 2 shares)."""
     from provision.dockercli import Docker
 
     level, opts = _behind(10)
     assert opts
-    got = subprocess.run([Docker().cli, "run", "--rm", *opts, "--label", container_sweep, "--network", "none",
-                          base_image, "sh", "-c", "cat /sys/fs/cgroup/cpu/cpu.shares 2>/dev/null || "
-                          "cat /sys/fs/cgroup/cpu.weight"], capture_output=True, text=True, timeout=120)
-    assert got.returncode == 0, got.stderr
-    assert got.stdout.strip() in ("2", "1"), got.stdout
+    cli = Docker().cli
+    script = "cat /sys/fs/cgroup/cpu/cpu.shares 2>/dev/null || cat /sys/fs/cgroup/cpu.weight 2>/dev/null || echo none"
+    made = subprocess.run([cli, "create", *opts, "--label", container_sweep, "--network", "none", base_image, "sh",
+                           "-c", script], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    cid = made.stdout.strip()
+    try:
+        shares = subprocess.run([cli, "inspect", "-f", "{{.HostConfig.CpuShares}}", cid], capture_output=True,
+                                text=True, timeout=60)
+        assert shares.stdout.strip() == "2", shares.stdout + shares.stderr
+        ran = subprocess.run([cli, "start", "-a", cid], capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.strip() in ("2", "1", "none"), ran.stdout
+    finally:
+        subprocess.run([cli, "rm", "-f", cid], capture_output=True, timeout=120)
 
 
 @pytest.mark.docker
