@@ -156,9 +156,10 @@ def torch_key(r: Resolved) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-def constraint_lines(lock: str) -> list[str]:
-    """A lock's pins as constraints, e.g. "cuda-bindings==13.4.4 ; sys_platform == 'linux'" (no hashes)."""
-    return [text.splitlines()[0].rstrip(" \\") for _name, text, _via in parse_blocks(lock)]
+def constraint_lines(lock: str, leave_out: frozenset[str] = frozenset()) -> list[str]:
+    """A lock's pins as constraints, e.g. "cuda-bindings==13.4.4 ; sys_platform == 'linux'" (no hashes), but
+    those of the packages (normalised names) in ``leave_out``."""
+    return [text.splitlines()[0].rstrip(" \\") for name, text, _via in parse_blocks(lock) if name not in leave_out]
 
 
 def _versions(lock: str) -> dict[str, set[str]]:
@@ -256,12 +257,6 @@ def parse_blocks(lock: str) -> list[tuple[str, str, set[str]]]:
 
 def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _lock_name(line: str) -> str:
-    """The normalised package name a lock or constraint line starts with."""
-    m = _HEAD.match(line)
-    return _norm(m.group(1)) if m else line.split()[0] if line.split() else ""
 
 
 def _block(lines: list[str]) -> tuple[str, str, set[str]]:
@@ -429,8 +424,7 @@ def cell_lock(r: Resolved, torch_lock: str) -> str:
     """The cell's full lock, resolved within the pins of its torch build's torch.lock but the ones the cell
     replaces (:func:`overridden`: its NCCL wheel, which its overrides decide)."""
     replaced = overridden(r)
-    constraints = [*guards(r), *(c for c in constraint_lines(torch_lock)
-                                 if _lock_name(c) not in replaced)]
+    constraints = [*guards(r), *constraint_lines(torch_lock, replaced)]
     try:
         lock = uv_compile(requirements_in(r), compile_args(r), r.overrides, constraints)
     except LockError as e:
