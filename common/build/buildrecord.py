@@ -98,14 +98,18 @@ def _carried(data: Mapping[str, Any]) -> Mapping[str, tuple[str, ...]]:
     return MappingProxyType(out)
 
 
-def _no_nvcc(data: Mapping[str, Any]) -> str:
-    """The error the kernel stage's identity query in the cell gave for nvcc when it found none where flashinfer
-    looks (provision.kernels.jobs.no_nvcc), as one short line; "" when it found one or never asked."""
-    kernels = data.get("kernels")
-    identity = kernels.get("identity") if isinstance(kernels, Mapping) else None
-    if not isinstance(identity, Mapping) or identity.get("nvcc") or not isinstance(identity.get("nvcc_error"), str):
+def missing_nvcc(identity: Any) -> str:
+    """What a cell's identity query (the kernel stage's, in the cell) found instead of nvcc where flashinfer looks
+    for one, as one line of at most 300 characters; "" when it found one or the identity is not that shape."""
+    if not isinstance(identity, Mapping) or identity.get("nvcc") or not identity.get("nvcc_error"):
         return ""
-    return " ".join(identity["nvcc_error"].split())[:200]
+    return " ".join(str(identity["nvcc_error"]).split())[:300]
+
+
+def _no_nvcc(data: Mapping[str, Any]) -> str:
+    """:func:`missing_nvcc` of the identity the record's kernel stage read; "" when it read none."""
+    kernels = data.get("kernels")
+    return missing_nvcc(kernels.get("identity") if isinstance(kernels, Mapping) else None)
 
 
 def _compile_costs(data: Mapping[str, Any]) -> Mapping[str, float]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from common import reasons
-from common.build.buildrecord import BuildStatus
+from common.build.buildrecord import BuildStatus, missing_nvcc
 from common.home import CACHE_ROOT
 from inenv import gpuarch, kit
 from inenv.kit import COMM_MODULES
@@ -147,9 +147,9 @@ def no_nvcc(identity: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The answer of every module of a cell whose identity query found no nvcc where flashinfer looks for one
     (a CUDA 12 cell from the registry ships none): nothing can compile there, so no build is started for it
     and its row says why. None when the cell has an nvcc or its identity is unknown."""
-    if not isinstance(identity, Mapping) or identity.get("nvcc") or not identity.get("nvcc_error"):
+    error = missing_nvcc(identity)
+    if not error:
         return None
-    error = " ".join(str(identity.get("nvcc_error")).split())[:300]
     return {"ok": False, "reason_code": "fi-no-nvcc", "line": f"no nvcc in this cell ({error}): nothing to compile "
             "with, so no build was started", "from": "the cell's identity"}
 
