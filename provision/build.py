@@ -251,11 +251,9 @@ class _LockedBuild:
             raise
         except Exception as e:  # one broken cell must not stop the others
             built = self.failed(step, e)
-        if isinstance(built, dict):
-            done: Future[dict[str, Any]] = Future()
-            done.set_result(self.ended(step, built, t0))
-            return done
         assert self.checks is not None, "build_locked gives every run its self-check pool"
+        if isinstance(built, dict):  # the build failed: nothing to check
+            return self.checks.submit(self.ended, step, built, t0)
         return self.checks.submit(self.check, step, built, t0)
 
     def check(self, step: Step, build_s: float, t0: float) -> dict[str, Any]:

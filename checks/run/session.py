@@ -20,7 +20,7 @@ import difflib
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -487,9 +487,7 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     gpus = facts.get("gpu_count") if isinstance(facts.get("gpu_count"), int) else 0
     prior = costmodel.tables_for(costmodel.load_prior(), str(facts.get("gpu_name") or ""), gpus)
     no_nvcc = without_nvcc(opts, backend, todo)
-    compiling = frozenset(k for k in compiling_here(opts, todo, carries or {},
-                                                    facts.get("compute_capability") if gpus else None)
-                          if k[0] not in no_nvcc)
+    compiling = compiling_here(opts, todo, carries or {}, facts.get("compute_capability") if gpus else None, no_nvcc)
     expected = runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling)
     if opts.soak_s:  # a soak replays each load variant that long beyond its set-up
         expected.update({it.key: dataclasses.replace(expected[it.key], seconds=opts.soak_s + (
@@ -524,11 +522,13 @@ def unpublished_here(opts: RunOptions) -> Callable[[WorkItem, list[str]], list[s
 
 
 def compiling_here(opts: RunOptions, todo: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str, ...]]],
-                   capability: str | None) -> frozenset[tuple[str, str, str]]:
+                   capability: str | None, no_nvcc: Collection[str] = ()) -> frozenset[tuple[str, str, str]]:
     """The compile probe's variants that will compile their module here (plan.compiles_here): what nothing
-    carries for their target and no fi-jit build has published for the cell in the compile cache."""
+    carries for their target and no fi-jit build has published for the cell in the compile cache, in a cell whose
+    build found an nvcc (``no_nvcc``: the cells of :func:`without_nvcc`)."""
     unpublished = unpublished_here(opts)
-    return frozenset(it.key for it in todo if compiles_here(it, carries, capability, unpublished))
+    return frozenset(it.key for it in todo
+                     if it.cell.cell_id not in no_nvcc and compiles_here(it, carries, capability, unpublished))
 
 
 def fit_budget(opts: RunOptions, planned: Planned, view: runprogress.RunView, gpus: int,
