@@ -93,8 +93,8 @@ def run_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout-scale", type=float, default=1.0, metavar="X", help="multiply every probe timeout")
     p.add_argument("--cold-ranks", action="store_true", help="start fresh rank processes for every variant (default "
-                   "on local and venv cells: a cell's variants of one world size share rank processes that imported "
-                   "their libraries once; a variant that fails, hangs or leaves state behind ends them)")
+                   "on local, venv and Docker cells: a cell's variants of one world size share rank processes that "
+                   "imported their libraries once; a variant that fails, hangs or leaves state behind ends them)")
     p.add_argument("--gpu-alone", action="store_true", help="every GPU variant has the GPUs alone (default: "
                    "variants that time nothing, ranks sharing a GPU or set-up checks, run side by side; timed ones "
                    "always run alone)")

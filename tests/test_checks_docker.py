@@ -170,8 +170,10 @@ def test_checks_run_docker_mode_end_to_end(venv_image: str, tmp_path: Path) -> N
     assert by[(failed.cell_id, "t-trivial", "ranks=1")].verdict.reason_code == "image-failed"
     un = by[(unavailable.cell_id, "t-trivial", "ranks=1")]
     assert un.verdict.status == "unavailable" and un.verdict.note == unavailable.reason
-    names = {r.verdict.evidence["container"] for r in stored if "container" in r.verdict.evidence}
-    assert len(names) == 2  # one container per variant that ran (t-gpu is decided without running)
+    ran = [r for r in stored if "container" in r.verdict.evidence]
+    assert len(ran) == 2  # t-gpu is decided without running
+    names = {r.verdict.evidence["container"] for r in ran}
+    assert all(n.startswith("stackprobe-") for n in names)  # each names the (serving) container it ran in
     existing = {n.lstrip("/") for c in client().api.containers(all=True) for n in c["Names"]}  # no inspect race
     assert not names & existing
 
@@ -188,8 +190,10 @@ def _wait(what: Callable[[], object], proc: subprocess.Popen[str], timeout: floa
     return None
 
 
-def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tmp_path: Path,
-                                                              container_sweep: str) -> None:
+@pytest.mark.parametrize(("flags", "command"), [(["--cold-ranks"], "t-zz-slow"), ([], "inenv.warm")],
+                         ids=["one-shot", "warm"])
+def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tmp_path: Path, container_sweep: str,
+                                                              flags: list[str], command: str) -> None:
     """Ctrl-C while the variant's container runs: exit 130 and no container left.
 
     It failed once on a fresh clone ("the slow probe's container never started (runner exit -9)", a
@@ -209,10 +213,11 @@ def test_ctrl_c_in_docker_mode_removes_the_running_container(venv_image: str, tm
         # this session's label, one list call (no per-container inspect: another test's container may vanish
         # meanwhile); by label, not `ancestor`: another xdist worker may re-tag venv_image
         return sorted(c["Id"] for c in client().api.containers(all=True, filters={"label": container_sweep})
-                      if "t-zz-slow" in c.get("Command", ""))
+                      if command in c.get("Command", ""))
 
     proc = subprocess.Popen([sys.executable, "-m", "checks.cli", "run", "--probe", "t-zz-slow", "--only", cell.cell_id,
-                             "--envs", str(tmp_path / "envs"), "--results", str(tmp_path / "res"), "--no-report"],
+                             "--envs", str(tmp_path / "envs"), "--results", str(tmp_path / "res"), "--no-report",
+                             *flags],
                             env=fixture_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err: list[str] = []
     assert proc.stderr is not None
@@ -319,3 +324,86 @@ def test_a_container_removed_from_outside_is_that_variants_result(executor: Dock
     assert lost.evidence["container"] in lost.note and lost.remediation
     assert beside["r"].status == "pass" and beside["r"].metrics == {"n": 2}
     assert executor.leftovers() == []
+
+
+# The stand-ins of tests/probes_fixtures that need no torch (the image has none), with the verdict each must get
+WARM_SUITE: list[tuple[str, int, str, str]] = [
+    ("t-trivial", 2, "pass", ""),
+    ("t-segv", 1, "crash", ""),
+    ("t-trivial", 1, "pass", ""),
+    ("t-trivial", 2, "pass", ""),
+    ("t-hang", 2, "hang", "hang"),
+    ("t-trivial", 2, "pass", ""),
+    ("t-harness-fail", 1, "not-run", "harness-error"),
+    ("t-exit", 1, "fail", ""),
+    ("t-raise", 1, "fail", ""),
+    ("t-missing", 1, "skip", "missing-package"),
+    ("t-abort", 1, "crash", ""),
+    ("t-trivial", 1, "pass", ""),
+]
+
+
+@pytest.fixture
+def warm_executor(venv_image: str, monkeypatch: pytest.MonkeyPatch) -> DockerExecutor:
+    monkeypatch.setenv("STACKPROBE_PROBE_PATH", str(FIXTURES))
+    ex = DockerExecutor(image=venv_image).with_run_env((), warm=True)
+    yield ex
+    ex.close()
+    assert ex.leftovers() == []
+
+
+def test_the_stand_in_suite_gets_the_same_verdicts_in_one_shot_and_serving_containers(
+        executor: DockerExecutor, warm_executor: DockerExecutor) -> None:
+    """Each stand-in's verdict, one container per variant and on a serving container kept between variants:
+    the same, and the ones the stand-ins' behaviour must get."""
+    got: dict[str, list[tuple[str, str]]] = {"one-shot": [], "warm": []}
+    for way, ex in (("one-shot", executor), ("warm", warm_executor)):
+        for probe, ranks, _, _ in WARM_SUITE:
+            v = ex.run(Variant(probe, ranks), 0, 60, CAT)
+            got[way].append((v.status.value, v.reason_code))
+    assert got["one-shot"] == got["warm"]
+    assert got["warm"] == [(status, code) if code else (status, got["warm"][i][1])
+                           for i, (_, _, status, code) in enumerate(WARM_SUITE)]
+
+
+def test_a_serving_container_keeps_its_ranks_and_a_crash_ends_them(warm_executor: DockerExecutor) -> None:
+    """Two variants in a row run on the same rank processes of one container; a crash ends that group, the next
+    variant gets fresh ranks in the same container, which is gone once the executor closes."""
+    first = warm_executor.run(Variant("t-trivial", 2), 0, 60, CAT)
+    second = warm_executor.run(Variant("t-trivial", 2), 0, 60, CAT)
+    crash = warm_executor.run(Variant("t-segv", 2), 0, 60, CAT)
+    after = warm_executor.run(Variant("t-trivial", 2), 0, 60, CAT)
+    assert [v.status for v in (first, second, crash, after)] == ["pass", "pass", "crash", "pass"]
+    assert first.evidence["warm"]["reused"] is False and second.evidence["warm"]["reused"] is True
+    assert second.evidence["warm"]["pids"] == first.evidence["warm"]["pids"]
+    assert after.evidence["warm"]["reused"] is False
+    assert first.evidence["container"] == second.evidence["container"] == after.evidence["container"]
+    assert first.evidence["container"] in warm_executor.leftovers()  # kept for the next variant
+    warm_executor.close()
+    assert warm_executor.leftovers() == []
+
+
+def test_a_serving_container_removed_from_outside_is_its_variants_result(warm_executor: DockerExecutor) -> None:
+    """Someone removes the serving container while its variant runs: that variant is not-run container-lost,
+    and the next variant gets a new container and passes."""
+    box: dict[str, object] = {}
+    th = threading.Thread(target=lambda: box.update(r=warm_executor.run(
+        Variant("t-echo", 1, (("seconds", "30"), ("n", "1"))), 0, 60, CAT)))
+    th.start()
+    deadline = time.monotonic() + 60
+    names: list[str] = []
+    while time.monotonic() < deadline and not names:
+        time.sleep(0.2)
+        running = warm_executor.docker.api.containers(
+            filters={"label": f"{container.LABEL}={warm_executor.run_label}", "status": "running"})
+        names = [n.lstrip("/") for c in running for n in c["Names"]]
+    assert len(names) == 1
+    time.sleep(3)  # its server and rank are under way
+    warm_executor.docker.api.remove_container(names[0], force=True)
+    th.join(90)
+    lost = box["r"]
+    assert lost.status == "not-run" and lost.reason_code == "container-lost", lost
+    assert names[0] in lost.note and lost.remediation
+    after = warm_executor.run(Variant("t-echo", 1, (("seconds", "0"), ("n", "2"))), 0, 60, CAT)
+    assert after.status == "pass" and after.metrics == {"n": 2}
+    assert after.evidence["container"] != names[0]

@@ -315,3 +315,21 @@ def test_a_server_that_died_while_idle_is_replaced(warm: LocalExecutor) -> None:
     assert first.status is second.status is Status.PASS
     assert second.evidence["warm"]["reused"] is False
     assert not any(_alive(p) for p in first.evidence["warm"]["pids"])  # its ranks died with it
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["no-gpu", "gpu-lock"])
+def test_cells_taking_turns_keep_their_servers_only_where_they_hold_no_gpu(gated: bool, tmp_path: Path) -> None:
+    """Five cells' variants in turn, twice: without a GPU lock (a host without GPUs) each cell's server waits for
+    its next variant, so the second round reuses every one; with one (their ranks may hold GPU memory) at most
+    three idle servers are kept in all, the least recently used ended: each cell of the second round finds its
+    server ended by a later cell's, and the server it starts ends the next cell's."""
+    lock = tmp_path / "gpu.lock" if gated else None
+    cells = for_run({f"c{i}": LocalExecutor() for i in range(5)}, (), None, gpu_lock=lock, warm=True)
+    try:
+        rounds = [[ex.run(Variant("t-trivial", 1), 0, 60, CAT) for ex in cells.values()] for _ in range(2)]
+    finally:
+        for ex in cells.values():
+            ex.close()
+    assert all(v.status is Status.PASS for r in rounds for v in r)
+    reused = [v.evidence["warm"]["reused"] for v in rounds[1]]
+    assert reused == ([False] * 5 if gated else [True] * 5)

@@ -5,7 +5,7 @@ local interpreter. Slurm's is in checks.run.slurm.backend."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -45,6 +45,16 @@ def fingerprints(executors: dict[str, Executor]) -> dict[str, str | None]:
         return dict(zip(executors, pool.map(lambda ex: ex.fingerprint(), executors.values()), strict=True))
 
 
+def close_all(executors: Iterable[Executor]) -> None:
+    """What the executors kept between variants (serving workers) ends with the run, every executor's at once:
+    each server may take a moment to leave (checks.run.serving.CLOSE_WAIT_S)."""
+    found = list(executors)
+    if not found:
+        return
+    with ThreadPoolExecutor(max_workers=len(found)) as pool:
+        list(pool.map(lambda ex: ex.close(), found))
+
+
 @dataclass
 class HostBackend:
     """Cells that run on this host, one executor per cell, up to ``--jobs`` variants at once."""
@@ -78,8 +88,7 @@ class HostBackend:
         try:
             return runner.execute(opts, replace(work, executors=self.executors), hooks)
         finally:
-            for ex in self.executors.values():
-                ex.close()  # what an executor kept between variants (serving workers) ends with the run
+            close_all(self.executors.values())
 
     def cancel(self) -> None:
         for ex in self.executors.values():

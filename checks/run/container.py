@@ -1,4 +1,6 @@
-"""The docker executor: one container per variant, through the Docker SDK (host side).
+"""The docker executor: one container per variant, or with warm ranks one container per serving worker
+(checks.run.containerserver) that runs the cell's variants one after another, through the Docker SDK (host
+side).
 
 The container gets every GPU when the host has any, the host IPC namespace (NCCL and CUDA IPC need
 shared memory and fd passing between ranks), unlimited memlock, the in-environment code (inenv/) mounted
@@ -17,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from checks.results.result import Verdict
-from checks.run import classify, isolate
+from checks.run import classify, isolate, serving
+from checks.run.containerserver import ATTACH, ContainerProcess
 from checks.run.executor import (
     CODE_ROOT,
     ExecutorError,
@@ -162,20 +165,27 @@ class DockerExecutor:
     use_init: bool = True  # PID 1 ignores default-action signals; an init makes a crash look like one
     name: str = "docker"
     run_env: RunEnv = ()  # the run's settings for this cell (checks.run.executor.run_env), host paths as given
+    # True: variants run on serving workers, each a container kept between variants (checks.run.serving,
+    # inenv.warm); False: one container per variant
+    warm: bool = False
     _client: Any = None
     places: bool = field(default=True, init=False)  # run() takes a variant's own environment (its GPUs)
+    _servers: serving.ServerPool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # a run without GPU lock has no GPU: its servers hold no GPU memory, and each cell keeps its last
+        self._servers = serving.ServerPool(self._launch, keep_one=not self.gated)
 
     @property
     def gated(self) -> bool:
         return is_gated(self.run_env)
 
     def with_run_env(self, run_env: RunEnv, warm: bool = False) -> DockerExecutor:
-        """Each variant in a container of its own, whatever ``warm`` says (inenv.warm runs only on the local and
-        venv executors)."""
-        return replace(self, run_env=run_env)
+        return replace(self, run_env=run_env, warm=warm)
 
     def close(self) -> None:
-        """Nothing is kept between variants: each container ends with its variant."""
+        """The serving workers' containers end (a one-shot variant's container ends with its variant)."""
+        self._servers.close()
 
     def fingerprint(self) -> str | None:
         """The image's id (None when the image vanished or the daemon went away: the run says so per variant)."""
@@ -186,7 +196,8 @@ class DockerExecutor:
 
     def sweep(self) -> None:
         """Remove this executor's containers: a worker thread waiting on the daemon cannot be interrupted
-        until its container is gone."""
+        until its container is gone (a serving worker's too: its variant's thread then returns)."""
+        self._servers.close()
         try:
             for name in self.leftovers():
                 self.docker.api.remove_container(name, force=True)
@@ -199,7 +210,7 @@ class DockerExecutor:
             self._client = client()
         return self._client
 
-    def _config(self, command: list[str], name: str = "", extra: RunEnv = ()) -> dict[str, Any]:
+    def _config(self, command: list[str], name: str = "", extra: RunEnv = (), stdin: bool = False) -> dict[str, Any]:
         # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         from docker.types import DeviceRequest, Ulimit
 
@@ -243,22 +254,31 @@ class DockerExecutor:
             "labels": {**extra_labels(), LABEL: self.run_label},
             "name": name or self.container_name(),
         }
+        if stdin:  # a serving worker reads its requests there, attached before it starts (checks.run.containerserver)
+            cfg["stdin_open"] = True
         if self.gpus_on_host:
             cfg["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
         return cfg
 
-    def _start(self, cfg: dict[str, Any]) -> Any:
-        """Create, then start; a container that fails to start is removed, not left behind.
+    def _start(self, cfg: dict[str, Any]) -> tuple[Any, Any]:
+        """Create, attach when its stdin is open, then start: the container and its attach socket (None when
+        not attached). A container that fails to start is removed, not left behind.
 
         The name is chosen before ``create`` and the removal goes by name: a Ctrl-C that lands while the
         daemon's reply to ``create`` is in flight leaves a container this process never got a handle to."""
+        sock = None
         try:
             ctr = self.docker.containers.create(**cfg)
+            if cfg.get("stdin_open"):
+                sock = self.docker.api.attach_socket(ctr.id, params=ATTACH)
             ctr.start()
         except BaseException:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
             self._remove(cfg["name"])
             raise
-        return ctr
+        return ctr, sock
 
     def _remove(self, name: str) -> None:
         # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
@@ -268,14 +288,15 @@ class DockerExecutor:
             with contextlib.suppress(docker.errors.APIError):  # NotFound included: already gone
                 self.docker.api.remove_container(name, force=True)
 
-    def _start_degrading(self, command: list[str], names: list[str], extra: RunEnv = ()) -> Any:
-        """Start a container for ``command`` named ``names[0]``; each retry after a refusal takes a new name,
-        appended to ``names`` (the daemon may still be removing the refused one)."""
+    def _start_degrading(self, command: list[str], names: list[str], extra: RunEnv = (),
+                         stdin: bool = False) -> tuple[Any, Any]:
+        """Start a container for ``command`` named ``names[0]`` (:meth:`_start`); each retry after a refusal
+        takes a new name, appended to ``names`` (the daemon may still be removing the refused one)."""
         # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
         import docker.errors
 
         while True:
-            cfg = self._config(command, names[-1], extra)
+            cfg = self._config(command, names[-1], extra, stdin)
             try:
                 return self._start(cfg)
             except docker.errors.APIError as exc:
@@ -291,6 +312,36 @@ class DockerExecutor:
                 else:
                     raise
                 names.append(f"{names[0]}-{len(names)}")
+
+    def _started(self, command: list[str], names: list[str], extra: RunEnv = (),
+                 stdin: bool = False) -> tuple[Any, Any]:
+        """:meth:`_start_degrading`, the daemon's refusal as ExecutorError (one line, what to do)."""
+        # lazy: the Docker SDK (170 ms) loads only when a run uses Docker, in _connect
+        import docker.errors
+
+        try:
+            return self._start_degrading(command, names, extra, stdin)
+        except docker.errors.ImageNotFound:
+            raise ExecutorError(f"image {self.image} not found: run `provision build` first") from None
+        except docker.errors.APIError as exc:
+            why = str(exc.explanation or exc)
+            hint = "; install the NVIDIA container toolkit for GPU access" if "device driver" in why else ""
+            raise ExecutorError(f"cannot start a container from {self.image}: {why}{hint}",
+                                "docker-daemon-error") from None
+
+    def _launch(self, own: dict[str, str], extra: RunEnv, out: Any, err: Any) -> serving.Launched:
+        """A serving worker's container (checks.run.serving.Launcher): the cell's container for one-shot
+        variants with ``python -m inenv.warm`` as its command and its stdin open. ``own`` (the host's token
+        and scratch folder) stays on the host: what the server starts ends with its container."""
+        names = [self.container_name()]
+        try:
+            _, sock = self._started([self.python, "-m", "inenv.warm"], names, extra, stdin=True)
+        except BaseException:
+            for each in names:
+                self._remove(each)
+            raise
+        proc = ContainerProcess(self.docker.api, names[-1], sock, out, err, exit_to_returncode)
+        return serving.Launched(proc, proc.kill, names[-1], proc.lost)
 
     def container_name(self) -> str:
         """A new container's name: unique, so that every variant owns the container it starts, whatever runs
@@ -310,15 +361,7 @@ class DockerExecutor:
         timed_out = interrupted = False
         code: int | None = None
         try:
-            try:
-                ctr = self._start_degrading(command, names, extra)
-            except docker.errors.ImageNotFound:
-                raise ExecutorError(f"image {self.image} not found: run `provision build` first") from None
-            except docker.errors.APIError as exc:
-                why = str(exc.explanation or exc)
-                hint = "; install the NVIDIA container toolkit for GPU access" if "device driver" in why else ""
-                raise ExecutorError(f"cannot start a container from {self.image}: {why}{hint}",
-                                    "docker-daemon-error") from None
+            ctr, _ = self._started(command, names, extra)
             try:
                 while code is None:  # short waits, so a cancelled run (isolate.STOP) ends it within POLL_S
                     try:
@@ -373,15 +416,25 @@ class DockerExecutor:
     def run(self, variant: Variant, gpus: int, timeout_s: float, catalogue: Catalogue,
             queue_s: float = 0.0, env: RunEnv = ()) -> Verdict:
         limit = hard_timeout(timeout_s, queue_s)
-        name = self.container_name()
-        command = f"docker run {self.image} {self.python} -m inenv.worker --probe {variant.probe_id}"
-        try:
-            p = self._run([self.python, *worker_args(variant, gpus, timeout_s, queue_s)], limit, name, env)
-        except ContainerLost as lost:
-            verdict = classify.decided(Status.NOT_RUN, lost.code, lost.note, catalogue)
-            verdict = verdict.replace(duration_s=lost.duration_s)
+        if self.warm:
+            name, command = "", f"docker run -i {self.image} {self.python} -m inenv.warm ({variant.probe_id})"
+            p = self._servers.run(variant, gpus, timeout_s, queue_s, limit, env)
+            name = p.where
+            if p.lost:
+                verdict = classify.decided(Status.NOT_RUN, "container-lost", p.lost, catalogue)
+                verdict = verdict.replace(duration_s=p.duration_s)
+            else:
+                verdict = classify.from_process(p, catalogue, limit)
         else:
-            verdict = classify.from_process(p, catalogue, limit)
+            name = self.container_name()
+            command = f"docker run {self.image} {self.python} -m inenv.worker --probe {variant.probe_id}"
+            try:
+                p = self._run([self.python, *worker_args(variant, gpus, timeout_s, queue_s)], limit, name, env)
+            except ContainerLost as lost:
+                verdict = classify.decided(Status.NOT_RUN, lost.code, lost.note, catalogue)
+                verdict = verdict.replace(duration_s=lost.duration_s)
+            else:
+                verdict = classify.from_process(p, catalogue, limit)
         return verdict.with_evidence(image=self.image, image_id=self._image_id(), memlock=self.memlock_note,
                                      container=name, command=command)
 

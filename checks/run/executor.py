@@ -207,7 +207,9 @@ class LocalExecutor:
             code_path()  # the probes' code, checked before any process imports it
         except home.CacheError as exc:
             raise ExecutorError(exc.line()) from None
-        object.__setattr__(self, "_servers", serving.ServerPool(self.python, self.env))
+        # a run without GPU lock has no GPU: its servers hold no GPU memory, and each cell keeps its last
+        object.__setattr__(self, "_servers", serving.ServerPool(serving.popen_launcher(self.python, self.env),
+                                                                keep_one=not self.gated))
 
     @property
     def _what(self) -> str:

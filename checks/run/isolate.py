@@ -45,6 +45,8 @@ class ProcessOutcome:
     stderr_tail: str
     duration_s: float
     leftovers: int  # processes still alive after the command ended, killed by the sweep
+    where: str = ""  # what ran it, when that outlives one variant (a serving worker: its container or pid)
+    lost: str = ""  # why what ran it vanished under it from outside (a container removed), "" when it did not
 
     @property
     def signal_name(self) -> str | None:

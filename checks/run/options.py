@@ -62,7 +62,7 @@ class RunOptions:
     level: str | None = None  # None: quick first, then full (two passes; checks.run.session)
     as_json: bool = False
     # --cold-ranks: every variant in rank processes of its own; default: a cell's variants share rank processes
-    # kept between them where the executor can keep them (local and venv cells: checks.run.serving, inenv.warm)
+    # kept between them where the executor can keep them (local, venv, Docker: checks.run.serving, inenv.warm)
     cold_ranks: bool = False
     # --gpu-alone: every GPU variant has the GPUs alone; default: those that time nothing (ranks sharing a GPU,
     # depth=setup) run side by side on the GPU lock held shared (inenv.gpugate)
