@@ -159,9 +159,10 @@ class _LockedBuild:
     def adopt(self, folder: Path, cell: dict[str, Any], base: Base, tag: str, image_id: str,
               inputs: dict[str, str]) -> dict[str, Any] | None:
         """The record of an image already under ``tag`` that this checkout has no record of (another checkout
-        built it, or envs/ was cleaned). The tag is a digest of everything the build reads, and a build whose
-        self-check failed never keeps its tag, so the image is this build: its self-check runs again for the
-        record. None (build it) if that self-check now fails."""
+        built it, or envs/ was cleaned), or whose recorded image is no longer the one the tag names (another
+        checkout built the tag again: its kernel stage then carries the cell's kernels anew). The tag is a digest
+        of everything the build reads, and a build whose self-check failed never keeps its tag, so the image is
+        this build: its self-check runs again for the record. None (build it) if that self-check now fails."""
         facts = selfcheck(self.docker, tag, compile_test=base.kind == "registry-free")
         if "error" in facts or mismatches(cell["expected"], facts, compiled_toolkit=base.kind == "registry-free"):
             return None
@@ -182,7 +183,9 @@ class _LockedBuild:
             tag = image_tag(cid, buildprogress.inputs_hash(inputs))
             prev = previous(folder)
             image_id = self.docker.image_id(tag)
-            if prev.get("tag") == tag and buildrecord.runnable(prev) and image_id:
+            # the record stands for the image only while the tag still names the image it recorded: another
+            # checkout on this daemon may have built the same tag again since (then it is adopted below)
+            if prev.get("tag") == tag and buildrecord.runnable(prev) and image_id and prev.get("image_id") == image_id:
                 self.report(cid, "unchanged, not rebuilt")
                 keep = {k: prev.get(k) for k in ("selfcheck", "versions", "image_id", "build_s", "base", "kernels",
                                                    "kernels_base")}

@@ -145,6 +145,16 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
         assert rec3["versions"] == rec["versions"] and rec3["image_id"] == rec["image_id"]
         assert rec3["selfcheck"]["toolkit"]["compile_sm_120a"] == "ok"
 
+        # a record whose image the tag no longer names (another checkout on this daemon built the tag again) is
+        # not taken as it is: the image under the tag is adopted, self-checked again, and its id recorded
+        stale = dict(rec3, image_id="sha256:" + "0" * 64)
+        record.write_text(json.dumps(stale))
+        other = Docker(cli=docker_cli())
+        assert build_cells(opts, other) == 0
+        assert other.builds == 0
+        rec4 = json.loads(record.read_text())
+        assert rec4["adopted"] is True and rec4["image_id"] == rec["image_id"] == other.image_id(tag)
+
         # the cell carries its kernels: vllm_comm compiled in a container of the image for 12.0a, then one
         # more layer under the same tag; a second pass compiles nothing and builds no layer
         kset = tmp_path / "kernels"
