@@ -159,7 +159,7 @@ class _LockedBuild:
     def adopt(self, folder: Path, cell: dict[str, Any], base: Base, tag: str, image_id: str,
               inputs: dict[str, str]) -> dict[str, Any] | None:
         """The record of an image already under ``tag`` that this checkout has no record of (another checkout
-        built it, or envs/ was cleaned), or whose recorded image is no longer the one the tag names (another
+        built it, or envs/ was cleaned), or whose recorded image is not the one the tag names today (another
         checkout built the tag again: its kernel stage then carries the cell's kernels anew). The tag is a digest
         of everything the build reads, and a build whose self-check failed never keeps its tag, so the image is
         this build: its self-check runs again for the record. None (build it) if that self-check now fails."""

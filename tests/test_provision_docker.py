@@ -145,7 +145,7 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
         assert rec3["versions"] == rec["versions"] and rec3["image_id"] == rec["image_id"]
         assert rec3["selfcheck"]["toolkit"]["compile_sm_120a"] == "ok"
 
-        # a record whose image the tag no longer names (another checkout on this daemon built the tag again) is
+        # a record whose image the tag does not name today (another checkout on this daemon built the tag again) is
         # not taken as it is: the image under the tag is adopted, self-checked again, and its id recorded
         stale = dict(rec3, image_id="sha256:" + "0" * 64)
         record.write_text(json.dumps(stale))

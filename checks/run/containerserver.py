@@ -54,7 +54,7 @@ class ContainerProcess:
         self.api, self.name, self.sock = api, name, sock
         self.stdin: _Input | None = _Input(sock)
         self.returncode: int | None = None
-        self.gone = ""  # why the daemon could not say how it ended: the container was removed under it
+        self.gone = ""  # why the daemon could not say how it ended: the container is gone, removed under it
         self._returncode_of = returncode_of
         self._reader = threading.Thread(target=self._read, args=(out, err), name=f"stackprobe-attach-{name}",
                                         daemon=True)
