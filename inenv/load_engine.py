@@ -326,15 +326,17 @@ class Checks:
 
     def digest(self, t: Any) -> Any:
         """A 0-d int64 tensor of ``t``'s bits, weighted by position (equal bits: equal digests), a float's zero
-        taken as +0 (adding +0 turns -0 into +0 and leaves every other value as it is): a sum that cancels may carry
-        either sign by the order of its additions, and the two are equal as numbers (as ``_agree.judge`` reads
-        ranks' outputs)."""
+        taken as +0: a sum that cancels may carry either sign by the order of its additions, and the two are equal
+        as numbers (as ``_agree.judge`` reads ranks' outputs). The fold works on the bits (-0 is the sign bit
+        alone), since FP8 tensors have no arithmetic to add +0 with; the ``fnuz`` FP8 types have no -0 (that
+        pattern is their NaN) and are left as they are."""
         torch = self.torch
-        if t.is_floating_point():
-            t = t + 0.0
         size = t.element_size()
-        kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32}.get(size, torch.int64)
-        rows = t.reshape(t.shape[0], -1).view(kind).to(torch.int64)
+        kind = {1: torch.int8, 2: torch.int16, 4: torch.int32}.get(size, torch.int64)
+        bits = t.reshape(t.shape[0], -1).view(kind)
+        if t.is_floating_point() and "fnuz" not in str(t.dtype):
+            bits = torch.where(bits == torch.iinfo(kind).min, torch.zeros_like(bits), bits)
+        rows = bits.to(torch.int64) & ((1 << (8 * size)) - 1) if size < 8 else bits.to(torch.int64)
         width = rows.shape[1]
         col_w = self.col_w[:width] if width <= self.col_w.numel() else self.col_w.repeat(
             (width + self.col_w.numel() - 1) // self.col_w.numel())[:width]

@@ -270,3 +270,39 @@ def test_a_digest_reads_a_zero_of_either_sign_as_one_value_and_every_other_bit()
     assert int(checks.digest(one_ulp)) != int(checks.digest(plus)) != int(checks.digest(moved))
     ints = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)  # an integer output's bits as they are
     assert int(checks.digest(ints)) != int(checks.digest(ints.flip(1)))
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "float16", "float32"])
+def test_a_digest_of_any_float_width_folds_the_zeros_sign(dtype: str) -> None:
+    """The fused allreduce's quantized output is FP8, a dtype without arithmetic: its digest still reads a zero of
+    either sign as one value (bit 0x80 alone is -0 there), and tells a changed value apart."""
+    import torch
+
+    from inenv import load_engine as engine
+
+    checks = engine.Checks("cpu", hidden=4, limit=2)
+    plus = torch.tensor([[0.0, 1.0, -2.0, 0.0], [0.5, 0.0, 4.0, 1.0]]).to(getattr(torch, dtype))
+    minus = plus.clone()
+    minus.view(torch.uint8 if plus.element_size() == 1 else {2: torch.int16, 4: torch.int32}[plus.element_size()])[
+        0, 0] = {1: 0x80, 2: -0x8000, 4: -0x80000000}[plus.element_size()]  # -0 by its bits
+    assert float(minus[0, 0].float()) == 0.0 and str(minus[0, 0].float().item()) == "-0.0"
+    assert int(checks.digest(plus)) == int(checks.digest(minus))
+    other = plus.clone()
+    other[1, 2] = 2.0
+    assert int(checks.digest(other)) != int(checks.digest(plus))
+
+
+def test_a_digest_leaves_the_fnuz_pattern_that_is_nan_alone() -> None:
+    """In the ``fnuz`` FP8 types 0x80 is NaN, not -0: a NaN is not folded into a zero."""
+    import torch
+
+    from inenv import load_engine as engine
+
+    if not hasattr(torch, "float8_e4m3fnuz"):
+        pytest.skip("this torch has no float8_e4m3fnuz")
+    checks = engine.Checks("cpu", hidden=2, limit=1)
+    zero = torch.zeros((1, 2), dtype=torch.float8_e4m3fnuz)
+    nan = zero.clone()
+    nan.view(torch.uint8)[0, 0] = 0x80
+    assert torch.isnan(nan.float()[0, 0])
+    assert int(checks.digest(nan)) != int(checks.digest(zero))
