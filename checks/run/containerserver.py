@@ -29,8 +29,8 @@ REMOVAL_WAIT_S = 2.0  # after a SIGKILL: how long the daemon is asked whether a 
 class _Input:
     """The server's stdin: writes go to the attach socket, close half-closes it."""
 
-    def __init__(self, sock: Any) -> None:
-        self.raw = getattr(sock, "_sock", sock)  # the SDK hands a SocketIO over a Unix socket, a socket over TLS
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
 
     def write(self, data: bytes) -> int:
         self.raw.sendall(data)
@@ -52,7 +52,8 @@ class ContainerProcess:
     def __init__(self, api: Any, name: str, sock: Any, out: IO[bytes], err: IO[bytes],
                  returncode_of: Callable[[int], int]) -> None:
         self.api, self.name, self.sock = api, name, sock
-        self.stdin: _Input | None = _Input(sock)
+        self._raw = getattr(sock, "_sock", sock)  # the SDK hands a SocketIO over a Unix socket, a socket over TLS
+        self.stdin: _Input | None = _Input(self._raw)
         self.returncode: int | None = None
         self.gone = ""  # why the daemon could not say how it ended: the container is gone, removed under it
         self._returncode_of = returncode_of
@@ -130,6 +131,9 @@ class ContainerProcess:
 
         with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
             self.api.remove_container(self.name, force=True)
+        # the stream ends here even when the daemon did not answer: a shut socket wakes the reader's blocked read
+        with contextlib.suppress(OSError):
+            self._raw.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
 
