@@ -417,9 +417,9 @@ class DockerExecutor:
             queue_s: float = 0.0, env: RunEnv = ()) -> Verdict:
         limit = hard_timeout(timeout_s, queue_s)
         if self.warm:
-            name, command = "", f"docker run -i {self.image} {self.python} -m inenv.warm ({variant.probe_id})"
+            command = f"docker run -i {self.image} {self.python} -m inenv.warm ({variant.probe_id})"
             p = self._servers.run(variant, gpus, timeout_s, queue_s, limit, env)
-            name = p.where
+            name = p.where  # the serving container it ran in
             if p.lost:
                 verdict = classify.decided(Status.NOT_RUN, "container-lost", p.lost, catalogue)
                 verdict = verdict.replace(duration_s=p.duration_s)
