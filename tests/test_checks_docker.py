@@ -297,6 +297,19 @@ def test_variants_of_one_cell_at_once_each_own_their_container(executor: DockerE
     assert executor.leftovers() == []
 
 
+def running_containers(ex: DockerExecutor, which: Callable[[dict[str, object]], bool] = lambda c: True,
+                       timeout_s: float = 60) -> list[dict[str, object]]:
+    """The executor's running containers that ``which`` accepts, as soon as there is one (or none after
+    ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    found: list[dict[str, object]] = []
+    while time.monotonic() < deadline and not found:
+        time.sleep(0.2)
+        running = ex.docker.api.containers(filters={"label": f"{container.LABEL}={ex.run_label}", "status": "running"})
+        found = [c for c in running if which(c)]
+    return found
+
+
 def test_a_container_removed_from_outside_is_that_variants_result(executor: DockerExecutor) -> None:
     """Someone else removes a running variant's container: that variant says so (not-run container-lost) and
     the one running beside it on the same executor passes."""
@@ -308,13 +321,8 @@ def test_a_container_removed_from_outside_is_that_variants_result(executor: Dock
         Variant("t-echo", 1, (("seconds", "30"), ("n", "1"))), 0, 60, CAT)))
     th.start()
     victim.start()
-    deadline = time.monotonic() + 60
-    slow: list[dict[str, object]] = []
-    while time.monotonic() < deadline and not slow:
-        time.sleep(0.2)
-        running = executor.docker.api.containers(filters={"label": f"{container.LABEL}={executor.run_label}"})
-        slow = [c for c in running if '["seconds", "30"]' in str(c.get("Command"))]
-    assert len(slow) == 1, running
+    slow = running_containers(executor, lambda c: '["seconds", "30"]' in str(c.get("Command")))
+    assert len(slow) == 1, slow
     time.sleep(2)  # its worker and rank are under way
     executor.docker.api.remove_container(slow[0]["Id"], force=True)
     victim.join(90)
@@ -390,13 +398,7 @@ def test_a_serving_container_removed_from_outside_is_its_variants_result(warm_ex
     th = threading.Thread(target=lambda: box.update(r=warm_executor.run(
         Variant("t-echo", 1, (("seconds", "30"), ("n", "1"))), 0, 60, CAT)))
     th.start()
-    deadline = time.monotonic() + 60
-    names: list[str] = []
-    while time.monotonic() < deadline and not names:
-        time.sleep(0.2)
-        running = warm_executor.docker.api.containers(
-            filters={"label": f"{container.LABEL}={warm_executor.run_label}", "status": "running"})
-        names = [n.lstrip("/") for c in running for n in c["Names"]]
+    names = [n.lstrip("/") for c in running_containers(warm_executor) for n in c["Names"]]
     assert len(names) == 1
     time.sleep(3)  # its server and rank are under way
     warm_executor.docker.api.remove_container(names[0], force=True)

@@ -333,13 +333,8 @@ class DockerExecutor:
         """A serving worker's container (checks.run.serving.Launcher): the cell's container for one-shot
         variants with ``python -m inenv.warm`` as its command and its stdin open. ``own`` (the host's token
         and scratch folder) stays on the host: what the server starts ends with its container."""
-        names = [self.container_name()]
-        try:
-            _, sock = self._started([self.python, "-m", "inenv.warm"], names, extra, stdin=True)
-        except BaseException:
-            for each in names:
-                self._remove(each)
-            raise
+        names = [self.container_name()]  # a container that fails to start is removed by _start
+        _, sock = self._started([self.python, "-m", "inenv.warm"], names, extra, stdin=True)
         proc = ContainerProcess(self.docker.api, names[-1], sock, out, err, exit_to_returncode)
         return serving.Launched(proc, proc.kill, names[-1], proc.lost)
 

@@ -278,7 +278,7 @@ class ServerPool:
         except KeyboardInterrupt:
             interrupted = True
         served = result is not None and not interrupted and not timed_out and server.proc.poll() is None
-        lost = ""
+        lost = ""  # asked only of a server that ended under its variant
         leftovers = 0
         if isinstance(result, dict):
             raw = result.pop(LEFTOVERS_KEY, 0)
@@ -298,7 +298,7 @@ class ServerPool:
                               stdout_tail=reply[-isolate.TAIL_BYTES:].decode(errors="replace"),
                               stderr_tail=err_tail[-isolate.TAIL_BYTES:].decode(errors="replace"),
                               duration_s=round(duration, 3), leftovers=leftovers, where=server.launched.name,
-                              lost="" if served else lost)
+                              lost=lost)
 
 
 def _size(f: IO[bytes]) -> int:
