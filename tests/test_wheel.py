@@ -57,13 +57,14 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def uvx_checks(whl: Path, cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``checks ARGS`` of the wheel in ``cwd``, its user's cache folder (XDG_CACHE_HOME) beside ``cwd`` unless
-    ``env`` names one; uv keeps its own cache."""
+    ``env`` names one; uv keeps its own cache and says nothing of its own (quiet: whether it installs the
+    tool's environment depends on which test ran first)."""
     uv_cache = subprocess.run([str(UV), "cache", "dir"], capture_output=True, text=True).stdout.strip()
     run_env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     run_env.update({"UV_CACHE_DIR": uv_cache, "XDG_CACHE_HOME": str(cwd.parent / "xdg")})
     run_env.update(env or {})
-    return subprocess.run([str(UV), "tool", "run", "--from", str(whl), "checks", *args], cwd=cwd, env=run_env,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run([str(UV), "--quiet", "tool", "run", "--from", str(whl), "checks", *args], cwd=cwd,
+                          env=run_env, capture_output=True, text=True, timeout=900)
 
 
 def results_of(folder: Path) -> list[dict]:
