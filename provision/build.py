@@ -97,17 +97,19 @@ def _note(cell: dict[str, Any], base: Base, opts: BuildOptions) -> str:
 
 def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
                  report: Callable[[str, str], None] = lambda cid, msg: None,
-                 tick_s: float = TICK_S) -> list[dict[str, Any]]:
+                 tick_s: float = TICK_S,
+                 on_built: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Build every locked cell folder; one failure never stops the others. First every cell's Dockerfile
     and tag (so the unchanged cells are known and the rest can be counted and timed from their last
     builds), then the builds, each saying which of how many it is, its steps, and every ``tick_s`` how long
-    it has been building."""
-    run = _LockedBuild(opts, docker, report, docker.buildkit())
+    it has been building. ``on_built`` is given each built cell's record as soon as it is written."""
+    run = _LockedBuild(opts, docker, report, docker.buildkit(), on_built=on_built)
     prepared = {folder: run.prepare(folder) for folder in folders}
     values = list(prepared.values())
+    order = spread if opts.jobs > 1 else grouped
     ordered = [*(v for v in values if not isinstance(v, Step)),
-               *spread([v for v in values if isinstance(v, Step)],
-                       lambda s: str(s.cell.get("torch_lock") or s.cell_id))]
+               *order([v for v in values if isinstance(v, Step)],
+                      lambda s: str(s.cell.get("torch_lock") or s.cell_id))]
     steps, run.progress = buildprogress.begin(ordered, Step, report)
     # an image's self-check (a container of it) runs beside the next image's build: the builders never wait
     # for a check, and a cell is done (its record written, its line said) when its check is
@@ -131,6 +133,17 @@ def spread(steps: Sequence[Step], layer_of: Callable[[Step], str]) -> list[Step]
     return [g[i] for i in range(rounds) for g in groups.values() if i < len(g)]
 
 
+def grouped(steps: Sequence[Step], layer_of: Callable[[Step], str]) -> list[Step]:
+    """The builds in the order one builder takes: the cells of one torch build one after another, the torch builds
+    with the most cells first (each group in its given order). After a torch build's first image the others of
+    its group take seconds, so the cells whose kernels can be compiled while the next images build
+    (provision.kernels.early) come as early as they can, and the build that no cell shares comes last."""
+    groups: dict[str, list[Step]] = {}
+    for s in steps:
+        groups.setdefault(layer_of(s), []).append(s)
+    return [s for g in sorted(groups.values(), key=len, reverse=True) for s in g]
+
+
 @dataclass
 class _LockedBuild:
     """One `build_locked` call: the Docker builds of its cells, the base images they share, their progress."""
@@ -143,6 +156,7 @@ class _LockedBuild:
     progress: Any = None  # buildprogress.begin's, once every cell is prepared
     lock: threading.Lock = field(default_factory=threading.Lock)
     checks: ThreadPoolExecutor | None = None  # where built images are self-checked (build_locked's)
+    on_built: Callable[[dict[str, Any]], None] | None = None  # given each built cell's record (build_locked's)
 
     def base_id(self, base: Base) -> str:
         if base.image not in self.base_ids:
@@ -273,6 +287,8 @@ class _LockedBuild:
         with self.lock:
             self.progress.done.add(step.cell_id)
             self.report(step.cell_id, self.progress.end_line(step, str(rec["status"]), time.monotonic() - t0))
+        if self.on_built is not None:
+            self.on_built(rec)
         return rec
 
 
@@ -375,9 +391,9 @@ class DockerBuilder:
     def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
         return [{"cell_id": f.name, "status": BuildStatus.WOULD_BUILD, "reason": ""} for f in folders]
 
-    def build(self, folders: Sequence[Path], opts: BuildOptions,
-              report: Callable[[str, str], None]) -> list[dict[str, Any]]:
-        return build_locked(folders, opts, self.docker, report)
+    def build(self, folders: Sequence[Path], opts: BuildOptions, report: Callable[[str, str], None],
+              on_built: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        return build_locked(folders, opts, self.docker, report, on_built=on_built)
 
     def _buildkit(self) -> bool:
         if self._buildkit_seen is None:

@@ -72,8 +72,10 @@ class Builder(Protocol):
         """What a build would do, per cell, building nothing."""
         ...
 
-    def build(self, folders: Sequence[Path], opts: BuildOptions, report: Callable[[str, str], None]) -> Records:
-        """Build every locked cell; one failure never stops the others."""
+    def build(self, folders: Sequence[Path], opts: BuildOptions, report: Callable[[str, str], None],
+              on_built: Callable[[dict[str, Any]], None] | None = None) -> Records:
+        """Build every locked cell; one failure never stops the others. ``on_built`` is given each built cell's
+        record as soon as it is written (while the others build)."""
         ...
 
 
@@ -94,10 +96,23 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     builder.prepare(opts)
     folders, records = builder.lock(cells, opts)
     disk_gate(cells, opts, builder)  # after locking: a cell counts as built only when its current build is here
-    records += builder.build(folders, opts, reporter(opts))
-    records = carry_kernels(cells, records, opts, docker)
+    built, early = build_carrying_early(builder, folders, cells, opts, docker)
+    records = carry_kernels(cells, records + built, opts, docker, early)
     summary(cells, records, opts.json)
     return 1 if any(r["status"] == BuildStatus.FAILED for r in records) else 0
+
+
+def build_carrying_early(builder: Builder, folders: Sequence[Path], cells: Sequence[Resolved], opts: BuildOptions,
+                         docker: Docker | None) -> tuple[Records, frozenset[str]]:
+    """The builder's records, each built cell's quick module carried while the next cells build
+    (provision.kernels.early), and the cells carried so."""
+    early = kernels.EarlyQuick(kernel_archs(cells, opts), opts.envs, reporter(opts), docker)
+    try:
+        built = builder.build(folders, opts, reporter(opts), early.add)
+    except BaseException:
+        early.abandon()
+        raise
+    return early.finish(built), early.carried
 
 
 def kernel_archs(cells: Sequence[Resolved], opts: BuildOptions) -> dict[str, tuple[str, ...]]:
@@ -113,16 +128,19 @@ def memory_bytes() -> int:
         return 8 << 30
 
 
-def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOptions, docker: Docker | None) -> Records:
+def carry_kernels(cells: Sequence[Resolved], records: Records, opts: BuildOptions, docker: Docker | None,
+                  carried_early: frozenset[str] = frozenset()) -> Records:
     """The kernel stage (provision.kernels) over every built cell: the quick module here (what `checks run`'s
-    quick pass loads), then the long ones in a process of their own that this command does not wait for
+    quick pass loads) of the cells it was not carried for while the images built (``carried_early``), then the
+    long ones in a process of their own that this command does not wait for
     (``python -m provision.kernels``; with --wait-kernels, here too), so the first table comes before the long compiles.
     A stage an earlier build started is waited for first: one build of each module at a time."""
     jobs = opts.kernel_parallel(os.cpu_count() or 1, memory_bytes())
     report = reporter(opts)
     archs = kernel_archs(cells, opts)
     kernelstage.wait(lambda line: report("", line))
-    records = kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.QUICK_MODULES)
+    records = kernels.carry(records, kernels.left_over(archs, records, carried_early), jobs, opts.envs, report,
+                            docker, modules=kernels.QUICK_MODULES)
     if opts.wait_kernels:
         return kernels.carry(records, archs, jobs, opts.envs, report, docker, modules=kernels.LONG_MODULES)
     backend_of = {str(r.get("cell_id")): str(r.get("backend") or backend.DOCKER) for r in records}

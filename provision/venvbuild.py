@@ -313,10 +313,12 @@ def build_cell(step: VenvStep, opts: BuildOptions, tool: installer.Installer, ba
 
 def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
                      report: Callable[[str, str], None] = lambda cid, msg: None,
-                     tick_s: float = TICK_S) -> list[dict[str, Any]]:
+                     tick_s: float = TICK_S,
+                     on_built: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Build every locked cell folder as a venv; one failure never stops the others. As for images: first
     which cells are unchanged, then each build saying which of how many it is, its steps, every ``tick_s``
-    how long it has been building, and the time left from the cells' last builds."""
+    how long it has been building, and the time left from the cells' last builds. ``on_built`` is given each
+    built cell's record as soon as it is written."""
     base = interp.read(opts.base_python) if opts.base_python else None
     tool = installer.find(base.python if base else None)
     if opts.wheels is not None and not opts.wheels.is_dir():
@@ -357,6 +359,8 @@ def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
         with lock:
             progress.done.add(cid)
             report(cid, progress.end_line(step, str(rec["status"]), time.monotonic() - t0))
+        if on_built is not None:
+            on_built(rec)
         return rec
 
     with Ticker(lambda line: report("", line), tick_s) as ticker, \
@@ -403,6 +407,6 @@ class VenvBuilder:
     def dry_run(self, folders: Sequence[Path], opts: BuildOptions) -> list[dict[str, Any]]:
         return dry_run(folders, opts)
 
-    def build(self, folders: Sequence[Path], opts: BuildOptions,
-              report: Callable[[str, str], None]) -> list[dict[str, Any]]:
-        return build_venv_cells(folders, opts, report)
+    def build(self, folders: Sequence[Path], opts: BuildOptions, report: Callable[[str, str], None],
+              on_built: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        return build_venv_cells(folders, opts, report, on_built=on_built)

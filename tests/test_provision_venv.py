@@ -459,8 +459,12 @@ def test_venv_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(world: 
     opts = BuildOptions(world["matrix"], envs=tmp_path / "envs", backend="venv", base_python=str(world["base"]),
                         wheels=world["wheels"], venvs=venvs)
     said: list[str] = []
-    records = build_venv_cells(folders, opts, lambda cid, msg: said.append(f"{cid} {msg}".strip()), tick_s=0.05)
+    handed: list[dict] = []
+    records = build_venv_cells(folders, opts, lambda cid, msg: said.append(f"{cid} {msg}".strip()), tick_s=0.05,
+                               on_built=handed.append)
     assert [r["status"] for r in records] == ["built", "built"]
+    # each built cell's record is handed on as its build ends (the early kernel carry takes it from there)
+    assert [h["cell_id"] for h in handed] == [CELL, second] and handed == records
     assert said[0] == "venv cells: 2 to build; about 2m00s by their last builds"
     mine = [ln[len(CELL) + 1:] for ln in said if ln.startswith(CELL + " ") and not ln.startswith(CELL + " (cell")]
     assert mine[0] == (f"cell 1 of 2: building {venvs / CELL} (last build 1m30s; its last build recorded no inputs "
@@ -476,8 +480,10 @@ def test_venv_build_says_cell_n_of_n_its_steps_how_long_and_what_is_left(world: 
     assert any(" of 1m30s last time; at " in ln for ln in ticks)
     # nothing changed: nothing is built, and the build times stay for the next estimate
     again: list[str] = []
-    rebuilt = build_venv_cells(folders, opts, lambda cid, msg: again.append(f"{cid} {msg}".strip()))
-    assert [r["status"] for r in rebuilt] == ["skipped-unchanged"] * 2
+    handed.clear()
+    rebuilt = build_venv_cells(folders, opts, lambda cid, msg: again.append(f"{cid} {msg}".strip()),
+                               on_built=handed.append)
+    assert [r["status"] for r in rebuilt] == ["skipped-unchanged"] * 2 and handed == []
     assert again[-1] == "venv cells: 0 to build, 2 unchanged"
     assert [r["build_s"] for r in rebuilt] == [r["build_s"] for r in records]
 

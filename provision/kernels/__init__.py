@@ -43,6 +43,7 @@ from provision.kernels.carriers import (
     parse_result,
 )
 from provision.kernels.detached import run, start, stop_builds
+from provision.kernels.early import EarlyQuick, left_over
 from provision.kernels.estimate import StageProgress, tree_cpu_s
 from provision.kernels.jobs import (
     KERNELS,
@@ -62,7 +63,8 @@ from provision.kernels.records import finish, learned_costs, module_row, module_
 from provision.kernels.stage import STAGE_TICK_S, carry, pending, prune
 
 __all__ = ["BUILDING", "CARRIERS", "COMM_MODULES", "JOB_LIMIT_S", "KERNELS", "KERNELS_LABEL", "LONG_MODULES",
-           "QUICK_MODULES", "STAGE_TICK_S", "Carrier", "DockerCarrier", "Job", "StageProgress", "VenvCarrier",
-           "carry", "container_cpu_s", "current", "finish", "install_tree", "known_failure", "layer_context",
-           "learned_costs", "module_row", "module_rows", "no_nvcc", "parse_result", "pending", "plan", "prune",
-           "ready_answer", "retried", "run", "set_digest", "start", "stop_builds", "tree_cpu_s", "uncovered"]
+           "QUICK_MODULES", "STAGE_TICK_S", "Carrier", "DockerCarrier", "EarlyQuick", "Job", "StageProgress",
+           "VenvCarrier", "carry", "container_cpu_s", "current", "finish", "install_tree", "known_failure",
+           "layer_context", "learned_costs", "left_over", "module_row", "module_rows", "no_nvcc", "parse_result",
+           "pending", "plan", "prune", "ready_answer", "retried", "run", "set_digest", "start", "stop_builds",
+           "tree_cpu_s", "uncovered"]
