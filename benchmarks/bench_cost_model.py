@@ -57,8 +57,21 @@ def build_params() -> dict[str, str]:
     return {pid: mod.SPEC.build_param for pid, (_, mod) in registry.discover().items()}
 
 
+def switch_islands(gpus: int, per_switch: int) -> tuple[tuple[int, ...], ...]:
+    """The host's GPUs behind PCIe switches of ``per_switch`` GPUs each (checks.run.placement.islands), an assumed
+    topology: 8-GPU PCIe servers put two or four GPUs behind each switch."""
+    return tuple(tuple(range(k, min(k + per_switch, gpus))) for k in range(0, gpus, per_switch))
+
+
+def link_name(switched: bool, islands: tuple[tuple[int, ...], ...]) -> str:
+    if islands:
+        return f"PCIe sw{len(islands[0])}"
+    return "NVSwitch" if switched else "PCIe"
+
+
 def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, level: str,
-                 jobs: int, cores: int = 16, switched: bool = False) -> dict[str, object]:
+                 jobs: int, cores: int = 16, switched: bool = False,
+                 islands: tuple[tuple[int, ...], ...] = ()) -> dict[str, object]:
     probes = {pid: mod for pid, (_, mod) in registry.discover().items()}
     host = HostView(gpu_count=gpus, compute_capability="9.0", gpu_name=gpu_name, target_archs=(), level=level)
     planned = plan_work([CELL], probes, host)
@@ -70,16 +83,19 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
         per_probe[it.spec.id] += budget.seconds_of(it, seconds)
     carried = sum(1 for e in expected.values() if e.seconds is not None and e.basis)
     guessed = sum(1 for e in expected.values() if e.seconds is None)
-    lanes = budget.Lanes(jobs, rank_cap(cores), gpus=gpus, switched=switched)
+    switched = switched or bool(islands)
+    lanes = budget.Lanes(jobs, rank_cap(cores), gpus=gpus, switched=switched, islands=islands)
     for it in items:
         lanes.add(it, budget.seconds_of(it, seconds))
     # the same pass with every guessed variant at GUESS_HIGH_S instead of budget.UNTIMED_S: how much the figure
     # rests on the guesses
     high = {k: (GUESS_HIGH_S if v is None else v) for k, v in seconds.items()}
-    return {"gpus": gpus, "level": level, "link": "NVSwitch" if switched else "PCIe", "cores": cores,
+    return {"gpus": gpus, "level": level, "link": link_name(switched, islands), "cores": cores,
             "variants": len(items),
-            "predicted_s": round(budget.pass_seconds(items, seconds, jobs, rank_cap(cores), gpus, switched), 1),
-            "guessed_high_s": round(budget.pass_seconds(items, high, jobs, rank_cap(cores), gpus, switched), 1),
+            "predicted_s": round(budget.pass_seconds(items, seconds, jobs, rank_cap(cores), gpus, switched, islands),
+                                 1),
+            "guessed_high_s": round(budget.pass_seconds(items, high, jobs, rank_cap(cores), gpus, switched, islands),
+                                    1),
             "lanes_s": {"timed": round(lanes.timed_wall(), 1),
                         "untimed": round(lanes.wall() - lanes.timed_wall() - lanes.cpu / max(1, jobs), 1),
                         "cpu": round(lanes.cpu / max(1, jobs), 1)},
@@ -139,11 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in args.gpus.split(",")):
         tables = costmodel.tables_for(tables_all, args.gpu_name, n)
         cores = args.cores_8 if n >= 8 else args.cores
+        links: list[tuple[bool, tuple[tuple[int, ...], ...]]] = [(False, ())]
+        links += [(False, switch_islands(n, k)) for k in (2, 4) if n >= 2 * k]
+        links += [(True, ())] if n > 1 else []
         for level in (QUICK, FULL):
-            for switched in ((False, True) if n > 1 else (False,)):
-                rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, cores, switched))
+            for switched, islands in links:
+                rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, cores, switched, islands))
                 if level == FULL and cores != args.cores:
-                    rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, args.cores, switched))
+                    rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, args.cores, switched,
+                                             islands))
     checks = [check(p, args.results or ROOT / "results") for p in args.check]
     if args.json:
         print(json.dumps({"predictions": rows, "checks": checks}, indent=1))
@@ -152,15 +172,17 @@ def main(argv: list[str] | None = None) -> int:
           f"(jobs {args.jobs}; cores: {args.cores} below 8 GPUs, {args.cores_8} at 8 GPUs or more, an assumption: "
           f"8-GPU servers have 96-224, the full level again at {args.cores} to compare; growth per extra rank with "
           f"a GPU each: {costmodel.RANK_GROWTH:g}, an assumption)")
-    print("link: PCIe, timed variants one at a time; NVSwitch (every GPU pair NV#), timed variants side by side on "
-          "disjoint GPU sets (checks.run.placement); lanes: timed / untimed / CPU-only seconds of the wall time")
-    print(f"{'GPUs':>4} {'level':>5} {'link':>8} {'cores':>5} {'variants':>8} {'predicted':>10} {'lanes':>20} "
+    print("link: PCIe, timed variants one at a time (GPUs on the CPU's root ports); PCIe swK, GPUs behind PCIe "
+          "switches of K GPUs each (an assumed topology), timed variants side by side in different switches; "
+          "NVSwitch (every GPU pair NV#), timed variants side by side on disjoint GPU sets (checks.run.placement); "
+          "lanes: timed / untimed / CPU-only seconds of the wall time")
+    print(f"{'GPUs':>4} {'level':>5} {'link':>9} {'cores':>5} {'variants':>8} {'predicted':>10} {'lanes':>20} "
           f"{'carried':>7} {'guessed':>7}  costliest probes")
     for r in rows:
         top = ", ".join(f"{p} {s:g} s" for p, s in r["top"])  # type: ignore[union-attr]
         ln = r["lanes_s"]
         lanes = f"{ln['timed']:g}/{ln['untimed']:g}/{ln['cpu']:g}"  # type: ignore[index]
-        print(f"{r['gpus']:>4} {r['level']:>5} {r['link']:>8} {r['cores']:>5} {r['variants']:>8} "
+        print(f"{r['gpus']:>4} {r['level']:>5} {r['link']:>9} {r['cores']:>5} {r['variants']:>8} "
               f"{r['predicted_s']:>9g}s {lanes:>20} {r['carried_to_unmeasured_sizes']:>7} {r['guessed']:>7}  {top}")
     for r in rows:
         if r["gpus"] == 8 and r["level"] == FULL:

@@ -446,6 +446,24 @@ def test_the_time_left_places_timed_variants_side_by_side_on_an_nvswitch_host() 
     assert not session.side_by_side(opts, "docker", pcie)
 
 
+def test_the_time_left_on_a_pcie_switch_host_places_timed_variants_one_a_switch() -> None:
+    """Four 2-rank timed variants of 10 s on 8 GPUs behind PCIe switches: 10 s with a switch each (four
+    switches of two), 20 s with two switches of four (one variant a switch), 40 s on GPUs of the CPU's root
+    ports (one at a time). The session tells the view so from the facts."""
+    items = [gpu_item(2, backend=f"b{i}") for i in range(4)]
+    expected = {it.key: runprogress.Expected(10.0) for it in items}
+    pairs, quads = ((0, 1), (2, 3), (4, 5), (6, 7)), ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert runprogress.RunView(items, expected, gpus=8, switched=True, islands=pairs).left().seconds == 10.0
+    assert runprogress.RunView(items, expected, gpus=8, switched=True, islands=quads).left().seconds == 20.0
+    assert runprogress.RunView(items, expected, gpus=8, switched=False).left().seconds == 40.0
+    links = [["X" if i == j else "PIX" if i // 2 == j // 2 else "SYS" for j in range(8)] for i in range(8)]
+    facts = {"gpu_count": 8, "peer_access": [[True] * 8 for _ in range(8)],
+             "topology": "\t" + "\t".join(f"GPU{i}" for i in range(8)) + "\n"
+             + "\n".join(f"GPU{i}\t" + "\t".join(row) for i, row in enumerate(links))}
+    assert session.side_by_side(RunOptions(all_probes=True), "docker", facts)
+    assert not session.side_by_side(RunOptions(all_probes=True, gpu_alone=True), "docker", facts)
+
+
 def test_a_budget_on_an_nvswitch_host_keeps_what_fits_side_by_side() -> None:
     """A budget of 75 s: placed side by side the plan takes 70 s (the test above) and all of it is kept; one at a
     time it takes 80 s, so the costliest of the four (all the quick answer, tier 0; cheaper first: D 10, the pairs

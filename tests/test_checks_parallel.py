@@ -560,6 +560,144 @@ def test_timed_variants_go_side_by_side_on_disjoint_gpus_only_where_every_pair_i
                                           ("STACKPROBE_GPU_LOCK", ""))
 
 
+def switch_topo(per_switch: int, gpus: int = 8, between: str = "SYS") -> str:
+    """`nvidia-smi topo -m` of a PCIe host whose GPUs sit ``per_switch`` behind each switch (PIX), the switches
+    joined through the CPUs (``between``)."""
+    def link(i: int, j: int) -> str:
+        return "X" if i == j else "PIX" if i // per_switch == j // per_switch else between
+    return "\t" + "\t".join(f"GPU{i}" for i in range(gpus)) + "\tCPU Affinity\n" + "\n".join(
+        f"GPU{i}\t" + "\t".join(link(i, j) for j in range(gpus)) + "\t0-63" for i in range(gpus))
+
+
+def every_peer(gpus: int = 8) -> list[list[bool]]:
+    return [[True] * gpus for _ in range(gpus)]
+
+
+def test_pcie_switch_groups_come_from_pix_pairs_only_when_they_form_whole_groups() -> None:
+    from checks.results import hostfacts
+
+    assert hostfacts.switch_groups(switch_topo(2), 8) == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert hostfacts.switch_groups(switch_topo(4, between="NODE"), 8) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert hostfacts.switch_groups(PCIE_TOPO, 8) == tuple((g,) for g in range(8))  # every GPU on a root port
+    # GPU1 shares a switch with GPU0 and with GPU2, which do not share one: no grouping is told
+    chain = switch_topo(2).replace("GPU1\tPIX\tX\tSYS", "GPU1\tPIX\tX\tPIX").replace(
+        "GPU2\tSYS\tSYS\tX", "GPU2\tSYS\tPIX\tX")
+    assert hostfacts.switch_groups(chain, 8) == ()
+    assert hostfacts.switch_groups(switch_topo(2).split("GPU7")[0], 8) == ()  # a row short
+
+
+def test_islands_need_two_switch_groups_with_peer_access_and_no_nvlink() -> None:
+    four = {"gpu_count": 8, "topology": switch_topo(2), "peer_access": every_peer()}
+    assert placement.islands(four) == ((0, 1), (2, 3), (4, 5), (6, 7)) and placement.side_by_side(four)
+    no_peer = every_peer()
+    no_peer[2][3] = False  # GPU2 cannot reach GPU3: their traffic goes through host memory
+    assert placement.islands({**four, "peer_access": no_peer}) == ((0, 1), (2,), (3,), (4, 5), (6, 7))
+    only_one = switch_topo(2).replace("PIX", "SYS")
+    only_one = only_one.replace("GPU0\tX\tSYS", "GPU0\tX\tPIX").replace("GPU1\tSYS\tX", "GPU1\tPIX\tX")
+    from checks.results import hostfacts
+
+    assert hostfacts.switch_groups(only_one, 8) == ((0, 1), (2,), (3,), (4,), (5,), (6,), (7,))
+    assert placement.islands({**four, "topology": only_one}) == ()  # one group: nothing runs beside it
+    assert not placement.side_by_side({**four, "topology": only_one})
+    assert placement.islands({**four, "peer_access": []}) == ()
+    assert placement.islands({**four, "topology": PCIE_TOPO}) == ()
+    assert placement.islands({"gpu_count": 8, "topology": NVSWITCH_TOPO, "peer_access": every_peer()}) == ()
+
+
+def test_timed_variants_on_a_pcie_switch_host_go_side_by_side_in_different_switches_and_cross_one_at_a_time(
+        ) -> None:
+    """Placements written by hand: islands of two GPUs (four switches), and of four (two switches)."""
+    pairs = ((0, 1), (2, 3), (4, 5), (6, 7))
+    quads = ((0, 1, 2, 3), (4, 5, 6, 7))
+    two, four = Variant("step", 2, (("n", "x"),)), Variant("step", 4, (("n", "y"),))
+    assert placement.devices(two, (), 8, pairs) == (0, 1)
+    assert placement.devices(two, (0, 1), 8, pairs) == (2, 3)
+    assert placement.devices(two, (0, 2, 4, 6), 8, pairs) is None  # every switch holds a running variant
+    assert placement.devices(two, (0, 1), 8, quads) == (4, 5)  # one variant a switch, though 2 and 3 are free
+    assert placement.devices(four, (), 8, quads) == (0, 1, 2, 3)
+    # four ranks over switches of two: two whole free switches, crossing the host bridge
+    assert placement.devices(four, (), 8, pairs) == (0, 1, 2, 3)
+    assert placement.devices(four, (0, 1), 8, pairs) == (2, 3, 4, 5)
+    assert placement.devices(four, (0, 1), 8, pairs, crossing=True) is None  # one crossing variant at a time
+    room = placement.free([(0, 1, 2, 3)], 8, pairs)
+    assert room.crossing and not room.fits(four) and room.fits(two)  # inside one switch it still goes beside
+    # a variant naming GPUs: inside one switch beside others; across switches only while nothing crosses
+    pair = Variant("host-p2p", 2, (("check", "copy"), ("pair", "2-3")))
+    across = Variant("host-p2p", 2, (("check", "copy"), ("pair", "1-6")))
+    assert placement.devices(pair, (0, 1), 8, pairs) == (2, 3)
+    assert placement.devices(across, (2, 3), 8, pairs) == (1, 6)
+    assert placement.devices(across, (0,), 8, pairs) is None
+    assert placement.devices(across, (2, 3), 8, pairs, crossing=True) is None
+    # one rank reads every GPU: alone
+    assert placement.devices(Variant("host-p2p", 1), (), 8, pairs) == tuple(range(8))
+    assert placement.devices(Variant("host-p2p", 1), (7,), 8, pairs) is None
+    # the cost model places them the same way: four 2-GPU variants of 10 s in four switches take 10 s, in two
+    # switches 20 s; two 4-GPU ones over switches of two cross one at a time, 20 s
+    from checks.run.cost import budget
+
+    assert budget.placed_seconds([(2, 10.0)] * 4, 8, pairs) == 10.0
+    assert budget.placed_seconds([(2, 10.0)] * 4, 8, quads) == 20.0
+    assert budget.placed_seconds([(4, 10.0)] * 2, 8, pairs) == 20.0
+    assert budget.placed_seconds([(4, 10.0)] * 2, 8) == 10.0  # NVSwitch: disjoint sets, side by side
+
+
+PAIRS = '''"""Timed, two ranks: each rank says which GPUs it was given and when it ran."""
+
+import os
+import time
+
+from inenv.probe import HostView, ProbeSpec, RankContext, Variant, outcome
+
+SPEC = ProbeSpec(id="t-par-pair", title="pair", feature="placement", ranks=(2,), needs_gpu=True, timeout_s=60)
+
+
+def variants(host: HostView) -> list[Variant]:
+    return [Variant(SPEC.id, 2, (("n", str(i)),)) for i in range(4)]
+
+
+def run(ctx: RankContext) -> dict:
+    t0 = time.time()
+    time.sleep(1.5)
+    return outcome("pass", metrics={"t0": t0, "t1": time.time()},
+                   evidence={"visible": os.environ.get("CUDA_VISIBLE_DEVICES", "")})
+'''
+
+
+@pytest.mark.parametrize("per_switch", [2, 0])
+def test_the_runner_places_timed_variants_in_different_pcie_switches_side_by_side(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, per_switch: int) -> None:
+    """Four timed 2-rank variants on a host of 8 GPUs (the workers are told so) whose facts put the GPUs two
+    behind each PCIe switch: they run at once, each on the GPUs of its own switch. With the GPUs on the CPU's
+    root ports (``per_switch`` 0): one at a time, each seeing every GPU."""
+    probes_dir = tmp_path / "probes"
+    probes_dir.mkdir()
+    (probes_dir / "t_par_pair.py").write_text(PAIRS)
+    env = fixture_env(STACKPROBE_PROBE_PATH=str(probes_dir))
+    for name in ("STACKPROBE_PROBE_PATH", TOKEN_VAR, "PYTHONPATH"):
+        monkeypatch.setenv(name, env[name])
+    probes = {pid: mod for pid, (_, mod) in discover({"STACKPROBE_PROBE_PATH": str(probes_dir)}).items()
+              if pid == "t-par-pair"}
+    cell = CellTarget("cu130-torchcell1-sgl1-fi1", "resolved", image_status="built")
+    items = plan_work([cell], probes, HostView(gpu_count=8))
+    facts = {"gpu_count": 8, "topology": switch_topo(per_switch) if per_switch else PCIE_TOPO,
+             "peer_access": every_peer()}
+    store = RunStore(tmp_path / "results", "cpu-0123abcd", "20261201T000000Z-0001")
+    codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
+    work = Work(items, store, reasons.default(), 8, codes, executors={cell.cell_id: LocalExecutor(sys.executable)},
+                manifest={"facts": facts})
+    report = execute(RunOptions(jobs=4), work)
+    assert not report.interrupted and [r.verdict.status for r in report.results] == ["pass"] * 4
+    runs = sorted(((dict(r.verdict.metrics), str(r.verdict.evidence.get("visible"))) for r in report.results),
+                  key=lambda run: run[0]["t0"])
+    if per_switch:
+        assert sorted(v for _, v in runs) == ["0,1", "2,3", "4,5", "6,7"]
+        assert all(overlap(a, b) for (a, _), (b, _) in zip(runs, runs[1:], strict=False))
+    else:
+        assert {v for _, v in runs} == {""}  # the worker's own GPUs: every one, no lane
+        assert not any(overlap(a, b) for (a, _), (b, _) in zip(runs, runs[1:], strict=False))
+    assert pids_with_env(env[TOKEN_VAR]) == []
+
+
 def test_a_docker_worker_placed_on_gpus_sees_only_them_and_takes_no_lock(tmp_path: Path) -> None:
     """A container's environment for a variant placed on GPUs 2 and 5: those visible, named as the host's, and the
     host's GPU lock (which the runner holds for it) left out."""

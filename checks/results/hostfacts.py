@@ -119,6 +119,34 @@ def all_nvlink(topology: str | None, count: int) -> str | None:
     return None
 
 
+def switch_groups(topology: str | None, count: int) -> tuple[tuple[int, ...], ...]:
+    """The host's GPUs grouped by the PCIe switch they sit behind: GPUs whose every pair is ``PIX`` in `nvidia-smi
+    topo -m` (a path through at most one PCIe bridge, so their traffic stays inside that switch) form one group,
+    every other GPU a group of its own; () when the matrix lacks a row for each GPU, has fewer than two, or its
+    ``PIX`` pairs do not form such groups (A-B and B-C joined, A-C not: which links are shared is unknown)."""
+    links = topology_links(topology, count) if count >= 2 else None
+    if links is None:
+        return ()
+    group = list(range(count))  # each GPU's group: the lowest GPU it shares a switch with
+
+    def root(g: int) -> int:
+        while group[g] != g:
+            g = group[g]
+        return g
+
+    for a in range(count):
+        for b in range(a + 1, count):
+            if links[a][b] == "PIX" and links[b][a] == "PIX":
+                group[max(root(a), root(b))] = min(root(a), root(b))
+    members: dict[int, list[int]] = {}
+    for g in range(count):
+        members.setdefault(root(g), []).append(g)
+    out = tuple(tuple(m) for _, m in sorted(members.items()))
+    if any(links[a][b] != "PIX" for m in out for a in m for b in m if a != b):
+        return ()
+    return out
+
+
 def interconnect(topo: str | None, count: int) -> str:
     """A short word for the GPU-to-GPU links in `nvidia-smi topo -m` (NV# = NVLink, else PCIe)."""
     if count < 2 or not topo:

@@ -169,10 +169,10 @@ def pick(pending: list[WorkItem], running: list[WorkItem], jobs: int, ahead: int
     ``ahead`` within ``rank_cap``, the costliest first, and none past it while it waits for room (so the longest
     do not run alone at the end), and so do CPU-only variants (nothing beside them is timed).
 
-    ``lanes``: the host's GPUs are every pair joined by NVLink (checks.run.placement) and these of them are
-    free: timed variants run side by side on disjoint GPU sets, the costliest that fits the free GPUs first
-    (nothing starts ahead at the gate: ``ahead`` is not used for them), never beside a variant that times
-    nothing; None: one at a time."""
+    ``lanes``: the host's GPUs are every pair joined by NVLink or grouped behind PCIe switches
+    (checks.run.placement) and these of them are free: timed variants run side by side on disjoint GPU sets, the
+    costliest that fits the free GPUs first (nothing starts ahead at the gate: ``ahead`` is not used for them),
+    never beside a variant that times nothing; None: one at a time."""
     on_gpu = [r for r in running if uses_gpu(r)]
     if not on_gpu:
         first = _first(pending, running, jobs, cost, share, None)  # alone on the GPUs, any size starts
@@ -363,6 +363,8 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
     # Only when every cell's workers take turns on the lock: a variant started ahead on an ungated executor
     # would not wait at any gate and would share the GPUs with the running one.
     lanes = side_by_side_lanes(opts, work)
+    facts = work.manifest.get("facts")
+    within = placement.islands(facts if isinstance(facts, Mapping) else None) if lanes else ()
     ahead = GATE_DEPTH if gpus and executors and all(ex.gated for ex in executors.values()) and not lanes else 0
     cap = rank_cap()
     queue_for: dict[Key, float] = {}  # how long a GPU variant may wait at the gate
@@ -403,10 +405,12 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                     rec.record(item, over_budget(catalogue), now_iso())
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
                                 lambda it: work.costs.get(it.key, 0.0), share=not opts.gpu_alone,
-                                rank_cap=cap, lanes=free_gpus(placed, gpus) if lanes else None)) is not None:
+                                rank_cap=cap,
+                                lanes=placement.free(placed.values(), gpus, within) if lanes else None)) is not None:
                 pending.remove(item)
                 if lanes and uses_gpu(item) and not shares_gpu(item):
-                    got = placement.devices(item.variant, (g for d in placed.values() for g in d), gpus)
+                    room = placement.free(placed.values(), gpus, within)
+                    got = placement.devices(item.variant, room.busy, gpus, within, room.crossing)
                     assert got is not None  # pick chose it because it fits
                     hold.take()
                     mine = lane_of[item.key] = {"gpus": list(got), "gpu_count": gpus, "beside": []}
@@ -450,16 +454,13 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
 
 def side_by_side_lanes(opts: RunOptions, work: Work) -> bool:
     """Whether this run's timed variants go side by side on disjoint GPU sets (checks.run.placement): two GPUs
-    or more, every pair joined by NVLink by the host facts of the run's manifest, no --gpu-alone, and every
-    cell's executor able to give a variant its own GPUs (``places``)."""
+    or more, every pair joined by NVLink or GPUs grouped behind PCIe switches (placement.side_by_side) by the host
+    facts of the run's manifest, no --gpu-alone, and every cell's executor able to give a variant its own GPUs
+    (``places``)."""
     facts = work.manifest.get("facts")
     return (work.gpus > 1 and not opts.gpu_alone and bool(work.executors)
             and all(getattr(ex, "places", False) for ex in work.executors.values())
-            and placement.switched(facts if isinstance(facts, Mapping) else None))
-
-
-def free_gpus(placed: Mapping[Key, tuple[int, ...]], gpus: int) -> placement.Free:
-    return placement.Free(gpus, frozenset(g for d in placed.values() for g in d))
+            and placement.side_by_side(facts if isinstance(facts, Mapping) else None))
 
 
 def lock_path(executors: Mapping[str, Executor]) -> str | None:

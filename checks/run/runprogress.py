@@ -420,7 +420,8 @@ class RunView:
     no_nvcc: Mapping[str, str] = field(default_factory=dict)
     shared_ranks: int | None = None  # rank processes of GPU variants that time nothing at once (0: --gpu-alone)
     gpus: int = 0  # the host's GPUs
-    switched: bool = False  # timed variants run side by side on disjoint sets of the ``gpus`` (checks.run.placement)
+    switched: bool = False  # timed variants run side by side on disjoint sets of the ``gpus`` (placement.side_by_side)
+    islands: tuple[tuple[int, ...], ...] = ()  # with ``switched`` on a PCIe host: its switch groups (placement.islands)
     cells: list[str] = field(init=False)
     running: set[Key] = field(default_factory=set)
     _shown_cells: set[str] = field(default_factory=set)
@@ -459,7 +460,7 @@ class RunView:
         variants run one at a time (``switched``: side by side on disjoint GPU sets, as the runner places them),
         those that time nothing side by side within the rank cap, the CPU-only ones ``jobs`` slots
         (checks.run.cost.budget's arithmetic)."""
-        lanes = Lanes(self.jobs, self.shared_ranks, gpus=self.gpus, switched=self.switched)
+        lanes = Lanes(self.jobs, self.shared_ranks, gpus=self.gpus, switched=self.switched, islands=self.islands)
         steps = unknown = 0
         for key, exp in self.expected.items():
             if key in self.done:

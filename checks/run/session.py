@@ -496,6 +496,7 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
                                jobs=opts.jobs, prior=prior, compiling=compiling, no_nvcc=no_nvcc,
                                shared_ranks=0 if opts.gpu_alone else None, gpus=gpus,
                                switched=side_by_side(opts, backend, facts),
+                               islands=placement.islands(facts) if side_by_side(opts, backend, facts) else (),
                                compile_note=runprogress.compile_note(
                                    compile_cache_dir(opts.compile_cache, opts.no_compile_cache), carries,
                                    facts.get("compute_capability") if facts.get("gpu_count") else None),
@@ -504,9 +505,10 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
 
 def side_by_side(opts: RunOptions, backend: str, facts: Mapping[str, Any]) -> bool:
     """Whether this host's timed variants will run side by side on disjoint GPU sets, as the runner places them
-    (checks.run.runner.side_by_side_lanes): every pair of its GPUs joined by NVLink, no --gpu-alone, and a
-    backend that runs its variants on this host (Slurm's jobs are placed by Slurm)."""
-    return backend != SLURM and not opts.gpu_alone and placement.switched(facts)
+    (checks.run.runner.side_by_side_lanes): every pair of its GPUs joined by NVLink or its GPUs grouped behind PCIe
+    switches, no --gpu-alone, and a backend that runs its variants on this host (Slurm's jobs are placed by
+    Slurm)."""
+    return backend != SLURM and not opts.gpu_alone and placement.side_by_side(facts)
 
 
 def unpublished_here(opts: RunOptions) -> Callable[[WorkItem, list[str]], list[str]]:
@@ -539,7 +541,7 @@ def fit_budget(opts: RunOptions, planned: Planned, view: runprogress.RunView, gp
         return planned, view, None
     seconds = {k: e.seconds for k, e in view.expected.items()}
     fitted = budget.fit(planned.items, seconds, max(0.0, deadline - time.monotonic()), opts.jobs, gpus,
-                        view.shared_ranks, view.switched)
+                        view.shared_ranks, view.switched, view.islands)
     if not fitted.left_out:
         return planned, view, fitted
     gone = {it.key for it in fitted.left_out}

@@ -79,11 +79,12 @@ def seconds_of(item: WorkItem, expected: Mapping[Key, float | None]) -> float:
 
 
 def pass_seconds(items: Iterable[WorkItem], expected: Mapping[Key, float | None], jobs: int,
-                 shared_ranks: int | None = None, gpus: int = 0, switched: bool = False) -> float:
+                 shared_ranks: int | None = None, gpus: int = 0, switched: bool = False,
+                 islands: placement.Islands = ()) -> float:
     """The wall seconds the items that run should take (the module docstring's arithmetic; ``shared_ranks`` 0:
-    --gpu-alone; ``switched``: the host's ``gpus`` are every pair joined by NVLink, so timed variants go side by
-    side on disjoint GPU sets)."""
-    lanes = Lanes(jobs, shared_ranks, gpus=gpus, switched=switched)
+    --gpu-alone; ``switched``: the host's ``gpus`` are every pair joined by NVLink, or grouped behind PCIe switches
+    (``islands``), so timed variants go side by side on disjoint GPU sets: checks.run.placement)."""
+    lanes = Lanes(jobs, shared_ranks, gpus=gpus, switched=switched, islands=islands)
     for it in items:
         if it.runs:
             lanes.add(it, seconds_of(it, expected))
@@ -105,7 +106,8 @@ class Lanes:
     longest_shared: float = 0.0
     cpu: float = 0.0
     gpus: int = 0  # with ``switched``: the host's GPUs, over which timed variants are placed side by side
-    switched: bool = False  # every pair of GPUs joined by NVLink (checks.run.placement.switched)
+    switched: bool = False  # timed variants side by side (checks.run.placement.side_by_side)
+    islands: placement.Islands = ()  # with ``switched`` on a PCIe host: its switch groups (placement.islands)
     # timed variants placed side by side: (how many GPUs, or which, they take: placement.wants; seconds)
     placed: tuple[tuple[int | tuple[int, ...], float], ...] = ()
 
@@ -138,14 +140,15 @@ class Lanes:
 
     def timed_wall(self) -> float:
         """The seconds of the timed lane: those one at a time, then those placed side by side."""
-        return self.timed + placed_seconds(self.placed, self.gpus)
+        return self.timed + placed_seconds(self.placed, self.gpus, self.islands)
 
     def wall(self) -> float:
         side_by_side = max(self.shared / max(1, self.shared_ranks or 1), self.longest_shared) if self.shared else 0.0
         return self.timed_wall() + side_by_side + self.cpu / max(1, self.jobs)
 
 
-def placed_seconds(placed: Iterable[tuple[int | tuple[int, ...], float]], gpus: int) -> float:
+def placed_seconds(placed: Iterable[tuple[int | tuple[int, ...], float]], gpus: int,
+                   islands: placement.Islands = ()) -> float:
     """The wall seconds of timed variants (how many GPUs they take, or which: checks.run.placement.wants;
     seconds) placed side by side on ``gpus`` GPUs as the runner places them (checks.run.runner.pick with lanes,
     checks.run.placement.take): whenever GPUs are free, the costliest variant whose GPUs are free starts (ties:
@@ -154,9 +157,9 @@ def placed_seconds(placed: Iterable[tuple[int | tuple[int, ...], float]], gpus: 
     now = 0.0
     running: list[tuple[float, tuple[int, ...]]] = []  # (ends at, GPUs)
     while todo or running:
-        busy = [g for _, held in running for g in held]
-        got = next(((k, on) for k, (n, _) in enumerate(todo) if (on := placement.take(n, busy, gpus)) is not None),
-                   None)
+        room = placement.free((held for _, held in running), gpus, islands)
+        got = next(((k, on) for k, (n, _) in enumerate(todo)
+                    if (on := placement.take(n, room.busy, gpus, islands, room.crossing)) is not None), None)
         if got is not None:
             k, on = got
             running.append((now + todo.pop(k)[1], on))
@@ -188,14 +191,14 @@ class Fitted:
 
 
 def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: float, jobs: int,
-        gpus: int, shared_ranks: int | None = None, switched: bool = False) -> Fitted:
+        gpus: int, shared_ranks: int | None = None, switched: bool = False, islands: placement.Islands = ()) -> Fitted:
     """Keep the most informative variants whose cost fits ``budget_s`` (see the module docstring); the rest
     become decided not-run over-budget, with a note saying what was left and how to run it."""
     todo = [it for it in items if it.runs]
     smallest = smallest_sizes(todo)
     tiers = {it.key: tier(it, smallest, gpus) for it in todo}
     order = sorted(todo, key=lambda it: (tiers[it.key], seconds_of(it, expected), it.key))
-    lanes = Lanes(jobs, shared_ranks, gpus=gpus, switched=switched)
+    lanes = Lanes(jobs, shared_ranks, gpus=gpus, switched=switched, islands=islands)
     keep: set[Key] = set()
     for it in order:
         trial = dataclasses.replace(lanes)
@@ -213,8 +216,8 @@ def fit(items: list[WorkItem], expected: Mapping[Key, float | None], budget_s: f
             it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, OVER_BUDGET, note))
             left.append(it)
         out.append(it)
-    return Fitted(out, left, pass_seconds(items, expected, jobs, shared_ranks, gpus, switched), lanes.wall(), budget_s,
-                  tiers)
+    planned_s = pass_seconds(items, expected, jobs, shared_ranks, gpus, switched, islands)
+    return Fitted(out, left, planned_s, lanes.wall(), budget_s, tiers)
 
 
 def cost_lines(items: Iterable[WorkItem], expected: Mapping[Key, float | None],
