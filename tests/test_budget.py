@@ -510,3 +510,45 @@ def test_a_cell_whose_build_found_no_nvcc_is_not_costed_as_compiling_and_the_pla
         "  b: compiles vllm_comm@12.0a here (1 never timed)",
         "  a: compiles nothing: its build found no nvcc in the cell (nvcc: not found); the compile probe's variants "
         "check that themselves"]
+
+
+def test_an_engine_variant_whose_cell_lacks_the_engine_is_costed_as_the_skip_it_will_be(tmp_path: Path) -> None:
+    """The engine probe declares which distribution each variant needs (its DISTRIBUTIONS). A cell whose build
+    self-check found no vLLM: its engine=vllm variant is costed at a skip's second, not at the 56 s a sibling
+    cell that holds vLLM recorded on this host; its own record, once it has one, is used as it is. A cell whose
+    record does not say what it holds, or the local environment, is costed as before."""
+    from common.build import backend, buildrecord
+    from inenv.probes import engine
+
+    def record(cid: str, engines: dict[str, str] | None) -> None:
+        (tmp_path / cid).mkdir()
+        check = {"selfcheck": {"engines": engines}} if engines is not None else {}
+        (tmp_path / cid / "build.json").write_text(json.dumps({"cell_id": cid, "status": "built", **check}))
+
+    record("plain", {})
+    record("vllm", {"vllm": "0.33.0"})
+    record("unsaid", None)
+    assert buildrecord.read(tmp_path / "vllm").record.engines == {"vllm": "0.33.0"}
+    assert buildrecord.read(tmp_path / "unsaid").record.engines is None
+
+    def item(cid: str, name: str) -> WorkItem:
+        return WorkItem(CellTarget(cid, "resolved"), engine.SPEC, Variant("engine", 1, (("engine", name),)), 120.0)
+
+    items = [item(c, e) for c in ("plain", "vllm", "unsaid") for e in ("vllm", "sglang")]
+    opts = RunOptions(all_probes=True, envs=tmp_path)
+    lacking = session.skipping_at_once(opts, backend.DOCKER, items)
+    assert lacking == {items[0].key: "vllm", items[1].key: "sglang", items[3].key: "sglang"}
+    assert session.skipping_at_once(opts, "local", items) == {}
+    # this host ran the vLLM cell's variant for 56 s: its sibling in the plain cell is still a skip
+    history = {items[2].key: {backend.DOCKER: runprogress.Learned(56.0, backend.DOCKER, "pass")}}
+    expected = runprogress.expected_durations(items, history, backend.DOCKER, lacking=lacking)
+    assert expected[items[0].key].seconds == runprogress.SKIP_S
+    assert expected[items[0].key].text() == "about 1.0 s: vllm is not installed in its cell, so it skips at once"
+    assert expected[items[2].key].seconds == 56.0 and expected[items[2].key].own
+    assert expected[items[4].key].seconds == 56.0  # a cell that does not say: its probe's record, as before
+    view = runprogress.RunView(items, expected)
+    assert "3 as a skip: a package they need is not in their cell (its build's self-check)" in view.basis()
+    # once the plain cell's variant has a record of its own, that is what counts
+    history[items[0].key] = {backend.DOCKER: runprogress.Learned(3.2, backend.DOCKER, "skip missing-package")}
+    again = runprogress.expected_durations(items, history, backend.DOCKER, lacking=lacking)
+    assert again[items[0].key].seconds == 3.2 and again[items[0].key].own

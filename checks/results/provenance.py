@@ -208,7 +208,7 @@ def probe_sources(path: Path, helpers: Path = HELPERS) -> list[Path]:
     return sources + [seen[n] for n in sorted(seen)]
 
 
-DECLARED_NAMES = frozenset({"METRICS", "EVIDENCE", "ALLREDUCE_PATH", "BUILD_COST", "SOURCES"})
+DECLARED_NAMES = frozenset({"METRICS", "EVIDENCE", "ALLREDUCE_PATH", "BUILD_COST", "SOURCES", "DISTRIBUTIONS"})
 
 
 def hashed_bytes(path: Path) -> bytes:

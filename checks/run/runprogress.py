@@ -233,11 +233,14 @@ class Expected:
     host: str = ""  # the other host(s) whose records it was borrowed from; "" for this host's
     basis: str = ""  # why those hosts stand for this one
     prior: str = ""  # the class of hosts whose packaged prior (checks.run.cost.model) it comes from
+    lacking: str = ""  # a distribution the variant needs that its cell lacks: it skips at once
 
     def text(self) -> str:
         if self.seconds is None:
             return "no earlier run"
         took = duration(self.seconds)
+        if self.lacking:
+            return f"about {took}: {self.lacking} is not installed in its cell, so it skips at once"
         if self.prior:
             return f"about {took} by the prior measured on {self.prior}" + (f" ({self.basis})" if self.basis
                                                                            else "")
@@ -259,9 +262,15 @@ def _module(item: WorkItem) -> str:
     return (item.variant.param(name) or "") if name else ""
 
 
+# What a variant that skips at once takes: its worker's start and the probe's first check (0.1-3.3 s on the
+# project's CPU machine and GPU hosts, the first variant of a container the slowest)
+SKIP_S = 1.0
+
+
 def expected_durations(items: Iterable[WorkItem], history: History, backend: str = "",
                        lent: History | None = None, prior: Sequence[costmodel.CostTable] = (),
-                       compiling: Collection[Key] = ()) -> dict[Key, Expected]:
+                       compiling: Collection[Key] = (),
+                       lacking: Mapping[Key, str] | None = None) -> dict[Key, Expected]:
     """For each item that will run (not decided in advance, not reused): its own newest record on this
     backend; else the mean of what its probe took for the same module at the same world size and placement on
     this backend, from the runs of the one outcome that took longest (a fail-fast outcome does not stand for a
@@ -270,7 +279,8 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
     stand for this host, best first; checks.run.cost.model; ``compiling``: the items that will compile their
     module here, costed as compiles), at most the item's timeout; else the same module's records at another
     world size (this host's, then its class's); else nothing. A record from another backend is never
-    borrowed: there the same variant can do other work."""
+    borrowed: there the same variant can do other work. An item in ``lacking`` (a distribution it needs that its
+    cell lacks) without a record of its own is costed as the skip it will be (:data:`SKIP_S`)."""
     items = [it for it in items if it.runs]
     # what ran at the same world size and placement (this host's, then its class's), then the prior for the
     # shape, and only then a sibling of another size: 8 ranks sharing a GPU take several times what 2 do
@@ -294,7 +304,17 @@ def expected_durations(items: Iterable[WorkItem], history: History, backend: str
         return Expected(min(pred.seconds, cap), module=_module(it), prior=label,
                         basis="" if pred.how == "measured" else pred.how)
 
-    return {it.key: recorded(it, mine, False) or recorded(it, theirs, True) or predicted(it)
+    lacking = lacking or {}
+
+    def skips(it: WorkItem) -> Expected | None:
+        """The skip ``it`` will be, unless this host recorded the variant itself (a sibling's run in a cell
+        that holds the package stands for nothing here)."""
+        if it.key not in lacking:
+            return None
+        own = recorded(it, mine, False)
+        return own if own is not None and own.own else Expected(SKIP_S, lacking=lacking[it.key])
+
+    return {it.key: skips(it) or recorded(it, mine, False) or recorded(it, theirs, True) or predicted(it)
             or recorded(it, mine_any, False) or recorded(it, theirs_any, True) or Expected(None) for it in items}
 
 
@@ -491,13 +511,18 @@ class RunView:
         known = [e for k, e in self.expected.items() if k not in self.done and e.seconds is not None]
         lenders: dict[str, Counter[str]] = defaultdict(Counter)  # why -> host -> how many
         priors: Counter[str] = Counter()  # class of the prior -> how many
+        skips = 0
         for e in known:
-            if e.prior:
+            if e.lacking:
+                skips += 1
+            elif e.prior:
                 priors[e.prior] += 1
             elif e.host:
                 lenders[e.basis][e.host] += 1
-        own = len(known) - sum(sum(c.values()) for c in lenders.values()) - sum(priors.values())
+        own = len(known) - sum(sum(c.values()) for c in lenders.values()) - sum(priors.values()) - skips
         parts = ["from the durations this host recorded" if own else "no earlier run on this host"]
+        if skips:
+            parts.append(f"{skips} as a skip: a package they need is not in their cell (its build's self-check)")
         parts += [f"{n} by the prior measured on {label} (packaged with stackprobe)"
                   for label, n in sorted(priors.items())]
         for why, hosts in sorted(lenders.items()):

@@ -54,7 +54,7 @@ from common.build import buildrecord, kernelstage
 from common.build.backend import RECORD_NAMES
 from common.caches import compile_cache_dir
 from common.progress import duration
-from inenv import kit, registry
+from inenv import kit, registry, selfcheck
 from inenv.probe import FULL, QUICK, declared
 
 
@@ -369,6 +369,52 @@ def kernel_lines(carries: dict[str, dict[str, tuple[str, ...]]], capability: str
     return out
 
 
+def needed_distributions(module: ModuleType) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """A probe module's ``DISTRIBUTIONS`` (param, value, distribution names): what a variant with that param
+    value needs installed; entries of another shape are left out (a probe on STACKPROBE_PROBE_PATH is anyone's)."""
+    raw = getattr(module, "DISTRIBUTIONS", ())
+    out = []
+    for entry in raw if isinstance(raw, tuple | list) else ():
+        if (isinstance(entry, tuple | list) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], str) and isinstance(entry[2], tuple | list)
+                and all(isinstance(d, str) for d in entry[2])):
+            out.append((entry[0], entry[1], tuple(entry[2])))
+    return tuple(out)
+
+
+def skipping_at_once(opts: RunOptions, backend: str, todo: list[WorkItem]) -> dict[tuple[str, str, str], str]:
+    """The variants of ``todo`` that will skip at once (missing-package) -> the distribution their cell lacks: a
+    distribution their probe declares they need (:func:`needed_distributions`) that the cell's build self-check
+    looked for (inenv.selfcheck.ENGINES) and did not find (common.build.buildrecord.BuildRecord.engines). They
+    still run and find it themselves; this only costs them as the skip they will be. Cells without a build
+    record (the local environment, an image) and distributions the self-check does not look for: none."""
+    if backend not in RECORD_NAMES:
+        return {}
+    looked_for = frozenset(selfcheck.ENGINES)
+    needs: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {}
+    for pid in sorted({it.spec.id for it in todo if it.runs}):
+        try:
+            needs[pid] = needed_distributions(registry.find(pid)[1])
+        except Exception:  # a probe that cannot be found here is costed as any other
+            needs[pid] = ()
+    held: dict[str, Mapping[str, str] | None] = {}
+    out: dict[tuple[str, str, str], str] = {}
+    for it in todo:
+        wanted = [d for name, value, dists in needs.get(it.spec.id, ()) if it.variant.param(name) == value
+                  for d in dists if d in looked_for]
+        if not it.runs or not wanted:
+            continue
+        cid = it.cell.cell_id
+        if cid not in held:
+            record = buildrecord.read(opts.envs / cid, backend).record
+            held[cid] = record.engines if record is not None else None
+        found = held[cid]
+        lacking = [d for d in wanted if found is not None and d not in found]
+        if lacking:
+            out[it.key] = lacking[0]
+    return out
+
+
 def without_nvcc(opts: RunOptions, backend: str, todo: list[WorkItem]) -> dict[str, str]:
     """The cells of ``todo``'s compile-probe variants whose build record says the build found no nvcc in the cell
     (common.build.buildrecord.BuildRecord.no_nvcc) -> what it found instead: nothing compiles there, so their
@@ -488,7 +534,8 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     prior = costmodel.tables_for(costmodel.load_prior(), str(facts.get("gpu_name") or ""), gpus)
     no_nvcc = without_nvcc(opts, backend, todo)
     compiling = compiling_here(opts, todo, carries or {}, facts.get("compute_capability") if gpus else None, no_nvcc)
-    expected = runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling)
+    expected = runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling,
+                                              skipping_at_once(opts, backend, todo))
     if opts.soak_s:  # a soak replays each load variant that long beyond its set-up
         expected.update({it.key: dataclasses.replace(expected[it.key], seconds=opts.soak_s + (
             expected[it.key].seconds or budget.UNTIMED_S)) for it in todo if it.spec.sustained and it.key in expected})

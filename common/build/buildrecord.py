@@ -63,6 +63,9 @@ class BuildRecord:
     # comm modules compiled by this build -> the compilers' CPU seconds per target (provision.kernels)
     compile_costs: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     no_nvcc: str = ""  # what the build's look for nvcc in the cell found instead of one ("": it found one)
+    # the serving engines the build's self-check found installed (distribution -> version; inenv.selfcheck.ENGINES
+    # are the ones it looks for); None: the record says nothing of them
+    engines: Mapping[str, str] | None = None
 
     @property
     def runnable(self) -> bool:
@@ -76,7 +79,8 @@ class BuildRecord:
                    tag=_text(data.get("tag")), reason=_text(data.get("reason")) or "",
                    python=_text(data.get("python")), base_python=_text(data.get("base_python")),
                    from_base_summary=_text(data.get("from_base_summary")) or "", carried=_carried(data),
-                   data=MappingProxyType(dict(data)), compile_costs=_compile_costs(data), no_nvcc=_no_nvcc(data))
+                   data=MappingProxyType(dict(data)), compile_costs=_compile_costs(data), no_nvcc=_no_nvcc(data),
+                   engines=_engines(data))
 
 
 def _text(value: Any) -> str | None:
@@ -110,6 +114,16 @@ def _no_nvcc(data: Mapping[str, Any]) -> str:
     """:func:`missing_nvcc` of the identity the record's kernel stage read; "" when it read none."""
     kernels = data.get("kernels")
     return missing_nvcc(kernels.get("identity") if isinstance(kernels, Mapping) else None)
+
+
+def _engines(data: Mapping[str, Any]) -> Mapping[str, str] | None:
+    """The serving engines the record's self-check found (inenv.selfcheck.engine_facts), names and versions as
+    text; None when the record has no such mapping."""
+    check = data.get("selfcheck")
+    found = check.get("engines") if isinstance(check, Mapping) else None
+    if not isinstance(found, Mapping):
+        return None
+    return MappingProxyType({k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)})
 
 
 def _compile_costs(data: Mapping[str, Any]) -> Mapping[str, float]:

@@ -307,3 +307,6 @@ EVIDENCE = (
      "world sizes it returned and whether it admits each tp from 2 to 8 (or why it could not answer)", None),
     ("import_error", "text", "the engine's own import error, when its package does not import", None),
 )
+# (param, value, distributions): a variant with that param value skips at once (missing-package) in a cell without
+# those distributions; the host costs such a variant as a skip where the cell's build record lists what it holds
+DISTRIBUTIONS = tuple(("engine", name, (dist,)) for name, (dist, _gates) in ENGINES.items())
