@@ -196,7 +196,10 @@ def test_the_runs_own_results_replace_borrowed_estimates_as_they_arrive(tmp_path
     history: runprogress.History = {}
     expected = runprogress.expected_durations([first, second], history, "venv", lent)
     view = runprogress.RunView([first, second], expected, history=history, lent=lent, backend="venv")
-    assert view.left().seconds == 600.0
+    # the runner's start order follows the estimates (checks.run.session.run_work keeps its costs this way)
+    costs = runprogress.start_costs(view.items, view.expected, {})
+    view.on_estimates = lambda: costs.update(runprogress.start_costs(view.items, view.expected, {}))
+    assert view.left().seconds == 600.0 and costs[second.key] == 300.0
     # a result carried from an earlier run measured nothing: the estimate stays borrowed
     carried = _result("20261202T000000Z-eeee", "h200x1-eeeeeeee", CELL, "fi-jit", first.variant.key, 20.0,
                       {"reused_from": "20261201T000000Z-eeee"})
@@ -205,6 +208,7 @@ def test_the_runs_own_results_replace_borrowed_estimates_as_they_arrive(tmp_path
     view.done.discard(first.key)
     view.finish(first, _result("20261202T000000Z-eeee", "h200x1-eeeeeeee", CELL, "fi-jit", first.variant.key, 20.0))
     assert view.left().seconds == 20.0  # the sibling this run timed, not the other host's 300 s
+    assert costs[second.key] == 20.0
     assert view.expected[second.key].text() == "about 20 s by its probe's trtllm_comm record (pass on venv)"
     assert view.basis() == "from the durations this host recorded"
 

@@ -436,6 +436,7 @@ class RunView:
     backend: str = ""
     prior: Sequence[costmodel.CostTable] = ()  # the packaged prior's tables for this host, best first
     compiling: Collection[Key] = ()  # the items that compile their module here (costed as compiles)
+    lacking: Mapping[Key, str] = field(default_factory=dict)  # items whose cell lacks a distribution they need
     # cells whose build found no nvcc in them -> what it found instead: their compile probe's variants compile nothing
     no_nvcc: Mapping[str, str] = field(default_factory=dict)
     shared_ranks: int | None = None  # rank processes of GPU variants that time nothing at once (0: --gpu-alone)
@@ -449,6 +450,9 @@ class RunView:
     _shared: set[Key] = field(init=False)  # GPU variants that time nothing: side by side up to shared_ranks
     _ranks: dict[Key, int] = field(init=False)
     _items: dict[Key, WorkItem] = field(init=False)
+    # called after a finished variant changed the estimates of those still to run (the runner's start order
+    # follows them: checks.run.session.run_work)
+    on_estimates: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.cells = list(dict.fromkeys(it.cell.cell_id for it in self.items))
@@ -473,7 +477,9 @@ class RunView:
                                                                          outcome_of(result))
         todo = [it for it in self.items if it.key not in self.done]
         self.expected.update(expected_durations(todo, self.history, self.backend, self.lent, self.prior,
-                                                self.compiling))
+                                                self.compiling, self.lacking))
+        if self.on_estimates is not None:
+            self.on_estimates()
 
     def left(self, running: Key | None = None, elapsed: float = 0.0) -> Estimate:
         """Time left: every item still to run; the running one counts what it has left of its record. Timed GPU

@@ -505,8 +505,11 @@ def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targe
         con.print(f"[bold]results[/] {store.results_path}", highlight=False)  # no file, and says so at its end
     codes = {pid: planned.code.for_probe(h) for pid, h in planned.hashes.items()}
     view = view or progress_view(opts, backend.name, store, todo, targets.facts, carries)
+    costs = runprogress.start_costs(view.items, view.expected, planned.build_costs)
+    # what this run measures re-estimates what is left (RunView.finish), and the longest of it still starts first
+    view.on_estimates = lambda: costs.update(runprogress.start_costs(view.items, view.expected, planned.build_costs))
     work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written,
-                costs=runprogress.start_costs(view.items, view.expected, planned.build_costs), deadline=deadline)
+                costs=costs, deadline=deadline)
     try:
         return runconsole.with_progress(con, view, lambda hooks: backend.run(opts, work, hooks))
     except KeyboardInterrupt:
@@ -534,13 +537,13 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     prior = costmodel.tables_for(costmodel.load_prior(), str(facts.get("gpu_name") or ""), gpus)
     no_nvcc = without_nvcc(opts, backend, todo)
     compiling = compiling_here(opts, todo, carries or {}, facts.get("compute_capability") if gpus else None, no_nvcc)
-    expected = runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling,
-                                              skipping_at_once(opts, backend, todo))
+    lacking = skipping_at_once(opts, backend, todo)
+    expected = runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling, lacking)
     if opts.soak_s:  # a soak replays each load variant that long beyond its set-up
         expected.update({it.key: dataclasses.replace(expected[it.key], seconds=opts.soak_s + (
             expected[it.key].seconds or budget.UNTIMED_S)) for it in todo if it.spec.sustained and it.key in expected})
     return runprogress.RunView(todo, expected,
-                               jobs=opts.jobs, prior=prior, compiling=compiling, no_nvcc=no_nvcc,
+                               jobs=opts.jobs, prior=prior, compiling=compiling, lacking=lacking, no_nvcc=no_nvcc,
                                shared_ranks=0 if opts.gpu_alone else None, gpus=gpus,
                                switched=side_by_side(opts, backend, facts),
                                islands=placement.islands(facts) if side_by_side(opts, backend, facts) else (),
