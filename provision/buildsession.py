@@ -96,8 +96,8 @@ def build_cells(opts: BuildOptions, docker: Docker | None = None) -> int:
     builder.prepare(opts)
     folders, records = builder.lock(cells, opts)
     disk_gate(cells, opts, builder)  # after locking: a cell counts as built only when its current build is here
-    built, early = build_carrying_early(builder, folders, cells, opts, docker)
-    records = carry_kernels(cells, records + built, opts, docker, early)
+    built, carried_early = build_carrying_early(builder, folders, cells, opts, docker)
+    records = carry_kernels(cells, records + built, opts, docker, carried_early)
     summary(cells, records, opts.json)
     return 1 if any(r["status"] == BuildStatus.FAILED for r in records) else 0
 
