@@ -102,7 +102,7 @@ def build_locked(folders: Sequence[Path], opts: BuildOptions, docker: Docker,
     """Build every locked cell folder; one failure never stops the others. First every cell's Dockerfile
     and tag (so the unchanged cells are known and the rest can be counted and timed from their last
     builds), then the builds, each saying which of how many it is, its steps, and every ``tick_s`` how long
-    it has been building. ``on_built`` is given each built cell's record as soon as it is written."""
+    it has been building. ``on_built`` is given each cell's record as soon as its build ends (built or not)."""
     run = _LockedBuild(opts, docker, report, docker.buildkit(), on_built=on_built)
     prepared = {folder: run.prepare(folder) for folder in folders}
     values = list(prepared.values())
@@ -156,7 +156,7 @@ class _LockedBuild:
     progress: Any = None  # buildprogress.begin's, once every cell is prepared
     lock: threading.Lock = field(default_factory=threading.Lock)
     checks: ThreadPoolExecutor | None = None  # where built images are self-checked (build_locked's)
-    on_built: Callable[[dict[str, Any]], None] | None = None  # given each built cell's record (build_locked's)
+    on_built: Callable[[dict[str, Any]], None] | None = None  # given each cell's record as its build ends
 
     def base_id(self, base: Base) -> str:
         if base.image not in self.base_ids:

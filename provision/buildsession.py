@@ -74,8 +74,8 @@ class Builder(Protocol):
 
     def build(self, folders: Sequence[Path], opts: BuildOptions, report: Callable[[str, str], None],
               on_built: Callable[[dict[str, Any]], None] | None = None) -> Records:
-        """Build every locked cell; one failure never stops the others. ``on_built`` is given each built cell's
-        record as soon as it is written (while the others build)."""
+        """Build every locked cell; one failure never stops the others. ``on_built`` is given each cell's record
+        as soon as its build ends (built or not), while the others build."""
         ...
 
 

@@ -318,7 +318,7 @@ def build_venv_cells(folders: Sequence[Path], opts: BuildOptions,
     """Build every locked cell folder as a venv; one failure never stops the others. As for images: first
     which cells are unchanged, then each build saying which of how many it is, its steps, every ``tick_s``
     how long it has been building, and the time left from the cells' last builds. ``on_built`` is given each
-    built cell's record as soon as it is written."""
+    cell's record as soon as its build ends (built or not)."""
     base = interp.read(opts.base_python) if opts.base_python else None
     tool = installer.find(base.python if base else None)
     if opts.wheels is not None and not opts.wheels.is_dir():
