@@ -168,6 +168,26 @@ def test_a_build_flashinfer_refused_some_targets_of_is_measured_per_target_built
     assert progress.left_s()[0] == (1020.0 * 300.0 / 950.0 + 2 * 300.0) / cores
 
 
+def test_a_scale_learnt_before_a_build_is_not_applied_twice_when_it_ends() -> None:
+    """The main job on this machine: the quick module's builds scale fi-jit's declared costs by 0.32 (vllm_comm,
+    4.5 CPU-s a target against 14 declared); the first long build to end was trtllm_comm for one target of
+    three (flashinfer 0.6.16's gate refused 12.0a and 12.0f) in 394.6 CPU-s. The declared costs' scale is then
+    394.6 over one target's declared 950 (0.415), not over the estimate the 0.32 scale had made of it (which
+    gave 1.30 x declared, and an estimate twice the real time left)."""
+    archs = ("9.0a", "12.0a", "12.0f")
+    todo = [kernels.Job("old", "trtllm_comm", archs, "0.6.16", "13.0", 2850.0),
+            kernels.Job("new", "trtllm_comm", archs, "0.7.4", "13.0", 2850.0),
+            kernels.Job("new", "moe_a2a", archs, "0.7.4", "13.0", 1020.0)]
+    progress = kernels.StageProgress(todo, 1, {"vllm_comm": 4.48})
+    assert progress.scale() == 4.48 / 14.0
+    progress.begin(todo[0])
+    progress.end(todo[0])
+    progress.spent(394.6, todo[0], built=1)
+    assert progress.scale() == 394.6 / 950.0
+    cores = max(1, min(2, __import__("os").cpu_count() or 1))
+    assert progress.left_s()[0] == (3 * 394.6 + 1020.0 * 394.6 / 950.0) / cores
+
+
 def test_before_any_long_build_ends_the_quick_modules_builds_scale_the_declared_costs() -> None:
     """fi-jit declares 14 CPU-s per target for vllm_comm and 950 for trtllm_comm; this host built vllm_comm
     (the quick module, in `provision build`) at 7 per target, so trtllm_comm's prior is halved."""

@@ -57,8 +57,8 @@ class StageProgress:
     The time left moves smoothly: a running build counts what it has spent (the stage's CPU seconds less the
     ended builds', shared among the running ones by how long each has run), and one past its estimate counts
     :data:`OVERRUN` of what it has spent as still to come, so its share grows while it overruns; such a build
-    also scales the declared costs of the rest as a finished one would, from the estimate it started with, so
-    its end changes the scale by no more than its last seconds did."""
+    also scales the declared costs of the rest as a finished one would (what it spent over its declared cost),
+    so its end changes the scale by no more than its last seconds did."""
 
     def __init__(self, todo: Sequence[Job], jobs: int, learned: Mapping[str, float],
                  live: Callable[[], float | None] = lambda: 0.0, copied: Collection[tuple[str, str]] = ()) -> None:
@@ -77,10 +77,11 @@ class StageProgress:
         self.lock = threading.Lock()
 
     def scale(self, overrun: Sequence[tuple[float, float]] = ()) -> float | None:
-        """Measured over estimated CPU seconds of the builds that finished in this stage and of the running ones
-        past their estimate (``overrun``: (estimate, spent so far)); before either, this host's earlier builds
-        over fi-jit's declared costs for the same modules (the quick module built in ``provision build`` gives
-        one); None when neither exists."""
+        """Measured over declared CPU seconds (fi-jit's declared costs of the targets built) of the builds that
+        finished in this stage and of the running ones past their estimate (``overrun``: (declared, spent so
+        far)); before either, this host's earlier builds over fi-jit's declared costs for the same modules (the
+        quick module built in ``provision build`` gives one); None when neither exists. Always over the declared
+        costs, never over an estimate a scale already made: the scale multiplies declared costs."""
         pairs = [*self.scale_pairs, *overrun]
         estimated = sum(e for e, _ in pairs)
         if estimated > 0:
@@ -124,11 +125,11 @@ class StageProgress:
             if job is None or cpu_s <= 0 or not job.archs:
                 return
             targets = min(built, len(job.archs)) if built else len(job.archs)
-            began = self.started_at.pop((job.cell_id, job.module), None)
-            estimate = (self.cost(job)[0] if began is None else began) * targets / len(job.archs)
-            self.measured.setdefault(job.module, []).append(cpu_s / targets)
-            if estimate > 0:
-                self.scale_pairs.append((estimate, cpu_s))
+            self.started_at.pop((job.cell_id, job.module), None)
+            declared = job.cost * targets / len(job.archs)  # the scale is measured over declared, whatever
+            self.measured.setdefault(job.module, []).append(cpu_s / targets)  # the estimate at its start stood on
+            if declared > 0:
+                self.scale_pairs.append((declared, cpu_s))
 
     def position(self, job: Job) -> str:
         return f"[{self.index.get((job.cell_id, job.module), 0)}/{len(self.todo)}]"
@@ -157,8 +158,9 @@ class StageProgress:
         now = time.monotonic()
         done = self.spent_by_running(running_cpu, now)
         with self.lock:
-            overrun = [(self.started_at[k], d) for k, d in done.items() if k in self.started_at
-                       and d > self.started_at[k] > 0]
+            declared = {(j.cell_id, j.module): j.cost for j in self.todo}
+            overrun = [(declared.get(k, 0.0), d) for k, d in done.items() if k in self.started_at
+                       and d > self.started_at[k] > 0 and declared.get(k, 0.0) > 0]
         factor = self.scale(overrun)
         total, own, prior = 0.0, 0, 0
         with self.lock:
