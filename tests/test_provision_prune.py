@@ -275,7 +275,8 @@ def test_build_refuses_with_one_line_and_exit_2_when_the_disk_is_too_small(
     seen: list[Path] = []
     monkeypatch.setattr(buildsession, "free_bytes", lambda p: seen.append(p) or 5 * GB)
     monkeypatch.setattr(VenvBuilder, "lock", lambda self, cells, opts: ([opts.envs / c.cell_id for c in cells], []))
-    monkeypatch.setattr(VenvBuilder, "build", lambda self, folders, opts, report: pytest.fail("built despite refusal"))
+    monkeypatch.setattr(VenvBuilder, "build",
+                        lambda self, folders, opts, report, on_built=None: pytest.fail("built despite refusal"))
     with pytest.raises(SystemExit) as exc:
         main(_build(tmp_path))
     assert exc.value.code == 2
@@ -293,7 +294,8 @@ def test_ignore_disk_builds_anyway_and_a_built_cell_needs_no_room(
     monkeypatch.setattr(buildsession, "free_bytes", lambda p: 5 * GB)
     called: list[int] = []
     monkeypatch.setattr(VenvBuilder, "lock", lambda self, cells, opts: ([opts.envs / c.cell_id for c in cells], []))
-    monkeypatch.setattr(VenvBuilder, "build", lambda self, folders, opts, report: called.append(len(folders)) or [])
+    monkeypatch.setattr(VenvBuilder, "build",
+                        lambda self, folders, opts, report, on_built=None: called.append(len(folders)) or [])
     with pytest.raises(SystemExit) as exc:
         main(_build(tmp_path, "--ignore-disk"))
     assert exc.value.code == 0 and called == [2]
