@@ -25,6 +25,19 @@ TOKEN_VAR = "STACKPROBE_TEST_TOKEN"
 _COMMITTED: dict[str, Path] = {}
 
 
+def benchmark(name: str) -> Any:
+    """The module of ``benchmarks/<name>.py``, loaded from its file (the folder is no package) and entered in
+    ``sys.modules`` under ``name``, so its dataclasses resolve their module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def committed(folder: str = "results") -> Path:
     """``folder`` of the checkout as its HEAD commit holds it, exported once per test process: tests read the
     committed results, never what a user's own runs of the main job added to the working tree. Outside a git

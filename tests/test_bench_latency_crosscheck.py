@@ -11,18 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.checks_helpers import benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_latency_crosscheck.py"
 RECORDED = ROOT / "benchmarks" / "results" / "h200x2-20261129" / "crosscheck.json"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_latency_crosscheck", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_latency_crosscheck"] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("bench_latency_crosscheck")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

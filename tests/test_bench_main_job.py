@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -10,19 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.checks_helpers import fixture_env
+from tests.checks_helpers import benchmark, fixture_env
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "benchmarks" / "results" / "main-job-vm-20261201T052628Z.json"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_main_job", ROOT / "benchmarks" / "bench_main_job.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_main_job"] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("bench_main_job")
 
 
 def test_the_floor_of_the_recorded_cold_run() -> None:

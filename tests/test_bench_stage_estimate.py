@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.checks_helpers import benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG = """10:00:00 kernels: 3 module build(s) in 2 cell(s), 2 at a time, longest first; about 10m00s left (by x)
@@ -27,13 +27,7 @@ COMPILED = [{"cell": "c1", "module": "moe_a2a", "compile_cpu_s": 80, "arch_list"
 
 
 def _bench():
-    path = ROOT / "benchmarks" / "bench_stage_estimate.py"
-    spec = importlib.util.spec_from_file_location("bench_stage_estimate", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_stage_estimate"] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("bench_stage_estimate")
 
 
 def test_a_stage_log_is_read_and_replayed_tick_by_tick(tmp_path: Path) -> None:

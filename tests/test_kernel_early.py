@@ -36,7 +36,7 @@ def test_one_builder_builds_each_torch_builds_cells_together_the_biggest_group_f
 
 def test_the_family_of_a_record_is_its_flashinfer_and_cuda() -> None:
     assert family(rec("x")) == ("0.7.4", "13.0")
-    assert family({"cell_id": "y", "versions": "odd"}) == ("", "")
+    assert family({"cell_id": "y", "versions": "odd"}) == (None, None)
 
 
 def test_the_stage_after_the_builds_gets_the_cells_not_carried_and_the_twins_they_copy_from() -> None:

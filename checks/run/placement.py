@@ -181,8 +181,12 @@ class Free:
     within: Islands = ()
     crossing: bool = False
 
+    def place(self, variant: Variant) -> tuple[int, ...] | None:
+        """The GPUs ``variant`` runs on here, or None when they are not free (:func:`devices`)."""
+        return devices(variant, self.busy, self.gpus, self.within, self.crossing)
+
     def fits(self, variant: Variant) -> bool:
-        return devices(variant, self.busy, self.gpus, self.within, self.crossing) is not None
+        return self.place(variant) is not None
 
 
 def free(placed: Iterable[tuple[int, ...]], gpus: int, within: Islands = ()) -> Free:

@@ -405,12 +405,11 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                     rec.record(item, over_budget(catalogue), now_iso())
             while (item := pick(pending, list(pool.running.values()), opts.jobs, ahead,
                                 lambda it: work.costs.get(it.key, 0.0), share=not opts.gpu_alone,
-                                rank_cap=cap,
-                                lanes=placement.free(placed.values(), gpus, within) if lanes else None)) is not None:
+                                rank_cap=cap, lanes=(room := placement.free(placed.values(), gpus, within))
+                                if lanes else None)) is not None:
                 pending.remove(item)
                 if lanes and uses_gpu(item) and not shares_gpu(item):
-                    room = placement.free(placed.values(), gpus, within)
-                    got = placement.devices(item.variant, room.busy, gpus, within, room.crossing)
+                    got = room.place(item.variant)
                     assert got is not None  # pick chose it because it fits
                     hold.take()
                     mine = lane_of[item.key] = {"gpus": list(got), "gpu_count": gpus, "beside": []}

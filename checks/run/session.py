@@ -538,6 +538,7 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     no_nvcc = without_nvcc(opts, backend, todo)
     compiling = compiling_here(opts, todo, carries or {}, facts.get("compute_capability") if gpus else None, no_nvcc)
     lacking = skipping_at_once(opts, backend, todo)
+    lanes = side_by_side(opts, backend, facts)
     expected = runprogress.expected_durations(todo, recorded, backend, lent, prior, compiling, lacking)
     if opts.soak_s:  # a soak replays each load variant that long beyond its set-up
         expected.update({it.key: dataclasses.replace(expected[it.key], seconds=opts.soak_s + (
@@ -545,8 +546,7 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     return runprogress.RunView(todo, expected,
                                jobs=opts.jobs, prior=prior, compiling=compiling, lacking=lacking, no_nvcc=no_nvcc,
                                shared_ranks=0 if opts.gpu_alone else None, gpus=gpus,
-                               switched=side_by_side(opts, backend, facts),
-                               islands=placement.islands(facts) if side_by_side(opts, backend, facts) else (),
+                               switched=lanes, islands=placement.islands(facts) if lanes else (),
                                compile_note=runprogress.compile_note(
                                    compile_cache_dir(opts.compile_cache, opts.no_compile_cache), carries,
                                    facts.get("compute_capability") if facts.get("gpu_count") else None),

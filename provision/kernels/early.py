@@ -21,16 +21,9 @@ from typing import Any
 from common.build import buildrecord, kernelstage
 from provision.dockercli import Docker
 from provision.kernels.jobs import QUICK_MODULES
-from provision.kernels.stage import Report, carry
+from provision.kernels.stage import Report, carry, family
 
 Carry = Callable[..., list[dict[str, Any]]]
-
-
-def family(rec: Mapping[str, Any]) -> tuple[str, str]:
-    """What a module build shares between cells as far as a record tells: flashinfer and the CUDA torch was
-    built for (the grouping ``stage._groups`` plans by)."""
-    v = rec.get("versions") if isinstance(rec.get("versions"), Mapping) else {}
-    return str(v.get("flashinfer") or ""), str(v.get("torch_cuda") or "")
 
 
 def left_over(archs: Mapping[str, tuple[str, ...]], records: Sequence[Mapping[str, Any]],

@@ -46,11 +46,17 @@ def _built(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {str(r["cell_id"]): r for r in records if buildrecord.runnable(r)}
 
 
+def family(rec: Mapping[str, Any]) -> tuple[Any, Any]:
+    """What a module build shares between cells as far as a record tells: its flashinfer and the CUDA torch was
+    built for, as the record's ``versions`` spell them (None where it names none)."""
+    v = rec.get("versions") if isinstance(rec.get("versions"), Mapping) else {}
+    return v.get("flashinfer"), v.get("torch_cuda")
+
+
 def _groups(built: Mapping[str, Mapping[str, Any]], archs_of: Mapping[str, tuple[str, ...]],
             modules: Sequence[str]) -> list[list[Job]]:
-    rows = [{"cell_id": cid, "flashinfer": (r.get("versions") or {}).get("flashinfer"),
-             "torch_cuda": (r.get("versions") or {}).get("torch_cuda"), "archs": archs_of.get(cid, ())}
-            for cid, r in built.items()]
+    rows = [{"cell_id": cid, "flashinfer": fi, "torch_cuda": cuda, "archs": archs_of.get(cid, ())}
+            for cid, r in built.items() for fi, cuda in (family(r),)]
     return plan(rows, modules)
 
 
