@@ -144,9 +144,12 @@ DATA = Path(__file__).resolve().parent.parent / "data"  # the package's sources 
 SOURCE = None  # the package's own kernel
 # nvcc writes the headers it read to $out.d, and ninja keeps them (`ninja -t deps`), as in flashinfer's file
 COMPILE = (f"$nvcc --generate-dependencies-with-compile -MF $out.d -c $in -o $out {{gencode}} -I{DATA}/include "
-           "-Xcompiler -fPIC")
+           "-Xcompiler -fPIC {extra}")
 if os.environ.get("STANDIN_NO_DEVICE_CODE"):  # output with no fat binary to read back
     SOURCE, COMPILE = "int f() { return 1; }\\n", "c++ -MD -MF $out.d -x c++ -fPIC -c $in -o $out"
+
+def EXTRA():  # flashinfer (0.6.16 on) adds FLASHINFER_EXTRA_CUDAFLAGS to nvcc's flags of each spec it makes
+    return os.environ.get("FLASHINFER_EXTRA_CUDAFLAGS", "")
 
 def _write_if_different(path, text):  # as flashinfer does, so an unchanged module stays up to date
     if not path.exists() or path.read_text() != text:
@@ -180,7 +183,7 @@ class JitSpec:
         nvcc = os.environ.get("FLASHINFER_NVCC", "$cuda_home/bin/nvcc")
         _write_if_different(d / "build.ninja",
             f"cuda_home = {get_cuda_path()}\\nnvcc = {nvcc}\\n"
-            f"rule cuda_compile\\n  command = {COMPILE.format(gencode=gencode)}\\n  depfile = $out.d\\n  deps = gcc\\n"
+            f"rule cuda_compile\\n  command = {COMPILE.format(gencode=gencode, extra=EXTRA())}\\n  depfile = $out.d\\n  deps = gcc\\n"
             f"rule link\\n  command = c++ -shared $in -o $out {os.environ.get('STANDIN_LINK_FLAGS', '')}\\n"
             f"build {d}/k.cuda.o: cuda_compile {src}\\n"
             f"build {self.jit_library_path}: link {d}/k.cuda.o\\n"
@@ -603,3 +606,77 @@ def test_one_compile_serves_the_carried_kernel_and_the_fi_jit_verdict(standin: P
                       STACKPROBE_COMPILE_CACHE=str(store))
     assert verdict["status"] == "pass" and verdict["metrics"]["cached"] is True, verdict
     assert list(_compile_cache.compiles(store).values()) == [1]
+
+
+# --- nvcc's split compile for builds for the local GPU ---------------------------------------------------
+@pytest.mark.parametrize(("cpus", "threads"), [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (31, 7), (64, 8), (224, 8)])
+def test_split_threads_take_a_quarter_of_the_cores_at_most_eight(cpus: int, threads: int) -> None:
+    assert fi_jit.split_threads(cpus) == threads
+
+
+def test_only_a_build_for_the_local_gpu_is_split_by_default_and_the_callers_value_stays(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STACKPROBE_NVCC_SPLIT", raising=False)
+    monkeypatch.setattr(fi_jit, "usable_cpus", lambda: 16)
+    assert fi_jit.build_env("local", "/c")["STACKPROBE_NVCC_SPLIT"] == "4"
+    assert "STACKPROBE_NVCC_SPLIT" not in fi_jit.build_env("12.0a", "/c")
+    monkeypatch.setenv("STACKPROBE_NVCC_SPLIT", "1")
+    assert fi_jit.build_env("local", "/c")["STACKPROBE_NVCC_SPLIT"] == "1"
+
+
+@pytest.mark.parametrize(("asked", "version", "flags", "nvcc_flags", "applied"), [
+    ("4", "13.0", "", "", "-split-compile=4"),
+    ("2", "12.8", "-lineinfo", "", "-lineinfo -split-compile=2"),
+    ("1", "13.0", "", "", None),                 # one thread: nothing to split
+    ("", "13.0", "", "", None),                  # not asked
+    ("4", "11.7", "", "", None),                 # an nvcc without the flag
+    ("4", None, "", "", None),                   # an nvcc that did not run
+    ("4", "13.0", "-split-compile=0", "", None),  # the environment's own choice stays
+    ("4", "13.0", "", "--split-compile 2", None),
+])
+def test_the_split_is_asked_of_flashinfer_only_where_nvcc_has_the_flag(
+        monkeypatch: pytest.MonkeyPatch, asked: str, version: str | None, flags: str, nvcc_flags: str,
+        applied: str | None) -> None:
+    from inenv import toolkit
+    from inenv.kit import _fi_build
+    monkeypatch.setenv("STACKPROBE_NVCC_SPLIT", asked)
+    monkeypatch.setenv("FLASHINFER_EXTRA_CUDAFLAGS", flags)
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", nvcc_flags)
+    assert _fi_build.nvcc_split(toolkit.from_dict({**TK13, "version": version})) is (applied is not None)
+    assert os.environ["FLASHINFER_EXTRA_CUDAFLAGS"] == (applied or flags)
+
+
+@pytest.mark.parametrize(("text", "threads"), [
+    ("cuda_cflags = -O3 -split-compile=4 -DX", 4), ("cuda_cflags = --split-compile 0", 0),
+    ("cuda_cflags = -O3", None), ("cuda_cflags = -O3 -DSPLIT_COMPILE=3", None),
+])
+def test_the_split_a_build_used_is_read_from_its_ninja_file(text: str, threads: int | None) -> None:
+    from inenv.kit import _fi_build
+    assert _fi_build.split_of(text) == threads
+
+
+def test_a_split_build_says_so_and_is_kept_apart_from_one_without(standin: Path, tmp_path: Path) -> None:
+    store = tmp_path / "compile"
+    cuda = {"CUDA_HOME": "/usr/local/cuda", "STACKPROBE_COMPILE_CACHE": str(store)}
+    split = _fi_jit(standin, "12.0a", tmp_path / "jit", STACKPROBE_NVCC_SPLIT="2", **cuda)
+    assert split["status"] == "pass" and split["evidence"]["split_compile"] == 2, split
+    whole = _fi_jit(standin, "12.0a", tmp_path / "jit", STACKPROBE_NVCC_SPLIT="1", **cuda)
+    assert whole["status"] == "pass" and "split_compile" not in whole["evidence"], whole
+    assert "cached" not in whole["metrics"]  # the split build's objects and library are not this build's
+    assert whole["evidence"]["cache_key"] != split["evidence"]["cache_key"]
+    assert _entries(store) == sorted([split["evidence"]["cache_key"], whole["evidence"]["cache_key"]])
+
+
+def test_a_compile_that_fails_only_when_split_is_answered_by_the_build_without_it(standin: Path,
+                                                                                 tmp_path: Path) -> None:
+    wrapper = tmp_path / "bin" / "nvcc"  # an nvcc whose split mode breaks; otherwise the real one
+    wrapper.parent.mkdir()
+    wrapper.write_text('#!/bin/sh\ncase "$*" in *split-compile*) '
+                       'echo "k.cu(1): error: split mode broke" >&2; exit 1;; esac\n'
+                       f'exec {NVCC} "$@"\n')
+    wrapper.chmod(0o755)
+    r = _fi_jit(standin, "12.0a", tmp_path / "jit", CUDA_HOME="/usr/local/cuda", FLASHINFER_NVCC=str(wrapper),
+                STACKPROBE_NVCC_SPLIT="2")
+    assert r["status"] == "pass", r
+    assert "split_compile" not in r["evidence"]
+    assert any("split mode broke" in line for line in r["evidence"]["split_compile_failed"]), r["evidence"]

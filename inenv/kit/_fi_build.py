@@ -355,6 +355,33 @@ def _ninja_build(out: dict[str, Any], module: str, build_dir: str, objs: list[st
 
 
 THREADS_ENV = "STACKPROBE_NVCC_THREADS"  # how many targets nvcc compiles at once (the host sets it)
+# How many threads nvcc may spread one object's optimisation passes and ptxas over (``-split-compile=N``; fi-jit
+# sets it for builds for the local GPU, where one object's compile is the run's critical path)
+SPLIT_ENV = "STACKPROBE_NVCC_SPLIT"
+SPLIT_FROM_MAJOR = 12  # nvcc has -split-compile from CUDA 11.8 on; older toolkits are left alone
+EXTRA_CUDAFLAGS = "FLASHINFER_EXTRA_CUDAFLAGS"  # flashinfer (0.6.16 on) writes these into its ninja file
+_SPLIT = re.compile(r"(?:^|\s)--?split-compile[= ](\d+)")
+
+
+def nvcc_split(tk: toolkit.Toolkit) -> bool:
+    """Ask flashinfer to give nvcc ``-split-compile=N`` (through :data:`EXTRA_CUDAFLAGS`, so the flag is in the
+    ninja file: ninja rebuilds when it changes, and the cache key holds it) when :data:`SPLIT_ENV` asks for more
+    than one thread, the toolkit's nvcc has the flag and the environment asks for no split of its own. Whether
+    the build used it is read from the ninja file (:func:`split_of`): a flashinfer that ignores the variable
+    builds whole. True when this asked for it."""
+    n = os.environ.get(SPLIT_ENV, "")
+    own = os.environ.get(EXTRA_CUDAFLAGS, "")
+    if not n.isdigit() or int(n) < 2 or (tk.major or 0) < SPLIT_FROM_MAJOR \
+            or "split-compile" in f"{own} {os.environ.get('NVCC_APPEND_FLAGS', '')}":
+        return False
+    os.environ[EXTRA_CUDAFLAGS] = f"{own} -split-compile={int(n)}".strip()
+    return True
+
+
+def split_of(text: str) -> int | None:
+    """The thread count of the split compile a ninja file asks nvcc for; None when it asks for none."""
+    found = _SPLIT.search(text)
+    return int(found.group(1)) if found else None
 
 
 def _nvcc_threads(text: str) -> None:
@@ -515,6 +542,26 @@ def _compile(out: dict[str, Any], module: str, spec: Any, ninja: tuple[str, str,
 
 
 def build_module(module: str, load: bool = False) -> dict[str, Any]:
+    """:func:`build`, with nvcc's split compile where it is asked for (:func:`nvcc_split`); when nvcc failed to
+    compile with the split this code asked for, the build again without it: the answer is then the build
+    flashinfer itself would run, and the result keeps the split's error lines (``split_compile_failed``)."""
+    mirror = toolkit.resolve(flashinfer=True)
+    own = os.environ.get(EXTRA_CUDAFLAGS)
+    asked = nvcc_split(mirror)
+    first = build(module, load, mirror)
+    if not asked or not first.get("split_compile") or first.get("stage") != "compile":
+        return first
+    if own is None:
+        os.environ.pop(EXTRA_CUDAFLAGS, None)
+    else:
+        os.environ[EXTRA_CUDAFLAGS] = own
+    os.environ[SPLIT_ENV] = "1"
+    again = build(module, load, mirror)
+    again["split_compile_failed"] = error_lines(str(first.get("error", "")), 3)
+    return again
+
+
+def build(module: str, load: bool = False, mirror: toolkit.Toolkit | None = None) -> dict[str, Any]:
     """Build one comm module for the architectures flashinfer resolved at import; compile and link apart,
     then read what the library needs at load time and, with ``load`` (a GPU is visible), load it.
 
@@ -522,7 +569,7 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
     result names the stored library, which is read back like a fresh one, and the build that made it."""
     out: dict[str, Any] = {"module": module, "flashinfer": version(),
                            "arch_list": os.environ.get("FLASHINFER_CUDA_ARCH_LIST") or "local"}
-    mirror = toolkit.resolve(flashinfer=True)
+    mirror = mirror or toolkit.resolve(flashinfer=True)
     out["toolkit"] = mirror.as_dict()
     t0 = time.monotonic()
     spec, stopped = _jit_spec(out, module)
@@ -532,6 +579,8 @@ def build_module(module: str, load: bool = False) -> dict[str, Any]:
         return _one_step(out, spec, t0)
     ninja = _read_ninja(out, spec, mirror)
     build_dir, text = ninja[0], ninja[1]
+    if (split := split_of(text)) is not None:
+        out["split_compile"] = split
     store = _compile_cache.root()
     usable = store and (_loads_from_path(spec) or not load)
     places = _places(build_dir) if usable else {}

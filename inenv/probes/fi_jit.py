@@ -39,6 +39,15 @@ A combined build gives nvcc one thread per target (``--threads N``, left out of 
 build whose every object compiled and whose link failed keeps its objects in the compile cache, so the next
 target's variant (and a rerun) only links them again; its link is judged afresh, never shown as cached.
 
+A build for the local GPU asks nvcc to spread each object's optimisation passes and ptxas over threads
+(``-split-compile=N``: a quarter of the usable cores, at most 8; ``STACKPROBE_NVCC_SPLIT`` overrides it, 1 turns
+it off) when its nvcc is CUDA 12 or later: one trtllm_comm object is a GPU host's longest compile (about four
+minutes on one core), and the split takes a quarter to a half off it. The kernels are the same but some are laid
+out otherwise (flashinfer 0.7.4's trtllm fusion object for sm_90a: 133 of its 1332 kernels differ in size), so
+the flag is part of the cache key and of the evidence (``split_compile``): what is judged is flashinfer's sources
+built with its own flags and the split. A compile that fails with the split is built again without it, and that
+build is the answer (evidence ``split_compile_failed`` keeps the split's error lines).
+
 For the GPU probes: the first ``arch=local`` variant of a cell also builds every other comm module for the
 local GPU side by side, longest first (``inenv.probes.fiprebuild``), and waits for them; each local build
 that passes and loads is published in the compile cache as flashinfer's AOT folder
@@ -132,7 +141,28 @@ def build_env(arch: str, cache: str) -> dict[str, str]:
     targets = len(arch.split()) if arch != LOCAL else 1
     if targets > 1:  # nvcc compiles each object for the targets in parallel; no part of the cache key
         env[_fi_build.THREADS_ENV] = env["FLASHINFER_NVCC_THREADS"] = str(targets)
+    if arch == LOCAL:  # a value the caller set stays (1: off)
+        env.setdefault(_fi_build.SPLIT_ENV, str(split_threads(usable_cpus())))
     return env
+
+
+# A build for the local GPU spreads each object's optimisation and ptxas over this share of the host's cores:
+# the comm modules build side by side (fiprebuild), and the probes' rank processes run beside them
+SPLIT_SHARE = 4
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def split_threads(cpus: int) -> int:
+    """The threads nvcc splits one object's compile over on a host of ``cpus`` usable cores (1: no split), at
+    most 8: on 2 cores, flashinfer 0.7.4's trtllm fusion object for sm_90a took 229 s whole and 170 s split in
+    two (its optimisation 90 -> 66 s, ptxas 87 -> 51 s); its host compile (37 s) and fatbinary (12 s) do not split."""
+    return max(1, min(8, cpus // SPLIT_SHARE))
 
 
 def combined_archs(arch: str, listed: str) -> str:
@@ -277,7 +307,7 @@ def verdict(module: str, arch: str, result: dict[str, Any], targets: list[str]) 
         "targets_in_output": targets,
     }
     for key in ("toolkit_rule", "flashinfer_cuda_home", "flashinfer_cuda_home_error", "nvcc_root", "torch_cuda",
-                "one_step", "absent_by"):
+                "one_step", "absent_by", "split_compile", "split_compile_failed"):
         if key in result:
             evidence[key] = result[key]
     warning = toolkit.major_mismatch(tk, result.get("torch_cuda")) if tk else ""
