@@ -59,7 +59,7 @@ def build_params() -> dict[str, str]:
 
 def switch_islands(gpus: int, per_switch: int) -> tuple[tuple[int, ...], ...]:
     """The host's GPUs behind PCIe switches of ``per_switch`` GPUs each (checks.run.placement.islands), an assumed
-    topology: 8-GPU PCIe servers put two or four GPUs behind each switch."""
+    topology: 8-GPU PCIe servers put two or four GPUs behind each switch, or four on each of two CPU sockets."""
     return tuple(tuple(range(k, min(k + per_switch, gpus))) for k in range(0, gpus, per_switch))
 
 
@@ -172,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
           f"(jobs {args.jobs}; cores: {args.cores} below 8 GPUs, {args.cores_8} at 8 GPUs or more, an assumption: "
           f"8-GPU servers have 96-224, the full level again at {args.cores} to compare; growth per extra rank with "
           f"a GPU each: {costmodel.RANK_GROWTH:g}, an assumption)")
-    print("link: PCIe, timed variants one at a time (GPUs on the CPU's root ports); PCIe swK, GPUs behind PCIe "
-          "switches of K GPUs each (an assumed topology), timed variants side by side in different switches; "
+    print("link: PCIe, timed variants one at a time (every GPU on one CPU socket's root ports); PCIe swK, GPUs "
+          "behind PCIe switches of K GPUs each (an assumed topology), timed variants side by side in different "
+          "switches (K = 4 on 8 GPUs: also a host of two CPU sockets of four GPUs each without switches, whose "
+          "sockets are the same islands: checks.run.placement.islands); "
           "NVSwitch (every GPU pair NV#), timed variants side by side on disjoint GPU sets (checks.run.placement); "
           "lanes: timed / untimed / CPU-only seconds of the wall time")
     print(f"{'GPUs':>4} {'level':>5} {'link':>9} {'cores':>5} {'variants':>8} {'predicted':>10} {'lanes':>20} "

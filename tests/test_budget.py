@@ -193,10 +193,11 @@ def test_derive_takes_the_median_per_class_and_shape_over_the_newest_run_that_ti
     s = costmodel.Shape("step", 2, True)
     h200, inventory = "NVIDIA H200 x1", costmodel.Shape("inventory", 1, False)
     new, old = "20261201T021126Z-b42a", "20261130T213046Z-f1ed"
-    got = costmodel.derive([(h200, s, 3.0, new, True), (h200, s, 9.0, new, True), (h200, s, 4.0, new, True),
-                            (h200, s, float("inf"), new, True), (h200, s, 20.0, old, True), (h200, s, 21.0, old, True),
-                            (h200, s, 22.0, old, True), (h200, s, 23.0, old, True),
-                            ("no GPU", inventory, 2.0, old, True)])
+    got = costmodel.derive([(h200, s, 3.0, new, True, True, "c1"), (h200, s, 9.0, new, True, True, "c1"),
+                            (h200, s, 4.0, new, True, True, "c1"), (h200, s, float("inf"), new, True, True, "c1"),
+                            (h200, s, 20.0, old, True, True, "c1"), (h200, s, 21.0, old, True, True, "c1"),
+                            (h200, s, 22.0, old, True, True, "c1"), (h200, s, 23.0, old, True, True, "c1"),
+                            ("no GPU", inventory, 2.0, old, True, True, "c1")])
     # the older run's four slow records would make the median over both runs 9.0
     assert got["classes"] == {"NVIDIA H200 x1": {"step|2|shared|": 4.0}, "no GPU": {"inventory|1|own|": 2.0}}
 
@@ -205,11 +206,29 @@ def test_derive_passes_over_a_newer_run_whose_records_of_the_shape_are_all_skips
     s = costmodel.Shape("step", 2, True)
     h200, engine = "NVIDIA H200 x1", costmodel.Shape("engine", 1, False)
     newest, older = "20261206T150047Z-bebb", "20261205T031854Z-94b2"
-    got = costmodel.derive([(h200, s, 0.3, newest, False), (h200, s, 0.4, newest, False),  # preflight skips
-                            (h200, s, 9.0, older, True), (h200, s, 0.3, older, False),
-                            (h200, engine, 0.2, newest, False), (h200, engine, 0.5, older, False)])
+    got = costmodel.derive([(h200, s, 0.3, newest, False, True, "c1"),  # preflight skips
+                            (h200, s, 0.4, newest, False, True, "c1"),
+                            (h200, s, 9.0, older, True, True, "c1"), (h200, s, 0.3, older, False, True, "c1"),
+                            (h200, engine, 0.2, newest, False, True, "c1"),
+                            (h200, engine, 0.5, older, False, True, "c1")])
     # the older run's one variant that ran, not its skip; a shape only ever skipped keeps its newest skips
     assert got["classes"] == {"NVIDIA H200 x1": {"step|2|shared|": 9.0, "engine|1|own|": 0.2}}
+
+
+def test_derive_passes_over_a_newer_run_that_compiled_beside_its_variants_for_a_quiet_one_of_the_same_code() -> None:
+    load, jit = costmodel.Shape("load", 2, True), costmodel.Shape("fi-jit", 1, False, "trtllm_comm", True)
+    step = costmodel.Shape("step", 2, True)
+    h100 = "NVIDIA H100 80GB HBM3 x1"
+    compiling, quiet, older = "20261207T104917Z-e213", "20261207T104646Z-8ca8", "20261206T174201Z-eaec"
+    got = costmodel.derive([
+        (h100, load, 12.0, compiling, True, False, "L2"), (h100, jit, 180.0, compiling, True, False, "J2"),
+        (h100, step, 9.0, compiling, True, False, "S2"),
+        (h100, load, 8.0, quiet, True, True, "L2"), (h100, step, 5.0, quiet, True, True, "S1"),
+        (h100, load, 7.0, older, True, True, "L1"), (h100, jit, 300.0, older, True, False, "J1")])
+    # load: the quiet run of the same code; step: the quiet run measured older code, so the newest stands;
+    # the compile: the newest run that compiled it
+    assert got["classes"] == {h100: {"load|2|shared|": 8.0, "step|2|shared|": 9.0,
+                                     "fi-jit|1|own|trtllm_comm|compile": 180.0}}
 
 
 def test_the_packaged_prior_loads_and_costs_every_probe_a_one_gpu_h200_runs() -> None:
@@ -301,9 +320,27 @@ def test_prior_records_come_from_timed_results_and_leave_out_unmarked_sharing(tm
         (CELL.cell_id, "inventory", "ranks=1", 0.0)])  # took no time: not timed
     (tmp_path / "h200x1-bbbbbbbb").symlink_to(tmp_path / "h200x1-aaaaaaaa")  # a linked folder is not read
     got = list(prior.records(tmp_path, {"fi-jit": "module"}))
-    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 9.5, "20261201T000000Z-aaaa", True),
+    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 9.5, "20261201T000000Z-aaaa", True, True,
+                    "h"),
                    ("NVIDIA H200 x1", costmodel.Shape("fi-jit", 1, False, "vllm_comm"), 14.0, "20261201T000000Z-aaaa",
-                    True)]
+                    True, True, "h")]
+
+
+def test_a_run_whose_host_compiled_is_not_quiet(tmp_path: Path) -> None:
+    from checks.run.cost import prior
+    from tests.test_runprogress_lent import H200, _run
+
+    path = _run(tmp_path, "h200x1-aaaaaaaa", "20261201T000000Z-aaaa", "venv", H200, [
+        (CELL.cell_id, "step", "ranks=2,placement=shared,gpus=1,backend=nccl", 9.5),
+        (CELL.cell_id, "fi-jit", "ranks=1,module=trtllm_comm,arch=local", 180.0)])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["metrics"] = {"compile_s": 171.9}  # fi-jit measured a compile here
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = list(prior.records(tmp_path, {"fi-jit": "module"}))
+    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 9.5, "20261201T000000Z-aaaa", True, False,
+                    "h"),
+                   ("NVIDIA H200 x1", costmodel.Shape("fi-jit", 1, False, "trtllm_comm", True), 180.0,
+                    "20261201T000000Z-aaaa", True, False, "h")]
 
 
 def _jit_item(module: str, arch: str = "local") -> WorkItem:
@@ -411,7 +448,8 @@ def test_prior_records_leave_out_the_hosts_asked(tmp_path: Path) -> None:
         _run(tmp_path, host, "20261201T000000Z-aaaa", "venv", H200,
              [(CELL.cell_id, "step", "ranks=2,placement=shared,gpus=1,backend=nccl", seconds)])
     got = list(prior.records(tmp_path, {}, leave_out=frozenset({"h200x1-aaaaaaaa"})))
-    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 4.0, "20261201T000000Z-aaaa", True)]
+    assert got == [("NVIDIA H200 x1", costmodel.Shape("step", 2, True), 4.0, "20261201T000000Z-aaaa", True, True,
+                    "h")]
 
 
 P2P = ProbeSpec(id="host-p2p", title="t", feature="f", ranks=(1, 2), needs_gpu=True, timeout_s=60)

@@ -604,6 +604,40 @@ def test_islands_need_two_switch_groups_with_peer_access_and_no_nvlink() -> None
     assert placement.islands({"gpu_count": 8, "topology": NVSWITCH_TOPO, "peer_access": every_peer()}) == ()
 
 
+def socket_topo(words: dict[tuple[int, int], str] | None = None, gpus: int = 8, per_socket: int = 4) -> str:
+    """`nvidia-smi topo -m` of a PCIe host of two CPU sockets, ``per_socket`` GPUs on each socket's root ports
+    (``NODE`` inside a socket, ``SYS`` across), with ``words`` replacing the link of some pairs (both ways)."""
+    words = {**{(b, a): w for (a, b), w in (words or {}).items()}, **(words or {})}
+
+    def link(i: int, j: int) -> str:
+        return "X" if i == j else words.get((i, j)) or ("NODE" if i // per_socket == j // per_socket else "SYS")
+    return "\t" + "\t".join(f"GPU{i}" for i in range(gpus)) + "\tCPU Affinity\n" + "\n".join(
+        f"GPU{i}\t" + "\t".join(link(i, j) for j in range(gpus)) + "\t0-63" for i in range(gpus))
+
+
+def test_without_switch_groups_the_gpus_of_each_cpu_socket_are_the_islands() -> None:
+    from checks.results import hostfacts
+
+    quads = ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert hostfacts.socket_groups(socket_topo(), 8) == quads
+    assert hostfacts.socket_groups(socket_topo({(0, 1): "PHB", (2, 3): "PIX"}), 8) == quads
+    assert hostfacts.socket_groups(socket_topo(per_socket=8), 8) == (tuple(range(8)),)  # one socket
+    # GPU0 reaches GPU4 inside a socket while GPU1 reaches it only across: the pairs do not split by socket
+    assert hostfacts.socket_groups(socket_topo({(0, 4): "NODE"}), 8) == ()
+    assert hostfacts.socket_groups(socket_topo({(0, 1): "NV4"}), 8) == ()  # NVLink between some: not PCIe alone
+    assert hostfacts.socket_groups(socket_topo().split("GPU7")[0], 8) == ()  # a row short
+    facts = {"gpu_count": 8, "topology": socket_topo(), "peer_access": every_peer()}
+    assert placement.islands(facts) == quads and placement.side_by_side(facts)
+    # switches inside the sockets are finer islands, and come first
+    switched_sockets = socket_topo({(0, 1): "PIX", (2, 3): "PIX", (4, 5): "PIX", (6, 7): "PIX"})
+    assert placement.islands({**facts, "topology": switched_sockets}) == ((0, 1), (2, 3), (4, 5), (6, 7))
+    # every GPU on one socket's root ports: one island, nothing beside it
+    assert placement.islands({**facts, "topology": socket_topo(per_socket=8)}) == ()
+    no_peer = every_peer()
+    no_peer[5][6] = False  # the second socket's GPUs do not all reach each other: each alone there
+    assert placement.islands({**facts, "peer_access": no_peer}) == ()
+
+
 def test_timed_variants_on_a_pcie_switch_host_go_side_by_side_in_different_switches_and_cross_one_at_a_time(
         ) -> None:
     """Placements written by hand: islands of two GPUs (four switches), and of four (two switches)."""

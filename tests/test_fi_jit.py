@@ -183,7 +183,8 @@ class JitSpec:
         nvcc = os.environ.get("FLASHINFER_NVCC", "$cuda_home/bin/nvcc")
         _write_if_different(d / "build.ninja",
             f"cuda_home = {get_cuda_path()}\\nnvcc = {nvcc}\\n"
-            f"rule cuda_compile\\n  command = {COMPILE.format(gencode=gencode, extra=EXTRA())}\\n  depfile = $out.d\\n  deps = gcc\\n"
+            f"rule cuda_compile\\n  command = {COMPILE.format(gencode=gencode, extra=EXTRA())}\\n"
+            f"  depfile = $out.d\\n  deps = gcc\\n"
             f"rule link\\n  command = c++ -shared $in -o $out {os.environ.get('STANDIN_LINK_FLAGS', '')}\\n"
             f"build {d}/k.cuda.o: cuda_compile {src}\\n"
             f"build {self.jit_library_path}: link {d}/k.cuda.o\\n"

@@ -147,6 +147,32 @@ def switch_groups(topology: str | None, count: int) -> tuple[tuple[int, ...], ..
     return out
 
 
+_SOCKET_LOCAL = frozenset({"PIX", "PXB", "PHB", "NODE"})  # PCIe paths that stay inside one CPU socket
+
+
+def socket_groups(topology: str | None, count: int) -> tuple[tuple[int, ...], ...]:
+    """The host's GPUs grouped by the CPU socket whose PCIe they hang off: every pair of a group a path that stays
+    in one socket (``PIX``, ``PXB``, ``PHB`` or ``NODE`` in `nvidia-smi topo -m`), every pair of two groups
+    ``SYS`` (across the link between sockets); () when the matrix lacks a row for each GPU, has fewer than two,
+    names a link of another kind (NVLink) or its pairs do not split that way."""
+    links = topology_links(topology, count) if count >= 2 else None
+    if links is None:
+        return ()
+    pairs = [(a, b) for a in range(count) for b in range(count) if a != b]
+    if any(links[a][b] not in _SOCKET_LOCAL | {"SYS"} for a, b in pairs):
+        return ()
+    group: dict[int, int] = {}
+    for a in range(count):
+        group[a] = next((group[b] for b in range(a) if links[a][b] != "SYS"), a)
+    members: dict[int, list[int]] = {}
+    for g in range(count):
+        members.setdefault(group[g], []).append(g)
+    out = tuple(tuple(m) for _, m in sorted(members.items()))
+    if any((group[a] == group[b]) != (links[a][b] != "SYS") for a, b in pairs):
+        return ()
+    return out
+
+
 def interconnect(topo: str | None, count: int) -> str:
     """A short word for the GPU-to-GPU links in `nvidia-smi topo -m` (NV# = NVLink, else PCIe)."""
     if count < 2 or not topo:

@@ -10,9 +10,12 @@ On a PCIe host whose GPUs sit in groups behind PCIe switches (every pair of a gr
 them, with peer access both ways, so NCCL and the IPC backends move their data GPU to GPU inside the switch), a
 variant inside one group uses only that switch's links: the groups are :func:`islands`, and a timed variant
 takes GPUs of islands no other timed variant holds, so variants in different switches run side by side. A
-variant whose GPUs span islands crosses the host bridge, which every such variant shares: one at a time. A
-PCIe host without such groups (GPUs on the CPU's root ports, ``NODE``/``SYS``/``PHB``), or partly NVLink, keeps
-timed variants one at a time.
+variant whose GPUs span islands crosses the host bridge, which every such variant shares: one at a time. On a
+PCIe host of two or more CPU sockets without such switch groups, the GPUs of each socket (every pair of them a
+path inside the socket, ``NODE``/``PHB``/``PXB``/``PIX``, every pair across sockets ``SYS``) are the islands: a
+variant inside one socket uses that socket's PCIe root complex alone, and one in the other socket shares no link,
+bridge or root complex with it. A PCIe host whose GPUs all hang off one socket's root ports without switches, or
+one partly NVLink, keeps timed variants one at a time.
 
 A variant of N ranks (a GPU each) takes N GPUs, the lowest-numbered free ones; a variant whose params name GPUs
 by their index on the host (host-p2p's ``pair=A-B``) takes exactly those, and its worker is told which host GPUs
@@ -50,10 +53,11 @@ Islands = tuple[tuple[int, ...], ...]
 
 
 def islands(facts: Mapping[str, Any] | None) -> Islands:
-    """The host's GPUs by the PCIe switch they sit behind (hostfacts.switch_groups), a group kept whole only when
-    the facts' ``peer_access`` says every pair of it reaches the other both ways (else its GPUs are groups of
-    one: their traffic goes through host memory); () unless two groups of two GPUs or more are left (nothing
-    would run side by side), or on a host whose every pair is NVLink (:func:`switched`)."""
+    """The host's GPUs by the PCIe switch they sit behind (hostfacts.switch_groups), else by the CPU socket they
+    hang off (hostfacts.socket_groups), a group kept whole only when the facts' ``peer_access`` says every pair
+    of it reaches the other both ways (else its GPUs are groups of one: their traffic goes through host memory);
+    () unless two groups of two GPUs or more are left (nothing would run side by side), or on a host whose every
+    pair is NVLink (:func:`switched`)."""
     facts = facts or {}
     try:
         count = int(facts.get("gpu_count") or 0)
@@ -70,18 +74,21 @@ def islands(facts: Mapping[str, Any] | None) -> Islands:
         except (IndexError, KeyError, TypeError):
             return False
 
-    out: list[tuple[int, ...]] = []
-    for group in hostfacts.switch_groups(topology, count):
-        if len(group) > 1 and all(reaches(a, b) for a in group for b in group if a != b):
-            out.append(group)
-        else:
-            out.extend((g,) for g in group)
-    return tuple(sorted(out)) if sum(1 for g in out if len(g) > 1) >= 2 else ()
+    for groups in (hostfacts.switch_groups(topology, count), hostfacts.socket_groups(topology, count)):
+        out: list[tuple[int, ...]] = []
+        for group in groups:
+            if len(group) > 1 and all(reaches(a, b) for a in group for b in group if a != b):
+                out.append(group)
+            else:
+                out.extend((g,) for g in group)
+        if sum(1 for g in out if len(g) > 1) >= 2:
+            return tuple(sorted(out))
+    return ()
 
 
 def side_by_side(facts: Mapping[str, Any] | None) -> bool:
-    """Whether the host facts let timed variants run side by side: every GPU pair NVLink, or PCIe switch
-    :func:`islands`."""
+    """Whether the host facts let timed variants run side by side: every GPU pair NVLink, or PCIe
+    :func:`islands` (switches or sockets)."""
     return switched(facts) or bool(islands(facts))
 
 

@@ -10,8 +10,12 @@ feature on a host of that class: each run measured the code of its day (on 2x H2
 18-23 s each in the runs of 2026-11-29/30 and 3.9-7.1 s on 2026-12-01, with ranks that rendezvous before taking the
 GPUs), and a median over every run would price today's variants at an earlier code's cost. A skip decided before
 the feature ran (a cell without the backend's package: 0.3 s) costs its check, not the variant, so a run whose
-records of the shape are all skips stands only where no run ran it. Run ids begin with their UTC time, so the newest
-is the greatest. For a shape not measured:
+records of the shape are all skips stands only where no run ran it. A run whose host compiled a module (fi-jit
+measured a compile) ran its other variants beside nvcc on the same cores (on a 1x H100, a local run compiling
+trtllm_comm with a split compile priced the prior's 8-GPU figures a fifth above the carried run of the same code
+minutes before), so a quiet run (one that compiled nothing) of the same probe code stands before it; an older
+code's quiet run does not, and the compile shapes themselves come only from runs that compiled. Run ids begin
+with their UTC time, so the newest is the greatest. For a shape not measured:
 
 - ranks sharing GPUs time-slice them, so the cost scales with the world size from the nearest measured one:
   ``s(w) = s(w0) * w / w0``;
@@ -101,19 +105,32 @@ def host_label(gpu_name: str, gpu_count: int) -> str:
 
 
 # (host class label, shape, seconds, id of the run that timed it, whether the feature ran: not a skip)
-Record = tuple[str, Shape, float, str, bool]
+# (host class label, shape, seconds, run id, ran: not a skip, quiet: the run compiled nothing on its host, the
+# probe's code hash)
+Record = tuple[str, Shape, float, str, bool, bool, str]
 
 
 def derive(records: Iterable[Record]) -> dict[str, Any]:
-    """The prior's JSON from (host class label, shape, seconds, run id, ran) records: per class and shape, the
-    median over the newest run that ran the shape's feature, else over the newest run (the module docstring)."""
+    """The prior's JSON from :data:`Record` records: per class and shape, the median over the newest run that ran
+    the shape's feature (else the newest run), or over the newest quiet run of the same probe code as that one
+    (the module docstring)."""
     runs: dict[str, dict[Shape, dict[tuple[bool, str], list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))
-    for label, shape, seconds, run, ran in records:
+    kind: dict[str, tuple[bool, str]] = {}  # run id -> (quiet, probe code), per record's probe
+    for label, shape, seconds, run, ran, quiet, code in records:
         if math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS:
             runs[label][shape][(ran, run)].append(seconds)
-    # (ran, run id) orders the runs that ran the feature after every run of skips, each group newest last
-    per = {label: {shape: by_run[max(by_run)] for shape, by_run in shapes.items()} for label, shapes in runs.items()}
+            kind[f"{run}/{shape.probe}"] = (quiet, code)
+
+    def chosen(shape: Shape, by_run: dict[tuple[bool, str], list[float]]) -> list[float]:
+        # (ran, run id) orders the runs that ran the feature after every run of skips, each group newest last
+        ran, newest = max(by_run)
+        code = kind[f"{newest}/{shape.probe}"][1]
+        quiet = [k for k in by_run if k[0] == ran and kind[f"{k[1]}/{shape.probe}"] == (True, code)]
+        return by_run[max(quiet)] if quiet else by_run[(ran, newest)]
+
+    per = {label: {shape: chosen(shape, by_run) for shape, by_run in shapes.items()}
+           for label, shapes in runs.items()}
     return {"schema": PRIOR_SCHEMA, "rank_growth": RANK_GROWTH,
             "classes": {label: {s.label(): round(statistics.median_low(sorted(v)), 3)
                                 for s, v in sorted(shapes.items())}

@@ -22,9 +22,9 @@ from inenv.status import Status
 
 def records(root: Path, build_params: Mapping[str, str],
             leave_out: frozenset[str] = frozenset()) -> Iterator[model.Record]:
-    """(host class label, shape, seconds, run id, ran: not a skip) of every timed result under ``root`` (one
-    folder per host) but those of the hosts in ``leave_out``; ``build_params``: each probe's build parameter
-    (fi-jit: module), part of the shape."""
+    """The :data:`model.Record` of every timed result under ``root`` (one folder per host) but those of the hosts
+    in ``leave_out``; ``build_params``: each probe's build parameter (fi-jit: module), part of the shape. A run is
+    quiet when none of its timed results of a probe with a build parameter measured a compile."""
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
                      and p.name not in leave_out) if root.is_dir() else []
     for folder in folders:
@@ -34,13 +34,17 @@ def records(root: Path, build_params: Mapping[str, str],
             if cls is None:
                 continue
             label = model.host_label(cls.gpu_name, cls.gpu_count)
-            for r in read_file(path)[0]:
-                compiled = _positive(r.verdict.metrics.get("compile_s")) if build_params.get(r.probe_id) else False
-                if runprogress.timed(r) and (shape := shape_of(r.probe_id, r.variant, build_params, compiled)):
+            results = read_file(path)[0]
+            compiled = {id(r): build_params.get(r.probe_id) and runprogress.timed(r)
+                        and _positive(r.verdict.metrics.get("compile_s")) for r in results}
+            quiet = not any(compiled.values())
+            for r in results:
+                shape = shape_of(r.probe_id, r.variant, build_params, bool(compiled[id(r)]))
+                if runprogress.timed(r) and shape:
                     if cls.gpu_count and shape.ranks > cls.gpu_count and not shape.shared:
                         continue
                     yield (label, shape, r.verdict.duration_s, path.name.removesuffix(".jsonl"),
-                           r.verdict.status is not Status.SKIP)
+                           r.verdict.status is not Status.SKIP, quiet, r.code.probe_hash if r.code else "")
 
 
 def shape_of(probe: str, variant_key: str, build_params: Mapping[str, str],
