@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from checks.results.store import read_file, read_manifest  # noqa: E402
-from checks.run import runprogress  # noqa: E402
+from checks.run import runprogress, session  # noqa: E402
 from checks.run.cost import budget  # noqa: E402
 from checks.run.cost import model as costmodel  # noqa: E402
 from checks.run.cost.prior import records  # noqa: E402
@@ -39,6 +39,9 @@ from checks.run.plan import CellTarget, WorkItem, deferred_shallow, deferred_siz
 from checks.run.runner import rank_cap  # noqa: E402
 from inenv import registry  # noqa: E402
 from inenv.probe import FULL, QUICK, HostView, Variant, key_parts  # noqa: E402
+from inenv.status import Status  # noqa: E402
+
+MISSING_PACKAGE = "missing-package"
 
 TEN_MINUTES_S = 600.0
 # A variant no host has timed is costed at budget.UNTIMED_S; the step's full grid with a GPU per rank, never timed,
@@ -51,6 +54,9 @@ GUESS_HIGH_S = 30.0
 EIGHT_GPU_CORES = 128
 CELL = CellTarget("cu130-torch2.11.0-sgl0.4.7-fi0.7.4", "resolved",
                   versions={"cuda": "13.0", "torch": "2.11.0", "sgl_kernel": "0.4.7", "flashinfer": "0.7.4"})
+# The serving engines the cell holds (its build self-check's ``engines``): none, so the variants of backends that
+# need vLLM or SGLang itself skip at once, and a run prices them so (checks.run.session.lacking_engines)
+CELL_ENGINES: dict[str, str] = {}
 
 
 def build_params() -> dict[str, str]:
@@ -76,7 +82,8 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
     host = HostView(gpu_count=gpus, compute_capability="9.0", gpu_name=gpu_name, target_archs=(), level=level)
     planned = plan_work([CELL], probes, host)
     items = [it for it in (deferred_shallow(deferred_sizes(planned)) if level == QUICK else planned) if it.runs]
-    expected = runprogress.expected_durations(items, {}, "", None, tables)
+    lacking = session.lacking_engines(items, lambda cell_id: CELL_ENGINES)
+    expected = runprogress.expected_durations(items, {}, "", None, tables, lacking=lacking)
     seconds = {k: e.seconds for k, e in expected.items()}
     per_probe: Counter[str] = Counter()
     for it in items:
@@ -125,7 +132,11 @@ def check(path: Path, results: Path) -> dict[str, object]:
     timed = [r for r in read_file(path)[0] if runprogress.timed(r) and r.probe_id in specs]
     items = [WorkItem(CellTarget(r.cell_id, "resolved"), specs[r.probe_id], _variant(r.probe_id, r.variant),
                       specs[r.probe_id].timeout_s) for r in timed]
-    expected = runprogress.expected_durations(items, {}, "", None, tables)
+    # a variant whose package its cell lacks skips at once, and a run knows that before it starts (the cell's
+    # build record: checks.run.session.skipping_at_once), so it is priced as that skip here too
+    lacking = {it.key: "its package" for r, it in zip(timed, items, strict=True)
+               if r.verdict.status is Status.SKIP and r.verdict.reason_code == MISSING_PACKAGE}
+    expected = runprogress.expected_durations(items, {}, "", None, tables, lacking=lacking)
     predicted = sum(budget.seconds_of(it, {k: e.seconds for k, e in expected.items()}) for it in items)
     measured = sum(r.verdict.duration_s for r in timed)
     return {"run": f"{host}/{path.name}", "class": own_label, "variants": len(items),

@@ -550,6 +550,24 @@ def test_a_cell_whose_build_found_no_nvcc_is_not_costed_as_compiling_and_the_pla
         "check that themselves"]
 
 
+def test_load_variants_of_engine_backends_are_costed_as_skips_in_a_cell_without_the_engine() -> None:
+    """The load probe declares that SGLang's custom allreduce V2 needs sglang and vLLM's needs vllm: in a cell
+    whose build found neither, those variants (and only those) skip at once; a cell that holds vLLM runs its
+    backend's variants."""
+    from inenv.probes import load
+
+    def item(cid: str, backend_: str) -> WorkItem:
+        return WorkItem(CellTarget(cid, "resolved"), load.SPEC,
+                        Variant("load", 2, (("backend", backend_), ("pattern", "replay"))), 600.0)
+
+    names = ("nccl", "sglang-custom-ar-v2", "vllm-custom-ar", "sgl-custom-ar")
+    items = [item(c, b) for c in ("plain", "with-vllm") for b in names]
+    held = {"plain": {}, "with-vllm": {"vllm": "0.33.0"}}
+    got = session.lacking_engines(items, held.get)
+    assert got == {items[1].key: "sglang", items[2].key: "vllm", items[5].key: "sglang"}
+    assert session.lacking_engines(items, lambda cell_id: None) == {}  # a cell that does not say what it holds
+
+
 def test_an_engine_variant_whose_cell_lacks_the_engine_is_costed_as_the_skip_it_will_be(tmp_path: Path) -> None:
     """The engine probe declares which distribution each variant needs (its DISTRIBUTIONS). A cell whose build
     self-check found no vLLM: its engine=vllm variant is costed at a skip's second, not at the 56 s a sibling

@@ -20,7 +20,7 @@ import difflib
 import json
 import sys
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -383,32 +383,42 @@ def needed_distributions(module: ModuleType) -> tuple[tuple[str, str, tuple[str,
 
 
 def skipping_at_once(opts: RunOptions, backend: str, todo: list[WorkItem]) -> dict[tuple[str, str, str], str]:
-    """The variants of ``todo`` that will skip at once (missing-package) -> the distribution their cell lacks: a
-    distribution their probe declares they need (:func:`needed_distributions`) that the cell's build self-check
-    looked for (inenv.selfcheck.ENGINES) and did not find (common.build.buildrecord.BuildRecord.engines). They
-    still run and find it themselves; this only costs them as the skip they will be. Cells without a build
-    record (the local environment, an image) and distributions the self-check does not look for: none."""
+    """The variants of ``todo`` that will skip at once (missing-package) -> the distribution their cell lacks
+    (:func:`lacking_engines`), by the serving engines each cell's build self-check found
+    (common.build.buildrecord.BuildRecord.engines). They still run and find it themselves; this only costs them
+    as the skip they will be. Cells without a build record (the local environment, an image): none."""
     if backend not in RECORD_NAMES:
         return {}
+    held: dict[str, Mapping[str, str] | None] = {}
+
+    def engines(cell_id: str) -> Mapping[str, str] | None:
+        if cell_id not in held:
+            record = buildrecord.read(opts.envs / cell_id, backend).record
+            held[cell_id] = record.engines if record is not None else None
+        return held[cell_id]
+
+    return lacking_engines(todo, engines)
+
+
+def lacking_engines(todo: Iterable[WorkItem], engines: Callable[[str], Mapping[str, str] | None]
+                    ) -> dict[tuple[str, str, str], str]:
+    """The variants of ``todo`` that need a distribution their probe declares (:func:`needed_distributions`)
+    among those a build self-check looks for (inenv.selfcheck.ENGINES) that ``engines(cell id)`` (the engines a
+    cell holds; None: unknown) lacks -> the first such distribution."""
     looked_for = frozenset(selfcheck.ENGINES)
     needs: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {}
-    for pid in sorted({it.spec.id for it in todo if it.runs}):
-        try:
-            needs[pid] = needed_distributions(registry.find(pid)[1])
-        except Exception:  # a probe that cannot be found here is costed as any other
-            needs[pid] = ()
-    held: dict[str, Mapping[str, str] | None] = {}
     out: dict[tuple[str, str, str], str] = {}
     for it in todo:
-        wanted = [d for name, value, dists in needs.get(it.spec.id, ()) if it.variant.param(name) == value
-                  for d in dists if d in looked_for]
-        if not it.runs or not wanted:
+        if not it.runs:
             continue
-        cid = it.cell.cell_id
-        if cid not in held:
-            record = buildrecord.read(opts.envs / cid, backend).record
-            held[cid] = record.engines if record is not None else None
-        found = held[cid]
+        if it.spec.id not in needs:
+            try:
+                needs[it.spec.id] = needed_distributions(registry.find(it.spec.id)[1])
+            except Exception:  # a probe that cannot be found here is costed as any other
+                needs[it.spec.id] = ()
+        wanted = [d for name, value, dists in needs[it.spec.id] if it.variant.param(name) == value
+                  for d in dists if d in looked_for]
+        found = engines(it.cell.cell_id) if wanted else None
         lacking = [d for d in wanted if found is not None and d not in found]
         if lacking:
             out[it.key] = lacking[0]
