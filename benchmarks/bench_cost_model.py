@@ -54,9 +54,10 @@ GUESS_HIGH_S = 30.0
 EIGHT_GPU_CORES = 128
 CELL = CellTarget("cu130-torch2.11.0-sgl0.4.7-fi0.7.4", "resolved",
                   versions={"cuda": "13.0", "torch": "2.11.0", "sgl_kernel": "0.4.7", "flashinfer": "0.7.4"})
-# The serving engines the cell holds (its build self-check's ``engines``): none, so the variants of backends that
-# need vLLM or SGLang itself skip at once, and a run prices them so (checks.run.session.lacking_engines)
-CELL_ENGINES: dict[str, str] = {}
+# What the cell holds of what a build self-check reports (common.build.buildrecord.BuildRecord.holds): sgl-kernel
+# and no serving engine, so the variants of backends that need vLLM or SGLang itself skip at once, and a run
+# prices them so (checks.run.session.lacking_engines)
+CELL_HOLDS: dict[str, str] = {"sgl-kernel": "0.4.7"}
 
 
 def build_params() -> dict[str, str]:
@@ -82,7 +83,7 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
     host = HostView(gpu_count=gpus, compute_capability="9.0", gpu_name=gpu_name, target_archs=(), level=level)
     planned = plan_work([CELL], probes, host)
     items = [it for it in (deferred_shallow(deferred_sizes(planned)) if level == QUICK else planned) if it.runs]
-    lacking = session.lacking_engines(items, lambda cell_id: CELL_ENGINES)
+    lacking = session.lacking_engines(items, lambda cell_id: CELL_HOLDS)
     expected = runprogress.expected_durations(items, {}, "", None, tables, lacking=lacking)
     seconds = {k: e.seconds for k, e in expected.items()}
     per_probe: Counter[str] = Counter()

@@ -551,10 +551,12 @@ def test_a_cell_whose_build_found_no_nvcc_is_not_costed_as_compiling_and_the_pla
 
 
 def test_load_variants_of_engine_backends_are_costed_as_skips_in_a_cell_without_the_engine() -> None:
-    """The load probe declares that SGLang's custom allreduce V2 needs sglang and vLLM's needs vllm: in a cell
-    whose build found neither, those variants (and only those) skip at once; a cell that holds vLLM runs its
-    backend's variants."""
-    from inenv.probes import load
+    """The load probe declares that SGLang's custom allreduce V2 needs sglang, vLLM's needs vllm and sgl-kernel's
+    needs sgl-kernel: in a cell whose build found none of them, those variants (and only those) skip at once; a
+    cell that holds vLLM and sgl-kernel runs those backends' variants. The step and custom-ar declare sgl-kernel
+    for theirs."""
+    from common.build import buildrecord
+    from inenv.probes import custom_ar, load, step
 
     def item(cid: str, backend_: str) -> WorkItem:
         return WorkItem(CellTarget(cid, "resolved"), load.SPEC,
@@ -562,10 +564,24 @@ def test_load_variants_of_engine_backends_are_costed_as_skips_in_a_cell_without_
 
     names = ("nccl", "sglang-custom-ar-v2", "vllm-custom-ar", "sgl-custom-ar")
     items = [item(c, b) for c in ("plain", "with-vllm") for b in names]
-    held = {"plain": {}, "with-vllm": {"vllm": "0.33.0"}}
+    # what two cells' build self-checks reported, as their records hold it
+    plain = buildrecord.BuildRecord.from_json({"cell_id": "plain", "status": "built",
+                                               "selfcheck": {"engines": {}, "sgl_kernel": {}}})
+    full = buildrecord.BuildRecord.from_json({"cell_id": "with-vllm", "status": "built",
+                                              "selfcheck": {"engines": {"vllm": "0.33.0"},
+                                                            "sgl_kernel": {"version": "0.4.10"}}})
+    assert plain.holds == {} and full.holds == {"vllm": "0.33.0", "sgl-kernel": "0.4.10"}
+    held = {"plain": plain.holds, "with-vllm": full.holds}
     got = session.lacking_engines(items, held.get)
-    assert got == {items[1].key: "sglang", items[2].key: "vllm", items[5].key: "sglang"}
+    assert got == {items[1].key: "sglang", items[2].key: "vllm", items[3].key: "sgl-kernel", items[5].key: "sglang"}
     assert session.lacking_engines(items, lambda cell_id: None) == {}  # a cell that does not say what it holds
+    others = [WorkItem(CellTarget("plain", "resolved"), step.SPEC, Variant("step", 2, (("backend", "sgl-custom-ar"),)),
+                       600.0),
+              WorkItem(CellTarget("plain", "resolved"), custom_ar.SPEC,
+                       Variant("custom-ar", 2, (("impl", "sgl_kernel"), ("full_nvlink", "forced"))), 600.0),
+              WorkItem(CellTarget("plain", "resolved"), custom_ar.SPEC,
+                       Variant("custom-ar", 2, (("impl", "flashinfer"), ("full_nvlink", "forced"))), 600.0)]
+    assert session.lacking_engines(others, held.get) == {others[0].key: "sgl-kernel", others[1].key: "sgl-kernel"}
 
 
 def test_an_engine_variant_whose_cell_lacks_the_engine_is_costed_as_the_skip_it_will_be(tmp_path: Path) -> None:

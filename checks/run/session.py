@@ -54,7 +54,7 @@ from common.build import buildrecord, kernelstage
 from common.build.backend import RECORD_NAMES
 from common.caches import compile_cache_dir
 from common.progress import duration
-from inenv import kit, registry, selfcheck
+from inenv import kit, registry
 from inenv.probe import FULL, QUICK, declared
 
 
@@ -384,8 +384,8 @@ def needed_distributions(module: ModuleType) -> tuple[tuple[str, str, tuple[str,
 
 def skipping_at_once(opts: RunOptions, backend: str, todo: list[WorkItem]) -> dict[tuple[str, str, str], str]:
     """The variants of ``todo`` that will skip at once (missing-package) -> the distribution their cell lacks
-    (:func:`lacking_engines`), by the serving engines each cell's build self-check found
-    (common.build.buildrecord.BuildRecord.engines). They still run and find it themselves; this only costs them
+    (:func:`lacking_engines`), by the serving engines and sgl-kernel each cell's build self-check found
+    (common.build.buildrecord.BuildRecord.holds). They still run and find it themselves; this only costs them
     as the skip they will be. Cells without a build record (the local environment, an image): none."""
     if backend not in RECORD_NAMES:
         return {}
@@ -394,7 +394,7 @@ def skipping_at_once(opts: RunOptions, backend: str, todo: list[WorkItem]) -> di
     def engines(cell_id: str) -> Mapping[str, str] | None:
         if cell_id not in held:
             record = buildrecord.read(opts.envs / cell_id, backend).record
-            held[cell_id] = record.engines if record is not None else None
+            held[cell_id] = record.holds if record is not None else None
         return held[cell_id]
 
     return lacking_engines(todo, engines)
@@ -403,9 +403,9 @@ def skipping_at_once(opts: RunOptions, backend: str, todo: list[WorkItem]) -> di
 def lacking_engines(todo: Iterable[WorkItem], engines: Callable[[str], Mapping[str, str] | None]
                     ) -> dict[tuple[str, str, str], str]:
     """The variants of ``todo`` that need a distribution their probe declares (:func:`needed_distributions`)
-    among those a build self-check looks for (inenv.selfcheck.ENGINES) that ``engines(cell id)`` (the engines a
-    cell holds; None: unknown) lacks -> the first such distribution."""
-    looked_for = frozenset(selfcheck.ENGINES)
+    among those a build self-check reports (common.build.buildrecord.CHECKED) that ``engines(cell id)`` (what a
+    cell holds of those; None: unknown) lacks -> the first such distribution."""
+    looked_for = frozenset(buildrecord.CHECKED)
     needs: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {}
     out: dict[tuple[str, str, str], str] = {}
     for it in todo:

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from common.build import backend
+from inenv.selfcheck import ENGINES
 
 
 class BuildStatus(StrEnum):
@@ -66,6 +67,9 @@ class BuildRecord:
     # the serving engines the build's self-check found installed (distribution -> version; inenv.selfcheck.ENGINES
     # are the ones it looks for); None: the record says nothing of them
     engines: Mapping[str, str] | None = None
+    # the engines and sgl-kernel (CHECKED) the self-check found (distribution -> version); None:
+    # the record says nothing of the engines
+    holds: Mapping[str, str] | None = None
 
     @property
     def runnable(self) -> bool:
@@ -80,7 +84,7 @@ class BuildRecord:
                    python=_text(data.get("python")), base_python=_text(data.get("base_python")),
                    from_base_summary=_text(data.get("from_base_summary")) or "", carried=_carried(data),
                    data=MappingProxyType(dict(data)), compile_costs=_compile_costs(data), no_nvcc=_no_nvcc(data),
-                   engines=_engines(data))
+                   engines=_engines(data), holds=_holds(data))
 
 
 def _text(value: Any) -> str | None:
@@ -124,6 +128,24 @@ def _engines(data: Mapping[str, Any]) -> Mapping[str, str] | None:
     if not isinstance(found, Mapping):
         return None
     return MappingProxyType({k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)})
+
+
+# sgl-kernel under either of its distribution names (sgl-kernel, sglang-kernel: inenv.dists), as a probe's
+# DISTRIBUTIONS names it; the self-check reports it under ``sgl_kernel``
+SGL_KERNEL = "sgl-kernel"
+CHECKED = (*ENGINES, SGL_KERNEL)  # the distributions whose presence a build's self-check reports (BuildRecord.holds)
+
+
+def _holds(data: Mapping[str, Any]) -> Mapping[str, str] | None:
+    """The engines (:func:`_engines`) and sgl-kernel, when the self-check found it (``selfcheck.sgl_kernel``
+    with a version, under :data:`SGL_KERNEL`); None when the record says nothing of the engines."""
+    engines = _engines(data)
+    if engines is None:
+        return None
+    check = data.get("selfcheck")
+    kernel = check.get("sgl_kernel") if isinstance(check, Mapping) else None
+    version = kernel.get("version") if isinstance(kernel, Mapping) else None
+    return MappingProxyType({**engines, **({SGL_KERNEL: version} if isinstance(version, str) else {})})
 
 
 def _compile_costs(data: Mapping[str, Any]) -> Mapping[str, float]:

@@ -427,3 +427,6 @@ EVIDENCE = (
     ("topology_full_nvlink", "bool", "NVLink between every pair of the ranks' GPUs, as NVML reports", "full-nvlink"),
 )
 ALLREDUCE_PATH = True
+# (param, value, distributions): a variant with that param value skips at once (missing-package) in a cell without
+# those distributions; the host costs such a variant as a skip where the cell's build record lists what it holds
+DISTRIBUTIONS = (("impl", "sgl_kernel", ("sgl-kernel",)),)

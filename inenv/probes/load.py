@@ -498,4 +498,5 @@ METRICS = (
 ALLREDUCE_PATH = True
 # (param, value, distributions): a variant with that param value skips at once (missing-package) in a cell without
 # those distributions; the host costs such a variant as a skip where the cell's build record lists what it holds
-DISTRIBUTIONS = (("backend", "sglang-custom-ar-v2", ("sglang",)), ("backend", "vllm-custom-ar", ("vllm",)))
+DISTRIBUTIONS = (("backend", "sglang-custom-ar-v2", ("sglang",)), ("backend", "vllm-custom-ar", ("vllm",)),
+                 ("backend", "sgl-custom-ar", ("sgl-kernel",)))

@@ -382,3 +382,6 @@ METRICS = (
      "differing elements, max ulp between ranks, deterministic, max ulp vs the float64 sum, divergent cases",
      "agreement"),
 )
+# (param, value, distributions): a variant with that param value skips at once (missing-package) in a cell without
+# those distributions; the host costs such a variant as a skip where the cell's build record lists what it holds
+DISTRIBUTIONS = (("backend", "sgl-custom-ar", ("sgl-kernel",)),)
