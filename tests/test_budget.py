@@ -74,6 +74,19 @@ def test_timed_variants_go_side_by_side_on_a_switched_host_of_eight_gpus_and_one
     assert budget.placed_seconds([((0, 9), 5.0), ((0, 1), 5.0)], 4) == 10.0
 
 
+def test_a_pass_longer_than_ten_minutes_without_a_budget_is_told_what_ten_would_keep() -> None:
+    """Timed variants one at a time: 300 + 200 s of the quick answer and the host's size, 200 s of sustained
+    load. Ten minutes keep the first two (500 s) and leave the load variant; a pass of 9 minutes gets no line."""
+    items = [gpu_item(2), gpu_item(8), gpu_item(8, load=True, backend="b")]
+    cost = dict(zip((it.key for it in items), (300.0, 200.0, 200.0), strict=True))
+    line = budget.budget_hint(items, cost, jobs=1, gpus=8, shared_ranks=16)
+    assert line == ("budget: none given, and this pass costs about 11m40s; given 10 minutes (`--budget 10`, which "
+                    "counts the whole command) it would run about 8m20s and leave out 1 variant(s) for a later run: "
+                    "step 1 (sustained load)")
+    assert budget.budget_hint(items[:2] + [gpu_item(4)], {**cost, gpu_item(4).key: 40.0}, jobs=1, gpus=8,
+                              shared_ranks=16) == ""
+
+
 def test_untimed_variants_are_guessed_at_the_stated_constant() -> None:
     item = gpu_item(2)
     assert budget.seconds_of(item, {}) == 10.0

@@ -231,6 +231,10 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
         con.print(f"  cost {line}", markup=False, highlight=False)
     for line in budget.left_out_lines(fitted) if fitted is not None else ():
         con.print(line, markup=False, highlight=False)
+    if fitted is None and (hint := budget.budget_hint(
+            view.items, {k: e.seconds for k, e in view.expected.items()}, opts.jobs, targets.gpus,
+            view.shared_ranks, view.switched, view.islands)):
+        con.print(hint, markup=False, highlight=False)
     if line := compile_line(targets, probes):
         con.print(line, markup=False, highlight=False)
     for line in kernel_lines(carries, targets.facts.get("compute_capability") if targets.gpus else None):

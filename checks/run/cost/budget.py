@@ -244,6 +244,28 @@ def cost_lines(items: Iterable[WorkItem], expected: Mapping[Key, float | None],
     return lines
 
 
+# A pass longer than this without --budget is told what --budget of this many minutes would keep and leave
+HINT_MINUTES = 10
+
+
+def budget_hint(items: list[WorkItem], expected: Mapping[Key, float | None], jobs: int, gpus: int,
+                shared_ranks: int | None = None, switched: bool = False, islands: placement.Islands = (),
+                minutes: int = HINT_MINUTES) -> str:
+    """For a pass run without --budget: when its cost passes ``minutes``, one line saying what ``--budget
+    minutes`` would run of it and leave out (:func:`fit`), so a host that has only that long knows what to
+    type; "" when the pass fits."""
+    fitted = fit(items, expected, minutes * 60.0, jobs, gpus, shared_ranks, switched, islands)
+    if not fitted.left_out:
+        return ""
+    counts: dict[tuple[str, int], int] = defaultdict(int)
+    for it in fitted.left_out:
+        counts[(it.spec.id, fitted.tiers.get(it.key, 0))] += 1
+    what = ", ".join(f"{probe} {n} ({TIER_NAMES[t]})" for (probe, t), n in sorted(counts.items()))
+    return (f"budget: none given, and this pass costs about {duration(fitted.planned_s)}; given {minutes} minutes "
+            f"(`--budget {minutes}`, which counts the whole command) it would run about {duration(fitted.kept_s)} "
+            f"and leave out {len(fitted.left_out)} variant(s) for a later run: {what}")
+
+
 def left_out_lines(fitted: Fitted) -> list[str]:
     """What ``fit`` left out, per probe and tier, and how to run it."""
     if not fitted.left_out:
