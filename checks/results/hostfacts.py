@@ -23,6 +23,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -119,15 +120,11 @@ def all_nvlink(topology: str | None, count: int) -> str | None:
     return None
 
 
-def switch_groups(topology: str | None, count: int) -> tuple[tuple[int, ...], ...]:
-    """The host's GPUs grouped by the PCIe switch they sit behind: GPUs whose every pair is ``PIX`` in `nvidia-smi
-    topo -m` (a path through at most one PCIe bridge, so their traffic stays inside that switch) form one group,
-    every other GPU a group of its own; () when the matrix lacks a row for each GPU, has fewer than two, or its
-    ``PIX`` pairs do not form such groups (A-B and B-C joined, A-C not: which links are shared is unknown)."""
-    links = topology_links(topology, count) if count >= 2 else None
-    if links is None:
-        return ()
-    group = list(range(count))  # each GPU's group: the lowest GPU it shares a switch with
+def _groups(links: list[list[str]], count: int, joined: Callable[[str, str], bool]) -> tuple[tuple[int, ...], ...]:
+    """The GPUs in the groups ``joined`` (a pair's link words, each way) connects, each group by its lowest GPU, a
+    GPU joined to none a group of its own; () unless every pair inside a group is joined (A-B and B-C joined, A-C
+    not: which links are shared is unknown)."""
+    group = list(range(count))  # each GPU's group: the lowest GPU joined to it
 
     def root(g: int) -> int:
         while group[g] != g:
@@ -136,15 +133,26 @@ def switch_groups(topology: str | None, count: int) -> tuple[tuple[int, ...], ..
 
     for a in range(count):
         for b in range(a + 1, count):
-            if links[a][b] == "PIX" and links[b][a] == "PIX":
+            if joined(links[a][b], links[b][a]):
                 group[max(root(a), root(b))] = min(root(a), root(b))
     members: dict[int, list[int]] = {}
     for g in range(count):
         members.setdefault(root(g), []).append(g)
     out = tuple(tuple(m) for _, m in sorted(members.items()))
-    if any(links[a][b] != "PIX" for m in out for a in m for b in m if a != b):
+    if any(not joined(links[a][b], links[b][a]) for m in out for a in m for b in m if a < b):
         return ()
     return out
+
+
+def switch_groups(topology: str | None, count: int) -> tuple[tuple[int, ...], ...]:
+    """The host's GPUs grouped by the PCIe switch they sit behind: GPUs whose every pair is ``PIX`` in `nvidia-smi
+    topo -m` (a path through at most one PCIe bridge, so their traffic stays inside that switch) form one group,
+    every other GPU a group of its own; () when the matrix lacks a row for each GPU, has fewer than two, or its
+    ``PIX`` pairs do not form such groups (A-B and B-C joined, A-C not: which links are shared is unknown)."""
+    links = topology_links(topology, count) if count >= 2 else None
+    if links is None:
+        return ()
+    return _groups(links, count, lambda ab, ba: ab == "PIX" and ba == "PIX")
 
 
 _SOCKET_LOCAL = frozenset({"PIX", "PXB", "PHB", "NODE"})  # PCIe paths that stay inside one CPU socket
@@ -156,20 +164,13 @@ def socket_groups(topology: str | None, count: int) -> tuple[tuple[int, ...], ..
     ``SYS`` (across the link between sockets); () when the matrix lacks a row for each GPU, has fewer than two,
     names a link of another kind (NVLink) or its pairs do not split that way."""
     links = topology_links(topology, count) if count >= 2 else None
-    if links is None:
+    if links is None or any(links[a][b] not in _SOCKET_LOCAL | {"SYS"}
+                            for a in range(count) for b in range(count) if a != b):
         return ()
-    pairs = [(a, b) for a in range(count) for b in range(count) if a != b]
-    if any(links[a][b] not in _SOCKET_LOCAL | {"SYS"} for a, b in pairs):
-        return ()
-    group: dict[int, int] = {}
-    for a in range(count):
-        group[a] = next((group[b] for b in range(a) if links[a][b] != "SYS"), a)
-    members: dict[int, list[int]] = {}
-    for g in range(count):
-        members.setdefault(group[g], []).append(g)
-    out = tuple(tuple(m) for _, m in sorted(members.items()))
-    if any((group[a] == group[b]) != (links[a][b] != "SYS") for a, b in pairs):
-        return ()
+    out = _groups(links, count, lambda ab, ba: ab != "SYS" and ba != "SYS")
+    of = {g: i for i, m in enumerate(out) for g in m}
+    if any(links[a][b] != "SYS" for a in range(count) for b in range(count) if of.get(a) != of.get(b)):
+        return ()  # across two groups only SYS: a pair linked inside a socket one way only is not split by it
     return out
 
 
