@@ -254,16 +254,22 @@ def budget_hint(items: list[WorkItem], expected: Mapping[Key, float | None], job
     """For a pass run without --budget: when its cost passes ``minutes``, one line saying what ``--budget
     minutes`` would run of it and leave out (:func:`fit`), so a host that has only that long knows what to
     type; "" when the pass fits."""
+    if pass_seconds(items, expected, jobs, shared_ranks, gpus, switched, islands) <= minutes * 60.0:
+        return ""  # fits: no fit to try
     fitted = fit(items, expected, minutes * 60.0, jobs, gpus, shared_ranks, switched, islands)
     if not fitted.left_out:
         return ""
+    return (f"budget: none given, and this pass costs about {duration(fitted.planned_s)}; given {minutes} minutes "
+            f"(`--budget {minutes}`, which counts the whole command) it would run about {duration(fitted.kept_s)} "
+            f"and leave out {len(fitted.left_out)} variant(s) for a later run: {_left_out_what(fitted)}")
+
+
+def _left_out_what(fitted: Fitted) -> str:
+    """What ``fit`` left out, counted per probe and tier: ``load 11 (sustained load), step 2 (...)``."""
     counts: dict[tuple[str, int], int] = defaultdict(int)
     for it in fitted.left_out:
         counts[(it.spec.id, fitted.tiers.get(it.key, 0))] += 1
-    what = ", ".join(f"{probe} {n} ({TIER_NAMES[t]})" for (probe, t), n in sorted(counts.items()))
-    return (f"budget: none given, and this pass costs about {duration(fitted.planned_s)}; given {minutes} minutes "
-            f"(`--budget {minutes}`, which counts the whole command) it would run about {duration(fitted.kept_s)} "
-            f"and leave out {len(fitted.left_out)} variant(s) for a later run: {what}")
+    return ", ".join(f"{probe} {n} ({TIER_NAMES[t]})" for (probe, t), n in sorted(counts.items()))
 
 
 def left_out_lines(fitted: Fitted) -> list[str]:
@@ -271,10 +277,7 @@ def left_out_lines(fitted: Fitted) -> list[str]:
     if not fitted.left_out:
         return [f"budget: {duration(fitted.budget_s)} left, and this pass's cost, about {duration(fitted.planned_s)}, "
                 "fits"]
-    counts: dict[tuple[str, int], int] = defaultdict(int)
-    for it in fitted.left_out:
-        counts[(it.spec.id, fitted.tiers.get(it.key, 0))] += 1
-    what = ", ".join(f"{probe} {n} ({TIER_NAMES[t]})" for (probe, t), n in sorted(counts.items()))
+    what = _left_out_what(fitted)
     probes = " ".join(f"--probe {p}" for p in sorted({it.spec.id for it in fitted.left_out}))
     return [f"budget: {duration(fitted.budget_s)} left, and this pass's cost, about {duration(fitted.planned_s)}, "
             f"does not fit; running about {duration(fitted.kept_s)} and leaving out {len(fitted.left_out)} "
