@@ -56,7 +56,7 @@ CELL = CellTarget("cu130-torch2.11.0-sgl0.4.7-fi0.7.4", "resolved",
                   versions={"cuda": "13.0", "torch": "2.11.0", "sgl_kernel": "0.4.7", "flashinfer": "0.7.4"})
 # What the cell holds of what a build self-check reports (common.build.buildrecord.BuildRecord.holds): sgl-kernel
 # and no serving engine, so the variants of backends that need vLLM or SGLang itself skip at once, and a run
-# prices them so (checks.run.session.lacking_engines)
+# prices them so (checks.run.session.lacking_distributions)
 CELL_HOLDS: dict[str, str] = {"sgl-kernel": "0.4.7"}
 
 
@@ -83,7 +83,7 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
     host = HostView(gpu_count=gpus, compute_capability="9.0", gpu_name=gpu_name, target_archs=(), level=level)
     planned = plan_work([CELL], probes, host)
     items = [it for it in (deferred_shallow(deferred_sizes(planned)) if level == QUICK else planned) if it.runs]
-    lacking = session.lacking_engines(items, lambda cell_id: CELL_HOLDS)
+    lacking = session.lacking_distributions(items, lambda cell_id: CELL_HOLDS)
     expected = runprogress.expected_durations(items, {}, "", None, tables, lacking=lacking)
     seconds = {k: e.seconds for k, e in expected.items()}
     per_probe: Counter[str] = Counter()

@@ -585,16 +585,16 @@ def test_load_variants_of_engine_backends_are_costed_as_skips_in_a_cell_without_
                                                             "sgl_kernel": {"version": "0.4.10"}}})
     assert plain.holds == {} and full.holds == {"vllm": "0.33.0", "sgl-kernel": "0.4.10"}
     held = {"plain": plain.holds, "with-vllm": full.holds}
-    got = session.lacking_engines(items, held.get)
+    got = session.lacking_distributions(items, held.get)
     assert got == {items[1].key: "sglang", items[2].key: "vllm", items[3].key: "sgl-kernel", items[5].key: "sglang"}
-    assert session.lacking_engines(items, lambda cell_id: None) == {}  # a cell that does not say what it holds
+    assert session.lacking_distributions(items, lambda cell_id: None) == {}  # a cell that does not say what it holds
     others = [WorkItem(CellTarget("plain", "resolved"), step.SPEC, Variant("step", 2, (("backend", "sgl-custom-ar"),)),
                        600.0),
               WorkItem(CellTarget("plain", "resolved"), custom_ar.SPEC,
                        Variant("custom-ar", 2, (("impl", "sgl_kernel"), ("full_nvlink", "forced"))), 600.0),
               WorkItem(CellTarget("plain", "resolved"), custom_ar.SPEC,
                        Variant("custom-ar", 2, (("impl", "flashinfer"), ("full_nvlink", "forced"))), 600.0)]
-    assert session.lacking_engines(others, held.get) == {others[0].key: "sgl-kernel", others[1].key: "sgl-kernel"}
+    assert session.lacking_distributions(others, held.get) == {others[0].key: "sgl-kernel", others[1].key: "sgl-kernel"}
 
 
 def test_an_engine_variant_whose_cell_lacks_the_engine_is_costed_as_the_skip_it_will_be(tmp_path: Path) -> None:
@@ -613,8 +613,8 @@ def test_an_engine_variant_whose_cell_lacks_the_engine_is_costed_as_the_skip_it_
     record("plain", {})
     record("vllm", {"vllm": "0.33.0"})
     record("unsaid", None)
-    assert buildrecord.read(tmp_path / "vllm").record.engines == {"vllm": "0.33.0"}
-    assert buildrecord.read(tmp_path / "unsaid").record.engines is None
+    assert buildrecord.read(tmp_path / "vllm").record.holds == {"vllm": "0.33.0"}
+    assert buildrecord.read(tmp_path / "unsaid").record.holds is None
 
     def item(cid: str, name: str) -> WorkItem:
         return WorkItem(CellTarget(cid, "resolved"), engine.SPEC, Variant("engine", 1, (("engine", name),)), 120.0)

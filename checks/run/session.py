@@ -388,26 +388,26 @@ def needed_distributions(module: ModuleType) -> tuple[tuple[str, str, tuple[str,
 
 def skipping_at_once(opts: RunOptions, backend: str, todo: list[WorkItem]) -> dict[tuple[str, str, str], str]:
     """The variants of ``todo`` that will skip at once (missing-package) -> the distribution their cell lacks
-    (:func:`lacking_engines`), by the serving engines and sgl-kernel each cell's build self-check found
+    (:func:`lacking_distributions`), by the serving engines and sgl-kernel each cell's build self-check found
     (common.build.buildrecord.BuildRecord.holds). They still run and find it themselves; this only costs them
     as the skip they will be. Cells without a build record (the local environment, an image): none."""
     if backend not in RECORD_NAMES:
         return {}
     held: dict[str, Mapping[str, str] | None] = {}
 
-    def engines(cell_id: str) -> Mapping[str, str] | None:
+    def holds(cell_id: str) -> Mapping[str, str] | None:
         if cell_id not in held:
             record = buildrecord.read(opts.envs / cell_id, backend).record
             held[cell_id] = record.holds if record is not None else None
         return held[cell_id]
 
-    return lacking_engines(todo, engines)
+    return lacking_distributions(todo, holds)
 
 
-def lacking_engines(todo: Iterable[WorkItem], engines: Callable[[str], Mapping[str, str] | None]
-                    ) -> dict[tuple[str, str, str], str]:
+def lacking_distributions(todo: Iterable[WorkItem], holds: Callable[[str], Mapping[str, str] | None]
+                          ) -> dict[tuple[str, str, str], str]:
     """The variants of ``todo`` that need a distribution their probe declares (:func:`needed_distributions`)
-    among those a build self-check reports (common.build.buildrecord.CHECKED) that ``engines(cell id)`` (what a
+    among those a build self-check reports (common.build.buildrecord.CHECKED) that ``holds(cell id)`` (what a
     cell holds of those; None: unknown) lacks -> the first such distribution."""
     looked_for = frozenset(buildrecord.CHECKED)
     needs: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {}
@@ -422,7 +422,7 @@ def lacking_engines(todo: Iterable[WorkItem], engines: Callable[[str], Mapping[s
                 needs[it.spec.id] = ()
         wanted = [d for name, value, dists in needs[it.spec.id] if it.variant.param(name) == value
                   for d in dists if d in looked_for]
-        found = engines(it.cell.cell_id) if wanted else None
+        found = holds(it.cell.cell_id) if wanted else None
         lacking = [d for d in wanted if found is not None and d not in found]
         if lacking:
             out[it.key] = lacking[0]

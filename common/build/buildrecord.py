@@ -64,11 +64,8 @@ class BuildRecord:
     # comm modules compiled by this build -> the compilers' CPU seconds per target (provision.kernels)
     compile_costs: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     no_nvcc: str = ""  # what the build's look for nvcc in the cell found instead of one ("": it found one)
-    # the serving engines the build's self-check found installed (distribution -> version; inenv.selfcheck.ENGINES
-    # are the ones it looks for); None: the record says nothing of them
-    engines: Mapping[str, str] | None = None
-    # the engines and sgl-kernel (CHECKED) the self-check found (distribution -> version); None:
-    # the record says nothing of the engines
+    # what the build's self-check found installed of the serving engines and sgl-kernel (CHECKED: distribution ->
+    # version); None: the record says nothing of the engines
     holds: Mapping[str, str] | None = None
 
     @property
@@ -84,7 +81,7 @@ class BuildRecord:
                    python=_text(data.get("python")), base_python=_text(data.get("base_python")),
                    from_base_summary=_text(data.get("from_base_summary")) or "", carried=_carried(data),
                    data=MappingProxyType(dict(data)), compile_costs=_compile_costs(data), no_nvcc=_no_nvcc(data),
-                   engines=_engines(data), holds=_holds(data))
+                   holds=_holds(data))
 
 
 def _text(value: Any) -> str | None:
