@@ -116,17 +116,17 @@ def derive(records: Iterable[Record]) -> dict[str, Any]:
     (the module docstring)."""
     runs: dict[str, dict[Shape, dict[tuple[bool, str], list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))
-    kind: dict[str, tuple[bool, str]] = {}  # run id -> (quiet, probe code), per record's probe
+    kind: dict[tuple[str, str], tuple[bool, str]] = {}  # (run id, probe) -> (quiet, probe code)
     for label, shape, seconds, run, ran, quiet, code in records:
         if math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS:
             runs[label][shape][(ran, run)].append(seconds)
-            kind[f"{run}/{shape.probe}"] = (quiet, code)
+            kind[(run, shape.probe)] = (quiet, code)
 
     def chosen(shape: Shape, by_run: dict[tuple[bool, str], list[float]]) -> list[float]:
         # (ran, run id) orders the runs that ran the feature after every run of skips, each group newest last
         ran, newest = max(by_run)
-        code = kind[f"{newest}/{shape.probe}"][1]
-        quiet = [k for k in by_run if k[0] == ran and kind[f"{k[1]}/{shape.probe}"] == (True, code)]
+        code = kind[(newest, shape.probe)][1]
+        quiet = [k for k in by_run if k[0] == ran and kind[(k[1], shape.probe)] == (True, code)]
         return by_run[max(quiet)] if quiet else by_run[(ran, newest)]
 
     per = {label: {shape: chosen(shape, by_run) for shape, by_run in shapes.items()}

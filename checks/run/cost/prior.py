@@ -34,13 +34,11 @@ def records(root: Path, build_params: Mapping[str, str],
             if cls is None:
                 continue
             label = model.host_label(cls.gpu_name, cls.gpu_count)
-            results = read_file(path)[0]
-            compiled = {id(r): build_params.get(r.probe_id) and runprogress.timed(r)
-                        and _positive(r.verdict.metrics.get("compile_s")) for r in results}
-            quiet = not any(compiled.values())
-            for r in results:
-                shape = shape_of(r.probe_id, r.variant, build_params, bool(compiled[id(r)]))
-                if runprogress.timed(r) and shape:
+            results = [(r, bool(build_params.get(r.probe_id)) and _positive(r.verdict.metrics.get("compile_s")))
+                       for r in read_file(path)[0] if runprogress.timed(r)]
+            quiet = not any(compiled for _, compiled in results)
+            for r, compiled in results:
+                if shape := shape_of(r.probe_id, r.variant, build_params, compiled):
                     if cls.gpu_count and shape.ranks > cls.gpu_count and not shape.shared:
                         continue
                     yield (label, shape, r.verdict.duration_s, path.name.removesuffix(".jsonl"),
