@@ -7,6 +7,7 @@ so a checkout being edited (this one, most of the time) could not show a reuse a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ from checks.results.provenance import Provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import read_file
 from checks.run import incremental
+from checks.run.executor import EnvPrint, env_print
 from checks.run.plan import CellTarget, WorkItem
 from inenv.probe import FULL, QUICK, ProbeSpec, Variant
 from inenv.status import Status
@@ -403,5 +405,86 @@ def test_a_probe_that_reads_host_state_is_never_carried_forward() -> None:
     facts = {"gpu_count": 1, "gpus": [{"name": "NVIDIA H200"}], "driver": "580", "compute_capability": "9.0"}
     host_item = WorkItem(cell, P2P, Variant("host-p2p", 1, (("check", "facts"),)), 60.0)
     stack_item = WorkItem(cell, ProbeSpec("nccl-graphs", "t", "f"), Variant("nccl-graphs", 2), 60.0)
-    assert incremental.inputs_for(host_item, "venv abc", facts, ()) is None
-    assert incremental.inputs_for(stack_item, "venv abc", facts, ()) is not None
+    assert incremental.inputs_for(host_item, EnvPrint("venv abc"), facts, ()) is None
+    assert incremental.inputs_for(stack_item, EnvPrint("venv abc"), facts, ()) is not None
+
+
+def test_a_variant_counts_the_environment_less_the_kernel_set_and_the_modules_it_loads() -> None:
+    """The set gains and changes modules (the kernel stage after the quick pass): a variant that loads none of
+    them keeps the environment it had, one that loads a module sees that module's digest, or "none"."""
+    spec = ProbeSpec("t-loads", "t", "f", loads=(("mode", "with", ("vllm_comm",)),))
+    cell = CellTarget("cella", "resolved")
+    loads = WorkItem(cell, spec, Variant("t-loads", 1, (("mode", "with"),)), 60.0)
+    plain = WorkItem(cell, spec, Variant("t-loads", 1, (("mode", "without"),)), 60.0)
+    facts = {"gpu_count": 0}
+
+    def env(item: WorkItem, kernels: dict[str, str]) -> str:
+        got = incremental.inputs_for(item, env_print("image sha256:ab", kernels), facts, ())
+        assert got is not None
+        return got.env
+
+    assert env(plain, {}) == env(plain, {"vllm_comm": "1111", "moe_a2a": "2222"}) == "image sha256:ab"
+    assert env(loads, {}) == "image sha256:ab kernels vllm_comm=none"
+    assert env(loads, {"vllm_comm": "1111", "moe_a2a": "2222"}) == "image sha256:ab kernels vllm_comm=1111"
+    assert env(loads, {"vllm_comm": "3333"}) == "image sha256:ab kernels vllm_comm=3333"
+    # what an environment reports is read defensively: a digest that is not text is no digest
+    assert env_print("b", {"vllm_comm": 7, 3: "x", "moe_a2a": "2222"}) == EnvPrint("b", (("moe_a2a", "2222"),))
+    assert env_print("b", ["vllm_comm"]) == EnvPrint("b")
+
+
+LOADING = '''"""Passes, and appends its variant to STACKPROBE_TEST_COUNT; its mode=with variant loads vllm_comm."""
+
+import os
+
+from inenv.probe import ProbeSpec, RankContext, Variant, outcome
+
+SPEC = ProbeSpec(id="t-loads", title="t-loads", feature="incremental runs", ranks=(1,), needs_gpu=False,
+                 timeout_s=60, loads=(("mode", "with", ("vllm_comm",)),))
+
+
+def variants(host):
+    return [Variant("t-loads", 1, (("mode", m),)) for m in ("with", "without")]
+
+
+def run(ctx: RankContext) -> dict:
+    with open(os.environ["STACKPROBE_TEST_COUNT"], "a") as f:
+        f.write("t-loads " + ctx.variant.key + "\\n")
+    return outcome("pass")
+'''
+
+
+def test_a_changed_kernel_set_reruns_only_the_variants_that_load_the_changed_module(tmp_path: Path) -> None:
+    """A local environment whose flashinfer carries vllm_comm in its AOT folder (a stand-in package beside a
+    real shared object with the module's entry points): a new library, or the module removed, reruns the variant
+    that loads it and reuses the one that does not; the manifest names the module's digest."""
+    from tests.test_carried import module_library
+
+    c = Checkout(tmp_path)
+    (c.probes / "t_loads.py").write_text(LOADING)
+    site = tmp_path / "site"
+    aot = site / "flashinfer" / "data" / "aot" / "vllm_comm"
+    aot.mkdir(parents=True)
+    (site / "flashinfer" / "__init__.py").write_text("")
+    record = {"schema": 1, "module": "vllm_comm", "name": "vllm_comm", "sass": ["sm_90a"], "arch_list": "9.0a"}
+    (aot / "stackprobe-kernel.json").write_text(json.dumps(record))
+    (aot / "vllm_comm.so").write_bytes(module_library("vllm_comm", "first"))
+    c.env["PYTHONPATH"] = f"{c.root}{os.pathsep}{site}"
+    loads = ["t-loads ranks=1,mode=with", "t-loads ranks=1,mode=without"]
+
+    c.run()
+    assert c.ran() == [*ALL, *loads]
+    c.run()
+    assert c.ran() == []
+    [run1] = c.runs()
+    [cell] = json.loads(run1.with_name(run1.stem + ".manifest.json").read_text())["cells"].values()
+    by_hand = hashlib.sha256(json.dumps(record, sort_keys=True).encode() + b"\0"
+                             + (aot / "vllm_comm.so").read_bytes()).hexdigest()[:16]
+    assert cell["kernels"] == {"vllm_comm": by_hand} and cell["fingerprint"].startswith("local ")
+
+    (aot / "vllm_comm.so").write_bytes(module_library("vllm_comm", "second"))  # rebuilt: another library
+    c.run()
+    assert c.ran() == ["t-loads ranks=1,mode=with"]
+    for name in ("vllm_comm.so", "stackprobe-kernel.json"):  # the module is no longer carried
+        (aot / name).unlink()
+    c.run()
+    assert c.ran() == ["t-loads ranks=1,mode=with"]

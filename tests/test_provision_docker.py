@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import docker_cli
 
+from checks.run.container import DockerExecutor
 from common.catalog import load as load_catalog
 from common.matrix import Cell
 from common.resolve import RESOLVED, resolve
@@ -166,6 +167,16 @@ def test_real_cell_builds_checks_itself_and_rebuild_is_a_noop(tmp_path: Path, ba
         assert k["modules"]["vllm_comm"]["carried"] is True and k["modules"]["vllm_comm"]["sass"] == ["sm_120a"]
         assert carried["kernels_base"] == rec["image_id"] and carried["image_id"] != rec["image_id"]
         assert _labels(tag)[kernels.KERNELS_LABEL] == k["digest"] and _labels(tag)["org.stackprobe.cell"] == REAL
+        # the layer names the image below it and the module's digest (its record and library, hashed here), so
+        # `checks run` sees the image below the layer for a variant that loads no carried module
+        folder = kset / REAL / "vllm_comm"
+        rec_json = json.dumps(json.loads((folder / "stackprobe-kernel.json").read_text()), sort_keys=True)
+        by_hand = hashlib.sha256(rec_json.encode() + b"\0" + (folder / "vllm_comm.so").read_bytes()).hexdigest()[:16]
+        assert _labels(tag)["org.stackprobe.kernels.base"] == rec["image_id"]
+        assert _labels(tag)["org.stackprobe.kernels.modules"] == f"vllm_comm={by_hand}"
+        seen_env = DockerExecutor(tag).fingerprint()
+        assert seen_env is not None and seen_env.of(()) == f"image {rec['image_id']}"
+        assert seen_env.of(("vllm_comm",)) == f"image {rec['image_id']} kernels vllm_comm={by_hand}"
         on_disk = json.loads(record.read_text())
         assert on_disk["kernels"] == k and on_disk["image_id"] == carried["image_id"]
         inside = subprocess.run([docker_cli(), "run", "--rm", "--network", "none", "--entrypoint",

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from checks.run.executor import EnvPrint
 from checks.run.options import CompileTargets, RunOptions
 from checks.run.plan import CellTarget
 from checks.run.runner import Hooks, RunReport, Work
@@ -51,7 +52,7 @@ class Backend(Protocol):
 
     def targets(self, opts: RunOptions) -> Targets: ...
 
-    def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, str | None]: ...
+    def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, EnvPrint | None]: ...
 
     def run(self, opts: RunOptions, work: Work, hooks: Hooks) -> RunReport: ...
 

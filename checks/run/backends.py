@@ -14,7 +14,15 @@ from checks.results import hostfacts
 from checks.run import cells, runner
 from checks.run.backend import Backend, Targets
 from checks.run.container import client, unreachable
-from checks.run.executor import Executor, ExecutorError, LocalExecutor, for_run, gpu_lock_path, run_token
+from checks.run.executor import (
+    EnvPrint,
+    Executor,
+    ExecutorError,
+    LocalExecutor,
+    for_run,
+    gpu_lock_path,
+    run_token,
+)
 from checks.run.options import AUTO, DOCKER, LOCAL, SLURM, VENV, RunOptions, UsageError, compile_targets
 from checks.run.runner import Hooks, RunReport, Work
 from checks.run.slurm.backend import SlurmBackend
@@ -36,7 +44,7 @@ def _peer_facts(executors: dict[str, Executor], gpus: int) -> dict[str, Any] | N
         return None
 
 
-def fingerprints(executors: dict[str, Executor]) -> dict[str, str | None]:
+def fingerprints(executors: dict[str, Executor]) -> dict[str, EnvPrint | None]:
     """Each cell's environment fingerprint, the cells asked at once: each answer is a process started in the
     environment (a container on Docker), and a run's plan waits for the last of them."""
     if not executors:
@@ -77,7 +85,7 @@ class HostBackend:
                  and (have := cells.env_modules(ex, capability))}
         return Targets(found, facts, gpus, compile_targets(opts.target_archs, gpus, capability), holds)
 
-    def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, str | None]:
+    def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, EnvPrint | None]:
         cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
         lock = gpu_lock_path() if self.gpu_lock and targets.gpus else None
         self.executors = for_run(self.executors, targets.compile.archs, cache, str(targets.facts["host_id"]), lock,

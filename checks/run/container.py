@@ -23,9 +23,11 @@ from checks.run import classify, isolate, serving
 from checks.run.containerserver import ATTACH, ContainerProcess
 from checks.run.executor import (
     CODE_ROOT,
+    EnvPrint,
     ExecutorError,
     RunEnv,
     apply_env,
+    env_print,
     hard_timeout,
     is_gated,
     parse_result_text,
@@ -34,6 +36,7 @@ from checks.run.executor import (
 )
 from checks.run.isolate import ProcessOutcome
 from common import memlock
+from common.build import kernellayer
 from common.caches import BYTECODE_ROOT, bytecode_key
 from common.reasons import Catalogue
 from inenv import gpugate, kit
@@ -187,12 +190,19 @@ class DockerExecutor:
         """The serving workers' containers end (a one-shot variant's container ends with its variant)."""
         self._servers.close()
 
-    def fingerprint(self) -> str | None:
-        """The image's id (None when the image vanished or the daemon went away: the run says so per variant)."""
+    def fingerprint(self) -> EnvPrint | None:
+        """The image's id, or for an image of ours with a kernel layer the id of the image below it and each
+        carried module's digest, from the layer's labels (common.build.kernellayer); None when the image vanished
+        or the daemon went away (the run says so per variant)."""
         try:
-            return f"image {self.docker.images.get(self.image).id}"
+            image = self.docker.images.get(self.image)
         except Exception:
             return None
+        layer = kernellayer.read(image.labels)
+        if layer is None:
+            return EnvPrint(f"image {image.id}")
+        base, kernels = layer
+        return env_print(f"image {base}", kernels)
 
     def sweep(self) -> None:
         """Remove this executor's containers: a worker thread waiting on the daemon cannot be interrupted

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +29,7 @@ from common import home
 from common.build.celltoolkit import base_env
 from common.caches import HOST_BYTECODE_ROOT
 from common.reasons import Catalogue
-from inenv import gpugate, kit
+from inenv import gpugate, kernelprint, kit
 from inenv.probe import RESULT_MARKER, Variant
 from inenv.probes.fi_jit import ARCHS_ENV
 from inenv.registry import PROBE_PATH_ENV
@@ -114,6 +114,36 @@ def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class EnvPrint:
+    """What identifies a cell's environment for incremental runs: ``base``, the environment without its carried
+    kernel set (a Docker image's id below the kernel layer; an interpreter's distributions, toolkit, compiler
+    and run-shaping variables), and ``kernels``, each carried module's digest (inenv.kernelprint), sorted by
+    module. A variant's environment is the base and the digests of the modules it loads (:meth:`of`)."""
+
+    base: str
+    kernels: tuple[tuple[str, str], ...] = ()
+
+    def of(self, modules: Iterable[str]) -> str:
+        """The environment of a variant that loads ``modules``: the base alone when it loads none, so such a
+        variant's inputs are the same before and after the set changes."""
+        have = dict(self.kernels)
+        wanted = sorted(set(modules))
+        if not wanted:
+            return self.base
+        return f"{self.base} kernels " + ",".join(f"{m}={have.get(m, kernelprint.ABSENT)}" for m in wanted)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fingerprint": self.base, "kernels": dict(self.kernels)}
+
+
+def env_print(base: str, kernels: Any) -> EnvPrint:
+    """An :class:`EnvPrint` of ``base`` and the module digests an environment reported (read defensively: only
+    text keys with text values count)."""
+    found = kernels.items() if isinstance(kernels, Mapping) else ()
+    return EnvPrint(base, tuple(sorted((k, v) for k, v in found if isinstance(k, str) and isinstance(v, str))))
+
+
 def apply_env(env: dict[str, str], changes: RunEnv) -> dict[str, str]:
     for name, value in changes:
         if value:
@@ -144,7 +174,7 @@ class Executor(Protocol):
         """`python -m inenv.worker --inspect` in the environment: versions and GPU facts."""
         ...
 
-    def fingerprint(self) -> str | None:
+    def fingerprint(self) -> EnvPrint | None:
         """What identifies the environment for incremental runs (checks.run.incremental), or None when it cannot
         be told (then nothing of this cell is reused)."""
         ...
@@ -239,18 +269,19 @@ class LocalExecutor:
     def close(self) -> None:
         self._servers.close()
 
-    def fingerprint(self) -> str | None:
+    def fingerprint(self) -> EnvPrint | None:
         """What inenv.envinfo.fingerprint reads in the interpreter, with the run-shaping variables of the
-        environment its ranks get."""
+        environment its ranks get, and the digest of each carried module there (inenv.kernelprint)."""
         env = self.env()
-        code = "import json, inenv.envinfo as e; print(json.dumps(e.fingerprint()))"
+        code = ("import json, inenv.envinfo as e, inenv.kernelprint as k; "
+                "print(json.dumps([e.fingerprint(), k.installed()]))")
         try:
             proc = subprocess.run([self.python, "-c", code], capture_output=True, text=True, env=env,
                                   timeout=FINGERPRINT_TIMEOUT_S)
-            found = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            found = None
-        return f"{self.name} {digest([found, safe_env(env)])}" if found else None
+            found, kernels = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else (None, {})
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError, TypeError):
+            found, kernels = None, {}
+        return env_print(f"{self.name} {digest([found, safe_env(env)])}", kernels) if found else None
 
     def inspect(self) -> dict[str, Any]:
         if not self._inspected:

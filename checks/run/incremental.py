@@ -1,9 +1,10 @@
 """Incremental runs (host side): a variant whose inputs match the result this host recorded last for it is not
 run again; that result is carried into the new run as a copy marked with the run that measured it.
 
-A verdict's inputs: the host (its results folder), the cell, the cell's environment (a Docker image's id; for
-a venv or a local interpreter, its installed distributions, toolkit, host compiler and the run-shaping
-environment variables the ranks inherit), the probe's source hash, the variant (its key holds its params),
+A verdict's inputs: the host (its results folder), the cell, the cell's environment (a Docker image's id, below
+its kernel layer where it has one; for a venv or a local interpreter, its installed distributions, toolkit, host
+compiler and the run-shaping environment variables the ranks inherit) and the digest of each carried kernel
+module the variant loads, the probe's source hash, the variant (its key holds its params),
 the host facts the probe can read (the GPUs and their driver for every probe, since compile and inventory
 probes look at the local GPU too; the cross-compile targets for CPU-only probes) and the run's level.
 
@@ -30,8 +31,8 @@ from typing import Any
 from checks.results import freshness, provenance
 from checks.results.result import ProbeResult, Verdict
 from checks.results.store import LEVEL, REUSED_FROM, latest_results, level_of
-from checks.run.executor import digest
-from checks.run.plan import WorkItem
+from checks.run.executor import EnvPrint, digest
+from checks.run.plan import WorkItem, jit_modules
 from common import reasons
 from inenv.probe import FULL, QUICK
 from inenv.status import Status
@@ -62,13 +63,15 @@ def host_inputs(needs_gpu: bool, facts: Mapping[str, Any], target_archs: tuple[s
     return digest(seen)
 
 
-def inputs_for(item: WorkItem, env: str | None, facts: Mapping[str, Any],
+def inputs_for(item: WorkItem, env: EnvPrint | None, facts: Mapping[str, Any],
                target_archs: tuple[str, ...]) -> Inputs | None:
     """None when the environment's fingerprint is unknown or the probe reads host state no input captures
-    (``ProbeSpec.reusable``): such a result can never be matched."""
-    if not env or not item.spec.reusable:
+    (``ProbeSpec.reusable``): such a result can never be matched. The environment counts as the variant sees
+    it: the cell's environment less its carried kernel set, and the digests of the carried modules the
+    variant loads (plan.jit_modules), so a set that gains or changes a module reruns only what loads it."""
+    if env is None or not env.base or not item.spec.reusable:
         return None
-    return Inputs(env, host_inputs(item.spec.needs_gpu, facts, target_archs))
+    return Inputs(env.of(jit_modules(item)), host_inputs(item.spec.needs_gpu, facts, target_archs))
 
 
 def why_not(result: ProbeResult, inputs: Inputs | None, probe_hash: str | None, level: str,

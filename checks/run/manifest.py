@@ -1,7 +1,8 @@
 """The manifest of one run, ``results/<host_id>/<run_id>.manifest.json`` (pure; the store writes it).
 
 It records what the results of the run need beside them: the host facts, every selected cell (its
-versions, image and status, and the fingerprint of its environment that incremental runs compare), the
+versions, image and status, and the fingerprint of its environment that incremental runs compare: the
+environment less its carried kernel set, and ``kernels``, each carried module's digest), the
 probes (title and the question each answers), the executor, the level (``full`` or ``quick``), the
 command line and, since schema 2, ``code``: the checkout the run used and the source hash of every
 selected probe (each result also carries its own probe's hash).
@@ -14,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from checks.results.provenance import Checkout
+from checks.run.executor import EnvPrint
 from checks.run.plan import CellTarget
 from inenv.probe import FULL
 
@@ -23,13 +25,14 @@ SCHEMA = "stackprobe.manifest/2"  # 2: `code`
 def build(run_id: str, host_id: str, written_at: str, executor: str, facts: Mapping[str, Any],
           cells: list[CellTarget], probes: Mapping[str, ModuleType], code: Checkout,
           probe_hashes: Mapping[str, str], argv: list[str], level: str = FULL,
-          fingerprints: Mapping[str, str | None] | None = None) -> dict[str, Any]:
-    prints = fingerprints or {}
+          fingerprints: Mapping[str, EnvPrint | None] | None = None) -> dict[str, Any]:
+    prints = {cid: p.to_json() for cid, p in (fingerprints or {}).items() if p is not None}
     return {
         "schema": SCHEMA, "run_id": run_id, "host_id": host_id, "written_at": written_at, "executor": executor,
         "level": level, "facts": dict(facts),
         "cells": {c.cell_id: {"status": c.status, "reason": c.reason, "versions": c.versions, "image": c.image,
-                              "image_status": c.image_status, "fingerprint": prints.get(c.cell_id)} for c in cells},
+                              "image_status": c.image_status,
+                              **prints.get(c.cell_id, {"fingerprint": None})} for c in cells},
         "probes": {pid: {"title": m.SPEC.title, "feature": m.SPEC.feature} for pid, m in sorted(probes.items())},
         "code": code.to_json(probe_hashes),
         "argv": list(argv),

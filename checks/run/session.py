@@ -37,6 +37,7 @@ from checks.run.backend import Backend, Targets
 from checks.run.backends import BACKENDS, resolve
 from checks.run.cost import budget
 from checks.run.cost import model as costmodel
+from checks.run.executor import EnvPrint
 from checks.run.options import REPO, SLURM, RunOptions, UsageError
 from checks.run.plan import (
     REUSED,
@@ -67,7 +68,7 @@ class Planned:
     hashes: dict[str, str]
     code: Checkout
     inputs: dict[tuple[str, str, str], incremental.Inputs | None]
-    fingerprints: dict[str, str | None]
+    fingerprints: dict[str, EnvPrint | None]
     build_costs: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # probe -> build -> s
 
 
@@ -292,7 +293,7 @@ def select_probes(opts: RunOptions) -> dict[str, ModuleType]:
 
 
 def plan(opts: RunOptions, probes: dict[str, ModuleType], targets: Targets,
-         fingerprints: dict[str, str | None]) -> Planned:
+         fingerprints: dict[str, EnvPrint | None]) -> Planned:
     """Cells x probes x variants on the targets' host, with the inputs each fresh result will record."""
     host = dataclasses.replace(hostfacts.host_view(targets.facts, targets.compile.archs), gpu_count=targets.gpus,
                                level=opts.level)

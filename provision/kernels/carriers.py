@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from common.build import backend
+from common.build import backend, kernellayer
 from common.build.celltoolkit import base_env, cell_env
+from common.build.kernellayer import BASE_LABEL, KERNELS_LABEL, MODULES_LABEL, modules_value
 from common.caches import CODE_ROOT
-from inenv import atomic, kit
+from inenv import atomic, kernelprint, kit
 from inenv.kit import CELL_ENV, COMPILE_CACHE_ENV
 from inenv.kit import FI_CARRY_RESULT_PREFIX as RESULT_PREFIX
 from provision.dockercli import Docker
@@ -32,8 +33,6 @@ CODE_MOUNT = "/opt/stackprobe-code"
 CACHE_MOUNT = "/opt/stackprobe-compile-cache"
 
 OUT_MOUNT = "/opt/stackprobe-kernels"
-
-KERNELS_LABEL = "org.stackprobe.kernels"
 
 # The CPU weight (cgroup cpu shares, of the default 1024) of a build container started by a stage that runs behind
 # (niced: provision.kernels.detached): a container's processes are children of the container runtime, not of the
@@ -321,12 +320,17 @@ class DockerCarrier:
 def layer_context(kernel_dir: Path, ctx: Path, base: str, target: str) -> None:
     """The build context of a Docker cell's kernel layer: the modules the kernel-set reader accepts, each
     library and record copied without following a link (never the set folder copied as it is), and the
-    Dockerfile that puts them in the image's AOT folder ``target``."""
+    Dockerfile that puts them in the image's AOT folder ``target``, labelled with the set's digest and, where
+    ``base`` is an image id, that id and each module's digest (common.build.kernellayer: what `checks run`
+    compares, so a variant loading none of the modules keeps its results across the layer)."""
     for c in kit.kernel_set(kernel_dir).values():
         copy_module(c, ctx / "kernels" / c.name)
     (ctx / "kernels").mkdir(parents=True, exist_ok=True)
-    (ctx / "Dockerfile").write_text(
-        f"FROM {base}\nCOPY kernels/ {target}/\nLABEL {KERNELS_LABEL}=\"{set_digest(kernel_dir)}\"\n")
+    labels = [f'{KERNELS_LABEL}="{set_digest(kernel_dir)}"']
+    if kernellayer.read({BASE_LABEL: base, MODULES_LABEL: ""}) is not None:
+        labels += [f'{BASE_LABEL}="{base}"',
+                   f'{MODULES_LABEL}="{modules_value(kernelprint.module_digests(ctx / "kernels"))}"']
+    (ctx / "Dockerfile").write_text(f"FROM {base}\nCOPY kernels/ {target}/\nLABEL {' '.join(labels)}\n")
 
 
 CARRIERS: dict[str, Callable[[Mapping[str, Any], Path | None, Docker], Carrier]] = {

@@ -32,6 +32,7 @@ from checks.run import cells, classify
 from checks.run.backend import Targets
 from checks.run.executor import (
     CODE_ROOT,
+    EnvPrint,
     ExecutorError,
     LocalExecutor,
     hard_timeout,
@@ -381,7 +382,7 @@ class SlurmBackend:
         facts = node_facts(opts, site, gpus, first, lambda line: print(line, file=sys.stderr, flush=True))
         return Targets(found, facts, gpus, compile_targets(opts.target_archs, gpus, facts.get("compute_capability")))
 
-    def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, str | None]:
+    def prepare(self, opts: RunOptions, targets: Targets) -> dict[str, EnvPrint | None]:
         cache = compile_cache_dir(opts.compile_cache, opts.no_compile_cache)
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)  # on the shared file system the code is on, as the nodes see it
