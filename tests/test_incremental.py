@@ -484,7 +484,7 @@ def test_a_changed_kernel_set_reruns_only_the_variants_that_load_the_changed_mod
     (aot / "vllm_comm.so").write_bytes(module_library("vllm_comm", "second"))  # rebuilt: another library
     c.run()
     assert c.ran() == ["t-loads ranks=1,mode=with"]
-    for name in ("vllm_comm.so", "stackprobe-kernel.json"):  # the module is no longer carried
+    for name in ("vllm_comm.so", "stackprobe-kernel.json"):  # the set without the module
         (aot / name).unlink()
     c.run()
     assert c.ran() == ["t-loads ranks=1,mode=with"]
