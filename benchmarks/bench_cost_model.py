@@ -76,9 +76,31 @@ def link_name(switched: bool, islands: tuple[tuple[int, ...], ...]) -> str:
     return "NVSwitch" if switched else "PCIe"
 
 
+def step_grid_seconds(paths: list[Path]) -> dict[int, float]:
+    """World size -> the seconds one step variant with a GPU per rank takes at it, from the JSON files
+    benchmarks/bench_step_grid.py wrote on a GPU host (its ``estimate_s``: the full grid at that world size's
+    widths on one rank, the agreement cases and the links' time per allreduce; the warm rank's start apart)."""
+    out: dict[int, float] = {}
+    for path in paths:
+        data = json.loads(path.read_text())
+        out[int(data["world_widths"])] = float(data["estimate_s"])
+    return out
+
+
+def measured_grid(item: WorkItem, grid: dict[int, float]) -> float | None:
+    """The step grid's measured seconds for ``item`` (a step variant with a GPU per rank at a deep world size),
+    from the nearest world size measured at or below its own (fewer ranks: wider matmuls, so no less work);
+    None for every other variant."""
+    v = item.variant
+    if item.spec.id != "step" or v.share_gpu or v.param("depth") or v.skip is not None:
+        return None
+    at = [n for n in grid if n <= v.ranks]
+    return grid[max(at)] if at else None
+
+
 def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, level: str,
                  jobs: int, cores: int = 16, switched: bool = False,
-                 islands: tuple[tuple[int, ...], ...] = ()) -> dict[str, object]:
+                 islands: tuple[tuple[int, ...], ...] = (), grid: dict[int, float] | None = None) -> dict[str, object]:
     probes = {pid: mod for pid, (_, mod) in registry.discover().items()}
     host = HostView(gpu_count=gpus, compute_capability="9.0", gpu_name=gpu_name, target_archs=(), level=level)
     planned = plan_work([CELL], probes, host)
@@ -86,11 +108,16 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
     lacking = session.lacking_distributions(items, lambda cell_id: CELL_HOLDS)
     expected = runprogress.expected_durations(items, {}, "", None, tables, lacking=lacking)
     seconds = {k: e.seconds for k, e in expected.items()}
+    # a step variant no host timed, costed at the grid measured on a GPU host instead of the guess (the full
+    # level's: a quick pass runs one shape and one case of it)
+    gridded = {it.key: s for it in items if level == FULL and seconds.get(it.key) is None
+               and (s := measured_grid(it, grid or {})) is not None}
+    seconds.update(gridded)
     per_probe: Counter[str] = Counter()
     for it in items:
         per_probe[it.spec.id] += budget.seconds_of(it, seconds)
     carried = sum(1 for e in expected.values() if e.seconds is not None and e.basis)
-    guessed = sum(1 for e in expected.values() if e.seconds is None)
+    guessed = sum(1 for e in expected.values() if e.seconds is None) - len(gridded)
     switched = switched or bool(islands)
     lanes = budget.Lanes(jobs, rank_cap(cores), gpus=gpus, switched=switched, islands=islands)
     for it in items:
@@ -107,7 +134,7 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
             "lanes_s": {"timed": round(lanes.timed_wall(), 1),
                         "untimed": round(lanes.wall() - lanes.timed_wall() - lanes.cpu / max(1, jobs), 1),
                         "cpu": round(lanes.cpu / max(1, jobs), 1)},
-            "carried_to_unmeasured_sizes": carried, "guessed": guessed,
+            "carried_to_unmeasured_sizes": carried, "guessed": guessed, "from_step_grid": len(gridded),
             "top": [(p, round(s, 1)) for p, s in per_probe.most_common(4)]}
 
 
@@ -159,10 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prior", type=Path, default=costmodel.PRIOR_PATH)
     ap.add_argument("--results", type=Path, help="derive the prior from this results root instead of --prior")
     ap.add_argument("--check", type=Path, nargs="*", default=[])
+    ap.add_argument("--step-grid", type=Path, nargs="*", default=[], metavar="JSON",
+                    help="benchmarks/bench_step_grid.py's JSON files: the step's variants with a GPU per rank that "
+                    "no host timed are costed at the grid they measured instead of the guess")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     tables_all = costmodel.parse_prior(costmodel.derive(records(args.results, build_params()))) if args.results \
         else costmodel.load_prior(args.prior)
+    grid = step_grid_seconds(args.step_grid)
     rows = []
     for n in (int(x) for x in args.gpus.split(",")):
         tables = costmodel.tables_for(tables_all, args.gpu_name, n)
@@ -172,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         links += [(True, ())] if n > 1 else []
         for level in (QUICK, FULL):
             for switched, islands in links:
-                rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, cores, switched, islands))
+                rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, cores, switched, islands, grid))
                 if level == FULL and cores != args.cores:
                     rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, args.cores, switched,
-                                             islands))
+                                             islands, grid))
     checks = [check(p, args.results or ROOT / "results") for p in args.check]
     if args.json:
         print(json.dumps({"predictions": rows, "checks": checks}, indent=1))
@@ -190,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
           "sockets are the same islands: checks.run.placement.islands); "
           "NVSwitch (every GPU pair NV#), timed variants side by side on disjoint GPU sets (checks.run.placement); "
           "lanes: timed / untimed / CPU-only seconds of the wall time")
+    if grid:
+        print("step variants with a GPU per rank that no host timed: costed at the grid bench_step_grid.py measured "
+              f"on a GPU host ({', '.join(f'{n} ranks {s:g} s' for n, s in sorted(grid.items()))}; the nearest "
+              "world size measured at or below)")
     print(f"{'GPUs':>4} {'level':>5} {'link':>9} {'cores':>5} {'variants':>8} {'predicted':>10} {'lanes':>20} "
           f"{'carried':>7} {'guessed':>7}  costliest probes")
     for r in rows:
