@@ -1,0 +1,83 @@
+"""The step probe's full grid run as one rank of a variant with a GPU per rank runs it, on one GPU: what
+benchmarks/bench_step_grid.py measures (its docstring says how and why). Not a probe and imported by none: a
+host tool's in-environment side, so it reaches the kit's helpers as the probes do.
+
+In-environment side: the standard library and torch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def allreduces(blocks: int, replays: int) -> int:
+    """The allreduces one rank makes across its peers in one case of a real variant (inenv.probes.stepmodel
+    .run_case): the step graph's eager warm-up, two checked replays, one profiled and ``replays`` timed, and the
+    allreduces-alone graph's warm-up and ``replays`` timed, ``blocks`` allreduces each."""
+    return blocks * (1 + 2 + 1 + replays + 1 + replays)
+
+
+def measure(world: int, link_us: float) -> dict[str, Any]:
+    """The grid at ``world`` ranks' widths on this process's GPU 0 over NCCL with a world of one: per shape and
+    case its seconds and verdict, the whole grid, the agreement cases, and the estimate with ``link_us`` of links
+    per allreduce."""
+    import torch
+    import torch.distributed as dist
+
+    from inenv.kit import _agree, _device, _timing
+    from inenv.probes import step, stepcomm, stepmodel
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    t0 = time.monotonic()
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+    gloo = dist.new_group(backend="gloo")
+    group = dist.group.WORLD
+    setup_s = time.monotonic() - t0
+    wanted = stepmodel.shapes(world)
+    max_numel = max(stepmodel.MAX_TOKENS * max(s.hidden for s in wanted), _agree.max_numel())
+    comm = stepcomm.make_comm("nccl", 0, 1, device, group, max_numel, stepmodel.MAX_TOKENS)
+    flat = {k: torch.empty(max_numel, device=device, dtype=torch.bfloat16)
+            for k in ("res0", "res_a", "res_b", "norm", "out")}
+    barrier = _timing.stream_barrier(device, group)
+    rows: list[dict[str, object]] = []
+    t_grid = time.monotonic()
+    with _timing.side_stream(device):
+        for shape in wanted:
+            comm.for_model(shape.hidden)
+            model = stepmodel.Model(shape, 0, 1, device, comm, flat)
+            for case in stepmodel.CASES:
+                t = time.monotonic()
+                r = stepmodel.run_case(model, case, gloo, barrier, timed=True)
+                _device.wait_device(60.0)
+                rows.append({"shape": shape.name, "case": case.key, "verdict": r.get("verdict"),
+                             "s": round(time.monotonic() - t, 3),
+                             "allreduces": allreduces(shape.blocks, stepmodel.REPLAYS)})
+            del model
+            torch.cuda.empty_cache()
+        grid_s = time.monotonic() - t_grid
+        t_agree = time.monotonic()
+        agreed = _agree.run_cases(stepmodel.agreement_bind(comm, 0, 1, flat),
+                                  step.agreement_cases(False, comm.dtypes), gloo, lambda _m: None)
+        agree_s = time.monotonic() - t_agree
+    calls = sum(int(str(r["allreduces"])) for r in rows)
+    links_s = calls * link_us / 1e6
+    out = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "world_widths": world,
+           "shapes": len(wanted), "cases": len(stepmodel.CASES), "replays": stepmodel.REPLAYS,
+           "setup_s": round(setup_s, 2), "grid_s": round(grid_s, 2), "agreement_s": round(agree_s, 2),
+           "agreement_cases": len(agreed), "allreduces": calls,
+           "link_us": link_us, "links_s": round(links_s, 2),
+           "estimate_s": round(grid_s + agree_s + links_s, 2), "rows": rows}
+    dist.destroy_process_group()
+    return out
