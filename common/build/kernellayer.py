@@ -27,13 +27,18 @@ def modules_value(digests: Mapping[str, str]) -> str:
     return ",".join(f"{m}={d}" for m, d in sorted(digests.items()))
 
 
+def is_image_id(value: object) -> bool:
+    """Whether ``value`` is a full image id (``sha256:`` and 64 hex digits), what :data:`BASE_LABEL` holds."""
+    return isinstance(value, str) and _IMAGE_ID.fullmatch(value) is not None
+
+
 def read(labels: Mapping[str, object] | None) -> tuple[str, dict[str, str]] | None:
     """(the base image id, module -> digest) from an image's labels; None when the image has no kernel layer of
     ours or a label of another shape."""
     if not isinstance(labels, Mapping):
         return None
     base, mods = labels.get(BASE_LABEL), labels.get(MODULES_LABEL)
-    if not isinstance(base, str) or not _IMAGE_ID.fullmatch(base) or not isinstance(mods, str):
+    if not isinstance(base, str) or not is_image_id(base) or not isinstance(mods, str):
         return None
     digests: dict[str, str] = {}
     for item in filter(None, mods.split(",")):

@@ -327,7 +327,7 @@ def layer_context(kernel_dir: Path, ctx: Path, base: str, target: str) -> None:
         copy_module(c, ctx / "kernels" / c.name)
     (ctx / "kernels").mkdir(parents=True, exist_ok=True)
     labels = [f'{KERNELS_LABEL}="{set_digest(kernel_dir)}"']
-    if kernellayer.read({BASE_LABEL: base, MODULES_LABEL: ""}) is not None:
+    if kernellayer.is_image_id(base):
         labels += [f'{BASE_LABEL}="{base}"',
                    f'{MODULES_LABEL}="{modules_value(kernelprint.module_digests(ctx / "kernels"))}"']
     (ctx / "Dockerfile").write_text(f"FROM {base}\nCOPY kernels/ {target}/\nLABEL {' '.join(labels)}\n")
