@@ -34,7 +34,7 @@ from checks.results.store import read_file, read_manifest  # noqa: E402
 from checks.run import runprogress, session  # noqa: E402
 from checks.run.cost import budget  # noqa: E402
 from checks.run.cost import model as costmodel  # noqa: E402
-from checks.run.cost.prior import records  # noqa: E402
+from checks.run.cost.prior import records, step_grids  # noqa: E402
 from checks.run.plan import CellTarget, WorkItem, deferred_shallow, deferred_sizes, plan_work  # noqa: E402
 from checks.run.runner import rank_cap  # noqa: E402
 from inenv import registry  # noqa: E402
@@ -76,48 +76,25 @@ def link_name(switched: bool, islands: tuple[tuple[int, ...], ...]) -> str:
     return "NVSwitch" if switched else "PCIe"
 
 
-def step_grid_seconds(paths: list[Path]) -> dict[int, float]:
-    """World size -> the seconds one step variant with a GPU per rank takes at it, from the JSON files
-    benchmarks/bench_step_grid.py wrote on a GPU host (its ``estimate_s``: the full grid at that world size's
-    widths on one rank, the agreement cases and the links' time per allreduce; the warm rank's start apart)."""
-    out: dict[int, float] = {}
-    for path in paths:
-        data = json.loads(path.read_text())
-        out[int(data["world_widths"])] = float(data["estimate_s"])
-    return out
-
-
-def measured_grid(item: WorkItem, grid: dict[int, float]) -> float | None:
-    """The step grid's measured seconds for ``item`` (a step variant with a GPU per rank at a deep world size),
-    from the nearest world size measured at or below its own (fewer ranks: wider matmuls, so no less work);
-    None for every other variant."""
-    v = item.variant
-    if item.spec.id != "step" or v.share_gpu or v.param("depth") or v.skip is not None:
-        return None
-    at = [n for n in grid if n <= v.ranks]
-    return grid[max(at)] if at else None
-
-
 def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, level: str,
                  jobs: int, cores: int = 16, switched: bool = False,
-                 islands: tuple[tuple[int, ...], ...] = (), grid: dict[int, float] | None = None) -> dict[str, object]:
+                 islands: tuple[tuple[int, ...], ...] = ()) -> dict[str, object]:
     probes = {pid: mod for pid, (_, mod) in registry.discover().items()}
     host = HostView(gpu_count=gpus, compute_capability="9.0", gpu_name=gpu_name, target_archs=(), level=level)
     planned = plan_work([CELL], probes, host)
     items = [it for it in (deferred_shallow(deferred_sizes(planned)) if level == QUICK else planned) if it.runs]
     lacking = session.lacking_distributions(items, lambda cell_id: CELL_HOLDS)
+    tables = costmodel.at_level(tables, level == QUICK)
     expected = runprogress.expected_durations(items, {}, "", None, tables, lacking=lacking)
     seconds = {k: e.seconds for k, e in expected.items()}
-    # a step variant no host timed, costed at the grid measured on a GPU host instead of the guess (the full
-    # level's: a quick pass runs one shape and one case of it)
-    gridded = {it.key: s for it in items if level == FULL and seconds.get(it.key) is None
-               and (s := measured_grid(it, grid or {})) is not None}
-    seconds.update(gridded)
+    # variants costed from one rank's figures (the step's grid with a GPU per rank, bench_step_grid.py)
+    one_rank = {t.label for t in tables if t.one_rank}
+    from_one_rank = sum(1 for e in expected.values() if e.seconds is not None and e.prior in one_rank)
     per_probe: Counter[str] = Counter()
     for it in items:
         per_probe[it.spec.id] += budget.seconds_of(it, seconds)
     carried = sum(1 for e in expected.values() if e.seconds is not None and e.basis)
-    guessed = sum(1 for e in expected.values() if e.seconds is None) - len(gridded)
+    guessed = sum(1 for e in expected.values() if e.seconds is None)
     switched = switched or bool(islands)
     lanes = budget.Lanes(jobs, rank_cap(cores), gpus=gpus, switched=switched, islands=islands)
     for it in items:
@@ -134,7 +111,7 @@ def predict_pass(tables: list[costmodel.CostTable], gpus: int, gpu_name: str, le
             "lanes_s": {"timed": round(lanes.timed_wall(), 1),
                         "untimed": round(lanes.wall() - lanes.timed_wall() - lanes.cpu / max(1, jobs), 1),
                         "cpu": round(lanes.cpu / max(1, jobs), 1)},
-            "carried_to_unmeasured_sizes": carried, "guessed": guessed, "from_step_grid": len(gridded),
+            "carried_to_unmeasured_sizes": carried, "guessed": guessed, "from_one_rank": from_one_rank,
             "top": [(p, round(s, 1)) for p, s in per_probe.most_common(4)]}
 
 
@@ -187,13 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, help="derive the prior from this results root instead of --prior")
     ap.add_argument("--check", type=Path, nargs="*", default=[])
     ap.add_argument("--step-grid", type=Path, nargs="*", default=[], metavar="JSON",
-                    help="benchmarks/bench_step_grid.py's JSON files: the step's variants with a GPU per rank that "
-                    "no host timed are costed at the grid they measured instead of the guess")
+                    help="benchmarks/bench_step_grid.py's JSON files not yet in the prior: one rank's figures for the "
+                    "step's variants with a GPU per rank, over the prior's own for the same GPU")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    tables_all = costmodel.parse_prior(costmodel.derive(records(args.results, build_params()))) if args.results \
-        else costmodel.load_prior(args.prior)
-    grid = step_grid_seconds(args.step_grid)
+    committed = sorted(ROOT.glob("benchmarks/results/*/step-grid-*.json"))  # what tools/make_prior.py reads
+    tables_all = costmodel.parse_prior(costmodel.derive(records(args.results, build_params()), step_grids(committed))) \
+        if args.results else costmodel.load_prior(args.prior)
+    tables_all.update(costmodel.parse_prior(costmodel.derive([], step_grids(args.step_grid))))
     rows = []
     for n in (int(x) for x in args.gpus.split(",")):
         tables = costmodel.tables_for(tables_all, args.gpu_name, n)
@@ -203,10 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         links += [(True, ())] if n > 1 else []
         for level in (QUICK, FULL):
             for switched, islands in links:
-                rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, cores, switched, islands, grid))
+                rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, cores, switched, islands))
                 if level == FULL and cores != args.cores:
                     rows.append(predict_pass(tables, n, args.gpu_name, level, args.jobs, args.cores, switched,
-                                             islands, grid))
+                                             islands))
     checks = [check(p, args.results or ROOT / "results") for p in args.check]
     if args.json:
         print(json.dumps({"predictions": rows, "checks": checks}, indent=1))
@@ -221,18 +199,20 @@ def main(argv: list[str] | None = None) -> int:
           "sockets are the same islands: checks.run.placement.islands); "
           "NVSwitch (every GPU pair NV#), timed variants side by side on disjoint GPU sets (checks.run.placement); "
           "lanes: timed / untimed / CPU-only seconds of the wall time")
-    if grid:
-        print("step variants with a GPU per rank that no host timed: costed at the grid bench_step_grid.py measured "
-              f"on a GPU host ({', '.join(f'{n} ranks {s:g} s' for n, s in sorted(grid.items()))}; the nearest "
-              "world size measured at or below)")
+    floors = [t for t in tables_all.values() if t.one_rank]
+    for t in floors:
+        print(f"one rank's figures ({t.label}: {costmodel.ONE_RANK_HOW}, benchmarks/bench_step_grid.py): "
+              + ", ".join(f"{s.probe} at {s.ranks} ranks {v:g} s" for s, v in sorted(t.seconds.items()))
+              + "; used where no class's records predict a variant (column 'one rank')")
     print(f"{'GPUs':>4} {'level':>5} {'link':>9} {'cores':>5} {'variants':>8} {'predicted':>10} {'lanes':>20} "
-          f"{'carried':>7} {'guessed':>7}  costliest probes")
+          f"{'carried':>7} {'one rank':>8} {'guessed':>7}  costliest probes")
     for r in rows:
         top = ", ".join(f"{p} {s:g} s" for p, s in r["top"])  # type: ignore[union-attr]
         ln = r["lanes_s"]
         lanes = f"{ln['timed']:g}/{ln['untimed']:g}/{ln['cpu']:g}"  # type: ignore[index]
         print(f"{r['gpus']:>4} {r['level']:>5} {r['link']:>9} {r['cores']:>5} {r['variants']:>8} "
-              f"{r['predicted_s']:>9g}s {lanes:>20} {r['carried_to_unmeasured_sizes']:>7} {r['guessed']:>7}  {top}")
+              f"{r['predicted_s']:>9g}s {lanes:>20} {r['carried_to_unmeasured_sizes']:>7} {r['from_one_rank']:>8} "
+              f"{r['guessed']:>7}  {top}")
     for r in rows:
         if r["gpus"] == 8 and r["level"] == FULL:
             fits = "fits" if float(r["predicted_s"]) <= TEN_MINUTES_S else "does not fit"  # type: ignore[arg-type]

@@ -251,6 +251,54 @@ def test_the_packaged_prior_loads_and_costs_every_probe_a_one_gpu_h200_runs() ->
     assert {"step", "symm-mem", "fi-fusion", "custom-ar", "pcie-ipc", "inventory", "fi-jit"} <= probes
 
 
+def test_one_rank_figures_stand_below_every_class_and_only_for_the_full_level(tmp_path: Path) -> None:
+    from checks.run.cost.prior import step_grids
+
+    good = tmp_path / "a" / "step-grid-2.json"
+    later = tmp_path / "b" / "step-grid-2.json"
+    eight = tmp_path / "b" / "step-grid-8.json"
+    for path, body in ((good, {"gpu": "NVIDIA H100 80GB HBM3", "world_widths": 2, "estimate_s": 30.0}),
+                       (later, {"gpu": "NVIDIA H100 80GB HBM3", "world_widths": 2, "estimate_s": 20.0}),
+                       (eight, {"gpu": "NVIDIA H100 80GB HBM3", "world_widths": 8, "estimate_s": 15.5})):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(body))
+    bad = []
+    for i, body in enumerate(["{", "[]", {"gpu": 3, "world_widths": 2, "estimate_s": 1.0},
+                              {"gpu": "G", "world_widths": 1, "estimate_s": 1.0},
+                              {"gpu": "G", "world_widths": True, "estimate_s": 1.0},
+                              {"gpu": "G", "world_widths": 2, "estimate_s": "5"},
+                              {"gpu": "G", "world_widths": 2, "estimate_s": -1.0},
+                              {"gpu": "G\n", "world_widths": 2, "estimate_s": 1.0}]):
+        bad.append(tmp_path / f"bad{i}.json")
+        bad[-1].write_text(body if isinstance(body, str) else json.dumps(body))
+    floors = step_grids([good, later, eight, *bad])
+    # the later file of one GPU and world size stands; every malformed file is left out
+    assert floors == {"NVIDIA H100 80GB HBM3": {costmodel.Shape("step", 2, False): 20.0,
+                                                 costmodel.Shape("step", 8, False): 15.5}}
+    data = costmodel.derive([("NVIDIA H200 x2", costmodel.Shape("step", 2, False), 7.0, "r1", True, True, "c")],
+                            floors)
+    assert data["one_rank"] == {"NVIDIA H100 80GB HBM3": {"step|2|own|": 20.0, "step|8|own|": 15.5}}
+    tables = costmodel.parse_prior(data)
+    label = "NVIDIA H100 80GB HBM3, one rank of each"
+    # a class's own records of a GPU per rank come first, whatever the GPU; one rank's figures last
+    assert [t.label for t in costmodel.tables_for(tables, "NVIDIA H100 80GB HBM3", 8)] == ["NVIDIA H200 x2", label]
+    (only_floor,) = [t for t in tables.values() if t.one_rank]
+    got = costmodel.predict([only_floor], costmodel.Shape("step", 4, False))
+    assert got is not None and got[0].seconds == pytest.approx(20.0 * 1.1)  # carried up from 2 ranks, growth 0.05
+    assert costmodel.ONE_RANK_HOW in got[0].how
+    assert costmodel.predict([only_floor], costmodel.Shape("step", 8, False))[0].how == costmodel.ONE_RANK_HOW
+    assert costmodel.at_level(tables.values(), quick=True) == [tables["NVIDIA H200 x2"]]
+    assert len(costmodel.at_level(tables.values(), quick=False)) == 2
+
+
+def test_the_packaged_prior_holds_the_committed_step_grid_figures() -> None:
+    committed = sorted(ROOT.glob("benchmarks/results/*/step-grid-*.json"))
+    assert committed
+    gpus = {json.loads(p.read_text())["gpu"] for p in committed}
+    floors = {t.label for t in costmodel.load_prior().values() if t.one_rank}
+    assert floors == {f"{gpu}, one rank of each" for gpu in gpus}
+
+
 def test_expected_durations_fall_back_to_the_prior_and_say_so() -> None:
     item = gpu_item(8, shared=True)
     tables = [costmodel.CostTable("NVIDIA H200 x1", {costmodel.Shape("step", 2, True): 9.0})]

@@ -225,6 +225,16 @@ def test_cases_cover_decode_and_verify_with_eagle_and_mtp_drafts() -> None:
     assert step.MAX_TOKENS == 32 * 8
 
 
+def test_cases_of_one_token_count_are_measured_once_under_the_first_key() -> None:
+    from inenv.probes import stepmodel
+
+    # decode at batch 32 and verify at batch 8 with 3 drafts are both 32 tokens; every other count is its own
+    assert stepmodel.same_graph(step.CASES) == {"verify:8x3": "decode:32"}
+    cases = (stepmodel.Case("verify", 4, 1), stepmodel.Case("decode", 8), stepmodel.Case("verify", 2, 3),
+             stepmodel.Case("decode", 1))
+    assert stepmodel.same_graph(cases) == {"decode:8": "verify:4x1", "verify:2x3": "verify:4x1"}
+
+
 def test_model_shapes_give_every_row_parallel_width_divisible_by_the_world_sizes() -> None:
     from inenv import models
 

@@ -549,7 +549,8 @@ def progress_view(opts: RunOptions, backend: str, store: RunStore, todo: list[Wo
     compiles = {it.spec.id for it in todo if it.spec.build_param}
     lent = runprogress.lent(store.folder.parent, store.folder.name, facts, compiles)
     gpus = facts.get("gpu_count") if isinstance(facts.get("gpu_count"), int) else 0
-    prior = costmodel.tables_for(costmodel.load_prior(), str(facts.get("gpu_name") or ""), gpus)
+    prior = costmodel.at_level(costmodel.tables_for(costmodel.load_prior(), str(facts.get("gpu_name") or ""), gpus),
+                               opts.level == QUICK)
     no_nvcc = without_nvcc(opts, backend, todo)
     compiling = compiling_here(opts, todo, carries or {}, facts.get("compute_capability") if gpus else None, no_nvcc)
     lacking = skipping_at_once(opts, backend, todo)

@@ -15,9 +15,10 @@ returns a wrong, stale or no result anywhere in the graph changes the final resi
 from the input formula (``_data.pattern_sum``), never by the backend under test; a fused RMSNorm output is
 compared within one bf16 ulp of an fp32 reference, as fi-fusion does.
 
-Which kernel ran: one replay of each graph is profiled and the kernels the backend's graph launched beyond the
-baseline's are recorded per case; a non-NCCL backend whose kernels are NCCL's fell back, and flashinfer's PCIe
-IPC all-reduce records the launch configuration its own policy chose (or its refusal) per shape.
+Which kernel ran: one replay of the allreduces-alone graph (the step's calls on its buffers) is profiled and its
+kernels are recorded per case; a non-NCCL backend whose kernels are NCCL's fell back, and flashinfer's PCIe IPC
+all-reduce records the launch configuration its own policy chose (or its refusal) per shape. Cases of one token
+count are one graph (``stepmodel.same_graph``), measured once.
 
 The model shapes and steps run, timed, at the deep world sizes (``inenv.probe.deep_sizes``: powers of two and the
 host's GPU count), every rank on a GPU of its own. Elsewhere a variant runs the shallow selection: the backend's
@@ -70,6 +71,7 @@ from inenv.probes.stepmodel import (
     comm_kernels,
     kernel_names,
     run_case,
+    same_graph,
     shapes,
 )
 from inenv.status import Status
@@ -282,7 +284,11 @@ def run(ctx: RankContext) -> dict[str, Any]:
                 per_model[shape.name] = {"setup": {"verdict": "error", "error": err or "failed on a peer rank"}}
                 continue
             cases = per_model[shape.name] = {}
+            twins = same_graph(step_cases)
             for case in step_cases:
+                if (first := twins.get(case.key)) in cases:
+                    cases[case.key] = {**cases[first], "same_graph_as": first}
+                    continue
                 cases[case.key] = r = run_case(model, case, gloo, barrier, timed=True)
                 ctx.log(f"{name} {shape.name} {case.key}: {r.get('verdict')} {r.get('timing', {}).get('step', '')}")
                 if r.get("verdict") == "hang":

@@ -18,7 +18,7 @@ from inenv.probes.stepcomm import Comm
 
 DECODE_BATCHES = (1, 8, 32)
 VERIFY = ((8, 3), (8, 7), (32, 3), (32, 7))  # (batch, draft): EAGLE-3 / MTP draft lengths
-REPLAYS = 20
+REPLAYS = 10  # timed replays per graph: a replay is a whole step of 122-188 allreduces, so 10 give a steady median
 OP_DEADLINE_S = 60.0
 
 
@@ -39,6 +39,20 @@ class Case:
 
 CASES = (*(Case("decode", b) for b in DECODE_BATCHES), *(Case("verify", b, d) for b, d in VERIFY))
 MAX_TOKENS = max(c.tokens for c in CASES)
+
+
+def same_graph(cases: tuple[Case, ...]) -> dict[str, str]:
+    """Case key -> the key of the first earlier case of the same token count. A case's graphs depend on its token
+    count alone (the blocks have no attention, so a decode step of 32 tokens and a verify step of 8 x (1 + 3) are
+    one graph), so such a case is measured once and reported under both keys."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for case in cases:
+        if case.tokens in first:
+            out[case.key] = first[case.tokens]
+        else:
+            first[case.tokens] = case.key
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -257,7 +271,8 @@ def _check(model: Model, tokens: int, seed: int, with_comm: bool, fused: bool) -
 
 
 def run_case(model: Model, case: Case, gloo: Any, barrier: Callable[[], None] | None, timed: bool) -> dict[str, Any]:
-    """Capture, check on two inputs, profile and (``timed``) time one case. Every rank reaches every agreement
+    """Capture, check on two inputs, (``timed``) time, and profile one case: the step and baseline graphs, then the
+    allreduces-alone graph, profiled once for the communication kernels and timed. Every rank reaches every agreement
     point whatever failed where, so the ranks stay in step. Never raises."""
     tokens = case.tokens
     comm = model.comm
@@ -295,15 +310,17 @@ def run_case(model: Model, case: Case, gloo: Any, barrier: Callable[[], None] | 
         if (stopped := _dist.settle(local, gloo)) is not None:
             return {**res, **stopped}
     try:
-        res["launched"] = comm_kernels(kernel_names(graphs["step"].replay), kernel_names(graphs["baseline"].replay))
-        if not timed:  # ranks time-slicing one GPU: each allreduce waits for the other process's turn
-            return {**res, "verdict": "ok"}
         timing = {name: _timing.timed_across_ranks(graphs[name].replay, REPLAYS, 1, barrier, gloo)
-                  for name in ("step", "baseline")}
+                  for name in ("step", "baseline")} if timed else {}
         model.load(tokens, 4)
         graphs["comm"] = _device.capture(model.comm_only(tokens), calls=1, warmup=1)
         comm.after_capture()
         comm.comm_input(tokens * model.s.hidden).zero_()  # repeated in-place sums of zeros stay finite
+        # the step graph's communication kernels are the allreduces-alone graph's: the same calls on the same
+        # buffers at the same size, so one profiled replay of that graph names them (no baseline to subtract)
+        res["launched"] = comm_kernels(kernel_names(graphs["comm"].replay), Counter())
+        if not timed:  # ranks time-slicing one GPU: each allreduce waits for the other process's turn
+            return {**res, "verdict": "ok"}
         timing["comm"] = _timing.timed_across_ranks(graphs["comm"].replay, REPLAYS, model.s.blocks, barrier, gloo)
     except Exception as exc:
         return {**res, "verdict": "error", "error": _errors.error_tail(exc)}

@@ -23,6 +23,11 @@ with their UTC time, so the newest is the greatest. For a shape not measured:
   start on the host's cores: ``s(w) = s(w0) * (1 + growth * (w - w0))``, ``growth`` per extra rank. No host of
   ours has had more than two GPUs, so ``growth`` is a stated assumption (:data:`RANK_GROWTH`) until records of
   more GPUs say otherwise, and every prediction that uses it says so.
+
+Below every class's records, the prior may hold figures measured as one rank of a GPU-per-rank variant no host of
+ours could run (``one_rank``: per GPU name, a shape's seconds; the step's full grid at 2, 4 and 8 ranks' widths,
+benchmarks/bench_step_grid.py, with the links' time estimated per allreduce). They stand for a shape only where no
+class's records predict it, and such a prediction says how it was made.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ MAX_SECONDS = 2 * 86400.0
 # Growth of a GPU-per-rank variant's cost per extra rank (an assumption: see the module docstring).
 RANK_GROWTH = 0.05
 CPU_CLASS = "no GPU"
+ONE_RANK_KEY = "one_rank"
+ONE_RANK_HOW = "one rank of it measured on a GPU of this name, the links' time estimated"
 PLACEMENTS = ("own", "shared", "setup")  # a GPU per rank; ranks sharing GPUs; a GPU per rank, set-up checks only
 
 
@@ -81,12 +88,13 @@ class CostTable:
     label: str
     seconds: Mapping[Shape, float]
     growth: float = RANK_GROWTH
+    one_rank: bool = False  # measured as one rank of each variant, the links' time estimated (module docstring)
 
     def predict(self, shape: Shape) -> Prediction | None:
         """The shape's measured median, else one carried from the nearest measured world size of the same
         probe, module and placement (module docstring), else None."""
         if (got := self.seconds.get(shape)) is not None:
-            return Prediction(got, "measured")
+            return Prediction(got, ONE_RANK_HOW if self.one_rank else "measured")
         like = (shape.probe, shape.shared, shape.setup, shape.module, shape.compiles)
         near = [s for s in self.seconds if (s.probe, s.shared, s.setup, s.module, s.compiles) == like]
         if not near:
@@ -96,7 +104,8 @@ class CostTable:
         if shape.shared:
             return Prediction(s0 * w / w0, f"scaled from {w0} ranks sharing GPUs by the world size")
         factor = max(0.1, 1.0 + self.growth * (w - w0))
-        return Prediction(s0 * factor, f"from {w0} ranks with a GPU each, {self.growth:g} more per extra rank "
+        how = f" ({ONE_RANK_HOW})" if self.one_rank else ""
+        return Prediction(s0 * factor, f"from {w0} ranks with a GPU each{how}, {self.growth:g} more per extra rank "
                                        "(an assumption: no host measured this world size)")
 
 
@@ -110,10 +119,14 @@ def host_label(gpu_name: str, gpu_count: int) -> str:
 Record = tuple[str, Shape, float, str, bool, bool, str]
 
 
-def derive(records: Iterable[Record]) -> dict[str, Any]:
+def one_rank_label(gpu_name: str) -> str:
+    return f"{gpu_name}, one rank of each"
+
+
+def derive(records: Iterable[Record], one_rank: Mapping[str, Mapping[Shape, float]] | None = None) -> dict[str, Any]:
     """The prior's JSON from :data:`Record` records: per class and shape, the median over the newest run that ran
     the shape's feature (else the newest run), or over the newest quiet run of the same probe code as that one
-    (the module docstring)."""
+    (the module docstring); ``one_rank``: per GPU name, shapes measured as one rank of each variant."""
     runs: dict[str, dict[Shape, dict[tuple[bool, str], list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))
     kind: dict[tuple[str, str], tuple[bool, str]] = {}  # (run id, probe) -> (quiet, probe code)
@@ -131,10 +144,14 @@ def derive(records: Iterable[Record]) -> dict[str, Any]:
 
     per = {label: {shape: chosen(shape, by_run) for shape, by_run in shapes.items()}
            for label, shapes in runs.items()}
+    floors = {gpu: {s.label(): round(v, 3) for s, v in sorted(shapes.items())
+                    if math.isfinite(v) and 0 < v <= MAX_SECONDS}
+              for gpu, shapes in sorted((one_rank or {}).items())}
     return {"schema": PRIOR_SCHEMA, "rank_growth": RANK_GROWTH,
             "classes": {label: {s.label(): round(statistics.median_low(sorted(v)), 3)
                                 for s, v in sorted(shapes.items())}
-                        for label, shapes in sorted(per.items())}}
+                        for label, shapes in sorted(per.items())},
+            **({ONE_RANK_KEY: {gpu: shapes for gpu, shapes in floors.items() if shapes}} if floors else {})}
 
 
 def parse_prior(data: Any) -> dict[str, CostTable]:
@@ -145,17 +162,20 @@ def parse_prior(data: Any) -> dict[str, CostTable]:
     growth = float(growth) if isinstance(growth, (int, float)) and not isinstance(growth, bool) \
         and 0 <= growth <= 1 else RANK_GROWTH
     out: dict[str, CostTable] = {}
-    for label, shapes in data["classes"].items():
-        if not isinstance(label, str) or not isinstance(shapes, dict) or len(label) > 200:
-            continue
-        table = {}
-        for text, seconds in shapes.items():
-            shape = Shape.parse(text) if isinstance(text, str) else None
-            if shape is not None and isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
-                    and math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS:
-                table[shape] = float(seconds)
-        if table:
-            out[label] = CostTable(label, table, growth)
+    floors = data.get(ONE_RANK_KEY)
+    for section, one_rank in ((data["classes"], False), (floors if isinstance(floors, dict) else {}, True)):
+        for name, shapes in section.items():
+            if not isinstance(name, str) or not isinstance(shapes, dict) or len(name) > 200:
+                continue
+            table = {}
+            for text, seconds in shapes.items():
+                shape = Shape.parse(text) if isinstance(text, str) else None
+                if shape is not None and isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
+                        and math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS:
+                    table[shape] = float(seconds)
+            label = one_rank_label(name) if one_rank else name
+            if table and label not in out:
+                out[label] = CostTable(label, table, growth, one_rank)
     return out
 
 
@@ -180,9 +200,18 @@ def tables_for(tables: Mapping[str, CostTable], gpu_name: str, gpu_count: int) -
         tail = label.rpartition(" x")[2]
         return int(tail) if tail.isdigit() else 0
 
-    others = sorted((t for label, t in tables.items() if label not in (own, CPU_CLASS)),
+    others = sorted((t for label, t in tables.items() if label not in (own, CPU_CLASS) and not t.one_rank),
                     key=lambda t: (abs(count(t.label) - gpu_count), t.label))
-    return ([tables[own]] if own in tables else []) + others
+    # one rank's figures only below every class's records: this GPU's first
+    floors = sorted((t for t in tables.values() if t.one_rank),
+                    key=lambda t: (t.label != one_rank_label(gpu_name), t.label))
+    return ([tables[own]] if own in tables else []) + others + floors
+
+
+def at_level(tables: Iterable[CostTable], quick: bool) -> list[CostTable]:
+    """The tables that may stand for a pass: one rank's figures are the full level's grid, so a quick pass (one shape
+    and one case of it) is not costed from them."""
+    return [t for t in tables if not (quick and t.one_rank)]
 
 
 def predict(tables: Iterable[CostTable], shape: Shape) -> tuple[Prediction, str] | None:

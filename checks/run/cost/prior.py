@@ -10,7 +10,9 @@ apply to each file).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from checks.results.store import read_file, read_manifest
@@ -60,3 +62,32 @@ def shape_of(probe: str, variant_key: str, build_params: Mapping[str, str],
 
 def _positive(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+MAX_GRID_BYTES = 1 << 20
+MAX_GRID_WORLD = 64
+
+
+def step_grids(paths: Iterable[Path]) -> dict[str, dict[model.Shape, float]]:
+    """Per GPU name, the step's GPU-per-rank shapes benchmarks/bench_step_grid.py measured as one rank (its JSON:
+    ``gpu``, ``world_widths``, ``estimate_s``), a later path of the same GPU and world size standing over an
+    earlier one (the benchmark's folders are named by date). A file that is a link, too large, unreadable or not of
+    that form is left out: these files are data."""
+    out: dict[str, dict[model.Shape, float]] = {}
+    for path in paths:
+        try:
+            if path.is_symlink() or path.stat().st_size > MAX_GRID_BYTES:
+                continue
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        gpu = data.get("gpu") if isinstance(data, dict) else None
+        world = data.get("world_widths") if isinstance(data, dict) else None
+        seconds = data.get("estimate_s") if isinstance(data, dict) else None
+        if not isinstance(gpu, str) or not gpu.strip() or len(gpu) > 200 or not gpu.isprintable() \
+                or type(world) is not int or not 2 <= world <= MAX_GRID_WORLD \
+                or not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds) \
+                or not 0 < seconds <= model.MAX_SECONDS:
+            continue
+        out.setdefault(gpu, {})[model.Shape("step", world, False)] = float(seconds)
+    return out
