@@ -291,6 +291,20 @@ def test_one_rank_figures_stand_below_every_class_and_only_for_the_full_level(tm
     assert len(costmodel.at_level(tables.values(), quick=False)) == 2
 
 
+def test_set_up_checks_with_a_gpu_per_rank_are_costed_from_the_same_checks_by_ranks_sharing_a_gpu() -> None:
+    table = costmodel.CostTable("NVIDIA H200 x1", {costmodel.Shape("custom-ar", 2, True): 4.0,
+                                                   costmodel.Shape("custom-ar", 8, True): 8.0,
+                                                   costmodel.Shape("step", 2, False, setup=True): 3.0})
+    got = table.predict(costmodel.Shape("custom-ar", 6, False, setup=True))
+    # the nearest shared size is 8 ranks (8.0 s), scaled by the world size: 8.0 * 6 / 8
+    assert got is not None and got.seconds == pytest.approx(6.0) and "sharing GPUs" in got.how
+    # a set-up shape measured with a GPU per rank stands over the shared one
+    assert table.predict(costmodel.Shape("step", 5, False, setup=True)).seconds == pytest.approx(3.0 * 1.15)
+    assert table.predict(costmodel.Shape("nccl-graphs", 3, False, setup=True)) is None
+    # a GPU per rank running the full grid is not the set-up checks: nothing to carry it from
+    assert table.predict(costmodel.Shape("custom-ar", 4, False)) is None
+
+
 def test_the_packaged_prior_holds_the_committed_step_grid_figures() -> None:
     committed = sorted(ROOT.glob("benchmarks/results/*/step-grid-*.json"))
     assert committed

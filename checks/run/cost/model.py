@@ -92,11 +92,19 @@ class CostTable:
 
     def predict(self, shape: Shape) -> Prediction | None:
         """The shape's measured median, else one carried from the nearest measured world size of the same
-        probe, module and placement (module docstring), else None."""
+        probe, module and placement (module docstring), else (set-up checks with a GPU per rank) the same checks
+        by ranks sharing GPUs at that size, else None."""
         if (got := self.seconds.get(shape)) is not None:
             return Prediction(got, ONE_RANK_HOW if self.one_rank else "measured")
         like = (shape.probe, shape.shared, shape.setup, shape.module, shape.compiles)
         near = [s for s in self.seconds if (s.probe, s.shared, s.setup, s.module, s.compiles) == like]
+        if not near and shape.setup and not shape.shared:
+            # the same selection (set-up, one exact case per dtype); ranks that share a GPU wait for each other's
+            # turns, so their time is at most what a GPU each takes
+            shared = self.predict(Shape(shape.probe, shape.ranks, True, shape.module, shape.compiles))
+            return None if shared is None else Prediction(
+                shared.seconds, f"the same set-up checks by ranks sharing GPUs ({shared.how}): a GPU each takes "
+                                "no longer")
         if not near:
             return None
         base = min(near, key=lambda s: (abs(s.ranks - shape.ranks), s.ranks))
