@@ -1,6 +1,7 @@
 """What the step probe's full grid costs with a GPU per rank, measured on one GPU: the floor under the seconds a
-step variant at a deep world size takes, which no host of ours has run (the cost model guesses such a variant at
-checks.run.cost.budget.UNTIMED_S).
+step variant at a deep world size takes, which no host of ours has run. tools/make_prior.py puts the committed
+JSONs (benchmarks/results/*/step-grid-*.json) into the packaged prior as one rank's figures
+(checks.run.cost.model), which cost such variants where no host's records do.
 
     python3 benchmarks/bench_step_grid.py [--world 2] [--json OUT]      # on a GPU host, the machine's torch
 
