@@ -235,6 +235,26 @@ def test_cases_of_one_token_count_are_measured_once_under_the_first_key() -> Non
     assert stepmodel.same_graph(cases) == {"decode:8": "verify:4x1", "verify:2x3": "verify:4x1"}
 
 
+def test_measure_cases_runs_one_graph_per_token_count_and_stops_after_a_hang() -> None:
+    ran: list[str] = []
+
+    def one(case: Any) -> dict[str, Any]:
+        ran.append(case.key)
+        return {"verdict": "ok", "timing": {"step": {"median_us": float(case.tokens)}}}
+
+    got = step.measure_cases(step.CASES, one)
+    assert ran == ["decode:1", "decode:8", "decode:32", "verify:8x7", "verify:32x3", "verify:32x7"]
+    assert list(got) == [c.key for c in step.CASES]
+    assert got["verify:8x3"] == {"verdict": "ok", "timing": {"step": {"median_us": 32.0}}, "same_graph_as": "decode:32"}
+    assert "same_graph_as" not in got["decode:32"]
+
+    def hangs_at_8(case: Any) -> dict[str, Any]:
+        return {"verdict": "hang" if case.tokens == 8 else "ok"}
+
+    # the ranks' device work is unfinished after a hang: nothing more runs on them
+    assert list(step.measure_cases(step.CASES, hangs_at_8)) == ["decode:1", "decode:8"]
+
+
 def test_model_shapes_give_every_row_parallel_width_divisible_by_the_world_sizes() -> None:
     from inenv import models
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from inenv import models
@@ -218,6 +219,22 @@ def checks(setup_only: bool, world: int) -> tuple[tuple[Shape, ...], tuple[Case,
     return at_level(tuple(shapes(world))), at_level(CASES)
 
 
+def measure_cases(step_cases: tuple[Case, ...], run_one: Callable[[Case], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each case's result by key: ``run_one`` for the first case of each token count, that result with
+    ``same_graph_as`` for a later case of the same count (``stepmodel.same_graph``); none after a hang, which
+    leaves the ranks' device work unfinished."""
+    cases: dict[str, dict[str, Any]] = {}
+    twins = same_graph(step_cases)
+    for case in step_cases:
+        if (first := twins.get(case.key)) in cases:
+            cases[case.key] = {**cases[first], "same_graph_as": first}
+            continue
+        cases[case.key] = r = run_one(case)
+        if r.get("verdict") == "hang":
+            break
+    return cases
+
+
 def agreement_cases(setup_only: bool, dtypes: tuple[str, ...]) -> tuple[_agree.Case, ...]:
     """The agreement cases at this level: ``_agree.shallow_cases`` (checked exactly) for the shallow selection
     (``setup_only``), else ``_agree.cases``."""
@@ -283,17 +300,13 @@ def run(ctx: RankContext) -> dict[str, Any]:
             if not _dist.agree(ok, gloo):
                 per_model[shape.name] = {"setup": {"verdict": "error", "error": err or "failed on a peer rank"}}
                 continue
-            cases = per_model[shape.name] = {}
-            twins = same_graph(step_cases)
-            for case in step_cases:
-                if (first := twins.get(case.key)) in cases:
-                    cases[case.key] = {**cases[first], "same_graph_as": first}
-                    continue
-                cases[case.key] = r = run_case(model, case, gloo, barrier, timed=True)
+            def one(case: Case, model: Model = model, shape: Shape = shape) -> dict[str, Any]:
+                r = run_case(model, case, gloo, barrier, timed=True)
                 ctx.log(f"{name} {shape.name} {case.key}: {r.get('verdict')} {r.get('timing', {}).get('step', '')}")
-                if r.get("verdict") == "hang":
-                    break
-            del model
+                return r
+
+            per_model[shape.name] = measure_cases(step_cases, one)
+            del model, one  # the shape's weights go before the next shape's are made
             torch.cuda.empty_cache()
         hung = any(r.get("verdict") == "hang" for cases in per_model.values() for r in cases.values())
         agreed = {} if hung else _agree.run_cases(agreement_bind(comm, ctx.rank, world, flat),
