@@ -289,6 +289,12 @@ def test_one_rank_figures_stand_below_every_class_and_only_for_the_full_level(tm
     assert costmodel.predict([only_floor], costmodel.Shape("step", 8, False))[0].how == costmodel.ONE_RANK_HOW
     assert costmodel.at_level(tables.values(), quick=True) == [tables["NVIDIA H200 x2"]]
     assert len(costmodel.at_level(tables.values(), quick=False)) == 2
+    # what the plan says of such a variant on a host of another GPU: the figure, whose GPU, and how it was made
+    item = gpu_item(8)
+    got = runprogress.expected_durations([item], {}, "venv", None, [only_floor])[item.key]
+    assert got.seconds == 15.5
+    assert got.text() == ("about 16 s by the prior measured on NVIDIA H100 80GB HBM3, one rank of each (one rank of "
+                          "such a variant measured, the links' time estimated)")
 
 
 def test_set_up_checks_with_a_gpu_per_rank_are_costed_from_the_same_checks_by_ranks_sharing_a_gpu() -> None:

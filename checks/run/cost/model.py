@@ -49,7 +49,7 @@ MAX_SECONDS = 2 * 86400.0
 RANK_GROWTH = 0.05
 CPU_CLASS = "no GPU"
 ONE_RANK_KEY = "one_rank"
-ONE_RANK_HOW = "one rank of it measured on a GPU of this name, the links' time estimated"
+ONE_RANK_HOW = "one rank of such a variant measured, the links' time estimated"
 PLACEMENTS = ("own", "shared", "setup")  # a GPU per rank; ranks sharing GPUs; a GPU per rank, set-up checks only
 
 
