@@ -45,9 +45,8 @@ MISSING_PACKAGE = "missing-package"
 
 TEN_MINUTES_S = 600.0
 # A variant no host has timed and nothing in the prior predicts is costed at budget.UNTIMED_S; such a variant may
-# well take three times that (the step's full grid with a GPU per rank took 27-36 s a variant, measured as one rank,
-# before its per-case profile was halved), so each prediction is also printed with every guessed variant at this
-# many seconds
+# well take longer (the step's full grid with a GPU per rank, measured as one rank, takes 15-18 s a variant), so
+# each prediction is also printed with every guessed variant at this many seconds
 GUESS_HIGH_S = 30.0
 # The cores of an 8-GPU host, an assumption: 8-GPU H100/H200 servers ship with 96-224 cores (two CPUs of 48-112
 # cores), and the lent 8-GPU machines have 128. The cores cap the rank processes of variants that time nothing
