@@ -34,7 +34,7 @@ from checks.results.store import read_file, read_manifest  # noqa: E402
 from checks.run import runprogress, session  # noqa: E402
 from checks.run.cost import budget  # noqa: E402
 from checks.run.cost import model as costmodel  # noqa: E402
-from checks.run.cost.prior import records, step_grids  # noqa: E402
+from checks.run.cost.prior import committed_step_grids, records, step_grids  # noqa: E402
 from checks.run.plan import CellTarget, WorkItem, deferred_shallow, deferred_sizes, plan_work  # noqa: E402
 from checks.run.runner import rank_cap  # noqa: E402
 from inenv import registry  # noqa: E402
@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                     "step's variants with a GPU per rank, over the prior's own for the same GPU")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    committed = sorted(ROOT.glob("benchmarks/results/*/step-grid-*.json"))  # what tools/make_prior.py reads
-    tables_all = costmodel.parse_prior(costmodel.derive(records(args.results, build_params()), step_grids(committed))) \
+    committed = step_grids(committed_step_grids(ROOT))  # what tools/make_prior.py reads
+    tables_all = costmodel.parse_prior(costmodel.derive(records(args.results, build_params()), committed)) \
         if args.results else costmodel.load_prior(args.prior)
     tables_all.update(costmodel.parse_prior(costmodel.derive([], step_grids(args.step_grid))))
     rows = []

@@ -9,19 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 # The parts of a case phases() times apart (stepmodel's own functions, wrapped for the run).
 PHASES = ("capture", "load", "check", "profile", "timing")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def allreduces(blocks: int, replays: int) -> int:
@@ -75,6 +68,7 @@ def measure(world: int, link_us: float) -> dict[str, Any]:
 
     from inenv.kit import _agree, _device, _timing
     from inenv.probes import step, stepcomm, stepmodel
+    from inenv.probes.p2pnccl import free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))

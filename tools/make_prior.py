@@ -27,8 +27,7 @@ def build_params() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=ROOT / "results")
-    ap.add_argument("--step-grid", type=Path, nargs="*",
-                    default=sorted(ROOT.glob("benchmarks/results/*/step-grid-*.json")))
+    ap.add_argument("--step-grid", type=Path, nargs="*", default=prior.committed_step_grids(ROOT))
     ap.add_argument("--out", type=Path, default=model.PRIOR_PATH)
     args = ap.parse_args(argv)
     data = model.derive(prior.records(args.results, build_params()), prior.step_grids(args.step_grid))

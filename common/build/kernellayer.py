@@ -38,7 +38,7 @@ def read(labels: Mapping[str, object] | None) -> tuple[str, dict[str, str]] | No
     if not isinstance(labels, Mapping):
         return None
     base, mods = labels.get(BASE_LABEL), labels.get(MODULES_LABEL)
-    if not isinstance(base, str) or not is_image_id(base) or not isinstance(mods, str):
+    if not is_image_id(base) or not isinstance(mods, str):
         return None
     digests: dict[str, str] = {}
     for item in filter(None, mods.split(",")):

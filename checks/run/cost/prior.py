@@ -21,6 +21,10 @@ from checks.run.cost import model
 from inenv.probe import key_parts
 from inenv.status import Status
 
+MAX_GRID_BYTES = 1 << 20
+MAX_GRID_WORLD = 64
+STEP_GRID_GLOB = "benchmarks/results/*/step-grid-*.json"
+
 
 def records(root: Path, build_params: Mapping[str, str],
             leave_out: frozenset[str] = frozenset()) -> Iterator[model.Record]:
@@ -64,8 +68,10 @@ def _positive(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
-MAX_GRID_BYTES = 1 << 20
-MAX_GRID_WORLD = 64
+def committed_step_grids(root: Path) -> list[Path]:
+    """The JSONs benchmarks/bench_step_grid.py wrote that the repository under ``root`` holds, oldest folder
+    first (the folders are named by date), as :func:`step_grids` takes them."""
+    return sorted(root.glob(STEP_GRID_GLOB))
 
 
 def step_grids(paths: Iterable[Path]) -> dict[str, dict[model.Shape, float]]:
@@ -81,9 +87,9 @@ def step_grids(paths: Iterable[Path]) -> dict[str, dict[model.Shape, float]]:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        gpu = data.get("gpu") if isinstance(data, dict) else None
-        world = data.get("world_widths") if isinstance(data, dict) else None
-        seconds = data.get("estimate_s") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            continue
+        gpu, world, seconds = data.get("gpu"), data.get("world_widths"), data.get("estimate_s")
         if not isinstance(gpu, str) or not gpu.strip() or len(gpu) > 200 or not gpu.isprintable() \
                 or type(world) is not int or not 2 <= world <= MAX_GRID_WORLD \
                 or not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds) \
