@@ -9,10 +9,10 @@ One process, one rank: torch.distributed over NCCL with a world of one, and the 
 (inenv.probes.stepmodel, stepcomm's NCCL adapter, the agreement cases) run as a variant with a GPU per rank runs
 it at ``--world`` ranks: every model shape at that world size's widths (inenv.probes.stepmodel.shapes), every
 decode and verify case (cases of one token count once, as the probe measures them), each captured, checked on two
-inputs and timed (stepmodel.REPLAYS replays of the step, the baseline and the allreduces alone, whose graph is also
-profiled once), then the agreement cases of every dtype. Everything a rank
-of a real variant does but wait for its peers: a world of one's allreduce is a copy on the GPU, so what is left
-out is the links' time, which the run adds as an estimate from the allreduce calls a rank makes
+inputs and timed (stepmodel.REPLAYS replays of the step, the baseline and the allreduces alone, whose graph's
+kernels are also read), then the agreement cases of every dtype. Everything a rank of a real variant does but
+wait for its peers: a world of one's allreduce is a copy on the GPU, so what is left out is the links' time,
+which the run adds as an estimate from the allreduce calls a rank makes
 (``inenv.stepgrid.allreduces``, the agreement cases' few left out; ``--link-us`` per call, default 20 us: an NVLink
 allreduce of decode sizes; PCIe is slower) and prints apart. The measuring runs in ``inenv.stepgrid``, the
 in-environment side of this benchmark.

@@ -14,21 +14,22 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 # The parts of a case phases() times apart (stepmodel's own functions, wrapped for the run).
-PHASES = ("capture", "load", "check", "profile", "timing")
+PHASES = ("capture", "load", "check", "kernels", "timing")
 
 
 def allreduces(blocks: int, replays: int) -> int:
     """The allreduces one rank makes across its peers in one case of a real variant (inenv.probes.stepmodel
     .run_case): the step graph's eager warm-up, two checked replays and ``replays`` timed, and the allreduces-alone
-    graph's warm-up, one profiled replay and ``replays`` timed, ``blocks`` allreduces each."""
-    return blocks * (1 + 2 + replays + 1 + 1 + replays)
+    graph's warm-up and ``replays`` timed (its kernels are read from the graph, not a replay), ``blocks``
+    allreduces each."""
+    return blocks * (1 + 2 + replays + 1 + replays)
 
 
 @contextlib.contextmanager
 def phases() -> Iterator[dict[str, float]]:
     """Seconds spent in each of PHASES while the block runs, summed over every case: stepmodel's graph capture,
-    input loading, exact checks, profiled replays and timed replays, each wrapped with a device sync either side
-    so a phase's queued work is its own. The wrapped functions are put back on exit."""
+    input loading, exact checks, reading the allreduces' kernels and timed replays, each wrapped with a device sync
+    either side so a phase's queued work is its own. The wrapped functions are put back on exit."""
     import torch
 
     from inenv.kit import _device, _timing
@@ -48,7 +49,7 @@ def phases() -> Iterator[dict[str, float]]:
         return wrapped
 
     targets = [(_device, "capture", "capture"), (stepmodel.Model, "load", "load"), (stepmodel, "_check", "check"),
-               (stepmodel, "kernel_names", "profile"), (_timing, "timed_across_ranks", "timing")]
+               (stepmodel, "kernels_of", "kernels"), (_timing, "timed_across_ranks", "timing")]
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in targets]
     for obj, attr, name in targets:
         setattr(obj, attr, timer(name, getattr(obj, attr)))
@@ -96,7 +97,7 @@ def measure(world: int, link_us: float) -> dict[str, Any]:
             def one(case: stepmodel.Case, model: stepmodel.Model = model,
                     spent_s: dict[str, float] = spent_s) -> dict[str, Any]:
                 t = time.monotonic()
-                r = stepmodel.run_case(model, case, gloo, barrier, timed=True)
+                r = stepmodel.run_case(model, case, gloo, barrier)
                 _device.wait_device(60.0)
                 spent_s[case.key] = time.monotonic() - t
                 return r

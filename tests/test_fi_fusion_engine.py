@@ -39,7 +39,7 @@ class Replay:
         for _ in range(self.calls):
             self.step()
 
-def capture(step, calls, warmup=3, pool=None):
+def capture(step, calls, warmup=3, pool=None, keep=False):
     for _ in range(warmup):
         step()
     return Replay(step, calls)

@@ -144,10 +144,10 @@ def test_comm_kernels_are_what_the_backend_launched_beyond_the_baseline() -> Non
 
     base = Counter({"gemm_kernel": 122, "rms_norm_kernel": 122})
     mine = Counter({"gemm_kernel": 122, "rms_norm_kernel": 122, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL": 122})
-    found = step.comm_kernels(mine, base)
+    found = stepmodel.comm_kernels(mine, base)
     assert found == {"kernels": {"ncclDevKernel_AllReduce_Sum_bf16_RING_LL": 122}, "nccl": True}
-    assert step.comm_kernels(Counter({"cross_device_reduce_1stage": 4}), Counter())["nccl"] is False
-    assert step.comm_kernels("profiler unavailable", base) == {"error": "profiler unavailable"}
+    assert stepmodel.comm_kernels(Counter({"cross_device_reduce_1stage": 4}), Counter())["nccl"] is False
+    assert stepmodel.comm_kernels("profiler unavailable", base) == {"error": "profiler unavailable"}
 
 
 def _case(verdict: str = "ok", nccl: bool = False, step_us: float = 3000.0, base_us: float = 2500.0) -> dict[str, Any]:

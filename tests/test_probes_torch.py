@@ -799,7 +799,7 @@ class Replay:
             self.step()
         REPLAYING.clear()
 
-def capture(step, calls, warmup=3, pool=None):
+def capture(step, calls, warmup=3, pool=None, keep=False):
     for _ in range(warmup):
         step()
     return Replay(step, calls)

@@ -433,21 +433,23 @@ def _wait(outputs: Mapping[str, Any], deadline_s: float) -> None:
 
 
 def check(bound: Bound, mode: str, group: Any, deadline_s: float = DEADLINE_S, exact: bool = False,
-          profile: Callable[[Callable[[], None]], Any] | None = None) -> dict[str, Any]:
+          profile: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """Run one case twice (eagerly, or as replays of one captured call) and judge it on every rank; every rank
     reaches every exchange whatever failed where (``_dist.settle``). Never raises; a verdict other than ``ok``
     (``error``, ``hang``) says the case could not be judged. ``exact``: the same call (the same graph) once more
     on ``bound.exact``'s integer inputs, its worst rank's check under ``exact`` in the result (its ``verdict``
     ``exact`` or why not: ``wrong``, ``no-op``, ``zero``, ``error``, ``hang``, ``unchecked`` for a bound without
-    one). ``profile``: called with the call once the case is judged, its return under ``launched``."""
+    one). ``profile``: called once the case is judged with what ran (the captured graph, kept for reading its
+    kernels: ``_device.capture(keep=True)``; the eager call), its return under ``launched``."""
     call: Callable[[], None] = bound.step
+    ran: Any = call
     local: dict[str, Any] = {"verdict": "ok"}
     try:
         if mode == "graph":
             bound.load(SEED)
-            graph = _device.capture(bound.step, calls=1, warmup=1)
+            ran = _device.capture(bound.step, calls=1, warmup=1, keep=profile is not None)
             bound.after_capture()
-            call = graph.replay
+            call = ran.replay
     except Exception as exc:
         local = {"verdict": "error", "error": f"capture: {_errors.error_tail(exc)}"}
     if (stopped := _dist.settle(local, group)) is not None:
@@ -483,7 +485,7 @@ def check(bound: Bound, mode: str, group: Any, deadline_s: float = DEADLINE_S, e
         res["exact"] = exact_call(bound, call, group, deadline_s)
     if profile is not None and res.get("exact", {}).get("verdict") != "hang":
         try:
-            res["launched"] = profile(call)
+            res["launched"] = profile(ran)
         except Exception as exc:
             res["launched"] = {"error": _errors.error_tail(exc, 200)}
     return res
@@ -513,7 +515,7 @@ def exact_call(bound: Bound, call: Callable[[], None], group: Any, deadline_s: f
 
 def run_cases(bind: Callable[[Case], Bound], wanted: Sequence[Case], group: Any,
               log: Callable[[str], None] = lambda _: None, exact: bool = False,
-              profile: Callable[[Callable[[], None]], Any] | None = None) -> dict[str, dict[str, Any]]:
+              profile: Callable[[Any], Any] | None = None) -> dict[str, dict[str, Any]]:
     """Every case of ``wanted`` through ``check`` (``exact`` and ``profile`` passed on); a case the backend cannot
     bind (a dtype it refuses) is recorded as ``unsupported`` on every rank. Stops after a hang (the stream is
     stuck behind it)."""

@@ -75,10 +75,13 @@ class Lanes:
         wait_device(deadline_s, self.streams)
 
 
-def capture(step: Callable[[], Any], calls: int, warmup: int = 3, pool: Any = None) -> Any:
+def capture(step: Callable[[], Any], calls: int, warmup: int = 3, pool: Any = None, keep: bool = False) -> Any:
     """Eager warm-up on a side stream (skipped when ``warmup`` is 0), then capture ``calls`` steps.
 
     ``warmup=0`` is deliberate in the NCCL probe: it makes the capture the first use of a collective.
+    ``keep``: CUDA's graph object is kept beside its executable (torch's ``keep_graph``; a torch without it
+    captures as usual) so ``inenv.kit._kernels`` can read which kernels it launches; it is instantiated here, so
+    the first replay costs what every other does.
     """
     import torch
 
@@ -90,9 +93,23 @@ def capture(step: Callable[[], Any], calls: int, warmup: int = 3, pool: Any = No
                 step()
         torch.cuda.current_stream().wait_stream(side)
         wait_device(WARMUP_DEADLINE_S)  # a warm-up collective whose peer never arrives must not block forever
-    graph = torch.cuda.CUDAGraph()
+    graph, kept = _new_graph(keep)
     with torch.cuda.graph(graph, pool=pool):
         for _ in range(calls):
             step()
+    if kept:
+        graph.instantiate()
     torch.cuda.synchronize()
     return graph
+
+
+def _new_graph(keep: bool) -> tuple[Any, bool]:
+    """A graph to capture into, and whether it keeps CUDA's graph object."""
+    import torch
+
+    if keep:
+        try:
+            return torch.cuda.CUDAGraph(keep_graph=True), True
+        except TypeError:  # a torch before keep_graph: inenv.kit._kernels falls back to the profiler
+            pass
+    return torch.cuda.CUDAGraph(), False

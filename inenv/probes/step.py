@@ -15,16 +15,17 @@ returns a wrong, stale or no result anywhere in the graph changes the final resi
 from the input formula (``_data.pattern_sum``), never by the backend under test; a fused RMSNorm output is
 compared within one bf16 ulp of an fp32 reference, as fi-fusion does.
 
-Which kernel ran: one replay of the allreduces-alone graph (the step's calls on its buffers) is profiled and its
-kernels are recorded per case; a non-NCCL backend whose kernels are NCCL's fell back, and flashinfer's PCIe IPC
-all-reduce records the launch configuration its own policy chose (or its refusal) per shape. Cases of one token
-count are one graph (``stepmodel.same_graph``), measured once.
+Which kernel ran: the allreduces-alone graph (the step's calls on its buffers) is captured keeping CUDA's graph
+object, and the kernels its nodes launch are read from it (``inenv.kit._kernels``; no profiler, whose start costs
+about 5 s in every rank process) and recorded per case; a non-NCCL backend whose kernels are NCCL's fell back, and
+flashinfer's PCIe IPC all-reduce records the launch configuration its own policy chose (or its refusal) per shape.
+Cases of one token count are one graph (``stepmodel.same_graph``), measured once.
 
 The model shapes and steps run, timed, at the deep world sizes (``inenv.probe.deep_sizes``: powers of two and the
 host's GPU count), every rank on a GPU of its own. Elsewhere a variant runs the shallow selection: the backend's
 set-up at that world size (where a feature refuses it) and one agreement case per dtype (``_agree.shallow_cases``:
 random inputs compared bit for bit across ranks, then the same captured call on integer inputs into a
-sentinel-filled output, checked exactly, and one replay profiled for the kernels it launched; a quick run the first
+sentinel-filled output, checked exactly, and the kernels its graph launches read; a quick run the first
 dtype only), untimed. Two placements run it: ranks sharing one GPU (``placement=shared``, world sizes over the
 host's GPU count: each allreduce there waits for the other processes' turns, 2-9 ms a call on an H200, so a shared
 result has no times for anything to rank or plot; the process group is gloo, NCCL refusing two ranks on one GPU; a
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -69,8 +69,7 @@ from inenv.probes.stepmodel import (
     Model,
     Shape,
     agreement_bind,
-    comm_kernels,
-    kernel_names,
+    kernels_of,
     run_case,
     same_graph,
     shapes,
@@ -288,6 +287,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
             for k in ("res0", "res_a", "res_b", "norm", "out")}
     if setup_only:
         return run_shallow(ctx, comm, flat, gloo, device, evidence)
+    assert barrier is not None
     per_model: dict[str, dict[str, dict[str, Any]]] = {}
     with _timing.side_stream(device):
         for shape in wanted:
@@ -301,7 +301,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
                 per_model[shape.name] = {"setup": {"verdict": "error", "error": err or "failed on a peer rank"}}
                 continue
             def one(case: Case, model: Model = model, shape: Shape = shape) -> dict[str, Any]:
-                r = run_case(model, case, gloo, barrier, timed=True)
+                r = run_case(model, case, gloo, barrier)
                 ctx.log(f"{name} {shape.name} {case.key}: {r.get('verdict')} {r.get('timing', {}).get('step', '')}")
                 return r
 
@@ -321,8 +321,8 @@ def run(ctx: RankContext) -> dict[str, Any]:
 def run_shallow(ctx: RankContext, comm: Comm, flat: dict[str, Any], gloo: Any, device: Any,
                 evidence: dict[str, Any]) -> dict[str, Any]:
     """The shallow selection (ranks sharing one GPU, or ``depth=setup``), once the backend is set up: what depends
-    on the hidden size (a fused workspace), then ``_agree.shallow_cases`` checked exactly and profiled (see the
-    module's docstring)."""
+    on the hidden size (a fused workspace), then ``_agree.shallow_cases`` checked exactly, their graphs' kernels
+    read (see the module's docstring)."""
     wanted = agreement_cases(True, comm.dtypes)
     ok, err = True, ""
     try:
@@ -335,7 +335,7 @@ def run_shallow(ctx: RankContext, comm: Comm, flat: dict[str, Any], gloo: Any, d
     refusals: dict[str, str] = {}
     with _timing.side_stream(device):
         agreed = _agree.run_cases(agreement_bind(comm, ctx.rank, ctx.world_size, flat, refusals), wanted, gloo,
-                                  ctx.log, exact=True, profile=lambda call: comm_kernels(kernel_names(call), Counter()))
+                                  ctx.log, exact=True, profile=kernels_of)
     evidence.update(comm.evidence())
     result = summarize_shallow(comm.name, agreed, refusals, ctx.variant.share_gpu)
     result["evidence"].update(evidence)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inenv import models
-from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
+from inenv.kit import _agree, _data, _device, _dist, _errors, _kernels, _timing
 from inenv.probes.fi_fusion import EPS, norm_check
 from inenv.probes.stepcomm import Comm
 
@@ -223,24 +223,12 @@ class Model:
 # Measurement
 
 
-def kernel_names(replay: Callable[[], None]) -> Counter[str] | str:
-    """The GPU kernels one replay launched, by name and count (torch's profiler); the error text when the
-    profiler cannot say."""
-    try:
-        import torch
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            replay()
-            torch.cuda.synchronize()
-        names: Counter[str] = Counter()
-        for evt in prof.events():
-            if str(getattr(evt, "device_type", "")).endswith("CUDA") and "memcpy" not in evt.name.lower() \
-                    and "memset" not in evt.name.lower():
-                names[evt.name] += 1
-        return names
-    except Exception as exc:
-        return _errors.error_tail(exc, 200)
+def kernels_of(graph: Any) -> dict[str, Any]:
+    """The communication kernels a replay of ``graph`` (captured with ``keep=True``, nothing but the backend's
+    calls in it) launches (:func:`comm_kernels`), and how they were read (``read_from``: the graph itself, or
+    one replay under torch's profiler where torch keeps no graph: ``inenv.kit._kernels.launched``)."""
+    names, how = _kernels.launched(graph)
+    return {**comm_kernels(names, Counter()), "read_from": how}
 
 
 def comm_kernels(backend_run: Counter[str] | str, baseline_run: Counter[str] | str) -> dict[str, Any]:
@@ -270,10 +258,10 @@ def _check(model: Model, tokens: int, seed: int, with_comm: bool, fused: bool) -
     return out
 
 
-def run_case(model: Model, case: Case, gloo: Any, barrier: Callable[[], None] | None, timed: bool) -> dict[str, Any]:
-    """Capture, check on two inputs, (``timed``) time, and profile one case: the step and baseline graphs, then the
-    allreduces-alone graph, profiled once for the communication kernels and timed. Every rank reaches every agreement
-    point whatever failed where, so the ranks stay in step. Never raises."""
+def run_case(model: Model, case: Case, gloo: Any, barrier: Callable[[], None]) -> dict[str, Any]:
+    """Capture, check on two inputs and time one case: the step and baseline graphs, then the allreduces-alone
+    graph, whose kernels are read (:func:`kernels_of`) and which is timed. Every rank reaches every agreement point
+    whatever failed where, so the ranks stay in step. Never raises."""
     tokens = case.tokens
     comm = model.comm
     assert comm is not None
@@ -311,16 +299,14 @@ def run_case(model: Model, case: Case, gloo: Any, barrier: Callable[[], None] | 
             return {**res, **stopped}
     try:
         timing = {name: _timing.timed_across_ranks(graphs[name].replay, REPLAYS, 1, barrier, gloo)
-                  for name in ("step", "baseline")} if timed else {}
+                  for name in ("step", "baseline")}
         model.load(tokens, 4)
-        graphs["comm"] = _device.capture(model.comm_only(tokens), calls=1, warmup=1)
+        graphs["comm"] = _device.capture(model.comm_only(tokens), calls=1, warmup=1, keep=True)
         comm.after_capture()
         comm.comm_input(tokens * model.s.hidden).zero_()  # repeated in-place sums of zeros stay finite
         # the step graph's communication kernels are the allreduces-alone graph's: the same calls on the same
-        # buffers at the same size, so one profiled replay of that graph names them (no baseline to subtract)
-        res["launched"] = comm_kernels(kernel_names(graphs["comm"].replay), Counter())
-        if not timed:  # ranks time-slicing one GPU: each allreduce waits for the other process's turn
-            return {**res, "verdict": "ok"}
+        # buffers at the same size, so that graph's kernels name them (no baseline to subtract)
+        res["launched"] = kernels_of(graphs["comm"])
         timing["comm"] = _timing.timed_across_ranks(graphs["comm"].replay, REPLAYS, model.s.blocks, barrier, gloo)
     except Exception as exc:
         return {**res, "verdict": "error", "error": _errors.error_tail(exc)}
