@@ -69,15 +69,16 @@ def measure(world: int, link_us: float) -> dict[str, Any]:
 
     from inenv.kit import _agree, _device, _timing
     from inenv.probes import step, stepcomm, stepmodel
-    from inenv.probes.p2pnccl import free_port
+    from inenv.worker import reserved_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     t0 = time.monotonic()
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
-    gloo = dist.new_group(backend="gloo")
+    with reserved_port() as port:  # held, so nothing takes it before the store binds it
+        os.environ.setdefault("MASTER_PORT", str(port))
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+        gloo = dist.new_group(backend="gloo")
     group = dist.group.WORLD
     setup_s = time.monotonic() - t0
     wanted = stepmodel.shapes(world)
