@@ -97,7 +97,7 @@ def capture(step: Callable[[], Any], calls: int, warmup: int = 3, pool: Any = No
     with torch.cuda.graph(graph, pool=pool):
         for _ in range(calls):
             step()
-    if kept:
+    if kept and hasattr(graph, "instantiate"):  # else its first replay instantiates it
         graph.instantiate()
     torch.cuda.synchronize()
     return graph
