@@ -3,14 +3,15 @@
 A replay of a graph launches exactly the graph's kernel nodes, so their names say which kernel a backend chose
 (its own, or NCCL's after a fallback) without running the graph under a profiler: torch's profiler spends about
 5 s starting CUPTI the first time in each process (5.1 s measured on an H100; 5.3-6.3 s each for eight processes
-starting it at once), which made it the largest part of a step variant. A graph captured with
-``_device.capture(..., keep=True)`` keeps CUDA's graph object (torch's ``keep_graph``), and CUDA prints it as DOT
-(``cudaGraphDebugDotPrint``, through ``CUDAGraph.debug_dump``): one record per node, a kernel node's holding the
-kernel's mangled name. :func:`dot_kernels` reads those names and :func:`readable` turns each into its qualified
-name without template arguments or parameters (``vllm::cross_device_reduce_1stage``).
+starting it at once), a quarter of a step variant's seconds with a GPU per rank (4.2-4.6 of 15-18 s). A graph
+captured with ``_device.capture(..., keep=True)`` keeps CUDA's graph object (torch's ``keep_graph``), and CUDA
+prints it as DOT (``cudaGraphDebugDotPrint``, through ``CUDAGraph.debug_dump``): one record per node, a kernel
+node's holding the kernel's mangled name. :func:`dot_kernels` reads those names and :func:`readable` turns each
+into its qualified name without template arguments or parameters (``vllm::cross_device_reduce_1stage``).
 
 :func:`launched` is what a probe calls: the graph's kernels, or, where torch keeps no graph (a torch before
-``keep_graph``) or the dump says nothing, one replay under torch's profiler, as before such graphs existed.
+``keep_graph``) or the print's kernel nodes are in a form this module does not read, one replay under torch's
+profiler.
 
 In-environment side: the standard library, and torch inside the functions.
 """
