@@ -1,4 +1,4 @@
-"""The step probe's deep path (a GPU per rank: every shape and case captured, checked, profiled and timed, then the
+"""The step probe's deep path (a GPU per rank: each shape and case captured, checked, kernels read and timed, then the
 agreement cases) run as a rank of a real variant runs it, with a world of one on this machine's GPU 0:
 ``inenv.probes.step.run`` itself, which ``benchmarks/bench_step_grid.py`` (the probe's parts, timed apart) does not
 call. Prints the verdict, its reason, the seconds and the cases' verdicts; writes the whole result as JSON.
