@@ -21,7 +21,9 @@ then the full one) with its table watched on disk: ``first_table_s`` is the firs
 ``full_s`` the whole run (None when ``--limit`` stopped it first: then it is interrupted as by Ctrl-C, so
 nothing it started outlives it). ``gpu_host_compiles``: the distinct nvcc,
 cicc, ptxas and ninja processes seen on this host while the build and the run went (the process table read
-every 0.1 s; a compile lasts seconds), and ``objects_compiled`` the object files the JIT workspace holds after.
+every 0.1 s; a compile lasts seconds), a compiler asked only for its version apart (``compiler_queries``: the
+build reads `nvcc --version`, which a 0.1 s poll sees now and then), and ``objects_compiled`` the object files the
+JIT workspace holds after.
 fi-jit plans only the (module, target) pairs ``STACKPROBE_FI_JIT_ONLY`` names when it is set (recorded as
 ``fi_jit_only``): a matrix whose cells carry only this GPU's target leaves the cross-compile targets to cells
 that carry them. The JSON (``backend``, ``host_class``, ``first_table_s``, ``full_s``, ``gpu_host_compiles``) goes to
@@ -44,14 +46,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 FORK_OFF = "STACKPROBE_FORK_RANKS"  # inenv.forked.DISABLE_ENV
 COMPILERS = ("nvcc", "cicc", "ptxas", "ninja", "fatbinary", "nvlink")
+# A compiler started only to say what it is (the build reads `nvcc --version` to record the cell's toolkit) compiles
+# nothing: such processes are counted apart.
+QUERY_ARGS = frozenset({"--version", "-V", "--help", "-h", "--list-gpu-arch", "--list-gpu-code"})
 
 
 class ProcessWatch:
-    """Distinct compiler processes (by pid and start time) seen in /proc while it runs."""
+    """Distinct compiler processes (by pid and start time) seen in /proc while it runs, those that only said what
+    they are (:data:`QUERY_ARGS`) apart."""
 
     def __init__(self, every_s: float = 0.1) -> None:
         self.every_s = every_s
         self.seen: dict[tuple[str, str], str] = {}
+        self.asked: dict[tuple[str, str], str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -62,11 +69,16 @@ class ProcessWatch:
                     continue
                 try:
                     name = (proc / "comm").read_text().strip()
-                    start = (proc / "stat").read_text().rsplit(")", 1)[1].split()[19]
+                    stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                    start = stat[19]
+                    argv = (proc / "cmdline").read_bytes().split(b"\0")[1:] if name in COMPILERS else []
                 except (OSError, IndexError):
                     continue
-                if name in COMPILERS:
-                    self.seen[(proc.name, start)] = name
+                # an exited process not yet reaped has no argv to tell a compile from a query; a compile, which
+                # lasts seconds, is seen while it runs
+                if name in COMPILERS and stat[0] != "Z":
+                    query = any(a.decode(errors="replace") in QUERY_ARGS for a in argv)
+                    (self.asked if query else self.seen)[(proc.name, start)] = name
             self._stop.wait(self.every_s)
 
     def __enter__(self) -> ProcessWatch:
@@ -77,9 +89,10 @@ class ProcessWatch:
         self._stop.set()
         self._thread.join()
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, queries: bool = False) -> dict[str, int]:
+        """Processes per compiler name: those that compiled, or (``queries``) those that only said what they are."""
         out: dict[str, int] = {}
-        for name in self.seen.values():
+        for name in (self.asked if queries else self.seen).values():
             out[name] = out.get(name, 0) + 1
         return out
 
@@ -216,7 +229,8 @@ def main(argv: list[str]) -> int:
         "first_table_s": round(got["first"], 1) if "first" in got else None,
         "full_s": round(run_s, 1) if rc is not None else None, "run_rc": rc, "limit_s": args.limit,
         "gpu_host_compiles": sum(watch.counts().values()), "compiles_in_build": compiles_in_build,
-        "compiler_processes": watch.counts(), "objects_compiled": objects, **ab,
+        "compiler_processes": watch.counts(), "compiler_queries": watch.counts(queries=True),
+        "objects_compiled": objects, **ab,
     }
     (out / f"gpu-host-{args.case}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
