@@ -61,6 +61,22 @@ def test_a_divergent_backend_is_named_not_for_the_verify_step(host: hostresults.
     assert not [v for v in a.avoid if v.reason_code == "rank-divergent"]
 
 
+@pytest.mark.parametrize(("probe", "variant", "backend"), [
+    ("pcie-ipc", "ranks=4,placement=shared,gpus=1,op=all-reduce", "flashinfer-pcie-ipc"),
+    ("fi-fusion", "ranks=8,placement=shared,gpus=1", "flashinfer-fusion"),
+    ("custom-ar", "ranks=4,placement=shared,gpus=1,impl=flashinfer", "flashinfer-custom-ar"),
+    ("symm-mem", "ranks=4,placement=shared,gpus=1", "symm-mem"),
+])
+def test_a_feature_probes_divergence_names_the_backend_as_the_step_does(host: hostresults.HostResults, probe: str,
+                                                                        variant: str, backend: str) -> None:
+    v = Verdict(Status.PARTIAL, note="ranks' outputs differ bit for bit", reason_code="rank-divergent",
+                metrics={"agreement": SUMMARY})
+    r = ProbeResult("20261204T000000Z-aaaa", H200, CELL, probe, variant, v, "2026-12-04T00:00:00Z")
+    h = _with(host, r)
+    (x,) = advise.advise_cell(H200, CELL, 2, h.latest(), h.facts).not_for_verify
+    assert x.backend == backend and f"{probe} at " in x.why
+
+
 def test_draft_estimate_leaves_the_divergent_backend_out_of_the_verify_step(host: hostresults.HostResults) -> None:
     model = estimate.parse_model("deepseek-v3")
     plain = decisions.render(decisions.decide(host, ENGINES, PINS, cell=CELL, tp=2, model=model, draft=4))

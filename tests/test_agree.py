@@ -99,6 +99,44 @@ def test_summary_and_verdict_for_a_divergent_backend() -> None:
     assert clean["status"] == "pass" and clean["metrics"]["agreement"]["ranks_identical"] is True
 
 
+def test_a_probes_own_shallow_agreement_cases_judge_its_outcome() -> None:
+    # what pcie-ipc and fi-fusion make of the step's shallow selection run on their shared ranks
+    exact = {"verdict": "exact", "mismatches": 0}
+    ok = {"verdict": "ok", "identical": True, "deterministic": True, "differing": 0, "max_ulp_between_ranks": 0,
+          "max_ulp_vs_reference": 0.5, "exact": exact}
+    passed = {"status": "pass", "note": "", "reason_code": "", "metrics": {}, "evidence": {}}
+    codes = ("x-wrong", "x-noop", "x-error")
+
+    def judged(cases: dict, start: dict = passed) -> dict:
+        return _agree.shallow_outcome(dict(start), cases, "X", *codes)
+
+    clean = judged({"bf16:graph:256x8192": ok, "fp16:graph:256x8192": {"verdict": "unsupported", "error": "dtype"}})
+    assert (clean["status"], clean["reason_code"]) == ("pass", "")
+    assert clean["metrics"]["agreement"]["unsupported"] == ["fp16:graph:256x8192"]
+    wrong = judged({"bf16:graph:256x8192": {**ok, "exact": {"verdict": "wrong", "detail": "3 of 9 differ"}}})
+    assert (wrong["status"], wrong["reason_code"]) == ("fail", "x-wrong")
+    assert "bf16:graph:256x8192" in wrong["note"] and "3 of 9 differ" in wrong["note"]
+    for left in ("no-op", "zero"):
+        noop = judged({"bf16:graph:256x8192": {**ok, "exact": {"verdict": left, "detail": "untouched"}}})
+        assert (noop["status"], noop["reason_code"]) == ("fail", "x-noop")
+    raised = judged({"bf16:graph:256x8192": {"verdict": "error", "error": "capture: CUDA error"}})
+    assert (raised["status"], raised["reason_code"]) == ("partial", "x-error") and "CUDA error" in raised["note"]
+    hung = judged({"bf16:graph:256x8192": {**ok, "exact": {"verdict": "hang", "error": "no progress in 60 s"}}})
+    assert (hung["status"], hung["reason_code"]) == ("partial", "x-error")
+    apart = judged({"bf16:graph:256x8192": {**ok, "identical": False, "differing": 4, "max_ulp_between_ranks": 1}})
+    assert (apart["status"], apart["reason_code"]) == ("partial", "rank-divergent")
+    # a verdict the probe's own checks reached stays when it is worse; a partial of its own is not masked
+    failed = judged({"bf16:graph:256x8192": {"verdict": "error", "error": "e"}},
+                    {**passed, "status": "fail", "reason_code": "own"})
+    assert (failed["status"], failed["reason_code"]) == ("fail", "own")
+    part = judged({"bf16:graph:256x8192": {"verdict": "error", "error": "e"}},
+                  {**passed, "status": "partial", "reason_code": "own-graph", "note": "graph"})
+    assert (part["status"], part["reason_code"]) == ("partial", "own-graph")
+    worse = judged({"bf16:graph:256x8192": {**ok, "exact": {"verdict": "wrong", "detail": "d"}}},
+                   {**passed, "status": "partial", "reason_code": "own-graph", "note": "graph"})
+    assert (worse["status"], worse["reason_code"]) == ("fail", "x-wrong")
+
+
 def test_cases_cover_every_model_hidden_size_decode_and_verify() -> None:
     from inenv import models
 

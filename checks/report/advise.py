@@ -588,13 +588,21 @@ class NotForVerify:
     ids: tuple[str, ...] = ()
 
 
+# A probe whose agreement cases run one backend that EAGER does not name, by the name the step and load give it
+AGREEMENT_NAMES: Mapping[str, str] = {"fi-fusion": "flashinfer-fusion"}
+
+
 def _agreement_backend(r: ProbeResult) -> str:
-    """The backend a result's agreement check ran: its ``backend`` parameter, NCCL for nccl-graphs (with the
-    forced algorithm named), else the probe's own (symm-mem: torch symmetric memory's ops)."""
+    """The backend a result's agreement check ran, by the name the step, load and ar-latency give it: its
+    ``backend`` parameter; NCCL for nccl-graphs (with the forced algorithm named); the one backend of EAGER whose
+    probe and parameters the result has (pcie-ipc's all-reduce, custom-ar's flashinfer implementation); else
+    :data:`AGREEMENT_NAMES`, or the probe's own id (symm-mem: torch symmetric memory's ops)."""
     if "backend" in r.params:
         return r.params["backend"]
     if r.probe_id != "nccl-graphs":
-        return r.probe_id
+        named = [b for b, c in EAGER.items()
+                 if c.probe == r.probe_id and all(r.params.get(k) == v for k, v in c.match.items())]
+        return named[0] if len(named) == 1 else AGREEMENT_NAMES.get(r.probe_id, r.probe_id)
     algo = r.params.get("algo", "default")
     return BASELINE if algo in ("", "default") else f"{BASELINE} (NCCL_ALGO={algo})"
 

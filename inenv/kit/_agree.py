@@ -579,6 +579,34 @@ def inexact(results: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict[str, An
     return found[0] if found else None
 
 
+def shallow_outcome(result: dict[str, Any], agreed: Mapping[str, Mapping[str, Any]], backend: str, wrong: str,
+                    noop: str, failed: str) -> dict[str, Any]:
+    """``result``, a probe's outcome on its own checks, with its shallow agreement cases (:func:`run_cases` with
+    ``exact``) applied (pure): a case whose integer-valued call was not the exact sum makes a pass or partial
+    ``fail`` (``noop`` for an output left untouched or zero, else ``wrong``); a case that could not be judged (it
+    raised or hung, or its exact call did) makes a pass ``partial`` with ``failed``; ranks apart make it
+    ``rank-divergent`` (:func:`apply`). A case the backend does not take (``unsupported``: a dtype it refuses, a
+    shape its policy refuses) is listed in the summary and judges nothing. A worse verdict stays."""
+    status = result.get("status")
+    for key, r in agreed.items():
+        chk = r.get("exact") if isinstance(r.get("exact"), Mapping) else {}
+        if status in ("pass", "partial") and chk.get("verdict") in ("no-op", "zero", "wrong"):
+            note = f"{backend}: agreement case {key}: integer inputs gave {chk['verdict']} ({chk.get('detail', '')})"
+            code = wrong if chk["verdict"] == "wrong" else noop
+            return apply({**result, "status": "fail", "reason_code": code, "note": note[:400]}, summarize(agreed),
+                         backend)
+    for key, r in agreed.items():
+        chk = r.get("exact") if isinstance(r.get("exact"), Mapping) else {}
+        if r.get("verdict") == "unsupported" or (r.get("verdict") == "ok" and chk.get("verdict") == "exact"):
+            continue
+        if status == "pass":
+            why = str(r.get("error") or chk.get("error") or chk.get("detail") or chk.get("verdict") or r.get("verdict"))
+            note = f"{backend}: its own checks exact; agreement case {key} could not be judged: {why}"
+            return apply({**result, "status": "partial", "reason_code": failed, "note": note[:400]},
+                         summarize(agreed), backend)
+    return apply(result, summarize(agreed), backend)
+
+
 def apply(result: dict[str, Any], summary: Mapping[str, Any], backend: str) -> dict[str, Any]:
     """``result`` (a probe outcome) with the agreement summary in its metrics; a pass whose ranks diverged
     becomes ``partial`` with ``rank-divergent`` (its numbers are right, but ranks may decide differently on

@@ -9,8 +9,10 @@ The graph check refills inputs and outputs after capture, so only a real replay 
 
 Ranks on separate GPUs use NCCL for the process group; ``placement=shared`` puts every rank on GPU 0 (the
 layout flashinfer's SM12x work was verified with) and exchanges handles over gloo, since NCCL refuses two
-ranks on one device. The backend is always ``trtllm``: ``auto`` can choose ``mnnvl``, which creates NVLink
-multicast objects, and those are never created by stackprobe.
+ranks on one device; those variants also run the step probe's shallow selection on the fusion
+(``stepmodel.shallow_agreement``: rank agreement and one exact case per dtype at the largest model hidden size), so
+the step leaves those world sizes to them. The backend is always ``trtllm``: ``auto`` can choose ``mnnvl``, which
+creates NVLink multicast objects, and those are never created by stackprobe.
 
 Every token count runs at the deep world sizes (``inenv.probe.deep_sizes``); elsewhere a variant runs the shallow
 selection (:func:`checked`: the workspace and one exact call each way), with a GPU per rank (``depth=setup``) at
@@ -36,6 +38,7 @@ from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
 from inenv.kit import _flashinfer as fi
 from inenv.kit._fi_build import classify_jit_error
 from inenv.kit._lockstep import Lockstep, Stopped
+from inenv.kit._rmsnorm import EPS, norm_check, reference
 from inenv.probe import (
     QUICK,
     SETUP,
@@ -50,6 +53,7 @@ from inenv.probe import (
     outcome,
     shallow,
 )
+from inenv.probes import stepmodel
 
 SPEC = ProbeSpec(
     id="fi-fusion",
@@ -65,10 +69,10 @@ SPEC = ProbeSpec(
 )
 
 HIDDEN = _data.HIDDEN
+AGREEMENT_BACKEND = "flashinfer-fusion"  # the step's name for this fusion (inenv.probes.stepcomm)
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
 GRAPH_TOKENS = (1, 16, 128)
 GRAPH_CALLS = 3
-EPS = 1e-6
 
 
 SHALLOW_WHAT = "the workspace and one exact case (1 token, eager and graph)"
@@ -98,33 +102,6 @@ def variants(host: HostView) -> list[Variant]:
             out.append(Variant(SPEC.id, 2, params=engine, share_gpu=True, gpus=1))
         out += [Variant(SPEC.id, n, params=engine) for n in deep_sizes(host)]
     return out
-
-
-def reference(inp_sum: Any, residual: Any, gamma: Any) -> tuple[Any, Any]:
-    """(residual_out, norm_out) as the kernel computes them: bf16 sum, then RMSNorm in fp32."""
-    import torch
-
-    res_out = (inp_sum.float() + residual.float()).to(torch.bfloat16)
-    x = res_out.float()
-    rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + EPS)
-    return res_out, (x * rms * gamma.float()).to(torch.bfloat16)
-
-
-def norm_check(got: Any, ref: Any) -> dict[str, Any]:
-    """Bit-exact fraction, and the pass level: every element within one bf16 ulp of the reference."""
-    import torch
-
-    g = got.float().cpu()
-    r = ref.float().cpu()
-    diff = (g - r).abs()
-    ulp = torch.clamp(r.abs(), min=2.0**-10) * 2.0**-7
-    sentinel = bool((g == _data.SENTINEL).all())
-    return {
-        "exact_fraction": round(float((diff == 0).float().mean()), 6),
-        "max_abs_err": float(diff.max()),
-        "within_1ulp": bool((diff <= ulp).all()) and not sentinel,
-        "untouched": sentinel,
-    }
 
 
 class _Case:
@@ -255,11 +232,22 @@ def run(ctx: RankContext) -> dict[str, Any]:
                 g.replay()
                 _device.wait_device(60)
                 graph[str(tokens)] = case.check()
+        result = _wrong(graph, "partial", "eager exact; graph replay", metrics, evidence) or outcome(
+            "pass", metrics=metrics, evidence=evidence
+        )
+        if not one_gpu:
+            return result
+        # ranks sharing a GPU: the step's shallow selection on the fusion (rank agreement and one exact case per
+        # dtype at the largest model hidden size, its kernels read), which the step leaves to this variant
+        with lock.step("rank agreement set-up", _workspace_error_code, status="partial", prefix="exact; "):
+            agreed, more = stepmodel.shallow_agreement(AGREEMENT_BACKEND, ctx.rank, ctx.world_size, device,
+                                                       dist.group.WORLD, ctx.log)
+        evidence["agreement"] = agreed
+        evidence["agreement_comm"] = more
+        return _agree.shallow_outcome(lock.finish(result), agreed, "flashinfer allreduce fusion", "fi-fusion-wrong",
+                                      "fi-fusion-noop", "fi-fusion-error")
     except Stopped as stop:
         return stop.outcome
-    return _wrong(graph, "partial", "eager exact; graph replay", metrics, evidence) or outcome(
-        "pass", metrics=metrics, evidence=evidence
-    )
 
 
 # --- case=engine: what the engines run -------------------------------------------------------------------------
@@ -471,5 +459,8 @@ METRICS = (
     ("latency_p99_us", "µs by tokens", "case=engine: 99th percentile of the same replays", None),
     ("engine_headline", "text", "case=engine: the timed calls at the smallest, a middle and the largest count",
      "headline"),
+    ("agreement", "record", "ranks sharing a GPU: rank agreement on random bf16/fp16 data through the step's "
+     "adapter (inenv/kit/_agree.py): ranks identical, differing elements, max ulp between ranks, deterministic, "
+     "max ulp vs the float64 sum, divergent cases", "agreement"),
 )
 ALLREDUCE_PATH = True

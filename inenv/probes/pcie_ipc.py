@@ -16,7 +16,9 @@ side stream, slowest rank per replay) are recorded beside NCCL's in the same pro
 
 ``placement=shared`` variants put more ranks than GPUs on the host's GPUs (rank i on GPU i mod count; the process
 group is gloo, since NCCL refuses two ranks on one device). They test correctness only: neither tuning nor
-latency means anything on time-sliced GPUs.
+latency means anything on time-sliced GPUs. The all-reduce's also run the step probe's shallow selection on it
+(``stepmodel.shallow_agreement``: rank agreement and one exact case per dtype through the step's adapter, with the
+configuration flashinfer's policy resolves), so the step leaves those world sizes to them.
 
 Every shape, the admission edges, tuning and latency run at the deep world sizes (``inenv.probe.deep_sizes``).
 Elsewhere a variant runs the shallow selection (:func:`cases`: the workspace, where a world size is refused, and
@@ -43,6 +45,7 @@ from inenv.probe import (
     outcome,
     shallow,
 )
+from inenv.probes import stepmodel
 
 SPEC = ProbeSpec(
     id="pcie-ipc",
@@ -59,6 +62,7 @@ SPEC = ProbeSpec(
 )
 
 HIDDEN = _data.HIDDEN
+AGREEMENT_BACKEND = "flashinfer-pcie-ipc"  # the step's name for this all-reduce (inenv.probes.stepcomm)
 
 
 @dataclass(frozen=True)
@@ -313,7 +317,17 @@ def run(ctx: RankContext) -> dict[str, Any]:
         if op != "all-reduce" or setup_only:
             placed = evidence["placement"] + (", set-up check" if setup_only and not shared else "")
             metrics["headline"] = f"exact eagerly and in a graph, seed config ({placed})"
-            return lock.finish(outcome("pass", metrics=metrics, evidence=evidence))
+            if not (shared and op == "all-reduce"):
+                return lock.finish(outcome("pass", metrics=metrics, evidence=evidence))
+            # ranks sharing a GPU: the step's shallow selection on this all-reduce (its policy's configuration,
+            # rank agreement, one exact case per dtype, its kernels read), which the step leaves to this variant
+            with lock.step("rank agreement set-up", _workspace_error, status="partial", prefix="seed config exact; "):
+                agreed, more = stepmodel.shallow_agreement(AGREEMENT_BACKEND, ctx.rank, world, device, group, ctx.log)
+            evidence["agreement"] = agreed
+            evidence["agreement_comm"] = more
+            return _agree.shallow_outcome(lock.finish(outcome("pass", metrics=metrics, evidence=evidence)), agreed,
+                                          "flashinfer PCIe IPC all-reduce", "pcie-ipc-wrong", "pcie-ipc-noop",
+                                          "pcie-ipc-error")
         with lock.step("tune", "pcie-ipc-tune-failed", status="partial", prefix="seed config exact; "):
             metrics["tuned_by_flashinfer"] = coll.tune(TUNE_HIDDENS)
         with lock.step("tuned-config calls", "pcie-ipc-error") as st:
@@ -346,5 +360,8 @@ METRICS = (
     ("nccl_latency_us", "µs by message bytes", "NCCL timed the same way in the same processes", "nccl-latency"),
     ("configs", "record", "seed and tuned configs per shape", None),
     ("tuned_by_flashinfer", "record", "what flashinfer's own tuning returned", None),
+    ("agreement", "record", "ranks sharing a GPU: rank agreement on random bf16/fp16 data through the step's "
+     "adapter (inenv/kit/_agree.py): ranks identical, differing elements, max ulp between ranks, deterministic, "
+     "max ulp vs the float64 sum, divergent cases", "agreement"),
 )
 ALLREDUCE_PATH = True

@@ -100,9 +100,11 @@ ONLY_ENV = "STACKPROBE_STEP_ONLY"  # planning filter: "nccl,flashinfer-fusion" p
 SHARED_AT = 2
 # Backends whose own probe checks, at every world size with ranks sharing a GPU, what the step's shallow selection
 # checks there (the set-up and _agree.shallow_cases: rank agreement and one exact call per dtype): custom-ar's
-# flashinfer implementation and symm-mem. pcie-ipc and fi-fusion check exactness there, not rank agreement, and
-# custom-ar checks sgl-kernel's with a GPU per rank only, so the step keeps those.
-AGREED_ELSEWHERE: dict[str, str] = {"flashinfer-custom-ar": "custom-ar", "symm-mem-one-shot": "symm-mem"}
+# flashinfer implementation and symm-mem with their own agreement cases, pcie-ipc and fi-fusion by running this
+# probe's shallow selection in their variants (stepmodel.shallow_agreement). custom-ar checks sgl-kernel's
+# implementation with a GPU per rank only, so the step keeps that one.
+AGREED_ELSEWHERE: dict[str, str] = {"flashinfer-custom-ar": "custom-ar", "symm-mem-one-shot": "symm-mem",
+                                    "flashinfer-pcie-ipc": "pcie-ipc", "flashinfer-fusion": "fi-fusion"}
 
 
 def variants(host: HostView) -> list[Variant]:

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from inenv.kit import _dist
+from inenv.kit._rmsnorm import EPS
 from inenv.probe import RankContext, outcome
-from inenv.probes.fi_fusion import EPS
 
 BACKENDS = (
     "nccl",

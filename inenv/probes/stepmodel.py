@@ -1,7 +1,8 @@
 """The step probe's model step: the cases (a decode step, a speculative verify step), the model shapes' blocks as
 one rank runs them under tensor parallelism (Model: matmul, allreduce through a backend's adapter, residual add
 and RMSNorm), one case built, checked exactly and timed against its baseline (run_case), and the agreement check
-bound to a backend (agreement_bind). Not a probe (no SPEC): step carries it in its hash.
+bound to a backend (agreement_bind), and the shallow selection run by another probe's ranks (shallow_agreement). Not a
+probe (no SPEC): step, pcie-ipc and fi-fusion carry it in their hashes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Any
 
 from inenv import models
 from inenv.kit import _agree, _data, _device, _dist, _errors, _kernels, _timing
-from inenv.probes.fi_fusion import EPS, norm_check
-from inenv.probes.stepcomm import Comm
+from inenv.kit._rmsnorm import EPS, norm_check, reference
+from inenv.probes.stepcomm import Comm, make_comm
 
 DECODE_BATCHES = (1, 8, 32)
 VERIFY = ((8, 3), (8, 7), (32, 3), (32, 7))  # (batch, draft): EAGLE-3 / MTP draft lengths
@@ -245,8 +246,6 @@ def _check(model: Model, tokens: int, seed: int, with_comm: bool, fused: bool) -
     chk = _data.check_exact(got, final, prior=_data.filled((tokens, model.s.hidden)))
     out: dict[str, Any] = {"verdict": "ok" if chk.ok else chk.verdict, "residual": chk.to_json()}
     if chk.ok and fused:
-        from inenv.probes.fi_fusion import reference
-
         _, ref_norm = reference(last, before_last, model.gamma)
         norm = norm_check(model.view("norm", tokens), ref_norm)
         out["norm"] = norm
@@ -340,6 +339,26 @@ def agreement_bind(comm: Comm, rank: int, world: int, flat: dict[str, Any],
         return _fused_bound(case, comm, inp, rank, world, flat)
 
     return bind
+
+
+def shallow_agreement(name: str, rank: int, world: int, device: Any, group: Any,
+                      log: Callable[[str], None] = lambda _: None) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The step's shallow selection on backend ``name``, run by another probe's ranks sharing a GPU (pcie-ipc,
+    fi-fusion), so the step need not start processes of its own there: the backend's adapter set up on ``group``
+    at the largest model hidden size, then ``_agree.shallow_cases`` (one case per dtype it takes, in a graph)
+    checked exactly, each graph's kernels read (:func:`kernels_of`). (agreement records by case key, as
+    ``_agree.run_cases`` gives them; the adapter's evidence). A set-up that fails raises, on this rank."""
+    import torch
+
+    max_numel = _agree.max_numel()
+    comm = make_comm(name, rank, world, device, group, max_numel, max(_agree.TOKENS))
+    comm.for_model(max(_agree.hiddens()))
+    flat = {k: torch.empty(max_numel, device=device, dtype=torch.bfloat16)
+            for k in ("res0", "res_a", "res_b", "norm", "out")}
+    with _timing.side_stream(device):
+        agreed = _agree.run_cases(agreement_bind(comm, rank, world, flat), _agree.shallow_cases(comm.dtypes), group,
+                                  log, exact=True, profile=kernels_of)
+    return agreed, comm.evidence()
 
 
 def _fused_bound(case: _agree.Case, comm: Comm, inp: Any, rank: int, world: int,
