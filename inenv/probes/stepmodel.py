@@ -229,15 +229,15 @@ def kernels_of(graph: Any) -> dict[str, Any]:
     calls in it) launches (:func:`comm_kernels`), and how they were read (``read_from``: the graph itself, or
     one replay under torch's profiler where torch keeps no graph: ``inenv.kit._kernels.launched``)."""
     names, how = _kernels.launched(graph)
-    return {**comm_kernels(names, Counter()), "read_from": how}
+    return {**comm_kernels(names), "read_from": how}
 
 
-def comm_kernels(backend_run: Counter[str] | str, baseline_run: Counter[str] | str) -> dict[str, Any]:
-    """What the backend's graph launched beyond the baseline's: its communication kernels (pure)."""
-    if isinstance(backend_run, str) or isinstance(baseline_run, str):
-        return {"error": backend_run if isinstance(backend_run, str) else baseline_run}
-    extra = {name: n - baseline_run.get(name, 0) for name, n in backend_run.items() if n > baseline_run.get(name, 0)}
-    return {"kernels": dict(sorted(extra.items())), "nccl": any("nccl" in name.lower() for name in extra)}
+def comm_kernels(launched: Counter[str] | str) -> dict[str, Any]:
+    """The kernels a graph of the backend's calls alone launched, by name and count, and whether any is NCCL's; a
+    reading that failed is its error (pure)."""
+    if isinstance(launched, str):
+        return {"error": launched}
+    return {"kernels": dict(sorted(launched.items())), "nccl": any("nccl" in name.lower() for name in launched)}
 
 
 def _check(model: Model, tokens: int, seed: int, with_comm: bool, fused: bool) -> dict[str, Any]:
