@@ -60,16 +60,16 @@ def test_deep_sizes_are_the_powers_of_two_and_the_gpu_count() -> None:
     assert {n: deep_sizes(HostView(gpu_count=n)) for n in want} == want
 
 
-# Written out from the rules: step 6 backends (NCCL never shares a GPU; flashinfer's custom allreduce and symm-mem
-# one-shot are planned not-run where they would share, but at 2 ranks on one GPU), custom-ar 2 implementations x 2
-# modes (only flashinfer forced shares), fi-fusion and symm-mem one set (also 2 ranks on one GPU, and symm-mem's
-# sustained load at 2 ranks and the GPU count and its NCCL backend at the deep sizes, a GPU per rank or a planned
-# skip; fi-fusion's engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc 3 ops (the all-reduce
-# shares), ar-latency 6 backends (never shares), nccl-graphs 25 at 2 ranks and the GPU count (5 NCCL_ALGO settings x
-# 2 warm-ups x 2 connections, and each with NCCL_PROTO=Simple once) and the 10 (algorithm, protocol) variants at the
-# other deep sizes and beyond the GPU count (never shares); at a size outside the deep ones NCCL's own choice runs
-# (1 setup) and the other 9 (algorithm, protocol) pairs are planned not-run; ep-a2a one variant across GPUs (never
-# shares; its simulated ranks are one process).
+# Written out from the rules: step 6 backends (NCCL never shares a GPU; flashinfer's custom allreduce, symm-mem one-
+# shot, PCIe IPC and the fusion are planned not-run where they would share, but at 2 ranks on one GPU), custom-ar 2
+# implementations x 2 modes (only flashinfer forced shares), fi-fusion and symm-mem one set (also 2 ranks on one GPU,
+# and symm-mem's sustained load at 2 ranks and the GPU count and its NCCL backend at the deep sizes, a GPU per rank or a
+# planned skip; fi-fusion's engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc 3 ops (the all-reduce
+# shares), ar-latency 6 backends (never shares), nccl-graphs 25 at 2 ranks and the GPU count (5 NCCL_ALGO settings x 2
+# warm-ups x 2 connections, and each with NCCL_PROTO=Simple once) and the 10 (algorithm, protocol) variants at the other
+# deep sizes and beyond the GPU count (never shares); at a size outside the deep ones NCCL's own choice runs (1 setup)
+# and the other 9 (algorithm, protocol) pairs are planned not-run; ep-a2a one variant across GPUs (never shares; its
+# simulated ranks are one process).
 EIGHT = {
     "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 setup", 7: "6 setup", 8: "6 deep"},
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 setup", 7: "4 setup", 8: "4 deep"},
@@ -84,7 +84,7 @@ EIGHT = {
     "ep-a2a": {n: "1 deep" for n in range(2, 9)},
 }
 SIX = {
-    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 deep", 8: "3 shared + 1 skip + 2 not-run"},
+    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 5: "6 setup", 6: "6 deep", 8: "1 shared + 1 skip + 4 not-run"},
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 5: "4 setup", 6: "4 deep", 8: "1 shared + 3 skip"},
     "fi-fusion": {2: "2 deep + 1 shared", 3: "1 setup", 4: "2 deep", 5: "1 setup", 6: "2 deep", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 5: "3 setup", 6: "3 deep", 8: "1 shared + 2 skip"},
@@ -96,7 +96,7 @@ SIX = {
     "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 5: "1 deep", 6: "1 deep", 8: "1 skip"},
 }
 FOUR = {
-    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 8: "3 shared + 1 skip + 2 not-run"},
+    "step": {2: "6 deep", 3: "6 setup", 4: "6 deep", 8: "1 shared + 1 skip + 4 not-run"},
     "custom-ar": {2: "4 deep", 3: "4 setup", 4: "4 deep", 8: "1 shared + 3 skip"},
     "fi-fusion": {2: "2 deep + 1 shared", 3: "1 setup", 4: "2 deep", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "3 setup", 4: "3 deep", 8: "1 shared + 2 skip"},
@@ -106,8 +106,8 @@ FOUR = {
     "ep-a2a": {2: "1 deep", 3: "1 deep", 4: "1 deep", 8: "1 skip"},
 }
 TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, never depth=setup
-    "step": {2: "6 deep", 3: "3 shared + 1 skip + 2 not-run", 4: "3 shared + 1 skip + 2 not-run",
-             8: "3 shared + 1 skip + 2 not-run"},
+    "step": {2: "6 deep", 3: "1 shared + 1 skip + 4 not-run", 4: "1 shared + 1 skip + 4 not-run",
+             8: "1 shared + 1 skip + 4 not-run"},
     "custom-ar": {2: "4 deep", 3: "1 shared + 3 skip", 4: "1 shared + 3 skip", 8: "1 shared + 3 skip"},
     "fi-fusion": {2: "2 deep + 1 shared", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "pcie-ipc": {2: "3 deep", 3: "1 shared + 2 skip", 4: "1 shared + 2 skip", 8: "1 shared + 2 skip"},
@@ -118,8 +118,8 @@ TWO = {  # every size but 2 is beyond the GPU count: shared or a planned skip, n
     "ep-a2a": {2: "1 deep", 3: "1 skip", 4: "1 skip", 8: "1 skip"},
 }
 ONE = {  # no deep size: every multi-rank variant shares the GPU or is a planned skip
-    "step": {2: "5 shared + 1 skip", 3: "3 shared + 1 skip + 2 not-run", 4: "3 shared + 1 skip + 2 not-run",
-             8: "3 shared + 1 skip + 2 not-run"},
+    "step": {2: "5 shared + 1 skip", 3: "1 shared + 1 skip + 4 not-run", 4: "1 shared + 1 skip + 4 not-run",
+             8: "1 shared + 1 skip + 4 not-run"},
     "custom-ar": {n: "1 shared + 3 skip" for n in (2, 3, 4, 8)},
     "fi-fusion": {2: "2 shared", 3: "1 shared", 4: "1 shared", 8: "1 shared"},
     "pcie-ipc": {n: "1 shared + 2 skip" for n in (2, 3, 4, 8)},
@@ -291,15 +291,16 @@ def test_the_budget_tiers_a_setup_variant_as_a_gpu_per_rank_at_another_world_siz
 def test_the_step_leaves_shared_sizes_to_the_probes_that_check_the_same_there_and_says_which() -> None:
     one = [it.variant for it in _items(1) if it.variant.probe_id == "step" and it.variant.share_gpu]
     ran = {(v.ranks, v.param("backend")) for v in one if v.skip is None}
-    kept = {"flashinfer-pcie-ipc", "flashinfer-fusion", "sgl-custom-ar"}  # no rank agreement of their own there
-    assert ran == {(2, b) for b in kept | {"symm-mem-one-shot", "flashinfer-custom-ar"}} | {
-        (n, b) for n in (3, 4, 8) for b in kept}
+    kept = {"sgl-custom-ar"}  # custom-ar checks sgl-kernel's implementation with a GPU per rank only
+    own = {"symm-mem-one-shot", "flashinfer-custom-ar", "flashinfer-pcie-ipc", "flashinfer-fusion"}
+    assert ran == {(2, b) for b in kept | own} | {(n, b) for n in (3, 4, 8) for b in kept}
     left = [v for v in one if v.skip is not None]
-    assert {(v.ranks, v.param("backend")) for v in left} == {
-        (n, b) for n in (3, 4, 8) for b in ("symm-mem-one-shot", "flashinfer-custom-ar")}
+    assert {(v.ranks, v.param("backend")) for v in left} == {(n, b) for n in (3, 4, 8) for b in own}
     assert {(v.skip.code, v.skip.status) for v in left if v.skip} == {("narrowed-world-size", "not-run")}
     note = next(v.skip.note for v in left if v.ranks == 8 and v.param("backend") == "symm-mem-one-shot" and v.skip)
     assert "8 ranks sharing one GPU" in note and "symm-mem's variant at that size" in note
+    note = next(v.skip.note for v in left if v.ranks == 4 and v.param("backend") == "flashinfer-pcie-ipc" and v.skip)
+    assert "pcie-ipc's variant at that size" in note
     # on two GPUs the step's own run has a GPU per rank; the two backends are left to their probes at every
     # shared size
     two = [it.variant for it in _items(2) if it.variant.probe_id == "step" and it.variant.share_gpu

@@ -54,7 +54,8 @@ def test_one_gpu_shares_it_where_the_backend_can_and_nccl_says_why_not() -> None
     step = [v for v in plan if v.probe_id == "step"]
     shared = {(v.param("backend"), v.ranks) for v in step if v.share_gpu and v.skip is None}
     backends = {v.param("backend") for v in step} - {"nccl"}
-    elsewhere = {"flashinfer-custom-ar", "symm-mem-one-shot"}  # their own probes check agreement when shared
+    # their own probes check agreement when shared
+    elsewhere = {"flashinfer-custom-ar", "symm-mem-one-shot", "flashinfer-pcie-ipc", "flashinfer-fusion"}
     assert shared == {(b, n) for b in backends for n in (2, 3, 4, 8) if b not in elsewhere or n == 2}
     narrowed = {(v.param("backend"), v.ranks) for v in step if v.share_gpu and v.skip is not None}
     assert narrowed == {(b, n) for b in elsewhere for n in (3, 4, 8)}

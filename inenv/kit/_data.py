@@ -4,6 +4,8 @@
   reference is computed locally on every rank from the formula (no collective checks a collective).
 - Outputs are pre-filled with a sentinel that no correct result can contain, so a kernel that did
   nothing is told apart from one that computed the wrong numbers.
+- The residual add + RMSNorm of a fused allreduce is compared with a reference computed as the kernel does (fp32,
+  one rounding to bf16), within one bf16 ulp.
 
 In-environment side: standard library at module level, torch inside the functions.
 """
@@ -122,3 +124,35 @@ def check_exact(
     if atol > 0 and max_err <= atol:
         return Check("close", mismatches, numel, max_err, f"within atol {atol}, not exact")
     return Check("wrong", mismatches, numel, max_err, f"{mismatches}/{numel} elements differ")
+
+
+# --- the residual add + RMSNorm flashinfer's fused allreduce computes, as a reference, and how close a result must
+# come to it: shared by the fusion's own probe, the step's fused backend and its agreement check
+EPS = 1e-6
+
+
+def reference(inp_sum: Any, residual: Any, gamma: Any) -> tuple[Any, Any]:
+    """(residual_out, norm_out) as the kernel computes them: bf16 sum, then RMSNorm in fp32."""
+    import torch
+
+    res_out = (inp_sum.float() + residual.float()).to(torch.bfloat16)
+    x = res_out.float()
+    rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + EPS)
+    return res_out, (x * rms * gamma.float()).to(torch.bfloat16)
+
+
+def norm_check(got: Any, ref: Any) -> dict[str, Any]:
+    """Bit-exact fraction, and the pass level: every element within one bf16 ulp of the reference."""
+    import torch
+
+    g = got.float().cpu()
+    r = ref.float().cpu()
+    diff = (g - r).abs()
+    ulp = torch.clamp(r.abs(), min=2.0**-10) * 2.0**-7
+    sentinel = bool((g == SENTINEL).all())
+    return {
+        "exact_fraction": round(float((diff == 0).float().mean()), 6),
+        "max_abs_err": float(diff.max()),
+        "within_1ulp": bool((diff <= ulp).all()) and not sentinel,
+        "untouched": sentinel,
+    }

@@ -36,9 +36,9 @@ from typing import Any
 
 from inenv.kit import _agree, _data, _device, _dist, _errors, _timing
 from inenv.kit import _flashinfer as fi
+from inenv.kit._data import EPS, norm_check, reference
 from inenv.kit._fi_build import classify_jit_error
 from inenv.kit._lockstep import Lockstep, Stopped
-from inenv.kit._rmsnorm import EPS, norm_check, reference
 from inenv.probe import (
     QUICK,
     SETUP,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inenv.kit import _dist
-from inenv.kit._rmsnorm import EPS
+from inenv.kit._data import EPS
 from inenv.probe import RankContext, outcome
 
 BACKENDS = (

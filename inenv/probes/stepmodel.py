@@ -14,7 +14,7 @@ from typing import Any
 
 from inenv import models
 from inenv.kit import _agree, _data, _device, _dist, _errors, _kernels, _timing
-from inenv.kit._rmsnorm import EPS, norm_check, reference
+from inenv.kit._data import EPS, norm_check, reference
 from inenv.probes.stepcomm import Comm, make_comm
 
 DECODE_BATCHES = (1, 8, 32)
