@@ -60,8 +60,8 @@ def test_deep_sizes_are_the_powers_of_two_and_the_gpu_count() -> None:
     assert {n: deep_sizes(HostView(gpu_count=n)) for n in want} == want
 
 
-# Written out from the rules: step 6 backends (NCCL never shares a GPU; flashinfer's custom allreduce, symm-mem one-
-# shot, PCIe IPC and the fusion are planned not-run where they would share, but at 2 ranks on one GPU), custom-ar 2
+# Written out from the rules: step 6 backends (NCCL never shares a GPU; flashinfer's custom allreduce, symm-mem
+# one-shot, PCIe IPC and the fusion are planned not-run where they would share, but at 2 ranks on one GPU), custom-ar 2
 # implementations x 2 modes (only flashinfer forced shares), fi-fusion and symm-mem one set (also 2 ranks on one GPU,
 # and symm-mem's sustained load at 2 ranks and the GPU count and its NCCL backend at the deep sizes, a GPU per rank or a
 # planned skip; fi-fusion's engine case at the deep sizes, or at 2 ranks on the one GPU), pcie-ipc 3 ops (the all-reduce
