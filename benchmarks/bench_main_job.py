@@ -47,6 +47,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -58,7 +59,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common.build import buildrecord
+from common.build import buildrecord, kernelstage
 from inenv.kit import COMPILE_LEDGER as LEDGER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -386,6 +387,8 @@ def one_pass(label: str, matrix: Path, results: Path, cache: Path, log: Path, gp
     compiled = ledger(cache)
     report_s, report_rc = timed(_tool("checks", "report", "--results", str(results), "--out", str(table)), log, env)
     answered = job.stop()
+    if level == "quick":
+        stop_stage(log)
     free1 = free_bytes(watch)
     new = set(results.glob("*/*.jsonl")) - before
     phased = phases(new, gpu)
@@ -410,6 +413,23 @@ def one_pass(label: str, matrix: Path, results: Path, cache: Path, log: Path, gp
     }
     p["floor_s"] = round(pass_floor(p, os.cpu_count() or 1)[2], 1)
     return p
+
+
+def stop_stage(log: Path, wait_s: float = 60.0) -> None:
+    """End the kernel stage `provision build` left running (the long modules' builds, which a quick level never
+    waits for) as a stopped stage ends: its build containers and compilers with it. So a quick-level measurement
+    leaves no compile behind it to slow what runs next on the machine, a warm pass included."""
+    stage = kernelstage.running()
+    if stage is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(stage.pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while kernelstage.running() is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    with log.open("a") as fh:
+        fh.write(f"stopped the kernel stage (pid {stage.pid}, {stage.builds} module build(s)): a quick-level "
+                 "measurement does not wait for the long modules\n")
 
 
 def ratio_line(name: str, value: float, target: float, unit: str) -> str:
@@ -479,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-only", action="store_true",
                     help="only the warm pass, over the results and compile cache an earlier run kept in --work")
     ap.add_argument("--level", choices=("quick", "full"), help="checks run --level (default: none, so the quick "
-                    "pass writes the first table and the full pass follows)")
+                    "pass writes the first table and the full pass follows); quick: the first answer alone, and "
+                    "the kernel stage the build left running is stopped after each pass")
     ap.add_argument("--work", type=Path, help="keep the results and compile cache here (default: a temp dir)")
     ap.add_argument("--backend", choices=BACKENDS, default="docker",
                     help="provision build and checks run --backend (default docker)")
