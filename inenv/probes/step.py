@@ -69,9 +69,10 @@ from inenv.probes.stepmodel import (
     Model,
     Shape,
     agreement_bind,
-    kernels_of,
+    flat_buffers,
     run_case,
     same_graph,
+    shallow_checks,
     shapes,
 )
 from inenv.status import Status
@@ -285,8 +286,7 @@ def run(ctx: RankContext) -> dict[str, Any]:
         why = err or "a peer rank failed to set the backend up"
         return outcome("fail", f"{name}: {why[:300]}", "step-backend-failed", evidence=evidence)
     assert comm is not None
-    flat = {k: torch.empty(max_numel, device=device, dtype=torch.bfloat16)
-            for k in ("res0", "res_a", "res_b", "norm", "out")}
+    flat = flat_buffers(max_numel, device)
     if setup_only:
         return run_shallow(ctx, comm, flat, gloo, device, evidence)
     assert barrier is not None
@@ -335,9 +335,7 @@ def run_shallow(ctx: RankContext, comm: Comm, flat: dict[str, Any], gloo: Any, d
         why = err or "a peer rank failed to set the backend up"
         return outcome("fail", f"{comm.name}: {why[:300]}", "step-backend-failed", evidence=evidence)
     refusals: dict[str, str] = {}
-    with _timing.side_stream(device):
-        agreed = _agree.run_cases(agreement_bind(comm, ctx.rank, ctx.world_size, flat, refusals), wanted, gloo,
-                                  ctx.log, exact=True, profile=kernels_of)
+    agreed = shallow_checks(comm, ctx.rank, ctx.world_size, flat, gloo, device, ctx.log, refusals)
     evidence.update(comm.evidence())
     result = summarize_shallow(comm.name, agreed, refusals, ctx.variant.share_gpu)
     result["evidence"].update(evidence)

@@ -341,24 +341,36 @@ def agreement_bind(comm: Comm, rank: int, world: int, flat: dict[str, Any],
     return bind
 
 
+def flat_buffers(max_numel: int, device: Any) -> dict[str, Any]:
+    """The step's scratch buffers, ``max_numel`` bf16 elements each, that a fused backend's residual and RMSNorm
+    outputs and a backend's separate output are viewed from (the model and :func:`agreement_bind`)."""
+    import torch
+
+    return {k: torch.empty(max_numel, device=device, dtype=torch.bfloat16)
+            for k in ("res0", "res_a", "res_b", "norm", "out")}
+
+
+def shallow_checks(comm: Comm, rank: int, world: int, flat: dict[str, Any], group: Any, device: Any,
+                   log: Callable[[str], None] = lambda _: None,
+                   refusals: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """The shallow selection's agreement cases on a backend set up for them (``_agree.shallow_cases``: one per
+    dtype it takes, in a graph), bound by :func:`agreement_bind` on a side stream, checked exactly, each graph's
+    kernels read (:func:`kernels_of`): the records by case key, as ``_agree.run_cases`` gives them."""
+    with _timing.side_stream(device):
+        return _agree.run_cases(agreement_bind(comm, rank, world, flat, refusals), _agree.shallow_cases(comm.dtypes),
+                                group, log, exact=True, profile=kernels_of)
+
+
 def shallow_agreement(name: str, rank: int, world: int, device: Any, group: Any,
                       log: Callable[[str], None] = lambda _: None) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The step's shallow selection on backend ``name``, run by another probe's ranks sharing a GPU (pcie-ipc,
     fi-fusion), so the step need not start processes of its own there: the backend's adapter set up on ``group``
-    at the largest model hidden size, then ``_agree.shallow_cases`` (one case per dtype it takes, in a graph)
-    checked exactly, each graph's kernels read (:func:`kernels_of`). (agreement records by case key, as
-    ``_agree.run_cases`` gives them; the adapter's evidence). A set-up that fails raises, on this rank."""
-    import torch
-
+    at the largest model hidden size, then :func:`shallow_checks`. (agreement records by case key; the adapter's
+    evidence). A set-up that fails raises, on this rank."""
     max_numel = _agree.max_numel()
     comm = make_comm(name, rank, world, device, group, max_numel, max(_agree.TOKENS))
     comm.for_model(max(_agree.hiddens()))
-    flat = {k: torch.empty(max_numel, device=device, dtype=torch.bfloat16)
-            for k in ("res0", "res_a", "res_b", "norm", "out")}
-    with _timing.side_stream(device):
-        agreed = _agree.run_cases(agreement_bind(comm, rank, world, flat), _agree.shallow_cases(comm.dtypes), group,
-                                  log, exact=True, profile=kernels_of)
-    return agreed, comm.evidence()
+    return shallow_checks(comm, rank, world, flat_buffers(max_numel, device), group, device, log), comm.evidence()
 
 
 def _fused_bound(case: _agree.Case, comm: Comm, inp: Any, rank: int, world: int,
