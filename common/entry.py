@@ -11,6 +11,7 @@ import sys
 INTERRUPTED = 130
 
 try:
+    import contextlib
     import importlib
     import signal
     from collections.abc import Callable
@@ -48,6 +49,18 @@ def _run(name: str, module: str) -> int:
     except KeyboardInterrupt:  # between the handlers: the command's own catch was not yet reached
         sys.stderr.write(f"{name}: interrupted\n")
         return INTERRUPTED
+    finally:
+        _quiet_exit()
+
+
+def _quiet_exit() -> None:
+    """The command is over: what it printed goes out now, and a Ctrl-C during the interpreter's shutdown (joining
+    a thread pool's workers, atexit hooks) ends the process by the signal itself, as a shell reports it, instead
+    of a KeyboardInterrupt raised inside those hooks and printed as an ignored exception."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            stream.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def checks() -> int:

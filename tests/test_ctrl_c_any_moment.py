@@ -54,3 +54,25 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(tmp_path: Path, name: str
         else:
             assert len(said) <= 1, (moment, err[-2000:])
     assert interrupted >= 2  # the sweep reached the command itself, not only its end
+
+
+def test_ctrl_c_while_the_interpreter_joins_a_pool_ends_by_the_signal(tmp_path: Path) -> None:
+    """A command that returned while a thread pool's worker still runs: the interpreter's shutdown joins it, and a
+    Ctrl-C there ends the process by SIGINT, with nothing printed about an ignored exception."""
+    (tmp_path / "pool_left_running.py").write_text(
+        "import time\nfrom concurrent.futures import ThreadPoolExecutor\n\n"
+        "def main():\n"
+        "    ThreadPoolExecutor(1).submit(time.sleep, 5)\n"
+        "    print('returned', flush=True)\n"
+        "    return 0\n")
+    script = "import sys\nfrom common.entry import _run\nsys.exit(_run('checks', 'pool_left_running'))\n"
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"})
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "returned"
+    time.sleep(0.5)  # main has returned: the interpreter is in its shutdown, joining the sleeping worker
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    assert proc.returncode == -signal.SIGINT, (proc.returncode, err)
