@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -211,6 +211,34 @@ def deferred(items: list[WorkItem], carries: Mapping[str, Mapping[str, tuple[str
             note = (f"loads {', '.join(missing)}, which this cell does not carry for compute capability "
                     f"{capability or 'unknown'} and fi-jit has not built here: left to the full pass")
             it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, "deferred-compile", note))
+        out.append(it)
+    return out
+
+
+STAGE_WAIT = "awaiting-kernel-stage"  # a full pass run while the kernel stage builds leaves these to the pass after it
+
+
+def stage_modules(item: WorkItem) -> tuple[str, ...]:
+    """The flashinfer modules ``item`` needs built: those it loads (:func:`jit_modules`) and the one it builds
+    (its probe's ``build_param``: fi-jit's module)."""
+    built = item.variant.param(item.spec.build_param) if item.spec.build_param else None
+    return (*jit_modules(item), *((built,) if built else ()))
+
+
+def awaiting_stage(items: list[WorkItem], building: Mapping[str, Iterable[str]]) -> list[WorkItem]:
+    """A full pass run while the kernel stage `provision build` left running builds ``building`` (cell id ->
+    modules: common.build.kernelstage.building): each variant that would run and needs one of its cell's
+    modules among them (:func:`stage_modules`) becomes decided not-run :data:`STAGE_WAIT`, for the pass after the
+    stage to run with what it carried, neither compiled a second time nor loaded half-built. Everything else
+    runs while the stage builds."""
+    out: list[WorkItem] = []
+    for it in items:
+        pending = set(building.get(it.cell.cell_id, ()))
+        needs = [m for m in stage_modules(it) if m in pending] if it.runs and pending else []
+        if needs:
+            note = (f"needs {', '.join(needs)}, which the kernel stage `provision build` started is building in "
+                    "this cell: run after it ends")
+            it = dataclasses.replace(it, decided=Decided(Status.NOT_RUN, STAGE_WAIT, note))
         out.append(it)
     return out
 

@@ -41,7 +41,9 @@ from checks.run.executor import EnvPrint
 from checks.run.options import REPO, SLURM, RunOptions, UsageError
 from checks.run.plan import (
     REUSED,
+    STAGE_WAIT,
     WorkItem,
+    awaiting_stage,
     compiles_here,
     deferred,
     deferred_shallow,
@@ -81,6 +83,7 @@ class Pass:
     seconds: float
     recorded: bool = False  # the pass recorded a run of its own (not everything was carried or decided)
     skipped: bool = False  # a resumed full run made the quick pass needless
+    waiting: int = 0  # a full pass run while the kernel stage builds: the variants it left for after the stage
 
 
 def run(opts: RunOptions, con: Any) -> int:
@@ -106,6 +109,14 @@ def run(opts: RunOptions, con: Any) -> int:
     done: list[Pass] = []
     for i, level_opts in enumerate(passes):
         first = done[-1] if i and not done[-1].skipped else None
+        if level_opts.level != QUICK and not opts.resume and (building := kernelstage.building()):
+            # the kernel stage `provision build` left running builds for minutes: the full level runs now what
+            # needs none of it, and after the stage only what does (the same run's results carried over)
+            interim = one_pass(level_opts, con, staged, first, None, deadline, building)
+            done.append(interim)
+            if interim.code or not interim.waiting:
+                break
+            first = interim
         if level_opts.level != QUICK and wait_for_kernels(con):
             ready = None  # the cells now carry what the stage built: the full level is planned again
         mine = ready if i == len(passes) - 1 or ready is None else replanned(ready, level_opts)
@@ -204,10 +215,12 @@ def prepared(opts: RunOptions) -> Prepared:
 
 
 def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready: Prepared | None = None,
-             deadline: float | None = None) -> Pass:
-    """The chain at ``opts.level``. ``staged``: one of two passes; ``first``: the quick pass before this one
-    (said in the line between them, and with --fresh the only results this pass may reuse); ``ready``: this
-    pass's steps up to the plan, already done; ``deadline``: the monotonic time --budget ends the command at."""
+             deadline: float | None = None, building: Mapping[str, Iterable[str]] | None = None) -> Pass:
+    """The chain at ``opts.level``. ``staged``: one of two passes; ``first``: the pass before this one (said in
+    the line between them, and with --fresh the only results this pass may reuse); ``ready``: this pass's steps
+    up to the plan, already done; ``deadline``: the monotonic time --budget ends the command at; ``building``:
+    what the running kernel stage builds (common.build.kernelstage.building), whose variants this pass leaves
+    for the pass after the stage (plan.awaiting_stage)."""
     started = time.monotonic()
     ready = ready or prepared(opts)
     if ready.chosen:
@@ -221,6 +234,9 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
     carries = cell_carries(opts, backend.name, targets)
     if opts.level == QUICK:
         planned = defer(opts, planned, carries, targets)
+    elif building:
+        planned = dataclasses.replace(planned, items=awaiting_stage(planned.items, building))
+    waiting = sum(1 for it in planned.items if it.decided is not None and it.decided.reason_code == STAGE_WAIT)
     if first is not None:
         con.print(between(first, planned, opts, backend.name, store, targets.facts, carries), markup=False,
                   highlight=False)
@@ -250,8 +266,9 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
     if not store.results_path.exists() and not store.unstored:  # the store makes a run's files with its first news
         con.print("results: nothing new, so no run recorded (each variant reused or decided as before)",
                   markup=False)
-    code = finish(con, opts, report, targets.gpus, staged)
-    return Pass(unstored(store) or code, report.results, time.monotonic() - started, store.results_path.exists())
+    code = finish(con, opts, report, targets.gpus, staged, waiting)
+    return Pass(unstored(store) or code, report.results, time.monotonic() - started, store.results_path.exists(),
+                waiting=waiting)
 
 
 def between(first: Pass, planned: Planned, opts: RunOptions, backend: str, store: RunStore,
@@ -261,6 +278,11 @@ def between(first: Pass, planned: Planned, opts: RunOptions, backend: str, store
     todo = to_run(opts, planned, store)
     view = progress_view(opts, backend, store, todo, facts, carries)
     answer = "table written" if opts.report is not None else "done"
+    if first.waiting:  # the full level's pass while the kernel stage built
+        head = (f"the kernel stage has ended: the full level ran {len(first.results)} variant(s) beside it in "
+                f"{duration(first.seconds)}; now the {first.waiting} that needed what it built")
+        return f"{head}: nothing more to run" if not view.expected else \
+            f"{head}: {len(view.expected)} variant(s) to run, {view.left().text()} ({view.basis()})"
     head = f"first answer: {answer} (quick level, {len(first.results)} variant(s) in {duration(first.seconds)})"
     if not view.expected:
         return f"{head}; now the full level: nothing more to run"
@@ -617,16 +639,21 @@ def fit_budget(opts: RunOptions, planned: Planned, view: runprogress.RunView, gp
     return dataclasses.replace(planned, items=fitted.items), kept, fitted
 
 
-def finish(con: Any, opts: RunOptions, report: RunReport, gpus: int | None = None, staged: bool = False) -> int:
+def finish(con: Any, opts: RunOptions, report: RunReport, gpus: int | None = None, staged: bool = False,
+           waiting: int = 0) -> int:
     """The summary, the regenerated table, and last the verdict count and where the table is (``--json`` is
-    printed once after every pass)."""
+    printed once after every pass); ``waiting``: the variants a pass run beside the kernel stage left for
+    after it."""
     if report.resumed:
         con.print(f"resumed: {report.resumed} variant(s) already recorded were not run again", markup=False)
     if reused := report.reused:
         runs = sorted({incremental.origin(r) for r in reused})
         con.print(f"reused: {len(reused)} variant(s) unchanged since run{'s' if len(runs) > 1 else ''} "
                   f"{', '.join(runs)} were not run again (--fresh reruns them)", markup=False)
-    if staged:
+    if waiting:
+        con.print(f"level: {opts.level}, beside the kernel stage (every variant but the {waiting} that need what it "
+                  "builds; they follow when it ends)", markup=False)
+    elif staged:
         con.print(f"level: {opts.level}" + (" (the first answer; the full level follows)" if opts.level == QUICK
                                            else " (every variant; the quick answer is replaced)"), markup=False)
     for line in summary.lines(report.results, gpus):

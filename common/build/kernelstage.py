@@ -5,8 +5,9 @@ not wait for it (host side, shared by provision and checks).
 starts the long modules' builds as one process of their own (``python -m provision.kernels JOB``) and returns.
 That process says where it is in a log; this module is how the others find it: :func:`running` names it while
 it lives, and :func:`wait` waits for it and shows its lines as they come (at least one line a ``tick_s``). A
-later `provision build` waits for it before it starts, and `checks run` before its full pass, so the full pass
-loads what the stage carried instead of compiling it a second time.
+later `provision build` waits for it before it starts, and `checks run` before the variants of its full level that
+need a module it builds (:func:`building`: the rest run beside it), so those load what the stage carried instead
+of compiling it a second time.
 
 One stage runs per folder: its process holds the folder's lock (:func:`take_lock`, an flock on ``stage.lock``)
 from before its log is opened until it ends, so a second `provision build` started at the same moment finds it
@@ -41,6 +42,7 @@ LOG = "stage.log"
 MARKER = "provision.kernels"  # in the process's command line: a reused pid is not taken for the stage
 TICK_S = 30.0
 MAX_STATE_BYTES = 1 << 16
+MAX_JOB_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -121,21 +123,42 @@ def _alive(pid: int, folder: Path | None = None, settle_s: float = 2.0) -> bool:
         time.sleep(0.05)
 
 
-def _read_state(folder: Path) -> dict | None:
-    """The state file's object, read without following a link and only from a regular file of bounded size."""
+def _read_object(path: Path, limit: int) -> dict | None:
+    """The JSON object in ``path``, read without following a link and only from a regular file of at most
+    ``limit`` bytes; None otherwise."""
     try:
-        fd = os.open(state_path(folder), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             return None
-        raw = f.read(MAX_STATE_BYTES + 1)
+        raw = f.read(limit + 1)
     try:
-        data = json.loads(raw) if len(raw) <= MAX_STATE_BYTES else None
+        data = json.loads(raw) if len(raw) <= limit else None
     except (ValueError, UnicodeDecodeError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _read_state(folder: Path) -> dict | None:
+    """The state file's object (:func:`_read_object`)."""
+    return _read_object(state_path(folder), MAX_STATE_BYTES)
+
+
+def building(folder: Path | None = None) -> dict[str, tuple[str, ...]]:
+    """What the kernel stage running now builds: cell id -> the modules it builds in that cell, from its job file
+    (read as untrusted: only text cell ids and module names count); {} when no stage runs or its job cannot be
+    read. The modules a cell's build record already holds are in it too: the stage finds them done."""
+    folder = folder or FOLDER
+    if running(folder) is None:
+        return {}
+    job = _read_object(job_path(folder), MAX_JOB_BYTES) or {}
+    cells, modules = job.get("cells"), job.get("modules")
+    if not isinstance(cells, list) or not isinstance(modules, list):
+        return {}
+    mods = tuple(m for m in modules if isinstance(m, str) and m)
+    return {c: mods for c in cells if isinstance(c, str) and c} if mods else {}
 
 
 def _int(value: object) -> int | None:
