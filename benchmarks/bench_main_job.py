@@ -327,6 +327,60 @@ class TableWatch:
         return self.first_s
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """This machine's CPU seconds so far, every core together, from /proc/stat: (idle, steal). Idle counts
+    iowait too (a core waiting on the disk does no work); steal is what the hypervisor gave other machines.
+    (0, 0) where /proc/stat cannot be read."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        hz = os.sysconf("SC_CLK_TCK")
+        idle, iowait, steal = (int(fields[i]) for i in (4, 5, 8))
+    except (OSError, ValueError, IndexError):
+        return 0.0, 0.0
+    return (idle + iowait) / hz, steal / hz
+
+
+class CpuClock:
+    """Idle and stolen CPU seconds over a pass, sampled from a thread every ``every_s`` (the timeline, for
+    where in the pass the cores sat idle) and read at each :meth:`mark`."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self.samples: list[tuple[float, float, float]] = []  # (seconds since start, idle s, steal s) so far
+        self.marks: dict[str, tuple[float, float, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _now(self) -> tuple[float, float, float]:
+        idle, steal = cpu_seconds()
+        return round(time.monotonic() - self.t0, 1), round(idle - self.idle0, 1), round(steal - self.steal0, 1)
+
+    def start(self) -> CpuClock:
+        self.t0 = time.monotonic()
+        self.idle0, self.steal0 = cpu_seconds()
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.samples.append(self._now())
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = self._now()
+
+    def stop(self) -> dict[str, Any]:
+        """Per span between marks (in the order marked), its wall, idle and stolen CPU seconds, and the timeline."""
+        self._stop.set()
+        self._thread.join()
+        spans: dict[str, dict[str, float]] = {}
+        last = (0.0, 0.0, 0.0)
+        for name, at in self.marks.items():
+            spans[name] = {"wall_s": round(at[0] - last[0], 1), "idle_cpu_s": round(at[1] - last[1], 1),
+                           "steal_cpu_s": round(at[2] - last[2], 1)}
+            last = at
+        return {"spans": spans, "timeline": [list(s) for s in self.samples]}
+
+
 def remove_images(matrix: Path, log: Path) -> None:
     """Remove the images of the matrix's cells (``stackprobe/<cell>:*``, not the base images) and the BuildKit
     cache, so the cold pass builds them as a new user would."""
@@ -378,15 +432,19 @@ def one_pass(label: str, matrix: Path, results: Path, cache: Path, log: Path, gp
     env = dict(os.environ, STACKPROBE_COMPILE_CACHE=str(cache))
     table = results / "compatibility.md"
     job = TableWatch(table).start()  # the user's clock: from the start of the first command
+    cpu = CpuClock().start()
     build_s, build_rc = timed(_tool("provision", "build", "--backend", backend, "--matrix", str(matrix)), log, env)
+    cpu.mark("build")
     inline = ledger(cache)  # what the build compiled before it returned (the long modules may go on after it)
     before = set(results.glob("*/*.jsonl"))
     run_at = time.monotonic() - job.t0
     run_s, run_rc, first = watched(checks_run(matrix, results, cache, table, level, backend), table, log, env)
+    cpu.mark("run")
     kernel_cpu, kernel_wall = kernel_stage(matrix, backend)  # after the run, which waits for the kernel stage
     compiled = ledger(cache)
     report_s, report_rc = timed(_tool("checks", "report", "--results", str(results), "--out", str(table)), log, env)
     answered = job.stop()
+    cpu.mark("report")
     if level == "quick":
         stop_stage(log)
     free1 = free_bytes(watch)
@@ -410,6 +468,8 @@ def one_pass(label: str, matrix: Path, results: Path, cache: Path, log: Path, gp
         "compiles": {"builds": len(compiled), "cpu_s": _cpu(compiled),
                      "during_build": len(inline), "during_build_cpu_s": _cpu(inline),
                      "keys_compiled_twice": compiled_twice(cache, compiled)},
+        # CPU the pass left idle or the hypervisor took, per command (where the wall went beyond the floor)
+        "cpu": cpu.stop(),
     }
     p["floor_s"] = round(pass_floor(p, os.cpu_count() or 1)[2], 1)
     return p
@@ -463,6 +523,10 @@ def render(meta: dict[str, Any], passes: list[dict[str, Any]]) -> list[str]:
             twice = ", ".join(c["keys_compiled_twice"]) or "none"
             lines.append(f"    compiles counted by the compile cache: {c['builds']} ({c['during_build']} before "
                          f"provision build returned), {c['cpu_s']:.0f} CPU-s; compiled twice: {twice}")
+        if isinstance(p.get("cpu"), dict) and p["cpu"].get("spans"):
+            lines.append("    CPU left idle (stolen by the hypervisor): " + ", ".join(
+                f"{name} {sp['idle_cpu_s']:.0f} ({sp['steal_cpu_s']:.0f}) of {sp['wall_s'] * int(meta['cores']):.0f} "
+                "core-s" for name, sp in p["cpu"]["spans"].items()))
         for name, ph in sorted(p["phases"].items()):
             lines.append(f"    {name:8} span {ph['span_s']:7.1f} s  busy {ph['busy_s']:7.1f} s  "
                          f"variants run {int(ph['variants'])}, reused {int(ph['reused'])}, "

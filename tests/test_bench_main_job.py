@@ -209,3 +209,29 @@ def test_warm_only_needs_the_folder_of_an_earlier_run(tmp_path: Path, capsys: py
     assert bench.main(["--warm-only", "--work", str(tmp_path), "--with-cells"]) == 2
     assert bench.main(["--work", str(tmp_path)]) == 2  # a cold run refuses the filled folder, as before
     assert "not empty" in capsys.readouterr().err
+
+
+def test_the_cpu_clock_splits_idle_and_stolen_seconds_by_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _bench()
+    readings = iter([(100.0, 5.0), (130.5, 5.0), (131.0, 9.0), (171.0, 9.5)])  # start, then the three marks
+    monkeypatch.setattr(bench, "cpu_seconds", lambda: next(readings))
+    clock = bench.CpuClock(every_s=3600).start()
+    for name in ("build", "run", "report"):
+        clock.mark(name)
+    spans = clock.stop()["spans"]
+    assert [(n, s["idle_cpu_s"], s["steal_cpu_s"]) for n, s in spans.items()] == [
+        ("build", 30.5, 0.0), ("run", 0.5, 4.0), ("report", 40.0, 0.5)]
+    assert all(s["wall_s"] >= 0 for s in spans.values())
+    meta = {"matrix": "m", "host": "h", "cores": 2, "date": "d", "backend": "venv", "disk_growth_b": 0}
+    p = {"label": "cold", "build_s": 1.0, "build_rc": 0, "run_s": 1.0, "run_rc": 0, "report_s": 0.0, "total_s": 2.0,
+         "disk_growth_b": 0, "compile_cpu_s": 0.0, "phases": {},
+         "cpu": {"spans": {"build": {"wall_s": 60.0, "idle_cpu_s": 30.5, "steal_cpu_s": 0.0}}, "timeline": []}}
+    assert "    CPU left idle (stolen by the hypervisor): build 30 (0) of 120 core-s" in bench.render(meta, [p])
+
+
+def test_this_machines_idle_and_stolen_seconds_only_grow() -> None:
+    bench = _bench()
+    first = bench.cpu_seconds()
+    time.sleep(0.2)
+    second = bench.cpu_seconds()
+    assert first[0] > 0 and all(b >= a for a, b in zip(first, second, strict=True))
