@@ -104,7 +104,8 @@ def overlap(a: dict[str, float], b: dict[str, float]) -> bool:
     return a["t0"] < b["t1"] and b["t0"] < a["t1"]
 
 
-def run_two_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int) -> list[ProbeResult]:
+def run_two_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int,
+                  alongside: tuple[str, ...] = ()) -> list[ProbeResult]:
     probes_dir = write_probes(tmp_path / "probes")
     env = fixture_env(STACKPROBE_PROBE_PATH=str(probes_dir))
     for name in ("STACKPROBE_PROBE_PATH", TOKEN_VAR, "PYTHONPATH"):
@@ -120,7 +121,8 @@ def run_two_cells(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int) ->
     executors = {c.cell_id: LocalExecutor(sys.executable) for c in cells}
     store = RunStore(tmp_path / "results", "cpu-0123abcd", "20261201T000000Z-0001")
     codes = {pid: checkout().for_probe(h) for pid, h in probe_hashes(probes).items()}
-    work = Work(items, store, reasons.default(), 1, codes, executors=executors)  # the worker is told: 1 GPU
+    work = Work(items, store, reasons.default(), 1, codes, executors=executors,  # the worker is told: 1 GPU
+                alongside=alongside)
     report = execute(RunOptions(jobs=jobs), work)
     assert not report.interrupted and {r.verdict.status for r in report.results} == {"pass"}
     stored, warnings = read_file(store.results_path)
@@ -140,6 +142,16 @@ def test_two_slow_cpu_variants_of_two_cells_run_at_once_and_a_gpu_variant_alone(
     for g in gpu:  # a GPU variant overlapped nothing, and no other variant's process lived while it ran
         assert not any(overlap(g, o) for o in slow + [x for x in gpu if x is not g])
         assert g["others"] == 0
+
+
+def test_what_runs_beside_the_whole_run_is_named_in_each_gpu_variants_evidence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stored = run_two_cells(tmp_path, monkeypatch, jobs=2, alongside=("the kernel stage",))
+    beside = {(r.cell_id, r.probe_id): r.verdict.evidence.get("ran_beside") for r in stored}
+    assert beside == {("cu130-torchcell1-sgl1-fi1", "t-par-slow"): None,
+                      ("cu130-torchcell2-sgl1-fi1", "t-par-slow"): None,
+                      ("cu130-torchcell1-sgl1-fi1", "t-par-gpu"): ["the kernel stage"],
+                      ("cu130-torchcell2-sgl1-fi1", "t-par-gpu"): ["the kernel stage"]}
 
 
 def test_one_job_runs_the_plan_in_order_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -282,6 +282,9 @@ class Work:
     manifest: Mapping[str, Any] = field(default_factory=dict)  # the run's manifest, as the store records it
     costs: Mapping[Key, float] = field(default_factory=dict)  # expected seconds: the longest starts first
     deadline: float | None = None  # time.monotonic() after which nothing starts (--budget)
+    # what runs on this host beside every variant of the run, outside it (the kernel stage's builds): named in
+    # each GPU variant's ``ran_beside`` with the compiles the run itself started
+    alongside: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -425,7 +428,7 @@ def execute(opts: RunOptions, work: Work, hooks: Hooks | None = None) -> RunRepo
                 queue_for[item.key] = max(DEFAULT_QUEUE_S, sum(hard_timeout(r.timeout_s) for r in before))
                 if uses_gpu(item):
                     others = [f"{r.cell.cell_id} {r.spec.id} {r.variant.key}" for r in pool.running.values()
-                              if not uses_gpu(r)]
+                              if not uses_gpu(r)] + list(work.alongside)
                     if others:
                         beside[item.key] = others
                 if rec.hooks.on_start:

@@ -129,6 +129,11 @@ def run(opts: RunOptions, con: Any) -> int:
     return done[-1].code
 
 
+# A GPU variant of a full pass run beside the kernel stage names it among what ran beside it (its timings were taken
+# while the stage's niced compilers held the CPU cores)
+STAGE_BESIDE = "the kernel stage of `provision build` (flashinfer module builds, niced)"
+
+
 def wait_for_kernels(con: Any) -> bool:
     """Before a full-level pass: wait for the kernel stage `provision build` left running (its lines shown as
     they come), so the pass loads the modules it carries instead of compiling them again; True when it waited."""
@@ -136,7 +141,7 @@ def wait_for_kernels(con: Any) -> bool:
         return kernelstage.wait(lambda line: con.print(line, markup=False, highlight=False))
     except KeyboardInterrupt:
         con.print("stopped waiting: the kernel stage goes on by itself (`checks run` again waits for it); the "
-                  "quick table stands", markup=False, highlight=False)
+                  "table written so far stands", markup=False, highlight=False)
         raise
 
 
@@ -260,7 +265,8 @@ def one_pass(opts: RunOptions, con: Any, staged: bool, first: Pass | None, ready
         con.print(line, markup=False, highlight=False)
     with RunLock(store.folder):
         written = write_manifest(opts, store, backend.name, targets, probes, planned)
-        report = execute(con, opts, backend, store, targets, planned, written, carries, view, deadline)
+        report = execute(con, opts, backend, store, targets, planned, written, carries, view, deadline,
+                         (STAGE_BESIDE,) if building else ())
         if first is not None and first.recorded and not report.interrupted:
             store.keep()  # the quick pass's answers, now recorded at the full level: the table drops "quick"
     if not store.results_path.exists() and not store.unstored:  # the store makes a run's files with its first news
@@ -532,11 +538,13 @@ def write_manifest(opts: RunOptions, store: RunStore, executor: str, targets: Ta
 
 def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targets: Targets, planned: Planned,
             written: dict[str, Any], carries: Mapping[str, Mapping[str, tuple[str, ...]]] | None = None,
-            view: runprogress.RunView | None = None, deadline: float | None = None) -> RunReport:
+            view: runprogress.RunView | None = None, deadline: float | None = None,
+            alongside: tuple[str, ...] = ()) -> RunReport:
     """The backend runs the work; progress is shown as it goes (``carries``: the kernels each cell carries,
     so a variant that loads them is not said to compile; ``view``: the progress view the plan was costed
-    with). Nothing starts after ``deadline`` (--budget). Ctrl-C outside the backend's own handling still
-    ends what it started."""
+    with; ``alongside``: what runs on the host beside the whole run, for each GPU variant's evidence). Nothing
+    starts after ``deadline`` (--budget). Ctrl-C outside the backend's own handling still ends what it
+    started."""
     todo = to_run(opts, planned, store)
     if any(it.runs and it.reused is None for it in todo):  # where they go; a run with nothing to run may write
         con.print(f"[bold]results[/] {store.results_path}", highlight=False)  # no file, and says so at its end
@@ -546,7 +554,7 @@ def execute(con: Any, opts: RunOptions, backend: Backend, store: RunStore, targe
     # what this run measures re-estimates what is left (RunView.finish), and the longest of it still starts first
     view.on_estimates = lambda: costs.update(runprogress.start_costs(view.items, view.expected, planned.build_costs))
     work = Work(planned.items, store, reasons.default(), targets.gpus, codes, planned.inputs, manifest=written,
-                costs=costs, deadline=deadline)
+                costs=costs, deadline=deadline, alongside=alongside)
     try:
         return runconsole.with_progress(con, view, lambda hooks: backend.run(opts, work, hooks))
     except KeyboardInterrupt:
