@@ -285,8 +285,8 @@ def between(first: Pass, planned: Planned, opts: RunOptions, backend: str, store
     view = progress_view(opts, backend, store, todo, facts, carries)
     answer = "table written" if opts.report is not None else "done"
     if first.waiting:  # the full level's pass while the kernel stage built
-        head = (f"the kernel stage has ended: the full level ran {len(first.results)} variant(s) beside it in "
-                f"{duration(first.seconds)}; now the {first.waiting} that needed what it built")
+        head = (f"the kernel stage has ended (the full level's pass beside it took {duration(first.seconds)}); "
+                f"now the {first.waiting} variant(s) that needed what it built")
         return f"{head}: nothing more to run" if not view.expected else \
             f"{head}: {len(view.expected)} variant(s) to run, {view.left().text()} ({view.basis()})"
     head = f"first answer: {answer} (quick level, {len(first.results)} variant(s) in {duration(first.seconds)})"
