@@ -57,6 +57,7 @@ def _quiet_exit() -> None:
     """The command is over: what it printed goes out now, and a Ctrl-C during the interpreter's shutdown (joining
     a thread pool's workers, atexit hooks) ends the process by the signal itself, as a shell reports it, instead
     of a KeyboardInterrupt raised inside those hooks and printed as an ignored exception."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the flush is not cut short by an interrupt raised inside it
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
             stream.flush()
