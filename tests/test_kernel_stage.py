@@ -589,9 +589,11 @@ def test_a_stopped_stage_stops_every_build_and_compiler_it_started(tmp_path: Pat
         assert len(tree) >= 5, tree
         os.kill(stage.pid, sig)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (kernelstage.running(tmp_path / "state") or _live(tree)):
+        # the stage clears its state file before its process ends and lets the folder's lock go
+        while time.monotonic() < deadline and (kernelstage.running(tmp_path / "state") or _live(tree | {stage.pid})):
             time.sleep(0.2)
         assert _live(tree) == set(), "builds outlived their stopped stage"
+        assert _live({stage.pid}) == set(), "the stopped stage did not end"
     finally:  # whatever the outcome, nothing of this test runs on
         for pid in _live(tree | {stage.pid}):
             os.kill(pid, signal.SIGKILL)
